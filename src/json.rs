@@ -1,0 +1,420 @@
+//! Canonical JSON (both profiles of `wire-format.md` §1) and the strict decoder.
+//!
+//! The encoder is hand-written: callers emit object members in code-point order of
+//! their keys (all schema keys are ASCII, so byte order), and strings go through
+//! [`write_str`], which implements Python's `json.dumps` escaping for
+//! `ensure_ascii=True` (profile A) and `ensure_ascii=False` (profile U).
+//!
+//! The decoder uses serde_json's parser with our own [`Value`] visitor, which keeps
+//! object members in order, rejects a repeated key at any depth
+//! (`duplicate JSON field: <key>`), and keeps integers apart from floats so that
+//! `8.0`, `1e3` and `true` are never accepted where an integer is required.
+
+use crate::error::{Error, Result};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::collections::HashSet;
+use std::fmt;
+
+/// Which canonical JSON profile to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// `ensure_ascii=True`: pure ASCII output, `\uXXXX` escapes (lowercase hex),
+    /// surrogate pairs above U+FFFF. Placement JSON, ids, decision record.
+    Ascii,
+    /// `ensure_ascii=False`: raw UTF-8 for code points >= U+007F. Stored manifest.
+    Utf8,
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn push_u16_escape(out: &mut String, unit: u32) {
+    out.push_str("\\u");
+    for shift in [12u32, 8, 4, 0] {
+        out.push(HEX[((unit >> shift) & 0xF) as usize] as char);
+    }
+}
+
+/// Appends `s` as a JSON string literal in `profile`.
+pub fn write_str(out: &mut String, s: &str, profile: Profile) {
+    out.push('"');
+    let mut start = 0;
+    for (i, ch) in s.char_indices() {
+        let c = ch as u32;
+        let needs = c < 0x20 || ch == '"' || ch == '\\' || (profile == Profile::Ascii && c >= 0x7f);
+        if !needs {
+            continue;
+        }
+        out.push_str(&s[start..i]);
+        start = i + ch.len_utf8();
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            _ if c < 0x10000 => push_u16_escape(out, c),
+            _ => {
+                let v = c - 0x10000;
+                push_u16_escape(out, 0xD800 + (v >> 10));
+                push_u16_escape(out, 0xDC00 + (v & 0x3FF));
+            }
+        }
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
+/// Appends a decimal integer.
+pub fn write_u64(out: &mut String, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut n = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // SAFETY-free: the buffer holds ASCII digits only.
+    out.push_str(std::str::from_utf8(&buf[i..]).expect("ascii digits"));
+}
+
+/// Appends `[a,b,c]` of integers.
+pub fn write_u64_array(out: &mut String, values: &[u64]) {
+    out.push('[');
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_u64(out, *v);
+    }
+    out.push(']');
+}
+
+/// Appends `["a","b"]` of strings.
+pub fn write_str_array<S: AsRef<str>>(out: &mut String, values: &[S], profile: Profile) {
+    out.push('[');
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(out, v.as_ref(), profile);
+    }
+    out.push(']');
+}
+
+/// Appends an optional integer (`null` when absent).
+pub fn write_opt_u64(out: &mut String, v: Option<u64>) {
+    match v {
+        Some(v) => write_u64(out, v),
+        None => out.push_str("null"),
+    }
+}
+
+/// Writes `"key":` (keys are schema constants: plain ASCII, no escaping needed).
+#[inline]
+pub fn key(out: &mut String, k: &str) {
+    out.push('"');
+    out.push_str(k);
+    out.push_str("\":");
+}
+
+/// A decoded JSON value. Object members keep their document order; keys are unique.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// `null`
+    Null,
+    /// `true` / `false`
+    Bool(bool),
+    /// A non-negative integer literal that fits in u64.
+    UInt(u64),
+    /// A negative integer literal that fits in i64.
+    NegInt(i64),
+    /// Any other number (fraction, exponent, or an integer beyond 64 bits).
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// An array.
+    Array(Vec<Value>),
+    /// An object, members in document order.
+    Object(Vec<(String, Value)>),
+}
+
+impl Value {
+    /// A short name of the JSON type, for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::UInt(_) | Value::NegInt(_) | Value::Float(_) => "number",
+            Value::Str(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    }
+}
+
+struct ValueVisitor;
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::UInt(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(if v >= 0 { Value::UInt(v as u64) } else { Value::NegInt(v) })
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::Str(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::Str(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(v) = seq.next_element::<Value>()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value, A::Error> {
+        let mut members: Vec<(String, Value)> = Vec::new();
+        let mut seen: Option<HashSet<String>> = None;
+        while let Some(k) = map.next_key::<String>()? {
+            // Small objects (all schema objects) use a linear scan; large ones a set.
+            let dup = if members.len() < 16 {
+                members.iter().any(|(existing, _)| *existing == k)
+            } else {
+                let set = seen.get_or_insert_with(|| members.iter().map(|(k, _)| k.clone()).collect());
+                !set.insert(k.clone())
+            };
+            if dup {
+                return Err(de::Error::custom(format!("duplicate JSON field: {k}")));
+            }
+            let v = map.next_value::<Value>()?;
+            members.push((k, v));
+        }
+        Ok(Value::Object(members))
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+/// Finds a bare `NaN`, `Infinity` or `-Infinity` literal outside strings.
+fn find_non_finite(text: &str) -> Option<&'static str> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut in_str = false;
+    while i < b.len() {
+        let c = b[i];
+        if in_str {
+            if c == b'\\' {
+                i += 2;
+                continue;
+            }
+            if c == b'"' {
+                in_str = false;
+            }
+        } else if c == b'"' {
+            in_str = true;
+        } else if b[i..].starts_with(b"NaN") {
+            return Some("NaN");
+        } else if b[i..].starts_with(b"-Infinity") {
+            return Some("-Infinity");
+        } else if b[i..].starts_with(b"Infinity") {
+            return Some("Infinity");
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Parses `bytes` strictly as one JSON document (UTF-8, an optional leading BOM).
+///
+/// Errors (all [`crate::ErrorKind::InvalidArgument`]):
+/// `non-finite JSON number is unsupported: <literal>`, `duplicate JSON field: <key>`,
+/// `<label> is not valid JSON`.
+pub fn parse_bytes(bytes: &[u8], label: &str) -> Result<Value> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| Error::invalid(format!("{label} is not valid JSON: input is not UTF-8")))?;
+    parse_text(text, label)
+}
+
+/// Parses `text` strictly (a leading BOM is an error for text input, as in the
+/// reference). Same errors as [`parse_bytes`].
+pub fn parse_text(text: &str, label: &str) -> Result<Value> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = Value::deserialize(&mut de).and_then(|v| de.end().map(|_| v));
+    match parsed {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let msg = e.to_string();
+            if let Some(lit) = find_non_finite(text) {
+                return Err(Error::invalid(format!("non-finite JSON number is unsupported: {lit}")));
+            }
+            if msg.starts_with("duplicate JSON field: ") {
+                let field = msg
+                    .trim_start_matches("duplicate JSON field: ")
+                    .split(" at line ")
+                    .next()
+                    .unwrap_or("");
+                return Err(Error::invalid(format!("duplicate JSON field: {field}")));
+            }
+            Err(Error::invalid(format!("{label} is not valid JSON: {msg}")))
+        }
+    }
+}
+
+/// Strict reader of one JSON object with an exact key set.
+pub struct Obj<'a> {
+    members: &'a [(String, Value)],
+}
+
+impl<'a> Obj<'a> {
+    /// Views `v` as an object, else fails with `err`.
+    pub fn new(v: &'a Value, err: impl FnOnce() -> String) -> Result<Self> {
+        match v {
+            Value::Object(m) => Ok(Obj { members: m }),
+            _ => Err(Error::invalid(err())),
+        }
+    }
+
+    /// True when the key set is exactly `keys` (no order requirement).
+    pub fn has_exact_keys(&self, keys: &[&str]) -> bool {
+        self.members.len() == keys.len() && self.members.iter().all(|(k, _)| keys.contains(&k.as_str()))
+    }
+
+    /// Fails with `err` unless the key set is exactly `keys`.
+    pub fn expect_keys(&self, keys: &[&str], err: impl FnOnce() -> String) -> Result<()> {
+        if self.has_exact_keys(keys) {
+            Ok(())
+        } else {
+            Err(Error::invalid(err()))
+        }
+    }
+
+    /// True when `k` is present.
+    pub fn contains(&self, k: &str) -> bool {
+        self.members.iter().any(|(key, _)| key == k)
+    }
+
+    /// The member `k` (callers check the key set first).
+    pub fn get(&self, k: &str) -> &'a Value {
+        static NULL: Value = Value::Null;
+        self.members.iter().find(|(key, _)| key == k).map(|(_, v)| v).unwrap_or(&NULL)
+    }
+}
+
+/// Reads a non-empty string: `<field> must be a non-empty string`.
+pub fn req_str(v: &Value, field: &str) -> Result<String> {
+    match v {
+        Value::Str(s) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(Error::invalid(format!("{field} must be a non-empty string"))),
+    }
+}
+
+/// Reads an integer >= `min` that fits in u64: `<field> must be an integer`,
+/// `<field> must be at least <min>`, `<field> must fit in an unsigned 64-bit integer`.
+pub fn req_int(v: &Value, field: &str, min: u64) -> Result<u64> {
+    match v {
+        Value::UInt(n) if *n >= min => Ok(*n),
+        Value::UInt(_) | Value::NegInt(_) => Err(Error::invalid(format!("{field} must be at least {min}"))),
+        // Integers beyond 64 bits arrive from serde_json as floats (so does `1e20`).
+        Value::Float(f) if f.fract() == 0.0 && *f >= 18446744073709551616.0 => {
+            Err(Error::invalid(format!("{field} must be an integer that fits in an unsigned 64-bit integer")))
+        }
+        _ => Err(Error::invalid(format!("{field} must be an integer"))),
+    }
+}
+
+/// Reads `null` or an integer >= `min`.
+pub fn opt_int(v: &Value, field: &str, min: u64) -> Result<Option<u64>> {
+    match v {
+        Value::Null => Ok(None),
+        other => req_int(other, field, min).map(Some),
+    }
+}
+
+/// Reads an array, else `<err>`.
+pub fn req_array<'a>(v: &'a Value, err: impl FnOnce() -> String) -> Result<&'a [Value]> {
+    match v {
+        Value::Array(items) => Ok(items),
+        _ => Err(Error::invalid(err())),
+    }
+}
+
+/// Reads an array of integers >= `min`: `<field> must be a sequence` when not an
+/// array; element errors as [`req_int`].
+pub fn req_int_array(v: &Value, field: &str, min: u64) -> Result<Vec<u64>> {
+    let items = req_array(v, || format!("{field} must be a sequence"))?;
+    items.iter().map(|x| req_int(x, field, min)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> String {
+        let mut o = String::new();
+        write_str(&mut o, s, Profile::Ascii);
+        o
+    }
+    fn u(s: &str) -> String {
+        let mut o = String::new();
+        write_str(&mut o, s, Profile::Utf8);
+        o
+    }
+
+    #[test]
+    fn escapes_match_python_json_dumps() {
+        assert_eq!(a("é"), "\"\\u00e9\"");
+        assert_eq!(a("\u{7f}"), "\"\\u007f\"");
+        assert_eq!(u("\u{7f}"), "\"\u{7f}\"");
+        assert_eq!(a("😀"), "\"\\ud83d\\ude00\"");
+        assert_eq!(u("😀"), "\"😀\"");
+        assert_eq!(a("\u{2028}"), "\"\\u2028\"");
+        assert_eq!(u("\u{1f}\n\t\"\\/"), "\"\\u001f\\n\\t\\\"\\\\/\"");
+        assert_eq!(a("\u{8}\u{c}\r"), "\"\\b\\f\\r\"");
+    }
+
+    #[test]
+    fn decoder_is_strict() {
+        assert!(parse_text("{\"a\":1,\"a\":2}", "x").unwrap_err().message().contains("duplicate JSON field: a"));
+        assert!(parse_text("{\"b\":[{\"c\":1,\"c\":1}]}", "x").unwrap_err().message().contains("duplicate JSON field: c"));
+        assert!(parse_text("{\"a\":NaN}", "x").unwrap_err().message().contains("non-finite"));
+        assert!(parse_text("[-Infinity]", "x").unwrap_err().message().contains("non-finite"));
+        assert!(parse_text("{\"a\":\"NaN\"} x", "x").unwrap_err().message().contains("not valid JSON"));
+        assert_eq!(parse_text("8.0", "x").unwrap(), Value::Float(8.0));
+        assert_eq!(parse_text("18446744073709551615", "x").unwrap(), Value::UInt(u64::MAX));
+        assert!(matches!(parse_text("18446744073709551616", "x").unwrap(), Value::Float(_)));
+        assert!(parse_bytes(b"\xEF\xBB\xBF{}", "x").is_ok());
+        assert!(parse_text("\u{feff}{}", "x").is_err());
+        assert!(req_int(&Value::Bool(true), "f", 0).unwrap_err().message().contains("integer"));
+        assert!(req_int(&Value::Float(8.0), "f", 0).unwrap_err().message().contains("integer"));
+    }
+}

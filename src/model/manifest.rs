@@ -1,0 +1,511 @@
+//! `StoredFragmentSnapshot` and `StoredWeightManifest` (`data-model.md` §14–§15,
+//! `wire-format.md` §4).
+
+use super::placement::{check_fragment_geometry, normalize_aliases};
+use super::tensor::TensorDescriptor;
+use super::{is_hex64, non_empty, sha256_hex};
+use crate::error::{invalid, Error, Result};
+use crate::geometry::{self, BoxRef};
+use crate::json::{self, Obj, Profile, Value};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+/// Construction input of a [`StoredFragment`].
+#[derive(Clone, Debug, Default)]
+pub struct StoredFragmentSpec {
+    /// Stored fragment id (the planner derives a 24-hex id).
+    pub fragment_id: String,
+    /// Tensor id.
+    pub tensor_id: String,
+    /// Box offset.
+    pub global_offset: Vec<u64>,
+    /// Box extents (each >= 1).
+    pub local_shape: Vec<u64>,
+    /// Store object holding the payload.
+    pub object_key: String,
+    /// Byte offset inside the object.
+    pub object_offset: u64,
+    /// Payload size (>= 1).
+    pub nbytes: u64,
+    /// Alias group (normalized like placement fragments).
+    pub aliases: Vec<String>,
+}
+
+/// One box of one tensor persisted in a store object. Its payload is the box in
+/// row-major order (a canonical contiguous view).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StoredFragment {
+    fragment_id: String,
+    tensor_id: String,
+    global_offset: Vec<u64>,
+    local_shape: Vec<u64>,
+    object_key: String,
+    object_offset: u64,
+    nbytes: u64,
+    aliases: Vec<String>,
+}
+
+impl StoredFragment {
+    /// Validates `spec` (`data-model.md` §14).
+    pub fn new(spec: StoredFragmentSpec) -> Result<Self> {
+        if spec.local_shape.iter().any(|&x| x < 1) {
+            return invalid("local_shape must be at least 1");
+        }
+        non_empty(&spec.fragment_id, "fragment_id")?;
+        non_empty(&spec.tensor_id, "tensor_id")?;
+        non_empty(&spec.object_key, "object_key")?;
+        if spec.nbytes < 1 {
+            return invalid("nbytes must be at least 1");
+        }
+        let aliases = normalize_aliases(spec.aliases, &spec.tensor_id)?;
+        Ok(StoredFragment {
+            fragment_id: spec.fragment_id,
+            tensor_id: spec.tensor_id,
+            global_offset: spec.global_offset,
+            local_shape: spec.local_shape,
+            object_key: spec.object_key,
+            object_offset: spec.object_offset,
+            nbytes: spec.nbytes,
+            aliases,
+        })
+    }
+
+    /// Stored fragment id.
+    pub fn fragment_id(&self) -> &str {
+        &self.fragment_id
+    }
+    /// Tensor id.
+    pub fn tensor_id(&self) -> &str {
+        &self.tensor_id
+    }
+    /// Box offset.
+    pub fn global_offset(&self) -> &[u64] {
+        &self.global_offset
+    }
+    /// Box extents.
+    pub fn local_shape(&self) -> &[u64] {
+        &self.local_shape
+    }
+    /// Object key.
+    pub fn object_key(&self) -> &str {
+        &self.object_key
+    }
+    /// Byte offset inside the object.
+    pub fn object_offset(&self) -> u64 {
+        self.object_offset
+    }
+    /// Payload size.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+    /// Sorted alias group.
+    pub fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+    /// Box view.
+    pub fn as_box(&self) -> BoxRef<'_> {
+        BoxRef::new(&self.global_offset, &self.local_shape)
+    }
+
+    fn write_json(&self, out: &mut String) {
+        out.push_str("{\"aliases\":");
+        json::write_str_array(out, &self.aliases, Profile::Utf8);
+        out.push_str(",\"fragment_id\":");
+        json::write_str(out, &self.fragment_id, Profile::Utf8);
+        out.push_str(",\"global_offset\":");
+        json::write_u64_array(out, &self.global_offset);
+        out.push_str(",\"local_shape\":");
+        json::write_u64_array(out, &self.local_shape);
+        out.push_str(",\"nbytes\":");
+        json::write_u64(out, self.nbytes);
+        out.push_str(",\"object_key\":");
+        json::write_str(out, &self.object_key, Profile::Utf8);
+        out.push_str(",\"object_offset\":");
+        json::write_u64(out, self.object_offset);
+        out.push_str(",\"tensor_id\":");
+        json::write_str(out, &self.tensor_id, Profile::Utf8);
+        out.push('}');
+    }
+
+    fn from_json(v: &Value) -> Result<Self> {
+        let schema = || "stored fragment schema fields do not match contract".to_string();
+        let o = Obj::new(v, schema)?;
+        o.expect_keys(
+            &["aliases", "fragment_id", "global_offset", "local_shape", "nbytes", "object_key", "object_offset", "tensor_id"],
+            schema,
+        )?;
+        let aliases_v = json::req_array(o.get("aliases"), || "stored fragment aliases must be a sequence".into())?;
+        let mut aliases = Vec::with_capacity(aliases_v.len());
+        for a in aliases_v {
+            match a {
+                Value::Str(s) if !s.is_empty() => aliases.push(s.clone()),
+                _ => return invalid("stored fragment alias must be a non-empty string"),
+            }
+        }
+        StoredFragment::new(StoredFragmentSpec {
+            fragment_id: json::req_str(o.get("fragment_id"), "stored fragment fragment_id")?,
+            tensor_id: json::req_str(o.get("tensor_id"), "stored fragment tensor_id")?,
+            global_offset: json::req_int_array(o.get("global_offset"), "stored fragment global_offset", 0)?,
+            local_shape: json::req_int_array(o.get("local_shape"), "stored fragment local_shape", 1)?,
+            object_key: json::req_str(o.get("object_key"), "stored fragment object_key")?,
+            object_offset: json::req_int(o.get("object_offset"), "stored fragment object_offset", 0)?,
+            nbytes: json::req_int(o.get("nbytes"), "stored fragment nbytes", 1)?,
+            aliases,
+        })
+    }
+}
+
+/// Construction input of a [`StoredManifest`].
+#[derive(Clone, Debug, Default)]
+pub struct StoredManifestSpec {
+    /// Raw (not percent-encoded) namespace.
+    pub namespace: String,
+    /// Resource id.
+    pub resource_id: String,
+    /// Revision.
+    pub revision: String,
+    /// Weight generation.
+    pub weight_generation: u64,
+    /// Group id (base key).
+    pub group_id: String,
+    /// Must equal `group_id + "/manifest"`.
+    pub manifest_key: String,
+    /// Tensors, order preserved.
+    pub tensors: Vec<Arc<TensorDescriptor>>,
+    /// Fragments, order preserved.
+    pub fragments: Vec<StoredFragment>,
+    /// Opaque non-empty timestamp.
+    pub created_at: String,
+}
+
+/// The persisted, address-free description of one committed weight generation
+/// (`StoredWeightManifest`). Order of tensors and fragments is part of equality
+/// and of the digest. Immutable, `Send + Sync`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredManifest {
+    namespace: String,
+    resource_id: String,
+    revision: String,
+    weight_generation: u64,
+    group_id: String,
+    manifest_key: String,
+    tensors: Vec<Arc<TensorDescriptor>>,
+    fragments: Vec<StoredFragment>,
+    created_at: String,
+    manifest_digest: String,
+}
+
+/// `(namespace, resource_id, revision, weight_generation, group_id, manifest_key,
+/// content_sha256)`: pins one exact manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StoredManifestIdentity {
+    /// Namespace.
+    pub namespace: String,
+    /// Resource id.
+    pub resource_id: String,
+    /// Revision.
+    pub revision: String,
+    /// Weight generation.
+    pub weight_generation: u64,
+    /// Group id.
+    pub group_id: String,
+    /// Manifest key.
+    pub manifest_key: String,
+    /// Manifest digest (hex64).
+    pub content_sha256: String,
+}
+
+impl StoredManifestIdentity {
+    /// Validates the identity: non-empty strings, hex64 digest
+    /// (`content_sha256 must be a SHA-256 hex digest`).
+    pub fn validate(&self) -> Result<()> {
+        non_empty(&self.namespace, "namespace")?;
+        non_empty(&self.resource_id, "resource_id")?;
+        non_empty(&self.revision, "revision")?;
+        non_empty(&self.group_id, "group_id")?;
+        non_empty(&self.manifest_key, "manifest_key")?;
+        if !is_hex64(&self.content_sha256) {
+            return invalid("content_sha256 must be a SHA-256 hex digest");
+        }
+        Ok(())
+    }
+}
+
+impl StoredManifest {
+    /// Validates `spec` completely (`data-model.md` §15) and computes the digest.
+    ///
+    /// A manifest with no tensors and no fragments is accepted, as in the reference.
+    pub fn new(spec: StoredManifestSpec) -> Result<Self> {
+        non_empty(&spec.namespace, "namespace")?;
+        non_empty(&spec.resource_id, "resource_id")?;
+        non_empty(&spec.revision, "revision")?;
+        non_empty(&spec.group_id, "group_id")?;
+        non_empty(&spec.manifest_key, "manifest_key")?;
+        non_empty(&spec.created_at, "created_at")?;
+        if spec.manifest_key.len() != spec.group_id.len() + 9
+            || !spec.manifest_key.starts_with(&spec.group_id)
+            || !spec.manifest_key.ends_with("/manifest")
+        {
+            return invalid("manifest_key does not belong to manifest group");
+        }
+        let payload_prefix = format!("{}/payload/", spec.group_id);
+        if spec.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix)) {
+            return invalid("payload object_key does not belong to manifest group");
+        }
+        let mut index: HashMap<&str, &TensorDescriptor> = HashMap::with_capacity(spec.tensors.len());
+        for t in &spec.tensors {
+            if index.insert(t.tensor_id(), t).is_some() {
+                return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
+            }
+        }
+        let mut ids: HashSet<&str> = HashSet::with_capacity(spec.fragments.len());
+        for f in &spec.fragments {
+            if !ids.insert(&f.fragment_id) {
+                return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
+            }
+            let t = index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?;
+            check_fragment_geometry(t, &f.fragment_id, &f.global_offset, &f.local_shape, f.nbytes)?;
+        }
+        check_stored_aliases(&index, &spec.fragments)?;
+        check_stored_coverage(&spec.tensors, &spec.fragments)?;
+        check_object_ranges(&spec.fragments)?;
+        let mut m = StoredManifest {
+            namespace: spec.namespace,
+            resource_id: spec.resource_id,
+            revision: spec.revision,
+            weight_generation: spec.weight_generation,
+            group_id: spec.group_id,
+            manifest_key: spec.manifest_key,
+            tensors: spec.tensors,
+            fragments: spec.fragments,
+            created_at: spec.created_at,
+            manifest_digest: String::new(),
+        };
+        m.manifest_digest = sha256_hex(m.to_json().as_bytes());
+        Ok(m)
+    }
+
+    /// The canonical manifest JSON (profile U, raw UTF-8).
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(512 + self.fragments.len() * 420);
+        out.push_str("{\"created_at\":");
+        json::write_str(&mut out, &self.created_at, Profile::Utf8);
+        out.push_str(",\"fragments\":[");
+        for (i, f) in self.fragments.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            f.write_json(&mut out);
+        }
+        out.push_str("],\"group_id\":");
+        json::write_str(&mut out, &self.group_id, Profile::Utf8);
+        out.push_str(",\"manifest_key\":");
+        json::write_str(&mut out, &self.manifest_key, Profile::Utf8);
+        out.push_str(",\"namespace\":");
+        json::write_str(&mut out, &self.namespace, Profile::Utf8);
+        out.push_str(",\"resource_id\":");
+        json::write_str(&mut out, &self.resource_id, Profile::Utf8);
+        out.push_str(",\"resource_kind\":\"model_weight\",\"revision\":");
+        json::write_str(&mut out, &self.revision, Profile::Utf8);
+        out.push_str(",\"tensors\":[");
+        for (i, t) in self.tensors.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            t.write_json(&mut out, Profile::Utf8);
+        }
+        out.push_str("],\"weight_generation\":");
+        json::write_u64(&mut out, self.weight_generation);
+        out.push('}');
+        out
+    }
+
+    /// Decodes manifest JSON strictly (`wire-format.md` §4.1) from bytes (UTF-8, an
+    /// optional leading BOM) and validates it completely. The digest is recomputed
+    /// from the re-serialization.
+    ///
+    /// Errors: [`crate::ErrorKind::InvalidArgument`] naming the first violation
+    /// (callers reading from a store re-map it to `InvalidManifest`).
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        Self::from_json_value(&json::parse_bytes(bytes, "weight manifest")?)
+    }
+
+    /// Same as [`StoredManifest::from_json`] for text (a leading BOM is an error).
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        Self::from_json_value(&json::parse_text(text, "weight manifest")?)
+    }
+
+    fn from_json_value(v: &Value) -> Result<Self> {
+        let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
+        o.expect_keys(
+            &[
+                "created_at",
+                "fragments",
+                "group_id",
+                "manifest_key",
+                "namespace",
+                "resource_id",
+                "resource_kind",
+                "revision",
+                "tensors",
+                "weight_generation",
+            ],
+            || "weight manifest schema fields do not match contract".into(),
+        )?;
+        match o.get("resource_kind") {
+            Value::Str(s) if s == "model_weight" => {}
+            _ => return invalid("weight manifest resource_kind must be model_weight"),
+        }
+        let tensor_items = json::req_array(o.get("tensors"), || "StoredWeightManifest tensors must be a sequence".into())?;
+        let mut tensors = Vec::with_capacity(tensor_items.len());
+        for (i, item) in tensor_items.iter().enumerate() {
+            let schema = || "tensor descriptor schema fields do not match contract".to_string();
+            tensors.push(Arc::new(TensorDescriptor::from_json(
+                item,
+                &schema,
+                "stored tensor ",
+                &format!("stored tensor parallel_axes {i}"),
+            )?));
+        }
+        let frag_items = json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
+        let fragments = frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?;
+        StoredManifest::new(StoredManifestSpec {
+            namespace: json::req_str(o.get("namespace"), "namespace")?,
+            resource_id: json::req_str(o.get("resource_id"), "resource_id")?,
+            revision: json::req_str(o.get("revision"), "revision")?,
+            weight_generation: json::req_int(o.get("weight_generation"), "weight_generation", 0)?,
+            group_id: json::req_str(o.get("group_id"), "group_id")?,
+            manifest_key: json::req_str(o.get("manifest_key"), "manifest_key")?,
+            tensors,
+            fragments,
+            created_at: json::req_str(o.get("created_at"), "created_at")?,
+        })
+    }
+
+    /// Namespace (raw).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    /// Resource kind (always `model_weight`).
+    pub fn resource_kind(&self) -> &'static str {
+        "model_weight"
+    }
+    /// Resource id.
+    pub fn resource_id(&self) -> &str {
+        &self.resource_id
+    }
+    /// Revision.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+    /// Weight generation.
+    pub fn weight_generation(&self) -> u64 {
+        self.weight_generation
+    }
+    /// Group id.
+    pub fn group_id(&self) -> &str {
+        &self.group_id
+    }
+    /// Manifest key.
+    pub fn manifest_key(&self) -> &str {
+        &self.manifest_key
+    }
+    /// Tensors in manifest order.
+    pub fn tensors(&self) -> &[Arc<TensorDescriptor>] {
+        &self.tensors
+    }
+    /// Fragments in manifest order.
+    pub fn fragments(&self) -> &[StoredFragment] {
+        &self.fragments
+    }
+    /// Creation timestamp (opaque).
+    pub fn created_at(&self) -> &str {
+        &self.created_at
+    }
+    /// Hex SHA-256 of [`StoredManifest::to_json`].
+    pub fn manifest_digest(&self) -> &str {
+        &self.manifest_digest
+    }
+    /// The identity that pins this exact manifest.
+    pub fn identity(&self) -> StoredManifestIdentity {
+        StoredManifestIdentity {
+            namespace: self.namespace.clone(),
+            resource_id: self.resource_id.clone(),
+            revision: self.revision.clone(),
+            weight_generation: self.weight_generation,
+            group_id: self.group_id.clone(),
+            manifest_key: self.manifest_key.clone(),
+            content_sha256: self.manifest_digest.clone(),
+        }
+    }
+}
+
+fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[StoredFragment]) -> Result<()> {
+    type GroupKey<'a> = (&'a [String], &'a [u64], &'a [u64], u64);
+    let mut groups: HashMap<GroupKey<'_>, BTreeSet<&str>> = HashMap::new();
+    let mut order: Vec<GroupKey<'_>> = Vec::new();
+    for f in fragments.iter().filter(|f| !f.aliases.is_empty()) {
+        if let Some(unknown) = f.aliases.iter().find(|a| !index.contains_key(a.as_str())) {
+            return invalid(format!("stored alias references unknown tensor: {unknown}"));
+        }
+        let key = (f.aliases.as_slice(), f.global_offset.as_slice(), f.local_shape.as_slice(), f.nbytes);
+        let entry = groups.entry(key).or_default();
+        if entry.is_empty() {
+            order.push(key);
+        }
+        entry.insert(&f.tensor_id);
+    }
+    for key in order {
+        let members = &groups[&key];
+        if !members.iter().copied().eq(key.0.iter().map(String::as_str)) {
+            return invalid("stored alias group is incomplete for fragment geometry");
+        }
+        let first = index[key.0[0].as_str()];
+        if key.0[1..].iter().any(|m| !index[m.as_str()].same_alias_key(first)) {
+            return invalid("stored alias tensor descriptors differ");
+        }
+    }
+    Ok(())
+}
+
+fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment]) -> Result<()> {
+    let mut geometry_seen: HashSet<(&str, &[u64], &[u64])> = HashSet::with_capacity(fragments.len());
+    let mut by_tensor: HashMap<&str, Vec<BoxRef<'_>>> = HashMap::with_capacity(tensors.len());
+    for f in fragments {
+        if !geometry_seen.insert((&f.tensor_id, &f.global_offset, &f.local_shape)) {
+            return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
+        }
+        by_tensor.entry(&f.tensor_id).or_default().push(f.as_box());
+    }
+    for t in tensors {
+        let boxes = by_tensor.get(t.tensor_id()).map(Vec::as_slice).unwrap_or(&[]);
+        let total = boxes.iter().fold(0u128, |acc, b| acc.saturating_add(geometry::volume(b.shape)));
+        if boxes.is_empty() || total != geometry::volume(t.global_shape()) || geometry::boxes_overlap_exact(boxes) {
+            return invalid(format!("tensor is not fully covered: {}", t.tensor_id()));
+        }
+    }
+    Ok(())
+}
+
+fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
+    let mut by_object: HashMap<&str, Vec<&StoredFragment>> = HashMap::new();
+    for f in fragments {
+        by_object.entry(&f.object_key).or_default().push(f);
+    }
+    let mut keys: Vec<&&str> = by_object.keys().collect();
+    keys.sort_unstable();
+    for key in keys {
+        let mut list = by_object[*key].clone();
+        list.sort_by_key(|f| f.object_offset); // stable
+        for w in list.windows(2) {
+            let end = w[0].object_offset as u128 + w[0].nbytes as u128;
+            if (w[1].object_offset as u128) < end {
+                return invalid(format!(
+                    "stored fragment object ranges overlap: {} and {} in {}",
+                    w[0].fragment_id, w[1].fragment_id, key
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! Address-free contracts (`data-model.md`): ranks, axes, tensor descriptors,
+//! placement fragments, topology, parts, the complete placement and the stored
+//! manifest, with their canonical JSON and SHA-256 identities (`wire-format.md`).
+
+mod axes;
+pub mod keys;
+mod manifest;
+mod placement;
+mod tensor;
+
+pub use axes::{AxisKind, ParallelAxis, ParallelRank};
+pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
+pub use manifest::{StoredFragment, StoredFragmentSpec, StoredManifest, StoredManifestIdentity, StoredManifestSpec};
+pub use placement::{
+    ParallelTopology, Placement, PlacementFragment, PlacementFragmentSpec, PlacementPart, PlacementPartSpec,
+    PlacementSpec, FlatPlacementSpec, TopologyParticipant, TopologySpec,
+};
+pub use tensor::{TensorDescriptor, TensorSpec};
+
+use sha2::{Digest, Sha256};
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push(char::from(b"0123456789abcdef"[(b >> 4) as usize]));
+        out.push(char::from(b"0123456789abcdef"[(b & 15) as usize]));
+    }
+    out
+}
+
+/// True for exactly 64 characters of `0-9a-f`.
+pub fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+pub(crate) fn non_empty(value: &str, field: &str) -> crate::Result<()> {
+    if value.is_empty() {
+        crate::error::invalid(format!("{field} must be a non-empty string"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Canonical row-major byte strides of `shape` with item size `itemsize`.
+/// Saturates instead of overflowing (callers bound shapes first).
+pub fn canonical_strides(shape: &[u64], itemsize: u64) -> Vec<u64> {
+    let mut strides = vec![0u64; shape.len()];
+    let mut acc = itemsize;
+    for d in (0..shape.len()).rev() {
+        strides[d] = acc;
+        acc = acc.saturating_mul(shape[d]);
+    }
+    strides
+}

@@ -1,0 +1,3 @@
+//! Pure planners: upload planning (`upload-planning.md`).
+
+pub mod upload;

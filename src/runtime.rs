@@ -1,0 +1,610 @@
+//! Live runtime bindings (`data-model.md` §10–§13): where each placement fragment
+//! lives right now. Pointers are borrowed from the framework and never persisted;
+//! nothing in this module dereferences them.
+
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::json::{self, Profile};
+use crate::model::{canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor};
+use std::collections::{BTreeMap, HashSet};
+
+/// Where a runtime buffer lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host (CPU) memory: embedded backends copy it directly.
+    #[default]
+    Host,
+    /// Device memory on accelerator `ordinal`: needs a copy hook or a
+    /// device-capable backend.
+    Device(u32),
+}
+
+/// Construction input of a [`RuntimeFragment`].
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeFragmentSpec {
+    /// The placement fragment this view holds.
+    pub placement_fragment_id: String,
+    /// The runtime fragment id (unique within a binding set).
+    pub fragment_id: String,
+    /// First byte of the view (>= 1).
+    pub address: u64,
+    /// View size in bytes (>= 1).
+    pub nbytes: u64,
+    /// Executor that owns the memory.
+    pub worker_id: String,
+    /// Routing endpoint (does not separate address spaces).
+    pub endpoint: String,
+    /// Device name, e.g. `cuda:0` (separates address spaces).
+    pub device: String,
+    /// Runtime item size (must equal the tensor's).
+    pub itemsize: u64,
+    /// View shape.
+    pub local_shape: Vec<u64>,
+    /// View byte strides (normalized on extent-1 dimensions).
+    pub strides_bytes: Vec<u64>,
+    /// Start of the enclosing storage allocation.
+    pub storage_address: u64,
+    /// Size of the enclosing storage allocation.
+    pub storage_nbytes: u64,
+    /// Offset of the view inside the allocation.
+    pub storage_offset_bytes: u64,
+    /// Host or device memory (our extension; defaults to host).
+    pub memory: MemoryKind,
+}
+
+/// A validated runtime binding fragment. Equality covers every field (there is no
+/// framework `owner` in this type: the caller keeps its allocations alive).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RuntimeFragment {
+    spec: RuntimeFragmentSpec,
+}
+
+impl PartialEq for RuntimeFragmentSpec {
+    fn eq(&self, o: &Self) -> bool {
+        self.placement_fragment_id == o.placement_fragment_id
+            && self.fragment_id == o.fragment_id
+            && self.address == o.address
+            && self.nbytes == o.nbytes
+            && self.worker_id == o.worker_id
+            && self.endpoint == o.endpoint
+            && self.device == o.device
+            && self.itemsize == o.itemsize
+            && self.local_shape == o.local_shape
+            && self.strides_bytes == o.strides_bytes
+            && self.storage_address == o.storage_address
+            && self.storage_nbytes == o.storage_nbytes
+            && self.storage_offset_bytes == o.storage_offset_bytes
+            && self.memory == o.memory
+    }
+}
+impl Eq for RuntimeFragmentSpec {}
+impl std::hash::Hash for RuntimeFragmentSpec {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.fragment_id.hash(h);
+        self.address.hash(h);
+    }
+}
+
+fn check_range(address: u64, nbytes: u64, a: &str, n: &str) -> Result<()> {
+    if address < 1 {
+        return invalid(format!("{a} must be at least 1"));
+    }
+    if nbytes < 1 {
+        return invalid(format!("{n} must be at least 1"));
+    }
+    if address.checked_add(nbytes).is_none() {
+        return invalid("address range must fit in an unsigned 64-bit integer");
+    }
+    Ok(())
+}
+
+impl RuntimeFragment {
+    /// Validates `spec` (`data-model.md` §10) and normalizes strides on extent-1
+    /// dimensions to the canonical stride.
+    pub fn new(mut spec: RuntimeFragmentSpec) -> Result<Self> {
+        non_empty(&spec.placement_fragment_id, "placement_fragment_id")?;
+        non_empty(&spec.fragment_id, "fragment_id")?;
+        check_range(spec.address, spec.nbytes, "address", "nbytes")?;
+        non_empty(&spec.worker_id, "worker_id")?;
+        non_empty(&spec.endpoint, "endpoint")?;
+        non_empty(&spec.device, "device")?;
+        if spec.itemsize < 1 {
+            return invalid("runtime itemsize must be at least 1");
+        }
+        if let Some(i) = spec.local_shape.iter().position(|&x| x < 1) {
+            return invalid(format!("runtime local_shape[{i}] must be at least 1"));
+        }
+        if spec.strides_bytes.len() != spec.local_shape.len() {
+            return invalid("runtime stride rank differs from local_shape");
+        }
+        if spec.local_shape.iter().zip(&spec.strides_bytes).any(|(&e, &s)| e > 1 && s == 0) {
+            return invalid("runtime stride must be positive for non-singleton dimensions");
+        }
+        check_range(spec.storage_address, spec.storage_nbytes, "address", "nbytes")?;
+        if spec.storage_address.checked_add(spec.storage_offset_bytes).is_none() {
+            return invalid("normalized runtime address must fit in 64 bits");
+        }
+        if spec.address != spec.storage_address + spec.storage_offset_bytes {
+            return invalid("runtime address must equal storage_address plus storage_offset_bytes");
+        }
+        if spec.nbytes > spec.storage_nbytes || spec.storage_offset_bytes > spec.storage_nbytes - spec.nbytes {
+            return invalid("runtime view exceeds storage allocation bounds");
+        }
+        let canonical = canonical_strides(&spec.local_shape, spec.itemsize);
+        for d in 0..spec.local_shape.len() {
+            if spec.local_shape[d] == 1 {
+                spec.strides_bytes[d] = canonical[d];
+            }
+        }
+        Ok(RuntimeFragment { spec })
+    }
+
+    /// Placement fragment id.
+    pub fn placement_fragment_id(&self) -> &str {
+        &self.spec.placement_fragment_id
+    }
+    /// Runtime fragment id.
+    pub fn fragment_id(&self) -> &str {
+        &self.spec.fragment_id
+    }
+    /// First byte of the view.
+    pub fn address(&self) -> u64 {
+        self.spec.address
+    }
+    /// View size.
+    pub fn nbytes(&self) -> u64 {
+        self.spec.nbytes
+    }
+    /// Worker id.
+    pub fn worker_id(&self) -> &str {
+        &self.spec.worker_id
+    }
+    /// Endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.spec.endpoint
+    }
+    /// Device.
+    pub fn device(&self) -> &str {
+        &self.spec.device
+    }
+    /// Item size.
+    pub fn itemsize(&self) -> u64 {
+        self.spec.itemsize
+    }
+    /// View shape.
+    pub fn local_shape(&self) -> &[u64] {
+        &self.spec.local_shape
+    }
+    /// Normalized byte strides.
+    pub fn strides_bytes(&self) -> &[u64] {
+        &self.spec.strides_bytes
+    }
+    /// Storage allocation start.
+    pub fn storage_address(&self) -> u64 {
+        self.spec.storage_address
+    }
+    /// Storage allocation size.
+    pub fn storage_nbytes(&self) -> u64 {
+        self.spec.storage_nbytes
+    }
+    /// View offset inside the allocation.
+    pub fn storage_offset_bytes(&self) -> u64 {
+        self.spec.storage_offset_bytes
+    }
+    /// Memory kind.
+    pub fn memory(&self) -> MemoryKind {
+        self.spec.memory
+    }
+
+    /// `same_runtime_snapshot`: true iff the 13 physical fields equal the planned
+    /// snapshot's (and the memory kind).
+    pub fn same_as_snapshot(&self, planned: &RuntimeFragmentSnapshot) -> bool {
+        self.spec == planned.runtime.spec
+    }
+}
+
+/// Construction input of a [`RuntimeBinding`].
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeBindingSpec {
+    /// Resource id.
+    pub resource_id: String,
+    /// Attested placement id.
+    pub placement_id: String,
+    /// Attested placement digest (hex64).
+    pub placement_digest: String,
+    /// Runtime instance (process group) id.
+    pub instance_id: String,
+    /// Runtime generation fence.
+    pub generation: u64,
+    /// Lease fence.
+    pub lease_id: String,
+    /// Revision.
+    pub revision: String,
+    /// Participant id.
+    pub participant_id: String,
+    /// Runtime fragments (any order).
+    pub fragments: Vec<RuntimeFragment>,
+}
+
+/// One participant's runtime fragments for one placement
+/// (`WeightRuntimeBindingManifest`), fenced by instance, lease and generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeBinding {
+    resource_id: String,
+    placement_id: String,
+    placement_digest: String,
+    instance_id: String,
+    generation: u64,
+    lease_id: String,
+    revision: String,
+    participant_id: String,
+    fragments: Vec<RuntimeFragment>,
+}
+
+impl RuntimeBinding {
+    /// Validates `spec` (`data-model.md` §11); fragments are sorted by placement
+    /// fragment id.
+    pub fn new(spec: RuntimeBindingSpec) -> Result<Self> {
+        non_empty(&spec.resource_id, "resource_id")?;
+        non_empty(&spec.placement_id, "placement_id")?;
+        non_empty(&spec.instance_id, "instance_id")?;
+        non_empty(&spec.lease_id, "lease_id")?;
+        non_empty(&spec.revision, "revision")?;
+        non_empty(&spec.participant_id, "participant_id")?;
+        if !is_hex64(&spec.placement_digest) {
+            return invalid("placement_digest must be a lowercase SHA-256 digest");
+        }
+        let mut fragments = spec.fragments;
+        fragments.sort_by(|a, b| a.spec.placement_fragment_id.cmp(&b.spec.placement_fragment_id));
+        if fragments.windows(2).any(|w| w[0].spec.placement_fragment_id == w[1].spec.placement_fragment_id) {
+            return invalid("duplicate placement fragment in runtime binding");
+        }
+        let mut ids = HashSet::with_capacity(fragments.len());
+        if !fragments.iter().all(|f| ids.insert(f.fragment_id())) {
+            return invalid("duplicate runtime fragment_id in runtime binding");
+        }
+        Ok(RuntimeBinding {
+            resource_id: spec.resource_id,
+            placement_id: spec.placement_id,
+            placement_digest: spec.placement_digest,
+            instance_id: spec.instance_id,
+            generation: spec.generation,
+            lease_id: spec.lease_id,
+            revision: spec.revision,
+            participant_id: spec.participant_id,
+            fragments,
+        })
+    }
+
+    /// Resource kind (always `model_weight`).
+    pub fn resource_kind(&self) -> &'static str {
+        "model_weight"
+    }
+    /// Resource id.
+    pub fn resource_id(&self) -> &str {
+        &self.resource_id
+    }
+    /// Attested placement id.
+    pub fn placement_id(&self) -> &str {
+        &self.placement_id
+    }
+    /// Attested placement digest.
+    pub fn placement_digest(&self) -> &str {
+        &self.placement_digest
+    }
+    /// Instance id.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+    /// Runtime generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// Lease id.
+    pub fn lease_id(&self) -> &str {
+        &self.lease_id
+    }
+    /// Revision.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+    /// Participant id.
+    pub fn participant_id(&self) -> &str {
+        &self.participant_id
+    }
+    /// Fragments sorted by placement fragment id.
+    pub fn fragments(&self) -> &[RuntimeFragment] {
+        &self.fragments
+    }
+    /// The runtime fragment that holds `placement_fragment_id`.
+    pub fn fragment_for(&self, placement_fragment_id: &str) -> Option<&RuntimeFragment> {
+        self.fragments
+            .binary_search_by(|f| f.spec.placement_fragment_id.as_str().cmp(placement_fragment_id))
+            .ok()
+            .map(|i| &self.fragments[i])
+    }
+}
+
+/// Owner-free evidence of one runtime fragment plus its logical geometry and lease
+/// generation, kept inside plans (`RuntimeFragmentSnapshot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeFragmentSnapshot {
+    runtime: RuntimeFragment,
+    tensor_id: String,
+    global_offset: Vec<u64>,
+    lease_generation: u64,
+}
+
+impl RuntimeFragmentSnapshot {
+    /// Snapshot of `runtime` holding `placement` under `lease_generation`.
+    pub fn new(placement: &PlacementFragment, runtime: &RuntimeFragment, lease_generation: u64) -> Self {
+        RuntimeFragmentSnapshot {
+            runtime: runtime.clone(),
+            tensor_id: placement.tensor_id().to_string(),
+            global_offset: placement.global_offset().to_vec(),
+            lease_generation,
+        }
+    }
+    /// The runtime fragment as planned.
+    pub fn runtime(&self) -> &RuntimeFragment {
+        &self.runtime
+    }
+    /// Placement fragment id.
+    pub fn placement_fragment_id(&self) -> &str {
+        self.runtime.placement_fragment_id()
+    }
+    /// Runtime fragment id.
+    pub fn fragment_id(&self) -> &str {
+        self.runtime.fragment_id()
+    }
+    /// Tensor id.
+    pub fn tensor_id(&self) -> &str {
+        &self.tensor_id
+    }
+    /// Box offset.
+    pub fn global_offset(&self) -> &[u64] {
+        &self.global_offset
+    }
+    /// Box shape.
+    pub fn local_shape(&self) -> &[u64] {
+        self.runtime.local_shape()
+    }
+    /// Address of the view.
+    pub fn address(&self) -> u64 {
+        self.runtime.address()
+    }
+    /// View size.
+    pub fn nbytes(&self) -> u64 {
+        self.runtime.nbytes()
+    }
+    /// Worker id.
+    pub fn worker_id(&self) -> &str {
+        self.runtime.worker_id()
+    }
+    /// Device.
+    pub fn device(&self) -> &str {
+        self.runtime.device()
+    }
+    /// Memory kind.
+    pub fn memory(&self) -> MemoryKind {
+        self.runtime.memory()
+    }
+    /// Lease generation.
+    pub fn lease_generation(&self) -> u64 {
+        self.lease_generation
+    }
+}
+
+/// The allocation-fence `binding_digest` (`wire-format.md` §9): hex SHA-256 of the
+/// profile-A JSON array of fragment identities sorted by runtime fragment id.
+pub fn fence_binding_digest(fragments: &[&RuntimeFragment]) -> String {
+    let mut sorted: Vec<&RuntimeFragment> = fragments.to_vec();
+    sorted.sort_by(|a, b| a.fragment_id().cmp(b.fragment_id()));
+    let mut out = String::from("[");
+    for (i, f) in sorted.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let s = &f.spec;
+        out.push_str("{\"address\":");
+        json::write_u64(&mut out, s.address);
+        out.push_str(",\"device\":");
+        json::write_str(&mut out, &s.device, Profile::Ascii);
+        out.push_str(",\"endpoint\":");
+        json::write_str(&mut out, &s.endpoint, Profile::Ascii);
+        out.push_str(",\"fragment_id\":");
+        json::write_str(&mut out, &s.fragment_id, Profile::Ascii);
+        out.push_str(",\"itemsize\":");
+        json::write_u64(&mut out, s.itemsize);
+        out.push_str(",\"local_shape\":");
+        json::write_u64_array(&mut out, &s.local_shape);
+        out.push_str(",\"nbytes\":");
+        json::write_u64(&mut out, s.nbytes);
+        out.push_str(",\"placement_fragment_id\":");
+        json::write_str(&mut out, &s.placement_fragment_id, Profile::Ascii);
+        out.push_str(",\"storage_address\":");
+        json::write_u64(&mut out, s.storage_address);
+        out.push_str(",\"storage_nbytes\":");
+        json::write_u64(&mut out, s.storage_nbytes);
+        out.push_str(",\"storage_offset_bytes\":");
+        json::write_u64(&mut out, s.storage_offset_bytes);
+        out.push_str(",\"strides_bytes\":");
+        json::write_u64_array(&mut out, &s.strides_bytes);
+        out.push_str(",\"worker_id\":");
+        json::write_str(&mut out, &s.worker_id, Profile::Ascii);
+        out.push('}');
+    }
+    out.push(']');
+    sha256_hex(out.as_bytes())
+}
+
+// ---------------------------------------------------------------------------
+// Pairing with a placement (§12)
+// ---------------------------------------------------------------------------
+
+struct Bound<'a> {
+    runtime: &'a RuntimeFragment,
+    placement: &'a PlacementFragment,
+    tensor: &'a TensorDescriptor,
+}
+
+/// Validates one binding against `placement` (`validate_runtime_binding`):
+/// identity, exact fragment membership of the participant's part, sizes, shapes,
+/// item size, canonical strides and address ranges. Contract errors.
+pub fn validate_runtime_binding(placement: &Placement, binding: &RuntimeBinding) -> Result<()> {
+    let bound = pair_binding(placement, binding)?;
+    check_address_ranges(&binding.instance_id, &bound)
+}
+
+fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Result<Vec<Bound<'a>>> {
+    if placement.resource_id() != binding.resource_id {
+        return invalid("placement and runtime binding resource_id differ");
+    }
+    if placement.placement_id() != binding.placement_id {
+        return invalid("placement_id and runtime binding placement_id differ");
+    }
+    if placement.digest() != binding.placement_digest {
+        return invalid("placement digest and runtime binding placement digest differ");
+    }
+    if placement.revision() != binding.revision {
+        return invalid("placement and runtime binding revision differ");
+    }
+    let part = placement
+        .part(&binding.participant_id)
+        .ok_or_else(|| Error::invalid(format!("unknown runtime binding participant: {}", binding.participant_id)))?;
+    if let Some(f) = binding.fragments.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
+        return invalid(format!("unknown placement fragment in runtime binding: {}", f.placement_fragment_id()));
+    }
+    if let Some(p) = part.fragments().iter().find(|p| binding.fragment_for(p.placement_fragment_id()).is_none()) {
+        return invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()));
+    }
+    let mut bound = Vec::with_capacity(part.fragments().len());
+    for p in part.fragments() {
+        let r = binding.fragment_for(p.placement_fragment_id()).expect("membership checked");
+        let t = placement.tensor(p.tensor_id()).expect("placement tensors are complete");
+        let pfid = p.placement_fragment_id();
+        if r.nbytes() != p.nbytes() {
+            return invalid(format!("runtime binding byte size does not match placement: {pfid}"));
+        }
+        if r.local_shape() != p.local_shape() {
+            return invalid(format!("runtime binding local_shape does not match placement: {pfid}"));
+        }
+        if r.itemsize() != t.itemsize() {
+            return invalid(format!("runtime binding itemsize does not match placement: {pfid}"));
+        }
+        if r.strides_bytes() != canonical_strides(p.local_shape(), t.itemsize()).as_slice() {
+            return invalid(format!("runtime binding stride does not describe a canonical contiguous view: {pfid}"));
+        }
+        bound.push(Bound { runtime: r, placement: p, tensor: t });
+    }
+    Ok(bound)
+}
+
+fn exact_alias(a: &Bound<'_>, b: &Bound<'_>) -> bool {
+    let group = a.placement.aliases();
+    a.runtime.address() == b.runtime.address()
+        && a.runtime.nbytes() == b.runtime.nbytes()
+        && group.len() >= 2
+        && group == b.placement.aliases()
+        && group.iter().any(|m| m == a.placement.tensor_id())
+        && group.iter().any(|m| m == b.placement.tensor_id())
+        && a.placement.global_offset() == b.placement.global_offset()
+        && a.placement.local_shape() == b.placement.local_shape()
+        && a.tensor.same_alias_key(b.tensor)
+}
+
+/// The address-range rule over `bound` fragments of one instance.
+fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
+    let mut spaces: BTreeMap<(&str, &str), Vec<&Bound<'_>>> = BTreeMap::new();
+    for b in bound {
+        spaces.entry((b.runtime.worker_id(), b.runtime.device())).or_default().push(b);
+    }
+    for ((worker, device), mut list) in spaces {
+        let space = format!("({instance_id}, {worker}, {device})");
+        list.sort_by_key(|b| b.runtime.address());
+        let mut active: Vec<&Bound<'_>> = Vec::new();
+        for cur in &list {
+            let at = cur.runtime.address();
+            active.retain(|e| e.runtime.address() + e.runtime.nbytes() > at);
+            for earlier in &active {
+                if !exact_alias(earlier, cur) {
+                    return invalid(format!(
+                        "runtime binding address ranges overlap: {} and {} in {space}",
+                        earlier.runtime.fragment_id(),
+                        cur.runtime.fragment_id()
+                    ));
+                }
+            }
+            active.push(cur);
+        }
+        // Storage allocations: overlapping ones must be identical.
+        let mut storages: BTreeMap<(u64, u64), &str> = BTreeMap::new();
+        for b in &list {
+            storages.entry((b.runtime.storage_address(), b.runtime.storage_nbytes())).or_insert(b.runtime.fragment_id());
+        }
+        let mut prev: Option<(u64, &str)> = None; // (max end, fragment id)
+        for (&(start, size), &id) in &storages {
+            if let Some((end, prev_id)) = prev {
+                if start < end {
+                    return invalid(format!("runtime binding storage allocation ranges overlap: {prev_id} and {id} in {space}"));
+                }
+            }
+            let end = start + size;
+            if prev.is_none_or(|(e, _)| end > e) {
+                prev = Some((end, id));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates the exact binding set of `placement` (`validate_runtime_bindings`):
+/// every non-empty participant bound exactly once, runtime fragment ids unique
+/// across bindings, address ranges checked per instance over all its bindings.
+pub fn validate_runtime_bindings(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
+    let mut participants = HashSet::with_capacity(bindings.len());
+    if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
+        return invalid("duplicate runtime binding participant");
+    }
+    let mut by_instance: BTreeMap<&str, Vec<Bound<'_>>> = BTreeMap::new();
+    let mut ids: HashSet<&str> = HashSet::new();
+    for b in bindings {
+        let bound = pair_binding(placement, b)?;
+        check_address_ranges(&b.instance_id, &bound)?;
+        for f in &b.fragments {
+            if !ids.insert(f.fragment_id()) {
+                return invalid(format!("duplicate runtime fragment_id across participants: {}", f.fragment_id()));
+            }
+        }
+        by_instance.entry(b.instance_id()).or_default().extend(bound);
+    }
+    for (instance, bound) in &by_instance {
+        check_address_ranges(instance, bound)?;
+    }
+    for part in placement.parts() {
+        if !part.fragments().is_empty() && !participants.contains(part.participant_id()) {
+            return invalid(format!("missing runtime binding participant: {}", part.participant_id()));
+        }
+    }
+    // Bindings for unknown participants were rejected by pair_binding.
+    Ok(())
+}
+
+/// Subset pairing used by the store services (`pair_manifests`): bindings must be
+/// non-empty and unique per participant, each validated against `placement`;
+/// failures are [`ErrorKind::InvalidBinding`] errors prefixed
+/// `invalid <label> runtime binding: `.
+pub fn pair_bindings(placement: &Placement, bindings: &[RuntimeBinding], label: &str) -> Result<()> {
+    let store_err = |m: String| Error::new(ErrorKind::InvalidBinding, m);
+    if bindings.is_empty() {
+        return Err(store_err(format!("{label} runtime bindings must not be empty")));
+    }
+    let mut participants = HashSet::with_capacity(bindings.len());
+    if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
+        return Err(store_err(format!("duplicate {label} runtime binding participant")));
+    }
+    for b in bindings {
+        validate_runtime_binding(placement, b)
+            .map_err(|e| store_err(format!("invalid {label} runtime binding: {}", e.message())))?;
+    }
+    Ok(())
+}
