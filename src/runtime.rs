@@ -561,6 +561,21 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
 /// every non-empty participant bound exactly once, runtime fragment ids unique
 /// across bindings, address ranges checked per instance over all its bindings.
 pub fn validate_runtime_bindings(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
+    validate_binding_subset(placement, bindings)?;
+    let participants: HashSet<&str> = bindings.iter().map(|b| b.participant_id()).collect();
+    for part in placement.parts() {
+        if !part.fragments().is_empty() && !participants.contains(part.participant_id()) {
+            return invalid(format!("missing runtime binding participant: {}", part.participant_id()));
+        }
+    }
+    // Bindings for unknown participants were rejected by pair_binding.
+    Ok(())
+}
+
+/// Validates a subset of the bindings of `placement`: like
+/// [`validate_runtime_bindings`] but participants may be missing (each rank of a
+/// multi-process job holds only its own binding). Contract errors.
+pub fn validate_binding_subset(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
     let mut participants = HashSet::with_capacity(bindings.len());
     if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
         return invalid("duplicate runtime binding participant");
@@ -580,12 +595,6 @@ pub fn validate_runtime_bindings(placement: &Placement, bindings: &[RuntimeBindi
     for (instance, bound) in &by_instance {
         check_address_ranges(instance, bound)?;
     }
-    for part in placement.parts() {
-        if !part.fragments().is_empty() && !participants.contains(part.participant_id()) {
-            return invalid(format!("missing runtime binding participant: {}", part.participant_id()));
-        }
-    }
-    // Bindings for unknown participants were rejected by pair_binding.
     Ok(())
 }
 

@@ -1,0 +1,30 @@
+//! The C ABI. Translation only: every rule lives in the Rust API.
+//!
+//! The generated header is `include/mooncake_weight_store.h` (cbindgen, see
+//! `cbindgen.toml`); the header-only C++ wrapper is `include/mooncake_weight_store.hpp`.
+//!
+//! House rules of this module:
+//! - every `extern "C"` body runs inside [`boundary::status_call`] or
+//!   [`boundary::value_call`], which catch panics (no unwinding ever crosses into C)
+//!   and record the thread-local last error message;
+//! - handles are `Box`es handed out with `Box::into_raw` and taken back by `*_free`;
+//! - strings handed out are borrowed from the handle that owns them (NUL-terminated
+//!   copies built once, when the handle is created, so every handle is immutable and
+//!   can be shared between threads);
+//! - nothing here validates the domain: a rule enforced here but not in the Rust API
+//!   would be a bug. We only check what C can get wrong and Rust cannot express
+//!   (NULL pointers, UTF-8, (pointer, length) pairs).
+
+#![allow(non_camel_case_types)]
+
+// Declaration order is the order of the generated header.
+mod boundary;
+mod placement;
+mod binding;
+mod upload;
+mod strings;
+
+pub use binding::*;
+pub use boundary::*;
+pub use placement::*;
+pub use upload::*;

@@ -1,0 +1,385 @@
+//! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
+
+use std::ffi::c_char;
+
+use super::binding::mws_binding;
+use super::boundary::{status_call, value_call, Failure, FfiResult};
+use super::placement::mws_placement;
+use super::strings::{check_out, handle, opt_str_arg, slice_arg, write_out, CText};
+use super::mws_status;
+use crate::{plan_upload, Decision, UploadOptions, UploadPlan};
+
+/// Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
+/// during the call.
+#[repr(C)]
+pub struct mws_upload_options {
+    /// Store namespace (key segment, percent-encoded). NULL means `"default"`.
+    pub store_namespace: *const c_char,
+    /// Key prefix (its leading/trailing `/` are stripped). NULL means `"weights"`.
+    pub key_prefix: *const c_char,
+    /// Upload transaction id (32 lowercase hex characters). NULL means a fresh random
+    /// one.
+    pub transaction_id: *const c_char,
+    /// Manifest creation time, `YYYY-MM-DDTHH:MM:SSZ`. NULL means now (UTC).
+    pub created_at: *const c_char,
+}
+
+/// One operation of an upload plan (copy one runtime fragment into one stored object),
+/// as returned by `mws_upload_plan_operation`. Every string is NUL-terminated, borrowed
+/// from the plan handle and valid until it is freed.
+#[repr(C)]
+pub struct mws_upload_operation {
+    /// The participant whose binding lends the source buffer.
+    pub source_participant_id: *const c_char,
+    /// The instance id of that binding.
+    pub source_instance_id: *const c_char,
+    /// The lease id of that binding.
+    pub source_lease_id: *const c_char,
+    /// The generation of that binding.
+    pub source_generation: u64,
+    /// The runtime fragment id of the source buffer.
+    pub source_fragment_id: *const c_char,
+    /// The worker that owns the source buffer.
+    pub source_worker_id: *const c_char,
+    /// The placement fragment the source buffer holds.
+    pub source_placement_fragment_id: *const c_char,
+    /// The stored fragment id (in the manifest).
+    pub target_fragment_id: *const c_char,
+    /// The object key the bytes are written to.
+    pub object_key: *const c_char,
+    /// Number of bytes to copy.
+    pub nbytes: u64,
+}
+
+struct OperationView {
+    participant_id: CText,
+    instance_id: CText,
+    lease_id: CText,
+    generation: u64,
+    fragment_id: CText,
+    worker_id: CText,
+    placement_fragment_id: CText,
+    target_fragment_id: CText,
+    object_key: CText,
+    nbytes: u64,
+}
+
+/// A planned upload: the stored manifest to commit, every key of the upload
+/// transaction, and the copy operations, in plan order.
+///
+/// Created by `mws_plan_upload`, freed by `mws_upload_plan_free`. Immutable: every
+/// function taking a `const mws_upload_plan *` may be called from several threads at
+/// once. It holds no runtime address in any string and does not borrow the placement
+/// or bindings it was planned from. Strings returned by its accessors are owned by the
+/// handle and stay valid until it is freed.
+pub struct mws_upload_plan {
+    #[allow(dead_code)]
+    pub(crate) inner: UploadPlan,
+    manifest_json: CText,
+    manifest_digest: CText,
+    manifest_key: CText,
+    group_id: CText,
+    control_key: CText,
+    transaction_group_id: CText,
+    transaction_id: CText,
+    source_placement_id: CText,
+    source_placement_digest: CText,
+    commit_record: CText,
+    operations: Vec<OperationView>,
+}
+
+impl mws_upload_plan {
+    fn new(inner: UploadPlan) -> Self {
+        let operations = inner
+            .operations()
+            .iter()
+            .map(|op| OperationView {
+                participant_id: CText::new(op.source_participant_id()),
+                instance_id: CText::new(op.source_instance_id()),
+                lease_id: CText::new(op.source_lease_id()),
+                generation: op.source_generation(),
+                fragment_id: CText::new(op.source_snapshot().fragment_id()),
+                worker_id: CText::new(op.source_snapshot().worker_id()),
+                placement_fragment_id: CText::new(op.source_placement().placement_fragment_id()),
+                target_fragment_id: CText::new(op.target().fragment_id()),
+                object_key: CText::new(op.target().object_key()),
+                nbytes: op.target().nbytes(),
+            })
+            .collect();
+        let manifest = inner.manifest();
+        mws_upload_plan {
+            manifest_json: CText::new(&manifest.to_json()),
+            manifest_digest: CText::new(manifest.manifest_digest()),
+            manifest_key: CText::new(manifest.manifest_key()),
+            group_id: CText::new(manifest.group_id()),
+            control_key: CText::new(inner.control_key()),
+            transaction_group_id: CText::new(inner.transaction_group_id()),
+            transaction_id: CText::new(inner.transaction_id()),
+            source_placement_id: CText::new(inner.source_placement_id()),
+            source_placement_digest: CText::new(inner.source_placement_digest()),
+            commit_record: CText::new(&inner.decision_record(Decision::Commit)),
+            operations,
+            inner,
+        }
+    }
+}
+
+unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
+    let mut o = UploadOptions::default();
+    if let Some(c) = options.as_ref() {
+        if let Some(ns) = opt_str_arg(c.store_namespace, "options->store_namespace")? {
+            o.namespace = ns.to_owned();
+        }
+        if let Some(prefix) = opt_str_arg(c.key_prefix, "options->key_prefix")? {
+            o.key_prefix = prefix.to_owned();
+        }
+        o.transaction_id = opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
+        o.created_at = opt_str_arg(c.created_at, "options->created_at")?.map(str::to_owned);
+    }
+    Ok(o)
+}
+
+/// Plans an upload of `placement` from `count` runtime bindings (one per participant
+/// that lends buffers): validates every binding against the placement, selects the
+/// source replica, and derives the stored manifest, keys and copy operations. Pure:
+/// no I/O, no buffer is read.
+///
+/// `bindings` points to `count` binding handles (borrowed for the call only).
+/// `options` may be NULL (all defaults).
+///
+/// On success writes a new handle to `*out`; the caller owns it and frees it with
+/// `mws_upload_plan_free`. On failure `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`placement`, `out`, `bindings` with `count > 0`, or a
+/// NULL element), `MWS_INVALID_UTF8`, `MWS_INVALID_BINDING` (a binding does not pair with
+/// the placement, or the set is empty), `MWS_INVALID_ARGUMENT` (unplannable inputs,
+/// invalid options). Thread safety: may run concurrently with other calls taking
+/// `const` handles.
+///
+/// # Safety
+/// `placement` is NULL or a live handle; `bindings` points to `count` pointers that are
+/// NULL or live binding handles not modified during the call; `options` is NULL or
+/// valid; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_plan_upload(
+    placement: *const mws_placement,
+    bindings: *const *const mws_binding,
+    count: usize,
+    options: *const mws_upload_options,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
+    status_call("mws_plan_upload", || {
+        let p = handle(placement, "placement")?;
+        check_out(out, "out")?;
+        let handles = slice_arg(bindings, count, "bindings")?;
+        let mut built = Vec::with_capacity(handles.len());
+        for (i, b) in handles.iter().enumerate() {
+            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            built.push(b.build()?);
+        }
+        let options = options_from(options)?;
+        let plan = plan_upload(&p.inner, &built, &options)?;
+        write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
+        Ok(())
+    })
+}
+
+/// Frees an upload plan handle. `NULL` does nothing. Every string borrowed from it
+/// becomes invalid.
+///
+/// # Safety
+/// `plan` is NULL or a handle from `mws_plan_upload` not yet freed, and no other thread
+/// is using it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
+    value_call("mws_upload_plan_free", (), || {
+        if !plan.is_null() {
+            drop(Box::from_raw(plan));
+        }
+        Ok(())
+    })
+}
+
+unsafe fn lend(
+    function: &'static str,
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+    pick: impl FnOnce(&mws_upload_plan) -> &CText,
+) -> *const c_char {
+    value_call(function, std::ptr::null(), || Ok(pick(handle(plan, "plan")?).lend(len)))
+}
+
+/// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
+/// covered by the manifest digest; UTF-8, not ASCII-escaped).
+///
+/// Ownership: the NUL-terminated string is borrowed from `plan` and valid until it is
+/// freed. If `len` is not NULL, the length in bytes (without the NUL) is written there.
+/// Returns NULL (and sets the last error) if `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_manifest_json", plan, len, |p| &p.manifest_json)
+}
+
+/// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_manifest_digest", plan, len, |p| &p.manifest_digest)
+}
+
+/// Returns the key the manifest is stored at. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_manifest_key", plan, len, |p| &p.manifest_key)
+}
+
+/// Returns the group id of the stored revision (the key base). Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_group_id", plan, len, |p| &p.group_id)
+}
+
+/// Returns the control key (where the commit/abort decision record is stored).
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_control_key", plan, len, |p| &p.control_key)
+}
+
+/// Returns the transaction group id (the group of the payload objects of this upload).
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_transaction_group_id", plan, len, |p| &p.transaction_group_id)
+}
+
+/// Returns the upload transaction id. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_transaction_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_transaction_id", plan, len, |p| &p.transaction_id)
+}
+
+/// Returns the id of the placement the plan was made from. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_source_placement_id", plan, len, |p| &p.source_placement_id)
+}
+
+/// Returns the digest of the placement the plan was made from. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_source_placement_digest", plan, len, |p| &p.source_placement_digest)
+}
+
+/// Returns the exact bytes of the commit decision record to store at the control key.
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_commit_record(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_commit_record", plan, len, |p| &p.commit_record)
+}
+
+/// Returns the number of operations of the plan, or 0 (and sets the last error) if
+/// `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
+    value_call("mws_upload_plan_operation_count", 0, || Ok(handle(plan, "plan")?.operations.len()))
+}
+
+/// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
+/// order) into `*out`. The strings written to `*out` are borrowed from `plan` and valid
+/// until it is freed.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range; `*out` is not
+/// written). Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_operation(
+    plan: *const mws_upload_plan,
+    index: usize,
+    out: *mut mws_upload_operation,
+) -> mws_status {
+    status_call("mws_upload_plan_operation", || {
+        let p = handle(plan, "plan")?;
+        check_out(out, "out")?;
+        let op = p.operations.get(index).ok_or_else(|| {
+            Failure::invalid(format!(
+                "operation index {index} is out of range (the plan has {} operations)",
+                p.operations.len()
+            ))
+        })?;
+        write_out(
+            out,
+            mws_upload_operation {
+                source_participant_id: op.participant_id.as_ptr(),
+                source_instance_id: op.instance_id.as_ptr(),
+                source_lease_id: op.lease_id.as_ptr(),
+                source_generation: op.generation,
+                source_fragment_id: op.fragment_id.as_ptr(),
+                source_worker_id: op.worker_id.as_ptr(),
+                source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
+                target_fragment_id: op.target_fragment_id.as_ptr(),
+                object_key: op.object_key.as_ptr(),
+                nbytes: op.nbytes,
+            },
+        );
+        Ok(())
+    })
+}

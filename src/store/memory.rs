@@ -1,0 +1,301 @@
+//! In-memory backend: a sharded map of `Arc<[u8]>`, for tests and single-process use.
+//!
+//! Keys are arbitrary strings (like Mooncake Store, and unlike the path-mapped
+//! [`super::directory::DirectoryStore`], this backend does not validate them).
+//! Values are immutable `Arc<[u8]>`: a reader clones the `Arc` under a short read
+//! lock and copies outside it, so a concurrent `upsert` never tears a read.
+//!
+//! The store records, per key, the group id and [`RecordType`] of the write that
+//! stored its current value ([`MemoryStore::group_of`]), so protocol tests can check
+//! which group each object was written with.
+
+use std::collections::hash_map::{DefaultHasher, Entry as MapEntry};
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{not_found, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use crate::error::{Error, ErrorKind, Result};
+use crate::runtime::MemoryKind;
+
+const SHARDS: usize = 16;
+
+struct Entry {
+    value: Arc<[u8]>,
+    group_id: String,
+    record_type: RecordType,
+}
+
+type Shard = RwLock<HashMap<String, Entry>>;
+
+/// Concurrent in-memory [`ObjectStore`]. `Send + Sync`; clone the `Arc` you keep it in
+/// to share it.
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    hook: Option<Arc<dyn CopyHook>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("objects", &self.len())
+            .field("copy_hook", &self.hook.is_some())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store without a copy hook (device memory is refused).
+    pub fn new() -> Self {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            hook: None,
+        }
+    }
+
+    /// An empty store that reaches device memory through `hook`.
+    pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
+        MemoryStore {
+            hook: Some(hook),
+            ..MemoryStore::new()
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    fn value(&self, key: &str) -> Option<Arc<[u8]>> {
+        self.shard(key).read().get(key).map(|e| e.value.clone())
+    }
+
+    /// All keys, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.shards.iter().flat_map(|s| s.read().keys().cloned().collect::<Vec<_>>()).collect();
+        keys.sort();
+        keys
+    }
+
+    /// Number of stored objects.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    /// True when no object is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The group id and record type of the write that stored `key`'s current value
+    /// (`put`/`upsert`: `group_ids[0]`, or `""` when the list was empty;
+    /// `batch_put_from`: `group_ids[i]`). `None` if absent.
+    pub fn group_of(&self, key: &str) -> Option<(String, RecordType)> {
+        self.shard(key).read().get(key).map(|e| (e.group_id.clone(), e.record_type))
+    }
+
+    /// Create-only insert of an already materialised value.
+    fn insert_new(&self, key: &str, value: Arc<[u8]>, group_id: &str, record_type: RecordType) -> Result<()> {
+        match self.shard(key).write().entry(key.to_owned()) {
+            MapEntry::Occupied(_) => Err(already_exists(key)),
+            MapEntry::Vacant(v) => {
+                v.insert(Entry {
+                    value,
+                    group_id: group_id.to_owned(),
+                    record_type,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// One item of `batch_put_from`, after the pre-checks.
+    unsafe fn put_from_one(&self, item: &PutFrom<'_>, group_id: &str, record_type: RecordType) -> Result<()> {
+        // Cheap early refusal (the insert below is the authoritative check).
+        if self.shard(item.key).read().contains_key(item.key) {
+            return Err(already_exists(item.key));
+        }
+        let value: Arc<[u8]> = match item.source.kind {
+            MemoryKind::Host => Arc::from(host_bytes(&item.source, item.key)?),
+            MemoryKind::Device(_) => {
+                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(item.key))?;
+                let len = region_len(&item.source, item.key)?;
+                let mut buf = vec![0u8; len];
+                hook.device_to_host(item.source, &mut buf)
+                    .map_err(|e| e.context(&format!("copy from device for {}: ", item.key)))?;
+                Arc::from(buf)
+            }
+        };
+        self.insert_new(item.key, value, group_id, record_type)
+    }
+
+    unsafe fn read_one(&self, r: &RangeRead<'_>) -> Result<u64> {
+        if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
+            return Err(device_unsupported(r.key));
+        }
+        let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
+        let (start, len) = check_range(r, value.len() as u64)?;
+        let src = &value[start..start + len];
+        match r.dest.kind {
+            MemoryKind::Host => {
+                if len > 0 {
+                    let dst = host_ptr_mut(&r.dest, r.key)?;
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len);
+                }
+            }
+            MemoryKind::Device(_) => {
+                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
+                hook.host_to_device(src, r.dest)
+                    .map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
+            }
+        }
+        Ok(len as u64)
+    }
+}
+
+impl ObjectStore for MemoryStore {
+    fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+        if self.shard(key).read().contains_key(key) {
+            return Err(already_exists(key));
+        }
+        self.insert_new(key, Arc::from(value), first_group(config), config.record_type)
+    }
+
+    fn upsert(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+        let entry = Entry {
+            value: Arc::from(value),
+            group_id: first_group(config).to_owned(),
+            record_type: config.record_type,
+        };
+        // Drop the replaced value outside the lock.
+        let old = self.shard(key).write().insert(key.to_owned(), entry);
+        drop(old);
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.value(key).map(|v| v.to_vec()).ok_or_else(|| not_found(key))
+    }
+
+    fn exists(&self, key: &str) -> Result<bool> {
+        Ok(self.shard(key).read().contains_key(key))
+    }
+
+    fn remove(&self, key: &str) -> Result<()> {
+        let old = self.shard(key).write().remove(key);
+        drop(old);
+        Ok(())
+    }
+
+    unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
+        let checked = precheck_put_from(items, config, self.hook.is_some());
+        items
+            .iter()
+            .zip(checked)
+            .map(|(item, c)| c.and_then(|gid| self.put_from_one(item, gid, config.record_type)))
+            .collect()
+    }
+
+    unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
+        ranges.iter().map(|r| self.read_one(r)).collect()
+    }
+}
+
+// ---- helpers shared with the directory backend -------------------------------------
+
+/// `put`'s group id: the first entry, or `""`.
+pub(crate) fn first_group<'a>(config: &WriteConfig<'a>) -> &'a str {
+    config.group_ids.first().map(String::as_str).unwrap_or("")
+}
+
+pub(crate) fn already_exists(key: &str) -> Error {
+    Error::new(ErrorKind::AlreadyExists, format!("object already exists: {key}"))
+}
+
+pub(crate) fn device_unsupported(key: &str) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("device memory for {key} needs a copy hook or a device-capable store backend"),
+    )
+}
+
+/// Per-item checks done before any I/O of a `batch_put_from`: the group id list has
+/// one entry per item, and device memory has a copy hook. Returns each item's group id.
+pub(crate) fn precheck_put_from<'a>(items: &[PutFrom<'_>], config: &WriteConfig<'a>, has_hook: bool) -> Vec<Result<&'a str>> {
+    let count_ok = config.group_ids.len() == items.len();
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            if !count_ok {
+                return Err(Error::invalid(format!(
+                    "batch_put_from: {} group ids for {} keys (item {})",
+                    config.group_ids.len(),
+                    items.len(),
+                    item.key
+                )));
+            }
+            if matches!(item.source.kind, MemoryKind::Device(_)) && !has_hook {
+                return Err(device_unsupported(item.key));
+            }
+            region_len(&item.source, item.key)?;
+            Ok(config.group_ids[i].as_str())
+        })
+        .collect()
+}
+
+/// The region's length as `usize` (≤ `isize::MAX`, address + len without overflow).
+pub(crate) fn region_len(region: &MemoryRegion, key: &str) -> Result<usize> {
+    let len = usize::try_from(region.len)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid(format!("memory region for {key} is too large")))?;
+    if len > 0 && (region.address == 0 || region.address.checked_add(region.len).is_none()) {
+        return Err(Error::invalid(format!("memory region for {key} has an invalid address")));
+    }
+    Ok(len)
+}
+
+/// The bytes of a host region.
+///
+/// # Safety
+/// The region must be valid for reads of `len` bytes for `'a`.
+pub(crate) unsafe fn host_bytes<'a>(region: &MemoryRegion, key: &str) -> Result<&'a [u8]> {
+    let len = region_len(region, key)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    Ok(std::slice::from_raw_parts(region.address as usize as *const u8, len))
+}
+
+/// The first byte of a host destination region (checked like [`region_len`]).
+pub(crate) fn host_ptr_mut(region: &MemoryRegion, key: &str) -> Result<*mut u8> {
+    region_len(region, key)?;
+    Ok(region.address as usize as *mut u8)
+}
+
+/// Checks that `[object_offset, object_offset + dest.len)` lies inside an object of
+/// `size` bytes; returns `(offset, len)` as `usize`.
+pub(crate) fn check_range(r: &RangeRead<'_>, size: u64) -> Result<(usize, usize)> {
+    let len = region_len(&r.dest, r.key)?;
+    match r.object_offset.checked_add(r.dest.len) {
+        Some(end) if end <= size => Ok((r.object_offset as usize, len)),
+        _ => Err(Error::new(
+            ErrorKind::Integrity,
+            format!(
+                "range [{}, +{}) is beyond the end of {} ({} bytes)",
+                r.object_offset, r.dest.len, r.key, size
+            ),
+        )),
+    }
+}
