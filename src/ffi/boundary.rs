@@ -134,7 +134,10 @@ impl Failure {
 
     /// `argument` was NULL.
     pub(crate) fn null(argument: &str) -> Self {
-        Failure::new(mws_status::MWS_NULL_ARGUMENT, format!("argument `{argument}` is NULL"))
+        Failure::new(
+            mws_status::MWS_NULL_ARGUMENT,
+            format!("argument `{argument}` is NULL"),
+        )
     }
 
     /// An invalid argument detected by the ABI layer (a length, an index, an enum value).
@@ -197,14 +200,18 @@ fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>) -> Result
             let message = catch_unwind(AssertUnwindSafe(|| panic_message(payload.as_ref())))
                 .unwrap_or_else(|_| "panic while formatting a panic message".to_owned());
             set_last_error(function, &format!("internal error (panic): {message}"));
-            std::mem::forget(payload); // dropping a payload could itself panic
+            // Dropping a payload could itself panic: contain that too.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
             Err(mws_status::MWS_PANIC)
         }
     }
 }
 
 /// Boundary for entry points that return `mws_status`.
-pub(crate) fn status_call(function: &'static str, body: impl FnOnce() -> FfiResult<()>) -> mws_status {
+pub(crate) fn status_call(
+    function: &'static str,
+    body: impl FnOnce() -> FfiResult<()>,
+) -> mws_status {
     match run(function, body) {
         Ok(()) => mws_status::MWS_OK,
         Err(status) => status,
@@ -212,7 +219,11 @@ pub(crate) fn status_call(function: &'static str, body: impl FnOnce() -> FfiResu
 }
 
 /// Boundary for entry points that return a value (`fallback` on failure: NULL, 0).
-pub(crate) fn value_call<T>(function: &'static str, fallback: T, body: impl FnOnce() -> FfiResult<T>) -> T {
+pub(crate) fn value_call<T>(
+    function: &'static str,
+    fallback: T,
+    body: impl FnOnce() -> FfiResult<T>,
+) -> T {
     run(function, body).unwrap_or(fallback)
 }
 
@@ -226,7 +237,8 @@ pub(crate) fn value_call<T>(function: &'static str, fallback: T, body: impl FnOn
 #[no_mangle]
 pub extern "C" fn mws_status_name(status: c_int) -> *const c_char {
     // SAFETY: literal with exactly one, trailing NUL.
-    let unknown: &'static CStr = unsafe { CStr::from_bytes_with_nul_unchecked(b"MWS_UNKNOWN_STATUS\0") };
+    let unknown: &'static CStr =
+        unsafe { CStr::from_bytes_with_nul_unchecked(b"MWS_UNKNOWN_STATUS\0") };
     value_call("mws_status_name", unknown.as_ptr(), || {
         let name = mws_status::ALL
             .iter()
@@ -289,7 +301,10 @@ mod tests {
     use super::*;
 
     fn header() -> &'static str {
-        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/include/mooncake_weight_store.h"))
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/include/mooncake_weight_store.h"
+        ))
     }
 
     fn header_macro(name: &str) -> u64 {
@@ -355,10 +370,16 @@ mod tests {
             let s = mws_status::from_kind(k);
             assert!(!matches!(
                 s,
-                mws_status::MWS_OK | mws_status::MWS_NULL_ARGUMENT | mws_status::MWS_PANIC | mws_status::MWS_INVALID_UTF8
+                mws_status::MWS_OK
+                    | mws_status::MWS_NULL_ARGUMENT
+                    | mws_status::MWS_PANIC
+                    | mws_status::MWS_INVALID_UTF8
             ));
             // Status names are the kind names, upper-cased.
-            assert_eq!(s.name().to_str().unwrap(), format!("MWS_{}", k.name().to_uppercase()));
+            assert_eq!(
+                s.name().to_str().unwrap(),
+                format!("MWS_{}", k.name().to_uppercase())
+            );
         }
     }
 }

@@ -17,12 +17,11 @@
 
 #![allow(non_camel_case_types)]
 
-// Declaration order is the order of the generated header.
+mod binding;
 mod boundary;
 mod placement;
-mod binding;
-mod upload;
 mod strings;
+mod upload;
 
 pub use binding::*;
 pub use boundary::*;

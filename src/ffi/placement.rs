@@ -3,8 +3,8 @@
 use std::ffi::c_char;
 
 use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::strings::{check_out, handle, slice_arg, write_out, CText};
 use super::mws_status;
+use super::strings::{check_out, handle, slice_arg, write_out, CText};
 use crate::Placement;
 
 /// A parsed and validated complete weight placement (address-free: tensors, topology,
@@ -165,7 +165,10 @@ unsafe fn lend(
 /// # Safety
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_to_json(
+    placement: *const mws_placement,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_placement_to_json", placement, len, |p| &p.json)
 }
 
@@ -175,7 +178,10 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_id(
+    placement: *const mws_placement,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_placement_id", placement, len, |p| &p.placement_id)
 }
 
@@ -185,7 +191,10 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_digest(
+    placement: *const mws_placement,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_placement_digest", placement, len, |p| &p.digest)
 }
 
@@ -199,7 +208,9 @@ pub unsafe extern "C" fn mws_placement_topology_id(
     placement: *const mws_placement,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_placement_topology_id", placement, len, |p| &p.topology_id)
+    lend("mws_placement_topology_id", placement, len, |p| {
+        &p.topology_id
+    })
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -212,7 +223,9 @@ pub unsafe extern "C" fn mws_placement_resource_id(
     placement: *const mws_placement,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_placement_resource_id", placement, len, |p| &p.resource_id)
+    lend("mws_placement_resource_id", placement, len, |p| {
+        &p.resource_id
+    })
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -220,7 +233,10 @@ pub unsafe extern "C" fn mws_placement_resource_id(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_revision(
+    placement: *const mws_placement,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_placement_revision", placement, len, |p| &p.revision)
 }
 
@@ -263,7 +279,9 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_tensor_count", placement, |p| p.inner.tensors().len())
+    count("mws_placement_tensor_count", placement, |p| {
+        p.inner.tensors().len()
+    })
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -273,7 +291,9 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_fragment_count", placement, |p| p.fragments.len())
+    count("mws_placement_fragment_count", placement, |p| {
+        p.fragments.len()
+    })
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.

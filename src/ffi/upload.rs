@@ -4,9 +4,9 @@ use std::ffi::c_char;
 
 use super::binding::mws_binding;
 use super::boundary::{status_call, value_call, Failure, FfiResult};
+use super::mws_status;
 use super::placement::mws_placement;
 use super::strings::{check_out, handle, opt_str_arg, slice_arg, write_out, CText};
-use super::mws_status;
 use crate::{plan_upload, Decision, UploadOptions, UploadPlan};
 
 /// Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
@@ -133,7 +133,8 @@ unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOp
         if let Some(prefix) = opt_str_arg(c.key_prefix, "options->key_prefix")? {
             o.key_prefix = prefix.to_owned();
         }
-        o.transaction_id = opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
+        o.transaction_id =
+            opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
         o.created_at = opt_str_arg(c.created_at, "options->created_at")?.map(str::to_owned);
     }
     Ok(o)
@@ -174,7 +175,9 @@ pub unsafe extern "C" fn mws_plan_upload(
         let handles = slice_arg(bindings, count, "bindings")?;
         let mut built = Vec::with_capacity(handles.len());
         for (i, b) in handles.iter().enumerate() {
-            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            let b = b
+                .as_ref()
+                .ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
             built.push(b.build()?);
         }
         let options = options_from(options)?;
@@ -206,7 +209,9 @@ unsafe fn lend(
     len: *mut usize,
     pick: impl FnOnce(&mws_upload_plan) -> &CText,
 ) -> *const c_char {
-    value_call(function, std::ptr::null(), || Ok(pick(handle(plan, "plan")?).lend(len)))
+    value_call(function, std::ptr::null(), || {
+        Ok(pick(handle(plan, "plan")?).lend(len))
+    })
 }
 
 /// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
@@ -219,8 +224,13 @@ unsafe fn lend(
 /// # Safety
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_manifest_json", plan, len, |p| &p.manifest_json)
+pub unsafe extern "C" fn mws_upload_plan_manifest_json(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_manifest_json", plan, len, |p| {
+        &p.manifest_json
+    })
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -233,7 +243,9 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_manifest_digest", plan, len, |p| &p.manifest_digest)
+    lend("mws_upload_plan_manifest_digest", plan, len, |p| {
+        &p.manifest_digest
+    })
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -242,8 +254,13 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_manifest_key", plan, len, |p| &p.manifest_key)
+pub unsafe extern "C" fn mws_upload_plan_manifest_key(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    lend("mws_upload_plan_manifest_key", plan, len, |p| {
+        &p.manifest_key
+    })
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -252,7 +269,10 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_upload_plan_group_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_upload_plan_group_id", plan, len, |p| &p.group_id)
 }
 
@@ -262,7 +282,10 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_upload_plan_control_key(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
     lend("mws_upload_plan_control_key", plan, len, |p| &p.control_key)
 }
 
@@ -276,7 +299,9 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_group_id", plan, len, |p| &p.transaction_group_id)
+    lend("mws_upload_plan_transaction_group_id", plan, len, |p| {
+        &p.transaction_group_id
+    })
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -289,7 +314,9 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_id", plan, len, |p| &p.transaction_id)
+    lend("mws_upload_plan_transaction_id", plan, len, |p| {
+        &p.transaction_id
+    })
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -302,7 +329,9 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_id", plan, len, |p| &p.source_placement_id)
+    lend("mws_upload_plan_source_placement_id", plan, len, |p| {
+        &p.source_placement_id
+    })
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -315,7 +344,9 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_digest", plan, len, |p| &p.source_placement_digest)
+    lend("mws_upload_plan_source_placement_digest", plan, len, |p| {
+        &p.source_placement_digest
+    })
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -328,7 +359,9 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_commit_record", plan, len, |p| &p.commit_record)
+    lend("mws_upload_plan_commit_record", plan, len, |p| {
+        &p.commit_record
+    })
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -338,7 +371,9 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
-    value_call("mws_upload_plan_operation_count", 0, || Ok(handle(plan, "plan")?.operations.len()))
+    value_call("mws_upload_plan_operation_count", 0, || {
+        Ok(handle(plan, "plan")?.operations.len())
+    })
 }
 
 /// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan

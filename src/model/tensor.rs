@@ -262,12 +262,22 @@ impl TensorDescriptor {
         for (i, a) in axes_v.iter().enumerate() {
             parallel_axes.push(ParallelAxis::from_json(a, &format!("{axis_label} {i}"))?);
         }
+        // Integer tuples: the placement decoder reports a non-array as
+        // `<field> must be a sequence`, the stored decoder as
+        // `stored tensor <field> must contain integers` (`wire-format.md` §2.1, §4.1).
+        let int_tuple = |name: &str, min: u64| {
+            let v = o.get(name);
+            if !prefix.is_empty() && !matches!(v, Value::Array(_)) {
+                return invalid(format!("{prefix}{name} must contain integers"));
+            }
+            json::req_int_array(v, &f(name), min)
+        };
         TensorDescriptor::new(TensorSpec {
             tensor_id: json::req_str(o.get("tensor_id"), &f("tensor_id"))?,
-            global_shape: json::req_int_array(o.get("global_shape"), &f("global_shape"), 1)?,
+            global_shape: int_tuple("global_shape", 1)?,
             dtype: json::req_str(o.get("dtype"), &f("dtype"))?,
             itemsize: json::req_int(o.get("itemsize"), &f("itemsize"), 1)?,
-            shard_dims: json::req_int_array(o.get("shard_dims"), &f("shard_dims"), 0)?,
+            shard_dims: int_tuple("shard_dims", 0)?,
             layout_fingerprint: json::req_str(o.get("layout_fingerprint"), &f("layout_fingerprint"))?,
             parallel_axes,
             layer_id: json::opt_int(o.get("layer_id"), &f("layer_id"), 0)?,

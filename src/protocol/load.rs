@@ -5,9 +5,12 @@
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
-use crate::runtime::{validate_binding_subset, MemoryKind, RuntimeBinding, RuntimeFragment};
+use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::registration::registration_requests;
+use super::weight_store::WeightStore;
+use crate::runtime::{validate_binding_subset, validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
@@ -196,120 +199,151 @@ struct PendingRange {
     dest: MemoryRegion,
 }
 
-/// Executes the part of `plan` that belongs to `binding`'s participant: checks the
-/// binding still matches the plan (`stale target fragment: <id>`), that the plan's
-/// manifest is the committed one, then reads every range straight into the target
-/// buffers in bounded batches and checks each range's result.
-///
-/// Nothing is registered or read before every check passed. Target buffers of this
-/// participant are registered for the duration of the call.
-///
-/// # Safety
-/// Every target view of `binding` (address, nbytes) must be valid for writes and not
-/// accessed by anyone else for the duration of the call.
-pub unsafe fn execute_load(
-    store: &dyn ObjectStore,
-    plan: &LoadPlan,
-    binding: &RuntimeBinding,
-    options: &LoadOptions,
-) -> Result<LoadStats> {
-    options.validate()?;
-    let bi = plan
-        .bindings
-        .iter()
-        .position(|b| b.participant_id() == binding.participant_id())
-        .ok_or_else(|| store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch: unknown instance"))?;
-    let planned = &plan.bindings[bi];
-    if planned.instance_id() != binding.instance_id()
-        || planned.lease_id() != binding.lease_id()
-        || planned.generation() != binding.generation()
-        || planned.placement_id() != binding.placement_id()
-    {
-        return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
+/// Options of [`WeightStore::load`].
+#[derive(Clone, Copy, Default)]
+pub struct LoadArgs<'a> {
+    /// Restricts the load to the target fragments on one worker (default: all
+    /// workers of the participant, which one process may serve).
+    pub worker_id: Option<&'a str>,
+    /// Pins the target allocations during I/O (required).
+    pub guard: Option<&'a dyn GuardProvider>,
+    /// Transfer id handed to the guard (default: random hex).
+    pub transfer_id: Option<&'a str>,
+    /// Skip the committed-manifest check (only for callers that verified it).
+    pub skip_committed_check: bool,
+}
+
+impl WeightStore {
+    /// Plans a restore with this store's limits (see [`LoadPlan::plan`]).
+    pub fn plan_load(
+        &self,
+        manifest: Arc<StoredManifest>,
+        target: Arc<Placement>,
+        bindings: &[RuntimeBinding],
+        limits: PlanningLimits,
+    ) -> Result<LoadPlan> {
+        LoadPlan::plan(manifest, target, bindings, limits)
     }
-    let mut ops: Vec<usize> = Vec::new();
-    for (i, &(b, f)) in plan.targets.iter().enumerate() {
-        if b as usize != bi {
-            continue;
+
+    /// Executes the part of `plan` that belongs to `binding`'s participant
+    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
+    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
+    /// manifest is the committed one, pins and registers the target buffers, then
+    /// reads every range straight into them in bounded batches and checks each
+    /// range's result. Nothing is registered or read before every check passed.
+    ///
+    /// # Safety
+    /// Every target view of `binding` (address, nbytes) must be valid for writes and
+    /// not accessed by anyone else for the duration of the call; `args.guard` must
+    /// pin them.
+    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
+        let options = LoadOptions {
+            max_range_bytes: self.limits.max_range_bytes,
+            max_ranges_per_request: self.limits.max_ranges_per_request,
+            max_region_segments: self.limits.max_region_segments,
+            require_committed: !args.skip_committed_check,
+        };
+        let target = plan.logical.target();
+        validate_runtime_binding(target, binding)
+            .map_err(|e| store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message())))?;
+        let bi = plan
+            .bindings
+            .iter()
+            .position(|b| b.participant_id() == binding.participant_id() && b.instance_id() == binding.instance_id())
+            .ok_or_else(|| store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch: unknown instance"))?;
+        let planned = &plan.bindings[bi];
+        if planned.lease_id() != binding.lease_id() || planned.generation() != binding.generation() {
+            return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
         }
-        let planned_frag = &planned.fragments()[f as usize];
-        match binding.fragment_for(planned_frag.placement_fragment_id()) {
-            Some(cur) if cur == planned_frag => {}
-            _ => return Err(store_err(ErrorKind::StaleBinding, format!("stale target fragment: {}", planned_frag.fragment_id()))),
+        let mut ops: Vec<usize> = Vec::new();
+        for (i, &(b, f)) in plan.targets.iter().enumerate() {
+            if b as usize != bi {
+                continue;
+            }
+            let planned_frag = &planned.fragments()[f as usize];
+            if args.worker_id.is_some_and(|w| w != planned_frag.worker_id()) {
+                continue;
+            }
+            match binding.fragment_for(planned_frag.placement_fragment_id()) {
+                Some(cur) if cur == planned_frag => {}
+                _ => {
+                    return Err(store_err(
+                        ErrorKind::StaleBinding,
+                        format!("stale target fragment: {}", planned_frag.fragment_id()),
+                    ))
+                }
+            }
+            let r = &plan.regions()[i];
+            let count = r.segment_count();
+            if count > options.max_region_segments {
+                return Err(store_err(
+                    ErrorKind::LimitExceeded,
+                    format!(
+                        "transfer region exceeds max_region_segments: {}: {count} > {}",
+                        plan.logical.source_of(r).tensor_id(),
+                        options.max_region_segments
+                    ),
+                ));
+            }
+            ops.push(i);
         }
-        let r = &plan.regions()[i];
-        let count = r.segment_count();
-        if count > options.max_region_segments {
+        if let Some(w) = args.worker_id {
+            if !planned.fragments().iter().any(|f| f.worker_id() == w) {
+                return Err(store_err(ErrorKind::InvalidArgument, format!("unknown target worker: {w}")));
+            }
+        }
+        if ops.is_empty() {
+            return Ok(LoadStats::default());
+        }
+        if options.require_committed {
+            let committed = load_manifest(&*self.store, plan.manifest().manifest_key())
+                .map_err(|e| store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message())))?;
+            if committed != *plan.manifest() {
+                return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
+            }
+        }
+        if let Some(f) = ops
+            .iter()
+            .map(|&i| plan.target_fragment(i))
+            .find(|f| f.memory() != MemoryKind::Host && !self.store.supports_memory(f.memory()))
+        {
             return Err(store_err(
-                ErrorKind::LimitExceeded,
-                format!(
-                    "transfer region exceeds max_region_segments: {}: {count} > {}",
-                    plan.logical.source_of(r).tensor_id(),
-                    options.max_region_segments
-                ),
+                ErrorKind::Unsupported,
+                format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
             ));
         }
-        ops.push(i);
-    }
-    if ops.is_empty() {
-        return Ok(LoadStats::default());
-    }
-    if options.require_committed {
-        let committed = load_manifest(store, plan.manifest().manifest_key())
-            .map_err(|e| store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message())))?;
-        if committed != *plan.manifest() {
-            return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
+        let guard = args
+            .guard
+            .ok_or_else(|| store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required"))?;
+        self.registrar.check_unblocked()?;
+        // Group by target runtime fragment (sorted by runtime id).
+        let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &i in &ops {
+            by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
         }
-    }
-    let unsupported: Option<&RuntimeFragment> = ops
-        .iter()
-        .map(|&i| plan.target_fragment(i))
-        .find(|f| f.memory() != MemoryKind::Host && !store.supports_memory(f.memory()));
-    if let Some(f) = unsupported {
-        return Err(store_err(
-            ErrorKind::Unsupported,
-            format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
-        ));
-    }
-    // Group by target runtime fragment (sorted by runtime id), operations sorted by
-    // (target base, object key, source base).
-    let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for &i in &ops {
-        by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
-    }
-    // Register each distinct target view once.
-    let mut registered: Vec<u64> = Vec::new();
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut result = Ok(());
-    for list in by_target.values() {
-        let f = plan.target_fragment(list[0]);
-        if seen.insert(f.address()) {
-            let region = MemoryRegion { address: f.address(), len: f.nbytes(), kind: f.memory() };
-            if let Err(e) = store.register_buffer(region) {
-                result = Err(store_err(e.kind(), format!("register_buffer failed for {}: {}", f.fragment_id(), e.message())));
-                break;
+        let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
+        let transfer_id = args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
+        let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
+        for t in &targets {
+            if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
+                let _ = token.release(TerminalState::Aborted);
+                return Err(store_err(ErrorKind::StaleBinding, format!("stale target fragment: {}", t.fragment_id())));
             }
-            registered.push(f.address());
         }
-    }
-    let mut stats = LoadStats::default();
-    if result.is_ok() {
-        result = read_ranges(store, plan, &by_target, options, &mut stats);
-    }
-    let mut unregister_failures = Vec::new();
-    for address in registered.iter().rev() {
-        if let Err(e) = store.unregister_buffer(*address) {
-            unregister_failures.push(e.message().to_string());
-        }
-    }
-    match (result, unregister_failures.is_empty()) {
-        (Ok(()), true) => Ok(stats),
-        (Ok(()), false) => Err(store_err(ErrorKind::Store, format!("unregister_buffer failed: {}", unregister_failures.join("; ")))),
-        (Err(e), true) => Err(e),
-        (Err(e), false) => Err(store_err(
-            e.kind(),
-            format!("{}; unregister_buffer failed: {}", e.message(), unregister_failures.join("; ")),
-        )),
+        let requests = match registration_requests(&targets) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = token.release(TerminalState::Aborted);
+                return Err(e);
+            }
+        };
+        let mut stats = LoadStats::default();
+        self.registrar.scoped(&*self.store, &requests, token, |io_started| {
+            *io_started = true;
+            read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
+        })?;
+        Ok(stats)
     }
 }
 

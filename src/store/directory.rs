@@ -427,18 +427,65 @@ impl ObjectStore for DirectoryStore {
 
     unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
         // Keys are checked up front too, so an invalid key fails before any I/O.
-        let checked: Vec<Result<()>> = precheck_put_from(items, config, self.hook.is_some())
+        let mut results: Vec<Result<()>> = precheck_put_from(items, config, self.hook.is_some())
             .into_iter()
             .zip(items)
             .map(|(c, item)| c.and_then(|_| self.object_path(item.key).map(drop)))
             .collect();
-        items.iter().zip(checked).map(|(item, c)| c.and_then(|()| self.put_from_one(item))).collect()
+        let jobs: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
+        let bytes: u64 = jobs.iter().map(|&i| items[i].source.len).sum();
+        for (i, r) in run_parallel(jobs, bytes, |i, _: &mut ()| self.put_from_one(&items[i])) {
+            results[i] = r;
+        }
+        results
     }
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        let mut cache = None;
-        ranges.iter().map(|r| self.read_one(r, &mut cache)).collect()
+        let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
+        let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
+        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| self.read_one(&ranges[i], cache)) {
+            results[i] = r;
+        }
+        results
     }
+}
+
+/// Below this many bytes in a batch, items run sequentially on the calling thread.
+const PARALLEL_MIN_BYTES: u64 = 8 << 20;
+/// At most this many threads per batch (overlaps the per-object fsyncs and copies).
+const MAX_WORKERS: usize = 4;
+
+/// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
+/// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
+/// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
+fn run_parallel<T: Send, S: Default>(jobs: Vec<usize>, bytes: u64, job: impl Fn(usize, &mut S) -> T + Sync) -> Vec<(usize, T)> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS).min(jobs.len());
+    if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
+        let mut state = S::default();
+        return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
+    }
+    let next = AtomicU64::new(0);
+    let (jobs, job, next) = (&jobs, &job, &next);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut state = S::default();
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        let Some(&i) = jobs.get(k) else { break };
+                        out.push((i, job(i, &mut state)));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 #[allow(dead_code)]

@@ -1,0 +1,321 @@
+//! The upload transaction (`store-protocol.md` §3–§4): payload checks, receipts,
+//! the decision record (create-only put + re-read), commit, abort and finalize.
+//!
+//! Every write is followed by a re-read, which is the only source of truth: a put
+//! may land although its response was lost, or be reported before it is visible.
+
+use super::load::load_manifest;
+use super::weight_store::WeightStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::StoredManifest;
+use crate::plan::upload::{Decision, UploadPlan};
+use crate::store::{RecordType, WriteConfig};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Proof that one stored fragment's payload was written and is visible.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UploadReceipt {
+    /// Stored fragment id.
+    pub fragment_id: String,
+    /// Object key.
+    pub object_key: String,
+    /// Worker that held the source.
+    pub worker_id: String,
+}
+
+impl UploadReceipt {
+    /// The receipts of every operation of `plan` (receipts are fully determined by
+    /// the plan; a coordinator can rebuild them for recovery).
+    pub fn all_for(plan: &UploadPlan) -> Vec<UploadReceipt> {
+        plan.operations()
+            .iter()
+            .map(|o| UploadReceipt {
+                fragment_id: o.target().fragment_id().into(),
+                object_key: o.target().object_key().into(),
+                worker_id: o.source_snapshot().worker_id().into(),
+            })
+            .collect()
+    }
+}
+
+fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
+    Error::new(kind, msg)
+}
+
+fn describe<T>(r: &Result<T>) -> String {
+    match r {
+        Ok(_) => "0".into(),
+        Err(e) => e.message().to_string(),
+    }
+}
+
+impl WeightStore {
+    fn metadata_put(&self, key: &str, value: &[u8], group: &str) -> Result<()> {
+        let groups = [group.to_string()];
+        self.store.put(key, value, &WriteConfig { group_ids: &groups, record_type: RecordType::Metadata })
+    }
+
+    /// Reads the decision record: `None` when absent. Errors:
+    /// `upload decision existence check failed: <key>: <e>`,
+    /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
+    pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
+        let key = plan.control_key();
+        match self.store.exists(key) {
+            Ok(false) => return Ok(None),
+            Ok(true) => {}
+            Err(e) => return Err(err(ErrorKind::Store, format!("upload decision existence check failed: {key}: {}", e.message()))),
+        }
+        let bytes = self.store.get(key).map_err(|_| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}")))?;
+        Decision::parse_record(&bytes)
+            .map(Some)
+            .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
+    }
+
+    fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
+        match self.read_decision(plan)? {
+            None => Ok(None),
+            Some((d, digest)) if digest == plan.plan_digest() => Ok(Some(d)),
+            Some(_) => Err(err(ErrorKind::Conflict, "upload decision belongs to another plan")),
+        }
+    }
+
+    /// Reads the published manifest of the plan's key: `None` when absent.
+    pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
+        let key = plan.manifest().manifest_key();
+        match self.store.exists(key) {
+            Ok(false) => Ok(None),
+            Ok(true) => load_manifest(&*self.store, key).map(Some),
+            Err(e) => Err(err(ErrorKind::Store, format!("manifest existence check failed: {key}: {}", e.message()))),
+        }
+    }
+
+    fn claim(&self, plan: &UploadPlan, d: Decision) -> Result<()> {
+        let put = self.metadata_put(plan.control_key(), plan.decision_record(d).as_bytes(), plan.transaction_group_id());
+        match self.current_decision(plan)? {
+            None => Err(err(ErrorKind::Store, format!("upload decision is not complete; retry: {}", describe(&put)))),
+            Some(p) if p == d => Ok(()),
+            Some(p) => Err(err(ErrorKind::Conflict, format!("weight upload already chose {}", p.as_str()))),
+        }
+    }
+
+    /// `require_complete_payloads`: every key present, queried in bounded chunks.
+    /// Errors: `payload existence check failed for <key>: <e>`,
+    /// `payload is not complete: <keys>` (retryable, [`ErrorKind::Store`]).
+    pub fn require_complete_payloads(&self, keys: &[&str]) -> Result<()> {
+        let mut incomplete: Vec<&str> = Vec::new();
+        for chunk in keys.chunks(self.limits.max_ranges_per_request) {
+            let results = self.store.batch_exists(chunk);
+            if results.len() != chunk.len() {
+                return Err(err(ErrorKind::Store, "payload existence check returned invalid count"));
+            }
+            for (k, r) in chunk.iter().zip(results) {
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => incomplete.push(k),
+                    Err(e) => return Err(err(ErrorKind::Store, format!("payload existence check failed for {k}: {}", e.message()))),
+                }
+            }
+        }
+        if incomplete.is_empty() {
+            Ok(())
+        } else {
+            incomplete.sort_unstable();
+            Err(err(ErrorKind::Store, format!("payload is not complete: {}", incomplete.join(", "))))
+        }
+    }
+
+    /// Removes every key (never stopping early); returns the failures.
+    pub fn remove_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
+        keys.iter()
+            .filter_map(|k| match self.store.remove(k) {
+                Ok(()) => None,
+                Err(e) if e.kind() == ErrorKind::NotFound => None,
+                Err(e) => Some((k.to_string(), e.message().to_string())),
+            })
+            .collect()
+    }
+
+    fn unreferenced<'a>(plan_keys: impl Iterator<Item = &'a str>, persisted: Option<&StoredManifest>) -> Vec<&'a str> {
+        let referenced: HashSet<&str> = persisted.map(|m| m.fragments().iter().map(|f| f.object_key()).collect()).unwrap_or_default();
+        plan_keys.filter(|k| !referenced.contains(k)).collect()
+    }
+
+    fn failures_text(failures: &[(String, String)]) -> String {
+        failures.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the
+    /// unreferenced `cleanup_keys`) when an abort or a conflicting revision won.
+    pub fn require_writable(&self, plan: &UploadPlan, cleanup_keys: &[&str]) -> Result<()> {
+        let decision = match self.current_decision(plan)? {
+            None => return Ok(()),
+            Some(d) => d,
+        };
+        let manifest = self.read_manifest(plan)?;
+        if decision == Decision::Commit && manifest.as_ref().is_none_or(|m| m == plan.manifest()) {
+            return Ok(());
+        }
+        let failures = self.remove_keys(&Self::unreferenced(cleanup_keys.iter().copied(), manifest.as_ref()));
+        let mut msg = match decision {
+            Decision::Abort => "weight upload already chose abort".to_string(),
+            Decision::Commit => "weight upload lost to a conflicting revision".to_string(),
+        };
+        if !failures.is_empty() {
+            msg.push_str(&format!("; cleanup failed: {}", Self::failures_text(&failures)));
+        }
+        Err(err(ErrorKind::Conflict, msg))
+    }
+
+    /// `validate_receipts` (§3).
+    pub fn validate_receipts(&self, plan: &UploadPlan, receipts: &[UploadReceipt], require_complete: bool) -> Result<()> {
+        let mut seen = HashSet::new();
+        if !receipts.iter().all(|r| seen.insert(r.fragment_id.as_str())) {
+            return Err(err(ErrorKind::InvalidArgument, "duplicate upload receipt"));
+        }
+        let ops: HashMap<&str, (&str, &str)> = plan
+            .operations()
+            .iter()
+            .map(|o| (o.target().fragment_id(), (o.target().object_key(), o.source_snapshot().worker_id())))
+            .collect();
+        let unexpected: BTreeSet<&str> = receipts.iter().map(|r| r.fragment_id.as_str()).filter(|id| !ops.contains_key(id)).collect();
+        if !unexpected.is_empty() {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!("unexpected upload receipts: {}", unexpected.into_iter().collect::<Vec<_>>().join(", ")),
+            ));
+        }
+        for r in receipts {
+            let (key, worker) = ops[r.fragment_id.as_str()];
+            if r.object_key != key || r.worker_id != worker {
+                return Err(err(ErrorKind::InvalidArgument, format!("invalid upload receipt: {}", r.fragment_id)));
+            }
+        }
+        if require_complete {
+            let missing: BTreeSet<&str> = ops.keys().copied().filter(|id| !seen.contains(id)).collect();
+            if !missing.is_empty() {
+                return Err(err(
+                    ErrorKind::InvalidArgument,
+                    format!("missing upload receipts: {}", missing.into_iter().collect::<Vec<_>>().join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(&self, plan: &UploadPlan, receipts: &[UploadReceipt], persisted: StoredManifest) -> Result<StoredManifest> {
+        if persisted == *plan.manifest() {
+            return Ok(persisted);
+        }
+        let failures = self.remove_keys(&Self::unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)));
+        let mut msg = format!("conflicting weight revision: {}", plan.manifest().manifest_key());
+        if !failures.is_empty() {
+            msg.push_str(&format!("; cleanup failed: {}", Self::failures_text(&failures)));
+        }
+        Err(err(ErrorKind::Conflict, msg))
+    }
+
+    /// Commits the upload (§4.4) and returns the published manifest.
+    ///
+    /// `on_decision_may_exist` is called right before the commit decision is
+    /// claimed: from then on the caller must keep the plan and retry `commit`
+    /// (never abort). Retryable failures (`upload decision is not complete; retry`,
+    /// `manifest put failed`, `payload is not complete`) are [`ErrorKind::Store`];
+    /// lost races are [`ErrorKind::Conflict`].
+    pub fn commit(
+        &self,
+        plan: &UploadPlan,
+        receipts: &[UploadReceipt],
+        on_decision_may_exist: Option<&mut dyn FnMut()>,
+    ) -> Result<StoredManifest> {
+        self.validate_receipts(plan, receipts, true)?;
+        let keys: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
+        if self.current_decision(plan)?.is_none() {
+            self.require_complete_payloads(&keys)?;
+        }
+        if let Some(cb) = on_decision_may_exist {
+            cb();
+        }
+        self.claim(plan, Decision::Commit)?;
+        self.require_complete_payloads(&keys)?;
+        if let Some(m) = self.read_manifest(plan)? {
+            return self.resolve(plan, receipts, m);
+        }
+        let m = plan.manifest();
+        let put = self.metadata_put(m.manifest_key(), m.to_json().as_bytes(), m.group_id());
+        match self.read_manifest(plan)? {
+            Some(persisted) => self.resolve(plan, receipts, persisted),
+            None => Err(err(ErrorKind::Store, format!("manifest put failed: {}", describe(&put)))),
+        }
+    }
+
+    /// Aborts the upload (§4.5): records `abort` and removes every plan payload
+    /// that no published manifest references.
+    pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
+        self.validate_receipts(plan, receipts, false)?;
+        let published = || -> Result<Option<StoredManifest>> {
+            let m = self.read_manifest(plan)?;
+            if m.as_ref() == Some(plan.manifest()) {
+                return Err(err(ErrorKind::Conflict, "cannot abort a published weight revision"));
+            }
+            Ok(m)
+        };
+        published()?;
+        self.claim(plan, Decision::Abort)?;
+        let manifest = published()?;
+        let keys = Self::unreferenced(plan.operations().iter().map(|o| o.target().object_key()), manifest.as_ref());
+        let failures = self.remove_keys(&keys);
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(err(ErrorKind::Store, format!("upload cleanup failed: {}", Self::failures_text(&failures))))
+        }
+    }
+
+    /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
+    /// removes the payloads it must not keep. Never removes a decision or manifest.
+    pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
+        let mut decision = self.read_decision(plan)?;
+        if decision.is_none() {
+            if self.read_manifest(plan)?.as_ref() == Some(plan.manifest()) {
+                let _ = self.metadata_put(plan.control_key(), plan.decision_record(Decision::Commit).as_bytes(), plan.transaction_group_id());
+                decision = self.read_decision(plan)?;
+                if decision.is_none() {
+                    return Err(err(ErrorKind::Store, "upload transaction terminal decision is incomplete"));
+                }
+            } else {
+                return Err(err(ErrorKind::Conflict, "upload transaction has no terminal decision"));
+            }
+        }
+        let (d, digest) = decision.expect("decision present");
+        if digest != plan.plan_digest() {
+            return Err(err(ErrorKind::Conflict, "upload decision belongs to another plan"));
+        }
+        let manifest = self.read_manifest(plan)?;
+        let plan_keys = plan.operations().iter().map(|o| o.target().object_key());
+        match d {
+            Decision::Commit => match manifest {
+                None => Err(err(ErrorKind::Store, "committed upload transaction has no manifest")),
+                Some(m) if m == *plan.manifest() => Ok(()),
+                Some(m) => {
+                    let failures = self.remove_keys(&Self::unreferenced(plan_keys, Some(&m)));
+                    if failures.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(err(ErrorKind::Store, format!("conflicting upload cleanup failed: {}", Self::failures_text(&failures))))
+                    }
+                }
+            },
+            Decision::Abort => {
+                if manifest.as_ref() == Some(plan.manifest()) {
+                    return Err(err(ErrorKind::Conflict, "aborted upload has a published manifest"));
+                }
+                let failures = self.remove_keys(&Self::unreferenced(plan_keys, manifest.as_ref()));
+                if failures.is_empty() {
+                    Ok(())
+                } else {
+                    Err(err(ErrorKind::Store, format!("upload cleanup failed: {}", Self::failures_text(&failures))))
+                }
+            }
+        }
+    }
+}
