@@ -155,7 +155,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn run_load(inputs: &J, expected: &J) -> Outcome {
     use mooncake_weight_store::plan::load::PlanningLimits;
-    use mooncake_weight_store::protocol::load::{execute_load, LoadOptions, LoadPlan};
+    use mooncake_weight_store::protocol::{LoadArgs, LoadPlan, StaticGuard, WeightStore};
     use mooncake_weight_store::store::{memory::MemoryStore, ObjectStore, RecordType, WriteConfig};
     use std::sync::Arc;
 
@@ -268,7 +268,8 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
             check(ops.iter().map(|&x| x as u64).collect::<Vec<_>>() == eops, "executor operations")?;
         }
         // Byte check: source objects by the fill rule, then execute on the memory store.
-        let store = MemoryStore::new();
+        let backend = Arc::new(MemoryStore::new());
+        let store = &*backend;
         let mut objects: std::collections::BTreeMap<&str, Vec<u8>> = Default::default();
         for f in manifest.fragments() {
             let t = manifest.tensors().iter().find(|t| t.tensor_id() == f.tensor_id()).unwrap();
@@ -291,9 +292,11 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
             store.put(k, v, &cfg).map_err(|e| e.to_string())?;
         }
         store.put(manifest.manifest_key(), manifest.to_json().as_bytes(), &cfg).map_err(|e| e.to_string())?;
+        let ws = WeightStore::new(backend.clone());
         for b in &bindings {
+            let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
             // SAFETY: the target buffers live in `buffers`, untouched during the call.
-            unsafe { execute_load(&store, &plan, b, &LoadOptions::default()) }.map_err(|e| e.to_string())?;
+            unsafe { ws.load(&plan, b, args) }.map_err(|e| e.to_string())?;
         }
         for t in bc["targets"].as_array().unwrap() {
             let buf = buffers
