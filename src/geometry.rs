@@ -266,8 +266,11 @@ mod tests {
 
     #[test]
     fn acc_215_high_dimensional_budget_fails_closed() {
-        let a = ([0u64, 0, 0], [1u64, 1, 1]);
-        let b = ([0u64, 1, 0], [1u64, 1, 1]);
+        // Sweep dimension 0 (first with the most distinct intervals): the boxes are
+        // active together there, so a comparison is needed; they are disjoint on
+        // dimension 1.
+        let a = ([0u64, 0, 0], [2u64, 1, 1]);
+        let b = ([1u64, 1, 0], [2u64, 1, 1]);
         let boxes = [BoxRef::new(&a.0, &a.1), BoxRef::new(&b.0, &b.1)];
         let err = boxes_overlap(&boxes, 0).unwrap_err();
         assert!(err.message().contains("high-dimensional overlap budget"));

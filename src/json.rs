@@ -160,24 +160,6 @@ impl Value {
 
 struct ValueVisitor;
 
-/// serde_json's private map key for arbitrary-precision numbers.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
-
-/// Classifies a JSON number literal like serde_json without `arbitrary_precision`:
-/// integers that fit u64 / i64 stay integers, everything else is a float.
-fn number_from_text(text: &str) -> Value {
-    let integral = !text.contains(['.', 'e', 'E']);
-    if integral {
-        if let Ok(n) = text.parse::<u64>() {
-            return Value::UInt(n);
-        }
-        if let Ok(n) = text.parse::<i64>() {
-            return if n >= 0 { Value::UInt(n as u64) } else { Value::NegInt(n) };
-        }
-    }
-    Value::Float(text.parse::<f64>().unwrap_or(f64::NAN))
-}
-
 impl<'de> Visitor<'de> for ValueVisitor {
     type Value = Value;
 
@@ -219,13 +201,6 @@ impl<'de> Visitor<'de> for ValueVisitor {
         let mut members: Vec<(String, Value)> = Vec::new();
         let mut seen: Option<HashSet<String>> = None;
         while let Some(k) = map.next_key::<String>()? {
-            // serde_json's `arbitrary_precision` feature (enabled for the crate)
-            // hands every number that is not a plain u64/i64 over as a one-member
-            // map holding its literal text.
-            if members.is_empty() && k == NUMBER_TOKEN {
-                let text: String = map.next_value()?;
-                return Ok(number_from_text(&text));
-            }
             // Small objects (all schema objects) use a linear scan; large ones a set.
             let dup = if members.len() < 16 {
                 members.iter().any(|(existing, _)| *existing == k)

@@ -335,7 +335,7 @@ impl StoredManifest {
         Self::from_json_value(&json::parse_text(text, "weight manifest")?)
     }
 
-    fn from_json_value(v: &Value) -> Result<Self> {
+    pub(crate) fn from_json_value(v: &Value) -> Result<Self> {
         let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
         o.expect_keys(
             &[

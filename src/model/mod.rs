@@ -5,7 +5,7 @@
 mod axes;
 pub mod keys;
 mod manifest;
-mod placement;
+pub(crate) mod placement;
 mod tensor;
 
 pub use axes::{AxisKind, ParallelAxis, ParallelRank};

@@ -1057,7 +1057,7 @@ impl Placement {
     }
 }
 
-fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
+pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
     const KEYS7: [&str; 7] = ["placement_fragment_id", "tensor_id", "global_offset", "local_shape", "nbytes", "rank", "aliases"];
     const KEYS8: [&str; 8] = [
         "placement_fragment_id",

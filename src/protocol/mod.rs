@@ -7,6 +7,7 @@ pub mod load;
 pub mod registration;
 pub mod transaction;
 pub mod upload;
+pub mod transport;
 pub mod weight_store;
 pub mod writer;
 

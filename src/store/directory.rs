@@ -39,7 +39,11 @@
 //! an object. [`DirectoryStore::clean_temp`] and
 //! [`DirectoryStore::clean_temp_older_than`] remove such files.
 //!
-//! There is no global lock: every operation works on its own files.
+//! There is no global lock: every operation works on its own files. Batches that move
+//! at least 8 MiB (`batch_put_from`, `get_into_ranges`) run on up to 4 scoped threads
+//! (overlapping the per-object `fsync`s); results stay per item, in item order.
+//!
+//! Keys are case-sensitive only where the filesystem is (Linux: yes).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
@@ -55,7 +59,9 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
-use super::memory::{already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len};
+use super::memory::{
+    already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
+};
 use super::{not_found, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
@@ -107,15 +113,24 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl DirectoryStore {
-    /// Opens (creating if needed) the store rooted at `root`. Stale temporary files of
-    /// crashed writers are left alone (see [`DirectoryStore::clean_temp`]).
+    /// Opens (creating if needed) the store rooted at `root` (kept as its canonical,
+    /// absolute path). Stale temporary files of crashed writers are left alone (see
+    /// [`DirectoryStore::clean_temp`]); several stores, in one or more processes, may
+    /// share a root.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
-        let root = root.as_ref().to_path_buf();
+        let given = root.as_ref();
+        let ctx = |e: io::Error| {
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot open directory store {}: {e}", given.display()),
+            )
+        };
+        fs::create_dir_all(given.join("objects")).map_err(ctx)?;
+        fs::create_dir_all(given.join("tmp")).map_err(ctx)?;
+        // Absolute, so a later change of the working directory does not matter.
+        let root = fs::canonicalize(given).map_err(ctx)?;
         let objects = root.join("objects");
         let tmp = root.join("tmp");
-        let ctx = |e: io::Error| Error::new(ErrorKind::Io, format!("cannot open directory store {}: {e}", root.display()));
-        fs::create_dir_all(&objects).map_err(ctx)?;
-        fs::create_dir_all(&tmp).map_err(ctx)?;
         fsync_dir(&root).map_err(ctx)?;
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
             // Best effort: makes a freshly created root durable.
@@ -123,7 +138,12 @@ impl DirectoryStore {
         }
         let mut h = RandomState::new().build_hasher();
         h.write_u32(std::process::id());
-        h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
         h.write_usize(&root as *const _ as usize);
         let mut durable = HashSet::new();
         durable.insert(objects.clone());
@@ -209,7 +229,9 @@ impl DirectoryStore {
     fn temp_file(&self, key: &str) -> Result<(PathBuf, File)> {
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
-            let path = self.tmp.join(format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce));
+            let path = self
+                .tmp
+                .join(format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce));
             match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(f) => return Ok((path, f)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -224,7 +246,9 @@ impl DirectoryStore {
         if self.durable_dirs.read().contains(parent) {
             return Ok(());
         }
-        let rel = parent.strip_prefix(&self.objects).expect("object paths are under objects/");
+        let rel = parent
+            .strip_prefix(&self.objects)
+            .expect("object paths are under objects/");
         let mut dir = self.objects.clone();
         for comp in rel.components() {
             let above = dir.clone();
@@ -327,7 +351,8 @@ impl DirectoryStore {
                         };
                         hook.device_to_host(src, &mut buf[..n])
                             .map_err(|e| e.context(&format!("copy from device for {}: ", item.key)))?;
-                        f.write_all(&buf[..n]).map_err(|e| io_err("cannot write", item.key, e))?;
+                        f.write_all(&buf[..n])
+                            .map_err(|e| io_err("cannot write", item.key, e))?;
                         off += n;
                     }
                     Ok(())
@@ -368,7 +393,8 @@ impl DirectoryStore {
                 let mut off = 0usize;
                 while off < len {
                     let n = (len - off).min(buf.len());
-                    file.read_exact_at(&mut buf[..n], r.object_offset + off as u64).map_err(short)?;
+                    file.read_exact_at(&mut buf[..n], r.object_offset + off as u64)
+                        .map_err(short)?;
                     let dst = MemoryRegion {
                         address: r.dest.address + off as u64,
                         len: n as u64,
@@ -386,11 +412,15 @@ impl DirectoryStore {
 
 impl ObjectStore for DirectoryStore {
     fn put(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
-        self.write_object(key, Publish::CreateOnly, |f| f.write_all(value).map_err(|e| io_err("cannot write", key, e)))
+        self.write_object(key, Publish::CreateOnly, |f| {
+            f.write_all(value).map_err(|e| io_err("cannot write", key, e))
+        })
     }
 
     fn upsert(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
-        self.write_object(key, Publish::Replace, |f| f.write_all(value).map_err(|e| io_err("cannot write", key, e)))
+        self.write_object(key, Publish::Replace, |f| {
+            f.write_all(value).map_err(|e| io_err("cannot write", key, e))
+        })
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -443,7 +473,9 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
         let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
-        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| self.read_one(&ranges[i], cache)) {
+        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| {
+            self.read_one(&ranges[i], cache)
+        }) {
             results[i] = r;
         }
         results
@@ -458,8 +490,15 @@ const MAX_WORKERS: usize = 4;
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
 /// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
-fn run_parallel<T: Send, S: Default>(jobs: Vec<usize>, bytes: u64, job: impl Fn(usize, &mut S) -> T + Sync) -> Vec<(usize, T)> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS).min(jobs.len());
+fn run_parallel<T: Send, S: Default>(
+    jobs: Vec<usize>,
+    bytes: u64,
+    job: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<(usize, T)> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(2, MAX_WORKERS)
+        .min(jobs.len());
     if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
         let mut state = S::default();
         return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();

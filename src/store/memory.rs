@@ -82,7 +82,11 @@ impl MemoryStore {
 
     /// All keys, sorted.
     pub fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.shards.iter().flat_map(|s| s.read().keys().cloned().collect::<Vec<_>>()).collect();
+        let mut keys: Vec<String> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.read().keys().cloned().collect::<Vec<_>>())
+            .collect();
         keys.sort();
         keys
     }
@@ -101,7 +105,10 @@ impl MemoryStore {
     /// (`put`/`upsert`: `group_ids[0]`, or `""` when the list was empty;
     /// `batch_put_from`: `group_ids[i]`). `None` if absent.
     pub fn group_of(&self, key: &str) -> Option<(String, RecordType)> {
-        self.shard(key).read().get(key).map(|e| (e.group_id.clone(), e.record_type))
+        self.shard(key)
+            .read()
+            .get(key)
+            .map(|e| (e.group_id.clone(), e.record_type))
     }
 
     /// Create-only insert of an already materialised value.
@@ -231,7 +238,11 @@ pub(crate) fn device_unsupported(key: &str) -> Error {
 
 /// Per-item checks done before any I/O of a `batch_put_from`: the group id list has
 /// one entry per item, and device memory has a copy hook. Returns each item's group id.
-pub(crate) fn precheck_put_from<'a>(items: &[PutFrom<'_>], config: &WriteConfig<'a>, has_hook: bool) -> Vec<Result<&'a str>> {
+pub(crate) fn precheck_put_from<'a>(
+    items: &[PutFrom<'_>],
+    config: &WriteConfig<'a>,
+    has_hook: bool,
+) -> Vec<Result<&'a str>> {
     let count_ok = config.group_ids.len() == items.len();
     items
         .iter()
@@ -261,7 +272,9 @@ pub(crate) fn region_len(region: &MemoryRegion, key: &str) -> Result<usize> {
         .filter(|&l| l <= isize::MAX as usize)
         .ok_or_else(|| Error::invalid(format!("memory region for {key} is too large")))?;
     if len > 0 && (region.address == 0 || region.address.checked_add(region.len).is_none()) {
-        return Err(Error::invalid(format!("memory region for {key} has an invalid address")));
+        return Err(Error::invalid(format!(
+            "memory region for {key} has an invalid address"
+        )));
     }
     Ok(len)
 }

@@ -13,7 +13,8 @@ pub use mooncake_weight_store::AxisKind::{Dp, Ep, Pp, Tp};
 /// The F-desc tensor id.
 pub const F_TENSOR: &str = "layers.2.experts.3.w1";
 /// The W1 / F-place placement id.
-pub const F_PLACEMENT_ID: &str = "sha256:618f22d9994d8d327a7afd97f3cfcf1f6680a337d71ea3a8162a7827ed0346db";
+pub const F_PLACEMENT_ID: &str =
+    "sha256:618f22d9994d8d327a7afd97f3cfcf1f6680a337d71ea3a8162a7827ed0346db";
 /// The W1 / F-place digest.
 pub const F_DIGEST: &str = "a2ade0db5b17691e6a7c16d589d0498a64359eef91589addc870590899512d98";
 
@@ -27,7 +28,10 @@ pub fn expect_err<T: std::fmt::Debug>(r: Result<T>, kind: ErrorKind, needle: &st
     match r {
         Ok(v) => panic!("expected an error containing {needle:?}, got Ok({v:?})"),
         Err(e) => {
-            assert!(e.message().contains(needle), "error {e} does not contain {needle:?}");
+            assert!(
+                e.message().contains(needle),
+                "error {e} does not contain {needle:?}"
+            );
             assert_eq!(e.kind(), kind, "error {e} has the wrong kind");
             e
         }
@@ -133,7 +137,12 @@ pub fn f_desc() -> TensorDescriptor {
 // ---------------------------------------------------------------------------
 
 /// A placement fragment spec with `nbytes` computed from `t` and a derived id.
-pub fn frag_spec(t: &TensorDescriptor, offset: &[u64], shape: &[u64], r: ParallelRank) -> PlacementFragmentSpec {
+pub fn frag_spec(
+    t: &TensorDescriptor,
+    offset: &[u64],
+    shape: &[u64],
+    r: ParallelRank,
+) -> PlacementFragmentSpec {
     PlacementFragmentSpec {
         tensor_id: t.tensor_id().into(),
         global_offset: offset.to_vec(),
@@ -147,7 +156,12 @@ pub fn frag_spec(t: &TensorDescriptor, offset: &[u64], shape: &[u64], r: Paralle
 }
 
 /// A validated fragment from [`frag_spec`].
-pub fn frag(t: &TensorDescriptor, offset: &[u64], shape: &[u64], r: ParallelRank) -> PlacementFragment {
+pub fn frag(
+    t: &TensorDescriptor,
+    offset: &[u64],
+    shape: &[u64],
+    r: ParallelRank,
+) -> PlacementFragment {
     PlacementFragment::new(frag_spec(t, offset, shape, r)).expect("valid fragment")
 }
 
@@ -177,13 +191,25 @@ pub fn topo(dp: u64, pp: u64, ep: u64, tp: u64, ranks: &[ParallelRank]) -> Paral
 }
 
 /// Fallible [`topo`].
-pub fn try_topo(dp: u64, pp: u64, ep: u64, tp: u64, ranks: &[ParallelRank]) -> Result<ParallelTopology> {
+pub fn try_topo(
+    dp: u64,
+    pp: u64,
+    ep: u64,
+    tp: u64,
+    ranks: &[ParallelRank],
+) -> Result<ParallelTopology> {
     ParallelTopology::new(TopologySpec {
         tp_size: tp,
         pp_size: pp,
         ep_size: ep,
         dp_size: dp,
-        participants: ranks.iter().map(|&r| TopologyParticipant { participant_id: pid(r), rank: r }).collect(),
+        participants: ranks
+            .iter()
+            .map(|&r| TopologyParticipant {
+                participant_id: pid(r),
+                rank: r,
+            })
+            .collect(),
         topology_id: None,
     })
 }
@@ -224,7 +250,11 @@ impl Default for Ids {
 }
 
 /// `Placement::from_fragments` with F-place identity.
-pub fn flat(topology: ParallelTopology, tensors: Vec<TensorDescriptor>, fragments: Vec<PlacementFragment>) -> Result<Placement> {
+pub fn flat(
+    topology: ParallelTopology,
+    tensors: Vec<TensorDescriptor>,
+    fragments: Vec<PlacementFragment>,
+) -> Result<Placement> {
     flat_with(&Ids::default(), topology, tensors, fragments)
 }
 
@@ -254,7 +284,10 @@ pub fn part_spec(
     fragments: Vec<PlacementFragment>,
 ) -> PlacementPartSpec {
     let ids = Ids::default();
-    let r = topology.participant(participant_id).expect("participant").rank;
+    let r = topology
+        .participant(participant_id)
+        .expect("participant")
+        .rank;
     PlacementPartSpec {
         resource_id: ids.resource_id,
         revision: ids.revision,
@@ -289,7 +322,10 @@ pub fn f_topology() -> ParallelTopology {
         pp_size: 1,
         ep_size: 1,
         dp_size: 1,
-        participants: vec![TopologyParticipant { participant_id: "worker-0".into(), rank: ParallelRank::default() }],
+        participants: vec![TopologyParticipant {
+            participant_id: "worker-0".into(),
+            rank: ParallelRank::default(),
+        }],
         topology_id: None,
     })
     .expect("F topology")
@@ -311,8 +347,17 @@ pub fn f_fragment_spec() -> PlacementFragmentSpec {
 
 /// F-place with weight generation `generation`.
 pub fn f_place_gen(generation: u64) -> Placement {
-    let ids = Ids { weight_generation: generation, ..Ids::default() };
-    flat_with(&ids, f_topology(), vec![f_desc()], vec![PlacementFragment::new(f_fragment_spec()).unwrap()]).expect("F-place")
+    let ids = Ids {
+        weight_generation: generation,
+        ..Ids::default()
+    };
+    flat_with(
+        &ids,
+        f_topology(),
+        vec![f_desc()],
+        vec![PlacementFragment::new(f_fragment_spec()).unwrap()],
+    )
+    .expect("F-place")
 }
 
 /// F-place (W1).
@@ -326,7 +371,15 @@ pub fn f_place() -> Placement {
 
 /// A runtime fragment spec: endpoint `<worker>:12345`, device `cuda:0`, canonical
 /// strides, storage = view.
-pub fn rt_spec(pfid: &str, fid: &str, address: u64, nbytes: u64, worker: &str, shape: &[u64], itemsize: u64) -> RuntimeFragmentSpec {
+pub fn rt_spec(
+    pfid: &str,
+    fid: &str,
+    address: u64,
+    nbytes: u64,
+    worker: &str,
+    shape: &[u64],
+    itemsize: u64,
+) -> RuntimeFragmentSpec {
     RuntimeFragmentSpec {
         placement_fragment_id: pfid.into(),
         fragment_id: fid.into(),
@@ -347,7 +400,15 @@ pub fn rt_spec(pfid: &str, fid: &str, address: u64, nbytes: u64, worker: &str, s
 
 /// The F-bind runtime fragment `runtime-0` at 0x1000, 32 B, strides (8,2).
 pub fn f_rt_spec() -> RuntimeFragmentSpec {
-    rt_spec("placement-0", "runtime-0", 0x1000, 32, "worker-0", &[4, 4], 2)
+    rt_spec(
+        "placement-0",
+        "runtime-0",
+        0x1000,
+        32,
+        "worker-0",
+        &[4, 4],
+        2,
+    )
 }
 
 /// A binding spec attesting `placement` (instance, lease `lease-<generation>`).
@@ -372,9 +433,17 @@ pub fn binding_spec(
 }
 
 /// F-bind for `placement` (normally F-place) with `fragments`.
-pub fn f_bind_with(placement: &Placement, fragments: Vec<RuntimeFragmentSpec>) -> Result<RuntimeBinding> {
-    let fragments = fragments.into_iter().map(RuntimeFragment::new).collect::<Result<Vec<_>>>()?;
-    RuntimeBinding::new(binding_spec(placement, "worker-0", "instance", 7, fragments))
+pub fn f_bind_with(
+    placement: &Placement,
+    fragments: Vec<RuntimeFragmentSpec>,
+) -> Result<RuntimeBinding> {
+    let fragments = fragments
+        .into_iter()
+        .map(RuntimeFragment::new)
+        .collect::<Result<Vec<_>>>()?;
+    RuntimeBinding::new(binding_spec(
+        placement, "worker-0", "instance", 7, fragments,
+    ))
 }
 
 /// F-bind.
@@ -385,7 +454,12 @@ pub fn f_bind() -> RuntimeBinding {
 /// Binds every fragment of `participant_id`'s part: worker `worker-<participant>`,
 /// instance `instance-<participant>`, consecutive views from `base`, runtime ids
 /// `rt-<participant>-<i>`.
-pub fn bind_part(placement: &Placement, participant_id: &str, generation: u64, base: u64) -> RuntimeBinding {
+pub fn bind_part(
+    placement: &Placement,
+    participant_id: &str,
+    generation: u64,
+    base: u64,
+) -> RuntimeBinding {
     let part = placement.part(participant_id).expect("participant part");
     let worker = format!("worker-{participant_id}");
     let mut address = base;
@@ -404,8 +478,14 @@ pub fn bind_part(placement: &Placement, participant_id: &str, generation: u64, b
         address += f.nbytes().max(0x100);
         fragments.push(RuntimeFragment::new(spec).expect("valid runtime fragment"));
     }
-    RuntimeBinding::new(binding_spec(placement, participant_id, &format!("instance-{participant_id}"), generation, fragments))
-        .expect("valid binding")
+    RuntimeBinding::new(binding_spec(
+        placement,
+        participant_id,
+        &format!("instance-{participant_id}"),
+        generation,
+        fragments,
+    ))
+    .expect("valid binding")
 }
 
 /// Binds every non-empty participant with the lease generation `gen(rank)`.
@@ -425,7 +505,12 @@ pub fn bind_all(placement: &Placement, gen: &dyn Fn(ParallelRank) -> u64) -> Vec
 /// The S tensor: (8) uint8, `[Replicated(dp), Ownership(pp), Ownership(ep),
 /// Split(tp,0)]`, layer 2, expert 3.
 pub fn s_tensor() -> TensorDescriptor {
-    TensorDescriptor::new(TensorSpec {
+    TensorDescriptor::new(s_tensor_spec()).expect("S tensor")
+}
+
+/// The spec of [`s_tensor`].
+pub fn s_tensor_spec() -> TensorSpec {
+    TensorSpec {
         tensor_id: F_TENSOR.into(),
         global_shape: vec![8],
         dtype: "uint8".into(),
@@ -435,8 +520,7 @@ pub fn s_tensor() -> TensorDescriptor {
         parallel_axes: vec![repl(Dp), own(Pp), own(Ep), split(Tp, 0)],
         layer_id: Some(2),
         expert_id: Some(3),
-    })
-    .expect("S tensor")
+    }
 }
 
 /// The S identity: resource `qwen3.5-0.8b`, revision `step-42`.
@@ -454,13 +538,26 @@ pub fn s_placement(dp: u64, tpn: u64, weight_generation: u64) -> Placement {
     let t = s_tensor();
     let ranks = grid(dp, 1, 1, tpn);
     let shard = 8 / tpn;
-    let fragments = ranks.iter().map(|&r| rows(&t, r.tp * shard, shard, r)).collect();
-    flat_with(&s_ids(weight_generation), topo(dp, 1, 1, tpn, &ranks), vec![t], fragments).expect("S placement")
+    let fragments = ranks
+        .iter()
+        .map(|&r| rows(&t, r.tp * shard, shard, r))
+        .collect();
+    flat_with(
+        &s_ids(weight_generation),
+        topo(dp, 1, 1, tpn, &ranks),
+        vec![t],
+        fragments,
+    )
+    .expect("S placement")
 }
 
 /// S(dp,tp) with weight generation 1 and bindings whose lease generation is
 /// `gen(rank)`.
-pub fn s_source(dp: u64, tpn: u64, gen: &dyn Fn(ParallelRank) -> u64) -> (Placement, Vec<RuntimeBinding>) {
+pub fn s_source(
+    dp: u64,
+    tpn: u64,
+    gen: &dyn Fn(ParallelRank) -> u64,
+) -> (Placement, Vec<RuntimeBinding>) {
     let p = s_placement(dp, tpn, 1);
     let b = bind_all(&p, gen);
     (p, b)
@@ -482,7 +579,12 @@ pub fn m_source() -> (Placement, Vec<RuntimeBinding>) {
 }
 
 /// Upload options with a fixed transaction id and clock.
-pub fn fixed_options(namespace: &str, key_prefix: &str, transaction_id: &str, created_at: &str) -> UploadOptions {
+pub fn fixed_options(
+    namespace: &str,
+    key_prefix: &str,
+    transaction_id: &str,
+    created_at: &str,
+) -> UploadOptions {
     UploadOptions {
         namespace: namespace.into(),
         key_prefix: key_prefix.into(),
@@ -563,8 +665,17 @@ pub fn edited_w5(edit: impl FnOnce(&mut J)) -> Result<StoredManifest> {
 }
 
 /// A stored fragment spec in group `g`: object `g/payload/<object>`.
-pub fn stored(id: &str, tensor_id: &str, offset: &[u64], shape: &[u64], nbytes: u64, object: &str, object_offset: u64) -> StoredFragment {
-    try_stored(id, tensor_id, offset, shape, nbytes, object, object_offset).expect("valid stored fragment")
+pub fn stored(
+    id: &str,
+    tensor_id: &str,
+    offset: &[u64],
+    shape: &[u64],
+    nbytes: u64,
+    object: &str,
+    object_offset: u64,
+) -> StoredFragment {
+    try_stored(id, tensor_id, offset, shape, nbytes, object, object_offset)
+        .expect("valid stored fragment")
 }
 
 /// Fallible [`stored`].
@@ -590,7 +701,10 @@ pub fn try_stored(
 }
 
 /// A manifest in group `g` with `tensors` and `fragments`.
-pub fn manifest(tensors: Vec<TensorDescriptor>, fragments: Vec<StoredFragment>) -> Result<StoredManifest> {
+pub fn manifest(
+    tensors: Vec<TensorDescriptor>,
+    fragments: Vec<StoredFragment>,
+) -> Result<StoredManifest> {
     StoredManifest::new(StoredManifestSpec {
         tensors: tensors.into_iter().map(Arc::new).collect(),
         fragments,
