@@ -9,7 +9,7 @@ use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::registration::registration_requests;
 use super::weight_store::WeightStore;
 use crate::runtime::{validate_binding_subset, validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
-use crate::store::{MemoryRegion, ObjectStore, RangeRead};
+use crate::store::{MemoryRegion, ObjectStore, RangeRead, StridedRead};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -341,10 +341,78 @@ impl WeightStore {
         let mut stats = LoadStats::default();
         self.registrar.scoped(&*self.store, &requests, token, |io_started| {
             *io_started = true;
-            read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
+            if self.store.supports_strided_reads() {
+                read_strided(&*self.store, plan, &by_target, &mut stats)
+            } else {
+                read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
+            }
         })?;
         Ok(stats)
     }
+}
+
+/// Regions handed to a backend with native strided reads per call.
+const STRIDED_BATCH: usize = 256;
+
+/// The strided path: whole regions per item (embedded backends have no staging
+/// buffer to bound, so no chunking); bounds are checked by the backend against the
+/// object and against the target view, which is the registered binding fragment.
+unsafe fn read_strided(
+    store: &dyn ObjectStore,
+    plan: &LoadPlan,
+    by_target: &BTreeMap<&str, Vec<usize>>,
+    stats: &mut LoadStats,
+) -> Result<()> {
+    let mut reads: Vec<StridedRead<'_>> = Vec::with_capacity(STRIDED_BATCH);
+    let run = |reads: &mut Vec<StridedRead<'_>>, stats: &mut LoadStats| -> Result<()> {
+        if reads.is_empty() {
+            return Ok(());
+        }
+        let results = store.get_into_strided(reads);
+        stats.requests += 1;
+        if results.len() != reads.len() {
+            return Err(store_err(ErrorKind::Store, "get_into_strided returned invalid result count"));
+        }
+        for (r, res) in reads.iter().zip(results) {
+            match res {
+                Ok(n) if n == r.total_bytes() => {
+                    stats.ranges += r.segment_count();
+                    stats.bytes += n;
+                    stats.regions += 1;
+                }
+                Ok(n) => {
+                    return Err(store_err(
+                        ErrorKind::Integrity,
+                        format!("get_into_ranges failed for {}: expected {}, got {n}", r.key, r.total_bytes()),
+                    ))
+                }
+                Err(e) => return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", r.key, e.message()))),
+            }
+        }
+        reads.clear();
+        Ok(())
+    };
+    for list in by_target.values() {
+        for &i in list {
+            let r = &plan.regions()[i];
+            let s = plan.logical.source_of(r);
+            let t = plan.target_fragment(i);
+            reads.push(StridedRead {
+                key: s.object_key(),
+                object_offset: s.object_offset() + r.source_base_offset,
+                dest: MemoryRegion { address: t.address(), len: t.nbytes(), kind: t.memory() },
+                dest_offset: r.target_base_offset,
+                inner_bytes: r.inner_bytes,
+                counts: &r.outer_loop_counts,
+                src_strides: &r.source_strides,
+                dst_strides: &r.target_strides,
+            });
+            if reads.len() == STRIDED_BATCH {
+                run(&mut reads, stats)?;
+            }
+        }
+    }
+    run(&mut reads, stats)
 }
 
 unsafe fn read_ranges(

@@ -62,7 +62,7 @@ use parking_lot::RwLock;
 use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
-use super::{not_found, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, WriteConfig};
+use super::{not_found, run_parallel, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, StridedRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 
@@ -410,7 +410,75 @@ impl DirectoryStore {
     }
 }
 
+impl DirectoryStore {
+    /// One strided read into host memory: a single `pread` for one segment, else a
+    /// read-only mapping of the touched object range and one copy per segment (no
+    /// system call per segment). Objects are immutable once linked (writers never
+    /// truncate or rewrite a published file; upsert replaces it by rename), so the
+    /// mapping stays valid. Device destinations go through ranges and the hook.
+    unsafe fn read_strided(&self, r: &StridedRead<'_>, cache: &mut Option<(String, File, u64)>) -> Result<u64> {
+        if matches!(r.dest.kind, MemoryKind::Device(_)) || r.segment_count() <= 1 {
+            let mut total = 0;
+            r.for_each_segment(|s, d, n| {
+                let range = RangeRead {
+                    key: r.key,
+                    object_offset: s,
+                    dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
+                };
+                total += self.read_one(&range, cache)?;
+                Ok(())
+            })?;
+            return Ok(total);
+        }
+        if cache.as_ref().map_or(true, |(k, _, _)| k != r.key) {
+            *cache = None;
+            let f = self.open_object(r.key)?;
+            let size = f.metadata().map_err(|e| io_err("cannot stat", r.key, e))?.len();
+            *cache = Some((r.key.to_owned(), f, size));
+        }
+        let (_, file, size) = cache.as_ref().expect("cached above");
+        r.check_bounds(*size)?;
+        let base = host_ptr_mut(&r.dest, r.key)?;
+        let page = 4096u64;
+        let start = r.object_offset / page * page;
+        let end = {
+            let mut e = r.object_offset + r.inner_bytes;
+            for (c, st) in r.counts.iter().zip(r.src_strides) {
+                e += (c - 1) * st;
+            }
+            e
+        };
+        let map_len = (end - start) as usize;
+        use std::os::fd::AsRawFd;
+        let map = libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), start as libc::off_t);
+        if map == libc::MAP_FAILED {
+            return Err(io_err("cannot map", r.key, io::Error::last_os_error()));
+        }
+        let src = map as *const u8;
+        let result = r.for_each_segment(|s, d, n| {
+            // Both ranges were checked against the object size and the view.
+            std::ptr::copy_nonoverlapping(src.add((s - start) as usize), base.add(d as usize), n as usize);
+            Ok(())
+        });
+        libc::munmap(map, map_len);
+        result.map(|()| r.total_bytes())
+    }
+}
+
 impl ObjectStore for DirectoryStore {
+    fn supports_strided_reads(&self) -> bool {
+        true
+    }
+
+    unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
+        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
+        let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
+        for (i, r) in run_parallel((0..reads.len()).collect(), bytes, |i, cache| self.read_strided(&reads[i], cache)) {
+            results[i] = r;
+        }
+        results
+    }
+
     fn put(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
         self.write_object(key, Publish::CreateOnly, |f| {
             f.write_all(value).map_err(|e| io_err("cannot write", key, e))
@@ -480,51 +548,6 @@ impl ObjectStore for DirectoryStore {
         }
         results
     }
-}
-
-/// Below this many bytes in a batch, items run sequentially on the calling thread.
-const PARALLEL_MIN_BYTES: u64 = 8 << 20;
-/// At most this many threads per batch (overlaps the per-object fsyncs and copies).
-const MAX_WORKERS: usize = 4;
-
-/// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
-/// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
-/// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
-fn run_parallel<T: Send, S: Default>(
-    jobs: Vec<usize>,
-    bytes: u64,
-    job: impl Fn(usize, &mut S) -> T + Sync,
-) -> Vec<(usize, T)> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(2, MAX_WORKERS)
-        .min(jobs.len());
-    if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
-        let mut state = S::default();
-        return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
-    }
-    let next = AtomicU64::new(0);
-    let (jobs, job, next) = (&jobs, &job, &next);
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                sc.spawn(move || {
-                    let mut state = S::default();
-                    let mut out = Vec::new();
-                    loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed) as usize;
-                        let Some(&i) = jobs.get(k) else { break };
-                        out.push((i, job(i, &mut state)));
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
 }
 
 #[allow(dead_code)]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{not_found, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use super::{not_found, run_parallel, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 
@@ -170,7 +170,47 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    unsafe fn read_strided(&self, r: &StridedRead<'_>) -> Result<u64> {
+        let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
+        r.check_bounds(value.len() as u64)?;
+        match r.dest.kind {
+            MemoryKind::Host => {
+                if r.total_bytes() > 0 {
+                    let base = host_ptr_mut(&r.dest, r.key)?;
+                    r.for_each_segment(|s, d, n| {
+                        // Bounds were checked for the whole region above.
+                        std::ptr::copy_nonoverlapping(value.as_ptr().add(s as usize), base.add(d as usize), n as usize);
+                        Ok(())
+                    })?;
+                }
+            }
+            MemoryKind::Device(_) => {
+                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
+                r.for_each_segment(|s, d, n| {
+                    let dest = MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind };
+                    hook.host_to_device(&value[s as usize..(s + n) as usize], dest)
+                })?;
+            }
+        }
+        Ok(r.total_bytes())
+    }
+}
+
 impl ObjectStore for MemoryStore {
+    fn supports_strided_reads(&self) -> bool {
+        true
+    }
+
+    unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
+        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
+        let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
+        for (i, r) in run_parallel((0..reads.len()).collect(), bytes, |i, _: &mut ()| self.read_strided(&reads[i])) {
+            results[i] = r;
+        }
+        results
+    }
+
     fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
         if self.shard(key).read().contains_key(key) {
             return Err(already_exists(key));

@@ -10,7 +10,9 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod callbacks;
 pub mod directory;
 pub mod memory;
 
@@ -63,6 +65,111 @@ pub struct RangeRead<'a> {
     pub object_offset: u64,
     /// Destination (registered memory); its `len` is the range length.
     pub dest: MemoryRegion,
+}
+
+/// One item of [`ObjectStore::get_into_strided`]: a strided region of object `key`
+/// (`segment_count` runs of `inner_bytes`) copied into the destination view `dest`.
+///
+/// Segment `i` (row-major index vector over `counts`) starts at
+/// `object_offset + Σ i_j·src_strides[j]` in the object and at
+/// `dest_offset + Σ i_j·dst_strides[j]` in `dest`.
+#[derive(Clone, Copy, Debug)]
+pub struct StridedRead<'a> {
+    /// Object key.
+    pub key: &'a str,
+    /// Absolute object offset of the first segment.
+    pub object_offset: u64,
+    /// The whole destination view; no byte outside it is ever written.
+    pub dest: MemoryRegion,
+    /// Offset of the first segment inside `dest`.
+    pub dest_offset: u64,
+    /// Length of one segment.
+    pub inner_bytes: u64,
+    /// Outer loop counts (may be empty: one segment).
+    pub counts: &'a [u64],
+    /// Source strides of the outer loops.
+    pub src_strides: &'a [u64],
+    /// Destination strides of the outer loops.
+    pub dst_strides: &'a [u64],
+}
+
+impl StridedRead<'_> {
+    /// Number of segments (saturating).
+    pub fn segment_count(&self) -> u64 {
+        self.counts.iter().fold(1u64, |a, &c| a.saturating_mul(c))
+    }
+
+    /// Total bytes copied.
+    pub fn total_bytes(&self) -> u64 {
+        self.inner_bytes.saturating_mul(self.segment_count())
+    }
+
+    /// One past the furthest byte touched, relative to the base, for `strides`;
+    /// `None` on overflow or inconsistent lengths.
+    fn reach(&self, strides: &[u64]) -> Option<u64> {
+        if strides.len() != self.counts.len() || self.counts.contains(&0) {
+            return None;
+        }
+        let mut end = self.inner_bytes;
+        for (c, s) in self.counts.iter().zip(strides) {
+            end = end.checked_add((c - 1).checked_mul(*s)?)?;
+        }
+        Some(end)
+    }
+
+    /// Checks the read against the object size and the destination view:
+    /// `(source end, destination end)` or an [`ErrorKind::Integrity`] error naming
+    /// the key.
+    pub fn check_bounds(&self, object_len: u64) -> Result<()> {
+        let bad = |what: &str| Err(Error::new(ErrorKind::Integrity, format!("strided read of {} {what}", self.key)));
+        match self.reach(self.src_strides).and_then(|r| r.checked_add(self.object_offset)) {
+            Some(end) if end <= object_len => {}
+            _ => return bad("exceeds the object"),
+        }
+        match self.reach(self.dst_strides).and_then(|r| r.checked_add(self.dest_offset)) {
+            Some(end) if end <= self.dest.len => Ok(()),
+            _ => bad("exceeds the destination view"),
+        }
+    }
+
+    /// Calls `f(object_offset, dest_offset, len)` for every segment in row-major
+    /// order (offsets absolute in the object and relative to `dest`).
+    pub fn for_each_segment(&self, mut f: impl FnMut(u64, u64, u64) -> Result<()>) -> Result<()> {
+        let k = self.counts.len();
+        if k <= 1 {
+            // Fast path: one contiguous run, or one outer loop (2-D reshards).
+            let (n, ss, ds) = match k {
+                0 => (1, 0, 0),
+                _ => (self.counts[0], self.src_strides[0], self.dst_strides[0]),
+            };
+            let (mut s, mut d) = (self.object_offset, self.dest_offset);
+            for _ in 0..n {
+                f(s, d, self.inner_bytes)?;
+                s += ss;
+                d += ds;
+            }
+            return Ok(());
+        }
+        let mut idx = vec![0u64; k];
+        let (mut s, mut d) = (self.object_offset, self.dest_offset);
+        for _ in 0..self.segment_count() {
+            f(s, d, self.inner_bytes)?;
+            let mut j = k;
+            while j > 0 {
+                j -= 1;
+                idx[j] += 1;
+                s += self.src_strides[j];
+                d += self.dst_strides[j];
+                if idx[j] < self.counts[j] {
+                    break;
+                }
+                s -= self.src_strides[j] * idx[j];
+                d -= self.dst_strides[j] * idx[j];
+                idx[j] = 0;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Copies between device memory and host memory for backends that cannot touch
@@ -123,6 +230,40 @@ pub trait ObjectStore: Send + Sync {
     /// by anyone else, for the duration of the call.
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>>;
 
+    /// True when [`ObjectStore::get_into_strided`] is native (whole regions per
+    /// call); the restore path then hands regions over instead of chunked ranges.
+    fn supports_strided_reads(&self) -> bool {
+        false
+    }
+
+    /// Copies strided regions of objects into destination views (per-item result:
+    /// bytes copied). The default expands each region into ranges.
+    ///
+    /// # Safety
+    /// Every `dest` region must be valid for writes of `len` bytes, and not accessed
+    /// by anyone else, for the duration of the call.
+    unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
+        reads
+            .iter()
+            .map(|r| {
+                let mut ranges = Vec::new();
+                r.for_each_segment(|s, d, n| {
+                    ranges.push(RangeRead {
+                        key: r.key,
+                        object_offset: s,
+                        dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
+                    });
+                    Ok(())
+                })?;
+                let mut total = 0;
+                for res in self.get_into_ranges(&ranges) {
+                    total += res?;
+                }
+                Ok(total)
+            })
+            .collect()
+    }
+
     /// True when the backend can read and write memory of `kind` (host always;
     /// device memory needs a copy hook or a device-capable backend).
     fn supports_memory(&self, kind: MemoryKind) -> bool {
@@ -167,3 +308,49 @@ pub fn validate_key(key: &str) -> Result<()> {
 pub fn not_found(key: &str) -> Error {
     Error::new(ErrorKind::NotFound, format!("object not found: {key}"))
 }
+
+/// Below this many bytes in a batch, items run sequentially on the calling thread.
+const PARALLEL_MIN_BYTES: u64 = 8 << 20;
+/// At most this many threads per batch (overlaps the per-object fsyncs and copies).
+const MAX_WORKERS: usize = 4;
+
+/// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
+/// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
+/// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
+pub(crate) fn run_parallel<T: Send, S: Default>(
+    jobs: Vec<usize>,
+    bytes: u64,
+    job: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<(usize, T)> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(2, MAX_WORKERS)
+        .min(jobs.len());
+    if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
+        let mut state = S::default();
+        return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
+    }
+    let next = AtomicU64::new(0);
+    let (jobs, job, next) = (&jobs, &job, &next);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut state = S::default();
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        let Some(&i) = jobs.get(k) else { break };
+                        out.push((i, job(i, &mut state)));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+

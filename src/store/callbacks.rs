@@ -1,0 +1,652 @@
+//! A caller-implemented object store behind a C vtable (`docs/STORE-VTABLE.md`), and
+//! a C copy hook for the embedded stores.
+//!
+//! [`CallbackStore`] implements [`ObjectStore`] by calling the function pointers of a
+//! [`mws_store_vtable`] with the caller's `ctx`. Return codes are Mooncake's
+//! `ErrorCode` values: `0` ok, `-704` not found, `-705` already exists, `-706`
+//! object has lease and `-200` no available handle (both transient: retried with a
+//! bounded exponential backoff), any other negative value is a store error naming the
+//! key and the code.
+//!
+//! The callbacks are C functions: they must not unwind (a C++ exception escaping a
+//! callback is undefined behaviour) and must be thread-safe. Nothing on the Rust side
+//! of this module panics on caller data.
+
+#![allow(non_camel_case_types)]
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use super::{not_found, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use crate::error::{Error, ErrorKind, Result};
+use crate::runtime::MemoryKind;
+
+/// Version of [`mws_store_vtable`] this library implements.
+pub const MWS_STORE_VTABLE_VERSION: u32 = 1;
+/// Version of [`mws_copy_hook_vtable`] this library implements.
+pub const MWS_COPY_HOOK_VTABLE_VERSION: u32 = 1;
+/// `record_type` of payload objects (Mooncake `ObjectDataType.WEIGHT`).
+pub const MWS_RECORD_PAYLOAD: u32 = 0;
+/// `record_type` of manifests and decision records (Mooncake `METADATA`).
+pub const MWS_RECORD_METADATA: u32 = 1;
+
+/// Mooncake `ErrorCode` values the library interprets.
+const NO_AVAILABLE_HANDLE: i64 = -200;
+const OBJECT_NOT_FOUND: i64 = -704;
+const OBJECT_ALREADY_EXISTS: i64 = -705;
+const OBJECT_HAS_LEASE: i64 = -706;
+
+/// Retry policy of transient codes (-200, -706): at most `MAX_TRIES` calls, sleeping
+/// 5 ms, 10 ms, ... (doubling, capped at 200 ms) between them.
+const MAX_TRIES: u32 = 8;
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(200);
+
+/// A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
+/// for the duration of the callback it is passed to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_bytes {
+    /// First byte (never NULL, even when `len` is 0).
+    pub ptr: *const std::ffi::c_char,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl mws_bytes {
+    fn of(s: &str) -> mws_bytes {
+        // A dangling-but-non-NULL pointer for empty strings keeps `ptr` non-NULL.
+        let ptr = if s.is_empty() { b"\0".as_ptr() } else { s.as_ptr() };
+        mws_bytes { ptr: ptr as *const std::ffi::c_char, len: s.len() }
+    }
+}
+
+/// One item of `batch_put_from`: write `len` bytes at `address` as object `key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_put_item {
+    /// Object key.
+    pub key: mws_bytes,
+    /// The key's group (`ReplicateConfig.group_ids[i]`).
+    pub group_id: mws_bytes,
+    /// Source bytes (registered memory).
+    pub address: u64,
+    /// Number of bytes.
+    pub len: u64,
+    /// `MWS_MEMORY_HOST` (0) or `MWS_MEMORY_DEVICE` (1).
+    pub memory_kind: u32,
+    /// Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`.
+    pub device_ordinal: u32,
+}
+
+/// One item of `get_into_ranges` (flat form): copy `len` bytes of object `key` from
+/// `object_offset` to `dest_address`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_range_item {
+    /// Object key.
+    pub key: mws_bytes,
+    /// Absolute offset inside the object.
+    pub object_offset: u64,
+    /// Destination (registered memory).
+    pub dest_address: u64,
+    /// Number of bytes.
+    pub len: u64,
+    /// Start of the registered target view that contains `dest_address`.
+    pub buffer_address: u64,
+    /// `MWS_MEMORY_HOST` (0) or `MWS_MEMORY_DEVICE` (1).
+    pub memory_kind: u32,
+    /// Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`.
+    pub device_ordinal: u32,
+}
+
+/// The operations of a caller-implemented object store (`docs/STORE-VTABLE.md`).
+///
+/// Set `size = sizeof(mws_store_vtable)` and `version = MWS_STORE_VTABLE_VERSION`.
+/// Every callback receives the `ctx` given to `mws_store_from_vtable`. Callbacks must
+/// not throw or unwind and must be thread-safe. Return codes are Mooncake's
+/// `ErrorCode` values: 0 ok, -704 not found, -706 object has lease, -200 no available
+/// handle (transient), -600 invalid params, other negative = error. The library
+/// retries -200 and -706 with a bounded backoff. `register_buffer`,
+/// `unregister_buffer` and `destroy` may be NULL; every other callback is required.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mws_store_vtable {
+    /// `sizeof(mws_store_vtable)`: lets the struct grow.
+    pub size: u32,
+    /// `MWS_STORE_VTABLE_VERSION`.
+    pub version: u32,
+    /// Create-only put (MAY return 0 for an existing key, as Mooncake does).
+    pub put: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: mws_bytes,
+            value: *const u8,
+            len: u64,
+            group_id: mws_bytes,
+            record_type: u32,
+        ) -> i32,
+    >,
+    /// Insert or replace.
+    pub upsert: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            key: mws_bytes,
+            value: *const u8,
+            len: u64,
+            group_id: mws_bytes,
+            record_type: u32,
+        ) -> i32,
+    >,
+    /// Size of the object in bytes, or a negative code (-704).
+    pub get_size: Option<unsafe extern "C" fn(ctx: *mut c_void, key: mws_bytes) -> i64>,
+    /// Copies the object into `buf` (capacity `cap`); bytes read or a negative code.
+    pub get_into: Option<unsafe extern "C" fn(ctx: *mut c_void, key: mws_bytes, buf: *mut u8, cap: u64) -> i64>,
+    /// 1 present, 0 absent, negative error.
+    pub exists: Option<unsafe extern "C" fn(ctx: *mut c_void, key: mws_bytes) -> i32>,
+    /// Force remove; 0 or -704 is success.
+    pub remove: Option<unsafe extern "C" fn(ctx: *mut c_void, key: mws_bytes) -> i32>,
+    /// Per-item status into `results[n]`; returns 0, or a negative batch-level error.
+    pub batch_put_from: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            items: *const mws_put_item,
+            n: usize,
+            record_type: u32,
+            results: *mut i32,
+        ) -> i32,
+    >,
+    /// Per-item bytes read (== len) or a negative code into `results[n]`; returns 0,
+    /// or a negative batch-level error.
+    pub get_into_ranges: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, items: *const mws_range_item, n: usize, results: *mut i64) -> i32,
+    >,
+    /// Optional (NULL = no-op).
+    pub register_buffer: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, address: u64, len: u64, memory_kind: u32, device_ordinal: u32) -> i32,
+    >,
+    /// Optional (NULL = no-op).
+    pub unregister_buffer: Option<unsafe extern "C" fn(ctx: *mut c_void, address: u64) -> i32>,
+    /// Optional: called once when the store is freed.
+    pub destroy: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+}
+
+/// Device <-> host copies for the embedded stores (memory, directory), which cannot
+/// touch device memory themselves (for example a `cudaMemcpy` wrapper).
+///
+/// Set `size = sizeof(mws_copy_hook_vtable)` and
+/// `version = MWS_COPY_HOOK_VTABLE_VERSION`. Callbacks receive the hook's `ctx`,
+/// return 0 on success (any other value is an error), must not throw or unwind, and
+/// must be thread-safe. `destroy` may be NULL.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mws_copy_hook_vtable {
+    /// `sizeof(mws_copy_hook_vtable)`.
+    pub size: u32,
+    /// `MWS_COPY_HOOK_VTABLE_VERSION`.
+    pub version: u32,
+    /// Copies `len` bytes from device memory at `src_address` into host `dst`.
+    pub device_to_host: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, src_address: u64, device_ordinal: u32, dst: *mut u8, len: u64) -> i32,
+    >,
+    /// Copies `len` host bytes at `src` into device memory at `dst_address`.
+    pub host_to_device: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, src: *const u8, len: u64, dst_address: u64, device_ordinal: u32) -> i32,
+    >,
+    /// Optional: called once when the last store using the hook is freed.
+    pub destroy: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+}
+
+/// The caller's context pointer. The vtable contract makes the callbacks thread-safe.
+#[derive(Clone, Copy)]
+struct Ctx(*mut c_void);
+// SAFETY: the vtable contract requires thread-safe callbacks over `ctx`.
+unsafe impl Send for Ctx {}
+unsafe impl Sync for Ctx {}
+
+/// Reads a caller's versioned vtable: checks `size` and `version` and copies the
+/// part this library knows.
+///
+/// # Safety
+/// `vt` points to at least 8 readable bytes and, when its `size` field says so, to
+/// `size_of::<T>()` readable bytes.
+unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
+    if vt.is_null() {
+        return Err(Error::invalid(format!("{name} is NULL")));
+    }
+    let header = vt as *const u32;
+    let size = header.read_unaligned();
+    let ver = header.add(1).read_unaligned();
+    if (size as usize) < std::mem::size_of::<T>() {
+        return Err(Error::invalid(format!(
+            "{name}.size is {size}, expected at least {} (sizeof({name}))",
+            std::mem::size_of::<T>()
+        )));
+    }
+    if ver != version {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{name}.version is {ver}, this library implements version {version}"),
+        ));
+    }
+    Ok(vt.read_unaligned())
+}
+
+fn memory_code(kind: MemoryKind) -> (u32, u32) {
+    match kind {
+        MemoryKind::Host => (0, 0),
+        MemoryKind::Device(o) => (1, o),
+    }
+}
+
+fn record_code(r: RecordType) -> u32 {
+    match r {
+        RecordType::Payload => MWS_RECORD_PAYLOAD,
+        RecordType::Metadata => MWS_RECORD_METADATA,
+    }
+}
+
+fn transient(code: i64) -> bool {
+    code == NO_AVAILABLE_HANDLE || code == OBJECT_HAS_LEASE
+}
+
+/// The error of a negative return code of callback `op` for `key`.
+fn code_error(op: &str, key: &str, code: i64) -> Error {
+    match code {
+        OBJECT_NOT_FOUND => not_found(key),
+        OBJECT_ALREADY_EXISTS => Error::new(ErrorKind::AlreadyExists, format!("object already exists: {key}")),
+        _ => Error::new(ErrorKind::Store, format!("store callback {op} failed for {key}: error code {code}")),
+    }
+}
+
+/// Runs `call` until it returns a non-transient code, at most [`MAX_TRIES`] times.
+fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
+    let mut delay = FIRST_BACKOFF;
+    let mut code = call();
+    for _ in 1..MAX_TRIES {
+        if !transient(code) {
+            break;
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(MAX_BACKOFF);
+        code = call();
+    }
+    code
+}
+
+/// An [`ObjectStore`] implemented by C callbacks (`docs/STORE-VTABLE.md`).
+pub struct CallbackStore {
+    vt: mws_store_vtable,
+    ctx: Ctx,
+    /// Buffers registered through this store: start address -> length. Gives each
+    /// range item the `buffer_address` of the registered view that contains it.
+    registered: RwLock<BTreeMap<u64, u64>>,
+}
+
+impl fmt::Debug for CallbackStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallbackStore").finish_non_exhaustive()
+    }
+}
+
+impl CallbackStore {
+    /// Wraps `vt` (copied) and `ctx`. Checks `vt->size` and `vt->version` and that
+    /// every mandatory callback is present. On success the store owns `ctx`: its
+    /// `destroy` callback (if any) is called once when the store is dropped. On
+    /// failure nothing is called and the caller keeps `ctx`.
+    ///
+    /// # Safety
+    /// `vt` is NULL or points to a readable vtable of at least `vt->size` bytes; the
+    /// callbacks honour the vtable contract (thread-safe, never unwind) for as long as
+    /// the store lives.
+    pub unsafe fn new(vt: *const mws_store_vtable, ctx: *mut c_void) -> Result<Self> {
+        let vt = read_vtable(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION)?;
+        let mut missing = Vec::new();
+        if vt.put.is_none() {
+            missing.push("put");
+        }
+        if vt.upsert.is_none() {
+            missing.push("upsert");
+        }
+        if vt.get_size.is_none() {
+            missing.push("get_size");
+        }
+        if vt.get_into.is_none() {
+            missing.push("get_into");
+        }
+        if vt.exists.is_none() {
+            missing.push("exists");
+        }
+        if vt.remove.is_none() {
+            missing.push("remove");
+        }
+        if vt.batch_put_from.is_none() {
+            missing.push("batch_put_from");
+        }
+        if vt.get_into_ranges.is_none() {
+            missing.push("get_into_ranges");
+        }
+        if !missing.is_empty() {
+            return Err(Error::invalid(format!(
+                "mws_store_vtable is missing mandatory callbacks: {}",
+                missing.join(", ")
+            )));
+        }
+        Ok(CallbackStore { vt, ctx: Ctx(ctx), registered: RwLock::new(BTreeMap::new()) })
+    }
+
+    fn write(&self, op: &str, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+        let f = if op == "put" { self.vt.put } else { self.vt.upsert };
+        let f = f.expect("checked at construction");
+        let group = config.group_ids.first().map(String::as_str).unwrap_or("");
+        let ptr = if value.is_empty() { b"\0".as_ptr() } else { value.as_ptr() };
+        let code = with_retry(|| unsafe {
+            f(self.ctx.0, mws_bytes::of(key), ptr, value.len() as u64, mws_bytes::of(group), record_code(config.record_type))
+                as i64
+        });
+        if code < 0 {
+            Err(code_error(op, key, code))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for CallbackStore {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.vt.destroy {
+            // SAFETY: called exactly once, as the contract says.
+            unsafe { destroy(self.ctx.0) };
+        }
+    }
+}
+
+impl ObjectStore for CallbackStore {
+    fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+        self.write("put", key, value, config)
+    }
+
+    fn upsert(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+        self.write("upsert", key, value, config)
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let get_size = self.vt.get_size.expect("checked at construction");
+        let get_into = self.vt.get_into.expect("checked at construction");
+        // The object may be replaced between the two calls: retry a few times.
+        for _ in 0..MAX_TRIES {
+            let size = with_retry(|| unsafe { get_size(self.ctx.0, mws_bytes::of(key)) });
+            if size < 0 {
+                return Err(code_error("get_size", key, size));
+            }
+            let cap = usize::try_from(size)
+                .ok()
+                .filter(|&c| c <= isize::MAX as usize)
+                .ok_or_else(|| Error::new(ErrorKind::Store, format!("store callback get_size returned an absurd size for {key}: {size}")))?;
+            let mut buf = vec![0u8; cap];
+            let ptr = if cap == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() } else { buf.as_mut_ptr() };
+            let n = with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), ptr, cap as u64) });
+            if n < 0 {
+                return Err(code_error("get_into", key, n));
+            }
+            if n as u64 == size as u64 {
+                return Ok(buf);
+            }
+        }
+        Err(Error::new(ErrorKind::Store, format!("object {key} changed size while it was read")))
+    }
+
+    fn exists(&self, key: &str) -> Result<bool> {
+        let f = self.vt.exists.expect("checked at construction");
+        match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
+            0 => Ok(false),
+            c if c > 0 => Ok(true),
+            c => Err(code_error("exists", key, c)),
+        }
+    }
+
+    fn remove(&self, key: &str) -> Result<()> {
+        let f = self.vt.remove.expect("checked at construction");
+        match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
+            c if c >= 0 || c == OBJECT_NOT_FOUND => Ok(()),
+            c => Err(code_error("remove", key, c)),
+        }
+    }
+
+    unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
+        let f = self.vt.batch_put_from.expect("checked at construction");
+        if config.group_ids.len() != items.len() {
+            return items
+                .iter()
+                .map(|i| {
+                    Err(Error::invalid(format!(
+                        "batch_put_from: {} group ids for {} keys (item {})",
+                        config.group_ids.len(),
+                        items.len(),
+                        i.key
+                    )))
+                })
+                .collect();
+        }
+        let mut results: Vec<Option<Result<()>>> = (0..items.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        let mut delay = FIRST_BACKOFF;
+        for attempt in 0..MAX_TRIES {
+            let c_items: Vec<mws_put_item> = pending
+                .iter()
+                .map(|&i| {
+                    let it = &items[i];
+                    let (kind, ordinal) = memory_code(it.source.kind);
+                    mws_put_item {
+                        key: mws_bytes::of(it.key),
+                        group_id: mws_bytes::of(&config.group_ids[i]),
+                        address: it.source.address,
+                        len: it.source.len,
+                        memory_kind: kind,
+                        device_ordinal: ordinal,
+                    }
+                })
+                .collect();
+            let mut codes = vec![i32::MIN; c_items.len()];
+            let batch =
+                f(self.ctx.0, c_items.as_ptr(), c_items.len(), record_code(config.record_type), codes.as_mut_ptr());
+            let last = attempt + 1 == MAX_TRIES;
+            let mut retry = Vec::new();
+            for (j, &i) in pending.iter().enumerate() {
+                let code = if batch < 0 { batch as i64 } else { codes[j] as i64 };
+                if code == i32::MIN as i64 {
+                    results[i] = Some(Err(Error::new(
+                        ErrorKind::Store,
+                        format!("store callback batch_put_from left no result for {}", items[i].key),
+                    )));
+                } else if code >= 0 {
+                    results[i] = Some(Ok(()));
+                } else if transient(code) && !last {
+                    retry.push(i);
+                } else {
+                    results[i] = Some(Err(code_error("batch_put_from", items[i].key, code)));
+                }
+            }
+            if retry.is_empty() {
+                break;
+            }
+            pending = retry;
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(MAX_BACKOFF);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, "batch_put_from: no result"))))
+            .collect()
+    }
+
+    unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
+        let f = self.vt.get_into_ranges.expect("checked at construction");
+        let buffer_of: Vec<u64> = {
+            let registered = self.registered.read();
+            ranges
+                .iter()
+                .map(|r| match registered.range(..=r.dest.address).next_back() {
+                    Some((&start, &len)) if r.dest.address.saturating_add(r.dest.len) <= start.saturating_add(len) => start,
+                    _ => r.dest.address,
+                })
+                .collect()
+        };
+        let mut results: Vec<Option<Result<u64>>> = (0..ranges.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..ranges.len()).collect();
+        let mut delay = FIRST_BACKOFF;
+        for attempt in 0..MAX_TRIES {
+            let c_items: Vec<mws_range_item> = pending
+                .iter()
+                .map(|&i| {
+                    let r = &ranges[i];
+                    let (kind, ordinal) = memory_code(r.dest.kind);
+                    mws_range_item {
+                        key: mws_bytes::of(r.key),
+                        object_offset: r.object_offset,
+                        dest_address: r.dest.address,
+                        len: r.dest.len,
+                        buffer_address: buffer_of.get(i).copied().unwrap_or(r.dest.address),
+                        memory_kind: kind,
+                        device_ordinal: ordinal,
+                    }
+                })
+                .collect();
+            let mut codes = vec![i64::MIN; c_items.len()];
+            let batch = f(self.ctx.0, c_items.as_ptr(), c_items.len(), codes.as_mut_ptr());
+            let last = attempt + 1 == MAX_TRIES;
+            let mut retry = Vec::new();
+            for (j, &i) in pending.iter().enumerate() {
+                let r = &ranges[i];
+                let code = if batch < 0 { batch as i64 } else { codes[j] };
+                if code == i64::MIN {
+                    results[i] = Some(Err(Error::new(
+                        ErrorKind::Store,
+                        format!("store callback get_into_ranges left no result for {}", r.key),
+                    )));
+                } else if code >= 0 {
+                    results[i] = Some(if code as u64 == r.dest.len {
+                        Ok(code as u64)
+                    } else {
+                        Err(Error::new(
+                            ErrorKind::Integrity,
+                            format!("short read of {} at offset {}: {} of {} bytes", r.key, r.object_offset, code, r.dest.len),
+                        ))
+                    });
+                } else if transient(code) && !last {
+                    retry.push(i);
+                } else {
+                    results[i] = Some(Err(code_error("get_into_ranges", r.key, code)));
+                }
+            }
+            if retry.is_empty() {
+                break;
+            }
+            pending = retry;
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(MAX_BACKOFF);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, "get_into_ranges: no result"))))
+            .collect()
+    }
+
+    fn supports_memory(&self, _kind: MemoryKind) -> bool {
+        // The callbacks receive `memory_kind` and handle device memory themselves.
+        true
+    }
+
+    fn register_buffer(&self, region: MemoryRegion) -> Result<()> {
+        if let Some(f) = self.vt.register_buffer {
+            let (kind, ordinal) = memory_code(region.kind);
+            let code = with_retry(|| unsafe { f(self.ctx.0, region.address, region.len, kind, ordinal) as i64 });
+            if code < 0 {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!("store callback register_buffer failed: error code {code}"),
+                ));
+            }
+        }
+        self.registered.write().insert(region.address, region.len);
+        Ok(())
+    }
+
+    fn unregister_buffer(&self, address: u64) -> Result<()> {
+        if let Some(f) = self.vt.unregister_buffer {
+            let code = with_retry(|| unsafe { f(self.ctx.0, address) as i64 });
+            if code < 0 {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!("store callback unregister_buffer failed: error code {code}"),
+                ));
+            }
+        }
+        self.registered.write().remove(&address);
+        Ok(())
+    }
+}
+
+/// A [`CopyHook`] implemented by C callbacks ([`mws_copy_hook_vtable`]).
+pub struct CallbackCopyHook {
+    vt: mws_copy_hook_vtable,
+    ctx: Ctx,
+}
+
+impl fmt::Debug for CallbackCopyHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallbackCopyHook").finish_non_exhaustive()
+    }
+}
+
+impl CallbackCopyHook {
+    /// Wraps `vt` (copied) and `ctx`; both copy callbacks are required. Ownership of
+    /// `ctx` as for [`CallbackStore::new`].
+    ///
+    /// # Safety
+    /// As [`CallbackStore::new`], for a [`mws_copy_hook_vtable`].
+    pub unsafe fn new(vt: *const mws_copy_hook_vtable, ctx: *mut c_void) -> Result<Self> {
+        let vt = read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION)?;
+        if vt.device_to_host.is_none() || vt.host_to_device.is_none() {
+            return Err(Error::invalid(
+                "mws_copy_hook_vtable is missing mandatory callbacks: device_to_host and host_to_device are required",
+            ));
+        }
+        Ok(CallbackCopyHook { vt, ctx: Ctx(ctx) })
+    }
+}
+
+impl Drop for CallbackCopyHook {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.vt.destroy {
+            // SAFETY: called exactly once.
+            unsafe { destroy(self.ctx.0) };
+        }
+    }
+}
+
+impl CopyHook for CallbackCopyHook {
+    fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()> {
+        let f = self.vt.device_to_host.expect("checked at construction");
+        let (_, ordinal) = memory_code(src.kind);
+        let code = unsafe { f(self.ctx.0, src.address, ordinal, dst.as_mut_ptr(), dst.len() as u64) };
+        if code != 0 {
+            return Err(Error::new(ErrorKind::Store, format!("copy hook device_to_host failed: error code {code}")));
+        }
+        Ok(())
+    }
+
+    fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()> {
+        let f = self.vt.host_to_device.expect("checked at construction");
+        let (_, ordinal) = memory_code(dst.kind);
+        let code = unsafe { f(self.ctx.0, src.as_ptr(), src.len() as u64, dst.address, ordinal) };
+        if code != 0 {
+            return Err(Error::new(ErrorKind::Store, format!("copy hook host_to_device failed: error code {code}")));
+        }
+        Ok(())
+    }
+}
