@@ -12,6 +12,7 @@
 //! is valid. All types are `Send + Sync`.
 
 pub mod error;
+pub(crate) mod fxhash;
 pub mod geometry;
 pub mod json;
 pub mod model;

@@ -5,7 +5,8 @@
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::json::{self, Profile};
 use crate::model::{canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+use crate::fxhash::FxHashSet as HashSet;
 
 /// Where a runtime buffer lives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -258,7 +259,7 @@ impl RuntimeBinding {
         if fragments.windows(2).any(|w| w[0].spec.placement_fragment_id == w[1].spec.placement_fragment_id) {
             return invalid("duplicate placement fragment in runtime binding");
         }
-        let mut ids = HashSet::with_capacity(fragments.len());
+        let mut ids = crate::fxhash::set_with_capacity(fragments.len());
         if !fragments.iter().all(|f| ids.insert(f.fragment_id())) {
             return invalid("duplicate runtime fragment_id in runtime binding");
         }
@@ -576,12 +577,12 @@ pub fn validate_runtime_bindings(placement: &Placement, bindings: &[RuntimeBindi
 /// [`validate_runtime_bindings`] but participants may be missing (each rank of a
 /// multi-process job holds only its own binding). Contract errors.
 pub fn validate_binding_subset(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
-    let mut participants = HashSet::with_capacity(bindings.len());
+    let mut participants = crate::fxhash::set_with_capacity(bindings.len());
     if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
         return invalid("duplicate runtime binding participant");
     }
     let mut by_instance: BTreeMap<&str, Vec<Bound<'_>>> = BTreeMap::new();
-    let mut ids: HashSet<&str> = HashSet::new();
+    let mut ids: HashSet<&str> = HashSet::default();
     for b in bindings {
         let bound = pair_binding(placement, b)?;
         check_address_ranges(&b.instance_id, &bound)?;
@@ -607,7 +608,7 @@ pub fn pair_bindings(placement: &Placement, bindings: &[RuntimeBinding], label: 
     if bindings.is_empty() {
         return Err(store_err(format!("{label} runtime bindings must not be empty")));
     }
-    let mut participants = HashSet::with_capacity(bindings.len());
+    let mut participants = crate::fxhash::set_with_capacity(bindings.len());
     if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
         return Err(store_err(format!("duplicate {label} runtime binding participant")));
     }

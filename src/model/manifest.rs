@@ -7,7 +7,9 @@ use super::{is_hex64, non_empty, sha256_hex};
 use crate::error::{invalid, Error, Result};
 use crate::geometry::{self, BoxRef};
 use crate::json::{self, Obj, Profile, Value};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 use std::sync::Arc;
 
 /// Construction input of a [`StoredFragment`].
@@ -252,13 +254,13 @@ impl StoredManifest {
         if spec.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix)) {
             return invalid("payload object_key does not belong to manifest group");
         }
-        let mut index: HashMap<&str, &TensorDescriptor> = HashMap::with_capacity(spec.tensors.len());
+        let mut index: HashMap<&str, &TensorDescriptor> = crate::fxhash::map_with_capacity(spec.tensors.len());
         for t in &spec.tensors {
             if index.insert(t.tensor_id(), t).is_some() {
                 return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
             }
         }
-        let mut ids: HashSet<&str> = HashSet::with_capacity(spec.fragments.len());
+        let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(spec.fragments.len());
         for f in &spec.fragments {
             if !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
@@ -442,7 +444,7 @@ impl StoredManifest {
 
 fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[StoredFragment]) -> Result<()> {
     type GroupKey<'a> = (&'a [String], &'a [u64], &'a [u64], u64);
-    let mut groups: HashMap<GroupKey<'_>, BTreeSet<&str>> = HashMap::new();
+    let mut groups: HashMap<GroupKey<'_>, BTreeSet<&str>> = HashMap::default();
     let mut order: Vec<GroupKey<'_>> = Vec::new();
     for f in fragments.iter().filter(|f| !f.aliases.is_empty()) {
         if let Some(unknown) = f.aliases.iter().find(|a| !index.contains_key(a.as_str())) {
@@ -469,8 +471,8 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
 }
 
 fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment]) -> Result<()> {
-    let mut geometry_seen: HashSet<(&str, &[u64], &[u64])> = HashSet::with_capacity(fragments.len());
-    let mut by_tensor: HashMap<&str, Vec<BoxRef<'_>>> = HashMap::with_capacity(tensors.len());
+    let mut geometry_seen: HashSet<(&str, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
+    let mut by_tensor: HashMap<&str, Vec<BoxRef<'_>>> = crate::fxhash::map_with_capacity(tensors.len());
     for f in fragments {
         if !geometry_seen.insert((&f.tensor_id, &f.global_offset, &f.local_shape)) {
             return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
@@ -488,23 +490,24 @@ fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredF
 }
 
 fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
-    let mut by_object: HashMap<&str, Vec<&StoredFragment>> = HashMap::new();
-    for f in fragments {
-        by_object.entry(&f.object_key).or_default().push(f);
-    }
-    let mut keys: Vec<&&str> = by_object.keys().collect();
-    keys.sort_unstable();
-    for key in keys {
-        let mut list = by_object[*key].clone();
-        list.sort_by_key(|f| f.object_offset); // stable
-        for w in list.windows(2) {
-            let end = w[0].object_offset as u128 + w[0].nbytes as u128;
-            if (w[1].object_offset as u128) < end {
-                return invalid(format!(
-                    "stored fragment object ranges overlap: {} and {} in {}",
-                    w[0].fragment_id, w[1].fragment_id, key
-                ));
-            }
+    // One sort by (object key, offset, position): per object, fragments by offset
+    // (stable), objects in key order.
+    let mut order: Vec<u32> = (0..fragments.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let (fa, fb) = (&fragments[a as usize], &fragments[b as usize]);
+        (fa.object_key.as_str(), fa.object_offset, a).cmp(&(fb.object_key.as_str(), fb.object_offset, b))
+    });
+    for w in order.windows(2) {
+        let (prev, cur) = (&fragments[w[0] as usize], &fragments[w[1] as usize]);
+        if prev.object_key != cur.object_key {
+            continue;
+        }
+        let end = prev.object_offset as u128 + prev.nbytes as u128;
+        if (cur.object_offset as u128) < end {
+            return invalid(format!(
+                "stored fragment object ranges overlap: {} and {} in {}",
+                prev.fragment_id, cur.fragment_id, cur.object_key
+            ));
         }
     }
     Ok(())

@@ -7,7 +7,9 @@ use super::{non_empty, sha256_hex};
 use crate::error::{invalid, Error, Result};
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
 use crate::json::{self, Obj, Profile, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -266,7 +268,7 @@ impl ParallelTopology {
         if participants.windows(2).any(|w| w[0].participant_id == w[1].participant_id) {
             return invalid("duplicate topology participant_id");
         }
-        let mut ranks = HashSet::with_capacity(participants.len());
+        let mut ranks = crate::fxhash::set_with_capacity(participants.len());
         if !participants.iter().all(|p| ranks.insert(p.rank)) {
             return invalid("duplicate topology parallel rank");
         }
@@ -401,7 +403,7 @@ impl ParallelTopology {
 // ---------------------------------------------------------------------------
 
 fn tensor_index<'a>(tensors: &'a [Arc<TensorDescriptor>]) -> Result<HashMap<&'a str, &'a TensorDescriptor>> {
-    let mut map = HashMap::with_capacity(tensors.len());
+    let mut map = crate::fxhash::map_with_capacity(tensors.len());
     for t in tensors {
         if map.insert(t.tensor_id(), &**t).is_some() {
             return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
@@ -416,9 +418,9 @@ where
     I: Iterator<Item = &'a PlacementFragment> + Clone,
 {
     let index = tensor_index(tensors)?;
-    let mut ids: HashSet<&str> = HashSet::new();
-    let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::new();
-    let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::new();
+    let mut ids: HashSet<&str> = HashSet::default();
+    let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::default();
+    let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::default();
     for f in fragments.clone() {
         let id = f.placement_fragment_id();
         if !ids.insert(id) {
@@ -447,7 +449,7 @@ where
     I: Iterator<Item = &'a PlacementFragment>,
 {
     let mut declared: BTreeSet<&'a [String]> = BTreeSet::new();
-    let mut per_tensor: HashMap<&'a str, BTreeSet<&'a [String]>> = HashMap::new();
+    let mut per_tensor: HashMap<&'a str, BTreeSet<&'a [String]>> = HashMap::default();
     for f in fragments {
         if !f.aliases.is_empty() {
             declared.insert(&f.aliases);
@@ -711,7 +713,15 @@ impl Placement {
         }
         let frag = |&(p, f): &(u32, u32)| &parts[p as usize].fragments[f as usize];
         order.sort_by(|a, b| frag(a).placement_fragment_id.cmp(&frag(b).placement_fragment_id));
-        check_fragments(&tensors, order.iter().map(frag), true)?;
+        // Each part already validated its own fragments (geometry, known tensors,
+        // logical duplicates and overlaps within its one rank); what is left is
+        // global: unique fragment ids and alias completeness.
+        if let Some(w) = order.windows(2).find(|w| frag(&w[0]).placement_fragment_id == frag(&w[1]).placement_fragment_id) {
+            return invalid(format!("duplicate fragment_id: {}", frag(&w[0]).placement_fragment_id));
+        }
+        if order.iter().any(|k| !frag(k).aliases.is_empty()) {
+            check_alias_completeness(&tensor_index(&tensors)?, order.iter().map(frag))?;
+        }
         let mut placement = Placement {
             resource_id: spec.resource_id,
             revision: spec.revision,
@@ -725,7 +735,7 @@ impl Placement {
             digest: String::new(),
         };
         placement.check_complete()?;
-        let mut text = String::new();
+        let mut text = String::with_capacity(256 + placement.order.len() * 320);
         placement.write_json(&mut text, None);
         placement.placement_id = format!("sha256:{}", sha256_hex(text.as_bytes()));
         if let Some(given) = spec.placement_id {
@@ -733,7 +743,9 @@ impl Placement {
                 return invalid("placement_id does not match canonical logical content");
             }
         }
-        placement.digest = sha256_hex(placement.to_json().as_bytes());
+        text.clear();
+        placement.write_json(&mut text, Some(&placement.placement_id));
+        placement.digest = sha256_hex(text.as_bytes());
         Ok(placement)
     }
 
@@ -756,13 +768,13 @@ impl Placement {
         let topo = &spec.topology;
         let by_rank: HashMap<ParallelRank, usize> = topo.participants().iter().enumerate().map(|(i, p)| (p.rank, i)).collect();
         let mut buckets: Vec<Vec<PlacementFragment>> = vec![Vec::new(); topo.participants().len()];
-        for f in spec.fragments.iter() {
-            match by_rank.get(&f.rank) {
-                Some(&i) => buckets[i].push(f.clone()),
-                None => {
-                    return invalid(format!("placement fragment rank has no topology participant: {}", f.placement_fragment_id))
-                }
-            }
+        let topo_ranks = by_rank;
+        let mut fragments = spec.fragments;
+        if let Some(f) = fragments.iter().find(|f| !topo_ranks.contains_key(&f.rank)) {
+            return invalid(format!("placement fragment rank has no topology participant: {}", f.placement_fragment_id));
+        }
+        for f in fragments.drain(..) {
+            buckets[topo_ranks[&f.rank]].push(f);
         }
         let mut parts = Vec::with_capacity(buckets.len());
         for (p, fragments) in topo.participants().iter().zip(buckets) {
@@ -1039,11 +1051,11 @@ impl Placement {
         if self.order.is_empty() {
             return invalid("global weight placement must contain fragments");
         }
-        let mut by_tensor: HashMap<&str, Vec<&PlacementFragment>> = HashMap::with_capacity(self.tensors.len());
+        let mut by_tensor: HashMap<&str, Vec<&PlacementFragment>> = crate::fxhash::map_with_capacity(self.tensors.len());
         for f in self.fragments() {
             by_tensor.entry(f.tensor_id()).or_default().push(f);
         }
-        let mut indexes: HashMap<[u8; 4], ParticipantIndex> = HashMap::new();
+        let mut indexes: HashMap<[u8; 4], ParticipantIndex> = HashMap::default();
         for t in &self.tensors {
             let frags = by_tensor.get(t.tensor_id()).map(Vec::as_slice).unwrap_or(&[]);
             if frags.is_empty() {
@@ -1130,7 +1142,7 @@ struct ParticipantIndex {
 
 impl ParticipantIndex {
     fn build(topo: &ParallelTopology, sig: &AxisSignature) -> Self {
-        let mut owners: HashMap<[u64; 4], BTreeMap<[u64; 4], BTreeSet<[u64; 4]>>> = HashMap::new();
+        let mut owners: HashMap<[u64; 4], BTreeMap<[u64; 4], BTreeSet<[u64; 4]>>> = HashMap::default();
         for p in topo.participants() {
             owners
                 .entry(sig.key(p.rank, 3))
@@ -1174,7 +1186,7 @@ fn check_tensor_semantics(
         if varying.is_empty() {
             return invalid(format!("global placement tensor varies across undeclared {k} axis: {id}"));
         }
-        let mut function: HashMap<Vec<u64>, u64> = HashMap::new();
+        let mut function: HashMap<Vec<u64>, u64> = HashMap::default();
         for f in frags {
             let key: Vec<u64> = varying.iter().map(|&v| f.rank.coord(v)).collect();
             if *function.entry(key).or_insert(f.rank.coord(kind)) != f.rank.coord(kind) {

@@ -5,7 +5,8 @@
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
 use crate::model::{canonical_strides, ParallelRank, Placement, PlacementFragment, StoredFragment, StoredManifest};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use crate::fxhash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 /// Fail-closed bounds on planning work (`load-path.md` §3.1).
@@ -304,11 +305,11 @@ impl LogicalLoadPlan {
         // placement, so every owner/replica group covers its tensors.)
         let source_tensors: HashMap<&str, usize> =
             manifest.tensors().iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
-        let mut members: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut members: HashMap<&str, Vec<u32>> = HashMap::default();
         for (i, f) in manifest.fragments().iter().enumerate() {
             members.entry(f.tensor_id()).or_default().push(i as u32);
         }
-        let mut indexes: HashMap<&str, SourceIndex> = HashMap::new();
+        let mut indexes: HashMap<&str, SourceIndex> = HashMap::default();
 
         // Which parts to plan.
         let selected: Vec<u32> = match participants {

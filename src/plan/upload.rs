@@ -11,7 +11,9 @@ use crate::model::{
     StoredFragmentSpec, StoredManifest, StoredManifestSpec, TensorDescriptor,
 };
 use crate::runtime::{pair_bindings, RuntimeBinding, RuntimeFragment, RuntimeFragmentSnapshot};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 
 /// Options of [`plan_upload`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -319,18 +321,22 @@ struct Source<'a> {
     placement: &'a PlacementFragment,
     runtime: &'a RuntimeFragment,
     binding: &'a RuntimeBinding,
+    tensor: &'a TensorDescriptor,
+    /// Owner tuple: coordinates on the tensor's ownership kinds (others zero), in
+    /// canonical kind order, so array order is the owner tuples' order.
+    owner: [u64; 4],
 }
 
 /// The tensor's owner tuple: coordinates on its ownership kinds, canonical order.
-fn owner_of(t: &TensorDescriptor, f: &PlacementFragment) -> Vec<u64> {
+fn owner_of(t: &TensorDescriptor, f: &PlacementFragment) -> [u64; 4] {
     let rank = f.rank();
-    t.parallel_axes()
-        .iter()
-        .filter_map(|a| match a {
-            ParallelAxis::Ownership(k) => Some(rank.coord(*k)),
-            _ => None,
-        })
-        .collect()
+    let mut owner = [0u64; 4];
+    for a in t.parallel_axes() {
+        if let ParallelAxis::Ownership(k) = a {
+            owner[*k as usize] = rank.coord(*k);
+        }
+    }
+    owner
 }
 
 /// Plans the upload of one complete DP replica of `placement` from `bindings`.
@@ -339,7 +345,7 @@ fn owner_of(t: &TensorDescriptor, f: &PlacementFragment) -> Vec<u64> {
 /// duplicate runtime fragment ids, and when no complete generation-consistent
 /// replica exists; `InvalidBinding` for binding pairing failures
 /// (`invalid source runtime binding: ...`). See `upload-planning.md` §6.
-pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: &UploadOptions) -> Result<UploadPlan> {
+pub fn plan_upload<'a>(placement: &'a Placement, bindings: &'a [RuntimeBinding], options: &UploadOptions) -> Result<UploadPlan> {
     // Step 1: arguments (and key layout).
     let keys = KeyLayout::new(
         &options.key_prefix,
@@ -369,8 +375,10 @@ pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: 
         );
     }
     // Step 4: sources.
+    let tensor_index: HashMap<&str, &TensorDescriptor> =
+        placement.tensors().iter().map(|t| (t.tensor_id(), &**t)).collect();
     let mut sources: Vec<Source<'_>> = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut seen: HashSet<&str> = HashSet::default();
     for b in bindings {
         let part = placement.part(b.participant_id()).expect("pairing checked the participant");
         for p in part.fragments() {
@@ -378,26 +386,28 @@ pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: 
             if !seen.insert(r.fragment_id()) {
                 return invalid(format!("duplicate source fragment_id: {}", r.fragment_id()));
             }
-            sources.push(Source { placement: p, runtime: r, binding: b });
+            let tensor = tensor_index[p.tensor_id()];
+            sources.push(Source { placement: p, runtime: r, binding: b, tensor, owner: owner_of(tensor, p) });
         }
     }
-    let tensor_of = |s: &Source<'_>| placement.tensor(s.placement.tensor_id()).expect("known tensor");
     // Step 5: complete replicas.
-    let mut by_dp: BTreeMap<u64, HashMap<&str, BTreeMap<Vec<u64>, Vec<BoxRef<'_>>>>> = BTreeMap::new();
-    for s in &sources {
-        let t = tensor_of(s);
+    let mut by_dp: BTreeMap<u64, HashMap<&str, BTreeMap<[u64; 4], Vec<BoxRef<'_>>>>> = BTreeMap::new();
+    let mut sources_by_dp: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, s) in sources.iter().enumerate() {
+        let dp = s.placement.rank().dp;
+        sources_by_dp.entry(dp).or_default().push(i);
         by_dp
-            .entry(s.placement.rank().dp)
+            .entry(dp)
             .or_default()
-            .entry(t.tensor_id())
+            .entry(s.tensor.tensor_id())
             .or_default()
-            .entry(owner_of(t, s.placement))
+            .entry(s.owner)
             .or_default()
             .push(s.placement.as_box());
     }
-    let mut complete: Vec<(u64, HashMap<&str, Vec<u64>>)> = Vec::new();
+    let mut complete: Vec<(u64, HashMap<&str, [u64; 4]>)> = Vec::new();
     'dp: for (dp, tensors) in &by_dp {
-        let mut chosen: HashMap<&str, Vec<u64>> = HashMap::new();
+        let mut chosen: HashMap<&str, [u64; 4]> = HashMap::default();
         for t in placement.tensors() {
             let Some(owners) = tensors.get(t.tensor_id()) else { continue 'dp };
             let whole_offset = vec![0u64; t.ndim()];
@@ -410,7 +420,7 @@ pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: 
                     continue 'dp;
                 }
             }
-            let first = owners.keys().next().expect("non-empty").clone();
+            let first = *owners.keys().next().expect("non-empty");
             chosen.insert(t.tensor_id(), first);
         }
         complete.push((*dp, chosen));
@@ -420,11 +430,12 @@ pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: 
         return Err(no_replica());
     }
     // Step 6: generation consistency.
-    let mut eligible: Vec<(u64, u64, &HashMap<&str, Vec<u64>>)> = Vec::new();
+    let mut eligible: Vec<(u64, u64, &HashMap<&str, [u64; 4]>)> = Vec::new();
     for (dp, chosen) in &complete {
-        let generations: BTreeSet<u64> = sources
+        let generations: BTreeSet<u64> = sources_by_dp[dp]
             .iter()
-            .filter(|s| s.placement.rank().dp == *dp && chosen[s.placement.tensor_id()] == owner_of(tensor_of(s), s.placement))
+            .map(|&i| &sources[i])
+            .filter(|s| chosen[s.placement.tensor_id()] == s.owner)
             .map(|s| s.binding.generation())
             .collect();
         if generations.len() == 1 {
@@ -441,16 +452,14 @@ pub fn plan_upload(placement: &Placement, bindings: &[RuntimeBinding], options: 
     let (selected_dp, generation, chosen) = eligible[0];
     // Step 8: one source per geometry.
     let mut picks: BTreeMap<(&str, &[u64], &[u64]), &Source<'_>> = BTreeMap::new();
-    let rank_key = |s: &Source<'_>| {
+    let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
-        (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id().to_string(), s.runtime.fragment_id().to_string())
+        (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
     };
-    for s in &sources {
+    for &i in &sources_by_dp[&selected_dp] {
+        let s = &sources[i];
         let p = s.placement;
-        if p.rank().dp != selected_dp
-            || s.binding.generation() != generation
-            || chosen[p.tensor_id()] != owner_of(tensor_of(s), p)
-        {
+        if s.binding.generation() != generation || chosen[p.tensor_id()] != s.owner {
             continue;
         }
         let key = (p.tensor_id(), p.global_offset(), p.local_shape());
