@@ -30,6 +30,54 @@
 
 
 /**
+ * Version of `mws_guard_vtable` this library implements.
+ */
+#define MWS_GUARD_VTABLE_VERSION 1
+
+/**
+ * Version of `mws_snapshot_adapter_vtable` this library implements.
+ */
+#define MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION 1
+
+/**
+ * Version of [`mws_store_vtable`] this library implements.
+ */
+#define MWS_STORE_VTABLE_VERSION 1
+
+/**
+ * Version of [`mws_copy_hook_vtable`] this library implements.
+ */
+#define MWS_COPY_HOOK_VTABLE_VERSION 1
+
+/**
+ * `record_type` of payload objects (Mooncake `ObjectDataType.WEIGHT`).
+ */
+#define MWS_RECORD_PAYLOAD 0
+
+/**
+ * `record_type` of manifests and decision records (Mooncake `METADATA`).
+ */
+#define MWS_RECORD_METADATA 1
+
+/**
+ * The decision recorded for an upload transaction (`mws_store_read_decision`).
+ */
+typedef enum mws_decision {
+    /**
+     * No decision recorded yet.
+     */
+    MWS_DECISION_NONE = 0,
+    /**
+     * The transaction committed.
+     */
+    MWS_DECISION_COMMIT = 1,
+    /**
+     * The transaction aborted.
+     */
+    MWS_DECISION_ABORT = 2,
+} mws_decision;
+
+/**
  * Kind of memory a runtime fragment lives in (values of
  * `mws_runtime_fragment.memory_kind`).
  */
@@ -142,6 +190,18 @@ typedef enum mws_status {
 typedef struct mws_binding mws_binding;
 
 /**
+ * A restore plan: the transfer regions that move a stored manifest into the target
+ * buffers of the bound participants of a target placement.
+ *
+ * Created by `mws_load_plan_new`, freed by `mws_load_plan_free`. Immutable: may be
+ * used from several threads at once (each participant's `mws_store_load` may run
+ * concurrently). It copies what it needs from the manifest, placement and bindings
+ * (which may be freed afterwards) but records the bindings' buffer addresses: the
+ * buffers must stay where they are until the loads ran.
+ */
+typedef struct mws_load_plan mws_load_plan;
+
+/**
  * A parsed and validated complete weight placement (address-free: tensors, topology,
  * and which participant holds which fragment of which tensor).
  *
@@ -151,6 +211,39 @@ typedef struct mws_binding mws_binding;
  * it is freed.
  */
 typedef struct mws_placement mws_placement;
+
+/**
+ * Upload receipts: proof that stored fragments were written and are visible.
+ * Returned by `mws_store_upload` and `mws_writer_write_tensor`, decoded by
+ * `mws_receipts_from_json`, merged by `mws_receipts_concat`; freed by
+ * `mws_receipts_free`. Immutable: may be used from several threads at once.
+ */
+typedef struct mws_receipts mws_receipts;
+
+/**
+ * A weight store: an object store backend (memory, directory or caller vtable) plus
+ * the key prefix, limits and buffer-registration state of the weight protocol.
+ *
+ * Created by `mws_store_open_memory`, `mws_store_open_dir`, `mws_store_from_vtable`
+ * or `mws_store_from_vtable_with_options`; freed by `mws_store_free`.
+ *
+ * Thread safety: every function taking a `const mws_store *` may be called from
+ * several threads at once (uploads and loads of different participants run in
+ * parallel). Writers (`mws_writer`) keep the store alive: freeing the store while a
+ * writer lives is allowed; the backend is released when the last of them goes.
+ */
+typedef struct mws_store mws_store;
+
+/**
+ * A stored manifest: the published, immutable description of one weight revision
+ * (tensors, stored fragments, object keys).
+ *
+ * Created by `mws_store_load_manifest`, `mws_stored_manifest_from_json`,
+ * `mws_store_commit` and `mws_writer_commit`; freed by `mws_stored_manifest_free`.
+ * Immutable: may be used from several threads at once. Strings returned by its
+ * accessors are borrowed from the handle and valid until it is freed.
+ */
+typedef struct mws_stored_manifest mws_stored_manifest;
 
 /**
  * A planned upload: the stored manifest to commit, every key of the upload
@@ -163,6 +256,20 @@ typedef struct mws_placement mws_placement;
  * handle and stay valid until it is freed.
  */
 typedef struct mws_upload_plan mws_upload_plan;
+
+/**
+ * A snapshot in progress: one upload plan written tensor by tensor. Each participant
+ * is uploaded as soon as all its fragments were written; `mws_writer_commit`
+ * publishes the manifest.
+ *
+ * Created by `mws_writer_begin`, freed by `mws_writer_free`. Freeing an open writer
+ * (neither committed nor aborted) aborts it (best effort; unless the commit decision
+ * may exist, in which case the transaction is left for `mws_store_finalize_upload`).
+ * The writer keeps its store alive. Calls on one writer are serialized internally
+ * (a mutex), so it may be shared between threads, but the adapter callbacks then run
+ * on whichever thread calls.
+ */
+typedef struct mws_writer mws_writer;
 
 /**
  * Identity of a runtime binding: which participant lends its buffers, under which
@@ -286,6 +393,165 @@ typedef struct mws_runtime_fragment {
 } mws_runtime_fragment;
 
 /**
+ * One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
+ * is borrowed from the manifest handle and valid until it is freed.
+ */
+typedef struct mws_stored_fragment_info {
+    /**
+     * Stored fragment id.
+     */
+    const char *fragment_id;
+    /**
+     * The tensor it belongs to.
+     */
+    const char *tensor_id;
+    /**
+     * The object holding its bytes.
+     */
+    const char *object_key;
+    /**
+     * Offset of its first byte inside the object.
+     */
+    uint64_t object_offset;
+    /**
+     * Size in bytes (contiguous row-major box).
+     */
+    uint64_t nbytes;
+    /**
+     * Number of dimensions (length of `global_offset` and `local_shape`).
+     */
+    size_t ndim;
+    /**
+     * Offset of the box in the tensor, in elements.
+     */
+    const uint64_t *global_offset;
+    /**
+     * Shape of the box, in elements.
+     */
+    const uint64_t *local_shape;
+} mws_stored_fragment_info;
+
+/**
+ * Fail-closed bounds on planning work. A zeroed field means the library default
+ * (64Mi regions, 2^32 segments per region, 2^40 segments in all).
+ */
+typedef struct mws_planning_limits {
+    /**
+     * Max transfer regions in a plan.
+     */
+    uint64_t max_transfer_regions;
+    /**
+     * Max segments of one region.
+     */
+    uint64_t max_segments_per_region;
+    /**
+     * Max segments over the plan.
+     */
+    uint64_t max_total_lowered_segments;
+} mws_planning_limits;
+
+/**
+ * `acquire` callback: pins the allocations of `count` runtime fragment ids
+ * (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
+ * `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
+ * opaque token to `*token` (given back to `release`). It may write to `*observed` a
+ * new binding handle (ownership passes to the library) describing the buffers as
+ * observed under the pin; leaving it NULL means "exactly the binding that was
+ * passed". The library checks the observed binding against the plan (lease,
+ * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
+ * return fails the call (`MWS_STORE`) before any I/O.
+ */
+typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
+                                        const char *transfer_id,
+                                        const char *participant_id,
+                                        const char *const *fragment_ids,
+                                        size_t count,
+                                        struct mws_binding **observed,
+                                        uint64_t *token);
+
+/**
+ * `release` callback: ends the pin `token` after I/O ended in `state` (an
+ * `mws_terminal_state` value). Called exactly once per successful `acquire`. A
+ * non-zero return is reported as `MWS_STORE`.
+ */
+typedef int32_t (*mws_guard_release_fn)(void *ctx, uint64_t token, uint32_t state);
+
+/**
+ * An allocation guard implemented by the caller: pins the buffers of a binding for
+ * the duration of one upload or load (the framework must not free or reuse them
+ * while pinned). Set `size = sizeof(mws_guard_vtable)` and
+ * `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
+ * the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
+ */
+typedef struct mws_guard_vtable {
+    /**
+     * `sizeof(mws_guard_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_GUARD_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Pins (see `mws_guard_acquire_fn`).
+     */
+    mws_guard_acquire_fn acquire;
+    /**
+     * Unpins (see `mws_guard_release_fn`).
+     */
+    mws_guard_release_fn release;
+} mws_guard_vtable;
+
+/**
+ * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
+ * zeroed struct means the defaults. Strings are only read during the call.
+ */
+typedef struct mws_io_args {
+    /**
+     * Restricts the call to the fragments of one worker of the binding. NULL: upload
+     * requires it when the participant's fragments live on several workers; load
+     * serves every worker of the participant.
+     */
+    const char *worker_id;
+    /**
+     * Transfer id handed to the guard. NULL: a fresh random id.
+     */
+    const char *transfer_id;
+    /**
+     * Allocation guard. NULL: the caller promises the buffers stay valid and
+     * unchanged (upload) or untouched by anyone else (load) for the whole call (a
+     * static guard).
+     */
+    const struct mws_guard_vtable *guard;
+    /**
+     * Passed to the guard's callbacks.
+     */
+    void *guard_ctx;
+} mws_io_args;
+
+/**
+ * What one `mws_store_load` call moved.
+ */
+typedef struct mws_load_stats {
+    /**
+     * Transfer regions executed.
+     */
+    uint64_t regions;
+    /**
+     * Ranged reads issued.
+     */
+    uint64_t ranges;
+    /**
+     * Backend requests (batches).
+     */
+    uint64_t requests;
+    /**
+     * Bytes copied into the target buffers.
+     */
+    uint64_t bytes;
+} mws_load_stats;
+
+/**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
  * is borrowed from the placement handle and stays valid until it is freed.
  */
@@ -323,6 +589,250 @@ typedef struct mws_placement_fragment_info {
      */
     uint64_t itemsize;
 } mws_placement_fragment_info;
+
+/**
+ * Device <-> host copies for the embedded stores (memory, directory), which cannot
+ * touch device memory themselves (for example a `cudaMemcpy` wrapper).
+ *
+ * Set `size = sizeof(mws_copy_hook_vtable)` and
+ * `version = MWS_COPY_HOOK_VTABLE_VERSION`. Callbacks receive the hook's `ctx`,
+ * return 0 on success (any other value is an error), must not throw or unwind, and
+ * must be thread-safe. `destroy` may be NULL.
+ */
+typedef struct mws_copy_hook_vtable {
+    /**
+     * `sizeof(mws_copy_hook_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_COPY_HOOK_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Copies `len` bytes from device memory at `src_address` into host `dst`.
+     */
+    int32_t (*device_to_host)(void *ctx,
+                              uint64_t src_address,
+                              uint32_t device_ordinal,
+                              uint8_t *dst,
+                              uint64_t len);
+    /**
+     * Copies `len` host bytes at `src` into device memory at `dst_address`.
+     */
+    int32_t (*host_to_device)(void *ctx,
+                              const uint8_t *src,
+                              uint64_t len,
+                              uint64_t dst_address,
+                              uint32_t device_ordinal);
+    /**
+     * Optional: called once when the last store using the hook is freed.
+     */
+    void (*destroy)(void *ctx);
+} mws_copy_hook_vtable;
+
+/**
+ * Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
+ * means every default. Strings are only read during the call.
+ */
+typedef struct mws_store_options {
+    /**
+     * Key prefix of every key the store writes (leading/trailing `/` stripped). NULL
+     * means `"weights"`.
+     */
+    const char *key_prefix;
+    /**
+     * Largest single range read in bytes; 0 means the default (64 MiB).
+     */
+    uint64_t max_range_bytes;
+    /**
+     * Keys or ranges per backend request; 0 means the default (1024).
+     */
+    uint64_t max_ranges_per_request;
+    /**
+     * Largest segment count of one region at execution; 0 means the default (2^32).
+     */
+    uint64_t max_region_segments;
+    /**
+     * Device <-> host copies for the embedded stores (memory, directory). NULL: device
+     * memory is refused (`MWS_UNSUPPORTED`, before any I/O). The vtable is copied.
+     * Not accepted by `mws_store_from_vtable_with_options` (a vtable store handles
+     * device memory in its own callbacks).
+     */
+    const struct mws_copy_hook_vtable *copy_hook;
+    /**
+     * Passed to every copy hook callback. On success the store owns it: the hook's
+     * `destroy` (if any) is called once when the store is freed.
+     */
+    void *copy_hook_ctx;
+} mws_store_options;
+
+/**
+ * A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
+ * for the duration of the callback it is passed to.
+ */
+typedef struct mws_bytes {
+    /**
+     * First byte (never NULL, even when `len` is 0).
+     */
+    const char *ptr;
+    /**
+     * Length in bytes.
+     */
+    size_t len;
+} mws_bytes;
+
+/**
+ * One item of `batch_put_from`: write `len` bytes at `address` as object `key`.
+ */
+typedef struct mws_put_item {
+    /**
+     * Object key.
+     */
+    struct mws_bytes key;
+    /**
+     * The key's group (`ReplicateConfig.group_ids[i]`).
+     */
+    struct mws_bytes group_id;
+    /**
+     * Source bytes (registered memory).
+     */
+    uint64_t address;
+    /**
+     * Number of bytes.
+     */
+    uint64_t len;
+    /**
+     * `MWS_MEMORY_HOST` (0) or `MWS_MEMORY_DEVICE` (1).
+     */
+    uint32_t memory_kind;
+    /**
+     * Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`.
+     */
+    uint32_t device_ordinal;
+} mws_put_item;
+
+/**
+ * One item of `get_into_ranges` (flat form): copy `len` bytes of object `key` from
+ * `object_offset` to `dest_address`.
+ */
+typedef struct mws_range_item {
+    /**
+     * Object key.
+     */
+    struct mws_bytes key;
+    /**
+     * Absolute offset inside the object.
+     */
+    uint64_t object_offset;
+    /**
+     * Destination (registered memory).
+     */
+    uint64_t dest_address;
+    /**
+     * Number of bytes.
+     */
+    uint64_t len;
+    /**
+     * Start of the registered target view that contains `dest_address`.
+     */
+    uint64_t buffer_address;
+    /**
+     * `MWS_MEMORY_HOST` (0) or `MWS_MEMORY_DEVICE` (1).
+     */
+    uint32_t memory_kind;
+    /**
+     * Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`.
+     */
+    uint32_t device_ordinal;
+} mws_range_item;
+
+/**
+ * The operations of a caller-implemented object store (`docs/STORE-VTABLE.md`).
+ *
+ * Set `size = sizeof(mws_store_vtable)` and `version = MWS_STORE_VTABLE_VERSION`.
+ * Every callback receives the `ctx` given to `mws_store_from_vtable`. Callbacks must
+ * not throw or unwind and must be thread-safe. Return codes are Mooncake's
+ * `ErrorCode` values: 0 ok, -704 not found, -706 object has lease, -200 no available
+ * handle (transient), -600 invalid params, other negative = error. The library
+ * retries -200 and -706 with a bounded backoff. `register_buffer`,
+ * `unregister_buffer` and `destroy` may be NULL; every other callback is required.
+ */
+typedef struct mws_store_vtable {
+    /**
+     * `sizeof(mws_store_vtable)`: lets the struct grow.
+     */
+    uint32_t size;
+    /**
+     * `MWS_STORE_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Create-only put (MAY return 0 for an existing key, as Mooncake does).
+     */
+    int32_t (*put)(void *ctx,
+                   struct mws_bytes key,
+                   const uint8_t *value,
+                   uint64_t len,
+                   struct mws_bytes group_id,
+                   uint32_t record_type);
+    /**
+     * Insert or replace.
+     */
+    int32_t (*upsert)(void *ctx,
+                      struct mws_bytes key,
+                      const uint8_t *value,
+                      uint64_t len,
+                      struct mws_bytes group_id,
+                      uint32_t record_type);
+    /**
+     * Size of the object in bytes, or a negative code (-704).
+     */
+    int64_t (*get_size)(void *ctx, struct mws_bytes key);
+    /**
+     * Copies the object into `buf` (capacity `cap`); bytes read or a negative code.
+     */
+    int64_t (*get_into)(void *ctx, struct mws_bytes key, uint8_t *buf, uint64_t cap);
+    /**
+     * 1 present, 0 absent, negative error.
+     */
+    int32_t (*exists)(void *ctx, struct mws_bytes key);
+    /**
+     * Force remove; 0 or -704 is success.
+     */
+    int32_t (*remove)(void *ctx, struct mws_bytes key);
+    /**
+     * Per-item status into `results[n]`; returns 0, or a negative batch-level error.
+     */
+    int32_t (*batch_put_from)(void *ctx,
+                              const struct mws_put_item *items,
+                              size_t n,
+                              uint32_t record_type,
+                              int32_t *results);
+    /**
+     * Per-item bytes read (== len) or a negative code into `results[n]`; returns 0,
+     * or a negative batch-level error.
+     */
+    int32_t (*get_into_ranges)(void *ctx,
+                               const struct mws_range_item *items,
+                               size_t n,
+                               int64_t *results);
+    /**
+     * Optional (NULL = no-op).
+     */
+    int32_t (*register_buffer)(void *ctx,
+                               uint64_t address,
+                               uint64_t len,
+                               uint32_t memory_kind,
+                               uint32_t device_ordinal);
+    /**
+     * Optional (NULL = no-op).
+     */
+    int32_t (*unregister_buffer)(void *ctx, uint64_t address);
+    /**
+     * Optional: called once when the store is freed.
+     */
+    void (*destroy)(void *ctx);
+} mws_store_vtable;
 
 /**
  * Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
@@ -395,6 +905,84 @@ typedef struct mws_upload_operation {
      */
     uint64_t nbytes;
 } mws_upload_operation;
+
+/**
+ * The identity of a snapshot, passed to `mws_writer_begin` and to the adapter's
+ * `export_source`. Strings are NUL-terminated UTF-8.
+ */
+typedef struct mws_snapshot_descriptor {
+    /**
+     * Resource id (required; must equal the source placement's).
+     */
+    const char *resource_id;
+    /**
+     * Revision (required; must equal the source placement's).
+     */
+    const char *revision;
+    /**
+     * Weight generation (must equal the source placement's).
+     */
+    uint64_t weight_generation;
+    /**
+     * Store namespace. NULL means `"default"`.
+     */
+    const char *store_namespace;
+} mws_snapshot_descriptor;
+
+/**
+ * The framework side of a snapshot, implemented by the caller. Set
+ * `size = sizeof(mws_snapshot_adapter_vtable)` and
+ * `version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION`. Every callback receives the `ctx`
+ * given to `mws_writer_begin` (which must outlive the writer; the library never
+ * frees it), returns 0 on success (any other value fails the call), must not throw or
+ * unwind, and is only called from inside a call on the writer.
+ */
+typedef struct mws_snapshot_adapter_vtable {
+    /**
+     * `sizeof(mws_snapshot_adapter_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Required. Called once by `mws_writer_begin`: writes the source placement to
+     * `*placement` and an array of `*count` binding handles (one per participant
+     * that lends buffers) to `*bindings`. The handles and the array stay owned by the
+     * adapter; the library copies them before `mws_writer_begin` returns. Every
+     * buffer they describe must stay valid and unchanged until the writer is closed
+     * (or, with `acquire_source`, while it is pinned).
+     */
+    int32_t (*export_source)(void *ctx,
+                             const struct mws_snapshot_descriptor *descriptor,
+                             const struct mws_placement **placement,
+                             const struct mws_binding *const **bindings,
+                             size_t *count);
+    /**
+     * Required. Maps the framework tensor `tensor` (the pointer given to
+     * `mws_writer_write_tensor`) named `tensor_id` to the placement fragment ids it
+     * backs: writes an array of `*count` NUL-terminated ids to `*ids`. The array and
+     * strings stay owned by the adapter and must stay valid until the callback's
+     * caller (`mws_writer_write_tensor`) returns.
+     */
+    int32_t (*resolve_fragment_ids)(void *ctx,
+                                    const char *tensor_id,
+                                    void *tensor,
+                                    const char *const **ids,
+                                    size_t *count);
+    /**
+     * Optional allocation guard of the source buffers of one participant during its
+     * flush (same contract as `mws_guard_vtable.acquire`, with this `ctx`). NULL
+     * (together with `release_source`): the buffers stay valid and unchanged for the
+     * writer's whole life.
+     */
+    mws_guard_acquire_fn acquire_source;
+    /**
+     * Optional: releases a pin of `acquire_source`.
+     */
+    mws_guard_release_fn release_source;
+} mws_snapshot_adapter_vtable;
 
 #ifdef __cplusplus
 extern "C" {
@@ -510,6 +1098,245 @@ const char *mws_version(void);
  * Thread safety: may be called from any thread.
  */
 enum mws_status mws_test_panic(void);
+
+/**
+ * Reads and strictly decodes the manifest stored at `manifest_key` (for example
+ * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
+ * handle in `*out` (free with `mws_stored_manifest_free`).
+ *
+ * Errors: `MWS_NOT_FOUND` (no manifest at the key), `MWS_INVALID_MANIFEST` (invalid
+ * document, wrong digest fields, key mismatch), `MWS_STORE`/`MWS_IO`.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `manifest_key` is NULL or NUL-terminated; `out` is
+ * NULL or valid for a pointer write.
+ */
+enum mws_status mws_store_load_manifest(const struct mws_store *store,
+                                        const char *manifest_key,
+                                        struct mws_stored_manifest **out);
+
+/**
+ * Decodes a stored manifest from its JSON (`len` bytes, read during the call), with
+ * the same strict validation as `mws_store_load_manifest`. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid document).
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_stored_manifest_from_json(const char *json,
+                                              size_t len,
+                                              struct mws_stored_manifest **out);
+
+/**
+ * Frees a stored manifest handle. `NULL` does nothing. Load plans made from it do
+ * not borrow it and stay valid.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_stored_manifest_free(struct mws_stored_manifest *manifest);
+
+/**
+ * Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
+ * NUL-terminated string valid until `manifest` is freed; length to `*len` when not
+ * NULL. NULL (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_stored_manifest_to_json(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the manifest digest (64 lowercase hex). Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_digest(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the key the manifest is stored at. Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_key(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_group_id(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the store namespace of the revision. Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_namespace(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_resource_id(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_revision(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+uint64_t mws_stored_manifest_weight_generation(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+size_t mws_stored_manifest_tensor_count(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the number of stored fragments, or 0 (and the last error) if `manifest`
+ * is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+size_t mws_stored_manifest_fragment_count(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
+ * error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+uint64_t mws_stored_manifest_total_bytes(const struct mws_stored_manifest *m);
+
+/**
+ * Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
+ * from `manifest`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range).
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_stored_manifest_fragment(const struct mws_stored_manifest *m,
+                                             size_t index,
+                                             struct mws_stored_fragment_info *out);
+
+/**
+ * Plans the restore of `manifest` into `target`, for the `count` participants whose
+ * bindings are given (all participants, or a subset: each rank of a multi-process
+ * job plans its own part). Pure: no store I/O. `limits` may be NULL (defaults).
+ *
+ * New handle in `*out` (free with `mws_load_plan_free`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING` (a binding does not pair with
+ * `target`, duplicates, empty set), `MWS_INVALID_ARGUMENT` (revision or tensor set
+ * mismatch, incompatible layouts, uncovered target), `MWS_INVALID_MANIFEST`,
+ * `MWS_LIMIT_EXCEEDED`.
+ *
+ * # Safety
+ * `manifest`/`target` are NULL or live; `bindings` points to `count` pointers that are
+ * NULL or live handles; `limits` is NULL or valid; `out` is NULL or valid.
+ */
+enum mws_status mws_load_plan_new(const struct mws_stored_manifest *manifest,
+                                  const struct mws_placement *target,
+                                  const struct mws_binding *const *bindings,
+                                  size_t count,
+                                  const struct mws_planning_limits *limits,
+                                  struct mws_load_plan **out);
+
+/**
+ * Frees a load plan. `NULL` does nothing.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_load_plan_free(struct mws_load_plan *plan);
+
+/**
+ * Returns the number of transfer regions, or 0 (and the last error) if `plan` is
+ * NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle.
+ */
+size_t mws_load_plan_region_count(const struct mws_load_plan *plan);
+
+/**
+ * Returns the bytes the plan moves, or 0 (and the last error) if `plan` is NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle.
+ */
+uint64_t mws_load_plan_total_bytes(const struct mws_load_plan *plan);
+
+/**
+ * Returns the number of target participants the plan loads (sorted ids via
+ * `mws_load_plan_participant`), or 0 (and the last error) if `plan` is NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle.
+ */
+size_t mws_load_plan_participant_count(const struct mws_load_plan *plan);
+
+/**
+ * Returns target participant `index` (sorted order). Borrowed NUL-terminated string
+ * valid until `plan` is freed; length to `*len` when not NULL. NULL (and the last
+ * error) if `plan` is NULL or `index` is out of range.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t index, size_t *len);
+
+/**
+ * Executes the part of `plan` that belongs to `binding`'s participant (one worker
+ * of it when `args->worker_id` is given): checks the binding still matches the plan
+ * and that the plan's manifest is the committed one, pins (guard) and registers the
+ * target buffers, then reads every range straight into them. Nothing is registered
+ * or read before every check passed; a refused plan leaves the buffers untouched.
+ * `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
+ * there on success.
+ *
+ * Errors: `MWS_STALE_BINDING` (binding changed since planning),
+ * `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
+ * not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
+ * a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+ * Thread safety: loads of different participants may run concurrently.
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid; `stats` is NULL or valid. Every
+ * target buffer of `binding` must be valid for writes and not accessed by anyone
+ * else during the call.
+ */
+enum mws_status mws_store_load(const struct mws_store *store,
+                               const struct mws_load_plan *plan,
+                               const struct mws_binding *binding,
+                               const struct mws_io_args *args,
+                               struct mws_load_stats *stats);
 
 /**
  * Parses and validates a placement from its JSON wire form.
@@ -650,6 +1477,336 @@ size_t mws_placement_fragment_count(const struct mws_placement *placement);
 enum mws_status mws_placement_fragment(const struct mws_placement *placement,
                                        size_t index,
                                        struct mws_placement_fragment_info *out);
+
+/**
+ * Opens an empty in-memory store (for tests and single-process use; the objects
+ * live as long as the store).
+ *
+ * `options` may be NULL (defaults). On success writes a new handle to `*out` (free
+ * it with `mws_store_free`); on failure `*out` is not written and the copy hook's
+ * `destroy` is not called.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
+ * copy hook vtable), `MWS_UNSUPPORTED` (copy hook vtable version).
+ *
+ * # Safety
+ * `options` is NULL or valid (its copy hook as documented in
+ * `mws_copy_hook_vtable`); `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_store_open_memory(const struct mws_store_options *options,
+                                      struct mws_store **out);
+
+/**
+ * Opens (creating if needed) the directory store rooted at `path`: one file per key
+ * under `<path>/objects`, every write atomic and fsynced (crash-safe). Several stores,
+ * in one or more processes, may share a root.
+ *
+ * `options` may be NULL. Ownership and failure as `mws_store_open_memory`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_IO` (cannot create or open
+ * the directory), `MWS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `path` is NULL or NUL-terminated; `options` and `out` as `mws_store_open_memory`.
+ */
+enum mws_status mws_store_open_dir(const char *path,
+                                   const struct mws_store_options *options,
+                                   struct mws_store **out);
+
+/**
+ * Plugs a caller-implemented object store (Mooncake Store's client, a test double)
+ * into the library; see `docs/STORE-VTABLE.md` and `mws_store_vtable`. Default key
+ * prefix and limits (see `mws_store_from_vtable_with_options`).
+ *
+ * `*vt` is checked (`size`, `version`, mandatory callbacks) and copied. On success
+ * writes a new handle to `*out`; the store owns `ctx` from then on and calls
+ * `vt->destroy(ctx)` (if not NULL) exactly once, when it is freed. On failure `*out`
+ * is not written and `destroy` is not called (the caller keeps `ctx`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size too small, missing
+ * mandatory callback), `MWS_UNSUPPORTED` (vtable version).
+ *
+ * # Safety
+ * `vt` is NULL or points to a readable vtable of at least `vt->size` bytes whose
+ * callbacks follow the contract (thread-safe, never unwind) while the store lives;
+ * `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_store_from_vtable(const struct mws_store_vtable *vt,
+                                      void *ctx,
+                                      struct mws_store **out);
+
+/**
+ * As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
+ * means defaults; `options->copy_hook` must be NULL).
+ *
+ * # Safety
+ * As `mws_store_from_vtable`; `options` is NULL or valid.
+ */
+enum mws_status mws_store_from_vtable_with_options(const struct mws_store_vtable *vt,
+                                                   void *ctx,
+                                                   const struct mws_store_options *options,
+                                                   struct mws_store **out);
+
+/**
+ * Frees a store handle. `NULL` does nothing. The backend (and a vtable store's
+ * `destroy`) is released once no writer uses it any more. Strings borrowed from the
+ * handle become invalid.
+ *
+ * # Safety
+ * `store` is NULL or a live handle not yet freed, and no other thread is using it.
+ */
+void mws_store_free(struct mws_store *store);
+
+/**
+ * Returns the key prefix of the store. Borrowed NUL-terminated string, valid while
+ * the store lives; its length is written to `*len` when `len` is not NULL. NULL (and
+ * the last error) if `store` is NULL.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_store_key_prefix(const struct mws_store *store, size_t *len);
+
+/**
+ * Raw access (tests, tools): copies object `key` into `buf`.
+ *
+ * Length query: with `buf` NULL, only writes the object's size to `*len`. Otherwise
+ * `cap` must be at least the object's size (else `MWS_INVALID_ARGUMENT`, nothing
+ * written); the object is copied and its size written to `*len`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (`store`, `key` or `len`), `MWS_INVALID_UTF8`,
+ * `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `buf` is NULL or
+ * valid for `cap` bytes of writes; `len` is NULL or valid for a write.
+ */
+enum mws_status mws_store_get(const struct mws_store *store,
+                              const char *key,
+                              uint8_t *buf,
+                              size_t cap,
+                              size_t *len);
+
+/**
+ * Raw access: writes 1 to `*present` if object `key` exists, else 0.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `present` is
+ * NULL or valid for a write.
+ */
+enum mws_status mws_store_exists(const struct mws_store *store, const char *key, int *present);
+
+/**
+ * Raw access (tests, tools): create-only write of `len` bytes at `value` as object
+ * `key` (a metadata record of group `group_id`; NULL means `""`). Fails with
+ * `MWS_ALREADY_EXISTS` if the key exists (backends that report success for an
+ * existing key leave the stored value unchanged). The bytes are only read during the
+ * call.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `key`/`group_id` are NULL or NUL-terminated;
+ * `value` points to `len` readable bytes.
+ */
+enum mws_status mws_store_put(const struct mws_store *store,
+                              const char *key,
+                              const uint8_t *value,
+                              size_t len,
+                              const char *group_id);
+
+/**
+ * Raw access: as `mws_store_put`, replacing any existing value.
+ *
+ * # Safety
+ * As `mws_store_put`.
+ */
+enum mws_status mws_store_upsert(const struct mws_store *store,
+                                 const char *key,
+                                 const uint8_t *value,
+                                 size_t len,
+                                 const char *group_id);
+
+/**
+ * Raw access: removes object `key` (removing an absent key succeeds).
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `key` is NULL or NUL-terminated.
+ */
+enum mws_status mws_store_remove(const struct mws_store *store, const char *key);
+
+/**
+ * Returns the number of quarantined buffer registrations (an `unregister_buffer`
+ * failed; new weight I/O is blocked until they are drained), or 0 (and the last
+ * error) if `store` is NULL.
+ *
+ * # Safety
+ * `store` is NULL or a live handle.
+ */
+size_t mws_store_pending_registration_count(const struct mws_store *store);
+
+/**
+ * Retries the cleanup of every quarantined registration and releases their pins.
+ *
+ * Errors: `MWS_STORE` (an unregistration still fails; the entry stays quarantined).
+ *
+ * # Safety
+ * `store` is NULL or a live handle.
+ */
+enum mws_status mws_store_drain_pending_registrations(const struct mws_store *store);
+
+/**
+ * Frees a receipts handle. `NULL` does nothing.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_receipts_free(struct mws_receipts *receipts);
+
+/**
+ * Returns the number of receipts, or 0 (and the last error) if `receipts` is NULL.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle.
+ */
+size_t mws_receipts_count(const struct mws_receipts *receipts);
+
+/**
+ * Encodes the receipts for transport (a rank sends them to the coordinator that
+ * commits). Borrowed NUL-terminated string (built on first use), valid while
+ * `receipts` lives; length to `*len` when not NULL. NULL if `receipts` is NULL.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_receipts_to_json(const struct mws_receipts *receipts, size_t *len);
+
+/**
+ * Decodes receipts sent by `mws_receipts_to_json` (strict; their validity for a plan
+ * is checked at commit). `json` points to `len` bytes read during the call. On
+ * success writes a new handle to `*out` (free with `mws_receipts_free`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_receipts_from_json(const char *json, size_t len, struct mws_receipts **out);
+
+/**
+ * Concatenates `count` receipts handles (borrowed for the call; NULL elements are an
+ * error) into a new handle written to `*out` (free with `mws_receipts_free`).
+ * `count` 0 gives an empty set.
+ *
+ * # Safety
+ * `list` points to `count` pointers that are NULL or live handles; `out` is NULL or
+ * valid for a pointer write.
+ */
+enum mws_status mws_receipts_concat(const struct mws_receipts *const *list,
+                                    size_t count,
+                                    struct mws_receipts **out);
+
+/**
+ * The receipts of every operation of `plan` (receipts are determined by the plan: a
+ * coordinator can rebuild them to retry a commit after a crash). New handle in
+ * `*out`.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_receipts_for_plan(const struct mws_upload_plan *plan,
+                                      struct mws_receipts **out);
+
+/**
+ * Uploads the payloads of `binding`'s participant (only those of
+ * `args->worker_id` when given) for `plan`, planned from `placement`, and writes
+ * their receipts (plan order) to a new handle in `*out`.
+ *
+ * Every freshness check (binding against placement and plan: lease, generation,
+ * addresses, memory kind) runs before any store call; then the guard pins the
+ * buffers, they are registered, written with `batch_put_from`, unregistered, and the
+ * pin released. A failure never deletes payloads: clean up with
+ * `mws_store_abort_upload`. A participant without operations gives empty receipts.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,
+ * `MWS_INVALID_ARGUMENT` (unknown worker, worker required), `MWS_UNSUPPORTED` (device
+ * memory and the store has no copy path), `MWS_CONFLICT` (the transaction already
+ * chose abort), `MWS_STORE`/`MWS_IO` (backend; retryable).
+ * Thread safety: uploads of different participants may run concurrently.
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid. Every source buffer of
+ * `binding` must be valid for reads and not written during the call (or while the
+ * guard pins it).
+ */
+enum mws_status mws_store_upload(const struct mws_store *store,
+                                 const struct mws_upload_plan *plan,
+                                 const struct mws_placement *placement,
+                                 const struct mws_binding *binding,
+                                 const struct mws_io_args *args,
+                                 struct mws_receipts **out);
+
+/**
+ * Commits the upload: checks the receipts and payloads, claims the commit decision
+ * and publishes the manifest, written as a new handle to `*out`.
+ *
+ * `receipts` may be NULL (no receipts: only valid for an empty plan). If
+ * `decision_may_exist` is not NULL, it is set to 0 at entry and to 1 as soon as the
+ * commit decision may have been written; from then on the caller must keep the plan
+ * and retry the commit (or `mws_store_finalize_upload`), never abort. This flag is
+ * written on failure too.
+ *
+ * Errors: `MWS_INVALID_ARGUMENT` (receipts do not match the plan), `MWS_STORE`
+ * (retryable: payload not complete, decision not visible yet), `MWS_CONFLICT` (the
+ * transaction chose abort or lost to a conflicting revision).
+ *
+ * # Safety
+ * Handles are NULL or live; `decision_may_exist` is NULL or valid for writes; `out`
+ * is NULL or valid for a pointer write.
+ */
+enum mws_status mws_store_commit(const struct mws_store *store,
+                                 const struct mws_upload_plan *plan,
+                                 const struct mws_receipts *receipts,
+                                 int *decision_may_exist,
+                                 struct mws_stored_manifest **out);
+
+/**
+ * Aborts the upload: records the abort decision and removes every payload of the
+ * plan that no published manifest references. `receipts` may be NULL.
+ *
+ * Errors: `MWS_CONFLICT` (the revision is already published or committed),
+ * `MWS_STORE` (cleanup failed; retry or finalize later).
+ *
+ * # Safety
+ * Handles are NULL or live.
+ */
+enum mws_status mws_store_abort_upload(const struct mws_store *store,
+                                       const struct mws_upload_plan *plan,
+                                       const struct mws_receipts *receipts);
+
+/**
+ * Idempotent recovery: brings the transaction of `plan` to its terminal state and
+ * removes the payloads it must not keep. Never removes a decision or a manifest.
+ *
+ * Errors: `MWS_CONFLICT` (no terminal decision yet, or a decision of another plan),
+ * `MWS_STORE` (retryable).
+ *
+ * # Safety
+ * Handles are NULL or live.
+ */
+enum mws_status mws_store_finalize_upload(const struct mws_store *store,
+                                          const struct mws_upload_plan *plan);
+
+/**
+ * Reads the decision record at the plan's control key into `*out`.
+ *
+ * Errors: `MWS_INVALID_MANIFEST` (the record is invalid), `MWS_CONFLICT` (the record
+ * belongs to another plan of the same transaction id), `MWS_STORE`.
+ *
+ * # Safety
+ * Handles are NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_store_read_decision(const struct mws_store *store,
+                                        const struct mws_upload_plan *plan,
+                                        enum mws_decision *out);
 
 /**
  * Plans an upload of `placement` from `count` runtime bindings (one per participant
@@ -808,6 +1965,125 @@ size_t mws_upload_plan_operation_count(const struct mws_upload_plan *plan);
 enum mws_status mws_upload_plan_operation(const struct mws_upload_plan *plan,
                                           size_t index,
                                           struct mws_upload_operation *out);
+
+/**
+ * Encodes the plan for transport to the other processes of one job (a coordinator
+ * plans, each rank uploads its participant with the decoded plan, the coordinator
+ * commits). The document holds the runtime addresses of the source buffers: it is
+ * meant for the processes of one job, never for a store.
+ *
+ * Ownership: the NUL-terminated UTF-8 string is borrowed from `plan` (built on the
+ * first call) and valid until it is freed. If `len` is not NULL, the length in bytes
+ * (without the NUL) is written there. Returns NULL (and sets the last error) if
+ * `plan` is NULL. Thread safety: may be called from several threads at once.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_upload_plan_to_json(const struct mws_upload_plan *plan, size_t *len);
+
+/**
+ * Decodes an upload plan sent by `mws_upload_plan_to_json` and re-validates it
+ * completely (a decoded plan passes the same invariants as a planned one).
+ *
+ * `json` points to `len` bytes of UTF-8 JSON, only read during the call. On success
+ * writes a new handle to `*out` (free it with `mws_upload_plan_free`); on failure
+ * `*out` is not written.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (malformed or invalid plan).
+ * Thread safety: may be called from any thread.
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_upload_plan_from_json(const char *json,
+                                          size_t len,
+                                          struct mws_upload_plan **out);
+
+/**
+ * Starts a snapshot of the source that the adapter exports, into `store`: calls
+ * `export_source` once, checks the identity against `*descriptor`, and plans the
+ * upload. No store I/O. `options` may be NULL; only its `transaction_id` and
+ * `created_at` are used (the namespace comes from the descriptor and the key prefix
+ * from the store).
+ *
+ * New handle in `*out` (free with `mws_writer_free`). `adapter` is copied; `ctx`
+ * must outlive the writer.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (descriptor, identity mismatch,
+ * adapter failure, vtable size), `MWS_UNSUPPORTED` (vtable version),
+ * `MWS_INVALID_BINDING`.
+ *
+ * # Safety
+ * Handles and pointers are NULL or valid; the adapter honours its contract.
+ */
+enum mws_status mws_writer_begin(const struct mws_store *store,
+                                 const struct mws_snapshot_descriptor *descriptor,
+                                 const struct mws_snapshot_adapter_vtable *adapter,
+                                 void *ctx,
+                                 const struct mws_upload_options *options,
+                                 struct mws_writer **out);
+
+/**
+ * Records that the framework tensor `tensor` (opaque to the library; passed to the
+ * adapter's `resolve_fragment_ids`) named `tensor_id` is written, and uploads every
+ * participant that is now complete. If `receipts` is not NULL, the receipts of those
+ * uploads are written there as a new handle (possibly empty; free with
+ * `mws_receipts_free`).
+ *
+ * Errors after the fragments were resolved (unknown or duplicate fragment, upload
+ * failure) abort the writer. Errors: `MWS_INVALID_ARGUMENT`, `MWS_CONFLICT` (writer
+ * closed), upload errors (see `mws_store_upload`).
+ *
+ * # Safety
+ * `writer` is NULL or a live handle; `tensor_id` is NULL or NUL-terminated;
+ * `receipts` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_writer_write_tensor(const struct mws_writer *writer,
+                                        const char *tensor_id,
+                                        void *tensor,
+                                        struct mws_receipts **receipts);
+
+/**
+ * Publishes the snapshot's manifest, written as a new handle to `*out`. Missing
+ * fragments abort the writer (`MWS_INVALID_ARGUMENT`); transaction errors
+ * (`MWS_STORE`) leave it open for a retry.
+ *
+ * # Safety
+ * `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_writer_commit(const struct mws_writer *writer,
+                                  struct mws_stored_manifest **out);
+
+/**
+ * Aborts the snapshot: records the abort and removes its payloads. A no-op on a
+ * closed writer. Fails with `MWS_CONFLICT` (writer stays open) when the commit
+ * decision may exist: retry `mws_writer_commit` instead.
+ *
+ * # Safety
+ * `writer` is NULL or a live handle.
+ */
+enum mws_status mws_writer_abort(const struct mws_writer *writer);
+
+/**
+ * Copies the writer's upload plan into a new handle in `*out` (free with
+ * `mws_upload_plan_free`): its operations say which tensors and participants the
+ * snapshot expects.
+ *
+ * # Safety
+ * `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_writer_upload_plan(const struct mws_writer *writer,
+                                       struct mws_upload_plan **out);
+
+/**
+ * Frees a writer. `NULL` does nothing. An open writer is aborted first (best effort,
+ * errors are dropped; see `mws_writer`).
+ *
+ * # Safety
+ * `writer` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_writer_free(struct mws_writer *writer);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -8,9 +8,12 @@
 //   thread-local message of the failure (mws_last_error_message()).
 // - Strings are returned as std::string_view borrowed from the object that returned
 //   them: they stay valid while that object lives (and is not moved from or reset).
-// - Thread safety is that of the C handles: Placement and UploadPlan may be used from
-//   several threads at once; Binding::add_fragment must not race with other calls on
-//   the same Binding.
+// - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
+//   StoredManifest and LoadPlan may be used from several threads at once;
+//   Binding::add_fragment must not race with other calls on the same Binding; Writer
+//   serializes its calls internally.
+// - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
+//   throw. Catch everything inside them and return a non-zero code.
 #ifndef MOONCAKE_WEIGHT_STORE_HPP
 #define MOONCAKE_WEIGHT_STORE_HPP
 
@@ -221,6 +224,16 @@ public:
     std::string_view commit_record() const { return str(mws_upload_plan_commit_record); }
     std::size_t operation_count() const { return mws_upload_plan_operation_count(get()); }
 
+    /// Transport JSON (for the other processes of one job; holds buffer addresses).
+    std::string_view to_json() const { return str(mws_upload_plan_to_json); }
+
+    /// Decodes and re-validates a plan sent by to_json().
+    static UploadPlan from_json(std::string_view json) {
+        mws_upload_plan *raw = nullptr;
+        detail::check(mws_upload_plan_from_json(json.data(), json.size(), &raw));
+        return UploadPlan(raw);
+    }
+
     UploadOperation operation(std::size_t index) const {
         mws_upload_operation op{};
         detail::check(mws_upload_plan_operation(get(), index, &op));
@@ -277,6 +290,294 @@ inline UploadPlan plan_upload(const Placement &placement, const std::vector<Bind
     }
     return plan_upload(placement, ptrs, options);
 }
+
+/// Options of the store constructors (see mws_store_options); empty = defaults.
+struct StoreOptions {
+    std::optional<std::string> key_prefix;     ///< default "weights"
+    std::uint64_t max_range_bytes = 0;         ///< 0 = default (64 MiB)
+    std::uint64_t max_ranges_per_request = 0;  ///< 0 = default (1024)
+    std::uint64_t max_region_segments = 0;     ///< 0 = default (2^32)
+    const mws_copy_hook_vtable *copy_hook = nullptr;  ///< embedded stores only
+    void *copy_hook_ctx = nullptr;
+
+    mws_store_options c() const noexcept {
+        mws_store_options o{};
+        o.key_prefix = detail::c_str_or_null(key_prefix);
+        o.max_range_bytes = max_range_bytes;
+        o.max_ranges_per_request = max_ranges_per_request;
+        o.max_region_segments = max_region_segments;
+        o.copy_hook = copy_hook;
+        o.copy_hook_ctx = copy_hook_ctx;
+        return o;
+    }
+};
+
+/// Per-call arguments of uploads and loads (see mws_io_args).
+struct IoArgs {
+    std::optional<std::string> worker_id;
+    std::optional<std::string> transfer_id;
+    const mws_guard_vtable *guard = nullptr;  ///< nullptr: static guard (caller keeps buffers stable)
+    void *guard_ctx = nullptr;
+
+    mws_io_args c() const noexcept {
+        mws_io_args a{};
+        a.worker_id = detail::c_str_or_null(worker_id);
+        a.transfer_id = detail::c_str_or_null(transfer_id);
+        a.guard = guard;
+        a.guard_ctx = guard_ctx;
+        return a;
+    }
+};
+
+/// Upload receipts (owns an mws_receipts).
+class Receipts {
+public:
+    explicit Receipts(mws_receipts *raw) noexcept : handle_(raw) {}
+
+    static Receipts from_json(std::string_view json) {
+        mws_receipts *raw = nullptr;
+        detail::check(mws_receipts_from_json(json.data(), json.size(), &raw));
+        return Receipts(raw);
+    }
+    static Receipts concat(const std::vector<const Receipts *> &list) {
+        std::vector<const mws_receipts *> raw;
+        for (const Receipts *r : list) raw.push_back(r != nullptr ? r->get() : nullptr);
+        mws_receipts *out = nullptr;
+        detail::check(mws_receipts_concat(raw.data(), raw.size(), &out));
+        return Receipts(out);
+    }
+    static Receipts for_plan(const UploadPlan &plan) {
+        mws_receipts *out = nullptr;
+        detail::check(mws_receipts_for_plan(plan.get(), &out));
+        return Receipts(out);
+    }
+
+    std::size_t size() const { return mws_receipts_count(get()); }
+    std::string_view to_json() const {
+        std::size_t len = 0;
+        const char *p = mws_receipts_to_json(get(), &len);
+        return detail::view(p, len);
+    }
+
+    const mws_receipts *get() const noexcept { return handle_.get(); }
+    mws_receipts *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_receipts, detail::Deleter<mws_receipts, mws_receipts_free>> handle_;
+};
+
+/// A published stored manifest (owns an mws_stored_manifest).
+class StoredManifest {
+public:
+    explicit StoredManifest(mws_stored_manifest *raw) noexcept : handle_(raw) {}
+
+    static StoredManifest from_json(std::string_view json) {
+        mws_stored_manifest *raw = nullptr;
+        detail::check(mws_stored_manifest_from_json(json.data(), json.size(), &raw));
+        return StoredManifest(raw);
+    }
+
+    std::string_view to_json() const { return str(mws_stored_manifest_to_json); }
+    std::string_view digest() const { return str(mws_stored_manifest_digest); }
+    std::string_view key() const { return str(mws_stored_manifest_key); }
+    std::string_view group_id() const { return str(mws_stored_manifest_group_id); }
+    std::string_view store_namespace() const { return str(mws_stored_manifest_namespace); }
+    std::string_view resource_id() const { return str(mws_stored_manifest_resource_id); }
+    std::string_view revision() const { return str(mws_stored_manifest_revision); }
+    std::uint64_t weight_generation() const { return mws_stored_manifest_weight_generation(get()); }
+    std::size_t tensor_count() const { return mws_stored_manifest_tensor_count(get()); }
+    std::size_t fragment_count() const { return mws_stored_manifest_fragment_count(get()); }
+    std::uint64_t total_bytes() const { return mws_stored_manifest_total_bytes(get()); }
+
+    /// Stored fragment `index` (borrowed pointers, valid while this object lives).
+    mws_stored_fragment_info fragment(std::size_t index) const {
+        mws_stored_fragment_info info{};
+        detail::check(mws_stored_manifest_fragment(get(), index, &info));
+        return info;
+    }
+
+    const mws_stored_manifest *get() const noexcept { return handle_.get(); }
+    mws_stored_manifest *release() noexcept { return handle_.release(); }
+
+private:
+    std::string_view str(const char *(*accessor)(const mws_stored_manifest *, std::size_t *)) const {
+        std::size_t len = 0;
+        const char *p = accessor(get(), &len);
+        return detail::view(p, len);
+    }
+
+    std::unique_ptr<mws_stored_manifest, detail::Deleter<mws_stored_manifest, mws_stored_manifest_free>> handle_;
+};
+
+/// A restore plan (owns an mws_load_plan).
+class LoadPlan {
+public:
+    explicit LoadPlan(mws_load_plan *raw) noexcept : handle_(raw) {}
+
+    /// Plans the restore of `manifest` into `target` for the participants of `bindings`.
+    static LoadPlan plan(const StoredManifest &manifest, const Placement &target,
+                         const std::vector<const Binding *> &bindings, const mws_planning_limits *limits = nullptr) {
+        std::vector<const mws_binding *> raw;
+        for (const Binding *b : bindings) raw.push_back(b != nullptr ? b->get() : nullptr);
+        mws_load_plan *out = nullptr;
+        detail::check(mws_load_plan_new(manifest.get(), target.get(), raw.data(), raw.size(), limits, &out));
+        return LoadPlan(out);
+    }
+
+    std::size_t region_count() const { return mws_load_plan_region_count(get()); }
+    std::uint64_t total_bytes() const { return mws_load_plan_total_bytes(get()); }
+    std::size_t participant_count() const { return mws_load_plan_participant_count(get()); }
+    std::string_view participant(std::size_t index) const {
+        std::size_t len = 0;
+        const char *p = mws_load_plan_participant(get(), index, &len);
+        return detail::view(p, len);
+    }
+
+    const mws_load_plan *get() const noexcept { return handle_.get(); }
+    mws_load_plan *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_load_plan, detail::Deleter<mws_load_plan, mws_load_plan_free>> handle_;
+};
+
+/// A weight store over a backend (owns an mws_store).
+class Store {
+public:
+    explicit Store(mws_store *raw) noexcept : handle_(raw) {}
+
+    static Store open_memory(const StoreOptions &o = {}) {
+        mws_store_options c = o.c();
+        mws_store *raw = nullptr;
+        detail::check(mws_store_open_memory(&c, &raw));
+        return Store(raw);
+    }
+    static Store open_dir(const std::string &path, const StoreOptions &o = {}) {
+        mws_store_options c = o.c();
+        mws_store *raw = nullptr;
+        detail::check(mws_store_open_dir(path.c_str(), &c, &raw));
+        return Store(raw);
+    }
+    /// Takes ownership of `ctx` on success (vt->destroy is called when freed).
+    static Store from_vtable(const mws_store_vtable &vt, void *ctx, const StoreOptions &o = {}) {
+        mws_store_options c = o.c();
+        mws_store *raw = nullptr;
+        detail::check(mws_store_from_vtable_with_options(&vt, ctx, &c, &raw));
+        return Store(raw);
+    }
+
+    std::string_view key_prefix() const {
+        std::size_t len = 0;
+        return detail::view(mws_store_key_prefix(get(), &len), len);
+    }
+
+    /// Raw access: the whole object.
+    std::vector<unsigned char> get_object(const std::string &key) const {
+        std::size_t len = 0;
+        detail::check(mws_store_get(get(), key.c_str(), nullptr, 0, &len));
+        std::vector<unsigned char> out(len);
+        detail::check(mws_store_get(get(), key.c_str(), out.data(), out.size(), &len));
+        out.resize(len);
+        return out;
+    }
+    bool exists(const std::string &key) const {
+        int present = 0;
+        detail::check(mws_store_exists(get(), key.c_str(), &present));
+        return present != 0;
+    }
+    void upsert(const std::string &key, std::string_view value) const {
+        detail::check(mws_store_upsert(get(), key.c_str(), reinterpret_cast<const std::uint8_t *>(value.data()),
+                                       value.size(), nullptr));
+    }
+    void remove(const std::string &key) const { detail::check(mws_store_remove(get(), key.c_str())); }
+
+    /// Uploads `binding`'s participant for `plan` (planned from `placement`).
+    Receipts upload(const UploadPlan &plan, const Placement &placement, const Binding &binding,
+                    const IoArgs &args = {}) const {
+        mws_io_args a = args.c();
+        mws_receipts *out = nullptr;
+        detail::check(mws_store_upload(get(), plan.get(), placement.get(), binding.get(), &a, &out));
+        return Receipts(out);
+    }
+    StoredManifest commit(const UploadPlan &plan, const Receipts &receipts, int *decision_may_exist = nullptr) const {
+        mws_stored_manifest *out = nullptr;
+        detail::check(mws_store_commit(get(), plan.get(), receipts.get(), decision_may_exist, &out));
+        return StoredManifest(out);
+    }
+    void abort_upload(const UploadPlan &plan, const Receipts *receipts = nullptr) const {
+        detail::check(mws_store_abort_upload(get(), plan.get(), receipts != nullptr ? receipts->get() : nullptr));
+    }
+    void finalize_upload(const UploadPlan &plan) const { detail::check(mws_store_finalize_upload(get(), plan.get())); }
+    mws_decision read_decision(const UploadPlan &plan) const {
+        mws_decision d = MWS_DECISION_NONE;
+        detail::check(mws_store_read_decision(get(), plan.get(), &d));
+        return d;
+    }
+    StoredManifest load_manifest(const std::string &key) const {
+        mws_stored_manifest *out = nullptr;
+        detail::check(mws_store_load_manifest(get(), key.c_str(), &out));
+        return StoredManifest(out);
+    }
+    mws_load_stats load(const LoadPlan &plan, const Binding &binding, const IoArgs &args = {}) const {
+        mws_io_args a = args.c();
+        mws_load_stats stats{};
+        detail::check(mws_store_load(get(), plan.get(), binding.get(), &a, &stats));
+        return stats;
+    }
+
+    const mws_store *get() const noexcept { return handle_.get(); }
+    mws_store *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_store, detail::Deleter<mws_store, mws_store_free>> handle_;
+};
+
+/// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).
+class Writer {
+public:
+    explicit Writer(mws_writer *raw) noexcept : handle_(raw) {}
+
+    /// Begins a snapshot (see mws_writer_begin). `adapter` is copied; `ctx` must
+    /// outlive the Writer.
+    static Writer begin(const Store &store, const std::string &resource_id, const std::string &revision,
+                        std::uint64_t weight_generation, const mws_snapshot_adapter_vtable &adapter, void *ctx,
+                        const std::string &store_namespace = "default", const UploadOptions &options = {}) {
+        mws_snapshot_descriptor d{};
+        d.resource_id = resource_id.c_str();
+        d.revision = revision.c_str();
+        d.weight_generation = weight_generation;
+        d.store_namespace = store_namespace.c_str();
+        mws_upload_options o{};
+        o.transaction_id = detail::c_str_or_null(options.transaction_id);
+        o.created_at = detail::c_str_or_null(options.created_at);
+        mws_writer *raw = nullptr;
+        detail::check(mws_writer_begin(store.get(), &d, &adapter, ctx, &o, &raw));
+        return Writer(raw);
+    }
+
+    /// Records a written tensor; returns the receipts of the uploads it triggered.
+    Receipts write_tensor(const std::string &tensor_id, void *tensor) const {
+        mws_receipts *r = nullptr;
+        detail::check(mws_writer_write_tensor(get(), tensor_id.c_str(), tensor, &r));
+        return Receipts(r);
+    }
+    StoredManifest commit() const {
+        mws_stored_manifest *out = nullptr;
+        detail::check(mws_writer_commit(get(), &out));
+        return StoredManifest(out);
+    }
+    void abort() const { detail::check(mws_writer_abort(get())); }
+    UploadPlan upload_plan() const {
+        mws_upload_plan *out = nullptr;
+        detail::check(mws_writer_upload_plan(get(), &out));
+        return UploadPlan(out);
+    }
+
+    const mws_writer *get() const noexcept { return handle_.get(); }
+    mws_writer *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_writer, detail::Deleter<mws_writer, mws_writer_free>> handle_;
+};
 
 }  // namespace mws
 

@@ -73,7 +73,6 @@ struct OperationView {
 /// or bindings it was planned from. Strings returned by its accessors are owned by the
 /// handle and stay valid until it is freed.
 pub struct mws_upload_plan {
-    #[allow(dead_code)]
     pub(crate) inner: UploadPlan,
     manifest_json: CText,
     manifest_digest: CText,
@@ -86,10 +85,12 @@ pub struct mws_upload_plan {
     source_placement_digest: CText,
     commit_record: CText,
     operations: Vec<OperationView>,
+    /// Transport JSON (`mws_upload_plan_to_json`), built on first use.
+    transport_json: std::sync::OnceLock<CText>,
 }
 
 impl mws_upload_plan {
-    fn new(inner: UploadPlan) -> Self {
+    pub(crate) fn new(inner: UploadPlan) -> Self {
         let operations = inner
             .operations()
             .iter()
@@ -119,6 +120,7 @@ impl mws_upload_plan {
             source_placement_digest: CText::new(inner.source_placement_digest()),
             commit_record: CText::new(&inner.decision_record(Decision::Commit)),
             operations,
+            transport_json: std::sync::OnceLock::new(),
             inner,
         }
     }
@@ -415,6 +417,59 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
                 nbytes: op.nbytes,
             },
         );
+        Ok(())
+    })
+}
+
+/// Encodes the plan for transport to the other processes of one job (a coordinator
+/// plans, each rank uploads its participant with the decoded plan, the coordinator
+/// commits). The document holds the runtime addresses of the source buffers: it is
+/// meant for the processes of one job, never for a store.
+///
+/// Ownership: the NUL-terminated UTF-8 string is borrowed from `plan` (built on the
+/// first call) and valid until it is freed. If `len` is not NULL, the length in bytes
+/// (without the NUL) is written there. Returns NULL (and sets the last error) if
+/// `plan` is NULL. Thread safety: may be called from several threads at once.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    value_call("mws_upload_plan_to_json", std::ptr::null(), || {
+        let p = handle(plan, "plan")?;
+        let text = p
+            .transport_json
+            .get_or_init(|| CText::new(&crate::protocol::transport::plan_to_json(&p.inner)));
+        Ok(text.lend(len))
+    })
+}
+
+/// Decodes an upload plan sent by `mws_upload_plan_to_json` and re-validates it
+/// completely (a decoded plan passes the same invariants as a planned one).
+///
+/// `json` points to `len` bytes of UTF-8 JSON, only read during the call. On success
+/// writes a new handle to `*out` (free it with `mws_upload_plan_free`); on failure
+/// `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (malformed or invalid plan).
+/// Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_from_json(
+    json: *const c_char,
+    len: usize,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
+    status_call("mws_upload_plan_from_json", || {
+        check_out(out, "out")?;
+        if json.is_null() {
+            return Err(Failure::null("json"));
+        }
+        let bytes = slice_arg(json as *const u8, len, "json")?;
+        let plan = crate::protocol::transport::plan_from_json(bytes)?;
+        write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
         Ok(())
     })
 }

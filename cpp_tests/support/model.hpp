@@ -1,0 +1,522 @@
+// model.hpp: a synthetic sharded transformer for the C++ tests and examples.
+//
+// Builds the canonical placement JSON of a model in any TP x PP x EP x DP layout
+// entirely in C++ (including its sha256 topology and placement ids), binds every
+// participant to one host allocation with deterministic contents, and verifies
+// restored bytes. Only the public C ABI / C++ wrapper is used.
+#ifndef MWS_TESTS_MODEL_HPP
+#define MWS_TESTS_MODEL_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "mooncake_weight_store.hpp"
+
+namespace mwsmodel {
+
+// ---- SHA-256 (FIPS 180-4), enough for ids ------------------------------------------
+inline std::string sha256_hex(const std::string &msg) {
+    static const std::uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+    std::uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    std::string m = msg;
+    std::uint64_t bits = static_cast<std::uint64_t>(msg.size()) * 8;
+    m.push_back(static_cast<char>(0x80));
+    while (m.size() % 64 != 56) m.push_back('\0');
+    for (int i = 7; i >= 0; --i) m.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+    auto rotr = [](std::uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
+    for (std::size_t off = 0; off < m.size(); off += 64) {
+        std::uint32_t w[64];
+        for (int i = 0; i < 16; ++i) {
+            const unsigned char *p = reinterpret_cast<const unsigned char *>(m.data() + off + 4 * i);
+            w[i] = (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | p[3];
+        }
+        for (int i = 16; i < 64; ++i) {
+            std::uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+            std::uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+        }
+        std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+        for (int i = 0; i < 64; ++i) {
+            std::uint32_t S1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
+            std::uint32_t ch = (e & f) ^ (~e & g);
+            std::uint32_t t1 = hh + S1 + ch + k[i] + w[i];
+            std::uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
+            std::uint32_t mj = (a & b) ^ (a & c) ^ (b & c);
+            std::uint32_t t2 = S0 + mj;
+            hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+        }
+        h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    }
+    static const char *hex = "0123456789abcdef";
+    std::string out;
+    for (std::uint32_t v : h)
+        for (int i = 7; i >= 0; --i) out.push_back(hex[(v >> (4 * i)) & 0xf]);
+    return out;
+}
+
+// ---- model definition ---------------------------------------------------------------
+struct Layout {
+    std::uint64_t tp = 1, pp = 1, ep = 1, dp = 1;
+};
+
+struct TensorDef {
+    std::string id;
+    std::vector<std::uint64_t> shape;
+    int tp_split = -1;          ///< TP split dimension, -1 = TP-replicated
+    long long expert = -1;      ///< expert id (EP ownership), -1 = EP-replicated
+    std::uint64_t experts = 0;  ///< experts per layer when expert >= 0
+    long long layer = -1;       ///< layer (PP ownership), -1 = first stage
+    std::uint64_t layers = 1;
+    std::uint64_t itemsize = 2;
+    std::vector<std::string> aliases;  ///< alias group (sorted), empty = none
+};
+
+/// `layers` layers (attention + dense MLP or `experts` MoE experts), dims divisible by 8.
+inline std::vector<TensorDef> model_tensors(std::uint64_t layers, std::uint64_t hidden, std::uint64_t experts) {
+    std::vector<TensorDef> v;
+    TensorDef emb;
+    emb.id = "model.embed_tokens.weight";
+    emb.shape = {4 * hidden, hidden};
+    emb.tp_split = 0;
+    v.push_back(emb);
+    for (std::uint64_t l = 0; l < layers; ++l) {
+        auto t = [&](const std::string &name, std::vector<std::uint64_t> shape, int tp) {
+            TensorDef d;
+            d.id = "model.layers." + std::to_string(l) + "." + name;
+            d.shape = std::move(shape);
+            d.tp_split = tp;
+            d.layer = static_cast<long long>(l);
+            d.layers = layers;
+            return d;
+        };
+        v.push_back(t("input_layernorm.weight", {hidden}, -1));
+        v.push_back(t("self_attn.qkv_proj.weight", {3 * hidden, hidden}, 0));
+        v.push_back(t("self_attn.o_proj.weight", {hidden, hidden}, 1));
+        if (experts == 0) {
+            v.push_back(t("mlp.up_proj.weight", {2 * hidden, hidden}, 0));
+            v.push_back(t("mlp.down_proj.weight", {hidden, 2 * hidden}, 1));
+        } else {
+            for (std::uint64_t e = 0; e < experts; ++e) {
+                TensorDef g = t("mlp.experts." + std::to_string(e) + ".gate_up_proj.weight", {hidden, hidden}, 0);
+                g.expert = static_cast<long long>(e);
+                g.experts = experts;
+                v.push_back(g);
+                TensorDef d = t("mlp.experts." + std::to_string(e) + ".down_proj.weight", {hidden, hidden / 2}, 1);
+                d.expert = static_cast<long long>(e);
+                d.experts = experts;
+                v.push_back(d);
+            }
+        }
+    }
+    return v;
+}
+
+struct Rank {
+    std::uint64_t dp, pp, ep, tp;
+};
+
+inline std::string rank_json(const Rank &r) {
+    return "{\"dp\":" + std::to_string(r.dp) + ",\"ep\":" + std::to_string(r.ep) + ",\"pp\":" + std::to_string(r.pp) +
+           ",\"tp\":" + std::to_string(r.tp) + "}";
+}
+
+inline std::string u64_array(const std::vector<std::uint64_t> &v) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
+}
+
+inline std::string str_array(const std::vector<std::string> &v) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ",\"" : "\"") + v[i] + "\"";
+    return s + "]";
+}
+
+struct Fragment {
+    std::string pfid, tensor;
+    std::vector<std::uint64_t> offset, shape;
+    std::uint64_t nbytes;
+    Rank rank;
+    std::vector<std::string> aliases;
+};
+
+inline std::string participant_name(const Rank &r) {
+    return "w-d" + std::to_string(r.dp) + "-p" + std::to_string(r.pp) + "-e" + std::to_string(r.ep) + "-t" +
+           std::to_string(r.tp);
+}
+
+/// The canonical placement JSON (ASCII ids only) with its computed ids.
+inline std::string placement_json(const std::string &set, const Layout &L, const std::vector<TensorDef> &defs,
+                                  std::uint64_t generation, const std::string &resource_id = "test-model",
+                                  const std::string &revision = "rev-1") {
+    std::map<std::string, Rank> participants;  // sorted by id
+    for (std::uint64_t dp = 0; dp < L.dp; ++dp)
+        for (std::uint64_t pp = 0; pp < L.pp; ++pp)
+            for (std::uint64_t ep = 0; ep < L.ep; ++ep)
+                for (std::uint64_t tp = 0; tp < L.tp; ++tp) {
+                    Rank r{dp, pp, ep, tp};
+                    participants[participant_name(r)] = r;
+                }
+    std::map<std::string, std::string> tensors;  // id -> json
+    std::map<std::string, std::map<std::string, Fragment>> parts;
+    for (const auto &p : participants) parts[p.first];
+    for (const TensorDef &d : defs) {
+        std::string axes = "[{\"kind\":\"dp\",\"semantics\":\"replicated\"},{\"kind\":\"pp\",\"semantics\":\"ownership\"},";
+        axes += d.expert >= 0 ? "{\"kind\":\"ep\",\"semantics\":\"ownership\"}," : "{\"kind\":\"ep\",\"semantics\":\"replicated\"},";
+        axes += d.tp_split >= 0 ? "{\"dim\":" + std::to_string(d.tp_split) + ",\"kind\":\"tp\",\"semantics\":\"split\"}]"
+                                : std::string("{\"kind\":\"tp\",\"semantics\":\"replicated\"}]");
+        std::vector<std::uint64_t> shard_dims;
+        if (d.tp_split >= 0) shard_dims.push_back(static_cast<std::uint64_t>(d.tp_split));
+        tensors[d.id] = "{\"dtype\":\"bfloat16\",\"expert_id\":" + (d.expert >= 0 ? std::to_string(d.expert) : "null") +
+                        ",\"global_shape\":" + u64_array(d.shape) + ",\"itemsize\":" + std::to_string(d.itemsize) +
+                        ",\"layer_id\":" + (d.layer >= 0 ? std::to_string(d.layer) : "null") +
+                        ",\"layout_fingerprint\":\"test:row-major:v1\",\"parallel_axes\":" + axes +
+                        ",\"shard_dims\":" + u64_array(shard_dims) + ",\"tensor_id\":\"" + d.id + "\"}";
+        std::uint64_t pp_owner = d.layer >= 0 ? static_cast<std::uint64_t>(d.layer) * L.pp / d.layers : 0;
+        for (const auto &p : participants) {
+            const Rank &r = p.second;
+            if (r.pp != pp_owner) continue;
+            if (d.expert >= 0 && r.ep != static_cast<std::uint64_t>(d.expert) / (d.experts / L.ep)) continue;
+            Fragment f;
+            f.tensor = d.id;
+            f.offset.assign(d.shape.size(), 0);
+            f.shape = d.shape;
+            if (d.tp_split >= 0) {
+                std::size_t dim = static_cast<std::size_t>(d.tp_split);
+                f.shape[dim] /= L.tp;
+                f.offset[dim] = r.tp * f.shape[dim];
+            }
+            f.nbytes = d.itemsize;
+            for (std::uint64_t x : f.shape) f.nbytes *= x;
+            f.rank = r;
+            f.aliases = d.aliases;
+            f.pfid = "f:" + d.id + "@" + p.first;
+            parts[p.first][f.pfid] = f;
+        }
+    }
+    std::string parts_json = "[";
+    bool first_part = true;
+    for (const auto &p : parts) {
+        parts_json += first_part ? "" : ",";
+        first_part = false;
+        parts_json += "{\"fragments\":[";
+        bool first = true;
+        for (const auto &fe : p.second) {
+            const Fragment &f = fe.second;
+            parts_json += first ? "" : ",";
+            first = false;
+            parts_json += "{\"aliases\":" + str_array(f.aliases) + ",\"global_offset\":" + u64_array(f.offset) +
+                          ",\"local_shape\":" + u64_array(f.shape) + ",\"nbytes\":" + std::to_string(f.nbytes) +
+                          ",\"placement_fragment_id\":\"" + f.pfid + "\",\"rank\":" + rank_json(f.rank) +
+                          ",\"tensor_id\":\"" + f.tensor + "\"}";
+        }
+        parts_json += "],\"participant_id\":\"" + p.first + "\",\"rank\":" + rank_json(participants[p.first]) + "}";
+    }
+    parts_json += "]";
+    std::string plist = "[";
+    bool first = true;
+    for (const auto &p : participants) {
+        plist += first ? "" : ",";
+        first = false;
+        plist += "{\"participant_id\":\"" + p.first + "\",\"rank\":" + rank_json(p.second) + "}";
+    }
+    plist += "]";
+    auto topo = [&](const std::string &middle) {
+        return "{\"dp_size\":" + std::to_string(L.dp) + ",\"ep_size\":" + std::to_string(L.ep) + ",\"participants\":" +
+               plist + ",\"pp_size\":" + std::to_string(L.pp) + "," + middle + ",\"tp_size\":" + std::to_string(L.tp) + "}";
+    };
+    std::string topology_id = "sha256:" + sha256_hex(topo("\"schema\":\"weight-parallel-topology\""));
+    std::string topology = topo("\"topology_id\":\"" + topology_id + "\"");
+    std::string tensors_json = "[";
+    first = true;
+    for (const auto &t : tensors) {
+        tensors_json += (first ? "" : ",") + t.second;
+        first = false;
+    }
+    tensors_json += "]";
+    std::string tail = ",\"tensors\":" + tensors_json + ",\"topology\":" + topology +
+                       ",\"weight_generation\":" + std::to_string(generation) + "}";
+    std::string id_input = "{\"parts\":" + parts_json + ",\"placement_set_id\":\"" + set + "\",\"resource_id\":\"" +
+                           resource_id + "\",\"revision\":\"" + revision +
+                           "\",\"schema\":\"complete-weight-placement\"" + tail;
+    std::string placement_id = "sha256:" + sha256_hex(id_input);
+    return "{\"parts\":" + parts_json + ",\"placement_id\":\"" + placement_id + "\",\"placement_set_id\":\"" + set +
+           "\",\"resource_id\":\"" + resource_id + "\",\"resource_kind\":\"model_weight\",\"revision\":\"" + revision +
+           "\"" + tail;
+}
+
+// ---- deterministic contents -------------------------------------------------------
+inline std::uint64_t tensor_seed(const std::string &id) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : id) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+/// Fills `out` with the expected bytes of the box (offset, shape) of a tensor of
+/// global shape `gs` (row-major, contiguous).
+inline void expected_bytes(const std::string &tensor_id, const std::vector<std::uint64_t> &gs, std::uint64_t item,
+                           const std::uint64_t *offset, const std::uint64_t *shape, std::size_t n, unsigned char *out) {
+    std::uint64_t seed = tensor_seed(tensor_id);
+    std::uint64_t rows = 1;
+    for (std::size_t d = 0; d + 1 < n; ++d) rows *= shape[d];
+    std::vector<std::uint64_t> idx(n, 0);
+    std::uint64_t inner = shape[n - 1];
+    std::size_t pos = 0;
+    for (std::uint64_t r = 0; r < rows; ++r) {
+        std::uint64_t linear = 0;
+        for (std::size_t d = 0; d + 1 < n; ++d) linear = linear * gs[d] + offset[d] + idx[d];
+        linear = linear * gs[n - 1] + offset[n - 1];
+        for (std::uint64_t e = 0; e < inner; ++e)
+            for (std::uint64_t b = 0; b < item; ++b) {
+                std::uint64_t x = (seed ^ ((linear + e) * item + b)) * 0x9E3779B97F4A7C15ull;
+                out[pos++] = static_cast<unsigned char>(x >> 56);
+            }
+        for (std::size_t d = n - 1; d-- > 0;) {
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+// ---- a placement bound to host buffers -------------------------------------------
+struct View {
+    std::string participant, pfid, tensor;
+    std::size_t offset, nbytes;
+    std::vector<std::uint64_t> goffset, shape;
+    std::uint64_t itemsize;
+};
+
+/// A placement bound to host buffers: one allocation per participant, fragments at
+/// 64-byte aligned offsets. Aliased fragments (same alias group, same box) share bytes.
+class HostModel {
+public:
+    HostModel(const std::string &json, const std::vector<TensorDef> &defs, bool fill, const std::string &instance,
+              std::uint64_t generation = 1)
+        : placement(mws::Placement::from_json(json)) {
+        std::map<std::string, const TensorDef *> by_id;
+        for (const auto &d : defs) by_id[d.id] = &d;
+        std::map<std::string, std::size_t> size;
+        std::map<std::string, std::size_t> alias_at;  // participant|aliases|offset -> offset
+        for (std::size_t i = 0; i < placement.fragment_count(); ++i) {
+            mws_placement_fragment_info f = placement.fragment(i);
+            View v;
+            v.participant = f.participant_id;
+            v.pfid = f.placement_fragment_id;
+            v.tensor = f.tensor_id;
+            v.nbytes = static_cast<std::size_t>(f.nbytes);
+            v.goffset.assign(f.global_offset, f.global_offset + f.ndim);
+            v.shape.assign(f.local_shape, f.local_shape + f.ndim);
+            v.itemsize = f.itemsize;
+            const TensorDef *d = by_id.at(v.tensor);
+            std::string akey;
+            if (!d->aliases.empty()) {
+                akey = v.participant + "|" + d->aliases[0] + "|" + u64_array(v.goffset);
+            }
+            if (!akey.empty() && alias_at.count(akey)) {
+                v.offset = alias_at[akey];
+            } else {
+                v.offset = size[v.participant];
+                size[v.participant] += (v.nbytes + 63) / 64 * 64;
+                if (!akey.empty()) alias_at[akey] = v.offset;
+            }
+            global_shapes[v.tensor] = d->shape;
+            views.push_back(v);
+        }
+        for (const auto &s : size) {
+            buffers[s.first].assign(std::max<std::size_t>(s.second, 64), 0xA5);
+        }
+        if (fill) {
+            for (const View &v : views) {
+                expected_bytes(v.tensor, global_shapes[v.tensor], v.itemsize, v.goffset.data(), v.shape.data(),
+                               v.shape.size(), buffers[v.participant].data() + v.offset);
+            }
+        }
+        make_bindings(instance, generation);
+    }
+
+    void make_bindings(const std::string &instance, std::uint64_t generation, const std::string &lease_suffix = "") {
+        bindings.clear();
+        for (auto &b : buffers) {
+            mws::BindingOptions o = mws::BindingOptions::for_placement(placement);
+            o.participant_id = b.first;
+            o.instance_id = instance;
+            o.lease_id = instance + "-lease-" + std::to_string(generation) + lease_suffix;
+            o.generation = generation;
+            mws::Binding binding(o);
+            std::size_t k = 0;
+            for (const View &v : views) {
+                if (v.participant != b.first) continue;
+                std::vector<std::uint64_t> strides(v.shape.size());
+                std::uint64_t acc = v.itemsize;
+                for (std::size_t d = v.shape.size(); d-- > 0;) {
+                    strides[d] = acc;
+                    acc *= v.shape[d];
+                }
+                std::string fid = b.first + ":rt" + std::to_string(k++);
+                std::string endpoint = b.first + ":17000";
+                mws_runtime_fragment f{};
+                f.placement_fragment_id = v.pfid.c_str();
+                f.fragment_id = fid.c_str();
+                f.address = b.second.data() + v.offset;
+                f.nbytes = v.nbytes;
+                f.worker_id = worker_of(b.first, k - 1).c_str();
+                f.endpoint = endpoint.c_str();
+                f.device = "cpu";
+                f.itemsize = v.itemsize;
+                f.local_shape = v.shape.data();
+                f.local_shape_len = v.shape.size();
+                f.strides_bytes = strides.data();
+                f.strides_bytes_len = strides.size();
+                f.storage_address = b.second.data();
+                f.storage_nbytes = b.second.size();
+                f.storage_offset_bytes = v.offset;
+                f.memory_kind = memory_kind;
+                binding.add_fragment(f);
+            }
+            bindings.push_back(std::move(binding));
+        }
+    }
+
+    /// Number of bytes checked; throws on the first difference.
+    std::size_t verify() const {
+        std::size_t checked = 0;
+        std::vector<unsigned char> want;
+        for (const View &v : views) {
+            want.resize(v.nbytes);
+            expected_bytes(v.tensor, global_shapes.at(v.tensor), v.itemsize, v.goffset.data(), v.shape.data(),
+                           v.shape.size(), want.data());
+            if (std::memcmp(buffers.at(v.participant).data() + v.offset, want.data(), v.nbytes) != 0) {
+                throw std::runtime_error("target bytes differ: " + v.participant + " " + v.tensor);
+            }
+            checked += v.nbytes;
+        }
+        return checked;
+    }
+
+    std::vector<const mws::Binding *> binding_ptrs() const {
+        std::vector<const mws::Binding *> out;
+        for (const auto &b : bindings) out.push_back(&b);
+        return out;
+    }
+
+    /// Worker of the k-th fragment of a participant (`workers_per_participant` > 1
+    /// spreads fragments over several workers).
+    const std::string &worker_of(const std::string &participant, std::size_t k) {
+        std::string w = participant;
+        if (workers_per_participant > 1) w += "/w" + std::to_string(k % workers_per_participant);
+        return *worker_names.insert(w).first;
+    }
+
+    mws::Placement placement;
+    std::map<std::string, std::vector<unsigned char>> buffers;  // participant -> allocation
+    std::vector<View> views;
+    std::map<std::string, std::vector<std::uint64_t>> global_shapes;
+    std::vector<mws::Binding> bindings;
+    std::size_t workers_per_participant = 1;
+    std::uint32_t memory_kind = MWS_MEMORY_HOST;
+    std::set<std::string> worker_names;
+};
+
+// ---- a snapshot adapter over a HostModel ----------------------------------------
+/// The framework "tensor" passed to write_tensor is a `const char *` participant id;
+/// resolve_fragment_ids returns that participant's fragments of the tensor.
+struct HostAdapter {
+    const HostModel *model;
+    std::vector<std::string> ids;
+    std::vector<const char *> id_ptrs;
+    std::vector<const mws_binding *> raw_bindings;
+
+    static mws_snapshot_adapter_vtable vtable() {
+        mws_snapshot_adapter_vtable vt{};
+        vt.size = sizeof vt;
+        vt.version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION;
+        vt.export_source = &export_source;
+        vt.resolve_fragment_ids = &resolve;
+        return vt;
+    }
+
+    static int32_t export_source(void *ctx, const mws_snapshot_descriptor *, const mws_placement **placement,
+                                 const mws_binding *const **bindings, size_t *count) {
+        auto *self = static_cast<HostAdapter *>(ctx);
+        self->raw_bindings.clear();
+        for (const auto &b : self->model->bindings) self->raw_bindings.push_back(b.get());
+        *placement = self->model->placement.get();
+        *bindings = self->raw_bindings.data();
+        *count = self->raw_bindings.size();
+        return 0;
+    }
+
+    static int32_t resolve(void *ctx, const char *tensor_id, void *tensor, const char *const **ids, size_t *count) {
+        auto *self = static_cast<HostAdapter *>(ctx);
+        const char *participant = static_cast<const char *>(tensor);
+        self->ids.clear();
+        for (const View &v : self->model->views) {
+            if (v.tensor == tensor_id && v.participant == participant) self->ids.push_back(v.pfid);
+        }
+        self->id_ptrs.clear();
+        for (const auto &s : self->ids) self->id_ptrs.push_back(s.c_str());
+        *ids = self->id_ptrs.data();
+        *count = self->id_ptrs.size();
+        return 0;
+    }
+};
+
+/// Snapshots `src` into `store` through a Writer; returns the manifest.
+inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default") {
+    HostAdapter adapter{&src, {}, {}, {}};
+    mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
+    mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
+                                       std::string(src.placement.revision()), src.placement.weight_generation(), vt,
+                                       &adapter, ns);
+    mws::UploadPlan plan = w.upload_plan();
+    std::set<std::pair<std::string, std::string>> seen;
+    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+        mws::UploadOperation op = plan.operation(i);
+        std::string participant(op.source_participant_id);
+        // The tensor of the op's placement fragment.
+        std::string pfid(op.source_placement_fragment_id);
+        std::string tensor;
+        for (const View &v : src.views)
+            if (v.pfid == pfid) tensor = v.tensor;
+        if (seen.insert({tensor, participant}).second) {
+            w.write_tensor(tensor, const_cast<char *>(participant.c_str()));
+        }
+    }
+    return w.commit();
+}
+
+/// Restores `manifest` into every participant of `dst`; returns total stats.
+inline mws_load_stats restore(const mws::Store &store, const mws::StoredManifest &manifest, const HostModel &dst,
+                              std::size_t *regions = nullptr) {
+    mws::LoadPlan plan = mws::LoadPlan::plan(manifest, dst.placement, dst.binding_ptrs());
+    if (regions != nullptr) *regions = plan.region_count();
+    mws_load_stats total{};
+    for (const auto &b : dst.bindings) {
+        mws_load_stats s = store.load(plan, b);
+        total.regions += s.regions;
+        total.ranges += s.ranges;
+        total.requests += s.requests;
+        total.bytes += s.bytes;
+    }
+    return total;
+}
+
+}  // namespace mwsmodel
+
+#endif  // MWS_TESTS_MODEL_HPP

@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Throughput of snapshot and restore through a live Mooncake Store, next to raw
+``batch_put_from`` / ``get_into_ranges`` on the same bytes, in the same run.
+
+    python python/bench_mooncake.py [--hidden 1024] [--layers 5] [--repeat 3] [--json out.json]
+
+Needs the Mooncake wheel and the built library (``MWS_LIBRARY`` or a repo
+``target/release``). Uses ``MOONCAKE_MASTER`` if set, else starts a master on
+loopback. The model is a TP4 x DP2 transformer (see ``mooncake_weight_store.testing``);
+one DP replica (``--hidden 1024 --layers 5``: 128 MiB) is what a snapshot stores.
+
+Measured (median of ``--repeat``):
+
+* ``snapshot``: writer over the 8 source bindings (register, batch_put_from,
+  unregister per participant, existence checks, decision record, manifest), vs
+  ``raw put``: one ``batch_put_from`` of the same fragments from the same buffers
+  (already registered: registration is not timed);
+* ``restore same layout`` (TP4 target: one contiguous range per stored object) vs
+  ``raw get``: ``get_into_ranges`` of the same objects into the same buffers (already
+  registered);
+* ``restore TP2`` and ``restore EP2xTP2`` (resharding: strided ranges), for reference.
+
+In-process runs read the holder's own segment (Mooncake copies with memcpy);
+``--remote`` also runs the restore side in a second process (a pure client) so the
+bytes cross TCP on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+
+from mooncake_weight_store import BufferRef, LoadPlan, Store  # noqa: E402
+from mooncake_weight_store.mooncake_backend import (  # noqa: E402
+    MooncakeMaster,
+    MooncakeStoreBackend,
+    PutItem,
+    RangeItem,
+    RecordType,
+)
+from mooncake_weight_store.testing import Model, ModelSpec  # noqa: E402
+
+MiB = 1 << 20
+
+
+def register_all(be: MooncakeStoreBackend, buffers: List[bytearray]) -> List[BufferRef]:
+    refs = []
+    for b in buffers:
+        r = BufferRef(b, writable=True)
+        rc = be.register_buffer(r.address, r.nbytes)
+        if rc != 0:
+            raise RuntimeError(f"register_buffer failed: {rc}")
+        refs.append(r)
+    return refs
+
+
+def unregister_all(be: MooncakeStoreBackend, refs: List[BufferRef]) -> None:
+    for r in refs:
+        be.unregister_buffer(r.address)
+        r.release()
+
+
+def restore_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, manifest_key: str) -> Dict[str, float]:
+    """Library restores (same layout, TP2, EP) and the raw get on the same bytes."""
+    out: Dict[str, float] = {}
+    manifest = store.load_manifest(manifest_key)
+    for name, tgt in (("restore_same_layout", Model(spec, "tp", tp=4, dp=1)),
+                      ("restore_tp2", Model(spec, "tp", tp=2, dp=1)),
+                      ("restore_ep2xtp2", Model(spec, "ep", tp=2, dp=1, ep=2))):
+        bufs = {p: tgt.target_buffers(p) for p in tgt.participant_ids}
+        bindings = [tgt.bind(p, bufs[p]) for p in tgt.participant_ids]
+        with LoadPlan.new(manifest, tgt.placement, bindings) as lp:
+            t = time.perf_counter()
+            moved = sum(store.load(lp, b).bytes for b in bindings)
+            dt = time.perf_counter() - t
+        bad = [f for p in tgt.participant_ids for f in tgt.verify(p, bufs[p])]
+        if bad:
+            raise AssertionError(f"{name}: wrong bytes in {bad[:3]}")
+        out[name] = moved / MiB / dt
+        if name == "restore_same_layout":
+            # raw: the same objects into the same buffers, one range each (registered
+            # beforehand, as a serving engine would)
+            frags = {f.placement_fragment_id: f for f in tgt.placement.fragments()}
+            objs = {(f.tensor_id, f.global_offset): f for f in manifest.fragments()}
+            items, targets = [], []
+            for p in tgt.participant_ids:
+                for fid, buf in bufs[p].items():
+                    pf = frags[fid]
+                    sf = objs[(pf.tensor_id, pf.global_offset)]
+                    assert sf.nbytes == len(buf)
+                    targets.append(buf)
+            for b in bindings:
+                b.close()
+            refs = register_all(be, targets)
+            k = 0
+            for p in tgt.participant_ids:
+                for fid, buf in bufs[p].items():
+                    pf = frags[fid]
+                    sf = objs[(pf.tensor_id, pf.global_offset)]
+                    r = refs[k]
+                    k += 1
+                    items.append(RangeItem(sf.object_key, sf.object_offset, r.address, sf.nbytes, r.address))
+            for buf in targets:
+                buf[:] = b"\xff" * len(buf)
+            t = time.perf_counter()
+            rcs = []
+            for i in range(0, len(items), 1024):
+                rcs += be.get_into_ranges(items[i:i + 1024])
+            dt = time.perf_counter() - t
+            unregister_all(be, refs)
+            assert rcs == [it.len for it in items], rcs[:5]
+            bad = [f for p in tgt.participant_ids for f in tgt.verify(p, bufs[p])]
+            assert not bad
+            out["raw_get_into_ranges"] = sum(it.len for it in items) / MiB / dt
+        else:
+            for b in bindings:
+                b.close()
+    manifest.close()
+    return out
+
+
+def child(args) -> None:
+    be = MooncakeStoreBackend.connect(args.master, global_segment_size=0, local_buffer_size=64 << 20)
+    store = Store.from_backend(be, key_prefix=args.prefix)
+    spec = ModelSpec(hidden=args.hidden, layers=args.layers)
+    runs = [restore_side(be, store, spec, args.manifest_key) for _ in range(args.repeat)]
+    store.close()
+    be.close()
+    print("CHILD " + json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--remote", action="store_true", help="also restore from a second process (TCP)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", default="bench", help=argparse.SUPPRESS)
+    ap.add_argument("--manifest-key", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
+
+    spec = ModelSpec(hidden=args.hidden, layers=args.layers)
+    nbytes = spec.total_bytes
+    master_proc = None
+    master = os.environ.get("MOONCAKE_MASTER")
+    if not master:
+        master_proc = MooncakeMaster().start()
+        master = master_proc.address
+    try:
+        seg = max(512 << 20, 4 * nbytes + (64 << 20))
+        be = MooncakeStoreBackend.connect(master, global_segment_size=seg, local_buffer_size=64 << 20)
+        prefix = f"bench{os.getpid()}"
+        store = Store.from_backend(be, key_prefix=prefix)
+        print(f"model: TP4 x DP2, hidden={args.hidden}, layers={args.layers}: {nbytes / MiB:.1f} MiB per replica; "
+              f"segment {seg >> 20} MiB; master {master}", flush=True)
+        t = time.perf_counter()
+        src = Model(spec)
+        bufs = {p: src.source_buffers(p) for p in src.participant_ids}
+        bindings = [src.bind(p, bufs[p]) for p in src.participant_ids]
+        print(f"(model bytes generated in {time.perf_counter() - t:.1f} s)", flush=True)
+        runs: List[Dict[str, float]] = []
+        manifest_key = ""
+        for i in range(args.repeat):
+            r: Dict[str, float] = {}
+            # -- snapshot through the library
+            t = time.perf_counter()
+            with store.begin_snapshot(src.placement, bindings, namespace=f"run{i}") as w:
+                w.write_all()
+            dt = time.perf_counter() - t
+            assert w.manifest.total_bytes == nbytes
+            r["snapshot"] = nbytes / MiB / dt
+            manifest_key = w.manifest.key
+            # -- raw batch_put_from of the same fragments from the same buffers
+            ops = w.plan.operations()
+            by_fid = {}
+            for p in src.participant_ids:
+                by_fid.update(bufs[p])
+            srcs = [by_fid[o.source_placement_fragment_id] for o in ops]
+            refs = register_all(be, srcs)
+            items = [PutItem(f"{prefix}/raw{i}/{o.target_fragment_id}", f"{prefix}/raw{i}", ref.address, ref.nbytes)
+                     for o, ref in zip(ops, refs)]
+            t = time.perf_counter()
+            rcs = []
+            for j in range(0, len(items), 1024):
+                rcs += be.batch_put_from(items[j:j + 1024], RecordType.PAYLOAD)
+            dt = time.perf_counter() - t
+            unregister_all(be, refs)
+            assert rcs == [0] * len(items), rcs[:5]
+            r["raw_batch_put_from"] = nbytes / MiB / dt
+            # -- restores
+            r.update(restore_side(be, store, spec, manifest_key))
+            runs.append(r)
+            print(f"run {i}: " + ", ".join(f"{k} {v:.0f} MiB/s" for k, v in r.items()), flush=True)
+            if i + 1 < args.repeat:  # free the segment for the next run
+                be.remove_prefix(f"{prefix}/run{i}/")
+                be.remove_prefix(f"{prefix}/raw{i}/")
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        result = {
+            "model_bytes": nbytes,
+            "repeat": args.repeat,
+            "in_process_MiBps": {k: round(v) for k, v in med.items()},
+            "ratios_in_process": {
+                "snapshot / raw batch_put_from": round(med["snapshot"] / med["raw_batch_put_from"], 3),
+                "restore (same layout) / raw get_into_ranges": round(
+                    med["restore_same_layout"] / med["raw_get_into_ranges"], 3),
+                "restore TP2 / raw get_into_ranges": round(med["restore_tp2"] / med["raw_get_into_ranges"], 3),
+                "restore EP2xTP2 / raw get_into_ranges": round(med["restore_ep2xtp2"] / med["raw_get_into_ranges"], 3),
+            },
+        }
+        if args.remote:
+            p = subprocess.run([sys.executable, __file__, "--child", "--master", master, "--prefix", prefix,
+                                "--hidden", str(args.hidden), "--layers", str(args.layers),
+                                "--repeat", str(args.repeat), "--manifest-key", manifest_key],
+                               capture_output=True, text=True, timeout=900)
+            line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
+            if not line:
+                print(p.stdout[-2000:], p.stderr[-4000:])
+                raise RuntimeError("remote restore failed")
+            rem = json.loads(line[0][6:])
+            result["remote_tcp_MiBps"] = {k: round(v) for k, v in rem.items()}
+            result["ratios_remote_tcp"] = {
+                "restore (same layout) / raw get_into_ranges": round(
+                    rem["restore_same_layout"] / rem["raw_get_into_ranges"], 3),
+                "restore TP2 / raw get_into_ranges": round(rem["restore_tp2"] / rem["raw_get_into_ranges"], 3),
+                "restore EP2xTP2 / raw get_into_ranges": round(rem["restore_ep2xtp2"] / rem["raw_get_into_ranges"], 3),
+            }
+        print(json.dumps(result, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        for b in bindings:
+            b.close()
+        be.remove_prefix(prefix + "/")
+        store.close()
+        be.close()
+    finally:
+        if master_proc is not None:
+            master_proc.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,565 @@
+"""Loading ``libmooncake_weight_store.so`` and declaring the C ABI for ctypes.
+
+Library lookup order (first hit wins):
+
+1. ``MWS_LIBRARY``: path to the shared library file, or to a directory containing it.
+2. ``MWS_PREFIX`` (or ``CMAKE_INSTALL_PREFIX``): a CMake install prefix; the library is
+   looked for in ``<prefix>/lib``, ``<prefix>/lib64`` and ``<prefix>/lib/<multiarch>``.
+3. A repository build: ``target/release`` (then ``target/debug``) of a checkout found
+   by walking up from this file and from the current directory.
+4. The system loader (``libmooncake_weight_store.so.0``, ``LD_LIBRARY_PATH``,
+   ``ldconfig``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import MissingSymbolError, MwsError, Status, error_for_status
+
+LIB_NAME = "libmooncake_weight_store.so"
+SONAME = "libmooncake_weight_store.so.0"
+
+# --------------------------------------------------------------------------- structs
+
+
+class mws_binding_options(Structure):
+    _fields_ = [
+        ("resource_id", c_char_p),
+        ("revision", c_char_p),
+        ("placement_id", c_char_p),
+        ("placement_digest", c_char_p),
+        ("participant_id", c_char_p),
+        ("instance_id", c_char_p),
+        ("lease_id", c_char_p),
+        ("generation", c_uint64),
+    ]
+
+
+class mws_runtime_fragment(Structure):
+    _fields_ = [
+        ("placement_fragment_id", c_char_p),
+        ("fragment_id", c_char_p),
+        ("address", c_void_p),
+        ("nbytes", c_uint64),
+        ("worker_id", c_char_p),
+        ("endpoint", c_char_p),
+        ("device", c_char_p),
+        ("itemsize", c_uint64),
+        ("local_shape", POINTER(c_uint64)),
+        ("local_shape_len", c_size_t),
+        ("strides_bytes", POINTER(c_uint64)),
+        ("strides_bytes_len", c_size_t),
+        ("storage_address", c_void_p),
+        ("storage_nbytes", c_uint64),
+        ("storage_offset_bytes", c_uint64),
+        ("memory_kind", c_uint32),
+        ("device_ordinal", c_uint32),
+    ]
+
+
+class mws_placement_fragment_info(Structure):
+    _fields_ = [
+        ("placement_fragment_id", c_char_p),
+        ("participant_id", c_char_p),
+        ("tensor_id", c_char_p),
+        ("ndim", c_size_t),
+        ("global_offset", POINTER(c_uint64)),
+        ("local_shape", POINTER(c_uint64)),
+        ("nbytes", c_uint64),
+        ("itemsize", c_uint64),
+    ]
+
+
+class mws_upload_options(Structure):
+    _fields_ = [
+        ("store_namespace", c_char_p),
+        ("key_prefix", c_char_p),
+        ("transaction_id", c_char_p),
+        ("created_at", c_char_p),
+    ]
+
+
+class mws_upload_operation(Structure):
+    _fields_ = [
+        ("source_participant_id", c_char_p),
+        ("source_instance_id", c_char_p),
+        ("source_lease_id", c_char_p),
+        ("source_generation", c_uint64),
+        ("source_fragment_id", c_char_p),
+        ("source_worker_id", c_char_p),
+        ("source_placement_fragment_id", c_char_p),
+        ("target_fragment_id", c_char_p),
+        ("object_key", c_char_p),
+        ("nbytes", c_uint64),
+    ]
+
+
+# Store vtable (docs/STORE-VTABLE.md, version 1).
+
+
+class mws_bytes(Structure):
+    _fields_ = [("ptr", c_void_p), ("len", c_size_t)]
+
+
+class mws_put_item(Structure):
+    _fields_ = [
+        ("key", mws_bytes),
+        ("group_id", mws_bytes),
+        ("address", c_uint64),
+        ("len", c_uint64),
+        ("memory_kind", c_uint32),
+        ("device_ordinal", c_uint32),
+    ]
+
+
+class mws_range_item(Structure):
+    _fields_ = [
+        ("key", mws_bytes),
+        ("object_offset", c_uint64),
+        ("dest_address", c_uint64),
+        ("len", c_uint64),
+        ("buffer_address", c_uint64),
+        ("memory_kind", c_uint32),
+        ("device_ordinal", c_uint32),
+    ]
+
+
+PUT_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, c_void_p, c_uint64, mws_bytes, c_uint32)
+GET_SIZE_FN = CFUNCTYPE(c_int64, c_void_p, mws_bytes)
+GET_INTO_FN = CFUNCTYPE(c_int64, c_void_p, mws_bytes, c_void_p, c_uint64)
+EXISTS_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes)
+REMOVE_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes)
+BATCH_PUT_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_put_item), c_size_t, c_uint32, POINTER(c_int32))
+RANGES_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_range_item), c_size_t, POINTER(c_int64))
+REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_uint32, c_uint32)
+UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
+DESTROY_FN = CFUNCTYPE(None, c_void_p)
+
+
+class mws_store_vtable(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("put", PUT_FN),
+        ("upsert", PUT_FN),
+        ("get_size", GET_SIZE_FN),
+        ("get_into", GET_INTO_FN),
+        ("exists", EXISTS_FN),
+        ("remove", REMOVE_FN),
+        ("batch_put_from", BATCH_PUT_FN),
+        ("get_into_ranges", RANGES_FN),
+        ("register_buffer", REGISTER_FN),
+        ("unregister_buffer", UNREGISTER_FN),
+        ("destroy", DESTROY_FN),
+    ]
+
+
+MWS_STORE_VTABLE_VERSION = 1
+MWS_GUARD_VTABLE_VERSION = 1
+MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
+
+
+class mws_store_options(Structure):
+    _fields_ = [
+        ("key_prefix", c_char_p),
+        ("max_range_bytes", c_uint64),
+        ("max_ranges_per_request", c_uint64),
+        ("max_region_segments", c_uint64),
+        ("copy_hook", c_void_p),
+        ("copy_hook_ctx", c_void_p),
+    ]
+
+
+class mws_stored_fragment_info(Structure):
+    _fields_ = [
+        ("fragment_id", c_char_p),
+        ("tensor_id", c_char_p),
+        ("object_key", c_char_p),
+        ("object_offset", c_uint64),
+        ("nbytes", c_uint64),
+        ("ndim", c_size_t),
+        ("global_offset", POINTER(c_uint64)),
+        ("local_shape", POINTER(c_uint64)),
+    ]
+
+
+class mws_planning_limits(Structure):
+    _fields_ = [
+        ("max_transfer_regions", c_uint64),
+        ("max_segments_per_region", c_uint64),
+        ("max_total_lowered_segments", c_uint64),
+    ]
+
+
+GUARD_ACQUIRE_FN = CFUNCTYPE(c_int32, c_void_p, c_char_p, c_char_p, POINTER(c_char_p), c_size_t,
+                             POINTER(c_void_p), POINTER(c_uint64))
+GUARD_RELEASE_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32)
+
+
+class mws_guard_vtable(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("acquire", GUARD_ACQUIRE_FN),
+        ("release", GUARD_RELEASE_FN),
+    ]
+
+
+class mws_io_args(Structure):
+    _fields_ = [
+        ("worker_id", c_char_p),
+        ("transfer_id", c_char_p),
+        ("guard", POINTER(mws_guard_vtable)),
+        ("guard_ctx", c_void_p),
+    ]
+
+
+class mws_load_stats(Structure):
+    _fields_ = [
+        ("regions", c_uint64),
+        ("ranges", c_uint64),
+        ("requests", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+class mws_snapshot_descriptor(Structure):
+    _fields_ = [
+        ("resource_id", c_char_p),
+        ("revision", c_char_p),
+        ("weight_generation", c_uint64),
+        ("store_namespace", c_char_p),
+    ]
+
+
+EXPORT_SOURCE_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_snapshot_descriptor), POINTER(c_void_p),
+                             POINTER(POINTER(c_void_p)), POINTER(c_size_t))
+RESOLVE_IDS_FN = CFUNCTYPE(c_int32, c_void_p, c_char_p, c_void_p, POINTER(POINTER(c_char_p)), POINTER(c_size_t))
+
+
+class mws_snapshot_adapter_vtable(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("export_source", EXPORT_SOURCE_FN),
+        ("resolve_fragment_ids", RESOLVE_IDS_FN),
+        ("acquire_source", GUARD_ACQUIRE_FN),
+        ("release_source", GUARD_RELEASE_FN),
+    ]
+
+# --------------------------------------------------------------------------- prototypes
+
+_p = c_void_p  # opaque handle pointer
+_sz = POINTER(c_size_t)
+
+# name -> (restype, argtypes). Functions that the loaded library lacks are simply
+# absent; calling them raises MissingSymbolError.
+PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
+    # boundary
+    "mws_status_name": (c_char_p, [c_int]),
+    "mws_last_error_message": (c_char_p, []),
+    "mws_version": (c_char_p, []),
+    "mws_test_panic": (c_int, []),
+    # placement
+    "mws_placement_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    "mws_placement_free": (None, [_p]),
+    "mws_placement_to_json": (c_void_p, [_p, _sz]),
+    "mws_placement_id": (c_void_p, [_p, _sz]),
+    "mws_placement_digest": (c_void_p, [_p, _sz]),
+    "mws_placement_topology_id": (c_void_p, [_p, _sz]),
+    "mws_placement_resource_id": (c_void_p, [_p, _sz]),
+    "mws_placement_revision": (c_void_p, [_p, _sz]),
+    "mws_placement_weight_generation": (c_uint64, [_p]),
+    "mws_placement_participant_count": (c_size_t, [_p]),
+    "mws_placement_tensor_count": (c_size_t, [_p]),
+    "mws_placement_fragment_count": (c_size_t, [_p]),
+    "mws_placement_fragment": (c_int, [_p, c_size_t, POINTER(mws_placement_fragment_info)]),
+    # binding
+    "mws_binding_new": (c_int, [POINTER(mws_binding_options), POINTER(_p)]),
+    "mws_binding_add_fragment": (c_int, [_p, POINTER(mws_runtime_fragment)]),
+    "mws_binding_fragment_count": (c_size_t, [_p]),
+    "mws_binding_validate": (c_int, [_p, _p]),
+    "mws_binding_free": (None, [_p]),
+    # upload plan
+    "mws_plan_upload": (c_int, [_p, POINTER(_p), c_size_t, POINTER(mws_upload_options), POINTER(_p)]),
+    "mws_upload_plan_free": (None, [_p]),
+    "mws_upload_plan_manifest_json": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_manifest_digest": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_manifest_key": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_group_id": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_control_key": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_transaction_group_id": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_transaction_id": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_source_placement_id": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_source_placement_digest": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_commit_record": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_operation_count": (c_size_t, [_p]),
+    "mws_upload_plan_operation": (c_int, [_p, c_size_t, POINTER(mws_upload_operation)]),
+    "mws_upload_plan_to_json": (c_void_p, [_p, _sz]),
+    "mws_upload_plan_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    # store
+    "mws_store_open_memory": (c_int, [POINTER(mws_store_options), POINTER(_p)]),
+    "mws_store_open_dir": (c_int, [c_char_p, POINTER(mws_store_options), POINTER(_p)]),
+    "mws_store_from_vtable": (c_int, [POINTER(mws_store_vtable), c_void_p, POINTER(_p)]),
+    "mws_store_from_vtable_with_options": (c_int, [POINTER(mws_store_vtable), c_void_p, POINTER(mws_store_options), POINTER(_p)]),
+    "mws_store_free": (None, [_p]),
+    "mws_store_key_prefix": (c_void_p, [_p, _sz]),
+    "mws_store_get": (c_int, [_p, c_char_p, c_void_p, c_size_t, _sz]),
+    "mws_store_exists": (c_int, [_p, c_char_p, POINTER(c_int)]),
+    "mws_store_put": (c_int, [_p, c_char_p, c_char_p, c_size_t, c_char_p]),
+    "mws_store_upsert": (c_int, [_p, c_char_p, c_char_p, c_size_t, c_char_p]),
+    "mws_store_remove": (c_int, [_p, c_char_p]),
+    "mws_store_pending_registration_count": (c_size_t, [_p]),
+    "mws_store_drain_pending_registrations": (c_int, [_p]),
+    # receipts
+    "mws_receipts_free": (None, [_p]),
+    "mws_receipts_count": (c_size_t, [_p]),
+    "mws_receipts_to_json": (c_void_p, [_p, _sz]),
+    "mws_receipts_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    "mws_receipts_concat": (c_int, [POINTER(_p), c_size_t, POINTER(_p)]),
+    "mws_receipts_for_plan": (c_int, [_p, POINTER(_p)]),
+    # transaction
+    "mws_store_upload": (c_int, [_p, _p, _p, _p, POINTER(mws_io_args), POINTER(_p)]),
+    "mws_store_commit": (c_int, [_p, _p, _p, POINTER(c_int), POINTER(_p)]),
+    "mws_store_abort_upload": (c_int, [_p, _p, _p]),
+    "mws_store_finalize_upload": (c_int, [_p, _p]),
+    "mws_store_read_decision": (c_int, [_p, _p, POINTER(c_int)]),
+    # stored manifest
+    "mws_store_load_manifest": (c_int, [_p, c_char_p, POINTER(_p)]),
+    "mws_stored_manifest_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    "mws_stored_manifest_free": (None, [_p]),
+    "mws_stored_manifest_to_json": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_digest": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_key": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_group_id": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_namespace": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_resource_id": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_revision": (c_void_p, [_p, _sz]),
+    "mws_stored_manifest_weight_generation": (c_uint64, [_p]),
+    "mws_stored_manifest_tensor_count": (c_size_t, [_p]),
+    "mws_stored_manifest_fragment_count": (c_size_t, [_p]),
+    "mws_stored_manifest_total_bytes": (c_uint64, [_p]),
+    "mws_stored_manifest_fragment": (c_int, [_p, c_size_t, POINTER(mws_stored_fragment_info)]),
+    # load
+    "mws_load_plan_new": (c_int, [_p, _p, POINTER(_p), c_size_t, POINTER(mws_planning_limits), POINTER(_p)]),
+    "mws_load_plan_free": (None, [_p]),
+    "mws_load_plan_region_count": (c_size_t, [_p]),
+    "mws_load_plan_total_bytes": (c_uint64, [_p]),
+    "mws_load_plan_participant_count": (c_size_t, [_p]),
+    "mws_load_plan_participant": (c_void_p, [_p, c_size_t, _sz]),
+    "mws_store_load": (c_int, [_p, _p, _p, POINTER(mws_io_args), POINTER(mws_load_stats)]),
+    # writer
+    "mws_writer_begin": (c_int, [_p, POINTER(mws_snapshot_descriptor), POINTER(mws_snapshot_adapter_vtable), c_void_p, POINTER(mws_upload_options), POINTER(_p)]),
+    "mws_writer_write_tensor": (c_int, [_p, c_char_p, c_void_p, POINTER(_p)]),
+    "mws_writer_commit": (c_int, [_p, POINTER(_p)]),
+    "mws_writer_abort": (c_int, [_p]),
+    "mws_writer_upload_plan": (c_int, [_p, POINTER(_p)]),
+    "mws_writer_free": (None, [_p]),
+}
+
+
+def register_prototypes(protos: Dict[str, Tuple[Any, List[Any]]]) -> None:
+    """Adds prototypes (used by modules that bind newer parts of the ABI)."""
+    PROTOTYPES.update(protos)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _candidate_paths() -> Iterable[str]:
+    env = os.environ.get("MWS_LIBRARY")
+    if env:
+        p = Path(env)
+        if p.is_dir():
+            yield str(p / LIB_NAME)
+            yield str(p / SONAME)
+        else:
+            yield str(p)
+        return  # an explicit choice is never second-guessed
+    for var in ("MWS_PREFIX", "CMAKE_INSTALL_PREFIX"):
+        prefix = os.environ.get(var)
+        if prefix:
+            for sub in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
+                yield str(Path(prefix) / sub / LIB_NAME)
+    seen = set()
+    for start in (Path(__file__).resolve().parent, Path.cwd().resolve()):
+        for d in (start, *start.parents):
+            if d in seen:
+                continue
+            seen.add(d)
+            if (d / "Cargo.toml").is_file():
+                for profile in ("release", "debug"):
+                    yield str(d / "target" / profile / LIB_NAME)
+    yield SONAME
+    found = ctypes.util.find_library("mooncake_weight_store")
+    if found:
+        yield found
+
+
+class _Library:
+    """The loaded library plus lazily bound, typed functions."""
+
+    def __init__(self) -> None:
+        self._cdll: Optional[ctypes.CDLL] = None
+        self.path: str = ""
+        self._funcs: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _load(self) -> ctypes.CDLL:
+        errors = []
+        for cand in _candidate_paths():
+            if os.sep in cand and not os.path.exists(cand):
+                errors.append(f"{cand}: not found")
+                continue
+            try:
+                cdll = ctypes.CDLL(cand)
+            except OSError as e:
+                errors.append(f"{cand}: {e}")
+                continue
+            self.path = cand
+            return cdll
+        raise OSError(
+            "cannot load libmooncake_weight_store (set MWS_LIBRARY to the .so, or MWS_PREFIX "
+            "to a CMake install prefix; build it with `cargo build --release`). Tried: "
+            + "; ".join(errors)
+        )
+
+    @property
+    def cdll(self) -> ctypes.CDLL:
+        if self._cdll is None:
+            with self._lock:
+                if self._cdll is None:
+                    self._cdll = self._load()
+        return self._cdll
+
+    def has(self, name: str) -> bool:
+        try:
+            getattr(self.cdll, name)
+            return True
+        except AttributeError:
+            return False
+
+    def fn(self, name: str) -> Any:
+        f = self._funcs.get(name)
+        if f is not None:
+            return f
+        try:
+            f = getattr(self.cdll, name)
+        except AttributeError:
+            raise MissingSymbolError(name, self.path) from None
+        proto = PROTOTYPES.get(name)
+        if proto is None:
+            raise MissingSymbolError(name + " (no Python prototype)", self.path)
+        f.restype, f.argtypes = proto
+        self._funcs[name] = f
+        return f
+
+    def exported(self) -> List[str]:
+        """Names of the prototyped functions the loaded library exports."""
+        return sorted(n for n in PROTOTYPES if self.has(n))
+
+
+LIB = _Library()
+
+
+def last_error() -> str:
+    raw = LIB.fn("mws_last_error_message")()
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def status_name(status: int) -> str:
+    raw = LIB.fn("mws_status_name")(int(status))
+    return raw.decode() if raw else "MWS_UNKNOWN_STATUS"
+
+
+def check(status: int) -> None:
+    """Raises the matching :class:`MwsError` for a non-zero status (reads the last
+    error on the calling thread, so call it right after the failed function)."""
+    if status != Status.OK:
+        msg = last_error()
+        raise error_for_status(status, msg, status_name(status))
+
+
+def call(name: str, *args: Any) -> None:
+    """Calls a status-returning function and raises on failure."""
+    check(LIB.fn(name)(*args))
+
+
+def borrowed_str(name: str, handle: Any) -> str:
+    """Calls a ``const char *f(handle, size_t *len)`` accessor and decodes the result
+    (length-aware, so an interior NUL is kept)."""
+    n = c_size_t(0)
+    ptr = LIB.fn(name)(handle, ctypes.byref(n))
+    if not ptr:
+        msg = last_error()
+        raise error_for_status(Status.NULL_ARGUMENT, msg or f"{name} returned NULL")
+    return ctypes.string_at(ptr, n.value).decode("utf-8")
+
+
+def cstr(s: Optional[str], what: str = "string") -> Optional[bytes]:
+    """Encodes a Python string for a ``const char *`` argument (NUL-terminated UTF-8).
+    An interior NUL cannot be represented and is rejected here."""
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
+    b = s.encode("utf-8", "surrogatepass")
+    if b"\0" in b:
+        raise ValueError(f"{what} must not contain a NUL character")
+    return b
+
+
+def u64_array(values: Sequence[int], what: str) -> Any:
+    vals = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{what} must contain integers")
+        if v < 0 or v >= 1 << 64:
+            raise ValueError(f"{what} values must fit in an unsigned 64-bit integer")
+        vals.append(v)
+    return (c_uint64 * len(vals))(*vals)
+
+
+def version() -> str:
+    """The loaded library's version string (``MAJOR.MINOR.PATCH``)."""
+    return LIB.fn("mws_version")().decode()
+
+
+def library_path() -> str:
+    """The path the shared library was loaded from."""
+    _ = LIB.cdll
+    return LIB.path
+
+
+__all__ = [
+    "LIB",
+    "check",
+    "call",
+    "borrowed_str",
+    "cstr",
+    "last_error",
+    "status_name",
+    "version",
+    "library_path",
+    "MwsError",
+]

@@ -1,0 +1,123 @@
+"""Restore: plan a stored manifest into a target placement, then load each
+participant's buffers."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+from . import _lib
+from ._lib import LIB, borrowed_str, call
+from .binding import Binding
+from .manifest import StoredManifest
+from .placement import Placement
+
+__all__ = ["PlanningLimits", "LoadPlan", "LoadStats"]
+
+
+@dataclass(frozen=True)
+class PlanningLimits:
+    """Fail-closed planning bounds; 0 means the library default."""
+
+    max_transfer_regions: int = 0
+    max_segments_per_region: int = 0
+    max_total_lowered_segments: int = 0
+
+    def to_c(self) -> _lib.mws_planning_limits:
+        for name in ("max_transfer_regions", "max_segments_per_region", "max_total_lowered_segments"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+                raise ValueError(f"{name} must be an unsigned 64-bit integer")
+        return _lib.mws_planning_limits(self.max_transfer_regions, self.max_segments_per_region,
+                                        self.max_total_lowered_segments)
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What one load moved."""
+
+    regions: int = 0
+    ranges: int = 0
+    requests: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: "LoadStats") -> "LoadStats":
+        return LoadStats(self.regions + other.regions, self.ranges + other.ranges,
+                         self.requests + other.requests, self.bytes + other.bytes)
+
+
+class LoadPlan:
+    """A restore plan (``mws_load_plan``); immutable and thread-safe.
+
+    It records the bindings' buffer addresses: keep the buffers (and the
+    :class:`Binding` objects, which hold them) alive until the loads ran.
+    """
+
+    def __init__(self, handle: int, bindings: Sequence[Binding] = ()) -> None:
+        self._h: Optional[int] = handle
+        self._keep = list(bindings)
+
+    @classmethod
+    def new(
+        cls,
+        manifest: StoredManifest,
+        target: Placement,
+        bindings: Sequence[Binding],
+        limits: Optional[PlanningLimits] = None,
+    ) -> "LoadPlan":
+        """Plans the restore of ``manifest`` into ``target`` for the participants of
+        ``bindings`` (all, or the caller's subset). Pure: no store I/O."""
+        arr = (ctypes.c_void_p * len(bindings))(*[b.handle for b in bindings])
+        lim = ctypes.byref(limits.to_c()) if limits is not None else None
+        out = ctypes.c_void_p()
+        call("mws_load_plan_new", manifest.handle, target.handle, arr, len(bindings), lim, ctypes.byref(out))
+        return cls(out.value, bindings)
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("load plan is closed")
+        return self._h
+
+    @property
+    def region_count(self) -> int:
+        return int(LIB.fn("mws_load_plan_region_count")(self.handle))
+
+    @property
+    def total_bytes(self) -> int:
+        return int(LIB.fn("mws_load_plan_total_bytes")(self.handle))
+
+    def participants(self) -> List[str]:
+        n = int(LIB.fn("mws_load_plan_participant_count")(self.handle))
+        out = []
+        for i in range(n):
+            size = ctypes.c_size_t(0)
+            ptr = LIB.fn("mws_load_plan_participant")(self.handle, i, ctypes.byref(size))
+            if not ptr:
+                _lib.check(int(_lib.Status.INVALID_ARGUMENT))
+            out.append(ctypes.string_at(ptr, size.value).decode("utf-8"))
+        return out
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            LIB.fn("mws_load_plan_free")(h)
+        self._keep = []
+
+    def __enter__(self) -> "LoadPlan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        if self._h is None:
+            return "LoadPlan(<closed>)"
+        return f"LoadPlan(regions={self.region_count}, bytes={self.total_bytes})"

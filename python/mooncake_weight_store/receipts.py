@@ -1,0 +1,82 @@
+"""Upload receipts: proof that stored fragments were written and are visible."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any, Iterable, List, Optional, Union
+
+from ._lib import LIB, borrowed_str, call
+
+__all__ = ["Receipts"]
+
+
+class Receipts:
+    """An immutable receipt list (``mws_receipts``); thread-safe.
+
+    Returned by :meth:`Store.upload` and :meth:`Writer.write_tensor`; JSON-transportable
+    between the processes of a job (:meth:`to_json` / :meth:`from_json`).
+    """
+
+    def __init__(self, handle: int) -> None:
+        self._h: Optional[int] = handle
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("receipts are closed")
+        return self._h
+
+    @classmethod
+    def from_json(cls, text: Union[str, bytes]) -> "Receipts":
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        out = ctypes.c_void_p()
+        call("mws_receipts_from_json", data, len(data), ctypes.byref(out))
+        return cls(out.value)
+
+    @classmethod
+    def concat(cls, parts: Iterable["Receipts"]) -> "Receipts":
+        items = list(parts)
+        arr = (ctypes.c_void_p * len(items))(*[r.handle for r in items])
+        out = ctypes.c_void_p()
+        call("mws_receipts_concat", arr, len(items), ctypes.byref(out))
+        return cls(out.value)
+
+    @classmethod
+    def for_plan(cls, plan: Any) -> "Receipts":
+        """The receipts of every operation of ``plan`` (to retry a commit after a
+        coordinator crash)."""
+        out = ctypes.c_void_p()
+        call("mws_receipts_for_plan", plan.handle, ctypes.byref(out))
+        return cls(out.value)
+
+    def to_json(self) -> str:
+        return borrowed_str("mws_receipts_to_json", self.handle)
+
+    def items(self) -> List[Any]:
+        """The receipts as dicts (``fragment_id``, ``object_key``, ``worker_id``)."""
+        doc = json.loads(self.to_json())
+        return list(doc["receipts"]) if isinstance(doc, dict) else list(doc)
+
+    def __len__(self) -> int:
+        return int(LIB.fn("mws_receipts_count")(self.handle))
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            LIB.fn("mws_receipts_free")(h)
+
+    def __enter__(self) -> "Receipts":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return "Receipts(<closed>)" if self._h is None else f"Receipts({len(self)})"

@@ -1,0 +1,711 @@
+"""Stores: the embedded backends (memory, directory) and any Python object that
+implements the store methods, bridged through the C vtable (``docs/STORE-VTABLE.md``).
+
+A Python backend implements (return codes are Mooncake ``ErrorCode`` values: 0 ok,
+-704 not found, -706 object has lease, -200 no available handle, -600 invalid params,
+other negative = error):
+
+=======================================================  ===============================
+``put(key, value: bytes, group_id, record_type) -> int``  create-only (0 for an existing
+                                                          key is allowed: value kept)
+``upsert(key, value, group_id, record_type) -> int``      insert or replace
+``get_size(key) -> int``                                  size or negative
+``get_into(key, address, capacity) -> int``               bytes read or negative
+``exists(key) -> int`` (or ``is_exist``)                  1 / 0 / negative
+``remove(key) -> int``                                    force remove; 0 or -704 = ok
+``batch_put_from(items: list[PutItem], record_type)``     list of per-item codes
+``get_into_ranges(items: list[RangeItem])``               list of bytes read / codes
+``register_buffer(address, len, memory_kind, ordinal)``   optional
+``unregister_buffer(address)``                            optional
+``close()``                                               optional: called on destroy
+=======================================================  ===============================
+
+If ``get_size``/``get_into`` are missing but ``get(key) -> bytes`` exists (raising
+``KeyError`` for a missing key), they are derived from it.
+
+The bridge never lets an exception reach C: a callback that raises returns -1 (or
+-704 for ``KeyError``), and the exception is kept in :attr:`Store.callback_errors`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+import logging
+import os
+import threading
+import traceback
+from ctypes import c_int32, c_int64, c_void_p
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+from . import _lib
+from ._lib import LIB, borrowed_str, call, cstr
+from .errors import error_for_status
+from .mooncake_backend import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    OBJECT_NOT_FOUND,
+    PutItem,
+    RangeItem,
+    RecordType,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .binding import Binding
+    from .load import LoadPlan, LoadStats
+    from .manifest import StoredManifest
+    from .placement import Placement
+    from .receipts import Receipts
+    from .transaction import Transaction
+    from .upload_plan import UploadPlan
+    from .writer import Writer
+
+__all__ = ["Store", "Decision", "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType"]
+
+log = logging.getLogger("mooncake_weight_store.store")
+
+
+# Bridges stay alive until the library calls `destroy` (the store may outlive the
+# Python Store object inside handles that share it, e.g. a writer or loader).
+_BRIDGES: Dict[int, "_VtableBridge"] = {}
+_BRIDGES_LOCK = threading.Lock()
+_GRAVEYARD: List["_VtableBridge"] = []
+_IDS = itertools.count(1)
+
+
+def _bury() -> None:
+    with _BRIDGES_LOCK:
+        _GRAVEYARD.clear()
+
+
+def _key(b: _lib.mws_bytes) -> str:
+    if not b.len:
+        return ""
+    return ctypes.string_at(b.ptr, b.len).decode("utf-8", "surrogateescape")
+
+
+def _int_result(rc: Any) -> int:
+    if isinstance(rc, bool) or not isinstance(rc, int):
+        raise TypeError(f"store callback returned {type(rc).__name__}, expected int")
+    return rc
+
+
+class _VtableBridge:
+    """Holds the CFUNCTYPE thunks of one Python backend."""
+
+    MAX_ERRORS = 64
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.errors: List[str] = []
+        self.ctx_id = next(_IDS)
+        self.destroyed = threading.Event()
+        b = backend
+
+        exists = getattr(b, "exists", None) or getattr(b, "is_exist", None)
+        get_size = getattr(b, "get_size", None)
+        get_into = getattr(b, "get_into", None)
+        if (get_size is None or get_into is None) and hasattr(b, "get"):
+            get_size, get_into = self._derive_get(b.get)
+        missing = [n for n, f in (("put", getattr(b, "put", None)), ("upsert", getattr(b, "upsert", None)),
+                                  ("get_size", get_size), ("get_into", get_into), ("exists", exists),
+                                  ("remove", getattr(b, "remove", None)),
+                                  ("batch_put_from", getattr(b, "batch_put_from", None)),
+                                  ("get_into_ranges", getattr(b, "get_into_ranges", None))) if not callable(f)]
+        if missing:
+            raise TypeError(f"store backend {type(b).__name__} lacks: {', '.join(missing)}")
+        self._get_size, self._get_into, self._exists = get_size, get_into, exists
+
+        vt = _lib.mws_store_vtable()
+        vt.size = ctypes.sizeof(_lib.mws_store_vtable)
+        vt.version = _lib.MWS_STORE_VTABLE_VERSION
+        vt.put = _lib.PUT_FN(self._put)
+        vt.upsert = _lib.PUT_FN(self._upsert)
+        vt.get_size = _lib.GET_SIZE_FN(self._cb_get_size)
+        vt.get_into = _lib.GET_INTO_FN(self._cb_get_into)
+        vt.exists = _lib.EXISTS_FN(self._cb_exists)
+        vt.remove = _lib.REMOVE_FN(self._remove)
+        vt.batch_put_from = _lib.BATCH_PUT_FN(self._batch_put_from)
+        vt.get_into_ranges = _lib.RANGES_FN(self._get_into_ranges)
+        if callable(getattr(b, "register_buffer", None)):
+            vt.register_buffer = _lib.REGISTER_FN(self._register)
+        if callable(getattr(b, "unregister_buffer", None)):
+            vt.unregister_buffer = _lib.UNREGISTER_FN(self._unregister)
+        vt.destroy = _lib.DESTROY_FN(self._destroy)
+        self.vtable = vt
+
+    # -- error containment ----------------------------------------------------------
+
+    def _fail(self, op: str, exc: BaseException) -> int:
+        msg = f"{op}: {type(exc).__name__}: {exc}"
+        if len(self.errors) < self.MAX_ERRORS:
+            self.errors.append(msg)
+        log.warning("store backend callback failed: %s\n%s", msg, traceback.format_exc())
+        if isinstance(exc, KeyError):
+            return OBJECT_NOT_FOUND
+        return INTERNAL_ERROR
+
+    @staticmethod
+    def _derive_get(get: Any) -> Any:
+        def get_size(key: str) -> int:
+            return len(get(key))
+
+        def get_into(key: str, address: int, capacity: int) -> int:
+            data = get(key)
+            if len(data) > capacity:
+                return INVALID_PARAMS
+            ctypes.memmove(address, bytes(data), len(data))
+            return len(data)
+
+        return get_size, get_into
+
+    # -- callbacks (each catches everything) ----------------------------------------
+
+    def _write(self, op: str, key: _lib.mws_bytes, value: int, n: int, group: _lib.mws_bytes, rt: int) -> int:
+        try:
+            data = ctypes.string_at(value, n) if n else b""
+            return _int_result(getattr(self.backend, op)(_key(key), data, _key(group), int(rt)))
+        except BaseException as e:  # noqa: BLE001 - never unwind into C
+            return self._fail(op, e)
+
+    def _put(self, ctx, key, value, n, group, rt):  # type: ignore[no-untyped-def]
+        return self._write("put", key, value, n, group, rt)
+
+    def _upsert(self, ctx, key, value, n, group, rt):  # type: ignore[no-untyped-def]
+        return self._write("upsert", key, value, n, group, rt)
+
+    def _cb_get_size(self, ctx, key):  # type: ignore[no-untyped-def]
+        try:
+            return _int_result(self._get_size(_key(key)))
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("get_size", e)
+
+    def _cb_get_into(self, ctx, key, buf, cap):  # type: ignore[no-untyped-def]
+        try:
+            rc = _int_result(self._get_into(_key(key), buf or 0, int(cap)))
+            if rc > cap:
+                raise ValueError(f"get_into reported {rc} bytes for a {cap}-byte buffer")
+            return rc
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("get_into", e)
+
+    def _cb_exists(self, ctx, key):  # type: ignore[no-untyped-def]
+        try:
+            rc = self._exists(_key(key))
+            if isinstance(rc, bool):
+                rc = int(rc)
+            return _int_result(rc)
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("exists", e)
+
+    def _remove(self, ctx, key):  # type: ignore[no-untyped-def]
+        try:
+            return _int_result(self.backend.remove(_key(key)))
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("remove", e)
+
+    def _batch_put_from(self, ctx, items, n, rt, results):  # type: ignore[no-untyped-def]
+        try:
+            batch = [
+                PutItem(_key(it.key), _key(it.group_id), int(it.address), int(it.len),
+                        int(it.memory_kind), int(it.device_ordinal))
+                for it in (items[i] for i in range(n))
+            ]
+            rcs = list(self.backend.batch_put_from(batch, int(rt)))
+            if len(rcs) != n:
+                raise ValueError(f"batch_put_from returned {len(rcs)} results for {n} items")
+            vals = [_int_result(rc) for rc in rcs]
+            for i, rc in enumerate(vals):
+                results[i] = max(min(rc, 2**31 - 1), -(2**31))
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("batch_put_from", e)
+
+    def _get_into_ranges(self, ctx, items, n, results):  # type: ignore[no-untyped-def]
+        try:
+            batch = [
+                RangeItem(_key(it.key), int(it.object_offset), int(it.dest_address), int(it.len),
+                          int(it.buffer_address), int(it.memory_kind), int(it.device_ordinal))
+                for it in (items[i] for i in range(n))
+            ]
+            rcs = list(self.backend.get_into_ranges(batch))
+            if len(rcs) != n:
+                raise ValueError(f"get_into_ranges returned {len(rcs)} results for {n} items")
+            vals = [_int_result(rc) for rc in rcs]
+            for i, rc in enumerate(vals):
+                results[i] = rc
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("get_into_ranges", e)
+
+    def _register(self, ctx, address, length, kind, ordinal):  # type: ignore[no-untyped-def]
+        try:
+            return _int_result(self.backend.register_buffer(int(address), int(length), int(kind), int(ordinal)))
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("register_buffer", e)
+
+    def _unregister(self, ctx, address):  # type: ignore[no-untyped-def]
+        try:
+            return _int_result(self.backend.unregister_buffer(int(address)))
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("unregister_buffer", e)
+
+    def _destroy(self, ctx):  # type: ignore[no-untyped-def]
+        try:
+            self.destroyed.set()
+            close = getattr(self.backend, "close", None)
+            if callable(close) and getattr(self, "close_backend", False):
+                close()
+        except BaseException as e:  # noqa: BLE001
+            self._fail("destroy", e)
+        finally:
+            # The thunk running right now must outlive this call: move the bridge to
+            # a graveyard that is emptied later, from Python code outside any callback.
+            with _BRIDGES_LOCK:
+                _BRIDGES.pop(self.ctx_id, None)
+                _GRAVEYARD.append(self)
+
+
+class Decision(enum.IntEnum):
+    """``mws_decision``: the decision recorded for an upload transaction."""
+
+    NONE = 0
+    COMMIT = 1
+    ABORT = 2
+
+
+class TerminalState(enum.IntEnum):
+    """How I/O on pinned buffers ended (passed to a guard's ``release``)."""
+
+    ABORTED = 0
+    COMPLETED = 1
+    FAILED_DRAINED = 2
+
+
+class Guard:
+    """An allocation guard: pins a participant's buffers for one upload or load.
+
+    Subclass and override :meth:`acquire` (return an integer token) and
+    :meth:`release`. Exceptions are contained (the call fails with ``MWS_STORE``).
+    """
+
+    def acquire(self, transfer_id: str, participant_id: str, fragment_ids: List[str]) -> int:
+        return 0
+
+    def release(self, token: int, state: TerminalState) -> None:
+        pass
+
+
+class _GuardBridge:
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.errors: List[str] = []
+        self.vtable = _lib.mws_guard_vtable(
+            size=ctypes.sizeof(_lib.mws_guard_vtable),
+            version=_lib.MWS_GUARD_VTABLE_VERSION,
+            acquire=_lib.GUARD_ACQUIRE_FN(self._acquire),
+            release=_lib.GUARD_RELEASE_FN(self._release),
+        )
+
+    def _acquire(self, ctx, transfer_id, participant_id, ids, count, observed, token):  # type: ignore[no-untyped-def]
+        try:
+            fids = [ids[i].decode("utf-8") for i in range(count)]
+            tok = self.guard.acquire(transfer_id.decode("utf-8"), participant_id.decode("utf-8"), fids)
+            token[0] = int(tok or 0) & ((1 << 64) - 1)
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            self.errors.append(f"acquire: {type(e).__name__}: {e}")
+            return -1
+
+    def _release(self, ctx, token, state):  # type: ignore[no-untyped-def]
+        try:
+            self.guard.release(int(token), TerminalState(state))
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            self.errors.append(f"release: {type(e).__name__}: {e}")
+            return -1
+
+
+def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard]):  # type: ignore[no-untyped-def]
+    args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
+    bridge = None
+    if guard is not None:
+        bridge = _GuardBridge(guard)
+        args.guard = ctypes.pointer(bridge.vtable)
+    return args, bridge
+
+
+def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
+             max_region_segments: int) -> Optional[_lib.mws_store_options]:
+    if key_prefix is None and not (max_range_bytes or max_ranges_per_request or max_region_segments):
+        return None
+    for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
+                    ("max_region_segments", max_region_segments)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+            raise ValueError(f"{name} must be an unsigned 64-bit integer")
+    return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
+                                  max_ranges_per_request=max_ranges_per_request,
+                                  max_region_segments=max_region_segments)
+
+
+class Store:
+    """A weight store (``mws_store``): an object store backend plus the key prefix,
+    limits and registration state of the weight protocol.
+
+    Open one with :meth:`memory`, :meth:`directory` or :meth:`from_backend` (any Python
+    object implementing the store methods, e.g.
+    :class:`~mooncake_weight_store.mooncake_backend.MooncakeStoreBackend`); free it
+    with :meth:`close` or a ``with`` block. Thread-safe: uploads and loads of
+    different participants may run concurrently.
+
+    Common keyword options: ``key_prefix`` (default ``"weights"``),
+    ``max_range_bytes`` (largest ranged read, default 64 MiB),
+    ``max_ranges_per_request`` (keys or ranges per backend request, default 1024),
+    ``max_region_segments``.
+    """
+
+    def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
+        self._h: Optional[int] = handle
+        self._bridge = bridge
+        self.kind = kind
+
+    # -- opening --------------------------------------------------------------------
+
+    @classmethod
+    def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
+               max_ranges_per_request: int = 0, max_region_segments: int = 0) -> "Store":
+        """An in-memory store (single process; objects live as long as the store)."""
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        out = c_void_p()
+        call("mws_store_open_memory", ctypes.byref(opts) if opts else None, ctypes.byref(out))
+        return cls(out.value, kind="memory")
+
+    @classmethod
+    def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
+                  max_range_bytes: int = 0, max_ranges_per_request: int = 0,
+                  max_region_segments: int = 0) -> "Store":
+        """The crash-safe directory store rooted at ``path``."""
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        out = c_void_p()
+        call("mws_store_open_dir", cstr(os.fspath(path), "path"), ctypes.byref(opts) if opts else None,
+             ctypes.byref(out))
+        return cls(out.value, kind="directory")
+
+    @classmethod
+    def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
+                     max_range_bytes: int = 0, max_ranges_per_request: int = 0,
+                     max_region_segments: int = 0) -> "Store":
+        """Plugs a Python object implementing the store methods (see the module doc)
+        into the library through the C vtable. ``close_backend`` calls
+        ``backend.close()`` when the library destroys the store."""
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        _bury()
+        bridge = _VtableBridge(backend)
+        bridge.close_backend = close_backend  # type: ignore[attr-defined]
+        with _BRIDGES_LOCK:
+            _BRIDGES[bridge.ctx_id] = bridge
+        out = c_void_p()
+        try:
+            if opts is None:
+                call("mws_store_from_vtable", ctypes.byref(bridge.vtable), c_void_p(bridge.ctx_id), ctypes.byref(out))
+            else:
+                call("mws_store_from_vtable_with_options", ctypes.byref(bridge.vtable), c_void_p(bridge.ctx_id),
+                     ctypes.byref(opts), ctypes.byref(out))
+        except BaseException:
+            with _BRIDGES_LOCK:
+                _BRIDGES.pop(bridge.ctx_id, None)
+            raise
+        return cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("store is closed")
+        return self._h
+
+    @property
+    def backend(self) -> Any:
+        """The Python backend of a vtable store (else None)."""
+        return self._bridge.backend if self._bridge else None
+
+    @property
+    def callback_errors(self) -> List[str]:
+        """Exceptions raised by the Python backend's callbacks (contained, not raised)."""
+        return list(self._bridge.errors) if self._bridge else []
+
+    @property
+    def key_prefix(self) -> str:
+        return borrowed_str("mws_store_key_prefix", self.handle)
+
+    def close(self) -> None:
+        """Frees the handle (the backend lives on while writers use it)."""
+        h, self._h = self._h, None
+        if h:
+            LIB.fn("mws_store_free")(h)
+            _bury()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Store({self.kind}{', closed' if self._h is None else ''})"
+
+    # -- raw access (tests, tools) --------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        """The whole object (raises :class:`NotFoundError`)."""
+        k = cstr(key, "key")
+        for _ in range(8):
+            n = ctypes.c_size_t(0)
+            call("mws_store_get", self.handle, k, None, 0, ctypes.byref(n))
+            buf = ctypes.create_string_buffer(max(n.value, 1))
+            got = ctypes.c_size_t(0)
+            st = LIB.fn("mws_store_get")(self.handle, k, buf, n.value, ctypes.byref(got))
+            if st == 0:
+                return buf.raw[: got.value]
+            if st != int(_lib.Status.INVALID_ARGUMENT):  # grown meanwhile: retry
+                _lib.check(st)
+        _lib.check(st)
+        raise AssertionError("unreachable")
+
+    def exists(self, key: str) -> bool:
+        present = ctypes.c_int(0)
+        call("mws_store_exists", self.handle, cstr(key, "key"), ctypes.byref(present))
+        return bool(present.value)
+
+    def put(self, key: str, value: bytes, group_id: Optional[str] = None) -> None:
+        """Create-only write of a metadata record (raises :class:`AlreadyExistsError`)."""
+        data = bytes(value)
+        call("mws_store_put", self.handle, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
+
+    def upsert(self, key: str, value: bytes, group_id: Optional[str] = None) -> None:
+        data = bytes(value)
+        call("mws_store_upsert", self.handle, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
+
+    def remove(self, key: str) -> None:
+        """Removes ``key`` (an absent key is fine)."""
+        call("mws_store_remove", self.handle, cstr(key, "key"))
+
+    @property
+    def pending_registration_count(self) -> int:
+        return int(LIB.fn("mws_store_pending_registration_count")(self.handle))
+
+    def drain_pending_registrations(self) -> None:
+        call("mws_store_drain_pending_registrations", self.handle)
+
+    # -- upload transaction ---------------------------------------------------------
+
+    def upload(self, plan: "UploadPlan", placement: "Placement", binding: "Binding", *,
+               worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
+               guard: Optional[Guard] = None) -> "Receipts":
+        """Uploads ``binding``'s participant's payloads for ``plan``; returns its
+        receipts. Never deletes payloads on failure (use :meth:`abort_upload`)."""
+        from .receipts import Receipts
+
+        args, keep = _io_args(worker_id, transfer_id, guard)
+        out = c_void_p()
+        call("mws_store_upload", self.handle, plan.handle, placement.handle, binding.handle,
+             ctypes.byref(args), ctypes.byref(out))
+        del keep
+        return Receipts(out.value)
+
+    def commit(self, plan: "UploadPlan", receipts: Optional["Receipts"] = None) -> "StoredManifest":
+        """Claims the commit decision and publishes the manifest.
+
+        On failure the raised :class:`MwsError` has ``decision_may_exist``: when
+        true, keep the plan and retry :meth:`commit` (or :meth:`finalize_upload`),
+        never abort. :class:`ConflictError`: the transaction chose abort or lost to
+        a conflicting revision (its payloads were removed)."""
+        from .manifest import StoredManifest
+
+        may = ctypes.c_int(0)
+        out = c_void_p()
+        st = LIB.fn("mws_store_commit")(self.handle, plan.handle, receipts.handle if receipts else None,
+                                        ctypes.byref(may), ctypes.byref(out))
+        if st != 0:
+            err = error_for_status(st, _lib.last_error(), _lib.status_name(st))
+            err.decision_may_exist = bool(may.value)  # type: ignore[attr-defined]
+            raise err
+        return StoredManifest(out.value)
+
+    def abort_upload(self, plan: "UploadPlan", receipts: Optional["Receipts"] = None) -> None:
+        """Records the abort decision and removes the plan's payloads."""
+        call("mws_store_abort_upload", self.handle, plan.handle, receipts.handle if receipts else None)
+
+    def finalize_upload(self, plan: "UploadPlan") -> None:
+        """Idempotent recovery to the terminal state (removes what must not stay)."""
+        call("mws_store_finalize_upload", self.handle, plan.handle)
+
+    def read_decision(self, plan: "UploadPlan") -> Decision:
+        out = ctypes.c_int(0)
+        call("mws_store_read_decision", self.handle, plan.handle, ctypes.byref(out))
+        return Decision(out.value)
+
+    def plan_upload(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "UploadPlan":
+        """:func:`~mooncake_weight_store.upload_plan.plan_upload` with this store's
+        key prefix (the plan's keys must live under the prefix the store uses)."""
+        from .upload_plan import plan_upload
+
+        kw.setdefault("key_prefix", self.key_prefix)
+        return plan_upload(placement, bindings, **kw)
+
+    def transaction(self, plan: "UploadPlan") -> "Transaction":
+        """A :class:`~mooncake_weight_store.transaction.Transaction` over ``plan``
+        (context manager: commit on success, abort on error)."""
+        from .transaction import Transaction
+
+        return Transaction(self, plan)
+
+    # -- restore --------------------------------------------------------------------
+
+    def load_manifest(self, manifest_key: str) -> "StoredManifest":
+        """Reads and strictly validates the manifest at ``manifest_key``."""
+        from .manifest import StoredManifest
+
+        out = c_void_p()
+        call("mws_store_load_manifest", self.handle, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
+        return StoredManifest(out.value)
+
+    def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,
+             transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> "LoadStats":
+        """Loads ``binding``'s participant's part of ``plan`` into its buffers."""
+        from .load import LoadStats
+
+        args, keep = _io_args(worker_id, transfer_id, guard)
+        st = _lib.mws_load_stats()
+        call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
+        del keep
+        return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes))
+
+    def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"]) -> "LoadStats":
+        """Loads the manifest at ``manifest_key`` into every binding (convenience)."""
+        from .load import LoadPlan, LoadStats
+
+        total = LoadStats()
+        with self.load_manifest(manifest_key) as manifest, LoadPlan.new(manifest, placement, bindings) as lp:
+            for b in bindings:
+                total = total + self.load(lp, b)
+        return total
+
+    # -- snapshot writer ------------------------------------------------------------
+
+    def begin_snapshot(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "Writer":
+        """Starts a :class:`~mooncake_weight_store.writer.Writer` (see there)."""
+        from .writer import Writer
+
+        return Writer(self, placement, bindings, **kw)
+
+
+class DictBackend:
+    """A thread-safe in-process backend implementing the store methods over a dict
+    (reference implementation of the Python store protocol, and a test double)."""
+
+    def __init__(self) -> None:
+        self.objects: Dict[str, bytes] = {}
+        self.groups: Dict[str, str] = {}
+        self.registered: Dict[int, int] = {}
+        self.lock = threading.RLock()
+        self.calls: Dict[str, int] = {}
+
+    def _count(self, op: str) -> None:
+        self.calls[op] = self.calls.get(op, 0) + 1
+
+    def put(self, key: str, value: bytes, group_id: str = "", record_type: int = 1) -> int:
+        with self.lock:
+            self._count("put")
+            if not key:
+                return INVALID_PARAMS
+            if key not in self.objects:
+                self.objects[key] = bytes(value)
+                self.groups[key] = group_id
+            return 0
+
+    def upsert(self, key: str, value: bytes, group_id: str = "", record_type: int = 1) -> int:
+        with self.lock:
+            self._count("upsert")
+            self.objects[key] = bytes(value)
+            self.groups[key] = group_id
+            return 0
+
+    def get_size(self, key: str) -> int:
+        with self.lock:
+            v = self.objects.get(key)
+            return OBJECT_NOT_FOUND if v is None else len(v)
+
+    def get_into(self, key: str, address: int, capacity: int) -> int:
+        with self.lock:
+            v = self.objects.get(key)
+            if v is None:
+                return OBJECT_NOT_FOUND
+            if len(v) > capacity:
+                return INVALID_PARAMS
+            ctypes.memmove(address, v, len(v))
+            return len(v)
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            return self.objects[key]
+
+    def exists(self, key: str) -> int:
+        with self.lock:
+            return int(key in self.objects)
+
+    def remove(self, key: str) -> int:
+        with self.lock:
+            self._count("remove")
+            if self.objects.pop(key, None) is None:
+                return OBJECT_NOT_FOUND
+            self.groups.pop(key, None)
+            return 0
+
+    def batch_put_from(self, items: Sequence[PutItem], record_type: int = 0) -> List[int]:
+        with self.lock:
+            self._count("batch_put_from")
+            out = []
+            for it in items:
+                if it.memory_kind != 0:
+                    out.append(INVALID_PARAMS)
+                    continue
+                if it.key not in self.objects:
+                    self.objects[it.key] = ctypes.string_at(it.address, it.len)
+                    self.groups[it.key] = it.group_id
+                out.append(0)
+            return out
+
+    def get_into_ranges(self, items: Sequence[RangeItem]) -> List[int]:
+        with self.lock:
+            self._count("get_into_ranges")
+            out = []
+            for it in items:
+                v = self.objects.get(it.key)
+                if v is None:
+                    out.append(OBJECT_NOT_FOUND)
+                elif it.object_offset + it.len > len(v) or it.memory_kind != 0:
+                    out.append(INVALID_PARAMS)
+                else:
+                    ctypes.memmove(it.dest_address, v[it.object_offset:it.object_offset + it.len], it.len)
+                    out.append(it.len)
+            return out
+
+    def register_buffer(self, address: int, length: int, memory_kind: int = 0, device_ordinal: int = 0) -> int:
+        with self.lock:
+            self.registered[address] = length
+            return 0
+
+    def unregister_buffer(self, address: int) -> int:
+        with self.lock:
+            return 0 if self.registered.pop(address, None) is not None else INVALID_PARAMS
+
+    def keys(self, prefix: str = "") -> List[str]:
+        with self.lock:
+            return sorted(k for k in self.objects if k.startswith(prefix))

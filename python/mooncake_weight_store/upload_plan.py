@@ -1,0 +1,147 @@
+"""Upload planning: placement + bindings -> stored manifest, keys, copy operations."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import _lib
+from ._lib import LIB, borrowed_str, call, cstr
+from .binding import Binding
+from .placement import Placement
+
+__all__ = ["UploadOperation", "UploadPlan", "plan_upload"]
+
+
+@dataclass(frozen=True)
+class UploadOperation:
+    """One copy of a runtime fragment into one stored object."""
+
+    source_participant_id: str
+    source_instance_id: str
+    source_lease_id: str
+    source_generation: int
+    source_fragment_id: str
+    source_worker_id: str
+    source_placement_fragment_id: str
+    target_fragment_id: str
+    object_key: str
+    nbytes: int
+
+
+class UploadPlan:
+    """An immutable upload plan (``mws_upload_plan``); thread-safe."""
+
+    def __init__(self, handle: int) -> None:
+        self._h: Optional[int] = handle
+        self._ops: Optional[List[UploadOperation]] = None
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("upload plan is closed")
+        return self._h
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            LIB.fn("mws_upload_plan_free")(h)
+
+    def __enter__(self) -> "UploadPlan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _s(self, name: str) -> str:
+        return borrowed_str(name, self.handle)
+
+    manifest_json = property(lambda self: self._s("mws_upload_plan_manifest_json"), doc="Stored manifest JSON (exact bytes).")
+    manifest_digest = property(lambda self: self._s("mws_upload_plan_manifest_digest"))
+    manifest_key = property(lambda self: self._s("mws_upload_plan_manifest_key"))
+    group_id = property(lambda self: self._s("mws_upload_plan_group_id"))
+    control_key = property(lambda self: self._s("mws_upload_plan_control_key"))
+    transaction_group_id = property(lambda self: self._s("mws_upload_plan_transaction_group_id"))
+    transaction_id = property(lambda self: self._s("mws_upload_plan_transaction_id"))
+    source_placement_id = property(lambda self: self._s("mws_upload_plan_source_placement_id"))
+    source_placement_digest = property(lambda self: self._s("mws_upload_plan_source_placement_digest"))
+    commit_record = property(lambda self: self._s("mws_upload_plan_commit_record"))
+
+    def to_json(self) -> str:
+        """Transport JSON of the plan, for the processes of one job (it holds the
+        source buffer addresses: never store it)."""
+        return self._s("mws_upload_plan_to_json")
+
+    @classmethod
+    def from_json(cls, text: "str | bytes") -> "UploadPlan":
+        """Decodes and re-validates a plan sent by :meth:`to_json`."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        out = ctypes.c_void_p()
+        call("mws_upload_plan_from_json", data, len(data), ctypes.byref(out))
+        return cls(out.value)
+
+    def manifest(self) -> Dict[str, Any]:
+        return json.loads(self.manifest_json)
+
+    def operations(self) -> List[UploadOperation]:
+        """The copy operations, in plan order."""
+        if self._ops is None:
+            n = int(LIB.fn("mws_upload_plan_operation_count")(self.handle))
+            ops = []
+            for i in range(n):
+                o = _lib.mws_upload_operation()
+                call("mws_upload_plan_operation", self.handle, i, ctypes.byref(o))
+                d = lambda b: b.decode("utf-8")  # noqa: E731
+                ops.append(
+                    UploadOperation(
+                        d(o.source_participant_id), d(o.source_instance_id), d(o.source_lease_id),
+                        int(o.source_generation), d(o.source_fragment_id), d(o.source_worker_id),
+                        d(o.source_placement_fragment_id), d(o.target_fragment_id), d(o.object_key),
+                        int(o.nbytes),
+                    )
+                )
+            self._ops = ops
+        return list(self._ops)
+
+    @property
+    def payload_keys(self) -> List[str]:
+        return [o.object_key for o in self.operations()]
+
+    def __len__(self) -> int:
+        return int(LIB.fn("mws_upload_plan_operation_count")(self.handle))
+
+    def __repr__(self) -> str:
+        if self._h is None:
+            return "UploadPlan(<closed>)"
+        return f"UploadPlan({self.manifest_key!r}, tx={self.transaction_id}, ops={len(self)})"
+
+
+def plan_upload(
+    placement: Placement,
+    bindings: Sequence[Binding],
+    *,
+    namespace: Optional[str] = None,
+    key_prefix: Optional[str] = None,
+    transaction_id: Optional[str] = None,
+    created_at: Optional[str] = None,
+) -> UploadPlan:
+    """Plans an upload (pure: no I/O, no buffer is read). Raises
+    :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
+    hs = (ctypes.c_void_p * len(bindings))(*[b.handle for b in bindings])
+    opts = _lib.mws_upload_options(
+        store_namespace=cstr(namespace, "namespace"),
+        key_prefix=cstr(key_prefix, "key_prefix"),
+        transaction_id=cstr(transaction_id, "transaction_id"),
+        created_at=cstr(created_at, "created_at"),
+    )
+    out = ctypes.c_void_p()
+    call("mws_plan_upload", placement.handle, hs, len(bindings), ctypes.byref(opts), ctypes.byref(out))
+    return UploadPlan(out.value)
