@@ -59,6 +59,11 @@ impl StoredFragment {
         if spec.nbytes < 1 {
             return invalid("nbytes must be at least 1");
         }
+        // Narrowing (the reference has no bound): the byte range of the payload
+        // must be addressable, so no later offset arithmetic can overflow.
+        if spec.object_offset.checked_add(spec.nbytes).is_none() {
+            return invalid("object_offset plus nbytes must fit in an unsigned 64-bit integer");
+        }
         let aliases = normalize_aliases(spec.aliases, &spec.tensor_id)?;
         Ok(StoredFragment {
             fragment_id: spec.fragment_id,

@@ -312,6 +312,27 @@ impl WeightStore {
                 format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
             ));
         }
+        // Never trust the store: every object must be at least as long as the
+        // manifest claims before any byte is written.
+        let mut needed: BTreeMap<&str, u64> = BTreeMap::new();
+        for &i in &ops {
+            let src = plan.logical.source_of(&plan.regions()[i]);
+            let end = src.object_offset() + src.nbytes(); // fits: checked at decode
+            let e = needed.entry(src.object_key()).or_insert(0);
+            *e = (*e).max(end);
+        }
+        for (key, end) in &needed {
+            let size = self
+                .store
+                .object_size(key)
+                .map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
+            if size < *end {
+                return Err(store_err(
+                    ErrorKind::Integrity,
+                    format!("get_into_ranges failed for {key}: object holds {size} bytes, the manifest needs {end}"),
+                ));
+            }
+        }
         let guard = args
             .guard
             .ok_or_else(|| store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required"))?;

@@ -71,7 +71,10 @@ impl WeightStore {
             .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
     }
 
-    fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
+    /// The decision of this plan's transaction: `None` when absent; a decision
+    /// record of another plan fails with `upload decision belongs to another plan`
+    /// ([`ErrorKind::Conflict`]).
+    pub fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
         match self.read_decision(plan)? {
             None => Ok(None),
             Some((d, digest)) if digest == plan.plan_digest() => Ok(Some(d)),
@@ -228,6 +231,7 @@ impl WeightStore {
         on_decision_may_exist: Option<&mut dyn FnMut()>,
     ) -> Result<StoredManifest> {
         self.validate_receipts(plan, receipts, true)?;
+        self.check_plan_prefix(plan)?;
         let keys: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
         if self.current_decision(plan)?.is_none() {
             self.require_complete_payloads(&keys)?;
@@ -252,6 +256,7 @@ impl WeightStore {
     /// that no published manifest references.
     pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
         self.validate_receipts(plan, receipts, false)?;
+        self.check_plan_prefix(plan)?;
         let published = || -> Result<Option<StoredManifest>> {
             let m = self.read_manifest(plan)?;
             if m.as_ref() == Some(plan.manifest()) {
@@ -274,6 +279,7 @@ impl WeightStore {
     /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
     /// removes the payloads it must not keep. Never removes a decision or manifest.
     pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
+        self.check_plan_prefix(plan)?;
         let mut decision = self.read_decision(plan)?;
         if decision.is_none() {
             if self.read_manifest(plan)?.as_ref() == Some(plan.manifest()) {

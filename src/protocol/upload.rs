@@ -47,6 +47,7 @@ impl WeightStore {
         binding: &RuntimeBinding,
         args: UploadArgs<'_>,
     ) -> Result<Vec<UploadReceipt>> {
+        self.check_plan_prefix(plan)?;
         validate_runtime_binding(placement, binding)
             .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
         let m = plan.manifest();

@@ -85,6 +85,17 @@ impl WeightStore {
         plan_upload(placement, bindings, &o)
     }
 
+    /// Fails unless `plan`'s keys live under this store's key prefix (a plan made
+    /// for another prefix would otherwise write where no reader of this store looks).
+    pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
+        let g = plan.manifest().group_id();
+        if g.len() > self.key_prefix.len() && g.starts_with(&self.key_prefix) && g.as_bytes()[self.key_prefix.len()] == b'/' {
+            Ok(())
+        } else {
+            invalid(format!("upload plan keys ({g}) are not under this store's key prefix {}", self.key_prefix))
+        }
+    }
+
     /// Reads and strictly decodes the manifest at `manifest_key`.
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
         super::load::load_manifest(&*self.store, manifest_key)

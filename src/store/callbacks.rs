@@ -374,6 +374,15 @@ impl ObjectStore for CallbackStore {
         self.write("upsert", key, value, config)
     }
 
+    fn object_size(&self, key: &str) -> Result<u64> {
+        let get_size = self.vt.get_size.expect("checked at construction");
+        let size = with_retry(|| unsafe { get_size(self.ctx.0, mws_bytes::of(key)) });
+        if size < 0 {
+            return Err(code_error("get_size", key, size));
+        }
+        Ok(size as u64)
+    }
+
     fn get(&self, key: &str) -> Result<Vec<u8>> {
         let get_size = self.vt.get_size.expect("checked at construction");
         let get_into = self.vt.get_into.expect("checked at construction");

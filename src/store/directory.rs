@@ -466,6 +466,11 @@ impl DirectoryStore {
 }
 
 impl ObjectStore for DirectoryStore {
+    fn object_size(&self, key: &str) -> Result<u64> {
+        let f = self.open_object(key)?;
+        Ok(f.metadata().map_err(|e| io_err("cannot stat", key, e))?.len())
+    }
+
     fn supports_strided_reads(&self) -> bool {
         true
     }

@@ -198,6 +198,10 @@ impl MemoryStore {
 }
 
 impl ObjectStore for MemoryStore {
+    fn object_size(&self, key: &str) -> Result<u64> {
+        self.value(key).map(|v| v.len() as u64).ok_or_else(|| not_found(key))
+    }
+
     fn supports_strided_reads(&self) -> bool {
         true
     }

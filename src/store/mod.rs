@@ -201,6 +201,12 @@ pub trait ObjectStore: Send + Sync {
     /// The whole object. `NotFound` if absent.
     fn get(&self, key: &str) -> Result<Vec<u8>>;
 
+    /// The size of the object in bytes. `NotFound` if absent. The default reads
+    /// the whole object; backends override it with a metadata query.
+    fn object_size(&self, key: &str) -> Result<u64> {
+        self.get(key).map(|v| v.len() as u64)
+    }
+
     /// True when the object is present and complete.
     fn exists(&self, key: &str) -> Result<bool>;
 
