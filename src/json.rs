@@ -37,15 +37,20 @@ fn push_u16_escape(out: &mut String, unit: u32) {
 /// Appends `s` as a JSON string literal in `profile`.
 pub fn write_str(out: &mut String, s: &str, profile: Profile) {
     out.push('"');
+    let bytes = s.as_bytes();
+    // Fast path: scan bytes; runs that need no escaping are copied whole.
+    let limit = if profile == Profile::Ascii { 0x7f } else { 0x100 };
     let mut start = 0;
-    for (i, ch) in s.char_indices() {
-        let c = ch as u32;
-        let needs = c < 0x20 || ch == '"' || ch == '\\' || (profile == Profile::Ascii && c >= 0x7f);
-        if !needs {
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b >= 0x20 && b != b'"' && b != b'\\' && (b as u32) < limit {
+            i += 1;
             continue;
         }
         out.push_str(&s[start..i]);
-        start = i + ch.len_utf8();
+        let ch = s[i..].chars().next().expect("char boundary: escapes start at ASCII or lead bytes");
+        let c = ch as u32;
         match ch {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
@@ -54,13 +59,16 @@ pub fn write_str(out: &mut String, s: &str, profile: Profile) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            _ if c < 0x10000 => push_u16_escape(out, c),
-            _ => {
+            _ if c < 0x20 || (profile == Profile::Ascii && c < 0x10000) => push_u16_escape(out, c),
+            _ if profile == Profile::Ascii => {
                 let v = c - 0x10000;
                 push_u16_escape(out, 0xD800 + (v >> 10));
                 push_u16_escape(out, 0xDC00 + (v & 0x3FF));
             }
+            _ => out.push(ch), // profile U: raw UTF-8 for code points >= U+0080
         }
+        i += ch.len_utf8();
+        start = i;
     }
     out.push_str(&s[start..]);
     out.push('"');
@@ -79,8 +87,9 @@ pub fn write_u64(out: &mut String, v: u64) {
             break;
         }
     }
-    // SAFETY-free: the buffer holds ASCII digits only.
-    out.push_str(std::str::from_utf8(&buf[i..]).expect("ascii digits"));
+    for &d in &buf[i..] {
+        out.push(d as char);
+    }
 }
 
 /// Appends `[a,b,c]` of integers.

@@ -495,14 +495,31 @@ fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredF
 }
 
 fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
-    // One sort by (object key, offset, position): per object, fragments by offset
-    // (stable), objects in key order.
-    let mut order: Vec<u32> = (0..fragments.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| {
+    // Only objects holding several fragments can overlap; planned manifests have
+    // one fragment per object, so this is one hash pass.
+    let mut first: HashMap<&str, u32> = crate::fxhash::map_with_capacity(fragments.len());
+    let mut shared: Vec<u32> = Vec::new();
+    let mut marked = vec![false; fragments.len()];
+    for (i, f) in fragments.iter().enumerate() {
+        if let Some(&j) = first.get(f.object_key.as_str()) {
+            if !marked[j as usize] {
+                marked[j as usize] = true;
+                shared.push(j);
+            }
+            shared.push(i as u32);
+        } else {
+            first.insert(&f.object_key, i as u32);
+        }
+    }
+    if shared.is_empty() {
+        return Ok(());
+    }
+    // Per object key (key order), fragments by offset (stable).
+    shared.sort_unstable_by(|&a, &b| {
         let (fa, fb) = (&fragments[a as usize], &fragments[b as usize]);
         (fa.object_key.as_str(), fa.object_offset, a).cmp(&(fb.object_key.as_str(), fb.object_offset, b))
     });
-    for w in order.windows(2) {
+    for w in shared.windows(2) {
         let (prev, cur) = (&fragments[w[0] as usize], &fragments[w[1] as usize]);
         if prev.object_key != cur.object_key {
             continue;
