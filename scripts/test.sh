@@ -3,7 +3,10 @@
 #   Rust: formatting, clippy, unit + integration + conformance tests;
 #   C/C++: header drift, exported symbols, CMake workflows dev (with valgrind leak
 #   checks) and asan (installs cmake, ninja, g++, gtest, valgrind and cbindgen when
-#   missing).
+#   missing);
+#   Python: the ctypes binding and the Mooncake Store backend against a real
+#   mooncake_master on loopback (installs libibverbs1, a venv with the pinned
+#   Mooncake wheel and pytest).
 # Needs the shared conformance fixtures in ../shared/conformance (or set
 # MWS_CONFORMANCE_DIR).
 set -euo pipefail
@@ -23,4 +26,6 @@ step "conformance fixtures (one line per case)"
 cargo test --quiet --test conformance -- --nocapture
 step "C/C++: header, symbols, ctest (dev + valgrind, asan)"
 bash .ci/cpp.sh
+step "Python binding against a live Mooncake master (venv, wheel, master on loopback)"
+bash .ci/python.sh
 step "all tests passed in ${SECONDS}s"
