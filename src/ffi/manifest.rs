@@ -502,7 +502,7 @@ pub unsafe extern "C" fn mws_store_load(
         let b = handle(binding, "binding")?;
         let a = io_args(args)?;
         let rb = b.build().map_err(|f| Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message)))?;
-        let la = LoadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, skip_committed_check: false };
+        let la = LoadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, skip_committed_check: false, lease: None };
         let st = s.ws.load(&p.inner, &rb, la)?;
         if !stats.is_null() {
             write_out(stats, stats_out(st));

@@ -771,7 +771,7 @@ pub unsafe extern "C" fn mws_store_upload(
         check_out(out, "out")?;
         let a = io_args(args)?;
         let rb = b.build().map_err(|f| Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message)))?;
-        let ua = UploadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id };
+        let ua = UploadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, lease: None };
         let receipts = s.ws.upload(&p.inner, &pl.inner, &rb, ua)?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
         Ok(())

@@ -6,7 +6,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::registration::registration_requests;
+use super::registration::{registration_requests, RegistrationLease};
 use super::weight_store::WeightStore;
 use crate::runtime::{validate_binding_subset, validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead, StridedRead};
@@ -211,6 +211,9 @@ pub struct LoadArgs<'a> {
     pub transfer_id: Option<&'a str>,
     /// Skip the committed-manifest check (only for callers that verified it).
     pub skip_committed_check: bool,
+    /// A registration lease that already pins and registers exactly these target
+    /// fragments (then `guard` is not used and nothing is registered per call).
+    pub lease: Option<&'a RegistrationLease>,
 }
 
 impl WeightStore {
@@ -333,41 +336,61 @@ impl WeightStore {
                 ));
             }
         }
-        let guard = args
-            .guard
-            .ok_or_else(|| store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required"))?;
-        self.registrar.check_unblocked()?;
         // Group by target runtime fragment (sorted by runtime id).
         let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for &i in &ops {
             by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
         }
-        let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
-        let transfer_id = args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
         let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
-        for t in &targets {
-            if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
-                let _ = token.release(TerminalState::Aborted);
-                return Err(store_err(ErrorKind::StaleBinding, format!("stale target fragment: {}", t.fragment_id())));
+        let token = match args.lease {
+            Some(lease) => {
+                lease.validate(binding, &targets)?;
+                None
             }
-        }
+            None => {
+                let guard = args
+                    .guard
+                    .ok_or_else(|| store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required"))?;
+                self.registrar.check_unblocked()?;
+                let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
+                let transfer_id =
+                    args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+                let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
+                for t in &targets {
+                    if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
+                        let _ = token.release(TerminalState::Aborted);
+                        return Err(store_err(ErrorKind::StaleBinding, format!("stale target fragment: {}", t.fragment_id())));
+                    }
+                }
+                Some(token)
+            }
+        };
         let requests = match registration_requests(&targets) {
             Ok(r) => r,
             Err(e) => {
-                let _ = token.release(TerminalState::Aborted);
+                if let Some(mut token) = token {
+                    let _ = token.release(TerminalState::Aborted);
+                }
                 return Err(e);
             }
         };
         let mut stats = LoadStats::default();
-        self.registrar.scoped(&*self.store, &requests, token, |io_started| {
+        let body = |io_started: &mut bool| {
             *io_started = true;
             if self.store.supports_strided_reads() {
                 read_strided(&*self.store, plan, &by_target, &mut stats)
             } else {
                 read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
             }
-        })?;
+        };
+        match token {
+            Some(token) => self.registrar.scoped(&*self.store, &requests, token, body)?,
+            None => {
+                self.registrar.check_unblocked()?;
+                let mut body = body;
+                body(&mut false)?
+            }
+        }
         Ok(stats)
     }
 }

@@ -13,6 +13,7 @@ pub mod writer;
 
 pub use guards::{AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState};
 pub use load::{load_manifest, LoadArgs, LoadOptions, LoadPlan, LoadStats};
+pub use registration::RegistrationLease;
 pub use transaction::UploadReceipt;
 pub use upload::UploadArgs;
 pub use weight_store::{StoreLimits, WeightStore};

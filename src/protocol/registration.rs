@@ -114,12 +114,8 @@ impl Registrar {
             }
         }
         if !failures.is_empty() {
-            let id = uuid::Uuid::new_v4().simple().to_string();
             let detail: Vec<String> = failures.iter().map(|(_, m)| m.clone()).collect();
-            self.pending.lock().insert(
-                id.clone(),
-                Pending { addresses: failures.iter().map(|(a, _)| *a).collect(), tokens: vec![token], state },
-            );
+            let id = self.quarantine(failures.iter().map(|(a, _)| *a).collect(), token, state);
             let msg = format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; "));
             return Err(match outcome {
                 Ok(_) => Error::new(ErrorKind::Store, msg),
@@ -174,5 +170,168 @@ impl Registrar {
         }
         table.remove(id);
         Ok(())
+    }
+}
+
+/// A long-lived buffer registration bound to an allocation pin
+/// (`StoreRegistrationLease`, `store-protocol.md` §5.2): register once, upload or
+/// load many times. Close it with [`crate::protocol::WeightStore::close_registration_lease`];
+/// dropping an open lease keeps its buffers registered and its pin held (a leak the
+/// caller must avoid).
+pub struct RegistrationLease {
+    binding: crate::runtime::RuntimeBinding,
+    fragment_ids: Vec<String>,
+    addresses: Vec<(u64, u64)>,
+    token: Option<Box<dyn LifetimeToken>>,
+    closed: bool,
+}
+
+impl std::fmt::Debug for RegistrationLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistrationLease")
+            .field("participant_id", &self.binding.participant_id())
+            .field("fragment_ids", &self.fragment_ids)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+fn sorted_requests(fragments: &[&RuntimeFragment]) -> Result<Vec<(u64, u64)>> {
+    let mut v: Vec<(u64, u64)> = registration_requests(fragments)?.iter().map(|r| (r.address, r.len)).collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+impl RegistrationLease {
+    /// The binding observed under the lease's pin.
+    pub fn binding(&self) -> &crate::runtime::RuntimeBinding {
+        &self.binding
+    }
+    /// The registered runtime fragment ids, sorted.
+    pub fn fragment_ids(&self) -> &[String] {
+        &self.fragment_ids
+    }
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Checks that the lease covers exactly `fragments` of `binding`:
+    /// `Store registration lease is closed`, `... binding differs`,
+    /// `... fragments differ`, `... address bounds differ`.
+    pub fn validate(&self, binding: &crate::runtime::RuntimeBinding, fragments: &[&RuntimeFragment]) -> Result<()> {
+        let err = |m: &str| Err(Error::new(ErrorKind::StaleBinding, m.to_string()));
+        if self.closed {
+            return err("Store registration lease is closed");
+        }
+        if *binding != self.binding {
+            return err("Store registration lease binding differs");
+        }
+        let mut ids: Vec<&str> = fragments.iter().map(|f| f.fragment_id()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.iter().copied().eq(self.fragment_ids.iter().map(String::as_str)) {
+            return err("Store registration lease fragments differ");
+        }
+        if sorted_requests(fragments)? != self.addresses {
+            return err("Store registration lease address bounds differ");
+        }
+        Ok(())
+    }
+}
+
+impl Registrar {
+    /// Creates a lease: pins the fragments, re-reads them from the fresh binding and
+    /// registers them. Every failure releases the pin (as `aborted`) or quarantines
+    /// it when an unregister failed; unlike the reference, the blocking rule never
+    /// leaks the pin.
+    pub fn register_lease(
+        &self,
+        store: &dyn ObjectStore,
+        fresh: crate::runtime::RuntimeBinding,
+        ids: Vec<String>,
+        mut token: Box<dyn LifetimeToken>,
+    ) -> Result<RegistrationLease> {
+        let mut frags: Vec<&RuntimeFragment> = Vec::with_capacity(ids.len());
+        for id in &ids {
+            match fresh.fragments().iter().find(|f| f.fragment_id() == id) {
+                Some(f) => frags.push(f),
+                None => {
+                    let _ = token.release(TerminalState::Aborted);
+                    return Err(Error::new(ErrorKind::StaleBinding, format!("Store registration fragment is missing: {id}")));
+                }
+            }
+        }
+        let addresses = match sorted_requests(&frags) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = token.release(TerminalState::Aborted);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.check_unblocked() {
+            let _ = token.release(TerminalState::Aborted);
+            return Err(e);
+        }
+        let requests = registration_requests(&frags)?;
+        let mut registered: Vec<u64> = Vec::new();
+        for r in &requests {
+            if let Err(e) = store.register_buffer(*r) {
+                let err = Error::new(e.kind(), format!("register_buffer failed: {}", e.message()));
+                let mut failures = Vec::new();
+                for a in registered.iter().rev() {
+                    if let Err(u) = store.unregister_buffer(*a) {
+                        failures.push((*a, u.message().to_string()));
+                    }
+                }
+                if failures.is_empty() {
+                    let _ = token.release(TerminalState::Aborted);
+                    return Err(err);
+                }
+                let id = self.quarantine(failures.iter().map(|f| f.0).collect(), token, TerminalState::Aborted);
+                let detail: Vec<String> = failures.into_iter().map(|f| f.1).collect();
+                return Err(Error::new(
+                    err.kind(),
+                    format!("{}; unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", err.message(), detail.join("; ")),
+                ));
+            }
+            registered.push(r.address);
+        }
+        drop(frags);
+        Ok(RegistrationLease { binding: fresh, fragment_ids: ids, addresses, token: Some(token), closed: false })
+    }
+
+    /// Closes a lease (no-op when closed): unregisters its addresses (reverse
+    /// sorted order) and releases the pin with `state`; unregister failures
+    /// quarantine the pin instead and the lease is closed anyway.
+    pub fn close_lease(&self, store: &dyn ObjectStore, lease: &mut RegistrationLease, state: TerminalState) -> Result<()> {
+        if lease.closed {
+            return Ok(());
+        }
+        lease.closed = true;
+        let mut failures = Vec::new();
+        for (a, _) in lease.addresses.iter().rev() {
+            if let Err(e) = store.unregister_buffer(*a) {
+                failures.push((*a, e.message().to_string()));
+            }
+        }
+        let mut token = lease.token.take().expect("an open lease holds its pin");
+        if !failures.is_empty() {
+            let id = self.quarantine(failures.iter().map(|f| f.0).collect(), token, state);
+            let detail: Vec<String> = failures.into_iter().map(|f| f.1).collect();
+            return Err(Error::new(
+                ErrorKind::Store,
+                format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; ")),
+            ));
+        }
+        token
+            .release(state)
+            .map_err(|e| Error::new(ErrorKind::Store, format!("allocation lifetime release failed: {}", e.message())))
+    }
+
+    fn quarantine(&self, addresses: Vec<u64>, token: Box<dyn LifetimeToken>, state: TerminalState) -> String {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        self.pending.lock().insert(id.clone(), Pending { addresses, tokens: vec![token], state });
+        id
     }
 }

@@ -1,7 +1,8 @@
 //! `upload` (`writer-and-snapshot.md` §4): freshness checks with no store I/O, then
 //! pin, register and write one participant's payloads, and return receipts.
 
-use super::guards::{acquire_pin, GuardProvider};
+use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::registration::RegistrationLease;
 use super::registration::registration_requests;
 use super::transaction::UploadReceipt;
 use super::weight_store::WeightStore;
@@ -21,6 +22,9 @@ pub struct UploadArgs<'a> {
     pub guard: Option<&'a dyn GuardProvider>,
     /// Transfer id handed to the guard (default: random hex).
     pub transfer_id: Option<&'a str>,
+    /// A registration lease that already pins and registers exactly these source
+    /// fragments (then `guard` is not used and nothing is registered per call).
+    pub lease: Option<&'a RegistrationLease>,
 }
 
 fn stale(kind: ErrorKind, msg: String) -> Error {
@@ -116,37 +120,49 @@ impl WeightStore {
         }
         // I/O phase.
         self.require_writable(plan, &[])?;
-        let guard = args
-            .guard
-            .ok_or_else(|| stale(ErrorKind::InvalidArgument, "source allocation guard providers are required".into()))?;
-        self.registrar.check_unblocked()?;
-        let transfer_id = args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let ids: Vec<String> = ops.iter().map(|o| o.source_snapshot().fragment_id().to_string()).collect();
-        let (fresh, token) = acquire_pin(guard, "source", &transfer_id, binding, &ids)?;
-        let mut fresh_frags: Vec<RuntimeFragment> = Vec::with_capacity(ops.len());
-        for o in &ops {
-            let rid = o.source_snapshot().fragment_id();
-            match find(&fresh, rid) {
-                Some(f) if f.same_as_snapshot(o.source_snapshot()) => fresh_frags.push(f),
-                _ => {
-                    let mut token = token;
-                    let _ = token.release(super::guards::TerminalState::Aborted);
-                    return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
-                }
+        let current: Vec<RuntimeFragment> =
+            ops.iter().map(|o| find(binding, o.source_snapshot().fragment_id()).expect("checked above")).collect();
+        let (fresh_frags, token) = match args.lease {
+            Some(lease) => {
+                lease.validate(binding, &current.iter().collect::<Vec<_>>())?;
+                (current, None)
             }
-        }
+            None => {
+                let guard = args.guard.ok_or_else(|| {
+                    stale(ErrorKind::InvalidArgument, "source allocation guard providers are required".into())
+                })?;
+                self.registrar.check_unblocked()?;
+                let transfer_id =
+                    args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+                let ids: Vec<String> = ops.iter().map(|o| o.source_snapshot().fragment_id().to_string()).collect();
+                let (fresh, mut token) = acquire_pin(guard, "source", &transfer_id, binding, &ids)?;
+                let mut fresh_frags: Vec<RuntimeFragment> = Vec::with_capacity(ops.len());
+                for o in &ops {
+                    let rid = o.source_snapshot().fragment_id();
+                    match find(&fresh, rid) {
+                        Some(f) if f.same_as_snapshot(o.source_snapshot()) => fresh_frags.push(f),
+                        _ => {
+                            let _ = token.release(TerminalState::Aborted);
+                            return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
+                        }
+                    }
+                }
+                (fresh_frags, Some(token))
+            }
+        };
         let frag_refs: Vec<&RuntimeFragment> = fresh_frags.iter().collect();
         let requests = match registration_requests(&frag_refs) {
             Ok(r) => r,
             Err(e) => {
-                let mut token = token;
-                let _ = token.release(super::guards::TerminalState::Aborted);
+                if let Some(mut token) = token {
+                    let _ = token.release(TerminalState::Aborted);
+                }
                 return Err(e);
             }
         };
         let keys: Vec<&str> = ops.iter().map(|o| o.target().object_key()).collect();
         let group = m.group_id().to_string();
-        self.registrar.scoped(&*self.store, &requests, token, |io_started| {
+        let body = |io_started: &mut bool| {
             let batch = self.limits.max_ranges_per_request;
             for (chunk_ops, chunk_frags) in ops.chunks(batch).zip(fresh_frags.chunks(batch)) {
                 let items: Vec<PutFrom<'_>> = chunk_ops
@@ -160,6 +176,20 @@ impl WeightStore {
                 let groups = vec![group.clone(); items.len()];
                 *io_started = true;
                 let results = self.store.batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload });
+                // A re-run of `upload` for the same plan finds its own payloads: the key
+                // holds this transaction's id, objects are only ever published whole,
+                // and the size must match, so "already exists" counts as written.
+                let results: Vec<Result<()>> = results
+                    .into_iter()
+                    .zip(&items)
+                    .map(|(r, item)| match r {
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.store.object_size(item.key) {
+                            Ok(n) if n == item.source.len => Ok(()),
+                            _ => Err(e),
+                        },
+                        other => other,
+                    })
+                    .collect();
                 if results.len() != items.len() || results.iter().any(|r| r.is_err()) {
                     let text: Vec<String> = results
                         .iter()
@@ -173,7 +203,14 @@ impl WeightStore {
                 }
             }
             self.require_complete_payloads(&keys)
-        })?;
+        };
+        match token {
+            Some(token) => self.registrar.scoped(&*self.store, &requests, token, body)?,
+            None => {
+                self.registrar.check_unblocked()?;
+                body(&mut false)?
+            }
+        }
         self.require_writable(plan, &keys)?;
         Ok(ops
             .iter()

@@ -1,8 +1,9 @@
 //! `WeightStore`: a store backend plus the configuration and registration state of
 //! the weight protocol (`store-protocol.md` §2).
 
-use super::registration::Registrar;
-use crate::error::{invalid, Result};
+use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::registration::{RegistrationLease, Registrar};
+use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::upload::{plan_upload, UploadOptions, UploadPlan};
 use crate::runtime::RuntimeBinding;
@@ -99,6 +100,38 @@ impl WeightStore {
     /// Reads and strictly decodes the manifest at `manifest_key`.
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
         super::load::load_manifest(&*self.store, manifest_key)
+    }
+
+    /// Pins and registers `fragment_ids` of `binding` once, for any number of
+    /// uploads or loads (`register_weight_buffers`). `side` is `source` or
+    /// `target`. Errors: `Store registration lease requires fragments`, guard and
+    /// registration errors (the pin is released or quarantined, never leaked).
+    pub fn register_weight_buffers(
+        &self,
+        binding: &RuntimeBinding,
+        fragment_ids: &[String],
+        guard: &dyn GuardProvider,
+        side: &str,
+        transfer_id: Option<&str>,
+    ) -> Result<RegistrationLease> {
+        if side != "source" && side != "target" {
+            return invalid(format!("invalid lifetime side: {side}"));
+        }
+        let mut ids: Vec<String> = fragment_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "Store registration lease requires fragments"));
+        }
+        let transfer_id = transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let (fresh, token) = acquire_pin(guard, side, &transfer_id, binding, &ids)?;
+        self.registrar.register_lease(&*self.store, fresh, ids, token)
+    }
+
+    /// Closes a lease: unregisters its buffers and releases its pin with `state`
+    /// (quarantined on unregister failure). A no-op when already closed.
+    pub fn close_registration_lease(&self, lease: &mut RegistrationLease, state: TerminalState) -> Result<()> {
+        self.registrar.close_lease(&*self.store, lease, state)
     }
 
     /// Sorted ids of quarantined registrations (new I/O is blocked while any exist).

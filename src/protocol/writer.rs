@@ -260,7 +260,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             .collect();
         let mut receipts = Vec::new();
         for w in &workers {
-            let args = UploadArgs { worker_id: Some(w), guard: Some(&*guard), transfer_id: None };
+            let args = UploadArgs { worker_id: Some(w), guard: Some(&*guard), transfer_id: None, lease: None };
             // SAFETY: the adapter (an unsafe trait) vouches for the bindings' memory
             // while its guard pins it.
             let r = unsafe { self.store.upload(&self.plan, &self.source.placement, &binding, args) };
