@@ -9,7 +9,6 @@
 //! `cargo bench --bench io -- [--size-mib N] [--dir PATH]` (default 1024 MiB).
 
 #[path = "../tests/common/model.rs"]
-#[allow(dead_code)]
 mod model;
 
 use model::*;

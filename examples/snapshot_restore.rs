@@ -7,7 +7,6 @@
 //! ```
 
 #[path = "../tests/common/model.rs"]
-#[allow(dead_code)]
 mod model;
 
 use model::*;

@@ -370,7 +370,7 @@ pub fn opt_int(v: &Value, field: &str, min: u64) -> Result<Option<u64>> {
 }
 
 /// Reads an array, else `<err>`.
-pub fn req_array<'a>(v: &'a Value, err: impl FnOnce() -> String) -> Result<&'a [Value]> {
+pub fn req_array(v: &Value, err: impl FnOnce() -> String) -> Result<&[Value]> {
     match v {
         Value::Array(items) => Ok(items),
         _ => Err(Error::invalid(err())),

@@ -11,6 +11,9 @@
 //! Every value type is immutable and validated at construction: a value that exists
 //! is valid. All types are `Send + Sync`.
 
+// Index maps keyed by tuples of borrowed ids read best spelled out in place.
+#![allow(clippy::type_complexity)]
+
 pub mod error;
 pub(crate) mod fxhash;
 pub mod geometry;

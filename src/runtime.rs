@@ -131,9 +131,9 @@ impl RuntimeFragment {
             return invalid("runtime view exceeds storage allocation bounds");
         }
         let canonical = canonical_strides(&spec.local_shape, spec.itemsize);
-        for d in 0..spec.local_shape.len() {
-            if spec.local_shape[d] == 1 {
-                spec.strides_bytes[d] = canonical[d];
+        for ((stride, &extent), &c) in spec.strides_bytes.iter_mut().zip(&spec.local_shape).zip(&canonical) {
+            if extent == 1 {
+                *stride = c;
             }
         }
         Ok(RuntimeFragment { spec })

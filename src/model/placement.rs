@@ -402,7 +402,7 @@ impl ParallelTopology {
 // Fragment checks shared by parts and placements (§9.4)
 // ---------------------------------------------------------------------------
 
-fn tensor_index<'a>(tensors: &'a [Arc<TensorDescriptor>]) -> Result<HashMap<&'a str, &'a TensorDescriptor>> {
+fn tensor_index(tensors: &[Arc<TensorDescriptor>]) -> Result<HashMap<&str, &TensorDescriptor>> {
     let mut map = crate::fxhash::map_with_capacity(tensors.len());
     for t in tensors {
         if map.insert(t.tensor_id(), &**t).is_some() {

@@ -60,7 +60,7 @@ pub struct mws_bytes {
 impl mws_bytes {
     fn of(s: &str) -> mws_bytes {
         // A dangling-but-non-NULL pointer for empty strings keeps `ptr` non-NULL.
-        let ptr = if s.is_empty() { b"\0".as_ptr() } else { s.as_ptr() };
+        let ptr = if s.is_empty() { c"".as_ptr().cast::<u8>() } else { s.as_ptr() };
         mws_bytes { ptr: ptr as *const std::ffi::c_char, len: s.len() }
     }
 }
@@ -343,7 +343,7 @@ impl CallbackStore {
         let f = if op == "put" { self.vt.put } else { self.vt.upsert };
         let f = f.expect("checked at construction");
         let group = config.group_ids.first().map(String::as_str).unwrap_or("");
-        let ptr = if value.is_empty() { b"\0".as_ptr() } else { value.as_ptr() };
+        let ptr = if value.is_empty() { c"".as_ptr().cast::<u8>() } else { value.as_ptr() };
         let code = with_retry(|| unsafe {
             f(self.ctx.0, mws_bytes::of(key), ptr, value.len() as u64, mws_bytes::of(group), record_code(config.record_type))
                 as i64

@@ -365,7 +365,7 @@ impl DirectoryStore {
         if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
             return Err(device_unsupported(r.key));
         }
-        if cache.as_ref().map_or(true, |(k, _, _)| k != r.key) {
+        if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
             *cache = None;
             let f = self.open_object(r.key)?;
             let size = f.metadata().map_err(|e| io_err("cannot stat", r.key, e))?.len();
@@ -430,7 +430,7 @@ impl DirectoryStore {
             })?;
             return Ok(total);
         }
-        if cache.as_ref().map_or(true, |(k, _, _)| k != r.key) {
+        if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
             *cache = None;
             let f = self.open_object(r.key)?;
             let size = f.metadata().map_err(|e| io_err("cannot stat", r.key, e))?.len();
