@@ -11,7 +11,8 @@
 //! `8.0`, `1e3` and `true` are never accepted where an integer is required.
 
 use crate::error::{Error, Result};
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -133,8 +134,9 @@ pub fn key(out: &mut String, k: &str) {
 }
 
 /// A decoded JSON value. Object members keep their document order; keys are unique.
+/// Strings and keys borrow from the input when they hold no escapes.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Value {
+pub enum Value<'a> {
     /// `null`
     Null,
     /// `true` / `false`
@@ -146,14 +148,14 @@ pub enum Value {
     /// Any other number (fraction, exponent, or an integer beyond 64 bits).
     Float(f64),
     /// A string.
-    Str(String),
+    Str(Cow<'a, str>),
     /// An array.
-    Array(Vec<Value>),
+    Array(Vec<Value<'a>>),
     /// An object, members in document order.
-    Object(Vec<(String, Value)>),
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
 }
 
-impl Value {
+impl Value<'_> {
     /// A short name of the JSON type, for messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -169,47 +171,78 @@ impl Value {
 
 struct ValueVisitor;
 
+/// Deserializes a string, borrowing from the input when possible.
+struct CowStr;
+
+impl<'de> DeserializeSeed<'de> for CowStr {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_str(CowStrVisitor)
+    }
+}
+
+struct CowStrVisitor;
+
+impl<'de> Visitor<'de> for CowStrVisitor {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
+}
+
 impl<'de> Visitor<'de> for ValueVisitor {
-    type Value = Value;
+    type Value = Value<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
-    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value<'de>, E> {
         Ok(Value::Bool(v))
     }
-    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value<'de>, E> {
         Ok(Value::UInt(v))
     }
-    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value<'de>, E> {
         Ok(if v >= 0 { Value::UInt(v as u64) } else { Value::NegInt(v) })
     }
-    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value<'de>, E> {
         Ok(Value::Float(v))
     }
-    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
-        Ok(Value::Str(v.to_owned()))
+    fn visit_borrowed_str<E>(self, v: &'de str) -> std::result::Result<Value<'de>, E> {
+        Ok(Value::Str(Cow::Borrowed(v)))
     }
-    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
-        Ok(Value::Str(v))
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value<'de>, E> {
+        Ok(Value::Str(Cow::Owned(v.to_owned())))
     }
-    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value<'de>, E> {
+        Ok(Value::Str(Cow::Owned(v)))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value<'de>, E> {
         Ok(Value::Null)
     }
-    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+    fn visit_none<E>(self) -> std::result::Result<Value<'de>, E> {
         Ok(Value::Null)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Value, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Value<'de>, A::Error> {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(v) = seq.next_element::<Value>()? {
+        while let Some(v) = seq.next_element::<Value<'de>>()? {
             items.push(v);
         }
         Ok(Value::Array(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value, A::Error> {
-        let mut members: Vec<(String, Value)> = Vec::new();
-        let mut seen: Option<HashSet<String>> = None;
-        while let Some(k) = map.next_key::<String>()? {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value<'de>, A::Error> {
+        let mut members: Vec<(Cow<'de, str>, Value<'de>)> = Vec::new();
+        let mut seen: Option<HashSet<Cow<'de, str>>> = None;
+        while let Some(k) = map.next_key_seed(CowStr)? {
             // Small objects (all schema objects) use a linear scan; large ones a set.
             let dup = if members.len() < 16 {
                 members.iter().any(|(existing, _)| *existing == k)
@@ -220,15 +253,15 @@ impl<'de> Visitor<'de> for ValueVisitor {
             if dup {
                 return Err(de::Error::custom(format!("duplicate JSON field: {k}")));
             }
-            let v = map.next_value::<Value>()?;
+            let v = map.next_value::<Value<'de>>()?;
             members.push((k, v));
         }
         Ok(Value::Object(members))
     }
 }
 
-impl<'de> Deserialize<'de> for Value {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Value, D::Error> {
+impl<'de> Deserialize<'de> for Value<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Value<'de>, D::Error> {
         d.deserialize_any(ValueVisitor)
     }
 }
@@ -267,7 +300,7 @@ fn find_non_finite(text: &str) -> Option<&'static str> {
 /// Errors (all [`crate::ErrorKind::InvalidArgument`]):
 /// `non-finite JSON number is unsupported: <literal>`, `duplicate JSON field: <key>`,
 /// `<label> is not valid JSON`.
-pub fn parse_bytes(bytes: &[u8], label: &str) -> Result<Value> {
+pub fn parse_bytes<'a>(bytes: &'a [u8], label: &str) -> Result<Value<'a>> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let text = std::str::from_utf8(bytes)
         .map_err(|_| Error::invalid(format!("{label} is not valid JSON: input is not UTF-8")))?;
@@ -276,7 +309,7 @@ pub fn parse_bytes(bytes: &[u8], label: &str) -> Result<Value> {
 
 /// Parses `text` strictly (a leading BOM is an error for text input, as in the
 /// reference). Same errors as [`parse_bytes`].
-pub fn parse_text(text: &str, label: &str) -> Result<Value> {
+pub fn parse_text<'a>(text: &'a str, label: &str) -> Result<Value<'a>> {
     let mut de = serde_json::Deserializer::from_str(text);
     let parsed = Value::deserialize(&mut de).and_then(|v| de.end().map(|_| v));
     match parsed {
@@ -300,13 +333,13 @@ pub fn parse_text(text: &str, label: &str) -> Result<Value> {
 }
 
 /// Strict reader of one JSON object with an exact key set.
-pub struct Obj<'a> {
-    members: &'a [(String, Value)],
+pub struct Obj<'a, 'v> {
+    members: &'a [(Cow<'v, str>, Value<'v>)],
 }
 
-impl<'a> Obj<'a> {
+impl<'a, 'v> Obj<'a, 'v> {
     /// Views `v` as an object, else fails with `err`.
-    pub fn new(v: &'a Value, err: impl FnOnce() -> String) -> Result<Self> {
+    pub fn new(v: &'a Value<'v>, err: impl FnOnce() -> String) -> Result<Self> {
         match v {
             Value::Object(m) => Ok(Obj { members: m }),
             _ => Err(Error::invalid(err())),
@@ -315,7 +348,7 @@ impl<'a> Obj<'a> {
 
     /// True when the key set is exactly `keys` (no order requirement).
     pub fn has_exact_keys(&self, keys: &[&str]) -> bool {
-        self.members.len() == keys.len() && self.members.iter().all(|(k, _)| keys.contains(&k.as_str()))
+        self.members.len() == keys.len() && self.members.iter().all(|(k, _)| keys.contains(&k.as_ref()))
     }
 
     /// Fails with `err` unless the key set is exactly `keys`.
@@ -333,8 +366,8 @@ impl<'a> Obj<'a> {
     }
 
     /// The member `k` (callers check the key set first).
-    pub fn get(&self, k: &str) -> &'a Value {
-        static NULL: Value = Value::Null;
+    pub fn get(&self, k: &str) -> &'a Value<'v> {
+        static NULL: Value<'static> = Value::Null;
         self.members.iter().find(|(key, _)| key == k).map(|(_, v)| v).unwrap_or(&NULL)
     }
 }
@@ -342,7 +375,7 @@ impl<'a> Obj<'a> {
 /// Reads a non-empty string: `<field> must be a non-empty string`.
 pub fn req_str(v: &Value, field: &str) -> Result<String> {
     match v {
-        Value::Str(s) if !s.is_empty() => Ok(s.clone()),
+        Value::Str(s) if !s.is_empty() => Ok(s.to_string()),
         _ => Err(Error::invalid(format!("{field} must be a non-empty string"))),
     }
 }
@@ -370,7 +403,7 @@ pub fn opt_int(v: &Value, field: &str, min: u64) -> Result<Option<u64>> {
 }
 
 /// Reads an array, else `<err>`.
-pub fn req_array(v: &Value, err: impl FnOnce() -> String) -> Result<&[Value]> {
+pub fn req_array<'a, 'v>(v: &'a Value<'v>, err: impl FnOnce() -> String) -> Result<&'a [Value<'v>]> {
     match v {
         Value::Array(items) => Ok(items),
         _ => Err(Error::invalid(err())),

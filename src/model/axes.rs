@@ -161,7 +161,7 @@ impl ParallelAxis {
     pub(crate) fn from_json(v: &Value, label: &str) -> Result<Self> {
         let o = Obj::new(v, || format!("{label} must be a JSON object"))?;
         let semantics = match o.get("semantics") {
-            Value::Str(s) if !s.is_empty() => s.as_str(),
+            Value::Str(s) if !s.is_empty() => s.as_ref(),
             _ => return invalid("axis semantics must be a non-empty string"),
         };
         let schema = || format!("{label} schema fields do not match contract");

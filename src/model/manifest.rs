@@ -145,7 +145,7 @@ impl StoredFragment {
         let mut aliases = Vec::with_capacity(aliases_v.len());
         for a in aliases_v {
             match a {
-                Value::Str(s) if !s.is_empty() => aliases.push(s.clone()),
+                Value::Str(s) if !s.is_empty() => aliases.push(s.to_string()),
                 _ => return invalid("stored fragment alias must be a non-empty string"),
             }
         }

@@ -21,7 +21,16 @@ use sha2::{Digest, Sha256};
 
 /// Lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
+    sha256_hex_parts(&[bytes])
+}
+
+/// Lowercase hex SHA-256 of the concatenation of `parts`.
+pub(crate) fn sha256_hex_parts(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    let digest = h.finalize();
     let mut out = String::with_capacity(64);
     for b in digest {
         out.push(char::from(b"0123456789abcdef"[(b >> 4) as usize]));

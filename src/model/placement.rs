@@ -692,11 +692,12 @@ impl Placement {
             }
         }
         // Tensor catalog.
-        let mut catalog: BTreeMap<&str, &Arc<TensorDescriptor>> = BTreeMap::new();
+        let mut catalog: HashMap<&str, &Arc<TensorDescriptor>> = HashMap::default();
         for part in &parts {
             for t in &part.tensors {
                 match catalog.get(t.tensor_id()) {
-                    Some(existing) if ***existing != **t => {
+                    // Parts decoded together share one Arc per tensor: no deep compare.
+                    Some(existing) if !Arc::ptr_eq(existing, t) && ***existing != **t => {
                         return invalid(format!("placement part tensor descriptor mismatch: {}", t.tensor_id()));
                     }
                     Some(_) => {}
@@ -706,13 +707,18 @@ impl Placement {
                 }
             }
         }
-        let tensors: Vec<Arc<TensorDescriptor>> = catalog.into_values().cloned().collect();
+        let mut tensors: Vec<Arc<TensorDescriptor>> = catalog.into_values().cloned().collect();
+        tensors.sort_unstable_by(|a, b| a.tensor_id().cmp(b.tensor_id()));
         let mut order: Vec<(u32, u32)> = Vec::new();
         for (pi, part) in parts.iter().enumerate() {
             order.extend((0..part.fragments.len()).map(|fi| (pi as u32, fi as u32)));
         }
         let frag = |&(p, f): &(u32, u32)| &parts[p as usize].fragments[f as usize];
-        order.sort_by(|a, b| frag(a).placement_fragment_id.cmp(&frag(b).placement_fragment_id));
+        let mut keyed: Vec<(&str, (u32, u32))> = order.iter().map(|k| (frag(k).placement_fragment_id.as_str(), *k)).collect();
+        keyed.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (slot, (_, k)) in order.iter_mut().zip(keyed) {
+            *slot = k;
+        }
         // Each part already validated its own fragments (geometry, known tensors,
         // logical duplicates and overlaps within its one rank); what is left is
         // global: unique fragment ids and alias completeness.
@@ -735,17 +741,21 @@ impl Placement {
             digest: String::new(),
         };
         placement.check_complete()?;
-        let mut text = String::with_capacity(256 + placement.order.len() * 320);
-        placement.write_json(&mut text, None);
-        placement.placement_id = format!("sha256:{}", sha256_hex(text.as_bytes()));
+        // Both documents start with the same `{"parts":[...]` (the bulk): write it
+        // once and hash it into both digests with different tails.
+        let mut head = String::with_capacity(256 + placement.order.len() * 320);
+        placement.write_parts(&mut head);
+        let mut tail = String::new();
+        placement.write_tail(&mut tail, None);
+        placement.placement_id = format!("sha256:{}", super::sha256_hex_parts(&[head.as_bytes(), tail.as_bytes()]));
         if let Some(given) = spec.placement_id {
             if given != placement.placement_id {
                 return invalid("placement_id does not match canonical logical content");
             }
         }
-        text.clear();
-        placement.write_json(&mut text, Some(&placement.placement_id));
-        placement.digest = sha256_hex(text.as_bytes());
+        tail.clear();
+        placement.write_tail(&mut tail, Some(&placement.placement_id));
+        placement.digest = super::sha256_hex_parts(&[head.as_bytes(), tail.as_bytes()]);
         Ok(placement)
     }
 
@@ -875,6 +885,12 @@ impl Placement {
 
     /// With `id`: the placement JSON; without: the `placement_id` input (§3.3).
     fn write_json(&self, out: &mut String, id: Option<&str>) {
+        self.write_parts(out);
+        self.write_tail(out, id);
+    }
+
+    /// `{"parts":[...]` — the part of both documents that holds the fragments.
+    fn write_parts(&self, out: &mut String) {
         out.push_str("{\"parts\":[");
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
@@ -894,6 +910,11 @@ impl Placement {
             out.push('}');
         }
         out.push(']');
+    }
+
+    /// Everything after the parts (with `id`: placement JSON; without: the
+    /// `placement_id` input).
+    fn write_tail(&self, out: &mut String, id: Option<&str>) {
         if let Some(id) = id {
             out.push_str(",\"placement_id\":");
             json::write_str(out, id, Profile::Ascii);
@@ -967,18 +988,21 @@ impl Placement {
         let topology = ParallelTopology::from_json(o.get("topology"))?;
 
         let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
-        let mut tensors: BTreeMap<String, Arc<TensorDescriptor>> = BTreeMap::new();
+        let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
         for (i, item) in tensor_items.iter().enumerate() {
             let schema = || format!("placement tensor {i} schema fields do not match contract");
-            let t = TensorDescriptor::from_json(item, &schema, "", "placement tensor parallel axis")?;
-            let id = t.tensor_id().to_string();
-            if tensors.insert(id, Arc::new(t)).is_some() {
+            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", "placement tensor parallel axis")?));
+        }
+        let mut index: HashMap<&str, usize> = crate::fxhash::map_with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if index.insert(t.tensor_id(), i).is_some() {
                 return invalid("duplicate tensor_id in placement JSON");
             }
         }
 
         let part_items = json::req_array(o.get("parts"), || "placement parts must be a sequence".into())?;
-        let mut referenced: BTreeSet<&str> = BTreeSet::new();
+        let mut referenced = vec![false; tensors.len()];
+        let mut unknown: Vec<String> = Vec::new();
         let mut raw_parts = Vec::with_capacity(part_items.len());
         let mut frag_index = 0usize;
         for (i, item) in part_items.iter().enumerate() {
@@ -989,34 +1013,35 @@ impl Placement {
             let rank = ParallelRank::from_json(po.get("rank"), &|| format!("placement part rank {i} schema fields do not match contract"))?;
             let frag_items = json::req_array(po.get("fragments"), || "placement part fragments must be a sequence".into())?;
             let mut fragments = Vec::with_capacity(frag_items.len());
+            let mut part_tensors: Vec<usize> = Vec::new();
             for item in frag_items {
                 let f = decode_fragment(item, frag_index)?;
                 frag_index += 1;
+                match index.get(f.tensor_id()) {
+                    Some(&t) => {
+                        referenced[t] = true;
+                        part_tensors.push(t);
+                    }
+                    None => unknown.push(f.tensor_id().to_string()),
+                }
                 fragments.push(f);
             }
-            for f in &fragments {
-                if let Some((k, _)) = tensors.get_key_value(f.tensor_id()) {
-                    referenced.insert(k.as_str());
-                }
-            }
-            raw_parts.push((participant_id, rank, fragments));
+            part_tensors.sort_unstable();
+            part_tensors.dedup();
+            raw_parts.push((participant_id, rank, fragments, part_tensors));
         }
-        let mut unknown: Vec<&str> = raw_parts
-            .iter()
-            .flat_map(|(_, _, fs)| fs.iter().map(|f| f.tensor_id()))
-            .filter(|id| !tensors.contains_key(*id))
-            .collect();
         unknown.sort_unstable();
         if let Some(id) = unknown.first() {
             return invalid(format!("unknown tensor_id in placement part: {id}"));
         }
-        if let Some(id) = tensors.keys().find(|id| !referenced.contains(id.as_str())) {
+        let mut unreferenced: Vec<&str> =
+            tensors.iter().zip(&referenced).filter(|(_, r)| !**r).map(|(t, _)| t.tensor_id()).collect();
+        unreferenced.sort_unstable();
+        if let Some(id) = unreferenced.first() {
             return invalid(format!("placement JSON contains an unreferenced tensor: {id}"));
         }
         let mut parts = Vec::with_capacity(raw_parts.len());
-        for (participant_id, rank, fragments) in raw_parts {
-            let ids: BTreeSet<&str> = fragments.iter().map(|f| f.tensor_id()).collect();
-            let part_tensors = ids.iter().map(|id| tensors[*id].clone()).collect();
+        for (participant_id, rank, fragments, part_tensors) in raw_parts {
             parts.push(PlacementPart::new(PlacementPartSpec {
                 resource_id: resource_id.clone(),
                 revision: revision.clone(),
@@ -1025,7 +1050,7 @@ impl Placement {
                 participant_id,
                 weight_generation,
                 rank,
-                tensors: part_tensors,
+                tensors: part_tensors.iter().map(|&t| tensors[t].clone()).collect(),
                 fragments,
             })?);
         }
@@ -1089,7 +1114,7 @@ pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragmen
     let mut aliases = Vec::with_capacity(aliases_v.len());
     for a in aliases_v {
         match a {
-            Value::Str(s) if !s.is_empty() => aliases.push(s.clone()),
+            Value::Str(s) if !s.is_empty() => aliases.push(s.to_string()),
             _ => return invalid("alias must be a non-empty string"),
         }
     }

@@ -86,7 +86,7 @@ impl Decision {
             _ => return invalid("invalid upload decision"),
         };
         match o.get("plan_digest") {
-            Value::Str(s) if is_hex64(s) => Ok((decision, s.clone())),
+            Value::Str(s) if is_hex64(s) => Ok((decision, s.to_string())),
             _ => invalid("invalid upload decision plan_digest"),
         }
     }
