@@ -472,16 +472,22 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
     let part = placement
         .part(&binding.participant_id)
         .ok_or_else(|| Error::invalid(format!("unknown runtime binding participant: {}", binding.participant_id)))?;
-    if let Some(f) = binding.fragments.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
-        return invalid(format!("unknown placement fragment in runtime binding: {}", f.placement_fragment_id()));
+    // Both lists are sorted by placement fragment id: membership is a merge.
+    let (pf, bf) = (part.fragments(), &binding.fragments);
+    let same = pf.len() == bf.len() && pf.iter().zip(bf).all(|(p, r)| p.placement_fragment_id() == r.placement_fragment_id());
+    if !same {
+        if let Some(f) = bf.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
+            return invalid(format!("unknown placement fragment in runtime binding: {}", f.placement_fragment_id()));
+        }
+        if let Some(p) = pf.iter().find(|p| binding.fragment_for(p.placement_fragment_id()).is_none()) {
+            return invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()));
+        }
     }
-    if let Some(p) = part.fragments().iter().find(|p| binding.fragment_for(p.placement_fragment_id()).is_none()) {
-        return invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()));
-    }
-    let mut bound = Vec::with_capacity(part.fragments().len());
-    for p in part.fragments() {
-        let r = binding.fragment_for(p.placement_fragment_id()).expect("membership checked");
-        let t = placement.tensor(p.tensor_id()).expect("placement tensors are complete");
+    let tensors: crate::fxhash::FxHashMap<&str, &TensorDescriptor> =
+        part.tensors().iter().map(|t| (t.tensor_id(), &**t)).collect();
+    let mut bound = Vec::with_capacity(pf.len());
+    for (p, r) in pf.iter().zip(bf) {
+        let t = tensors[p.tensor_id()];
         let pfid = p.placement_fragment_id();
         if r.nbytes() != p.nbytes() {
             return invalid(format!("runtime binding byte size does not match placement: {pfid}"));
@@ -492,12 +498,27 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
         if r.itemsize() != t.itemsize() {
             return invalid(format!("runtime binding itemsize does not match placement: {pfid}"));
         }
-        if r.strides_bytes() != canonical_strides(p.local_shape(), t.itemsize()).as_slice() {
+        if !is_canonical(r.strides_bytes(), p.local_shape(), t.itemsize()) {
             return invalid(format!("runtime binding stride does not describe a canonical contiguous view: {pfid}"));
         }
         bound.push(Bound { runtime: r, placement: p, tensor: t });
     }
     Ok(bound)
+}
+
+/// True when `strides` are the canonical row-major strides of `shape`.
+fn is_canonical(strides: &[u64], shape: &[u64], itemsize: u64) -> bool {
+    if strides.len() != shape.len() {
+        return false;
+    }
+    let mut acc = itemsize;
+    for d in (0..shape.len()).rev() {
+        if strides[d] != acc {
+            return false;
+        }
+        acc = acc.saturating_mul(shape[d]);
+    }
+    true
 }
 
 fn exact_alias(a: &Bound<'_>, b: &Bound<'_>) -> bool {

@@ -229,12 +229,18 @@ impl UploadPlan {
         if control_key != format!("{transaction_group_id}/decision") {
             return invalid("upload control key does not belong to transaction group");
         }
-        let mut targets: Vec<&StoredFragment> = operations.iter().map(|o| &o.target).collect();
-        let mut fragments: Vec<&StoredFragment> = manifest.fragments().iter().collect();
-        targets.sort_by(|a, b| a.fragment_id().cmp(b.fragment_id()));
-        fragments.sort_by(|a, b| a.fragment_id().cmp(b.fragment_id()));
-        if targets != fragments {
-            return invalid("upload plan operations and manifest differ");
+        // Planned operations follow the manifest's order; other orders compare as
+        // multisets sorted by fragment id.
+        let in_order = operations.len() == manifest.fragments().len()
+            && operations.iter().zip(manifest.fragments()).all(|(o, f)| o.target == *f);
+        if !in_order {
+            let mut targets: Vec<&StoredFragment> = operations.iter().map(|o| &o.target).collect();
+            let mut fragments: Vec<&StoredFragment> = manifest.fragments().iter().collect();
+            targets.sort_unstable_by(|a, b| a.fragment_id().cmp(b.fragment_id()));
+            fragments.sort_unstable_by(|a, b| a.fragment_id().cmp(b.fragment_id()));
+            if targets != fragments {
+                return invalid("upload plan operations and manifest differ");
+            }
         }
         let payload_prefix = format!("{}/payload/", manifest.group_id());
         for op in &operations {
@@ -381,8 +387,8 @@ pub fn plan_upload<'a>(placement: &'a Placement, bindings: &'a [RuntimeBinding],
     let mut seen: HashSet<&str> = HashSet::default();
     for b in bindings {
         let part = placement.part(b.participant_id()).expect("pairing checked the participant");
-        for p in part.fragments() {
-            let r = b.fragment_for(p.placement_fragment_id()).expect("pairing checked membership");
+        // Pairing checked that both lists hold the same ids in the same order.
+        for (p, r) in part.fragments().iter().zip(b.fragments()) {
             if !seen.insert(r.fragment_id()) {
                 return invalid(format!("duplicate source fragment_id: {}", r.fragment_id()));
             }
@@ -451,7 +457,7 @@ pub fn plan_upload<'a>(placement: &'a Placement, bindings: &'a [RuntimeBinding],
     // Step 7.
     let (selected_dp, generation, chosen) = eligible[0];
     // Step 8: one source per geometry.
-    let mut picks: BTreeMap<(&str, &[u64], &[u64]), &Source<'_>> = BTreeMap::new();
+    let mut picks: HashMap<(&str, &[u64], &[u64]), &Source<'_>> = HashMap::default();
     let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
@@ -471,9 +477,11 @@ pub fn plan_upload<'a>(placement: &'a Placement, bindings: &'a [RuntimeBinding],
         }
     }
     // Steps 9-12.
+    let mut picks: Vec<((&str, &[u64], &[u64]), &Source<'_>)> = picks.into_iter().collect();
+    picks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut operations = Vec::with_capacity(picks.len());
     let mut fragments = Vec::with_capacity(picks.len());
-    for s in picks.values() {
+    for (_, s) in &picks {
         let p = s.placement;
         let fragment_id = stored_fragment_id(p.tensor_id(), p.global_offset(), p.local_shape());
         let target = StoredFragment::new(StoredFragmentSpec {
