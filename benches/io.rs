@@ -15,30 +15,9 @@ use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::{LoadArgs, LoadPlan, StaticGuard, WeightStore};
 use mooncake_weight_store::store::{directory::DirectoryStore, memory::MemoryStore, ObjectStore, RecordType, WriteConfig};
-use mooncake_weight_store::StoredManifest;
-use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
-
-fn snapshot(ws: &WeightStore, src: &HostModel) -> StoredManifest {
-    ws.snapshot(&src.descriptor("default"), HostAdapter(src), |w| {
-        let mut seen = BTreeSet::new();
-        let ops: Vec<(String, String)> = w
-            .plan()
-            .operations()
-            .iter()
-            .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
-            .collect();
-        for (t, p) in ops {
-            if seen.insert((t.clone(), p.clone())) {
-                w.write_tensor(&t, &p)?;
-            }
-        }
-        Ok(())
-    })
-    .expect("snapshot")
-}
 
 fn restore(ws: &WeightStore, plan: &LoadPlan, dst: &HostModel) -> f64 {
     let t = Instant::now();
@@ -101,7 +80,7 @@ fn main() {
     let dir_store = Arc::new(DirectoryStore::open(root.join("store")).unwrap());
     let ws_dir = WeightStore::new(dir_store.clone());
     let t = Instant::now();
-    let manifest = snapshot(&ws_dir, &src);
+    let manifest = src.snapshot_into(&ws_dir).expect("snapshot");
     let snap_s = t.elapsed().as_secs_f64();
     let sizes: Vec<u64> = manifest.fragments().iter().map(|f| f.nbytes()).collect();
     let stored: u64 = sizes.iter().sum();

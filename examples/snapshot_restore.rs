@@ -13,7 +13,6 @@ use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::{LoadArgs, StaticGuard, WeightStore};
 use mooncake_weight_store::store::directory::DirectoryStore;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,23 +38,7 @@ fn main() {
 
     let ws = WeightStore::new(Arc::new(DirectoryStore::open(&dir).expect("open directory store")));
     let t = Instant::now();
-    let manifest = ws
-        .snapshot(&src.descriptor("default"), HostAdapter(&src), |w| {
-            let mut seen = BTreeSet::new();
-            let ops: Vec<(String, String)> = w
-                .plan()
-                .operations()
-                .iter()
-                .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
-                .collect();
-            for (tensor, participant) in ops {
-                if seen.insert((tensor.clone(), participant.clone())) {
-                    w.write_tensor(&tensor, &participant)?;
-                }
-            }
-            Ok(())
-        })
-        .expect("snapshot");
+    let manifest = src.snapshot_into(&ws).expect("snapshot");
     let snapshot = t.elapsed().as_secs_f64();
     drop(src);
 

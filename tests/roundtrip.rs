@@ -9,27 +9,7 @@ use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::{LoadArgs, StaticGuard, WeightStore};
 use mooncake_weight_store::store::{directory::DirectoryStore, memory::MemoryStore, ObjectStore};
-use mooncake_weight_store::*;
 use std::sync::Arc;
-
-fn snapshot(ws: &WeightStore, src: &HostModel) -> StoredManifest {
-    ws.snapshot(&src.descriptor("default"), HostAdapter(src), |w| {
-        let ops: Vec<(String, String)> = w
-            .plan()
-            .operations()
-            .iter()
-            .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
-            .collect();
-        let mut seen = std::collections::BTreeSet::new();
-        for (t, p) in ops {
-            if seen.insert((t.clone(), p.clone())) {
-                w.write_tensor(&t, &p)?;
-            }
-        }
-        Ok(())
-    })
-    .unwrap()
-}
 
 fn restore(ws: &WeightStore, manifest_key: &str, target: Layout, defs: &[TensorDef]) -> (usize, u64) {
     let manifest = Arc::new(ws.load_manifest(manifest_key).unwrap());
@@ -50,7 +30,7 @@ fn round_trip(backend: Arc<dyn ObjectStore>) {
     let defs = model_tensors(2, 64, 4);
     let src = HostModel::new(build_placement("source", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 3);
     let ws = WeightStore::new(backend);
-    let m = snapshot(&ws, &src);
+    let m = src.snapshot_into(&ws).unwrap();
     assert_eq!(m.manifest_key(), "weights/default/test-model/rev-1/1/manifest");
     assert!(!m.to_json().contains("address"));
     for target in [

@@ -347,6 +347,26 @@ impl HostModel {
         Ok(checked)
     }
 
+    /// Snapshots the model with the writer: each (tensor, participant) of the plan
+    /// is written once; the writer uploads participants as they complete.
+    pub fn snapshot_into(&self, ws: &mooncake_weight_store::protocol::WeightStore) -> Result<StoredManifest> {
+        ws.snapshot(&self.descriptor("default"), HostAdapter(self), |w| {
+            let mut seen = std::collections::BTreeSet::new();
+            let ops: Vec<(String, String)> = w
+                .plan()
+                .operations()
+                .iter()
+                .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
+                .collect();
+            for (tensor, participant) in ops {
+                if seen.insert((tensor.clone(), participant.clone())) {
+                    w.write_tensor(&tensor, &participant)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     pub fn descriptor(&self, namespace: &str) -> SnapshotDescriptor {
         SnapshotDescriptor {
             resource_id: self.placement.resource_id().into(),
