@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# C/C++ side of CI: header drift, exported symbols, CMake workflows (dev + asan).
+# C/C++ side of CI: header drift, exported symbols, CMake workflows (dev + asan), and
+# that the demo configuration (scripts/demo.sh) configures without tests.
 # Called by .ci/run as `bash .ci/cpp.sh` from the repository root. Needs the shared
 # conformance fixtures in ../shared/conformance (or MWS_CONFORMANCE_DIR).
 set -euo pipefail
@@ -63,6 +64,14 @@ fi
 echo "$(nm -D --defined-only "$so" | awk 'NF >= 3' | wc -l) exported symbols, all mws_"
 readelf -d "$so" | grep -q 'SONAME.*\[libmooncake_weight_store\.so\.0\]' || { echo "missing SONAME" >&2; exit 1; }
 echo "SONAME libmooncake_weight_store.so.0"
+
+step "demo configuration (release, examples only, MWS_BUILD_TESTS=OFF) configures"
+# Configure only: scripts/demo.sh builds it (a cargo --release build is not needed here).
+cmake -S . -B build/ci-demo-configure -G Ninja -DCMAKE_BUILD_TYPE=Release -DMWS_BUILD_TESTS=OFF \
+  -DMWS_BUILD_EXAMPLES=ON -DMWS_LEAK_CHECK=none >/dev/null
+grep -q '^build snapshot_restore_cpp' build/ci-demo-configure/build.ninja || { echo "demo target missing" >&2; exit 1; }
+if grep -q 'mws_gtest' build/ci-demo-configure/build.ninja; then echo "tests configured with MWS_BUILD_TESTS=OFF" >&2; exit 1; fi
+echo "demo configuration OK"
 
 step "workflow: asan (C/C++ tests under AddressSanitizer + UBSan)"
 if [ ${#conformance_args[@]} -gt 0 ]; then cmake --preset asan "${conformance_args[@]}" >/dev/null; fi

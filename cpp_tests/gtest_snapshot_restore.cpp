@@ -1,138 +1,19 @@
-// GoogleTest suites: snapshot + restore through the C ABI and the C++ wrapper.
+// GoogleTest suites (label int): snapshot + restore round trips through the C ABI and
+// the C++ wrapper, on the memory, directory and vtable stores.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
-#include "support/model.hpp"
+#include "support/mws_model.hpp"
+#include "support/stores.hpp"
 
 using namespace mwsmodel;
-
-namespace {
-
-std::string scratch_dir(const std::string &name) {
-    auto dir = std::filesystem::temp_directory_path() / ("mws-gtest-" + name + "-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(dir);
-    return dir.string();
-}
-
-void round_trip(const mws::Store &store, Layout from, Layout to, const std::vector<TensorDef> &defs) {
-    HostModel src(placement_json("src", from, defs, 1), defs, true, "trainer");
-    mws::StoredManifest m = snapshot(store, src);
-    HostModel dst(placement_json("dst", to, defs, 1), defs, false, "serving");
-    mws_load_stats st = restore(store, store.load_manifest(std::string(m.key())), dst);
-    EXPECT_GT(st.bytes, 0u);
-    EXPECT_GT(dst.verify(), 0u);
-}
-
-// A vtable-backed store implemented here: a std::map under a mutex.
-struct MapStore {
-    std::mutex mu;
-    std::map<std::string, std::string> objects;
-    int destroyed = 0;
-    static std::string key(mws_bytes k) { return std::string(k.ptr, k.len); }
-    static int32_t put(void *c, mws_bytes k, const uint8_t *v, uint64_t n, mws_bytes, uint32_t) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        s->objects.emplace(key(k), std::string(reinterpret_cast<const char *>(v), n));
-        return 0;  // Mooncake: 0 for an existing key, value kept
-    }
-    static int32_t upsert(void *c, mws_bytes k, const uint8_t *v, uint64_t n, mws_bytes, uint32_t) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        s->objects[key(k)] = std::string(reinterpret_cast<const char *>(v), n);
-        return 0;
-    }
-    static int64_t get_size(void *c, mws_bytes k) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        auto it = s->objects.find(key(k));
-        return it == s->objects.end() ? -704 : static_cast<int64_t>(it->second.size());
-    }
-    static int64_t get_into(void *c, mws_bytes k, uint8_t *buf, uint64_t cap) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        auto it = s->objects.find(key(k));
-        if (it == s->objects.end()) return -704;
-        if (it->second.size() > cap) return -600;
-        std::memcpy(buf, it->second.data(), it->second.size());
-        return static_cast<int64_t>(it->second.size());
-    }
-    static int32_t exists(void *c, mws_bytes k) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        return s->objects.count(key(k)) ? 1 : 0;
-    }
-    static int32_t remove(void *c, mws_bytes k) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        return s->objects.erase(key(k)) ? 0 : -704;
-    }
-    static int32_t batch_put_from(void *c, const mws_put_item *items, size_t n, uint32_t, int32_t *results) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        for (size_t i = 0; i < n; ++i) {
-            if (items[i].memory_kind != MWS_MEMORY_HOST) {
-                results[i] = -600;
-                continue;
-            }
-            s->objects.emplace(key(items[i].key),
-                               std::string(reinterpret_cast<const char *>(items[i].address), items[i].len));
-            results[i] = 0;
-        }
-        return 0;
-    }
-    static int32_t get_into_ranges(void *c, const mws_range_item *items, size_t n, int64_t *results) {
-        auto *s = static_cast<MapStore *>(c);
-        std::lock_guard<std::mutex> g(s->mu);
-        for (size_t i = 0; i < n; ++i) {
-            auto it = s->objects.find(key(items[i].key));
-            if (it == s->objects.end()) {
-                results[i] = -704;
-            } else if (items[i].object_offset + items[i].len > it->second.size()) {
-                results[i] = -600;
-            } else {
-                std::memcpy(reinterpret_cast<void *>(items[i].dest_address), it->second.data() + items[i].object_offset,
-                            items[i].len);
-                results[i] = static_cast<int64_t>(items[i].len);
-            }
-        }
-        return 0;
-    }
-    static void destroy(void *c) { static_cast<MapStore *>(c)->destroyed++; }
-
-    static mws_store_vtable vtable() {
-        mws_store_vtable vt{};
-        vt.size = sizeof vt;
-        vt.version = MWS_STORE_VTABLE_VERSION;
-        vt.put = &put;
-        vt.upsert = &upsert;
-        vt.get_size = &get_size;
-        vt.get_into = &get_into;
-        vt.exists = &exists;
-        vt.remove = &remove;
-        vt.batch_put_from = &batch_put_from;
-        vt.get_into_ranges = &get_into_ranges;
-        vt.destroy = &destroy;
-        return vt;
-    }
-};
-
-const std::vector<TensorDef> &moe_model() {
-    static const std::vector<TensorDef> defs = model_tensors(2, 64, 4);
-    return defs;
-}
-const std::vector<TensorDef> &dense_model() {
-    static const std::vector<TensorDef> defs = model_tensors(2, 64, 0);
-    return defs;
-}
-
-}  // namespace
+using namespace mwstest;
 
 TEST(Snapshot, TrainerLayoutIntoDirectoryStoreRawBytesMatch) {
     std::string dir = scratch_dir("raw");
@@ -231,101 +112,6 @@ TEST(Restore, VtableStoreWholeCycle) {
     delete map;
 }
 
-TEST(Hostile, VtableChecks) {
-    MapStore map;
-    mws_store_vtable vt = MapStore::vtable();
-    mws_store *out = nullptr;
-    mws_store_vtable bad = vt;
-    bad.size = 8;
-    EXPECT_EQ(mws_store_from_vtable(&bad, &map, &out), MWS_INVALID_ARGUMENT);
-    bad = vt;
-    bad.version = 99;
-    EXPECT_EQ(mws_store_from_vtable(&bad, &map, &out), MWS_UNSUPPORTED);
-    bad = vt;
-    bad.get_into_ranges = nullptr;
-    EXPECT_EQ(mws_store_from_vtable(&bad, &map, &out), MWS_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(mws_last_error_message()).find("get_into_ranges"), std::string::npos);
-    EXPECT_EQ(mws_store_from_vtable(nullptr, &map, &out), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(out, nullptr);
-    EXPECT_EQ(map.destroyed, 0);
-}
-
-TEST(Hostile, NullsAndBadArguments) {
-    mws_store *s = nullptr;
-    EXPECT_EQ(mws_store_open_memory(nullptr, nullptr), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_store_open_dir(nullptr, nullptr, &s), MWS_NULL_ARGUMENT);
-    ASSERT_EQ(mws_store_open_memory(nullptr, &s), MWS_OK);
-    size_t len = 0;
-    EXPECT_EQ(mws_store_get(s, "nope", nullptr, 0, &len), MWS_NOT_FOUND);
-    EXPECT_EQ(mws_store_get(s, nullptr, nullptr, 0, &len), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_store_load(s, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_store_commit(s, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_store_upload(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_writer_begin(s, nullptr, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
-    mws_store_free(s);
-    mws_store_free(nullptr);
-    mws_writer_free(nullptr);
-    mws_load_plan_free(nullptr);
-    mws_receipts_free(nullptr);
-    mws_stored_manifest_free(nullptr);
-    // A path store refuses keys that leave its root.
-    std::string dir = scratch_dir("keys");
-    mws::Store dirstore = mws::Store::open_dir(dir);
-    EXPECT_THROW(dirstore.upsert("../escape", "x"), mws::Error);
-    EXPECT_THROW(dirstore.upsert("a/../../b", "x"), mws::Error);
-    std::filesystem::remove_all(dir);
-}
-
-TEST(Hostile, DotDotNamespaceStaysInsideTheStore) {
-    std::string dir = scratch_dir("ns");
-    mws::Store store = mws::Store::open_dir(dir);
-    const auto &defs = dense_model();
-    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
-    // NOTE: planning accepts the namespace ".." (keys "weights/../..."); the directory
-    // store refuses such keys at I/O time, so nothing escapes its root. Reported upstream.
-    EXPECT_THROW(snapshot(store, src, ".."), mws::Error);
-    EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir).parent_path() / "weights"));
-    std::filesystem::remove_all(dir);
-}
-
-TEST(Hostile, StaleLeaseAndGenerationRefusedBeforeIo) {
-    const auto &defs = dense_model();
-    mws::Store store = mws::Store::open_memory();
-    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
-    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
-    // Same buffers, another lease: stale.
-    HostModel other(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
-    other.make_bindings("trainer", 1, "-renewed");
-    try {
-        store.upload(plan, src.placement, other.bindings[0]);
-        FAIL() << "expected a stale binding";
-    } catch (const mws::Error &e) {
-        EXPECT_EQ(e.status(), MWS_STALE_BINDING) << e.what();
-    }
-    other.make_bindings("trainer", 2);
-    EXPECT_THROW(store.upload(plan, src.placement, other.bindings[0]), mws::Error);
-    EXPECT_FALSE(store.exists(std::string(plan.operation(0).object_key)));
-}
-
-TEST(Hostile, DeviceMemoryWithoutCopyHookRefusedBeforeIo) {
-    const auto &defs = dense_model();
-    mws::Store store = mws::Store::open_memory();
-    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
-    src.memory_kind = MWS_MEMORY_DEVICE;
-    src.make_bindings("trainer", 1);
-    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
-    try {
-        store.upload(plan, src.placement, src.bindings[0]);
-        FAIL() << "expected MWS_UNSUPPORTED";
-    } catch (const mws::Error &e) {
-        EXPECT_EQ(e.status(), MWS_UNSUPPORTED) << e.what();
-    }
-    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
-        EXPECT_FALSE(store.exists(std::string(plan.operation(i).object_key)));
-    }
-    EXPECT_EQ(store.read_decision(plan), MWS_DECISION_NONE);
-}
-
 TEST(Transaction, CoordinatorPlansRanksUploadCoordinatorCommits) {
     const auto &defs = dense_model();
     mws::Store store = mws::Store::open_memory();
@@ -352,69 +138,181 @@ TEST(Transaction, CoordinatorPlansRanksUploadCoordinatorCommits) {
     EXPECT_THROW(store.abort_upload(plan), mws::Error);
 }
 
-TEST(Hostile, TamperedManifestsRefusedAndTargetsUntouched) {
+// ---- aliases: tied embeddings sharing one buffer -------------------------------------
+
+namespace {
+
+/// Offsets of the views of `tensor` in `m`, by participant.
+std::map<std::string, std::size_t> offsets_of(const HostModel &m, const std::string &tensor) {
+    std::map<std::string, std::size_t> out;
+    for (const View &v : m.views)
+        if (v.tensor == tensor) out[v.participant] = v.offset;
+    return out;
+}
+
+/// Snapshot of tied embeddings (one buffer) and restore into `to`; the target binds
+/// the tied pair to one buffer (`share`) or to two.
+void tied_round_trip(const mws::Store &store, Layout from, Layout to, bool share, std::uint64_t experts = 0) {
+    const std::vector<TensorDef> defs = tied_model(experts);
+    HostModel src(placement_json("tied-src", from, defs, 1), defs, true, "trainer");
+    // The trainer really binds both tensors to the same bytes.
+    ASSERT_EQ(offsets_of(src, "lm_head.weight"), offsets_of(src, "model.embed_tokens.weight"));
+    mws::StoredManifest m = snapshot(store, src);
+    EXPECT_EQ(m.tensor_count(), defs.size());
+    // Two stored fragments per box (one per alias member), with equal payload bytes.
+    std::map<std::string, std::vector<std::uint64_t>> shapes;
+    for (const auto &d : defs) shapes[d.id] = d.shape;
+    std::map<std::string, std::string> payload;  // tensor|offset -> bytes
+    for (std::size_t i = 0; i < m.fragment_count(); ++i) {
+        mws_stored_fragment_info f = m.fragment(i);
+        std::string tensor(f.tensor_id);
+        if (tensor != "lm_head.weight" && tensor != "model.embed_tokens.weight") continue;
+        std::vector<unsigned char> obj = store.get_object(f.object_key);
+        ASSERT_GE(obj.size(), f.object_offset + f.nbytes);
+        std::string box = u64_array(std::vector<std::uint64_t>(f.global_offset, f.global_offset + f.ndim));
+        payload[tensor + "|" + box] = std::string(reinterpret_cast<const char *>(obj.data()) + f.object_offset, f.nbytes);
+    }
+    std::size_t pairs = 0;
+    for (const auto &p : payload) {
+        if (p.first.rfind("lm_head.weight|", 0) != 0) continue;
+        auto twin = payload.find("model.embed_tokens.weight|" + p.first.substr(p.first.find('|') + 1));
+        ASSERT_NE(twin, payload.end()) << p.first;
+        EXPECT_EQ(twin->second, p.second) << p.first;
+        ++pairs;
+    }
+    EXPECT_EQ(pairs * 2, payload.size());
+    EXPECT_EQ(pairs, from.tp);
+
+    HostModel dst(placement_json("tied-dst", to, defs, 1), defs, false, "serving", 1, share);
+    if (share) {
+        ASSERT_EQ(offsets_of(dst, "lm_head.weight"), offsets_of(dst, "model.embed_tokens.weight"));
+    } else {
+        ASSERT_NE(offsets_of(dst, "lm_head.weight"), offsets_of(dst, "model.embed_tokens.weight"));
+    }
+    std::size_t regions = 0;
+    mws_load_stats st = restore(store, store.load_manifest(std::string(m.key())), dst, &regions);
+    EXPECT_GT(regions, 0u);
+    EXPECT_GT(st.bytes, 0u);
+    EXPECT_GT(dst.verify(), 0u);  // both members of every tied pair, every byte
+}
+
+}  // namespace
+
+TEST(Alias, TiedEmbeddingsSharedBufferIntoSharedBuffer) {
+    std::string dir = scratch_dir("tied");
+    mws::Store store = mws::Store::open_dir(dir);
+    tied_round_trip(store, Layout{4, 1, 1, 1}, Layout{2, 1, 1, 1}, true);
+    std::filesystem::remove_all(dir);
+}
+
+TEST(Alias, TiedEmbeddingsSharedBufferIntoSeparateBuffers) {
+    tied_round_trip(mws::Store::open_memory(), Layout{2, 1, 1, 1}, Layout{4, 1, 1, 1}, false);
+}
+
+TEST(Alias, TiedEmbeddingsTrainerToServingMoe) {
+    tied_round_trip(mws::Store::open_memory(), Layout{4, 2, 2, 2}, Layout{2, 1, 4, 1}, true, 4);
+}
+
+// ---- allocation guards: every pin released once, with its terminal state -----------
+
+namespace {
+
+struct RecordingGuard {
+    std::mutex mu;
+    std::uint64_t next = 0;
+    std::map<std::uint64_t, std::string> pinned;  // token -> participant
+    std::vector<std::uint32_t> released;          // mws_terminal_state values
+    bool refuse = false;
+
+    static int32_t acquire(void *ctx, const char *transfer_id, const char *participant_id,
+                           const char *const *fragment_ids, size_t count, mws_binding **observed,
+                           uint64_t *token) noexcept {
+        auto *g = static_cast<RecordingGuard *>(ctx);
+        std::lock_guard<std::mutex> l(g->mu);
+        if (g->refuse || transfer_id == nullptr || fragment_ids == nullptr || count == 0) return -1;
+        *observed = nullptr;  // "exactly the binding that was passed"
+        *token = ++g->next;
+        g->pinned[*token] = participant_id;
+        return 0;
+    }
+    static int32_t release(void *ctx, uint64_t token, uint32_t state) noexcept {
+        auto *g = static_cast<RecordingGuard *>(ctx);
+        std::lock_guard<std::mutex> l(g->mu);
+        if (g->pinned.erase(token) != 1) return -1;
+        g->released.push_back(state);
+        return 0;
+    }
+    static mws_guard_vtable vtable() {
+        mws_guard_vtable vt{};
+        vt.size = sizeof vt;
+        vt.version = MWS_GUARD_VTABLE_VERSION;
+        vt.acquire = &acquire;
+        vt.release = &release;
+        return vt;
+    }
+};
+
+int32_t failing_register(void *, uint64_t, uint64_t, uint32_t, uint32_t) { return -1; }
+
+}  // namespace
+
+TEST(Guard, UploadAndLoadPinsAreReleasedCompleted) {
     const auto &defs = dense_model();
     mws::Store store = mws::Store::open_memory();
     HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
-    auto m = snapshot(store, src);
-    std::string key(m.key());
-    std::string good(m.to_json());
+    RecordingGuard guard;
+    mws_guard_vtable vt = RecordingGuard::vtable();
+    mws::IoArgs args;
+    args.guard = &vt;
+    args.guard_ctx = &guard;
+    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    std::vector<mws::Receipts> parts;
+    for (const auto &b : src.bindings) parts.push_back(store.upload(plan, src.placement, b, args));
+    std::vector<const mws::Receipts *> ptrs;
+    for (const auto &r : parts) ptrs.push_back(&r);
+    auto m = store.commit(plan, mws::Receipts::concat(ptrs));
     HostModel dst(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
-    auto untouched = [&] {
-        for (const auto &b : dst.buffers)
-            for (unsigned char c : b.second)
-                if (c != 0xA5) return false;
-        return true;
-    };
-    auto mutate = [&](const std::string &from, const std::string &to) {
-        std::string j = good;
-        auto pos = j.find(from);
-        EXPECT_NE(pos, std::string::npos) << from;
-        if (pos != std::string::npos) j.replace(pos, from.size(), to);
-        return j;
-    };
-    // Wrong digest / absurd counts / overlapping or missing fragments: refused at decode.
-    std::vector<std::string> bad = {
-        mutate("\"nbytes\":", "\"nbytes\":1"),
-        mutate("\"global_offset\":[0", "\"global_offset\":[1"),
-        mutate("\"object_offset\":0", "\"object_offset\":18446744073709551615"),
-        good.substr(0, good.size() / 2),
-    };
-    for (const auto &j : bad) {
-        for (auto &b : dst.buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
-        store.upsert(key, j);
-        mws_stored_manifest *out = nullptr;
-        if (mws_store_load_manifest(store.get(), key.c_str(), &out) == MWS_OK) {
-            // Decodes (the inconsistency is only visible against the objects): the
-            // restore must then be refused.
-            mws::StoredManifest decoded(out);
-            bool refused = false;
-            try {
-                mws::LoadPlan plan = mws::LoadPlan::plan(decoded, dst.placement, dst.binding_ptrs());
-                for (const auto &b : dst.bindings) store.load(plan, b);
-            } catch (const mws::Error &) {
-                refused = true;
-            }
-            EXPECT_TRUE(refused) << j.substr(0, 300);
-        } else {
-            EXPECT_EQ(out, nullptr);
-            EXPECT_TRUE(untouched());
-        }
+    mws::LoadPlan lp = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+    for (const auto &b : dst.bindings) store.load(lp, b, args);
+    EXPECT_GT(dst.verify(), 0u);
+    EXPECT_TRUE(guard.pinned.empty());
+    ASSERT_EQ(guard.released.size(), src.bindings.size() + dst.bindings.size());
+    for (std::uint32_t s : guard.released) EXPECT_EQ(s, static_cast<std::uint32_t>(MWS_TERMINAL_COMPLETED));
+}
+
+TEST(Guard, RefusedPinAndFailedRegistration) {
+    const auto &defs = dense_model();
+    MapStore map, map2;  // outlive the stores that use them
+    mws_store_vtable svt = MapStore::vtable();
+    mws::Store good = mws::Store::from_vtable(svt, &map);
+    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    auto m = snapshot(good, src);
+    HostModel dst(placement_json("dst", Layout{2, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws::LoadPlan lp = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+    RecordingGuard guard;
+    mws_guard_vtable gvt = RecordingGuard::vtable();
+    mws::IoArgs args;
+    args.guard = &gvt;
+    args.guard_ctx = &guard;
+    // The guard refuses: the load fails before any I/O, nothing to release.
+    guard.refuse = true;
+    try {
+        good.load(lp, dst.bindings[0], args);
+        FAIL() << "expected MWS_STORE";
+    } catch (const mws::Error &e) {
+        EXPECT_EQ(e.status(), MWS_STORE) << e.what();
     }
-    // A valid manifest whose object was truncated: the load is refused, targets untouched.
-    store.upsert(key, good);
-    auto fresh = store.load_manifest(key);
-    mws_stored_fragment_info f0 = fresh.fragment(0);
-    std::vector<unsigned char> obj = store.get_object(f0.object_key);
-    store.upsert(f0.object_key, std::string(reinterpret_cast<const char *>(obj.data()), obj.size() / 2));
-    mws::LoadPlan plan = mws::LoadPlan::plan(fresh, dst.placement, dst.binding_ptrs());
-    bool failed = false;
-    for (const auto &b : dst.bindings) {
-        try {
-            store.load(plan, b);
-        } catch (const mws::Error &) {
-            failed = true;
-        }
-    }
-    EXPECT_TRUE(failed);
+    EXPECT_TRUE(guard.released.empty());
+    // Registration fails after the pin: released as aborted (no I/O was submitted).
+    guard.refuse = false;
+    map2.objects = map.objects;
+    mws_store_vtable bad = MapStore::vtable();
+    bad.register_buffer = &failing_register;
+    mws::Store store = mws::Store::from_vtable(bad, &map2);
+    EXPECT_THROW(store.load(lp, dst.bindings[0], args), mws::Error);
+    EXPECT_TRUE(guard.pinned.empty());
+    ASSERT_EQ(guard.released.size(), 1u);
+    EXPECT_EQ(guard.released[0], static_cast<std::uint32_t>(MWS_TERMINAL_ABORTED));
+    for (const auto &b : dst.buffers)
+        for (unsigned char c : b.second) ASSERT_EQ(c, 0xA5);
 }

@@ -5,9 +5,15 @@
  *  - Every fallible function returns mws_status; MWS_OK (0) is success. Out-parameters
  *    are written only on success. mws_last_error_message() gives the detail of the last
  *    failed call on the calling thread.
- *  - Handles (mws_placement, mws_binding, mws_upload_plan) are created by the library
- *    and freed exactly once by the caller with the matching *_free function;
- *    *_free(NULL) does nothing.
+ *  - Handles (mws_placement, mws_binding, mws_upload_plan, mws_store, mws_writer,
+ *    mws_receipts, mws_stored_manifest, mws_load_plan) are created by the library and
+ *    freed exactly once by the caller with the matching *_free function;
+ *    *_free(NULL) does nothing. A handle never borrows the handles it was made from
+ *    (except a writer, which keeps its store alive); each type documents what it
+ *    copies and which caller buffers must stay valid.
+ *  - Thread safety: unless a function says otherwise, functions taking only `const`
+ *    handles may run concurrently on the same handles; a *_free must not race with any
+ *    other use of its handle. Callbacks never unwind; each vtable states its threading.
  *  - Strings in are NUL-terminated UTF-8; JSON documents are (pointer, length) pairs.
  *    Strings out are borrowed from the handle that returned them and stay valid while
  *    that handle lives (never free them).
@@ -170,6 +176,24 @@ typedef enum mws_status {
      */
     MWS_INTEGRITY = 15,
 } mws_status;
+
+/**
+ * How an allocation pin ends (the `state` passed to a guard's `release`).
+ */
+typedef enum mws_terminal_state {
+    /**
+     * No I/O was submitted (or registration failed before I/O).
+     */
+    MWS_TERMINAL_ABORTED = 0,
+    /**
+     * All I/O finished successfully.
+     */
+    MWS_TERMINAL_COMPLETED = 1,
+    /**
+     * I/O was submitted and failed; no submitted I/O can still touch the memory.
+     */
+    MWS_TERMINAL_FAILED_DRAINED = 2,
+} mws_terminal_state;
 
 /**
  * A runtime binding under construction: the identity of one participant's binding

@@ -1,11 +1,17 @@
-// model.hpp: a synthetic sharded transformer for the C++ tests and examples.
+// mws_model.hpp: a synthetic sharded transformer for the C++ examples and tests
+// (examples/snapshot_restore.cpp, cpp_tests/gtest_snapshot_restore.cpp).
 //
 // Builds the canonical placement JSON of a model in any TP x PP x EP x DP layout
 // entirely in C++ (including its sha256 topology and placement ids), binds every
 // participant to one host allocation with deterministic contents, and verifies
 // restored bytes. Only the public C ABI / C++ wrapper is used.
-#ifndef MWS_TESTS_MODEL_HPP
-#define MWS_TESTS_MODEL_HPP
+//
+// Contents: byte b of element e of a tensor is a hash of (content id, linear element
+// index, b), where the content id is the tensor id, or the first member of its alias
+// group (tied tensors hold the same bytes). Any box of any tensor can thus be checked
+// on its own, whatever the layout it was restored into.
+#ifndef MWS_MODEL_HPP
+#define MWS_MODEL_HPP
 
 #include <algorithm>
 #include <cstdint>
@@ -87,8 +93,14 @@ struct TensorDef {
     std::vector<std::string> aliases;  ///< alias group (sorted), empty = none
 };
 
+/// The id whose contents a tensor holds: its own, or its alias group's first member.
+inline const std::string &content_id(const TensorDef &d) { return d.aliases.empty() ? d.id : d.aliases.front(); }
+
 /// `layers` layers (attention + dense MLP or `experts` MoE experts), dims divisible by 8.
-inline std::vector<TensorDef> model_tensors(std::uint64_t layers, std::uint64_t hidden, std::uint64_t experts) {
+/// The first `dense_layers` layers have a dense MLP even when `experts` > 0 (as in
+/// DeepSeek-style models).
+inline std::vector<TensorDef> model_tensors(std::uint64_t layers, std::uint64_t hidden, std::uint64_t experts,
+                                            std::uint64_t dense_layers = 0) {
     std::vector<TensorDef> v;
     TensorDef emb;
     emb.id = "model.embed_tokens.weight";
@@ -108,7 +120,7 @@ inline std::vector<TensorDef> model_tensors(std::uint64_t layers, std::uint64_t 
         v.push_back(t("input_layernorm.weight", {hidden}, -1));
         v.push_back(t("self_attn.qkv_proj.weight", {3 * hidden, hidden}, 0));
         v.push_back(t("self_attn.o_proj.weight", {hidden, hidden}, 1));
-        if (experts == 0) {
+        if (experts == 0 || l < dense_layers) {
             v.push_back(t("mlp.up_proj.weight", {2 * hidden, hidden}, 0));
             v.push_back(t("mlp.down_proj.weight", {hidden, 2 * hidden}, 1));
         } else {
@@ -303,11 +315,13 @@ struct View {
 };
 
 /// A placement bound to host buffers: one allocation per participant, fragments at
-/// 64-byte aligned offsets. Aliased fragments (same alias group, same box) share bytes.
+/// 64-byte aligned offsets. Aliased fragments (same alias group, same box) share bytes
+/// unless `share_aliases` is false. `fill`: write the expected contents (a source);
+/// otherwise every byte is 0xA5 (a restore target).
 class HostModel {
 public:
     HostModel(const std::string &json, const std::vector<TensorDef> &defs, bool fill, const std::string &instance,
-              std::uint64_t generation = 1)
+              std::uint64_t generation = 1, bool share_aliases = true)
         : placement(mws::Placement::from_json(json)) {
         std::map<std::string, const TensorDef *> by_id;
         for (const auto &d : defs) by_id[d.id] = &d;
@@ -325,7 +339,7 @@ public:
             v.itemsize = f.itemsize;
             const TensorDef *d = by_id.at(v.tensor);
             std::string akey;
-            if (!d->aliases.empty()) {
+            if (share_aliases && !d->aliases.empty()) {
                 akey = v.participant + "|" + d->aliases[0] + "|" + u64_array(v.goffset);
             }
             if (!akey.empty() && alias_at.count(akey)) {
@@ -336,15 +350,26 @@ public:
                 if (!akey.empty()) alias_at[akey] = v.offset;
             }
             global_shapes[v.tensor] = d->shape;
+            content_ids[v.tensor] = content_id(*d);
             views.push_back(v);
         }
         for (const auto &s : size) {
             buffers[s.first].assign(std::max<std::size_t>(s.second, 64), 0xA5);
         }
         if (fill) {
+            // Replicas (DP, replicated axes) and alias twins of a box hold the same
+            // bytes: compute each distinct box once, copy it to the others.
+            std::map<std::string, const unsigned char *> filled;  // box key -> first copy
             for (const View &v : views) {
-                expected_bytes(v.tensor, global_shapes[v.tensor], v.itemsize, v.goffset.data(), v.shape.data(),
-                               v.shape.size(), buffers[v.participant].data() + v.offset);
+                unsigned char *dst = buffers[v.participant].data() + v.offset;
+                auto it = filled.find(box_key(v));
+                if (it != filled.end()) {
+                    if (it->second != dst) std::memcpy(dst, it->second, v.nbytes);
+                    continue;
+                }
+                expected_bytes(content_ids[v.tensor], global_shapes[v.tensor], v.itemsize, v.goffset.data(),
+                               v.shape.data(), v.shape.size(), dst);
+                filled.emplace(box_key(v), dst);
             }
         }
         make_bindings(instance, generation);
@@ -394,19 +419,32 @@ public:
     }
 
     /// Number of bytes checked; throws on the first difference.
+    /// Every view is compared with independently computed expected bytes (computed
+    /// once per distinct box and compared with each of its copies).
     std::size_t verify() const {
+        std::map<std::string, std::vector<const View *>> boxes;  // box key -> views
+        for (const View &v : views) boxes[box_key(v)].push_back(&v);
         std::size_t checked = 0;
         std::vector<unsigned char> want;
-        for (const View &v : views) {
-            want.resize(v.nbytes);
-            expected_bytes(v.tensor, global_shapes.at(v.tensor), v.itemsize, v.goffset.data(), v.shape.data(),
-                           v.shape.size(), want.data());
-            if (std::memcmp(buffers.at(v.participant).data() + v.offset, want.data(), v.nbytes) != 0) {
-                throw std::runtime_error("target bytes differ: " + v.participant + " " + v.tensor);
+        for (const auto &box : boxes) {
+            const View &v0 = *box.second.front();
+            want.resize(v0.nbytes);
+            expected_bytes(content_ids.at(v0.tensor), global_shapes.at(v0.tensor), v0.itemsize, v0.goffset.data(),
+                           v0.shape.data(), v0.shape.size(), want.data());
+            for (const View *v : box.second) {
+                if (std::memcmp(buffers.at(v->participant).data() + v->offset, want.data(), v->nbytes) != 0) {
+                    throw std::runtime_error("target bytes differ: " + v->participant + " " + v->tensor);
+                }
+                checked += v->nbytes;
             }
-            checked += v.nbytes;
         }
         return checked;
+    }
+
+    /// Views with equal keys hold equal bytes: same contents, same box.
+    std::string box_key(const View &v) const {
+        return content_ids.at(v.tensor) + "|" + u64_array(v.goffset) + "|" + u64_array(v.shape) + "|" +
+               std::to_string(v.itemsize);
     }
 
     std::vector<const mws::Binding *> binding_ptrs() const {
@@ -427,6 +465,7 @@ public:
     std::map<std::string, std::vector<unsigned char>> buffers;  // participant -> allocation
     std::vector<View> views;
     std::map<std::string, std::vector<std::uint64_t>> global_shapes;
+    std::map<std::string, std::string> content_ids;  // tensor -> id its contents derive from
     std::vector<mws::Binding> bindings;
     std::size_t workers_per_participant = 1;
     std::uint32_t memory_kind = MWS_MEMORY_HOST;
@@ -436,11 +475,11 @@ public:
 // ---- a snapshot adapter over a HostModel ----------------------------------------
 /// The framework "tensor" passed to write_tensor is a `const char *` participant id;
 /// resolve_fragment_ids returns that participant's fragments of the tensor.
+/// Callbacks never throw (the C ABI forbids unwinding through it).
 struct HostAdapter {
-    const HostModel *model;
-    std::vector<std::string> ids;
-    std::vector<const char *> id_ptrs;
-    std::vector<const mws_binding *> raw_bindings;
+    explicit HostAdapter(const HostModel &m) : model(&m) {
+        for (const View &v : m.views) fragments[{v.tensor, v.participant}].push_back(v.pfid.c_str());
+    }
 
     static mws_snapshot_adapter_vtable vtable() {
         mws_snapshot_adapter_vtable vt{};
@@ -452,48 +491,59 @@ struct HostAdapter {
     }
 
     static int32_t export_source(void *ctx, const mws_snapshot_descriptor *, const mws_placement **placement,
-                                 const mws_binding *const **bindings, size_t *count) {
+                                 const mws_binding *const **bindings, size_t *count) noexcept {
         auto *self = static_cast<HostAdapter *>(ctx);
-        self->raw_bindings.clear();
-        for (const auto &b : self->model->bindings) self->raw_bindings.push_back(b.get());
+        try {
+            self->raw_bindings.clear();
+            for (const auto &b : self->model->bindings) self->raw_bindings.push_back(b.get());
+        } catch (...) {
+            return -1;
+        }
         *placement = self->model->placement.get();
         *bindings = self->raw_bindings.data();
         *count = self->raw_bindings.size();
         return 0;
     }
 
-    static int32_t resolve(void *ctx, const char *tensor_id, void *tensor, const char *const **ids, size_t *count) {
+    static int32_t resolve(void *ctx, const char *tensor_id, void *tensor, const char *const **ids,
+                           size_t *count) noexcept {
         auto *self = static_cast<HostAdapter *>(ctx);
-        const char *participant = static_cast<const char *>(tensor);
-        self->ids.clear();
-        for (const View &v : self->model->views) {
-            if (v.tensor == tensor_id && v.participant == participant) self->ids.push_back(v.pfid);
+        try {
+            auto it = self->fragments.find({std::string(tensor_id), std::string(static_cast<const char *>(tensor))});
+            if (it == self->fragments.end()) {
+                *ids = nullptr;
+                *count = 0;
+                return 0;
+            }
+            *ids = it->second.data();
+            *count = it->second.size();
+            return 0;
+        } catch (...) {
+            return -1;
         }
-        self->id_ptrs.clear();
-        for (const auto &s : self->ids) self->id_ptrs.push_back(s.c_str());
-        *ids = self->id_ptrs.data();
-        *count = self->id_ptrs.size();
-        return 0;
     }
+
+    const HostModel *model;
+    std::map<std::pair<std::string, std::string>, std::vector<const char *>> fragments;  // (tensor, participant)
+    std::vector<const mws_binding *> raw_bindings;
 };
 
-/// Snapshots `src` into `store` through a Writer; returns the manifest.
+/// Snapshots `src` into `store` through a Writer (one write_tensor per tensor and
+/// participant of the writer's plan, as a trainer would call it); returns the manifest.
 inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default") {
-    HostAdapter adapter{&src, {}, {}, {}};
+    HostAdapter adapter(src);
     mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
     mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
                                        std::string(src.placement.revision()), src.placement.weight_generation(), vt,
                                        &adapter, ns);
     mws::UploadPlan plan = w.upload_plan();
+    std::map<std::string, std::string> tensor_of;  // placement fragment id -> tensor
+    for (const View &v : src.views) tensor_of[v.pfid] = v.tensor;
     std::set<std::pair<std::string, std::string>> seen;
     for (std::size_t i = 0; i < plan.operation_count(); ++i) {
         mws::UploadOperation op = plan.operation(i);
         std::string participant(op.source_participant_id);
-        // The tensor of the op's placement fragment.
-        std::string pfid(op.source_placement_fragment_id);
-        std::string tensor;
-        for (const View &v : src.views)
-            if (v.pfid == pfid) tensor = v.tensor;
+        const std::string &tensor = tensor_of.at(std::string(op.source_placement_fragment_id));
         if (seen.insert({tensor, participant}).second) {
             w.write_tensor(tensor, const_cast<char *>(participant.c_str()));
         }
@@ -519,4 +569,4 @@ inline mws_load_stats restore(const mws::Store &store, const mws::StoredManifest
 
 }  // namespace mwsmodel
 
-#endif  // MWS_TESTS_MODEL_HPP
+#endif  // MWS_MODEL_HPP

@@ -1,0 +1,517 @@
+/* snapshot_restore.c: snapshot a small sharded model and restore it into another
+ * layout, through the C API only.
+ *
+ *   snapshot_restore_c [STORE_DIR]
+ *
+ * A three-tensor model (bf16) is held by a trainer in TP=2: one fragment per tensor
+ * and rank in one host allocation per rank. The program builds the placement JSON
+ * (with its sha256 ids), snapshots the trainer's buffers into a directory store
+ * (STORE_DIR, default a fresh directory under /tmp; the store's objects/ and tmp/ are
+ * removed at the end, then STORE_DIR if that left it empty) through a
+ * writer, then restores the published manifest into a serving layout with TP=4 and
+ * checks every byte. Exits non-zero on any failure. */
+#define _XOPEN_SOURCE 700 /* mkdtemp, nftw */
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mooncake_weight_store.h"
+
+/* ---- the model ---------------------------------------------------------------- */
+typedef struct tensor_def {
+    const char *id;    /* sorted by id (the canonical order) */
+    size_t ndim;       /* 1 or 2 */
+    uint64_t shape[2];
+    int split;         /* TP split dimension, -1: replicated on every TP rank */
+} tensor_def;
+
+static const tensor_def TENSORS[] = {
+    {"model.embed_tokens.weight", 2, {256, 64}, 0},
+    {"model.layers.0.input_layernorm.weight", 1, {64, 0}, -1},
+    {"model.layers.0.self_attn.o_proj.weight", 2, {64, 64}, 1},
+};
+#define N_TENSORS (sizeof TENSORS / sizeof TENSORS[0])
+#define ITEMSIZE 2
+#define MAX_TP 8
+
+/* Expected content: a hash of (tensor, linear element index, byte). */
+static unsigned char expected_byte(size_t tensor, uint64_t element, uint64_t byte) {
+    uint64_t x = ((uint64_t)(tensor + 1) << 48 ^ (element * ITEMSIZE + byte)) * 0x9E3779B97F4A7C15ull;
+    return (unsigned char)(x >> 56);
+}
+
+/* One fragment of one tensor on one TP rank, at `offset` in its rank's allocation. */
+typedef struct fragment {
+    size_t tensor;
+    char pfid[128];       /* placement fragment id */
+    char runtime_id[128]; /* runtime fragment id */
+    uint64_t goffset[2], shape[2], strides[2], nbytes;
+    size_t offset;
+} fragment;
+
+/* A layout (TP only here): per rank, its fragments and one host allocation. */
+typedef struct layout {
+    uint64_t tp;
+    char participant[MAX_TP][48];
+    fragment frags[MAX_TP][N_TENSORS];
+    unsigned char *buffer[MAX_TP];
+    size_t buffer_size[MAX_TP];
+    mws_placement *placement;
+    mws_binding *bindings[MAX_TP];
+} layout;
+
+/* ---- SHA-256 (FIPS 180-4), for the placement and topology ids ------------------- */
+static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha256_hex(const char *msg, size_t len, char out[65]) {
+    static const uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    size_t total = (len + 9 + 63) / 64 * 64, off, i;
+    for (off = 0; off < total; off += 64) {
+        uint32_t w[64], a, b, c, d, e, f, g, hh;
+        for (i = 0; i < 64; i++) { /* the padded message, byte by byte */
+            size_t p = off + i;
+            unsigned char byte = 0;
+            if (p < len) byte = (unsigned char)msg[p];
+            else if (p == len) byte = 0x80;
+            else if (p >= total - 8) byte = (unsigned char)(((uint64_t)len * 8) >> (8 * (total - 1 - p)));
+            if (i % 4 == 0) w[i / 4] = 0;
+            w[i / 4] |= (uint32_t)byte << (8 * (3 - i % 4));
+        }
+        for (i = 16; i < 64; i++) {
+            uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+            uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+        }
+        a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+        for (i = 0; i < 64; i++) {
+            uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+            uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+            hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+        }
+        h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+    }
+    for (i = 0; i < 8; i++) sprintf(out + 8 * i, "%08x", (unsigned)h[i]);
+}
+
+/* ---- a growable string ------------------------------------------------------------ */
+typedef struct str {
+    char *p;
+    size_t len, cap;
+} str;
+
+static void append(str *s, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) abort();
+    if (s->len + (size_t)n + 1 > s->cap) {
+        s->cap = (s->len + (size_t)n + 1) * 2;
+        s->p = (char *)realloc(s->p, s->cap);
+        if (s->p == NULL) abort();
+    }
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    s->len += (size_t)n;
+}
+
+static void append_shape(str *s, const uint64_t *v, size_t n) {
+    size_t i;
+    append(s, "[");
+    for (i = 0; i < n; i++) append(s, "%s%llu", i ? "," : "", (unsigned long long)v[i]);
+    append(s, "]");
+}
+
+static int fail(const char *what, mws_status st) {
+    fprintf(stderr, "%s failed: %s: %s\n", what, mws_status_name(st), mws_last_error_message());
+    return 1;
+}
+
+/* ---- placement + buffers + bindings of a TP layout ------------------------------- */
+static const char RESOURCE[] = "demo-model", REVISION[] = "rev-1";
+
+/* Canonical placement JSON (sorted keys, compact) with its sha256 ids. */
+static char *placement_json(layout *l, const char *set) {
+    str parts = {0}, tensors = {0}, plist = {0}, topo = {0}, id_input = {0}, out = {0};
+    char topology_id[65], placement_id[65];
+    uint64_t r;
+    size_t t;
+    for (r = 0; r < l->tp; r++) {
+        const char *rank = "{\"dp\":0,\"ep\":0,\"pp\":0,\"tp\":%llu}";
+        append(&parts, "%s{\"fragments\":[", r ? "," : "");
+        for (t = 0; t < N_TENSORS; t++) {
+            const fragment *f = &l->frags[r][t];
+            append(&parts, "%s{\"aliases\":[],\"global_offset\":", t ? "," : "");
+            append_shape(&parts, f->goffset, TENSORS[t].ndim);
+            append(&parts, ",\"local_shape\":");
+            append_shape(&parts, f->shape, TENSORS[t].ndim);
+            append(&parts, ",\"nbytes\":%llu,\"placement_fragment_id\":\"%s\",\"rank\":", (unsigned long long)f->nbytes,
+                   f->pfid);
+            append(&parts, rank, (unsigned long long)r);
+            append(&parts, ",\"tensor_id\":\"%s\"}", TENSORS[t].id);
+        }
+        append(&parts, "],\"participant_id\":\"%s\",\"rank\":", l->participant[r]);
+        append(&parts, rank, (unsigned long long)r);
+        append(&parts, "}");
+        append(&plist, "%s{\"participant_id\":\"%s\",\"rank\":", r ? "," : "", l->participant[r]);
+        append(&plist, rank, (unsigned long long)r);
+        append(&plist, "}");
+    }
+    for (t = 0; t < N_TENSORS; t++) {
+        const tensor_def *d0 = &TENSORS[t];
+        append(&tensors, "%s{\"dtype\":\"bfloat16\",\"expert_id\":null,\"global_shape\":", t ? "," : "");
+        append_shape(&tensors, d0->shape, d0->ndim);
+        append(&tensors,
+               ",\"itemsize\":%d,\"layer_id\":null,\"layout_fingerprint\":\"demo:row-major:v1\",\"parallel_axes\":"
+               "[{\"kind\":\"dp\",\"semantics\":\"replicated\"},",
+               ITEMSIZE);
+        if (d0->split >= 0) {
+            append(&tensors, "{\"dim\":%d,\"kind\":\"tp\",\"semantics\":\"split\"}],\"shard_dims\":[%d]", d0->split,
+                   d0->split);
+        } else {
+            append(&tensors, "{\"kind\":\"tp\",\"semantics\":\"replicated\"}],\"shard_dims\":[]");
+        }
+        append(&tensors, ",\"tensor_id\":\"%s\"}", d0->id);
+    }
+    /* topology_id = sha256 of the topology with "schema" in place of "topology_id". */
+    append(&topo, "{\"dp_size\":1,\"ep_size\":1,\"participants\":[%s],\"pp_size\":1,", plist.p);
+    append(&topo, "\"schema\":\"weight-parallel-topology\",\"tp_size\":%llu}", (unsigned long long)l->tp);
+    sha256_hex(topo.p, topo.len, topology_id);
+    topo.len = 0;
+    append(&topo, "{\"dp_size\":1,\"ep_size\":1,\"participants\":[%s],\"pp_size\":1,", plist.p);
+    append(&topo, "\"topology_id\":\"sha256:%s\",\"tp_size\":%llu}", topology_id, (unsigned long long)l->tp);
+    /* placement_id = sha256 of the placement without its id and resource_kind, with a schema. */
+    append(&id_input,
+           "{\"parts\":[%s],\"placement_set_id\":\"%s\",\"resource_id\":\"%s\",\"revision\":\"%s\","
+           "\"schema\":\"complete-weight-placement\",\"tensors\":[%s],\"topology\":%s,\"weight_generation\":1}",
+           parts.p, set, RESOURCE, REVISION, tensors.p, topo.p);
+    sha256_hex(id_input.p, id_input.len, placement_id);
+    append(&out,
+           "{\"parts\":[%s],\"placement_id\":\"sha256:%s\",\"placement_set_id\":\"%s\",\"resource_id\":\"%s\","
+           "\"resource_kind\":\"model_weight\",\"revision\":\"%s\",\"tensors\":[%s],\"topology\":%s,"
+           "\"weight_generation\":1}",
+           parts.p, placement_id, set, RESOURCE, REVISION, tensors.p, topo.p);
+    free(parts.p), free(tensors.p), free(plist.p), free(topo.p), free(id_input.p);
+    return out.p;
+}
+
+/* Lays out `tp` ranks, parses the placement, allocates and binds the buffers (filled
+ * with the expected contents when `fill`, else with 0xA5). */
+static int layout_init(layout *l, uint64_t tp, const char *set, int fill, const char *instance) {
+    uint64_t r;
+    size_t t, d;
+    mws_status st;
+    char *json;
+    memset(l, 0, sizeof *l);
+    l->tp = tp;
+    for (r = 0; r < tp; r++) {
+        snprintf(l->participant[r], sizeof l->participant[r], "w-d0-p0-e0-t%llu", (unsigned long long)r);
+        for (t = 0; t < N_TENSORS; t++) {
+            fragment *f = &l->frags[r][t];
+            f->tensor = t;
+            f->nbytes = ITEMSIZE;
+            for (d = 0; d < TENSORS[t].ndim; d++) {
+                f->shape[d] = TENSORS[t].shape[d];
+                f->goffset[d] = 0;
+                if ((int)d == TENSORS[t].split) {
+                    f->shape[d] /= tp;
+                    f->goffset[d] = r * f->shape[d];
+                }
+                f->nbytes *= f->shape[d];
+            }
+            f->strides[TENSORS[t].ndim - 1] = ITEMSIZE; /* row-major */
+            if (TENSORS[t].ndim == 2) f->strides[0] = f->shape[1] * ITEMSIZE;
+            if (snprintf(f->pfid, sizeof f->pfid, "f:%s@%s", TENSORS[t].id, l->participant[r]) >= (int)sizeof f->pfid ||
+                snprintf(f->runtime_id, sizeof f->runtime_id, "%s:%s:%zu", instance, l->participant[r], t) >=
+                    (int)sizeof f->runtime_id)
+                return 1; /* an id too long for this example's fixed buffers */
+            f->offset = l->buffer_size[r];
+            l->buffer_size[r] += (size_t)(f->nbytes + 63) / 64 * 64;
+        }
+    }
+    json = placement_json(l, set);
+    st = mws_placement_from_json(json, strlen(json), &l->placement);
+    free(json);
+    if (st != MWS_OK) return fail("mws_placement_from_json", st);
+
+    for (r = 0; r < tp; r++) {
+        mws_binding_options o;
+        char lease[64];
+        l->buffer[r] = (unsigned char *)malloc(l->buffer_size[r]);
+        if (l->buffer[r] == NULL) return 1;
+        memset(l->buffer[r], 0xA5, l->buffer_size[r]);
+        snprintf(lease, sizeof lease, "%s-lease-1", instance);
+        o.resource_id = RESOURCE;
+        o.revision = REVISION;
+        o.placement_id = mws_placement_id(l->placement, NULL);
+        o.placement_digest = mws_placement_digest(l->placement, NULL);
+        o.participant_id = l->participant[r];
+        o.instance_id = instance;
+        o.lease_id = lease;
+        o.generation = 1;
+        if ((st = mws_binding_new(&o, &l->bindings[r])) != MWS_OK) return fail("mws_binding_new", st);
+        for (t = 0; t < N_TENSORS; t++) {
+            fragment *f = &l->frags[r][t];
+            mws_runtime_fragment rf;
+            memset(&rf, 0, sizeof rf);
+            if (fill) { /* row-major box of the tensor: element (i, j) is global (i + o0, j + o1) */
+                uint64_t rows = TENSORS[t].ndim == 2 ? f->shape[0] : 1, cols = f->shape[TENSORS[t].ndim - 1];
+                uint64_t gcols = TENSORS[t].shape[TENSORS[t].ndim - 1], i, j, b;
+                unsigned char *p = l->buffer[r] + f->offset;
+                for (i = 0; i < rows; i++)
+                    for (j = 0; j < cols; j++)
+                        for (b = 0; b < ITEMSIZE; b++) {
+                            uint64_t row = TENSORS[t].ndim == 2 ? i + f->goffset[0] : 0;
+                            uint64_t col = j + f->goffset[TENSORS[t].ndim - 1];
+                            *p++ = expected_byte(t, row * gcols + col, b);
+                        }
+            }
+            rf.placement_fragment_id = f->pfid;
+            rf.fragment_id = f->runtime_id;
+            rf.address = l->buffer[r] + f->offset;
+            rf.nbytes = f->nbytes;
+            rf.worker_id = l->participant[r];
+            rf.endpoint = "localhost:17000";
+            rf.device = "cpu";
+            rf.itemsize = ITEMSIZE;
+            rf.local_shape = f->shape;
+            rf.local_shape_len = TENSORS[t].ndim;
+            rf.strides_bytes = f->strides;
+            rf.strides_bytes_len = TENSORS[t].ndim;
+            rf.storage_address = l->buffer[r];
+            rf.storage_nbytes = l->buffer_size[r];
+            rf.storage_offset_bytes = f->offset;
+            rf.memory_kind = MWS_MEMORY_HOST;
+            if ((st = mws_binding_add_fragment(l->bindings[r], &rf)) != MWS_OK) return fail("add_fragment", st);
+        }
+    }
+    return 0;
+}
+
+/* Checks every byte of every fragment; returns the number of bytes checked, 0 on a
+ * difference. */
+static uint64_t layout_verify(const layout *l) {
+    uint64_t r, checked = 0;
+    size_t t;
+    for (r = 0; r < l->tp; r++)
+        for (t = 0; t < N_TENSORS; t++) {
+            const fragment *f = &l->frags[r][t];
+            uint64_t rows = TENSORS[t].ndim == 2 ? f->shape[0] : 1, cols = f->shape[TENSORS[t].ndim - 1];
+            uint64_t gcols = TENSORS[t].shape[TENSORS[t].ndim - 1], i, j, b;
+            const unsigned char *p = l->buffer[r] + f->offset;
+            for (i = 0; i < rows; i++)
+                for (j = 0; j < cols; j++)
+                    for (b = 0; b < ITEMSIZE; b++) {
+                        uint64_t row = TENSORS[t].ndim == 2 ? i + f->goffset[0] : 0;
+                        uint64_t col = j + f->goffset[TENSORS[t].ndim - 1];
+                        if (*p++ != expected_byte(t, row * gcols + col, b)) {
+                            fprintf(stderr, "byte differs: %s %s\n", l->participant[r], TENSORS[t].id);
+                            return 0;
+                        }
+                    }
+            checked += f->nbytes;
+        }
+    return checked;
+}
+
+/* Frees what layout_init made (idempotent: the handles are reset to NULL). */
+static void layout_free(layout *l) {
+    uint64_t r;
+    for (r = 0; r < l->tp; r++) {
+        mws_binding_free(l->bindings[r]); /* NULL is fine */
+        l->bindings[r] = NULL;
+        free(l->buffer[r]);
+        l->buffer[r] = NULL;
+    }
+    mws_placement_free(l->placement);
+    l->placement = NULL;
+}
+
+/* ---- the snapshot adapter: the framework side of a writer ------------------------ */
+/* The "framework tensor" handed to mws_writer_write_tensor is a `fragment *`. */
+static int32_t export_source(void *ctx, const mws_snapshot_descriptor *descriptor, const mws_placement **placement,
+                             const mws_binding *const **bindings, size_t *count) {
+    layout *l = (layout *)ctx;
+    (void)descriptor;
+    *placement = l->placement;
+    *bindings = (const mws_binding *const *)l->bindings;
+    *count = (size_t)l->tp;
+    return 0;
+}
+
+static int32_t resolve_fragment_ids(void *ctx, const char *tensor_id, void *tensor, const char *const **ids,
+                                    size_t *count) {
+    static const char *one[1]; /* valid until write_tensor returns: enough */
+    const fragment *f = (const fragment *)tensor;
+    (void)ctx;
+    if (strcmp(TENSORS[f->tensor].id, tensor_id) != 0) return -1;
+    one[0] = f->pfid;
+    *ids = one;
+    *count = 1;
+    return 0;
+}
+
+static const fragment *find_fragment(const layout *l, const char *pfid) {
+    uint64_t r;
+    size_t t;
+    for (r = 0; r < l->tp; r++)
+        for (t = 0; t < N_TENSORS; t++)
+            if (strcmp(l->frags[r][t].pfid, pfid) == 0) return &l->frags[r][t];
+    return NULL;
+}
+
+/* Snapshot: begin a writer, write every tensor fragment its plan expects (a trainer
+ * calls this as its tensors become final), commit. */
+static int snapshot(const mws_store *store, layout *src, mws_stored_manifest **manifest) {
+    mws_snapshot_descriptor desc = {RESOURCE, REVISION, 1, "default"};
+    mws_snapshot_adapter_vtable vt;
+    mws_writer *writer = NULL;
+    mws_upload_plan *plan = NULL;
+    mws_status st;
+    size_t i, n;
+    int rc = 1;
+    memset(&vt, 0, sizeof vt);
+    vt.size = sizeof vt;
+    vt.version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION;
+    vt.export_source = export_source;
+    vt.resolve_fragment_ids = resolve_fragment_ids;
+    if ((st = mws_writer_begin(store, &desc, &vt, src, NULL, &writer)) != MWS_OK) return fail("mws_writer_begin", st);
+    if ((st = mws_writer_upload_plan(writer, &plan)) != MWS_OK) {
+        fail("mws_writer_upload_plan", st);
+        goto done;
+    }
+    /* The plan stores one replica: write exactly the fragments it copies. */
+    n = mws_upload_plan_operation_count(plan);
+    for (i = 0; i < n; i++) {
+        mws_upload_operation op;
+        const fragment *f;
+        if ((st = mws_upload_plan_operation(plan, i, &op)) != MWS_OK) {
+            fail("mws_upload_plan_operation", st);
+            goto done;
+        }
+        f = find_fragment(src, op.source_placement_fragment_id);
+        if (f == NULL) goto done;
+        if ((st = mws_writer_write_tensor(writer, TENSORS[f->tensor].id, (void *)f, NULL)) != MWS_OK) {
+            fail("mws_writer_write_tensor", st);
+            goto done;
+        }
+    }
+    if ((st = mws_writer_commit(writer, manifest)) != MWS_OK) {
+        fail("mws_writer_commit", st);
+        goto done;
+    }
+    rc = 0;
+done:
+    mws_upload_plan_free(plan);
+    mws_writer_free(writer); /* aborts the snapshot if it was not committed */
+    return rc;
+}
+
+/* Restore: plan the regions from the stored manifest into the target buffers, then
+ * each participant loads its part (in a real job: each rank, concurrently). */
+static int restore(const mws_store *store, const mws_stored_manifest *manifest, layout *dst) {
+    mws_load_plan *plan = NULL;
+    mws_load_stats total = {0, 0, 0, 0};
+    mws_status st;
+    uint64_t r;
+    int rc = 1;
+    st = mws_load_plan_new(manifest, dst->placement, (const mws_binding *const *)dst->bindings, (size_t)dst->tp, NULL,
+                           &plan);
+    if (st != MWS_OK) return fail("mws_load_plan_new", st);
+    for (r = 0; r < dst->tp; r++) {
+        mws_load_stats s;
+        if ((st = mws_store_load(store, plan, dst->bindings[r], NULL, &s)) != MWS_OK) {
+            fail("mws_store_load", st);
+            goto done;
+        }
+        total.regions += s.regions, total.ranges += s.ranges, total.bytes += s.bytes;
+    }
+    printf("restored      %zu regions, %llu ranged reads, %llu bytes into TP=%llu\n", mws_load_plan_region_count(plan),
+           (unsigned long long)total.ranges, (unsigned long long)total.bytes, (unsigned long long)dst->tp);
+    rc = total.bytes == mws_load_plan_total_bytes(plan) ? 0 : 1;
+done:
+    mws_load_plan_free(plan);
+    return rc;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Removes the directory store at `dir`: its objects/ and tmp/, then `dir` itself if
+ * that left it empty (anything else in it is kept). */
+static void remove_store(const char *dir) {
+    static const char *const sub[] = {"objects", "tmp"};
+    char path[4096];
+    size_t i;
+    for (i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, sub[i]);
+        if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) perror(path);
+    }
+    remove(dir);
+}
+
+int main(int argc, char **argv) {
+    char tmpl[] = "/tmp/mws-snapshot-restore-c-XXXXXX";
+    const char *dir = argc > 1 ? argv[1] : mkdtemp(tmpl);
+    mws_store *store = NULL;
+    mws_stored_manifest *written = NULL, *manifest = NULL;
+    layout *src = (layout *)calloc(1, sizeof *src), *dst = (layout *)calloc(1, sizeof *dst);
+    uint64_t checked;
+    mws_status st;
+    int rc = 1, store_opened = 0;
+    if (dir == NULL || src == NULL || dst == NULL) {
+        free(src), free(dst);
+        return 1;
+    }
+
+    if ((st = mws_store_open_dir(dir, NULL, &store)) != MWS_OK) {
+        fail("mws_store_open_dir", st);
+        goto done;
+    }
+    store_opened = 1;
+    /* Trainer: TP=2, buffers hold the weights. */
+    if (layout_init(src, 2, "trainer-tp2", 1, "trainer") != 0) goto done;
+    if (snapshot(store, src, &written) != 0) goto done;
+    printf("snapshot      %zu tensors, %zu stored fragments, %llu bytes, manifest %s\n",
+           mws_stored_manifest_tensor_count(written), mws_stored_manifest_fragment_count(written),
+           (unsigned long long)mws_stored_manifest_total_bytes(written), mws_stored_manifest_digest(written, NULL));
+    layout_free(src); /* the trainer may go away: the snapshot is in the store */
+
+    /* Server: TP=4, reads the published manifest back by its key. */
+    if ((st = mws_store_load_manifest(store, mws_stored_manifest_key(written, NULL), &manifest)) != MWS_OK) {
+        fail("mws_store_load_manifest", st);
+        goto done;
+    }
+    if (layout_init(dst, 4, "serving-tp4", 0, "serving") != 0) goto done;
+    if (restore(store, manifest, dst) != 0) goto done;
+    checked = layout_verify(dst);
+    if (checked == 0) goto done;
+    printf("verified      %llu bytes: OK\n", (unsigned long long)checked);
+    rc = 0;
+done:
+    layout_free(src);
+    layout_free(dst);
+    mws_stored_manifest_free(manifest);
+    mws_stored_manifest_free(written);
+    mws_store_free(store);
+    free(src);
+    free(dst);
+    if (store_opened) remove_store(dir);
+    return rc;
+}
