@@ -24,8 +24,8 @@ mod workloads;
 use mooncake_weight_store::{plan_upload, sha256_hex, Placement, StoredManifest};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{BufRead, BufReader, Write};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 use workloads::{Workload, WorkloadFile};
 
@@ -333,11 +333,7 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     times.push(("d_digest", t));
 
     // e0: target placement (tensors, fragments, from_fragments).
-    let (t, target) = bench(
-        reps,
-        || (),
-        |_| workloads::build_placement(file, w, w.target, w.target_set_id()),
-    );
+    let (t, target) = bench(reps, || (), |_| workloads::build_placement(file, w, w.target, w.target_set_id()));
     let target = target.unwrap_or_else(|e| die("target placement", e));
     times.push(("e0", t));
 
@@ -413,7 +409,11 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
                 );
             }
             None => {
-                let _ = writeln!(out, "  {:<38} {:>11} {:>4} {:>10} {:>10} {:>9}  (restore issue)", label, "n/a", "", "n/a", ref_s, "-");
+                let _ = writeln!(
+                    out,
+                    "  {:<38} {:>11} {:>4} {:>10} {:>10} {:>9}  (restore issue)",
+                    label, "n/a", "", "n/a", ref_s, "-"
+                );
             }
         }
     }
@@ -460,7 +460,10 @@ fn parse_options() -> Options {
             "--all" => o.all = true,
             "--only" => o.only = Some(args.next().unwrap_or_else(|| die("--only", "needs a workload name"))),
             "--reps" => {
-                o.reps = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| die("--reps", "needs a positive integer"))
+                o.reps = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| die("--reps", "needs a positive integer"))
             }
             "-h" | "--help" => {
                 println!("usage: cargo bench --bench core [-- [--all] [--only NAME] [--reps N]]");
@@ -485,11 +488,7 @@ fn main() {
 
     let selected: Vec<&Workload> = match &opts.only {
         Some(name) => vec![file.find(name).unwrap_or_else(|| die("--only", format!("unknown workload {name}")))],
-        None => file
-            .workloads
-            .iter()
-            .filter(|w| opts.all || DEFAULT_WORKLOADS.contains(&w.name.as_str()))
-            .collect(),
+        None => file.workloads.iter().filter(|w| opts.all || DEFAULT_WORKLOADS.contains(&w.name.as_str())).collect(),
     };
     println!("mooncake-weight-store core benchmark ({})", path.display());
     println!("single thread, best of {} runs per stage, each workload in a fresh process;", opts.reps);
@@ -534,7 +533,10 @@ fn main() {
     }
 
     println!("\npeak memory (ru_maxrss of each workload's own process, all stages):");
-    println!("  {:<12} {:>12} {:>10} {:>10} {:>10} {:>9}  ids", "workload", "fragments", "MiB", "B/frag", "ref MiB", "ref/ours");
+    println!(
+        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>9}  ids",
+        "workload", "fragments", "MiB", "B/frag", "ref MiB", "ref/ours"
+    );
     for (name, n, rss, failed) in &summary {
         let mib = *rss as f64 / (1024.0 * 1024.0);
         let r = reference_rss_mib(name);

@@ -14,7 +14,9 @@ mod model;
 use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::{LoadArgs, LoadPlan, StaticGuard, WeightStore};
-use mooncake_weight_store::store::{directory::DirectoryStore, memory::MemoryStore, ObjectStore, RecordType, WriteConfig};
+use mooncake_weight_store::store::{
+    directory::DirectoryStore, memory::MemoryStore, ObjectStore, RecordType, WriteConfig,
+};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,7 +75,8 @@ fn main() {
     let hidden = 1024;
     let layers = (size_mib << 20).div_ceil(16 * hidden * hidden * 2).max(1);
     let defs = model_tensors(layers, hidden, 8);
-    let src = HostModel::new(build_placement("trainer", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("trainer", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
     let gb = |b: u64, s: f64| b as f64 / s / 1e9;
 
     // Snapshot into the directory store vs sequential write + fsync.
@@ -85,7 +88,12 @@ fn main() {
     let sizes: Vec<u64> = manifest.fragments().iter().map(|f| f.nbytes()).collect();
     let stored: u64 = sizes.iter().sum();
     let seq_s = sequential_write_fsync(&root.join("plain"), &sizes);
-    println!("workload: {} tensors, {} stored objects, {:.2} GiB stored", manifest.tensors().len(), sizes.len(), stored as f64 / (1u64 << 30) as f64);
+    println!(
+        "workload: {} tensors, {} stored objects, {:.2} GiB stored",
+        manifest.tensors().len(),
+        sizes.len(),
+        stored as f64 / (1u64 << 30) as f64
+    );
     println!(
         "snapshot -> directory store   {:>7.3} s {:>6.2} GB/s | plain write+fsync {:>7.3} s {:>6.2} GB/s | ratio {:.2}",
         snap_s,
@@ -107,12 +115,18 @@ fn main() {
     drop(src);
 
     let dst = {
-        let mut d = HostModel::new(build_placement("serving", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1), false, "serving", 1);
+        let mut d = HostModel::new(
+            build_placement("serving", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1),
+            false,
+            "serving",
+            1,
+        );
         d.bindings = d.make_bindings("serving", 1);
         d
     };
     let manifest = Arc::new(manifest);
-    let plan = LoadPlan::plan(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let plan =
+        LoadPlan::plan(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     let bytes = plan.total_bytes();
     let memcpy = memcpy_seconds(bytes as usize);
     println!(
@@ -125,12 +139,27 @@ fn main() {
     );
     let best = |ws: &WeightStore| (0..3).map(|_| restore(ws, &plan, &dst)).fold(f64::MAX, f64::min);
     let s = best(&ws_mem);
-    println!("restore <- memory store        {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}", s, gb(bytes, s), memcpy / s);
+    println!(
+        "restore <- memory store        {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}",
+        s,
+        gb(bytes, s),
+        memcpy / s
+    );
     let s = best(&ws_dir);
-    println!("restore <- directory (warm)    {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}", s, gb(bytes, s), memcpy / s);
+    println!(
+        "restore <- directory (warm)    {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}",
+        s,
+        gb(bytes, s),
+        memcpy / s
+    );
     if drop_caches() {
         let s = restore(&ws_dir, &plan, &dst);
-        println!("restore <- directory (cold)    {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}", s, gb(bytes, s), memcpy / s);
+        println!(
+            "restore <- directory (cold)    {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}",
+            s,
+            gb(bytes, s),
+            memcpy / s
+        );
     } else {
         println!("restore <- directory (cold)    n/a (cannot drop the page cache here)");
     }

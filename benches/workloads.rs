@@ -276,7 +276,15 @@ impl Workload {
         Ok(acc)
     }
 
-    fn gen(&self, rules: &Rules, rule: &TensorRule, sizes: Sizes, l: Option<u64>, e: Option<u64>, out: &mut Vec<GenTensor>) -> R<()> {
+    fn gen(
+        &self,
+        rules: &Rules,
+        rule: &TensorRule,
+        sizes: Sizes,
+        l: Option<u64>,
+        e: Option<u64>,
+        out: &mut Vec<GenTensor>,
+    ) -> R<()> {
         let mut id = rule.id.clone();
         if let Some(l) = l {
             id = id.replace("{l}", &l.to_string());
@@ -289,7 +297,11 @@ impl Workload {
             TpRule::Replicated => (ParallelAxis::Replicated(AxisKind::Tp), vec![]),
             TpRule::Split(d) => (ParallelAxis::split(AxisKind::Tp, d).map_err(|e| e.to_string())?, vec![d]),
         };
-        let ep_axis = if rule.ep_ownership { ParallelAxis::Ownership(AxisKind::Ep) } else { ParallelAxis::Replicated(AxisKind::Ep) };
+        let ep_axis = if rule.ep_ownership {
+            ParallelAxis::Ownership(AxisKind::Ep)
+        } else {
+            ParallelAxis::Replicated(AxisKind::Ep)
+        };
         let pp_owner = match rule.pp_owner {
             PpOwner::First => 0,
             PpOwner::Last => sizes.pp - 1,

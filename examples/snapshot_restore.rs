@@ -34,7 +34,8 @@ fn main() {
     let t = Instant::now();
     let src = HostModel::new(build_placement("trainer-tp4-pp2-ep2-dp2", source_layout, &defs, 1), true, "trainer", 1);
     let fabricate = t.elapsed().as_secs_f64();
-    let model_bytes: u64 = src.placement.tensors().iter().map(|t| t.global_shape().iter().product::<u64>() * t.itemsize()).sum();
+    let model_bytes: u64 =
+        src.placement.tensors().iter().map(|t| t.global_shape().iter().product::<u64>() * t.itemsize()).sum();
 
     let ws = WeightStore::new(Arc::new(DirectoryStore::open(&dir).expect("open directory store")));
     let t = Instant::now();
@@ -46,7 +47,9 @@ fn main() {
     let manifest = Arc::new(ws.load_manifest(manifest.manifest_key()).expect("load manifest"));
     let mut dst = HostModel::new(build_placement("serving-tp2-ep4", target_layout, &defs, 1), false, "serving", 1);
     dst.bindings = dst.make_bindings("serving", 1);
-    let plan = ws.plan_load(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).expect("plan load");
+    let plan = ws
+        .plan_load(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default())
+        .expect("plan load");
     let planning = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
@@ -64,15 +67,40 @@ fn main() {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let gbs = |b: u64, s: f64| b as f64 / s / 1e9;
     println!("mooncake-weight-store: snapshot and resharded restore (directory store at {dir})");
-    println!("  model        {} tensors, {:.2} GiB bf16, {} layers x 8 experts", manifest.tensors().len(), gib(model_bytes), layers);
-    println!("  source       TP4 x PP2 x EP2 x DP2: {} participants, {} fragments", src_participants(source_layout), fragments_of(&defs, source_layout));
-    println!("  target       TP2 x EP4: {} participants, {} fragments", dst.placement.topology().world_size(), dst.placement.fragment_count());
-    println!("  stored       {} fragments (one DP replica), manifest {}", manifest.fragments().len(), manifest.manifest_digest());
+    println!(
+        "  model        {} tensors, {:.2} GiB bf16, {} layers x 8 experts",
+        manifest.tensors().len(),
+        gib(model_bytes),
+        layers
+    );
+    println!(
+        "  source       TP4 x PP2 x EP2 x DP2: {} participants, {} fragments",
+        src_participants(source_layout),
+        fragments_of(&defs, source_layout)
+    );
+    println!(
+        "  target       TP2 x EP4: {} participants, {} fragments",
+        dst.placement.topology().world_size(),
+        dst.placement.fragment_count()
+    );
+    println!(
+        "  stored       {} fragments (one DP replica), manifest {}",
+        manifest.fragments().len(),
+        manifest.manifest_digest()
+    );
     println!("  regions      {} regions, {} ranges", plan.regions().len(), ranges);
     println!("  fabricate    {fabricate:>7.3} s");
-    println!("  snapshot     {snapshot:>7.3} s  {:>6.2} GB/s  ({:.2} GiB, fsynced)", gbs(model_bytes, snapshot), gib(model_bytes));
+    println!(
+        "  snapshot     {snapshot:>7.3} s  {:>6.2} GB/s  ({:.2} GiB, fsynced)",
+        gbs(model_bytes, snapshot),
+        gib(model_bytes)
+    );
     println!("  plan restore {planning:>7.3} s");
-    println!("  restore      {restore:>7.3} s  {:>6.2} GB/s  ({:.2} GiB moved)", gbs(plan.total_bytes(), restore), gib(plan.total_bytes()));
+    println!(
+        "  restore      {restore:>7.3} s  {:>6.2} GB/s  ({:.2} GiB moved)",
+        gbs(plan.total_bytes(), restore),
+        gib(plan.total_bytes())
+    );
     println!("  verify       {verify:>7.3} s  {} bytes checked: OK", verified);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -79,10 +79,7 @@ pub struct Error {
 impl Error {
     /// Creates an error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-        }
+        Error { kind, message: message.into() }
     }
 
     /// A contract error ([`ErrorKind::InvalidArgument`]).
@@ -102,10 +99,7 @@ impl Error {
 
     /// Returns the same error with `prefix` prepended to the message.
     pub fn context(self, prefix: &str) -> Self {
-        Error {
-            kind: self.kind,
-            message: format!("{prefix}{}", self.message),
-        }
+        Error { kind: self.kind, message: format!("{prefix}{}", self.message) }
     }
 
     /// Returns the same message under another kind.

@@ -320,11 +320,7 @@ pub fn parse_text<'a>(text: &'a str, label: &str) -> Result<Value<'a>> {
                 return Err(Error::invalid(format!("non-finite JSON number is unsupported: {lit}")));
             }
             if msg.starts_with("duplicate JSON field: ") {
-                let field = msg
-                    .trim_start_matches("duplicate JSON field: ")
-                    .split(" at line ")
-                    .next()
-                    .unwrap_or("");
+                let field = msg.trim_start_matches("duplicate JSON field: ").split(" at line ").next().unwrap_or("");
                 return Err(Error::invalid(format!("duplicate JSON field: {field}")));
             }
             Err(Error::invalid(format!("{label} is not valid JSON: {msg}")))
@@ -447,7 +443,10 @@ mod tests {
     #[test]
     fn decoder_is_strict() {
         assert!(parse_text("{\"a\":1,\"a\":2}", "x").unwrap_err().message().contains("duplicate JSON field: a"));
-        assert!(parse_text("{\"b\":[{\"c\":1,\"c\":1}]}", "x").unwrap_err().message().contains("duplicate JSON field: c"));
+        assert!(parse_text("{\"b\":[{\"c\":1,\"c\":1}]}", "x")
+            .unwrap_err()
+            .message()
+            .contains("duplicate JSON field: c"));
         assert!(parse_text("{\"a\":NaN}", "x").unwrap_err().message().contains("non-finite"));
         assert!(parse_text("[-Infinity]", "x").unwrap_err().message().contains("non-finite"));
         assert!(parse_text("{\"a\":\"NaN\"} x", "x").unwrap_err().message().contains("not valid JSON"));

@@ -28,8 +28,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use model::*;
 pub use plan::upload::{plan_upload, Decision, UploadOperation, UploadOptions, UploadPlan};
 pub use runtime::{
-    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, MemoryKind, RuntimeBinding, RuntimeBindingSpec,
-    RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
+    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, MemoryKind, RuntimeBinding,
+    RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
 };
-pub mod store;
 pub mod protocol;
+pub mod store;

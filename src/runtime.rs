@@ -3,10 +3,12 @@
 //! nothing in this module dereferences them.
 
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::json::{self, Profile};
-use crate::model::{canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor};
-use std::collections::BTreeMap;
 use crate::fxhash::FxHashSet as HashSet;
+use crate::json::{self, Profile};
+use crate::model::{
+    canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor,
+};
+use std::collections::BTreeMap;
 
 /// Where a runtime buffer lives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -474,7 +476,8 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
         .ok_or_else(|| Error::invalid(format!("unknown runtime binding participant: {}", binding.participant_id)))?;
     // Both lists are sorted by placement fragment id: membership is a merge.
     let (pf, bf) = (part.fragments(), &binding.fragments);
-    let same = pf.len() == bf.len() && pf.iter().zip(bf).all(|(p, r)| p.placement_fragment_id() == r.placement_fragment_id());
+    let same =
+        pf.len() == bf.len() && pf.iter().zip(bf).all(|(p, r)| p.placement_fragment_id() == r.placement_fragment_id());
     if !same {
         if let Some(f) = bf.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
             return invalid(format!("unknown placement fragment in runtime binding: {}", f.placement_fragment_id()));
@@ -561,13 +564,17 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
         // Storage allocations: overlapping ones must be identical.
         let mut storages: BTreeMap<(u64, u64), &str> = BTreeMap::new();
         for b in &list {
-            storages.entry((b.runtime.storage_address(), b.runtime.storage_nbytes())).or_insert(b.runtime.fragment_id());
+            storages
+                .entry((b.runtime.storage_address(), b.runtime.storage_nbytes()))
+                .or_insert(b.runtime.fragment_id());
         }
         let mut prev: Option<(u64, &str)> = None; // (max end, fragment id)
         for (&(start, size), &id) in &storages {
             if let Some((end, prev_id)) = prev {
                 if start < end {
-                    return invalid(format!("runtime binding storage allocation ranges overlap: {prev_id} and {id} in {space}"));
+                    return invalid(format!(
+                        "runtime binding storage allocation ranges overlap: {prev_id} and {id} in {space}"
+                    ));
                 }
             }
             let end = start + size;

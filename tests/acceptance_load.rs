@@ -22,12 +22,7 @@ fn m_placement() -> Placement {
 
 /// M target: TP2 split on `dim`.
 fn m_target(dim: usize) -> Placement {
-    let t = tensor(
-        "layers.0.experts.w1",
-        &[4, 6, 8],
-        1,
-        &[split(Tp, dim as u64)],
-    );
+    let t = tensor("layers.0.experts.w1", &[4, 6, 8], 1, &[split(Tp, dim as u64)]);
     let ranks = [tp(0), tp(1)];
     let fs = ranks
         .iter()
@@ -84,9 +79,7 @@ fn acc_165_load_rejects_payloads_without_committed_manifest() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 1));
-    let up = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx"))
-        .unwrap();
+    let up = ws.plan_upload(&src.placement, &src.bindings, &opts("tx")).unwrap();
     upload_all(&ws, &up, &src, &StaticGuard).unwrap();
     fake.clear_log();
     let dst = target(s_placement(1, 1, 1));
@@ -100,10 +93,7 @@ fn acc_165_load_rejects_payloads_without_committed_manifest() {
 fn acc_166_multi_dim_lowering_limit_fails_before_registration_or_read() {
     let fake = FakeStore::new();
     let ws = WeightStore::new(fake.clone())
-        .with_limits(StoreLimits {
-            max_region_segments: 5,
-            ..StoreLimits::default()
-        })
+        .with_limits(StoreLimits { max_region_segments: 5, ..StoreLimits::default() })
         .unwrap();
     let m = committed(&fake, &ws, m_placement());
     let dst = target(m_target(2));
@@ -159,10 +149,7 @@ fn acc_170_rejects_partial_or_failed_range_results() {
         f.ranges_scalar = Some("-19".into());
     });
     let e = load_all(&ws, &plan, &dst, &StaticGuard).unwrap_err();
-    assert!(
-        e.message().contains("get_into_ranges failed") && e.message().contains("-19"),
-        "{e}"
-    );
+    assert!(e.message().contains("get_into_ranges failed") && e.message().contains("-19"), "{e}");
 }
 
 #[test]
@@ -171,10 +158,7 @@ fn acc_171_plan_load_rejects_different_target_weight_generation() {
     let ws = ws(&fake);
     let m = committed(&fake, &ws, s_placement(1, 1, 7));
     let dst = target(s_placement(1, 1, 8));
-    expect_invalid(
-        plan_load(&ws, &m, &dst),
-        "target placement revision mismatch",
-    );
+    expect_invalid(plan_load(&ws, &m, &dst), "target placement revision mismatch");
 }
 
 #[test]
@@ -185,11 +169,7 @@ fn acc_174_load_rejects_stale_target_generation() {
     let dst = target(s_placement(1, 1, 1));
     let plan = plan_load(&ws, &m, &dst).unwrap();
     let gen2 = rebind(&dst.bindings[0], |s| s.generation = 2, |_| {});
-    let gen2_id = rebind(
-        &dst.bindings[0],
-        |s| s.generation = 2,
-        |f| f.fragment_id = format!("{}-2", f.fragment_id),
-    );
+    let gen2_id = rebind(&dst.bindings[0], |s| s.generation = 2, |f| f.fragment_id = format!("{}-2", f.fragment_id));
     let moved = rebind(
         &dst.bindings[0],
         |s| {
@@ -202,16 +182,10 @@ fn acc_174_load_rejects_stale_target_generation() {
         },
     );
     for b in [gen2, gen2_id, moved] {
-        let args = LoadArgs {
-            guard: Some(&StaticGuard),
-            ..Default::default()
-        };
+        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
         // SAFETY: the target buffers outlive the call.
         let e = unsafe { ws.load(&plan, &b, args) }.unwrap_err();
-        assert!(
-            e.message().contains("target executor snapshot mismatch"),
-            "{e}"
-        );
+        assert!(e.message().contains("target executor snapshot mismatch"), "{e}");
     }
     assert!(fake.range_calls().is_empty());
 }
@@ -231,9 +205,7 @@ fn acc_175_chunks_large_ranges_to_bound_host_staging() {
 
 /// One participant with four 8-byte tensors.
 fn four_tensors() -> Placement {
-    let ts: Vec<TensorDescriptor> = (0..4)
-        .map(|i| tensor(&format!("t{i}"), &[8], 1, &[]))
-        .collect();
+    let ts: Vec<TensorDescriptor> = (0..4).map(|i| tensor(&format!("t{i}"), &[8], 1, &[])).collect();
     let fs = ts.iter().map(|t| whole(t, tp(0))).collect();
     flat(topo(1, 1, 1, 1, &[tp(0)]), ts, fs).unwrap()
 }
@@ -280,68 +252,37 @@ fn acc_178_one_participant_binding_executes_multiple_fragments() {
 /// The manifest `plan_upload` would publish for `p` (pure).
 fn manifest_of(p: &Placement) -> Arc<StoredManifest> {
     let b = bind_all(p, &|_| 1);
-    Arc::new(
-        plan_upload(p, &b, &UploadOptions::default())
-            .unwrap()
-            .manifest()
-            .clone(),
-    )
+    Arc::new(plan_upload(p, &b, &UploadOptions::default()).unwrap().manifest().clone())
 }
 
 fn tp_rows(n: u64, shape: &[u64], itemsize: u64, ids: &Ids) -> Placement {
     let t = tensor("w", shape, itemsize, &[split(Tp, 0)]);
     let ranks: Vec<ParallelRank> = (0..n).map(tp).collect();
     let len = shape[0] / n;
-    let fs = ranks
-        .iter()
-        .map(|&r| rows(&t, r.tp * len, len, r))
-        .collect();
+    let fs = ranks.iter().map(|&r| rows(&t, r.tp * len, len, r)).collect();
     flat_with(ids, topo(1, 1, 1, n, &ranks), vec![t], fs).unwrap()
 }
 
 #[test]
 fn acc_179_planner_attests_generation() {
-    let ids = Ids {
-        weight_generation: 10,
-        ..Ids::default()
-    };
+    let ids = Ids { weight_generation: 10, ..Ids::default() };
     let m = manifest_of(&tp_rows(1, &[8], 1, &ids));
     let target8 = Arc::new(tp_rows(8, &[8], 1, &ids));
     let plan = LogicalLoadPlan::plan(m.clone(), target8, PlanningLimits::default()).unwrap();
     assert_eq!(plan.regions().len(), 8);
     assert!(plan.regions().iter().all(|r| r.source == 0));
     assert_eq!(**plan.manifest(), *m);
-    let other = Arc::new(tp_rows(
-        8,
-        &[8],
-        1,
-        &Ids {
-            weight_generation: 9,
-            ..Ids::default()
-        },
-    ));
-    expect_invalid(
-        LogicalLoadPlan::plan(m, other, PlanningLimits::default()),
-        "weight_generation differ",
-    );
+    let other = Arc::new(tp_rows(8, &[8], 1, &Ids { weight_generation: 9, ..Ids::default() }));
+    expect_invalid(LogicalLoadPlan::plan(m, other, PlanningLimits::default()), "weight_generation differ");
 }
 
 #[test]
 fn acc_183_rejects_target_omitting_a_source_tensor() {
     let a = tensor("a", &[8], 1, &[]);
     let b = tensor("b", &[8], 1, &[]);
-    let src = flat(
-        topo(1, 1, 1, 1, &[tp(0)]),
-        vec![a.clone(), b.clone()],
-        vec![whole(&a, tp(0)), whole(&b, tp(0))],
-    )
-    .unwrap();
-    let dst = flat(
-        topo(1, 1, 1, 1, &[tp(0)]),
-        vec![a.clone()],
-        vec![whole(&a, tp(0))],
-    )
-    .unwrap();
+    let src =
+        flat(topo(1, 1, 1, 1, &[tp(0)]), vec![a.clone(), b.clone()], vec![whole(&a, tp(0)), whole(&b, tp(0))]).unwrap();
+    let dst = flat(topo(1, 1, 1, 1, &[tp(0)]), vec![a.clone()], vec![whole(&a, tp(0))]).unwrap();
     expect_invalid(
         LogicalLoadPlan::plan(manifest_of(&src), Arc::new(dst), PlanningLimits::default()),
         "target manifests are missing tensors",
@@ -354,23 +295,13 @@ fn acc_196_rejects_incompatible_descriptors() {
     let m = manifest_of(&src);
     let mk = |spec: TensorSpec| {
         let t = TensorDescriptor::new(spec).unwrap();
-        Arc::new(
-            flat(
-                topo(1, 1, 1, 1, &[tp(0)]),
-                vec![t.clone()],
-                vec![whole(&t, tp(0))],
-            )
-            .unwrap(),
-        )
+        Arc::new(flat(topo(1, 1, 1, 1, &[tp(0)]), vec![t.clone()], vec![whole(&t, tp(0))]).unwrap())
     };
     let base = tensor_spec("w", &[8, 4], 2, &[split(Tp, 0)]);
     expect_invalid(
         LogicalLoadPlan::plan(
             m.clone(),
-            mk(TensorSpec {
-                layout_fingerprint: "other".into(),
-                ..base.clone()
-            }),
+            mk(TensorSpec { layout_fingerprint: "other".into(), ..base.clone() }),
             PlanningLimits::default(),
         ),
         "layout mismatch",
@@ -378,23 +309,13 @@ fn acc_196_rejects_incompatible_descriptors() {
     expect_invalid(
         LogicalLoadPlan::plan(
             m.clone(),
-            mk(TensorSpec {
-                layer_id: Some(3),
-                ..base.clone()
-            }),
+            mk(TensorSpec { layer_id: Some(3), ..base.clone() }),
             PlanningLimits::default(),
         ),
         "tensor descriptor mismatch",
     );
     expect_invalid(
-        LogicalLoadPlan::plan(
-            m,
-            mk(TensorSpec {
-                expert_id: Some(3),
-                ..base
-            }),
-            PlanningLimits::default(),
-        ),
+        LogicalLoadPlan::plan(m, mk(TensorSpec { expert_id: Some(3), ..base }), PlanningLimits::default()),
         "tensor descriptor mismatch",
     );
 }
@@ -404,20 +325,12 @@ fn acc_197_local_target_plan_for_one_tp_rank() {
     let m = manifest_of(&tp_rows(2, &[8, 4], 2, &Ids::default()));
     let dst = Arc::new(tp_rows(4, &[8, 4], 2, &Ids::default()));
     let p1 = pid(tp(1));
-    let plan = LogicalLoadPlan::plan_participants(
-        m.clone(),
-        dst,
-        PlanningLimits::default(),
-        Some(&[p1.as_str()]),
-    )
-    .unwrap();
+    let plan =
+        LogicalLoadPlan::plan_participants(m.clone(), dst, PlanningLimits::default(), Some(&[p1.as_str()])).unwrap();
     assert_eq!(plan.target_executors().count(), 1);
     assert_eq!(plan.regions().len(), 1);
     let r = &plan.regions()[0];
-    assert_eq!(
-        (r.source_base_offset, r.target_base_offset, r.total_bytes()),
-        (16, 0, 16)
-    );
+    assert_eq!((r.source_base_offset, r.target_base_offset, r.total_bytes()), (16, 0, 16));
     assert_eq!(m.fragments()[r.source as usize].global_offset(), &[0, 0]);
 }
 
@@ -426,16 +339,9 @@ fn acc_199_local_plan_rejects_unknown_tensors_and_participants() {
     let m = manifest_of(&tp_rows(2, &[8, 4], 2, &Ids::default()));
     let a = tensor("w", &[8, 4], 2, &[split(Tp, 0)]);
     let x = tensor("unknown", &[8], 1, &[]);
-    let dst = flat(
-        topo(1, 1, 1, 1, &[tp(0)]),
-        vec![a.clone(), x.clone()],
-        vec![whole(&a, tp(0)), whole(&x, tp(0))],
-    )
-    .unwrap();
-    expect_invalid(
-        LogicalLoadPlan::plan(m.clone(), Arc::new(dst), PlanningLimits::default()),
-        "unknown tensors",
-    );
+    let dst =
+        flat(topo(1, 1, 1, 1, &[tp(0)]), vec![a.clone(), x.clone()], vec![whole(&a, tp(0)), whole(&x, tp(0))]).unwrap();
+    expect_invalid(LogicalLoadPlan::plan(m.clone(), Arc::new(dst), PlanningLimits::default()), "unknown tensors");
     let dst = Arc::new(tp_rows(4, &[8, 4], 2, &Ids::default()));
     expect_invalid(
         LogicalLoadPlan::plan_participants(m, dst, PlanningLimits::default(), Some(&["nobody"])),
@@ -453,11 +359,8 @@ fn acc_200_tp2_to_tp4_and_back() {
     )
     .unwrap();
     assert_eq!(plan.regions().len(), 4);
-    let got: Vec<(u64, u64, u64)> = plan
-        .regions()
-        .iter()
-        .map(|r| (r.source_base_offset, r.target_base_offset, r.total_bytes()))
-        .collect();
+    let got: Vec<(u64, u64, u64)> =
+        plan.regions().iter().map(|r| (r.source_base_offset, r.target_base_offset, r.total_bytes())).collect();
     assert_eq!(got[0], (0, 0, 16));
     assert_eq!(got[1], (16, 0, 16));
     let back = LogicalLoadPlan::plan(
@@ -494,30 +397,20 @@ fn acc_201_tp4_tp8_same_dim_single_segment_regions() {
 fn acc_206_rejects_total_region_budget() {
     let t = tensor("e", &[8, 8, 8], 1, &[split(Ep, 0)]);
     let er: Vec<ParallelRank> = (0..8).map(|e| rank(0, 0, e, 0)).collect();
-    let src = flat(
-        topo(1, 1, 8, 1, &er),
-        vec![t.clone()],
-        er.iter().map(|&r| rows(&t, r.ep, 1, r)).collect(),
-    )
-    .unwrap();
+    let src = flat(topo(1, 1, 8, 1, &er), vec![t.clone()], er.iter().map(|&r| rows(&t, r.ep, 1, r)).collect()).unwrap();
     let tt = tensor("e", &[8, 8, 8], 1, &[split(Tp, 2)]);
     let tr: Vec<ParallelRank> = (0..8).map(tp).collect();
     let dst = flat(
         topo(1, 1, 1, 8, &tr),
         vec![tt.clone()],
-        tr.iter()
-            .map(|&r| frag(&tt, &[0, 0, r.tp], &[8, 8, 1], r))
-            .collect(),
+        tr.iter().map(|&r| frag(&tt, &[0, 0, r.tp], &[8, 8, 1], r)).collect(),
     )
     .unwrap();
     let m = manifest_of(&src);
     let dst = Arc::new(dst);
     let ok = LogicalLoadPlan::plan(m.clone(), dst.clone(), PlanningLimits::default()).unwrap();
     assert_eq!(ok.regions().len(), 64);
-    let low = PlanningLimits {
-        max_transfer_regions: 63,
-        ..PlanningLimits::default()
-    };
+    let low = PlanningLimits { max_transfer_regions: 63, ..PlanningLimits::default() };
     let e = LogicalLoadPlan::plan(m, dst, low).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded);
     assert!(e.message().contains("max_transfer_regions"), "{e}");

@@ -58,11 +58,7 @@ fn grid_topology(sizes: (u64, u64, u64, u64)) -> ParallelTopology {
 }
 
 /// The box a rank holds of `t`: an even split on every `Split` axis.
-fn split_box(
-    t: &TensorDescriptor,
-    sizes: (u64, u64, u64, u64),
-    r: ParallelRank,
-) -> (Vec<u64>, Vec<u64>) {
+fn split_box(t: &TensorDescriptor, sizes: (u64, u64, u64, u64), r: ParallelRank) -> (Vec<u64>, Vec<u64>) {
     let mut offset = vec![0; t.ndim()];
     let mut shape = t.global_shape().to_vec();
     for a in t.parallel_axes() {
@@ -85,12 +81,7 @@ type Holds<'a> = &'a dyn Fn(&TensorDescriptor, ParallelRank) -> bool;
 
 /// A placement over the full grid `sizes` where every rank accepted by `holds`
 /// holds its split box of each tensor.
-fn grid_placement(
-    ids: &Ids,
-    sizes: (u64, u64, u64, u64),
-    tensors: &[TensorDescriptor],
-    holds: Holds<'_>,
-) -> Placement {
+fn grid_placement(ids: &Ids, sizes: (u64, u64, u64, u64), tensors: &[TensorDescriptor], holds: Holds<'_>) -> Placement {
     let (dp, pp, ep, tpn) = sizes;
     let mut fragments = Vec::new();
     for t in tensors {
@@ -122,11 +113,7 @@ struct Roundtrip {
 /// Uploads `src` (deterministic contents) through a weight store over the fake
 /// store, commits, loads the committed manifest into `dst` and verifies every
 /// target byte.
-fn roundtrip(
-    src: Placement,
-    dst: Placement,
-    ws_of: &dyn Fn(&Arc<FakeStore>) -> WeightStore,
-) -> Roundtrip {
+fn roundtrip(src: Placement, dst: Placement, ws_of: &dyn Fn(&Arc<FakeStore>) -> WeightStore) -> Roundtrip {
     let fake = FakeStore::new();
     let ws = ws_of(&fake);
     let src = source(src);
@@ -138,10 +125,7 @@ fn roundtrip(
     let plan = plan_load(&ws, &loaded, &dst).unwrap();
     let stats = load_all(&ws, &plan, &dst, &StaticGuard).unwrap();
     let checked = dst.verify().unwrap();
-    assert_eq!(
-        checked as u64,
-        dst.placement.fragments().map(|f| f.nbytes()).sum::<u64>()
-    );
+    assert_eq!(checked as u64, dst.placement.fragments().map(|f| f.nbytes()).sum::<u64>());
     assert_eq!(stats.bytes, plan.total_bytes());
     // The same restore through a plain `MemoryStore`, whose native strided reads
     // take the other execution path (whole regions instead of chunked ranges).
@@ -152,13 +136,7 @@ fn roundtrip(
     let stats2 = load_all(&mem, &plan2, &dst2, &StaticGuard).unwrap();
     assert_eq!(stats2.bytes, plan.total_bytes());
     assert_eq!(dst2.verify().unwrap(), checked);
-    Roundtrip {
-        fake,
-        upload,
-        plan,
-        dst,
-        stats,
-    }
+    Roundtrip { fake, upload, plan, dst, stats }
 }
 
 /// Verifies one participant's buffer holds its expected bytes and every other
@@ -170,16 +148,9 @@ fn verify_only(m: &HostModel, participant: &str) {
             let got = &m.buffers[pi][v.2..v.2 + v.3];
             if part.participant_id() == participant {
                 let t = m.placement.tensor(f.tensor_id()).unwrap();
-                assert_eq!(
-                    got,
-                    &model::expected_bytes(t, f.global_offset(), f.local_shape())[..]
-                );
+                assert_eq!(got, &model::expected_bytes(t, f.global_offset(), f.local_shape())[..]);
             } else {
-                assert!(
-                    got.iter().all(|&b| b == 0xA5),
-                    "{} was written",
-                    part.participant_id()
-                );
+                assert!(got.iter().all(|&b| b == 0xA5), "{} was written", part.participant_id());
             }
         }
     }
@@ -187,21 +158,13 @@ fn verify_only(m: &HostModel, participant: &str) {
 
 /// Route indices must partition `0..regions`.
 fn assert_routes_partition(p: &LogicalLoadPlan) {
-    let mut all: Vec<u32> = p
-        .pipeline_routes()
-        .into_iter()
-        .flat_map(|(_, ops)| ops)
-        .collect();
+    let mut all: Vec<u32> = p.pipeline_routes().into_iter().flat_map(|(_, ops)| ops).collect();
     all.sort_unstable();
     assert_eq!(all, (0..p.regions().len() as u32).collect::<Vec<_>>());
 }
 
 fn layer_of(p: &LogicalLoadPlan, r: &TransferRegion) -> u64 {
-    p.target()
-        .tensor(p.target_of(r).tensor_id())
-        .unwrap()
-        .layer_id()
-        .unwrap()
+    p.target().tensor(p.target_of(r).tensor_id()).unwrap().layer_id().unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -267,11 +230,7 @@ fn acc_195_multiple_layers_and_experts_move_pp_ep_tp_dp_ownership_together() {
         assert_eq!(t.rank().pp, 1 - l);
         assert_eq!(t.rank().ep, 1 - e);
     }
-    let dps: BTreeSet<u64> = p
-        .regions()
-        .iter()
-        .map(|r| p.target_of(r).rank().dp)
-        .collect();
+    let dps: BTreeSet<u64> = p.regions().iter().map(|r| p.target_of(r).rank().dp).collect();
     assert_eq!(dps, BTreeSet::from([0, 1, 2]));
     // Contents.
     roundtrip(src, dst, &ws);
@@ -287,13 +246,7 @@ fn acc_173_plan_load_does_not_require_binding_for_empty_participant() {
     // nothing.
     let t = s_tensor();
     let ranks = [rank(0, 0, 0, 0), rank(0, 1, 0, 0)];
-    let dst = flat_with(
-        &s_ids(1),
-        topo(1, 2, 1, 1, &ranks),
-        vec![t.clone()],
-        vec![whole(&t, ranks[0])],
-    )
-    .unwrap();
+    let dst = flat_with(&s_ids(1), topo(1, 2, 1, 1, &ranks), vec![t.clone()], vec![whole(&t, ranks[0])]).unwrap();
     assert_eq!(dst.parts().len(), 2);
     assert!(dst.parts().iter().any(|p| p.fragments().is_empty()));
     let fake = FakeStore::new();
@@ -324,20 +277,9 @@ fn acc_176_load_expands_strided_ranges_in_bounded_requests() {
     assert_eq!(ranges.len(), 20);
     assert!(ranges.iter().all(|r| r.2 == 2));
     // Target tp1 reads columns 2..4 of source tp0: object offsets 2, 6, 10, 14, 18.
-    let tp0_key = rt
-        .plan
-        .manifest()
-        .fragments()
-        .iter()
-        .find(|f| f.global_offset() == [0, 0])
-        .unwrap()
-        .object_key()
-        .to_string();
-    let tp0_offsets: Vec<u64> = ranges
-        .iter()
-        .filter(|r| r.0 == tp0_key)
-        .map(|r| r.1)
-        .collect();
+    let tp0_key =
+        rt.plan.manifest().fragments().iter().find(|f| f.global_offset() == [0, 0]).unwrap().object_key().to_string();
+    let tp0_offsets: Vec<u64> = ranges.iter().filter(|r| r.0 == tp0_key).map(|r| r.1).collect();
     assert_eq!(tp0_offsets, vec![0, 4, 8, 12, 16, 2, 6, 10, 14, 18]);
 }
 
@@ -345,18 +287,11 @@ fn acc_176_load_expands_strided_ranges_in_bounded_requests() {
 fn acc_180_store_backed_planner_accepts_reordered_tensor_catalog() {
     let a = tensor("a", &[8], 1, &[]);
     let b = tensor("b", &[8], 1, &[]);
-    let fragments = vec![
-        stored("fa", "a", &[0], &[8], 8, "x", 0),
-        stored("fb", "b", &[0], &[8], 8, "x", 8),
-    ];
+    let fragments = vec![stored("fa", "a", &[0], &[8], 8, "x", 0), stored("fb", "b", &[0], &[8], 8, "x", 8)];
     let reversed = Arc::new(manifest(vec![b.clone(), a.clone()], fragments).unwrap());
     assert_eq!(reversed.tensors()[0].tensor_id(), "b");
-    let ids = Ids {
-        resource_id: "r".into(),
-        revision: "v".into(),
-        weight_generation: 1,
-        placement_set_id: "target".into(),
-    };
+    let ids =
+        Ids { resource_id: "r".into(), revision: "v".into(), weight_generation: 1, placement_set_id: "target".into() };
     let dst = flat_with(
         &ids,
         topo(1, 1, 1, 1, &[tp(0)]),
@@ -365,12 +300,7 @@ fn acc_180_store_backed_planner_accepts_reordered_tensor_catalog() {
     )
     .unwrap();
     let p = plan(&reversed, &dst);
-    let mut source: Vec<&str> = p
-        .manifest()
-        .tensors()
-        .iter()
-        .map(|t| t.tensor_id())
-        .collect();
+    let mut source: Vec<&str> = p.manifest().tensors().iter().map(|t| t.tensor_id()).collect();
     source.sort_unstable();
     let target: Vec<&str> = p.target().tensors().iter().map(|t| t.tensor_id()).collect();
     assert_eq!(source, target);
@@ -404,10 +334,8 @@ fn acc_181_planner_accepts_complete_source_and_target_with_any_fragment_ids() {
         assert_eq!(p.regions().len(), 8);
         assert_eq!(p.target().placement_id(), dst.placement_id());
         assert_eq!(**p.manifest(), *m);
-        let execs: Vec<(String, ParallelRank, Vec<u32>)> = p
-            .target_executors()
-            .map(|(id, r, ops)| (id.to_string(), r, ops.to_vec()))
-            .collect();
+        let execs: Vec<(String, ParallelRank, Vec<u32>)> =
+            p.target_executors().map(|(id, r, ops)| (id.to_string(), r, ops.to_vec())).collect();
         assert_eq!(execs.len(), 8);
         for (i, (id, r, ops)) in execs.iter().enumerate() {
             assert_eq!(*r, tp(i as u64));
@@ -415,11 +343,7 @@ fn acc_181_planner_accepts_complete_source_and_target_with_any_fragment_ids() {
             assert_eq!(ops.len(), 1);
             let f = p.target_of(&p.regions()[ops[0] as usize]);
             assert_eq!(f.rank(), *r);
-            assert!(dst
-                .part(id)
-                .unwrap()
-                .fragment(f.placement_fragment_id())
-                .is_some());
+            assert!(dst.part(id).unwrap().fragment(f.placement_fragment_id()).is_some());
             if derived {
                 assert!(f.placement_fragment_id().starts_with("sha256:"));
                 assert_eq!(f.placement_fragment_id(), f.canonical_id());
@@ -443,24 +367,12 @@ fn region_fixture(dim: usize, cuts: [u64; 4]) -> (Arc<StoredManifest>, Placement
     let mut object_offset = 0;
     for (i, (b, n)) in slabs.iter().enumerate() {
         let nbytes = n * 6 * 8 * 2;
-        fs.push(stored(
-            &format!("s{i}"),
-            "w",
-            &[*b, 0, 0],
-            &[*n, 6, 8],
-            nbytes,
-            "x",
-            object_offset,
-        ));
+        fs.push(stored(&format!("s{i}"), "w", &[*b, 0, 0], &[*n, 6, 8], nbytes, "x", object_offset));
         object_offset += nbytes;
     }
     let m = Arc::new(manifest(vec![t.clone()], fs).unwrap());
-    let ids = Ids {
-        resource_id: "r".into(),
-        revision: "v".into(),
-        weight_generation: 1,
-        placement_set_id: "target".into(),
-    };
+    let ids =
+        Ids { resource_id: "r".into(), revision: "v".into(), weight_generation: 1, placement_set_id: "target".into() };
     let ranks: Vec<ParallelRank> = (0..3).map(tp).collect();
     let fs = ranks
         .iter()
@@ -477,18 +389,11 @@ fn region_fixture(dim: usize, cuts: [u64; 4]) -> (Arc<StoredManifest>, Placement
     (m, dst)
 }
 
-fn find_region<'a>(
-    p: &'a LogicalLoadPlan,
-    source_offset: &[u64],
-    target_offset: &[u64],
-) -> &'a TransferRegion {
+fn find_region<'a>(p: &'a LogicalLoadPlan, source_offset: &[u64], target_offset: &[u64]) -> &'a TransferRegion {
     let found: Vec<&TransferRegion> = p
         .regions()
         .iter()
-        .filter(|r| {
-            p.source_of(r).global_offset() == source_offset
-                && p.target_of(r).global_offset() == target_offset
-        })
+        .filter(|r| p.source_of(r).global_offset() == source_offset && p.target_of(r).global_offset() == target_offset)
         .collect();
     assert_eq!(found.len(), 1);
     found[0]
@@ -500,28 +405,16 @@ fn acc_184_transfer_region_geometry() {
     let (m, dst) = region_fixture(1, [0, 2, 5, 6]);
     let p = plan(&m, &dst);
     let r = find_region(&p, &[1, 0, 0], &[0, 2, 0]);
-    assert_eq!(
-        (r.overlap_offset.as_slice(), r.overlap_shape.as_slice()),
-        (&[1, 2, 0][..], &[2, 3, 8][..])
-    );
-    assert_eq!(
-        (r.source_base_offset, r.target_base_offset, r.inner_bytes),
-        (32, 48, 48)
-    );
+    assert_eq!((r.overlap_offset.as_slice(), r.overlap_shape.as_slice()), (&[1, 2, 0][..], &[2, 3, 8][..]));
+    assert_eq!((r.source_base_offset, r.target_base_offset, r.inner_bytes), (32, 48, 48));
     assert_eq!(r.outer_loop_counts, vec![2]);
-    assert_eq!(
-        (r.source_strides.as_slice(), r.target_strides.as_slice()),
-        (&[96][..], &[48][..])
-    );
+    assert_eq!((r.source_strides.as_slice(), r.target_strides.as_slice()), (&[96][..], &[48][..]));
     assert_eq!(r.segment_count(), 2);
     let mut segs = Vec::new();
-    r.for_each_segment(2, |s, t, n| segs.push((s, t, n)))
-        .unwrap();
+    r.for_each_segment(2, |s, t, n| segs.push((s, t, n))).unwrap();
     assert_eq!(segs, vec![(32, 48, 48), (128, 96, 48)]);
     assert_eq!(r.total_bytes(), 2 * 3 * 8 * 2);
-    let e = r
-        .for_each_segment(1, |_, _, _| panic!("no segment before the check"))
-        .unwrap_err();
+    let e = r.for_each_segment(1, |_, _, _| panic!("no segment before the check")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded);
     assert!(e.message().contains("exceeds max_segments: 2 > 1"), "{e}");
     // The derivation helper agrees with the planner.
@@ -542,36 +435,21 @@ fn acc_184_transfer_region_geometry() {
     let mut forged = derived.clone();
     forged.source_strides = vec![193];
     assert_ne!(forged, derived);
-    let e = forged
-        .check_bounds(2 * 6 * 8 * 2, 4 * 3 * 8 * 2)
-        .unwrap_err();
+    let e = forged.check_bounds(2 * 6 * 8 * 2, 4 * 3 * 8 * 2).unwrap_err();
     assert!(e.message().contains("exceeds source fragment"), "{e}");
     derived.check_bounds(2 * 6 * 8 * 2, 4 * 3 * 8 * 2).unwrap();
 
     // Target (0,0,4)/(4,6,4): tp1 of a TP2 split on dim 2.
     let t = tensor("w", &[4, 6, 8], 2, &[split(Tp, 2)]);
-    let ids = Ids {
-        resource_id: "r".into(),
-        revision: "v".into(),
-        weight_generation: 1,
-        placement_set_id: "target".into(),
-    };
+    let ids =
+        Ids { resource_id: "r".into(), revision: "v".into(), weight_generation: 1, placement_set_id: "target".into() };
     let dst2 = grid_placement(&ids, (1, 1, 1, 2), &[t], &|_, _| true);
     let p = plan(&m, &dst2);
     let r = find_region(&p, &[1, 0, 0], &[0, 0, 4]);
-    assert_eq!(
-        (r.overlap_offset.as_slice(), r.overlap_shape.as_slice()),
-        (&[1, 0, 4][..], &[2, 6, 4][..])
-    );
-    assert_eq!(
-        (r.source_base_offset, r.target_base_offset, r.inner_bytes),
-        (8, 48, 8)
-    );
+    assert_eq!((r.overlap_offset.as_slice(), r.overlap_shape.as_slice()), (&[1, 0, 4][..], &[2, 6, 4][..]));
+    assert_eq!((r.source_base_offset, r.target_base_offset, r.inner_bytes), (8, 48, 8));
     assert_eq!(r.outer_loop_counts, vec![2, 6]);
-    assert_eq!(
-        (r.source_strides.as_slice(), r.target_strides.as_slice()),
-        (&[96, 16][..], &[48, 8][..])
-    );
+    assert_eq!((r.source_strides.as_slice(), r.target_strides.as_slice()), (&[96, 16][..], &[48, 8][..]));
     assert_eq!(r.total_bytes(), 2 * 6 * 4 * 2);
 }
 
@@ -596,10 +474,7 @@ fn acc_185_noncanonical_same_volume_geometry_is_not_the_region() {
     assert_eq!(forged.total_bytes(), r.total_bytes());
     forged.check_bounds(2 * 6 * 8 * 2, 4 * 3 * 8 * 2).unwrap();
     assert_ne!(forged, r);
-    assert_eq!(
-        (r.inner_bytes, r.outer_loop_counts.as_slice()),
-        (48, &[2][..])
-    );
+    assert_eq!((r.inner_bytes, r.outer_loop_counts.as_slice()), (48, &[2][..]));
     // Byte maps (source byte → target byte) differ.
     let map = |x: &TransferRegion| {
         let mut v = BTreeMap::new();
@@ -615,13 +490,8 @@ fn acc_185_noncanonical_same_volume_geometry_is_not_the_region() {
     // And every planned region equals its canonical derivation.
     for r in p.regions() {
         let (s, t) = (p.source_of(r), p.target_of(r));
-        let mut d = TransferRegion::derive(
-            s.as_box(),
-            t.as_box(),
-            r.overlap_offset.clone(),
-            r.overlap_shape.clone(),
-            2,
-        );
+        let mut d =
+            TransferRegion::derive(s.as_box(), t.as_box(), r.overlap_offset.clone(), r.overlap_shape.clone(), 2);
         (d.source, d.target_part, d.target_fragment) = (r.source, r.target_part, r.target_fragment);
         assert_eq!(*r, d);
     }
@@ -661,10 +531,7 @@ fn acc_186_expert_box_index_avoids_scanning_every_source_expert() {
     assert_eq!(r.total_bytes(), 4);
     let all = plan(&m, &p256);
     assert_eq!(all.regions().len(), 256);
-    assert!(all
-        .regions()
-        .iter()
-        .all(|r| all.source_of(r).global_offset() == all.target_of(r).global_offset()));
+    assert!(all.regions().iter().all(|r| all.source_of(r).global_offset() == all.target_of(r).global_offset()));
 
     let big = expert_boxes(4096);
     let mb = manifest_of(&big);
@@ -673,10 +540,7 @@ fn acc_186_expert_box_index_avoids_scanning_every_source_expert() {
     let p = LogicalLoadPlan::plan(mb, big, PlanningLimits::default()).unwrap();
     let elapsed = start.elapsed();
     assert_eq!(p.regions().len(), 4096);
-    assert!(
-        elapsed < std::time::Duration::from_secs(20),
-        "planning 4096 experts took {elapsed:?}"
-    );
+    assert!(elapsed < std::time::Duration::from_secs(20), "planning 4096 experts took {elapsed:?}");
 }
 
 #[test]
@@ -703,22 +567,13 @@ fn acc_187_target_dp_replicas_on_distinct_devices_are_not_deduplicated() {
     assert_eq!(b0.fragments()[0].address(), b1.fragments()[0].address());
     let same = bind(rank(1, 0, 0, 0), "cuda:0");
     let dst = Arc::new(dst);
-    let plan = LoadPlan::plan(
-        m.clone(),
-        dst.clone(),
-        &[b0.clone(), b1],
-        PlanningLimits::default(),
-    )
-    .unwrap();
+    let plan = LoadPlan::plan(m.clone(), dst.clone(), &[b0.clone(), b1], PlanningLimits::default()).unwrap();
     assert_eq!(plan.regions().len(), 2);
     assert_eq!(plan.participants().len(), 2);
     for (_, _, ops) in plan.logical().target_executors() {
         assert!(!ops.is_empty());
     }
-    assert_ne!(
-        plan.target_fragment(0).device(),
-        plan.target_fragment(1).device()
-    );
+    assert_ne!(plan.target_fragment(0).device(), plan.target_fragment(1).device());
     // Control: the same address on the same device is a conflict.
     let e = LoadPlan::plan(m, dst, &[b0, same], PlanningLimits::default()).unwrap_err();
     assert!(e.message().contains("overlap"), "{e}");
@@ -749,12 +604,7 @@ fn acc_188_ep_ownership_is_derived_from_parallel_axis_semantics() {
 
     let splitt = tensor("w", &[8], 1, &[split(Ep, 0)]);
     expect_invalid(
-        flat_with(
-            &ids,
-            grid_topology((1, 1, 4, 1)),
-            vec![splitt.clone()],
-            vec![whole(&splitt, rank(0, 0, 3, 0))],
-        ),
+        flat_with(&ids, grid_topology((1, 1, 4, 1)), vec![splitt.clone()], vec![whole(&splitt, rank(0, 0, 3, 0))]),
         "missing or unexpected split-axis participant",
     );
 }
@@ -774,10 +624,7 @@ fn acc_189_dp_owned_tensors_are_rejected_by_upload() {
     let both = grid_placement(&ids, (2, 1, 1, 1), &[a.clone(), b.clone()], &|_, _| true);
     for p in [&split_owners, &both] {
         let bindings = bind_all(p, &|_| 1);
-        expect_invalid(
-            plan_upload(p, &bindings, &fixed()),
-            "DP-owned tensor snapshots are not supported",
-        );
+        expect_invalid(plan_upload(p, &bindings, &fixed()), "DP-owned tensor snapshots are not supported");
     }
     // A replicated-DP source of the same tensors restores into the DP-owned target.
     let ra = tensor("a", &[8], 1, &[repl(Dp)]);
@@ -799,16 +646,8 @@ fn acc_189_dp_owned_tensors_are_rejected_by_upload() {
 #[test]
 fn acc_190_pipeline_routes_keep_distinct_virtual_stages_on_one_pp_rank() {
     let ids = Ids::default();
-    let l0 = with_ids(
-        tensor_spec("layers.0.w", &[8], 1, &[own(Pp)]),
-        Some(0),
-        None,
-    );
-    let l1 = with_ids(
-        tensor_spec("layers.1.w", &[8], 1, &[own(Pp)]),
-        Some(1),
-        None,
-    );
+    let l0 = with_ids(tensor_spec("layers.0.w", &[8], 1, &[own(Pp)]), Some(0), None);
+    let l1 = with_ids(tensor_spec("layers.1.w", &[8], 1, &[own(Pp)]), Some(1), None);
     let staged = |first_stage: u64| {
         let fs = [&l0, &l1]
             .iter()
@@ -818,13 +657,7 @@ fn acc_190_pipeline_routes_keep_distinct_virtual_stages_on_one_pp_rank() {
                 PlacementFragment::new(s).unwrap()
             })
             .collect();
-        flat_with(
-            &ids,
-            topo(1, 1, 1, 1, &[tp(0)]),
-            vec![l0.clone(), l1.clone()],
-            fs,
-        )
-        .unwrap()
+        flat_with(&ids, topo(1, 1, 1, 1, &[tp(0)]), vec![l0.clone(), l1.clone()], fs).unwrap()
     };
     let (src, dst) = (staged(0), staged(2));
     let p = plan(&manifest_of(&src), &dst);
@@ -854,11 +687,7 @@ fn acc_191_all_parallel_axes_change_in_one_plan() {
     let m = manifest_of(&src);
     let p = plan(&m, &dst);
     assert_eq!(p.regions().len(), 12);
-    let dps: BTreeSet<u64> = p
-        .regions()
-        .iter()
-        .map(|r| p.target_of(r).rank().dp)
-        .collect();
+    let dps: BTreeSet<u64> = p.regions().iter().map(|r| p.target_of(r).rank().dp).collect();
     assert_eq!(dps, BTreeSet::from([0, 1, 2]));
     // The reference reads source dps 0,1,0 (round robin over two complete source
     // replicas); the store keeps one replica, so every target dp reads the same
@@ -869,22 +698,14 @@ fn acc_191_all_parallel_axes_change_in_one_plan() {
             .filter(|r| p.target_of(r).rank().dp == d)
             .map(|r| {
                 let src = p.source_of(r).fragment_id().to_string();
-                (
-                    p.target_of(r).rank().tp,
-                    src,
-                    r.source_base_offset,
-                    r.total_bytes(),
-                )
+                (p.target_of(r).rank().tp, src, r.source_base_offset, r.total_bytes())
             })
             .collect()
     };
     assert_eq!(per_dp(0).len(), 4);
     assert_eq!(per_dp(0), per_dp(1));
     assert_eq!(per_dp(0), per_dp(2));
-    assert!(p
-        .regions()
-        .iter()
-        .all(|r| (p.target_of(r).rank().pp, p.target_of(r).rank().ep) == (1, 2)));
+    assert!(p.regions().iter().all(|r| (p.target_of(r).rank().pp, p.target_of(r).rank().ep) == (1, 2)));
     let rt = roundtrip(src, dst, &ws);
     assert_eq!(rt.stats.bytes, 24);
 }
@@ -898,38 +719,18 @@ fn acc_193_local_plan_uses_one_complete_source_dp_replica() {
     let (_, m) = snapshot(&ws, &source(src), "tx");
     let dst = target(dst);
     let dp1 = pid(rank(1, 0, 0, 0));
-    let b1 = dst
-        .bindings
-        .iter()
-        .find(|b| b.participant_id() == dp1)
-        .unwrap()
-        .clone();
+    let b1 = dst.bindings.iter().find(|b| b.participant_id() == dp1).unwrap().clone();
     let plan = ws
-        .plan_load(
-            Arc::new(m.clone()),
-            dst.placement.clone(),
-            std::slice::from_ref(&b1),
-            PlanningLimits::default(),
-        )
+        .plan_load(Arc::new(m.clone()), dst.placement.clone(), std::slice::from_ref(&b1), PlanningLimits::default())
         .unwrap();
     let lp = plan.logical();
     assert_eq!(lp.target_executors().count(), 1);
     assert!(lp.regions().iter().all(|r| lp.target_of(r).rank().dp == 1));
     // Reads the whole stored replica (both stored TP shards).
-    let sources: BTreeSet<&str> = lp
-        .regions()
-        .iter()
-        .map(|r| lp.source_of(r).fragment_id())
-        .collect();
+    let sources: BTreeSet<&str> = lp.regions().iter().map(|r| lp.source_of(r).fragment_id()).collect();
     assert_eq!(sources.len(), 2);
-    assert_eq!(
-        sources,
-        m.fragments().iter().map(|f| f.fragment_id()).collect()
-    );
-    let args = LoadArgs {
-        guard: Some(&StaticGuard),
-        ..Default::default()
-    };
+    assert_eq!(sources, m.fragments().iter().map(|f| f.fragment_id()).collect());
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
     // SAFETY: the model's buffers outlive the call.
     unsafe { ws.load(&plan, &b1, args) }.unwrap();
     verify_only(&dst, &dp1);
@@ -943,20 +744,11 @@ fn acc_193_local_plan_uses_one_complete_source_dp_replica() {
 fn acc_194_complete_tensor_replicas_across_pp_owners_are_each_transferred() {
     let ids = Ids::default();
     let lm_head = tensor("lm_head.weight", &[8, 4], 2, &[own(Pp), split(Tp, 0)]);
-    let src = grid_placement(
-        &ids,
-        (1, 2, 1, 2),
-        std::slice::from_ref(&lm_head),
-        &|_, r| r.pp == 0,
-    );
+    let src = grid_placement(&ids, (1, 2, 1, 2), std::slice::from_ref(&lm_head), &|_, r| r.pp == 0);
     let dst = grid_placement(&ids, (1, 2, 1, 2), &[lm_head], &|_, _| true);
     let p = plan(&manifest_of(&src), &dst);
     assert_eq!(p.regions().len(), 4);
-    let pps: BTreeSet<u64> = p
-        .regions()
-        .iter()
-        .map(|r| p.target_of(r).rank().pp)
-        .collect();
+    let pps: BTreeSet<u64> = p.regions().iter().map(|r| p.target_of(r).rank().pp).collect();
     assert_eq!(pps, BTreeSet::from([0, 1]));
     assert_eq!(p.pipeline_routes().len(), 2);
     roundtrip(src, dst, &ws);
@@ -965,16 +757,8 @@ fn acc_194_complete_tensor_replicas_across_pp_owners_are_each_transferred() {
 #[test]
 fn acc_198_local_target_plan_allows_explicit_pp_ep_tensor_subset() {
     let ids = Ids::default();
-    let t0 = with_ids(
-        tensor_spec("layers.0.experts.0.w", &[8], 1, &[own(Pp), own(Ep)]),
-        Some(0),
-        Some(0),
-    );
-    let t1 = with_ids(
-        tensor_spec("layers.1.experts.1.w", &[8], 1, &[own(Pp), own(Ep)]),
-        Some(1),
-        Some(1),
-    );
+    let t0 = with_ids(tensor_spec("layers.0.experts.0.w", &[8], 1, &[own(Pp), own(Ep)]), Some(0), Some(0));
+    let t1 = with_ids(tensor_spec("layers.1.experts.1.w", &[8], 1, &[own(Pp), own(Ep)]), Some(1), Some(1));
     let ts = [t0, t1];
     // Source: tensor i on pp i, ep i. Target: t0 on (0,0), t1 on pp 3, ep 2.
     let src = grid_placement(&ids, (1, 2, 2, 1), &ts, &|t, r| {
@@ -982,11 +766,7 @@ fn acc_198_local_target_plan_allows_explicit_pp_ep_tensor_subset() {
         (r.pp, r.ep) == (i, i)
     });
     let dst = grid_placement(&ids, (1, 4, 3, 1), &ts, &|t, r| {
-        let at = if t.layer_id() == Some(0) {
-            (0, 0)
-        } else {
-            (3, 2)
-        };
+        let at = if t.layer_id() == Some(0) { (0, 0) } else { (3, 2) };
         (r.pp, r.ep) == at
     });
     let m = manifest_of(&src);
@@ -1009,25 +789,11 @@ fn acc_198_local_target_plan_allows_explicit_pp_ep_tensor_subset() {
     let ws = ws(&fake);
     let (_, m) = snapshot(&ws, &source(src), "tx");
     let dst = target(dst);
-    let b = dst
-        .bindings
-        .iter()
-        .find(|b| b.participant_id() == local)
-        .unwrap()
-        .clone();
-    let plan = ws
-        .plan_load(
-            Arc::new(m),
-            dst.placement.clone(),
-            std::slice::from_ref(&b),
-            PlanningLimits::default(),
-        )
-        .unwrap();
+    let b = dst.bindings.iter().find(|b| b.participant_id() == local).unwrap().clone();
+    let plan =
+        ws.plan_load(Arc::new(m), dst.placement.clone(), std::slice::from_ref(&b), PlanningLimits::default()).unwrap();
     assert_eq!(plan.regions().len(), 1);
-    let args = LoadArgs {
-        guard: Some(&StaticGuard),
-        ..Default::default()
-    };
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
     // SAFETY: the model's buffers outlive the call.
     unsafe { ws.load(&plan, &b, args) }.unwrap();
     verify_only(&dst, &local);
@@ -1040,31 +806,16 @@ fn acc_198_local_target_plan_allows_explicit_pp_ep_tensor_subset() {
 #[test]
 fn acc_202_shard_dim_one_generates_row_ranges() {
     let ids = Ids::default();
-    let mk = |n: u64| {
-        grid_placement(
-            &ids,
-            (1, 1, 1, n),
-            &[tensor("w", &[2, 8], 2, &[split(Tp, 1)])],
-            &|_, _| true,
-        )
-    };
+    let mk = |n: u64| grid_placement(&ids, (1, 1, 1, n), &[tensor("w", &[2, 8], 2, &[split(Tp, 1)])], &|_, _| true);
     let (src, dst) = (mk(2), mk(4));
     let p = plan(&manifest_of(&src), &dst);
-    let tp0: Vec<&TransferRegion> = p
-        .regions()
-        .iter()
-        .filter(|r| p.target_of(r).rank() == tp(0))
-        .collect();
+    let tp0: Vec<&TransferRegion> = p.regions().iter().filter(|r| p.target_of(r).rank() == tp(0)).collect();
     assert_eq!(tp0.len(), 1);
     let r = tp0[0];
     assert_eq!(r.segment_count(), 2);
-    assert_eq!(
-        (r.source_strides.as_slice(), r.target_strides.as_slice()),
-        (&[8][..], &[4][..])
-    );
+    assert_eq!((r.source_strides.as_slice(), r.target_strides.as_slice()), (&[8][..], &[4][..]));
     let mut segs = Vec::new();
-    r.for_each_segment(2, |s, t, n| segs.push((s, t, n)))
-        .unwrap();
+    r.for_each_segment(2, |s, t, n| segs.push((s, t, n))).unwrap();
     assert_eq!(segs, vec![(0, 0, 4), (8, 4, 4)]);
     roundtrip(src, dst, &ws);
 }
@@ -1072,14 +823,8 @@ fn acc_202_shard_dim_one_generates_row_ranges() {
 #[test]
 fn acc_203_large_inner_axis_partition_uses_compact_strided_ranges() {
     let ids = Ids::default();
-    let mk = |n: u64| {
-        grid_placement(
-            &ids,
-            (1, 1, 1, n),
-            &[tensor("w", &[8192, 8192], 2, &[split(Tp, 1)])],
-            &|_, _| true,
-        )
-    };
+    let mk =
+        |n: u64| grid_placement(&ids, (1, 1, 1, n), &[tensor("w", &[8192, 8192], 2, &[split(Tp, 1)])], &|_, _| true);
     let p = plan(&manifest_of(&mk(2)), &mk(4));
     assert_eq!(p.regions().len(), 4);
     for r in p.regions() {
@@ -1094,24 +839,11 @@ fn acc_203_large_inner_axis_partition_uses_compact_strided_ranges() {
 #[test]
 fn acc_205_cross_dim_planner_keeps_operation_count_at_region_granularity() {
     let ids = Ids::default();
-    let src = grid_placement(
-        &ids,
-        (1, 1, 8, 1),
-        &[tensor("e", &[8, 8192, 8192], 1, &[split(Ep, 0)])],
-        &|_, _| true,
-    );
-    let dst = grid_placement(
-        &ids,
-        (1, 1, 1, 8),
-        &[tensor("e", &[8, 8192, 8192], 1, &[split(Tp, 2)])],
-        &|_, _| true,
-    );
+    let src = grid_placement(&ids, (1, 1, 8, 1), &[tensor("e", &[8, 8192, 8192], 1, &[split(Ep, 0)])], &|_, _| true);
+    let dst = grid_placement(&ids, (1, 1, 1, 8), &[tensor("e", &[8, 8192, 8192], 1, &[split(Tp, 2)])], &|_, _| true);
     let p = plan(&manifest_of(&src), &dst);
     assert_eq!(p.regions().len(), 64);
-    assert!(p
-        .regions()
-        .iter()
-        .all(|r| r.segment_count() == 8192 && r.inner_bytes == 1024));
+    assert!(p.regions().iter().all(|r| r.segment_count() == 8192 && r.inner_bytes == 1024));
     assert_eq!(p.total_segments(), 64 * 8192);
     assert_eq!(p.total_bytes(), 8 * 8192 * 8192);
 }
@@ -1134,12 +866,8 @@ fn acc_204_four_axis_reshard_has_complete_content_and_routes() {
             with_ids(spec, Some(l), None)
         })
         .collect();
-    let src = grid_placement(&ids, (2, 2, 8, 4), &ts, &|t, r| {
-        r.pp == t.layer_id().unwrap() / 2
-    });
-    let dst = grid_placement(&ids, (4, 4, 2, 8), &ts, &|t, r| {
-        r.pp == t.layer_id().unwrap()
-    });
+    let src = grid_placement(&ids, (2, 2, 8, 4), &ts, &|t, r| r.pp == t.layer_id().unwrap() / 2);
+    let dst = grid_placement(&ids, (4, 4, 2, 8), &ts, &|t, r| r.pp == t.layer_id().unwrap());
     let m = manifest_of(&src);
     let p = plan(&m, &dst);
     assert_eq!(p.total_bytes(), 4096);
@@ -1147,26 +875,14 @@ fn acc_204_four_axis_reshard_has_complete_content_and_routes() {
     assert_eq!(m.fragments().len(), 4 * 8 * 4);
     let used: BTreeSet<u32> = p.regions().iter().map(|r| r.source).collect();
     assert_eq!(used.len(), m.fragments().len());
-    let boxes: BTreeSet<(u64, u64)> = m
-        .fragments()
-        .iter()
-        .map(|f| (f.global_offset()[0], f.global_offset()[1]))
-        .collect();
+    let boxes: BTreeSet<(u64, u64)> =
+        m.fragments().iter().map(|f| (f.global_offset()[0], f.global_offset()[1])).collect();
     assert_eq!(boxes.len(), 8 * 4);
     // Every target dp, tp, ep rank receives data.
     let ranks: Vec<ParallelRank> = p.regions().iter().map(|r| p.target_of(r).rank()).collect();
-    assert_eq!(
-        ranks.iter().map(|r| r.dp).collect::<BTreeSet<_>>(),
-        (0..4).collect()
-    );
-    assert_eq!(
-        ranks.iter().map(|r| r.tp).collect::<BTreeSet<_>>(),
-        (0..8).collect()
-    );
-    assert_eq!(
-        ranks.iter().map(|r| r.ep).collect::<BTreeSet<_>>(),
-        (0..2).collect()
-    );
+    assert_eq!(ranks.iter().map(|r| r.dp).collect::<BTreeSet<_>>(), (0..4).collect());
+    assert_eq!(ranks.iter().map(|r| r.tp).collect::<BTreeSet<_>>(), (0..8).collect());
+    assert_eq!(ranks.iter().map(|r| r.ep).collect::<BTreeSet<_>>(), (0..2).collect());
     // Routes (source pp, target pp): source pp = layer // 2 by construction.
     let mut routes = BTreeSet::new();
     for ((tpp, _), ops) in p.pipeline_routes() {
@@ -1185,33 +901,13 @@ fn acc_204_four_axis_reshard_has_complete_content_and_routes() {
 fn acc_207_pp_ownership_routes_are_manifest_derived() {
     let ids = Ids::default();
     let ts: Vec<TensorDescriptor> = (0..4)
-        .map(|l| {
-            with_ids(
-                tensor_spec(&format!("layers.{l}.w"), &[4, 2], 2, &[own(Pp)]),
-                Some(l),
-                None,
-            )
-        })
+        .map(|l| with_ids(tensor_spec(&format!("layers.{l}.w"), &[4, 2], 2, &[own(Pp)]), Some(l), None))
         .collect();
-    let halves = grid_placement(&ids, (1, 2, 1, 1), &ts, &|t, r| {
-        r.pp == t.layer_id().unwrap() / 2
-    });
-    let layers = grid_placement(&ids, (1, 4, 1, 1), &ts, &|t, r| {
-        r.pp == t.layer_id().unwrap()
-    });
+    let halves = grid_placement(&ids, (1, 2, 1, 1), &ts, &|t, r| r.pp == t.layer_id().unwrap() / 2);
+    let layers = grid_placement(&ids, (1, 4, 1, 1), &ts, &|t, r| r.pp == t.layer_id().unwrap());
     for (src, dst, src_pp, expected) in [
-        (
-            &halves,
-            &layers,
-            2u64,
-            BTreeSet::from([(0, 0), (0, 1), (1, 2), (1, 3)]),
-        ),
-        (
-            &layers,
-            &halves,
-            1u64,
-            BTreeSet::from([(0, 0), (1, 0), (2, 1), (3, 1)]),
-        ),
+        (&halves, &layers, 2u64, BTreeSet::from([(0, 0), (0, 1), (1, 2), (1, 3)])),
+        (&layers, &halves, 1u64, BTreeSet::from([(0, 0), (1, 0), (2, 1), (3, 1)])),
     ] {
         let p = plan(&manifest_of(src), dst);
         let mut routes = BTreeSet::new();
@@ -1246,11 +942,7 @@ fn acc_208_ep_reshard_uses_leading_expert_coordinate() {
         }
         let used: BTreeSet<u32> = p.regions().iter().map(|r| r.source).collect();
         assert_eq!(used.len(), a as usize);
-        let eps: BTreeSet<u64> = p
-            .regions()
-            .iter()
-            .map(|r| p.target_of(r).rank().ep)
-            .collect();
+        let eps: BTreeSet<u64> = p.regions().iter().map(|r| p.target_of(r).rank().ep).collect();
         assert_eq!(eps, (0..b).collect());
         roundtrip(src, dst, &ws);
     }
@@ -1259,58 +951,29 @@ fn acc_208_ep_reshard_uses_leading_expert_coordinate() {
 #[test]
 fn acc_209_ep_tp_cross_dim_reshard() {
     let ids = Ids::default();
-    let src = grid_placement(
-        &ids,
-        (1, 1, 2, 1),
-        &[tensor("w", &[4, 6, 8], 2, &[split(Ep, 0)])],
-        &|_, _| true,
-    );
+    let src = grid_placement(&ids, (1, 1, 2, 1), &[tensor("w", &[4, 6, 8], 2, &[split(Ep, 0)])], &|_, _| true);
     let m = manifest_of(&src);
-    let dst_on = |dim: u64| {
-        grid_placement(
-            &ids,
-            (1, 1, 1, 2),
-            &[tensor("w", &[4, 6, 8], 2, &[split(Tp, dim)])],
-            &|_, _| true,
-        )
-    };
+    let dst_on =
+        |dim: u64| grid_placement(&ids, (1, 1, 1, 2), &[tensor("w", &[4, 6, 8], 2, &[split(Tp, dim)])], &|_, _| true);
 
     let dst = dst_on(1);
     let p = plan(&m, &dst);
     assert_eq!(p.regions().len(), 4);
     let r = find_region(&p, &[0, 0, 0], &[0, 3, 0]);
-    assert_eq!(
-        (r.overlap_offset.as_slice(), r.overlap_shape.as_slice()),
-        (&[0, 3, 0][..], &[2, 3, 8][..])
-    );
-    assert_eq!(
-        (r.source_base_offset, r.target_base_offset, r.inner_bytes),
-        (48, 0, 48)
-    );
+    assert_eq!((r.overlap_offset.as_slice(), r.overlap_shape.as_slice()), (&[0, 3, 0][..], &[2, 3, 8][..]));
+    assert_eq!((r.source_base_offset, r.target_base_offset, r.inner_bytes), (48, 0, 48));
     assert_eq!(r.outer_loop_counts, vec![2]);
-    assert_eq!(
-        (r.source_strides.as_slice(), r.target_strides.as_slice()),
-        (&[96][..], &[48][..])
-    );
+    assert_eq!((r.source_strides.as_slice(), r.target_strides.as_slice()), (&[96][..], &[48][..]));
     roundtrip(src.clone(), dst, &ws);
 
     let dst = dst_on(2);
     let p = plan(&m, &dst);
     assert_eq!(p.regions().len(), 4);
     let r = find_region(&p, &[0, 0, 0], &[0, 0, 4]);
-    assert_eq!(
-        (r.overlap_offset.as_slice(), r.overlap_shape.as_slice()),
-        (&[0, 0, 4][..], &[2, 6, 4][..])
-    );
-    assert_eq!(
-        (r.source_base_offset, r.target_base_offset, r.inner_bytes),
-        (8, 0, 8)
-    );
+    assert_eq!((r.overlap_offset.as_slice(), r.overlap_shape.as_slice()), (&[0, 0, 4][..], &[2, 6, 4][..]));
+    assert_eq!((r.source_base_offset, r.target_base_offset, r.inner_bytes), (8, 0, 8));
     assert_eq!(r.outer_loop_counts, vec![2, 6]);
-    assert_eq!(
-        (r.source_strides.as_slice(), r.target_strides.as_slice()),
-        (&[96, 16][..], &[48, 8][..])
-    );
+    assert_eq!((r.source_strides.as_slice(), r.target_strides.as_slice()), (&[96, 16][..], &[48, 8][..]));
     roundtrip(src, dst, &ws);
 }
 
@@ -1318,18 +981,8 @@ fn acc_209_ep_tp_cross_dim_reshard() {
 // 210–212: FP8
 // ---------------------------------------------------------------------------
 
-fn typed(
-    id: &str,
-    shape: &[u64],
-    dtype: &str,
-    itemsize: u64,
-    axes: &[ParallelAxis],
-) -> TensorDescriptor {
-    TensorDescriptor::new(TensorSpec {
-        dtype: dtype.into(),
-        ..tensor_spec(id, shape, itemsize, axes)
-    })
-    .unwrap()
+fn typed(id: &str, shape: &[u64], dtype: &str, itemsize: u64, axes: &[ParallelAxis]) -> TensorDescriptor {
+    TensorDescriptor::new(TensorSpec { dtype: dtype.into(), ..tensor_spec(id, shape, itemsize, axes) }).unwrap()
 }
 
 fn target_bytes(p: &Placement) -> u64 {
@@ -1339,14 +992,7 @@ fn target_bytes(p: &Placement) -> u64 {
 #[test]
 fn acc_210_tp_split_and_merge_preserve_logical_bytes() {
     let ids = Ids::default();
-    let mk = |n: u64| {
-        grid_placement(
-            &ids,
-            (1, 1, 1, n),
-            &[tensor("w", &[64, 16], 2, &[split(Tp, 0)])],
-            &|_, _| true,
-        )
-    };
+    let mk = |n: u64| grid_placement(&ids, (1, 1, 1, n), &[tensor("w", &[64, 16], 2, &[split(Tp, 0)])], &|_, _| true);
     for (a, b) in [(4, 8), (8, 4)] {
         let (src, dst) = (mk(a), mk(b));
         let p = plan(&manifest_of(&src), &dst);
@@ -1359,29 +1005,12 @@ fn acc_210_tp_split_and_merge_preserve_logical_bytes() {
 #[test]
 fn acc_211_serialized_block_fp8_weight_and_scale_reshard_together() {
     let ids = Ids::default();
-    let weight = typed(
-        "w.weight",
-        &[1024, 128],
-        "float8_e4m3fn",
-        1,
-        &[split(Tp, 0)],
-    );
+    let weight = typed("w.weight", &[1024, 128], "float8_e4m3fn", 1, &[split(Tp, 0)]);
     let scale = typed("w.weight_scale_inv", &[8, 1], "float32", 4, &[split(Tp, 0)]);
-    let mk = |n: u64| {
-        grid_placement(
-            &ids,
-            (1, 1, 1, n),
-            &[weight.clone(), scale.clone()],
-            &|_, _| true,
-        )
-    };
+    let mk = |n: u64| grid_placement(&ids, (1, 1, 1, n), &[weight.clone(), scale.clone()], &|_, _| true);
     let (src, dst) = (mk(4), mk(8));
     let p = plan(&manifest_of(&src), &dst);
-    let tensors: BTreeSet<&str> = p
-        .regions()
-        .iter()
-        .map(|r| p.target_of(r).tensor_id())
-        .collect();
+    let tensors: BTreeSet<&str> = p.regions().iter().map(|r| p.target_of(r).tensor_id()).collect();
     assert_eq!(tensors, BTreeSet::from(["w.weight", "w.weight_scale_inv"]));
     assert_eq!(p.regions().len(), 16);
     assert_eq!(p.total_bytes(), target_bytes(&dst));
@@ -1398,13 +1027,7 @@ fn acc_212_fp8_w31_to_w13_reshard_preserves_component_identity_and_bytes() {
     let ids = Ids::default();
     let axes = [repl(Dp), own(Pp), split(Ep, 0), split(Tp, 1)];
     let ts = [
-        typed(
-            "experts.gate.weight",
-            &[4, 8, 16],
-            "float8_e4m3fn",
-            1,
-            &axes,
-        ),
+        typed("experts.gate.weight", &[4, 8, 16], "float8_e4m3fn", 1, &axes),
         typed("experts.up.weight", &[4, 8, 16], "float8_e4m3fn", 1, &axes),
         typed("experts.gate.weight_scale", &[4, 2, 1], "float32", 4, &axes),
         typed("experts.up.weight_scale", &[4, 2, 1], "float32", 4, &axes),
@@ -1413,10 +1036,7 @@ fn acc_212_fp8_w31_to_w13_reshard_preserves_component_identity_and_bytes() {
     let build = |sizes: (u64, u64, u64, u64), pp: u64, first: &str| {
         let mut fs = Vec::new();
         for t in &ts {
-            for r in grid(sizes.0, sizes.1, sizes.2, sizes.3)
-                .into_iter()
-                .filter(|r| r.pp == pp)
-            {
+            for r in grid(sizes.0, sizes.1, sizes.2, sizes.3).into_iter().filter(|r| r.pp == pp) {
                 let (o, s) = split_box(t, sizes, r);
                 let mut spec = frag_spec(t, &o, &s, r);
                 let order = if t.tensor_id().contains(first) { 0 } else { 1 };
@@ -1443,12 +1063,7 @@ fn acc_212_fp8_w31_to_w13_reshard_preserves_component_identity_and_bytes() {
         let part = m.placement.part(b.participant_id()).unwrap();
         b.fragments()
             .iter()
-            .find(|f| {
-                part.fragment(f.placement_fragment_id())
-                    .unwrap()
-                    .tensor_id()
-                    == tensor
-            })
+            .find(|f| part.fragment(f.placement_fragment_id()).unwrap().tensor_id() == tensor)
             .unwrap()
             .address()
     };

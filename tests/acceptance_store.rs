@@ -18,19 +18,14 @@ mod model;
 use builders::*;
 use fake_store::*;
 use model::HostModel;
-use mooncake_weight_store::protocol::{
-    StaticGuard, TerminalState, UploadArgs, UploadReceipt, WeightStore,
-};
+use mooncake_weight_store::protocol::{StaticGuard, TerminalState, UploadArgs, UploadReceipt, WeightStore};
 use mooncake_weight_store::store::{ObjectStore, RecordType};
 use mooncake_weight_store::*;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 fn plan_keys(plan: &UploadPlan) -> BTreeSet<String> {
-    plan.operations()
-        .iter()
-        .map(|o| o.target().object_key().to_string())
-        .collect()
+    plan.operations().iter().map(|o| o.target().object_key().to_string()).collect()
 }
 
 fn payloads_present(fake: &FakeStore, plan: &UploadPlan) -> usize {
@@ -42,9 +37,7 @@ fn setup(dp: u64, tpn: u64, tx: &str) -> (Arc<FakeStore>, WeightStore, HostModel
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(dp, tpn, 1));
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts(tx))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts(tx)).unwrap();
     (fake, ws, src, plan)
 }
 
@@ -55,10 +48,7 @@ fn upload_one(
     i: usize,
     guard: &dyn protocol::GuardProvider,
 ) -> Result<Vec<UploadReceipt>> {
-    let args = UploadArgs {
-        guard: Some(guard),
-        ..Default::default()
-    };
+    let args = UploadArgs { guard: Some(guard), ..Default::default() };
     // SAFETY: the model's buffers outlive the call and are not written.
     unsafe { ws.upload(plan, &src.placement, &src.bindings[i], args) }
 }
@@ -84,10 +74,7 @@ fn acc_115_upload_deduplicates_dp_and_commits_manifest_last() {
     for k in plan_keys(&plan) {
         assert_eq!(fake.inner.group_of(&k).unwrap().0, m.group_id());
     }
-    assert_eq!(
-        fake.inner.group_of(m.manifest_key()).unwrap().0,
-        m.group_id()
-    );
+    assert_eq!(fake.inner.group_of(m.manifest_key()).unwrap().0, m.group_id());
     let decision_group = fake.inner.group_of(plan.control_key()).unwrap().0;
     assert_eq!(decision_group, plan.transaction_group_id());
     assert_ne!(decision_group, m.group_id());
@@ -123,14 +110,8 @@ fn acc_117_weight_group_objects_are_typed() {
     for k in plan_keys(&plan) {
         assert_eq!(fake.inner.group_of(&k).unwrap().1, RecordType::Payload);
     }
-    assert_eq!(
-        fake.inner.group_of(m.manifest_key()).unwrap().1,
-        RecordType::Metadata
-    );
-    assert_eq!(
-        fake.inner.group_of(plan.control_key()).unwrap().1,
-        RecordType::Metadata
-    );
+    assert_eq!(fake.inner.group_of(m.manifest_key()).unwrap().1, RecordType::Metadata);
+    assert_eq!(fake.inner.group_of(plan.control_key()).unwrap().1, RecordType::Metadata);
     for c in fake.calls() {
         match c {
             Call::BatchPut(_, t, _) => assert_eq!(t, RecordType::Payload),
@@ -154,9 +135,7 @@ fn acc_119_payload_completion_queries_are_bounded() {
     let fake = FakeStore::new();
     let ws = ws_limited(&fake, 1, 64 << 20);
     let src = source(s_placement(1, 2, 1));
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx119"))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx119")).unwrap();
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     fake.clear_log();
     ws.commit(&plan, &receipts, None).unwrap();
@@ -165,9 +144,7 @@ fn acc_119_payload_completion_queries_are_bounded() {
 
 /// One participant with four 8-byte tensors.
 fn four_tensor_placement() -> Placement {
-    let ts: Vec<TensorDescriptor> = (0..4)
-        .map(|i| tensor(&format!("t{i}"), &[8], 1, &[]))
-        .collect();
+    let ts: Vec<TensorDescriptor> = (0..4).map(|i| tensor(&format!("t{i}"), &[8], 1, &[])).collect();
     let fs = ts.iter().map(|t| whole(t, tp(0))).collect();
     flat(topo(1, 1, 1, 1, &[tp(0)]), ts, fs).unwrap()
 }
@@ -177,18 +154,12 @@ fn acc_120_upload_batches_payload_puts_by_range_limit() {
     let fake = FakeStore::new();
     let ws = ws_limited(&fake, 2, 64 << 20);
     let src = source(four_tensor_placement());
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx120"))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx120")).unwrap();
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     let batches = fake.put_batches();
     assert!(batches.iter().all(|b| b.len() <= 2), "{batches:?}");
     let keys: Vec<String> = batches.concat();
-    let planned: Vec<String> = plan
-        .operations()
-        .iter()
-        .map(|o| o.target().object_key().to_string())
-        .collect();
+    let planned: Vec<String> = plan.operations().iter().map(|o| o.target().object_key().to_string()).collect();
     assert_eq!(keys, planned);
     let got: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
     assert_eq!(got, planned);
@@ -200,17 +171,9 @@ fn acc_121_upload_routes_shared_worker_operations_by_participant() {
     src.bindings = src
         .bindings
         .iter()
-        .map(|b| {
-            rebind(
-                b,
-                |s| s.instance_id = "shared-instance".into(),
-                |f| f.worker_id = "shared-worker".into(),
-            )
-        })
+        .map(|b| rebind(b, |s| s.instance_id = "shared-instance".into(), |f| f.worker_id = "shared-worker".into()))
         .collect();
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx121"))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx121")).unwrap();
     let mut total = 0;
     for (i, b) in src.bindings.iter().enumerate() {
         let r = upload_one(&ws, &plan, &src, i, &StaticGuard).unwrap();
@@ -255,19 +218,11 @@ fn acc_122_payload_failure_does_not_publish_manifest() {
 fn acc_123_upload_surfaces_whole_batch_failures() {
     let (fake, ws, src, plan) = setup(1, 1, "tx123");
     fake.with_faults(|f| f.batch_put_scalar = Some("-17".into()));
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "batch_put_from failed",
-    );
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "batch_put_from failed");
     assert!(e.message().contains("-17"), "{e}");
     let (fake, ws, src, plan) = setup(1, 1, "tx123b");
     fake.with_faults(|f| f.batch_exists_scalar = Some("-18".into()));
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "existence check failed",
-    );
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "existence check failed");
     assert!(e.message().contains("-18"), "{e}");
 }
 
@@ -290,10 +245,7 @@ fn acc_124_finalize_keeps_committed_revision() {
 fn acc_125_commit_rejects_incomplete_receipts() {
     let (fake, ws, src, plan) = setup(1, 2, "tx125");
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
-    expect_invalid(
-        ws.commit(&plan, &receipts[..1], None),
-        "missing upload receipts",
-    );
+    expect_invalid(ws.commit(&plan, &receipts[..1], None), "missing upload receipts");
     assert!(!fake.has(plan.manifest().manifest_key()));
 }
 
@@ -302,16 +254,9 @@ fn acc_126_commit_rechecks_every_payload() {
     let (fake, ws, src, plan) = setup(1, 2, "tx126");
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     fake.inner.remove(&receipts[0].object_key).unwrap();
-    expect_err(
-        ws.commit(&plan, &receipts, None),
-        ErrorKind::Store,
-        "payload is not complete",
-    );
+    expect_err(ws.commit(&plan, &receipts, None), ErrorKind::Store, "payload is not complete");
     assert!(!fake.has(plan.manifest().manifest_key()));
-    assert!(
-        ws.read_decision(&plan).unwrap().is_none(),
-        "no commit decision was recorded"
-    );
+    assert!(ws.read_decision(&plan).unwrap().is_none(), "no commit decision was recorded");
     ws.abort_upload(&plan, &receipts).unwrap();
     assert_eq!(payloads_present(&fake, &plan), 0);
 }
@@ -333,11 +278,7 @@ fn acc_128_abort_does_not_delete_while_decision_is_processing() {
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     fake.fault_put(plan.control_key(), PutFault::Invisible(1), 1);
     fake.clear_log();
-    expect_err(
-        ws.abort_upload(&plan, &receipts),
-        ErrorKind::Store,
-        "not complete",
-    );
+    expect_err(ws.abort_upload(&plan, &receipts), ErrorKind::Store, "not complete");
     assert_eq!(payloads_present(&fake, &plan), 2);
     assert!(fake.removes().is_empty());
 }
@@ -347,16 +288,8 @@ fn acc_129_abort_loses_after_commit_claims_plan() {
     let (fake, ws, src, plan) = setup(1, 2, "tx129");
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     fake.fault_put(plan.manifest().manifest_key(), PutFault::Invisible(2), 1);
-    expect_err(
-        ws.commit(&plan, &receipts, None),
-        ErrorKind::Store,
-        "manifest put failed",
-    );
-    expect_err(
-        ws.abort_upload(&plan, &receipts),
-        ErrorKind::Conflict,
-        "already chose commit",
-    );
+    expect_err(ws.commit(&plan, &receipts, None), ErrorKind::Store, "manifest put failed");
+    expect_err(ws.abort_upload(&plan, &receipts), ErrorKind::Conflict, "already chose commit");
     assert_eq!(payloads_present(&fake, &plan), 2);
 }
 
@@ -367,11 +300,7 @@ fn acc_130_upload_fails_and_cleans_up_when_abort_wins_after_complete_check() {
     fake.hook(Trigger::AfterBatchExists("/payload/".into()), move || {
         WeightStore::new(f2).abort_upload(&p2, &[]).unwrap();
     });
-    expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Conflict,
-        "already chose abort",
-    );
+    expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Conflict, "already chose abort");
     assert_eq!(payloads_present(&fake, &plan), 0);
 }
 
@@ -386,23 +315,11 @@ fn acc_131_commit_is_idempotent() {
 }
 
 /// Winner and loser plans of one source; both uploaded, the winner committed.
-fn winner_and_loser(
-    fake: &Arc<FakeStore>,
-) -> (
-    WeightStore,
-    HostModel,
-    UploadPlan,
-    UploadPlan,
-    Vec<UploadReceipt>,
-) {
+fn winner_and_loser(fake: &Arc<FakeStore>) -> (WeightStore, HostModel, UploadPlan, UploadPlan, Vec<UploadReceipt>) {
     let ws = ws(fake);
     let src = source(s_placement(1, 2, 1));
-    let winner = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("winner"))
-        .unwrap();
-    let loser = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("loser"))
-        .unwrap();
+    let winner = ws.plan_upload(&src.placement, &src.bindings, &opts("winner")).unwrap();
+    let loser = ws.plan_upload(&src.placement, &src.bindings, &opts("loser")).unwrap();
     let rw = upload_all(&ws, &winner, &src, &StaticGuard).unwrap();
     let rl = upload_all(&ws, &loser, &src, &StaticGuard).unwrap();
     ws.commit(&winner, &rw, None).unwrap();
@@ -420,15 +337,8 @@ fn winner_loads(ws: &WeightStore, m: &StoredManifest) {
 fn acc_132_commit_conflict_keeps_winner_and_cleans_loser_payloads() {
     let fake = FakeStore::new();
     let (ws, _src, winner, loser, rl) = winner_and_loser(&fake);
-    expect_err(
-        ws.commit(&loser, &rl, None),
-        ErrorKind::Conflict,
-        "conflicting weight revision",
-    );
-    assert_eq!(
-        ws.load_manifest(winner.manifest().manifest_key()).unwrap(),
-        *winner.manifest()
-    );
+    expect_err(ws.commit(&loser, &rl, None), ErrorKind::Conflict, "conflicting weight revision");
+    assert_eq!(ws.load_manifest(winner.manifest().manifest_key()).unwrap(), *winner.manifest());
     winner_loads(&ws, winner.manifest());
     assert_eq!(payloads_present(&fake, &loser), 0);
     let removed: BTreeSet<String> = fake.removes().into_iter().collect();
@@ -439,18 +349,11 @@ fn acc_132_commit_conflict_keeps_winner_and_cleans_loser_payloads() {
 fn acc_133_finalize_conflicting_commit_keeps_terminal_decision() {
     let fake = FakeStore::new();
     let (ws, _src, winner, loser, rl) = winner_and_loser(&fake);
-    expect_err(
-        ws.commit(&loser, &rl, None),
-        ErrorKind::Conflict,
-        "conflicting weight revision",
-    );
+    expect_err(ws.commit(&loser, &rl, None), ErrorKind::Conflict, "conflicting weight revision");
     assert!(fake.has(loser.control_key()));
     ws.finalize(&loser).unwrap();
     assert!(fake.has(loser.control_key()));
-    assert_eq!(
-        ws.load_manifest(winner.manifest().manifest_key()).unwrap(),
-        *winner.manifest()
-    );
+    assert_eq!(ws.load_manifest(winner.manifest().manifest_key()).unwrap(), *winner.manifest());
     assert_eq!(payloads_present(&fake, &winner), 2);
 }
 
@@ -460,9 +363,7 @@ fn acc_134_conflict_cleanup_preserves_payloads_referenced_by_winner() {
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     let mut other_opts = opts("tx134");
     other_opts.created_at = Some("1999-12-31T23:59:59Z".into());
-    let other = ws
-        .plan_upload(&src.placement, &src.bindings, &other_opts)
-        .unwrap();
+    let other = ws.plan_upload(&src.placement, &src.bindings, &other_opts).unwrap();
     assert_eq!(plan_keys(&other), plan_keys(&plan));
     assert_ne!(other.manifest(), plan.manifest());
     fake.inner
@@ -475,18 +376,11 @@ fn acc_134_conflict_cleanup_preserves_payloads_referenced_by_winner() {
             },
         )
         .unwrap();
-    expect_err(
-        ws.commit(&plan, &receipts, None),
-        ErrorKind::Conflict,
-        "conflicting weight revision",
-    );
+    expect_err(ws.commit(&plan, &receipts, None), ErrorKind::Conflict, "conflicting weight revision");
     ws.finalize(&plan).unwrap();
     assert_eq!(payloads_present(&fake, &plan), 2);
     assert!(fake.has(plan.control_key()));
-    assert_eq!(
-        ws.load_manifest(plan.manifest().manifest_key()).unwrap(),
-        *other.manifest()
-    );
+    assert_eq!(ws.load_manifest(plan.manifest().manifest_key()).unwrap(), *other.manifest());
 }
 
 use mooncake_weight_store::store;
@@ -510,16 +404,8 @@ fn acc_136_abort_finalize_rejects_late_upload_and_commit() {
     let (fake, ws, src, plan) = setup(1, 2, "tx136");
     ws.abort_upload(&plan, &[]).unwrap();
     ws.finalize(&plan).unwrap();
-    expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Conflict,
-        "already chose abort",
-    );
-    expect_err(
-        ws.commit(&plan, &UploadReceipt::all_for(&plan), None),
-        ErrorKind::Conflict,
-        "already chose abort",
-    );
+    expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Conflict, "already chose abort");
+    expect_err(ws.commit(&plan, &UploadReceipt::all_for(&plan), None), ErrorKind::Conflict, "already chose abort");
     assert!(!fake.has(plan.manifest().manifest_key()));
     assert_eq!(payloads_present(&fake, &plan), 0);
     assert!(fake.has(plan.control_key()));
@@ -530,11 +416,7 @@ fn acc_137_abort_checks_ready_manifest_when_decision_was_lost() {
     let (fake, ws, src, _) = setup(1, 2, "tx137");
     let (plan, m) = snapshot(&ws, &src, "tx137");
     fake.inner.remove(plan.control_key()).unwrap();
-    expect_err(
-        ws.abort_upload(&plan, &[]),
-        ErrorKind::Conflict,
-        "published weight revision",
-    );
+    expect_err(ws.abort_upload(&plan, &[]), ErrorKind::Conflict, "published weight revision");
     assert!(fake.has(m.manifest_key()));
     assert_eq!(payloads_present(&fake, &plan), 2);
 }
@@ -544,30 +426,16 @@ fn acc_138_commit_detects_concurrent_winner_after_manifest_preflight() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 1));
-    let winner = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("winner"))
-        .unwrap();
-    let loser = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("loser"))
-        .unwrap();
+    let winner = ws.plan_upload(&src.placement, &src.bindings, &opts("winner")).unwrap();
+    let loser = ws.plan_upload(&src.placement, &src.bindings, &opts("loser")).unwrap();
     let rw = upload_all(&ws, &winner, &src, &StaticGuard).unwrap();
     let rl = upload_all(&ws, &loser, &src, &StaticGuard).unwrap();
     let (f2, w2) = (fake.clone(), winner.clone());
-    fake.hook(
-        Trigger::BeforePut(loser.manifest().manifest_key().into()),
-        move || {
-            WeightStore::new(f2).commit(&w2, &rw, None).unwrap();
-        },
-    );
-    expect_err(
-        ws.commit(&loser, &rl, None),
-        ErrorKind::Conflict,
-        "conflicting weight revision",
-    );
-    assert_eq!(
-        ws.load_manifest(winner.manifest().manifest_key()).unwrap(),
-        *winner.manifest()
-    );
+    fake.hook(Trigger::BeforePut(loser.manifest().manifest_key().into()), move || {
+        WeightStore::new(f2).commit(&w2, &rw, None).unwrap();
+    });
+    expect_err(ws.commit(&loser, &rl, None), ErrorKind::Conflict, "conflicting weight revision");
+    assert_eq!(ws.load_manifest(winner.manifest().manifest_key()).unwrap(), *winner.manifest());
     assert_eq!(payloads_present(&fake, &winner), 2);
     assert_eq!(payloads_present(&fake, &loser), 0);
     winner_loads(&ws, winner.manifest());
@@ -589,16 +457,8 @@ fn acc_139_commit_rejects_duplicate_or_forged_receipts() {
 fn acc_140_manifest_put_failure_keeps_payloads_for_retry() {
     let (fake, ws, src, plan) = setup(1, 2, "tx140");
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
-    fake.fault_put(
-        plan.manifest().manifest_key(),
-        PutFault::Fail("-1".into()),
-        1,
-    );
-    let e = expect_err(
-        ws.commit(&plan, &receipts, None),
-        ErrorKind::Store,
-        "manifest put failed",
-    );
+    fake.fault_put(plan.manifest().manifest_key(), PutFault::Fail("-1".into()), 1);
+    let e = expect_err(ws.commit(&plan, &receipts, None), ErrorKind::Store, "manifest put failed");
     assert!(e.message().contains("-1"), "{e}");
     assert_eq!(payloads_present(&fake, &plan), 2);
     assert!(!fake.has(plan.manifest().manifest_key()));
@@ -609,16 +469,9 @@ fn acc_140_manifest_put_failure_keeps_payloads_for_retry() {
 fn acc_141_commit_recovers_when_manifest_response_is_lost() {
     let (fake, ws, src, plan) = setup(1, 2, "tx141");
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
-    fake.fault_put(
-        plan.manifest().manifest_key(),
-        PutFault::FailAfterWrite("-1".into()),
-        1,
-    );
+    fake.fault_put(plan.manifest().manifest_key(), PutFault::FailAfterWrite("-1".into()), 1);
     assert_eq!(ws.commit(&plan, &receipts, None).unwrap(), *plan.manifest());
-    assert_eq!(
-        ws.load_manifest(plan.manifest().manifest_key()).unwrap(),
-        *plan.manifest()
-    );
+    assert_eq!(ws.load_manifest(plan.manifest().manifest_key()).unwrap(), *plan.manifest());
     assert_eq!(payloads_present(&fake, &plan), 2);
 }
 
@@ -630,11 +483,7 @@ fn acc_141_commit_recovers_when_manifest_response_is_lost() {
 fn acc_142_register_failure_is_not_already_registered() {
     let (fake, ws, src, plan) = setup(1, 1, "tx142");
     fake.with_faults(|f| f.register_status = Some("-600".into()));
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "register_buffer failed",
-    );
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "register_buffer failed");
     assert!(e.message().contains("-600"));
     assert!(fake.put_batches().is_empty());
 }
@@ -652,39 +501,20 @@ fn acc_143_registration_deduplicates_exact_aliases() {
         .unwrap()
     };
     let (fe, fh) = (mk_f(&te), mk_f(&th));
-    let p = flat(
-        topo(1, 1, 1, 1, &[tp(0)]),
-        vec![te, th],
-        vec![fe.clone(), fh.clone()],
-    )
-    .unwrap();
+    let p = flat(topo(1, 1, 1, 1, &[tp(0)]), vec![te, th], vec![fe.clone(), fh.clone()]).unwrap();
     let buf: Vec<u8> = (0..8).collect();
     let addr = buf.as_ptr() as u64;
     let frags = [(&fe, "rt-e"), (&fh, "rt-h")]
         .iter()
         .map(|(f, id)| {
-            RuntimeFragment::new(rt_spec(
-                f.placement_fragment_id(),
-                id,
-                addr,
-                8,
-                "worker-0",
-                &[8],
-                1,
-            ))
-            .unwrap()
+            RuntimeFragment::new(rt_spec(f.placement_fragment_id(), id, addr, 8, "worker-0", &[8], 1)).unwrap()
         })
         .collect();
     let b = RuntimeBinding::new(binding_spec(&p, &pid(tp(0)), "inst", 1, frags)).unwrap();
     let fake = FakeStore::new();
     let ws = ws(&fake);
-    let plan = ws
-        .plan_upload(&p, std::slice::from_ref(&b), &opts("tx143"))
-        .unwrap();
-    let args = UploadArgs {
-        guard: Some(&StaticGuard),
-        ..Default::default()
-    };
+    let plan = ws.plan_upload(&p, std::slice::from_ref(&b), &opts("tx143")).unwrap();
+    let args = UploadArgs { guard: Some(&StaticGuard), ..Default::default() };
     // SAFETY: `buf` outlives the call and is not written.
     let r = unsafe { ws.upload(&plan, &p, &b, args) }.unwrap();
     assert!(!r.is_empty());
@@ -694,9 +524,7 @@ fn acc_143_registration_deduplicates_exact_aliases() {
 
 /// One participant with 2 tensors (two buffers).
 fn two_buffer_source() -> HostModel {
-    let ts: Vec<TensorDescriptor> = (0..2)
-        .map(|i| tensor(&format!("t{i}"), &[8], 1, &[]))
-        .collect();
+    let ts: Vec<TensorDescriptor> = (0..2).map(|i| tensor(&format!("t{i}"), &[8], 1, &[])).collect();
     let fs = ts.iter().map(|t| whole(t, tp(0))).collect();
     source(flat(topo(1, 1, 1, 1, &[tp(0)]), ts, fs).unwrap())
 }
@@ -706,16 +534,10 @@ fn acc_144_upload_unregisters_every_buffer_without_deleting_payloads() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = two_buffer_source();
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx144"))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx144")).unwrap();
     let first = src.bindings[0].fragments()[0].address();
     fake.with_faults(|f| f.unregister_status.insert(first, "-9".into()));
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "unregister_buffer failed",
-    );
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "unregister_buffer failed");
     assert!(e.message().contains("-9"));
     assert_eq!(fake.registrations().len(), 2);
     assert_eq!(fake.unregistrations().len(), 2);
@@ -728,21 +550,11 @@ fn acc_145_unregister_failure_does_not_mask_payload_failure() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = two_buffer_source();
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx145"))
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx145")).unwrap();
     let first = src.bindings[0].fragments()[0].address();
     fake.with_faults(|f| f.unregister_status.insert(first, "-9".into()));
-    fake.fault_put(
-        plan.operations()[1].target().object_key(),
-        PutFault::Fail("-1".into()),
-        1,
-    );
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "batch_put_from failed",
-    );
+    fake.fault_put(plan.operations()[1].target().object_key(), PutFault::Fail("-1".into()), 1);
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "batch_put_from failed");
     assert!(e.message().contains("unregister_buffer failed"), "{e}");
     assert_eq!(fake.unregistrations().len(), 2);
     assert!(fake.has(plan.operations()[0].target().object_key()));
@@ -754,31 +566,15 @@ fn acc_146_unregister_attempts_every_buffer_in_reverse_order() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = two_buffer_source();
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx146"))
-        .unwrap();
-    let (a, b) = (
-        src.bindings[0].fragments()[0].address(),
-        src.bindings[0].fragments()[1].address(),
-    );
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts("tx146")).unwrap();
+    let (a, b) = (src.bindings[0].fragments()[0].address(), src.bindings[0].fragments()[1].address());
     fake.with_faults(|f| {
         f.unregister_status.insert(a, "unregister exploded".into());
         f.unregister_status.insert(b, "-9".into());
     });
-    fake.fault_put(
-        plan.operations()[1].target().object_key(),
-        PutFault::Fail("-1".into()),
-        1,
-    );
-    let e = expect_err(
-        upload_all(&ws, &plan, &src, &StaticGuard),
-        ErrorKind::Store,
-        "batch_put_from failed",
-    );
-    assert!(
-        e.message().contains("unregister exploded") && e.message().contains("-9"),
-        "{e}"
-    );
+    fake.fault_put(plan.operations()[1].target().object_key(), PutFault::Fail("-1".into()), 1);
+    let e = expect_err(upload_all(&ws, &plan, &src, &StaticGuard), ErrorKind::Store, "batch_put_from failed");
+    assert!(e.message().contains("unregister exploded") && e.message().contains("-9"), "{e}");
     let regs: Vec<u64> = fake.registrations().iter().map(|r| r.0).collect();
     let mut rev = regs.clone();
     rev.reverse();
@@ -812,22 +608,12 @@ fn acc_149_quarantines_pin_until_unregister_cleanup_succeeds() {
     let guard = RecordingGuard::default();
     let addr = src.bindings[0].fragments()[0].address();
     fake.with_faults(|f| f.unregister_status.insert(addr, "-9".into()));
-    expect_err(
-        upload_all(&ws, &plan, &src, &guard),
-        ErrorKind::Store,
-        "allocation lifetime is quarantined",
-    );
+    expect_err(upload_all(&ws, &plan, &src, &guard), ErrorKind::Store, "allocation lifetime is quarantined");
     assert!(guard.released().is_empty());
     let pending = ws.pending_registration_ids();
     assert_eq!(pending.len(), 1);
-    let other = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("tx149b"))
-        .unwrap();
-    expect_err(
-        upload_all(&ws, &other, &src, &guard),
-        ErrorKind::Store,
-        "blocked by pending registration",
-    );
+    let other = ws.plan_upload(&src.placement, &src.bindings, &opts("tx149b")).unwrap();
+    expect_err(upload_all(&ws, &other, &src, &guard), ErrorKind::Store, "blocked by pending registration");
     fake.with_faults(|f| f.unregister_status.clear());
     ws.drain_pending_registration(&pending[0]).unwrap();
     assert_eq!(guard.released(), vec![TerminalState::Completed]);
@@ -860,22 +646,14 @@ fn acc_152_cleanup_failure_quarantines_and_drains_once() {
     let guard = RecordingGuard::default();
     let addr = dst.bindings[0].fragments()[0].address();
     fake.with_faults(|f| f.unregister_status.insert(addr, "-9".into()));
-    expect_err(
-        load_all(&ws, &plan, &dst, &guard),
-        ErrorKind::Store,
-        "allocation lifetime is quarantined",
-    );
+    expect_err(load_all(&ws, &plan, &dst, &guard), ErrorKind::Store, "allocation lifetime is quarantined");
     assert!(guard.released().is_empty());
     let pending = ws.pending_registration_ids();
     assert_eq!(pending.len(), 1);
     fake.with_faults(|f| f.unregister_status.clear());
     ws.drain_pending_registration(&pending[0]).unwrap();
     assert_eq!(guard.released(), vec![TerminalState::Completed]);
-    expect_err(
-        ws.drain_pending_registration(&pending[0]),
-        ErrorKind::NotFound,
-        "does not exist",
-    );
+    expect_err(ws.drain_pending_registration(&pending[0]), ErrorKind::NotFound, "does not exist");
     assert_eq!(guard.released().len(), 1);
     assert!(fake.still_registered().is_empty());
 }

@@ -29,13 +29,8 @@ fn acc_101_selects_one_complete_generation_consistent_dp_replica() {
     let fragments: Vec<&StoredFragment> = plan.manifest().fragments().iter().collect();
     assert_eq!(targets, fragments);
     assert!(plan.manifest().group_id().ends_with("/1"));
-    assert_eq!(
-        plan.control_key(),
-        format!("{}/decision", plan.transaction_group_id())
-    );
-    assert!(plan
-        .transaction_group_id()
-        .starts_with(&format!("{}/transactions/", plan.manifest().group_id())));
+    assert_eq!(plan.control_key(), format!("{}/decision", plan.transaction_group_id()));
+    assert!(plan.transaction_group_id().starts_with(&format!("{}/transactions/", plan.manifest().group_id())));
     assert_eq!(plan.source_placement_id(), p.placement_id());
     assert_eq!(plan.source_placement_digest(), p.digest());
 }
@@ -103,10 +98,7 @@ fn acc_106_generations_have_disjoint_store_identity() {
     };
     assert!(keys(a).is_disjoint(&keys(b)));
     assert_ne!(a.manifest(), b.manifest());
-    assert_ne!(
-        a.manifest().manifest_digest(),
-        b.manifest().manifest_digest()
-    );
+    assert_ne!(a.manifest().manifest_digest(), b.manifest().manifest_digest());
     assert_eq!(a.manifest().weight_generation(), 17);
     assert_eq!(b.manifest().weight_generation(), 18);
     assert_ne!(p17.placement_id(), p18.placement_id());
@@ -122,23 +114,10 @@ fn acc_107_tp_pp_and_ep_ownership_are_preserved() {
     let p = flat_with(&s_ids(1), topo(1, 4, 3, 2, &ranks), vec![t], fs).unwrap();
     let plan = plan(&p, &bind_all(&p, &|_| 1)).unwrap();
     assert_eq!(plan.operations().len(), 2);
-    let ranks: Vec<ParallelRank> = plan
-        .operations()
-        .iter()
-        .map(|o| o.source_placement().rank())
-        .collect();
-    assert_eq!(
-        ranks.iter().map(|r| r.tp).collect::<BTreeSet<_>>(),
-        BTreeSet::from([0, 1])
-    );
-    assert_eq!(
-        ranks.iter().map(|r| r.pp).collect::<BTreeSet<_>>(),
-        BTreeSet::from([3])
-    );
-    assert_eq!(
-        ranks.iter().map(|r| r.ep).collect::<BTreeSet<_>>(),
-        BTreeSet::from([2])
-    );
+    let ranks: Vec<ParallelRank> = plan.operations().iter().map(|o| o.source_placement().rank()).collect();
+    assert_eq!(ranks.iter().map(|r| r.tp).collect::<BTreeSet<_>>(), BTreeSet::from([0, 1]));
+    assert_eq!(ranks.iter().map(|r| r.pp).collect::<BTreeSet<_>>(), BTreeSet::from([3]));
+    assert_eq!(ranks.iter().map(|r| r.ep).collect::<BTreeSet<_>>(), BTreeSet::from([2]));
 }
 
 #[test]
@@ -149,10 +128,7 @@ fn acc_108_plan_keeps_no_framework_allocation_owner() {
     let owner = std::sync::Arc::new(vec![0u8; 8]);
     let (plan, addresses) = {
         let (p, bindings) = s_source(1, 2, &|_| 1);
-        let addresses: Vec<u64> = bindings
-            .iter()
-            .flat_map(|b| b.fragments().iter().map(|f| f.address()))
-            .collect();
+        let addresses: Vec<u64> = bindings.iter().flat_map(|b| b.fragments().iter().map(|f| f.address())).collect();
         let plan = plan(&p, &bindings).unwrap();
         drop(bindings);
         drop(p);
@@ -160,16 +136,9 @@ fn acc_108_plan_keeps_no_framework_allocation_owner() {
     };
     assert_eq!(std::sync::Arc::strong_count(&owner), 1);
     drop(owner);
-    let planned: Vec<u64> = plan
-        .operations()
-        .iter()
-        .map(|o| o.source_snapshot().address())
-        .collect();
+    let planned: Vec<u64> = plan.operations().iter().map(|o| o.source_snapshot().address()).collect();
     assert_eq!(planned, addresses);
-    assert_eq!(
-        plan.operations()[0].source_snapshot().runtime().worker_id(),
-        "worker-dp0-pp0-ep0-tp0"
-    );
+    assert_eq!(plan.operations()[0].source_snapshot().runtime().worker_id(), "worker-dp0-pp0-ep0-tp0");
 }
 
 #[test]
@@ -183,11 +152,7 @@ fn acc_109_payload_outside_the_transaction_is_refused() {
             tensor_id: f.tensor_id().into(),
             global_offset: f.global_offset().to_vec(),
             local_shape: f.local_shape().to_vec(),
-            object_key: format!(
-                "{}/payload/other-transaction/{}",
-                m.group_id(),
-                f.fragment_id()
-            ),
+            object_key: format!("{}/payload/other-transaction/{}", m.group_id(), f.fragment_id()),
             object_offset: 0,
             nbytes: f.nbytes(),
             aliases: f.aliases().to_vec(),
@@ -249,13 +214,7 @@ fn acc_109_payload_outside_the_transaction_is_refused() {
 fn acc_110_empty_participant_needs_no_binding() {
     let t = s_tensor();
     let ranks = [rank(0, 0, 0, 0), rank(0, 1, 0, 0)];
-    let p = flat_with(
-        &s_ids(1),
-        topo(1, 2, 1, 1, &ranks),
-        vec![t.clone()],
-        vec![whole(&t, ranks[0])],
-    )
-    .unwrap();
+    let p = flat_with(&s_ids(1), topo(1, 2, 1, 1, &ranks), vec![t.clone()], vec![whole(&t, ranks[0])]).unwrap();
     let bindings = bind_all(&p, &|_| 1);
     assert_eq!(bindings.len(), 1);
     assert_eq!(plan(&p, &bindings).unwrap().operations().len(), 1);
@@ -263,29 +222,15 @@ fn acc_110_empty_participant_needs_no_binding() {
 
 #[test]
 fn acc_111_missing_nonempty_participant_binding_is_refused() {
-    let a = TensorDescriptor::new(TensorSpec {
-        tensor_id: "layers.0.w".into(),
-        ..s_tensor_spec()
-    })
-    .unwrap();
-    let b = TensorDescriptor::new(TensorSpec {
-        tensor_id: "layers.1.w".into(),
-        ..s_tensor_spec()
-    })
-    .unwrap();
+    let a = TensorDescriptor::new(TensorSpec { tensor_id: "layers.0.w".into(), ..s_tensor_spec() }).unwrap();
+    let b = TensorDescriptor::new(TensorSpec { tensor_id: "layers.1.w".into(), ..s_tensor_spec() }).unwrap();
     let ranks = [rank(0, 0, 0, 0), rank(0, 1, 0, 0)];
     let fs = vec![whole(&a, ranks[0]), whole(&b, ranks[1])];
     let p = flat_with(&s_ids(1), topo(1, 2, 1, 1, &ranks), vec![a, b], fs).unwrap();
     let only_pp0 = vec![bind_part(&p, &pid(ranks[0]), 1, 0x1000)];
-    expect_invalid(
-        plan(&p, &only_pp0),
-        "no complete generation-consistent DP replica",
-    );
+    expect_invalid(plan(&p, &only_pp0), "no complete generation-consistent DP replica");
     // With both bound it plans.
-    let both = vec![
-        bind_part(&p, &pid(ranks[0]), 1, 0x1000),
-        bind_part(&p, &pid(ranks[1]), 1, 0x1000),
-    ];
+    let both = vec![bind_part(&p, &pid(ranks[0]), 1, 0x1000), bind_part(&p, &pid(ranks[1]), 1, 0x1000)];
     assert_eq!(plan(&p, &both).unwrap().operations().len(), 2);
 }
 
@@ -296,26 +241,13 @@ fn acc_112_dp_replicas_are_deduplicated() {
     let (p, bindings) = s_source(2, 2, &|_| 1);
     let plan = plan(&p, &bindings).unwrap();
     assert_eq!(plan.operations().len(), 2);
-    assert!(plan
-        .operations()
-        .iter()
-        .all(|o| o.source_placement().rank().dp == 0));
-    let tps: Vec<u64> = plan
-        .operations()
-        .iter()
-        .map(|o| o.source_placement().rank().tp)
-        .collect();
+    assert!(plan.operations().iter().all(|o| o.source_placement().rank().dp == 0));
+    let tps: Vec<u64> = plan.operations().iter().map(|o| o.source_placement().rank().tp).collect();
     assert_eq!(tps, [0, 1]);
     // Binding dp 1 only selects dp 1.
-    let dp1: Vec<RuntimeBinding> = bindings
-        .into_iter()
-        .filter(|b| b.participant_id().starts_with("dp1"))
-        .collect();
+    let dp1: Vec<RuntimeBinding> = bindings.into_iter().filter(|b| b.participant_id().starts_with("dp1")).collect();
     let plan = plan_upload(&p, &dp1, &UploadOptions::default()).unwrap();
-    assert!(plan
-        .operations()
-        .iter()
-        .all(|o| o.source_placement().rank().dp == 1));
+    assert!(plan.operations().iter().all(|o| o.source_placement().rank().dp == 1));
 }
 
 #[test]
@@ -323,11 +255,7 @@ fn acc_113_expert_boxes_are_kept() {
     let (p, bindings) = m_source();
     let plan = plan(&p, &bindings).unwrap();
     assert_eq!(plan.operations().len(), 4);
-    let keys: BTreeSet<&str> = plan
-        .operations()
-        .iter()
-        .map(|o| o.target().object_key())
-        .collect();
+    let keys: BTreeSet<&str> = plan.operations().iter().map(|o| o.target().object_key()).collect();
     assert_eq!(keys.len(), 4);
     for (r, op) in plan.operations().iter().enumerate() {
         assert_eq!(op.target().global_offset(), &[r as u64, 0, 0]);
@@ -335,10 +263,7 @@ fn acc_113_expert_boxes_are_kept() {
         assert_eq!(op.source_placement().rank().ep, r as u64);
     }
     assert_eq!(plan.manifest().tensors()[0].shard_dims(), &[0]);
-    assert_eq!(
-        plan.manifest().fragments()[1].fragment_id(),
-        "4469de153fb6cdc02d5e7a34"
-    );
+    assert_eq!(plan.manifest().fragments()[1].fragment_id(), "4469de153fb6cdc02d5e7a34");
 }
 
 #[test]
@@ -346,21 +271,14 @@ fn acc_114_mixed_single_axis_descriptors_round_trip() {
     let big = m_tensor();
     let small = tensor("layers.0.experts.bias", &[4], 1, &[split(Ep, 0)]);
     let ranks: Vec<ParallelRank> = (0..4).map(|e| rank(0, 0, e, 0)).collect();
-    let fs = ranks
-        .iter()
-        .flat_map(|&r| [rows(&big, r.ep, 1, r), rows(&small, r.ep, 1, r)])
-        .collect();
+    let fs = ranks.iter().flat_map(|&r| [rows(&big, r.ep, 1, r), rows(&small, r.ep, 1, r)]).collect();
     let p = flat(topo(1, 1, 4, 1, &ranks), vec![big, small], fs).unwrap();
     let plan = plan(&p, &bind_all(&p, &|_| 1)).unwrap();
     let m = plan.manifest();
     assert_eq!(m.fragments().len(), 8);
     let back = StoredManifest::from_json(m.to_json().as_bytes()).unwrap();
     assert_eq!(&back, m);
-    let bias = back
-        .tensors()
-        .iter()
-        .find(|t| t.tensor_id() == "layers.0.experts.bias")
-        .unwrap();
+    let bias = back.tensors().iter().find(|t| t.tensor_id() == "layers.0.experts.bias").unwrap();
     assert_eq!(bias.shard_dims(), &[0]);
     assert_eq!(bias.global_shape(), &[4]);
 }

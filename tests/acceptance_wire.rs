@@ -24,38 +24,20 @@ fn acc_082_placement_round_trip_is_stable_and_address_free() {
     assert_eq!(back, p);
     assert_eq!(back.digest(), p.digest());
     assert_eq!(back.to_json(), text);
-    for forbidden in [
-        "address",
-        "endpoint",
-        "worker_id",
-        "instance_id",
-        "\"generation\":",
-        "lease_id",
-        "owner",
-    ] {
-        assert!(
-            !text.contains(forbidden),
-            "placement JSON contains {forbidden}"
-        );
+    for forbidden in ["address", "endpoint", "worker_id", "instance_id", "\"generation\":", "lease_id", "owner"] {
+        assert!(!text.contains(forbidden), "placement JSON contains {forbidden}");
     }
 }
 
 #[test]
 fn acc_083_pipeline_stage_is_canonical_and_round_trips() {
-    let f = PlacementFragment::new(PlacementFragmentSpec {
-        pipeline_stage_id: Some(3),
-        ..f_fragment_spec()
-    })
-    .unwrap();
+    let f = PlacementFragment::new(PlacementFragmentSpec { pipeline_stage_id: Some(3), ..f_fragment_spec() }).unwrap();
     let p = flat(f_topology(), vec![f_desc()], vec![f]).unwrap();
     let text = p.to_json();
     assert!(text.contains("\"pipeline_stage_id\":3"));
     let back = Placement::from_json(text.as_bytes()).unwrap();
     assert_eq!(back, p);
-    assert_eq!(
-        back.fragments().next().unwrap().pipeline_stage_id(),
-        Some(3)
-    );
+    assert_eq!(back.fragments().next().unwrap().pipeline_stage_id(), Some(3));
     assert_ne!(p.placement_id(), F_PLACEMENT_ID);
     assert!(!f_place().to_json().contains("pipeline_stage_id"));
 }
@@ -65,24 +47,9 @@ fn acc_084_digest_is_independent_of_inventory_order() {
     let a = tensor("a", &[8], 1, &[split(Tp, 0)]);
     let b = tensor("b", &[8], 1, &[repl(Tp)]);
     let ranks = [tp(0), tp(1)];
-    let fragments = vec![
-        rows(&a, 0, 4, tp(0)),
-        rows(&a, 4, 4, tp(1)),
-        whole(&b, tp(0)),
-        whole(&b, tp(1)),
-    ];
-    let forward = flat(
-        topo(1, 1, 1, 2, &ranks),
-        vec![a.clone(), b.clone()],
-        fragments.clone(),
-    )
-    .unwrap();
-    let reverse = flat(
-        topo(1, 1, 1, 2, &[tp(1), tp(0)]),
-        vec![b, a],
-        fragments.into_iter().rev().collect(),
-    )
-    .unwrap();
+    let fragments = vec![rows(&a, 0, 4, tp(0)), rows(&a, 4, 4, tp(1)), whole(&b, tp(0)), whole(&b, tp(1))];
+    let forward = flat(topo(1, 1, 1, 2, &ranks), vec![a.clone(), b.clone()], fragments.clone()).unwrap();
+    let reverse = flat(topo(1, 1, 1, 2, &[tp(1), tp(0)]), vec![b, a], fragments.into_iter().rev().collect()).unwrap();
     assert_eq!(forward, reverse);
     assert_eq!(forward.to_json(), reverse.to_json());
     assert_eq!(forward.digest(), reverse.digest());
@@ -94,12 +61,7 @@ fn acc_085_weight_generation_changes_placement_identity() {
     let (g1, g2) = (f_place_gen(1), f_place_gen(2));
     assert_ne!(g1.placement_id(), g2.placement_id());
     assert_ne!(g1.digest(), g2.digest());
-    assert_eq!(
-        Placement::from_json(g2.to_json().as_bytes())
-            .unwrap()
-            .weight_generation(),
-        2
-    );
+    assert_eq!(Placement::from_json(g2.to_json().as_bytes()).unwrap().weight_generation(), 2);
 }
 
 #[test]
@@ -117,13 +79,8 @@ fn acc_087_placement_json_top_level_is_strict() {
         }),
         "schema fields",
     );
-    expect_invalid(
-        edited_f_place(|v| v["future_semantics"] = json!(1)),
-        "schema fields",
-    );
-    let text = f_place()
-        .to_json()
-        .replace("\"resource_id\":\"model\"", "\"resource_id\":NaN");
+    expect_invalid(edited_f_place(|v| v["future_semantics"] = json!(1)), "schema fields");
+    let text = f_place().to_json().replace("\"resource_id\":\"model\"", "\"resource_id\":NaN");
     expect_invalid(Placement::from_json(text.as_bytes()), "non-finite");
 }
 
@@ -138,40 +95,20 @@ fn acc_088_placement_json_nested_schema_is_strict() {
         ("tensor +", |v| v["tensors"][0]["extra"] = json!(1)),
         ("topology -", |v| remove(&mut v["topology"], "tp_size")),
         ("topology +", |v| v["topology"]["extra"] = json!(1)),
-        ("participant -", |v| {
-            remove(&mut v["topology"]["participants"][0], "rank")
-        }),
-        ("participant +", |v| {
-            v["topology"]["participants"][0]["extra"] = json!(1)
-        }),
-        ("participant rank -", |v| {
-            remove(&mut v["topology"]["participants"][0]["rank"], "ep")
-        }),
-        ("participant rank +", |v| {
-            v["topology"]["participants"][0]["rank"]["xp"] = json!(0)
-        }),
-        ("axis -", |v| {
-            remove(&mut v["tensors"][0]["parallel_axes"][0], "dim")
-        }),
-        ("axis +", |v| {
-            v["tensors"][0]["parallel_axes"][0]["extra"] = json!(1)
-        }),
+        ("participant -", |v| remove(&mut v["topology"]["participants"][0], "rank")),
+        ("participant +", |v| v["topology"]["participants"][0]["extra"] = json!(1)),
+        ("participant rank -", |v| remove(&mut v["topology"]["participants"][0]["rank"], "ep")),
+        ("participant rank +", |v| v["topology"]["participants"][0]["rank"]["xp"] = json!(0)),
+        ("axis -", |v| remove(&mut v["tensors"][0]["parallel_axes"][0], "dim")),
+        ("axis +", |v| v["tensors"][0]["parallel_axes"][0]["extra"] = json!(1)),
         ("part -", |v| remove(&mut v["parts"][0], "rank")),
         ("part +", |v| v["parts"][0]["extra"] = json!(1)),
         ("part rank -", |v| remove(&mut v["parts"][0]["rank"], "tp")),
         ("part rank +", |v| v["parts"][0]["rank"]["xp"] = json!(0)),
-        ("fragment -", |v| {
-            remove(&mut v["parts"][0]["fragments"][0], "aliases")
-        }),
-        ("fragment +", |v| {
-            v["parts"][0]["fragments"][0]["extra"] = json!(1)
-        }),
-        ("fragment rank -", |v| {
-            remove(&mut v["parts"][0]["fragments"][0]["rank"], "pp")
-        }),
-        ("fragment rank +", |v| {
-            v["parts"][0]["fragments"][0]["rank"]["xp"] = json!(0)
-        }),
+        ("fragment -", |v| remove(&mut v["parts"][0]["fragments"][0], "aliases")),
+        ("fragment +", |v| v["parts"][0]["fragments"][0]["extra"] = json!(1)),
+        ("fragment rank -", |v| remove(&mut v["parts"][0]["fragments"][0]["rank"], "pp")),
+        ("fragment rank +", |v| v["parts"][0]["fragments"][0]["rank"]["xp"] = json!(0)),
     ];
     for (what, edit) in edits {
         let e = edited_f_place(edit).expect_err(what);
@@ -189,10 +126,7 @@ fn acc_089_legacy_and_framework_aliases_are_rejected() {
         }),
         "schema fields",
     );
-    expect_invalid(
-        edited_f_place(|v| v["tensors"][0]["partition_dim"] = json!(0)),
-        "schema fields",
-    );
+    expect_invalid(edited_f_place(|v| v["tensors"][0]["partition_dim"] = json!(0)), "schema fields");
     expect_invalid(
         edited_f_place(|v| {
             let t = v["tensors"][0].as_object_mut().unwrap();
@@ -220,40 +154,23 @@ fn acc_090_invalid_documents_are_rejected() {
 
 #[test]
 fn acc_091_duplicate_object_keys_are_rejected() {
-    let text = f_place()
-        .to_json()
-        .replacen('{', "{\"resource_id\":\"model\",", 1);
-    expect_invalid(
-        Placement::from_json(text.as_bytes()),
-        "duplicate JSON field",
-    );
+    let text = f_place().to_json().replacen('{', "{\"resource_id\":\"model\",", 1);
+    expect_invalid(Placement::from_json(text.as_bytes()), "duplicate JSON field");
 }
 
 #[test]
 fn acc_092_unreferenced_tensor_in_json_is_rejected() {
-    let extra = serde_json::from_str::<serde_json::Value>(
-        &f_place().to_json().replace(F_TENSOR, "zz.unreferenced"),
-    )
-    .unwrap()["tensors"][0]
+    let extra = serde_json::from_str::<serde_json::Value>(&f_place().to_json().replace(F_TENSOR, "zz.unreferenced"))
+        .unwrap()["tensors"][0]
         .clone();
-    let e = expect_invalid(
-        edited_f_place(|v| v["tensors"].as_array_mut().unwrap().push(extra)),
-        "unreferenced tensor",
-    );
+    let e = expect_invalid(edited_f_place(|v| v["tensors"].as_array_mut().unwrap().push(extra)), "unreferenced tensor");
     assert!(e.message().contains("zz.unreferenced"));
 }
 
 #[test]
 fn acc_093_invalid_aliases_are_rejected() {
-    for bad in [
-        json!("alias"),
-        json!({"alias": 1}),
-        json!(["alias", "alias"]),
-    ] {
-        expect_invalid(
-            edited_f_place(|v| v["parts"][0]["fragments"][0]["aliases"] = bad.clone()),
-            "aliases",
-        );
+    for bad in [json!("alias"), json!({"alias": 1}), json!(["alias", "alias"])] {
+        expect_invalid(edited_f_place(|v| v["parts"][0]["fragments"][0]["aliases"] = bad.clone()), "aliases");
     }
 }
 
@@ -262,27 +179,15 @@ fn acc_094_wrong_container_types_are_rejected() {
     type Edit = fn(&mut serde_json::Value);
     let edits: Vec<(&str, Edit)> = vec![
         ("tensors", |v| v["tensors"] = json!({})),
-        ("participants", |v| {
-            v["topology"]["participants"] = json!({})
-        }),
+        ("participants", |v| v["topology"]["participants"] = json!({})),
         ("parts", |v| v["parts"] = json!(1)),
         ("fragments", |v| v["parts"][0]["fragments"] = json!(1)),
-        ("global_shape", |v| {
-            v["tensors"][0]["global_shape"] = json!(8)
-        }),
+        ("global_shape", |v| v["tensors"][0]["global_shape"] = json!(8)),
         ("shard_dims", |v| v["tensors"][0]["shard_dims"] = json!("0")),
-        ("parallel_axes", |v| {
-            v["tensors"][0]["parallel_axes"] = json!({})
-        }),
-        ("global_offset", |v| {
-            v["parts"][0]["fragments"][0]["global_offset"] = json!(0)
-        }),
-        ("local_shape", |v| {
-            v["parts"][0]["fragments"][0]["local_shape"] = json!(null)
-        }),
-        ("placement rank", |v| {
-            v["parts"][0]["fragments"][0]["rank"] = json!([])
-        }),
+        ("parallel_axes", |v| v["tensors"][0]["parallel_axes"] = json!({})),
+        ("global_offset", |v| v["parts"][0]["fragments"][0]["global_offset"] = json!(0)),
+        ("local_shape", |v| v["parts"][0]["fragments"][0]["local_shape"] = json!(null)),
+        ("placement rank", |v| v["parts"][0]["fragments"][0]["rank"] = json!([])),
     ];
     for (field, edit) in edits {
         let e = edited_f_place(edit).expect_err(field);
@@ -292,10 +197,7 @@ fn acc_094_wrong_container_types_are_rejected() {
 
 #[test]
 fn acc_095_placement_id_must_match_content() {
-    expect_invalid(
-        edited_f_place(|v| v["placement_id"] = json!("opaque-placement-id")),
-        "canonical logical content",
-    );
+    expect_invalid(edited_f_place(|v| v["placement_id"] = json!("opaque-placement-id")), "canonical logical content");
     let p = f_place();
     let r = Placement::from_parts(PlacementSpec {
         resource_id: p.resource_id().into(),
@@ -313,12 +215,7 @@ fn acc_095_placement_id_must_match_content() {
 fn acc_096_semantics_and_sizes_participate_in_identity() {
     let one = |axes: &[ParallelAxis], tp_size: u64| {
         let t = tensor("w", &[4, 4], 2, axes);
-        flat(
-            topo(1, 1, 1, tp_size, &[tp(0)]),
-            vec![t.clone()],
-            vec![whole(&t, tp(0))],
-        )
-        .unwrap()
+        flat(topo(1, 1, 1, tp_size, &[tp(0)]), vec![t.clone()], vec![whole(&t, tp(0))]).unwrap()
     };
     let pairs = [
         (one(&[split(Tp, 0)], 1), one(&[split(Ep, 0)], 1)),
@@ -335,12 +232,7 @@ fn acc_096_semantics_and_sizes_participate_in_identity() {
 fn acc_097_manifest_round_trip_is_stable_and_address_free() {
     let p = f_place_gen(42);
     let b = f_bind_with(&p, vec![f_rt_spec()]).unwrap();
-    let options = fixed_options(
-        "default",
-        "weights",
-        "0123456789abcdef0123456789abcdef",
-        "2026-07-17T00:00:00Z",
-    );
+    let options = fixed_options("default", "weights", "0123456789abcdef0123456789abcdef", "2026-07-17T00:00:00Z");
     let m = plan_upload(&p, &[b], &options).unwrap().manifest().clone();
     assert_eq!(m.weight_generation(), 42);
     let text = m.to_json();
@@ -369,20 +261,16 @@ fn acc_098_manifest_round_trip_preserves_descriptors() {
     assert_eq!(back.tensors()[2].parallel_axes(), &[own(Pp), split(Tp, 0)]);
     assert!(text.contains("\"shard_dims\":[0,1]"));
     assert!(text.contains("\"shard_dims\":[0]"));
-    assert!(text.contains(r#""parallel_axes":[{"kind":"pp","semantics":"ownership"},{"dim":0,"kind":"tp","semantics":"split"}]"#));
+    assert!(text.contains(
+        r#""parallel_axes":[{"kind":"pp","semantics":"ownership"},{"dim":0,"kind":"tp","semantics":"split"}]"#
+    ));
 }
 
 #[test]
 fn acc_099_manifest_json_is_strict() {
-    expect_invalid(
-        StoredManifest::from_json(br#"{"model_id":NaN}"#),
-        "non-finite",
-    );
+    expect_invalid(StoredManifest::from_json(br#"{"model_id":NaN}"#), "non-finite");
     expect_invalid(StoredManifest::from_json(b"[]"), "JSON object");
-    expect_invalid(
-        edited_w5(|v| v["tensors"][0]["global_shape"] = json!([8.0])),
-        "integer",
-    );
+    expect_invalid(edited_w5(|v| v["tensors"][0]["global_shape"] = json!([8.0])), "integer");
     expect_invalid(
         edited_w5(|v| {
             v.as_object_mut().unwrap().remove("revision");
@@ -405,19 +293,10 @@ const TOPOLOGY_ID_INPUT: &str = r#"{"dp_size":1,"ep_size":1,"participants":[{"pa
 #[test]
 fn acc_100_w1_minimal_placement() {
     let p = f_place();
-    assert_eq!(
-        p.topology().topology_id(),
-        "sha256:017d6c66843ba96ccd39ed1b118b7635fee56677a41dc3d39c48b7bb3ccccdf4"
-    );
-    assert_eq!(
-        format!("sha256:{}", sha256_hex(TOPOLOGY_ID_INPUT.as_bytes())),
-        p.topology().topology_id()
-    );
+    assert_eq!(p.topology().topology_id(), "sha256:017d6c66843ba96ccd39ed1b118b7635fee56677a41dc3d39c48b7bb3ccccdf4");
+    assert_eq!(format!("sha256:{}", sha256_hex(TOPOLOGY_ID_INPUT.as_bytes())), p.topology().topology_id());
     assert_eq!(p.placement_id(), F_PLACEMENT_ID);
-    assert_eq!(
-        format!("sha256:{}", sha256_hex(W1_ID_INPUT.as_bytes())),
-        F_PLACEMENT_ID
-    );
+    assert_eq!(format!("sha256:{}", sha256_hex(W1_ID_INPUT.as_bytes())), F_PLACEMENT_ID);
     assert_eq!(p.to_json(), W1_JSON);
     assert_eq!(p.digest(), F_DIGEST);
     assert_eq!(sha256_hex(W1_JSON.as_bytes()), F_DIGEST);
@@ -428,15 +307,9 @@ fn acc_100_w1_minimal_placement() {
 fn acc_100_w2_derived_fragment_ids() {
     let t = tensor("weight", &[4, 4], 2, &[]);
     let f = frag(&t, &[0, 0], &[4, 4], tp(1));
-    assert_eq!(
-        f.placement_fragment_id(),
-        "sha256:73b1b25fe8cf11d48697cfd441a400d57ef84d52583d392c09453b5b79a86035"
-    );
+    assert_eq!(f.placement_fragment_id(), "sha256:73b1b25fe8cf11d48697cfd441a400d57ef84d52583d392c09453b5b79a86035");
     let input = r#"{"aliases":[],"global_offset":[0,0],"local_shape":[4,4],"nbytes":32,"rank":{"dp":0,"ep":0,"pp":0,"tp":1},"schema":"weight-placement-fragment","tensor_id":"weight"}"#;
-    assert_eq!(
-        format!("sha256:{}", sha256_hex(input.as_bytes())),
-        f.placement_fragment_id()
-    );
+    assert_eq!(format!("sha256:{}", sha256_hex(input.as_bytes())), f.placement_fragment_id());
 
     let f = PlacementFragment::new(PlacementFragmentSpec {
         tensor_id: "embed.weight".into(),
@@ -449,21 +322,12 @@ fn acc_100_w2_derived_fragment_ids() {
         placement_fragment_id: None,
     })
     .unwrap();
-    assert_eq!(
-        f.placement_fragment_id(),
-        "sha256:cf2ac2c9960c966a2820c647dbe1f0e92ede02bca159b8e02b3a5a6be197c9ef"
-    );
-    assert_eq!(
-        f.aliases(),
-        &["embed.weight".to_string(), "lm_head.weight".to_string()]
-    );
+    assert_eq!(f.placement_fragment_id(), "sha256:cf2ac2c9960c966a2820c647dbe1f0e92ede02bca159b8e02b3a5a6be197c9ef");
+    assert_eq!(f.aliases(), &["embed.weight".to_string(), "lm_head.weight".to_string()]);
 
     let t = tensor("é.weight", &[8], 2, &[]);
     let f = frag(&t, &[0], &[8], tp(0));
-    assert_eq!(
-        f.placement_fragment_id(),
-        "sha256:52866fbce246fce8461919d0bcb1a8e5e98e027973b0c6bdd7fba0a64fce1cf1"
-    );
+    assert_eq!(f.placement_fragment_id(), "sha256:52866fbce246fce8461919d0bcb1a8e5e98e027973b0c6bdd7fba0a64fce1cf1");
     // An explicit id is kept; canonical_id still derives from content.
     let f = PlacementFragment::new(f_fragment_spec()).unwrap();
     assert_eq!(f.placement_fragment_id(), "placement-0");
@@ -477,53 +341,27 @@ const W3_DIGEST: &str = "2d2336a4c82b34a48ec8b5c942196cf7bdd7dca294a6c5047432b30
 fn acc_100_w3_upload_plan_ascii_and_decision_record() {
     let p = s_placement(1, 2, 7);
     let bindings = bind_all(&p, &|_| 1);
-    let options = fixed_options(
-        "default",
-        "weights",
-        "0123456789abcdef0123456789abcdef",
-        "2026-07-17T12:34:56Z",
-    );
+    let options = fixed_options("default", "weights", "0123456789abcdef0123456789abcdef", "2026-07-17T12:34:56Z");
     let plan = plan_upload(&p, &bindings, &options).unwrap();
     let m = plan.manifest();
     assert_eq!(m.to_json(), W3_MANIFEST);
     assert_eq!(m.manifest_digest(), W3_DIGEST);
     assert_eq!(sha256_hex(W3_MANIFEST.as_bytes()), W3_DIGEST);
     let ids: Vec<&str> = m.fragments().iter().map(|f| f.fragment_id()).collect();
-    assert_eq!(
-        ids,
-        ["652411b3554f2cea24728b2e", "a07304b5313c1799c1c5249f"]
-    );
+    assert_eq!(ids, ["652411b3554f2cea24728b2e", "a07304b5313c1799c1c5249f"]);
     assert_eq!(
         plan.transaction_group_id(),
         "weights/default/qwen3.5-0.8b/step-42/7/transactions/0123456789abcdef0123456789abcdef"
     );
-    assert_eq!(
-        plan.control_key(),
-        format!("{}/decision", plan.transaction_group_id())
-    );
+    assert_eq!(plan.control_key(), format!("{}/decision", plan.transaction_group_id()));
     // §7 decision record.
     let record = r#"{"decision":"commit","plan_digest":"2d2336a4c82b34a48ec8b5c942196cf7bdd7dca294a6c5047432b30fd721d8a5","record_type":"weight-upload-decision"}"#;
     assert_eq!(plan.decision_record(Decision::Commit), record);
-    assert_eq!(
-        Decision::parse_record(record.as_bytes()).unwrap(),
-        (Decision::Commit, W3_DIGEST.to_string())
-    );
-    assert_eq!(
-        plan.decision_record(Decision::Abort),
-        record.replace("commit", "abort")
-    );
-    expect_invalid(
-        Decision::parse_record(record.replace("weight-upload-decision", "x").as_bytes()),
-        "record_type",
-    );
-    expect_invalid(
-        Decision::parse_record(record.replace(W3_DIGEST, "abc").as_bytes()),
-        "plan_digest",
-    );
-    expect_invalid(
-        Decision::parse_record(br#"{"decision":"commit"}"#),
-        "schema fields",
-    );
+    assert_eq!(Decision::parse_record(record.as_bytes()).unwrap(), (Decision::Commit, W3_DIGEST.to_string()));
+    assert_eq!(plan.decision_record(Decision::Abort), record.replace("commit", "abort"));
+    expect_invalid(Decision::parse_record(record.replace("weight-upload-decision", "x").as_bytes()), "record_type");
+    expect_invalid(Decision::parse_record(record.replace(W3_DIGEST, "abc").as_bytes()), "plan_digest");
+    expect_invalid(Decision::parse_record(br#"{"decision":"commit"}"#), "schema fields");
     // The stored manifest decodes back to the same value and digest.
     let back = StoredManifest::from_json(W3_MANIFEST.as_bytes()).unwrap();
     assert_eq!(&back, m);
@@ -551,32 +389,17 @@ fn acc_100_w4_non_ascii_identifiers_and_percent_encoding() {
         ep_size: 1,
         dp_size: 1,
         participants: vec![
-            TopologyParticipant {
-                participant_id: "w0".into(),
-                rank: tp(0),
-            },
-            TopologyParticipant {
-                participant_id: "w1".into(),
-                rank: tp(1),
-            },
+            TopologyParticipant { participant_id: "w0".into(), rank: tp(0) },
+            TopologyParticipant { participant_id: "w1".into(), rank: tp(1) },
         ],
         topology_id: None,
     })
     .unwrap();
-    assert_eq!(
-        topology.topology_id(),
-        "sha256:3e6812609f7fa8817c3a14120f5dce1a823dd690a7048432738da83a52562288"
-    );
+    assert_eq!(topology.topology_id(), "sha256:3e6812609f7fa8817c3a14120f5dce1a823dd690a7048432738da83a52562288");
     let f0 = frag(&t, &[0, 0], &[2, 2], tp(0));
     let f1 = frag(&t, &[0, 2], &[2, 2], tp(1));
-    assert_eq!(
-        f0.placement_fragment_id(),
-        "sha256:a12eb20a8f1a7d3dad995d2ebc3e5b81d0c74b648873f20fb8b00a04c8466b29"
-    );
-    assert_eq!(
-        f1.placement_fragment_id(),
-        "sha256:45c33750c82756ac9de4fb3a66a97bfde2e9d0abfdd729a8088272dcd6ab4da9"
-    );
+    assert_eq!(f0.placement_fragment_id(), "sha256:a12eb20a8f1a7d3dad995d2ebc3e5b81d0c74b648873f20fb8b00a04c8466b29");
+    assert_eq!(f1.placement_fragment_id(), "sha256:45c33750c82756ac9de4fb3a66a97bfde2e9d0abfdd729a8088272dcd6ab4da9");
     let ids = Ids {
         resource_id: "Qwen3.5 0.8B".into(),
         revision: "step-42+ü".into(),
@@ -584,37 +407,22 @@ fn acc_100_w4_non_ascii_identifiers_and_percent_encoding() {
         placement_set_id: "src".into(),
     };
     let p = flat_with(&ids, topology, vec![t], vec![f0, f1]).unwrap();
-    assert_eq!(
-        p.placement_id(),
-        "sha256:6ab870ea66bdf1bce15eded51e121812f1d0c05e9e88f55a6c907930166e6019"
-    );
-    assert_eq!(
-        p.digest(),
-        "2aa6524ea2577da29e23bf88c22ffa5bc2a7229f63a3a1b3bf20d94941f2e15c"
-    );
+    assert_eq!(p.placement_id(), "sha256:6ab870ea66bdf1bce15eded51e121812f1d0c05e9e88f55a6c907930166e6019");
+    assert_eq!(p.digest(), "2aa6524ea2577da29e23bf88c22ffa5bc2a7229f63a3a1b3bf20d94941f2e15c");
     let text = p.to_json();
     assert!(text.is_ascii());
     assert!(text.contains("embed.w\\u00e9") && text.contains("step-42+\\u00fc"));
 
-    let bindings = vec![
-        bind_part(&p, "w0", 1, 0x1000),
-        bind_part(&p, "w1", 1, 0x1000),
-    ];
-    let options = fixed_options(
-        "prod/eu",
-        "/ckpt/weights/",
-        "fedcba9876543210fedcba9876543210",
-        "2026-08-01T00:00:00Z",
-    );
+    let bindings = vec![bind_part(&p, "w0", 1, 0x1000), bind_part(&p, "w1", 1, 0x1000)];
+    let options =
+        fixed_options("prod/eu", "/ckpt/weights/", "fedcba9876543210fedcba9876543210", "2026-08-01T00:00:00Z");
     let plan = plan_upload(&p, &bindings, &options).unwrap();
     let digest = "f44e98cf4b4b396c834f53ebf5afbafd301a36304f0b3997f011c5fa4b55c9b5";
     assert_eq!(plan.manifest().to_json(), W4_MANIFEST);
     assert_eq!(plan.manifest().manifest_digest(), digest);
     assert_eq!(
         plan.decision_record(Decision::Commit),
-        format!(
-            r#"{{"decision":"commit","plan_digest":"{digest}","record_type":"weight-upload-decision"}}"#
-        )
+        format!(r#"{{"decision":"commit","plan_digest":"{digest}","record_type":"weight-upload-decision"}}"#)
     );
     assert_eq!(
         plan.control_key(),
@@ -631,9 +439,7 @@ fn acc_100_w5_hand_built_manifest() {
     assert_eq!(m.to_json(), W5_JSON);
     assert_eq!(m.manifest_digest(), W5_DIGEST);
     // Re-encoded with indentation: same value, same digest.
-    let pretty =
-        serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(W5_JSON).unwrap())
-            .unwrap();
+    let pretty = serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(W5_JSON).unwrap()).unwrap();
     assert_ne!(pretty, W5_JSON);
     let back = StoredManifest::from_json(pretty.as_bytes()).unwrap();
     assert_eq!(back, m);
@@ -641,10 +447,7 @@ fn acc_100_w5_hand_built_manifest() {
     // A UTF-8 BOM decodes from bytes but not from text.
     let mut bom = b"\xEF\xBB\xBF".to_vec();
     bom.extend_from_slice(W5_JSON.as_bytes());
-    assert_eq!(
-        StoredManifest::from_json(&bom).unwrap().manifest_digest(),
-        W5_DIGEST
-    );
+    assert_eq!(StoredManifest::from_json(&bom).unwrap().manifest_digest(), W5_DIGEST);
     let text = format!("\u{feff}{W5_JSON}");
     assert!(StoredManifest::from_json_str(&text).is_err());
     assert_eq!(StoredManifest::from_json_str(W5_JSON).unwrap(), m);
@@ -653,24 +456,9 @@ fn acc_100_w5_hand_built_manifest() {
 #[test]
 fn acc_100_stored_fragment_id_and_percent_encoding_tables() {
     for (tensor, offset, shape, id) in [
-        (
-            "layers.2.experts.3.w1",
-            &[0u64][..],
-            &[4u64][..],
-            "652411b3554f2cea24728b2e",
-        ),
-        (
-            "layers.2.experts.3.w1",
-            &[4],
-            &[4],
-            "a07304b5313c1799c1c5249f",
-        ),
-        (
-            "layers.0.experts.w1",
-            &[1, 0, 0],
-            &[1, 6, 8],
-            "4469de153fb6cdc02d5e7a34",
-        ),
+        ("layers.2.experts.3.w1", &[0u64][..], &[4u64][..], "652411b3554f2cea24728b2e"),
+        ("layers.2.experts.3.w1", &[4], &[4], "a07304b5313c1799c1c5249f"),
+        ("layers.0.experts.w1", &[1, 0, 0], &[1, 6, 8], "4469de153fb6cdc02d5e7a34"),
         ("w", &[0, 4], &[2, 2], "7210467c2ebf0ceaa3b3a690"),
         ("é", &[0], &[8], "89d720904257ba46e3d20237"),
     ] {
@@ -689,14 +477,8 @@ fn acc_100_stored_fragment_id_and_percent_encoding_tables() {
         assert_eq!(encode_key_segment(v), e);
     }
     let k = KeyLayout::new("/ckpt/weights/", "prod/eu", "Qwen3.5 0.8B", "step-42+ü", 3).unwrap();
-    assert_eq!(
-        k.group_id(),
-        "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/step-42%2B%C3%BC/3"
-    );
-    assert_eq!(
-        k.manifest_key(),
-        "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/step-42%2B%C3%BC/3/manifest"
-    );
+    assert_eq!(k.group_id(), "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/step-42%2B%C3%BC/3");
+    assert_eq!(k.manifest_key(), "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/step-42%2B%C3%BC/3/manifest");
 }
 
 #[test]
@@ -707,14 +489,7 @@ fn acc_100_allocation_fence_binding_digest() {
     assert_eq!(sha256_hex(text.as_bytes()), digest);
     assert_eq!(fence_binding_digest(&[&f]), digest);
     // Sorted by runtime fragment id: input order does not matter.
-    let g = RuntimeFragment::new(RuntimeFragmentSpec {
-        fragment_id: "runtime-1".into(),
-        ..f_rt_spec()
-    })
-    .unwrap();
-    assert_eq!(
-        fence_binding_digest(&[&f, &g]),
-        fence_binding_digest(&[&g, &f])
-    );
+    let g = RuntimeFragment::new(RuntimeFragmentSpec { fragment_id: "runtime-1".into(), ..f_rt_spec() }).unwrap();
+    assert_eq!(fence_binding_digest(&[&f, &g]), fence_binding_digest(&[&g, &f]));
     assert_ne!(fence_binding_digest(&[&f, &g]), digest);
 }

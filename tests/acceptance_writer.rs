@@ -12,8 +12,8 @@ use builders::*;
 use fake_store::*;
 use model::{HostAdapter, HostModel};
 use mooncake_weight_store::protocol::{
-    GuardProvider, SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter,
-    StaticGuard, UploadArgs, UploadReceipt,
+    GuardProvider, SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter, StaticGuard, UploadArgs,
+    UploadReceipt,
 };
 use mooncake_weight_store::*;
 use std::sync::Arc;
@@ -22,12 +22,7 @@ use std::sync::Arc;
 fn items(plan: &UploadPlan) -> Vec<(String, String)> {
     plan.operations()
         .iter()
-        .map(|o| {
-            (
-                o.source_placement().tensor_id().to_string(),
-                o.source_participant_id().to_string(),
-            )
-        })
+        .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
         .collect()
 }
 
@@ -39,10 +34,7 @@ fn write_all<A: SnapshotAdapter<Tensor = str>>(w: &mut SnapshotWriter<'_, A>) ->
 }
 
 fn payloads(fake: &FakeStore, plan: &UploadPlan) -> usize {
-    plan.operations()
-        .iter()
-        .filter(|o| fake.has(o.target().object_key()))
-        .count()
+    plan.operations().iter().filter(|o| fake.has(o.target().object_key())).count()
 }
 
 #[test]
@@ -50,9 +42,7 @@ fn acc_153_snapshot_writer_commits_one_stored_manifest() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
-    let mut w = ws
-        .begin_snapshot(&src.descriptor("production"), HostAdapter(&src))
-        .unwrap();
+    let mut w = ws.begin_snapshot(&src.descriptor("production"), HostAdapter(&src)).unwrap();
     write_all(&mut w).unwrap();
     let m = w.commit().unwrap();
     assert_eq!(m.namespace(), "production");
@@ -71,16 +61,10 @@ fn acc_154_writer_retries_manifest_publish_after_commit_decision() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
-    let mut w = ws
-        .begin_snapshot(&src.descriptor("default"), HostAdapter(&src))
-        .unwrap();
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), HostAdapter(&src)).unwrap();
     write_all(&mut w).unwrap();
     let plan = w.plan().clone();
-    fake.fault_put(
-        plan.manifest().manifest_key(),
-        PutFault::Fail("-1".into()),
-        1,
-    );
+    fake.fault_put(plan.manifest().manifest_key(), PutFault::Fail("-1".into()), 1);
     expect_err(w.commit(), ErrorKind::Store, "manifest put failed");
     assert!(fake.has(plan.control_key()));
     assert!(!fake.has(plan.manifest().manifest_key()));
@@ -94,12 +78,8 @@ fn acc_155_scoped_writer_preserves_manifest_publish_retry() {
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
     let mut captured = None;
-    let key = ws
-        .plan_upload(&src.placement, &src.bindings, &opts("probe"))
-        .unwrap()
-        .manifest()
-        .manifest_key()
-        .to_string();
+    let key =
+        ws.plan_upload(&src.placement, &src.bindings, &opts("probe")).unwrap().manifest().manifest_key().to_string();
     fake.fault_put(&key, PutFault::Fail("-1".into()), 1);
     let r = ws.snapshot(&src.descriptor("default"), HostAdapter(&src), |w| {
         captured = Some(w.plan().clone());
@@ -112,24 +92,14 @@ fn acc_155_scoped_writer_preserves_manifest_publish_retry() {
     // The explicit writer's abort is refused in the same state...
     let fake2 = FakeStore::new();
     let ws2 = ws_of(&fake2);
-    let mut w = ws2
-        .begin_snapshot(&src.descriptor("default"), HostAdapter(&src))
-        .unwrap();
+    let mut w = ws2.begin_snapshot(&src.descriptor("default"), HostAdapter(&src)).unwrap();
     write_all(&mut w).unwrap();
-    fake2.fault_put(
-        w.plan().manifest().manifest_key(),
-        PutFault::Fail("-1".into()),
-        1,
-    );
+    fake2.fault_put(w.plan().manifest().manifest_key(), PutFault::Fail("-1".into()), 1);
     expect_err(w.commit(), ErrorKind::Store, "manifest put failed");
     expect_err(w.abort(), ErrorKind::Conflict, "retry commit instead");
     assert_eq!(&w.commit().unwrap(), w.plan().manifest());
     // ...and the scoped snapshot's transaction is completed by a commit retry.
-    assert_eq!(
-        ws.commit(&plan, &UploadReceipt::all_for(&plan), None)
-            .unwrap(),
-        *plan.manifest()
-    );
+    assert_eq!(ws.commit(&plan, &UploadReceipt::all_for(&plan), None).unwrap(), *plan.manifest());
 }
 
 fn ws_of(fake: &Arc<FakeStore>) -> protocol::WeightStore {
@@ -142,20 +112,14 @@ fn acc_156_writer_rejects_commit_with_missing_fragment() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
-    let mut w = ws
-        .begin_snapshot(&src.descriptor("default"), HostAdapter(&src))
-        .unwrap();
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), HostAdapter(&src)).unwrap();
     let plan = w.plan().clone();
     let (t, p) = items(&plan)[0].clone();
     w.write_tensor(&t, &p).unwrap();
     expect_invalid(w.commit(), "missing required fragments");
     assert!(!fake.has(plan.manifest().manifest_key()));
     let group = format!("{}/payload/", plan.manifest().group_id());
-    assert!(
-        fake.keys().iter().all(|k| !k.starts_with(&group)),
-        "{:?}",
-        fake.keys()
-    );
+    assert!(fake.keys().iter().all(|k| !k.starts_with(&group)), "{:?}", fake.keys());
     assert_eq!(ws.read_decision(&plan).unwrap().unwrap().0, Decision::Abort);
 }
 
@@ -185,9 +149,7 @@ fn acc_157_writer_rejects_fragment_for_another_tensor() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
-    let mut w = ws
-        .begin_snapshot(&src.descriptor("default"), WrongTensor(HostAdapter(&src)))
-        .unwrap();
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), WrongTensor(HostAdapter(&src))).unwrap();
     let p = items(w.plan())[0].1.clone();
     expect_invalid(w.write_tensor("wrong-tensor", &p), "another tensor");
 }
@@ -197,11 +159,7 @@ fn acc_158_scoped_writer_commits_on_exit() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let src = source(s_placement(1, 2, 7));
-    let m = ws
-        .snapshot(&src.descriptor("default"), HostAdapter(&src), |w| {
-            write_all(w)
-        })
-        .unwrap();
+    let m = ws.snapshot(&src.descriptor("default"), HostAdapter(&src), write_all).unwrap();
     assert_eq!(ws.load_manifest(m.manifest_key()).unwrap(), m);
 }
 
@@ -211,17 +169,13 @@ fn upload(
     p: &Placement,
     b: &RuntimeBinding,
 ) -> Result<Vec<UploadReceipt>> {
-    let args = UploadArgs {
-        guard: Some(&StaticGuard),
-        ..Default::default()
-    };
+    let args = UploadArgs { guard: Some(&StaticGuard), ..Default::default() };
     // SAFETY: every address is either a live model buffer or refused before I/O.
     unsafe { ws.upload(plan, p, b, args) }
 }
 
 fn plan_of(ws: &protocol::WeightStore, src: &HostModel) -> UploadPlan {
-    ws.plan_upload(&src.placement, &src.bindings, &opts("fresh"))
-        .unwrap()
+    ws.plan_upload(&src.placement, &src.bindings, &opts("fresh")).unwrap()
 }
 
 #[test]
@@ -238,11 +192,7 @@ fn acc_159_upload_rejects_stale_runtime_binding_fragment() {
             f.storage_address += 1;
         },
     );
-    expect_err(
-        upload(&ws, &plan, &src.placement, &moved),
-        ErrorKind::StaleBinding,
-        "stale source fragment",
-    );
+    expect_err(upload(&ws, &plan, &src.placement, &moved), ErrorKind::StaleBinding, "stale source fragment");
     assert_eq!(fake.mutations(), 0);
 }
 
@@ -261,11 +211,7 @@ fn acc_160_upload_rejects_weight_generation_rollover_before_store_io() {
         },
         |_| {},
     );
-    expect_err(
-        upload(&ws, &plan, &p8, &b8),
-        ErrorKind::StaleBinding,
-        "weight generation mismatch",
-    );
+    expect_err(upload(&ws, &plan, &p8, &b8), ErrorKind::StaleBinding, "weight generation mismatch");
     assert!(fake.calls().is_empty(), "no Store call at all");
 }
 
@@ -274,22 +220,10 @@ fn acc_161_upload_rejects_lease_rollover_before_store_io() {
     let fake = FakeStore::new();
     let ws = ws(&fake);
     let mut src = source(s_placement(1, 1, 7));
-    src.bindings = src
-        .bindings
-        .iter()
-        .map(|b| rebind(b, |s| s.lease_id = "source-lease-1".into(), |_| {}))
-        .collect();
+    src.bindings = src.bindings.iter().map(|b| rebind(b, |s| s.lease_id = "source-lease-1".into(), |_| {})).collect();
     let plan = plan_of(&ws, &src);
-    let b = rebind(
-        &src.bindings[0],
-        |s| s.lease_id = "source-lease-2".into(),
-        |_| {},
-    );
-    expect_err(
-        upload(&ws, &plan, &src.placement, &b),
-        ErrorKind::StaleBinding,
-        "stale source lease",
-    );
+    let b = rebind(&src.bindings[0], |s| s.lease_id = "source-lease-2".into(), |_| {});
+    expect_err(upload(&ws, &plan, &src.placement, &b), ErrorKind::StaleBinding, "stale source lease");
     assert!(fake.calls().is_empty(), "no Store call at all");
 }
 
@@ -299,15 +233,7 @@ fn acc_162_upload_rejects_generation_scoped_fragment_id_rollover() {
     let ws = ws(&fake);
     let src = source(s_placement(1, 1, 7));
     let plan = plan_of(&ws, &src);
-    let b = rebind(
-        &src.bindings[0],
-        |s| s.generation = 2,
-        |f| f.fragment_id = format!("{}-gen2", f.fragment_id),
-    );
-    expect_err(
-        upload(&ws, &plan, &src.placement, &b),
-        ErrorKind::StaleBinding,
-        "missing planned source fragment",
-    );
+    let b = rebind(&src.bindings[0], |s| s.generation = 2, |f| f.fragment_id = format!("{}-gen2", f.fragment_id));
+    expect_err(upload(&ws, &plan, &src.placement, &b), ErrorKind::StaleBinding, "missing planned source fragment");
     assert_eq!(fake.mutations(), 0);
 }

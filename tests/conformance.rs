@@ -53,7 +53,10 @@ fn run_placement(inputs: &J, expected: &J) -> Outcome {
         let ids = expected["canonical_fragment_ids"].as_object().ok_or("canonical_fragment_ids")?;
         check(ids.len() == p.fragment_count(), "fragment count")?;
         for f in p.fragments() {
-            check(ids.get(f.placement_fragment_id()).and_then(J::as_str) == Some(&f.canonical_id()), "canonical fragment id")?;
+            check(
+                ids.get(f.placement_fragment_id()).and_then(J::as_str) == Some(&f.canonical_id()),
+                "canonical fragment id",
+            )?;
         }
         Ok::<(), String>(())
     })();
@@ -63,7 +66,8 @@ fn run_placement(inputs: &J, expected: &J) -> Outcome {
 fn run_upload(inputs: &J, expected: &J) -> Outcome {
     let r = (|| {
         let placement = placement_from_fixture(inputs, "placement")?;
-        let bindings = inputs["bindings"].as_array().unwrap().iter().map(binding_from_fixture).collect::<Result<Vec<_>>>()?;
+        let bindings =
+            inputs["bindings"].as_array().unwrap().iter().map(binding_from_fixture).collect::<Result<Vec<_>>>()?;
         let options = UploadOptions {
             namespace: inputs["namespace"].as_str().unwrap().into(),
             key_prefix: inputs["key_prefix"].as_str().unwrap().into(),
@@ -99,7 +103,10 @@ fn run_upload(inputs: &J, expected: &J) -> Outcome {
             check(o.source_generation() == e["source_generation"], "op generation")?;
             check(o.source_snapshot().fragment_id() == e["source_fragment_id"], "op runtime fragment")?;
             check(o.source_snapshot().worker_id() == e["source_worker_id"], "op worker")?;
-            check(o.source_placement().placement_fragment_id() == e["source_placement_fragment_id"], "op placement fragment")?;
+            check(
+                o.source_placement().placement_fragment_id() == e["source_placement_fragment_id"],
+                "op placement fragment",
+            )?;
             check(o.target().fragment_id() == e["target_fragment_id"], "op target fragment")?;
             check(o.target().object_key() == e["object_key"], "op object key")?;
             check(o.target().nbytes() == e["nbytes"], "op nbytes")?;
@@ -160,7 +167,8 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
     use std::sync::Arc;
 
     let text = inputs["stored_manifest"].as_str().expect("stored_manifest string");
-    let parsed = StoredManifest::from_json(text.as_bytes()).and_then(|m| Ok((m, placement_from_fixture(inputs, "target_placement")?)));
+    let parsed = StoredManifest::from_json(text.as_bytes())
+        .and_then(|m| Ok((m, placement_from_fixture(inputs, "target_placement")?)));
     let (manifest, target) = match parsed {
         Ok(v) => v,
         Err(e) if expected.get("error").is_some() => {
@@ -175,7 +183,11 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
     let mut buffers: Vec<(String, String, Vec<u8>)> = Vec::new();
     for part in target.parts() {
         for f in part.fragments() {
-            buffers.push((part.participant_id().to_string(), f.placement_fragment_id().to_string(), vec![0xA5; f.nbytes() as usize]));
+            buffers.push((
+                part.participant_id().to_string(),
+                f.placement_fragment_id().to_string(),
+                vec![0xA5; f.nbytes() as usize],
+            ));
         }
     }
     let mut bindings = Vec::new();
@@ -251,12 +263,27 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
         for (r, e) in logical.regions().iter().zip(regions) {
             let ua = |v: &J| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect::<Vec<_>>();
             check(logical.source_of(r).fragment_id() == e["source"]["fragment_id"], "region source")?;
-            check(logical.target_of(r).placement_fragment_id() == e["target"]["placement_fragment_id"], "region target")?;
+            check(
+                logical.target_of(r).placement_fragment_id() == e["target"]["placement_fragment_id"],
+                "region target",
+            )?;
             check(logical.target_participant_of(r) == e["target"]["participant_id"], "region target participant")?;
-            check(r.overlap_offset == ua(&e["overlap_offset"]) && r.overlap_shape == ua(&e["overlap_shape"]), "region overlap")?;
-            check(r.source_base_offset == e["source_base_offset"] && r.target_base_offset == e["target_base_offset"], "region bases")?;
-            check(r.inner_bytes == e["inner_bytes"] && r.outer_loop_counts == ua(&e["outer_loop_counts"]), "region loops")?;
-            check(r.source_strides == ua(&e["source_strides"]) && r.target_strides == ua(&e["target_strides"]), "region strides")?;
+            check(
+                r.overlap_offset == ua(&e["overlap_offset"]) && r.overlap_shape == ua(&e["overlap_shape"]),
+                "region overlap",
+            )?;
+            check(
+                r.source_base_offset == e["source_base_offset"] && r.target_base_offset == e["target_base_offset"],
+                "region bases",
+            )?;
+            check(
+                r.inner_bytes == e["inner_bytes"] && r.outer_loop_counts == ua(&e["outer_loop_counts"]),
+                "region loops",
+            )?;
+            check(
+                r.source_strides == ua(&e["source_strides"]) && r.target_strides == ua(&e["target_strides"]),
+                "region strides",
+            )?;
             check(r.segment_count() == e["segment_count"] && r.total_bytes() == e["total_bytes"], "region counts")?;
         }
         let execs = expected["target_executors"].as_array().ok_or("target_executors")?;
@@ -264,7 +291,8 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
         check(ours.len() == execs.len(), "executor count")?;
         for ((pid, _, ops), e) in ours.iter().zip(execs) {
             check(*pid == e["participant_id"], "executor participant")?;
-            let eops: Vec<u64> = e["operation_indices"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            let eops: Vec<u64> =
+                e["operation_indices"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
             check(ops.iter().map(|&x| x as u64).collect::<Vec<_>>() == eops, "executor operations")?;
         }
         // Byte check: source objects by the fill rule, then execute on the memory store.
@@ -284,7 +312,10 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
         let bc = &expected["byte_check"];
         for o in bc["objects"].as_array().unwrap() {
             let ours = objects.get(o["object_key"].as_str().unwrap()).ok_or("object missing")?;
-            check(ours.len() as u64 == o["size"] && hex(&sha2::Sha256::digest(ours)) == o["sha256"], "source object bytes")?;
+            check(
+                ours.len() as u64 == o["size"] && hex(&sha2::Sha256::digest(ours)) == o["sha256"],
+                "source object bytes",
+            )?;
         }
         let group = [manifest.group_id().to_string()];
         let cfg = WriteConfig { group_ids: &group, record_type: RecordType::Payload };

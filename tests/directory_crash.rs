@@ -34,10 +34,7 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let p = std::env::temp_dir().join(format!(
             "mws-{tag}-{}-{}-{nanos}",
             std::process::id(),
@@ -82,10 +79,7 @@ fn time_seed() -> u64 {
 }
 
 fn cfg(g: &[String]) -> WriteConfig<'_> {
-    WriteConfig {
-        group_ids: g,
-        record_type: RecordType::Payload,
-    }
+    WriteConfig { group_ids: g, record_type: RecordType::Payload }
 }
 
 /// A self-describing value: total length (u64 LE), version (u64 LE), then content
@@ -156,9 +150,7 @@ fn stored_keys(root: &Path) -> Vec<String> {
 
 fn child(mode: &str, envs: &[(&str, String)]) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, mode)
-        .stdin(Stdio::null());
+    c.args(["--exact", "child_main", "--nocapture", "--test-threads=1"]).env(CHILD_ENV, mode).stdin(Stdio::null());
     for (k, v) in envs {
         c.env(k, v);
     }
@@ -175,12 +167,7 @@ fn child_main() {
     let store = DirectoryStore::open(env("MWS_ROOT")).unwrap();
     match mode.as_str() {
         "writer" => writer_child(&store, env("MWS_SEED").parse().unwrap()),
-        "race" => race_child(
-            &store,
-            &env("MWS_KEY"),
-            env("MWS_INDEX").parse().unwrap(),
-            Path::new(&env("MWS_GO")),
-        ),
+        "race" => race_child(&store, &env("MWS_KEY"), env("MWS_INDEX").parse().unwrap(), Path::new(&env("MWS_GO"))),
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -259,13 +246,10 @@ fn kill_minus_9_never_exposes_partial_objects() {
     let mut killed = 0;
     for trial in 0..TRIALS {
         let seed = base_seed + trial;
-        let mut c = child(
-            "writer",
-            &[("MWS_ROOT", root.display().to_string()), ("MWS_SEED", seed.to_string())],
-        )
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        let mut c = child("writer", &[("MWS_ROOT", root.display().to_string()), ("MWS_SEED", seed.to_string())])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
         std::thread::sleep(Duration::from_micros(2_000 + rng.below(150_000)));
         let rc = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGKILL) };
         assert_eq!(rc, 0, "kill failed");
@@ -276,10 +260,7 @@ fn kill_minus_9_never_exposes_partial_objects() {
             assert!(status.success(), "child failed: {status:?}");
         }
     }
-    assert!(
-        killed >= TRIALS / 2,
-        "only {killed} of {TRIALS} children were killed mid-run"
-    );
+    assert!(killed >= TRIALS / 2, "only {killed} of {TRIALS} children were killed mid-run");
 
     // Every object present is complete and correct.
     let store = DirectoryStore::open(&root).unwrap();
@@ -303,17 +284,10 @@ fn kill_minus_9_never_exposes_partial_objects() {
         bytes >> 20,
         seeds_seen.len()
     );
-    assert!(
-        keys.len() >= TRIALS as usize / 2,
-        "too few objects written: {}",
-        keys.len()
-    );
+    assert!(keys.len() >= TRIALS as usize / 2, "too few objects written: {}", keys.len());
     // The store still works after the crashes: create-only against survivors.
     let g = vec!["g".to_string()];
-    assert_eq!(
-        store.put(&keys[0], b"x", &cfg(&g)).unwrap_err().kind(),
-        ErrorKind::AlreadyExists
-    );
+    assert_eq!(store.put(&keys[0], b"x", &cfg(&g)).unwrap_err().kind(), ErrorKind::AlreadyExists);
     store.put("after/crash", b"fine", &cfg(&g)).unwrap();
     assert_eq!(store.get("after/crash").unwrap(), b"fine");
 }
@@ -377,16 +351,8 @@ fn processes_racing_create_only_put() {
         assert_eq!(winners.len(), 1, "{results:?}");
         assert!(results.iter().all(|(_, r)| r == "ok" || r == "exists"), "{results:?}");
         let v = store.get(&key).unwrap();
-        assert_eq!(
-            check_value(&key, &v).unwrap(),
-            winners[0],
-            "stored value is not the winner's"
-        );
+        assert_eq!(check_value(&key, &v).unwrap(), winners[0], "stored value is not the winner's");
     }
     assert_eq!(stored_keys(&root).len(), 4);
-    assert_eq!(
-        std::fs::read_dir(root.join("tmp")).unwrap().count(),
-        0,
-        "temporary files left behind"
-    );
+    assert_eq!(std::fs::read_dir(root.join("tmp")).unwrap().count(), 0, "temporary files left behind");
 }

@@ -26,7 +26,8 @@ fn committed(ws: &WeightStore, src: &HostModel) -> StoredManifest {
 #[test]
 fn truncated_object_is_refused_before_any_target_byte_is_written() {
     let defs = model_tensors(1, 16, 0);
-    let src = HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
     let mem = Arc::new(MemoryStore::new());
     let ws = WeightStore::new(mem.clone());
     let m = committed(&ws, &src);
@@ -37,7 +38,8 @@ fn truncated_object_is_refused_before_any_target_byte_is_written() {
     let group = [m.group_id().to_string()];
     mem.upsert(&victim, &bytes, &WriteConfig { group_ids: &group, record_type: RecordType::Payload }).unwrap();
 
-    let dst = HostModel::new(build_placement("dst", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "serving", 1);
+    let dst =
+        HostModel::new(build_placement("dst", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "serving", 1);
     let plan = ws.plan_load(Arc::new(m), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
     // SAFETY: dst.buffers outlive the call.
@@ -50,7 +52,8 @@ fn truncated_object_is_refused_before_any_target_byte_is_written() {
 #[test]
 fn plans_for_another_key_prefix_are_refused() {
     let defs = model_tensors(1, 16, 0);
-    let src = HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
     let mem = Arc::new(MemoryStore::new());
     let ws = WeightStore::new(mem.clone()).with_key_prefix("/ckpt/");
     let foreign = plan_upload(&src.placement, &src.bindings, &UploadOptions::default()).unwrap();

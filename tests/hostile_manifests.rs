@@ -38,14 +38,7 @@ fn env() -> Env {
 
 fn upsert(fake: &FakeStore, key: &str, bytes: &[u8]) {
     fake.inner
-        .upsert(
-            key,
-            bytes,
-            &WriteConfig {
-                group_ids: &["g".to_string()],
-                record_type: RecordType::Metadata,
-            },
-        )
+        .upsert(key, bytes, &WriteConfig { group_ids: &["g".to_string()], record_type: RecordType::Metadata })
         .unwrap();
 }
 
@@ -57,19 +50,12 @@ fn manifest_value(m: &StoredManifest) -> J {
 fn tamper(e: &Env, edit: impl FnOnce(&mut J)) {
     let mut v = manifest_value(&e.manifest);
     edit(&mut v);
-    upsert(
-        &e.fake,
-        e.manifest.manifest_key(),
-        serde_json::to_string(&v).unwrap().as_bytes(),
-    );
+    upsert(&e.fake, e.manifest.manifest_key(), serde_json::to_string(&v).unwrap().as_bytes());
 }
 
 fn untouched(dst: &HostModel) {
     for b in &dst.buffers {
-        assert!(
-            b.iter().all(|&x| x == SENTINEL),
-            "a target buffer was written"
-        );
+        assert!(b.iter().all(|&x| x == SENTINEL), "a target buffer was written");
     }
 }
 
@@ -88,10 +74,7 @@ fn attempt(ws: &WeightStore, key: &str, limits: PlanningLimits) -> (Result<()>, 
 fn refused(e: &Env, needle: &str) -> Error {
     let (r, dst) = attempt(&e.ws, e.manifest.manifest_key(), PlanningLimits::default());
     let err = r.expect_err("hostile manifest accepted");
-    assert!(
-        err.message().contains(needle),
-        "{err} does not contain {needle:?}"
-    );
+    assert!(err.message().contains(needle), "{err} does not contain {needle:?}");
     untouched(&dst);
     err
 }
@@ -118,9 +101,7 @@ fn object_shorter_than_manifest_claims() {
 fn object_range_beyond_object() {
     let e = env();
     let key = e.manifest.fragments()[0].object_key().to_string();
-    tamper(&e, |v| {
-        v["fragments"][0]["object_offset"] = json!(1u64 << 40)
-    });
+    tamper(&e, |v| v["fragments"][0]["object_offset"] = json!(1u64 << 40));
     refused(&e, &key);
     tamper(&e, |v| v["fragments"][0]["object_offset"] = json!(4));
     refused(&e, &key);
@@ -129,9 +110,7 @@ fn object_range_beyond_object() {
 #[test]
 fn object_range_overflowing_u64() {
     let e = env();
-    tamper(&e, |v| {
-        v["fragments"][0]["object_offset"] = json!(u64::MAX - 3)
-    });
+    tamper(&e, |v| v["fragments"][0]["object_offset"] = json!(u64::MAX - 3));
     let (r, dst) = attempt(&e.ws, e.manifest.manifest_key(), PlanningLimits::default());
     assert!(r.is_err());
     untouched(&dst);
@@ -166,24 +145,9 @@ fn absurd_shapes_are_refused_without_overflow() {
     // A (2^64-1)-byte tensor is a structurally valid manifest: it is refused by
     // planning (it does not match the target). The others overflow u64 byte counts.
     for (shape, local, nbytes, needle) in [
-        (
-            json!([u64::MAX]),
-            json!([u64::MAX]),
-            json!(u64::MAX),
-            "tensor descriptor mismatch",
-        ),
-        (
-            json!([1u64 << 32, 1u64 << 32]),
-            json!([1u64 << 32, 1u64 << 32]),
-            json!(u64::MAX),
-            "invalid weight manifest",
-        ),
-        (
-            json!([u64::MAX, 2]),
-            json!([u64::MAX, 2]),
-            json!(2),
-            "invalid weight manifest",
-        ),
+        (json!([u64::MAX]), json!([u64::MAX]), json!(u64::MAX), "tensor descriptor mismatch"),
+        (json!([1u64 << 32, 1u64 << 32]), json!([1u64 << 32, 1u64 << 32]), json!(u64::MAX), "invalid weight manifest"),
+        (json!([u64::MAX, 2]), json!([u64::MAX, 2]), json!(2), "invalid weight manifest"),
     ] {
         let e = env();
         tamper(&e, |v| {
@@ -218,9 +182,7 @@ fn manifest_at_another_key_is_refused() {
 #[test]
 fn payload_key_outside_group_is_refused() {
     let e = env();
-    tamper(&e, |v| {
-        v["fragments"][0]["object_key"] = json!("elsewhere/payload/x")
-    });
+    tamper(&e, |v| v["fragments"][0]["object_key"] = json!("elsewhere/payload/x"));
     refused(&e, "does not belong to manifest group");
 }
 
@@ -230,11 +192,7 @@ fn garbage_and_truncated_json_are_refused() {
     upsert(&e.fake, e.manifest.manifest_key(), b"\x00\xffnot json");
     refused(&e, "invalid weight manifest");
     let text = e.manifest.to_json();
-    upsert(
-        &e.fake,
-        e.manifest.manifest_key(),
-        &text.as_bytes()[..text.len() / 2],
-    );
+    upsert(&e.fake, e.manifest.manifest_key(), &text.as_bytes()[..text.len() / 2]);
     refused(&e, "invalid weight manifest");
     tamper(&e, |v| v["fragments"] = json!([]));
     refused(&e, "invalid weight manifest");
@@ -245,21 +203,10 @@ fn committed_manifest_swapped_after_planning_is_refused() {
     let e = env();
     let dst = target(s_placement(1, 1, 1));
     let m = Arc::new(e.ws.load_manifest(e.manifest.manifest_key()).unwrap());
-    let plan =
-        e.ws.plan_load(
-            m,
-            dst.placement.clone(),
-            &dst.bindings,
-            PlanningLimits::default(),
-        )
-        .unwrap();
+    let plan = e.ws.plan_load(m, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     tamper(&e, |v| v["created_at"] = json!("forged"));
     let err = load_all(&e.ws, &plan, &dst, &StaticGuard).unwrap_err();
-    assert!(
-        err.message()
-            .contains("committed weight manifest differs from load plan"),
-        "{err}"
-    );
+    assert!(err.message().contains("committed weight manifest differs from load plan"), "{err}");
     untouched(&dst);
     assert!(e.fake.range_calls().is_empty());
 }
@@ -308,54 +255,26 @@ fn many_tiny_fragments_within_limits_and_low_limits() {
     let n = 100_000u64;
     let (fake, ws, m) = tiny_fragments(n);
     let t = tensor(F_TENSOR, &[n], 1, &[]);
-    let p = flat(
-        topo(1, 1, 1, 1, &[tp(0)]),
-        vec![t.clone()],
-        vec![whole(&t, tp(0))],
-    )
-    .unwrap();
+    let p = flat(topo(1, 1, 1, 1, &[tp(0)]), vec![t.clone()], vec![whole(&t, tp(0))]).unwrap();
     let start = std::time::Instant::now();
     let decoded = Arc::new(ws.load_manifest(m.manifest_key()).unwrap());
     // Limits set low: refused before any I/O.
     let dst = target(p.clone());
-    let low = PlanningLimits {
-        max_transfer_regions: 1000,
-        ..PlanningLimits::default()
-    };
-    let e = ws
-        .plan_load(decoded.clone(), dst.placement.clone(), &dst.bindings, low)
-        .unwrap_err();
+    let low = PlanningLimits { max_transfer_regions: 1000, ..PlanningLimits::default() };
+    let e = ws.plan_load(decoded.clone(), dst.placement.clone(), &dst.bindings, low).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     assert!(e.message().contains("max_transfer_regions"), "{e}");
-    let low = PlanningLimits {
-        max_total_lowered_segments: 10,
-        ..PlanningLimits::default()
-    };
-    let e = ws
-        .plan_load(decoded.clone(), dst.placement.clone(), &dst.bindings, low)
-        .unwrap_err();
+    let low = PlanningLimits { max_total_lowered_segments: 10, ..PlanningLimits::default() };
+    let e = ws.plan_load(decoded.clone(), dst.placement.clone(), &dst.bindings, low).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     untouched(&dst);
     assert!(fake.range_calls().is_empty());
     // Within limits: planned and executed, every byte right.
-    let plan = ws
-        .plan_load(
-            decoded,
-            dst.placement.clone(),
-            &dst.bindings,
-            PlanningLimits::default(),
-        )
-        .unwrap();
+    let plan = ws.plan_load(decoded, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     assert_eq!(plan.regions().len() as u64, n);
     load_all(&ws, &plan, &dst, &StaticGuard).unwrap();
     let expect: Vec<u8> = (0..n).map(|i| i as u8).collect();
     assert_eq!(&dst.buffers[0][..n as usize], &expect[..]);
-    assert!(
-        dst.buffers[0][n as usize..].iter().all(|&x| x == SENTINEL),
-        "nothing written past the target view"
-    );
-    println!(
-        "{n} fragments decoded, planned and loaded in {:?}",
-        start.elapsed()
-    );
+    assert!(dst.buffers[0][n as usize..].iter().all(|&x| x == SENTINEL), "nothing written past the target view");
+    println!("{n} fragments decoded, planned and loaded in {:?}", start.elapsed());
 }

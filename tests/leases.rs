@@ -83,7 +83,12 @@ impl LifetimeToken for Token {
 }
 
 impl GuardProvider for Recording {
-    fn acquire(&self, transfer_id: &str, expected: &RuntimeBinding, ids: &[String]) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
+    fn acquire(
+        &self,
+        transfer_id: &str,
+        expected: &RuntimeBinding,
+        ids: &[String],
+    ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
         let fence = weight_allocation_fence(expected, ids, transfer_id)?;
         Ok((expected.clone(), Box::new(Token(fence, self.released.clone(), false))))
     }
@@ -92,7 +97,8 @@ impl GuardProvider for Recording {
 #[test]
 fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
     let defs = model_tensors(1, 16, 0);
-    let src = HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
     let backend = Arc::new(Tracking::default());
     let ws = WeightStore::new(backend.clone());
     let plan = ws.plan_upload(&src.placement, &src.bindings, &UploadOptions::default()).unwrap();
@@ -123,7 +129,8 @@ fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
 
     // Restore through a target lease as well.
     let manifest = Arc::new(ws.load_manifest(plan.manifest().manifest_key()).unwrap());
-    let dst = HostModel::new(build_placement("dst", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "serving", 1);
+    let dst =
+        HostModel::new(build_placement("dst", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "serving", 1);
     let lp = ws.plan_load(manifest, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     let tids: Vec<String> = dst.bindings[0].fragments().iter().map(|f| f.fragment_id().to_string()).collect();
     let mut tlease = ws.register_weight_buffers(&dst.bindings[0], &tids, &guard, "target", None).unwrap();
@@ -138,7 +145,8 @@ fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
 #[test]
 fn acc_152_lease_close_failure_quarantines_until_drained() {
     let defs = model_tensors(1, 16, 0);
-    let src = HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
     let backend = Arc::new(Tracking::default());
     let ws = WeightStore::new(backend.clone());
     let guard = Recording::default();

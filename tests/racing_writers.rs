@@ -31,22 +31,7 @@ const ROUNDS: usize = 3;
 
 fn source_model() -> HostModel {
     let defs = model_tensors(1, 32, 0);
-    HostModel::new(
-        build_placement(
-            "source",
-            Layout {
-                tp: 2,
-                pp: 1,
-                ep: 1,
-                dp: 1,
-            },
-            &defs,
-            1,
-        ),
-        true,
-        "trainer",
-        1,
-    )
+    HostModel::new(build_placement("source", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1)
 }
 
 fn child(root: &Path, index: usize) {
@@ -58,9 +43,7 @@ fn child(root: &Path, index: usize) {
         transaction_id: Some(format!("writer-{index}")),
         created_at: Some(format!("2026-01-01T00:00:{index:02}Z")),
     };
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts)
-        .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts).unwrap();
     std::fs::write(root.join(format!("plan-{index}.json")), plan_to_json(&plan)).unwrap();
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     std::fs::write(root.join(format!("ready-{index}")), b"").unwrap();
@@ -106,23 +89,17 @@ fn round(root: &Path) {
     for c in &mut children {
         assert!(c.wait().unwrap().success(), "a writer process failed");
     }
-    let results: Vec<String> = (0..WRITERS)
-        .map(|i| std::fs::read_to_string(root.join(format!("result-{i}"))).unwrap())
-        .collect();
+    let results: Vec<String> =
+        (0..WRITERS).map(|i| std::fs::read_to_string(root.join(format!("result-{i}"))).unwrap()).collect();
     let plans: Vec<UploadPlan> = (0..WRITERS)
-        .map(|i| {
-            plan_from_json(&std::fs::read(root.join(format!("plan-{i}.json"))).unwrap()).unwrap()
-        })
+        .map(|i| plan_from_json(&std::fs::read(root.join(format!("plan-{i}.json"))).unwrap()).unwrap())
         .collect();
     let winners: Vec<usize> = (0..WRITERS).filter(|&i| results[i] == "OK").collect();
     assert_eq!(winners.len(), 1, "exactly one writer must win: {results:?}");
     let w = winners[0];
     for (i, r) in results.iter().enumerate() {
         if i != w {
-            assert!(
-                r.starts_with("ERR Conflict conflicting weight revision"),
-                "loser {i}: {r}"
-            );
+            assert!(r.starts_with("ERR Conflict conflicting weight revision"), "loser {i}: {r}");
             assert!(r.ends_with("finalize Ok(())"), "loser {i}: {r}");
         }
     }
@@ -132,28 +109,13 @@ fn round(root: &Path) {
     let keys = directory_keys(&root.join("store"));
     let manifests: Vec<&String> = keys.iter().filter(|k| k.ends_with("/manifest")).collect();
     assert_eq!(manifests, vec![key], "exactly one manifest");
-    let payloads: BTreeSet<&str> = keys
-        .iter()
-        .filter(|k| k.contains("/payload/"))
-        .map(|k| k.as_str())
-        .collect();
-    let expected: BTreeSet<&str> = plans[w]
-        .manifest()
-        .fragments()
-        .iter()
-        .map(|f| f.object_key())
-        .collect();
+    let payloads: BTreeSet<&str> = keys.iter().filter(|k| k.contains("/payload/")).map(|k| k.as_str()).collect();
+    let expected: BTreeSet<&str> = plans[w].manifest().fragments().iter().map(|f| f.object_key()).collect();
     assert_eq!(payloads, expected, "only the winner's payloads remain");
     for (i, p) in plans.iter().enumerate() {
-        assert!(
-            ws.read_decision(p).unwrap().is_some(),
-            "writer {i} has a decision"
-        );
+        assert!(ws.read_decision(p).unwrap().is_some(), "writer {i} has a decision");
     }
-    println!(
-        "race round: winner writer-{w}, {} losers refused",
-        WRITERS - 1
-    );
+    println!("race round: winner writer-{w}, {} losers refused", WRITERS - 1);
 }
 
 #[test]

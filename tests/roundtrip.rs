@@ -28,7 +28,8 @@ fn restore(ws: &WeightStore, manifest_key: &str, target: Layout, defs: &[TensorD
 
 fn round_trip(backend: Arc<dyn ObjectStore>) {
     let defs = model_tensors(2, 64, 4);
-    let src = HostModel::new(build_placement("source", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 3);
+    let src =
+        HostModel::new(build_placement("source", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 3);
     let ws = WeightStore::new(backend);
     let m = src.snapshot_into(&ws).unwrap();
     assert_eq!(m.manifest_key(), "weights/default/test-model/rev-1/1/manifest");

@@ -33,22 +33,7 @@ const TRIALS: usize = 120;
 
 fn source_model() -> HostModel {
     let defs = model_tensors(1, 32, 0);
-    HostModel::new(
-        build_placement(
-            "source",
-            Layout {
-                tp: 4,
-                pp: 1,
-                ep: 1,
-                dp: 2,
-            },
-            &defs,
-            1,
-        ),
-        true,
-        "trainer",
-        1,
-    )
+    HostModel::new(build_placement("source", Layout { tp: 4, pp: 1, ep: 1, dp: 2 }, &defs, 1), true, "trainer", 1)
 }
 
 fn options(tx: &str) -> UploadOptions {
@@ -63,9 +48,7 @@ fn options(tx: &str) -> UploadOptions {
 fn child(root: &Path, tx: &str) {
     let ws = WeightStore::new(Arc::new(DirectoryStore::open(root.join("store")).unwrap()));
     let src = source_model();
-    let mut w = ws
-        .begin_snapshot_with(&src.descriptor("default"), HostAdapter(&src), &options(tx))
-        .unwrap();
+    let mut w = ws.begin_snapshot_with(&src.descriptor("default"), HostAdapter(&src), &options(tx)).unwrap();
     let tmp = root.join("plan.json.tmp");
     std::fs::write(&tmp, plan_to_json(w.plan())).unwrap();
     std::fs::rename(&tmp, root.join("plan.json")).unwrap();
@@ -73,12 +56,7 @@ fn child(root: &Path, tx: &str) {
         .plan()
         .operations()
         .iter()
-        .map(|o| {
-            (
-                o.source_placement().tensor_id().to_string(),
-                o.source_participant_id().to_string(),
-            )
-        })
+        .map(|o| (o.source_placement().tensor_id().to_string(), o.source_participant_id().to_string()))
         .collect();
     items.dedup();
     for (t, p) in items {
@@ -124,11 +102,7 @@ fn wait_for_plan(root: &Path, c: &mut std::process::Child) -> Option<()> {
 }
 
 /// Checks "a visible manifest implies complete, byte-exact payloads".
-fn check_manifest_complete(
-    store: &DirectoryStore,
-    src: &HostModel,
-    plan: &UploadPlan,
-) -> Result<bool> {
+fn check_manifest_complete(store: &DirectoryStore, src: &HostModel, plan: &UploadPlan) -> Result<bool> {
     let key = plan.manifest().manifest_key();
     if !store.exists(key)? {
         return Ok(false);
@@ -137,15 +111,10 @@ fn check_manifest_complete(
     assert_eq!(&m, plan.manifest(), "the manifest is the plan's");
     for f in m.fragments() {
         let t = src.placement.tensor(f.tensor_id()).unwrap();
-        let bytes = store.get(f.object_key()).unwrap_or_else(|e| {
-            panic!("published manifest misses payload {}: {e}", f.object_key())
-        });
-        assert_eq!(
-            bytes,
-            expected_bytes(t, f.global_offset(), f.local_shape()),
-            "payload {} differs",
-            f.object_key()
-        );
+        let bytes = store
+            .get(f.object_key())
+            .unwrap_or_else(|e| panic!("published manifest misses payload {}: {e}", f.object_key()));
+        assert_eq!(bytes, expected_bytes(t, f.global_offset(), f.local_shape()), "payload {} differs", f.object_key());
     }
     Ok(true)
 }
@@ -153,10 +122,7 @@ fn check_manifest_complete(
 #[test]
 fn snapshot_killed_at_random_points_recovers() {
     if let Ok(root) = std::env::var("MWS_CRASH_CHILD") {
-        child(
-            &PathBuf::from(root),
-            &std::env::var("MWS_CRASH_TX").unwrap(),
-        );
+        child(&PathBuf::from(root), &std::env::var("MWS_CRASH_TX").unwrap());
         return;
     }
     let base = std::env::temp_dir().join(format!("mws-crash-{}", std::process::id()));
@@ -172,16 +138,9 @@ fn snapshot_killed_at_random_points_recovers() {
     assert!(c.wait().unwrap().success(), "calibration snapshot failed");
     let io = io_start.elapsed();
     let full = start.elapsed();
-    let seed = std::env::var("MWS_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let seed = std::env::var("MWS_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
     println!("snapshot_crash: full run {full:?}, store I/O phase {io:?}, seed {seed}");
     let mut rng = Rng(seed);
     let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
@@ -196,14 +155,10 @@ fn snapshot_killed_at_random_points_recovers() {
         // One trial in eight dies anywhere from process start; the others during
         // the store I/O phase (after the plan file appeared).
         if trials % 8 == 0 {
-            std::thread::sleep(Duration::from_nanos(
-                rng.next() % (full.as_nanos() as u64 + 1),
-            ));
+            std::thread::sleep(Duration::from_nanos(rng.next() % (full.as_nanos() as u64 + 1)));
         } else {
             let _ = wait_for_plan(&root, &mut c);
-            std::thread::sleep(Duration::from_nanos(
-                rng.next() % (io.as_nanos() as u64 * 11 / 10 + 1),
-            ));
+            std::thread::sleep(Duration::from_nanos(rng.next() % (io.as_nanos() as u64 * 11 / 10 + 1)));
         }
         let _ = c.kill();
         let status = c.wait().unwrap();
@@ -237,10 +192,7 @@ fn snapshot_killed_at_random_points_recovers() {
                     .map(|e| format!("commit retry: {e}")),
                 Err(e) => Some(format!("finalize: {e}")),
             },
-            None => ws
-                .abort_upload(&plan, &[])
-                .err()
-                .map(|e| format!("abort: {e}")),
+            None => ws.abort_upload(&plan, &[]).err().map(|e| format!("abort: {e}")),
         };
         if let Some(e) = outcome {
             violations.push(format!("{tx}: recovery failed: {e}"));
@@ -255,18 +207,14 @@ fn snapshot_killed_at_random_points_recovers() {
             }
         };
         let payload_prefix = format!("{}/payload/", plan.manifest().group_id());
-        let payloads = directory_keys(&root.join("store"))
-            .into_iter()
-            .filter(|k| k.starts_with(&payload_prefix))
-            .count();
+        let payloads =
+            directory_keys(&root.join("store")).into_iter().filter(|k| k.starts_with(&payload_prefix)).count();
         if published {
             if payloads != plan.operations().len() {
                 violations.push(format!("{tx}: committed with {payloads} payload objects"));
             }
         } else if payloads != 0 {
-            violations.push(format!(
-                "{tx}: no manifest but {payloads} payload objects left"
-            ));
+            violations.push(format!("{tx}: no manifest but {payloads} payload objects left"));
         }
         let label = match (status.success(), published_before, published) {
             (true, _, _) => "completed before the kill",

@@ -20,10 +20,7 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let p = std::env::temp_dir().join(format!(
             "mws-{tag}-{}-{}-{nanos}",
             std::process::id(),
@@ -95,33 +92,19 @@ fn groups(n: usize) -> Vec<String> {
 }
 
 fn cfg(g: &[String]) -> WriteConfig<'_> {
-    WriteConfig {
-        group_ids: g,
-        record_type: RecordType::Payload,
-    }
+    WriteConfig { group_ids: g, record_type: RecordType::Payload }
 }
 
 fn host(buf: &[u8]) -> MemoryRegion {
-    MemoryRegion {
-        address: buf.as_ptr() as u64,
-        len: buf.len() as u64,
-        kind: MemoryKind::Host,
-    }
+    MemoryRegion { address: buf.as_ptr() as u64, len: buf.len() as u64, kind: MemoryKind::Host }
 }
 
 fn host_mut(buf: &mut [u8]) -> MemoryRegion {
-    MemoryRegion {
-        address: buf.as_mut_ptr() as u64,
-        len: buf.len() as u64,
-        kind: MemoryKind::Host,
-    }
+    MemoryRegion { address: buf.as_mut_ptr() as u64, len: buf.len() as u64, kind: MemoryKind::Host }
 }
 
 fn device(buf: &[u8]) -> MemoryRegion {
-    MemoryRegion {
-        kind: MemoryKind::Device(0),
-        ..host(buf)
-    }
+    MemoryRegion { kind: MemoryKind::Device(0), ..host(buf) }
 }
 
 fn pattern(seed: u8, n: usize) -> Vec<u8> {
@@ -173,10 +156,7 @@ fn get_exists_remove<S: ObjectStore>(s: &S) {
     s.put("r/k", b"v", &cfg(&g)).unwrap();
     assert!(s.exists("r/k").unwrap());
     assert_eq!(
-        s.batch_exists(&["r/k", "r/other", "r/k"])
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect::<Vec<_>>(),
+        s.batch_exists(&["r/k", "r/other", "r/k"]).into_iter().map(|r| r.unwrap()).collect::<Vec<_>>(),
         vec![true, false, true]
     );
     s.remove("r/k").unwrap();
@@ -194,30 +174,11 @@ fn batch_put_from_host<S: ObjectStore>(s: &S) {
     let b = pattern(2, 70_000);
     let empty: Vec<u8> = Vec::new();
     let items = [
-        PutFrom {
-            key: "b/a",
-            source: host(&a),
-        },
-        PutFrom {
-            key: "b/existing",
-            source: host(&b),
-        },
-        PutFrom {
-            key: "b/b",
-            source: host(&b),
-        },
-        PutFrom {
-            key: "b/null",
-            source: MemoryRegion {
-                address: 0,
-                len: 5,
-                kind: MemoryKind::Host,
-            },
-        },
-        PutFrom {
-            key: "b/empty",
-            source: host(&empty),
-        },
+        PutFrom { key: "b/a", source: host(&a) },
+        PutFrom { key: "b/existing", source: host(&b) },
+        PutFrom { key: "b/b", source: host(&b) },
+        PutFrom { key: "b/null", source: MemoryRegion { address: 0, len: 5, kind: MemoryKind::Host } },
+        PutFrom { key: "b/empty", source: host(&empty) },
     ];
     let g = groups(items.len());
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
@@ -241,14 +202,7 @@ fn large_batches<S: ObjectStore>(s: &S) {
     s.put("l/3", b"taken", &cfg(&groups(1))).unwrap();
     let vals: Vec<Vec<u8>> = (0..N).map(|i| pattern(i as u8, (2 << 20) + i)).collect();
     let keys: Vec<String> = (0..N).map(|i| format!("l/{i}")).collect();
-    let items: Vec<PutFrom> = keys
-        .iter()
-        .zip(&vals)
-        .map(|(k, v)| PutFrom {
-            key: k,
-            source: host(v),
-        })
-        .collect();
+    let items: Vec<PutFrom> = keys.iter().zip(&vals).map(|(k, v)| PutFrom { key: k, source: host(v) }).collect();
     let res = unsafe { s.batch_put_from(&items, &cfg(&groups(N))) };
     for (i, r) in res.iter().enumerate() {
         if i == 3 {
@@ -269,11 +223,7 @@ fn large_batches<S: ObjectStore>(s: &S) {
             let r = RangeRead {
                 key: &keys[i],
                 object_offset: 0,
-                dest: MemoryRegion {
-                    address: base + off,
-                    len,
-                    kind: MemoryKind::Host,
-                },
+                dest: MemoryRegion { address: base + off, len, kind: MemoryKind::Host },
             };
             off += vals[i].len() as u64;
             r
@@ -295,16 +245,7 @@ fn large_batches<S: ObjectStore>(s: &S) {
 
 fn batch_put_from_group_count<S: ObjectStore>(s: &S) {
     let a = pattern(3, 10);
-    let items = [
-        PutFrom {
-            key: "c/a",
-            source: host(&a),
-        },
-        PutFrom {
-            key: "c/b",
-            source: host(&a),
-        },
-    ];
+    let items = [PutFrom { key: "c/a", source: host(&a) }, PutFrom { key: "c/b", source: host(&a) }];
     let g = groups(1);
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
     assert_eq!(res.len(), 2);
@@ -323,42 +264,14 @@ fn get_into_ranges_host<S: ObjectStore>(s: &S) {
     s.put("g/y", &y, &cfg(&g)).unwrap();
     let mut dst = vec![0xEEu8; 2000];
     let base = dst.as_mut_ptr() as u64;
-    let at = |off: u64, len: u64| MemoryRegion {
-        address: base + off,
-        len,
-        kind: MemoryKind::Host,
-    };
+    let at = |off: u64, len: u64| MemoryRegion { address: base + off, len, kind: MemoryKind::Host };
     let ranges = [
-        RangeRead {
-            key: "g/x",
-            object_offset: 0,
-            dest: at(0, 100),
-        },
-        RangeRead {
-            key: "g/y",
-            object_offset: 10,
-            dest: at(100, 290),
-        },
-        RangeRead {
-            key: "g/x",
-            object_offset: 900,
-            dest: at(400, 100),
-        },
-        RangeRead {
-            key: "g/missing",
-            object_offset: 0,
-            dest: at(500, 10),
-        },
-        RangeRead {
-            key: "g/x",
-            object_offset: 1000,
-            dest: at(600, 0),
-        },
-        RangeRead {
-            key: "g/x",
-            object_offset: 0,
-            dest: at(1000, 1000),
-        },
+        RangeRead { key: "g/x", object_offset: 0, dest: at(0, 100) },
+        RangeRead { key: "g/y", object_offset: 10, dest: at(100, 290) },
+        RangeRead { key: "g/x", object_offset: 900, dest: at(400, 100) },
+        RangeRead { key: "g/missing", object_offset: 0, dest: at(500, 10) },
+        RangeRead { key: "g/x", object_offset: 1000, dest: at(600, 0) },
+        RangeRead { key: "g/x", object_offset: 0, dest: at(1000, 1000) },
     ];
     let res = unsafe { s.get_into_ranges(&ranges) };
     assert_eq!(res.len(), ranges.len());
@@ -382,27 +295,11 @@ fn out_of_range_read<S: ObjectStore>(s: &S) {
     s.put("o/x", &pattern(5, 100), &cfg(&g)).unwrap();
     let mut dst = vec![0xABu8; 64];
     let base = dst.as_mut_ptr() as u64;
-    let at = |len: u64| MemoryRegion {
-        address: base,
-        len,
-        kind: MemoryKind::Host,
-    };
+    let at = |len: u64| MemoryRegion { address: base, len, kind: MemoryKind::Host };
     let ranges = [
-        RangeRead {
-            key: "o/x",
-            object_offset: 50,
-            dest: at(51),
-        },
-        RangeRead {
-            key: "o/x",
-            object_offset: 101,
-            dest: at(0),
-        },
-        RangeRead {
-            key: "o/x",
-            object_offset: u64::MAX,
-            dest: at(2),
-        },
+        RangeRead { key: "o/x", object_offset: 50, dest: at(51) },
+        RangeRead { key: "o/x", object_offset: 101, dest: at(0) },
+        RangeRead { key: "o/x", object_offset: u64::MAX, dest: at(2) },
     ];
     let res = unsafe { s.get_into_ranges(&ranges) };
     for r in &res {
@@ -414,22 +311,9 @@ fn out_of_range_read<S: ObjectStore>(s: &S) {
 
 fn device_without_hook<S: ObjectStore>(s: &S) {
     // A bogus "device" address: touching it would crash the test.
-    let bogus = MemoryRegion {
-        address: 0x10,
-        len: 4096,
-        kind: MemoryKind::Device(0),
-    };
+    let bogus = MemoryRegion { address: 0x10, len: 4096, kind: MemoryKind::Device(0) };
     let ok = pattern(4, 10);
-    let items = [
-        PutFrom {
-            key: "d/dev",
-            source: bogus,
-        },
-        PutFrom {
-            key: "d/host",
-            source: host(&ok),
-        },
-    ];
+    let items = [PutFrom { key: "d/dev", source: bogus }, PutFrom { key: "d/host", source: host(&ok) }];
     let g = groups(2);
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
     let e = assert_kind(&res[0], ErrorKind::Unsupported);
@@ -440,16 +324,8 @@ fn device_without_hook<S: ObjectStore>(s: &S) {
 
     let res = unsafe {
         s.get_into_ranges(&[
-            RangeRead {
-                key: "d/host",
-                object_offset: 0,
-                dest: MemoryRegion { len: 10, ..bogus },
-            },
-            RangeRead {
-                key: "d/absent",
-                object_offset: 0,
-                dest: MemoryRegion { len: 10, ..bogus },
-            },
+            RangeRead { key: "d/host", object_offset: 0, dest: MemoryRegion { len: 10, ..bogus } },
+            RangeRead { key: "d/absent", object_offset: 0, dest: MemoryRegion { len: 10, ..bogus } },
         ])
     };
     for (r, key) in res.iter().zip(["d/host", "d/absent"]) {
@@ -461,16 +337,7 @@ fn device_without_hook<S: ObjectStore>(s: &S) {
 fn device_with_hook<S: ObjectStore>(s: &S, hook: &FakeHook) {
     let big = pattern(6, 9 << 20); // more than one bounce buffer
     let small = pattern(8, 333);
-    let items = [
-        PutFrom {
-            key: "h/big",
-            source: device(&big),
-        },
-        PutFrom {
-            key: "h/small",
-            source: device(&small),
-        },
-    ];
+    let items = [PutFrom { key: "h/big", source: device(&big) }, PutFrom { key: "h/small", source: device(&small) }];
     let g = groups(2);
     for r in unsafe { s.batch_put_from(&items, &cfg(&g)) } {
         r.unwrap();
@@ -485,20 +352,12 @@ fn device_with_hook<S: ObjectStore>(s: &S, hook: &FakeHook) {
         RangeRead {
             key: "h/big",
             object_offset: 0,
-            dest: MemoryRegion {
-                address: base,
-                len: 9 << 20,
-                kind: MemoryKind::Device(0),
-            },
+            dest: MemoryRegion { address: base, len: 9 << 20, kind: MemoryKind::Device(0) },
         },
         RangeRead {
             key: "h/small",
             object_offset: 233,
-            dest: MemoryRegion {
-                address: base + (9 << 20),
-                len: 100,
-                kind: MemoryKind::Device(0),
-            },
+            dest: MemoryRegion { address: base + (9 << 20), len: 100, kind: MemoryKind::Device(0) },
         },
     ];
     let res = unsafe { s.get_into_ranges(&ranges) };
@@ -642,10 +501,7 @@ fn memory_records_groups_and_keys() {
     let s = MemoryStore::new();
     assert!(s.is_empty());
     fn meta(g: &[String]) -> WriteConfig<'_> {
-        WriteConfig {
-            group_ids: g,
-            record_type: RecordType::Metadata,
-        }
+        WriteConfig { group_ids: g, record_type: RecordType::Metadata }
     }
     let tx = vec!["tx-group".to_string()];
     let gen = vec!["gen-group".to_string()];
@@ -653,28 +509,13 @@ fn memory_records_groups_and_keys() {
     s.upsert("z/manifest", b"m", &meta(&gen)).unwrap();
     let p0 = pattern(0, 10);
     let p1 = pattern(1, 10);
-    let items = [
-        PutFrom {
-            key: "a/p1",
-            source: host(&p1),
-        },
-        PutFrom {
-            key: "a/p0",
-            source: host(&p0),
-        },
-    ];
+    let items = [PutFrom { key: "a/p1", source: host(&p1) }, PutFrom { key: "a/p0", source: host(&p0) }];
     let pg = vec!["gen-a".to_string(), "gen-b".to_string()];
     for r in unsafe { s.batch_put_from(&items, &cfg(&pg)) } {
         r.unwrap();
     }
-    assert_eq!(
-        s.group_of("z/decision"),
-        Some(("tx-group".into(), RecordType::Metadata))
-    );
-    assert_eq!(
-        s.group_of("z/manifest"),
-        Some(("gen-group".into(), RecordType::Metadata))
-    );
+    assert_eq!(s.group_of("z/decision"), Some(("tx-group".into(), RecordType::Metadata)));
+    assert_eq!(s.group_of("z/manifest"), Some(("gen-group".into(), RecordType::Metadata)));
     assert_eq!(s.group_of("a/p1"), Some(("gen-a".into(), RecordType::Payload)));
     assert_eq!(s.group_of("a/p0"), Some(("gen-b".into(), RecordType::Payload)));
     assert_eq!(s.group_of("nope"), None);
@@ -714,21 +555,7 @@ fn directory_hostile_keys_refused() {
     let root = dir.path().join("nest").join("store");
     let s = DirectoryStore::open(&root).unwrap();
     let before = list_tree(dir.path());
-    let hostile = [
-        "",
-        "../x",
-        "..",
-        ".",
-        "a/../../x",
-        "a//b",
-        "/abs",
-        "/",
-        "a/./b",
-        "a/.",
-        "a/",
-        "a\0b",
-        "x/..",
-    ];
+    let hostile = ["", "../x", "..", ".", "a/../../x", "a//b", "/abs", "/", "a/./b", "a/.", "a/", "a\0b", "x/.."];
     let g = groups(1);
     let buf = pattern(1, 16);
     let mut dst = vec![0u8; 16];
@@ -738,23 +565,9 @@ fn directory_hostile_keys_refused() {
         assert_kind(&s.get(key), ErrorKind::InvalidArgument);
         assert_kind(&s.exists(key), ErrorKind::InvalidArgument);
         assert_kind(&s.remove(key), ErrorKind::InvalidArgument);
-        let r = unsafe {
-            s.batch_put_from(
-                &[PutFrom {
-                    key,
-                    source: host(&buf),
-                }],
-                &cfg(&g),
-            )
-        };
+        let r = unsafe { s.batch_put_from(&[PutFrom { key, source: host(&buf) }], &cfg(&g)) };
         assert_kind(&r[0], ErrorKind::InvalidArgument);
-        let r = unsafe {
-            s.get_into_ranges(&[RangeRead {
-                key,
-                object_offset: 0,
-                dest: host_mut(&mut dst),
-            }])
-        };
+        let r = unsafe { s.get_into_ranges(&[RangeRead { key, object_offset: 0, dest: host_mut(&mut dst) }]) };
         assert_kind(&r[0], ErrorKind::InvalidArgument);
     }
     let long = "x".repeat(254);
@@ -781,10 +594,7 @@ fn directory_prefix_keys_coexist() {
     assert!(s.exists("a/b/c").unwrap() && s.exists("a/b/c/d").unwrap() && s.exists("a").unwrap());
     assert!(!s.exists("a/b/c/d/e").unwrap());
     assert!(!s.exists("a/x/y").unwrap());
-    assert_eq!(
-        s.object_path("a/b/c").unwrap(),
-        s.root().join("objects").join("d.a").join("d.b").join("f.c")
-    );
+    assert_eq!(s.object_path("a/b/c").unwrap(), s.root().join("objects").join("d.a").join("d.b").join("f.c"));
     // Valid but unusual keys.
     for k in ["..a", ".hidden", "a b/ü", "back\\slash", "x/...", "tab\there"] {
         s.put(k, k.as_bytes(), &cfg(&g)).unwrap();

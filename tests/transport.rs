@@ -12,7 +12,8 @@ use mooncake_weight_store::*;
 #[test]
 fn plan_receipts_and_bindings_round_trip() {
     let defs = model_tensors(1, 16, 2);
-    let src = HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 2, dp: 2 }, &defs, 1), false, "trainer", 4);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 2, dp: 2 }, &defs, 1), false, "trainer", 4);
     let plan = plan_upload(&src.placement, &src.bindings, &UploadOptions::default()).unwrap();
     let text = plan_to_json(&plan);
     assert!(!text.contains("\"owner\""));
@@ -31,7 +32,8 @@ fn plan_receipts_and_bindings_round_trip() {
 #[test]
 fn tampered_transport_documents_are_refused() {
     let defs = model_tensors(1, 16, 0);
-    let src = HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "trainer", 1);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "trainer", 1);
     let plan = plan_upload(&src.placement, &src.bindings, &UploadOptions::default()).unwrap();
     let text = plan_to_json(&plan);
     // Another transaction's payload key inside the manifest.

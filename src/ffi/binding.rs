@@ -7,8 +7,7 @@ use super::mws_status;
 use super::placement::mws_placement;
 use super::strings::{check_out, handle, slice_arg, str_arg, write_out};
 use crate::{
-    validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment,
-    RuntimeFragmentSpec,
+    validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSpec,
 };
 
 /// Kind of memory a runtime fragment lives in (values of
@@ -169,10 +168,7 @@ pub unsafe extern "C" fn mws_binding_new(
             lease_id: str_arg(o.lease_id, "options->lease_id")?.to_owned(),
             generation: o.generation,
         };
-        let binding = mws_binding {
-            identity,
-            fragments: Vec::new(),
-        };
+        let binding = mws_binding { identity, fragments: Vec::new() };
         write_out(out, Box::into_raw(Box::new(binding)));
         Ok(())
     })
@@ -200,21 +196,11 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
         let f = handle(fragment, "fragment")?;
         let memory = match f.memory_kind {
             k if k == mws_memory_kind::MWS_MEMORY_HOST as u32 => MemoryKind::Host,
-            k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => {
-                MemoryKind::Device(f.device_ordinal)
-            }
-            k => {
-                return Err(Failure::invalid(format!(
-                    "fragment->memory_kind {k} is not an mws_memory_kind value"
-                )))
-            }
+            k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => MemoryKind::Device(f.device_ordinal),
+            k => return Err(Failure::invalid(format!("fragment->memory_kind {k} is not an mws_memory_kind value"))),
         };
         let spec = RuntimeFragmentSpec {
-            placement_fragment_id: str_arg(
-                f.placement_fragment_id,
-                "fragment->placement_fragment_id",
-            )?
-            .to_owned(),
+            placement_fragment_id: str_arg(f.placement_fragment_id, "fragment->placement_fragment_id")?.to_owned(),
             fragment_id: str_arg(f.fragment_id, "fragment->fragment_id")?.to_owned(),
             address: f.address as usize as u64,
             nbytes: f.nbytes,
@@ -222,14 +208,8 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
             endpoint: str_arg(f.endpoint, "fragment->endpoint")?.to_owned(),
             device: str_arg(f.device, "fragment->device")?.to_owned(),
             itemsize: f.itemsize,
-            local_shape: slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape")?
-                .to_vec(),
-            strides_bytes: slice_arg(
-                f.strides_bytes,
-                f.strides_bytes_len,
-                "fragment->strides_bytes",
-            )?
-            .to_vec(),
+            local_shape: slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape")?.to_vec(),
+            strides_bytes: slice_arg(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes")?.to_vec(),
             storage_address: f.storage_address as usize as u64,
             storage_nbytes: f.storage_nbytes,
             storage_offset_bytes: f.storage_offset_bytes,
@@ -247,9 +227,7 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
 /// `binding` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
-    value_call("mws_binding_fragment_count", 0, || {
-        Ok(handle(binding, "binding")?.fragments.len())
-    })
+    value_call("mws_binding_fragment_count", 0, || Ok(handle(binding, "binding")?.fragments.len()))
 }
 
 /// Checks that the binding is complete and consistent, and pairs with `placement`

@@ -126,18 +126,12 @@ pub(crate) struct Failure {
 
 impl Failure {
     pub(crate) fn new(status: mws_status, message: impl Into<String>) -> Self {
-        Failure {
-            status,
-            message: message.into(),
-        }
+        Failure { status, message: message.into() }
     }
 
     /// `argument` was NULL.
     pub(crate) fn null(argument: &str) -> Self {
-        Failure::new(
-            mws_status::MWS_NULL_ARGUMENT,
-            format!("argument `{argument}` is NULL"),
-        )
+        Failure::new(mws_status::MWS_NULL_ARGUMENT, format!("argument `{argument}` is NULL"))
     }
 
     /// An invalid argument detected by the ABI layer (a length, an index, an enum value).
@@ -208,10 +202,7 @@ fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>) -> Result
 }
 
 /// Boundary for entry points that return `mws_status`.
-pub(crate) fn status_call(
-    function: &'static str,
-    body: impl FnOnce() -> FfiResult<()>,
-) -> mws_status {
+pub(crate) fn status_call(function: &'static str, body: impl FnOnce() -> FfiResult<()>) -> mws_status {
     match run(function, body) {
         Ok(()) => mws_status::MWS_OK,
         Err(status) => status,
@@ -219,11 +210,7 @@ pub(crate) fn status_call(
 }
 
 /// Boundary for entry points that return a value (`fallback` on failure: NULL, 0).
-pub(crate) fn value_call<T>(
-    function: &'static str,
-    fallback: T,
-    body: impl FnOnce() -> FfiResult<T>,
-) -> T {
+pub(crate) fn value_call<T>(function: &'static str, fallback: T, body: impl FnOnce() -> FfiResult<T>) -> T {
     run(function, body).unwrap_or(fallback)
 }
 
@@ -237,13 +224,9 @@ pub(crate) fn value_call<T>(
 #[no_mangle]
 pub extern "C" fn mws_status_name(status: c_int) -> *const c_char {
     // SAFETY: literal with exactly one, trailing NUL.
-    let unknown: &'static CStr =
-        unsafe { CStr::from_bytes_with_nul_unchecked(b"MWS_UNKNOWN_STATUS\0") };
+    let unknown: &'static CStr = c"MWS_UNKNOWN_STATUS";
     value_call("mws_status_name", unknown.as_ptr(), || {
-        let name = mws_status::ALL
-            .iter()
-            .find(|s| **s as c_int == status)
-            .map_or(unknown, |s| s.name());
+        let name = mws_status::ALL.iter().find(|s| **s as c_int == status).map_or(unknown, |s| s.name());
         Ok(name.as_ptr())
     })
 }
@@ -262,7 +245,7 @@ pub extern "C" fn mws_status_name(status: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn mws_last_error_message() -> *const c_char {
     // SAFETY: literal with exactly one, trailing NUL.
-    let empty: &'static CStr = unsafe { CStr::from_bytes_with_nul_unchecked(b"\0") };
+    let empty: &'static CStr = c"";
     LAST_ERROR
         .try_with(|slot| match slot.try_borrow() {
             // The buffer lives in thread-local storage and is only replaced by a later
@@ -301,10 +284,7 @@ mod tests {
     use super::*;
 
     fn header() -> &'static str {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/include/mooncake_weight_store.h"
-        ))
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/include/mooncake_weight_store.h"))
     }
 
     fn header_macro(name: &str) -> u64 {
@@ -376,10 +356,7 @@ mod tests {
                     | mws_status::MWS_INVALID_UTF8
             ));
             // Status names are the kind names, upper-cased.
-            assert_eq!(
-                s.name().to_str().unwrap(),
-                format!("MWS_{}", k.name().to_uppercase())
-            );
+            assert_eq!(s.name().to_str().unwrap(), format!("MWS_{}", k.name().to_uppercase()));
         }
     }
 }

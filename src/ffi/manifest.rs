@@ -215,7 +215,10 @@ pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manif
 /// # Safety
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_stored_manifest_namespace(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_stored_manifest_namespace(
+    m: *const mws_stored_manifest,
+    len: *mut usize,
+) -> *const c_char {
     lend_m("mws_stored_manifest_namespace", m, len, |m| &m.namespace)
 }
 
@@ -224,7 +227,10 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(m: *const mws_stored_mani
 /// # Safety
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_stored_manifest_resource_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_stored_manifest_resource_id(
+    m: *const mws_stored_manifest,
+    len: *mut usize,
+) -> *const c_char {
     lend_m("mws_stored_manifest_resource_id", m, len, |m| &m.resource_id)
 }
 
@@ -272,7 +278,9 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_total_bytes(m: *const mws_stored_manifest) -> u64 {
-    value_call("mws_stored_manifest_total_bytes", 0, || Ok(handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum()))
+    value_call("mws_stored_manifest_total_bytes", 0, || {
+        Ok(handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum())
+    })
 }
 
 /// Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
@@ -292,7 +300,10 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
         let m = handle(m, "manifest")?;
         check_out(out, "out")?;
         let f = m.fragments.get(index).ok_or_else(|| {
-            Failure::invalid(format!("fragment index {index} is out of range (the manifest has {} fragments)", m.fragments.len()))
+            Failure::invalid(format!(
+                "fragment index {index} is out of range (the manifest has {} fragments)",
+                m.fragments.len()
+            ))
         })?;
         write_out(
             out,
@@ -456,11 +467,18 @@ pub unsafe extern "C" fn mws_load_plan_participant_count(plan: *const mws_load_p
 /// # Safety
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_load_plan_participant(plan: *const mws_load_plan, index: usize, len: *mut usize) -> *const c_char {
+pub unsafe extern "C" fn mws_load_plan_participant(
+    plan: *const mws_load_plan,
+    index: usize,
+    len: *mut usize,
+) -> *const c_char {
     value_call("mws_load_plan_participant", std::ptr::null(), || {
         let p = handle(plan, "plan")?;
         let t = p.participants.get(index).ok_or_else(|| {
-            Failure::invalid(format!("participant index {index} is out of range (the plan has {})", p.participants.len()))
+            Failure::invalid(format!(
+                "participant index {index} is out of range (the plan has {})",
+                p.participants.len()
+            ))
         })?;
         Ok(t.lend(len))
     })
@@ -501,8 +519,16 @@ pub unsafe extern "C" fn mws_store_load(
         let p = handle(plan, "plan")?;
         let b = handle(binding, "binding")?;
         let a = io_args(args)?;
-        let rb = b.build().map_err(|f| Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message)))?;
-        let la = LoadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, skip_committed_check: false, lease: None };
+        let rb = b.build().map_err(|f| {
+            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
+        })?;
+        let la = LoadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            skip_committed_check: false,
+            lease: None,
+        };
         let st = s.ws.load(&p.inner, &rb, la)?;
         if !stats.is_null() {
             write_out(stats, stats_out(st));

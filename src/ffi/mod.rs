@@ -26,6 +26,10 @@ mod strings;
 mod upload;
 mod writer;
 
+pub use crate::store::callbacks::{
+    mws_bytes, mws_copy_hook_vtable, mws_put_item, mws_range_item, mws_store_vtable, MWS_COPY_HOOK_VTABLE_VERSION,
+    MWS_RECORD_METADATA, MWS_RECORD_PAYLOAD, MWS_STORE_VTABLE_VERSION,
+};
 pub use binding::*;
 pub use boundary::*;
 pub use manifest::*;
@@ -33,7 +37,3 @@ pub use placement::*;
 pub use store::*;
 pub use upload::*;
 pub use writer::*;
-pub use crate::store::callbacks::{
-    mws_bytes, mws_copy_hook_vtable, mws_put_item, mws_range_item, mws_store_vtable, MWS_COPY_HOOK_VTABLE_VERSION,
-    MWS_RECORD_METADATA, MWS_RECORD_PAYLOAD, MWS_STORE_VTABLE_VERSION,
-};

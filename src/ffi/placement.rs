@@ -40,11 +40,8 @@ impl mws_placement {
         let mut fragments = Vec::new();
         for part in inner.parts() {
             for f in part.fragments() {
-                let itemsize = inner
-                    .tensors()
-                    .iter()
-                    .find(|t| t.tensor_id() == f.tensor_id())
-                    .map_or(0, |t| t.itemsize());
+                let itemsize =
+                    inner.tensors().iter().find(|t| t.tensor_id() == f.tensor_id()).map_or(0, |t| t.itemsize());
                 fragments.push(FragmentView {
                     placement_fragment_id: CText::new(f.placement_fragment_id()),
                     participant_id: CText::new(part.participant_id()),
@@ -165,10 +162,7 @@ unsafe fn lend(
 /// # Safety
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_to_json(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     lend("mws_placement_to_json", placement, len, |p| &p.json)
 }
 
@@ -178,10 +172,7 @@ pub unsafe extern "C" fn mws_placement_to_json(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_id(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     lend("mws_placement_id", placement, len, |p| &p.placement_id)
 }
 
@@ -191,10 +182,7 @@ pub unsafe extern "C" fn mws_placement_id(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_digest(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     lend("mws_placement_digest", placement, len, |p| &p.digest)
 }
 
@@ -204,13 +192,8 @@ pub unsafe extern "C" fn mws_placement_digest(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_topology_id(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
-    lend("mws_placement_topology_id", placement, len, |p| {
-        &p.topology_id
-    })
+pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    lend("mws_placement_topology_id", placement, len, |p| &p.topology_id)
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -219,13 +202,8 @@ pub unsafe extern "C" fn mws_placement_topology_id(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_resource_id(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
-    lend("mws_placement_resource_id", placement, len, |p| {
-        &p.resource_id
-    })
+pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    lend("mws_placement_resource_id", placement, len, |p| &p.resource_id)
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -233,10 +211,7 @@ pub unsafe extern "C" fn mws_placement_resource_id(
 /// # Safety
 /// As `mws_placement_to_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_placement_revision(
-    placement: *const mws_placement,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     lend("mws_placement_revision", placement, len, |p| &p.revision)
 }
 
@@ -247,9 +222,7 @@ pub unsafe extern "C" fn mws_placement_revision(
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_placement) -> u64 {
-    value_call("mws_placement_weight_generation", 0, || {
-        Ok(handle(placement, "placement")?.inner.weight_generation())
-    })
+    value_call("mws_placement_weight_generation", 0, || Ok(handle(placement, "placement")?.inner.weight_generation()))
 }
 
 unsafe fn count(
@@ -267,9 +240,7 @@ unsafe fn count(
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_participant_count", placement, |p| {
-        p.inner.topology().participants().len()
-    })
+    count("mws_placement_participant_count", placement, |p| p.inner.topology().participants().len())
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -279,9 +250,7 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_tensor_count", placement, |p| {
-        p.inner.tensors().len()
-    })
+    count("mws_placement_tensor_count", placement, |p| p.inner.tensors().len())
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -291,9 +260,7 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_fragment_count", placement, |p| {
-        p.fragments.len()
-    })
+    count("mws_placement_fragment_count", placement, |p| p.fragments.len())
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.

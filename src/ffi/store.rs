@@ -11,7 +11,9 @@ use super::mws_status;
 use super::placement::mws_placement;
 use super::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out, CText};
 use super::upload::mws_upload_plan;
-use crate::protocol::guards::{weight_allocation_fence, AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState};
+use crate::protocol::guards::{
+    weight_allocation_fence, AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState,
+};
 use crate::protocol::{StoreLimits, UploadArgs, UploadReceipt, WeightStore};
 use crate::store::callbacks::{mws_copy_hook_vtable, mws_store_vtable, CallbackCopyHook, CallbackStore};
 use crate::store::directory::DirectoryStore;
@@ -69,7 +71,10 @@ struct StoreConfig {
     limits: StoreLimits,
 }
 
-unsafe fn read_options(options: *const mws_store_options, allow_hook: bool) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
+unsafe fn read_options(
+    options: *const mws_store_options,
+    allow_hook: bool,
+) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
     let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
     let Some(o) = options.as_ref() else { return Ok((config, None)) };
     config.key_prefix = opt_str_arg(o.key_prefix, "options->key_prefix")?.map(str::to_owned);
@@ -117,7 +122,10 @@ fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<We
 /// `options` is NULL or valid (its copy hook as documented in
 /// `mws_copy_hook_vtable`); `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_store_open_memory(options: *const mws_store_options, out: *mut *mut mws_store) -> mws_status {
+pub unsafe extern "C" fn mws_store_open_memory(
+    options: *const mws_store_options,
+    out: *mut *mut mws_store,
+) -> mws_status {
     status_call("mws_store_open_memory", || {
         check_out(out, "out")?;
         let (config, hook) = read_options(options, true)?;
@@ -297,7 +305,11 @@ pub unsafe extern "C" fn mws_store_get(
 /// `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `present` is
 /// NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_store_exists(store: *const mws_store, key: *const c_char, present: *mut c_int) -> mws_status {
+pub unsafe extern "C" fn mws_store_exists(
+    store: *const mws_store,
+    key: *const c_char,
+    present: *mut c_int,
+) -> mws_status {
     status_call("mws_store_exists", || {
         let s = handle(store, "store")?;
         let key = str_arg(key, "key")?;
@@ -385,7 +397,9 @@ pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_store) -> usize {
-    value_call("mws_store_pending_registration_count", 0, || Ok(handle(store, "store")?.ws.pending_registration_ids().len()))
+    value_call("mws_store_pending_registration_count", 0, || {
+        Ok(handle(store, "store")?.ws.pending_registration_ids().len())
+    })
 }
 
 /// Retries the cleanup of every quarantined registration and releases their pins.
@@ -494,13 +508,25 @@ unsafe impl Sync for GuardCtx {}
 
 /// A [`GuardProvider`] over C callbacks.
 pub(crate) struct CGuard {
-    acquire: unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char, *const *const c_char, usize, *mut *mut mws_binding, *mut u64) -> i32,
+    acquire: unsafe extern "C" fn(
+        *mut c_void,
+        *const c_char,
+        *const c_char,
+        *const *const c_char,
+        usize,
+        *mut *mut mws_binding,
+        *mut u64,
+    ) -> i32,
     release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
     ctx: GuardCtx,
 }
 
 impl CGuard {
-    pub(crate) fn new(acquire: mws_guard_acquire_fn, release: mws_guard_release_fn, ctx: *mut c_void) -> FfiResult<CGuard> {
+    pub(crate) fn new(
+        acquire: mws_guard_acquire_fn,
+        release: mws_guard_release_fn,
+        ctx: *mut c_void,
+    ) -> FfiResult<CGuard> {
         match (acquire, release) {
             (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: GuardCtx(ctx) }),
             _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
@@ -511,12 +537,17 @@ impl CGuard {
         let size = (vt as *const u32).read_unaligned();
         let version = (vt as *const u32).add(1).read_unaligned();
         if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
-            return Err(Failure::invalid(format!("mws_guard_vtable.size is {size}, expected at least {}", std::mem::size_of::<mws_guard_vtable>())));
+            return Err(Failure::invalid(format!(
+                "mws_guard_vtable.size is {size}, expected at least {}",
+                std::mem::size_of::<mws_guard_vtable>()
+            )));
         }
         if version != MWS_GUARD_VTABLE_VERSION {
             return Err(Failure::new(
                 mws_status::MWS_UNSUPPORTED,
-                format!("mws_guard_vtable.version is {version}, this library implements version {MWS_GUARD_VTABLE_VERSION}"),
+                format!(
+                    "mws_guard_vtable.version is {version}, this library implements version {MWS_GUARD_VTABLE_VERSION}"
+                ),
             ));
         }
         let vt = vt.read_unaligned();
@@ -565,7 +596,8 @@ impl GuardProvider for CGuard {
     ) -> crate::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
         let tid = c_string(transfer_id, "transfer id")?;
         let pid = c_string(expected.participant_id(), "participant id")?;
-        let ids: Vec<CString> = required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<crate::Result<_>>()?;
+        let ids: Vec<CString> =
+            required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<crate::Result<_>>()?;
         let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
         let mut observed: *mut mws_binding = std::ptr::null_mut();
         let mut token: u64 = 0;
@@ -583,9 +615,12 @@ impl GuardProvider for CGuard {
         };
         let fresh = match observed {
             None => expected.clone(),
-            Some(b) => b.build().map_err(|f| abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message))))?,
+            Some(b) => b.build().map_err(|f| {
+                abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
+            })?,
         };
-        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}")).map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
+        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
+            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
         Ok((fresh, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })))
     }
 }
@@ -675,7 +710,11 @@ pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len
 /// # Safety
 /// `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_receipts_from_json(json: *const c_char, len: usize, out: *mut *mut mws_receipts) -> mws_status {
+pub unsafe extern "C" fn mws_receipts_from_json(
+    json: *const c_char,
+    len: usize,
+    out: *mut *mut mws_receipts,
+) -> mws_status {
     status_call("mws_receipts_from_json", || {
         check_out(out, "out")?;
         if json.is_null() {
@@ -721,7 +760,10 @@ pub unsafe extern "C" fn mws_receipts_concat(
 /// # Safety
 /// `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_receipts_for_plan(plan: *const mws_upload_plan, out: *mut *mut mws_receipts) -> mws_status {
+pub unsafe extern "C" fn mws_receipts_for_plan(
+    plan: *const mws_upload_plan,
+    out: *mut *mut mws_receipts,
+) -> mws_status {
     status_call("mws_receipts_for_plan", || {
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
@@ -770,7 +812,9 @@ pub unsafe extern "C" fn mws_store_upload(
         let b = handle(binding, "binding")?;
         check_out(out, "out")?;
         let a = io_args(args)?;
-        let rb = b.build().map_err(|f| Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message)))?;
+        let rb = b.build().map_err(|f| {
+            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
+        })?;
         let ua = UploadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, lease: None };
         let receipts = s.ws.upload(&p.inner, &pl.inner, &rb, ua)?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
@@ -859,7 +903,10 @@ pub unsafe extern "C" fn mws_store_abort_upload(
 /// # Safety
 /// Handles are NULL or live.
 #[no_mangle]
-pub unsafe extern "C" fn mws_store_finalize_upload(store: *const mws_store, plan: *const mws_upload_plan) -> mws_status {
+pub unsafe extern "C" fn mws_store_finalize_upload(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+) -> mws_status {
     status_call("mws_store_finalize_upload", || {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;

@@ -66,10 +66,7 @@ pub(crate) fn utf8<'a>(bytes: &'a [u8], name: &str) -> FfiResult<&'a str> {
     std::str::from_utf8(bytes).map_err(|e| {
         Failure::new(
             mws_status::MWS_INVALID_UTF8,
-            format!(
-                "argument `{name}` is not valid UTF-8 (invalid byte at offset {})",
-                e.valid_up_to()
-            ),
+            format!("argument `{name}` is not valid UTF-8 (invalid byte at offset {})", e.valid_up_to()),
         )
     })
 }
@@ -88,15 +85,11 @@ pub(crate) unsafe fn slice_arg<'a, T>(p: *const T, len: usize, name: &str) -> Ff
         return Err(Failure::null(name));
     }
     if (p as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(Failure::invalid(format!(
-            "argument `{name}` is not suitably aligned"
-        )));
+        return Err(Failure::invalid(format!("argument `{name}` is not suitably aligned")));
     }
     match len.checked_mul(std::mem::size_of::<T>()) {
         Some(bytes) if bytes <= isize::MAX as usize => Ok(std::slice::from_raw_parts(p, len)),
-        _ => Err(Failure::invalid(format!(
-            "length of argument `{name}` ({len}) is too large"
-        ))),
+        _ => Err(Failure::invalid(format!("length of argument `{name}` ({len}) is too large"))),
     }
 }
 

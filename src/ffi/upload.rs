@@ -135,8 +135,7 @@ unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOp
         if let Some(prefix) = opt_str_arg(c.key_prefix, "options->key_prefix")? {
             o.key_prefix = prefix.to_owned();
         }
-        o.transaction_id =
-            opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
+        o.transaction_id = opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
         o.created_at = opt_str_arg(c.created_at, "options->created_at")?.map(str::to_owned);
     }
     Ok(o)
@@ -177,9 +176,7 @@ pub unsafe extern "C" fn mws_plan_upload(
         let handles = slice_arg(bindings, count, "bindings")?;
         let mut built = Vec::with_capacity(handles.len());
         for (i, b) in handles.iter().enumerate() {
-            let b = b
-                .as_ref()
-                .ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
             built.push(b.build()?);
         }
         let options = options_from(options)?;
@@ -211,9 +208,7 @@ unsafe fn lend(
     len: *mut usize,
     pick: impl FnOnce(&mws_upload_plan) -> &CText,
 ) -> *const c_char {
-    value_call(function, std::ptr::null(), || {
-        Ok(pick(handle(plan, "plan")?).lend(len))
-    })
+    value_call(function, std::ptr::null(), || Ok(pick(handle(plan, "plan")?).lend(len)))
 }
 
 /// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
@@ -226,13 +221,8 @@ unsafe fn lend(
 /// # Safety
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_manifest_json(
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-) -> *const c_char {
-    lend("mws_upload_plan_manifest_json", plan, len, |p| {
-        &p.manifest_json
-    })
+pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_manifest_json", plan, len, |p| &p.manifest_json)
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -245,9 +235,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_manifest_digest", plan, len, |p| {
-        &p.manifest_digest
-    })
+    lend("mws_upload_plan_manifest_digest", plan, len, |p| &p.manifest_digest)
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -256,13 +244,8 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_manifest_key(
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-) -> *const c_char {
-    lend("mws_upload_plan_manifest_key", plan, len, |p| {
-        &p.manifest_key
-    })
+pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_manifest_key", plan, len, |p| &p.manifest_key)
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -271,10 +254,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_group_id(
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     lend("mws_upload_plan_group_id", plan, len, |p| &p.group_id)
 }
 
@@ -284,10 +264,7 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_control_key(
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-) -> *const c_char {
+pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     lend("mws_upload_plan_control_key", plan, len, |p| &p.control_key)
 }
 
@@ -301,9 +278,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_group_id", plan, len, |p| {
-        &p.transaction_group_id
-    })
+    lend("mws_upload_plan_transaction_group_id", plan, len, |p| &p.transaction_group_id)
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -316,9 +291,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_id", plan, len, |p| {
-        &p.transaction_id
-    })
+    lend("mws_upload_plan_transaction_id", plan, len, |p| &p.transaction_id)
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -331,9 +304,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_id", plan, len, |p| {
-        &p.source_placement_id
-    })
+    lend("mws_upload_plan_source_placement_id", plan, len, |p| &p.source_placement_id)
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -346,9 +317,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_digest", plan, len, |p| {
-        &p.source_placement_digest
-    })
+    lend("mws_upload_plan_source_placement_digest", plan, len, |p| &p.source_placement_digest)
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -357,13 +326,8 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 /// # Safety
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
-pub unsafe extern "C" fn mws_upload_plan_commit_record(
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-) -> *const c_char {
-    lend("mws_upload_plan_commit_record", plan, len, |p| {
-        &p.commit_record
-    })
+pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    lend("mws_upload_plan_commit_record", plan, len, |p| &p.commit_record)
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -373,9 +337,7 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
-    value_call("mws_upload_plan_operation_count", 0, || {
-        Ok(handle(plan, "plan")?.operations.len())
-    })
+    value_call("mws_upload_plan_operation_count", 0, || Ok(handle(plan, "plan")?.operations.len()))
 }
 
 /// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
@@ -437,9 +399,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     value_call("mws_upload_plan_to_json", std::ptr::null(), || {
         let p = handle(plan, "plan")?;
-        let text = p
-            .transport_json
-            .get_or_init(|| CText::new(&crate::protocol::transport::plan_to_json(&p.inner)));
+        let text = p.transport_json.get_or_init(|| CText::new(&crate::protocol::transport::plan_to_json(&p.inner)));
         Ok(text.lend(len))
     })
 }

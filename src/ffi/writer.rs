@@ -135,7 +135,12 @@ unsafe impl SnapshotAdapter for CAdapter {
         Ok(SnapshotSource { placement: Arc::new(placement.inner.clone()), bindings: built })
     }
 
-    fn resolve_fragment_ids(&self, tensor_id: &str, tensor: &CTensor, _source: &SnapshotSource) -> crate::Result<Vec<String>> {
+    fn resolve_fragment_ids(
+        &self,
+        tensor_id: &str,
+        tensor: &CTensor,
+        _source: &SnapshotSource,
+    ) -> crate::Result<Vec<String>> {
         let f = self.vt.resolve_fragment_ids.expect("checked at begin");
         let tid = CString::new(tensor_id).map_err(|_| Error::invalid("tensor_id contains a NUL byte"))?;
         let mut ids: *const *const c_char = std::ptr::null();
@@ -161,7 +166,8 @@ unsafe impl SnapshotAdapter for CAdapter {
         if self.vt.acquire_source.is_none() && self.vt.release_source.is_none() {
             return Ok(Arc::new(StaticGuard));
         }
-        let g = CGuard::new(self.vt.acquire_source, self.vt.release_source, self.ctx.0).map_err(|f| Error::invalid(f.message))?;
+        let g = CGuard::new(self.vt.acquire_source, self.vt.release_source, self.ctx.0)
+            .map_err(|f| Error::invalid(f.message))?;
         Ok(Arc::new(g))
     }
 }
@@ -295,7 +301,10 @@ pub unsafe extern "C" fn mws_writer_write_tensor(
 /// # Safety
 /// `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_writer_commit(writer: *const mws_writer, out: *mut *mut mws_stored_manifest) -> mws_status {
+pub unsafe extern "C" fn mws_writer_commit(
+    writer: *const mws_writer,
+    out: *mut *mut mws_stored_manifest,
+) -> mws_status {
     status_call("mws_writer_commit", || {
         let w = handle(writer, "writer")?;
         check_out(out, "out")?;
@@ -326,7 +335,10 @@ pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_stat
 /// # Safety
 /// `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_writer_upload_plan(writer: *const mws_writer, out: *mut *mut mws_upload_plan) -> mws_status {
+pub unsafe extern "C" fn mws_writer_upload_plan(
+    writer: *const mws_writer,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
     status_call("mws_writer_upload_plan", || {
         let w = handle(writer, "writer")?;
         check_out(out, "out")?;

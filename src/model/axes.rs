@@ -181,7 +181,11 @@ impl ParallelAxis {
             "replicated" | "ownership" => {
                 o.expect_keys(&["semantics", "kind"], schema)?;
                 let kind = kind_of(o.get("kind"))?;
-                Ok(if semantics == "replicated" { ParallelAxis::Replicated(kind) } else { ParallelAxis::Ownership(kind) })
+                Ok(if semantics == "replicated" {
+                    ParallelAxis::Replicated(kind)
+                } else {
+                    ParallelAxis::Ownership(kind)
+                })
             }
             other => invalid(format!("unsupported parallel axis semantics: {other}")),
         }

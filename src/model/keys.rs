@@ -61,7 +61,13 @@ impl KeyLayout {
     /// (not encoded) and must keep at least one character
     /// (`key_prefix must contain a non-empty path segment`); `namespace` must be
     /// non-empty (`namespace must be a non-empty string`).
-    pub fn new(key_prefix: &str, namespace: &str, resource_id: &str, revision: &str, weight_generation: u64) -> Result<Self> {
+    pub fn new(
+        key_prefix: &str,
+        namespace: &str,
+        resource_id: &str,
+        revision: &str,
+        weight_generation: u64,
+    ) -> Result<Self> {
         if namespace.is_empty() {
             return invalid("namespace must be a non-empty string");
         }

@@ -5,11 +5,11 @@ use super::placement::{check_fragment_geometry, normalize_aliases};
 use super::tensor::TensorDescriptor;
 use super::{is_hex64, non_empty, sha256_hex};
 use crate::error::{invalid, Error, Result};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef};
 use crate::json::{self, Obj, Profile, Value};
 use std::collections::BTreeSet;
-use crate::fxhash::FxHashMap as HashMap;
-use crate::fxhash::FxHashSet as HashSet;
 use std::sync::Arc;
 
 /// Construction input of a [`StoredFragment`].
@@ -138,7 +138,16 @@ impl StoredFragment {
         let schema = || "stored fragment schema fields do not match contract".to_string();
         let o = Obj::new(v, schema)?;
         o.expect_keys(
-            &["aliases", "fragment_id", "global_offset", "local_shape", "nbytes", "object_key", "object_offset", "tensor_id"],
+            &[
+                "aliases",
+                "fragment_id",
+                "global_offset",
+                "local_shape",
+                "nbytes",
+                "object_key",
+                "object_offset",
+                "tensor_id",
+            ],
             schema,
         )?;
         let aliases_v = json::req_array(o.get("aliases"), || "stored fragment aliases must be a sequence".into())?;
@@ -270,7 +279,9 @@ impl StoredManifest {
             if !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
-            let t = index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?;
+            let t = index
+                .get(f.tensor_id())
+                .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?;
             check_fragment_geometry(t, &f.fragment_id, &f.global_offset, &f.local_shape, f.nbytes)?;
         }
         check_stored_aliases(&index, &spec.fragments)?;
@@ -363,7 +374,8 @@ impl StoredManifest {
             Value::Str(s) if s == "model_weight" => {}
             _ => return invalid("weight manifest resource_kind must be model_weight"),
         }
-        let tensor_items = json::req_array(o.get("tensors"), || "StoredWeightManifest tensors must be a sequence".into())?;
+        let tensor_items =
+            json::req_array(o.get("tensors"), || "StoredWeightManifest tensors must be a sequence".into())?;
         let mut tensors = Vec::with_capacity(tensor_items.len());
         for (i, item) in tensor_items.iter().enumerate() {
             let schema = || "tensor descriptor schema fields do not match contract".to_string();
@@ -374,7 +386,8 @@ impl StoredManifest {
                 &format!("stored tensor parallel_axes {i}"),
             )?));
         }
-        let frag_items = json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
+        let frag_items =
+            json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
         let fragments = frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?;
         StoredManifest::new(StoredManifestSpec {
             namespace: json::req_str(o.get("namespace"), "namespace")?,

@@ -12,8 +12,8 @@ pub use axes::{AxisKind, ParallelAxis, ParallelRank};
 pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
 pub use manifest::{StoredFragment, StoredFragmentSpec, StoredManifest, StoredManifestIdentity, StoredManifestSpec};
 pub use placement::{
-    ParallelTopology, Placement, PlacementFragment, PlacementFragmentSpec, PlacementPart, PlacementPartSpec,
-    PlacementSpec, FlatPlacementSpec, TopologyParticipant, TopologySpec,
+    FlatPlacementSpec, ParallelTopology, Placement, PlacementFragment, PlacementFragmentSpec, PlacementPart,
+    PlacementPartSpec, PlacementSpec, TopologyParticipant, TopologySpec,
 };
 pub use tensor::{TensorDescriptor, TensorSpec};
 

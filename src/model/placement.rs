@@ -5,11 +5,11 @@ use super::axes::{AxisKind, ParallelAxis, ParallelRank};
 use super::tensor::TensorDescriptor;
 use super::{non_empty, sha256_hex};
 use crate::error::{invalid, Error, Result};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
 use crate::json::{self, Obj, Profile, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use crate::fxhash::FxHashMap as HashMap;
-use crate::fxhash::FxHashSet as HashSet;
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -190,7 +190,13 @@ impl PlacementFragment {
 
 /// Geometry of a fragment against its tensor (`data-model.md` §5): rank, bounds and
 /// byte size. `id` names the fragment in messages.
-pub(crate) fn check_fragment_geometry(t: &TensorDescriptor, id: &str, offset: &[u64], shape: &[u64], nbytes: u64) -> Result<()> {
+pub(crate) fn check_fragment_geometry(
+    t: &TensorDescriptor,
+    id: &str,
+    offset: &[u64],
+    shape: &[u64],
+    nbytes: u64,
+) -> Result<()> {
     let gs = t.global_shape();
     if offset.len() != gs.len() || shape.len() != gs.len() {
         return invalid(format!("fragment rank mismatch: {id}"));
@@ -252,7 +258,9 @@ pub struct ParallelTopology {
 impl ParallelTopology {
     /// Validates `spec` (`data-model.md` §7) and computes the canonical id.
     pub fn new(spec: TopologySpec) -> Result<Self> {
-        for (name, v) in [("tp_size", spec.tp_size), ("pp_size", spec.pp_size), ("ep_size", spec.ep_size), ("dp_size", spec.dp_size)] {
+        for (name, v) in
+            [("tp_size", spec.tp_size), ("pp_size", spec.pp_size), ("ep_size", spec.ep_size), ("dp_size", spec.dp_size)]
+        {
             if v < 1 {
                 return invalid(format!("{name} must be at least 1"));
             }
@@ -283,7 +291,11 @@ impl ParallelTopology {
         for p in &t.participants {
             for kind in [AxisKind::Tp, AxisKind::Pp, AxisKind::Ep, AxisKind::Dp] {
                 if p.rank.coord(kind) >= t.size(kind) {
-                    return invalid(format!("{} rank is out of range for participant {}", kind.as_str(), p.participant_id));
+                    return invalid(format!(
+                        "{} rank is out of range for participant {}",
+                        kind.as_str(),
+                        p.participant_id
+                    ));
                 }
             }
         }
@@ -376,7 +388,8 @@ impl ParallelTopology {
         let schema = || "parallel topology schema fields do not match contract".to_string();
         let o = Obj::new(v, schema)?;
         o.expect_keys(&["tp_size", "pp_size", "ep_size", "dp_size", "topology_id", "participants"], schema)?;
-        let items = json::req_array(o.get("participants"), || "parallel topology participants must be a sequence".into())?;
+        let items =
+            json::req_array(o.get("participants"), || "parallel topology participants must be a sequence".into())?;
         let mut participants = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let schema = || format!("parallel topology participant {i} schema fields do not match contract");
@@ -384,7 +397,9 @@ impl ParallelTopology {
             po.expect_keys(&["participant_id", "rank"], schema)?;
             participants.push(TopologyParticipant {
                 participant_id: json::req_str(po.get("participant_id"), "participant_id")?,
-                rank: ParallelRank::from_json(po.get("rank"), &|| format!("parallel topology rank {i} schema fields do not match contract"))?,
+                rank: ParallelRank::from_json(po.get("rank"), &|| {
+                    format!("parallel topology rank {i} schema fields do not match contract")
+                })?,
             });
         }
         ParallelTopology::new(TopologySpec {
@@ -429,7 +444,8 @@ where
         if !logical.insert((f.tensor_id(), f.rank, f.global_offset(), f.local_shape())) {
             return invalid(format!("duplicate logical fragment for tensor and parallel rank: {id}"));
         }
-        let t = index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
+        let t =
+            index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
         check_fragment_geometry(t, id, f.global_offset(), f.local_shape(), f.nbytes())?;
         groups.entry((f.tensor_id(), f.rank)).or_default().push(f.as_box());
     }
@@ -714,7 +730,8 @@ impl Placement {
             order.extend((0..part.fragments.len()).map(|fi| (pi as u32, fi as u32)));
         }
         let frag = |&(p, f): &(u32, u32)| &parts[p as usize].fragments[f as usize];
-        let mut keyed: Vec<(&str, (u32, u32))> = order.iter().map(|k| (frag(k).placement_fragment_id.as_str(), *k)).collect();
+        let mut keyed: Vec<(&str, (u32, u32))> =
+            order.iter().map(|k| (frag(k).placement_fragment_id.as_str(), *k)).collect();
         keyed.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (slot, (_, k)) in order.iter_mut().zip(keyed) {
             *slot = k;
@@ -722,7 +739,9 @@ impl Placement {
         // Each part already validated its own fragments (geometry, known tensors,
         // logical duplicates and overlaps within its one rank); what is left is
         // global: unique fragment ids and alias completeness.
-        if let Some(w) = order.windows(2).find(|w| frag(&w[0]).placement_fragment_id == frag(&w[1]).placement_fragment_id) {
+        if let Some(w) =
+            order.windows(2).find(|w| frag(&w[0]).placement_fragment_id == frag(&w[1]).placement_fragment_id)
+        {
             return invalid(format!("duplicate fragment_id: {}", frag(&w[0]).placement_fragment_id));
         }
         if order.iter().any(|k| !frag(k).aliases.is_empty()) {
@@ -776,12 +795,16 @@ impl Placement {
             return invalid(format!("global placement contains an unreferenced tensor: {id}"));
         }
         let topo = &spec.topology;
-        let by_rank: HashMap<ParallelRank, usize> = topo.participants().iter().enumerate().map(|(i, p)| (p.rank, i)).collect();
+        let by_rank: HashMap<ParallelRank, usize> =
+            topo.participants().iter().enumerate().map(|(i, p)| (p.rank, i)).collect();
         let mut buckets: Vec<Vec<PlacementFragment>> = vec![Vec::new(); topo.participants().len()];
         let topo_ranks = by_rank;
         let mut fragments = spec.fragments;
         if let Some(f) = fragments.iter().find(|f| !topo_ranks.contains_key(&f.rank)) {
-            return invalid(format!("placement fragment rank has no topology participant: {}", f.placement_fragment_id));
+            return invalid(format!(
+                "placement fragment rank has no topology participant: {}",
+                f.placement_fragment_id
+            ));
         }
         for f in fragments.drain(..) {
             buckets[topo_ranks[&f.rank]].push(f);
@@ -843,10 +866,7 @@ impl Placement {
     }
     /// The part of `participant_id`.
     pub fn part(&self, participant_id: &str) -> Option<&PlacementPart> {
-        self.parts
-            .binary_search_by(|p| p.participant_id.as_str().cmp(participant_id))
-            .ok()
-            .map(|i| &self.parts[i])
+        self.parts.binary_search_by(|p| p.participant_id.as_str().cmp(participant_id)).ok().map(|i| &self.parts[i])
     }
     /// Tensors sorted by id.
     pub fn tensors(&self) -> &[Arc<TensorDescriptor>] {
@@ -854,10 +874,7 @@ impl Placement {
     }
     /// The tensor `tensor_id`.
     pub fn tensor(&self, tensor_id: &str) -> Option<&TensorDescriptor> {
-        self.tensors
-            .binary_search_by(|t| t.tensor_id().cmp(tensor_id))
-            .ok()
-            .map(|i| &*self.tensors[i])
+        self.tensors.binary_search_by(|t| t.tensor_id().cmp(tensor_id)).ok().map(|i| &*self.tensors[i])
     }
     /// All fragments, sorted by placement fragment id.
     pub fn fragments(&self) -> impl ExactSizeIterator<Item = &PlacementFragment> + Clone + '_ {
@@ -983,8 +1000,9 @@ impl Placement {
         let revision = json::req_str(o.get("revision"), "revision")?;
         let placement_set_id = json::req_str(o.get("placement_set_id"), "placement_set_id")?;
         let placement_id = json::req_str(o.get("placement_id"), "placement_id")?;
-        let weight_generation = json::req_int(o.get("weight_generation"), "weight_generation", 0)
-            .map_err(|e| Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message())))?;
+        let weight_generation = json::req_int(o.get("weight_generation"), "weight_generation", 0).map_err(|e| {
+            Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message()))
+        })?;
         let topology = ParallelTopology::from_json(o.get("topology"))?;
 
         let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
@@ -1010,8 +1028,11 @@ impl Placement {
             let po = Obj::new(item, schema)?;
             po.expect_keys(&["participant_id", "rank", "fragments"], schema)?;
             let participant_id = json::req_str(po.get("participant_id"), "participant_id")?;
-            let rank = ParallelRank::from_json(po.get("rank"), &|| format!("placement part rank {i} schema fields do not match contract"))?;
-            let frag_items = json::req_array(po.get("fragments"), || "placement part fragments must be a sequence".into())?;
+            let rank = ParallelRank::from_json(po.get("rank"), &|| {
+                format!("placement part rank {i} schema fields do not match contract")
+            })?;
+            let frag_items =
+                json::req_array(po.get("fragments"), || "placement part fragments must be a sequence".into())?;
             let mut fragments = Vec::with_capacity(frag_items.len());
             let mut part_tensors: Vec<usize> = Vec::new();
             for item in frag_items {
@@ -1076,7 +1097,8 @@ impl Placement {
         if self.order.is_empty() {
             return invalid("global weight placement must contain fragments");
         }
-        let mut by_tensor: HashMap<&str, Vec<&PlacementFragment>> = crate::fxhash::map_with_capacity(self.tensors.len());
+        let mut by_tensor: HashMap<&str, Vec<&PlacementFragment>> =
+            crate::fxhash::map_with_capacity(self.tensors.len());
         for f in self.fragments() {
             by_tensor.entry(f.tensor_id()).or_default().push(f);
         }
@@ -1095,7 +1117,8 @@ impl Placement {
 }
 
 pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
-    const KEYS7: [&str; 7] = ["placement_fragment_id", "tensor_id", "global_offset", "local_shape", "nbytes", "rank", "aliases"];
+    const KEYS7: [&str; 7] =
+        ["placement_fragment_id", "tensor_id", "global_offset", "local_shape", "nbytes", "rank", "aliases"];
     const KEYS8: [&str; 8] = [
         "placement_fragment_id",
         "tensor_id",
@@ -1123,7 +1146,9 @@ pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragmen
         global_offset: json::req_int_array(o.get("global_offset"), "global_offset", 0)?,
         local_shape: json::req_int_array(o.get("local_shape"), "local_shape", 1)?,
         nbytes: json::req_int(o.get("nbytes"), "nbytes", 1)?,
-        rank: ParallelRank::from_json(o.get("rank"), &|| format!("placement rank {i} schema fields do not match contract"))?,
+        rank: ParallelRank::from_json(o.get("rank"), &|| {
+            format!("placement rank {i} schema fields do not match contract")
+        })?,
         pipeline_stage_id: json::opt_int(o.get("pipeline_stage_id"), "pipeline_stage_id", 0)?,
         aliases,
         placement_fragment_id: Some(json::req_str(o.get("placement_fragment_id"), "placement_fragment_id")?),
@@ -1206,7 +1231,9 @@ fn check_tensor_semantics(
         let distinct = frags.iter().any(|f| f.rank.coord(kind) != first);
         let k = kind.as_str();
         if matches!(kind, AxisKind::Dp | AxisKind::Pp) || !distinct {
-            return invalid(format!("global placement tensor requires explicit parallel semantics for active undeclared {k} axis: {id}"));
+            return invalid(format!(
+                "global placement tensor requires explicit parallel semantics for active undeclared {k} axis: {id}"
+            ));
         }
         if varying.is_empty() {
             return invalid(format!("global placement tensor varies across undeclared {k} axis: {id}"));
@@ -1215,7 +1242,9 @@ fn check_tensor_semantics(
         for f in frags {
             let key: Vec<u64> = varying.iter().map(|&v| f.rank.coord(v)).collect();
             if *function.entry(key).or_insert(f.rank.coord(kind)) != f.rank.coord(kind) {
-                return invalid(format!("global placement tensor varies independently across undeclared {k} axis: {id}"));
+                return invalid(format!(
+                    "global placement tensor varies independently across undeclared {k} axis: {id}"
+                ));
             }
         }
     }

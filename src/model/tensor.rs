@@ -105,7 +105,9 @@ impl TensorDescriptor {
         if split_dims != shard_dims {
             return invalid("parallel axis split dimensions conflict with shard_dims");
         }
-        if expert_id.is_some() && parallel_axes.iter().any(|a| matches!(a, ParallelAxis::Split { kind: AxisKind::Ep, .. })) {
+        if expert_id.is_some()
+            && parallel_axes.iter().any(|a| matches!(a, ParallelAxis::Split { kind: AxisKind::Ep, .. }))
+        {
             return invalid("an individually allocated expert requires explicit EP ownership");
         }
         non_empty(&layout_fingerprint, "layout_fingerprint")?;

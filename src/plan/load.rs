@@ -3,10 +3,10 @@
 //! target fragment) overlap. Pure: no store I/O, no per-element work.
 
 use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::fxhash::FxHashMap as HashMap;
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
 use crate::model::{canonical_strides, ParallelRank, Placement, PlacementFragment, StoredFragment, StoredManifest};
 use std::collections::{BTreeMap, BTreeSet};
-use crate::fxhash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 /// Fail-closed bounds on planning work (`load-path.md` §3.1).
@@ -239,7 +239,8 @@ impl SourceIndex {
                 dim = d;
             }
         }
-        let mut entries: Vec<(u64, u32)> = members.iter().map(|&i| (frags[i as usize].global_offset()[dim], i)).collect();
+        let mut entries: Vec<(u64, u32)> =
+            members.iter().map(|&i| (frags[i as usize].global_offset()[dim], i)).collect();
         entries.sort_unstable();
         let max_extent = members.iter().map(|&i| frags[i as usize].local_shape()[dim]).max().unwrap_or(1);
         SourceIndex { dim, max_extent, entries }
@@ -375,7 +376,11 @@ impl LogicalLoadPlan {
                 }
             }
             overlaps.sort_by(|a, b| {
-                (&a.0, &a.1, sources[a.2 as usize].fragment_id()).cmp(&(&b.0, &b.1, sources[b.2 as usize].fragment_id()))
+                (&a.0, &a.1, sources[a.2 as usize].fragment_id()).cmp(&(
+                    &b.0,
+                    &b.1,
+                    sources[b.2 as usize].fragment_id(),
+                ))
             });
             let boxes: Vec<BoxRef<'_>> = overlaps.iter().map(|o| BoxRef::new(&o.0, &o.1)).collect();
             if !geometry::boxes_exactly_cover(t.as_box(), &boxes, HIGH_DIM_COMPARISON_BUDGET)? {
@@ -421,15 +426,7 @@ impl LogicalLoadPlan {
         }
         let mut executors: Vec<(u32, Vec<u32>)> = by_part.into_iter().collect();
         executors.sort_by_key(|(p, _)| target.parts()[*p as usize].rank().order_key());
-        Ok(LogicalLoadPlan {
-            manifest,
-            target,
-            limits,
-            regions,
-            executors,
-            total_bytes,
-            total_segments,
-        })
+        Ok(LogicalLoadPlan { manifest, target, limits, regions, executors, total_bytes, total_segments })
     }
 
     /// The stored manifest.
@@ -522,7 +519,10 @@ mod tests {
         let r = region(&[1, 0, 0], &[2, 6, 8], &[0, 2, 0], &[4, 3, 8]);
         assert_eq!((r.overlap_offset.clone(), r.overlap_shape.clone()), (vec![1, 2, 0], vec![2, 3, 8]));
         assert_eq!((r.source_base_offset, r.target_base_offset, r.inner_bytes), (32, 48, 48));
-        assert_eq!((r.outer_loop_counts.clone(), r.source_strides.clone(), r.target_strides.clone()), (vec![2], vec![96], vec![48]));
+        assert_eq!(
+            (r.outer_loop_counts.clone(), r.source_strides.clone(), r.target_strides.clone()),
+            (vec![2], vec![96], vec![48])
+        );
         let mut segs = Vec::new();
         r.for_each_segment(2, |s, t, n| segs.push((s, t, n))).unwrap();
         assert_eq!(segs, vec![(32, 48, 48), (128, 96, 48)]);
@@ -538,7 +538,13 @@ mod tests {
     #[test]
     fn acc_202_dim_one_split_generates_row_ranges() {
         // (2,8) bf16 split on dim 1: source tp0 of TP2 = (0,0)/(2,4); target tp0 of TP4 = (0,0)/(2,2).
-        let r = TransferRegion::derive(BoxRef::new(&[0, 0], &[2, 4]), BoxRef::new(&[0, 0], &[2, 2]), vec![0, 0], vec![2, 2], 2);
+        let r = TransferRegion::derive(
+            BoxRef::new(&[0, 0], &[2, 4]),
+            BoxRef::new(&[0, 0], &[2, 2]),
+            vec![0, 0],
+            vec![2, 2],
+            2,
+        );
         let mut segs = Vec::new();
         r.for_each_segment(10, |s, t, n| segs.push((s, t, n))).unwrap();
         assert_eq!(r.segment_count(), 2);

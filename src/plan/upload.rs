@@ -4,6 +4,8 @@
 //! which [`UploadOptions`] can fix).
 
 use crate::error::{invalid, Error, Result};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::{
@@ -12,8 +14,6 @@ use crate::model::{
 };
 use crate::runtime::{pair_bindings, RuntimeBinding, RuntimeFragment, RuntimeFragmentSnapshot};
 use std::collections::{BTreeMap, BTreeSet};
-use crate::fxhash::FxHashMap as HashMap;
-use crate::fxhash::FxHashSet as HashSet;
 
 /// Options of [`plan_upload`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -299,10 +299,7 @@ impl UploadPlan {
 
 /// Current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now_timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format_utc(secs)
 }
 
@@ -351,7 +348,11 @@ fn owner_of(t: &TensorDescriptor, f: &PlacementFragment) -> [u64; 4] {
 /// duplicate runtime fragment ids, and when no complete generation-consistent
 /// replica exists; `InvalidBinding` for binding pairing failures
 /// (`invalid source runtime binding: ...`). See `upload-planning.md` §6.
-pub fn plan_upload<'a>(placement: &'a Placement, bindings: &'a [RuntimeBinding], options: &UploadOptions) -> Result<UploadPlan> {
+pub fn plan_upload<'a>(
+    placement: &'a Placement,
+    bindings: &'a [RuntimeBinding],
+    options: &UploadOptions,
+) -> Result<UploadPlan> {
     // Step 1: arguments (and key layout).
     let keys = KeyLayout::new(
         &options.key_prefix,
@@ -546,6 +547,9 @@ mod tests {
             "{\"decision\":\"commit\",\"plan_digest\":\"2d2336a4c82b34a48ec8b5c942196cf7bdd7dca294a6c5047432b30fd721d8a5\",\"record_type\":\"weight-upload-decision\"}"
         );
         assert_eq!(Decision::parse_record(rec.as_bytes()).unwrap(), (Decision::Commit, d.to_string()));
-        assert!(Decision::parse_record(b"{\"decision\":\"maybe\",\"plan_digest\":\"x\",\"record_type\":\"weight-upload-decision\"}").is_err());
+        assert!(Decision::parse_record(
+            b"{\"decision\":\"maybe\",\"plan_digest\":\"x\",\"record_type\":\"weight-upload-decision\"}"
+        )
+        .is_err());
     }
 }

@@ -59,7 +59,11 @@ pub struct AllocationFence {
 ///
 /// Errors: `runtime binding is missing guarded fragments: <ids>`, and the fence
 /// field rules (`allocation fence <field> must be non-empty`, ...).
-pub fn weight_allocation_fence(binding: &RuntimeBinding, required_ids: &[String], token_id: &str) -> Result<AllocationFence> {
+pub fn weight_allocation_fence(
+    binding: &RuntimeBinding,
+    required_ids: &[String],
+    token_id: &str,
+) -> Result<AllocationFence> {
     let ids: BTreeSet<&str> = required_ids.iter().map(String::as_str).collect();
     if ids.is_empty() {
         return invalid("allocation fence fragment_ids are invalid");
@@ -158,9 +162,14 @@ pub fn acquire_pin(
     let check = (|| {
         let fence = weight_allocation_fence(&fresh, &ids, &token.fence().token_id)?;
         if *token.fence() != fence {
-            return Err(Error::new(ErrorKind::StaleBinding, format!("{side} allocation guard fence differs from binding")));
+            return Err(Error::new(
+                ErrorKind::StaleBinding,
+                format!("{side} allocation guard fence differs from binding"),
+            ));
         }
-        let stale = |field: &str| Err(Error::new(ErrorKind::StaleBinding, format!("acquired runtime binding {field} differs from plan")));
+        let stale = |field: &str| {
+            Err(Error::new(ErrorKind::StaleBinding, format!("acquired runtime binding {field} differs from plan")))
+        };
         if fresh.resource_id() != expected.resource_id() {
             return stale("resource_id");
         }
@@ -191,9 +200,17 @@ pub fn acquire_pin(
             match (a, b) {
                 (Some(a), Some(b)) if a == b => {}
                 (Some(_), Some(_)) => {
-                    return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding address differs from plan"))
+                    return Err(Error::new(
+                        ErrorKind::StaleBinding,
+                        "acquired runtime binding address differs from plan",
+                    ))
                 }
-                _ => return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding fragments differ from plan")),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::StaleBinding,
+                        "acquired runtime binding fragments differ from plan",
+                    ))
+                }
             }
         }
         Ok(())

@@ -2,12 +2,12 @@
 //! executing it with ranged reads straight into the target buffers
 //! (`load-path.md` §1, §4–§6).
 
-use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::model::{Placement, StoredManifest};
-use crate::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::registration::{registration_requests, RegistrationLease};
 use super::weight_store::WeightStore;
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::model::{Placement, StoredManifest};
+use crate::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
 use crate::runtime::{validate_binding_subset, validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead, StridedRead};
 use std::collections::{BTreeMap, HashMap};
@@ -102,8 +102,9 @@ impl LoadPlan {
         if bindings.is_empty() {
             return Err(store_err(ErrorKind::InvalidBinding, "target runtime bindings must not be empty"));
         }
-        validate_binding_subset(&target, bindings)
-            .map_err(|e| store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message())))?;
+        validate_binding_subset(&target, bindings).map_err(|e| {
+            store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
+        })?;
         if target.resource_id() != manifest.resource_id()
             || target.revision() != manifest.revision()
             || target.weight_generation() != manifest.weight_generation()
@@ -144,11 +145,7 @@ impl LoadPlan {
             // region's target bounds (checked by the planner) hold for the view.
             targets.push((bi as u32, fi as u32));
         }
-        Ok(LoadPlan {
-            logical,
-            bindings: bindings.to_vec(),
-            targets,
-        })
+        Ok(LoadPlan { logical, bindings: bindings.to_vec(), targets })
     }
 
     /// The logical plan.
@@ -247,8 +244,9 @@ impl WeightStore {
             require_committed: !args.skip_committed_check,
         };
         let target = plan.logical.target();
-        validate_runtime_binding(target, binding)
-            .map_err(|e| store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message())))?;
+        validate_runtime_binding(target, binding).map_err(|e| {
+            store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
+        })?;
         let bi = plan
             .bindings
             .iter()
@@ -299,8 +297,9 @@ impl WeightStore {
             return Ok(LoadStats::default());
         }
         if options.require_committed {
-            let committed = load_manifest(&*self.store, plan.manifest().manifest_key())
-                .map_err(|e| store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message())))?;
+            let committed = load_manifest(&*self.store, plan.manifest().manifest_key()).map_err(|e| {
+                store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
+            })?;
             if committed != *plan.manifest() {
                 return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
             }
@@ -348,9 +347,9 @@ impl WeightStore {
                 None
             }
             None => {
-                let guard = args
-                    .guard
-                    .ok_or_else(|| store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required"))?;
+                let guard = args.guard.ok_or_else(|| {
+                    store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required")
+                })?;
                 self.registrar.check_unblocked()?;
                 let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
                 let transfer_id =
@@ -359,7 +358,10 @@ impl WeightStore {
                 for t in &targets {
                     if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
                         let _ = token.release(TerminalState::Aborted);
-                        return Err(store_err(ErrorKind::StaleBinding, format!("stale target fragment: {}", t.fragment_id())));
+                        return Err(store_err(
+                            ErrorKind::StaleBinding,
+                            format!("stale target fragment: {}", t.fragment_id()),
+                        ));
                     }
                 }
                 Some(token)
@@ -430,7 +432,9 @@ unsafe fn read_strided(
                         format!("get_into_ranges failed for {}: expected {}, got {n}", r.key, r.total_bytes()),
                     ))
                 }
-                Err(e) => return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", r.key, e.message()))),
+                Err(e) => {
+                    return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", r.key, e.message())))
+                }
             }
         }
         reads.clear();
@@ -515,7 +519,12 @@ unsafe fn read_ranges(
     flush(store, &keys, &mut batch, stats)
 }
 
-unsafe fn flush(store: &dyn ObjectStore, keys: &[&str], batch: &mut Vec<PendingRange>, stats: &mut LoadStats) -> Result<()> {
+unsafe fn flush(
+    store: &dyn ObjectStore,
+    keys: &[&str],
+    batch: &mut Vec<PendingRange>,
+    stats: &mut LoadStats,
+) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -540,7 +549,9 @@ unsafe fn flush(store: &dyn ObjectStore, keys: &[&str], batch: &mut Vec<PendingR
                     format!("get_into_ranges failed for {}: expected {}, got {n}", read.key, read.dest.len),
                 ))
             }
-            Err(e) => return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", read.key, e.message()))),
+            Err(e) => {
+                return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", read.key, e.message())))
+            }
         }
     }
     batch.clear();

@@ -6,8 +6,8 @@ pub mod guards;
 pub mod load;
 pub mod registration;
 pub mod transaction;
-pub mod upload;
 pub mod transport;
+pub mod upload;
 pub mod weight_store;
 pub mod writer;
 

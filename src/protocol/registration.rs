@@ -116,7 +116,8 @@ impl Registrar {
         if !failures.is_empty() {
             let detail: Vec<String> = failures.iter().map(|(_, m)| m.clone()).collect();
             let id = self.quarantine(failures.iter().map(|(a, _)| *a).collect(), token, state);
-            let msg = format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; "));
+            let msg =
+                format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; "));
             return Err(match outcome {
                 Ok(_) => Error::new(ErrorKind::Store, msg),
                 Err(e) => Error::new(e.kind(), format!("{}; {msg}", e.message())),
@@ -125,7 +126,9 @@ impl Registrar {
         let release = token.release(state);
         match (outcome, release) {
             (Ok(v), Ok(())) => Ok(v),
-            (Ok(_), Err(e)) => Err(Error::new(ErrorKind::Store, format!("allocation lifetime release failed: {}", e.message()))),
+            (Ok(_), Err(e)) => {
+                Err(Error::new(ErrorKind::Store, format!("allocation lifetime release failed: {}", e.message())))
+            }
             (Err(e), _) => Err(e),
         }
     }
@@ -138,9 +141,9 @@ impl Registrar {
     /// `pending Store allocation lifetime release failed: <error>`.
     pub fn drain(&self, store: &dyn ObjectStore, id: &str) -> Result<()> {
         let mut table = self.pending.lock();
-        let entry = table
-            .get_mut(id)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("pending Store registration does not exist: {id}")))?;
+        let entry = table.get_mut(id).ok_or_else(|| {
+            Error::new(ErrorKind::NotFound, format!("pending Store registration does not exist: {id}"))
+        })?;
         let mut addresses = entry.addresses.clone();
         addresses.sort_unstable_by(|a, b| b.cmp(a));
         let mut failed = Vec::new();
@@ -258,7 +261,10 @@ impl Registrar {
                 Some(f) => frags.push(f),
                 None => {
                     let _ = token.release(TerminalState::Aborted);
-                    return Err(Error::new(ErrorKind::StaleBinding, format!("Store registration fragment is missing: {id}")));
+                    return Err(Error::new(
+                        ErrorKind::StaleBinding,
+                        format!("Store registration fragment is missing: {id}"),
+                    ));
                 }
             }
         }
@@ -292,7 +298,11 @@ impl Registrar {
                 let detail: Vec<String> = failures.into_iter().map(|f| f.1).collect();
                 return Err(Error::new(
                     err.kind(),
-                    format!("{}; unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", err.message(), detail.join("; ")),
+                    format!(
+                        "{}; unregister_buffer failed: {}; allocation lifetime is quarantined as {id}",
+                        err.message(),
+                        detail.join("; ")
+                    ),
                 ));
             }
             registered.push(r.address);
@@ -304,7 +314,12 @@ impl Registrar {
     /// Closes a lease (no-op when closed): unregisters its addresses (reverse
     /// sorted order) and releases the pin with `state`; unregister failures
     /// quarantine the pin instead and the lease is closed anyway.
-    pub fn close_lease(&self, store: &dyn ObjectStore, lease: &mut RegistrationLease, state: TerminalState) -> Result<()> {
+    pub fn close_lease(
+        &self,
+        store: &dyn ObjectStore,
+        lease: &mut RegistrationLease,
+        state: TerminalState,
+    ) -> Result<()> {
         if lease.closed {
             return Ok(());
         }

@@ -63,9 +63,17 @@ impl WeightStore {
         match self.store.exists(key) {
             Ok(false) => return Ok(None),
             Ok(true) => {}
-            Err(e) => return Err(err(ErrorKind::Store, format!("upload decision existence check failed: {key}: {}", e.message()))),
+            Err(e) => {
+                return Err(err(
+                    ErrorKind::Store,
+                    format!("upload decision existence check failed: {key}: {}", e.message()),
+                ))
+            }
         }
-        let bytes = self.store.get(key).map_err(|_| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}")))?;
+        let bytes = self
+            .store
+            .get(key)
+            .map_err(|_| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}")))?;
         Decision::parse_record(&bytes)
             .map(Some)
             .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
@@ -93,7 +101,8 @@ impl WeightStore {
     }
 
     fn claim(&self, plan: &UploadPlan, d: Decision) -> Result<()> {
-        let put = self.metadata_put(plan.control_key(), plan.decision_record(d).as_bytes(), plan.transaction_group_id());
+        let put =
+            self.metadata_put(plan.control_key(), plan.decision_record(d).as_bytes(), plan.transaction_group_id());
         match self.current_decision(plan)? {
             None => Err(err(ErrorKind::Store, format!("upload decision is not complete; retry: {}", describe(&put)))),
             Some(p) if p == d => Ok(()),
@@ -115,7 +124,12 @@ impl WeightStore {
                 match r {
                     Ok(true) => {}
                     Ok(false) => incomplete.push(k),
-                    Err(e) => return Err(err(ErrorKind::Store, format!("payload existence check failed for {k}: {}", e.message()))),
+                    Err(e) => {
+                        return Err(err(
+                            ErrorKind::Store,
+                            format!("payload existence check failed for {k}: {}", e.message()),
+                        ))
+                    }
                 }
             }
         }
@@ -139,7 +153,8 @@ impl WeightStore {
     }
 
     fn unreferenced<'a>(plan_keys: impl Iterator<Item = &'a str>, persisted: Option<&StoredManifest>) -> Vec<&'a str> {
-        let referenced: HashSet<&str> = persisted.map(|m| m.fragments().iter().map(|f| f.object_key()).collect()).unwrap_or_default();
+        let referenced: HashSet<&str> =
+            persisted.map(|m| m.fragments().iter().map(|f| f.object_key()).collect()).unwrap_or_default();
         plan_keys.filter(|k| !referenced.contains(k)).collect()
     }
 
@@ -170,7 +185,12 @@ impl WeightStore {
     }
 
     /// `validate_receipts` (§3).
-    pub fn validate_receipts(&self, plan: &UploadPlan, receipts: &[UploadReceipt], require_complete: bool) -> Result<()> {
+    pub fn validate_receipts(
+        &self,
+        plan: &UploadPlan,
+        receipts: &[UploadReceipt],
+        require_complete: bool,
+    ) -> Result<()> {
         let mut seen = HashSet::new();
         if !receipts.iter().all(|r| seen.insert(r.fragment_id.as_str())) {
             return Err(err(ErrorKind::InvalidArgument, "duplicate upload receipt"));
@@ -180,7 +200,8 @@ impl WeightStore {
             .iter()
             .map(|o| (o.target().fragment_id(), (o.target().object_key(), o.source_snapshot().worker_id())))
             .collect();
-        let unexpected: BTreeSet<&str> = receipts.iter().map(|r| r.fragment_id.as_str()).filter(|id| !ops.contains_key(id)).collect();
+        let unexpected: BTreeSet<&str> =
+            receipts.iter().map(|r| r.fragment_id.as_str()).filter(|id| !ops.contains_key(id)).collect();
         if !unexpected.is_empty() {
             return Err(err(
                 ErrorKind::InvalidArgument,
@@ -205,11 +226,17 @@ impl WeightStore {
         Ok(())
     }
 
-    fn resolve(&self, plan: &UploadPlan, receipts: &[UploadReceipt], persisted: StoredManifest) -> Result<StoredManifest> {
+    fn resolve(
+        &self,
+        plan: &UploadPlan,
+        receipts: &[UploadReceipt],
+        persisted: StoredManifest,
+    ) -> Result<StoredManifest> {
         if persisted == *plan.manifest() {
             return Ok(persisted);
         }
-        let failures = self.remove_keys(&Self::unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)));
+        let failures =
+            self.remove_keys(&Self::unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)));
         let mut msg = format!("conflicting weight revision: {}", plan.manifest().manifest_key());
         if !failures.is_empty() {
             msg.push_str(&format!("; cleanup failed: {}", Self::failures_text(&failures)));
@@ -283,7 +310,11 @@ impl WeightStore {
         let mut decision = self.read_decision(plan)?;
         if decision.is_none() {
             if self.read_manifest(plan)?.as_ref() == Some(plan.manifest()) {
-                let _ = self.metadata_put(plan.control_key(), plan.decision_record(Decision::Commit).as_bytes(), plan.transaction_group_id());
+                let _ = self.metadata_put(
+                    plan.control_key(),
+                    plan.decision_record(Decision::Commit).as_bytes(),
+                    plan.transaction_group_id(),
+                );
                 decision = self.read_decision(plan)?;
                 if decision.is_none() {
                     return Err(err(ErrorKind::Store, "upload transaction terminal decision is incomplete"));
@@ -307,7 +338,10 @@ impl WeightStore {
                     if failures.is_empty() {
                         Ok(())
                     } else {
-                        Err(err(ErrorKind::Store, format!("conflicting upload cleanup failed: {}", Self::failures_text(&failures))))
+                        Err(err(
+                            ErrorKind::Store,
+                            format!("conflicting upload cleanup failed: {}", Self::failures_text(&failures)),
+                        ))
                     }
                 }
             },

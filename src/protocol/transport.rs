@@ -9,7 +9,9 @@ use crate::json::{self, Obj, Profile, Value};
 use crate::model::placement::decode_fragment;
 use crate::model::StoredManifest;
 use crate::plan::upload::{UploadOperation, UploadPlan};
-use crate::runtime::{MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec};
+use crate::runtime::{
+    MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
+};
 
 const PLAN_FORMAT: &str = "mooncake-weight-store/upload-plan/v1";
 const RECEIPTS_FORMAT: &str = "mooncake-weight-store/upload-receipts/v1";
@@ -330,7 +332,9 @@ pub fn receipts_from_json(bytes: &[u8]) -> Result<Vec<UploadReceipt>> {
         .iter()
         .map(|item| {
             let r = Obj::new(item, || "upload receipt must be a JSON object".into())?;
-            r.expect_keys(&["fragment_id", "object_key", "worker_id"], || "upload receipt schema fields do not match contract".into())?;
+            r.expect_keys(&["fragment_id", "object_key", "worker_id"], || {
+                "upload receipt schema fields do not match contract".into()
+            })?;
             Ok(UploadReceipt {
                 fragment_id: json::req_str(r.get("fragment_id"), "fragment_id")?,
                 object_key: json::req_str(r.get("object_key"), "object_key")?,

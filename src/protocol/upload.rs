@@ -2,8 +2,8 @@
 //! pin, register and write one participant's payloads, and return receipts.
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::registration::RegistrationLease;
 use super::registration::registration_requests;
+use super::registration::RegistrationLease;
 use super::transaction::UploadReceipt;
 use super::weight_store::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
@@ -52,8 +52,9 @@ impl WeightStore {
         args: UploadArgs<'_>,
     ) -> Result<Vec<UploadReceipt>> {
         self.check_plan_prefix(plan)?;
-        validate_runtime_binding(placement, binding)
-            .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
+        validate_runtime_binding(placement, binding).map_err(|e| {
+            stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message()))
+        })?;
         let m = plan.manifest();
         if placement.resource_id() != m.resource_id() || placement.revision() != m.revision() {
             return Err(stale(ErrorKind::StaleBinding, "source placement revision mismatch".into()));
@@ -61,7 +62,9 @@ impl WeightStore {
         if placement.weight_generation() != m.weight_generation() {
             return Err(stale(ErrorKind::StaleBinding, "source placement weight generation mismatch".into()));
         }
-        if placement.placement_id() != plan.source_placement_id() || placement.digest() != plan.source_placement_digest() {
+        if placement.placement_id() != plan.source_placement_id()
+            || placement.digest() != plan.source_placement_digest()
+        {
             return Err(stale(ErrorKind::StaleBinding, "source placement identity mismatch".into()));
         }
         let mine: Vec<&UploadOperation> =
@@ -72,25 +75,30 @@ impl WeightStore {
         let workers: BTreeSet<&str> = mine.iter().map(|o| o.source_snapshot().worker_id()).collect();
         let worker = match args.worker_id {
             None if workers.len() > 1 => {
-                return Err(stale(ErrorKind::InvalidArgument, "source worker selector is required for a multi-worker binding".into()))
+                return Err(stale(
+                    ErrorKind::InvalidArgument,
+                    "source worker selector is required for a multi-worker binding".into(),
+                ))
             }
             None => *workers.iter().next().expect("non-empty"),
-            Some("") => return Err(stale(ErrorKind::InvalidArgument, "source_worker_id must be a non-empty string".into())),
-            Some(w) if !workers.contains(w) => return Err(stale(ErrorKind::InvalidArgument, format!("unknown source worker: {w}"))),
+            Some("") => {
+                return Err(stale(ErrorKind::InvalidArgument, "source_worker_id must be a non-empty string".into()))
+            }
+            Some(w) if !workers.contains(w) => {
+                return Err(stale(ErrorKind::InvalidArgument, format!("unknown source worker: {w}")))
+            }
             Some(w) => w,
         };
-        let ops: Vec<&UploadOperation> = mine.into_iter().filter(|o| o.source_snapshot().worker_id() == worker).collect();
+        let ops: Vec<&UploadOperation> =
+            mine.into_iter().filter(|o| o.source_snapshot().worker_id() == worker).collect();
         if ops.iter().any(|o| o.source_instance_id() != binding.instance_id()) {
             return Err(stale(ErrorKind::StaleBinding, format!("stale source instance: {}", binding.participant_id())));
         }
         let find = |b: &'_ RuntimeBinding, id: &str| -> Option<RuntimeFragment> {
             b.fragments().iter().find(|f| f.fragment_id() == id).cloned()
         };
-        let missing: BTreeSet<&str> = ops
-            .iter()
-            .map(|o| o.source_snapshot().fragment_id())
-            .filter(|id| find(binding, id).is_none())
-            .collect();
+        let missing: BTreeSet<&str> =
+            ops.iter().map(|o| o.source_snapshot().fragment_id()).filter(|id| find(binding, id).is_none()).collect();
         if !missing.is_empty() {
             return Err(stale(
                 ErrorKind::StaleBinding,
@@ -175,7 +183,9 @@ impl WeightStore {
                     .collect();
                 let groups = vec![group.clone(); items.len()];
                 *io_started = true;
-                let results = self.store.batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload });
+                let results = self
+                    .store
+                    .batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload });
                 // A re-run of `upload` for the same plan finds its own payloads: the key
                 // holds this transaction's id, objects are only ever published whole,
                 // and the size must match, so "already exists" counts as written.

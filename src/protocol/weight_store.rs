@@ -2,7 +2,7 @@
 //! the weight protocol (`store-protocol.md` §2).
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::registration::{RegistrationLease, Registrar};
+use super::registration::{Registrar, RegistrationLease};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::upload::{plan_upload, UploadOptions, UploadPlan};
@@ -46,7 +46,12 @@ impl std::fmt::Debug for WeightStore {
 impl WeightStore {
     /// Wraps `store` with the default prefix `weights` and default limits.
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        WeightStore { store, key_prefix: "weights".into(), limits: StoreLimits::default(), registrar: Registrar::default() }
+        WeightStore {
+            store,
+            key_prefix: "weights".into(),
+            limits: StoreLimits::default(),
+            registrar: Registrar::default(),
+        }
     }
 
     /// Sets the key prefix (stored stripped of leading/trailing `/`; planning rejects
@@ -80,7 +85,12 @@ impl WeightStore {
 
     /// `plan_upload` with this store's key prefix (`transaction_id`/`created_at`
     /// from `options`; `options.key_prefix` is ignored).
-    pub fn plan_upload(&self, placement: &Placement, bindings: &[RuntimeBinding], options: &UploadOptions) -> Result<UploadPlan> {
+    pub fn plan_upload(
+        &self,
+        placement: &Placement,
+        bindings: &[RuntimeBinding],
+        options: &UploadOptions,
+    ) -> Result<UploadPlan> {
         let mut o = options.clone();
         o.key_prefix = self.key_prefix.clone();
         plan_upload(placement, bindings, &o)
@@ -90,7 +100,10 @@ impl WeightStore {
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
         let g = plan.manifest().group_id();
-        if g.len() > self.key_prefix.len() && g.starts_with(&self.key_prefix) && g.as_bytes()[self.key_prefix.len()] == b'/' {
+        if g.len() > self.key_prefix.len()
+            && g.starts_with(&self.key_prefix)
+            && g.as_bytes()[self.key_prefix.len()] == b'/'
+        {
             Ok(())
         } else {
             invalid(format!("upload plan keys ({g}) are not under this store's key prefix {}", self.key_prefix))

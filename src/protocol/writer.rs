@@ -57,7 +57,12 @@ pub unsafe trait SnapshotAdapter {
     /// Called once at writer construction.
     fn export_source(&self, descriptor: &SnapshotDescriptor) -> Result<SnapshotSource>;
     /// Maps a framework tensor to the placement fragment ids it backs.
-    fn resolve_fragment_ids(&self, tensor_id: &str, tensor: &Self::Tensor, source: &SnapshotSource) -> Result<Vec<String>>;
+    fn resolve_fragment_ids(
+        &self,
+        tensor_id: &str,
+        tensor: &Self::Tensor,
+        source: &SnapshotSource,
+    ) -> Result<Vec<String>>;
     /// The guard that pins `binding`'s allocations during its flush.
     fn source_allocation_guards(&self, binding: &RuntimeBinding) -> Result<Arc<dyn GuardProvider>>;
 }
@@ -88,7 +93,11 @@ fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
 impl WeightStore {
     /// Starts a snapshot: exports the source, checks its identity, plans the upload.
     /// No store I/O.
-    pub fn begin_snapshot<A: SnapshotAdapter>(&self, descriptor: &SnapshotDescriptor, adapter: A) -> Result<SnapshotWriter<'_, A>> {
+    pub fn begin_snapshot<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+    ) -> Result<SnapshotWriter<'_, A>> {
         self.begin_snapshot_with(descriptor, adapter, &UploadOptions::default())
     }
 
@@ -218,7 +227,10 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         let mut out = Vec::new();
         for id in ids {
             let &i = self.op_by_pfid.get(id).ok_or_else(|| {
-                store_err(ErrorKind::InvalidArgument, format!("weight snapshot tensor resolved a fragment outside this snapshot: {id}"))
+                store_err(
+                    ErrorKind::InvalidArgument,
+                    format!("weight snapshot tensor resolved a fragment outside this snapshot: {id}"),
+                )
             })?;
             let op = &self.plan.operations()[i];
             if op.source_placement().tensor_id() != tensor_id {
@@ -230,7 +242,10 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             let participant = op.source_participant_id().to_string();
             let seen = self.seen.get_mut(&participant).expect("participant of the plan");
             if !seen.insert(id.clone()) {
-                return Err(store_err(ErrorKind::InvalidArgument, format!("weight snapshot tensor submitted a duplicate fragment: {id}")));
+                return Err(store_err(
+                    ErrorKind::InvalidArgument,
+                    format!("weight snapshot tensor submitted a duplicate fragment: {id}"),
+                ));
             }
             if *seen == self.required[&participant] && !self.flushed.contains(&participant) {
                 out.extend(self.flush(&participant)?);
@@ -245,7 +260,9 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             .bindings
             .iter()
             .find(|b| b.participant_id() == participant)
-            .ok_or_else(|| store_err(ErrorKind::InvalidBinding, format!("snapshot source binding is missing: {participant}")))?
+            .ok_or_else(|| {
+                store_err(ErrorKind::InvalidBinding, format!("snapshot source binding is missing: {participant}"))
+            })?
             .clone();
         let guard = self.adapter.source_allocation_guards(&binding)?;
         self.flush_attempted = true;
@@ -287,7 +304,8 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         if !missing.is_empty() {
             missing.sort();
             let text = missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-            let e = store_err(ErrorKind::InvalidArgument, format!("Weight snapshot is missing required fragments: {text}"));
+            let e =
+                store_err(ErrorKind::InvalidArgument, format!("Weight snapshot is missing required fragments: {text}"));
             return Err(self.abort_after(e));
         }
         if self.required.keys().any(|p| !self.flushed.contains(p)) {
@@ -314,7 +332,10 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             return Ok(());
         }
         if self.decision_may_exist {
-            return Err(store_err(ErrorKind::Conflict, "Weight snapshot commit decision may exist; retry commit instead"));
+            return Err(store_err(
+                ErrorKind::Conflict,
+                "Weight snapshot commit decision may exist; retry commit instead",
+            ));
         }
         self.closed = true;
         // Unlike the reference, abort whenever a flush was attempted, even without

@@ -345,8 +345,14 @@ impl CallbackStore {
         let group = config.group_ids.first().map(String::as_str).unwrap_or("");
         let ptr = if value.is_empty() { c"".as_ptr().cast::<u8>() } else { value.as_ptr() };
         let code = with_retry(|| unsafe {
-            f(self.ctx.0, mws_bytes::of(key), ptr, value.len() as u64, mws_bytes::of(group), record_code(config.record_type))
-                as i64
+            f(
+                self.ctx.0,
+                mws_bytes::of(key),
+                ptr,
+                value.len() as u64,
+                mws_bytes::of(group),
+                record_code(config.record_type),
+            ) as i64
         });
         if code < 0 {
             Err(code_error(op, key, code))
@@ -392,10 +398,12 @@ impl ObjectStore for CallbackStore {
             if size < 0 {
                 return Err(code_error("get_size", key, size));
             }
-            let cap = usize::try_from(size)
-                .ok()
-                .filter(|&c| c <= isize::MAX as usize)
-                .ok_or_else(|| Error::new(ErrorKind::Store, format!("store callback get_size returned an absurd size for {key}: {size}")))?;
+            let cap = usize::try_from(size).ok().filter(|&c| c <= isize::MAX as usize).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Store,
+                    format!("store callback get_size returned an absurd size for {key}: {size}"),
+                )
+            })?;
             let mut buf = vec![0u8; cap];
             let ptr = if cap == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() } else { buf.as_mut_ptr() };
             let n = with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), ptr, cap as u64) });
@@ -500,7 +508,9 @@ impl ObjectStore for CallbackStore {
             ranges
                 .iter()
                 .map(|r| match registered.range(..=r.dest.address).next_back() {
-                    Some((&start, &len)) if r.dest.address.saturating_add(r.dest.len) <= start.saturating_add(len) => start,
+                    Some((&start, &len)) if r.dest.address.saturating_add(r.dest.len) <= start.saturating_add(len) => {
+                        start
+                    }
                     _ => r.dest.address,
                 })
                 .collect()
@@ -543,7 +553,10 @@ impl ObjectStore for CallbackStore {
                     } else {
                         Err(Error::new(
                             ErrorKind::Integrity,
-                            format!("short read of {} at offset {}: {} of {} bytes", r.key, r.object_offset, code, r.dest.len),
+                            format!(
+                                "short read of {} at offset {}: {} of {} bytes",
+                                r.key, r.object_offset, code, r.dest.len
+                            ),
                         ))
                     });
                 } else if transient(code) && !last {

@@ -62,7 +62,10 @@ use parking_lot::RwLock;
 use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
-use super::{not_found, run_parallel, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, StridedRead, WriteConfig};
+use super::{
+    not_found, run_parallel, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, StridedRead,
+    WriteConfig,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 
@@ -88,10 +91,7 @@ pub struct DirectoryStore {
 
 impl fmt::Debug for DirectoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DirectoryStore")
-            .field("root", &self.root)
-            .field("copy_hook", &self.hook.is_some())
-            .finish()
+        f.debug_struct("DirectoryStore").field("root", &self.root).field("copy_hook", &self.hook.is_some()).finish()
     }
 }
 
@@ -119,12 +119,8 @@ impl DirectoryStore {
     /// share a root.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let given = root.as_ref();
-        let ctx = |e: io::Error| {
-            Error::new(
-                ErrorKind::Io,
-                format!("cannot open directory store {}: {e}", given.display()),
-            )
-        };
+        let ctx =
+            |e: io::Error| Error::new(ErrorKind::Io, format!("cannot open directory store {}: {e}", given.display()));
         fs::create_dir_all(given.join("objects")).map_err(ctx)?;
         fs::create_dir_all(given.join("tmp")).map_err(ctx)?;
         // Absolute, so a later change of the working directory does not matter.
@@ -138,12 +134,7 @@ impl DirectoryStore {
         }
         let mut h = RandomState::new().build_hasher();
         h.write_u32(std::process::id());
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
+        h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
         h.write_usize(&root as *const _ as usize);
         let mut durable = HashSet::new();
         durable.insert(objects.clone());
@@ -229,9 +220,7 @@ impl DirectoryStore {
     fn temp_file(&self, key: &str) -> Result<(PathBuf, File)> {
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
-            let path = self
-                .tmp
-                .join(format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce));
+            let path = self.tmp.join(format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce));
             match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(f) => return Ok((path, f)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -246,9 +235,7 @@ impl DirectoryStore {
         if self.durable_dirs.read().contains(parent) {
             return Ok(());
         }
-        let rel = parent
-            .strip_prefix(&self.objects)
-            .expect("object paths are under objects/");
+        let rel = parent.strip_prefix(&self.objects).expect("object paths are under objects/");
         let mut dir = self.objects.clone();
         for comp in rel.components() {
             let above = dir.clone();
@@ -351,8 +338,7 @@ impl DirectoryStore {
                         };
                         hook.device_to_host(src, &mut buf[..n])
                             .map_err(|e| e.context(&format!("copy from device for {}: ", item.key)))?;
-                        f.write_all(&buf[..n])
-                            .map_err(|e| io_err("cannot write", item.key, e))?;
+                        f.write_all(&buf[..n]).map_err(|e| io_err("cannot write", item.key, e))?;
                         off += n;
                     }
                     Ok(())
@@ -393,13 +379,8 @@ impl DirectoryStore {
                 let mut off = 0usize;
                 while off < len {
                     let n = (len - off).min(buf.len());
-                    file.read_exact_at(&mut buf[..n], r.object_offset + off as u64)
-                        .map_err(short)?;
-                    let dst = MemoryRegion {
-                        address: r.dest.address + off as u64,
-                        len: n as u64,
-                        kind: r.dest.kind,
-                    };
+                    file.read_exact_at(&mut buf[..n], r.object_offset + off as u64).map_err(short)?;
+                    let dst = MemoryRegion { address: r.dest.address + off as u64, len: n as u64, kind: r.dest.kind };
                     hook.host_to_device(&buf[..n], dst)
                         .map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
                     off += n;
@@ -450,7 +431,14 @@ impl DirectoryStore {
         };
         let map_len = (end - start) as usize;
         use std::os::fd::AsRawFd;
-        let map = libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), start as libc::off_t);
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            start as libc::off_t,
+        );
         if map == libc::MAP_FAILED {
             return Err(io_err("cannot map", r.key, io::Error::last_os_error()));
         }
@@ -485,15 +473,11 @@ impl ObjectStore for DirectoryStore {
     }
 
     fn put(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
-        self.write_object(key, Publish::CreateOnly, |f| {
-            f.write_all(value).map_err(|e| io_err("cannot write", key, e))
-        })
+        self.write_object(key, Publish::CreateOnly, |f| f.write_all(value).map_err(|e| io_err("cannot write", key, e)))
     }
 
     fn upsert(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
-        self.write_object(key, Publish::Replace, |f| {
-            f.write_all(value).map_err(|e| io_err("cannot write", key, e))
-        })
+        self.write_object(key, Publish::Replace, |f| f.write_all(value).map_err(|e| io_err("cannot write", key, e)))
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -546,9 +530,7 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
         let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
-        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| {
-            self.read_one(&ranges[i], cache)
-        }) {
+        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| self.read_one(&ranges[i], cache)) {
             results[i] = r;
         }
         results

@@ -17,7 +17,10 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{not_found, run_parallel, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
+use super::{
+    not_found, run_parallel, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
+    WriteConfig,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 
@@ -46,28 +49,19 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore")
-            .field("objects", &self.len())
-            .field("copy_hook", &self.hook.is_some())
-            .finish()
+        f.debug_struct("MemoryStore").field("objects", &self.len()).field("copy_hook", &self.hook.is_some()).finish()
     }
 }
 
 impl MemoryStore {
     /// An empty store without a copy hook (device memory is refused).
     pub fn new() -> Self {
-        MemoryStore {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            hook: None,
-        }
+        MemoryStore { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), hook: None }
     }
 
     /// An empty store that reaches device memory through `hook`.
     pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
-        MemoryStore {
-            hook: Some(hook),
-            ..MemoryStore::new()
-        }
+        MemoryStore { hook: Some(hook), ..MemoryStore::new() }
     }
 
     fn shard(&self, key: &str) -> &Shard {
@@ -82,11 +76,8 @@ impl MemoryStore {
 
     /// All keys, sorted.
     pub fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self
-            .shards
-            .iter()
-            .flat_map(|s| s.read().keys().cloned().collect::<Vec<_>>())
-            .collect();
+        let mut keys: Vec<String> =
+            self.shards.iter().flat_map(|s| s.read().keys().cloned().collect::<Vec<_>>()).collect();
         keys.sort();
         keys
     }
@@ -105,10 +96,7 @@ impl MemoryStore {
     /// (`put`/`upsert`: `group_ids[0]`, or `""` when the list was empty;
     /// `batch_put_from`: `group_ids[i]`). `None` if absent.
     pub fn group_of(&self, key: &str) -> Option<(String, RecordType)> {
-        self.shard(key)
-            .read()
-            .get(key)
-            .map(|e| (e.group_id.clone(), e.record_type))
+        self.shard(key).read().get(key).map(|e| (e.group_id.clone(), e.record_type))
     }
 
     /// Create-only insert of an already materialised value.
@@ -116,11 +104,7 @@ impl MemoryStore {
         match self.shard(key).write().entry(key.to_owned()) {
             MapEntry::Occupied(_) => Err(already_exists(key)),
             MapEntry::Vacant(v) => {
-                v.insert(Entry {
-                    value,
-                    group_id: group_id.to_owned(),
-                    record_type,
-                });
+                v.insert(Entry { value, group_id: group_id.to_owned(), record_type });
                 Ok(())
             }
         }
@@ -162,8 +146,7 @@ impl MemoryStore {
             }
             MemoryKind::Device(_) => {
                 let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
-                hook.host_to_device(src, r.dest)
-                    .map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
+                hook.host_to_device(src, r.dest).map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
             }
         }
         Ok(len as u64)
@@ -316,9 +299,7 @@ pub(crate) fn region_len(region: &MemoryRegion, key: &str) -> Result<usize> {
         .filter(|&l| l <= isize::MAX as usize)
         .ok_or_else(|| Error::invalid(format!("memory region for {key} is too large")))?;
     if len > 0 && (region.address == 0 || region.address.checked_add(region.len).is_none()) {
-        return Err(Error::invalid(format!(
-            "memory region for {key} has an invalid address"
-        )));
+        return Err(Error::invalid(format!("memory region for {key} has an invalid address")));
     }
     Ok(len)
 }
@@ -349,10 +330,7 @@ pub(crate) fn check_range(r: &RangeRead<'_>, size: u64) -> Result<(usize, usize)
         Some(end) if end <= size => Ok((r.object_offset as usize, len)),
         _ => Err(Error::new(
             ErrorKind::Integrity,
-            format!(
-                "range [{}, +{}) is beyond the end of {} ({} bytes)",
-                r.object_offset, r.dest.len, r.key, size
-            ),
+            format!("range [{}, +{}) is beyond the end of {} ({} bytes)", r.object_offset, r.dest.len, r.key, size),
         )),
     }
 }

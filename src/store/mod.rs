@@ -328,10 +328,7 @@ pub(crate) fn run_parallel<T: Send, S: Default>(
     bytes: u64,
     job: impl Fn(usize, &mut S) -> T + Sync,
 ) -> Vec<(usize, T)> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(2, MAX_WORKERS)
-        .min(jobs.len());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS).min(jobs.len());
     if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
         let mut state = S::default();
         return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
@@ -353,10 +350,6 @@ pub(crate) fn run_parallel<T: Send, S: Default>(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }
-

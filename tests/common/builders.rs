@@ -13,8 +13,7 @@ pub use mooncake_weight_store::AxisKind::{Dp, Ep, Pp, Tp};
 /// The F-desc tensor id.
 pub const F_TENSOR: &str = "layers.2.experts.3.w1";
 /// The W1 / F-place placement id.
-pub const F_PLACEMENT_ID: &str =
-    "sha256:618f22d9994d8d327a7afd97f3cfcf1f6680a337d71ea3a8162a7827ed0346db";
+pub const F_PLACEMENT_ID: &str = "sha256:618f22d9994d8d327a7afd97f3cfcf1f6680a337d71ea3a8162a7827ed0346db";
 /// The W1 / F-place digest.
 pub const F_DIGEST: &str = "a2ade0db5b17691e6a7c16d589d0498a64359eef91589addc870590899512d98";
 
@@ -28,10 +27,7 @@ pub fn expect_err<T: std::fmt::Debug>(r: Result<T>, kind: ErrorKind, needle: &st
     match r {
         Ok(v) => panic!("expected an error containing {needle:?}, got Ok({v:?})"),
         Err(e) => {
-            assert!(
-                e.message().contains(needle),
-                "error {e} does not contain {needle:?}"
-            );
+            assert!(e.message().contains(needle), "error {e} does not contain {needle:?}");
             assert_eq!(e.kind(), kind, "error {e} has the wrong kind");
             e
         }
@@ -137,12 +133,7 @@ pub fn f_desc() -> TensorDescriptor {
 // ---------------------------------------------------------------------------
 
 /// A placement fragment spec with `nbytes` computed from `t` and a derived id.
-pub fn frag_spec(
-    t: &TensorDescriptor,
-    offset: &[u64],
-    shape: &[u64],
-    r: ParallelRank,
-) -> PlacementFragmentSpec {
+pub fn frag_spec(t: &TensorDescriptor, offset: &[u64], shape: &[u64], r: ParallelRank) -> PlacementFragmentSpec {
     PlacementFragmentSpec {
         tensor_id: t.tensor_id().into(),
         global_offset: offset.to_vec(),
@@ -156,12 +147,7 @@ pub fn frag_spec(
 }
 
 /// A validated fragment from [`frag_spec`].
-pub fn frag(
-    t: &TensorDescriptor,
-    offset: &[u64],
-    shape: &[u64],
-    r: ParallelRank,
-) -> PlacementFragment {
+pub fn frag(t: &TensorDescriptor, offset: &[u64], shape: &[u64], r: ParallelRank) -> PlacementFragment {
     PlacementFragment::new(frag_spec(t, offset, shape, r)).expect("valid fragment")
 }
 
@@ -191,25 +177,13 @@ pub fn topo(dp: u64, pp: u64, ep: u64, tp: u64, ranks: &[ParallelRank]) -> Paral
 }
 
 /// Fallible [`topo`].
-pub fn try_topo(
-    dp: u64,
-    pp: u64,
-    ep: u64,
-    tp: u64,
-    ranks: &[ParallelRank],
-) -> Result<ParallelTopology> {
+pub fn try_topo(dp: u64, pp: u64, ep: u64, tp: u64, ranks: &[ParallelRank]) -> Result<ParallelTopology> {
     ParallelTopology::new(TopologySpec {
         tp_size: tp,
         pp_size: pp,
         ep_size: ep,
         dp_size: dp,
-        participants: ranks
-            .iter()
-            .map(|&r| TopologyParticipant {
-                participant_id: pid(r),
-                rank: r,
-            })
-            .collect(),
+        participants: ranks.iter().map(|&r| TopologyParticipant { participant_id: pid(r), rank: r }).collect(),
         topology_id: None,
     })
 }
@@ -284,10 +258,7 @@ pub fn part_spec(
     fragments: Vec<PlacementFragment>,
 ) -> PlacementPartSpec {
     let ids = Ids::default();
-    let r = topology
-        .participant(participant_id)
-        .expect("participant")
-        .rank;
+    let r = topology.participant(participant_id).expect("participant").rank;
     PlacementPartSpec {
         resource_id: ids.resource_id,
         revision: ids.revision,
@@ -322,10 +293,7 @@ pub fn f_topology() -> ParallelTopology {
         pp_size: 1,
         ep_size: 1,
         dp_size: 1,
-        participants: vec![TopologyParticipant {
-            participant_id: "worker-0".into(),
-            rank: ParallelRank::default(),
-        }],
+        participants: vec![TopologyParticipant { participant_id: "worker-0".into(), rank: ParallelRank::default() }],
         topology_id: None,
     })
     .expect("F topology")
@@ -347,17 +315,9 @@ pub fn f_fragment_spec() -> PlacementFragmentSpec {
 
 /// F-place with weight generation `generation`.
 pub fn f_place_gen(generation: u64) -> Placement {
-    let ids = Ids {
-        weight_generation: generation,
-        ..Ids::default()
-    };
-    flat_with(
-        &ids,
-        f_topology(),
-        vec![f_desc()],
-        vec![PlacementFragment::new(f_fragment_spec()).unwrap()],
-    )
-    .expect("F-place")
+    let ids = Ids { weight_generation: generation, ..Ids::default() };
+    flat_with(&ids, f_topology(), vec![f_desc()], vec![PlacementFragment::new(f_fragment_spec()).unwrap()])
+        .expect("F-place")
 }
 
 /// F-place (W1).
@@ -400,15 +360,7 @@ pub fn rt_spec(
 
 /// The F-bind runtime fragment `runtime-0` at 0x1000, 32 B, strides (8,2).
 pub fn f_rt_spec() -> RuntimeFragmentSpec {
-    rt_spec(
-        "placement-0",
-        "runtime-0",
-        0x1000,
-        32,
-        "worker-0",
-        &[4, 4],
-        2,
-    )
+    rt_spec("placement-0", "runtime-0", 0x1000, 32, "worker-0", &[4, 4], 2)
 }
 
 /// A binding spec attesting `placement` (instance, lease `lease-<generation>`).
@@ -433,17 +385,9 @@ pub fn binding_spec(
 }
 
 /// F-bind for `placement` (normally F-place) with `fragments`.
-pub fn f_bind_with(
-    placement: &Placement,
-    fragments: Vec<RuntimeFragmentSpec>,
-) -> Result<RuntimeBinding> {
-    let fragments = fragments
-        .into_iter()
-        .map(RuntimeFragment::new)
-        .collect::<Result<Vec<_>>>()?;
-    RuntimeBinding::new(binding_spec(
-        placement, "worker-0", "instance", 7, fragments,
-    ))
+pub fn f_bind_with(placement: &Placement, fragments: Vec<RuntimeFragmentSpec>) -> Result<RuntimeBinding> {
+    let fragments = fragments.into_iter().map(RuntimeFragment::new).collect::<Result<Vec<_>>>()?;
+    RuntimeBinding::new(binding_spec(placement, "worker-0", "instance", 7, fragments))
 }
 
 /// F-bind.
@@ -454,12 +398,7 @@ pub fn f_bind() -> RuntimeBinding {
 /// Binds every fragment of `participant_id`'s part: worker `worker-<participant>`,
 /// instance `instance-<participant>`, consecutive views from `base`, runtime ids
 /// `rt-<participant>-<i>`.
-pub fn bind_part(
-    placement: &Placement,
-    participant_id: &str,
-    generation: u64,
-    base: u64,
-) -> RuntimeBinding {
+pub fn bind_part(placement: &Placement, participant_id: &str, generation: u64, base: u64) -> RuntimeBinding {
     let part = placement.part(participant_id).expect("participant part");
     let worker = format!("worker-{participant_id}");
     let mut address = base;
@@ -538,26 +477,13 @@ pub fn s_placement(dp: u64, tpn: u64, weight_generation: u64) -> Placement {
     let t = s_tensor();
     let ranks = grid(dp, 1, 1, tpn);
     let shard = 8 / tpn;
-    let fragments = ranks
-        .iter()
-        .map(|&r| rows(&t, r.tp * shard, shard, r))
-        .collect();
-    flat_with(
-        &s_ids(weight_generation),
-        topo(dp, 1, 1, tpn, &ranks),
-        vec![t],
-        fragments,
-    )
-    .expect("S placement")
+    let fragments = ranks.iter().map(|&r| rows(&t, r.tp * shard, shard, r)).collect();
+    flat_with(&s_ids(weight_generation), topo(dp, 1, 1, tpn, &ranks), vec![t], fragments).expect("S placement")
 }
 
 /// S(dp,tp) with weight generation 1 and bindings whose lease generation is
 /// `gen(rank)`.
-pub fn s_source(
-    dp: u64,
-    tpn: u64,
-    gen: &dyn Fn(ParallelRank) -> u64,
-) -> (Placement, Vec<RuntimeBinding>) {
+pub fn s_source(dp: u64, tpn: u64, gen: &dyn Fn(ParallelRank) -> u64) -> (Placement, Vec<RuntimeBinding>) {
     let p = s_placement(dp, tpn, 1);
     let b = bind_all(&p, gen);
     (p, b)
@@ -579,12 +505,7 @@ pub fn m_source() -> (Placement, Vec<RuntimeBinding>) {
 }
 
 /// Upload options with a fixed transaction id and clock.
-pub fn fixed_options(
-    namespace: &str,
-    key_prefix: &str,
-    transaction_id: &str,
-    created_at: &str,
-) -> UploadOptions {
+pub fn fixed_options(namespace: &str, key_prefix: &str, transaction_id: &str, created_at: &str) -> UploadOptions {
     UploadOptions {
         namespace: namespace.into(),
         key_prefix: key_prefix.into(),
@@ -674,8 +595,7 @@ pub fn stored(
     object: &str,
     object_offset: u64,
 ) -> StoredFragment {
-    try_stored(id, tensor_id, offset, shape, nbytes, object, object_offset)
-        .expect("valid stored fragment")
+    try_stored(id, tensor_id, offset, shape, nbytes, object, object_offset).expect("valid stored fragment")
 }
 
 /// Fallible [`stored`].
@@ -701,10 +621,7 @@ pub fn try_stored(
 }
 
 /// A manifest in group `g` with `tensors` and `fragments`.
-pub fn manifest(
-    tensors: Vec<TensorDescriptor>,
-    fragments: Vec<StoredFragment>,
-) -> Result<StoredManifest> {
+pub fn manifest(tensors: Vec<TensorDescriptor>, fragments: Vec<StoredFragment>) -> Result<StoredManifest> {
     StoredManifest::new(StoredManifestSpec {
         tensors: tensors.into_iter().map(Arc::new).collect(),
         fragments,

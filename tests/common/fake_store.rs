@@ -9,9 +9,7 @@
 use mooncake_weight_store::protocol::guards::{weight_allocation_fence, AllocationFence};
 use mooncake_weight_store::protocol::{GuardProvider, LifetimeToken, TerminalState};
 use mooncake_weight_store::store::memory::MemoryStore;
-use mooncake_weight_store::store::{
-    MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig,
-};
+use mooncake_weight_store::store::{MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
 use mooncake_weight_store::*;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
@@ -116,79 +114,31 @@ impl FakeStore {
 
     /// Keys passed to `remove`, in order.
     pub fn removes(&self) -> Vec<String> {
-        self.calls()
-            .into_iter()
-            .filter_map(|c| {
-                if let Call::Remove(k) = c {
-                    Some(k)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        self.calls().into_iter().filter_map(|c| if let Call::Remove(k) = c { Some(k) } else { None }).collect()
     }
     /// Sizes of `batch_exists` calls.
     pub fn exists_batches(&self) -> Vec<usize> {
         self.calls()
             .into_iter()
-            .filter_map(|c| {
-                if let Call::BatchExists(k) = c {
-                    Some(k.len())
-                } else {
-                    None
-                }
-            })
+            .filter_map(|c| if let Call::BatchExists(k) = c { Some(k.len()) } else { None })
             .collect()
     }
     /// Keys of `batch_put_from` calls.
     pub fn put_batches(&self) -> Vec<Vec<String>> {
-        self.calls()
-            .into_iter()
-            .filter_map(|c| {
-                if let Call::BatchPut(k, _, _) = c {
-                    Some(k)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        self.calls().into_iter().filter_map(|c| if let Call::BatchPut(k, _, _) = c { Some(k) } else { None }).collect()
     }
     /// Ranges of `get_into_ranges` calls.
     pub fn range_calls(&self) -> Vec<Vec<(String, u64, u64)>> {
-        self.calls()
-            .into_iter()
-            .filter_map(|c| {
-                if let Call::GetRanges(r) = c {
-                    Some(r)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        self.calls().into_iter().filter_map(|c| if let Call::GetRanges(r) = c { Some(r) } else { None }).collect()
     }
     pub fn registrations(&self) -> Vec<(u64, u64)> {
         self.calls()
             .into_iter()
-            .filter_map(|c| {
-                if let Call::Register(a, n) = c {
-                    Some((a, n))
-                } else {
-                    None
-                }
-            })
+            .filter_map(|c| if let Call::Register(a, n) = c { Some((a, n)) } else { None })
             .collect()
     }
     pub fn unregistrations(&self) -> Vec<u64> {
-        self.calls()
-            .into_iter()
-            .filter_map(|c| {
-                if let Call::Unregister(a) = c {
-                    Some(a)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        self.calls().into_iter().filter_map(|c| if let Call::Unregister(a) = c { Some(a) } else { None }).collect()
     }
     /// Addresses currently registered.
     pub fn still_registered(&self) -> Vec<(u64, u64)> {
@@ -198,12 +148,7 @@ impl FakeStore {
     pub fn mutations(&self) -> usize {
         self.calls()
             .iter()
-            .filter(|c| {
-                matches!(
-                    c,
-                    Call::Put(..) | Call::BatchPut(..) | Call::Upsert(..) | Call::Remove(..)
-                )
-            })
+            .filter(|c| matches!(c, Call::Put(..) | Call::BatchPut(..) | Call::Upsert(..) | Call::Remove(..)))
             .count()
     }
     pub fn keys(&self) -> Vec<String> {
@@ -214,10 +159,7 @@ impl FakeStore {
     }
 
     pub fn fault_put(&self, key_part: &str, fault: PutFault, uses: usize) {
-        self.faults
-            .lock()
-            .puts
-            .push((key_part.to_string(), fault, uses));
+        self.faults.lock().puts.push((key_part.to_string(), fault, uses));
     }
     pub fn hook(&self, trigger: Trigger, hook: impl FnOnce() + Send + 'static) {
         self.faults.lock().hooks.push((trigger, Box::new(hook)));
@@ -234,10 +176,7 @@ impl FakeStore {
 
     fn put_fault(&self, key: &str) -> Option<PutFault> {
         let mut f = self.faults.lock();
-        let i = f
-            .puts
-            .iter()
-            .position(|(k, _, n)| key.contains(k.as_str()) && *n > 0)?;
+        let i = f.puts.iter().position(|(k, _, n)| key.contains(k.as_str()) && *n > 0)?;
         f.puts[i].2 -= 1;
         Some(f.puts[i].1.clone())
     }
@@ -256,9 +195,7 @@ impl FakeStore {
 
     fn restore_only(&self, op: &str) -> Result<()> {
         if self.faults.lock().restore_only {
-            return Err(status(&format!(
-                "operation {op} is not available on a restore-only backend"
-            )));
+            return Err(status(&format!("operation {op} is not available on a restore-only backend")));
         }
         Ok(())
     }
@@ -283,14 +220,8 @@ impl FakeStore {
 
 impl ObjectStore for FakeStore {
     fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
-        self.log(Call::Put(
-            key.into(),
-            config.record_type,
-            config.group_ids.first().cloned().unwrap_or_default(),
-        ));
-        if let Some(h) =
-            self.take_hook(|t| matches!(t, Trigger::BeforePut(k) if key.contains(k.as_str())))
-        {
+        self.log(Call::Put(key.into(), config.record_type, config.group_ids.first().cloned().unwrap_or_default()));
+        if let Some(h) = self.take_hook(|t| matches!(t, Trigger::BeforePut(k) if key.contains(k.as_str()))) {
             h();
         }
         self.restore_only("put")?;
@@ -324,9 +255,7 @@ impl ObjectStore for FakeStore {
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        self.log(Call::BatchExists(
-            keys.iter().map(|k| k.to_string()).collect(),
-        ));
+        self.log(Call::BatchExists(keys.iter().map(|k| k.to_string()).collect()));
         let scalar = self.faults.lock().batch_exists_scalar.clone();
         let out = if let Some(s) = scalar {
             keys.iter().map(|_| Err(status(&s))).collect()
@@ -341,7 +270,9 @@ impl ObjectStore for FakeStore {
                 })
                 .collect()
         };
-        if let Some(h) = self.take_hook(|t| matches!(t, Trigger::AfterBatchExists(k) if keys.iter().all(|x| x.contains(k.as_str())))) {
+        if let Some(h) =
+            self.take_hook(|t| matches!(t, Trigger::AfterBatchExists(k) if keys.iter().all(|x| x.contains(k.as_str()))))
+        {
             h();
         }
         out
@@ -353,11 +284,7 @@ impl ObjectStore for FakeStore {
         self.inner.remove(key)
     }
 
-    unsafe fn batch_put_from(
-        &self,
-        items: &[PutFrom<'_>],
-        config: &WriteConfig<'_>,
-    ) -> Vec<Result<()>> {
+    unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
         self.log(Call::BatchPut(
             items.iter().map(|i| i.key.to_string()).collect(),
             config.record_type,
@@ -374,10 +301,7 @@ impl ObjectStore for FakeStore {
             .iter()
             .enumerate()
             .map(|(i, item)| {
-                let one = WriteConfig {
-                    group_ids: &config.group_ids[i..i + 1],
-                    record_type: config.record_type,
-                };
+                let one = WriteConfig { group_ids: &config.group_ids[i..i + 1], record_type: config.record_type };
                 // SAFETY: forwarded from the caller's contract.
                 self.faulty_write(item.key, || {
                     unsafe { self.inner.batch_put_from(std::slice::from_ref(item), &one) }.remove(0)
@@ -387,12 +311,7 @@ impl ObjectStore for FakeStore {
     }
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        self.log(Call::GetRanges(
-            ranges
-                .iter()
-                .map(|r| (r.key.to_string(), r.object_offset, r.dest.len))
-                .collect(),
-        ));
+        self.log(Call::GetRanges(ranges.iter().map(|r| (r.key.to_string(), r.object_offset, r.dest.len)).collect()));
         let (scalar, short) = {
             let f = self.faults.lock();
             (f.ranges_scalar.clone(), f.ranges_short.clone())
@@ -458,9 +377,7 @@ impl LifetimeToken for RecordingToken {
         &self.fence
     }
     fn release(&mut self, state: TerminalState) -> Result<()> {
-        self.releases
-            .lock()
-            .push((self.fence.token_id.clone(), state));
+        self.releases.lock().push((self.fence.token_id.clone(), state));
         Ok(())
     }
 }
@@ -473,15 +390,8 @@ impl GuardProvider for RecordingGuard {
         required_ids: &[String],
     ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
         let n = self.acquires.fetch_add(1, Ordering::SeqCst);
-        let fence =
-            weight_allocation_fence(expected, required_ids, &format!("token-{n}-{transfer_id}"))?;
-        Ok((
-            expected.clone(),
-            Box::new(RecordingToken {
-                fence,
-                releases: self.releases.clone(),
-            }),
-        ))
+        let fence = weight_allocation_fence(expected, required_ids, &format!("token-{n}-{transfer_id}"))?;
+        Ok((expected.clone(), Box::new(RecordingToken { fence, releases: self.releases.clone() })))
     }
 }
 
@@ -554,9 +464,7 @@ pub fn rebind(
 
 use crate::model::HostModel;
 use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::protocol::{
-    LoadArgs, LoadStats, StoreLimits, UploadArgs, UploadReceipt, WeightStore,
-};
+use mooncake_weight_store::protocol::{LoadArgs, LoadStats, StoreLimits, UploadArgs, UploadReceipt, WeightStore};
 
 /// A weight store over `fake` (prefix `weights`, default limits).
 pub fn ws(fake: &Arc<FakeStore>) -> WeightStore {
@@ -564,17 +472,9 @@ pub fn ws(fake: &Arc<FakeStore>) -> WeightStore {
 }
 
 /// A weight store over `fake` with `max_ranges_per_request` and `max_range_bytes`.
-pub fn ws_limited(
-    fake: &Arc<FakeStore>,
-    max_ranges_per_request: usize,
-    max_range_bytes: u64,
-) -> WeightStore {
+pub fn ws_limited(fake: &Arc<FakeStore>, max_ranges_per_request: usize, max_range_bytes: u64) -> WeightStore {
     WeightStore::new(fake.clone())
-        .with_limits(StoreLimits {
-            max_range_bytes,
-            max_ranges_per_request,
-            ..StoreLimits::default()
-        })
+        .with_limits(StoreLimits { max_range_bytes, max_ranges_per_request, ..StoreLimits::default() })
         .unwrap()
 }
 
@@ -607,10 +507,7 @@ pub fn upload_all(
 ) -> Result<Vec<UploadReceipt>> {
     let mut out = Vec::new();
     for b in &src.bindings {
-        let args = UploadArgs {
-            guard: Some(guard),
-            ..Default::default()
-        };
+        let args = UploadArgs { guard: Some(guard), ..Default::default() };
         // SAFETY: the model's buffers outlive the call and are not written.
         out.extend(unsafe { ws.upload(plan, &src.placement, b, args) }?);
     }
@@ -619,16 +516,8 @@ pub fn upload_all(
 
 /// Plans, uploads and commits `src` with transaction `tx`.
 pub fn snapshot(ws: &WeightStore, src: &HostModel, tx: &str) -> (UploadPlan, StoredManifest) {
-    let plan = ws
-        .plan_upload(&src.placement, &src.bindings, &opts(tx))
-        .unwrap();
-    let receipts = upload_all(
-        ws,
-        &plan,
-        src,
-        &mooncake_weight_store::protocol::StaticGuard,
-    )
-    .unwrap();
+    let plan = ws.plan_upload(&src.placement, &src.bindings, &opts(tx)).unwrap();
+    let receipts = upload_all(ws, &plan, src, &mooncake_weight_store::protocol::StaticGuard).unwrap();
     let m = ws.commit(&plan, &receipts, None).unwrap();
     (plan, m)
 }
@@ -639,12 +528,7 @@ pub fn plan_load(
     manifest: &StoredManifest,
     dst: &HostModel,
 ) -> Result<mooncake_weight_store::protocol::LoadPlan> {
-    ws.plan_load(
-        Arc::new(manifest.clone()),
-        dst.placement.clone(),
-        &dst.bindings,
-        PlanningLimits::default(),
-    )
+    ws.plan_load(Arc::new(manifest.clone()), dst.placement.clone(), &dst.bindings, PlanningLimits::default())
 }
 
 /// Loads every binding of `dst` with `plan`; returns the summed stats.
@@ -656,10 +540,7 @@ pub fn load_all(
 ) -> Result<LoadStats> {
     let mut total = LoadStats::default();
     for b in &dst.bindings {
-        let args = LoadArgs {
-            guard: Some(guard),
-            ..Default::default()
-        };
+        let args = LoadArgs { guard: Some(guard), ..Default::default() };
         // SAFETY: the model's buffers outlive the call and nobody else touches them.
         let s = unsafe { ws.load(plan, b, args) }?;
         total.regions += s.regions;

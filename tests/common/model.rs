@@ -49,29 +49,17 @@ pub fn model_tensors(layers: u64, hidden: u64, experts: u64) -> Vec<TensorDef> {
             itemsize: 2,
         };
         v.push(t("input_layernorm.weight", vec![hidden], None));
-        v.push(t(
-            "self_attn.qkv_proj.weight",
-            vec![3 * hidden, hidden],
-            Some(0),
-        ));
+        v.push(t("self_attn.qkv_proj.weight", vec![3 * hidden, hidden], Some(0)));
         v.push(t("self_attn.o_proj.weight", vec![hidden, hidden], Some(1)));
         if experts == 0 {
             v.push(t("mlp.up_proj.weight", vec![2 * hidden, hidden], Some(0)));
             v.push(t("mlp.down_proj.weight", vec![hidden, 2 * hidden], Some(1)));
         } else {
             for e in 0..experts {
-                let mut g = t(
-                    &format!("mlp.experts.{e}.gate_up_proj.weight"),
-                    vec![hidden, hidden],
-                    Some(0),
-                );
+                let mut g = t(&format!("mlp.experts.{e}.gate_up_proj.weight"), vec![hidden, hidden], Some(0));
                 g.expert = Some((e, experts));
                 v.push(g);
-                let mut d = t(
-                    &format!("mlp.experts.{e}.down_proj.weight"),
-                    vec![hidden, hidden / 2],
-                    Some(1),
-                );
+                let mut d = t(&format!("mlp.experts.{e}.down_proj.weight"), vec![hidden, hidden / 2], Some(1));
                 d.expert = Some((e, experts));
                 v.push(d);
             }
@@ -84,12 +72,7 @@ fn pid(dp: u64, pp: u64, ep: u64, tp: u64) -> String {
     format!("w-d{dp}-p{pp}-e{ep}-t{tp}")
 }
 
-pub fn build_placement(
-    set: &str,
-    layout: Layout,
-    defs: &[TensorDef],
-    generation: u64,
-) -> Placement {
+pub fn build_placement(set: &str, layout: Layout, defs: &[TensorDef], generation: u64) -> Placement {
     let mut participants = Vec::new();
     for dp in 0..layout.dp {
         for pp in 0..layout.pp {
@@ -192,12 +175,8 @@ pub fn build_placement(
 
 /// The deterministic content of a box of a tensor.
 pub fn expected_bytes(tensor: &TensorDescriptor, offset: &[u64], shape: &[u64]) -> Vec<u8> {
-    let seed = tensor
-        .tensor_id()
-        .bytes()
-        .fold(0xcbf29ce484222325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100000001b3)
-        });
+    let seed =
+        tensor.tensor_id().bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
     let n = shape.len();
     let gs = tensor.global_shape();
     let item = tensor.itemsize();
@@ -241,12 +220,7 @@ impl HostModel {
         for (pi, part) in placement.parts().iter().enumerate() {
             let mut size = 0usize;
             for f in part.fragments() {
-                views.push((
-                    pi,
-                    f.placement_fragment_id().to_string(),
-                    size,
-                    f.nbytes() as usize,
-                ));
+                views.push((pi, f.placement_fragment_id().to_string(), size, f.nbytes() as usize));
                 size += (f.nbytes() as usize).div_ceil(64) * 64;
             }
             let mut buf = vec![0xA5u8; size.max(64)];
@@ -254,21 +228,12 @@ impl HostModel {
                 for v in views.iter().filter(|v| v.0 == pi) {
                     let f = part.fragment(&v.1).unwrap();
                     let t = placement.tensor(f.tensor_id()).unwrap();
-                    buf[v.2..v.2 + v.3].copy_from_slice(&expected_bytes(
-                        t,
-                        f.global_offset(),
-                        f.local_shape(),
-                    ));
+                    buf[v.2..v.2 + v.3].copy_from_slice(&expected_bytes(t, f.global_offset(), f.local_shape()));
                 }
             }
             buffers.push(buf);
         }
-        let mut m = HostModel {
-            placement,
-            bindings: Vec::new(),
-            buffers,
-            views,
-        };
+        let mut m = HostModel { placement, bindings: Vec::new(), buffers, views };
         m.bindings = m.make_bindings(instance, generation);
         m
     }
@@ -330,16 +295,10 @@ impl HostModel {
             let part = &self.placement.parts()[v.0];
             let f = part.fragment(&v.1).unwrap();
             let t = self.placement.tensor(f.tensor_id()).unwrap();
-            if self.buffers[v.0][v.2..v.2 + v.3]
-                != expected_bytes(t, f.global_offset(), f.local_shape())[..]
-            {
+            if self.buffers[v.0][v.2..v.2 + v.3] != expected_bytes(t, f.global_offset(), f.local_shape())[..] {
                 return Err(Error::new(
                     ErrorKind::Integrity,
-                    format!(
-                        "target bytes differ: {} {}",
-                        part.participant_id(),
-                        f.tensor_id()
-                    ),
+                    format!("target bytes differ: {} {}", part.participant_id(), f.tensor_id()),
                 ));
             }
             checked += v.3;
@@ -384,21 +343,10 @@ pub struct HostAdapter<'a>(pub &'a HostModel);
 unsafe impl SnapshotAdapter for HostAdapter<'_> {
     type Tensor = str;
     fn export_source(&self, _d: &SnapshotDescriptor) -> Result<SnapshotSource> {
-        Ok(SnapshotSource {
-            placement: self.0.placement.clone(),
-            bindings: self.0.bindings.clone(),
-        })
+        Ok(SnapshotSource { placement: self.0.placement.clone(), bindings: self.0.bindings.clone() })
     }
-    fn resolve_fragment_ids(
-        &self,
-        tensor_id: &str,
-        participant: &str,
-        source: &SnapshotSource,
-    ) -> Result<Vec<String>> {
-        let part = source
-            .placement
-            .part(participant)
-            .ok_or_else(|| Error::invalid("unknown participant"))?;
+    fn resolve_fragment_ids(&self, tensor_id: &str, participant: &str, source: &SnapshotSource) -> Result<Vec<String>> {
+        let part = source.placement.part(participant).ok_or_else(|| Error::invalid("unknown participant"))?;
         Ok(part
             .fragments()
             .iter()
