@@ -2,6 +2,8 @@
 // against hostile inputs (NULLs, bad vtables, stale bindings, tampered manifests).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -175,4 +177,178 @@ TEST(Hostile, TamperedManifestsRefusedAndTargetsUntouched) {
         }
     }
     EXPECT_TRUE(failed);
+}
+
+// ---- registration leases and batch existence -------------------------------------
+
+namespace {
+
+// A MapStore that counts buffer registrations and existence checks; with `batch`, its
+// vtable has the optional batch_exists callback.
+struct CountingStore : MapStore {
+    std::atomic<int> registers{0}, unregisters{0}, exists_calls{0}, batch_exists_calls{0};
+    void *ctx() { return static_cast<MapStore *>(this); }
+    static CountingStore *self(void *c) { return static_cast<CountingStore *>(static_cast<MapStore *>(c)); }
+    static int32_t reg(void *c, uint64_t, uint64_t, uint32_t, uint32_t) {
+        self(c)->registers++;
+        return 0;
+    }
+    static int32_t unreg(void *c, uint64_t) {
+        self(c)->unregisters++;
+        return 0;
+    }
+    static int32_t exists_counted(void *c, mws_bytes k) {
+        self(c)->exists_calls++;
+        return MapStore::exists(c, k);
+    }
+    static int32_t batch_exists(void *c, const mws_bytes *keys, size_t n, int32_t *results) {
+        self(c)->batch_exists_calls++;
+        for (size_t i = 0; i < n; ++i) results[i] = MapStore::exists(c, keys[i]);
+        return 0;
+    }
+    static mws_store_vtable vtable(bool batch) {
+        mws_store_vtable vt = MapStore::vtable();
+        vt.register_buffer = &reg;
+        vt.unregister_buffer = &unreg;
+        vt.exists = &exists_counted;
+        vt.batch_exists = batch ? &batch_exists : nullptr;
+        return vt;
+    }
+};
+
+// participant -> source fragment ids of its operations in `plan`
+std::map<std::string, std::vector<std::string>> source_ids(const mws::UploadPlan &plan) {
+    std::map<std::string, std::vector<std::string>> out;
+    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+        mws::UploadOperation op = plan.operation(i);
+        out[std::string(op.source_participant_id)].push_back(std::string(op.source_fragment_id));
+    }
+    return out;
+}
+
+// every runtime fragment id of each participant of a HostModel (its ":rt<k>" ids)
+std::map<std::string, std::vector<std::string>> all_ids(const HostModel &m) {
+    std::map<std::string, std::vector<std::string>> out;
+    for (const View &v : m.views) {
+        auto &ids = out[v.participant];
+        ids.push_back(v.participant + ":rt" + std::to_string(ids.size()));
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST(Lease, UploadAndLoadWithALeaseRegisterNothingPerCall) {
+    CountingStore cs;
+    mws::Store store = mws::Store::from_vtable(CountingStore::vtable(true), cs.ctx());
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    mws::UploadPlan plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    auto ids = source_ids(plan);
+    std::vector<mws::RegistrationLease> leases;
+    std::vector<mws::Receipts> receipts;
+    std::size_t k = 0;
+    for (const auto &buf : src.buffers) {
+        const mws::Binding &b = src.bindings[k++];
+        if (!ids.count(buf.first)) continue;
+        leases.push_back(mws::RegistrationLease::create(store, b, ids[buf.first], MWS_LEASE_SOURCE));
+        int regs = cs.registers;
+        // twice with one lease: nothing registered or unregistered per call
+        receipts.push_back(store.upload(plan, src.placement, b, leases.back().io_args()));
+        store.upload(plan, src.placement, b, leases.back().io_args());  // a retry
+        EXPECT_EQ(cs.registers.load(), regs);
+        EXPECT_EQ(cs.unregisters.load(), 0);
+    }
+    ASSERT_FALSE(leases.empty());
+    std::vector<const mws::Receipts *> rp;
+    for (const auto &r : receipts) rp.push_back(&r);
+    int single = cs.exists_calls;
+    mws::StoredManifest m = store.commit(plan, mws::Receipts::concat(rp));
+    EXPECT_GT(cs.batch_exists_calls.load(), 0);  // payload checks are batched
+    EXPECT_LT(cs.exists_calls.load() - single, static_cast<int>(plan.operation_count()));  // only control keys
+    int regs = cs.registers;
+    for (const auto &l : leases) l.close();
+    EXPECT_EQ(cs.unregisters.load(), regs);
+
+    HostModel dst(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws::LoadPlan lp = mws::LoadPlan::plan(store.load_manifest(std::string(m.key())), dst.placement,
+                                           dst.binding_ptrs());
+    auto tids = all_ids(dst);
+    k = 0;
+    for (const auto &buf : dst.buffers) {
+        const mws::Binding &b = dst.bindings[k++];
+        mws::RegistrationLease lease = mws::RegistrationLease::create(store, b, tids[buf.first], MWS_LEASE_TARGET);
+        int before_r = cs.registers, before_u = cs.unregisters;
+        mws_load_stats st = store.load(lp, b, lease.io_args());
+        EXPECT_GT(st.bytes, 0u);
+        store.load(lp, b, lease.io_args());
+        EXPECT_EQ(cs.registers.load(), before_r);
+        EXPECT_EQ(cs.unregisters.load(), before_u);
+        lease.close(MWS_TERMINAL_COMPLETED);
+        EXPECT_GT(cs.unregisters.load(), before_u);
+    }
+    EXPECT_GT(dst.verify(), 0u);
+    EXPECT_EQ(store.get() != nullptr, true);
+    EXPECT_EQ(mws_store_pending_registration_count(store.get()), 0u);
+}
+
+TEST(Lease, CloseTwiceIsANoOpAndAClosedLeaseIsRefused) {
+    CountingStore cs;
+    mws::Store store = mws::Store::from_vtable(CountingStore::vtable(false), cs.ctx());
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{1, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    mws::UploadPlan plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    auto ids = source_ids(plan);
+    ASSERT_EQ(ids.size(), 1u);
+    const mws::Binding &b = src.bindings.front();
+    mws::RegistrationLease lease = mws::RegistrationLease::create(store, b, ids.begin()->second, MWS_LEASE_SOURCE);
+    EXPECT_FALSE(lease.closed());
+    lease.close();
+    EXPECT_TRUE(lease.closed());
+    int unregs = cs.unregisters;
+    lease.close(MWS_TERMINAL_ABORTED);  // no-op
+    EXPECT_EQ(cs.unregisters.load(), unregs);
+    mws_io_args a = lease.io_args().c();
+    mws_receipts *out = nullptr;
+    EXPECT_EQ(mws_store_upload(store.get(), plan.get(), src.placement.get(), b.get(), &a, &out), MWS_STALE_BINDING);
+    EXPECT_NE(std::string(mws_last_error_message()).find("lease is closed"), std::string::npos);
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(cs.objects.size(), 0u);  // refused before any I/O
+    // invalid state, NULLs, a lease of another store
+    EXPECT_EQ(mws_registration_lease_close(lease.get(), 7), MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(mws_registration_lease_close(nullptr, 0), MWS_NULL_ARGUMENT);
+    EXPECT_EQ(mws_registration_lease_is_closed(nullptr), -1);
+    mws_registration_lease *raw = nullptr;
+    const char *none[] = {"no-such-fragment"};
+    EXPECT_NE(mws_registration_lease_new(store.get(), b.get(), none, 1, MWS_LEASE_SOURCE, nullptr, nullptr, nullptr,
+                                         &raw),
+              MWS_OK);
+    EXPECT_EQ(mws_registration_lease_new(store.get(), b.get(), none, 0, MWS_LEASE_SOURCE, nullptr, nullptr, nullptr,
+                                         &raw),
+              MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(mws_registration_lease_new(store.get(), b.get(), none, 1, 9, nullptr, nullptr, nullptr, &raw),
+              MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(raw, nullptr);
+    mws::Store other = mws::Store::open_memory();
+    mws::RegistrationLease open = mws::RegistrationLease::create(store, b, ids.begin()->second, MWS_LEASE_SOURCE);
+    a = open.io_args().c();
+    EXPECT_EQ(mws_store_upload(other.get(), plan.get(), src.placement.get(), b.get(), &a, &out), MWS_INVALID_ARGUMENT);
+    // freeing an open lease closes it (aborted)
+    int before = cs.unregisters;
+    { mws::RegistrationLease dropped = std::move(open); }
+    EXPECT_GT(cs.unregisters.load(), before);
+}
+
+TEST(VtableGrowth, AVtableWithoutBatchExistsStillWorks) {
+    // A caller built before batch_exists existed passes the smaller size.
+    CountingStore cs;
+    mws_store_vtable vt = CountingStore::vtable(true);
+    vt.size = offsetof(mws_store_vtable, batch_exists);
+    mws::Store store = mws::Store::from_vtable(vt, cs.ctx());
+    round_trip(store, Layout{2, 1, 1, 1}, Layout{1, 1, 1, 1}, dense_model());
+    EXPECT_EQ(cs.batch_exists_calls.load(), 0);  // not read past `size`
+    EXPECT_GT(cs.exists_calls.load(), 0);
+    vt.size = offsetof(mws_store_vtable, batch_exists) - 1;
+    mws_store *out = nullptr;
+    EXPECT_EQ(mws_store_from_vtable(&vt, cs.ctx(), &out), MWS_INVALID_ARGUMENT);
 }

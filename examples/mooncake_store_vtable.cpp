@@ -5,6 +5,7 @@
 //   put / upsert       put / upsert(key, bytes, cfg)   (put is insert-if-absent: 0, value kept)
 //   get_size/get_into  get_size(key) / get_into(key, ptr, cap)
 //   exists             is_exist(key)
+//   batch_exists       batch_is_exist(keys)            (optional vtable field; -> 1 / 0 / negative)
 //   remove             remove(key, force = true)       (-704 counts as success)
 //   batch_put_from     batch_put_from(keys, ptrs, sizes, cfg with one group per key)
 //   get_into_ranges    get_into_ranges in Mooncake's buffer-major 3-D form: items grouped
@@ -76,6 +77,7 @@ public:
         vt.register_buffer = &register_buffer;
         vt.unregister_buffer = &unregister_buffer;
         vt.destroy = &destroy;
+        vt.batch_exists = &batch_exists;
         return vt;
     }
 
@@ -125,6 +127,19 @@ private:
     }
     static int32_t exists(void *ctx, mws_bytes key) noexcept {
         return guarded([&] { return static_cast<int32_t>(c(ctx).is_exist(str(key))); }, INTERNAL_ERROR);
+    }
+    static int32_t batch_exists(void *ctx, const mws_bytes *keys, size_t n, int32_t *results) noexcept {
+        return guarded(
+            [&] {
+                std::vector<std::string> ks;
+                ks.reserve(n);
+                for (size_t i = 0; i < n; ++i) ks.push_back(str(keys[i]));
+                std::vector<int> rcs = c(ctx).batch_is_exist(ks);
+                if (rcs.size() != n) return static_cast<int32_t>(INTERNAL_ERROR);
+                for (size_t i = 0; i < n; ++i) results[i] = static_cast<int32_t>(rcs[i]);
+                return int32_t{0};
+            },
+            INTERNAL_ERROR);
     }
     static int32_t remove(void *ctx, mws_bytes key) noexcept {
         return guarded([&] { return static_cast<int32_t>(c(ctx).remove(str(key), /*force=*/true)); }, INTERNAL_ERROR);
@@ -275,6 +290,13 @@ public:
         std::lock_guard<std::mutex> g(mu_);
         return objects_.count(key) ? 1 : 0;
     }
+    std::vector<int> batch_is_exist(const std::vector<std::string> &keys) {
+        std::lock_guard<std::mutex> g(mu_);
+        std::vector<int> out;
+        out.reserve(keys.size());
+        for (const auto &k : keys) out.push_back(objects_.count(k) ? 1 : 0);
+        return out;
+    }
     int remove(const std::string &key, bool force) {
         std::lock_guard<std::mutex> g(mu_);
         if (!force) return INVALID_PARAMS;  // the mapping always forces
@@ -382,6 +404,7 @@ public:
     int64_t get_size(const std::string &k) { return c_->getSize(k); }
     int64_t get_into(const std::string &k, void *buf, size_t cap) { return c_->get_into(k, buf, cap); }
     int is_exist(const std::string &k) { return c_->isExist(k); }
+    std::vector<int> batch_is_exist(const std::vector<std::string> &keys) { return c_->batchIsExist(keys); }
     int remove(const std::string &k, bool force) { return c_->remove(k, force); }
     std::vector<int> batch_put_from(const std::vector<std::string> &keys, const std::vector<void *> &ptrs,
                                     const std::vector<size_t> &sizes, const Config &cfg) {

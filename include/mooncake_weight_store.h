@@ -6,11 +6,12 @@
  *    are written only on success. mws_last_error_message() gives the detail of the last
  *    failed call on the calling thread.
  *  - Handles (mws_placement, mws_binding, mws_upload_plan, mws_store, mws_writer,
- *    mws_receipts, mws_stored_manifest, mws_load_plan) are created by the library and
- *    freed exactly once by the caller with the matching *_free function;
- *    *_free(NULL) does nothing. A handle never borrows the handles it was made from
- *    (except a writer, which keeps its store alive); each type documents what it
- *    copies and which caller buffers must stay valid.
+ *    mws_receipts, mws_stored_manifest, mws_load_plan, mws_registration_lease) are
+ *    created by the library and freed exactly once by the caller with the matching
+ *    *_free function; *_free(NULL) does nothing. A handle never borrows the handles it
+ *    was made from (except a writer or a registration lease, which keep their store
+ *    alive); each type documents what it copies and which caller buffers must stay
+ *    valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
  *    handles may run concurrently on the same handles; a *_free must not race with any
  *    other use of its handle. Callbacks never unwind; each vtable states its threading.
@@ -82,6 +83,21 @@ typedef enum mws_decision {
      */
     MWS_DECISION_ABORT = 2,
 } mws_decision;
+
+/**
+ * Which side of a transfer a registration lease pins (the `side` of
+ * `mws_registration_lease_new`).
+ */
+typedef enum mws_lease_side {
+    /**
+     * Source buffers of uploads (snapshots).
+     */
+    MWS_LEASE_SOURCE = 0,
+    /**
+     * Target buffers of loads (restores).
+     */
+    MWS_LEASE_TARGET = 1,
+} mws_lease_side;
 
 /**
  * Kind of memory a runtime fragment lives in (values of
@@ -243,6 +259,22 @@ typedef struct mws_placement mws_placement;
  * `mws_receipts_free`. Immutable: may be used from several threads at once.
  */
 typedef struct mws_receipts mws_receipts;
+
+/**
+ * A registration lease: the buffers of some runtime fragments of one binding, pinned
+ * (allocation guard) and registered with the store's backend once, for any number of
+ * `mws_store_upload` / `mws_store_load` calls that pass it in `mws_io_args.lease`
+ * (those calls then neither pin nor register anything).
+ *
+ * Created by `mws_registration_lease_new`, closed by `mws_registration_lease_close`
+ * (unregisters and releases the pin with a terminal state), freed by
+ * `mws_registration_lease_free` (which closes an open lease as
+ * `MWS_TERMINAL_ABORTED` first). The lease keeps its store's backend alive.
+ *
+ * Thread safety: uploads and loads using one lease may run concurrently; a close
+ * waits until they returned.
+ */
+typedef struct mws_registration_lease mws_registration_lease;
 
 /**
  * A weight store: an object store backend (memory, directory or caller vtable) plus
@@ -417,6 +449,58 @@ typedef struct mws_runtime_fragment {
 } mws_runtime_fragment;
 
 /**
+ * `acquire` callback: pins the allocations of `count` runtime fragment ids
+ * (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
+ * `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
+ * opaque token to `*token` (given back to `release`). It may write to `*observed` a
+ * new binding handle (ownership passes to the library) describing the buffers as
+ * observed under the pin; leaving it NULL means "exactly the binding that was
+ * passed". The library checks the observed binding against the plan (lease,
+ * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
+ * return fails the call (`MWS_STORE`) before any I/O.
+ */
+typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
+                                        const char *transfer_id,
+                                        const char *participant_id,
+                                        const char *const *fragment_ids,
+                                        size_t count,
+                                        struct mws_binding **observed,
+                                        uint64_t *token);
+
+/**
+ * `release` callback: ends the pin `token` after I/O ended in `state` (an
+ * `mws_terminal_state` value). Called exactly once per successful `acquire`. A
+ * non-zero return is reported as `MWS_STORE`.
+ */
+typedef int32_t (*mws_guard_release_fn)(void *ctx, uint64_t token, uint32_t state);
+
+/**
+ * An allocation guard implemented by the caller: pins the buffers of a binding for
+ * the duration of one upload or load (the framework must not free or reuse them
+ * while pinned). Set `size = sizeof(mws_guard_vtable)` and
+ * `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
+ * the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
+ */
+typedef struct mws_guard_vtable {
+    /**
+     * `sizeof(mws_guard_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_GUARD_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Pins (see `mws_guard_acquire_fn`).
+     */
+    mws_guard_acquire_fn acquire;
+    /**
+     * Unpins (see `mws_guard_release_fn`).
+     */
+    mws_guard_release_fn release;
+} mws_guard_vtable;
+
+/**
  * One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
  * is borrowed from the manifest handle and valid until it is freed.
  */
@@ -475,58 +559,6 @@ typedef struct mws_planning_limits {
 } mws_planning_limits;
 
 /**
- * `acquire` callback: pins the allocations of `count` runtime fragment ids
- * (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
- * `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
- * opaque token to `*token` (given back to `release`). It may write to `*observed` a
- * new binding handle (ownership passes to the library) describing the buffers as
- * observed under the pin; leaving it NULL means "exactly the binding that was
- * passed". The library checks the observed binding against the plan (lease,
- * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
- * return fails the call (`MWS_STORE`) before any I/O.
- */
-typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
-                                        const char *transfer_id,
-                                        const char *participant_id,
-                                        const char *const *fragment_ids,
-                                        size_t count,
-                                        struct mws_binding **observed,
-                                        uint64_t *token);
-
-/**
- * `release` callback: ends the pin `token` after I/O ended in `state` (an
- * `mws_terminal_state` value). Called exactly once per successful `acquire`. A
- * non-zero return is reported as `MWS_STORE`.
- */
-typedef int32_t (*mws_guard_release_fn)(void *ctx, uint64_t token, uint32_t state);
-
-/**
- * An allocation guard implemented by the caller: pins the buffers of a binding for
- * the duration of one upload or load (the framework must not free or reuse them
- * while pinned). Set `size = sizeof(mws_guard_vtable)` and
- * `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
- * the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
- */
-typedef struct mws_guard_vtable {
-    /**
-     * `sizeof(mws_guard_vtable)`.
-     */
-    uint32_t size;
-    /**
-     * `MWS_GUARD_VTABLE_VERSION`.
-     */
-    uint32_t version;
-    /**
-     * Pins (see `mws_guard_acquire_fn`).
-     */
-    mws_guard_acquire_fn acquire;
-    /**
-     * Unpins (see `mws_guard_release_fn`).
-     */
-    mws_guard_release_fn release;
-} mws_guard_vtable;
-
-/**
  * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
  * zeroed struct means the defaults. Strings are only read during the call.
  */
@@ -551,6 +583,14 @@ typedef struct mws_io_args {
      * Passed to the guard's callbacks.
      */
     void *guard_ctx;
+    /**
+     * A registration lease of this store covering exactly the buffers the call
+     * touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
+     * ignored) nor registers anything. NULL: pin and register for this call only.
+     * Added at the end of the struct in 0.1 (this struct has no size field: code
+     * built against an older header must be rebuilt).
+     */
+    const struct mws_registration_lease *lease;
 } mws_io_args;
 
 /**
@@ -856,6 +896,14 @@ typedef struct mws_store_vtable {
      * Optional: called once when the store is freed.
      */
     void (*destroy)(void *ctx);
+    /**
+     * Optional (NULL: `exists` is called per key), read only when `size` covers it
+     * (a vtable of the previous, smaller size keeps working). Existence of `n` keys
+     * in one round trip: writes 1 (present), 0 (absent) or a negative code per key
+     * into `results[n]`; returns 0, or a negative batch-level error (applied to every
+     * key). Mooncake: `batchIsExist`.
+     */
+    int32_t (*batch_exists)(void *ctx, const struct mws_bytes *keys, size_t n, int32_t *results);
 } mws_store_vtable;
 
 /**
@@ -1124,6 +1172,83 @@ const char *mws_version(void);
 enum mws_status mws_test_panic(void);
 
 /**
+ * Pins (through `guard`) and registers the buffers of `count` runtime fragments
+ * (`fragment_ids`, NUL-terminated, borrowed for the call; duplicates are ignored) of
+ * `binding` with `store`'s backend, once. `side` is an `mws_lease_side` value.
+ * `guard` NULL means a static guard (the caller keeps the buffers valid, as for
+ * `mws_io_args.guard`); otherwise the vtable is copied and `guard_ctx` must stay
+ * valid until the lease is closed (its `release` is called then). `transfer_id` NULL
+ * means a fresh random one (handed to the guard).
+ *
+ * A lease covers exactly the fragments an upload or load touches: pass it to
+ * `mws_store_upload` (the source fragments of the participant's, or worker's,
+ * operations) or `mws_store_load` (the participant's, or worker's, target fragments)
+ * in `mws_io_args.lease`; those calls check it (`MWS_STALE_BINDING`: closed, other
+ * binding, other fragments, other address bounds) before any I/O.
+ *
+ * On success writes a new handle to `*out` (close it, then free it). On failure the
+ * pin is released as aborted (or quarantined in the store when an unregistration
+ * failed) and `*out` is not written.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (no
+ * fragments, invalid side, invalid guard vtable), `MWS_INVALID_BINDING`,
+ * `MWS_STALE_BINDING` (unknown fragment, guard observed another binding),
+ * `MWS_UNSUPPORTED` (guard vtable version), `MWS_STORE` (guard or registration
+ * failure, pending registrations block new I/O).
+ *
+ * # Safety
+ * Handles are NULL or live; `fragment_ids` points to `count` pointers that are NULL
+ * or NUL-terminated; `guard` is NULL or a valid vtable; `out` is NULL or valid for a
+ * pointer write. The fragments' buffers must stay valid until the lease is closed.
+ */
+enum mws_status mws_registration_lease_new(const struct mws_store *store,
+                                           const struct mws_binding *binding,
+                                           const char *const *fragment_ids,
+                                           size_t count,
+                                           uint32_t side,
+                                           const struct mws_guard_vtable *guard,
+                                           void *guard_ctx,
+                                           const char *transfer_id,
+                                           struct mws_registration_lease **out);
+
+/**
+ * Closes `lease`: unregisters its buffers and releases its pin with `state` (an
+ * `mws_terminal_state` value). Closing a closed lease does nothing and succeeds. Waits
+ * for uploads and loads running with the lease. Uses of a closed lease are refused
+ * (`MWS_STALE_BINDING`, `Store registration lease is closed`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid state; the lease stays
+ * open), `MWS_STORE` (an unregistration failed: the pin is quarantined in the store,
+ * see `mws_store_drain_pending_registrations`; or the guard's release failed). The
+ * lease is closed whatever the error, except for an invalid state.
+ *
+ * # Safety
+ * `lease` is NULL or a live handle.
+ */
+enum mws_status mws_registration_lease_close(const struct mws_registration_lease *lease,
+                                             uint32_t state);
+
+/**
+ * Returns 1 if `lease` is closed, 0 if open, -1 (and the last error) if `lease` is
+ * NULL.
+ *
+ * # Safety
+ * `lease` is NULL or a live handle.
+ */
+int mws_registration_lease_is_closed(const struct mws_registration_lease *lease);
+
+/**
+ * Frees a lease handle. `NULL` does nothing. An open lease is closed first as
+ * `MWS_TERMINAL_ABORTED` (errors are dropped; an unregistration failure leaves the
+ * pin quarantined in the store, where `mws_store_pending_registration_count` sees
+ * it). Close explicitly to report another state or to see errors.
+ *
+ * # Safety
+ * `lease` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_registration_lease_free(struct mws_registration_lease *lease);
+
+/**
  * Reads and strictly decodes the manifest stored at `manifest_key` (for example
  * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
  * handle in `*out` (free with `mws_stored_manifest_free`).
@@ -1340,7 +1465,8 @@ const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t i
  * Executes the part of `plan` that belongs to `binding`'s participant (one worker
  * of it when `args->worker_id` is given): checks the binding still matches the plan
  * and that the plan's manifest is the committed one, pins (guard) and registers the
- * target buffers, then reads every range straight into them. Nothing is registered
+ * target buffers (with `args->lease`: uses the lease's registration, nothing is
+ * pinned or registered per call), then reads every range straight into them. Nothing is registered
  * or read before every check passed; a refused plan leaves the buffers untouched.
  * `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
  * there on success.
@@ -1747,7 +1873,8 @@ enum mws_status mws_receipts_for_plan(const struct mws_upload_plan *plan,
  * Every freshness check (binding against placement and plan: lease, generation,
  * addresses, memory kind) runs before any store call; then the guard pins the
  * buffers, they are registered, written with `batch_put_from`, unregistered, and the
- * pin released. A failure never deletes payloads: clean up with
+ * pin released (with `args->lease`, the lease's registration is used instead and
+ * nothing is pinned or registered per call). A failure never deletes payloads: clean up with
  * `mws_store_abort_upload`. A participant without operations gives empty receipts.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,

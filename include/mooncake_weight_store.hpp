@@ -318,6 +318,9 @@ struct IoArgs {
     std::optional<std::string> transfer_id;
     const mws_guard_vtable *guard = nullptr;  ///< nullptr: static guard (caller keeps buffers stable)
     void *guard_ctx = nullptr;
+    /// A registration lease of the same store (see RegistrationLease): nothing is pinned
+    /// or registered per call. nullptr: pin and register for the call only.
+    const mws_registration_lease *lease = nullptr;
 
     mws_io_args c() const noexcept {
         mws_io_args a{};
@@ -325,6 +328,7 @@ struct IoArgs {
         a.transfer_id = detail::c_str_or_null(transfer_id);
         a.guard = guard;
         a.guard_ctx = guard_ctx;
+        a.lease = lease;
         return a;
     }
 };
@@ -529,6 +533,51 @@ public:
 
 private:
     std::unique_ptr<mws_store, detail::Deleter<mws_store, mws_store_free>> handle_;
+};
+
+/// Buffers pinned and registered once for many uploads or loads (owns an
+/// mws_registration_lease; see mws_registration_lease_new). Pass `get()` in
+/// IoArgs::lease. Destroying an open lease closes it as MWS_TERMINAL_ABORTED; call
+/// close() to report another state or to see errors.
+class RegistrationLease {
+public:
+    explicit RegistrationLease(mws_registration_lease *raw) noexcept : handle_(raw) {}
+
+    /// Pins (guard: nullptr = static guard) and registers `fragment_ids` of `binding`.
+    static RegistrationLease create(const Store &store, const Binding &binding,
+                                    const std::vector<std::string> &fragment_ids, mws_lease_side side,
+                                    const mws_guard_vtable *guard = nullptr, void *guard_ctx = nullptr,
+                                    const std::optional<std::string> &transfer_id = std::nullopt) {
+        std::vector<const char *> ids;
+        ids.reserve(fragment_ids.size());
+        for (const auto &id : fragment_ids) ids.push_back(id.c_str());
+        mws_registration_lease *raw = nullptr;
+        detail::check(mws_registration_lease_new(store.get(), binding.get(), ids.data(), ids.size(),
+                                                 static_cast<std::uint32_t>(side), guard, guard_ctx,
+                                                 detail::c_str_or_null(transfer_id), &raw));
+        return RegistrationLease(raw);
+    }
+
+    /// Unregisters and releases the pin with `state`; a no-op when already closed.
+    void close(mws_terminal_state state = MWS_TERMINAL_COMPLETED) const {
+        detail::check(mws_registration_lease_close(get(), static_cast<std::uint32_t>(state)));
+    }
+    bool closed() const { return mws_registration_lease_is_closed(get()) == 1; }
+
+    /// IoArgs using this lease.
+    IoArgs io_args() const {
+        IoArgs a;
+        a.lease = get();
+        return a;
+    }
+
+    const mws_registration_lease *get() const noexcept { return handle_.get(); }
+    mws_registration_lease *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_registration_lease,
+                    detail::Deleter<mws_registration_lease, mws_registration_lease_free>>
+        handle_;
 };
 
 /// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).

@@ -2,22 +2,26 @@
 """Throughput of snapshot and restore through a live Mooncake Store, next to raw
 ``batch_put_from`` / ``get_into_ranges`` on the same bytes, in the same run.
 
-    python python/bench_mooncake.py [--hidden 1024] [--layers 5] [--repeat 3] [--json out.json]
+    python python/bench_mooncake.py [--hidden 2048] [--layers 5] [--repeat 3] [--remote] [--json out.json]
 
 Needs the Mooncake wheel and the built library (``MWS_LIBRARY`` or a repo
 ``target/release``). Uses ``MOONCAKE_MASTER`` if set, else starts a master on
 loopback. The model is a TP4 x DP2 transformer (see ``mooncake_weight_store.testing``);
-one DP replica (``--hidden 1024 --layers 5``: 128 MiB) is what a snapshot stores.
+one DP replica (default ``--hidden 2048 --layers 5``: 512 MiB) is what a snapshot
+stores.
 
 Measured (median of ``--repeat``):
 
-* ``snapshot``: writer over the 8 source bindings (register, batch_put_from,
-  unregister per participant, existence checks, decision record, manifest), vs
-  ``raw put``: one ``batch_put_from`` of the same fragments from the same buffers
-  (already registered: registration is not timed);
-* ``restore same layout`` (TP4 target: one contiguous range per stored object) vs
-  ``raw get``: ``get_into_ranges`` of the same objects into the same buffers (already
-  registered);
+* ``snapshot``: upload transaction over the source participants, each with a
+  registration lease made beforehand (untimed, exactly like the raw baseline's
+  registration): batch_put_from per participant, batched existence checks, decision
+  record, manifest; vs ``raw put``: one ``batch_put_from`` of the same fragments from
+  the same buffers (already registered: registration is not timed);
+* ``snapshot_writer`` (reference): the per-tensor writer, which registers and
+  unregisters per participant flush (the writer takes no lease yet);
+* ``restore same layout`` (TP4 target: one contiguous range per stored object), with a
+  target lease per participant made beforehand (untimed), vs ``raw get``:
+  ``get_into_ranges`` of the same objects into the same buffers (already registered);
 * ``restore TP2`` and ``restore EP2xTP2`` (resharding: strided ranges), for reference.
 
 In-process runs read the holder's own segment (Mooncake copies with memcpy);
@@ -78,10 +82,14 @@ def restore_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, manife
                       ("restore_ep2xtp2", Model(spec, "ep", tp=2, dp=1, ep=2))):
         bufs = {p: tgt.target_buffers(p) for p in tgt.participant_ids}
         bindings = [tgt.bind(p, bufs[p]) for p in tgt.participant_ids]
+        leases = [store.register_buffers(b, side="target") for b in bindings]  # untimed, like the raw get
         with LoadPlan.new(manifest, tgt.placement, bindings) as lp:
             t = time.perf_counter()
-            moved = sum(store.load(lp, b).bytes for b in bindings)
+            moved = sum(store.load(lp, b, lease=lease).bytes for b, lease in zip(bindings, leases))
             dt = time.perf_counter() - t
+        for lease in leases:
+            lease.close()
+            lease.free()
         bad = [f for p in tgt.participant_ids for f in tgt.verify(p, bufs[p])]
         if bad:
             raise AssertionError(f"{name}: wrong bytes in {bad[:3]}")
@@ -140,9 +148,11 @@ def child(args) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed first runs (the first writes into a fresh segment fault its pages in)")
     ap.add_argument("--remote", action="store_true", help="also restore from a second process (TCP)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -175,18 +185,35 @@ def main() -> int:
         print(f"(model bytes generated in {time.perf_counter() - t:.1f} s)", flush=True)
         runs: List[Dict[str, float]] = []
         manifest_key = ""
-        for i in range(args.repeat):
+        for i in range(args.warmup + args.repeat):
             r: Dict[str, float] = {}
-            # -- snapshot through the library
+            # -- snapshot through the library: one source lease per participant, made
+            # (like the raw baseline's registration) before the clock starts
+            plan = store.plan_upload(src.placement, bindings, namespace=f"run{i}")
+            leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+                      for b in bindings if plan.source_fragment_ids(b.participant_id)}
             t = time.perf_counter()
-            with store.begin_snapshot(src.placement, bindings, namespace=f"run{i}") as w:
+            with store.transaction(plan) as tx:
+                for b in bindings:
+                    if b.participant_id in leases:
+                        tx.upload(src.placement, b, lease=leases[b.participant_id])
+            dt = time.perf_counter() - t
+            for lease in leases.values():
+                lease.close()
+                lease.free()
+            assert tx.manifest.total_bytes == nbytes
+            r["snapshot"] = nbytes / MiB / dt
+            manifest_key = tx.manifest.key
+            # -- the per-tensor writer (registers per flush), for reference
+            t = time.perf_counter()
+            with store.begin_snapshot(src.placement, bindings, namespace=f"writer{i}") as w:
                 w.write_all()
             dt = time.perf_counter() - t
             assert w.manifest.total_bytes == nbytes
-            r["snapshot"] = nbytes / MiB / dt
-            manifest_key = w.manifest.key
+            r["snapshot_writer"] = nbytes / MiB / dt
+            be.remove_prefix(f"{prefix}/writer{i}/")
             # -- raw batch_put_from of the same fragments from the same buffers
-            ops = w.plan.operations()
+            ops = plan.operations()
             by_fid = {}
             for p in src.participant_ids:
                 by_fid.update(bufs[p])
@@ -202,11 +229,31 @@ def main() -> int:
             unregister_all(be, refs)
             assert rcs == [0] * len(items), rcs[:5]
             r["raw_batch_put_from"] = nbytes / MiB / dt
+            # -- the same, one batch_put_from per source participant (what a job whose
+            # ranks are separate processes can do at best), for reference
+            refs = register_all(be, srcs)
+            groups: Dict[str, list] = {}
+            for o, ref in zip(ops, refs):
+                groups.setdefault(o.source_participant_id, []).append(
+                    PutItem(f"{prefix}/rawpp{i}/{o.target_fragment_id}", f"{prefix}/rawpp{i}", ref.address, ref.nbytes))
+            t = time.perf_counter()
+            rcs = []
+            for g in groups.values():
+                for j in range(0, len(g), 1024):
+                    rcs += be.batch_put_from(g[j:j + 1024], RecordType.PAYLOAD)
+            dt = time.perf_counter() - t
+            unregister_all(be, refs)
+            assert rcs == [0] * len(items), rcs[:5]
+            r["raw_batch_put_from_per_participant"] = nbytes / MiB / dt
+            be.remove_prefix(f"{prefix}/rawpp{i}/")
             # -- restores
-            r.update(restore_side(be, store, spec, manifest_key))
-            runs.append(r)
-            print(f"run {i}: " + ", ".join(f"{k} {v:.0f} MiB/s" for k, v in r.items()), flush=True)
-            if i + 1 < args.repeat:  # free the segment for the next run
+            if i >= args.warmup:  # the restores read a segment that is already faulted in
+                r.update(restore_side(be, store, spec, manifest_key))
+            if i >= args.warmup:
+                runs.append(r)
+            print(f"{'warmup' if i < args.warmup else 'run'} {i}: " + ", ".join(f"{k} {v:.0f} MiB/s" for k, v in r.items()),
+                  flush=True)
+            if i + 1 < args.warmup + args.repeat:  # free the segment for the next run
                 be.remove_prefix(f"{prefix}/run{i}/")
                 be.remove_prefix(f"{prefix}/raw{i}/")
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -216,6 +263,9 @@ def main() -> int:
             "in_process_MiBps": {k: round(v) for k, v in med.items()},
             "ratios_in_process": {
                 "snapshot / raw batch_put_from": round(med["snapshot"] / med["raw_batch_put_from"], 3),
+                "snapshot_writer / raw batch_put_from": round(med["snapshot_writer"] / med["raw_batch_put_from"], 3),
+                "snapshot / raw batch_put_from per participant": round(
+                    med["snapshot"] / med["raw_batch_put_from_per_participant"], 3),
                 "restore (same layout) / raw get_into_ranges": round(
                     med["restore_same_layout"] / med["raw_get_into_ranges"], 3),
                 "restore TP2 / raw get_into_ranges": round(med["restore_tp2"] / med["raw_get_into_ranges"], 3),

@@ -27,7 +27,8 @@ from .placement import (
 from .load import LoadPlan, LoadStats, PlanningLimits
 from .manifest import StoredFragment, StoredManifest
 from .receipts import Receipts
-from .store import Decision, DictBackend, Guard, PutItem, RangeItem, RecordType, Store, TerminalState
+from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem, RecordType, RegistrationLease, Store,
+                    TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .writer import Writer
@@ -71,4 +72,6 @@ __all__ = [
     "TerminalState",
     "Transaction",
     "Writer",
+    "RegistrationLease",
+    "LeaseSide",
 ]

@@ -154,6 +154,7 @@ RANGES_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_range_item), c_size_t, POIN
 REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_uint32, c_uint32)
 UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
+BATCH_EXISTS_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_bytes), c_size_t, POINTER(c_int32))
 
 
 class mws_store_vtable(Structure):
@@ -171,6 +172,7 @@ class mws_store_vtable(Structure):
         ("register_buffer", REGISTER_FN),
         ("unregister_buffer", UNREGISTER_FN),
         ("destroy", DESTROY_FN),
+        ("batch_exists", BATCH_EXISTS_FN),
     ]
 
 
@@ -231,6 +233,7 @@ class mws_io_args(Structure):
         ("transfer_id", c_char_p),
         ("guard", POINTER(mws_guard_vtable)),
         ("guard_ctx", c_void_p),
+        ("lease", c_void_p),
     ]
 
 
@@ -331,6 +334,12 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_store_remove": (c_int, [_p, c_char_p]),
     "mws_store_pending_registration_count": (c_size_t, [_p]),
     "mws_store_drain_pending_registrations": (c_int, [_p]),
+    # registration leases
+    "mws_registration_lease_new": (c_int, [_p, _p, POINTER(c_char_p), c_size_t, c_uint32, c_void_p, c_void_p,
+                                           c_char_p, POINTER(_p)]),
+    "mws_registration_lease_close": (c_int, [_p, c_uint32]),
+    "mws_registration_lease_is_closed": (c_int, [_p]),
+    "mws_registration_lease_free": (None, [_p]),
     # receipts
     "mws_receipts_free": (None, [_p]),
     "mws_receipts_count": (c_size_t, [_p]),

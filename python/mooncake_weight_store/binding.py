@@ -58,6 +58,8 @@ class Binding:
         self._infos: Dict[str, FragmentInfo] = {f.placement_fragment_id: f for f in placement.fragments()}
         self.buffers: Dict[str, Any] = {}  # placement_fragment_id -> buffer object (or address)
         self.addresses: Dict[str, int] = {}
+        #: placement fragment id -> runtime fragment id
+        self.fragment_ids: Dict[str, str] = {}
         self._h: Optional[int] = None
         opts = _lib.mws_binding_options(
             resource_id=cstr(placement.resource_id),
@@ -172,9 +174,10 @@ class Binding:
                 raise ValueError(f"{name} must fit in an unsigned 64-bit integer")
         if int(memory_kind) >= 1 << 32 or device_ordinal >= 1 << 32:
             raise ValueError("memory_kind and device_ordinal must fit in 32 bits")
+        runtime_id = fragment_id or f"{self.instance_id}:{placement_fragment_id}"
         frag = _lib.mws_runtime_fragment(
             placement_fragment_id=cstr(placement_fragment_id, "placement_fragment_id"),
-            fragment_id=cstr(fragment_id or f"{self.instance_id}:{placement_fragment_id}", "fragment_id"),
+            fragment_id=cstr(runtime_id, "fragment_id"),
             address=address,
             nbytes=nbytes,
             worker_id=cstr(worker_id or self.worker_id, "worker_id"),
@@ -193,6 +196,7 @@ class Binding:
         )
         call("mws_binding_add_fragment", self.handle, ctypes.byref(frag))
         self.addresses[placement_fragment_id] = address
+        self.fragment_ids[placement_fragment_id] = runtime_id
         self.buffers.setdefault(placement_fragment_id, address)
 
     @property

@@ -61,7 +61,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .upload_plan import UploadPlan
     from .writer import Writer
 
-__all__ = ["Store", "Decision", "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType"]
+__all__ = ["Store", "Decision", "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType",
+           "RegistrationLease", "LeaseSide"]
 
 log = logging.getLogger("mooncake_weight_store.store")
 
@@ -133,6 +134,10 @@ class _VtableBridge:
         if callable(getattr(b, "unregister_buffer", None)):
             vt.unregister_buffer = _lib.UNREGISTER_FN(self._unregister)
         vt.destroy = _lib.DESTROY_FN(self._destroy)
+        self._batch_exists_name = next((n for n in ("batch_exists", "batch_is_exist")
+                                        if callable(getattr(b, n, None))), None)
+        if self._batch_exists_name is not None:
+            vt.batch_exists = _lib.BATCH_EXISTS_FN(self._batch_exists)
         self.vtable = vt
 
     # -- error containment ----------------------------------------------------------
@@ -198,6 +203,19 @@ class _VtableBridge:
             return _int_result(rc)
         except BaseException as e:  # noqa: BLE001
             return self._fail("exists", e)
+
+    def _batch_exists(self, ctx, keys, n, results):  # type: ignore[no-untyped-def]
+        try:
+            f = getattr(self.backend, self._batch_exists_name)
+            rcs = list(f([_key(keys[i]) for i in range(n)]))
+            if len(rcs) != n:
+                raise ValueError(f"batch_exists returned {len(rcs)} results for {n} keys")
+            vals = [_int_result(int(rc) if isinstance(rc, bool) else rc) for rc in rcs]
+            for i, rc in enumerate(vals):
+                results[i] = max(min(rc, 2**31 - 1), -(2**31))
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("batch_exists", e)
 
     def _remove(self, ctx, key):  # type: ignore[no-untyped-def]
         try:
@@ -327,13 +345,95 @@ class _GuardBridge:
             return -1
 
 
-def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard]):  # type: ignore[no-untyped-def]
+def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],  # type: ignore[no-untyped-def]
+             lease: Optional["RegistrationLease"] = None):
     args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
     bridge = None
     if guard is not None:
         bridge = _GuardBridge(guard)
         args.guard = ctypes.pointer(bridge.vtable)
+    if lease is not None:
+        args.lease = lease.handle
     return args, bridge
+
+
+class LeaseSide(enum.IntEnum):
+    """``mws_lease_side``: which buffers a registration lease pins."""
+
+    SOURCE = 0
+    TARGET = 1
+
+
+class RegistrationLease:
+    """Buffers of one binding pinned and registered once (``mws_registration_lease``)
+    for any number of :meth:`Store.upload` / :meth:`Store.load` calls passed
+    ``lease=``; those calls then pin and register nothing. Create it with
+    :meth:`Store.register_buffers`.
+
+    As a context manager: a normal exit closes it as ``COMPLETED``, an exception as
+    ``FAILED_DRAINED`` (every call using the lease has returned, so no I/O can still
+    touch the buffers). :meth:`close` is idempotent; a closed lease is refused
+    (:class:`StaleBindingError`). Freeing an open lease (garbage collection) closes
+    it as ``ABORTED``. The lease keeps its store, binding and guard alive.
+    """
+
+    def __init__(self, store: "Store", binding: "Binding", fragment_ids: Sequence[str], side: LeaseSide,
+                 guard: Optional[Guard] = None, transfer_id: Optional[str] = None) -> None:
+        self._h: Optional[int] = None
+        self.store = store
+        self.binding = binding
+        self.side = LeaseSide(side)
+        self.fragment_ids = sorted(set(fragment_ids))
+        self._guard_bridge = _GuardBridge(guard) if guard is not None else None
+        ids = (ctypes.c_char_p * max(1, len(self.fragment_ids)))(
+            *[cstr(f, "fragment_id") for f in self.fragment_ids])
+        out = c_void_p()
+        call("mws_registration_lease_new", store.handle, binding.handle, ids, len(self.fragment_ids),
+             int(self.side), ctypes.addressof(self._guard_bridge.vtable) if self._guard_bridge else None, None,
+             cstr(transfer_id, "transfer_id"), ctypes.byref(out))
+        self._h = out.value
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError("registration lease is freed")
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None or int(LIB.fn("mws_registration_lease_is_closed")(self._h)) == 1
+
+    def close(self, state: TerminalState = TerminalState.COMPLETED) -> None:
+        """Unregisters the buffers and releases the pin with ``state`` (no-op when
+        closed). An unregistration failure quarantines the pin in the store."""
+        if self._h is not None:
+            call("mws_registration_lease_close", self._h, int(TerminalState(state)))
+
+    def free(self) -> None:
+        """Frees the handle (closing an open lease as ``ABORTED``)."""
+        h, self._h = self._h, None
+        if h is not None:
+            LIB.fn("mws_registration_lease_free")(h)
+
+    def __enter__(self) -> "RegistrationLease":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if self._h is not None:
+                self.close(TerminalState.COMPLETED if exc_type is None else TerminalState.FAILED_DRAINED)
+        finally:
+            self.free()
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return (f"RegistrationLease({self.binding.participant_id!r}, {self.side.name.lower()}, "
+                f"{len(self.fragment_ids)} fragments, {'closed' if self.closed else 'open'})")
 
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
@@ -496,6 +596,19 @@ class Store:
         """Removes ``key`` (an absent key is fine)."""
         call("mws_store_remove", self.handle, cstr(key, "key"))
 
+    def register_buffers(self, binding: "Binding", fragment_ids: Optional[Sequence[str]] = None, *,
+                         side: Union[LeaseSide, str] = LeaseSide.SOURCE, guard: Optional[Guard] = None,
+                         transfer_id: Optional[str] = None) -> RegistrationLease:
+        """Pins (``guard``; ``None``: the caller keeps the buffers valid) and registers
+        the buffers of ``fragment_ids`` (runtime fragment ids; default: every fragment
+        of ``binding``) once; returns a :class:`RegistrationLease` to pass as
+        ``lease=`` to :meth:`upload` (``side="source"``) or :meth:`load`
+        (``side="target"``). Use it as a context manager or :meth:`~RegistrationLease.close` it."""
+        if isinstance(side, str):
+            side = LeaseSide[side.upper()]
+        ids = list(binding.fragment_ids.values()) if fragment_ids is None else list(fragment_ids)
+        return RegistrationLease(self, binding, ids, side, guard, transfer_id)
+
     @property
     def pending_registration_count(self) -> int:
         return int(LIB.fn("mws_store_pending_registration_count")(self.handle))
@@ -507,12 +620,14 @@ class Store:
 
     def upload(self, plan: "UploadPlan", placement: "Placement", binding: "Binding", *,
                worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
-               guard: Optional[Guard] = None) -> "Receipts":
+               guard: Optional[Guard] = None, lease: Optional[RegistrationLease] = None) -> "Receipts":
         """Uploads ``binding``'s participant's payloads for ``plan``; returns its
-        receipts. Never deletes payloads on failure (use :meth:`abort_upload`)."""
+        receipts. Never deletes payloads on failure (use :meth:`abort_upload`).
+        ``lease``: a source lease of this store covering exactly the fragments read
+        (:meth:`UploadPlan.source_fragment_ids`); nothing is pinned or registered."""
         from .receipts import Receipts
 
-        args, keep = _io_args(worker_id, transfer_id, guard)
+        args, keep = _io_args(worker_id, transfer_id, guard, lease)
         out = c_void_p()
         call("mws_store_upload", self.handle, plan.handle, placement.handle, binding.handle,
              ctypes.byref(args), ctypes.byref(out))
@@ -577,11 +692,14 @@ class Store:
         return StoredManifest(out.value)
 
     def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,
-             transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> "LoadStats":
-        """Loads ``binding``'s participant's part of ``plan`` into its buffers."""
+             transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
+             lease: Optional[RegistrationLease] = None) -> "LoadStats":
+        """Loads ``binding``'s participant's part of ``plan`` into its buffers.
+        ``lease``: a target lease of this store covering exactly the fragments
+        loaded; nothing is pinned or registered."""
         from .load import LoadStats
 
-        args, keep = _io_args(worker_id, transfer_id, guard)
+        args, keep = _io_args(worker_id, transfer_id, guard, lease)
         st = _lib.mws_load_stats()
         call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
         del keep

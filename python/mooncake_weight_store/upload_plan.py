@@ -111,6 +111,13 @@ class UploadPlan:
             self._ops = ops
         return list(self._ops)
 
+    def source_fragment_ids(self, participant_id: str, worker_id: Optional[str] = None) -> List[str]:
+        """The runtime fragment ids an upload of ``participant_id`` (one worker of it
+        when given) reads: what a source registration lease must cover."""
+        return sorted({o.source_fragment_id for o in self.operations()
+                       if o.source_participant_id == participant_id
+                       and (worker_id is None or o.source_worker_id == worker_id)})
+
     @property
     def payload_keys(self) -> List[str]:
         return [o.object_key for o in self.operations()]

@@ -607,3 +607,104 @@ def test_box_bytes_reference():
     for off, sh in [((0, 0, 0), (2, 3, 4)), ((1, 0, 0), (1, 3, 4)), ((0, 1, 0), (2, 2, 4)), ((0, 0, 2), (2, 3, 2)),
                     ((1, 2, 1), (1, 1, 3))]:
         assert box_bytes(g, gs, 2, off, sh) == ref(off, sh)
+
+
+# -- registration leases and batched existence ------------------------------------
+
+
+class Counting(DictBackend):
+    """Counts registrations and existence checks; has batch_exists."""
+
+    def __init__(self):
+        super().__init__()
+        self.reg = self.unreg = self.single = self.batch = 0
+
+    def register_buffer(self, address, length, memory_kind=0, device_ordinal=0):
+        self.reg += 1
+        return super().register_buffer(address, length, memory_kind, device_ordinal)
+
+    def unregister_buffer(self, address):
+        self.unreg += 1
+        return super().unregister_buffer(address)
+
+    def exists(self, key):
+        self.single += 1
+        return super().exists(key)
+
+    def batch_exists(self, keys):
+        self.batch += 1
+        return [DictBackend.exists(self, k) for k in keys]
+
+
+def test_registration_leases_register_once(src):
+    m, _, bindings = src
+    be = Counting()
+    store = Store.from_backend(be)
+    plan = store.plan_upload(m.placement, bindings)
+    leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+              for b in bindings if plan.source_fragment_ids(b.participant_id)}
+    regs = be.reg
+    assert regs > 0 and be.unreg == 0
+    with store.transaction(plan) as tx:
+        for b in bindings:
+            if b.participant_id in leases:
+                tx.upload(m.placement, b, lease=leases[b.participant_id])
+    assert be.reg == regs and be.unreg == 0  # nothing registered per call
+    assert be.batch > 0  # payload existence checked in batches
+    for lease in leases.values():
+        lease.close()
+        assert lease.closed
+        lease.close(TerminalState.ABORTED)  # no-op
+    assert be.unreg == regs
+    # a closed lease is refused before any I/O
+    b0 = next(b for b in bindings if b.participant_id in leases)
+    with pytest.raises(StaleBindingError, match="lease is closed"):
+        store.upload(plan, m.placement, b0, lease=leases[b0.participant_id])
+    # restore with one target lease per participant (context managers)
+    target = Model(SPEC, "tp", tp=2, dp=1)
+    bufs = {p: target.target_buffers(p) for p in target.participant_ids}
+    tb = [target.bind(p, bufs[p]) for p in target.participant_ids]
+    with store.load_manifest(tx.manifest.key) as manifest, LoadPlan.new(manifest, target.placement, tb) as lp:
+        for b in tb:
+            with store.register_buffers(b, side="target") as lease:
+                regs, unregs = be.reg, be.unreg
+                assert store.load(lp, b, lease=lease).bytes > 0
+                store.load(lp, b, lease=lease)
+                assert (be.reg, be.unreg) == (regs, unregs)
+            assert lease.closed and be.unreg > unregs
+        # a lease of another store is refused; freeing an open lease closes it
+        other = Store.memory()
+        lease = store.register_buffers(tb[0], side="target")
+        with pytest.raises(InvalidArgumentError, match="another store"):
+            other.load(lp, tb[0], lease=lease)
+    assert [f for p in target.participant_ids for f in target.verify(p, bufs[p])] == []
+    unregs = be.unreg
+    lease.free()
+    assert be.unreg > unregs
+    assert store.pending_registration_count == 0 and store.callback_errors == []
+    other.close()
+    store.close()
+
+
+def test_lease_with_guard_pins_once(store, src):
+    m, _, bindings = src
+    events = []
+
+    class G(Guard):
+        def acquire(self, transfer_id, participant_id, fragment_ids):
+            events.append("acquire")
+            return 7
+
+        def release(self, token, state):
+            events.append(("release", token, state))
+
+    plan = store.plan_upload(m.placement, bindings)
+    b = next(b for b in bindings if plan.source_fragment_ids(b.participant_id))
+    with store.register_buffers(b, plan.source_fragment_ids(b.participant_id), guard=G()) as lease:
+        store.upload(plan, m.placement, b, lease=lease)
+        store.upload(plan, m.placement, b, lease=lease)
+    assert events == ["acquire", ("release", 7, TerminalState.COMPLETED)]
+    with pytest.raises(MwsError):
+        store.register_buffers(b, ["no-such-fragment"])
+    with pytest.raises(KeyError):
+        store.register_buffers(b, side="sideways")

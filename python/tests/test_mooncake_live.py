@@ -312,3 +312,56 @@ def test_backend_contract_against_live_store(holder, prefix):
         holder.unregister_buffer(ps)
         holder.unregister_buffer(pd)
     assert holder.remove(k1) == 0 and holder.remove(k1) == -704
+
+
+def test_registration_leases_and_batch_exists_against_live_store(mc_store, holder):
+    """Snapshot and restore with one registration lease per participant: Mooncake sees
+    each buffer registered once, every existence check of the payloads is batched."""
+    from mooncake_weight_store import LoadPlan
+
+    calls = {"register": 0, "unregister": 0, "batch_exists": 0}
+    orig = {k: getattr(holder, k) for k in ("register_buffer", "unregister_buffer", "batch_exists")}
+
+    def counted(name, key):
+        def f(*a, **kw):
+            calls[key] += 1
+            return orig[name](*a, **kw)
+        return f
+
+    spec = ModelSpec(hidden=HIDDEN)
+    src = Model(spec)
+    bufs = {p: src.source_buffers(p) for p in src.participant_ids}
+    bindings = [src.bind(p, bufs[p]) for p in src.participant_ids]
+    holder.register_buffer = counted("register_buffer", "register")
+    holder.unregister_buffer = counted("unregister_buffer", "unregister")
+    holder.batch_exists = counted("batch_exists", "batch_exists")
+    try:
+        plan = mc_store.plan_upload(src.placement, bindings)
+        leases = [mc_store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+                  for b in bindings if plan.source_fragment_ids(b.participant_id)]
+        registered = calls["register"]
+        assert 0 < registered <= len(plan)  # each source buffer once
+        with mc_store.transaction(plan) as tx:
+            for lease in leases:
+                tx.upload(src.placement, lease.binding, lease=lease)
+                mc_store.upload(plan, src.placement, lease.binding, lease=lease)  # a retry: nothing registered
+        assert calls["register"] == registered and calls["unregister"] == 0
+        assert calls["batch_exists"] > 0
+        for lease in leases:
+            lease.close()
+            lease.close()
+        assert calls["unregister"] == registered
+        target = Model(spec, "tp", tp=2, dp=1)
+        tbufs = {p: target.target_buffers(p) for p in target.participant_ids}
+        tb = [target.bind(p, tbufs[p]) for p in target.participant_ids]
+        with mc_store.load_manifest(tx.manifest.key) as m, LoadPlan.new(m, target.placement, tb) as lp:
+            for b in tb:
+                with mc_store.register_buffers(b, side="target") as lease:
+                    n = calls["register"]
+                    assert mc_store.load(lp, b, lease=lease).bytes > 0
+                    assert calls["register"] == n
+        assert [f for p in target.participant_ids for f in target.verify(p, tbufs[p])] == []
+        assert mc_store.pending_registration_count == 0
+    finally:
+        for k, f in orig.items():
+            setattr(holder, k, f)

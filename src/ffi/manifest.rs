@@ -491,7 +491,8 @@ fn stats_out(s: crate::protocol::LoadStats) -> mws_load_stats {
 /// Executes the part of `plan` that belongs to `binding`'s participant (one worker
 /// of it when `args->worker_id` is given): checks the binding still matches the plan
 /// and that the plan's manifest is the committed one, pins (guard) and registers the
-/// target buffers, then reads every range straight into them. Nothing is registered
+/// target buffers (with `args->lease`: uses the lease's registration, nothing is
+/// pinned or registered per call), then reads every range straight into them. Nothing is registered
 /// or read before every check passed; a refused plan leaves the buffers untouched.
 /// `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
 /// there on success.
@@ -522,12 +523,13 @@ pub unsafe extern "C" fn mws_store_load(
         let rb = b.build().map_err(|f| {
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
         })?;
+        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
         let la = LoadArgs {
             worker_id: a.worker_id,
             guard: Some(&*a.guard),
             transfer_id: a.transfer_id,
             skip_committed_check: false,
-            lease: None,
+            lease: lease.as_deref(),
         };
         let st = s.ws.load(&p.inner, &rb, la)?;
         if !stats.is_null() {

@@ -19,6 +19,7 @@
 
 mod binding;
 mod boundary;
+mod lease;
 mod manifest;
 mod placement;
 mod store;
@@ -32,6 +33,7 @@ pub use crate::store::callbacks::{
 };
 pub use binding::*;
 pub use boundary::*;
+pub use lease::*;
 pub use manifest::*;
 pub use placement::*;
 pub use store::*;

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::binding::mws_binding;
 use super::boundary::{status_call, value_call, Failure, FfiResult};
+use super::lease::mws_registration_lease;
 use super::manifest::mws_stored_manifest;
 use super::mws_status;
 use super::placement::mws_placement;
@@ -498,6 +499,12 @@ pub struct mws_io_args {
     pub guard: *const mws_guard_vtable,
     /// Passed to the guard's callbacks.
     pub guard_ctx: *mut c_void,
+    /// A registration lease of this store covering exactly the buffers the call
+    /// touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
+    /// ignored) nor registers anything. NULL: pin and register for this call only.
+    /// Added at the end of the struct in 0.1 (this struct has no size field: code
+    /// built against an older header must be rebuilt).
+    pub lease: *const mws_registration_lease,
 }
 
 #[derive(Clone, Copy)]
@@ -533,7 +540,7 @@ impl CGuard {
         }
     }
 
-    unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
+    pub(crate) unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
         let size = (vt as *const u32).read_unaligned();
         let version = (vt as *const u32).add(1).read_unaligned();
         if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
@@ -630,11 +637,12 @@ pub(crate) struct IoArgs<'a> {
     pub(crate) worker_id: Option<&'a str>,
     pub(crate) transfer_id: Option<&'a str>,
     pub(crate) guard: Box<dyn GuardProvider>,
+    pub(crate) lease: Option<&'a mws_registration_lease>,
 }
 
 pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
     let Some(a) = args.as_ref() else {
-        return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard) });
+        return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard), lease: None });
     };
     let guard: Box<dyn GuardProvider> =
         if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(a.guard, a.guard_ctx)?) };
@@ -642,6 +650,7 @@ pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'
         worker_id: opt_str_arg(a.worker_id, "args->worker_id")?,
         transfer_id: opt_str_arg(a.transfer_id, "args->transfer_id")?,
         guard,
+        lease: a.lease.as_ref(),
     })
 }
 
@@ -783,7 +792,8 @@ pub unsafe extern "C" fn mws_receipts_for_plan(
 /// Every freshness check (binding against placement and plan: lease, generation,
 /// addresses, memory kind) runs before any store call; then the guard pins the
 /// buffers, they are registered, written with `batch_put_from`, unregistered, and the
-/// pin released. A failure never deletes payloads: clean up with
+/// pin released (with `args->lease`, the lease's registration is used instead and
+/// nothing is pinned or registered per call). A failure never deletes payloads: clean up with
 /// `mws_store_abort_upload`. A participant without operations gives empty receipts.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,
@@ -815,7 +825,13 @@ pub unsafe extern "C" fn mws_store_upload(
         let rb = b.build().map_err(|f| {
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
         })?;
-        let ua = UploadArgs { worker_id: a.worker_id, guard: Some(&*a.guard), transfer_id: a.transfer_id, lease: None };
+        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
+        let ua = UploadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            lease: lease.as_deref(),
+        };
         let receipts = s.ws.upload(&p.inner, &pl.inner, &rb, ua)?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
         Ok(())

@@ -40,6 +40,10 @@ const OBJECT_NOT_FOUND: i64 = -704;
 const OBJECT_ALREADY_EXISTS: i64 = -705;
 const OBJECT_HAS_LEASE: i64 = -706;
 
+/// Capacity of the first, unsized read of [`CallbackStore`]'s `get` (objects smaller
+/// than this are read in one callback instead of `get_size` + `get_into`).
+const GET_FIRST_TRY: usize = 256 << 10;
+
 /// Retry policy of transient codes (-200, -706): at most `MAX_TRIES` calls, sleeping
 /// 5 ms, 10 ms, ... (doubling, capped at 200 ms) between them.
 const MAX_TRIES: u32 = 8;
@@ -173,7 +177,18 @@ pub struct mws_store_vtable {
     pub unregister_buffer: Option<unsafe extern "C" fn(ctx: *mut c_void, address: u64) -> i32>,
     /// Optional: called once when the store is freed.
     pub destroy: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
+    /// Optional (NULL: `exists` is called per key), read only when `size` covers it
+    /// (a vtable of the previous, smaller size keeps working). Existence of `n` keys
+    /// in one round trip: writes 1 (present), 0 (absent) or a negative code per key
+    /// into `results[n]`; returns 0, or a negative batch-level error (applied to every
+    /// key). Mooncake: `batchIsExist`.
+    pub batch_exists:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, keys: *const mws_bytes, n: usize, results: *mut i32) -> i32>,
 }
+
+/// Size of the first [`mws_store_vtable`] layout (up to and including `destroy`):
+/// the smallest `size` accepted. Fields after it are read only when `size` covers them.
+const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_vtable, batch_exists);
 
 /// Device <-> host copies for the embedded stores (memory, directory), which cannot
 /// touch device memory themselves (for example a `cudaMemcpy` wrapper).
@@ -215,17 +230,24 @@ unsafe impl Sync for Ctx {}
 /// `vt` points to at least 8 readable bytes and, when its `size` field says so, to
 /// `size_of::<T>()` readable bytes.
 unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
+    read_vtable_prefix(vt, name, version, std::mem::size_of::<T>())
+}
+
+/// As [`read_vtable`], accepting any `size` of at least `min_size` (the byte offset of
+/// a field boundary of `T`): when `size` is smaller than `T`, only the first
+/// `min_size` bytes are read and the fields after them are zero (NULL callbacks).
+///
+/// # Safety
+/// As [`read_vtable`]; every all-zero field of `T` after `min_size` must be valid.
+unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
     if vt.is_null() {
         return Err(Error::invalid(format!("{name} is NULL")));
     }
     let header = vt as *const u32;
     let size = header.read_unaligned();
     let ver = header.add(1).read_unaligned();
-    if (size as usize) < std::mem::size_of::<T>() {
-        return Err(Error::invalid(format!(
-            "{name}.size is {size}, expected at least {} (sizeof({name}))",
-            std::mem::size_of::<T>()
-        )));
+    if (size as usize) < min_size {
+        return Err(Error::invalid(format!("{name}.size is {size}, expected at least {min_size}")));
     }
     if ver != version {
         return Err(Error::new(
@@ -233,7 +255,12 @@ unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result
             format!("{name}.version is {ver}, this library implements version {version}"),
         ));
     }
-    Ok(vt.read_unaligned())
+    if (size as usize) >= std::mem::size_of::<T>() {
+        return Ok(vt.read_unaligned());
+    }
+    let mut out = std::mem::MaybeUninit::<T>::zeroed();
+    std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, min_size);
+    Ok(out.assume_init())
 }
 
 fn memory_code(kind: MemoryKind) -> (u32, u32) {
@@ -304,7 +331,9 @@ impl CallbackStore {
     /// callbacks honour the vtable contract (thread-safe, never unwind) for as long as
     /// the store lives.
     pub unsafe fn new(vt: *const mws_store_vtable, ctx: *mut c_void) -> Result<Self> {
-        let vt = read_vtable(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION)?;
+        // SAFETY: the fields after STORE_VTABLE_MIN_SIZE are optional callbacks
+        // (Option<fn>): all-zero is None.
+        let vt = read_vtable_prefix(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION, STORE_VTABLE_MIN_SIZE)?;
         let mut missing = Vec::new();
         if vt.put.is_none() {
             missing.push("put");
@@ -392,6 +421,21 @@ impl ObjectStore for CallbackStore {
     fn get(&self, key: &str) -> Result<Vec<u8>> {
         let get_size = self.vt.get_size.expect("checked at construction");
         let get_into = self.vt.get_into.expect("checked at construction");
+        // One round trip for small objects (manifests, decision records): read into a
+        // buffer of GET_FIRST_TRY bytes first. A result shorter than the buffer is the
+        // whole object (an implementation that truncated would report the capacity);
+        // -704 is "not found"; anything else (-600: larger object) takes the sized path.
+        let mut first = vec![0u8; GET_FIRST_TRY];
+        let n =
+            with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), first.as_mut_ptr(), first.len() as u64) });
+        if n >= 0 && (n as u64) < GET_FIRST_TRY as u64 {
+            first.truncate(n as usize);
+            return Ok(first);
+        }
+        if n == OBJECT_NOT_FOUND {
+            return Err(not_found(key));
+        }
+        drop(first);
         // The object may be replaced between the two calls: retry a few times.
         for _ in 0..MAX_TRIES {
             let size = with_retry(|| unsafe { get_size(self.ctx.0, mws_bytes::of(key)) });
@@ -424,6 +468,51 @@ impl ObjectStore for CallbackStore {
             c if c > 0 => Ok(true),
             c => Err(code_error("exists", key, c)),
         }
+    }
+
+    fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool>> {
+        let Some(f) = self.vt.batch_exists else {
+            return keys.iter().map(|k| self.exists(k)).collect();
+        };
+        let mut results: Vec<Option<Result<bool>>> = (0..keys.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut delay = FIRST_BACKOFF;
+        for attempt in 0..MAX_TRIES {
+            if pending.is_empty() {
+                break;
+            }
+            let c_keys: Vec<mws_bytes> = pending.iter().map(|&i| mws_bytes::of(keys[i])).collect();
+            let mut codes = vec![i32::MIN; c_keys.len()];
+            // SAFETY: `c_keys` and `codes` hold `len` elements; the keys outlive the call.
+            let batch = unsafe { f(self.ctx.0, c_keys.as_ptr(), c_keys.len(), codes.as_mut_ptr()) };
+            let last = attempt + 1 == MAX_TRIES;
+            let mut retry = Vec::new();
+            for (j, &i) in pending.iter().enumerate() {
+                let code = if batch < 0 { batch as i64 } else { codes[j] as i64 };
+                if code == i32::MIN as i64 {
+                    results[i] = Some(Err(Error::new(
+                        ErrorKind::Store,
+                        format!("store callback batch_exists left no result for {}", keys[i]),
+                    )));
+                } else if code >= 0 {
+                    results[i] = Some(Ok(code > 0));
+                } else if transient(code) && !last {
+                    retry.push(i);
+                } else {
+                    results[i] = Some(Err(code_error("batch_exists", keys[i], code)));
+                }
+            }
+            if retry.is_empty() {
+                break;
+            }
+            pending = retry;
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(MAX_BACKOFF);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, "batch_exists: no result"))))
+            .collect()
     }
 
     fn remove(&self, key: &str) -> Result<()> {
