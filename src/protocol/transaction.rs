@@ -60,20 +60,15 @@ impl WeightStore {
     /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
     pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
         let key = plan.control_key();
-        match self.store.exists(key) {
-            Ok(false) => return Ok(None),
-            Ok(true) => {}
+        // One round trip: a missing object is "no decision" (the reference asks
+        // `is_exist` first; a get that finds nothing means the same).
+        let bytes = match self.store.get(key) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => {
-                return Err(err(
-                    ErrorKind::Store,
-                    format!("upload decision existence check failed: {key}: {}", e.message()),
-                ))
+                return Err(err(ErrorKind::Store, format!("upload decision read failed: {key}: {}", e.message())))
             }
-        }
-        let bytes = self
-            .store
-            .get(key)
-            .map_err(|_| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}")))?;
+        };
         Decision::parse_record(&bytes)
             .map(Some)
             .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
@@ -93,10 +88,10 @@ impl WeightStore {
     /// Reads the published manifest of the plan's key: `None` when absent.
     pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
         let key = plan.manifest().manifest_key();
-        match self.store.exists(key) {
-            Ok(false) => Ok(None),
-            Ok(true) => load_manifest(&*self.store, key).map(Some),
-            Err(e) => Err(err(ErrorKind::Store, format!("manifest existence check failed: {key}: {}", e.message()))),
+        match load_manifest(&*self.store, key) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -236,6 +236,11 @@ impl ObjectStore for FakeStore {
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
         self.log(Call::Get(key.into()));
+        // "Not found once" models a read that misses a just-written object; the
+        // protocol reads decision and manifest with `get`, payloads with `exists`.
+        if self.faults.lock().exists_not_found_once.remove(key) {
+            return Err(mooncake_weight_store::store::not_found(key));
+        }
         if self.hidden(key) {
             return Err(mooncake_weight_store::store::not_found(key));
         }
