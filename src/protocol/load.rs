@@ -50,6 +50,9 @@ pub struct LoadOptions {
     /// Check that the plan's manifest is the committed one before reading.
     /// Default true.
     pub require_committed: bool,
+    /// Host staging for many-small-row regions (see `StoreLimits::staging_bytes`);
+    /// 0 = off.
+    pub staging_bytes: u64,
 }
 
 impl Default for LoadOptions {
@@ -59,6 +62,7 @@ impl Default for LoadOptions {
             max_ranges_per_request: 1024,
             max_region_segments: 1 << 32,
             require_committed: true,
+            staging_bytes: 0,
         }
     }
 }
@@ -242,6 +246,7 @@ impl WeightStore {
             max_ranges_per_request: self.limits.max_ranges_per_request,
             max_region_segments: self.limits.max_region_segments,
             require_committed: !args.skip_committed_check,
+            staging_bytes: self.limits.staging_bytes,
         };
         let target = plan.logical.target();
         validate_runtime_binding(target, binding).map_err(|e| {
@@ -381,6 +386,8 @@ impl WeightStore {
             *io_started = true;
             if self.store.supports_strided_reads() {
                 read_strided(&*self.store, plan, &by_target, &mut stats)
+            } else if options.staging_bytes > 0 {
+                read_staged(&*self.store, plan, &by_target, &options, &mut stats)
             } else {
                 read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
             }
@@ -461,6 +468,145 @@ unsafe fn read_strided(
         }
     }
     run(&mut reads, stats)
+}
+
+/// Largest segment worth staging: longer rows are cheap as direct ranges.
+const STAGE_MAX_INNER: u64 = 64 << 10;
+/// A staged span may read at most this many times the bytes the region needs.
+const STAGE_MAX_OVERREAD: u64 = 4;
+
+/// The staging path for stores that pay per range: regions of many short rows
+/// (one outer loop) whose source rows lie close together are read as whole spans
+/// into one registered host buffer (several spans per request), then scattered
+/// row by row into the target view; every other region goes through the ranges
+/// path. Target bytes are written only after their span was read completely.
+unsafe fn read_staged(
+    store: &dyn ObjectStore,
+    plan: &LoadPlan,
+    by_target: &BTreeMap<&str, Vec<usize>>,
+    options: &LoadOptions,
+    stats: &mut LoadStats,
+) -> Result<()> {
+    let cap = options.staging_bytes.min(options.max_range_bytes.saturating_mul(options.max_ranges_per_request as u64));
+    let span_of = |r: &TransferRegion| -> Option<u64> {
+        if r.outer_loop_counts.len() != 1 || r.outer_loop_counts[0] < 2 || r.inner_bytes > STAGE_MAX_INNER {
+            return None;
+        }
+        let span = (r.outer_loop_counts[0] - 1).checked_mul(r.source_strides[0])?.checked_add(r.inner_bytes)?;
+        (span <= cap && span <= r.total_bytes().saturating_mul(STAGE_MAX_OVERREAD)).then_some(span)
+    };
+    let mut direct: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut staged: Vec<(usize, u64)> = Vec::new();
+    for (id, list) in by_target {
+        for &i in list {
+            let r = &plan.regions()[i];
+            match span_of(r) {
+                Some(span) if plan.target_fragment(i).memory() == MemoryKind::Host => staged.push((i, span)),
+                _ => direct.entry(id).or_default().push(i),
+            }
+        }
+    }
+    if !direct.is_empty() {
+        read_ranges(store, plan, &direct, options, stats)?;
+    }
+    if staged.is_empty() {
+        return Ok(());
+    }
+    let mut buffer = vec![0u8; cap as usize];
+    let region = MemoryRegion { address: buffer.as_mut_ptr() as u64, len: cap, kind: MemoryKind::Host };
+    store
+        .register_buffer(region)
+        .map_err(|e| store_err(e.kind(), format!("register_buffer failed for the staging buffer: {}", e.message())))?;
+    let result = (|| -> Result<()> {
+        let mut batch: Vec<(usize, u64)> = Vec::new(); // (region index, offset in the buffer)
+        let mut used = 0u64;
+        let mut ranges = 0usize;
+        let pieces = |span: u64| span.div_ceil(options.max_range_bytes) as usize;
+        for &(i, span) in &staged {
+            if used + span > cap || ranges + pieces(span) > options.max_ranges_per_request {
+                flush_staged(store, plan, &batch, region, options, stats)?;
+                batch.clear();
+                used = 0;
+                ranges = 0;
+            }
+            batch.push((i, used));
+            used += span;
+            ranges += pieces(span);
+        }
+        flush_staged(store, plan, &batch, region, options, stats)
+    })();
+    let unregister = store.unregister_buffer(region.address);
+    drop(buffer);
+    result?;
+    unregister
+        .map_err(|e| store_err(e.kind(), format!("unregister_buffer failed for the staging buffer: {}", e.message())))
+}
+
+unsafe fn flush_staged(
+    store: &dyn ObjectStore,
+    plan: &LoadPlan,
+    batch: &[(usize, u64)],
+    staging: MemoryRegion,
+    options: &LoadOptions,
+    stats: &mut LoadStats,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let mut reads: Vec<RangeRead<'_>> = Vec::new();
+    for &(i, off) in batch {
+        let r = &plan.regions()[i];
+        let s = plan.logical.source_of(r);
+        let span = (r.outer_loop_counts[0] - 1) * r.source_strides[0] + r.inner_bytes;
+        let mut c = 0;
+        while c < span {
+            let len = options.max_range_bytes.min(span - c);
+            reads.push(RangeRead {
+                key: s.object_key(),
+                object_offset: s.object_offset() + r.source_base_offset + c,
+                dest: MemoryRegion { address: staging.address + off + c, len, kind: MemoryKind::Host },
+            });
+            c += len;
+        }
+    }
+    let results = store.get_into_ranges(&reads);
+    stats.requests += 1;
+    if results.len() != reads.len() {
+        return Err(store_err(ErrorKind::Store, "get_into_ranges returned invalid range count"));
+    }
+    for (read, res) in reads.iter().zip(results) {
+        match res {
+            Ok(n) if n == read.dest.len => stats.ranges += 1,
+            Ok(n) => {
+                return Err(store_err(
+                    ErrorKind::Integrity,
+                    format!("get_into_ranges failed for {}: expected {}, got {n}", read.key, read.dest.len),
+                ))
+            }
+            Err(e) => {
+                return Err(store_err(e.kind(), format!("get_into_ranges failed for {}: {}", read.key, e.message())))
+            }
+        }
+    }
+    // Scatter: every span was read whole; rows stay inside the target view (the
+    // planner checked the region against the target fragment's size).
+    let base = staging.address as *const u8;
+    for &(i, off) in batch {
+        let r = &plan.regions()[i];
+        let t = plan.target_fragment(i);
+        let dst = t.address() as *mut u8;
+        let (n, ss, ts) = (r.outer_loop_counts[0], r.source_strides[0], r.target_strides[0]);
+        for row in 0..n {
+            std::ptr::copy_nonoverlapping(
+                base.add((off + row * ss) as usize),
+                dst.add((r.target_base_offset + row * ts) as usize),
+                r.inner_bytes as usize,
+            );
+        }
+        stats.bytes += r.total_bytes();
+        stats.regions += 1;
+    }
+    Ok(())
 }
 
 unsafe fn read_ranges(

@@ -20,11 +20,22 @@ pub struct StoreLimits {
     /// Largest segment count of one region at execution (default 2^32; the
     /// reference's 1,000,000 rejects realistic dim-1 reshards of large matrices).
     pub max_region_segments: u64,
+    /// Restores through stores without native strided reads (Mooncake) pay per
+    /// range. With `staging_bytes > 0`, a region of many small rows whose source
+    /// rows lie close together is read as one span into a registered host staging
+    /// buffer of this size and scattered locally (host targets only). Default 0:
+    /// off, so requests are exactly the specified ranges.
+    pub staging_bytes: u64,
 }
 
 impl Default for StoreLimits {
     fn default() -> Self {
-        StoreLimits { max_range_bytes: 64 << 20, max_ranges_per_request: 1024, max_region_segments: 1 << 32 }
+        StoreLimits {
+            max_range_bytes: 64 << 20,
+            max_ranges_per_request: 1024,
+            max_region_segments: 1 << 32,
+            staging_bytes: 0,
+        }
     }
 }
 
