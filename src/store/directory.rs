@@ -445,9 +445,10 @@ impl DirectoryStore {
         let src = map as *const u8;
         let result = r.for_each_segment(|s, d, n| {
             // Both ranges were checked against the object size and the view.
-            std::ptr::copy_nonoverlapping(src.add((s - start) as usize), base.add(d as usize), n as usize);
+            super::copy_for_restore(base.add(d as usize), src.add((s - start) as usize), n as usize);
             Ok(())
         });
+        super::copy_fence();
         libc::munmap(map, map_len);
         result.map(|()| r.total_bytes())
     }

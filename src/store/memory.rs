@@ -163,9 +163,10 @@ impl MemoryStore {
                     let base = host_ptr_mut(&r.dest, r.key)?;
                     r.for_each_segment(|s, d, n| {
                         // Bounds were checked for the whole region above.
-                        std::ptr::copy_nonoverlapping(value.as_ptr().add(s as usize), base.add(d as usize), n as usize);
+                        super::copy_for_restore(base.add(d as usize), value.as_ptr().add(s as usize), n as usize);
                         Ok(())
                     })?;
+                    super::copy_fence();
                 }
             }
             MemoryKind::Device(_) => {

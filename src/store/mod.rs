@@ -353,3 +353,53 @@ pub(crate) fn run_parallel<T: Send, S: Default>(
         handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }
+
+/// Copies `n` bytes for the restore path. Long copies use non-temporal stores on
+/// x86-64 (the destination is written once and not read back soon), which avoids
+/// reading every destination cache line before overwriting it; callers issue
+/// [`copy_fence`] before reporting the copies complete.
+///
+/// # Safety
+/// `src` must be valid for `n` bytes of reads, `dst` for `n` bytes of writes, and
+/// the ranges must not overlap.
+#[inline]
+pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        const STREAM_MIN: usize = 256;
+        if n >= STREAM_MIN {
+            // Head: bring the destination to 16-byte alignment with a plain copy.
+            let head = (16 - (dst as usize & 15)) & 15;
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            let (mut d, mut s) = (dst.add(head), src.add(head));
+            let mut left = n - head;
+            while left >= 64 {
+                let a = _mm_loadu_si128(s as *const __m128i);
+                let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+                _mm_stream_si128(d as *mut __m128i, a);
+                _mm_stream_si128(d.add(16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(48) as *mut __m128i, e);
+                d = d.add(64);
+                s = s.add(64);
+                left -= 64;
+            }
+            std::ptr::copy_nonoverlapping(s, d, left);
+            return;
+        }
+    }
+    std::ptr::copy_nonoverlapping(src, dst, n);
+}
+
+/// Orders the non-temporal stores of [`copy_for_restore`] before later stores.
+#[inline]
+pub(crate) fn copy_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions (SSE2 is baseline on x86-64).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
