@@ -5,13 +5,13 @@
  *  - Every fallible function returns mws_status; MWS_OK (0) is success. Out-parameters
  *    are written only on success. mws_last_error_message() gives the detail of the last
  *    failed call on the calling thread.
- *  - Handles (mws_placement, mws_binding, mws_upload_plan, mws_store, mws_writer,
- *    mws_receipts, mws_stored_manifest, mws_load_plan, mws_registration_lease) are
- *    created by the library and freed exactly once by the caller with the matching
- *    *_free function; *_free(NULL) does nothing. A handle never borrows the handles it
- *    was made from (except a writer or a registration lease, which keep their store
- *    alive); each type documents what it copies and which caller buffers must stay
- *    valid.
+ *  - Handles (mws_placement, mws_binding, mws_upload_plan, mws_store, mws_transaction,
+ *    mws_writer, mws_receipts, mws_stored_manifest, mws_load_plan,
+ *    mws_registration_lease) are created by the library and freed exactly once by the
+ *    caller with the matching *_free function; *_free(NULL) does nothing. A handle
+ *    never borrows the handles it was made from (a transaction, a writer or a
+ *    registration lease keeps its store alive); each type documents what it copies and
+ *    which caller buffers must stay valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
  *    handles may run concurrently on the same handles; a *_free must not race with any
  *    other use of its handle. Callbacks never unwind; each vtable states its threading.
@@ -212,6 +212,24 @@ typedef enum mws_terminal_state {
 } mws_terminal_state;
 
 /**
+ * The state of an `mws_transaction` handle (`mws_transaction_get_state`).
+ */
+typedef enum mws_transaction_state {
+    /**
+     * Uploads and receipts are accepted; not committed or aborted through this handle.
+     */
+    MWS_TRANSACTION_OPEN = 0,
+    /**
+     * `mws_transaction_commit` succeeded.
+     */
+    MWS_TRANSACTION_COMMITTED = 1,
+    /**
+     * `mws_transaction_abort` succeeded.
+     */
+    MWS_TRANSACTION_ABORTED = 2,
+} mws_transaction_state;
+
+/**
  * A runtime binding under construction: the identity of one participant's binding
  * plus the fragments added so far.
  *
@@ -300,6 +318,26 @@ typedef struct mws_store mws_store;
  * accessors are borrowed from the handle and valid until it is freed.
  */
 typedef struct mws_stored_manifest mws_stored_manifest;
+
+/**
+ * An upload transaction: one upload plan in one store, uploaded participant by
+ * participant (`mws_transaction_upload`), with receipts collected in the handle
+ * (plus those of other processes, `mws_transaction_add_receipts`), then committed
+ * (`mws_transaction_commit`) or aborted (`mws_transaction_abort`).
+ *
+ * Created by `mws_transaction_new`, freed by `mws_transaction_free`. The handle keeps
+ * the store alive and holds its own copy of the plan: both may be freed while it
+ * lives. Freeing it never aborts: recovery is explicit (see `mws_transaction_free`).
+ *
+ * Thread safety: calls on one transaction are serialized internally (a mutex held
+ * for the whole call, I/O included), so it may be shared between threads, but
+ * uploads through one transaction never run in parallel. For parallel uploads, give
+ * each thread or process its own transaction over the same plan (or
+ * `mws_upload_plan_from_json` of it) and merge their receipts into the committing
+ * one. Guard callbacks run under that mutex and must not call into the same
+ * transaction.
+ */
+typedef struct mws_transaction mws_transaction;
 
 /**
  * A planned upload: the stored manifest to commit, every key of the upload
@@ -728,6 +766,17 @@ typedef struct mws_store_options {
      * `destroy` (if any) is called once when the store is freed.
      */
     void *copy_hook_ctx;
+    /**
+     * Opt-in host staging for restores (`mws_store_load`) through stores that pay per
+     * range (Mooncake Store): a region of many small rows whose source rows lie close
+     * together is read as one span into a registered host staging buffer of at most
+     * this many bytes and scattered locally (host targets only; device targets keep
+     * the exact ranges). 0 (the default) means off: requests are exactly the ranges of
+     * the load plan. Accepted by every store constructor. Added at the end of the
+     * struct in 0.1 (this struct has no size field: code built against an older
+     * header must be rebuilt; a zeroed struct keeps the old behaviour).
+     */
+    uint64_t staging_bytes;
 } mws_store_options;
 
 /**
@@ -1958,6 +2007,162 @@ enum mws_status mws_store_finalize_upload(const struct mws_store *store,
 enum mws_status mws_store_read_decision(const struct mws_store *store,
                                         const struct mws_upload_plan *plan,
                                         enum mws_decision *out);
+
+/**
+ * Starts an upload transaction of `plan` in `store`. No I/O. The handle keeps the
+ * store alive and copies the plan (both may be freed afterwards). On success writes
+ * a new handle to `*out` (free it with `mws_transaction_free`).
+ *
+ * Several transactions over the same plan (in one or several processes) are the
+ * same store transaction: the one that commits must hold every receipt.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `store` and `plan` are NULL or live handles; `out` is NULL or valid for a pointer
+ * write.
+ */
+enum mws_status mws_transaction_new(const struct mws_store *store,
+                                    const struct mws_upload_plan *plan,
+                                    struct mws_transaction **out);
+
+/**
+ * Uploads the payloads of `binding`'s participant (only those of `args->worker_id`
+ * when given; `args` may be NULL) exactly as `mws_store_upload` does with the
+ * transaction's store and plan, and adds their receipts to the transaction.
+ * `placement` is the source placement the plan was made from (only read during the
+ * call). A failed upload adds no receipts and leaves the transaction open (retry the
+ * upload, or `mws_transaction_abort`); uploading a participant twice makes the
+ * commit fail with a duplicate receipt.
+ *
+ * Errors: those of `mws_store_upload`, plus `MWS_CONFLICT` when the transaction is
+ * committed or aborted (nothing is uploaded).
+ * Thread safety: serialized with every other call on `tx` (see `mws_transaction`).
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid. Every source buffer of
+ * `binding` must be valid for reads and not written during the call (or while the
+ * guard pins it).
+ */
+enum mws_status mws_transaction_upload(struct mws_transaction *tx,
+                                       const struct mws_placement *placement,
+                                       const struct mws_binding *binding,
+                                       const struct mws_io_args *args);
+
+/**
+ * Writes a new handle to `*out` (free it with `mws_receipts_free`) holding a copy of
+ * every receipt the transaction holds now (its uploads and the added receipts, in
+ * the order they came). Send it to the committing process with
+ * `mws_receipts_to_json`.
+ *
+ * # Safety
+ * `tx` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transaction_receipts(const struct mws_transaction *tx,
+                                         struct mws_receipts **out);
+
+/**
+ * Adds a copy of `receipts` (produced by other processes' uploads of the same plan,
+ * e.g. decoded with `mws_receipts_from_json`; borrowed for the call) to the
+ * transaction. They are checked against the plan at commit.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_CONFLICT` (committed or aborted).
+ *
+ * # Safety
+ * Handles are NULL or live.
+ */
+enum mws_status mws_transaction_add_receipts(struct mws_transaction *tx,
+                                             const struct mws_receipts *receipts);
+
+/**
+ * Commits with every receipt the transaction holds (`mws_store_commit`) and writes
+ * the published manifest to `*out` as a new handle (free with
+ * `mws_stored_manifest_free`). Once committed, another call gives the same manifest
+ * again (no I/O).
+ *
+ * As soon as the commit decision may have been written,
+ * `mws_transaction_commit_decision_may_exist` returns 1, also when the call fails:
+ * from then on keep the plan and retry the commit (or `mws_store_finalize_upload`),
+ * never abort. A failed commit leaves the transaction open.
+ *
+ * Errors: those of `mws_store_commit` (`MWS_INVALID_ARGUMENT`: receipts missing,
+ * duplicated or not of the plan; `MWS_STORE`: retryable; `MWS_CONFLICT`: the store
+ * transaction chose abort or lost to a conflicting revision), plus `MWS_CONFLICT`
+ * when this transaction was aborted.
+ *
+ * # Safety
+ * `tx` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transaction_commit(struct mws_transaction *tx,
+                                       struct mws_stored_manifest **out);
+
+/**
+ * Returns 1 if a commit of this transaction may have written the commit decision
+ * (then never abort: retry `mws_transaction_commit` or finalize), 0 if not. It is
+ * 1 after a successful commit and stays 1 once set. Returns 0 (and sets the last
+ * error) if `tx` is NULL.
+ *
+ * # Safety
+ * `tx` is NULL or a live handle.
+ */
+int mws_transaction_commit_decision_may_exist(const struct mws_transaction *tx);
+
+/**
+ * Returns the state of the handle (`mws_transaction_state` value), or
+ * `MWS_TRANSACTION_OPEN` (and the last error) if `tx` is NULL. The state only
+ * reflects calls on this handle: another transaction over the same plan, or
+ * `mws_transaction_finalize`, may have decided the store transaction
+ * (`mws_store_read_decision` reads the store).
+ *
+ * # Safety
+ * `tx` is NULL or a live handle.
+ */
+enum mws_transaction_state mws_transaction_get_state(const struct mws_transaction *tx);
+
+/**
+ * Aborts (`mws_store_abort_upload` with the receipts the transaction holds): records
+ * the abort decision and removes every payload of the plan that no published
+ * manifest references, also when no upload succeeded (a failed upload may have left
+ * payloads). A no-op once aborted. On failure the transaction stays open: retry the
+ * abort, or `mws_transaction_finalize` later.
+ *
+ * Errors: `MWS_CONFLICT` (committed; the commit decision may exist, see
+ * `mws_transaction_commit_decision_may_exist`: retry the commit instead; or the store
+ * transaction is already committed or published), `MWS_STORE` (cleanup failed;
+ * retry), `MWS_INVALID_ARGUMENT` (added receipts not of the plan).
+ *
+ * # Safety
+ * `tx` is NULL or a live handle.
+ */
+enum mws_status mws_transaction_abort(struct mws_transaction *tx);
+
+/**
+ * Idempotent recovery (`mws_store_finalize_upload` of the plan): brings the store
+ * transaction to its terminal state (after a commit that failed late, an abort
+ * whose cleanup failed, or a crash of another process) and removes the payloads it
+ * must not keep. Never removes a decision or a manifest. Does not change the
+ * handle's state.
+ *
+ * Errors: `MWS_CONFLICT` (no terminal decision yet, or a decision of another plan),
+ * `MWS_STORE` (retryable).
+ *
+ * # Safety
+ * `tx` is NULL or a live handle.
+ */
+enum mws_status mws_transaction_finalize(const struct mws_transaction *tx);
+
+/**
+ * Frees a transaction. `NULL` does nothing. It does NOT abort an open transaction:
+ * its payloads stay in the store until someone decides. Recovery is explicit,
+ * because a commit decision may exist (`mws_transaction_commit_decision_may_exist`)
+ * or another process may still commit the plan: call `mws_transaction_abort` first
+ * to discard, or later `mws_store_abort_upload` / `mws_store_finalize_upload` with
+ * the plan. The store is released if nothing else uses it.
+ *
+ * # Safety
+ * `tx` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_transaction_free(struct mws_transaction *tx);
 
 /**
  * Plans an upload of `placement` from `count` runtime bindings (one per participant

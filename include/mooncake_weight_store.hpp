@@ -11,7 +11,7 @@
 // - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
 //   StoredManifest and LoadPlan may be used from several threads at once;
 //   Binding::add_fragment must not race with other calls on the same Binding; Writer
-//   serializes its calls internally.
+//   and Transaction serialize their calls internally.
 // - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
 //   throw. Catch everything inside them and return a non-zero code.
 #ifndef MOONCAKE_WEIGHT_STORE_HPP
@@ -299,6 +299,9 @@ struct StoreOptions {
     std::uint64_t max_region_segments = 0;     ///< 0 = default (2^32)
     const mws_copy_hook_vtable *copy_hook = nullptr;  ///< embedded stores only
     void *copy_hook_ctx = nullptr;
+    /// Host staging for restores through range-priced stores (Mooncake); 0 = off
+    /// (default). See mws_store_options::staging_bytes.
+    std::uint64_t staging_bytes = 0;
 
     mws_store_options c() const noexcept {
         mws_store_options o{};
@@ -308,6 +311,7 @@ struct StoreOptions {
         o.max_region_segments = max_region_segments;
         o.copy_hook = copy_hook;
         o.copy_hook_ctx = copy_hook_ctx;
+        o.staging_bytes = staging_bytes;
         return o;
     }
 };
@@ -578,6 +582,57 @@ private:
     std::unique_ptr<mws_registration_lease,
                     detail::Deleter<mws_registration_lease, mws_registration_lease_free>>
         handle_;
+};
+
+/// An upload transaction of one plan in one store, collecting receipts (owns an
+/// mws_transaction; see mws_transaction_new). Calls are serialized internally.
+/// Destroying a Transaction does NOT abort it: recovery is explicit (abort(), or
+/// Store::abort_upload / Store::finalize_upload with the plan), because a commit
+/// decision may exist or another process may still commit the plan.
+class Transaction {
+public:
+    explicit Transaction(mws_transaction *raw) noexcept : handle_(raw) {}
+
+    /// Starts a transaction of `plan` in `store` (no I/O; keeps the store alive and
+    /// copies the plan).
+    static Transaction begin(const Store &store, const UploadPlan &plan) {
+        mws_transaction *raw = nullptr;
+        detail::check(mws_transaction_new(store.get(), plan.get(), &raw));
+        return Transaction(raw);
+    }
+
+    /// Uploads `binding`'s participant (see mws_store_upload) and keeps its receipts.
+    void upload(const Placement &placement, const Binding &binding, const IoArgs &args = {}) {
+        mws_io_args a = args.c();
+        detail::check(mws_transaction_upload(get(), placement.get(), binding.get(), &a));
+    }
+    /// Adds receipts of other processes' uploads of the same plan.
+    void add_receipts(const Receipts &receipts) { detail::check(mws_transaction_add_receipts(get(), receipts.get())); }
+    /// A copy of every receipt held now (send it with Receipts::to_json()).
+    Receipts receipts() const {
+        mws_receipts *out = nullptr;
+        detail::check(mws_transaction_receipts(get(), &out));
+        return Receipts(out);
+    }
+    /// Commits with every receipt held; once committed, returns the same manifest again.
+    StoredManifest commit() {
+        mws_stored_manifest *out = nullptr;
+        detail::check(mws_transaction_commit(get(), &out));
+        return StoredManifest(out);
+    }
+    /// True once a commit may have written the commit decision (never abort then).
+    bool commit_decision_may_exist() const { return mws_transaction_commit_decision_may_exist(get()) == 1; }
+    mws_transaction_state state() const { return mws_transaction_get_state(get()); }
+    /// Records abort and removes the payloads; a no-op once aborted.
+    void abort() { detail::check(mws_transaction_abort(get())); }
+    /// Idempotent recovery of the store transaction (see mws_store_finalize_upload).
+    void finalize() const { detail::check(mws_transaction_finalize(get())); }
+
+    mws_transaction *get() const noexcept { return handle_.get(); }
+    mws_transaction *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_transaction, detail::Deleter<mws_transaction, mws_transaction_free>> handle_;
 };
 
 /// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).

@@ -2,7 +2,8 @@
 """Throughput of snapshot and restore through a live Mooncake Store, next to raw
 ``batch_put_from`` / ``get_into_ranges`` on the same bytes, in the same run.
 
-    python python/bench_mooncake.py [--hidden 2048] [--layers 5] [--repeat 3] [--remote] [--json out.json]
+    python python/bench_mooncake.py [--hidden 2048] [--layers 5] [--repeat 3] [--staging-mib 64] [--remote]
+                                    [--json out.json]
 
 Needs the Mooncake wheel and the built library (``MWS_LIBRARY`` or a repo
 ``target/release``). Uses ``MOONCAKE_MASTER`` if set, else starts a master on
@@ -22,7 +23,10 @@ Measured (median of ``--repeat``):
 * ``restore same layout`` (TP4 target: one contiguous range per stored object), with a
   target lease per participant made beforehand (untimed), vs ``raw get``:
   ``get_into_ranges`` of the same objects into the same buffers (already registered);
-* ``restore TP2`` and ``restore EP2xTP2`` (resharding: strided ranges), for reference.
+* ``restore TP2`` and ``restore EP2xTP2`` (resharding: strided ranges), for reference,
+  each also through a store opened with ``staging_bytes`` (``--staging-mib``, default
+  64 MiB: runs of short strided rows are read as whole spans into a host staging
+  buffer and scattered locally) as ``restore_tp2_staged`` / ``restore_ep2xtp2_staged``.
 
 In-process runs read the holder's own segment (Mooncake copies with memcpy);
 ``--remote`` also runs the restore side in a second process (a pure client) so the
@@ -73,19 +77,23 @@ def unregister_all(be: MooncakeStoreBackend, refs: List[BufferRef]) -> None:
         r.release()
 
 
-def restore_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, manifest_key: str) -> Dict[str, float]:
-    """Library restores (same layout, TP2, EP) and the raw get on the same bytes."""
+def restore_side(be: MooncakeStoreBackend, store: Store, staged: Store, spec: ModelSpec,
+                 manifest_key: str) -> Dict[str, float]:
+    """Library restores (same layout, TP2, EP; the resharded ones also through the
+    ``staged`` store) and the raw get on the same bytes."""
     out: Dict[str, float] = {}
     manifest = store.load_manifest(manifest_key)
-    for name, tgt in (("restore_same_layout", Model(spec, "tp", tp=4, dp=1)),
-                      ("restore_tp2", Model(spec, "tp", tp=2, dp=1)),
-                      ("restore_ep2xtp2", Model(spec, "ep", tp=2, dp=1, ep=2))):
+    for name, st, tgt in (("restore_same_layout", store, Model(spec, "tp", tp=4, dp=1)),
+                          ("restore_tp2", store, Model(spec, "tp", tp=2, dp=1)),
+                          ("restore_tp2_staged", staged, Model(spec, "tp", tp=2, dp=1)),
+                          ("restore_ep2xtp2", store, Model(spec, "ep", tp=2, dp=1, ep=2)),
+                          ("restore_ep2xtp2_staged", staged, Model(spec, "ep", tp=2, dp=1, ep=2))):
         bufs = {p: tgt.target_buffers(p) for p in tgt.participant_ids}
         bindings = [tgt.bind(p, bufs[p]) for p in tgt.participant_ids]
-        leases = [store.register_buffers(b, side="target") for b in bindings]  # untimed, like the raw get
+        leases = [st.register_buffers(b, side="target") for b in bindings]  # untimed, like the raw get
         with LoadPlan.new(manifest, tgt.placement, bindings) as lp:
             t = time.perf_counter()
-            moved = sum(store.load(lp, b, lease=lease).bytes for b, lease in zip(bindings, leases))
+            moved = sum(st.load(lp, b, lease=lease).bytes for b, lease in zip(bindings, leases))
             dt = time.perf_counter() - t
         for lease in leases:
             lease.close()
@@ -136,11 +144,25 @@ def restore_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, manife
     return out
 
 
+def staged_ratios(med: Dict[str, float]) -> Dict[str, float]:
+    """The resharded restores with ``staging_bytes``: against the raw get and against
+    the same restore without staging."""
+    raw = med["raw_get_into_ranges"]
+    return {
+        "restore TP2 staged / raw get_into_ranges": round(med["restore_tp2_staged"] / raw, 3),
+        "restore EP2xTP2 staged / raw get_into_ranges": round(med["restore_ep2xtp2_staged"] / raw, 3),
+        "restore TP2 staged / restore TP2": round(med["restore_tp2_staged"] / med["restore_tp2"], 3),
+        "restore EP2xTP2 staged / restore EP2xTP2": round(med["restore_ep2xtp2_staged"] / med["restore_ep2xtp2"], 3),
+    }
+
+
 def child(args) -> None:
     be = MooncakeStoreBackend.connect(args.master, global_segment_size=0, local_buffer_size=64 << 20)
     store = Store.from_backend(be, key_prefix=args.prefix)
+    staged = Store.from_backend(be, key_prefix=args.prefix, staging_bytes=args.staging_mib * MiB)
     spec = ModelSpec(hidden=args.hidden, layers=args.layers)
-    runs = [restore_side(be, store, spec, args.manifest_key) for _ in range(args.repeat)]
+    runs = [restore_side(be, store, staged, spec, args.manifest_key) for _ in range(args.repeat)]
+    staged.close()
     store.close()
     be.close()
     print("CHILD " + json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]}))
@@ -153,6 +175,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed first runs (the first writes into a fresh segment fault its pages in)")
+    ap.add_argument("--staging-mib", type=int, default=64,
+                    help="staging_bytes (MiB) of the store used by the *_staged restores")
     ap.add_argument("--remote", action="store_true", help="also restore from a second process (TCP)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -176,6 +200,7 @@ def main() -> int:
         be = MooncakeStoreBackend.connect(master, global_segment_size=seg, local_buffer_size=64 << 20)
         prefix = f"bench{os.getpid()}"
         store = Store.from_backend(be, key_prefix=prefix)
+        staged = Store.from_backend(be, key_prefix=prefix, staging_bytes=args.staging_mib * MiB)
         print(f"model: TP4 x DP2, hidden={args.hidden}, layers={args.layers}: {nbytes / MiB:.1f} MiB per replica; "
               f"segment {seg >> 20} MiB; master {master}", flush=True)
         t = time.perf_counter()
@@ -248,7 +273,7 @@ def main() -> int:
             be.remove_prefix(f"{prefix}/rawpp{i}/")
             # -- restores
             if i >= args.warmup:  # the restores read a segment that is already faulted in
-                r.update(restore_side(be, store, spec, manifest_key))
+                r.update(restore_side(be, store, staged, spec, manifest_key))
             if i >= args.warmup:
                 runs.append(r)
             print(f"{'warmup' if i < args.warmup else 'run'} {i}: " + ", ".join(f"{k} {v:.0f} MiB/s" for k, v in r.items()),
@@ -270,12 +295,14 @@ def main() -> int:
                     med["restore_same_layout"] / med["raw_get_into_ranges"], 3),
                 "restore TP2 / raw get_into_ranges": round(med["restore_tp2"] / med["raw_get_into_ranges"], 3),
                 "restore EP2xTP2 / raw get_into_ranges": round(med["restore_ep2xtp2"] / med["raw_get_into_ranges"], 3),
+                **staged_ratios(med),
             },
         }
         if args.remote:
             p = subprocess.run([sys.executable, __file__, "--child", "--master", master, "--prefix", prefix,
                                 "--hidden", str(args.hidden), "--layers", str(args.layers),
-                                "--repeat", str(args.repeat), "--manifest-key", manifest_key],
+                                "--repeat", str(args.repeat), "--staging-mib", str(args.staging_mib),
+                                "--manifest-key", manifest_key],
                                capture_output=True, text=True, timeout=900)
             line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
             if not line:
@@ -288,6 +315,7 @@ def main() -> int:
                     rem["restore_same_layout"] / rem["raw_get_into_ranges"], 3),
                 "restore TP2 / raw get_into_ranges": round(rem["restore_tp2"] / rem["raw_get_into_ranges"], 3),
                 "restore EP2xTP2 / raw get_into_ranges": round(rem["restore_ep2xtp2"] / rem["raw_get_into_ranges"], 3),
+                **staged_ratios(rem),
             }
         print(json.dumps(result, indent=2))
         if args.json:
@@ -296,6 +324,7 @@ def main() -> int:
         for b in bindings:
             b.close()
         be.remove_prefix(prefix + "/")
+        staged.close()
         store.close()
         be.close()
     finally:

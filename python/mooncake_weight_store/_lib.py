@@ -189,6 +189,7 @@ class mws_store_options(Structure):
         ("max_region_segments", c_uint64),
         ("copy_hook", c_void_p),
         ("copy_hook_ctx", c_void_p),
+        ("staging_bytes", c_uint64),
     ]
 
 

@@ -437,16 +437,16 @@ class RegistrationLease:
 
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
-             max_region_segments: int) -> Optional[_lib.mws_store_options]:
-    if key_prefix is None and not (max_range_bytes or max_ranges_per_request or max_region_segments):
+             max_region_segments: int, staging_bytes: int = 0) -> Optional[_lib.mws_store_options]:
+    if key_prefix is None and not (max_range_bytes or max_ranges_per_request or max_region_segments or staging_bytes):
         return None
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
-                    ("max_region_segments", max_region_segments)):
+                    ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
             raise ValueError(f"{name} must be an unsigned 64-bit integer")
     return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
                                   max_ranges_per_request=max_ranges_per_request,
-                                  max_region_segments=max_region_segments)
+                                  max_region_segments=max_region_segments, staging_bytes=staging_bytes)
 
 
 class Store:
@@ -462,7 +462,10 @@ class Store:
     Common keyword options: ``key_prefix`` (default ``"weights"``),
     ``max_range_bytes`` (largest ranged read, default 64 MiB),
     ``max_ranges_per_request`` (keys or ranges per backend request, default 1024),
-    ``max_region_segments``.
+    ``max_region_segments``, ``staging_bytes`` (default 0, off: host staging for
+    restores through range-priced stores such as Mooncake; a region of many short,
+    closely spaced rows is read as one span into a registered host staging buffer of
+    at most this size and scattered locally, host targets only).
     """
 
     def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
@@ -474,9 +477,9 @@ class Store:
 
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
-               max_ranges_per_request: int = 0, max_region_segments: int = 0) -> "Store":
+               max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
         """An in-memory store (single process; objects live as long as the store)."""
-        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
         out = c_void_p()
         call("mws_store_open_memory", ctypes.byref(opts) if opts else None, ctypes.byref(out))
         return cls(out.value, kind="memory")
@@ -484,9 +487,9 @@ class Store:
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                  max_region_segments: int = 0) -> "Store":
+                  max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
         """The crash-safe directory store rooted at ``path``."""
-        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
         out = c_void_p()
         call("mws_store_open_dir", cstr(os.fspath(path), "path"), ctypes.byref(opts) if opts else None,
              ctypes.byref(out))
@@ -495,11 +498,11 @@ class Store:
     @classmethod
     def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                     max_region_segments: int = 0) -> "Store":
+                     max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
         ``backend.close()`` when the library destroys the store."""
-        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments)
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
         _bury()
         bridge = _VtableBridge(backend)
         bridge.close_backend = close_backend  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ mod manifest;
 mod placement;
 mod store;
 mod strings;
+mod transaction;
 mod upload;
 mod writer;
 
@@ -37,5 +38,6 @@ pub use lease::*;
 pub use manifest::*;
 pub use placement::*;
 pub use store::*;
+pub use transaction::*;
 pub use upload::*;
 pub use writer::*;

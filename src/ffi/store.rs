@@ -20,7 +20,7 @@ use crate::store::callbacks::{mws_copy_hook_vtable, mws_store_vtable, CallbackCo
 use crate::store::directory::DirectoryStore;
 use crate::store::memory::MemoryStore;
 use crate::store::{CopyHook, ObjectStore, RecordType, WriteConfig};
-use crate::{Decision, Error, ErrorKind, RuntimeBinding};
+use crate::{Decision, Error, ErrorKind, Placement, RuntimeBinding, UploadPlan};
 
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
@@ -43,6 +43,15 @@ pub struct mws_store_options {
     /// Passed to every copy hook callback. On success the store owns it: the hook's
     /// `destroy` (if any) is called once when the store is freed.
     pub copy_hook_ctx: *mut c_void,
+    /// Opt-in host staging for restores (`mws_store_load`) through stores that pay per
+    /// range (Mooncake Store): a region of many small rows whose source rows lie close
+    /// together is read as one span into a registered host staging buffer of at most
+    /// this many bytes and scattered locally (host targets only; device targets keep
+    /// the exact ranges). 0 (the default) means off: requests are exactly the ranges of
+    /// the load plan. Accepted by every store constructor. Added at the end of the
+    /// struct in 0.1 (this struct has no size field: code built against an older
+    /// header must be rebuilt; a zeroed struct keeps the old behaviour).
+    pub staging_bytes: u64,
 }
 
 /// A weight store: an object store backend (memory, directory or caller vtable) plus
@@ -89,6 +98,7 @@ unsafe fn read_options(
     if o.max_region_segments != 0 {
         config.limits.max_region_segments = o.max_region_segments;
     }
+    config.limits.staging_bytes = o.staging_bytes;
     let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
         None
     } else if !allow_hook {
@@ -821,21 +831,35 @@ pub unsafe extern "C" fn mws_store_upload(
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
         check_out(out, "out")?;
-        let a = io_args(args)?;
-        let rb = b.build().map_err(|f| {
-            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
-        })?;
-        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
-        let ua = UploadArgs {
-            worker_id: a.worker_id,
-            guard: Some(&*a.guard),
-            transfer_id: a.transfer_id,
-            lease: lease.as_deref(),
-        };
-        let receipts = s.ws.upload(&p.inner, &pl.inner, &rb, ua)?;
+        let receipts = upload_participant(&s.ws, &p.inner, &pl.inner, b, args)?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
         Ok(())
     })
+}
+
+/// `mws_store_upload` after the handle checks (shared with `mws_transaction_upload`).
+///
+/// # Safety
+/// As `mws_store_upload`.
+pub(crate) unsafe fn upload_participant(
+    ws: &Arc<WeightStore>,
+    plan: &UploadPlan,
+    placement: &Placement,
+    binding: &mws_binding,
+    args: *const mws_io_args,
+) -> FfiResult<Vec<UploadReceipt>> {
+    let a = io_args(args)?;
+    let rb = binding.build().map_err(|f| {
+        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
+    })?;
+    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let ua = UploadArgs {
+        worker_id: a.worker_id,
+        guard: Some(&*a.guard),
+        transfer_id: a.transfer_id,
+        lease: lease.as_deref(),
+    };
+    Ok(ws.upload(plan, placement, &rb, ua)?)
 }
 
 /// Commits the upload: checks the receipts and payloads, claims the commit decision
