@@ -435,7 +435,7 @@ impl DirectoryStore {
             std::ptr::null_mut(),
             map_len,
             libc::PROT_READ,
-            libc::MAP_PRIVATE,
+            libc::MAP_PRIVATE | libc::MAP_POPULATE,
             file.as_raw_fd(),
             start as libc::off_t,
         );
