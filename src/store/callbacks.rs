@@ -334,31 +334,17 @@ impl CallbackStore {
         // SAFETY: the fields after STORE_VTABLE_MIN_SIZE are optional callbacks
         // (Option<fn>): all-zero is None.
         let vt = read_vtable_prefix(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION, STORE_VTABLE_MIN_SIZE)?;
-        let mut missing = Vec::new();
-        if vt.put.is_none() {
-            missing.push("put");
-        }
-        if vt.upsert.is_none() {
-            missing.push("upsert");
-        }
-        if vt.get_size.is_none() {
-            missing.push("get_size");
-        }
-        if vt.get_into.is_none() {
-            missing.push("get_into");
-        }
-        if vt.exists.is_none() {
-            missing.push("exists");
-        }
-        if vt.remove.is_none() {
-            missing.push("remove");
-        }
-        if vt.batch_put_from.is_none() {
-            missing.push("batch_put_from");
-        }
-        if vt.get_into_ranges.is_none() {
-            missing.push("get_into_ranges");
-        }
+        let mandatory = [
+            ("put", vt.put.is_some()),
+            ("upsert", vt.upsert.is_some()),
+            ("get_size", vt.get_size.is_some()),
+            ("get_into", vt.get_into.is_some()),
+            ("exists", vt.exists.is_some()),
+            ("remove", vt.remove.is_some()),
+            ("batch_put_from", vt.batch_put_from.is_some()),
+            ("get_into_ranges", vt.get_into_ranges.is_some()),
+        ];
+        let missing: Vec<&str> = mandatory.iter().filter(|(_, present)| !present).map(|(name, _)| *name).collect();
         if !missing.is_empty() {
             return Err(Error::invalid(format!(
                 "mws_store_vtable is missing mandatory callbacks: {}",
