@@ -91,15 +91,24 @@ def cmd_race(args):
         deadline = time.monotonic() + 60
         while len(list(barrier.glob("*.ready"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
-        try:
-            m = tx.commit()
-            res["outcome"] = "committed"
-            res["manifest_digest"] = m.digest
-        except MwsError as e:
-            res["outcome"] = "error"
-            res["status"] = e.status_name
-            res["message"] = e.message
-            res["decision_may_exist"] = bool(getattr(e, "decision_may_exist", False))
+        # MWS_STORE errors of commit are retryable by contract (a put still in flight,
+        # "decision is not complete; retry", "manifest put failed"): retry them.
+        res["retries"] = 0
+        for attempt in range(6):
+            try:
+                m = tx.commit()
+                res["outcome"] = "committed"
+                res["manifest_digest"] = m.digest
+                break
+            except MwsError as e:
+                res["outcome"] = "error"
+                res["status"] = e.status_name
+                res["message"] = e.message
+                res["decision_may_exist"] = bool(getattr(e, "decision_may_exist", False))
+                if e.status_name != "MWS_STORE":
+                    break
+                res["retries"] = attempt + 1
+                time.sleep(0.05 * (attempt + 1))
         res["decision"] = store.read_decision(plan).name
         try:
             store.finalize_upload(plan)

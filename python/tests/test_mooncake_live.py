@@ -79,7 +79,7 @@ def test_two_writers_race_one_revision(mc_store, holder, master, prefix, tmp_pat
     lost = [r for r in results if r["outcome"] != "committed"]
     assert len(won) == 1 and len(lost) == 1, results
     winner, loser = won[0], lost[0]
-    assert loser["status"] == "MWS_CONFLICT", loser
+    assert loser["status"] == "MWS_CONFLICT", (loser.get("status"), loser.get("message"))
     assert winner["digest"] != loser["digest"]
     # one manifest: the winner's
     manifest = mc_store.load_manifest(winner["manifest_key"])

@@ -62,9 +62,9 @@ impl WeightStore {
         let key = plan.control_key();
         // One round trip: a missing object is "no decision" (the reference asks
         // `is_exist` first; a get that finds nothing means the same).
-        let bytes = match self.store.get(key) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        let bytes = match self.get_if_visible(key) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
             Err(e) => {
                 return Err(err(ErrorKind::Store, format!("upload decision read failed: {key}: {}", e.message())))
             }
@@ -72,6 +72,21 @@ impl WeightStore {
         Decision::parse_record(&bytes)
             .map(Some)
             .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
+    }
+
+    /// One round trip in the common cases (present, or absent); when the read
+    /// fails otherwise (for example a put still in flight), the existence check
+    /// decides, as in the reference.
+    fn get_if_visible(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.store.get(key) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => match self.store.exists(key) {
+                Ok(false) => Ok(None),
+                Ok(true) => self.store.get(key).map(Some),
+                Err(_) => Err(e),
+            },
+        }
     }
 
     /// The decision of this plan's transaction: `None` when absent; a decision
@@ -91,6 +106,13 @@ impl WeightStore {
         match load_manifest(&*self.store, key) {
             Ok(m) => Ok(Some(m)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            // A read can fail while a put of the key is still in flight (another
+            // writer's): then the existence check decides, as in the reference.
+            Err(e) if e.kind() == ErrorKind::Store => match self.store.exists(key) {
+                Ok(false) => Ok(None),
+                Ok(true) => load_manifest(&*self.store, key).map(Some),
+                Err(_) => Err(e),
+            },
             Err(e) => Err(e),
         }
     }
