@@ -526,6 +526,44 @@ def borrowed_str(name: str, handle: Any) -> str:
     return ctypes.string_at(ptr, n.value).decode("utf-8")
 
 
+class OwnedHandle:
+    """A library handle this object owns: freed exactly once, by :meth:`close`, at
+    the end of a ``with`` block, or when the object is collected. Subclasses name
+    their free function (``_FREE``) and what they are (``_WHAT``, for messages)."""
+
+    _FREE = ""
+    _WHAT = "handle"
+
+    def __init__(self, handle: int) -> None:
+        self._h: Optional[int] = handle
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise ValueError(f"{self._WHAT} is closed")
+        return self._h
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            LIB.fn(self._FREE)(h)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _s(self, name: str) -> str:
+        return borrowed_str(name, self.handle)
+
+
 def cstr(s: Optional[str], what: str = "string") -> Optional[bytes]:
     """Encodes a Python string for a ``const char *`` argument (NUL-terminated UTF-8).
     An interior NUL cannot be represented and is rejected here."""

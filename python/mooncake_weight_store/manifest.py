@@ -5,10 +5,10 @@ from __future__ import annotations
 import ctypes
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call
+from ._lib import LIB, OwnedHandle, call
 
 __all__ = ["StoredFragment", "StoredManifest"]
 
@@ -26,15 +26,15 @@ class StoredFragment:
     local_shape: Tuple[int, ...]
 
 
-class StoredManifest:
+class StoredManifest(OwnedHandle):
     """An immutable stored manifest (``mws_stored_manifest``); thread-safe.
 
     Obtained from :meth:`Store.load_manifest`, :meth:`Store.commit`,
     :meth:`Writer.commit` or :meth:`from_json`.
     """
 
-    def __init__(self, handle: int) -> None:
-        self._h: Optional[int] = handle
+    _FREE = "mws_stored_manifest_free"
+    _WHAT = "stored manifest"
 
     @classmethod
     def from_json(cls, text: Union[str, bytes]) -> "StoredManifest":
@@ -43,32 +43,6 @@ class StoredManifest:
         out = ctypes.c_void_p()
         call("mws_stored_manifest_from_json", data, len(data), ctypes.byref(out))
         return cls(out.value)
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("stored manifest is closed")
-        return self._h
-
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_stored_manifest_free")(h)
-
-    def __enter__(self) -> "StoredManifest":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def _s(self, name: str) -> str:
-        return borrowed_str(name, self.handle)
 
     def to_json(self) -> str:
         """The manifest's exact JSON bytes (Profile U), as stored."""

@@ -12,11 +12,11 @@ import ctypes
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call
+from ._lib import LIB, OwnedHandle, call
 
 __all__ = [
     "Rank",
@@ -372,15 +372,18 @@ class FragmentInfo:
         return tuple(st)
 
 
-class Placement:
+class Placement(OwnedHandle):
     """A parsed, validated, immutable placement (``mws_placement``).
 
     Thread-safe; free it with :meth:`close` (or a ``with`` block), or let the garbage
     collector do it.
     """
 
+    _FREE = "mws_placement_free"
+    _WHAT = "placement"
+
     def __init__(self, handle: int) -> None:
-        self._h: Optional[int] = handle
+        super().__init__(handle)
         self._fragments: Optional[List[FragmentInfo]] = None
 
     @classmethod
@@ -394,32 +397,6 @@ class Placement:
     @classmethod
     def from_wire(cls, obj: Mapping[str, Any]) -> "Placement":
         return cls.from_json(canonical_json(obj))
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("placement is closed")
-        return self._h
-
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_placement_free")(h)
-
-    def __enter__(self) -> "Placement":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def _s(self, name: str) -> str:
-        return borrowed_str(name, self.handle)
 
     def to_json(self) -> str:
         return self._s("mws_placement_to_json")

@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import ctypes
 import json
-from typing import Any, Iterable, List, Optional, Union
+from typing import Any, Iterable, List, Union
 
-from ._lib import LIB, borrowed_str, call
+from ._lib import LIB, OwnedHandle, borrowed_str, call
 
 __all__ = ["Receipts"]
 
 
-class Receipts:
+class Receipts(OwnedHandle):
     """An immutable receipt list (``mws_receipts``); thread-safe.
 
     Returned by :meth:`Store.upload` and :meth:`Writer.write_tensor`; JSON-transportable
     between the processes of a job (:meth:`to_json` / :meth:`from_json`).
     """
 
-    def __init__(self, handle: int) -> None:
-        self._h: Optional[int] = handle
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("receipts are closed")
-        return self._h
+    _FREE = "mws_receipts_free"
+    _WHAT = "receipts"
 
     @classmethod
     def from_json(cls, text: Union[str, bytes]) -> "Receipts":
@@ -61,22 +55,6 @@ class Receipts:
     def __len__(self) -> int:
         return int(LIB.fn("mws_receipts_count")(self.handle))
 
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_receipts_free")(h)
-
-    def __enter__(self) -> "Receipts":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return "Receipts(<closed>)" if self._h is None else f"Receipts({len(self)})"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call, cstr
+from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
 from .placement import Placement
 
@@ -31,38 +31,15 @@ class UploadOperation:
     nbytes: int
 
 
-class UploadPlan:
+class UploadPlan(OwnedHandle):
     """An immutable upload plan (``mws_upload_plan``); thread-safe."""
 
+    _FREE = "mws_upload_plan_free"
+    _WHAT = "upload plan"
+
     def __init__(self, handle: int) -> None:
-        self._h: Optional[int] = handle
+        super().__init__(handle)
         self._ops: Optional[List[UploadOperation]] = None
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("upload plan is closed")
-        return self._h
-
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_upload_plan_free")(h)
-
-    def __enter__(self) -> "UploadPlan":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def _s(self, name: str) -> str:
-        return borrowed_str(name, self.handle)
 
     manifest_json = property(lambda self: self._s("mws_upload_plan_manifest_json"), doc="Stored manifest JSON (exact bytes).")
     manifest_digest = property(lambda self: self._s("mws_upload_plan_manifest_digest"))

@@ -305,6 +305,53 @@ fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
     code
 }
 
+/// Runs a batch callback with per-item retries: `call(pending, codes)` gets the
+/// indices still to do and fills one status per index (or returns a negative batch
+/// status). Items with transient codes are retried with backoff, up to `MAX_TRIES`;
+/// `ok` turns a non-negative status into the item's value.
+fn batch_with_retry<T>(
+    op: &str,
+    keys: &[&str],
+    mut call: impl FnMut(&[usize], &mut [i32]) -> i32,
+    ok: impl Fn(i32) -> T,
+) -> Vec<Result<T>> {
+    let mut results: Vec<Option<Result<T>>> = (0..keys.len()).map(|_| None).collect();
+    let mut pending: Vec<usize> = (0..keys.len()).collect();
+    let mut delay = FIRST_BACKOFF;
+    for attempt in 0..MAX_TRIES {
+        if pending.is_empty() {
+            break;
+        }
+        let mut codes = vec![i32::MIN; pending.len()];
+        let batch = call(&pending, &mut codes);
+        let last = attempt + 1 == MAX_TRIES;
+        let mut retry = Vec::new();
+        for (j, &i) in pending.iter().enumerate() {
+            let code = if batch < 0 { batch } else { codes[j] };
+            if code == i32::MIN {
+                let msg = format!("store callback {op} left no result for {}", keys[i]);
+                results[i] = Some(Err(Error::new(ErrorKind::Store, msg)));
+            } else if code >= 0 {
+                results[i] = Some(Ok(ok(code)));
+            } else if transient(code as i64) && !last {
+                retry.push(i);
+            } else {
+                results[i] = Some(Err(code_error(op, keys[i], code as i64)));
+            }
+        }
+        if retry.is_empty() {
+            break;
+        }
+        pending = retry;
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(MAX_BACKOFF);
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, format!("{op}: no result")))))
+        .collect()
+}
+
 /// An [`ObjectStore`] implemented by C callbacks (`docs/STORE-VTABLE.md`).
 pub struct CallbackStore {
     vt: mws_store_vtable,
@@ -460,45 +507,16 @@ impl ObjectStore for CallbackStore {
         let Some(f) = self.vt.batch_exists else {
             return keys.iter().map(|k| self.exists(k)).collect();
         };
-        let mut results: Vec<Option<Result<bool>>> = (0..keys.len()).map(|_| None).collect();
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
-        let mut delay = FIRST_BACKOFF;
-        for attempt in 0..MAX_TRIES {
-            if pending.is_empty() {
-                break;
-            }
-            let c_keys: Vec<mws_bytes> = pending.iter().map(|&i| mws_bytes::of(keys[i])).collect();
-            let mut codes = vec![i32::MIN; c_keys.len()];
-            // SAFETY: `c_keys` and `codes` hold `len` elements; the keys outlive the call.
-            let batch = unsafe { f(self.ctx.0, c_keys.as_ptr(), c_keys.len(), codes.as_mut_ptr()) };
-            let last = attempt + 1 == MAX_TRIES;
-            let mut retry = Vec::new();
-            for (j, &i) in pending.iter().enumerate() {
-                let code = if batch < 0 { batch as i64 } else { codes[j] as i64 };
-                if code == i32::MIN as i64 {
-                    results[i] = Some(Err(Error::new(
-                        ErrorKind::Store,
-                        format!("store callback batch_exists left no result for {}", keys[i]),
-                    )));
-                } else if code >= 0 {
-                    results[i] = Some(Ok(code > 0));
-                } else if transient(code) && !last {
-                    retry.push(i);
-                } else {
-                    results[i] = Some(Err(code_error("batch_exists", keys[i], code)));
-                }
-            }
-            if retry.is_empty() {
-                break;
-            }
-            pending = retry;
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(MAX_BACKOFF);
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, "batch_exists: no result"))))
-            .collect()
+        batch_with_retry(
+            "batch_exists",
+            keys,
+            |pending, codes| {
+                let c_keys: Vec<mws_bytes> = pending.iter().map(|&i| mws_bytes::of(keys[i])).collect();
+                // SAFETY: `c_keys` and `codes` hold `len` elements; the keys outlive the call.
+                unsafe { f(self.ctx.0, c_keys.as_ptr(), c_keys.len(), codes.as_mut_ptr()) }
+            },
+            |code| code > 0,
+        )
     }
 
     fn remove(&self, key: &str) -> Result<()> {
@@ -524,56 +542,34 @@ impl ObjectStore for CallbackStore {
                 })
                 .collect();
         }
-        let mut results: Vec<Option<Result<()>>> = (0..items.len()).map(|_| None).collect();
-        let mut pending: Vec<usize> = (0..items.len()).collect();
-        let mut delay = FIRST_BACKOFF;
-        for attempt in 0..MAX_TRIES {
-            let c_items: Vec<mws_put_item> = pending
-                .iter()
-                .map(|&i| {
-                    let it = &items[i];
-                    let (kind, ordinal) = memory_code(it.source.kind);
-                    mws_put_item {
-                        key: mws_bytes::of(it.key),
-                        group_id: mws_bytes::of(&config.group_ids[i]),
-                        address: it.source.address,
-                        len: it.source.len,
-                        memory_kind: kind,
-                        device_ordinal: ordinal,
-                    }
-                })
-                .collect();
-            let mut codes = vec![i32::MIN; c_items.len()];
-            let batch =
-                f(self.ctx.0, c_items.as_ptr(), c_items.len(), record_code(config.record_type), codes.as_mut_ptr());
-            let last = attempt + 1 == MAX_TRIES;
-            let mut retry = Vec::new();
-            for (j, &i) in pending.iter().enumerate() {
-                let code = if batch < 0 { batch as i64 } else { codes[j] as i64 };
-                if code == i32::MIN as i64 {
-                    results[i] = Some(Err(Error::new(
-                        ErrorKind::Store,
-                        format!("store callback batch_put_from left no result for {}", items[i].key),
-                    )));
-                } else if code >= 0 {
-                    results[i] = Some(Ok(()));
-                } else if transient(code) && !last {
-                    retry.push(i);
-                } else {
-                    results[i] = Some(Err(code_error("batch_put_from", items[i].key, code)));
+        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+        batch_with_retry(
+            "batch_put_from",
+            &keys,
+            |pending, codes| {
+                let c_items: Vec<mws_put_item> = pending
+                    .iter()
+                    .map(|&i| {
+                        let it = &items[i];
+                        let (kind, ordinal) = memory_code(it.source.kind);
+                        mws_put_item {
+                            key: mws_bytes::of(it.key),
+                            group_id: mws_bytes::of(&config.group_ids[i]),
+                            address: it.source.address,
+                            len: it.source.len,
+                            memory_kind: kind,
+                            device_ordinal: ordinal,
+                        }
+                    })
+                    .collect();
+                // SAFETY: the caller of batch_put_from vouches for the source regions;
+                // `c_items` and `codes` hold `len` elements and outlive the call.
+                unsafe {
+                    f(self.ctx.0, c_items.as_ptr(), c_items.len(), record_code(config.record_type), codes.as_mut_ptr())
                 }
-            }
-            if retry.is_empty() {
-                break;
-            }
-            pending = retry;
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(MAX_BACKOFF);
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Store, "batch_put_from: no result"))))
-            .collect()
+            },
+            |_| (),
+        )
     }
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
