@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # C/C++ side of CI: header drift, exported symbols, CMake workflows (dev + asan), and
 # that the demo configuration (scripts/demo.sh) configures without tests.
-# Called by .ci/run as `bash .ci/cpp.sh` from the repository root. Needs the shared
-# conformance fixtures in ../shared/conformance (or MWS_CONFORMANCE_DIR).
+# Called by .ci/run as `bash .ci/cpp.sh` from the repository root. Needs the
+# vendored conformance fixtures in tests/fixtures/conformance (or MWS_CONFORMANCE_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"

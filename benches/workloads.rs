@@ -30,11 +30,11 @@ pub const BINDING_ALIGN: u64 = 256;
 
 type R<T> = Result<T, String>;
 
-/// `$MWS_BENCH_WORKLOADS`, else `<CARGO_MANIFEST_DIR>/../shared/bench/workloads.json`.
+/// `$MWS_BENCH_WORKLOADS`, else the vendored `<CARGO_MANIFEST_DIR>/benches/data/workloads.json`.
 pub fn default_path() -> PathBuf {
     match std::env::var_os("MWS_BENCH_WORKLOADS") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/workloads.json"),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/workloads.json"),
     }
 }
 

@@ -17,7 +17,7 @@
 //
 // MooncakeVtable<Client> is the whole binding; Client is anything with the method
 // shapes of Mooncake's `MooncakeDistributedStore` (the Python class documented in
-// ../shared/mooncake/README.md, whose pybind layer forwards to the C++ client).
+// docs/mooncake/README.md, whose pybind layer forwards to the C++ client).
 //
 // Two clients:
 //   - MWS_HAVE_MOONCAKE (cmake -DMWS_WITH_MOONCAKE=ON, only when CMake finds Mooncake's

@@ -1,5 +1,5 @@
-//! Runs every conformance fixture of `$MWS_CONFORMANCE_DIR` (default
-//! `../shared/conformance`): kinds `placement`, `upload`, `manifest` and `load`
+//! Runs every conformance fixture of `$MWS_CONFORMANCE_DIR` (default: the vendored
+//! `tests/fixtures/conformance`): kinds `placement`, `upload`, `manifest` and `load`
 //! (load cases fill the source objects by the fixture's byte rule, execute the
 //! restore on the memory store and compare every target byte and every region).
 //! Prints one line per case and a final `N passed, M failed` line; fails if any case

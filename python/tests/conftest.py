@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
 
-CONFORMANCE = Path(os.environ.get("MWS_CONFORMANCE_DIR", HERE.parents[2] / "shared" / "conformance"))
+CONFORMANCE = Path(os.environ.get("MWS_CONFORMANCE_DIR", HERE.parents[1] / "tests" / "fixtures" / "conformance"))
 
 
 def pytest_report_header(config):

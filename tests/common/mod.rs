@@ -6,11 +6,11 @@ use mooncake_weight_store::*;
 use serde_json::Value as J;
 use std::path::PathBuf;
 
-/// The conformance directory: `$MWS_CONFORMANCE_DIR` or `../shared/conformance`.
+/// The conformance directory: `$MWS_CONFORMANCE_DIR` or the vendored `tests/fixtures/conformance`.
 pub fn conformance_dir() -> PathBuf {
     match std::env::var_os("MWS_CONFORMANCE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conformance"),
     }
 }
 
