@@ -459,3 +459,9 @@ mod tests {
         assert!(req_int(&Value::Float(8.0), "f", 0).unwrap_err().message().contains("integer"));
     }
 }
+
+/// Writes `"k":"v"` (UTF-8 profile) for the transport encoders.
+pub(crate) fn write_kv_str(out: &mut String, k: &str, v: &str) {
+    key(out, k);
+    write_str(out, v, Profile::Utf8);
+}

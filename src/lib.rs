@@ -27,6 +27,8 @@ pub mod ffi;
 pub use error::{Error, ErrorKind, Result};
 pub use model::*;
 pub use plan::upload::{plan_upload, Decision, UploadOperation, UploadOptions, UploadPlan};
+pub use plan::upload_transport::{plan_from_json, plan_to_json};
+pub use runtime::transport::{binding_from_json, binding_to_json};
 pub use runtime::{
     validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, MemoryKind, RuntimeBinding,
     RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,

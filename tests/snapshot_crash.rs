@@ -17,11 +17,11 @@ mod model;
 
 use dirkeys::directory_keys;
 use model::*;
-use mooncake_weight_store::protocol::transport::{plan_from_json, plan_to_json};
 use mooncake_weight_store::protocol::{UploadReceipt, WeightStore};
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::ObjectStore;
 use mooncake_weight_store::*;
+use mooncake_weight_store::{plan_from_json, plan_to_json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,9 +5,10 @@
 mod model;
 
 use model::*;
-use mooncake_weight_store::protocol::transport::*;
 use mooncake_weight_store::protocol::UploadReceipt;
+use mooncake_weight_store::protocol::{receipts_from_json, receipts_to_json};
 use mooncake_weight_store::*;
+use mooncake_weight_store::{binding_from_json, binding_to_json, plan_from_json, plan_to_json};
 
 #[test]
 fn plan_receipts_and_bindings_round_trip() {

@@ -20,7 +20,7 @@ use crate::store::callbacks::{mws_copy_hook_vtable, mws_store_vtable, CallbackCo
 use crate::store::directory::DirectoryStore;
 use crate::store::memory::MemoryStore;
 use crate::store::{CopyHook, ObjectStore, RecordType, WriteConfig};
-use crate::{Decision, Error, ErrorKind, Placement, RuntimeBinding, UploadPlan};
+use crate::{Decision, Error, ErrorKind, RuntimeBinding};
 
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
@@ -716,7 +716,7 @@ pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> us
 pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
     value_call("mws_receipts_to_json", std::ptr::null(), || {
         let r = handle(receipts, "receipts")?;
-        Ok(r.json.get_or_init(|| CText::new(&crate::protocol::transport::receipts_to_json(&r.inner))).lend(len))
+        Ok(r.json.get_or_init(|| CText::new(&crate::protocol::receipts_to_json(&r.inner))).lend(len))
     })
 }
 
@@ -740,7 +740,7 @@ pub unsafe extern "C" fn mws_receipts_from_json(
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
-        let r = crate::protocol::transport::receipts_from_json(bytes)?;
+        let r = crate::protocol::receipts_from_json(bytes)?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(r))));
         Ok(())
     })
@@ -831,7 +831,7 @@ pub unsafe extern "C" fn mws_store_upload(
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
         check_out(out, "out")?;
-        let receipts = upload_participant(&s.ws, &p.inner, &pl.inner, b, args)?;
+        let receipts = with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua))?;
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
         Ok(())
     })
@@ -841,13 +841,12 @@ pub unsafe extern "C" fn mws_store_upload(
 ///
 /// # Safety
 /// As `mws_store_upload`.
-pub(crate) unsafe fn upload_participant(
+pub(crate) unsafe fn with_upload_args<T>(
     ws: &Arc<WeightStore>,
-    plan: &UploadPlan,
-    placement: &Placement,
     binding: &mws_binding,
     args: *const mws_io_args,
-) -> FfiResult<Vec<UploadReceipt>> {
+    run: impl FnOnce(&RuntimeBinding, UploadArgs<'_>) -> crate::Result<T>,
+) -> FfiResult<T> {
     let a = io_args(args)?;
     let rb = binding.build().map_err(|f| {
         Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
@@ -859,7 +858,7 @@ pub(crate) unsafe fn upload_participant(
         transfer_id: a.transfer_id,
         lease: lease.as_deref(),
     };
-    Ok(ws.upload(plan, placement, &rb, ua)?)
+    Ok(run(&rb, ua)?)
 }
 
 /// Commits the upload: checks the receipts and payloads, claims the commit decision

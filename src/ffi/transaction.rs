@@ -2,22 +2,16 @@
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use super::binding::mws_binding;
-use super::boundary::{status_call, value_call, Failure, FfiResult};
+use super::boundary::{status_call, value_call};
 use super::manifest::mws_stored_manifest;
 use super::mws_status;
 use super::placement::mws_placement;
-use super::store::{mws_io_args, mws_receipts, mws_store, upload_participant};
+use super::store::{mws_io_args, mws_receipts, mws_store, with_upload_args};
 use super::strings::{check_out, handle, write_out};
 use super::upload::mws_upload_plan;
-use crate::model::StoredManifest;
-use crate::protocol::{UploadReceipt, WeightStore};
-use crate::UploadPlan;
+use crate::protocol::{Transaction, TransactionState};
 
 /// The state of an `mws_transaction` handle (`mws_transaction_get_state`).
 #[repr(C)]
@@ -29,27 +23,6 @@ pub enum mws_transaction_state {
     MWS_TRANSACTION_COMMITTED = 1,
     /// `mws_transaction_abort` succeeded.
     MWS_TRANSACTION_ABORTED = 2,
-}
-
-enum Phase {
-    Open,
-    Committed(Arc<StoredManifest>),
-    Aborted,
-}
-
-struct State {
-    receipts: Vec<UploadReceipt>,
-    phase: Phase,
-}
-
-impl State {
-    fn require_open(&self) -> FfiResult<()> {
-        match self.phase {
-            Phase::Open => Ok(()),
-            Phase::Committed(_) => Err(Failure::new(mws_status::MWS_CONFLICT, "the transaction is committed")),
-            Phase::Aborted => Err(Failure::new(mws_status::MWS_CONFLICT, "the transaction is aborted")),
-        }
-    }
 }
 
 /// An upload transaction: one upload plan in one store, uploaded participant by
@@ -69,10 +42,7 @@ impl State {
 /// one. Guard callbacks run under that mutex and must not call into the same
 /// transaction.
 pub struct mws_transaction {
-    store: Arc<WeightStore>,
-    plan: UploadPlan,
-    state: Mutex<State>,
-    decision_may_exist: AtomicBool,
+    inner: Transaction,
 }
 
 /// Starts an upload transaction of `plan` in `store`. No I/O. The handle keeps the
@@ -97,12 +67,7 @@ pub unsafe extern "C" fn mws_transaction_new(
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
-        let tx = mws_transaction {
-            store: s.ws.clone(),
-            plan: p.inner.clone(),
-            state: Mutex::new(State { receipts: Vec::new(), phase: Phase::Open }),
-            decision_may_exist: AtomicBool::new(false),
-        };
+        let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
         write_out(out, Box::into_raw(Box::new(tx)));
         Ok(())
     })
@@ -135,11 +100,7 @@ pub unsafe extern "C" fn mws_transaction_upload(
         let t = handle(tx as *const mws_transaction, "tx")?;
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
-        let mut st = t.state.lock();
-        st.require_open()?;
-        let r = upload_participant(&t.store, &t.plan, &pl.inner, b, args)?;
-        st.receipts.extend(r);
-        Ok(())
+        Ok(with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua))?)
     })
 }
 
@@ -158,7 +119,7 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     status_call("mws_transaction_receipts", || {
         let t = handle(tx, "tx")?;
         check_out(out, "out")?;
-        let r = t.state.lock().receipts.clone();
+        let r = t.inner.receipts();
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(r))));
         Ok(())
     })
@@ -180,10 +141,7 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
     status_call("mws_transaction_add_receipts", || {
         let t = handle(tx as *const mws_transaction, "tx")?;
         let r = handle(receipts, "receipts")?;
-        let mut st = t.state.lock();
-        st.require_open()?;
-        st.receipts.extend(r.inner.iter().cloned());
-        Ok(())
+        Ok(t.inner.add_receipts(&r.inner)?)
     })
 }
 
@@ -212,17 +170,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
     status_call("mws_transaction_commit", || {
         let t = handle(tx as *const mws_transaction, "tx")?;
         check_out(out, "out")?;
-        let mut st = t.state.lock();
-        let m = match &st.phase {
-            Phase::Committed(m) => m.clone(),
-            Phase::Aborted => return Err(Failure::new(mws_status::MWS_CONFLICT, "the transaction is aborted")),
-            Phase::Open => {
-                let mut flag = || t.decision_may_exist.store(true, Ordering::SeqCst);
-                let m = Arc::new(t.store.commit(&t.plan, &st.receipts, Some(&mut flag))?);
-                st.phase = Phase::Committed(m.clone());
-                m
-            }
-        };
+        let m = t.inner.commit()?;
         write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(m))));
         Ok(())
     })
@@ -238,7 +186,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mws_transaction) -> c_int {
     value_call("mws_transaction_commit_decision_may_exist", 0, || {
-        Ok(c_int::from(handle(tx, "tx")?.decision_may_exist.load(Ordering::SeqCst)))
+        Ok(c_int::from(handle(tx, "tx")?.inner.decision_may_exist()))
     })
 }
 
@@ -253,10 +201,10 @@ pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mw
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -> mws_transaction_state {
     value_call("mws_transaction_get_state", mws_transaction_state::MWS_TRANSACTION_OPEN, || {
-        Ok(match handle(tx, "tx")?.state.lock().phase {
-            Phase::Open => mws_transaction_state::MWS_TRANSACTION_OPEN,
-            Phase::Committed(_) => mws_transaction_state::MWS_TRANSACTION_COMMITTED,
-            Phase::Aborted => mws_transaction_state::MWS_TRANSACTION_ABORTED,
+        Ok(match handle(tx, "tx")?.inner.state() {
+            TransactionState::Open => mws_transaction_state::MWS_TRANSACTION_OPEN,
+            TransactionState::Committed => mws_transaction_state::MWS_TRANSACTION_COMMITTED,
+            TransactionState::Aborted => mws_transaction_state::MWS_TRANSACTION_ABORTED,
         })
     })
 }
@@ -278,23 +226,7 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
     status_call("mws_transaction_abort", || {
         let t = handle(tx as *const mws_transaction, "tx")?;
-        let mut st = t.state.lock();
-        match st.phase {
-            Phase::Aborted => return Ok(()),
-            Phase::Committed(_) => {
-                return Err(Failure::new(mws_status::MWS_CONFLICT, "cannot abort: the transaction is committed"))
-            }
-            Phase::Open => {}
-        }
-        if t.decision_may_exist.load(Ordering::SeqCst) {
-            return Err(Failure::new(
-                mws_status::MWS_CONFLICT,
-                "cannot abort: the commit decision may exist; retry the commit instead",
-            ));
-        }
-        t.store.abort_upload(&t.plan, &st.receipts)?;
-        st.phase = Phase::Aborted;
-        Ok(())
+        Ok(t.inner.abort()?)
     })
 }
 
@@ -313,8 +245,7 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
     status_call("mws_transaction_finalize", || {
         let t = handle(tx, "tx")?;
-        let _serialized = t.state.lock();
-        Ok(t.store.finalize(&t.plan)?)
+        Ok(t.inner.finalize()?)
     })
 }
 

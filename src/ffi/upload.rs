@@ -399,7 +399,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     value_call("mws_upload_plan_to_json", std::ptr::null(), || {
         let p = handle(plan, "plan")?;
-        let text = p.transport_json.get_or_init(|| CText::new(&crate::protocol::transport::plan_to_json(&p.inner)));
+        let text = p.transport_json.get_or_init(|| CText::new(&crate::plan_to_json(&p.inner)));
         Ok(text.lend(len))
     })
 }
@@ -428,7 +428,7 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
-        let plan = crate::protocol::transport::plan_from_json(bytes)?;
+        let plan = crate::plan_from_json(bytes)?;
         write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
         Ok(())
     })

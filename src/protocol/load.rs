@@ -4,14 +4,14 @@
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::registration::{registration_requests, RegistrationLease};
-use super::weight_store::WeightStore;
+use super::state::WeightStore;
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::model::{Placement, StoredManifest};
-use crate::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
-use crate::runtime::{validate_binding_subset, validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
+use crate::model::StoredManifest;
+use crate::plan::bound_load::LoadPlan;
+use crate::plan::load::TransferRegion;
+use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead, StridedRead};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
@@ -77,110 +77,6 @@ impl LoadOptions {
     }
 }
 
-/// A load plan bound to target runtime bindings (`WeightLoadPlan`): every region's
-/// target is a runtime fragment whose bounds were checked against the region.
-/// Immutable, `Send + Sync`.
-#[derive(Clone, Debug)]
-pub struct LoadPlan {
-    logical: LogicalLoadPlan,
-    bindings: Vec<RuntimeBinding>,
-    /// Per region: (binding index, fragment index in the binding).
-    targets: Vec<(u32, u32)>,
-}
-
-impl LoadPlan {
-    /// Plans a restore of `manifest` into `target` bound to `bindings`
-    /// (`plan_load`). `bindings` may be a subset: only their participants are
-    /// planned (so each rank can plan its own part); with every non-empty
-    /// participant bound this is the reference's `plan_load`.
-    ///
-    /// Errors: `target runtime bindings must not be empty`, `invalid target runtime
-    /// binding: <detail>` ([`ErrorKind::InvalidBinding`]); `target placement revision
-    /// mismatch`; planner contract errors and limits.
-    pub fn plan(
-        manifest: Arc<StoredManifest>,
-        target: Arc<Placement>,
-        bindings: &[RuntimeBinding],
-        limits: PlanningLimits,
-    ) -> Result<LoadPlan> {
-        if bindings.is_empty() {
-            return Err(store_err(ErrorKind::InvalidBinding, "target runtime bindings must not be empty"));
-        }
-        validate_binding_subset(&target, bindings).map_err(|e| {
-            store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
-        })?;
-        if target.resource_id() != manifest.resource_id()
-            || target.revision() != manifest.revision()
-            || target.weight_generation() != manifest.weight_generation()
-        {
-            return Err(store_err(ErrorKind::InvalidArgument, "target placement revision mismatch"));
-        }
-        let ids: Vec<&str> = bindings
-            .iter()
-            .map(|b| b.participant_id())
-            .filter(|p| target.part(p).is_some_and(|part| !part.fragments().is_empty()))
-            .collect();
-        if ids.is_empty() {
-            return invalid("logical plan and target runtime binding participants differ");
-        }
-        let logical = LogicalLoadPlan::plan_participants(manifest, target, limits, Some(&ids))?;
-        Self::bind(logical, bindings)
-    }
-
-    /// Binds a logical plan to `bindings`, which must cover every participant that
-    /// has regions (`logical plan and target runtime binding participants differ`).
-    pub fn bind(logical: LogicalLoadPlan, bindings: &[RuntimeBinding]) -> Result<LoadPlan> {
-        validate_binding_subset(logical.target(), bindings)?;
-        let by_participant: HashMap<&str, usize> =
-            bindings.iter().enumerate().map(|(i, b)| (b.participant_id(), i)).collect();
-        let mut targets = Vec::with_capacity(logical.regions().len());
-        for r in logical.regions() {
-            let pid = logical.target_participant_of(r);
-            let &bi = by_participant
-                .get(pid)
-                .ok_or_else(|| Error::invalid("logical plan and target runtime binding participants differ"))?;
-            let b = &bindings[bi];
-            let pfid = logical.target_of(r).placement_fragment_id();
-            let fi = b
-                .fragments()
-                .binary_search_by(|f| f.placement_fragment_id().cmp(pfid))
-                .map_err(|_| Error::invalid(format!("missing runtime binding for placement fragment: {pfid}")))?;
-            // The binding was validated: nbytes equals the placement's, so the
-            // region's target bounds (checked by the planner) hold for the view.
-            targets.push((bi as u32, fi as u32));
-        }
-        Ok(LoadPlan { logical, bindings: bindings.to_vec(), targets })
-    }
-
-    /// The logical plan.
-    pub fn logical(&self) -> &LogicalLoadPlan {
-        &self.logical
-    }
-    /// The stored manifest.
-    pub fn manifest(&self) -> &StoredManifest {
-        self.logical.manifest()
-    }
-    /// Regions.
-    pub fn regions(&self) -> &[TransferRegion] {
-        self.logical.regions()
-    }
-    /// Bytes the plan moves.
-    pub fn total_bytes(&self) -> u64 {
-        self.logical.total_bytes()
-    }
-    /// The target runtime fragment a region writes.
-    pub fn target_fragment(&self, region_index: usize) -> &RuntimeFragment {
-        let (b, f) = self.targets[region_index];
-        &self.bindings[b as usize].fragments()[f as usize]
-    }
-    /// Participants with regions, sorted.
-    pub fn participants(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.logical.target_executors().map(|(p, _, _)| p).collect();
-        v.sort_unstable();
-        v
-    }
-}
-
 /// Statistics of one executed restore.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoadStats {
@@ -217,191 +113,183 @@ pub struct LoadArgs<'a> {
     pub lease: Option<&'a RegistrationLease>,
 }
 
-impl WeightStore {
-    /// Plans a restore with this store's limits (see [`LoadPlan::plan`]).
-    pub fn plan_load(
-        &self,
-        manifest: Arc<StoredManifest>,
-        target: Arc<Placement>,
-        bindings: &[RuntimeBinding],
-        limits: PlanningLimits,
-    ) -> Result<LoadPlan> {
-        LoadPlan::plan(manifest, target, bindings, limits)
+/// Executes the part of `plan` that belongs to `binding`'s participant
+/// (`load-path.md` §6): checks the binding still matches the plan (`stale
+/// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
+/// manifest is the committed one, pins and registers the target buffers, then
+/// reads every range straight into them in bounded batches and checks each
+/// range's result. Nothing is registered or read before every check passed.
+///
+/// # Safety
+/// Every target view of `binding` (address, nbytes) must be valid for writes and
+/// not accessed by anyone else for the duration of the call; `args.guard` must
+/// pin them.
+pub(crate) unsafe fn load(
+    ws: &WeightStore,
+    plan: &LoadPlan,
+    binding: &RuntimeBinding,
+    args: LoadArgs<'_>,
+) -> Result<LoadStats> {
+    let options = LoadOptions {
+        max_range_bytes: ws.limits.max_range_bytes,
+        max_ranges_per_request: ws.limits.max_ranges_per_request,
+        max_region_segments: ws.limits.max_region_segments,
+        require_committed: !args.skip_committed_check,
+        staging_bytes: ws.limits.staging_bytes,
+    };
+    let target = plan.logical().target();
+    validate_runtime_binding(target, binding).map_err(|e| {
+        store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
+    })?;
+    let bi = plan
+        .bindings()
+        .iter()
+        .position(|b| b.participant_id() == binding.participant_id() && b.instance_id() == binding.instance_id())
+        .ok_or_else(|| store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch: unknown instance"))?;
+    let planned = &plan.bindings()[bi];
+    if planned.lease_id() != binding.lease_id() || planned.generation() != binding.generation() {
+        return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
     }
-
-    /// Executes the part of `plan` that belongs to `binding`'s participant
-    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
-    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
-    /// manifest is the committed one, pins and registers the target buffers, then
-    /// reads every range straight into them in bounded batches and checks each
-    /// range's result. Nothing is registered or read before every check passed.
-    ///
-    /// # Safety
-    /// Every target view of `binding` (address, nbytes) must be valid for writes and
-    /// not accessed by anyone else for the duration of the call; `args.guard` must
-    /// pin them.
-    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
-        let options = LoadOptions {
-            max_range_bytes: self.limits.max_range_bytes,
-            max_ranges_per_request: self.limits.max_ranges_per_request,
-            max_region_segments: self.limits.max_region_segments,
-            require_committed: !args.skip_committed_check,
-            staging_bytes: self.limits.staging_bytes,
-        };
-        let target = plan.logical.target();
-        validate_runtime_binding(target, binding).map_err(|e| {
-            store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
-        })?;
-        let bi = plan
-            .bindings
-            .iter()
-            .position(|b| b.participant_id() == binding.participant_id() && b.instance_id() == binding.instance_id())
-            .ok_or_else(|| store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch: unknown instance"))?;
-        let planned = &plan.bindings[bi];
-        if planned.lease_id() != binding.lease_id() || planned.generation() != binding.generation() {
-            return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
+    let mut ops: Vec<usize> = Vec::new();
+    for (i, &(b, f)) in plan.region_targets().iter().enumerate() {
+        if b as usize != bi {
+            continue;
         }
-        let mut ops: Vec<usize> = Vec::new();
-        for (i, &(b, f)) in plan.targets.iter().enumerate() {
-            if b as usize != bi {
-                continue;
-            }
-            let planned_frag = &planned.fragments()[f as usize];
-            if args.worker_id.is_some_and(|w| w != planned_frag.worker_id()) {
-                continue;
-            }
-            match binding.fragment_for(planned_frag.placement_fragment_id()) {
-                Some(cur) if cur == planned_frag => {}
-                _ => {
-                    return Err(store_err(
-                        ErrorKind::StaleBinding,
-                        format!("stale target fragment: {}", planned_frag.fragment_id()),
-                    ))
-                }
-            }
-            let r = &plan.regions()[i];
-            let count = r.segment_count();
-            if count > options.max_region_segments {
+        let planned_frag = &planned.fragments()[f as usize];
+        if args.worker_id.is_some_and(|w| w != planned_frag.worker_id()) {
+            continue;
+        }
+        match binding.fragment_for(planned_frag.placement_fragment_id()) {
+            Some(cur) if cur == planned_frag => {}
+            _ => {
                 return Err(store_err(
-                    ErrorKind::LimitExceeded,
-                    format!(
-                        "transfer region exceeds max_region_segments: {}: {count} > {}",
-                        plan.logical.source_of(r).tensor_id(),
-                        options.max_region_segments
-                    ),
-                ));
-            }
-            ops.push(i);
-        }
-        if let Some(w) = args.worker_id {
-            if !planned.fragments().iter().any(|f| f.worker_id() == w) {
-                return Err(store_err(ErrorKind::InvalidArgument, format!("unknown target worker: {w}")));
+                    ErrorKind::StaleBinding,
+                    format!("stale target fragment: {}", planned_frag.fragment_id()),
+                ))
             }
         }
-        if ops.is_empty() {
-            return Ok(LoadStats::default());
-        }
-        if options.require_committed {
-            let committed = load_manifest(&*self.store, plan.manifest().manifest_key()).map_err(|e| {
-                store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
-            })?;
-            if committed != *plan.manifest() {
-                return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
-            }
-        }
-        if let Some(f) = ops
-            .iter()
-            .map(|&i| plan.target_fragment(i))
-            .find(|f| f.memory() != MemoryKind::Host && !self.store.supports_memory(f.memory()))
-        {
+        let r = &plan.regions()[i];
+        let count = r.segment_count();
+        if count > options.max_region_segments {
             return Err(store_err(
-                ErrorKind::Unsupported,
-                format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
+                ErrorKind::LimitExceeded,
+                format!(
+                    "transfer region exceeds max_region_segments: {}: {count} > {}",
+                    plan.logical().source_of(r).tensor_id(),
+                    options.max_region_segments
+                ),
             ));
         }
-        // Never trust the store: every object must be at least as long as the
-        // manifest claims before any byte is written.
-        let mut needed: BTreeMap<&str, u64> = BTreeMap::new();
-        for &i in &ops {
-            let src = plan.logical.source_of(&plan.regions()[i]);
-            let end = src.object_offset() + src.nbytes(); // fits: checked at decode
-            let e = needed.entry(src.object_key()).or_insert(0);
-            *e = (*e).max(end);
-        }
-        for (key, end) in &needed {
-            let size = self
-                .store
-                .object_size(key)
-                .map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
-            if size < *end {
-                return Err(store_err(
-                    ErrorKind::Integrity,
-                    format!("get_into_ranges failed for {key}: object holds {size} bytes, the manifest needs {end}"),
-                ));
-            }
-        }
-        // Group by target runtime fragment (sorted by runtime id).
-        let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for &i in &ops {
-            by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
-        }
-        let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
-        let token = match args.lease {
-            Some(lease) => {
-                lease.validate(binding, &targets)?;
-                None
-            }
-            None => {
-                let guard = args.guard.ok_or_else(|| {
-                    store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required")
-                })?;
-                self.registrar.check_unblocked()?;
-                let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
-                let transfer_id =
-                    args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-                let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
-                for t in &targets {
-                    if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
-                        let _ = token.release(TerminalState::Aborted);
-                        return Err(store_err(
-                            ErrorKind::StaleBinding,
-                            format!("stale target fragment: {}", t.fragment_id()),
-                        ));
-                    }
-                }
-                Some(token)
-            }
-        };
-        let requests = match registration_requests(&targets) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(mut token) = token {
-                    let _ = token.release(TerminalState::Aborted);
-                }
-                return Err(e);
-            }
-        };
-        let mut stats = LoadStats::default();
-        let body = |io_started: &mut bool| {
-            *io_started = true;
-            if self.store.supports_strided_reads() {
-                read_strided(&*self.store, plan, &by_target, &mut stats)
-            } else if options.staging_bytes > 0 {
-                read_staged(&*self.store, plan, &by_target, &options, &mut stats)
-            } else {
-                read_ranges(&*self.store, plan, &by_target, &options, &mut stats)
-            }
-        };
-        match token {
-            Some(token) => self.registrar.scoped(&*self.store, &requests, token, body)?,
-            None => {
-                self.registrar.check_unblocked()?;
-                let mut body = body;
-                body(&mut false)?
-            }
-        }
-        Ok(stats)
+        ops.push(i);
     }
+    if let Some(w) = args.worker_id {
+        if !planned.fragments().iter().any(|f| f.worker_id() == w) {
+            return Err(store_err(ErrorKind::InvalidArgument, format!("unknown target worker: {w}")));
+        }
+    }
+    if ops.is_empty() {
+        return Ok(LoadStats::default());
+    }
+    if options.require_committed {
+        let committed = load_manifest(&*ws.store, plan.manifest().manifest_key()).map_err(|e| {
+            store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
+        })?;
+        if committed != *plan.manifest() {
+            return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
+        }
+    }
+    if let Some(f) = ops
+        .iter()
+        .map(|&i| plan.target_fragment(i))
+        .find(|f| f.memory() != MemoryKind::Host && !ws.store.supports_memory(f.memory()))
+    {
+        return Err(store_err(
+            ErrorKind::Unsupported,
+            format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
+        ));
+    }
+    // Never trust the store: every object must be at least as long as the
+    // manifest claims before any byte is written.
+    let mut needed: BTreeMap<&str, u64> = BTreeMap::new();
+    for &i in &ops {
+        let src = plan.logical().source_of(&plan.regions()[i]);
+        let end = src.object_offset() + src.nbytes(); // fits: checked at decode
+        let e = needed.entry(src.object_key()).or_insert(0);
+        *e = (*e).max(end);
+    }
+    for (key, end) in &needed {
+        let size = ws
+            .store
+            .object_size(key)
+            .map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
+        if size < *end {
+            return Err(store_err(
+                ErrorKind::Integrity,
+                format!("get_into_ranges failed for {key}: object holds {size} bytes, the manifest needs {end}"),
+            ));
+        }
+    }
+    // Group by target runtime fragment (sorted by runtime id).
+    let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for &i in &ops {
+        by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
+    }
+    let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
+    let token = match args.lease {
+        Some(lease) => {
+            lease.validate(binding, &targets)?;
+            None
+        }
+        None => {
+            let guard = args.guard.ok_or_else(|| {
+                store_err(ErrorKind::InvalidArgument, "target allocation guard providers are required")
+            })?;
+            ws.registrar.check_unblocked()?;
+            let ids: Vec<String> = by_target.keys().map(|s| s.to_string()).collect();
+            let transfer_id =
+                args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+            let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
+            for t in &targets {
+                if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
+                    let _ = token.release(TerminalState::Aborted);
+                    return Err(store_err(
+                        ErrorKind::StaleBinding,
+                        format!("stale target fragment: {}", t.fragment_id()),
+                    ));
+                }
+            }
+            Some(token)
+        }
+    };
+    let requests = match registration_requests(&targets) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(mut token) = token {
+                let _ = token.release(TerminalState::Aborted);
+            }
+            return Err(e);
+        }
+    };
+    let mut stats = LoadStats::default();
+    let body = |io_started: &mut bool| {
+        *io_started = true;
+        if ws.store.supports_strided_reads() {
+            read_strided(&*ws.store, plan, &by_target, &mut stats)
+        } else if options.staging_bytes > 0 {
+            read_staged(&*ws.store, plan, &by_target, &options, &mut stats)
+        } else {
+            read_ranges(&*ws.store, plan, &by_target, &options, &mut stats)
+        }
+    };
+    match token {
+        Some(token) => ws.registrar.scoped(&*ws.store, &requests, token, body)?,
+        None => {
+            ws.registrar.check_unblocked()?;
+            let mut body = body;
+            body(&mut false)?
+        }
+    }
+    Ok(stats)
 }
 
 /// Regions handed to a backend with native strided reads per call.
@@ -450,7 +338,7 @@ unsafe fn read_strided(
     for list in by_target.values() {
         for &i in list {
             let r = &plan.regions()[i];
-            let s = plan.logical.source_of(r);
+            let s = plan.logical().source_of(r);
             let t = plan.target_fragment(i);
             reads.push(StridedRead {
                 key: s.object_key(),
@@ -556,7 +444,7 @@ unsafe fn flush_staged(
     let mut reads: Vec<RangeRead<'_>> = Vec::new();
     for &(i, off) in batch {
         let r = &plan.regions()[i];
-        let s = plan.logical.source_of(r);
+        let s = plan.logical().source_of(r);
         let span = (r.outer_loop_counts[0] - 1) * r.source_strides[0] + r.inner_bytes;
         let mut c = 0;
         while c < span {
@@ -621,7 +509,7 @@ unsafe fn read_ranges(
     let mut batch: Vec<PendingRange> = Vec::with_capacity(options.max_ranges_per_request);
     for list in by_target.values() {
         let mut list = list.clone();
-        let src = |i: usize| plan.logical.source_of(&plan.regions()[i]);
+        let src = |i: usize| plan.logical().source_of(&plan.regions()[i]);
         list.sort_by(|&a, &b| {
             let (ra, rb) = (&plan.regions()[a], &plan.regions()[b]);
             (ra.target_base_offset, src(a).object_key(), ra.source_base_offset).cmp(&(

@@ -1,20 +1,34 @@
-//! The store-facing protocol (`store-protocol.md`, `writer-and-snapshot.md`,
-//! `load-path.md`): allocation guards, buffer registration, the upload
-//! transaction, `upload`, and restores. Keys always come from plans.
+//! The store-facing protocol (`docs/spec/store-protocol.md`,
+//! `writer-and-snapshot.md`, `load-path.md`): everything that does I/O through a
+//! store. Keys always come from plans.
+//!
+//! - [`weight_store`]: the API of [`WeightStore`] (one `impl` block), a front for the
+//!   jobs below; [`state`]: its fields and limits.
+//! - [`upload`]: payload writes of one participant; [`commit`]: the decision record,
+//!   commit, abort, finalize; [`transaction`]: [`Transaction`], the stateful front
+//!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.
+//! - [`load`]: restores (ranged or strided reads into target buffers).
+//! - [`writer`]: the snapshot writer; [`guards`]: allocation guards and pins;
+//!   [`registration`]: buffer registration, leases and quarantine.
 
+pub mod commit;
 pub mod guards;
 pub mod load;
+pub mod receipt;
 pub mod registration;
+pub mod state;
 pub mod transaction;
-pub mod transport;
 pub mod upload;
 pub mod weight_store;
 pub mod writer;
 
+pub use crate::plan::bound_load::LoadPlan;
 pub use guards::{AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState};
-pub use load::{load_manifest, LoadArgs, LoadOptions, LoadPlan, LoadStats};
+pub use load::{load_manifest, LoadArgs, LoadOptions, LoadStats};
+pub use receipt::{receipts_from_json, receipts_to_json, UploadReceipt};
 pub use registration::RegistrationLease;
-pub use transaction::UploadReceipt;
+pub use state::StoreLimits;
+pub use transaction::{Transaction, TransactionState};
 pub use upload::UploadArgs;
-pub use weight_store::{StoreLimits, WeightStore};
+pub use weight_store::WeightStore;
 pub use writer::{SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter};

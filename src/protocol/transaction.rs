@@ -1,378 +1,206 @@
-//! The upload transaction (`store-protocol.md` §3–§4): payload checks, receipts,
-//! the decision record (create-only put + re-read), commit, abort and finalize.
-//!
-//! Every write is followed by a re-read, which is the only source of truth: a put
-//! may land although its response was lost, or be reported before it is visible.
+//! [`Transaction`]: one upload transaction of one plan in one store, as a state
+//! machine — uploads per binding that collect receipts, receipts added from other
+//! ranks, commit (tracking whether the commit decision may exist), abort, finalize.
+//! The C handle `mws_transaction` and the Python `Transaction` are fronts for it.
 
-use super::load::load_manifest;
-use super::weight_store::WeightStore;
+use super::commit;
+use super::receipt::UploadReceipt;
+use super::state::WeightStore;
+use super::upload::{self, UploadArgs};
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::StoredManifest;
-use crate::plan::upload::{Decision, UploadPlan};
-use crate::store::{RecordType, WriteConfig};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::model::{Placement, StoredManifest};
+use crate::plan::upload::UploadPlan;
+use crate::runtime::RuntimeBinding;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-/// Proof that one stored fragment's payload was written and is visible.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct UploadReceipt {
-    /// Stored fragment id.
-    pub fragment_id: String,
-    /// Object key.
-    pub object_key: String,
-    /// Worker that held the source.
-    pub worker_id: String,
+/// Where a [`Transaction`] stands, as far as calls on it know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransactionState {
+    /// Uploads and receipts are accepted; not committed or aborted through this value.
+    Open,
+    /// [`Transaction::commit`] succeeded.
+    Committed,
+    /// [`Transaction::abort`] succeeded.
+    Aborted,
 }
 
-impl UploadReceipt {
-    /// The receipts of every operation of `plan` (receipts are fully determined by
-    /// the plan; a coordinator can rebuild them for recovery).
-    pub fn all_for(plan: &UploadPlan) -> Vec<UploadReceipt> {
-        plan.operations()
-            .iter()
-            .map(|o| UploadReceipt {
-                fragment_id: o.target().fragment_id().into(),
-                object_key: o.target().object_key().into(),
-                worker_id: o.source_snapshot().worker_id().into(),
-            })
-            .collect()
-    }
+enum Phase {
+    Open,
+    Committed(Arc<StoredManifest>),
+    Aborted,
 }
 
-fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
-    Error::new(kind, msg)
+struct Inner {
+    receipts: Vec<UploadReceipt>,
+    phase: Phase,
 }
 
-fn describe<T>(r: &Result<T>) -> String {
-    match r {
-        Ok(_) => "0".into(),
-        Err(e) => e.message().to_string(),
+impl Inner {
+    fn require_open(&self) -> Result<()> {
+        match self.phase {
+            Phase::Open => Ok(()),
+            Phase::Committed(_) => Err(Error::new(ErrorKind::Conflict, "the transaction is committed")),
+            Phase::Aborted => Err(Error::new(ErrorKind::Conflict, "the transaction is aborted")),
+        }
     }
 }
 
-impl WeightStore {
-    fn metadata_put(&self, key: &str, value: &[u8], group: &str) -> Result<()> {
-        let groups = [group.to_string()];
-        self.store.put(key, value, &WriteConfig { group_ids: &groups, record_type: RecordType::Metadata })
-    }
+/// An upload transaction: one plan in one store, uploaded participant by
+/// participant ([`Transaction::upload`]), with receipts collected here (plus those
+/// of other processes, [`Transaction::add_receipts`]), then committed or aborted.
+///
+/// Several transactions over the same plan (in one or several processes) are the
+/// same store transaction: the one that commits must hold every receipt. Dropping a
+/// transaction never aborts it: its payloads stay until someone decides, because a
+/// commit decision may exist or another process may still commit the plan.
+///
+/// Thread safety: `Send + Sync`; calls are serialized by a mutex held for the whole
+/// call, I/O included, so uploads through one transaction never run in parallel
+/// (give each thread its own transaction over the same plan and merge receipts).
+/// Guard callbacks run under that mutex and must not call into the same transaction.
+pub struct Transaction {
+    store: Arc<WeightStore>,
+    plan: UploadPlan,
+    inner: Mutex<Inner>,
+    decision_may_exist: AtomicBool,
+}
 
-    /// Reads the decision record: `None` when absent. Errors:
-    /// `upload decision existence check failed: <key>: <e>`,
-    /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
-    pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
-        let key = plan.control_key();
-        // One round trip: a missing object is "no decision" (the reference asks
-        // `is_exist` first; a get that finds nothing means the same).
-        let bytes = match self.get_if_visible(key) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(None),
-            Err(e) => {
-                return Err(err(ErrorKind::Store, format!("upload decision read failed: {key}: {}", e.message())))
-            }
-        };
-        Decision::parse_record(&bytes)
-            .map(Some)
-            .map_err(|e| err(ErrorKind::InvalidManifest, format!("invalid upload decision: {key}: {}", e.message())))
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("manifest_key", &self.plan.manifest().manifest_key())
+            .field("state", &self.state())
+            .finish()
     }
+}
 
-    /// One round trip in the common cases (present, or absent); when the read
-    /// fails otherwise (for example a put still in flight), the existence check
-    /// decides, as in the reference.
-    fn get_if_visible(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        match self.store.get(key) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => match self.store.exists(key) {
-                Ok(false) => Ok(None),
-                Ok(true) => self.store.get(key).map(Some),
-                Err(_) => Err(e),
-            },
-        }
-    }
-
-    /// The decision of this plan's transaction: `None` when absent; a decision
-    /// record of another plan fails with `upload decision belongs to another plan`
-    /// ([`ErrorKind::Conflict`]).
-    pub fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
-        match self.read_decision(plan)? {
-            None => Ok(None),
-            Some((d, digest)) if digest == plan.plan_digest() => Ok(Some(d)),
-            Some(_) => Err(err(ErrorKind::Conflict, "upload decision belongs to another plan")),
+impl Transaction {
+    /// Starts a transaction of `plan` in `store`. No I/O.
+    pub fn new(store: Arc<WeightStore>, plan: UploadPlan) -> Self {
+        Transaction {
+            store,
+            plan,
+            inner: Mutex::new(Inner { receipts: Vec::new(), phase: Phase::Open }),
+            decision_may_exist: AtomicBool::new(false),
         }
     }
 
-    /// Reads the published manifest of the plan's key: `None` when absent.
-    pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
-        let key = plan.manifest().manifest_key();
-        match load_manifest(&*self.store, key) {
-            Ok(m) => Ok(Some(m)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            // A read can fail while a put of the key is still in flight (another
-            // writer's): then the existence check decides, as in the reference.
-            Err(e) if e.kind() == ErrorKind::Store => match self.store.exists(key) {
-                Ok(false) => Ok(None),
-                Ok(true) => load_manifest(&*self.store, key).map(Some),
-                Err(_) => Err(e),
-            },
-            Err(e) => Err(e),
-        }
+    /// The store.
+    pub fn store(&self) -> &Arc<WeightStore> {
+        &self.store
     }
 
-    fn claim(&self, plan: &UploadPlan, d: Decision) -> Result<()> {
-        let put =
-            self.metadata_put(plan.control_key(), plan.decision_record(d).as_bytes(), plan.transaction_group_id());
-        match self.current_decision(plan)? {
-            None => Err(err(ErrorKind::Store, format!("upload decision is not complete; retry: {}", describe(&put)))),
-            Some(p) if p == d => Ok(()),
-            Some(p) => Err(err(ErrorKind::Conflict, format!("weight upload already chose {}", p.as_str()))),
-        }
+    /// The plan.
+    pub fn plan(&self) -> &UploadPlan {
+        &self.plan
     }
 
-    /// `require_complete_payloads`: every key present, queried in bounded chunks.
-    /// Errors: `payload existence check failed for <key>: <e>`,
-    /// `payload is not complete: <keys>` (retryable, [`ErrorKind::Store`]).
-    pub fn require_complete_payloads(&self, keys: &[&str]) -> Result<()> {
-        let mut incomplete: Vec<&str> = Vec::new();
-        for chunk in keys.chunks(self.limits.max_ranges_per_request) {
-            let results = self.store.batch_exists(chunk);
-            if results.len() != chunk.len() {
-                return Err(err(ErrorKind::Store, "payload existence check returned invalid count"));
-            }
-            for (k, r) in chunk.iter().zip(results) {
-                match r {
-                    Ok(true) => {}
-                    Ok(false) => incomplete.push(k),
-                    Err(e) => {
-                        return Err(err(
-                            ErrorKind::Store,
-                            format!("payload existence check failed for {k}: {}", e.message()),
-                        ))
-                    }
-                }
-            }
-        }
-        if incomplete.is_empty() {
-            Ok(())
-        } else {
-            incomplete.sort_unstable();
-            Err(err(ErrorKind::Store, format!("payload is not complete: {}", incomplete.join(", "))))
-        }
-    }
-
-    /// Removes every key (never stopping early); returns the failures.
-    pub fn remove_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
-        keys.iter()
-            .filter_map(|k| match self.store.remove(k) {
-                Ok(()) => None,
-                Err(e) if e.kind() == ErrorKind::NotFound => None,
-                Err(e) => Some((k.to_string(), e.message().to_string())),
-            })
-            .collect()
-    }
-
-    fn unreferenced<'a>(plan_keys: impl Iterator<Item = &'a str>, persisted: Option<&StoredManifest>) -> Vec<&'a str> {
-        let referenced: HashSet<&str> =
-            persisted.map(|m| m.fragments().iter().map(|f| f.object_key()).collect()).unwrap_or_default();
-        plan_keys.filter(|k| !referenced.contains(k)).collect()
-    }
-
-    fn failures_text(failures: &[(String, String)]) -> String {
-        failures.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join(", ")
-    }
-
-    /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the
-    /// unreferenced `cleanup_keys`) when an abort or a conflicting revision won.
-    pub fn require_writable(&self, plan: &UploadPlan, cleanup_keys: &[&str]) -> Result<()> {
-        let decision = match self.current_decision(plan)? {
-            None => return Ok(()),
-            Some(d) => d,
-        };
-        let manifest = self.read_manifest(plan)?;
-        if decision == Decision::Commit && manifest.as_ref().is_none_or(|m| m == plan.manifest()) {
-            return Ok(());
-        }
-        let failures = self.remove_keys(&Self::unreferenced(cleanup_keys.iter().copied(), manifest.as_ref()));
-        let mut msg = match decision {
-            Decision::Abort => "weight upload already chose abort".to_string(),
-            Decision::Commit => "weight upload lost to a conflicting revision".to_string(),
-        };
-        if !failures.is_empty() {
-            msg.push_str(&format!("; cleanup failed: {}", Self::failures_text(&failures)));
-        }
-        Err(err(ErrorKind::Conflict, msg))
-    }
-
-    /// `validate_receipts` (§3).
-    pub fn validate_receipts(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        require_complete: bool,
-    ) -> Result<()> {
-        let mut seen = HashSet::new();
-        if !receipts.iter().all(|r| seen.insert(r.fragment_id.as_str())) {
-            return Err(err(ErrorKind::InvalidArgument, "duplicate upload receipt"));
-        }
-        let ops: HashMap<&str, (&str, &str)> = plan
-            .operations()
-            .iter()
-            .map(|o| (o.target().fragment_id(), (o.target().object_key(), o.source_snapshot().worker_id())))
-            .collect();
-        let unexpected: BTreeSet<&str> =
-            receipts.iter().map(|r| r.fragment_id.as_str()).filter(|id| !ops.contains_key(id)).collect();
-        if !unexpected.is_empty() {
-            return Err(err(
-                ErrorKind::InvalidArgument,
-                format!("unexpected upload receipts: {}", unexpected.into_iter().collect::<Vec<_>>().join(", ")),
-            ));
-        }
-        for r in receipts {
-            let (key, worker) = ops[r.fragment_id.as_str()];
-            if r.object_key != key || r.worker_id != worker {
-                return Err(err(ErrorKind::InvalidArgument, format!("invalid upload receipt: {}", r.fragment_id)));
-            }
-        }
-        if require_complete {
-            let missing: BTreeSet<&str> = ops.keys().copied().filter(|id| !seen.contains(id)).collect();
-            if !missing.is_empty() {
-                return Err(err(
-                    ErrorKind::InvalidArgument,
-                    format!("missing upload receipts: {}", missing.into_iter().collect::<Vec<_>>().join(", ")),
-                ));
-            }
-        }
+    /// Uploads `binding`'s payloads ([`WeightStore::upload`]) and keeps their
+    /// receipts. A failed upload adds no receipts and leaves the transaction open;
+    /// uploading a participant twice makes the commit fail with a duplicate receipt.
+    ///
+    /// Errors: those of [`WeightStore::upload`], plus [`ErrorKind::Conflict`] when the
+    /// transaction is committed or aborted (nothing is uploaded).
+    ///
+    /// # Safety
+    /// As [`WeightStore::upload`]: every source view of `binding` must be valid for
+    /// reads and not written during the call; `args.guard` must pin them.
+    pub unsafe fn upload(&self, placement: &Placement, binding: &RuntimeBinding, args: UploadArgs<'_>) -> Result<()> {
+        let mut inner = self.inner.lock();
+        inner.require_open()?;
+        // SAFETY: the caller upholds `upload`'s contract (this function's contract).
+        let r = unsafe { upload::upload(&self.store, &self.plan, placement, binding, args) }?;
+        inner.receipts.extend(r);
         Ok(())
     }
 
-    fn resolve(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        persisted: StoredManifest,
-    ) -> Result<StoredManifest> {
-        if persisted == *plan.manifest() {
-            return Ok(persisted);
-        }
-        let failures =
-            self.remove_keys(&Self::unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)));
-        let mut msg = format!("conflicting weight revision: {}", plan.manifest().manifest_key());
-        if !failures.is_empty() {
-            msg.push_str(&format!("; cleanup failed: {}", Self::failures_text(&failures)));
-        }
-        Err(err(ErrorKind::Conflict, msg))
+    /// A copy of every receipt held now (uploads and added receipts, in order).
+    pub fn receipts(&self) -> Vec<UploadReceipt> {
+        self.inner.lock().receipts.clone()
     }
 
-    /// Commits the upload (§4.4) and returns the published manifest.
+    /// Adds receipts produced by other processes' uploads of the same plan; they are
+    /// checked against the plan at commit. Errors: [`ErrorKind::Conflict`] when
+    /// committed or aborted.
+    pub fn add_receipts(&self, receipts: &[UploadReceipt]) -> Result<()> {
+        let mut inner = self.inner.lock();
+        inner.require_open()?;
+        inner.receipts.extend_from_slice(receipts);
+        Ok(())
+    }
+
+    /// Commits with every receipt held ([`WeightStore::commit`]) and returns the
+    /// published manifest; once committed, another call returns it again (no I/O).
+    /// As soon as the commit decision may have been written,
+    /// [`Transaction::decision_may_exist`] is true, also when the call fails: then
+    /// retry the commit (or finalize), never abort. A failed commit leaves the
+    /// transaction open.
     ///
-    /// `on_decision_may_exist` is called right before the commit decision is
-    /// claimed: from then on the caller must keep the plan and retry `commit`
-    /// (never abort). Retryable failures (`upload decision is not complete; retry`,
-    /// `manifest put failed`, `payload is not complete`) are [`ErrorKind::Store`];
-    /// lost races are [`ErrorKind::Conflict`].
-    pub fn commit(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        on_decision_may_exist: Option<&mut dyn FnMut()>,
-    ) -> Result<StoredManifest> {
-        self.validate_receipts(plan, receipts, true)?;
-        self.check_plan_prefix(plan)?;
-        let keys: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
-        if self.current_decision(plan)?.is_none() {
-            self.require_complete_payloads(&keys)?;
-        }
-        if let Some(cb) = on_decision_may_exist {
-            cb();
-        }
-        self.claim(plan, Decision::Commit)?;
-        self.require_complete_payloads(&keys)?;
-        if let Some(m) = self.read_manifest(plan)? {
-            return self.resolve(plan, receipts, m);
-        }
-        let m = plan.manifest();
-        let put = self.metadata_put(m.manifest_key(), m.to_json().as_bytes(), m.group_id());
-        match self.read_manifest(plan)? {
-            Some(persisted) => self.resolve(plan, receipts, persisted),
-            None => Err(err(ErrorKind::Store, format!("manifest put failed: {}", describe(&put)))),
+    /// Errors: those of [`WeightStore::commit`], plus [`ErrorKind::Conflict`] when
+    /// aborted.
+    pub fn commit(&self) -> Result<Arc<StoredManifest>> {
+        let mut inner = self.inner.lock();
+        match &inner.phase {
+            Phase::Committed(m) => Ok(m.clone()),
+            Phase::Aborted => Err(Error::new(ErrorKind::Conflict, "the transaction is aborted")),
+            Phase::Open => {
+                let mut flag = || self.decision_may_exist.store(true, Ordering::SeqCst);
+                let m = Arc::new(commit::commit(&self.store, &self.plan, &inner.receipts, Some(&mut flag))?);
+                inner.phase = Phase::Committed(m.clone());
+                Ok(m)
+            }
         }
     }
 
-    /// Aborts the upload (§4.5): records `abort` and removes every plan payload
-    /// that no published manifest references.
-    pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
-        self.validate_receipts(plan, receipts, false)?;
-        self.check_plan_prefix(plan)?;
-        let published = || -> Result<Option<StoredManifest>> {
-            let m = self.read_manifest(plan)?;
-            if m.as_ref() == Some(plan.manifest()) {
-                return Err(err(ErrorKind::Conflict, "cannot abort a published weight revision"));
-            }
-            Ok(m)
-        };
-        published()?;
-        self.claim(plan, Decision::Abort)?;
-        let manifest = published()?;
-        let keys = Self::unreferenced(plan.operations().iter().map(|o| o.target().object_key()), manifest.as_ref());
-        let failures = self.remove_keys(&keys);
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(err(ErrorKind::Store, format!("upload cleanup failed: {}", Self::failures_text(&failures))))
+    /// True once a commit may have written the commit decision (then never abort).
+    pub fn decision_may_exist(&self) -> bool {
+        self.decision_may_exist.load(Ordering::SeqCst)
+    }
+
+    /// The state as calls on this value know it. Another transaction over the same
+    /// plan, or a finalize, may have decided the store transaction
+    /// ([`WeightStore::read_decision`] reads the store).
+    pub fn state(&self) -> TransactionState {
+        match self.inner.lock().phase {
+            Phase::Open => TransactionState::Open,
+            Phase::Committed(_) => TransactionState::Committed,
+            Phase::Aborted => TransactionState::Aborted,
         }
     }
 
-    /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
-    /// removes the payloads it must not keep. Never removes a decision or manifest.
-    pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
-        self.check_plan_prefix(plan)?;
-        let mut decision = self.read_decision(plan)?;
-        if decision.is_none() {
-            if self.read_manifest(plan)?.as_ref() == Some(plan.manifest()) {
-                let _ = self.metadata_put(
-                    plan.control_key(),
-                    plan.decision_record(Decision::Commit).as_bytes(),
-                    plan.transaction_group_id(),
-                );
-                decision = self.read_decision(plan)?;
-                if decision.is_none() {
-                    return Err(err(ErrorKind::Store, "upload transaction terminal decision is incomplete"));
-                }
-            } else {
-                return Err(err(ErrorKind::Conflict, "upload transaction has no terminal decision"));
+    /// Aborts ([`WeightStore::abort_upload`] with the receipts held): records the
+    /// abort decision and removes every payload of the plan that no published
+    /// manifest references. A no-op once aborted. On failure the transaction stays
+    /// open (retry, or finalize later).
+    ///
+    /// Errors: [`ErrorKind::Conflict`] when committed or when the commit decision may
+    /// exist (retry the commit instead), and those of [`WeightStore::abort_upload`].
+    pub fn abort(&self) -> Result<()> {
+        let mut inner = self.inner.lock();
+        match inner.phase {
+            Phase::Aborted => return Ok(()),
+            Phase::Committed(_) => {
+                return Err(Error::new(ErrorKind::Conflict, "cannot abort: the transaction is committed"))
             }
+            Phase::Open => {}
         }
-        let (d, digest) = decision.expect("decision present");
-        if digest != plan.plan_digest() {
-            return Err(err(ErrorKind::Conflict, "upload decision belongs to another plan"));
+        if self.decision_may_exist() {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                "cannot abort: the commit decision may exist; retry the commit instead",
+            ));
         }
-        let manifest = self.read_manifest(plan)?;
-        let plan_keys = plan.operations().iter().map(|o| o.target().object_key());
-        match d {
-            Decision::Commit => match manifest {
-                None => Err(err(ErrorKind::Store, "committed upload transaction has no manifest")),
-                Some(m) if m == *plan.manifest() => Ok(()),
-                Some(m) => {
-                    let failures = self.remove_keys(&Self::unreferenced(plan_keys, Some(&m)));
-                    if failures.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(err(
-                            ErrorKind::Store,
-                            format!("conflicting upload cleanup failed: {}", Self::failures_text(&failures)),
-                        ))
-                    }
-                }
-            },
-            Decision::Abort => {
-                if manifest.as_ref() == Some(plan.manifest()) {
-                    return Err(err(ErrorKind::Conflict, "aborted upload has a published manifest"));
-                }
-                let failures = self.remove_keys(&Self::unreferenced(plan_keys, manifest.as_ref()));
-                if failures.is_empty() {
-                    Ok(())
-                } else {
-                    Err(err(ErrorKind::Store, format!("upload cleanup failed: {}", Self::failures_text(&failures))))
-                }
-            }
-        }
+        commit::abort_upload(&self.store, &self.plan, &inner.receipts)?;
+        inner.phase = Phase::Aborted;
+        Ok(())
+    }
+
+    /// Idempotent recovery ([`WeightStore::finalize`] of the plan). Does not change
+    /// the state.
+    pub fn finalize(&self) -> Result<()> {
+        let _serialized = self.inner.lock();
+        commit::finalize(&self.store, &self.plan)
     }
 }

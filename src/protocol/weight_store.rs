@@ -1,58 +1,31 @@
-//! `WeightStore`: a store backend plus the configuration and registration state of
-//! the weight protocol (`store-protocol.md` §2).
+//! `WeightStore`: the protocol's entry point for snapshots and restores — a store
+//! backend plus the configuration and registration state of the weight protocol
+//! (`docs/spec/store-protocol.md` §2).
+//!
+//! This file is the whole API of [`WeightStore`] (its one `impl` block). Each method
+//! is a thin front for the job that does the work: [`super::upload`] (payload
+//! writes), [`super::commit`] (decision record, commit, abort, finalize),
+//! [`super::load`] (restores), [`super::writer`] (the snapshot writer) and
+//! [`super::registration`] (leases). The state lives in [`super::state`].
 
+use super::commit;
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::registration::{Registrar, RegistrationLease};
+use super::load::{self, LoadArgs, LoadStats};
+use super::receipt::UploadReceipt;
+use super::registration::RegistrationLease;
+use super::state::{self, StoreLimits};
+use super::upload::{self, UploadArgs};
+use super::writer::{self, SnapshotAdapter, SnapshotDescriptor, SnapshotWriter};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
-use crate::plan::upload::{plan_upload, UploadOptions, UploadPlan};
+use crate::plan::bound_load::LoadPlan;
+use crate::plan::load::PlanningLimits;
+use crate::plan::upload::{Decision, UploadOptions, UploadPlan};
 use crate::runtime::RuntimeBinding;
 use crate::store::ObjectStore;
 use std::sync::Arc;
 
-/// Range and batching limits (all > 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoreLimits {
-    /// Largest single range read in bytes (default 64 MiB).
-    pub max_range_bytes: u64,
-    /// Keys or ranges per backend request (default 1024).
-    pub max_ranges_per_request: usize,
-    /// Largest segment count of one region at execution (default 2^32; the
-    /// reference's 1,000,000 rejects realistic dim-1 reshards of large matrices).
-    pub max_region_segments: u64,
-    /// Restores through stores without native strided reads (Mooncake) pay per
-    /// range. With `staging_bytes > 0`, a region of many small rows whose source
-    /// rows lie close together is read as one span into a registered host staging
-    /// buffer of this size and scattered locally (host targets only). Default 0:
-    /// off, so requests are exactly the specified ranges.
-    pub staging_bytes: u64,
-}
-
-impl Default for StoreLimits {
-    fn default() -> Self {
-        StoreLimits {
-            max_range_bytes: 64 << 20,
-            max_ranges_per_request: 1024,
-            max_region_segments: 1 << 32,
-            staging_bytes: 0,
-        }
-    }
-}
-
-/// A weight store: the protocol's entry point for snapshots and restores.
-/// `Send + Sync`; calls may run concurrently from several threads.
-pub struct WeightStore {
-    pub(crate) store: Arc<dyn ObjectStore>,
-    pub(crate) key_prefix: String,
-    pub(crate) limits: StoreLimits,
-    pub(crate) registrar: Registrar,
-}
-
-impl std::fmt::Debug for WeightStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WeightStore").field("key_prefix", &self.key_prefix).field("limits", &self.limits).finish()
-    }
-}
+pub use super::state::WeightStore;
 
 impl WeightStore {
     /// Wraps `store` with the default prefix `weights` and default limits.
@@ -61,7 +34,7 @@ impl WeightStore {
             store,
             key_prefix: "weights".into(),
             limits: StoreLimits::default(),
-            registrar: Registrar::default(),
+            registrar: Default::default(),
         }
     }
 
@@ -94,37 +67,191 @@ impl WeightStore {
         self.limits
     }
 
+    // --- snapshot: planning, payloads, the transaction -------------------------
+
     /// `plan_upload` with this store's key prefix (`transaction_id`/`created_at`
-    /// from `options`; `options.key_prefix` is ignored).
+    /// from `options`; `options.key_prefix` is ignored). Pure: no store I/O.
     pub fn plan_upload(
         &self,
         placement: &Placement,
         bindings: &[RuntimeBinding],
         options: &UploadOptions,
     ) -> Result<UploadPlan> {
-        let mut o = options.clone();
-        o.key_prefix = self.key_prefix.clone();
-        plan_upload(placement, bindings, &o)
+        state::plan_upload(self, placement, bindings, options)
     }
 
     /// Fails unless `plan`'s keys live under this store's key prefix (a plan made
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
-        let g = plan.manifest().group_id();
-        if g.len() > self.key_prefix.len()
-            && g.starts_with(&self.key_prefix)
-            && g.as_bytes()[self.key_prefix.len()] == b'/'
-        {
-            Ok(())
-        } else {
-            invalid(format!("upload plan keys ({g}) are not under this store's key prefix {}", self.key_prefix))
-        }
+        state::check_plan_prefix(self, plan)
     }
+
+    /// Uploads the payloads of `binding`'s participant (only the operations of one
+    /// worker when `args.worker_id` is given) and returns their receipts in plan order.
+    ///
+    /// Every freshness check runs before any store call; errors are store errors
+    /// (`invalid source runtime binding`, `source placement ... mismatch`,
+    /// `stale source ...`, `weight upload already chose abort`, ...). A payload
+    /// failure never deletes payloads: cleanup is the caller's decision
+    /// ([`WeightStore::abort_upload`]). For a stateful front that collects receipts,
+    /// see [`super::Transaction`].
+    ///
+    /// # Safety
+    /// Every source view of `binding` (address, nbytes) must be valid for reads and
+    /// must not be written for the duration of the call; `args.guard` must pin them.
+    pub unsafe fn upload(
+        &self,
+        plan: &UploadPlan,
+        placement: &Placement,
+        binding: &RuntimeBinding,
+        args: UploadArgs<'_>,
+    ) -> Result<Vec<UploadReceipt>> {
+        // SAFETY: the caller upholds this function's contract, which is `upload`'s.
+        unsafe { upload::upload(self, plan, placement, binding, args) }
+    }
+
+    /// Commits the upload (§4.4) and returns the published manifest.
+    ///
+    /// `on_decision_may_exist` is called right before the commit decision is
+    /// claimed: from then on the caller must keep the plan and retry `commit`
+    /// (never abort). Retryable failures (`upload decision is not complete; retry`,
+    /// `manifest put failed`, `payload is not complete`) are [`ErrorKind::Store`];
+    /// lost races are [`ErrorKind::Conflict`].
+    pub fn commit(
+        &self,
+        plan: &UploadPlan,
+        receipts: &[UploadReceipt],
+        on_decision_may_exist: Option<&mut dyn FnMut()>,
+    ) -> Result<StoredManifest> {
+        commit::commit(self, plan, receipts, on_decision_may_exist)
+    }
+
+    /// Aborts the upload (§4.5): records `abort` and removes every plan payload
+    /// that no published manifest references.
+    pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
+        commit::abort_upload(self, plan, receipts)
+    }
+
+    /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
+    /// removes the payloads it must not keep. Never removes a decision or manifest.
+    pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
+        commit::finalize(self, plan)
+    }
+
+    /// Reads the decision record: `None` when absent. Errors:
+    /// `upload decision existence check failed: <key>: <e>`,
+    /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
+    pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
+        commit::read_decision(self, plan)
+    }
+
+    /// The decision of this plan's transaction: `None` when absent; a decision
+    /// record of another plan fails with `upload decision belongs to another plan`
+    /// ([`ErrorKind::Conflict`]).
+    pub fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
+        commit::current_decision(self, plan)
+    }
+
+    /// Reads the published manifest of the plan's key: `None` when absent.
+    pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
+        commit::read_manifest(self, plan)
+    }
+
+    /// `require_complete_payloads`: every key present, queried in bounded chunks.
+    /// Errors: `payload existence check failed for <key>: <e>`,
+    /// `payload is not complete: <keys>` (retryable, [`ErrorKind::Store`]).
+    pub fn require_complete_payloads(&self, keys: &[&str]) -> Result<()> {
+        commit::require_complete_payloads(self, keys)
+    }
+
+    /// Removes every key (never stopping early); returns the failures.
+    pub fn remove_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
+        commit::remove_keys(self, keys)
+    }
+
+    /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the
+    /// unreferenced `cleanup_keys`) when an abort or a conflicting revision won.
+    pub fn require_writable(&self, plan: &UploadPlan, cleanup_keys: &[&str]) -> Result<()> {
+        commit::require_writable(self, plan, cleanup_keys)
+    }
+
+    /// `validate_receipts` (§3).
+    pub fn validate_receipts(
+        &self,
+        plan: &UploadPlan,
+        receipts: &[UploadReceipt],
+        require_complete: bool,
+    ) -> Result<()> {
+        commit::validate_receipts(plan, receipts, require_complete)
+    }
+
+    /// Starts a snapshot: exports the source, checks its identity, plans the upload.
+    /// No store I/O.
+    pub fn begin_snapshot<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+    ) -> Result<SnapshotWriter<'_, A>> {
+        writer::begin_snapshot(self, descriptor, adapter)
+    }
+
+    /// As [`WeightStore::begin_snapshot`], with a fixed transaction id and/or
+    /// `created_at` from `options` (namespace comes from the descriptor).
+    pub fn begin_snapshot_with<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        options: &UploadOptions,
+    ) -> Result<SnapshotWriter<'_, A>> {
+        writer::begin_snapshot_with(self, descriptor, adapter, options)
+    }
+
+    /// Scoped snapshot: runs `body` on a new writer, then commits; if `body` fails,
+    /// aborts (unless the commit decision may exist) and returns `body`'s error.
+    pub fn snapshot<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        body: impl FnOnce(&mut SnapshotWriter<'_, A>) -> Result<()>,
+    ) -> Result<StoredManifest> {
+        writer::snapshot(self, descriptor, adapter, body)
+    }
+
+    // --- restore ---------------------------------------------------------------
 
     /// Reads and strictly decodes the manifest at `manifest_key`.
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
-        super::load::load_manifest(&*self.store, manifest_key)
+        load::load_manifest(&*self.store, manifest_key)
     }
+
+    /// Plans a restore (see [`LoadPlan::plan`]). Pure: no store I/O.
+    pub fn plan_load(
+        &self,
+        manifest: Arc<StoredManifest>,
+        target: Arc<Placement>,
+        bindings: &[RuntimeBinding],
+        limits: PlanningLimits,
+    ) -> Result<LoadPlan> {
+        LoadPlan::plan(manifest, target, bindings, limits)
+    }
+
+    /// Executes the part of `plan` that belongs to `binding`'s participant
+    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
+    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
+    /// manifest is the committed one, pins and registers the target buffers, then
+    /// reads every range straight into them in bounded batches and checks each
+    /// range's result. Nothing is registered or read before every check passed.
+    ///
+    /// # Safety
+    /// Every target view of `binding` (address, nbytes) must be valid for writes and
+    /// not accessed by anyone else for the duration of the call; `args.guard` must
+    /// pin them.
+    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
+        // SAFETY: the caller upholds this function's contract, which is `load`'s.
+        unsafe { load::load(self, plan, binding, args) }
+    }
+
+    // --- registration leases ---------------------------------------------------
 
     /// Pins and registers `fragment_ids` of `binding` once, for any number of
     /// uploads or loads (`register_weight_buffers`). `side` is `source` or

@@ -2,6 +2,8 @@
 //! lives right now. Pointers are borrowed from the framework and never persisted;
 //! nothing in this module dereferences them.
 
+pub mod transport;
+
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::fxhash::FxHashSet as HashSet;
 use crate::json::{self, Profile};
