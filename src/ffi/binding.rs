@@ -1,14 +1,14 @@
 //! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
 
-use std::ffi::{c_char, c_void};
-
-use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::mws_status;
-use super::placement::mws_placement;
-use super::strings::{check_out, handle, slice_arg, str_arg, write_out};
-use crate::{
-    validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSpec,
-};
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
+use crate::ffi::handles::{mws_binding, mws_placement, Identity};
+use crate::ffi::strings::{check_out, handle, slice_arg, str_arg, write_out};
+use crate::validate_runtime_binding;
+use crate::MemoryKind;
+use crate::RuntimeFragment;
+use crate::RuntimeFragmentSpec;
+use std::ffi::c_char;
+use std::ffi::c_void;
 
 /// Kind of memory a runtime fragment lives in (values of
 /// `mws_runtime_fragment.memory_kind`).
@@ -88,55 +88,6 @@ pub struct mws_runtime_fragment {
     pub memory_kind: u32,
     /// Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`; ignored for host memory.
     pub device_ordinal: u32,
-}
-
-/// A runtime binding under construction: the identity of one participant's binding
-/// plus the fragments added so far.
-///
-/// Created by `mws_binding_new`, filled with `mws_binding_add_fragment`, freed by
-/// `mws_binding_free`. The binding is checked as a whole (against its placement) by
-/// `mws_binding_validate` and `mws_plan_upload`.
-///
-/// The handle copies every string and array it is given. It does not dereference the
-/// buffer addresses; the caller keeps the buffers valid and stable for as long as
-/// operations that move bytes (a later upload) use them.
-///
-/// Thread safety: `mws_binding_add_fragment` modifies the handle and must not run
-/// concurrently with any other call on the same handle; functions taking a
-/// `const mws_binding *` may run concurrently with each other.
-pub struct mws_binding {
-    identity: Identity,
-    fragments: Vec<RuntimeFragment>,
-}
-
-#[derive(Clone)]
-struct Identity {
-    resource_id: String,
-    revision: String,
-    placement_id: String,
-    placement_digest: String,
-    participant_id: String,
-    instance_id: String,
-    lease_id: String,
-    generation: u64,
-}
-
-impl mws_binding {
-    /// Builds the Rust binding (validates it as a whole).
-    pub(crate) fn build(&self) -> FfiResult<RuntimeBinding> {
-        let id = self.identity.clone();
-        Ok(RuntimeBinding::new(RuntimeBindingSpec {
-            resource_id: id.resource_id,
-            placement_id: id.placement_id,
-            placement_digest: id.placement_digest,
-            instance_id: id.instance_id,
-            generation: id.generation,
-            lease_id: id.lease_id,
-            revision: id.revision,
-            participant_id: id.participant_id,
-            fragments: self.fragments.clone(),
-        })?)
-    }
 }
 
 /// Creates an empty runtime binding with the identity in `*options`.

@@ -1,11 +1,10 @@
 //! Status codes, the thread-local last error, the panic boundary and the version.
 
+use crate::{Error, ErrorKind};
 use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use crate::{Error, ErrorKind};
 
 /// Result of every fallible `mws_` function. `MWS_OK` (0) is success.
 ///
@@ -74,7 +73,7 @@ impl mws_status {
     }
 
     /// The static, NUL-terminated name of a status value ("MWS_OK", ...).
-    fn name(self) -> &'static CStr {
+    pub(crate) fn name(self) -> &'static CStr {
         let s: &'static [u8] = match self {
             mws_status::MWS_OK => b"MWS_OK\0",
             mws_status::MWS_NULL_ARGUMENT => b"MWS_NULL_ARGUMENT\0",
@@ -154,7 +153,7 @@ thread_local! {
 }
 
 /// Records `message` (prefixed with the entry point's name) as this thread's last error.
-fn set_last_error(function: &str, message: &str) {
+pub(crate) fn set_last_error(function: &str, message: &str) {
     let mut bytes: Vec<u8> = Vec::with_capacity(function.len() + message.len() + 3);
     bytes.extend_from_slice(function.as_bytes());
     bytes.extend_from_slice(b": ");
@@ -170,7 +169,7 @@ fn set_last_error(function: &str, message: &str) {
     });
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -182,7 +181,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 
 /// The one panic boundary. Runs `body`, catches any panic, and records the message of
 /// a failure as this thread's last error.
-fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>) -> Result<T, mws_status> {
+pub(crate) fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>) -> Result<T, mws_status> {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(failure)) => {

@@ -1,18 +1,16 @@
 //! `mws_registration_lease`: buffers pinned and registered once for many uploads or
 //! loads (`WeightStore::register_weight_buffers`).
 
-use std::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
-
-use parking_lot::{RwLock, RwLockReadGuard};
-
-use super::binding::mws_binding;
-use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::mws_status;
-use super::store::{mws_guard_vtable, mws_store, mws_terminal_state, CGuard};
-use super::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out};
-use crate::protocol::guards::{GuardProvider, StaticGuard, TerminalState};
-use crate::protocol::{RegistrationLease, WeightStore};
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
+use crate::ffi::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
+use crate::ffi::handles::{mws_binding, mws_registration_lease, mws_store};
+use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out};
+use crate::protocol::guards::GuardProvider;
+use crate::protocol::guards::StaticGuard;
+use parking_lot::RwLock;
+use std::ffi::c_char;
+use std::ffi::c_int;
+use std::ffi::c_void;
 
 /// Which side of a transfer a registration lease pins (the `side` of
 /// `mws_registration_lease_new`).
@@ -23,53 +21,6 @@ pub enum mws_lease_side {
     MWS_LEASE_SOURCE = 0,
     /// Target buffers of loads (restores).
     MWS_LEASE_TARGET = 1,
-}
-
-/// A registration lease: the buffers of some runtime fragments of one binding, pinned
-/// (allocation guard) and registered with the store's backend once, for any number of
-/// `mws_store_upload` / `mws_store_load` calls that pass it in `mws_io_args.lease`
-/// (those calls then neither pin nor register anything).
-///
-/// Created by `mws_registration_lease_new`, closed by `mws_registration_lease_close`
-/// (unregisters and releases the pin with a terminal state), freed by
-/// `mws_registration_lease_free` (which closes an open lease as
-/// `MWS_TERMINAL_ABORTED` first). The lease keeps its store's backend alive.
-///
-/// Thread safety: uploads and loads using one lease may run concurrently; a close
-/// waits until they returned.
-pub struct mws_registration_lease {
-    ws: Arc<WeightStore>,
-    inner: RwLock<RegistrationLease>,
-}
-
-impl mws_registration_lease {
-    /// The lease, read-locked for one call on `ws` (refused when it belongs to
-    /// another store; a closed lease is refused by the call itself).
-    pub(crate) fn for_store(&self, ws: &Arc<WeightStore>) -> FfiResult<RwLockReadGuard<'_, RegistrationLease>> {
-        if !Arc::ptr_eq(&self.ws, ws) {
-            return Err(Failure::invalid("the registration lease belongs to another store"));
-        }
-        Ok(self.inner.read())
-    }
-}
-
-impl Drop for mws_registration_lease {
-    fn drop(&mut self) {
-        let lease = self.inner.get_mut();
-        if !lease.is_closed() {
-            // Unregister failures quarantine the pin in the store (drainable there).
-            let _ = self.ws.close_registration_lease(lease, TerminalState::Aborted);
-        }
-    }
-}
-
-fn terminal_state(code: u32) -> FfiResult<TerminalState> {
-    match code {
-        c if c == mws_terminal_state::MWS_TERMINAL_ABORTED as u32 => Ok(TerminalState::Aborted),
-        c if c == mws_terminal_state::MWS_TERMINAL_COMPLETED as u32 => Ok(TerminalState::Completed),
-        c if c == mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32 => Ok(TerminalState::FailedDrained),
-        c => Err(Failure::invalid(format!("invalid terminal state: {c}"))),
-    }
 }
 
 /// Pins (through `guard`) and registers the buffers of `count` runtime fragments

@@ -3,41 +3,65 @@
 //! The generated header is `include/mooncake_weight_store.h` (cbindgen, see
 //! `cbindgen.toml`); the header-only C++ wrapper is `include/mooncake_weight_store.hpp`.
 //!
-//! House rules of this module:
-//! - every `extern "C"` body runs inside [`boundary::status_call`] or
-//!   [`boundary::value_call`], which catch panics (no unwinding ever crosses into C)
-//!   and record the thread-local last error message;
-//! - handles are `Box`es handed out with `Box::into_raw` and taken back by `*_free`;
-//! - strings handed out are borrowed from the handle that owns them (NUL-terminated
-//!   copies built once, when the handle is created, so every handle is immutable and
-//!   can be shared between threads);
+//! Where things are:
+//! - [`boundary`]: `mws_status`, the thread-local last error, the panic boundary
+//!   (`status_call!` / `value_call!`, which take the entry point's name from the
+//!   function itself) and the version;
+//! - [`handles`]: every opaque C handle and the Rust value it mirrors, with the
+//!   [`handles::Handle`] helper (how a handle is created, borrowed and freed);
+//! - one file per C prefix: `mws_placement_*` ([`placement`]),
+//!   `mws_binding_*` ([`binding`]), `mws_upload_plan_*`
+//!   ([`upload_plan`]), `mws_receipts_*` ([`receipts`]), `mws_store_*` ([`store`]),
+//!   `mws_transaction_*` ([`transaction`]), `mws_registration_lease_*` ([`lease`]),
+//!   `mws_writer_*` ([`writer`]), `mws_stored_manifest_*` ([`stored_manifest`]),
+//!   `mws_load_plan_*` ([`load_plan`]); `mws_io_args` ([`io_args`]);
+//! - [`callbacks`]: every C vtable the caller hands us, each translated into the Rust
+//!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
+//!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`);
+//! - [`strings`]: C strings, (pointer, length) pairs and out-parameters.
+//!
+//! House rules:
+//! - every `extern "C"` body runs inside the boundary, which catches panics (no
+//!   unwinding ever crosses into C) and records the last error message;
+//! - handles are `Box`es made by [`handles::Handle::into_raw`] and taken back by
+//!   `*_free`; strings handed out are borrowed from the handle that owns them;
 //! - nothing here validates the domain: a rule enforced here but not in the Rust API
 //!   would be a bug. We only check what C can get wrong and Rust cannot express
-//!   (NULL pointers, UTF-8, (pointer, length) pairs).
+//!   (NULL pointers, UTF-8, (pointer, length) pairs, enum values).
 
 #![allow(non_camel_case_types)]
 
 mod binding;
-mod boundary;
+pub(crate) mod boundary;
+pub mod callbacks;
+pub(crate) mod handles;
+mod io_args;
 mod lease;
-mod manifest;
+mod load_plan;
 mod placement;
+
+mod receipts;
 mod store;
+mod stored_manifest;
 mod strings;
 mod transaction;
-mod upload;
+mod upload_plan;
 mod writer;
 
-pub use crate::store::callbacks::{
-    mws_bytes, mws_copy_hook_vtable, mws_put_item, mws_range_item, mws_store_vtable, MWS_COPY_HOOK_VTABLE_VERSION,
-    MWS_RECORD_METADATA, MWS_RECORD_PAYLOAD, MWS_STORE_VTABLE_VERSION,
-};
 pub use binding::*;
 pub use boundary::*;
+pub use callbacks::copy_hook::*;
+pub use callbacks::guard::*;
+pub use callbacks::snapshot::*;
+pub use callbacks::store::*;
+pub use handles::*;
+pub use io_args::*;
 pub use lease::*;
-pub use manifest::*;
+pub use load_plan::*;
 pub use placement::*;
+pub use receipts::*;
 pub use store::*;
+pub use stored_manifest::*;
 pub use transaction::*;
-pub use upload::*;
+pub use upload_plan::*;
 pub use writer::*;

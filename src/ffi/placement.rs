@@ -1,70 +1,10 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
-use std::ffi::c_char;
-
-use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::mws_status;
-use super::strings::{check_out, handle, slice_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
+use crate::ffi::handles::{mws_placement, FragmentView};
+use crate::ffi::strings::{check_out, handle, slice_arg, write_out, CText};
 use crate::Placement;
-
-/// A parsed and validated complete weight placement (address-free: tensors, topology,
-/// and which participant holds which fragment of which tensor).
-///
-/// Created by `mws_placement_from_json`, freed by `mws_placement_free`. Immutable: every
-/// function taking a `const mws_placement *` may be called from several threads at
-/// once. Strings returned by its accessors are owned by the handle and stay valid until
-/// it is freed.
-pub struct mws_placement {
-    pub(crate) inner: Placement,
-    json: CText,
-    placement_id: CText,
-    digest: CText,
-    topology_id: CText,
-    resource_id: CText,
-    revision: CText,
-    fragments: Vec<FragmentView>,
-}
-
-struct FragmentView {
-    placement_fragment_id: CText,
-    participant_id: CText,
-    tensor_id: CText,
-    global_offset: Vec<u64>,
-    local_shape: Vec<u64>,
-    nbytes: u64,
-    itemsize: u64,
-}
-
-impl mws_placement {
-    fn new(inner: Placement) -> Self {
-        let mut fragments = Vec::new();
-        for part in inner.parts() {
-            for f in part.fragments() {
-                let itemsize =
-                    inner.tensors().iter().find(|t| t.tensor_id() == f.tensor_id()).map_or(0, |t| t.itemsize());
-                fragments.push(FragmentView {
-                    placement_fragment_id: CText::new(f.placement_fragment_id()),
-                    participant_id: CText::new(part.participant_id()),
-                    tensor_id: CText::new(f.tensor_id()),
-                    global_offset: f.global_offset().to_vec(),
-                    local_shape: f.local_shape().to_vec(),
-                    nbytes: f.nbytes(),
-                    itemsize,
-                });
-            }
-        }
-        mws_placement {
-            json: CText::new(&inner.to_json()),
-            placement_id: CText::new(inner.placement_id()),
-            digest: CText::new(inner.digest()),
-            topology_id: CText::new(inner.topology().topology_id()),
-            resource_id: CText::new(inner.resource_id()),
-            revision: CText::new(inner.revision()),
-            fragments,
-            inner,
-        }
-    }
-}
+use std::ffi::c_char;
 
 /// One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
 /// is borrowed from the placement handle and stays valid until it is freed.
@@ -140,7 +80,7 @@ pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
 }
 
 /// Shared body of the string accessors.
-unsafe fn lend(
+pub(crate) unsafe fn lend(
     function: &'static str,
     placement: *const mws_placement,
     len: *mut usize,
@@ -225,7 +165,7 @@ pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_p
     value_call("mws_placement_weight_generation", 0, || Ok(handle(placement, "placement")?.inner.weight_generation()))
 }
 
-unsafe fn count(
+pub(crate) unsafe fn count(
     function: &'static str,
     placement: *const mws_placement,
     pick: impl FnOnce(&mws_placement) -> usize,
@@ -300,7 +240,7 @@ pub unsafe extern "C" fn mws_placement_fragment(
     })
 }
 
-fn fragment_at(p: &mws_placement, index: usize) -> FfiResult<&FragmentView> {
+pub(crate) fn fragment_at(p: &mws_placement, index: usize) -> FfiResult<&FragmentView> {
     p.fragments.get(index).ok_or_else(|| {
         Failure::invalid(format!(
             "fragment index {index} is out of range (the placement has {} fragments)",

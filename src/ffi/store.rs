@@ -1,26 +1,31 @@
-//! `mws_store` (a weight store over a backend), raw object access, allocation guards
-//! from C, and the upload transaction: upload, receipts, commit, abort, finalize.
+//! `mws_store_*`: a weight store over a backend (memory, directory, C vtable), raw
+//! object access, and the store's jobs: upload, commit, abort, finalize, decisions,
+//! restores (`mws_store_load`) and quarantined registrations.
 
-use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::{Arc, OnceLock};
-
-use super::binding::mws_binding;
-use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::lease::mws_registration_lease;
-use super::manifest::mws_stored_manifest;
-use super::mws_status;
-use super::placement::mws_placement;
-use super::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out, CText};
-use super::upload::mws_upload_plan;
-use crate::protocol::guards::{
-    weight_allocation_fence, AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState,
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
+use crate::ffi::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
+use crate::ffi::callbacks::store::{mws_store_vtable, CallbackStore};
+use crate::ffi::handles::{
+    mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
 };
-use crate::protocol::{StoreLimits, UploadArgs, UploadReceipt, WeightStore};
-use crate::store::callbacks::{mws_copy_hook_vtable, mws_store_vtable, CallbackCopyHook, CallbackStore};
+use crate::ffi::io_args::{io_args, mws_io_args, with_upload_args};
+use crate::ffi::load_plan::{mws_load_stats, stats_out};
+use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out};
+use crate::protocol::LoadArgs;
+use crate::protocol::StoreLimits;
+use crate::protocol::UploadReceipt;
+use crate::protocol::WeightStore;
 use crate::store::directory::DirectoryStore;
 use crate::store::memory::MemoryStore;
-use crate::store::{CopyHook, ObjectStore, RecordType, WriteConfig};
-use crate::{Decision, Error, ErrorKind, RuntimeBinding};
+use crate::store::CopyHook;
+use crate::store::ObjectStore;
+use crate::store::RecordType;
+use crate::store::WriteConfig;
+use crate::Decision;
+use std::ffi::c_char;
+use std::ffi::c_int;
+use std::ffi::c_void;
+use std::sync::Arc;
 
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
@@ -54,34 +59,13 @@ pub struct mws_store_options {
     pub staging_bytes: u64,
 }
 
-/// A weight store: an object store backend (memory, directory or caller vtable) plus
-/// the key prefix, limits and buffer-registration state of the weight protocol.
-///
-/// Created by `mws_store_open_memory`, `mws_store_open_dir`, `mws_store_from_vtable`
-/// or `mws_store_from_vtable_with_options`; freed by `mws_store_free`.
-///
-/// Thread safety: every function taking a `const mws_store *` may be called from
-/// several threads at once (uploads and loads of different participants run in
-/// parallel). Writers (`mws_writer`) keep the store alive: freeing the store while a
-/// writer lives is allowed; the backend is released when the last of them goes.
-pub struct mws_store {
-    pub(crate) ws: Arc<WeightStore>,
-    key_prefix: CText,
-}
-
-impl mws_store {
-    fn new(ws: WeightStore) -> mws_store {
-        mws_store { key_prefix: CText::new(ws.key_prefix()), ws: Arc::new(ws) }
-    }
-}
-
 /// What the caller asked for in `mws_store_options`, validated.
-struct StoreConfig {
+pub(crate) struct StoreConfig {
     key_prefix: Option<String>,
     limits: StoreLimits,
 }
 
-unsafe fn read_options(
+pub(crate) unsafe fn read_options(
     options: *const mws_store_options,
     allow_hook: bool,
 ) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
@@ -111,7 +95,7 @@ unsafe fn read_options(
     Ok((config, hook))
 }
 
-fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<WeightStore> {
+pub(crate) fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<WeightStore> {
     let mut ws = WeightStore::new(backend);
     if let Some(prefix) = &config.key_prefix {
         ws = ws.with_key_prefix(prefix);
@@ -221,7 +205,7 @@ pub unsafe extern "C" fn mws_store_from_vtable_with_options(
     status_call("mws_store_from_vtable_with_options", || from_vtable(vt, ctx, options, out))
 }
 
-unsafe fn from_vtable(
+pub(crate) unsafe fn from_vtable(
     vt: *const mws_store_vtable,
     ctx: *mut c_void,
     options: *const mws_store_options,
@@ -331,7 +315,7 @@ pub unsafe extern "C" fn mws_store_exists(
     })
 }
 
-unsafe fn raw_write(
+pub(crate) unsafe fn raw_write(
     store: *const mws_store,
     key: *const c_char,
     value: *const u8,
@@ -430,371 +414,6 @@ pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws
     })
 }
 
-// ---------------------------------------------------------------------------------
-// Allocation guards
-// ---------------------------------------------------------------------------------
-
-/// How an allocation pin ends (the `state` passed to a guard's `release`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum mws_terminal_state {
-    /// No I/O was submitted (or registration failed before I/O).
-    MWS_TERMINAL_ABORTED = 0,
-    /// All I/O finished successfully.
-    MWS_TERMINAL_COMPLETED = 1,
-    /// I/O was submitted and failed; no submitted I/O can still touch the memory.
-    MWS_TERMINAL_FAILED_DRAINED = 2,
-}
-
-/// Version of `mws_guard_vtable` this library implements.
-pub const MWS_GUARD_VTABLE_VERSION: u32 = 1;
-
-/// `acquire` callback: pins the allocations of `count` runtime fragment ids
-/// (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
-/// `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
-/// opaque token to `*token` (given back to `release`). It may write to `*observed` a
-/// new binding handle (ownership passes to the library) describing the buffers as
-/// observed under the pin; leaving it NULL means "exactly the binding that was
-/// passed". The library checks the observed binding against the plan (lease,
-/// generation, addresses) and releases the pin as aborted if it differs. Any non-zero
-/// return fails the call (`MWS_STORE`) before any I/O.
-pub type mws_guard_acquire_fn = Option<
-    unsafe extern "C" fn(
-        ctx: *mut c_void,
-        transfer_id: *const c_char,
-        participant_id: *const c_char,
-        fragment_ids: *const *const c_char,
-        count: usize,
-        observed: *mut *mut mws_binding,
-        token: *mut u64,
-    ) -> i32,
->;
-
-/// `release` callback: ends the pin `token` after I/O ended in `state` (an
-/// `mws_terminal_state` value). Called exactly once per successful `acquire`. A
-/// non-zero return is reported as `MWS_STORE`.
-pub type mws_guard_release_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, token: u64, state: u32) -> i32>;
-
-/// An allocation guard implemented by the caller: pins the buffers of a binding for
-/// the duration of one upload or load (the framework must not free or reuse them
-/// while pinned). Set `size = sizeof(mws_guard_vtable)` and
-/// `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
-/// the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct mws_guard_vtable {
-    /// `sizeof(mws_guard_vtable)`.
-    pub size: u32,
-    /// `MWS_GUARD_VTABLE_VERSION`.
-    pub version: u32,
-    /// Pins (see `mws_guard_acquire_fn`).
-    pub acquire: mws_guard_acquire_fn,
-    /// Unpins (see `mws_guard_release_fn`).
-    pub release: mws_guard_release_fn,
-}
-
-/// Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
-/// zeroed struct means the defaults. Strings are only read during the call.
-#[repr(C)]
-pub struct mws_io_args {
-    /// Restricts the call to the fragments of one worker of the binding. NULL: upload
-    /// requires it when the participant's fragments live on several workers; load
-    /// serves every worker of the participant.
-    pub worker_id: *const c_char,
-    /// Transfer id handed to the guard. NULL: a fresh random id.
-    pub transfer_id: *const c_char,
-    /// Allocation guard. NULL: the caller promises the buffers stay valid and
-    /// unchanged (upload) or untouched by anyone else (load) for the whole call (a
-    /// static guard).
-    pub guard: *const mws_guard_vtable,
-    /// Passed to the guard's callbacks.
-    pub guard_ctx: *mut c_void,
-    /// A registration lease of this store covering exactly the buffers the call
-    /// touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
-    /// ignored) nor registers anything. NULL: pin and register for this call only.
-    /// Added at the end of the struct in 0.1 (this struct has no size field: code
-    /// built against an older header must be rebuilt).
-    pub lease: *const mws_registration_lease,
-}
-
-#[derive(Clone, Copy)]
-struct GuardCtx(*mut c_void);
-// SAFETY: the guard contract requires thread-safe callbacks over `ctx`.
-unsafe impl Send for GuardCtx {}
-unsafe impl Sync for GuardCtx {}
-
-/// A [`GuardProvider`] over C callbacks.
-pub(crate) struct CGuard {
-    acquire: unsafe extern "C" fn(
-        *mut c_void,
-        *const c_char,
-        *const c_char,
-        *const *const c_char,
-        usize,
-        *mut *mut mws_binding,
-        *mut u64,
-    ) -> i32,
-    release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    ctx: GuardCtx,
-}
-
-impl CGuard {
-    pub(crate) fn new(
-        acquire: mws_guard_acquire_fn,
-        release: mws_guard_release_fn,
-        ctx: *mut c_void,
-    ) -> FfiResult<CGuard> {
-        match (acquire, release) {
-            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: GuardCtx(ctx) }),
-            _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
-        }
-    }
-
-    pub(crate) unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
-        let size = (vt as *const u32).read_unaligned();
-        let version = (vt as *const u32).add(1).read_unaligned();
-        if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
-            return Err(Failure::invalid(format!(
-                "mws_guard_vtable.size is {size}, expected at least {}",
-                std::mem::size_of::<mws_guard_vtable>()
-            )));
-        }
-        if version != MWS_GUARD_VTABLE_VERSION {
-            return Err(Failure::new(
-                mws_status::MWS_UNSUPPORTED,
-                format!(
-                    "mws_guard_vtable.version is {version}, this library implements version {MWS_GUARD_VTABLE_VERSION}"
-                ),
-            ));
-        }
-        let vt = vt.read_unaligned();
-        CGuard::new(vt.acquire, vt.release, ctx)
-    }
-}
-
-struct CToken {
-    fence: AllocationFence,
-    release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    ctx: GuardCtx,
-    token: u64,
-}
-
-impl LifetimeToken for CToken {
-    fn fence(&self) -> &AllocationFence {
-        &self.fence
-    }
-    fn release(&mut self, state: TerminalState) -> crate::Result<()> {
-        let code = unsafe { (self.release)(self.ctx.0, self.token, terminal_code(state)) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
-        }
-        Ok(())
-    }
-}
-
-fn terminal_code(state: TerminalState) -> u32 {
-    match state {
-        TerminalState::Aborted => mws_terminal_state::MWS_TERMINAL_ABORTED as u32,
-        TerminalState::Completed => mws_terminal_state::MWS_TERMINAL_COMPLETED as u32,
-        TerminalState::FailedDrained => mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32,
-    }
-}
-
-fn c_string(s: &str, what: &str) -> crate::Result<CString> {
-    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
-}
-
-impl GuardProvider for CGuard {
-    fn acquire(
-        &self,
-        transfer_id: &str,
-        expected: &RuntimeBinding,
-        required_ids: &[String],
-    ) -> crate::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
-        let tid = c_string(transfer_id, "transfer id")?;
-        let pid = c_string(expected.participant_id(), "participant id")?;
-        let ids: Vec<CString> =
-            required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<crate::Result<_>>()?;
-        let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
-        let mut observed: *mut mws_binding = std::ptr::null_mut();
-        let mut token: u64 = 0;
-        let code = unsafe {
-            (self.acquire)(self.ctx.0, tid.as_ptr(), pid.as_ptr(), ptrs.as_ptr(), ptrs.len(), &mut observed, &mut token)
-        };
-        // The observed binding (if any) is ours from now on, whatever happens.
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}")));
-        }
-        let abort = |e: Error| {
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-            e
-        };
-        let fresh = match observed {
-            None => expected.clone(),
-            Some(b) => b.build().map_err(|f| {
-                abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
-            })?,
-        };
-        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
-            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        Ok((fresh, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })))
-    }
-}
-
-/// What a call's `mws_io_args` says, decoded.
-pub(crate) struct IoArgs<'a> {
-    pub(crate) worker_id: Option<&'a str>,
-    pub(crate) transfer_id: Option<&'a str>,
-    pub(crate) guard: Box<dyn GuardProvider>,
-    pub(crate) lease: Option<&'a mws_registration_lease>,
-}
-
-pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
-    let Some(a) = args.as_ref() else {
-        return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard), lease: None });
-    };
-    let guard: Box<dyn GuardProvider> =
-        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(a.guard, a.guard_ctx)?) };
-    Ok(IoArgs {
-        worker_id: opt_str_arg(a.worker_id, "args->worker_id")?,
-        transfer_id: opt_str_arg(a.transfer_id, "args->transfer_id")?,
-        guard,
-        lease: a.lease.as_ref(),
-    })
-}
-
-// ---------------------------------------------------------------------------------
-// Receipts
-// ---------------------------------------------------------------------------------
-
-/// Upload receipts: proof that stored fragments were written and are visible.
-/// Returned by `mws_store_upload` and `mws_writer_write_tensor`, decoded by
-/// `mws_receipts_from_json`, merged by `mws_receipts_concat`; freed by
-/// `mws_receipts_free`. Immutable: may be used from several threads at once.
-pub struct mws_receipts {
-    pub(crate) inner: Vec<UploadReceipt>,
-    json: OnceLock<CText>,
-}
-
-impl mws_receipts {
-    pub(crate) fn new(inner: Vec<UploadReceipt>) -> mws_receipts {
-        mws_receipts { inner, json: OnceLock::new() }
-    }
-}
-
-/// Frees a receipts handle. `NULL` does nothing.
-///
-/// # Safety
-/// `receipts` is NULL or a live handle not yet freed, not in use by another thread.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
-    value_call("mws_receipts_free", (), || {
-        if !receipts.is_null() {
-            drop(Box::from_raw(receipts));
-        }
-        Ok(())
-    })
-}
-
-/// Returns the number of receipts, or 0 (and the last error) if `receipts` is NULL.
-///
-/// # Safety
-/// `receipts` is NULL or a live handle.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> usize {
-    value_call("mws_receipts_count", 0, || Ok(handle(receipts, "receipts")?.inner.len()))
-}
-
-/// Encodes the receipts for transport (a rank sends them to the coordinator that
-/// commits). Borrowed NUL-terminated string (built on first use), valid while
-/// `receipts` lives; length to `*len` when not NULL. NULL if `receipts` is NULL.
-///
-/// # Safety
-/// `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
-    value_call("mws_receipts_to_json", std::ptr::null(), || {
-        let r = handle(receipts, "receipts")?;
-        Ok(r.json.get_or_init(|| CText::new(&crate::protocol::receipts_to_json(&r.inner))).lend(len))
-    })
-}
-
-/// Decodes receipts sent by `mws_receipts_to_json` (strict; their validity for a plan
-/// is checked at commit). `json` points to `len` bytes read during the call. On
-/// success writes a new handle to `*out` (free with `mws_receipts_free`).
-///
-/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT`.
-///
-/// # Safety
-/// `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_from_json(
-    json: *const c_char,
-    len: usize,
-    out: *mut *mut mws_receipts,
-) -> mws_status {
-    status_call("mws_receipts_from_json", || {
-        check_out(out, "out")?;
-        if json.is_null() {
-            return Err(Failure::null("json"));
-        }
-        let bytes = slice_arg(json as *const u8, len, "json")?;
-        let r = crate::protocol::receipts_from_json(bytes)?;
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(r))));
-        Ok(())
-    })
-}
-
-/// Concatenates `count` receipts handles (borrowed for the call; NULL elements are an
-/// error) into a new handle written to `*out` (free with `mws_receipts_free`).
-/// `count` 0 gives an empty set.
-///
-/// # Safety
-/// `list` points to `count` pointers that are NULL or live handles; `out` is NULL or
-/// valid for a pointer write.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_concat(
-    list: *const *const mws_receipts,
-    count: usize,
-    out: *mut *mut mws_receipts,
-) -> mws_status {
-    status_call("mws_receipts_concat", || {
-        check_out(out, "out")?;
-        let items = slice_arg(list, count, "list")?;
-        let mut all = Vec::new();
-        for (i, r) in items.iter().enumerate() {
-            let r = r.as_ref().ok_or_else(|| Failure::null(&format!("list[{i}]")))?;
-            all.extend(r.inner.iter().cloned());
-        }
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(all))));
-        Ok(())
-    })
-}
-
-/// The receipts of every operation of `plan` (receipts are determined by the plan: a
-/// coordinator can rebuild them to retry a commit after a crash). New handle in
-/// `*out`.
-///
-/// # Safety
-/// `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
-#[no_mangle]
-pub unsafe extern "C" fn mws_receipts_for_plan(
-    plan: *const mws_upload_plan,
-    out: *mut *mut mws_receipts,
-) -> mws_status {
-    status_call("mws_receipts_for_plan", || {
-        let p = handle(plan, "plan")?;
-        check_out(out, "out")?;
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(UploadReceipt::all_for(&p.inner)))));
-        Ok(())
-    })
-}
-
-// ---------------------------------------------------------------------------------
-// The upload transaction
-// ---------------------------------------------------------------------------------
-
 /// Uploads the payloads of `binding`'s participant (only those of
 /// `args->worker_id` when given) for `plan`, planned from `placement`, and writes
 /// their receipts (plan order) to a new handle in `*out`.
@@ -835,30 +454,6 @@ pub unsafe extern "C" fn mws_store_upload(
         write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
         Ok(())
     })
-}
-
-/// `mws_store_upload` after the handle checks (shared with `mws_transaction_upload`).
-///
-/// # Safety
-/// As `mws_store_upload`.
-pub(crate) unsafe fn with_upload_args<T>(
-    ws: &Arc<WeightStore>,
-    binding: &mws_binding,
-    args: *const mws_io_args,
-    run: impl FnOnce(&RuntimeBinding, UploadArgs<'_>) -> crate::Result<T>,
-) -> FfiResult<T> {
-    let a = io_args(args)?;
-    let rb = binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
-    })?;
-    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let ua = UploadArgs {
-        worker_id: a.worker_id,
-        guard: Some(&*a.guard),
-        transfer_id: a.transfer_id,
-        lease: lease.as_deref(),
-    };
-    Ok(run(&rb, ua)?)
 }
 
 /// Commits the upload: checks the receipts and payloads, claims the commit decision
@@ -991,6 +586,57 @@ pub unsafe extern "C" fn mws_store_read_decision(
             Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
         };
         write_out(out, d);
+        Ok(())
+    })
+}
+
+/// Executes the part of `plan` that belongs to `binding`'s participant (one worker
+/// of it when `args->worker_id` is given): checks the binding still matches the plan
+/// and that the plan's manifest is the committed one, pins (guard) and registers the
+/// target buffers (with `args->lease`: uses the lease's registration, nothing is
+/// pinned or registered per call), then reads every range straight into them. Nothing is registered
+/// or read before every check passed; a refused plan leaves the buffers untouched.
+/// `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
+/// there on success.
+///
+/// Errors: `MWS_STALE_BINDING` (binding changed since planning),
+/// `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
+/// not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
+/// a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+/// Thread safety: loads of different participants may run concurrently.
+///
+/// # Safety
+/// Handles are NULL or live; `args` is NULL or valid; `stats` is NULL or valid. Every
+/// target buffer of `binding` must be valid for writes and not accessed by anyone
+/// else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_load(
+    store: *const mws_store,
+    plan: *const mws_load_plan,
+    binding: *const mws_binding,
+    args: *const mws_io_args,
+    stats: *mut mws_load_stats,
+) -> mws_status {
+    status_call("mws_store_load", || {
+        let s = handle(store, "store")?;
+        let p = handle(plan, "plan")?;
+        let b = handle(binding, "binding")?;
+        let a = io_args(args)?;
+        let rb = b.build().map_err(|f| {
+            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
+        })?;
+        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
+        let la = LoadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            skip_committed_check: false,
+            lease: lease.as_deref(),
+        };
+        let st = s.ws.load(&p.inner, &rb, la)?;
+        if !stats.is_null() {
+            write_out(stats, stats_out(st));
+        }
         Ok(())
     })
 }

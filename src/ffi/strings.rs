@@ -1,9 +1,9 @@
 //! Translation of C strings and (pointer, length) pairs, and NUL-terminated copies of
 //! Rust strings that handles lend out.
 
-use std::ffi::{c_char, CStr};
-
-use super::boundary::{mws_status, Failure, FfiResult};
+use crate::ffi::boundary::{mws_status, Failure, FfiResult};
+use std::ffi::c_char;
+use std::ffi::CStr;
 
 /// An owned, NUL-terminated copy of a Rust string, lent to C as `const char *` plus
 /// a length (which excludes the terminator, so an interior NUL stays visible through

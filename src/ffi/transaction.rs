@@ -1,17 +1,15 @@
 //! `mws_transaction`: an upload transaction bound to a store and an upload plan that
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
+use crate::ffi::boundary::{mws_status, status_call, value_call};
+use crate::ffi::handles::{
+    mws_binding, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_transaction, mws_upload_plan,
+};
+use crate::ffi::io_args::{mws_io_args, with_upload_args};
+use crate::ffi::strings::{check_out, handle, write_out};
+use crate::protocol::Transaction;
+use crate::protocol::TransactionState;
 use std::ffi::c_int;
-
-use super::binding::mws_binding;
-use super::boundary::{status_call, value_call};
-use super::manifest::mws_stored_manifest;
-use super::mws_status;
-use super::placement::mws_placement;
-use super::store::{mws_io_args, mws_receipts, mws_store, with_upload_args};
-use super::strings::{check_out, handle, write_out};
-use super::upload::mws_upload_plan;
-use crate::protocol::{Transaction, TransactionState};
 
 /// The state of an `mws_transaction` handle (`mws_transaction_get_state`).
 #[repr(C)]
@@ -23,26 +21,6 @@ pub enum mws_transaction_state {
     MWS_TRANSACTION_COMMITTED = 1,
     /// `mws_transaction_abort` succeeded.
     MWS_TRANSACTION_ABORTED = 2,
-}
-
-/// An upload transaction: one upload plan in one store, uploaded participant by
-/// participant (`mws_transaction_upload`), with receipts collected in the handle
-/// (plus those of other processes, `mws_transaction_add_receipts`), then committed
-/// (`mws_transaction_commit`) or aborted (`mws_transaction_abort`).
-///
-/// Created by `mws_transaction_new`, freed by `mws_transaction_free`. The handle keeps
-/// the store alive and holds its own copy of the plan: both may be freed while it
-/// lives. Freeing it never aborts: recovery is explicit (see `mws_transaction_free`).
-///
-/// Thread safety: calls on one transaction are serialized internally (a mutex held
-/// for the whole call, I/O included), so it may be shared between threads, but
-/// uploads through one transaction never run in parallel. For parallel uploads, give
-/// each thread or process its own transaction over the same plan (or
-/// `mws_upload_plan_from_json` of it) and merge their receipts into the committing
-/// one. Guard callbacks run under that mutex and must not call into the same
-/// transaction.
-pub struct mws_transaction {
-    inner: Transaction,
 }
 
 /// Starts an upload transaction of `plan` in `store`. No I/O. The handle keeps the

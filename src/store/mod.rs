@@ -12,7 +12,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub mod callbacks;
 pub mod directory;
 pub mod memory;
 

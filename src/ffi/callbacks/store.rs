@@ -1,5 +1,5 @@
-//! A caller-implemented object store behind a C vtable (`docs/STORE-VTABLE.md`), and
-//! a C copy hook for the embedded stores.
+//! A caller-implemented object store behind a C vtable (`docs/STORE-VTABLE.md`) as a
+//! `store::ObjectStore`.
 //!
 //! [`CallbackStore`] implements [`ObjectStore`] by calling the function pointers of a
 //! [`mws_store_vtable`] with the caller's `ctx`. Return codes are Mooncake's
@@ -12,43 +12,53 @@
 //! callback is undefined behaviour) and must be thread-safe. Nothing on the Rust side
 //! of this module panics on caller data.
 
-#![allow(non_camel_case_types)]
-
+use crate::error::Error;
+use crate::error::ErrorKind;
+use crate::error::Result;
+use crate::ffi::callbacks::{memory_code, Ctx};
+use crate::runtime::MemoryKind;
+use crate::store::not_found;
+use crate::store::MemoryRegion;
+use crate::store::ObjectStore;
+use crate::store::PutFrom;
+use crate::store::RangeRead;
+use crate::store::RecordType;
+use crate::store::WriteConfig;
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::time::Duration;
 
-use parking_lot::RwLock;
-
-use super::{not_found, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
-use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::MemoryKind;
-
 /// Version of [`mws_store_vtable`] this library implements.
 pub const MWS_STORE_VTABLE_VERSION: u32 = 1;
-/// Version of [`mws_copy_hook_vtable`] this library implements.
-pub const MWS_COPY_HOOK_VTABLE_VERSION: u32 = 1;
+
 /// `record_type` of payload objects (Mooncake `ObjectDataType.WEIGHT`).
 pub const MWS_RECORD_PAYLOAD: u32 = 0;
+
 /// `record_type` of manifests and decision records (Mooncake `METADATA`).
 pub const MWS_RECORD_METADATA: u32 = 1;
 
 /// Mooncake `ErrorCode` values the library interprets.
-const NO_AVAILABLE_HANDLE: i64 = -200;
-const OBJECT_NOT_FOUND: i64 = -704;
-const OBJECT_ALREADY_EXISTS: i64 = -705;
-const OBJECT_HAS_LEASE: i64 = -706;
+pub(crate) const NO_AVAILABLE_HANDLE: i64 = -200;
+
+pub(crate) const OBJECT_NOT_FOUND: i64 = -704;
+
+pub(crate) const OBJECT_ALREADY_EXISTS: i64 = -705;
+
+pub(crate) const OBJECT_HAS_LEASE: i64 = -706;
 
 /// Capacity of the first, unsized read of [`CallbackStore`]'s `get` (objects smaller
 /// than this are read in one callback instead of `get_size` + `get_into`).
-const GET_FIRST_TRY: usize = 256 << 10;
+pub(crate) const GET_FIRST_TRY: usize = 256 << 10;
 
 /// Retry policy of transient codes (-200, -706): at most `MAX_TRIES` calls, sleeping
 /// 5 ms, 10 ms, ... (doubling, capped at 200 ms) between them.
-const MAX_TRIES: u32 = 8;
-const FIRST_BACKOFF: Duration = Duration::from_millis(5);
-const MAX_BACKOFF: Duration = Duration::from_millis(200);
+pub(crate) const MAX_TRIES: u32 = 8;
+
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
 /// A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
 /// for the duration of the callback it is passed to.
@@ -62,7 +72,7 @@ pub struct mws_bytes {
 }
 
 impl mws_bytes {
-    fn of(s: &str) -> mws_bytes {
+    pub(crate) fn of(s: &str) -> mws_bytes {
         // A dangling-but-non-NULL pointer for empty strings keeps `ptr` non-NULL.
         let ptr = if s.is_empty() { c"".as_ptr().cast::<u8>() } else { s.as_ptr() };
         mws_bytes { ptr: ptr as *const std::ffi::c_char, len: s.len() }
@@ -188,40 +198,7 @@ pub struct mws_store_vtable {
 
 /// Size of the first [`mws_store_vtable`] layout (up to and including `destroy`):
 /// the smallest `size` accepted. Fields after it are read only when `size` covers them.
-const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_vtable, batch_exists);
-
-/// Device <-> host copies for the embedded stores (memory, directory), which cannot
-/// touch device memory themselves (for example a `cudaMemcpy` wrapper).
-///
-/// Set `size = sizeof(mws_copy_hook_vtable)` and
-/// `version = MWS_COPY_HOOK_VTABLE_VERSION`. Callbacks receive the hook's `ctx`,
-/// return 0 on success (any other value is an error), must not throw or unwind, and
-/// must be thread-safe. `destroy` may be NULL.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct mws_copy_hook_vtable {
-    /// `sizeof(mws_copy_hook_vtable)`.
-    pub size: u32,
-    /// `MWS_COPY_HOOK_VTABLE_VERSION`.
-    pub version: u32,
-    /// Copies `len` bytes from device memory at `src_address` into host `dst`.
-    pub device_to_host: Option<
-        unsafe extern "C" fn(ctx: *mut c_void, src_address: u64, device_ordinal: u32, dst: *mut u8, len: u64) -> i32,
-    >,
-    /// Copies `len` host bytes at `src` into device memory at `dst_address`.
-    pub host_to_device: Option<
-        unsafe extern "C" fn(ctx: *mut c_void, src: *const u8, len: u64, dst_address: u64, device_ordinal: u32) -> i32,
-    >,
-    /// Optional: called once when the last store using the hook is freed.
-    pub destroy: Option<unsafe extern "C" fn(ctx: *mut c_void)>,
-}
-
-/// The caller's context pointer. The vtable contract makes the callbacks thread-safe.
-#[derive(Clone, Copy)]
-struct Ctx(*mut c_void);
-// SAFETY: the vtable contract requires thread-safe callbacks over `ctx`.
-unsafe impl Send for Ctx {}
-unsafe impl Sync for Ctx {}
+pub(crate) const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_vtable, batch_exists);
 
 /// Reads a caller's versioned vtable: checks `size` and `version` and copies the
 /// part this library knows.
@@ -229,7 +206,7 @@ unsafe impl Sync for Ctx {}
 /// # Safety
 /// `vt` points to at least 8 readable bytes and, when its `size` field says so, to
 /// `size_of::<T>()` readable bytes.
-unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
+pub(crate) unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
     read_vtable_prefix(vt, name, version, std::mem::size_of::<T>())
 }
 
@@ -239,7 +216,7 @@ unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result
 ///
 /// # Safety
 /// As [`read_vtable`]; every all-zero field of `T` after `min_size` must be valid.
-unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
+pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
     if vt.is_null() {
         return Err(Error::invalid(format!("{name} is NULL")));
     }
@@ -263,26 +240,19 @@ unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, mi
     Ok(out.assume_init())
 }
 
-fn memory_code(kind: MemoryKind) -> (u32, u32) {
-    match kind {
-        MemoryKind::Host => (0, 0),
-        MemoryKind::Device(o) => (1, o),
-    }
-}
-
-fn record_code(r: RecordType) -> u32 {
+pub(crate) fn record_code(r: RecordType) -> u32 {
     match r {
         RecordType::Payload => MWS_RECORD_PAYLOAD,
         RecordType::Metadata => MWS_RECORD_METADATA,
     }
 }
 
-fn transient(code: i64) -> bool {
+pub(crate) fn transient(code: i64) -> bool {
     code == NO_AVAILABLE_HANDLE || code == OBJECT_HAS_LEASE
 }
 
 /// The error of a negative return code of callback `op` for `key`.
-fn code_error(op: &str, key: &str, code: i64) -> Error {
+pub(crate) fn code_error(op: &str, key: &str, code: i64) -> Error {
     match code {
         OBJECT_NOT_FOUND => not_found(key),
         OBJECT_ALREADY_EXISTS => Error::new(ErrorKind::AlreadyExists, format!("object already exists: {key}")),
@@ -291,7 +261,7 @@ fn code_error(op: &str, key: &str, code: i64) -> Error {
 }
 
 /// Runs `call` until it returns a non-transient code, at most [`MAX_TRIES`] times.
-fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
+pub(crate) fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
     let mut delay = FIRST_BACKOFF;
     let mut code = call();
     for _ in 1..MAX_TRIES {
@@ -309,7 +279,7 @@ fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
 /// indices still to do and fills one status per index (or returns a negative batch
 /// status). Items with transient codes are retried with backoff, up to `MAX_TRIES`;
 /// `ok` turns a non-negative status into the item's value.
-fn batch_with_retry<T>(
+pub(crate) fn batch_with_retry<T>(
     op: &str,
     keys: &[&str],
     mut call: impl FnMut(&[usize], &mut [i32]) -> i32,
@@ -354,11 +324,11 @@ fn batch_with_retry<T>(
 
 /// An [`ObjectStore`] implemented by C callbacks (`docs/STORE-VTABLE.md`).
 pub struct CallbackStore {
-    vt: mws_store_vtable,
-    ctx: Ctx,
+    pub(crate) vt: mws_store_vtable,
+    pub(crate) ctx: Ctx,
     /// Buffers registered through this store: start address -> length. Gives each
     /// range item the `buffer_address` of the registered view that contains it.
-    registered: RwLock<BTreeMap<u64, u64>>,
+    pub(crate) registered: RwLock<BTreeMap<u64, u64>>,
 }
 
 impl fmt::Debug for CallbackStore {
@@ -401,7 +371,7 @@ impl CallbackStore {
         Ok(CallbackStore { vt, ctx: Ctx(ctx), registered: RwLock::new(BTreeMap::new()) })
     }
 
-    fn write(&self, op: &str, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
+    pub(crate) fn write(&self, op: &str, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
         let f = if op == "put" { self.vt.put } else { self.vt.upsert };
         let f = f.expect("checked at construction");
         let group = config.group_ids.first().map(String::as_str).unwrap_or("");
@@ -680,66 +650,6 @@ impl ObjectStore for CallbackStore {
             }
         }
         self.registered.write().remove(&address);
-        Ok(())
-    }
-}
-
-/// A [`CopyHook`] implemented by C callbacks ([`mws_copy_hook_vtable`]).
-pub struct CallbackCopyHook {
-    vt: mws_copy_hook_vtable,
-    ctx: Ctx,
-}
-
-impl fmt::Debug for CallbackCopyHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CallbackCopyHook").finish_non_exhaustive()
-    }
-}
-
-impl CallbackCopyHook {
-    /// Wraps `vt` (copied) and `ctx`; both copy callbacks are required. Ownership of
-    /// `ctx` as for [`CallbackStore::new`].
-    ///
-    /// # Safety
-    /// As [`CallbackStore::new`], for a [`mws_copy_hook_vtable`].
-    pub unsafe fn new(vt: *const mws_copy_hook_vtable, ctx: *mut c_void) -> Result<Self> {
-        let vt = read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION)?;
-        if vt.device_to_host.is_none() || vt.host_to_device.is_none() {
-            return Err(Error::invalid(
-                "mws_copy_hook_vtable is missing mandatory callbacks: device_to_host and host_to_device are required",
-            ));
-        }
-        Ok(CallbackCopyHook { vt, ctx: Ctx(ctx) })
-    }
-}
-
-impl Drop for CallbackCopyHook {
-    fn drop(&mut self) {
-        if let Some(destroy) = self.vt.destroy {
-            // SAFETY: called exactly once.
-            unsafe { destroy(self.ctx.0) };
-        }
-    }
-}
-
-impl CopyHook for CallbackCopyHook {
-    fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()> {
-        let f = self.vt.device_to_host.expect("checked at construction");
-        let (_, ordinal) = memory_code(src.kind);
-        let code = unsafe { f(self.ctx.0, src.address, ordinal, dst.as_mut_ptr(), dst.len() as u64) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("copy hook device_to_host failed: error code {code}")));
-        }
-        Ok(())
-    }
-
-    fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()> {
-        let f = self.vt.host_to_device.expect("checked at construction");
-        let (_, ordinal) = memory_code(dst.kind);
-        let code = unsafe { f(self.ctx.0, src.as_ptr(), src.len() as u64, dst.address, ordinal) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("copy hook host_to_device failed: error code {code}")));
-        }
         Ok(())
     }
 }

@@ -1,13 +1,11 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
+use crate::ffi::handles::{mws_binding, mws_placement, mws_upload_plan};
+use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, write_out, CText};
+use crate::plan_upload;
+use crate::UploadOptions;
 use std::ffi::c_char;
-
-use super::binding::mws_binding;
-use super::boundary::{status_call, value_call, Failure, FfiResult};
-use super::mws_status;
-use super::placement::mws_placement;
-use super::strings::{check_out, handle, opt_str_arg, slice_arg, write_out, CText};
-use crate::{plan_upload, Decision, UploadOptions, UploadPlan};
 
 /// Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
 /// during the call.
@@ -51,82 +49,7 @@ pub struct mws_upload_operation {
     pub nbytes: u64,
 }
 
-struct OperationView {
-    participant_id: CText,
-    instance_id: CText,
-    lease_id: CText,
-    generation: u64,
-    fragment_id: CText,
-    worker_id: CText,
-    placement_fragment_id: CText,
-    target_fragment_id: CText,
-    object_key: CText,
-    nbytes: u64,
-}
-
-/// A planned upload: the stored manifest to commit, every key of the upload
-/// transaction, and the copy operations, in plan order.
-///
-/// Created by `mws_plan_upload`, freed by `mws_upload_plan_free`. Immutable: every
-/// function taking a `const mws_upload_plan *` may be called from several threads at
-/// once. It holds no runtime address in any string and does not borrow the placement
-/// or bindings it was planned from. Strings returned by its accessors are owned by the
-/// handle and stay valid until it is freed.
-pub struct mws_upload_plan {
-    pub(crate) inner: UploadPlan,
-    manifest_json: CText,
-    manifest_digest: CText,
-    manifest_key: CText,
-    group_id: CText,
-    control_key: CText,
-    transaction_group_id: CText,
-    transaction_id: CText,
-    source_placement_id: CText,
-    source_placement_digest: CText,
-    commit_record: CText,
-    operations: Vec<OperationView>,
-    /// Transport JSON (`mws_upload_plan_to_json`), built on first use.
-    transport_json: std::sync::OnceLock<CText>,
-}
-
-impl mws_upload_plan {
-    pub(crate) fn new(inner: UploadPlan) -> Self {
-        let operations = inner
-            .operations()
-            .iter()
-            .map(|op| OperationView {
-                participant_id: CText::new(op.source_participant_id()),
-                instance_id: CText::new(op.source_instance_id()),
-                lease_id: CText::new(op.source_lease_id()),
-                generation: op.source_generation(),
-                fragment_id: CText::new(op.source_snapshot().fragment_id()),
-                worker_id: CText::new(op.source_snapshot().worker_id()),
-                placement_fragment_id: CText::new(op.source_placement().placement_fragment_id()),
-                target_fragment_id: CText::new(op.target().fragment_id()),
-                object_key: CText::new(op.target().object_key()),
-                nbytes: op.target().nbytes(),
-            })
-            .collect();
-        let manifest = inner.manifest();
-        mws_upload_plan {
-            manifest_json: CText::new(&manifest.to_json()),
-            manifest_digest: CText::new(manifest.manifest_digest()),
-            manifest_key: CText::new(manifest.manifest_key()),
-            group_id: CText::new(manifest.group_id()),
-            control_key: CText::new(inner.control_key()),
-            transaction_group_id: CText::new(inner.transaction_group_id()),
-            transaction_id: CText::new(inner.transaction_id()),
-            source_placement_id: CText::new(inner.source_placement_id()),
-            source_placement_digest: CText::new(inner.source_placement_digest()),
-            commit_record: CText::new(&inner.decision_record(Decision::Commit)),
-            operations,
-            transport_json: std::sync::OnceLock::new(),
-            inner,
-        }
-    }
-}
-
-unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
+pub(crate) unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
     let mut o = UploadOptions::default();
     if let Some(c) = options.as_ref() {
         if let Some(ns) = opt_str_arg(c.store_namespace, "options->store_namespace")? {
@@ -202,7 +125,7 @@ pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
     })
 }
 
-unsafe fn lend(
+pub(crate) unsafe fn lend(
     function: &'static str,
     plan: *const mws_upload_plan,
     len: *mut usize,

@@ -1,0 +1,86 @@
+//! `mws_io_args`: the per-call arguments of uploads and restores (worker, guard,
+//! transfer id, registration lease), translated into `protocol::UploadArgs` /
+//! `protocol::LoadArgs`.
+
+use crate::ffi::boundary::{mws_status, Failure, FfiResult};
+use crate::ffi::callbacks::guard::{mws_guard_vtable, CGuard};
+use crate::ffi::handles::{mws_binding, mws_registration_lease};
+use crate::ffi::strings::opt_str_arg;
+use crate::protocol::guards::GuardProvider;
+use crate::protocol::guards::StaticGuard;
+use crate::protocol::UploadArgs;
+use crate::protocol::WeightStore;
+use crate::RuntimeBinding;
+use std::ffi::c_char;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
+/// zeroed struct means the defaults. Strings are only read during the call.
+#[repr(C)]
+pub struct mws_io_args {
+    /// Restricts the call to the fragments of one worker of the binding. NULL: upload
+    /// requires it when the participant's fragments live on several workers; load
+    /// serves every worker of the participant.
+    pub worker_id: *const c_char,
+    /// Transfer id handed to the guard. NULL: a fresh random id.
+    pub transfer_id: *const c_char,
+    /// Allocation guard. NULL: the caller promises the buffers stay valid and
+    /// unchanged (upload) or untouched by anyone else (load) for the whole call (a
+    /// static guard).
+    pub guard: *const mws_guard_vtable,
+    /// Passed to the guard's callbacks.
+    pub guard_ctx: *mut c_void,
+    /// A registration lease of this store covering exactly the buffers the call
+    /// touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
+    /// ignored) nor registers anything. NULL: pin and register for this call only.
+    /// Added at the end of the struct in 0.1 (this struct has no size field: code
+    /// built against an older header must be rebuilt).
+    pub lease: *const mws_registration_lease,
+}
+
+/// What a call's `mws_io_args` says, decoded.
+pub(crate) struct IoArgs<'a> {
+    pub(crate) worker_id: Option<&'a str>,
+    pub(crate) transfer_id: Option<&'a str>,
+    pub(crate) guard: Box<dyn GuardProvider>,
+    pub(crate) lease: Option<&'a mws_registration_lease>,
+}
+
+pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
+    let Some(a) = args.as_ref() else {
+        return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard), lease: None });
+    };
+    let guard: Box<dyn GuardProvider> =
+        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(a.guard, a.guard_ctx)?) };
+    Ok(IoArgs {
+        worker_id: opt_str_arg(a.worker_id, "args->worker_id")?,
+        transfer_id: opt_str_arg(a.transfer_id, "args->transfer_id")?,
+        guard,
+        lease: a.lease.as_ref(),
+    })
+}
+
+/// `mws_store_upload` after the handle checks (shared with `mws_transaction_upload`).
+///
+/// # Safety
+/// As `mws_store_upload`.
+pub(crate) unsafe fn with_upload_args<T>(
+    ws: &Arc<WeightStore>,
+    binding: &mws_binding,
+    args: *const mws_io_args,
+    run: impl FnOnce(&RuntimeBinding, UploadArgs<'_>) -> crate::Result<T>,
+) -> FfiResult<T> {
+    let a = io_args(args)?;
+    let rb = binding.build().map_err(|f| {
+        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
+    })?;
+    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let ua = UploadArgs {
+        worker_id: a.worker_id,
+        guard: Some(&*a.guard),
+        transfer_id: a.transfer_id,
+        lease: lease.as_deref(),
+    };
+    Ok(run(&rb, ua)?)
+}

@@ -1,0 +1,159 @@
+//! `mws_load_plan_*`: restore plans (a stored manifest planned into a target
+//! placement and bound to target bindings), planning limits and load statistics.
+
+use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
+use crate::ffi::handles::{mws_binding, mws_load_plan, mws_placement, mws_stored_manifest};
+use crate::ffi::strings::{check_out, handle, slice_arg, write_out, CText};
+use crate::plan::load::PlanningLimits;
+use crate::protocol::LoadPlan;
+use std::ffi::c_char;
+use std::sync::Arc;
+
+/// Fail-closed bounds on planning work. A zeroed field means the library default
+/// (64Mi regions, 2^32 segments per region, 2^40 segments in all).
+#[repr(C)]
+pub struct mws_planning_limits {
+    /// Max transfer regions in a plan.
+    pub max_transfer_regions: u64,
+    /// Max segments of one region.
+    pub max_segments_per_region: u64,
+    /// Max segments over the plan.
+    pub max_total_lowered_segments: u64,
+}
+
+/// What one `mws_store_load` call moved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct mws_load_stats {
+    /// Transfer regions executed.
+    pub regions: u64,
+    /// Ranged reads issued.
+    pub ranges: u64,
+    /// Backend requests (batches).
+    pub requests: u64,
+    /// Bytes copied into the target buffers.
+    pub bytes: u64,
+}
+
+/// Plans the restore of `manifest` into `target`, for the `count` participants whose
+/// bindings are given (all participants, or a subset: each rank of a multi-process
+/// job plans its own part). Pure: no store I/O. `limits` may be NULL (defaults).
+///
+/// New handle in `*out` (free with `mws_load_plan_free`).
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING` (a binding does not pair with
+/// `target`, duplicates, empty set), `MWS_INVALID_ARGUMENT` (revision or tensor set
+/// mismatch, incompatible layouts, uncovered target), `MWS_INVALID_MANIFEST`,
+/// `MWS_LIMIT_EXCEEDED`.
+///
+/// # Safety
+/// `manifest`/`target` are NULL or live; `bindings` points to `count` pointers that are
+/// NULL or live handles; `limits` is NULL or valid; `out` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_new(
+    manifest: *const mws_stored_manifest,
+    target: *const mws_placement,
+    bindings: *const *const mws_binding,
+    count: usize,
+    limits: *const mws_planning_limits,
+    out: *mut *mut mws_load_plan,
+) -> mws_status {
+    status_call("mws_load_plan_new", || {
+        let m = handle(manifest, "manifest")?;
+        let t = handle(target, "target")?;
+        check_out(out, "out")?;
+        let handles = slice_arg(bindings, count, "bindings")?;
+        let mut built = Vec::with_capacity(handles.len());
+        for (i, b) in handles.iter().enumerate() {
+            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            built.push(b.build()?);
+        }
+        let mut l = PlanningLimits::default();
+        if let Some(c) = limits.as_ref() {
+            if c.max_transfer_regions != 0 {
+                l.max_transfer_regions = c.max_transfer_regions;
+            }
+            if c.max_segments_per_region != 0 {
+                l.max_segments_per_region = c.max_segments_per_region;
+            }
+            if c.max_total_lowered_segments != 0 {
+                l.max_total_lowered_segments = c.max_total_lowered_segments;
+            }
+        }
+        let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
+        let participants = plan.participants().into_iter().map(CText::new).collect();
+        write_out(out, Box::into_raw(Box::new(mws_load_plan { inner: plan, participants })));
+        Ok(())
+    })
+}
+
+/// Frees a load plan. `NULL` does nothing.
+///
+/// # Safety
+/// `plan` is NULL or a live handle not yet freed, not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
+    value_call("mws_load_plan_free", (), || {
+        if !plan.is_null() {
+            drop(Box::from_raw(plan));
+        }
+        Ok(())
+    })
+}
+
+/// Returns the number of transfer regions, or 0 (and the last error) if `plan` is
+/// NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) -> usize {
+    value_call("mws_load_plan_region_count", 0, || Ok(handle(plan, "plan")?.inner.regions().len()))
+}
+
+/// Returns the bytes the plan moves, or 0 (and the last error) if `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -> u64 {
+    value_call("mws_load_plan_total_bytes", 0, || Ok(handle(plan, "plan")?.inner.total_bytes()))
+}
+
+/// Returns the number of target participants the plan loads (sorted ids via
+/// `mws_load_plan_participant`), or 0 (and the last error) if `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_participant_count(plan: *const mws_load_plan) -> usize {
+    value_call("mws_load_plan_participant_count", 0, || Ok(handle(plan, "plan")?.participants.len()))
+}
+
+/// Returns target participant `index` (sorted order). Borrowed NUL-terminated string
+/// valid until `plan` is freed; length to `*len` when not NULL. NULL (and the last
+/// error) if `plan` is NULL or `index` is out of range.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_load_plan_participant(
+    plan: *const mws_load_plan,
+    index: usize,
+    len: *mut usize,
+) -> *const c_char {
+    value_call("mws_load_plan_participant", std::ptr::null(), || {
+        let p = handle(plan, "plan")?;
+        let t = p.participants.get(index).ok_or_else(|| {
+            Failure::invalid(format!(
+                "participant index {index} is out of range (the plan has {})",
+                p.participants.len()
+            ))
+        })?;
+        Ok(t.lend(len))
+    })
+}
+
+pub(crate) fn stats_out(s: crate::protocol::LoadStats) -> mws_load_stats {
+    mws_load_stats { regions: s.regions, ranges: s.ranges, requests: s.requests, bytes: s.bytes }
+}
