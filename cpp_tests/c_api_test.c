@@ -242,7 +242,7 @@ static void test_plan_upload(void) {
     opt.key_prefix = "weights";
     opt.transaction_id = MWS_SAMPLE_TRANSACTION_ID;
     opt.created_at = MWS_SAMPLE_CREATED_AT;
-    CHECK_STATUS(mws_plan_upload(p, set, 2, &opt, &plan), MWS_OK);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, &plan), MWS_OK);
     if (plan == NULL) {
         goto done;
     }
@@ -280,29 +280,29 @@ static void test_plan_upload(void) {
     CHECK_STATUS(mws_upload_plan_operation(NULL, 0, &op), MWS_NULL_ARGUMENT);
 
     /* Defaults: NULL options give a random transaction id and "now". */
-    CHECK_STATUS(mws_plan_upload(p, set, 2, NULL, &other), MWS_OK);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, NULL, &other), MWS_OK);
     CHECK(other != NULL && strlen(mws_upload_plan_transaction_id(other, NULL)) == 32);
     CHECK(other != NULL && strcmp(mws_upload_plan_transaction_id(other, NULL), MWS_SAMPLE_TRANSACTION_ID) != 0);
     mws_upload_plan_free(other);
     other = NULL;
 
     /* Invalid inputs. */
-    CHECK(mws_plan_upload(p, set, 0, &opt, &other) != MWS_OK);
-    CHECK(has_message("mws_plan_upload"));
-    CHECK_STATUS(mws_plan_upload(p, NULL, 2, &opt, &other), MWS_NULL_ARGUMENT);
+    CHECK(mws_upload_plan_new(p, set, 0, &opt, &other) != MWS_OK);
+    CHECK(has_message("mws_upload_plan_new"));
+    CHECK_STATUS(mws_upload_plan_new(p, NULL, 2, &opt, &other), MWS_NULL_ARGUMENT);
     with_null[0] = b[0];
     with_null[1] = NULL;
-    CHECK_STATUS(mws_plan_upload(p, with_null, 2, &opt, &other), MWS_NULL_ARGUMENT);
+    CHECK_STATUS(mws_upload_plan_new(p, with_null, 2, &opt, &other), MWS_NULL_ARGUMENT);
     CHECK(strstr(mws_last_error_message(), "bindings[1]") != NULL);
-    CHECK_STATUS(mws_plan_upload(NULL, set, 2, &opt, &other), MWS_NULL_ARGUMENT);
-    CHECK_STATUS(mws_plan_upload(p, set, 2, &opt, NULL), MWS_NULL_ARGUMENT);
+    CHECK_STATUS(mws_upload_plan_new(NULL, set, 2, &opt, &other), MWS_NULL_ARGUMENT);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, NULL), MWS_NULL_ARGUMENT);
     opt.store_namespace = "";
-    CHECK_STATUS(mws_plan_upload(p, set, 2, &opt, &other), MWS_INVALID_ARGUMENT);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, &other), MWS_INVALID_ARGUMENT);
     opt.store_namespace = "default";
     opt.key_prefix = "///";
-    CHECK_STATUS(mws_plan_upload(p, set, 2, &opt, &other), MWS_INVALID_ARGUMENT);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, &other), MWS_INVALID_ARGUMENT);
     opt.key_prefix = "weights\xc3";
-    CHECK_STATUS(mws_plan_upload(p, set, 2, &opt, &other), MWS_INVALID_UTF8);
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, &other), MWS_INVALID_UTF8);
     CHECK(other == NULL);
 
     CHECK(mws_upload_plan_manifest_json(NULL, NULL) == NULL);

@@ -97,8 +97,8 @@ int main(int argc, char **argv) {
     options.key_prefix = mj_str(inputs, "key_prefix");
     options.transaction_id = mj_str(inputs, "transaction_id");
     options.created_at = mj_str(inputs, "created_at");
-    if (mws_plan_upload(placement, (const mws_binding *const *)bindings, n, &options, &plan) != MWS_OK) {
-        rc = fail("mws_plan_upload");
+    if (mws_upload_plan_new(placement, (const mws_binding *const *)bindings, n, &options, &plan) != MWS_OK) {
+        rc = fail("mws_upload_plan_new");
         goto free_bindings;
     }
 

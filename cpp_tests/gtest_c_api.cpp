@@ -49,7 +49,7 @@ protected:
     PlanPtr plan(const mws_upload_options *options, mws_status expected = MWS_OK) {
         const mws_binding *set[2] = {b0.get(), b1.get()};
         mws_upload_plan *out = nullptr;
-        EXPECT_EQ(mws_plan_upload(placement.get(), set, 2, options, &out), expected) << last_error();
+        EXPECT_EQ(mws_upload_plan_new(placement.get(), set, 2, options, &out), expected) << last_error();
         return PlanPtr(out);
     }
 
@@ -239,7 +239,7 @@ TEST_F(WithBindings, MismatchedBindingIsRejected) {
     EXPECT_FALSE(last_error().empty());
     const mws_binding *set[2] = {other.get(), b1.get()};
     mws_upload_plan *out = nullptr;
-    st = mws_plan_upload(placement.get(), set, 2, nullptr, &out);
+    st = mws_upload_plan_new(placement.get(), set, 2, nullptr, &out);
     EXPECT_TRUE(st == MWS_INVALID_BINDING || st == MWS_INVALID_ARGUMENT) << mws_status_name(st);
     EXPECT_EQ(out, nullptr);
 }
@@ -315,10 +315,10 @@ TEST_F(WithBindings, OptionsAreValidated) {
 TEST_F(WithBindings, IncompleteBindingSetIsRejected) {
     const mws_binding *set[1] = {b0.get()};
     mws_upload_plan *out = nullptr;
-    EXPECT_NE(mws_plan_upload(placement.get(), set, 1, nullptr, &out), MWS_OK);
+    EXPECT_NE(mws_upload_plan_new(placement.get(), set, 1, nullptr, &out), MWS_OK);
     EXPECT_FALSE(last_error().empty());
-    EXPECT_NE(mws_plan_upload(placement.get(), set, 0, nullptr, &out), MWS_OK);
+    EXPECT_NE(mws_upload_plan_new(placement.get(), set, 0, nullptr, &out), MWS_OK);
     const mws_binding *dup[2] = {b0.get(), b0.get()};
-    EXPECT_NE(mws_plan_upload(placement.get(), dup, 2, nullptr, &out), MWS_OK);
+    EXPECT_NE(mws_upload_plan_new(placement.get(), dup, 2, nullptr, &out), MWS_OK);
     EXPECT_EQ(out, nullptr);
 }

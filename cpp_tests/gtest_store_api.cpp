@@ -47,7 +47,7 @@ TEST(Hostile, NullsAndBadArguments) {
     EXPECT_EQ(mws_store_load(s, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
     EXPECT_EQ(mws_store_commit(s, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
     EXPECT_EQ(mws_store_upload(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
-    EXPECT_EQ(mws_writer_begin(s, nullptr, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
+    EXPECT_EQ(mws_writer_new(s, nullptr, nullptr, nullptr, nullptr, nullptr), MWS_NULL_ARGUMENT);
     mws_store_free(s);
     mws_store_free(nullptr);
     mws_writer_free(nullptr);
@@ -144,7 +144,7 @@ TEST(Hostile, TamperedManifestsRefusedAndTargetsUntouched) {
         for (auto &b : dst.buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
         store.upsert(key, j);
         mws_stored_manifest *out = nullptr;
-        if (mws_store_load_manifest(store.get(), key.c_str(), &out) == MWS_OK) {
+        if (mws_stored_manifest_from_store(store.get(), key.c_str(), &out) == MWS_OK) {
             // Decodes (the inconsistency is only visible against the objects): the
             // restore must then be refused.
             mws::StoredManifest decoded(out);

@@ -171,9 +171,9 @@ int main(int argc, char **argv) {
     options.key_prefix = "weights";
     options.transaction_id = "de644a8d8f23b7ea0895fc8cad62451c";
     options.created_at = "2025-03-14T15:09:26Z";
-    if ((st = mws_plan_upload(placement, (const mws_binding *const *)bindings, n_bindings, &options, &plan)) !=
+    if ((st = mws_upload_plan_new(placement, (const mws_binding *const *)bindings, n_bindings, &options, &plan)) !=
         MWS_OK) {
-        rc = fail("mws_plan_upload", st);
+        rc = fail("mws_upload_plan_new", st);
         goto out;
     }
 

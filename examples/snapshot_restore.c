@@ -389,7 +389,7 @@ static int snapshot(const mws_store *store, layout *src, mws_stored_manifest **m
     vt.version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION;
     vt.export_source = export_source;
     vt.resolve_fragment_ids = resolve_fragment_ids;
-    if ((st = mws_writer_begin(store, &desc, &vt, src, NULL, &writer)) != MWS_OK) return fail("mws_writer_begin", st);
+    if ((st = mws_writer_new(store, &desc, &vt, src, NULL, &writer)) != MWS_OK) return fail("mws_writer_new", st);
     if ((st = mws_writer_upload_plan(writer, &plan)) != MWS_OK) {
         fail("mws_writer_upload_plan", st);
         goto done;
@@ -494,8 +494,8 @@ int main(int argc, char **argv) {
     layout_free(src); /* the trainer may go away: the snapshot is in the store */
 
     /* Server: TP=4, reads the published manifest back by its key. */
-    if ((st = mws_store_load_manifest(store, mws_stored_manifest_key(written, NULL), &manifest)) != MWS_OK) {
-        fail("mws_store_load_manifest", st);
+    if ((st = mws_stored_manifest_from_store(store, mws_stored_manifest_key(written, NULL), &manifest)) != MWS_OK) {
+        fail("mws_stored_manifest_from_store", st);
         goto done;
     }
     if (layout_init(dst, 4, "serving-tp4", 0, "serving") != 0) goto done;

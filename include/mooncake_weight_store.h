@@ -37,6 +37,11 @@
 
 
 /**
+ * Version of [`mws_copy_hook_vtable`] this library implements.
+ */
+#define MWS_COPY_HOOK_VTABLE_VERSION 1
+
+/**
  * Version of `mws_guard_vtable` this library implements.
  */
 #define MWS_GUARD_VTABLE_VERSION 1
@@ -50,11 +55,6 @@
  * Version of [`mws_store_vtable`] this library implements.
  */
 #define MWS_STORE_VTABLE_VERSION 1
-
-/**
- * Version of [`mws_copy_hook_vtable`] this library implements.
- */
-#define MWS_COPY_HOOK_VTABLE_VERSION 1
 
 /**
  * `record_type` of payload objects (Mooncake `ObjectDataType.WEIGHT`).
@@ -235,7 +235,7 @@ typedef enum mws_transaction_state {
  *
  * Created by `mws_binding_new`, filled with `mws_binding_add_fragment`, freed by
  * `mws_binding_free`. The binding is checked as a whole (against its placement) by
- * `mws_binding_validate` and `mws_plan_upload`.
+ * `mws_binding_validate` and `mws_upload_plan_new`.
  *
  * The handle copies every string and array it is given. It does not dereference the
  * buffer addresses; the caller keeps the buffers valid and stable for as long as
@@ -312,7 +312,7 @@ typedef struct mws_store mws_store;
  * A stored manifest: the published, immutable description of one weight revision
  * (tensors, stored fragments, object keys).
  *
- * Created by `mws_store_load_manifest`, `mws_stored_manifest_from_json`,
+ * Created by `mws_stored_manifest_from_store`, `mws_stored_manifest_from_json`,
  * `mws_store_commit` and `mws_writer_commit`; freed by `mws_stored_manifest_free`.
  * Immutable: may be used from several threads at once. Strings returned by its
  * accessors are borrowed from the handle and valid until it is freed.
@@ -343,7 +343,7 @@ typedef struct mws_transaction mws_transaction;
  * A planned upload: the stored manifest to commit, every key of the upload
  * transaction, and the copy operations, in plan order.
  *
- * Created by `mws_plan_upload`, freed by `mws_upload_plan_free`. Immutable: every
+ * Created by `mws_upload_plan_new`, freed by `mws_upload_plan_free`. Immutable: every
  * function taking a `const mws_upload_plan *` may be called from several threads at
  * once. It holds no runtime address in any string and does not borrow the placement
  * or bindings it was planned from. Strings returned by its accessors are owned by the
@@ -356,7 +356,7 @@ typedef struct mws_upload_plan mws_upload_plan;
  * is uploaded as soon as all its fragments were written; `mws_writer_commit`
  * publishes the manifest.
  *
- * Created by `mws_writer_begin`, freed by `mws_writer_free`. Freeing an open writer
+ * Created by `mws_writer_new`, freed by `mws_writer_free`. Freeing an open writer
  * (neither committed nor aborted) aborts it (best effort; unless the commit decision
  * may exist, in which case the transaction is left for `mws_store_finalize_upload`).
  * The writer keeps its store alive. Calls on one writer are serialized internally
@@ -539,45 +539,6 @@ typedef struct mws_guard_vtable {
 } mws_guard_vtable;
 
 /**
- * One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
- * is borrowed from the manifest handle and valid until it is freed.
- */
-typedef struct mws_stored_fragment_info {
-    /**
-     * Stored fragment id.
-     */
-    const char *fragment_id;
-    /**
-     * The tensor it belongs to.
-     */
-    const char *tensor_id;
-    /**
-     * The object holding its bytes.
-     */
-    const char *object_key;
-    /**
-     * Offset of its first byte inside the object.
-     */
-    uint64_t object_offset;
-    /**
-     * Size in bytes (contiguous row-major box).
-     */
-    uint64_t nbytes;
-    /**
-     * Number of dimensions (length of `global_offset` and `local_shape`).
-     */
-    size_t ndim;
-    /**
-     * Offset of the box in the tensor, in elements.
-     */
-    const uint64_t *global_offset;
-    /**
-     * Shape of the box, in elements.
-     */
-    const uint64_t *local_shape;
-} mws_stored_fragment_info;
-
-/**
  * Fail-closed bounds on planning work. A zeroed field means the library default
  * (64Mi regions, 2^32 segments per region, 2^40 segments in all).
  */
@@ -595,63 +556,6 @@ typedef struct mws_planning_limits {
      */
     uint64_t max_total_lowered_segments;
 } mws_planning_limits;
-
-/**
- * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
- * zeroed struct means the defaults. Strings are only read during the call.
- */
-typedef struct mws_io_args {
-    /**
-     * Restricts the call to the fragments of one worker of the binding. NULL: upload
-     * requires it when the participant's fragments live on several workers; load
-     * serves every worker of the participant.
-     */
-    const char *worker_id;
-    /**
-     * Transfer id handed to the guard. NULL: a fresh random id.
-     */
-    const char *transfer_id;
-    /**
-     * Allocation guard. NULL: the caller promises the buffers stay valid and
-     * unchanged (upload) or untouched by anyone else (load) for the whole call (a
-     * static guard).
-     */
-    const struct mws_guard_vtable *guard;
-    /**
-     * Passed to the guard's callbacks.
-     */
-    void *guard_ctx;
-    /**
-     * A registration lease of this store covering exactly the buffers the call
-     * touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
-     * ignored) nor registers anything. NULL: pin and register for this call only.
-     * Added at the end of the struct in 0.1 (this struct has no size field: code
-     * built against an older header must be rebuilt).
-     */
-    const struct mws_registration_lease *lease;
-} mws_io_args;
-
-/**
- * What one `mws_store_load` call moved.
- */
-typedef struct mws_load_stats {
-    /**
-     * Transfer regions executed.
-     */
-    uint64_t regions;
-    /**
-     * Ranged reads issued.
-     */
-    uint64_t ranges;
-    /**
-     * Backend requests (batches).
-     */
-    uint64_t requests;
-    /**
-     * Bytes copied into the target buffers.
-     */
-    uint64_t bytes;
-} mws_load_stats;
 
 /**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
@@ -956,7 +860,103 @@ typedef struct mws_store_vtable {
 } mws_store_vtable;
 
 /**
- * Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
+ * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
+ * zeroed struct means the defaults. Strings are only read during the call.
+ */
+typedef struct mws_io_args {
+    /**
+     * Restricts the call to the fragments of one worker of the binding. NULL: upload
+     * requires it when the participant's fragments live on several workers; load
+     * serves every worker of the participant.
+     */
+    const char *worker_id;
+    /**
+     * Transfer id handed to the guard. NULL: a fresh random id.
+     */
+    const char *transfer_id;
+    /**
+     * Allocation guard. NULL: the caller promises the buffers stay valid and
+     * unchanged (upload) or untouched by anyone else (load) for the whole call (a
+     * static guard).
+     */
+    const struct mws_guard_vtable *guard;
+    /**
+     * Passed to the guard's callbacks.
+     */
+    void *guard_ctx;
+    /**
+     * A registration lease of this store covering exactly the buffers the call
+     * touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
+     * ignored) nor registers anything. NULL: pin and register for this call only.
+     * Added at the end of the struct in 0.1 (this struct has no size field: code
+     * built against an older header must be rebuilt).
+     */
+    const struct mws_registration_lease *lease;
+} mws_io_args;
+
+/**
+ * What one `mws_store_load` call moved.
+ */
+typedef struct mws_load_stats {
+    /**
+     * Transfer regions executed.
+     */
+    uint64_t regions;
+    /**
+     * Ranged reads issued.
+     */
+    uint64_t ranges;
+    /**
+     * Backend requests (batches).
+     */
+    uint64_t requests;
+    /**
+     * Bytes copied into the target buffers.
+     */
+    uint64_t bytes;
+} mws_load_stats;
+
+/**
+ * One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
+ * is borrowed from the manifest handle and valid until it is freed.
+ */
+typedef struct mws_stored_fragment_info {
+    /**
+     * Stored fragment id.
+     */
+    const char *fragment_id;
+    /**
+     * The tensor it belongs to.
+     */
+    const char *tensor_id;
+    /**
+     * The object holding its bytes.
+     */
+    const char *object_key;
+    /**
+     * Offset of its first byte inside the object.
+     */
+    uint64_t object_offset;
+    /**
+     * Size in bytes (contiguous row-major box).
+     */
+    uint64_t nbytes;
+    /**
+     * Number of dimensions (length of `global_offset` and `local_shape`).
+     */
+    size_t ndim;
+    /**
+     * Offset of the box in the tensor, in elements.
+     */
+    const uint64_t *global_offset;
+    /**
+     * Shape of the box, in elements.
+     */
+    const uint64_t *local_shape;
+} mws_stored_fragment_info;
+
+/**
+ * Options of `mws_upload_plan_new`. Every field may be NULL; the strings are only read
  * during the call.
  */
 typedef struct mws_upload_options {
@@ -1028,7 +1028,7 @@ typedef struct mws_upload_operation {
 } mws_upload_operation;
 
 /**
- * The identity of a snapshot, passed to `mws_writer_begin` and to the adapter's
+ * The identity of a snapshot, passed to `mws_writer_new` and to the adapter's
  * `export_source`. Strings are NUL-terminated UTF-8.
  */
 typedef struct mws_snapshot_descriptor {
@@ -1054,7 +1054,7 @@ typedef struct mws_snapshot_descriptor {
  * The framework side of a snapshot, implemented by the caller. Set
  * `size = sizeof(mws_snapshot_adapter_vtable)` and
  * `version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION`. Every callback receives the `ctx`
- * given to `mws_writer_begin` (which must outlive the writer; the library never
+ * given to `mws_writer_new` (which must outlive the writer; the library never
  * frees it), returns 0 on success (any other value fails the call), must not throw or
  * unwind, and is only called from inside a call on the writer.
  */
@@ -1068,10 +1068,10 @@ typedef struct mws_snapshot_adapter_vtable {
      */
     uint32_t version;
     /**
-     * Required. Called once by `mws_writer_begin`: writes the source placement to
+     * Required. Called once by `mws_writer_new`: writes the source placement to
      * `*placement` and an array of `*count` binding handles (one per participant
      * that lends buffers) to `*bindings`. The handles and the array stay owned by the
-     * adapter; the library copies them before `mws_writer_begin` returns. Every
+     * adapter; the library copies them before `mws_writer_new` returns. Every
      * buffer they describe must stay valid and unchanged until the writer is closed
      * (or, with `acquire_source`, while it is pinned).
      */
@@ -1110,6 +1110,50 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Returns the static name of a status value, such as `"MWS_INVALID_ARGUMENT"`.
+ *
+ * `status` is an `int` so that any value is safe to pass: a value that is not an
+ * `mws_status` gives `"MWS_UNKNOWN_STATUS"`. Never returns NULL. The returned string
+ * is static: never free it.
+ *
+ * Thread safety: may be called from any thread.
+ */
+const char *mws_status_name(int status);
+
+/**
+ * Returns the message of the last failed `mws_` call on the calling thread, or `""` if
+ * no call has failed on this thread yet. Never returns NULL.
+ *
+ * The message starts with the name of the function that failed, names the offending
+ * id, key or argument, and never contains a runtime address.
+ *
+ * Ownership: the string is owned by the library (thread-local storage). It stays valid
+ * until the next `mws_` call on the same thread; copy it if you need it longer. Never
+ * free it.
+ *
+ * Thread safety: each thread has its own last error.
+ */
+const char *mws_last_error_message(void);
+
+/**
+ * Returns the library version as a static NUL-terminated string `"MAJOR.MINOR.PATCH"`.
+ * It equals the header's `MWS_VERSION_MAJOR`, `MWS_VERSION_MINOR` and
+ * `MWS_VERSION_PATCH` when header and library come from the same release.
+ *
+ * Ownership: static; never free it. Thread safety: may be called from any thread.
+ */
+const char *mws_version(void);
+
+/**
+ * Testing aid: panics inside the ABI boundary and returns `MWS_PANIC`, with a
+ * last error message that contains "mws_test_panic". It proves that no panic crosses
+ * the C ABI. Has no other effect.
+ *
+ * Thread safety: may be called from any thread.
+ */
+enum mws_status mws_test_panic(void);
+
+/**
  * Creates an empty runtime binding with the identity in `*options`.
  *
  * On success writes a new handle to `*out`; the caller owns it and frees it with
@@ -1128,7 +1172,7 @@ enum mws_status mws_binding_new(const struct mws_binding_options *options,
 /**
  * Adds one runtime fragment (a live buffer) to the binding. The fragment itself is
  * validated (shape, strides, sizes, storage bounds); how it pairs with the placement
- * is checked later by `mws_binding_validate` / `mws_plan_upload`. On failure the
+ * is checked later by `mws_binding_validate` / `mws_upload_plan_new`. On failure the
  * binding is unchanged.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
@@ -1175,50 +1219,6 @@ enum mws_status mws_binding_validate(const struct mws_placement *placement,
  * thread is using it.
  */
 void mws_binding_free(struct mws_binding *binding);
-
-/**
- * Returns the static name of a status value, such as `"MWS_INVALID_ARGUMENT"`.
- *
- * `status` is an `int` so that any value is safe to pass: a value that is not an
- * `mws_status` gives `"MWS_UNKNOWN_STATUS"`. Never returns NULL. The returned string
- * is static: never free it.
- *
- * Thread safety: may be called from any thread.
- */
-const char *mws_status_name(int status);
-
-/**
- * Returns the message of the last failed `mws_` call on the calling thread, or `""` if
- * no call has failed on this thread yet. Never returns NULL.
- *
- * The message starts with the name of the function that failed, names the offending
- * id, key or argument, and never contains a runtime address.
- *
- * Ownership: the string is owned by the library (thread-local storage). It stays valid
- * until the next `mws_` call on the same thread; copy it if you need it longer. Never
- * free it.
- *
- * Thread safety: each thread has its own last error.
- */
-const char *mws_last_error_message(void);
-
-/**
- * Returns the library version as a static NUL-terminated string `"MAJOR.MINOR.PATCH"`.
- * It equals the header's `MWS_VERSION_MAJOR`, `MWS_VERSION_MINOR` and
- * `MWS_VERSION_PATCH` when header and library come from the same release.
- *
- * Ownership: static; never free it. Thread safety: may be called from any thread.
- */
-const char *mws_version(void);
-
-/**
- * Testing aid: panics inside the ABI boundary and returns `MWS_PANIC`, with a
- * last error message that contains "mws_test_panic". It proves that no panic crosses
- * the C ABI. Has no other effect.
- *
- * Thread safety: may be called from any thread.
- */
-enum mws_status mws_test_panic(void);
 
 /**
  * Pins (through `guard`) and registers the buffers of `count` runtime fragments
@@ -1298,152 +1298,6 @@ int mws_registration_lease_is_closed(const struct mws_registration_lease *lease)
 void mws_registration_lease_free(struct mws_registration_lease *lease);
 
 /**
- * Reads and strictly decodes the manifest stored at `manifest_key` (for example
- * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
- * handle in `*out` (free with `mws_stored_manifest_free`).
- *
- * Errors: `MWS_NOT_FOUND` (no manifest at the key), `MWS_INVALID_MANIFEST` (invalid
- * document, wrong digest fields, key mismatch), `MWS_STORE`/`MWS_IO`.
- *
- * # Safety
- * `store` is NULL or a live handle; `manifest_key` is NULL or NUL-terminated; `out` is
- * NULL or valid for a pointer write.
- */
-enum mws_status mws_store_load_manifest(const struct mws_store *store,
-                                        const char *manifest_key,
-                                        struct mws_stored_manifest **out);
-
-/**
- * Decodes a stored manifest from its JSON (`len` bytes, read during the call), with
- * the same strict validation as `mws_store_load_manifest`. New handle in `*out`.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid document).
- *
- * # Safety
- * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
- */
-enum mws_status mws_stored_manifest_from_json(const char *json,
-                                              size_t len,
-                                              struct mws_stored_manifest **out);
-
-/**
- * Frees a stored manifest handle. `NULL` does nothing. Load plans made from it do
- * not borrow it and stay valid.
- *
- * # Safety
- * `manifest` is NULL or a live handle not yet freed, not in use by another thread.
- */
-void mws_stored_manifest_free(struct mws_stored_manifest *manifest);
-
-/**
- * Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
- * NUL-terminated string valid until `manifest` is freed; length to `*len` when not
- * NULL. NULL (and the last error) if `manifest` is NULL.
- *
- * # Safety
- * `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
- */
-const char *mws_stored_manifest_to_json(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the manifest digest (64 lowercase hex). Borrowed, as
- * `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_digest(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the key the manifest is stored at. Borrowed, as
- * `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_key(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_group_id(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the store namespace of the revision. Borrowed, as
- * `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_namespace(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_resource_id(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
- *
- * # Safety
- * As `mws_stored_manifest_to_json`.
- */
-const char *mws_stored_manifest_revision(const struct mws_stored_manifest *m, size_t *len);
-
-/**
- * Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
- *
- * # Safety
- * `manifest` is NULL or a live handle.
- */
-uint64_t mws_stored_manifest_weight_generation(const struct mws_stored_manifest *m);
-
-/**
- * Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
- *
- * # Safety
- * `manifest` is NULL or a live handle.
- */
-size_t mws_stored_manifest_tensor_count(const struct mws_stored_manifest *m);
-
-/**
- * Returns the number of stored fragments, or 0 (and the last error) if `manifest`
- * is NULL.
- *
- * # Safety
- * `manifest` is NULL or a live handle.
- */
-size_t mws_stored_manifest_fragment_count(const struct mws_stored_manifest *m);
-
-/**
- * Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
- * error) if `manifest` is NULL.
- *
- * # Safety
- * `manifest` is NULL or a live handle.
- */
-uint64_t mws_stored_manifest_total_bytes(const struct mws_stored_manifest *m);
-
-/**
- * Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
- * from `manifest`.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range).
- *
- * # Safety
- * `manifest` is NULL or a live handle; `out` is NULL or valid for a write.
- */
-enum mws_status mws_stored_manifest_fragment(const struct mws_stored_manifest *m,
-                                             size_t index,
-                                             struct mws_stored_fragment_info *out);
-
-/**
  * Plans the restore of `manifest` into `target`, for the `count` participants whose
  * bindings are given (all participants, or a subset: each rank of a multi-process
  * job plans its own part). Pure: no store I/O. `limits` may be NULL (defaults).
@@ -1509,33 +1363,6 @@ size_t mws_load_plan_participant_count(const struct mws_load_plan *plan);
  * `plan` is NULL or a live handle; `len` is NULL or valid for a write.
  */
 const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t index, size_t *len);
-
-/**
- * Executes the part of `plan` that belongs to `binding`'s participant (one worker
- * of it when `args->worker_id` is given): checks the binding still matches the plan
- * and that the plan's manifest is the committed one, pins (guard) and registers the
- * target buffers (with `args->lease`: uses the lease's registration, nothing is
- * pinned or registered per call), then reads every range straight into them. Nothing is registered
- * or read before every check passed; a refused plan leaves the buffers untouched.
- * `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
- * there on success.
- *
- * Errors: `MWS_STALE_BINDING` (binding changed since planning),
- * `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
- * not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
- * a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
- * Thread safety: loads of different participants may run concurrently.
- *
- * # Safety
- * Handles are NULL or live; `args` is NULL or valid; `stats` is NULL or valid. Every
- * target buffer of `binding` must be valid for writes and not accessed by anyone
- * else during the call.
- */
-enum mws_status mws_store_load(const struct mws_store *store,
-                               const struct mws_load_plan *plan,
-                               const struct mws_binding *binding,
-                               const struct mws_io_args *args,
-                               struct mws_load_stats *stats);
 
 /**
  * Parses and validates a placement from its JSON wire form.
@@ -1676,6 +1503,68 @@ size_t mws_placement_fragment_count(const struct mws_placement *placement);
 enum mws_status mws_placement_fragment(const struct mws_placement *placement,
                                        size_t index,
                                        struct mws_placement_fragment_info *out);
+
+/**
+ * Frees a receipts handle. `NULL` does nothing.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_receipts_free(struct mws_receipts *receipts);
+
+/**
+ * Returns the number of receipts, or 0 (and the last error) if `receipts` is NULL.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle.
+ */
+size_t mws_receipts_count(const struct mws_receipts *receipts);
+
+/**
+ * Encodes the receipts for transport (a rank sends them to the coordinator that
+ * commits). Borrowed NUL-terminated string (built on first use), valid while
+ * `receipts` lives; length to `*len` when not NULL. NULL if `receipts` is NULL.
+ *
+ * # Safety
+ * `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_receipts_to_json(const struct mws_receipts *receipts, size_t *len);
+
+/**
+ * Decodes receipts sent by `mws_receipts_to_json` (strict; their validity for a plan
+ * is checked at commit). `json` points to `len` bytes read during the call. On
+ * success writes a new handle to `*out` (free with `mws_receipts_free`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_receipts_from_json(const char *json, size_t len, struct mws_receipts **out);
+
+/**
+ * Concatenates `count` receipts handles (borrowed for the call; NULL elements are an
+ * error) into a new handle written to `*out` (free with `mws_receipts_free`).
+ * `count` 0 gives an empty set.
+ *
+ * # Safety
+ * `list` points to `count` pointers that are NULL or live handles; `out` is NULL or
+ * valid for a pointer write.
+ */
+enum mws_status mws_receipts_concat(const struct mws_receipts *const *list,
+                                    size_t count,
+                                    struct mws_receipts **out);
+
+/**
+ * The receipts of every operation of `plan` (receipts are determined by the plan: a
+ * coordinator can rebuild them to retry a commit after a crash). New handle in
+ * `*out`.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_receipts_from_plan(const struct mws_upload_plan *plan,
+                                       struct mws_receipts **out);
 
 /**
  * Opens an empty in-memory store (for tests and single-process use; the objects
@@ -1853,68 +1742,6 @@ size_t mws_store_pending_registration_count(const struct mws_store *store);
 enum mws_status mws_store_drain_pending_registrations(const struct mws_store *store);
 
 /**
- * Frees a receipts handle. `NULL` does nothing.
- *
- * # Safety
- * `receipts` is NULL or a live handle not yet freed, not in use by another thread.
- */
-void mws_receipts_free(struct mws_receipts *receipts);
-
-/**
- * Returns the number of receipts, or 0 (and the last error) if `receipts` is NULL.
- *
- * # Safety
- * `receipts` is NULL or a live handle.
- */
-size_t mws_receipts_count(const struct mws_receipts *receipts);
-
-/**
- * Encodes the receipts for transport (a rank sends them to the coordinator that
- * commits). Borrowed NUL-terminated string (built on first use), valid while
- * `receipts` lives; length to `*len` when not NULL. NULL if `receipts` is NULL.
- *
- * # Safety
- * `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
- */
-const char *mws_receipts_to_json(const struct mws_receipts *receipts, size_t *len);
-
-/**
- * Decodes receipts sent by `mws_receipts_to_json` (strict; their validity for a plan
- * is checked at commit). `json` points to `len` bytes read during the call. On
- * success writes a new handle to `*out` (free with `mws_receipts_free`).
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT`.
- *
- * # Safety
- * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
- */
-enum mws_status mws_receipts_from_json(const char *json, size_t len, struct mws_receipts **out);
-
-/**
- * Concatenates `count` receipts handles (borrowed for the call; NULL elements are an
- * error) into a new handle written to `*out` (free with `mws_receipts_free`).
- * `count` 0 gives an empty set.
- *
- * # Safety
- * `list` points to `count` pointers that are NULL or live handles; `out` is NULL or
- * valid for a pointer write.
- */
-enum mws_status mws_receipts_concat(const struct mws_receipts *const *list,
-                                    size_t count,
-                                    struct mws_receipts **out);
-
-/**
- * The receipts of every operation of `plan` (receipts are determined by the plan: a
- * coordinator can rebuild them to retry a commit after a crash). New handle in
- * `*out`.
- *
- * # Safety
- * `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
- */
-enum mws_status mws_receipts_for_plan(const struct mws_upload_plan *plan,
-                                      struct mws_receipts **out);
-
-/**
  * Uploads the payloads of `binding`'s participant (only those of
  * `args->worker_id` when given) for `plan`, planned from `placement`, and writes
  * their receipts (plan order) to a new handle in `*out`.
@@ -2007,6 +1834,179 @@ enum mws_status mws_store_finalize_upload(const struct mws_store *store,
 enum mws_status mws_store_read_decision(const struct mws_store *store,
                                         const struct mws_upload_plan *plan,
                                         enum mws_decision *out);
+
+/**
+ * Executes the part of `plan` that belongs to `binding`'s participant (one worker
+ * of it when `args->worker_id` is given): checks the binding still matches the plan
+ * and that the plan's manifest is the committed one, pins (guard) and registers the
+ * target buffers (with `args->lease`: uses the lease's registration, nothing is
+ * pinned or registered per call), then reads every range straight into them. Nothing is registered
+ * or read before every check passed; a refused plan leaves the buffers untouched.
+ * `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
+ * there on success.
+ *
+ * Errors: `MWS_STALE_BINDING` (binding changed since planning),
+ * `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
+ * not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
+ * a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+ * Thread safety: loads of different participants may run concurrently.
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid; `stats` is NULL or valid. Every
+ * target buffer of `binding` must be valid for writes and not accessed by anyone
+ * else during the call.
+ */
+enum mws_status mws_store_load(const struct mws_store *store,
+                               const struct mws_load_plan *plan,
+                               const struct mws_binding *binding,
+                               const struct mws_io_args *args,
+                               struct mws_load_stats *stats);
+
+/**
+ * Reads and strictly decodes the manifest stored at `manifest_key` (for example
+ * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
+ * handle in `*out` (free with `mws_stored_manifest_free`).
+ *
+ * Errors: `MWS_NOT_FOUND` (no manifest at the key), `MWS_INVALID_MANIFEST` (invalid
+ * document, wrong digest fields, key mismatch), `MWS_STORE`/`MWS_IO`.
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `manifest_key` is NULL or NUL-terminated; `out` is
+ * NULL or valid for a pointer write.
+ */
+enum mws_status mws_stored_manifest_from_store(const struct mws_store *store,
+                                               const char *manifest_key,
+                                               struct mws_stored_manifest **out);
+
+/**
+ * Decodes a stored manifest from its JSON (`len` bytes, read during the call), with
+ * the same strict validation as `mws_stored_manifest_from_store`. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid document).
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_stored_manifest_from_json(const char *json,
+                                              size_t len,
+                                              struct mws_stored_manifest **out);
+
+/**
+ * Frees a stored manifest handle. `NULL` does nothing. Load plans made from it do
+ * not borrow it and stay valid.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_stored_manifest_free(struct mws_stored_manifest *manifest);
+
+/**
+ * Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
+ * NUL-terminated string valid until `manifest` is freed; length to `*len` when not
+ * NULL. NULL (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
+ */
+const char *mws_stored_manifest_to_json(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the manifest digest (64 lowercase hex). Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_digest(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the key the manifest is stored at. Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_key(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_group_id(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the store namespace of the revision. Borrowed, as
+ * `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_namespace(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_resource_id(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
+ *
+ * # Safety
+ * As `mws_stored_manifest_to_json`.
+ */
+const char *mws_stored_manifest_revision(const struct mws_stored_manifest *m, size_t *len);
+
+/**
+ * Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+uint64_t mws_stored_manifest_weight_generation(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+size_t mws_stored_manifest_tensor_count(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the number of stored fragments, or 0 (and the last error) if `manifest`
+ * is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+size_t mws_stored_manifest_fragment_count(const struct mws_stored_manifest *m);
+
+/**
+ * Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
+ * error) if `manifest` is NULL.
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle.
+ */
+uint64_t mws_stored_manifest_total_bytes(const struct mws_stored_manifest *m);
+
+/**
+ * Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
+ * from `manifest`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range).
+ *
+ * # Safety
+ * `manifest` is NULL or a live handle; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_stored_manifest_fragment(const struct mws_stored_manifest *m,
+                                             size_t index,
+                                             struct mws_stored_fragment_info *out);
 
 /**
  * Starts an upload transaction of `plan` in `store`. No I/O. The handle keeps the
@@ -2187,18 +2187,18 @@ void mws_transaction_free(struct mws_transaction *tx);
  * NULL or live binding handles not modified during the call; `options` is NULL or
  * valid; `out` is NULL or valid for a pointer write.
  */
-enum mws_status mws_plan_upload(const struct mws_placement *placement,
-                                const struct mws_binding *const *bindings,
-                                size_t count,
-                                const struct mws_upload_options *options,
-                                struct mws_upload_plan **out);
+enum mws_status mws_upload_plan_new(const struct mws_placement *placement,
+                                    const struct mws_binding *const *bindings,
+                                    size_t count,
+                                    const struct mws_upload_options *options,
+                                    struct mws_upload_plan **out);
 
 /**
  * Frees an upload plan handle. `NULL` does nothing. Every string borrowed from it
  * becomes invalid.
  *
  * # Safety
- * `plan` is NULL or a handle from `mws_plan_upload` not yet freed, and no other thread
+ * `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed, and no other thread
  * is using it.
  */
 void mws_upload_plan_free(struct mws_upload_plan *plan);
@@ -2373,12 +2373,12 @@ enum mws_status mws_upload_plan_from_json(const char *json,
  * # Safety
  * Handles and pointers are NULL or valid; the adapter honours its contract.
  */
-enum mws_status mws_writer_begin(const struct mws_store *store,
-                                 const struct mws_snapshot_descriptor *descriptor,
-                                 const struct mws_snapshot_adapter_vtable *adapter,
-                                 void *ctx,
-                                 const struct mws_upload_options *options,
-                                 struct mws_writer **out);
+enum mws_status mws_writer_new(const struct mws_store *store,
+                               const struct mws_snapshot_descriptor *descriptor,
+                               const struct mws_snapshot_adapter_vtable *adapter,
+                               void *ctx,
+                               const struct mws_upload_options *options,
+                               struct mws_writer **out);
 
 /**
  * Records that the framework tensor `tensor` (opaque to the library; passed to the

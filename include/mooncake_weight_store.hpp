@@ -209,7 +209,7 @@ struct UploadOperation {
 /// A planned upload (owns an mws_upload_plan).
 class UploadPlan {
 public:
-    /// Takes ownership of a handle from mws_plan_upload.
+    /// Takes ownership of a handle from mws_upload_plan_new.
     explicit UploadPlan(mws_upload_plan *raw) noexcept : handle_(raw) {}
 
     std::string_view manifest_json() const { return str(mws_upload_plan_manifest_json); }
@@ -262,7 +262,7 @@ private:
     std::unique_ptr<mws_upload_plan, detail::Deleter<mws_upload_plan, mws_upload_plan_free>> handle_;
 };
 
-/// Plans an upload of `placement` from `bindings` (see mws_plan_upload).
+/// Plans an upload of `placement` from `bindings` (see mws_upload_plan_new).
 inline UploadPlan plan_upload(const Placement &placement, const std::vector<const Binding *> &bindings,
                               const UploadOptions &options = {}) {
     std::vector<const mws_binding *> raw;
@@ -276,11 +276,11 @@ inline UploadPlan plan_upload(const Placement &placement, const std::vector<cons
     c.transaction_id = detail::c_str_or_null(options.transaction_id);
     c.created_at = detail::c_str_or_null(options.created_at);
     mws_upload_plan *out = nullptr;
-    detail::check(mws_plan_upload(placement.get(), raw.data(), raw.size(), &c, &out));
+    detail::check(mws_upload_plan_new(placement.get(), raw.data(), raw.size(), &c, &out));
     return UploadPlan(out);
 }
 
-/// Plans an upload of `placement` from `bindings` (see mws_plan_upload).
+/// Plans an upload of `placement` from `bindings` (see mws_upload_plan_new).
 inline UploadPlan plan_upload(const Placement &placement, const std::vector<Binding> &bindings,
                               const UploadOptions &options = {}) {
     std::vector<const Binding *> ptrs;
@@ -356,7 +356,7 @@ public:
     }
     static Receipts for_plan(const UploadPlan &plan) {
         mws_receipts *out = nullptr;
-        detail::check(mws_receipts_for_plan(plan.get(), &out));
+        detail::check(mws_receipts_from_plan(plan.get(), &out));
         return Receipts(out);
     }
 
@@ -522,7 +522,7 @@ public:
     }
     StoredManifest load_manifest(const std::string &key) const {
         mws_stored_manifest *out = nullptr;
-        detail::check(mws_store_load_manifest(get(), key.c_str(), &out));
+        detail::check(mws_stored_manifest_from_store(get(), key.c_str(), &out));
         return StoredManifest(out);
     }
     mws_load_stats load(const LoadPlan &plan, const Binding &binding, const IoArgs &args = {}) const {
@@ -640,7 +640,7 @@ class Writer {
 public:
     explicit Writer(mws_writer *raw) noexcept : handle_(raw) {}
 
-    /// Begins a snapshot (see mws_writer_begin). `adapter` is copied; `ctx` must
+    /// Begins a snapshot (see mws_writer_new). `adapter` is copied; `ctx` must
     /// outlive the Writer.
     static Writer begin(const Store &store, const std::string &resource_id, const std::string &revision,
                         std::uint64_t weight_generation, const mws_snapshot_adapter_vtable &adapter, void *ctx,
@@ -654,7 +654,7 @@ public:
         o.transaction_id = detail::c_str_or_null(options.transaction_id);
         o.created_at = detail::c_str_or_null(options.created_at);
         mws_writer *raw = nullptr;
-        detail::check(mws_writer_begin(store.get(), &d, &adapter, ctx, &o, &raw));
+        detail::check(mws_writer_new(store.get(), &d, &adapter, ctx, &o, &raw));
         return Writer(raw);
     }
 

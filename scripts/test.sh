@@ -16,6 +16,8 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 SECONDS=0
 step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
 
+step "module imports form no loop"
+python3 scripts/check_module_cycles.py
 step "rustfmt"
 cargo fmt --check
 step "clippy"

@@ -7,40 +7,67 @@
 
 use std::fmt;
 
-/// Coarse, stable classification of an [`Error`].
-///
-/// The reference distinguishes *contract errors* (invalid inputs; retrying cannot
-/// help) from *store errors* (raised by the store-facing services).
-/// [`ErrorKind::is_contract`] tells which family a kind belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
+/// Defines [`ErrorKind`] from one table: variant, stable `mws_status` number (the C
+/// ABI's `mws_status` enum carries the same numbers; a test checks them against the
+/// generated header, and Python's `errors.py` is checked against the header too) and
+/// short name.
+macro_rules! error_kinds {
+    ($( $(#[doc = $doc:literal])* $variant:ident = $code:literal, $name:literal; )*) => {
+        /// Coarse, stable classification of an [`Error`].
+        ///
+        /// The reference distinguishes *contract errors* (invalid inputs; retrying cannot
+        /// help) from *store errors* (raised by the store-facing services).
+        /// [`ErrorKind::is_contract`] tells which family a kind belongs to.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum ErrorKind {
+            $( $(#[doc = $doc])* $variant, )*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in status-code order.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$variant),*];
+
+            /// A short stable name (`"invalid_argument"`, ...).
+            pub fn name(self) -> &'static str {
+                match self { $(ErrorKind::$variant => $name,)* }
+            }
+
+            /// The stable `mws_status` number of this kind in the C ABI.
+            pub fn status_code(self) -> i32 {
+                match self { $(ErrorKind::$variant => $code,)* }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// Invalid input value, JSON document, placement or unplannable input
     /// (reference: `ValueError`). Contract error.
-    InvalidArgument,
+    InvalidArgument = 4, "invalid_argument";
     /// A runtime binding does not pair with its placement, or a binding set is
     /// incomplete (reference: `WeightStoreError` raised by binding pairing).
-    InvalidBinding,
+    InvalidBinding = 5, "invalid_binding";
     /// A stored manifest or decision record read back from a store is invalid.
-    InvalidManifest,
+    InvalidManifest = 6, "invalid_manifest";
     /// A key or object does not exist.
-    NotFound,
+    NotFound = 7, "not_found";
     /// A create-only write found the key already present.
-    AlreadyExists,
+    AlreadyExists = 8, "already_exists";
     /// A transaction lost a race, or a decision/manifest conflicts with the plan.
-    Conflict,
+    Conflict = 9, "conflict";
     /// Runtime evidence (lease, generation, address) no longer matches the plan.
-    StaleBinding,
+    StaleBinding = 10, "stale_binding";
     /// A planning or resource limit (regions, segments, budget) was exceeded.
-    LimitExceeded,
+    LimitExceeded = 11, "limit_exceeded";
     /// A feature or memory kind is not supported by this backend or build.
-    Unsupported,
+    Unsupported = 12, "unsupported";
     /// The store backend failed; the operation may be retried.
-    Store,
+    Store = 13, "store";
     /// Local I/O failed (directory store).
-    Io,
+    Io = 14, "io";
     /// Data read back does not match what was expected (short read, size mismatch).
-    Integrity,
+    Integrity = 15, "integrity";
 }
 
 impl ErrorKind {
@@ -48,24 +75,6 @@ impl ErrorKind {
     /// with the same inputs cannot succeed.
     pub fn is_contract(self) -> bool {
         matches!(self, ErrorKind::InvalidArgument | ErrorKind::LimitExceeded)
-    }
-
-    /// A short stable name (`"invalid_argument"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::InvalidBinding => "invalid_binding",
-            ErrorKind::InvalidManifest => "invalid_manifest",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::AlreadyExists => "already_exists",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::StaleBinding => "stale_binding",
-            ErrorKind::LimitExceeded => "limit_exceeded",
-            ErrorKind::Unsupported => "unsupported",
-            ErrorKind::Store => "store",
-            ErrorKind::Io => "io",
-            ErrorKind::Integrity => "integrity",
-        }
     }
 }
 

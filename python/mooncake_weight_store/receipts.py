@@ -41,7 +41,7 @@ class Receipts(OwnedHandle):
         """The receipts of every operation of ``plan`` (to retry a commit after a
         coordinator crash)."""
         out = ctypes.c_void_p()
-        call("mws_receipts_for_plan", plan.handle, ctypes.byref(out))
+        call("mws_receipts_from_plan", plan.handle, ctypes.byref(out))
         return cls(out.value)
 
     def to_json(self) -> str:

@@ -691,7 +691,7 @@ class Store:
         from .manifest import StoredManifest
 
         out = c_void_p()
-        call("mws_store_load_manifest", self.handle, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
+        call("mws_stored_manifest_from_store", self.handle, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
         return StoredManifest(out.value)
 
     def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,

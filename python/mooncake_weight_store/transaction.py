@@ -1,30 +1,42 @@
-"""An upload transaction over one plan: upload each participant, then commit (or
-abort); recovery with finalize."""
+"""An upload transaction over one plan (``mws_transaction``): upload each
+participant, add receipts from other processes, then commit (or abort); recovery with
+finalize. The state machine is the library's (``protocol::Transaction``); this class
+only binds it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+import ctypes
+from ctypes import c_void_p
+from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import ConflictError, MwsError, Status
+from . import _lib
+from ._lib import LIB, OwnedHandle, call
+from .errors import MwsError, error_for_status
 from .receipts import Receipts
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
     from .manifest import StoredManifest
     from .placement import Placement
-    from .store import Decision, Guard, Store
+    from .store import Decision, Guard, RegistrationLease, Store
     from .upload_plan import UploadPlan
 
 __all__ = ["Transaction"]
 
+_STATES = {0: "open", 1: "committed", 2: "aborted"}
 
-class Transaction:
-    """Upload transaction of ``plan`` in ``store``.
+
+class Transaction(OwnedHandle):
+    """Upload transaction of ``plan`` in ``store`` (``mws_transaction``).
 
     As a context manager: a normal exit commits (unless already committed or
     aborted); an exception aborts (unless the commit decision may exist, in which
     case the transaction is left for a commit retry or
-    :meth:`Store.finalize_upload`), and the original exception propagates.
+    :meth:`Store.finalize_upload`), and the original exception propagates. Closing
+    (or collecting) the object never aborts: recovery is explicit.
+
+    Thread safety: calls are serialized by the library; uploads through one
+    transaction never run in parallel.
 
     Example::
 
@@ -34,73 +46,81 @@ class Transaction:
         manifest = tx.manifest
     """
 
+    _FREE = "mws_transaction_free"
+    _WHAT = "transaction"
+
     def __init__(self, store: "Store", plan: "UploadPlan") -> None:
+        out = c_void_p()
+        call("mws_transaction_new", store.handle, plan.handle, ctypes.byref(out))
+        super().__init__(out.value)
         self.store = store
         self.plan = plan
-        self.receipts: List[Receipts] = []
         self.manifest: Optional["StoredManifest"] = None
-        self.decision_may_exist = False
-        self.state = "open"  # open | committed | aborted
 
-    def _require_open(self) -> None:
-        if self.state != "open":
-            raise ConflictError(int(Status.CONFLICT), f"transaction is {self.state}")
+    def upload(self, placement: "Placement", binding: "Binding", *, worker_id: Optional[str] = None,
+               transfer_id: Optional[str] = None, guard: Optional["Guard"] = None,
+               lease: Optional["RegistrationLease"] = None) -> None:
+        """Uploads one participant (as :meth:`Store.upload`) and keeps its receipts
+        in the transaction (:meth:`receipts`). Raises :class:`ConflictError` once
+        committed or aborted."""
+        from .store import _io_args
 
-    def upload(self, placement: "Placement", binding: "Binding", **kw: Any) -> Receipts:
-        """Uploads one participant (see :meth:`Store.upload`); keeps its receipts."""
-        self._require_open()
-        r = self.store.upload(self.plan, placement, binding, **kw)
-        self.receipts.append(r)
-        return r
+        args, keep = _io_args(worker_id, transfer_id, guard, lease)
+        call("mws_transaction_upload", self.handle, placement.handle, binding.handle, ctypes.byref(args))
+        del keep
+
+    def receipts(self) -> Receipts:
+        """A copy of every receipt the transaction holds now (send it to the
+        committing process with :meth:`Receipts.to_json`)."""
+        out = c_void_p()
+        call("mws_transaction_receipts", self.handle, ctypes.byref(out))
+        return Receipts(out.value)
 
     def add_receipts(self, receipts: Receipts) -> None:
         """Adds receipts produced elsewhere (another process's upload)."""
-        self._require_open()
-        self.receipts.append(receipts)
-
-    def all_receipts(self) -> Receipts:
-        return Receipts.concat(self.receipts)
+        call("mws_transaction_add_receipts", self.handle, receipts.handle)
 
     def commit(self) -> "StoredManifest":
-        """Commits (idempotent once committed)."""
-        if self.state == "committed" and self.manifest is not None:
+        """Commits with every receipt held; idempotent once committed. On failure the
+        raised :class:`MwsError` has ``decision_may_exist`` (see
+        :attr:`decision_may_exist`)."""
+        from .manifest import StoredManifest
+
+        if self.manifest is not None:
             return self.manifest
-        self._require_open()
-        with self.all_receipts() as rs:
-            try:
-                self.manifest = self.store.commit(self.plan, rs)
-            except MwsError as e:
-                self.decision_may_exist = self.decision_may_exist or bool(getattr(e, "decision_may_exist", False))
-                raise
-        self.state = "committed"
+        out = c_void_p()
+        st = LIB.fn("mws_transaction_commit")(self.handle, ctypes.byref(out))
+        if st != 0:
+            err = error_for_status(st, _lib.last_error(), _lib.status_name(st))
+            err.decision_may_exist = self.decision_may_exist  # type: ignore[attr-defined]
+            raise err
+        self.manifest = StoredManifest(out.value)
         return self.manifest
 
+    @property
+    def decision_may_exist(self) -> bool:
+        """True once a commit may have written the decision: then retry the commit
+        (or finalize), never abort."""
+        return bool(LIB.fn("mws_transaction_commit_decision_may_exist")(self.handle))
+
+    @property
+    def state(self) -> str:
+        """``"open"``, ``"committed"`` or ``"aborted"`` (as calls on this object know)."""
+        return _STATES[int(LIB.fn("mws_transaction_get_state")(self.handle))]
+
     def abort(self) -> None:
-        """Records abort and removes the payloads. Refused when the commit decision
-        may exist (retry :meth:`commit` instead). A no-op once aborted."""
-        if self.state == "aborted":
-            return
-        if self.state == "committed":
-            raise ConflictError(int(Status.CONFLICT), "transaction is committed")
-        if self.decision_may_exist:
-            raise ConflictError(int(Status.CONFLICT), "commit decision may exist; retry commit instead")
-        rs = self.all_receipts() if self.receipts else None
-        try:
-            self.store.abort_upload(self.plan, rs)
-        finally:
-            if rs is not None:
-                rs.close()
-        self.state = "aborted"
+        """Records abort and removes the payloads. Refused when committed or when the
+        commit decision may exist (retry :meth:`commit` instead). A no-op once aborted."""
+        call("mws_transaction_abort", self.handle)
 
     def finalize(self) -> None:
-        """:meth:`Store.finalize_upload` of the plan."""
-        self.store.finalize_upload(self.plan)
+        """Idempotent recovery of the plan (:meth:`Store.finalize_upload`)."""
+        call("mws_transaction_finalize", self.handle)
 
     def decision(self) -> "Decision":
         return self.store.read_decision(self.plan)
 
     def __enter__(self) -> "Transaction":
-        self._require_open()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -116,4 +136,5 @@ class Transaction:
                     exc.add_note(f"abort during cleanup failed: {e}")
 
     def __repr__(self) -> str:
-        return f"Transaction({self.plan!r}, {self.state}, receipts={len(self.receipts)})"
+        state = "closed" if self._h is None else self.state
+        return f"Transaction({self.plan!r}, {state})"

@@ -127,5 +127,5 @@ def plan_upload(
         created_at=cstr(created_at, "created_at"),
     )
     out = ctypes.c_void_p()
-    call("mws_plan_upload", placement.handle, hs, len(bindings), ctypes.byref(opts), ctypes.byref(out))
+    call("mws_upload_plan_new", placement.handle, hs, len(bindings), ctypes.byref(opts), ctypes.byref(out))
     return UploadPlan(out.value)

@@ -88,7 +88,7 @@ class Writer:
                                        created_at=cstr(created_at, "created_at"))
         self._export_keep: Any = None
         out = ctypes.c_void_p()
-        call("mws_writer_begin", store.handle, ctypes.byref(desc), ctypes.byref(vt), None, ctypes.byref(opts),
+        call("mws_writer_new", store.handle, ctypes.byref(desc), ctypes.byref(vt), None, ctypes.byref(opts),
              ctypes.byref(out))
         self._export_keep = None
         self._h = out.value

@@ -320,8 +320,9 @@ def test_transaction_roundtrip_and_reshard(store, src):
     assert store.read_decision(plan) == Decision.NONE
     with store.transaction(plan) as tx:
         for b in bindings:
-            r = tx.upload(m.placement, b)
-            assert isinstance(r, Receipts)
+            tx.upload(m.placement, b)
+        with tx.receipts() as r:
+            assert isinstance(r, Receipts) and len(r) == len(plan)
     assert tx.state == "committed" and store.read_decision(plan) == Decision.COMMIT
     manifest = tx.manifest
     assert tx.commit() is manifest  # idempotent

@@ -1,8 +1,8 @@
 //! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
-use crate::ffi::handles::{mws_binding, mws_placement, Identity};
-use crate::ffi::strings::{check_out, handle, slice_arg, str_arg, write_out};
+use crate::ffi::boundary::{mws_status, Failure};
+use crate::ffi::handles::{handle, mws_binding, mws_placement, Handle, Identity};
+use crate::ffi::strings::{check_out, slice_arg, str_arg, struct_arg, write_out};
 use crate::validate_runtime_binding;
 use crate::MemoryKind;
 use crate::RuntimeFragment;
@@ -106,8 +106,8 @@ pub unsafe extern "C" fn mws_binding_new(
     options: *const mws_binding_options,
     out: *mut *mut mws_binding,
 ) -> mws_status {
-    status_call("mws_binding_new", || {
-        let o = handle(options, "options")?;
+    status_call!(|| {
+        let o = struct_arg(options, "options")?;
         check_out(out, "out")?;
         let identity = Identity {
             resource_id: str_arg(o.resource_id, "options->resource_id")?.to_owned(),
@@ -120,14 +120,14 @@ pub unsafe extern "C" fn mws_binding_new(
             generation: o.generation,
         };
         let binding = mws_binding { identity, fragments: Vec::new() };
-        write_out(out, Box::into_raw(Box::new(binding)));
+        write_out(out, Handle::into_raw(binding));
         Ok(())
     })
 }
 
 /// Adds one runtime fragment (a live buffer) to the binding. The fragment itself is
 /// validated (shape, strides, sizes, storage bounds); how it pairs with the placement
-/// is checked later by `mws_binding_validate` / `mws_plan_upload`. On failure the
+/// is checked later by `mws_binding_validate` / `mws_upload_plan_new`. On failure the
 /// binding is unchanged.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
@@ -142,9 +142,9 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
     binding: *mut mws_binding,
     fragment: *const mws_runtime_fragment,
 ) -> mws_status {
-    status_call("mws_binding_add_fragment", || {
+    status_call!(|| {
         let b = binding.as_mut().ok_or_else(|| Failure::null("binding"))?;
-        let f = handle(fragment, "fragment")?;
+        let f = struct_arg(fragment, "fragment")?;
         let memory = match f.memory_kind {
             k if k == mws_memory_kind::MWS_MEMORY_HOST as u32 => MemoryKind::Host,
             k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => MemoryKind::Device(f.device_ordinal),
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
 /// `binding` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
-    value_call("mws_binding_fragment_count", 0, || Ok(handle(binding, "binding")?.fragments.len()))
+    value_call!(0, || Ok(handle(binding, "binding")?.fragments.len()))
 }
 
 /// Checks that the binding is complete and consistent, and pairs with `placement`
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn mws_binding_validate(
     placement: *const mws_placement,
     binding: *const mws_binding,
 ) -> mws_status {
-    status_call("mws_binding_validate", || {
+    status_call!(|| {
         let p = handle(placement, "placement")?;
         let b = handle(binding, "binding")?.build()?;
         validate_runtime_binding(&p.inner, &b)?;
@@ -212,10 +212,8 @@ pub unsafe extern "C" fn mws_binding_validate(
 /// thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_free(binding: *mut mws_binding) {
-    value_call("mws_binding_free", (), || {
-        if !binding.is_null() {
-            drop(Box::from_raw(binding));
-        }
+    value_call!((), || {
+        Handle::free(binding);
         Ok(())
     })
 }

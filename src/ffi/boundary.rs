@@ -53,67 +53,53 @@ pub enum mws_status {
     MWS_INTEGRITY = 15,
 }
 
+/// Lists the `mws_status` variants once more, in numeric order, to derive their
+/// static names and the table of all values (a test checks the list against the
+/// header: every value, name and number).
+macro_rules! status_names {
+    ($($variant:ident),* $(,)?) => {
+        impl mws_status {
+            /// Every status value, in numeric order.
+            pub const ALL: &'static [mws_status] = &[$(mws_status::$variant),*];
+
+            /// The static, NUL-terminated name of a status value ("MWS_OK", ...).
+            fn name(self) -> &'static CStr {
+                let s: &'static str = match self { $(mws_status::$variant => concat!(stringify!($variant), "\0"),)* };
+                CStr::from_bytes_with_nul(s.as_bytes()).expect("static status names are NUL-terminated")
+            }
+        }
+    };
+}
+
+status_names!(
+    MWS_OK,
+    MWS_NULL_ARGUMENT,
+    MWS_PANIC,
+    MWS_INVALID_UTF8,
+    MWS_INVALID_ARGUMENT,
+    MWS_INVALID_BINDING,
+    MWS_INVALID_MANIFEST,
+    MWS_NOT_FOUND,
+    MWS_ALREADY_EXISTS,
+    MWS_CONFLICT,
+    MWS_STALE_BINDING,
+    MWS_LIMIT_EXCEEDED,
+    MWS_UNSUPPORTED,
+    MWS_STORE,
+    MWS_IO,
+    MWS_INTEGRITY,
+);
+
 impl mws_status {
-    /// The status a library error kind maps to (1:1).
+    /// The status a library error kind maps to (1:1, by the kind's stable number).
     pub fn from_kind(kind: ErrorKind) -> mws_status {
-        match kind {
-            ErrorKind::InvalidArgument => mws_status::MWS_INVALID_ARGUMENT,
-            ErrorKind::InvalidBinding => mws_status::MWS_INVALID_BINDING,
-            ErrorKind::InvalidManifest => mws_status::MWS_INVALID_MANIFEST,
-            ErrorKind::NotFound => mws_status::MWS_NOT_FOUND,
-            ErrorKind::AlreadyExists => mws_status::MWS_ALREADY_EXISTS,
-            ErrorKind::Conflict => mws_status::MWS_CONFLICT,
-            ErrorKind::StaleBinding => mws_status::MWS_STALE_BINDING,
-            ErrorKind::LimitExceeded => mws_status::MWS_LIMIT_EXCEEDED,
-            ErrorKind::Unsupported => mws_status::MWS_UNSUPPORTED,
-            ErrorKind::Store => mws_status::MWS_STORE,
-            ErrorKind::Io => mws_status::MWS_IO,
-            ErrorKind::Integrity => mws_status::MWS_INTEGRITY,
+        let code = kind.status_code();
+        match mws_status::ALL.iter().find(|s| **s as i32 == code) {
+            Some(s) => *s,
+            // Unreachable while the test `error_kinds_map_one_to_one` passes.
+            None => mws_status::MWS_PANIC,
         }
     }
-
-    /// The static, NUL-terminated name of a status value ("MWS_OK", ...).
-    pub(crate) fn name(self) -> &'static CStr {
-        let s: &'static [u8] = match self {
-            mws_status::MWS_OK => b"MWS_OK\0",
-            mws_status::MWS_NULL_ARGUMENT => b"MWS_NULL_ARGUMENT\0",
-            mws_status::MWS_PANIC => b"MWS_PANIC\0",
-            mws_status::MWS_INVALID_UTF8 => b"MWS_INVALID_UTF8\0",
-            mws_status::MWS_INVALID_ARGUMENT => b"MWS_INVALID_ARGUMENT\0",
-            mws_status::MWS_INVALID_BINDING => b"MWS_INVALID_BINDING\0",
-            mws_status::MWS_INVALID_MANIFEST => b"MWS_INVALID_MANIFEST\0",
-            mws_status::MWS_NOT_FOUND => b"MWS_NOT_FOUND\0",
-            mws_status::MWS_ALREADY_EXISTS => b"MWS_ALREADY_EXISTS\0",
-            mws_status::MWS_CONFLICT => b"MWS_CONFLICT\0",
-            mws_status::MWS_STALE_BINDING => b"MWS_STALE_BINDING\0",
-            mws_status::MWS_LIMIT_EXCEEDED => b"MWS_LIMIT_EXCEEDED\0",
-            mws_status::MWS_UNSUPPORTED => b"MWS_UNSUPPORTED\0",
-            mws_status::MWS_STORE => b"MWS_STORE\0",
-            mws_status::MWS_IO => b"MWS_IO\0",
-            mws_status::MWS_INTEGRITY => b"MWS_INTEGRITY\0",
-        };
-        CStr::from_bytes_with_nul(s).expect("static status names are NUL-terminated")
-    }
-
-    /// Every status value, in numeric order.
-    pub const ALL: [mws_status; 16] = [
-        mws_status::MWS_OK,
-        mws_status::MWS_NULL_ARGUMENT,
-        mws_status::MWS_PANIC,
-        mws_status::MWS_INVALID_UTF8,
-        mws_status::MWS_INVALID_ARGUMENT,
-        mws_status::MWS_INVALID_BINDING,
-        mws_status::MWS_INVALID_MANIFEST,
-        mws_status::MWS_NOT_FOUND,
-        mws_status::MWS_ALREADY_EXISTS,
-        mws_status::MWS_CONFLICT,
-        mws_status::MWS_STALE_BINDING,
-        mws_status::MWS_LIMIT_EXCEEDED,
-        mws_status::MWS_UNSUPPORTED,
-        mws_status::MWS_STORE,
-        mws_status::MWS_IO,
-        mws_status::MWS_INTEGRITY,
-    ];
 }
 
 /// A failure inside an entry point: the status to return and the message to record.
@@ -200,6 +186,38 @@ pub(crate) fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>
     }
 }
 
+/// The name of the enclosing function (the entry point), taken from the function
+/// itself so that no entry point spells its own name.
+macro_rules! function_name {
+    () => {{
+        fn f() {}
+        let name = ::std::any::type_name_of_val(&f);
+        // "mooncake_weight_store::ffi::store::mws_store_get::f" -> "mws_store_get"
+        let name = name.strip_suffix("::f").unwrap_or(name);
+        match name.rfind("::") {
+            Some(i) => &name[i + 2..],
+            None => name,
+        }
+    }};
+}
+
+/// The panic boundary of an entry point that returns `mws_status`:
+/// `status_call!(|| { ... })` runs the closure (an `FfiResult<()>`), catches any
+/// panic and records the message of a failure, prefixed with the entry point's name.
+macro_rules! status_call {
+    ($body:expr) => {
+        $crate::ffi::boundary::status_call(function_name!(), $body)
+    };
+}
+
+/// The panic boundary of an entry point that returns a value:
+/// `value_call!(fallback, || { ... })` returns `fallback` (NULL, 0) on failure.
+macro_rules! value_call {
+    ($fallback:expr, $body:expr) => {
+        $crate::ffi::boundary::value_call(function_name!(), $fallback, $body)
+    };
+}
+
 /// Boundary for entry points that return `mws_status`.
 pub(crate) fn status_call(function: &'static str, body: impl FnOnce() -> FfiResult<()>) -> mws_status {
     match run(function, body) {
@@ -224,7 +242,7 @@ pub(crate) fn value_call<T>(function: &'static str, fallback: T, body: impl FnOn
 pub extern "C" fn mws_status_name(status: c_int) -> *const c_char {
     // SAFETY: literal with exactly one, trailing NUL.
     let unknown: &'static CStr = c"MWS_UNKNOWN_STATUS";
-    value_call("mws_status_name", unknown.as_ptr(), || {
+    value_call!(unknown.as_ptr(), || {
         let name = mws_status::ALL.iter().find(|s| **s as c_int == status).map_or(unknown, |s| s.name());
         Ok(name.as_ptr())
     })
@@ -273,7 +291,7 @@ pub extern "C" fn mws_version() -> *const c_char {
 /// Thread safety: may be called from any thread.
 #[no_mangle]
 pub extern "C" fn mws_test_panic() -> mws_status {
-    status_call("mws_test_panic", || {
+    status_call!(|| {
         panic!("mws_test_panic: deliberate panic for tests");
     })
 }
@@ -329,24 +347,12 @@ mod tests {
     #[test]
     fn error_kinds_map_one_to_one() {
         use std::collections::HashSet;
-        let kinds = [
-            ErrorKind::InvalidArgument,
-            ErrorKind::InvalidBinding,
-            ErrorKind::InvalidManifest,
-            ErrorKind::NotFound,
-            ErrorKind::AlreadyExists,
-            ErrorKind::Conflict,
-            ErrorKind::StaleBinding,
-            ErrorKind::LimitExceeded,
-            ErrorKind::Unsupported,
-            ErrorKind::Store,
-            ErrorKind::Io,
-            ErrorKind::Integrity,
-        ];
+        let kinds = ErrorKind::ALL;
         let statuses: HashSet<_> = kinds.iter().map(|k| mws_status::from_kind(*k)).collect();
         assert_eq!(statuses.len(), kinds.len());
-        for k in kinds {
+        for &k in kinds {
             let s = mws_status::from_kind(k);
+            assert_eq!(s as i32, k.status_code());
             assert!(!matches!(
                 s,
                 mws_status::MWS_OK

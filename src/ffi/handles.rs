@@ -24,12 +24,63 @@ use parking_lot::RwLockReadGuard;
 use std::sync::Arc;
 use std::sync::OnceLock;
 
+/// How a C handle is made, borrowed and freed (in the spirit of rustls-ffi's
+/// `Castable`): every handle type is owned by C as a `Box` of itself. The few lines
+/// that cast raw pointers live here, so entry points never cast by hand.
+pub(crate) trait Handle: Sized {
+    /// Moves `self` to the heap and hands ownership to C (free with [`Handle::free`]).
+    fn into_raw(self) -> *mut Self {
+        Box::into_raw(Box::new(self))
+    }
+
+    /// Borrows a handle argument; NULL is `MWS_NULL_ARGUMENT` naming `name`.
+    ///
+    /// # Safety
+    /// `p` is NULL or a live handle of this type made by [`Handle::into_raw`], not
+    /// freed during the borrow.
+    unsafe fn borrow<'a>(p: *const Self, name: &str) -> FfiResult<&'a Self> {
+        // SAFETY: the caller guarantees `p` is NULL or a live handle (see above).
+        unsafe { p.as_ref() }.ok_or_else(|| Failure::null(name))
+    }
+
+    /// Takes a handle back from C and drops it; NULL does nothing.
+    ///
+    /// # Safety
+    /// `p` is NULL or a live handle of this type made by [`Handle::into_raw`], not yet
+    /// freed and not in use by another thread.
+    unsafe fn free(p: *mut Self) {
+        if !p.is_null() {
+            // SAFETY: `p` came from `Box::into_raw` in `into_raw` and is freed once.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+/// Borrows a handle argument (`MWS_NULL_ARGUMENT` naming `name` when NULL).
+///
+/// # Safety
+/// As [`Handle::borrow`].
+pub(crate) unsafe fn handle<'a, T: Handle>(p: *const T, name: &str) -> FfiResult<&'a T> {
+    // SAFETY: forwarded contract.
+    unsafe { T::borrow(p, name) }
+}
+
+impl Handle for mws_binding {}
+impl Handle for mws_upload_plan {}
+impl Handle for mws_placement {}
+impl Handle for mws_transaction {}
+impl Handle for mws_store {}
+impl Handle for mws_receipts {}
+impl Handle for mws_registration_lease {}
+impl Handle for mws_stored_manifest {}
+impl Handle for mws_load_plan {}
+
 /// A runtime binding under construction: the identity of one participant's binding
 /// plus the fragments added so far.
 ///
 /// Created by `mws_binding_new`, filled with `mws_binding_add_fragment`, freed by
 /// `mws_binding_free`. The binding is checked as a whole (against its placement) by
-/// `mws_binding_validate` and `mws_plan_upload`.
+/// `mws_binding_validate` and `mws_upload_plan_new`.
 ///
 /// The handle copies every string and array it is given. It does not dereference the
 /// buffer addresses; the caller keeps the buffers valid and stable for as long as
@@ -89,7 +140,7 @@ pub(crate) struct OperationView {
 /// A planned upload: the stored manifest to commit, every key of the upload
 /// transaction, and the copy operations, in plan order.
 ///
-/// Created by `mws_plan_upload`, freed by `mws_upload_plan_free`. Immutable: every
+/// Created by `mws_upload_plan_new`, freed by `mws_upload_plan_free`. Immutable: every
 /// function taking a `const mws_upload_plan *` may be called from several threads at
 /// once. It holds no runtime address in any string and does not borrow the placement
 /// or bindings it was planned from. Strings returned by its accessors are owned by the
@@ -314,7 +365,7 @@ pub(crate) struct StoredFragmentView {
 /// A stored manifest: the published, immutable description of one weight revision
 /// (tensors, stored fragments, object keys).
 ///
-/// Created by `mws_store_load_manifest`, `mws_stored_manifest_from_json`,
+/// Created by `mws_stored_manifest_from_store`, `mws_stored_manifest_from_json`,
 /// `mws_store_commit` and `mws_writer_commit`; freed by `mws_stored_manifest_free`.
 /// Immutable: may be used from several threads at once. Strings returned by its
 /// accessors are borrowed from the handle and valid until it is freed.

@@ -1,10 +1,10 @@
 //! `mws_registration_lease`: buffers pinned and registered once for many uploads or
 //! loads (`WeightStore::register_weight_buffers`).
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
+use crate::ffi::boundary::{mws_status, Failure};
 use crate::ffi::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
-use crate::ffi::handles::{mws_binding, mws_registration_lease, mws_store};
-use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out};
+use crate::ffi::handles::{handle, mws_binding, mws_registration_lease, mws_store, Handle};
+use crate::ffi::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
 use crate::protocol::guards::GuardProvider;
 use crate::protocol::guards::StaticGuard;
 use parking_lot::RwLock;
@@ -64,7 +64,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
     transfer_id: *const c_char,
     out: *mut *mut mws_registration_lease,
 ) -> mws_status {
-    status_call("mws_registration_lease_new", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let b = handle(binding, "binding")?;
         check_out(out, "out")?;
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         })?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
         let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        write_out(out, Box::into_raw(Box::new(h)));
+        write_out(out, Handle::into_raw(h));
         Ok(())
     })
 }
@@ -105,7 +105,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
-    status_call("mws_registration_lease_close", || {
+    status_call!(|| {
         let l = handle(lease, "lease")?;
         let state = terminal_state(state)?;
         let mut inner = l.inner.write();
@@ -120,9 +120,7 @@ pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registra
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
-    value_call("mws_registration_lease_is_closed", -1, || {
-        Ok(c_int::from(handle(lease, "lease")?.inner.read().is_closed()))
-    })
+    value_call!(-1, || { Ok(c_int::from(handle(lease, "lease")?.inner.read().is_closed())) })
 }
 
 /// Frees a lease handle. `NULL` does nothing. An open lease is closed first as
@@ -134,10 +132,8 @@ pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_regi
 /// `lease` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_free(lease: *mut mws_registration_lease) {
-    value_call("mws_registration_lease_free", (), || {
-        if !lease.is_null() {
-            drop(Box::from_raw(lease));
-        }
+    value_call!((), || {
+        Handle::free(lease);
         Ok(())
     })
 }

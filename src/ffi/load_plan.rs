@@ -1,9 +1,9 @@
 //! `mws_load_plan_*`: restore plans (a stored manifest planned into a target
 //! placement and bound to target bindings), planning limits and load statistics.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
-use crate::ffi::handles::{mws_binding, mws_load_plan, mws_placement, mws_stored_manifest};
-use crate::ffi::strings::{check_out, handle, slice_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, Failure};
+use crate::ffi::handles::{handle, mws_binding, mws_load_plan, mws_placement, mws_stored_manifest, Handle};
+use crate::ffi::strings::{check_out, slice_arg, write_out, CText};
 use crate::plan::load::PlanningLimits;
 use crate::protocol::LoadPlan;
 use std::ffi::c_char;
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
     limits: *const mws_planning_limits,
     out: *mut *mut mws_load_plan,
 ) -> mws_status {
-    status_call("mws_load_plan_new", || {
+    status_call!(|| {
         let m = handle(manifest, "manifest")?;
         let t = handle(target, "target")?;
         check_out(out, "out")?;
@@ -82,7 +82,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
         }
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        write_out(out, Box::into_raw(Box::new(mws_load_plan { inner: plan, participants })));
+        write_out(out, Handle::into_raw(mws_load_plan { inner: plan, participants }));
         Ok(())
     })
 }
@@ -93,10 +93,8 @@ pub unsafe extern "C" fn mws_load_plan_new(
 /// `plan` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
-    value_call("mws_load_plan_free", (), || {
-        if !plan.is_null() {
-            drop(Box::from_raw(plan));
-        }
+    value_call!((), || {
+        Handle::free(plan);
         Ok(())
     })
 }
@@ -108,7 +106,7 @@ pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) -> usize {
-    value_call("mws_load_plan_region_count", 0, || Ok(handle(plan, "plan")?.inner.regions().len()))
+    value_call!(0, || Ok(handle(plan, "plan")?.inner.regions().len()))
 }
 
 /// Returns the bytes the plan moves, or 0 (and the last error) if `plan` is NULL.
@@ -117,7 +115,7 @@ pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) 
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -> u64 {
-    value_call("mws_load_plan_total_bytes", 0, || Ok(handle(plan, "plan")?.inner.total_bytes()))
+    value_call!(0, || Ok(handle(plan, "plan")?.inner.total_bytes()))
 }
 
 /// Returns the number of target participants the plan loads (sorted ids via
@@ -127,7 +125,7 @@ pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_participant_count(plan: *const mws_load_plan) -> usize {
-    value_call("mws_load_plan_participant_count", 0, || Ok(handle(plan, "plan")?.participants.len()))
+    value_call!(0, || Ok(handle(plan, "plan")?.participants.len()))
 }
 
 /// Returns target participant `index` (sorted order). Borrowed NUL-terminated string
@@ -142,7 +140,7 @@ pub unsafe extern "C" fn mws_load_plan_participant(
     index: usize,
     len: *mut usize,
 ) -> *const c_char {
-    value_call("mws_load_plan_participant", std::ptr::null(), || {
+    value_call!(std::ptr::null(), || {
         let p = handle(plan, "plan")?;
         let t = p.participants.get(index).ok_or_else(|| {
             Failure::invalid(format!(

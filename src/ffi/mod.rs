@@ -31,8 +31,9 @@
 
 #![allow(non_camel_case_types)]
 
-mod binding;
+#[macro_use]
 pub(crate) mod boundary;
+mod binding;
 pub mod callbacks;
 pub(crate) mod handles;
 mod io_args;

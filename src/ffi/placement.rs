@@ -1,8 +1,8 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
-use crate::ffi::handles::{mws_placement, FragmentView};
-use crate::ffi::strings::{check_out, handle, slice_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, value_call, Failure, FfiResult};
+use crate::ffi::handles::{handle, mws_placement, FragmentView, Handle};
+use crate::ffi::strings::{check_out, slice_arg, write_out, CText};
 use crate::Placement;
 use std::ffi::c_char;
 
@@ -50,14 +50,14 @@ pub unsafe extern "C" fn mws_placement_from_json(
     len: usize,
     out: *mut *mut mws_placement,
 ) -> mws_status {
-    status_call("mws_placement_from_json", || {
+    status_call!(|| {
         check_out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
         let placement = Placement::from_json(bytes)?;
-        write_out(out, Box::into_raw(Box::new(mws_placement::new(placement))));
+        write_out(out, Handle::into_raw(mws_placement::new(placement)));
         Ok(())
     })
 }
@@ -71,10 +71,8 @@ pub unsafe extern "C" fn mws_placement_from_json(
 /// no other thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
-    value_call("mws_placement_free", (), || {
-        if !placement.is_null() {
-            drop(Box::from_raw(placement));
-        }
+    value_call!((), || {
+        Handle::free(placement);
         Ok(())
     })
 }
@@ -103,7 +101,7 @@ pub(crate) unsafe fn lend(
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_to_json", placement, len, |p| &p.json)
+    lend(function_name!(), placement, len, |p| &p.json)
 }
 
 /// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
@@ -113,7 +111,7 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_id", placement, len, |p| &p.placement_id)
+    lend(function_name!(), placement, len, |p| &p.placement_id)
 }
 
 /// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
@@ -123,7 +121,7 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_digest", placement, len, |p| &p.digest)
+    lend(function_name!(), placement, len, |p| &p.digest)
 }
 
 /// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
@@ -133,7 +131,7 @@ pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, l
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_topology_id", placement, len, |p| &p.topology_id)
+    lend(function_name!(), placement, len, |p| &p.topology_id)
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -143,7 +141,7 @@ pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_resource_id", placement, len, |p| &p.resource_id)
+    lend(function_name!(), placement, len, |p| &p.resource_id)
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -152,7 +150,7 @@ pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend("mws_placement_revision", placement, len, |p| &p.revision)
+    lend(function_name!(), placement, len, |p| &p.revision)
 }
 
 /// Returns the weight generation of the placement, or 0 (and sets the last error) if
@@ -162,7 +160,7 @@ pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement,
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_placement) -> u64 {
-    value_call("mws_placement_weight_generation", 0, || Ok(handle(placement, "placement")?.inner.weight_generation()))
+    value_call!(0, || Ok(handle(placement, "placement")?.inner.weight_generation()))
 }
 
 pub(crate) unsafe fn count(
@@ -180,7 +178,7 @@ pub(crate) unsafe fn count(
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_participant_count", placement, |p| p.inner.topology().participants().len())
+    count(function_name!(), placement, |p| p.inner.topology().participants().len())
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -190,7 +188,7 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_tensor_count", placement, |p| p.inner.tensors().len())
+    count(function_name!(), placement, |p| p.inner.tensors().len())
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -200,7 +198,7 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    count("mws_placement_fragment_count", placement, |p| p.fragments.len())
+    count(function_name!(), placement, |p| p.fragments.len())
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.
@@ -219,7 +217,7 @@ pub unsafe extern "C" fn mws_placement_fragment(
     index: usize,
     out: *mut mws_placement_fragment_info,
 ) -> mws_status {
-    status_call("mws_placement_fragment", || {
+    status_call!(|| {
         let p = handle(placement, "placement")?;
         check_out(out, "out")?;
         let f = fragment_at(p, index)?;

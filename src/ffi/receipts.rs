@@ -1,9 +1,9 @@
 //! `mws_receipts_*`: upload receipts, their JSON transport between processes, and
 //! receipts rebuilt from a plan for recovery.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
-use crate::ffi::handles::{mws_receipts, mws_upload_plan};
-use crate::ffi::strings::{check_out, handle, slice_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, Failure};
+use crate::ffi::handles::{handle, mws_receipts, mws_upload_plan, Handle};
+use crate::ffi::strings::{check_out, slice_arg, write_out, CText};
 use crate::protocol::UploadReceipt;
 use std::ffi::c_char;
 
@@ -13,10 +13,8 @@ use std::ffi::c_char;
 /// `receipts` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
-    value_call("mws_receipts_free", (), || {
-        if !receipts.is_null() {
-            drop(Box::from_raw(receipts));
-        }
+    value_call!((), || {
+        Handle::free(receipts);
         Ok(())
     })
 }
@@ -27,7 +25,7 @@ pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
 /// `receipts` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> usize {
-    value_call("mws_receipts_count", 0, || Ok(handle(receipts, "receipts")?.inner.len()))
+    value_call!(0, || Ok(handle(receipts, "receipts")?.inner.len()))
 }
 
 /// Encodes the receipts for transport (a rank sends them to the coordinator that
@@ -38,7 +36,7 @@ pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> us
 /// `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
-    value_call("mws_receipts_to_json", std::ptr::null(), || {
+    value_call!(std::ptr::null(), || {
         let r = handle(receipts, "receipts")?;
         Ok(r.json.get_or_init(|| CText::new(&crate::protocol::receipts_to_json(&r.inner))).lend(len))
     })
@@ -58,14 +56,14 @@ pub unsafe extern "C" fn mws_receipts_from_json(
     len: usize,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_receipts_from_json", || {
+    status_call!(|| {
         check_out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
         let r = crate::protocol::receipts_from_json(bytes)?;
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(r))));
+        write_out(out, Handle::into_raw(mws_receipts::new(r)));
         Ok(())
     })
 }
@@ -83,7 +81,7 @@ pub unsafe extern "C" fn mws_receipts_concat(
     count: usize,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_receipts_concat", || {
+    status_call!(|| {
         check_out(out, "out")?;
         let items = slice_arg(list, count, "list")?;
         let mut all = Vec::new();
@@ -91,7 +89,7 @@ pub unsafe extern "C" fn mws_receipts_concat(
             let r = r.as_ref().ok_or_else(|| Failure::null(&format!("list[{i}]")))?;
             all.extend(r.inner.iter().cloned());
         }
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(all))));
+        write_out(out, Handle::into_raw(mws_receipts::new(all)));
         Ok(())
     })
 }
@@ -103,14 +101,14 @@ pub unsafe extern "C" fn mws_receipts_concat(
 /// # Safety
 /// `plan` is NULL or a live handle; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_receipts_for_plan(
+pub unsafe extern "C" fn mws_receipts_from_plan(
     plan: *const mws_upload_plan,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_receipts_for_plan", || {
+    status_call!(|| {
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(UploadReceipt::all_for(&p.inner)))));
+        write_out(out, Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner))));
         Ok(())
     })
 }

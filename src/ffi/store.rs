@@ -2,15 +2,16 @@
 //! object access, and the store's jobs: upload, commit, abort, finalize, decisions,
 //! restores (`mws_store_load`) and quarantined registrations.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
+use crate::ffi::boundary::{mws_status, Failure, FfiResult};
 use crate::ffi::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
 use crate::ffi::callbacks::store::{mws_store_vtable, CallbackStore};
 use crate::ffi::handles::{
-    mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
+    handle, mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
+    Handle,
 };
 use crate::ffi::io_args::{io_args, mws_io_args, with_upload_args};
 use crate::ffi::load_plan::{mws_load_stats, stats_out};
-use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, str_arg, write_out};
+use crate::ffi::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
 use crate::protocol::LoadArgs;
 use crate::protocol::StoreLimits;
 use crate::protocol::UploadReceipt;
@@ -121,7 +122,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call("mws_store_open_memory", || {
+    status_call!(|| {
         check_out(out, "out")?;
         let (config, hook) = read_options(options, true)?;
         let backend = match hook {
@@ -129,7 +130,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
             None => MemoryStore::new(),
         };
         let ws = configure(Arc::new(backend), config)?;
-        write_out(out, Box::into_raw(Box::new(mws_store::new(ws))));
+        write_out(out, Handle::into_raw(mws_store::new(ws)));
         Ok(())
     })
 }
@@ -151,7 +152,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call("mws_store_open_dir", || {
+    status_call!(|| {
         check_out(out, "out")?;
         let path = str_arg(path, "path")?;
         let (config, hook) = read_options(options, true)?;
@@ -160,7 +161,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
             None => DirectoryStore::open(path)?,
         };
         let ws = configure(Arc::new(dir), config)?;
-        write_out(out, Box::into_raw(Box::new(mws_store::new(ws))));
+        write_out(out, Handle::into_raw(mws_store::new(ws)));
         Ok(())
     })
 }
@@ -187,7 +188,7 @@ pub unsafe extern "C" fn mws_store_from_vtable(
     ctx: *mut c_void,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call("mws_store_from_vtable", || from_vtable(vt, ctx, std::ptr::null(), out))
+    status_call!(|| from_vtable(vt, ctx, std::ptr::null(), out))
 }
 
 /// As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
@@ -202,7 +203,7 @@ pub unsafe extern "C" fn mws_store_from_vtable_with_options(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call("mws_store_from_vtable_with_options", || from_vtable(vt, ctx, options, out))
+    status_call!(|| from_vtable(vt, ctx, options, out))
 }
 
 pub(crate) unsafe fn from_vtable(
@@ -224,7 +225,7 @@ pub(crate) unsafe fn from_vtable(
     probe.with_limits(config.limits)?;
     let backend = CallbackStore::new(vt, ctx)?;
     let ws = configure(Arc::new(backend), config)?;
-    write_out(out, Box::into_raw(Box::new(mws_store::new(ws))));
+    write_out(out, Handle::into_raw(mws_store::new(ws)));
     Ok(())
 }
 
@@ -236,10 +237,8 @@ pub(crate) unsafe fn from_vtable(
 /// `store` is NULL or a live handle not yet freed, and no other thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
-    value_call("mws_store_free", (), || {
-        if !store.is_null() {
-            drop(Box::from_raw(store));
-        }
+    value_call!((), || {
+        Handle::free(store);
         Ok(())
     })
 }
@@ -252,7 +251,7 @@ pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
 /// `store` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_key_prefix(store: *const mws_store, len: *mut usize) -> *const c_char {
-    value_call("mws_store_key_prefix", std::ptr::null(), || Ok(handle(store, "store")?.key_prefix.lend(len)))
+    value_call!(std::ptr::null(), || Ok(handle(store, "store")?.key_prefix.lend(len)))
 }
 
 /// Raw access (tests, tools): copies object `key` into `buf`.
@@ -275,7 +274,7 @@ pub unsafe extern "C" fn mws_store_get(
     cap: usize,
     len: *mut usize,
 ) -> mws_status {
-    status_call("mws_store_get", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let key = str_arg(key, "key")?;
         check_out(len, "len")?;
@@ -305,7 +304,7 @@ pub unsafe extern "C" fn mws_store_exists(
     key: *const c_char,
     present: *mut c_int,
 ) -> mws_status {
-    status_call("mws_store_exists", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let key = str_arg(key, "key")?;
         check_out(present, "present")?;
@@ -353,7 +352,7 @@ pub unsafe extern "C" fn mws_store_put(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    status_call("mws_store_put", || raw_write(store, key, value, len, group_id, false))
+    status_call!(|| raw_write(store, key, value, len, group_id, false))
 }
 
 /// Raw access: as `mws_store_put`, replacing any existing value.
@@ -368,7 +367,7 @@ pub unsafe extern "C" fn mws_store_upsert(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    status_call("mws_store_upsert", || raw_write(store, key, value, len, group_id, true))
+    status_call!(|| raw_write(store, key, value, len, group_id, true))
 }
 
 /// Raw access: removes object `key` (removing an absent key succeeds).
@@ -377,7 +376,7 @@ pub unsafe extern "C" fn mws_store_upsert(
 /// `store` is NULL or a live handle; `key` is NULL or NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
-    status_call("mws_store_remove", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let key = str_arg(key, "key")?;
         Ok(s.ws.backend().remove(key)?)
@@ -392,9 +391,7 @@ pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_store) -> usize {
-    value_call("mws_store_pending_registration_count", 0, || {
-        Ok(handle(store, "store")?.ws.pending_registration_ids().len())
-    })
+    value_call!(0, || { Ok(handle(store, "store")?.ws.pending_registration_ids().len()) })
 }
 
 /// Retries the cleanup of every quarantined registration and releases their pins.
@@ -405,7 +402,7 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
-    status_call("mws_store_drain_pending_registrations", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         for id in s.ws.pending_registration_ids() {
             s.ws.drain_pending_registration(&id)?;
@@ -444,14 +441,14 @@ pub unsafe extern "C" fn mws_store_upload(
     args: *const mws_io_args,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_store_upload", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
         check_out(out, "out")?;
         let receipts = with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua))?;
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(receipts))));
+        write_out(out, Handle::into_raw(mws_receipts::new(receipts)));
         Ok(())
     })
 }
@@ -480,7 +477,7 @@ pub unsafe extern "C" fn mws_store_commit(
     decision_may_exist: *mut c_int,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call("mws_store_commit", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
@@ -498,7 +495,7 @@ pub unsafe extern "C" fn mws_store_commit(
             }
         };
         let m = s.ws.commit(&p.inner, r, Some(&mut flag))?;
-        write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(Arc::new(m)))));
+        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -517,7 +514,7 @@ pub unsafe extern "C" fn mws_store_abort_upload(
     plan: *const mws_upload_plan,
     receipts: *const mws_receipts,
 ) -> mws_status {
-    status_call("mws_store_abort_upload", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         let r: &[UploadReceipt] = match receipts.as_ref() {
@@ -541,7 +538,7 @@ pub unsafe extern "C" fn mws_store_finalize_upload(
     store: *const mws_store,
     plan: *const mws_upload_plan,
 ) -> mws_status {
-    status_call("mws_store_finalize_upload", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         Ok(s.ws.finalize(&p.inner)?)
@@ -573,7 +570,7 @@ pub unsafe extern "C" fn mws_store_read_decision(
     plan: *const mws_upload_plan,
     out: *mut mws_decision,
 ) -> mws_status {
-    status_call("mws_store_read_decision", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
@@ -617,7 +614,7 @@ pub unsafe extern "C" fn mws_store_load(
     args: *const mws_io_args,
     stats: *mut mws_load_stats,
 ) -> mws_status {
-    status_call("mws_store_load", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         let b = handle(binding, "binding")?;

@@ -1,9 +1,9 @@
 //! `mws_stored_manifest` (a published revision) and `mws_load_plan` + `mws_store_load`
 //! (the restore path).
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
-use crate::ffi::handles::{mws_store, mws_stored_manifest};
-use crate::ffi::strings::{check_out, handle, slice_arg, str_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, value_call, Failure};
+use crate::ffi::handles::{handle, mws_store, mws_stored_manifest, Handle};
+use crate::ffi::strings::{check_out, slice_arg, str_arg, write_out, CText};
 use crate::StoredManifest;
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -41,23 +41,23 @@ pub struct mws_stored_fragment_info {
 /// `store` is NULL or a live handle; `manifest_key` is NULL or NUL-terminated; `out` is
 /// NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_store_load_manifest(
+pub unsafe extern "C" fn mws_stored_manifest_from_store(
     store: *const mws_store,
     manifest_key: *const c_char,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call("mws_store_load_manifest", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let key = str_arg(manifest_key, "manifest_key")?;
         check_out(out, "out")?;
         let m = s.ws.load_manifest(key)?;
-        write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(Arc::new(m)))));
+        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
 
 /// Decodes a stored manifest from its JSON (`len` bytes, read during the call), with
-/// the same strict validation as `mws_store_load_manifest`. New handle in `*out`.
+/// the same strict validation as `mws_stored_manifest_from_store`. New handle in `*out`.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid document).
 ///
@@ -69,14 +69,14 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
     len: usize,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call("mws_stored_manifest_from_json", || {
+    status_call!(|| {
         check_out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
         let m = StoredManifest::from_json(bytes)?;
-        write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(Arc::new(m)))));
+        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -88,10 +88,8 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 /// `manifest` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_manifest) {
-    value_call("mws_stored_manifest_free", (), || {
-        if !manifest.is_null() {
-            drop(Box::from_raw(manifest));
-        }
+    value_call!((), || {
+        Handle::free(manifest);
         Ok(())
     })
 }
@@ -113,7 +111,7 @@ pub(crate) unsafe fn lend_m(
 /// `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m("mws_stored_manifest_to_json", m, len, |m| &m.json)
+    lend_m(function_name!(), m, len, |m| &m.json)
 }
 
 /// Returns the manifest digest (64 lowercase hex). Borrowed, as
@@ -123,7 +121,7 @@ pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manife
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m("mws_stored_manifest_digest", m, len, |m| &m.digest)
+    lend_m(function_name!(), m, len, |m| &m.digest)
 }
 
 /// Returns the key the manifest is stored at. Borrowed, as
@@ -133,7 +131,7 @@ pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifes
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m("mws_stored_manifest_key", m, len, |m| &m.key)
+    lend_m(function_name!(), m, len, |m| &m.key)
 }
 
 /// Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -142,7 +140,7 @@ pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, 
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m("mws_stored_manifest_group_id", m, len, |m| &m.group_id)
+    lend_m(function_name!(), m, len, |m| &m.group_id)
 }
 
 /// Returns the store namespace of the revision. Borrowed, as
@@ -155,7 +153,7 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    lend_m("mws_stored_manifest_namespace", m, len, |m| &m.namespace)
+    lend_m(function_name!(), m, len, |m| &m.namespace)
 }
 
 /// Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
@@ -167,7 +165,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    lend_m("mws_stored_manifest_resource_id", m, len, |m| &m.resource_id)
+    lend_m(function_name!(), m, len, |m| &m.resource_id)
 }
 
 /// Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -176,7 +174,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m("mws_stored_manifest_revision", m, len, |m| &m.revision)
+    lend_m(function_name!(), m, len, |m| &m.revision)
 }
 
 /// Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
@@ -185,7 +183,7 @@ pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manif
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_stored_manifest) -> u64 {
-    value_call("mws_stored_manifest_weight_generation", 0, || Ok(handle(m, "manifest")?.inner.weight_generation()))
+    value_call!(0, || Ok(handle(m, "manifest")?.inner.weight_generation()))
 }
 
 /// Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
@@ -194,7 +192,7 @@ pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_sto
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_manifest) -> usize {
-    value_call("mws_stored_manifest_tensor_count", 0, || Ok(handle(m, "manifest")?.inner.tensors().len()))
+    value_call!(0, || Ok(handle(m, "manifest")?.inner.tensors().len()))
 }
 
 /// Returns the number of stored fragments, or 0 (and the last error) if `manifest`
@@ -204,7 +202,7 @@ pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_m
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored_manifest) -> usize {
-    value_call("mws_stored_manifest_fragment_count", 0, || Ok(handle(m, "manifest")?.fragments.len()))
+    value_call!(0, || Ok(handle(m, "manifest")?.fragments.len()))
 }
 
 /// Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
@@ -214,9 +212,7 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_total_bytes(m: *const mws_stored_manifest) -> u64 {
-    value_call("mws_stored_manifest_total_bytes", 0, || {
-        Ok(handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum())
-    })
+    value_call!(0, || { Ok(handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum()) })
 }
 
 /// Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
@@ -232,7 +228,7 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
     index: usize,
     out: *mut mws_stored_fragment_info,
 ) -> mws_status {
-    status_call("mws_stored_manifest_fragment", || {
+    status_call!(|| {
         let m = handle(m, "manifest")?;
         check_out(out, "out")?;
         let f = m.fragments.get(index).ok_or_else(|| {

@@ -111,10 +111,11 @@ pub(crate) fn check_out<T>(out: *mut T, name: &str) -> FfiResult<()> {
     }
 }
 
-/// Borrows a handle argument.
+/// Borrows a required pointer to a C struct argument (options, vtables, views).
 ///
 /// # Safety
-/// `p` is NULL or a live handle of type `T` created by this library.
-pub(crate) unsafe fn handle<'a, T>(p: *const T, name: &str) -> FfiResult<&'a T> {
-    p.as_ref().ok_or_else(|| Failure::null(name))
+/// `p` is NULL or points to a valid, initialized `T` for the call.
+pub(crate) unsafe fn struct_arg<'a, T>(p: *const T, name: &str) -> FfiResult<&'a T> {
+    // SAFETY: the caller guarantees `p` is NULL or valid (see above).
+    unsafe { p.as_ref() }.ok_or_else(|| Failure::null(name))
 }

@@ -1,12 +1,13 @@
 //! `mws_transaction`: an upload transaction bound to a store and an upload plan that
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
-use crate::ffi::boundary::{mws_status, status_call, value_call};
+use crate::ffi::boundary::mws_status;
 use crate::ffi::handles::{
-    mws_binding, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_transaction, mws_upload_plan,
+    handle, mws_binding, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_transaction, mws_upload_plan,
+    Handle,
 };
 use crate::ffi::io_args::{mws_io_args, with_upload_args};
-use crate::ffi::strings::{check_out, handle, write_out};
+use crate::ffi::strings::{check_out, write_out};
 use crate::protocol::Transaction;
 use crate::protocol::TransactionState;
 use std::ffi::c_int;
@@ -41,12 +42,12 @@ pub unsafe extern "C" fn mws_transaction_new(
     plan: *const mws_upload_plan,
     out: *mut *mut mws_transaction,
 ) -> mws_status {
-    status_call("mws_transaction_new", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        write_out(out, Box::into_raw(Box::new(tx)));
+        write_out(out, Handle::into_raw(tx));
         Ok(())
     })
 }
@@ -74,7 +75,7 @@ pub unsafe extern "C" fn mws_transaction_upload(
     binding: *const mws_binding,
     args: *const mws_io_args,
 ) -> mws_status {
-    status_call("mws_transaction_upload", || {
+    status_call!(|| {
         let t = handle(tx as *const mws_transaction, "tx")?;
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
@@ -94,11 +95,11 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     tx: *const mws_transaction,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_transaction_receipts", || {
+    status_call!(|| {
         let t = handle(tx, "tx")?;
         check_out(out, "out")?;
         let r = t.inner.receipts();
-        write_out(out, Box::into_raw(Box::new(mws_receipts::new(r))));
+        write_out(out, Handle::into_raw(mws_receipts::new(r)));
         Ok(())
     })
 }
@@ -116,7 +117,7 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
     tx: *mut mws_transaction,
     receipts: *const mws_receipts,
 ) -> mws_status {
-    status_call("mws_transaction_add_receipts", || {
+    status_call!(|| {
         let t = handle(tx as *const mws_transaction, "tx")?;
         let r = handle(receipts, "receipts")?;
         Ok(t.inner.add_receipts(&r.inner)?)
@@ -145,11 +146,11 @@ pub unsafe extern "C" fn mws_transaction_commit(
     tx: *mut mws_transaction,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call("mws_transaction_commit", || {
+    status_call!(|| {
         let t = handle(tx as *const mws_transaction, "tx")?;
         check_out(out, "out")?;
         let m = t.inner.commit()?;
-        write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(m))));
+        write_out(out, Handle::into_raw(mws_stored_manifest::new(m)));
         Ok(())
     })
 }
@@ -163,9 +164,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mws_transaction) -> c_int {
-    value_call("mws_transaction_commit_decision_may_exist", 0, || {
-        Ok(c_int::from(handle(tx, "tx")?.inner.decision_may_exist()))
-    })
+    value_call!(0, || { Ok(c_int::from(handle(tx, "tx")?.inner.decision_may_exist())) })
 }
 
 /// Returns the state of the handle (`mws_transaction_state` value), or
@@ -178,7 +177,7 @@ pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mw
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -> mws_transaction_state {
-    value_call("mws_transaction_get_state", mws_transaction_state::MWS_TRANSACTION_OPEN, || {
+    value_call!(mws_transaction_state::MWS_TRANSACTION_OPEN, || {
         Ok(match handle(tx, "tx")?.inner.state() {
             TransactionState::Open => mws_transaction_state::MWS_TRANSACTION_OPEN,
             TransactionState::Committed => mws_transaction_state::MWS_TRANSACTION_COMMITTED,
@@ -202,7 +201,7 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
-    status_call("mws_transaction_abort", || {
+    status_call!(|| {
         let t = handle(tx as *const mws_transaction, "tx")?;
         Ok(t.inner.abort()?)
     })
@@ -221,7 +220,7 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
-    status_call("mws_transaction_finalize", || {
+    status_call!(|| {
         let t = handle(tx, "tx")?;
         Ok(t.inner.finalize()?)
     })
@@ -238,10 +237,8 @@ pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) ->
 /// `tx` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_free(tx: *mut mws_transaction) {
-    value_call("mws_transaction_free", (), || {
-        if !tx.is_null() {
-            drop(Box::from_raw(tx));
-        }
+    value_call!((), || {
+        Handle::free(tx);
         Ok(())
     })
 }

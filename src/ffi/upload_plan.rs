@@ -1,13 +1,13 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure, FfiResult};
-use crate::ffi::handles::{mws_binding, mws_placement, mws_upload_plan};
-use crate::ffi::strings::{check_out, handle, opt_str_arg, slice_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, value_call, Failure, FfiResult};
+use crate::ffi::handles::{handle, mws_binding, mws_placement, mws_upload_plan, Handle};
+use crate::ffi::strings::{check_out, opt_str_arg, slice_arg, write_out, CText};
 use crate::plan_upload;
 use crate::UploadOptions;
 use std::ffi::c_char;
 
-/// Options of `mws_plan_upload`. Every field may be NULL; the strings are only read
+/// Options of `mws_upload_plan_new`. Every field may be NULL; the strings are only read
 /// during the call.
 #[repr(C)]
 pub struct mws_upload_options {
@@ -86,14 +86,14 @@ pub(crate) unsafe fn options_from(options: *const mws_upload_options) -> FfiResu
 /// NULL or live binding handles not modified during the call; `options` is NULL or
 /// valid; `out` is NULL or valid for a pointer write.
 #[no_mangle]
-pub unsafe extern "C" fn mws_plan_upload(
+pub unsafe extern "C" fn mws_upload_plan_new(
     placement: *const mws_placement,
     bindings: *const *const mws_binding,
     count: usize,
     options: *const mws_upload_options,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call("mws_plan_upload", || {
+    status_call!(|| {
         let p = handle(placement, "placement")?;
         check_out(out, "out")?;
         let handles = slice_arg(bindings, count, "bindings")?;
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn mws_plan_upload(
         }
         let options = options_from(options)?;
         let plan = plan_upload(&p.inner, &built, &options)?;
-        write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
+        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }
@@ -113,14 +113,12 @@ pub unsafe extern "C" fn mws_plan_upload(
 /// becomes invalid.
 ///
 /// # Safety
-/// `plan` is NULL or a handle from `mws_plan_upload` not yet freed, and no other thread
+/// `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed, and no other thread
 /// is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
-    value_call("mws_upload_plan_free", (), || {
-        if !plan.is_null() {
-            drop(Box::from_raw(plan));
-        }
+    value_call!((), || {
+        Handle::free(plan);
         Ok(())
     })
 }
@@ -145,7 +143,7 @@ pub(crate) unsafe fn lend(
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_manifest_json", plan, len, |p| &p.manifest_json)
+    lend(function_name!(), plan, len, |p| &p.manifest_json)
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -158,7 +156,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_manifest_digest", plan, len, |p| &p.manifest_digest)
+    lend(function_name!(), plan, len, |p| &p.manifest_digest)
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -168,7 +166,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_manifest_key", plan, len, |p| &p.manifest_key)
+    lend(function_name!(), plan, len, |p| &p.manifest_key)
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -178,7 +176,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_group_id", plan, len, |p| &p.group_id)
+    lend(function_name!(), plan, len, |p| &p.group_id)
 }
 
 /// Returns the control key (where the commit/abort decision record is stored).
@@ -188,7 +186,7 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_control_key", plan, len, |p| &p.control_key)
+    lend(function_name!(), plan, len, |p| &p.control_key)
 }
 
 /// Returns the transaction group id (the group of the payload objects of this upload).
@@ -201,7 +199,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_group_id", plan, len, |p| &p.transaction_group_id)
+    lend(function_name!(), plan, len, |p| &p.transaction_group_id)
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -214,7 +212,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_transaction_id", plan, len, |p| &p.transaction_id)
+    lend(function_name!(), plan, len, |p| &p.transaction_id)
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -227,7 +225,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_id", plan, len, |p| &p.source_placement_id)
+    lend(function_name!(), plan, len, |p| &p.source_placement_id)
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -240,7 +238,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend("mws_upload_plan_source_placement_digest", plan, len, |p| &p.source_placement_digest)
+    lend(function_name!(), plan, len, |p| &p.source_placement_digest)
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -250,7 +248,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend("mws_upload_plan_commit_record", plan, len, |p| &p.commit_record)
+    lend(function_name!(), plan, len, |p| &p.commit_record)
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -260,7 +258,7 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_p
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
-    value_call("mws_upload_plan_operation_count", 0, || Ok(handle(plan, "plan")?.operations.len()))
+    value_call!(0, || Ok(handle(plan, "plan")?.operations.len()))
 }
 
 /// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
@@ -278,7 +276,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
     index: usize,
     out: *mut mws_upload_operation,
 ) -> mws_status {
-    status_call("mws_upload_plan_operation", || {
+    status_call!(|| {
         let p = handle(plan, "plan")?;
         check_out(out, "out")?;
         let op = p.operations.get(index).ok_or_else(|| {
@@ -320,7 +318,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call("mws_upload_plan_to_json", std::ptr::null(), || {
+    value_call!(std::ptr::null(), || {
         let p = handle(plan, "plan")?;
         let text = p.transport_json.get_or_init(|| CText::new(&crate::plan_to_json(&p.inner)));
         Ok(text.lend(len))
@@ -345,14 +343,14 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
     len: usize,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call("mws_upload_plan_from_json", || {
+    status_call!(|| {
         check_out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
         let bytes = slice_arg(json as *const u8, len, "json")?;
         let plan = crate::plan_from_json(bytes)?;
-        write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
+        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }

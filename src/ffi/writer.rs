@@ -1,12 +1,12 @@
 //! `mws_writer`: the per-tensor snapshot writer over a caller's adapter vtable.
 
-use crate::ffi::boundary::{mws_status, status_call, value_call, Failure};
+use crate::ffi::boundary::{mws_status, Failure};
 use crate::ffi::callbacks::snapshot::{
     mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
     MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
 };
-use crate::ffi::handles::{mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan};
-use crate::ffi::strings::{check_out, handle, opt_str_arg, str_arg, write_out};
+use crate::ffi::handles::{handle, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan, Handle};
+use crate::ffi::strings::{check_out, opt_str_arg, str_arg, struct_arg, write_out};
 use crate::ffi::upload_plan::mws_upload_options;
 use crate::protocol::SnapshotDescriptor;
 use crate::protocol::{SnapshotWriter, WeightStore};
@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// is uploaded as soon as all its fragments were written; `mws_writer_commit`
 /// publishes the manifest.
 ///
-/// Created by `mws_writer_begin`, freed by `mws_writer_free`. Freeing an open writer
+/// Created by `mws_writer_new`, freed by `mws_writer_free`. Freeing an open writer
 /// (neither committed nor aborted) aborts it (best effort; unless the commit decision
 /// may exist, in which case the transaction is left for `mws_store_finalize_upload`).
 /// The writer keeps its store alive. Calls on one writer are serialized internally
@@ -31,6 +31,8 @@ pub struct mws_writer {
     pub(crate) inner: Mutex<SnapshotWriter<'static, CAdapter>>,
     pub(crate) _store: Arc<WeightStore>,
 }
+
+impl Handle for mws_writer {}
 
 /// Starts a snapshot of the source that the adapter exports, into `store`: calls
 /// `export_source` once, checks the identity against `*descriptor`, and plans the
@@ -48,7 +50,7 @@ pub struct mws_writer {
 /// # Safety
 /// Handles and pointers are NULL or valid; the adapter honours its contract.
 #[no_mangle]
-pub unsafe extern "C" fn mws_writer_begin(
+pub unsafe extern "C" fn mws_writer_new(
     store: *const mws_store,
     descriptor: *const mws_snapshot_descriptor,
     adapter: *const mws_snapshot_adapter_vtable,
@@ -56,9 +58,9 @@ pub unsafe extern "C" fn mws_writer_begin(
     options: *const mws_upload_options,
     out: *mut *mut mws_writer,
 ) -> mws_status {
-    status_call("mws_writer_begin", || {
+    status_call!(|| {
         let s = handle(store, "store")?;
-        let d = handle(descriptor, "descriptor")?;
+        let d = struct_arg(descriptor, "descriptor")?;
         check_out(out, "out")?;
         if adapter.is_null() {
             return Err(Failure::null("adapter"));
@@ -102,7 +104,7 @@ pub unsafe extern "C" fn mws_writer_begin(
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
         let w: SnapshotWriter<'static, CAdapter> = std::mem::transmute(w);
-        write_out(out, Box::into_raw(Box::new(mws_writer { inner: Mutex::new(w), _store: ws })));
+        write_out(out, Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws }));
         Ok(())
     })
 }
@@ -127,12 +129,12 @@ pub unsafe extern "C" fn mws_writer_write_tensor(
     tensor: *mut c_void,
     receipts: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call("mws_writer_write_tensor", || {
+    status_call!(|| {
         let w = handle(writer, "writer")?;
         let id = str_arg(tensor_id, "tensor_id")?;
         let r = w.inner.lock().write_tensor(id, &CTensor(tensor))?;
         if !receipts.is_null() {
-            write_out(receipts, Box::into_raw(Box::new(mws_receipts::new(r))));
+            write_out(receipts, Handle::into_raw(mws_receipts::new(r)));
         }
         Ok(())
     })
@@ -149,11 +151,11 @@ pub unsafe extern "C" fn mws_writer_commit(
     writer: *const mws_writer,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call("mws_writer_commit", || {
+    status_call!(|| {
         let w = handle(writer, "writer")?;
         check_out(out, "out")?;
         let m = w.inner.lock().commit()?;
-        write_out(out, Box::into_raw(Box::new(mws_stored_manifest::new(Arc::new(m)))));
+        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -166,7 +168,7 @@ pub unsafe extern "C" fn mws_writer_commit(
 /// `writer` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
-    status_call("mws_writer_abort", || {
+    status_call!(|| {
         let w = handle(writer, "writer")?;
         Ok(w.inner.lock().abort()?)
     })
@@ -183,11 +185,11 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     writer: *const mws_writer,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call("mws_writer_upload_plan", || {
+    status_call!(|| {
         let w = handle(writer, "writer")?;
         check_out(out, "out")?;
         let plan = w.inner.lock().plan().clone();
-        write_out(out, Box::into_raw(Box::new(mws_upload_plan::new(plan))));
+        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }
@@ -199,10 +201,8 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
 /// `writer` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_free(writer: *mut mws_writer) {
-    value_call("mws_writer_free", (), || {
-        if !writer.is_null() {
-            drop(Box::from_raw(writer));
-        }
+    value_call!((), || {
+        Handle::free(writer);
         Ok(())
     })
 }

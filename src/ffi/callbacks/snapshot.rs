@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// Version of `mws_snapshot_adapter_vtable` this library implements.
 pub const MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION: u32 = 1;
 
-/// The identity of a snapshot, passed to `mws_writer_begin` and to the adapter's
+/// The identity of a snapshot, passed to `mws_writer_new` and to the adapter's
 /// `export_source`. Strings are NUL-terminated UTF-8.
 #[repr(C)]
 pub struct mws_snapshot_descriptor {
@@ -38,7 +38,7 @@ pub struct mws_snapshot_descriptor {
 /// The framework side of a snapshot, implemented by the caller. Set
 /// `size = sizeof(mws_snapshot_adapter_vtable)` and
 /// `version = MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION`. Every callback receives the `ctx`
-/// given to `mws_writer_begin` (which must outlive the writer; the library never
+/// given to `mws_writer_new` (which must outlive the writer; the library never
 /// frees it), returns 0 on success (any other value fails the call), must not throw or
 /// unwind, and is only called from inside a call on the writer.
 #[repr(C)]
@@ -48,10 +48,10 @@ pub struct mws_snapshot_adapter_vtable {
     pub size: u32,
     /// `MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION`.
     pub version: u32,
-    /// Required. Called once by `mws_writer_begin`: writes the source placement to
+    /// Required. Called once by `mws_writer_new`: writes the source placement to
     /// `*placement` and an array of `*count` binding handles (one per participant
     /// that lends buffers) to `*bindings`. The handles and the array stay owned by the
-    /// adapter; the library copies them before `mws_writer_begin` returns. Every
+    /// adapter; the library copies them before `mws_writer_new` returns. Every
     /// buffer they describe must stay valid and unchanged until the writer is closed
     /// (or, with `acquire_source`, while it is pinned).
     pub export_source: Option<
@@ -101,7 +101,7 @@ pub(crate) fn adapter_err(what: &str, code: i32) -> Error {
     Error::new(ErrorKind::InvalidArgument, format!("snapshot adapter {what} failed: error code {code}"))
 }
 
-// SAFETY: `mws_writer_begin`'s contract makes the caller vouch for the exported
+// SAFETY: `mws_writer_new`'s contract makes the caller vouch for the exported
 // buffers (valid and unchanged while the writer lives or while pinned).
 unsafe impl SnapshotAdapter for CAdapter {
     type Tensor = CTensor;
