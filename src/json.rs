@@ -413,6 +413,12 @@ pub fn req_int_array(v: &Value, field: &str, min: u64) -> Result<Vec<u64>> {
     items.iter().map(|x| req_int(x, field, min)).collect()
 }
 
+/// Writes `"k":"v"` (UTF-8 profile) for the transport encoders.
+pub(crate) fn write_kv_str(out: &mut String, k: &str, v: &str) {
+    key(out, k);
+    write_str(out, v, Profile::Utf8);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,10 +464,4 @@ mod tests {
         assert!(req_int(&Value::Bool(true), "f", 0).unwrap_err().message().contains("integer"));
         assert!(req_int(&Value::Float(8.0), "f", 0).unwrap_err().message().contains("integer"));
     }
-}
-
-/// Writes `"k":"v"` (UTF-8 profile) for the transport encoders.
-pub(crate) fn write_kv_str(out: &mut String, k: &str, v: &str) {
-    key(out, k);
-    write_str(out, v, Profile::Utf8);
 }

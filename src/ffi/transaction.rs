@@ -79,7 +79,7 @@ pub unsafe extern "C" fn mws_transaction_upload(
         let t = handle(tx as *const mws_transaction, "tx")?;
         let pl = handle(placement, "placement")?;
         let b = handle(binding, "binding")?;
-        Ok(with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua))?)
+        with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua))
     })
 }
 
