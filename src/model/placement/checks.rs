@@ -1,0 +1,84 @@
+//! Fragment checks shared by parts and placements (`data-model.md` §9.4–§9.5).
+
+use super::fragment::{check_fragment_geometry, PlacementFragment};
+use crate::error::{invalid, Error, Result};
+use crate::fxhash::FxHashMap as HashMap;
+use crate::fxhash::FxHashSet as HashSet;
+use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
+use crate::model::axes::ParallelRank;
+use crate::model::tensor::TensorDescriptor;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+pub(super) fn tensor_index(tensors: &[Arc<TensorDescriptor>]) -> Result<HashMap<&str, &TensorDescriptor>> {
+    let mut map = crate::fxhash::map_with_capacity(tensors.len());
+    for t in tensors {
+        if map.insert(t.tensor_id(), &**t).is_some() {
+            return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
+        }
+    }
+    Ok(map)
+}
+
+/// §9.4 over a tensor list and fragments. `alias_check` runs §9.5 (placement only).
+pub(super) fn check_fragments<'a, I>(
+    tensors: &'a [Arc<TensorDescriptor>],
+    fragments: I,
+    alias_check: bool,
+) -> Result<()>
+where
+    I: Iterator<Item = &'a PlacementFragment> + Clone,
+{
+    let index = tensor_index(tensors)?;
+    let mut ids: HashSet<&str> = HashSet::default();
+    let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::default();
+    let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::default();
+    for f in fragments.clone() {
+        let id = f.placement_fragment_id();
+        if !ids.insert(id) {
+            return invalid(format!("duplicate fragment_id: {id}"));
+        }
+        if !logical.insert((f.tensor_id(), f.rank, f.global_offset(), f.local_shape())) {
+            return invalid(format!("duplicate logical fragment for tensor and parallel rank: {id}"));
+        }
+        let t =
+            index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
+        check_fragment_geometry(t, id, f.global_offset(), f.local_shape(), f.nbytes())?;
+        groups.entry((f.tensor_id(), f.rank)).or_default().push(f.as_box());
+    }
+    if alias_check {
+        check_alias_completeness(&index, fragments)?;
+    }
+    for boxes in groups.values() {
+        if boxes.len() >= 2 && geometry::boxes_overlap(boxes, HIGH_DIM_COMPARISON_BUDGET)? {
+            return invalid("logical fragment boxes overlap for tensor and parallel rank");
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_alias_completeness<'a, I>(index: &HashMap<&str, &TensorDescriptor>, fragments: I) -> Result<()>
+where
+    I: Iterator<Item = &'a PlacementFragment>,
+{
+    let mut declared: BTreeSet<&'a [String]> = BTreeSet::new();
+    let mut per_tensor: HashMap<&'a str, BTreeSet<&'a [String]>> = HashMap::default();
+    for f in fragments {
+        if !f.aliases.is_empty() {
+            declared.insert(&f.aliases);
+        }
+        per_tensor.entry(f.tensor_id()).or_default().insert(&f.aliases);
+    }
+    for group in declared {
+        if let Some(unknown) = group.iter().find(|m| !index.contains_key(m.as_str())) {
+            return invalid(format!("alias group references unknown tensor: {unknown}"));
+        }
+        for member in group {
+            let ok = per_tensor.get(member.as_str()).is_some_and(|s| s.len() == 1 && s.contains(group));
+            if !ok {
+                return invalid(format!("alias group is not declared consistently for tensor: {member}"));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! Placement fragments (`data-model.md` §5): address-free N-D boxes of one tensor
+//! owned by one rank, their canonical ids and geometry checks.
+
+use crate::error::{invalid, Result};
+use crate::geometry::{self, BoxRef};
+use crate::json::{self, Profile};
+use crate::model::axes::ParallelRank;
+use crate::model::tensor::TensorDescriptor;
+use crate::model::{non_empty, sha256_hex};
+
+/// Construction input of a [`PlacementFragment`].
+#[derive(Clone, Debug, Default)]
+pub struct PlacementFragmentSpec {
+    /// Tensor id (non-empty).
+    pub tensor_id: String,
+    /// Box offset (one entry per tensor dimension).
+    pub global_offset: Vec<u64>,
+    /// Box extents (each >= 1).
+    pub local_shape: Vec<u64>,
+    /// Byte size of the box (>= 1; checked against the tensor when the fragment
+    /// joins a part).
+    pub nbytes: u64,
+    /// Owning rank.
+    pub rank: ParallelRank,
+    /// Optional virtual pipeline stage.
+    pub pipeline_stage_id: Option<u64>,
+    /// Alias group (any order; normalized).
+    pub aliases: Vec<String>,
+    /// Explicit id, or `None` to derive the canonical `sha256:` id.
+    pub placement_fragment_id: Option<String>,
+}
+
+/// An address-free N-D box of one tensor owned by one rank.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PlacementFragment {
+    pub(super) tensor_id: String,
+    pub(super) global_offset: Vec<u64>,
+    pub(super) local_shape: Vec<u64>,
+    pub(super) nbytes: u64,
+    pub(super) rank: ParallelRank,
+    pub(super) pipeline_stage_id: Option<u64>,
+    pub(super) aliases: Vec<String>,
+    pub(super) placement_fragment_id: String,
+}
+
+/// Normalizes an alias list (`data-model.md` §6): non-empty strings, no
+/// duplicates, sorted; a non-empty group has >= 2 members including `tensor_id`.
+pub(crate) fn normalize_aliases(mut aliases: Vec<String>, tensor_id: &str) -> Result<Vec<String>> {
+    if aliases.iter().any(|a| a.is_empty()) {
+        return invalid("aliases must contain non-empty strings");
+    }
+    aliases.sort_unstable();
+    if aliases.windows(2).any(|w| w[0] == w[1]) {
+        return invalid("aliases must not contain duplicates");
+    }
+    if !aliases.is_empty() {
+        if aliases.len() < 2 {
+            return invalid("alias group must contain at least two tensor IDs");
+        }
+        if aliases.binary_search_by(|a| a.as_str().cmp(tensor_id)).is_err() {
+            return invalid("alias group must contain the fragment tensor_id");
+        }
+    }
+    Ok(aliases)
+}
+
+impl PlacementFragment {
+    /// Validates `spec` (order: offset, shape, tensor id, nbytes, rank, stage,
+    /// aliases, id) and derives the canonical id when none is given.
+    pub fn new(spec: PlacementFragmentSpec) -> Result<Self> {
+        if spec.local_shape.iter().any(|&x| x < 1) {
+            return invalid("local_shape must be at least 1");
+        }
+        non_empty(&spec.tensor_id, "tensor_id")?;
+        if spec.nbytes < 1 {
+            return invalid("nbytes must be at least 1");
+        }
+        let aliases = normalize_aliases(spec.aliases, &spec.tensor_id)?;
+        let mut f = PlacementFragment {
+            tensor_id: spec.tensor_id,
+            global_offset: spec.global_offset,
+            local_shape: spec.local_shape,
+            nbytes: spec.nbytes,
+            rank: spec.rank,
+            pipeline_stage_id: spec.pipeline_stage_id,
+            aliases,
+            placement_fragment_id: String::new(),
+        };
+        f.placement_fragment_id = match spec.placement_fragment_id {
+            Some(id) => {
+                non_empty(&id, "placement_fragment_id")?;
+                id
+            }
+            None => f.canonical_id(),
+        };
+        Ok(f)
+    }
+
+    /// The content-derived id `sha256:<hex>` (`wire-format.md` §3.2), whatever id
+    /// the fragment carries.
+    pub fn canonical_id(&self) -> String {
+        let mut out = String::with_capacity(256);
+        out.push_str("{\"aliases\":");
+        json::write_str_array(&mut out, &self.aliases, Profile::Ascii);
+        self.write_geometry(&mut out);
+        out.push_str(",\"rank\":");
+        self.rank.write_json(&mut out);
+        out.push_str(",\"schema\":\"weight-placement-fragment\",\"tensor_id\":");
+        json::write_str(&mut out, &self.tensor_id, Profile::Ascii);
+        out.push('}');
+        format!("sha256:{}", sha256_hex(out.as_bytes()))
+    }
+
+    // `,"global_offset":..,"local_shape":..,"nbytes":..[,"pipeline_stage_id":..]`
+    pub(super) fn write_geometry(&self, out: &mut String) {
+        out.push_str(",\"global_offset\":");
+        json::write_u64_array(out, &self.global_offset);
+        out.push_str(",\"local_shape\":");
+        json::write_u64_array(out, &self.local_shape);
+        out.push_str(",\"nbytes\":");
+        json::write_u64(out, self.nbytes);
+        if let Some(stage) = self.pipeline_stage_id {
+            out.push_str(",\"pipeline_stage_id\":");
+            json::write_u64(out, stage);
+        }
+    }
+
+    pub(crate) fn write_json(&self, out: &mut String) {
+        out.push_str("{\"aliases\":");
+        json::write_str_array(out, &self.aliases, Profile::Ascii);
+        self.write_geometry(out);
+        out.push_str(",\"placement_fragment_id\":");
+        json::write_str(out, &self.placement_fragment_id, Profile::Ascii);
+        out.push_str(",\"rank\":");
+        self.rank.write_json(out);
+        out.push_str(",\"tensor_id\":");
+        json::write_str(out, &self.tensor_id, Profile::Ascii);
+        out.push('}');
+    }
+
+    /// Tensor id.
+    pub fn tensor_id(&self) -> &str {
+        &self.tensor_id
+    }
+    /// Box offset.
+    pub fn global_offset(&self) -> &[u64] {
+        &self.global_offset
+    }
+    /// Box extents.
+    pub fn local_shape(&self) -> &[u64] {
+        &self.local_shape
+    }
+    /// Byte size.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+    /// Owning rank.
+    pub fn rank(&self) -> ParallelRank {
+        self.rank
+    }
+    /// Virtual pipeline stage.
+    pub fn pipeline_stage_id(&self) -> Option<u64> {
+        self.pipeline_stage_id
+    }
+    /// Sorted alias group (empty when none).
+    pub fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+    /// The placement fragment id.
+    pub fn placement_fragment_id(&self) -> &str {
+        &self.placement_fragment_id
+    }
+    /// Alias of [`Self::placement_fragment_id`].
+    pub fn fragment_id(&self) -> &str {
+        &self.placement_fragment_id
+    }
+    /// The box view.
+    pub fn as_box(&self) -> BoxRef<'_> {
+        BoxRef::new(&self.global_offset, &self.local_shape)
+    }
+}
+
+/// Geometry of a fragment against its tensor (`data-model.md` §5): rank, bounds and
+/// byte size. `id` names the fragment in messages.
+pub(crate) fn check_fragment_geometry(
+    t: &TensorDescriptor,
+    id: &str,
+    offset: &[u64],
+    shape: &[u64],
+    nbytes: u64,
+) -> Result<()> {
+    let gs = t.global_shape();
+    if offset.len() != gs.len() || shape.len() != gs.len() {
+        return invalid(format!("fragment rank mismatch: {id}"));
+    }
+    for d in 0..gs.len() {
+        match offset[d].checked_add(shape[d]) {
+            Some(end) if end <= gs[d] => {}
+            _ => return invalid(format!("fragment is out of bounds: {id}")),
+        }
+    }
+    let expected = geometry::volume(shape).saturating_mul(t.itemsize() as u128);
+    if expected != nbytes as u128 {
+        return invalid(format!("fragment byte size mismatch: {id}: expected {expected}, got {nbytes}"));
+    }
+    Ok(())
+}
