@@ -4,15 +4,14 @@
  *   snapshot_restore_c [STORE_DIR]
  *
  * A three-tensor model (bf16) is held by a trainer in TP=2: one fragment per tensor
- * and rank in one host allocation per rank. The program builds the placement JSON
- * (with its sha256 ids), snapshots the trainer's buffers into a directory store
+ * and rank in one host allocation per rank. The program builds the placement with the
+ * library's placement builder, snapshots the trainer's buffers into a directory store
  * (STORE_DIR, default a fresh directory under /tmp; the store's objects/ and tmp/ are
  * removed at the end, then STORE_DIR if that left it empty) through a
  * writer, then restores the published manifest into a serving layout with TP=4 and
  * checks every byte. Exits non-zero on any failure. */
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw */
 #include <ftw.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,79 +62,6 @@ typedef struct layout {
     mws_binding *bindings[MAX_TP];
 } layout;
 
-/* ---- SHA-256 (FIPS 180-4), for the placement and topology ids ------------------- */
-static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void sha256_hex(const char *msg, size_t len, char out[65]) {
-    static const uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    size_t total = (len + 9 + 63) / 64 * 64, off, i;
-    for (off = 0; off < total; off += 64) {
-        uint32_t w[64], a, b, c, d, e, f, g, hh;
-        for (i = 0; i < 64; i++) { /* the padded message, byte by byte */
-            size_t p = off + i;
-            unsigned char byte = 0;
-            if (p < len) byte = (unsigned char)msg[p];
-            else if (p == len) byte = 0x80;
-            else if (p >= total - 8) byte = (unsigned char)(((uint64_t)len * 8) >> (8 * (total - 1 - p)));
-            if (i % 4 == 0) w[i / 4] = 0;
-            w[i / 4] |= (uint32_t)byte << (8 * (3 - i % 4));
-        }
-        for (i = 16; i < 64; i++) {
-            uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-            uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-        }
-        a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-        for (i = 0; i < 64; i++) {
-            uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-            uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-            hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-        }
-        h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
-    }
-    for (i = 0; i < 8; i++) sprintf(out + 8 * i, "%08x", (unsigned)h[i]);
-}
-
-/* ---- a growable string ------------------------------------------------------------ */
-typedef struct str {
-    char *p;
-    size_t len, cap;
-} str;
-
-static void append(str *s, const char *fmt, ...) {
-    va_list ap;
-    int n;
-    va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) abort();
-    if (s->len + (size_t)n + 1 > s->cap) {
-        s->cap = (s->len + (size_t)n + 1) * 2;
-        s->p = (char *)realloc(s->p, s->cap);
-        if (s->p == NULL) abort();
-    }
-    va_start(ap, fmt);
-    vsnprintf(s->p + s->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    s->len += (size_t)n;
-}
-
-static void append_shape(str *s, const uint64_t *v, size_t n) {
-    size_t i;
-    append(s, "[");
-    for (i = 0; i < n; i++) append(s, "%s%llu", i ? "," : "", (unsigned long long)v[i]);
-    append(s, "]");
-}
-
 static int fail(const char *what, mws_status st) {
     fprintf(stderr, "%s failed: %s: %s\n", what, mws_status_name(st), mws_last_error_message());
     return 1;
@@ -144,69 +70,55 @@ static int fail(const char *what, mws_status st) {
 /* ---- placement + buffers + bindings of a TP layout ------------------------------- */
 static const char RESOURCE[] = "demo-model", REVISION[] = "rev-1";
 
-/* Canonical placement JSON (sorted keys, compact) with its sha256 ids. */
-static char *placement_json(layout *l, const char *set) {
-    str parts = {0}, tensors = {0}, plist = {0}, topo = {0}, id_input = {0}, out = {0};
-    char topology_id[65], placement_id[65];
+/* Builds the placement through the library's placement builder: the canonical JSON
+ * and the sha256 ids are the library's, nothing is hashed here. */
+static int build_placement(layout *l, const char *set, mws_placement **out) {
+    mws_placement_builder_options o = {0};
+    mws_placement_builder *b = NULL;
+    mws_status st;
     uint64_t r;
     size_t t;
-    for (r = 0; r < l->tp; r++) {
-        const char *rank = "{\"dp\":0,\"ep\":0,\"pp\":0,\"tp\":%llu}";
-        append(&parts, "%s{\"fragments\":[", r ? "," : "");
-        for (t = 0; t < N_TENSORS; t++) {
+    o.resource_id = RESOURCE;
+    o.revision = REVISION;
+    o.weight_generation = 1;
+    o.placement_set_id = set;
+    o.tp_size = l->tp;
+    o.pp_size = o.ep_size = o.dp_size = 1;
+    if ((st = mws_placement_builder_new(&o, &b)) != MWS_OK) return fail("mws_placement_builder_new", st);
+    for (r = 0; r < l->tp && st == MWS_OK; r++) {
+        mws_rank rank = {0, 0, 0, r};
+        st = mws_placement_builder_add_participant(b, l->participant[r], &rank);
+    }
+    for (t = 0; t < N_TENSORS && st == MWS_OK; t++) {
+        mws_parallel_axis axes[2] = {{MWS_AXIS_DP, MWS_AXIS_REPLICATED, 0}, {MWS_AXIS_TP, MWS_AXIS_REPLICATED, 0}};
+        mws_tensor_spec spec = {0};
+        if (TENSORS[t].split >= 0) axes[1].semantics = MWS_AXIS_SPLIT, axes[1].dim = (uint64_t)TENSORS[t].split;
+        spec.tensor_id = TENSORS[t].id;
+        spec.global_shape = TENSORS[t].shape;
+        spec.ndim = TENSORS[t].ndim;
+        spec.dtype = "bfloat16";
+        spec.itemsize = ITEMSIZE;
+        spec.layout_fingerprint = "demo:row-major:v1";
+        spec.axes = axes;
+        spec.axis_count = 2;
+        st = mws_placement_builder_add_tensor(b, &spec);
+    }
+    for (r = 0; r < l->tp && st == MWS_OK; r++) {
+        for (t = 0; t < N_TENSORS && st == MWS_OK; t++) {
             const fragment *f = &l->frags[r][t];
-            append(&parts, "%s{\"aliases\":[],\"global_offset\":", t ? "," : "");
-            append_shape(&parts, f->goffset, TENSORS[t].ndim);
-            append(&parts, ",\"local_shape\":");
-            append_shape(&parts, f->shape, TENSORS[t].ndim);
-            append(&parts, ",\"nbytes\":%llu,\"placement_fragment_id\":\"%s\",\"rank\":", (unsigned long long)f->nbytes,
-                   f->pfid);
-            append(&parts, rank, (unsigned long long)r);
-            append(&parts, ",\"tensor_id\":\"%s\"}", TENSORS[t].id);
+            mws_fragment_spec spec = {0};
+            spec.participant_id = l->participant[r];
+            spec.tensor_id = TENSORS[t].id;
+            spec.global_offset = f->goffset;
+            spec.local_shape = f->shape;
+            spec.ndim = TENSORS[t].ndim;
+            spec.placement_fragment_id = f->pfid;
+            st = mws_placement_builder_add_fragment(b, &spec, NULL, NULL);
         }
-        append(&parts, "],\"participant_id\":\"%s\",\"rank\":", l->participant[r]);
-        append(&parts, rank, (unsigned long long)r);
-        append(&parts, "}");
-        append(&plist, "%s{\"participant_id\":\"%s\",\"rank\":", r ? "," : "", l->participant[r]);
-        append(&plist, rank, (unsigned long long)r);
-        append(&plist, "}");
     }
-    for (t = 0; t < N_TENSORS; t++) {
-        const tensor_def *d0 = &TENSORS[t];
-        append(&tensors, "%s{\"dtype\":\"bfloat16\",\"expert_id\":null,\"global_shape\":", t ? "," : "");
-        append_shape(&tensors, d0->shape, d0->ndim);
-        append(&tensors,
-               ",\"itemsize\":%d,\"layer_id\":null,\"layout_fingerprint\":\"demo:row-major:v1\",\"parallel_axes\":"
-               "[{\"kind\":\"dp\",\"semantics\":\"replicated\"},",
-               ITEMSIZE);
-        if (d0->split >= 0) {
-            append(&tensors, "{\"dim\":%d,\"kind\":\"tp\",\"semantics\":\"split\"}],\"shard_dims\":[%d]", d0->split,
-                   d0->split);
-        } else {
-            append(&tensors, "{\"kind\":\"tp\",\"semantics\":\"replicated\"}],\"shard_dims\":[]");
-        }
-        append(&tensors, ",\"tensor_id\":\"%s\"}", d0->id);
-    }
-    /* topology_id = sha256 of the topology with "schema" in place of "topology_id". */
-    append(&topo, "{\"dp_size\":1,\"ep_size\":1,\"participants\":[%s],\"pp_size\":1,", plist.p);
-    append(&topo, "\"schema\":\"weight-parallel-topology\",\"tp_size\":%llu}", (unsigned long long)l->tp);
-    sha256_hex(topo.p, topo.len, topology_id);
-    topo.len = 0;
-    append(&topo, "{\"dp_size\":1,\"ep_size\":1,\"participants\":[%s],\"pp_size\":1,", plist.p);
-    append(&topo, "\"topology_id\":\"sha256:%s\",\"tp_size\":%llu}", topology_id, (unsigned long long)l->tp);
-    /* placement_id = sha256 of the placement without its id and resource_kind, with a schema. */
-    append(&id_input,
-           "{\"parts\":[%s],\"placement_set_id\":\"%s\",\"resource_id\":\"%s\",\"revision\":\"%s\","
-           "\"schema\":\"complete-weight-placement\",\"tensors\":[%s],\"topology\":%s,\"weight_generation\":1}",
-           parts.p, set, RESOURCE, REVISION, tensors.p, topo.p);
-    sha256_hex(id_input.p, id_input.len, placement_id);
-    append(&out,
-           "{\"parts\":[%s],\"placement_id\":\"sha256:%s\",\"placement_set_id\":\"%s\",\"resource_id\":\"%s\","
-           "\"resource_kind\":\"model_weight\",\"revision\":\"%s\",\"tensors\":[%s],\"topology\":%s,"
-           "\"weight_generation\":1}",
-           parts.p, placement_id, set, RESOURCE, REVISION, tensors.p, topo.p);
-    free(parts.p), free(tensors.p), free(plist.p), free(topo.p), free(id_input.p);
-    return out.p;
+    if (st == MWS_OK) st = mws_placement_builder_build(b, out);
+    mws_placement_builder_free(b);
+    return st == MWS_OK ? 0 : fail("mws_placement_builder", st);
 }
 
 /* Lays out `tp` ranks, parses the placement, allocates and binds the buffers (filled
@@ -215,7 +127,6 @@ static int layout_init(layout *l, uint64_t tp, const char *set, int fill, const 
     uint64_t r;
     size_t t, d;
     mws_status st;
-    char *json;
     memset(l, 0, sizeof *l);
     l->tp = tp;
     for (r = 0; r < tp; r++) {
@@ -243,10 +154,7 @@ static int layout_init(layout *l, uint64_t tp, const char *set, int fill, const 
             l->buffer_size[r] += (size_t)(f->nbytes + 63) / 64 * 64;
         }
     }
-    json = placement_json(l, set);
-    st = mws_placement_from_json(json, strlen(json), &l->placement);
-    free(json);
-    if (st != MWS_OK) return fail("mws_placement_from_json", st);
+    if (build_placement(l, set, &l->placement) != 0) return 1;
 
     for (r = 0; r < tp; r++) {
         mws_binding_options o;

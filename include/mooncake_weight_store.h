@@ -67,6 +67,46 @@
 #define MWS_RECORD_METADATA 1
 
 /**
+ * The kind of a parallel axis (`mws_parallel_axis.kind`).
+ */
+typedef enum mws_axis_kind {
+    /**
+     * Data parallel.
+     */
+    MWS_AXIS_DP = 0,
+    /**
+     * Pipeline parallel.
+     */
+    MWS_AXIS_PP = 1,
+    /**
+     * Expert parallel.
+     */
+    MWS_AXIS_EP = 2,
+    /**
+     * Tensor parallel.
+     */
+    MWS_AXIS_TP = 3,
+} mws_axis_kind;
+
+/**
+ * The semantics a tensor declares on an axis (`mws_parallel_axis.semantics`).
+ */
+typedef enum mws_axis_semantics {
+    /**
+     * The ranks along the axis partition dimension `dim` (TP or EP; EP splits dim 0).
+     */
+    MWS_AXIS_SPLIT = 0,
+    /**
+     * Every rank along the axis holds a complete copy.
+     */
+    MWS_AXIS_REPLICATED = 1,
+    /**
+     * Only the ranks that hold fragments hold the tensor.
+     */
+    MWS_AXIS_OWNERSHIP = 2,
+} mws_axis_semantics;
+
+/**
  * The decision recorded for an upload transaction (`mws_store_read_decision`).
  */
 typedef enum mws_decision {
@@ -269,6 +309,16 @@ typedef struct mws_load_plan mws_load_plan;
  * it is freed.
  */
 typedef struct mws_placement mws_placement;
+
+/**
+ * A placement under construction (`mws_placement_builder_new`): participants,
+ * tensors and fragments added one call at a time, then `mws_placement_builder_build`.
+ * Mirrors `model::PlacementBuilder`.
+ *
+ * Freed by `mws_placement_builder_free`. Thread safety: calls are serialized by a
+ * mutex; fragment ids it lends stay valid until it is freed.
+ */
+typedef struct mws_placement_builder mws_placement_builder;
 
 /**
  * Upload receipts: proof that stored fragments were written and are visible.
@@ -595,6 +645,177 @@ typedef struct mws_placement_fragment_info {
      */
     uint64_t itemsize;
 } mws_placement_fragment_info;
+
+/**
+ * Identity and topology sizes of a placement to build (`mws_placement_builder_new`).
+ */
+typedef struct mws_placement_builder_options {
+    /**
+     * Resource id (required).
+     */
+    const char *resource_id;
+    /**
+     * Revision (required).
+     */
+    const char *revision;
+    /**
+     * Weight generation.
+     */
+    uint64_t weight_generation;
+    /**
+     * Placement set id; NULL gives `"placement"`.
+     */
+    const char *placement_set_id;
+    /**
+     * TP size (>= 1).
+     */
+    uint64_t tp_size;
+    /**
+     * PP size (>= 1).
+     */
+    uint64_t pp_size;
+    /**
+     * EP size (>= 1).
+     */
+    uint64_t ep_size;
+    /**
+     * DP size (>= 1).
+     */
+    uint64_t dp_size;
+} mws_placement_builder_options;
+
+/**
+ * A parallel rank.
+ */
+typedef struct mws_rank {
+    /**
+     * Data-parallel coordinate.
+     */
+    uint64_t dp;
+    /**
+     * Pipeline-parallel coordinate.
+     */
+    uint64_t pp;
+    /**
+     * Expert-parallel coordinate.
+     */
+    uint64_t ep;
+    /**
+     * Tensor-parallel coordinate.
+     */
+    uint64_t tp;
+} mws_rank;
+
+/**
+ * One axis of a tensor. `kind` is an `mws_axis_kind` value, `semantics` an
+ * `mws_axis_semantics` value (plain integers, so any value is safe to pass and an
+ * unknown one is `MWS_INVALID_ARGUMENT`); `dim` is read only for `MWS_AXIS_SPLIT`.
+ */
+typedef struct mws_parallel_axis {
+    /**
+     * An `mws_axis_kind` value.
+     */
+    uint32_t kind;
+    /**
+     * An `mws_axis_semantics` value.
+     */
+    uint32_t semantics;
+    /**
+     * The split dimension (split axes only).
+     */
+    uint64_t dim;
+} mws_parallel_axis;
+
+/**
+ * A tensor descriptor (`mws_placement_builder_add_tensor`). Arrays are only read
+ * during the call. `shard_dims` is derived from the split axes.
+ */
+typedef struct mws_tensor_spec {
+    /**
+     * Tensor id (required).
+     */
+    const char *tensor_id;
+    /**
+     * Global shape (`ndim` values, each >= 1).
+     */
+    const uint64_t *global_shape;
+    /**
+     * Number of dimensions.
+     */
+    size_t ndim;
+    /**
+     * Dtype name, e.g. `"bfloat16"` (required).
+     */
+    const char *dtype;
+    /**
+     * Bytes per element (>= 1).
+     */
+    uint64_t itemsize;
+    /**
+     * Framework layout identity (required, non-empty), e.g. `"torch:row-major:v1"`.
+     */
+    const char *layout_fingerprint;
+    /**
+     * Axes (`axis_count` values, any order).
+     */
+    const struct mws_parallel_axis *axes;
+    /**
+     * Number of axes.
+     */
+    size_t axis_count;
+    /**
+     * Optional layer id (NULL: none).
+     */
+    const uint64_t *layer_id;
+    /**
+     * Optional expert id (NULL: none).
+     */
+    const uint64_t *expert_id;
+} mws_tensor_spec;
+
+/**
+ * A fragment (`mws_placement_builder_add_fragment`): a box of a tensor held by a
+ * participant. Its byte size is derived; its rank is the participant's. Arrays are
+ * only read during the call.
+ */
+typedef struct mws_fragment_spec {
+    /**
+     * The participant that holds it (added before).
+     */
+    const char *participant_id;
+    /**
+     * The tensor (added before).
+     */
+    const char *tensor_id;
+    /**
+     * Box offset (`ndim` values).
+     */
+    const uint64_t *global_offset;
+    /**
+     * Box shape (`ndim` values).
+     */
+    const uint64_t *local_shape;
+    /**
+     * Number of dimensions.
+     */
+    size_t ndim;
+    /**
+     * Optional virtual pipeline stage (NULL: none).
+     */
+    const uint64_t *pipeline_stage_id;
+    /**
+     * Alias group (`alias_count` tensor ids, any order), or NULL with 0.
+     */
+    const char *const *aliases;
+    /**
+     * Number of aliases.
+     */
+    size_t alias_count;
+    /**
+     * Explicit `placement_fragment_id`; NULL derives the canonical `sha256:` id.
+     */
+    const char *placement_fragment_id;
+} mws_fragment_spec;
 
 /**
  * Device <-> host copies for the embedded stores (memory, directory), which cannot
@@ -1503,6 +1724,89 @@ size_t mws_placement_fragment_count(const struct mws_placement *placement);
 enum mws_status mws_placement_fragment(const struct mws_placement *placement,
                                        size_t index,
                                        struct mws_placement_fragment_info *out);
+
+/**
+ * Starts a placement builder. No validation yet beyond the C arguments: sizes and ids
+ * are checked by `mws_placement_builder_build`. On success writes a new handle to
+ * `*out` (free it with `mws_placement_builder_free`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`.
+ * Thread safety: may be called from any thread.
+ *
+ * # Safety
+ * `options` is NULL or valid, its strings NULL or NUL-terminated; `out` is NULL or
+ * valid for a pointer write.
+ */
+enum mws_status mws_placement_builder_new(const struct mws_placement_builder_options *options,
+                                          struct mws_placement_builder **out);
+
+/**
+ * Adds a topology participant with `*rank`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT`
+ * (`duplicate participant`, empty id). Thread safety: serialized per builder.
+ *
+ * # Safety
+ * `builder` is NULL or live; `participant_id` NULL or NUL-terminated; `rank` NULL or
+ * valid.
+ */
+enum mws_status mws_placement_builder_add_participant(const struct mws_placement_builder *builder,
+                                                      const char *participant_id,
+                                                      const struct mws_rank *rank);
+
+/**
+ * Adds a tensor descriptor (validated at once: the messages of the placement
+ * contract, and `duplicate tensor`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT`.
+ * Thread safety: serialized per builder.
+ *
+ * # Safety
+ * `builder` is NULL or live; `spec` NULL or valid with its arrays readable for their
+ * counts and its strings NUL-terminated.
+ */
+enum mws_status mws_placement_builder_add_tensor(const struct mws_placement_builder *builder,
+                                                 const struct mws_tensor_spec *spec);
+
+/**
+ * Adds a fragment and, when `id_out` is not NULL, writes its `placement_fragment_id`
+ * there (and its length to `*id_len` when not NULL): a NUL-terminated string owned by
+ * the builder, valid until it is freed.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT`
+ * (`unknown participant`, `unknown tensor_id`, the fragment's geometry and id
+ * rules). Thread safety: serialized per builder.
+ *
+ * # Safety
+ * `builder` is NULL or live; `spec` NULL or valid with its arrays readable for their
+ * counts; `id_out` and `id_len` NULL or valid for writes.
+ */
+enum mws_status mws_placement_builder_add_fragment(const struct mws_placement_builder *builder,
+                                                   const struct mws_fragment_spec *spec,
+                                                   const char **id_out,
+                                                   size_t *id_len);
+
+/**
+ * Validates and builds the placement: writes a new `mws_placement` to `*out` (free it
+ * with `mws_placement_free`). The builder stays usable (it may be built again).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (the placement's rules:
+ * topology, coverage, axes, aliases, unreferenced tensors).
+ * Thread safety: serialized per builder.
+ *
+ * # Safety
+ * `builder` is NULL or live; `out` NULL or valid for a pointer write.
+ */
+enum mws_status mws_placement_builder_build(const struct mws_placement_builder *builder,
+                                            struct mws_placement **out);
+
+/**
+ * Frees a builder (and the fragment ids it lent). NULL does nothing.
+ *
+ * # Safety
+ * `builder` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_placement_builder_free(struct mws_placement_builder *builder);
 
 /**
  * Frees a receipts handle. `NULL` does nothing.

@@ -123,6 +123,118 @@ private:
     std::unique_ptr<mws_placement, detail::Deleter<mws_placement, mws_placement_free>> handle_;
 };
 
+/// One tensor axis for PlacementBuilder::add_tensor.
+struct Axis {
+    mws_axis_kind kind;
+    mws_axis_semantics semantics;
+    std::uint64_t dim = 0;  ///< split axes only
+    static Axis split(mws_axis_kind k, std::uint64_t d) { return {k, MWS_AXIS_SPLIT, d}; }
+    static Axis replicated(mws_axis_kind k) { return {k, MWS_AXIS_REPLICATED, 0}; }
+    static Axis ownership(mws_axis_kind k) { return {k, MWS_AXIS_OWNERSHIP, 0}; }
+};
+
+/// A tensor descriptor for PlacementBuilder::add_tensor (shard dims are derived).
+struct TensorSpec {
+    std::string tensor_id;
+    std::vector<std::uint64_t> global_shape;
+    std::string dtype;
+    std::uint64_t itemsize = 1;
+    std::string layout_fingerprint;
+    std::vector<Axis> axes;
+    std::optional<std::uint64_t> layer_id;
+    std::optional<std::uint64_t> expert_id;
+};
+
+/// A fragment for PlacementBuilder::add_fragment (byte size and rank are derived).
+struct FragmentSpec {
+    std::string participant_id;
+    std::string tensor_id;
+    std::vector<std::uint64_t> global_offset;
+    std::vector<std::uint64_t> local_shape;
+    std::optional<std::uint64_t> pipeline_stage_id;
+    std::vector<std::string> aliases;
+    std::optional<std::string> placement_fragment_id;  ///< empty: the canonical sha256 id
+};
+
+/// Builds a placement one participant, tensor and fragment at a time
+/// (mws_placement_builder); ids and canonical JSON come from the library. Not
+/// copyable; calls on one builder are serialized by the library.
+class PlacementBuilder {
+public:
+    PlacementBuilder(const std::string &resource_id, const std::string &revision, std::uint64_t weight_generation,
+                     const std::string &placement_set_id, std::uint64_t tp_size = 1, std::uint64_t pp_size = 1,
+                     std::uint64_t ep_size = 1, std::uint64_t dp_size = 1) {
+        mws_placement_builder_options o{};
+        o.resource_id = resource_id.c_str();
+        o.revision = revision.c_str();
+        o.weight_generation = weight_generation;
+        o.placement_set_id = placement_set_id.c_str();
+        o.tp_size = tp_size;
+        o.pp_size = pp_size;
+        o.ep_size = ep_size;
+        o.dp_size = dp_size;
+        mws_placement_builder *raw = nullptr;
+        detail::check(mws_placement_builder_new(&o, &raw));
+        handle_.reset(raw);
+    }
+
+    PlacementBuilder &add_participant(const std::string &participant_id, mws_rank rank) {
+        detail::check(mws_placement_builder_add_participant(handle_.get(), participant_id.c_str(), &rank));
+        return *this;
+    }
+
+    PlacementBuilder &add_tensor(const TensorSpec &t) {
+        std::vector<mws_parallel_axis> axes;
+        for (const Axis &a : t.axes)
+            axes.push_back({static_cast<std::uint32_t>(a.kind), static_cast<std::uint32_t>(a.semantics), a.dim});
+        mws_tensor_spec c{};
+        c.tensor_id = t.tensor_id.c_str();
+        c.global_shape = t.global_shape.data();
+        c.ndim = t.global_shape.size();
+        c.dtype = t.dtype.c_str();
+        c.itemsize = t.itemsize;
+        c.layout_fingerprint = t.layout_fingerprint.c_str();
+        c.axes = axes.data();
+        c.axis_count = axes.size();
+        c.layer_id = t.layer_id ? &*t.layer_id : nullptr;
+        c.expert_id = t.expert_id ? &*t.expert_id : nullptr;
+        detail::check(mws_placement_builder_add_tensor(handle_.get(), &c));
+        return *this;
+    }
+
+    /// Adds a fragment; returns its placement_fragment_id (owned by the builder).
+    std::string_view add_fragment(const FragmentSpec &f) {
+        if (f.global_offset.size() != f.local_shape.size())
+            throw Error(MWS_INVALID_ARGUMENT, "global_offset and local_shape differ in length");
+        std::vector<const char *> aliases;
+        for (const std::string &a : f.aliases) aliases.push_back(a.c_str());
+        mws_fragment_spec c{};
+        c.participant_id = f.participant_id.c_str();
+        c.tensor_id = f.tensor_id.c_str();
+        c.global_offset = f.global_offset.data();
+        c.local_shape = f.local_shape.data();
+        c.ndim = f.local_shape.size();
+        c.pipeline_stage_id = f.pipeline_stage_id ? &*f.pipeline_stage_id : nullptr;
+        c.aliases = aliases.data();
+        c.alias_count = aliases.size();
+        c.placement_fragment_id = f.placement_fragment_id ? f.placement_fragment_id->c_str() : nullptr;
+        const char *id = nullptr;
+        std::size_t len = 0;
+        detail::check(mws_placement_builder_add_fragment(handle_.get(), &c, &id, &len));
+        return detail::view(id, len);
+    }
+
+    /// Validates and builds the placement (the builder stays usable).
+    Placement build() const {
+        mws_placement *raw = nullptr;
+        detail::check(mws_placement_builder_build(handle_.get(), &raw));
+        return Placement(raw);
+    }
+
+private:
+    std::unique_ptr<mws_placement_builder, detail::Deleter<mws_placement_builder, mws_placement_builder_free>> handle_;
+};
+
 /// Identity of a runtime binding (see mws_binding_options).
 struct BindingOptions {
     std::string resource_id;

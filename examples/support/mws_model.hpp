@@ -1,8 +1,8 @@
 // mws_model.hpp: a synthetic sharded transformer for the C++ examples and tests
 // (examples/snapshot_restore.cpp, cpp_tests/gtest_snapshot_restore.cpp).
 //
-// Builds the canonical placement JSON of a model in any TP x PP x EP x DP layout
-// entirely in C++ (including its sha256 topology and placement ids), binds every
+// Builds the placement of a model in any TP x PP x EP x DP layout through the
+// library's placement builder (mws::PlacementBuilder), binds every
 // participant to one host allocation with deterministic contents, and verifies
 // restored bytes. Only the public C ABI / C++ wrapper is used.
 //
@@ -27,56 +27,6 @@
 
 namespace mwsmodel {
 
-// ---- SHA-256 (FIPS 180-4), enough for ids ------------------------------------------
-inline std::string sha256_hex(const std::string &msg) {
-    static const std::uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-    std::uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    std::string m = msg;
-    std::uint64_t bits = static_cast<std::uint64_t>(msg.size()) * 8;
-    m.push_back(static_cast<char>(0x80));
-    while (m.size() % 64 != 56) m.push_back('\0');
-    for (int i = 7; i >= 0; --i) m.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-    auto rotr = [](std::uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
-    for (std::size_t off = 0; off < m.size(); off += 64) {
-        std::uint32_t w[64];
-        for (int i = 0; i < 16; ++i) {
-            const unsigned char *p = reinterpret_cast<const unsigned char *>(m.data() + off + 4 * i);
-            w[i] = (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | p[3];
-        }
-        for (int i = 16; i < 64; ++i) {
-            std::uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-            std::uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-        }
-        std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-        for (int i = 0; i < 64; ++i) {
-            std::uint32_t S1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
-            std::uint32_t ch = (e & f) ^ (~e & g);
-            std::uint32_t t1 = hh + S1 + ch + k[i] + w[i];
-            std::uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
-            std::uint32_t mj = (a & b) ^ (a & c) ^ (b & c);
-            std::uint32_t t2 = S0 + mj;
-            hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-        }
-        h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
-    }
-    static const char *hex = "0123456789abcdef";
-    std::string out;
-    for (std::uint32_t v : h)
-        for (int i = 7; i >= 0; --i) out.push_back(hex[(v >> (4 * i)) & 0xf]);
-    return out;
-}
-
-// ---- model definition ---------------------------------------------------------------
 struct Layout {
     std::uint64_t tp = 1, pp = 1, ep = 1, dp = 1;
 };
@@ -143,134 +93,68 @@ struct Rank {
     std::uint64_t dp, pp, ep, tp;
 };
 
-inline std::string rank_json(const Rank &r) {
-    return "{\"dp\":" + std::to_string(r.dp) + ",\"ep\":" + std::to_string(r.ep) + ",\"pp\":" + std::to_string(r.pp) +
-           ",\"tp\":" + std::to_string(r.tp) + "}";
-}
-
 inline std::string u64_array(const std::vector<std::uint64_t> &v) {
     std::string s = "[";
     for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
     return s + "]";
 }
 
-inline std::string str_array(const std::vector<std::string> &v) {
-    std::string s = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ",\"" : "\"") + v[i] + "\"";
-    return s + "]";
-}
-
-struct Fragment {
-    std::string pfid, tensor;
-    std::vector<std::uint64_t> offset, shape;
-    std::uint64_t nbytes;
-    Rank rank;
-    std::vector<std::string> aliases;
-};
-
 inline std::string participant_name(const Rank &r) {
     return "w-d" + std::to_string(r.dp) + "-p" + std::to_string(r.pp) + "-e" + std::to_string(r.ep) + "-t" +
            std::to_string(r.tp);
 }
 
-/// The canonical placement JSON (ASCII ids only) with its computed ids.
+/// The canonical placement JSON of the model in layout `L`, built through the library's
+/// placement builder (mws::PlacementBuilder: the ids and canonical JSON are the
+/// library's, nothing is hashed here).
 inline std::string placement_json(const std::string &set, const Layout &L, const std::vector<TensorDef> &defs,
                                   std::uint64_t generation, const std::string &resource_id = "test-model",
                                   const std::string &revision = "rev-1") {
-    std::map<std::string, Rank> participants;  // sorted by id
+    mws::PlacementBuilder b(resource_id, revision, generation, set, L.tp, L.pp, L.ep, L.dp);
+    std::vector<std::pair<std::string, Rank>> participants;
     for (std::uint64_t dp = 0; dp < L.dp; ++dp)
         for (std::uint64_t pp = 0; pp < L.pp; ++pp)
             for (std::uint64_t ep = 0; ep < L.ep; ++ep)
                 for (std::uint64_t tp = 0; tp < L.tp; ++tp) {
                     Rank r{dp, pp, ep, tp};
-                    participants[participant_name(r)] = r;
+                    participants.emplace_back(participant_name(r), r);
+                    b.add_participant(participant_name(r), mws_rank{dp, pp, ep, tp});
                 }
-    std::map<std::string, std::string> tensors;  // id -> json
-    std::map<std::string, std::map<std::string, Fragment>> parts;
-    for (const auto &p : participants) parts[p.first];
     for (const TensorDef &d : defs) {
-        std::string axes = "[{\"kind\":\"dp\",\"semantics\":\"replicated\"},{\"kind\":\"pp\",\"semantics\":\"ownership\"},";
-        axes += d.expert >= 0 ? "{\"kind\":\"ep\",\"semantics\":\"ownership\"}," : "{\"kind\":\"ep\",\"semantics\":\"replicated\"},";
-        axes += d.tp_split >= 0 ? "{\"dim\":" + std::to_string(d.tp_split) + ",\"kind\":\"tp\",\"semantics\":\"split\"}]"
-                                : std::string("{\"kind\":\"tp\",\"semantics\":\"replicated\"}]");
-        std::vector<std::uint64_t> shard_dims;
-        if (d.tp_split >= 0) shard_dims.push_back(static_cast<std::uint64_t>(d.tp_split));
-        tensors[d.id] = "{\"dtype\":\"bfloat16\",\"expert_id\":" + (d.expert >= 0 ? std::to_string(d.expert) : "null") +
-                        ",\"global_shape\":" + u64_array(d.shape) + ",\"itemsize\":" + std::to_string(d.itemsize) +
-                        ",\"layer_id\":" + (d.layer >= 0 ? std::to_string(d.layer) : "null") +
-                        ",\"layout_fingerprint\":\"test:row-major:v1\",\"parallel_axes\":" + axes +
-                        ",\"shard_dims\":" + u64_array(shard_dims) + ",\"tensor_id\":\"" + d.id + "\"}";
+        mws::TensorSpec t;
+        t.tensor_id = d.id;
+        t.global_shape = d.shape;
+        t.dtype = "bfloat16";
+        t.itemsize = d.itemsize;
+        t.layout_fingerprint = "test:row-major:v1";
+        t.axes = {mws::Axis::replicated(MWS_AXIS_DP), mws::Axis::ownership(MWS_AXIS_PP),
+                  d.expert >= 0 ? mws::Axis::ownership(MWS_AXIS_EP) : mws::Axis::replicated(MWS_AXIS_EP),
+                  d.tp_split >= 0 ? mws::Axis::split(MWS_AXIS_TP, static_cast<std::uint64_t>(d.tp_split))
+                                  : mws::Axis::replicated(MWS_AXIS_TP)};
+        if (d.layer >= 0) t.layer_id = static_cast<std::uint64_t>(d.layer);
+        if (d.expert >= 0) t.expert_id = static_cast<std::uint64_t>(d.expert);
+        b.add_tensor(t);
         std::uint64_t pp_owner = d.layer >= 0 ? static_cast<std::uint64_t>(d.layer) * L.pp / d.layers : 0;
         for (const auto &p : participants) {
             const Rank &r = p.second;
             if (r.pp != pp_owner) continue;
             if (d.expert >= 0 && r.ep != static_cast<std::uint64_t>(d.expert) / (d.experts / L.ep)) continue;
-            Fragment f;
-            f.tensor = d.id;
-            f.offset.assign(d.shape.size(), 0);
-            f.shape = d.shape;
+            mws::FragmentSpec f;
+            f.participant_id = p.first;
+            f.tensor_id = d.id;
+            f.global_offset.assign(d.shape.size(), 0);
+            f.local_shape = d.shape;
             if (d.tp_split >= 0) {
                 std::size_t dim = static_cast<std::size_t>(d.tp_split);
-                f.shape[dim] /= L.tp;
-                f.offset[dim] = r.tp * f.shape[dim];
+                f.local_shape[dim] /= L.tp;
+                f.global_offset[dim] = r.tp * f.local_shape[dim];
             }
-            f.nbytes = d.itemsize;
-            for (std::uint64_t x : f.shape) f.nbytes *= x;
-            f.rank = r;
             f.aliases = d.aliases;
-            f.pfid = "f:" + d.id + "@" + p.first;
-            parts[p.first][f.pfid] = f;
+            f.placement_fragment_id = "f:" + d.id + "@" + p.first;
+            b.add_fragment(f);
         }
     }
-    std::string parts_json = "[";
-    bool first_part = true;
-    for (const auto &p : parts) {
-        parts_json += first_part ? "" : ",";
-        first_part = false;
-        parts_json += "{\"fragments\":[";
-        bool first = true;
-        for (const auto &fe : p.second) {
-            const Fragment &f = fe.second;
-            parts_json += first ? "" : ",";
-            first = false;
-            parts_json += "{\"aliases\":" + str_array(f.aliases) + ",\"global_offset\":" + u64_array(f.offset) +
-                          ",\"local_shape\":" + u64_array(f.shape) + ",\"nbytes\":" + std::to_string(f.nbytes) +
-                          ",\"placement_fragment_id\":\"" + f.pfid + "\",\"rank\":" + rank_json(f.rank) +
-                          ",\"tensor_id\":\"" + f.tensor + "\"}";
-        }
-        parts_json += "],\"participant_id\":\"" + p.first + "\",\"rank\":" + rank_json(participants[p.first]) + "}";
-    }
-    parts_json += "]";
-    std::string plist = "[";
-    bool first = true;
-    for (const auto &p : participants) {
-        plist += first ? "" : ",";
-        first = false;
-        plist += "{\"participant_id\":\"" + p.first + "\",\"rank\":" + rank_json(p.second) + "}";
-    }
-    plist += "]";
-    auto topo = [&](const std::string &middle) {
-        return "{\"dp_size\":" + std::to_string(L.dp) + ",\"ep_size\":" + std::to_string(L.ep) + ",\"participants\":" +
-               plist + ",\"pp_size\":" + std::to_string(L.pp) + "," + middle + ",\"tp_size\":" + std::to_string(L.tp) + "}";
-    };
-    std::string topology_id = "sha256:" + sha256_hex(topo("\"schema\":\"weight-parallel-topology\""));
-    std::string topology = topo("\"topology_id\":\"" + topology_id + "\"");
-    std::string tensors_json = "[";
-    first = true;
-    for (const auto &t : tensors) {
-        tensors_json += (first ? "" : ",") + t.second;
-        first = false;
-    }
-    tensors_json += "]";
-    std::string tail = ",\"tensors\":" + tensors_json + ",\"topology\":" + topology +
-                       ",\"weight_generation\":" + std::to_string(generation) + "}";
-    std::string id_input = "{\"parts\":" + parts_json + ",\"placement_set_id\":\"" + set + "\",\"resource_id\":\"" +
-                           resource_id + "\",\"revision\":\"" + revision +
-                           "\",\"schema\":\"complete-weight-placement\"" + tail;
-    std::string placement_id = "sha256:" + sha256_hex(id_input);
-    return "{\"parts\":" + parts_json + ",\"placement_id\":\"" + placement_id + "\",\"placement_set_id\":\"" + set +
-           "\",\"resource_id\":\"" + resource_id + "\",\"resource_kind\":\"model_weight\",\"revision\":\"" + revision +
-           "\"" + tail;
+    return std::string(b.build().to_json());
 }
 
 // ---- deterministic contents -------------------------------------------------------

@@ -90,6 +90,56 @@ class mws_placement_fragment_info(Structure):
     ]
 
 
+class mws_placement_builder_options(Structure):
+    _fields_ = [
+        ("resource_id", c_char_p),
+        ("revision", c_char_p),
+        ("weight_generation", c_uint64),
+        ("placement_set_id", c_char_p),
+        ("tp_size", c_uint64),
+        ("pp_size", c_uint64),
+        ("ep_size", c_uint64),
+        ("dp_size", c_uint64),
+    ]
+
+
+class mws_rank(Structure):
+    _fields_ = [("dp", c_uint64), ("pp", c_uint64), ("ep", c_uint64), ("tp", c_uint64)]
+
+
+class mws_parallel_axis(Structure):
+    _fields_ = [("kind", c_uint32), ("semantics", c_uint32), ("dim", c_uint64)]
+
+
+class mws_tensor_spec(Structure):
+    _fields_ = [
+        ("tensor_id", c_char_p),
+        ("global_shape", POINTER(c_uint64)),
+        ("ndim", c_size_t),
+        ("dtype", c_char_p),
+        ("itemsize", c_uint64),
+        ("layout_fingerprint", c_char_p),
+        ("axes", POINTER(mws_parallel_axis)),
+        ("axis_count", c_size_t),
+        ("layer_id", POINTER(c_uint64)),
+        ("expert_id", POINTER(c_uint64)),
+    ]
+
+
+class mws_fragment_spec(Structure):
+    _fields_ = [
+        ("participant_id", c_char_p),
+        ("tensor_id", c_char_p),
+        ("global_offset", POINTER(c_uint64)),
+        ("local_shape", POINTER(c_uint64)),
+        ("ndim", c_size_t),
+        ("pipeline_stage_id", POINTER(c_uint64)),
+        ("aliases", POINTER(c_char_p)),
+        ("alias_count", c_size_t),
+        ("placement_fragment_id", c_char_p),
+    ]
+
+
 class mws_upload_options(Structure):
     _fields_ = [
         ("store_namespace", c_char_p),
@@ -298,6 +348,13 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_placement_tensor_count": (c_size_t, [_p]),
     "mws_placement_fragment_count": (c_size_t, [_p]),
     "mws_placement_fragment": (c_int, [_p, c_size_t, POINTER(mws_placement_fragment_info)]),
+    # placement builder
+    "mws_placement_builder_new": (c_int, [POINTER(mws_placement_builder_options), POINTER(_p)]),
+    "mws_placement_builder_add_participant": (c_int, [_p, c_char_p, POINTER(mws_rank)]),
+    "mws_placement_builder_add_tensor": (c_int, [_p, POINTER(mws_tensor_spec)]),
+    "mws_placement_builder_add_fragment": (c_int, [_p, POINTER(mws_fragment_spec), POINTER(c_void_p), _sz]),
+    "mws_placement_builder_build": (c_int, [_p, POINTER(_p)]),
+    "mws_placement_builder_free": (None, [_p]),
     # binding
     "mws_binding_new": (c_int, [POINTER(mws_binding_options), POINTER(_p)]),
     "mws_binding_add_fragment": (c_int, [_p, POINTER(mws_runtime_fragment)]),

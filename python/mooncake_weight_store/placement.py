@@ -1,15 +1,14 @@
 """Placements: the address-free description of a sharded model.
 
-:class:`PlacementBuilder` builds the placement wire JSON (``wire-format.md`` §2,
-canonical Profile A: ``json.dumps(sort_keys=True, separators=(",", ":"))``) in pure
-Python, including ``topology_id``, ``placement_id`` and derived fragment ids.
+:class:`PlacementBuilder` builds a placement through the library's placement
+builder (``mws_placement_builder_*``): the canonical JSON, ``topology_id``,
+``placement_id`` and derived fragment ids are the library's.
 :class:`Placement` is the library's parsed and validated placement handle.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -37,10 +36,6 @@ AXIS_KINDS = ("dp", "pp", "ep", "tp")  # canonical order
 def canonical_json(value: Any) -> str:
     """Profile A canonical JSON (sorted keys, compact, ASCII-escaped)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -129,49 +124,28 @@ class TensorSpec:
         }
 
 
-@dataclass
-class _Fragment:
-    participant_id: str
-    tensor_id: str
-    global_offset: Tuple[int, ...]
-    local_shape: Tuple[int, ...]
-    nbytes: int
-    rank: Rank
-    aliases: Tuple[str, ...] = ()
-    pipeline_stage_id: Optional[int] = None
-    placement_fragment_id: Optional[str] = None
-
-    def derived_id(self) -> str:
-        obj: Dict[str, Any] = {
-            "aliases": sorted(self.aliases),
-            "global_offset": list(self.global_offset),
-            "local_shape": list(self.local_shape),
-            "nbytes": self.nbytes,
-            "rank": self.rank.to_wire(),
-            "schema": "weight-placement-fragment",
-            "tensor_id": self.tensor_id,
-        }
-        if self.pipeline_stage_id is not None:
-            obj["pipeline_stage_id"] = self.pipeline_stage_id
-        return "sha256:" + _sha(canonical_json(obj))
-
-    def to_wire(self) -> Dict[str, Any]:
-        obj: Dict[str, Any] = {
-            "aliases": sorted(self.aliases),
-            "global_offset": list(self.global_offset),
-            "local_shape": list(self.local_shape),
-            "nbytes": self.nbytes,
-            "placement_fragment_id": self.placement_fragment_id or self.derived_id(),
-            "rank": self.rank.to_wire(),
-            "tensor_id": self.tensor_id,
-        }
-        if self.pipeline_stage_id is not None:
-            obj["pipeline_stage_id"] = self.pipeline_stage_id
-        return obj
+_AXIS_KIND_CODES = {"dp": 0, "pp": 1, "ep": 2, "tp": 3}
 
 
-class PlacementBuilder:
-    """Builds a complete placement's wire JSON.
+def _axis_struct(a: Axis) -> "_lib.mws_parallel_axis":
+    if a.kind not in _AXIS_KIND_CODES:
+        raise ValueError(f"unsupported parallel axis kind: {a.kind}")
+    semantics = 0 if isinstance(a, Split) else 1 if isinstance(a, Replicated) else 2
+    return _lib.mws_parallel_axis(_AXIS_KIND_CODES[a.kind], semantics, a.dim if isinstance(a, Split) else 0)
+
+
+def _u64_array(values: Sequence[int]) -> Any:
+    return (ctypes.c_uint64 * max(len(values), 1))(*values)
+
+
+def _opt_u64(value: Optional[int]) -> Any:
+    return ctypes.pointer(ctypes.c_uint64(value)) if value is not None else None
+
+
+class PlacementBuilder(OwnedHandle):
+    """Builds a complete placement through the library's placement builder
+    (``mws_placement_builder``): canonical JSON, topology, placement and fragment ids
+    are all computed by the library, never here.
 
     Example::
 
@@ -179,11 +153,15 @@ class PlacementBuilder:
         b.add_participant("rank-0", Rank(tp=0)); b.add_participant("rank-1", Rank(tp=1))
         b.add_tensor(TensorSpec("w", (8, 4), "bfloat16", 2, (Split("tp", 0),)))
         b.shard("w")                      # one fragment per participant, even split
-        placement = b.build()             # parsed and validated by the library
+        placement = b.build()             # validated by the library
 
-    Validation (coverage, axes, ...) is the library's: :meth:`build` raises
-    :class:`~mooncake_weight_store.errors.InvalidArgumentError` for an invalid placement.
+    Duplicates and unknown names are refused at once; the whole placement (coverage,
+    axes, ...) is validated by :meth:`build`, which raises
+    :class:`~mooncake_weight_store.errors.InvalidArgumentError` (a ``ValueError``).
     """
+
+    _FREE = "mws_placement_builder_free"
+    _WHAT = "placement builder"
 
     def __init__(
         self,
@@ -204,13 +182,20 @@ class PlacementBuilder:
         self.sizes = {"tp": tp_size, "pp": pp_size, "ep": ep_size, "dp": dp_size}
         self.participants: Dict[str, Rank] = {}
         self.tensors: Dict[str, TensorSpec] = {}
-        self.fragments: List[_Fragment] = []
+        self.fragment_ids: List[str] = []
+        opts = _lib.mws_placement_builder_options(
+            _lib.cstr(resource_id, "resource_id"), _lib.cstr(revision, "revision"), weight_generation,
+            _lib.cstr(placement_set_id, "placement_set_id"), tp_size, pp_size, ep_size, dp_size)
+        out = ctypes.c_void_p()
+        call("mws_placement_builder_new", ctypes.byref(opts), ctypes.byref(out))
+        super().__init__(out.value)
 
     # -- construction ---------------------------------------------------------------
 
     def add_participant(self, participant_id: str, rank: Rank) -> "PlacementBuilder":
-        if participant_id in self.participants:
-            raise ValueError(f"duplicate participant: {participant_id}")
+        r = _lib.mws_rank(rank.dp, rank.pp, rank.ep, rank.tp)
+        call("mws_placement_builder_add_participant", self.handle, _lib.cstr(participant_id, "participant_id"),
+             ctypes.byref(r))
         self.participants[participant_id] = rank
         return self
 
@@ -228,8 +213,16 @@ class PlacementBuilder:
         return ids
 
     def add_tensor(self, spec: TensorSpec) -> "PlacementBuilder":
-        if spec.tensor_id in self.tensors:
-            raise ValueError(f"duplicate tensor: {spec.tensor_id}")
+        axes = (_lib.mws_parallel_axis * max(len(spec.parallel_axes), 1))(
+            *[_axis_struct(a) for a in spec.parallel_axes])
+        shape = _u64_array(spec.global_shape)
+        c = _lib.mws_tensor_spec(
+            _lib.cstr(spec.tensor_id, "tensor_id"), ctypes.cast(shape, ctypes.POINTER(ctypes.c_uint64)),
+            len(spec.global_shape), _lib.cstr(spec.dtype, "dtype"), spec.itemsize,
+            _lib.cstr(spec.layout_fingerprint, "layout_fingerprint"),
+            ctypes.cast(axes, ctypes.POINTER(_lib.mws_parallel_axis)), len(spec.parallel_axes),
+            _opt_u64(spec.layer_id), _opt_u64(spec.expert_id))
+        call("mws_placement_builder_add_tensor", self.handle, ctypes.byref(c))
         self.tensors[spec.tensor_id] = spec
         return self
 
@@ -245,23 +238,23 @@ class PlacementBuilder:
         pipeline_stage_id: Optional[int] = None,
     ) -> str:
         """Adds one fragment (box) held by ``participant_id``; returns its
-        ``placement_fragment_id`` (derived from the content when not given)."""
-        if participant_id not in self.participants:
-            raise KeyError(f"unknown participant: {participant_id}")
-        spec = self.tensors[tensor_id]
-        frag = _Fragment(
-            participant_id=participant_id,
-            tensor_id=tensor_id,
-            global_offset=tuple(global_offset),
-            local_shape=tuple(local_shape),
-            nbytes=math.prod(local_shape) * spec.itemsize,
-            rank=self.participants[participant_id],
-            aliases=tuple(aliases),
-            pipeline_stage_id=pipeline_stage_id,
-            placement_fragment_id=placement_fragment_id,
-        )
-        self.fragments.append(frag)
-        return frag.placement_fragment_id or frag.derived_id()
+        ``placement_fragment_id`` (the library's canonical id when not given)."""
+        if len(global_offset) != len(local_shape):
+            raise ValueError("global_offset and local_shape differ in length")
+        off, shape = _u64_array(global_offset), _u64_array(local_shape)
+        names = [_lib.cstr(a, "alias") for a in aliases]
+        alias_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
+        c = _lib.mws_fragment_spec(
+            _lib.cstr(participant_id, "participant_id"), _lib.cstr(tensor_id, "tensor_id"),
+            ctypes.cast(off, ctypes.POINTER(ctypes.c_uint64)), ctypes.cast(shape, ctypes.POINTER(ctypes.c_uint64)),
+            len(local_shape), _opt_u64(pipeline_stage_id), ctypes.cast(alias_arr, ctypes.POINTER(ctypes.c_char_p)),
+            len(names), _lib.cstr(placement_fragment_id, "placement_fragment_id"))
+        idp = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        call("mws_placement_builder_add_fragment", self.handle, ctypes.byref(c), ctypes.byref(idp), ctypes.byref(n))
+        fid = ctypes.string_at(idp.value, n.value).decode("utf-8")
+        self.fragment_ids.append(fid)
+        return fid
 
     def shard(
         self,
@@ -293,60 +286,26 @@ class PlacementBuilder:
             ids.append(self.add_fragment(pid, tensor_id, off, shape, placement_fragment_id=fid))
         return ids
 
-    # -- wire form ------------------------------------------------------------------
+    # -- results --------------------------------------------------------------------
 
-    def topology_wire(self) -> Dict[str, Any]:
-        parts = [
-            {"participant_id": pid, "rank": r.to_wire()} for pid, r in sorted(self.participants.items())
-        ]
-        tid_obj = {
-            "dp_size": self.sizes["dp"],
-            "ep_size": self.sizes["ep"],
-            "participants": parts,
-            "pp_size": self.sizes["pp"],
-            "schema": "weight-parallel-topology",
-            "tp_size": self.sizes["tp"],
-        }
-        topology_id = "sha256:" + _sha(canonical_json(tid_obj))
-        return {
-            "dp_size": self.sizes["dp"],
-            "ep_size": self.sizes["ep"],
-            "participants": parts,
-            "pp_size": self.sizes["pp"],
-            "topology_id": topology_id,
-            "tp_size": self.sizes["tp"],
-        }
+    def build(self) -> "Placement":
+        """Validates and builds the placement (the builder stays usable)."""
+        out = ctypes.c_void_p()
+        call("mws_placement_builder_build", self.handle, ctypes.byref(out))
+        return Placement(out.value)
+
+    def to_json(self) -> str:
+        """Canonical placement JSON (Profile A), as the library writes it."""
+        with self.build() as p:
+            return p.to_json()
 
     def to_wire(self) -> Dict[str, Any]:
         """The placement wire object (with its ``placement_id``)."""
-        by_part: Dict[str, List[Dict[str, Any]]] = {pid: [] for pid in self.participants}
-        for f in self.fragments:
-            by_part[f.participant_id].append(f.to_wire())
-        parts = []
-        for pid in sorted(self.participants):
-            frags = sorted(by_part[pid], key=lambda f: f["placement_fragment_id"])
-            parts.append({"fragments": frags, "participant_id": pid, "rank": self.participants[pid].to_wire()})
-        obj: Dict[str, Any] = {
-            "parts": parts,
-            "placement_set_id": self.placement_set_id,
-            "resource_id": self.resource_id,
-            "revision": self.revision,
-            "tensors": [self.tensors[t].to_wire() for t in sorted(self.tensors)],
-            "topology": self.topology_wire(),
-            "weight_generation": self.weight_generation,
-        }
-        pid_obj = dict(obj, schema="complete-weight-placement")
-        obj["placement_id"] = "sha256:" + _sha(canonical_json(pid_obj))
-        obj["resource_kind"] = "model_weight"
-        return obj
+        return json.loads(self.to_json())
 
-    def to_json(self) -> str:
-        """Canonical placement JSON (Profile A)."""
-        return canonical_json(self.to_wire())
-
-    def build(self) -> "Placement":
-        """Parses and validates the placement with the library."""
-        return Placement.from_json(self.to_json())
+    def topology_wire(self) -> Dict[str, Any]:
+        """The topology wire object (with its ``topology_id``)."""
+        return self.to_wire()["topology"]
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,12 @@ def test_missing_symbol_is_a_clean_error():
 
 
 def _builder_from_wire(w):
+    """The fixture's placement rebuilt call by call, plus the canonical id the library
+    derives for each fragment (from a second builder that names no fragment)."""
+    return _add_fragments(w, _bare_builder(w), _bare_builder(w))
+
+
+def _bare_builder(w):
     t = w["topology"]
     b = PlacementBuilder(w["resource_id"], w["revision"], w["weight_generation"], w["placement_set_id"],
                          tp_size=t["tp_size"], pp_size=t["pp_size"], ep_size=t["ep_size"], dp_size=t["dp_size"])
@@ -129,13 +135,20 @@ def _builder_from_wire(w):
         b.add_tensor(TensorSpec(ts["tensor_id"], tuple(ts["global_shape"]), ts["dtype"], ts["itemsize"],
                                 tuple(ax[a["semantics"]](a) for a in ts["parallel_axes"]),
                                 ts["layout_fingerprint"], ts["layer_id"], ts["expert_id"]))
+    return b
+
+
+def _add_fragments(w, b, canon):
     derived = {}
     for part in w["parts"]:
         for fr in part["fragments"]:
             b.add_fragment(part["participant_id"], fr["tensor_id"], fr["global_offset"], fr["local_shape"],
                            placement_fragment_id=fr["placement_fragment_id"], aliases=fr["aliases"],
                            pipeline_stage_id=fr.get("pipeline_stage_id"))
-            derived[fr["placement_fragment_id"]] = b.fragments[-1].derived_id()
+            # The canonical id of the same box, as the library derives it.
+            derived[fr["placement_fragment_id"]] = canon.add_fragment(
+                part["participant_id"], fr["tensor_id"], fr["global_offset"], fr["local_shape"],
+                aliases=fr["aliases"], pipeline_stage_id=fr.get("pipeline_stage_id"))
     return b, derived
 
 

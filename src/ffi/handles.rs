@@ -68,6 +68,7 @@ pub(crate) unsafe fn handle<'a, T: Handle>(p: *const T, name: &str) -> FfiResult
 impl Handle for mws_binding {}
 impl Handle for mws_upload_plan {}
 impl Handle for mws_placement {}
+impl Handle for mws_placement_builder {}
 impl Handle for mws_transaction {}
 impl Handle for mws_store {}
 impl Handle for mws_receipts {}
@@ -197,6 +198,18 @@ impl mws_upload_plan {
             inner,
         }
     }
+}
+
+/// A placement under construction (`mws_placement_builder_new`): participants,
+/// tensors and fragments added one call at a time, then `mws_placement_builder_build`.
+/// Mirrors `model::PlacementBuilder`.
+///
+/// Freed by `mws_placement_builder_free`. Thread safety: calls are serialized by a
+/// mutex; fragment ids it lends stay valid until it is freed.
+pub struct mws_placement_builder {
+    pub(crate) inner: parking_lot::Mutex<crate::model::PlacementBuilder>,
+    /// The ids returned by `mws_placement_builder_add_fragment` (boxed: stable).
+    pub(crate) ids: parking_lot::Mutex<Vec<CText>>,
 }
 
 /// A parsed and validated complete weight placement (address-free: tensors, topology,

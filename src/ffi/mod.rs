@@ -9,7 +9,8 @@
 //!   function itself) and the version;
 //! - [`handles`]: every opaque C handle and the Rust value it mirrors, with the
 //!   [`handles::Handle`] helper (how a handle is created, borrowed and freed);
-//! - one file per C prefix: `mws_placement_*` ([`placement`]),
+//! - one file per C prefix: `mws_placement_*` ([`placement`]), `mws_placement_builder_*`
+//!   ([`placement_builder`]),
 //!   `mws_binding_*` ([`binding`]), `mws_upload_plan_*`
 //!   ([`upload_plan`]), `mws_receipts_*` ([`receipts`]), `mws_store_*` ([`store`]),
 //!   `mws_transaction_*` ([`transaction`]), `mws_registration_lease_*` ([`lease`]),
@@ -40,6 +41,7 @@ mod io_args;
 mod lease;
 mod load_plan;
 mod placement;
+mod placement_builder;
 
 mod receipts;
 mod store;
@@ -60,6 +62,7 @@ pub use io_args::*;
 pub use lease::*;
 pub use load_plan::*;
 pub use placement::*;
+pub use placement_builder::*;
 pub use receipts::*;
 pub use store::*;
 pub use stored_manifest::*;

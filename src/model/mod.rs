@@ -12,8 +12,9 @@ pub use axes::{AxisKind, ParallelAxis, ParallelRank};
 pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
 pub use manifest::{StoredFragment, StoredFragmentSpec, StoredManifest, StoredManifestIdentity, StoredManifestSpec};
 pub use placement::{
-    FlatPlacementSpec, ParallelTopology, Placement, PlacementFragment, PlacementFragmentSpec, PlacementPart,
-    PlacementPartSpec, PlacementSpec, TopologyParticipant, TopologySpec,
+    BuilderFragment, FlatPlacementSpec, ParallelTopology, Placement, PlacementBuilder, PlacementBuilderSpec,
+    PlacementFragment, PlacementFragmentSpec, PlacementPart, PlacementPartSpec, PlacementSpec, TopologyParticipant,
+    TopologySpec,
 };
 pub use tensor::{TensorDescriptor, TensorSpec};
 

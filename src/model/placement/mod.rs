@@ -5,6 +5,7 @@
 //! tensor [`semantics`] across the topology, the placement itself (here) and its
 //! canonical [`wire`].
 
+mod builder;
 mod checks;
 mod fragment;
 mod part;
@@ -12,6 +13,7 @@ mod semantics;
 mod topology;
 mod wire;
 
+pub use builder::{BuilderFragment, PlacementBuilder, PlacementBuilderSpec};
 pub(crate) use fragment::{check_fragment_geometry, normalize_aliases};
 pub use fragment::{PlacementFragment, PlacementFragmentSpec};
 pub use part::{PlacementPart, PlacementPartSpec};
