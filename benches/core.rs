@@ -59,27 +59,33 @@ fn heap_sub(n: usize) {
     HEAP_LIVE.store(HEAP_LIVE.load(Relaxed).wrapping_sub(n), Relaxed);
 }
 
+// SAFETY: every call forwards to the system allocator unchanged; the counters are
+// plain atomics and never allocate.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc(l);
+        // SAFETY: forwards the caller's `GlobalAlloc::alloc` contract.
+        let p = unsafe { System.alloc(l) };
         if !p.is_null() {
             heap_add(l.size());
         }
         p
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(l);
+        // SAFETY: forwards the caller's `GlobalAlloc::alloc_zeroed` contract.
+        let p = unsafe { System.alloc_zeroed(l) };
         if !p.is_null() {
             heap_add(l.size());
         }
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l);
+        // SAFETY: forwards the caller's `GlobalAlloc::dealloc` contract.
+        unsafe { System.dealloc(p, l) };
         heap_sub(l.size());
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        let q = System.realloc(p, l, new_size);
+        // SAFETY: forwards the caller's `GlobalAlloc::realloc` contract.
+        let q = unsafe { System.realloc(p, l, new_size) };
         if !q.is_null() {
             heap_sub(l.size());
             heap_add(new_size);

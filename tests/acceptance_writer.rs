@@ -126,6 +126,7 @@ fn acc_156_writer_rejects_commit_with_missing_fragment() {
 /// Resolves every tensor id to the fragments of the model's first tensor.
 struct WrongTensor<'a>(HostAdapter<'a>);
 
+// SAFETY: the type's callbacks and pointers are only used under the test's own synchronization.
 unsafe impl SnapshotAdapter for WrongTensor<'_> {
     type Tensor = str;
     fn export_source(&self, d: &SnapshotDescriptor) -> Result<SnapshotSource> {

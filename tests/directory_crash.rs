@@ -201,6 +201,7 @@ fn writer_child(store: &DirectoryStore, seed: u64) {
                         },
                     })
                     .collect();
+                // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
                 for r in unsafe { store.batch_put_from(&items, &cfg(&g3)) } {
                     r.unwrap();
                 }
@@ -251,6 +252,7 @@ fn kill_minus_9_never_exposes_partial_objects() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_micros(2_000 + rng.below(150_000)));
+        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         let rc = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGKILL) };
         assert_eq!(rc, 0, "kill failed");
         let status = c.wait().unwrap();

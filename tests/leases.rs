@@ -44,10 +44,12 @@ impl ObjectStore for Tracking {
         let reg = self.registered.lock();
         assert!(items.iter().all(|i| reg.contains(&i.source.address)), "put from unregistered memory");
         drop(reg);
-        self.inner.batch_put_from(items, c)
+        // SAFETY: forwards this fake's own `unsafe fn` contract to the backend it wraps.
+        unsafe { self.inner.batch_put_from(items, c) }
     }
     unsafe fn get_into_ranges(&self, r: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        self.inner.get_into_ranges(r)
+        // SAFETY: forwards this fake's own `unsafe fn` contract to the backend it wraps.
+        unsafe { self.inner.get_into_ranges(r) }
     }
     fn register_buffer(&self, region: MemoryRegion) -> Result<()> {
         assert!(self.registered.lock().insert(region.address), "double registration");

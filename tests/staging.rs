@@ -40,7 +40,8 @@ impl ObjectStore for RangeOnly {
         self.inner.remove(k)
     }
     unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], c: &WriteConfig<'_>) -> Vec<Result<()>> {
-        self.inner.batch_put_from(items, c)
+        // SAFETY: forwards this fake's own `unsafe fn` contract to the backend it wraps.
+        unsafe { self.inner.batch_put_from(items, c) }
     }
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
         let reg = self.registered.lock();
@@ -50,7 +51,8 @@ impl ObjectStore for RangeOnly {
         }
         drop(reg);
         self.calls.lock().push(ranges.len());
-        self.inner.get_into_ranges(ranges)
+        // SAFETY: forwards this fake's own `unsafe fn` contract to the backend it wraps.
+        unsafe { self.inner.get_into_ranges(ranges) }
     }
     fn register_buffer(&self, region: MemoryRegion) -> Result<()> {
         self.registered.lock().insert((region.address, region.len));

@@ -75,6 +75,7 @@ impl CopyHook for FakeHook {
         assert!(matches!(src.kind, MemoryKind::Device(_)));
         assert_eq!(src.len as usize, dst.len());
         self.to_host.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         unsafe { std::ptr::copy_nonoverlapping(src.address as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
@@ -82,6 +83,7 @@ impl CopyHook for FakeHook {
         assert!(matches!(dst.kind, MemoryKind::Device(_)));
         assert_eq!(dst.len as usize, src.len());
         self.to_device.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.address as usize as *mut u8, src.len()) };
         Ok(())
     }
@@ -181,6 +183,7 @@ fn batch_put_from_host<S: ObjectStore>(s: &S) {
         PutFrom { key: "b/empty", source: host(&empty) },
     ];
     let g = groups(items.len());
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
     assert_eq!(res.len(), items.len());
     assert!(res[0].is_ok(), "{:?}", res[0]);
@@ -203,6 +206,7 @@ fn large_batches<S: ObjectStore>(s: &S) {
     let vals: Vec<Vec<u8>> = (0..N).map(|i| pattern(i as u8, (2 << 20) + i)).collect();
     let keys: Vec<String> = (0..N).map(|i| format!("l/{i}")).collect();
     let items: Vec<PutFrom> = keys.iter().zip(&vals).map(|(k, v)| PutFrom { key: k, source: host(v) }).collect();
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.batch_put_from(&items, &cfg(&groups(N))) };
     for (i, r) in res.iter().enumerate() {
         if i == 3 {
@@ -229,6 +233,7 @@ fn large_batches<S: ObjectStore>(s: &S) {
             r
         })
         .collect();
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.get_into_ranges(&ranges) };
     let mut off = 0usize;
     for (j, i) in (0..N).rev().enumerate() {
@@ -247,12 +252,14 @@ fn batch_put_from_group_count<S: ObjectStore>(s: &S) {
     let a = pattern(3, 10);
     let items = [PutFrom { key: "c/a", source: host(&a) }, PutFrom { key: "c/b", source: host(&a) }];
     let g = groups(1);
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
     assert_eq!(res.len(), 2);
     for r in &res {
         assert_kind(r, ErrorKind::InvalidArgument);
     }
     assert!(!s.exists("c/a").unwrap() && !s.exists("c/b").unwrap());
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     assert!(unsafe { s.batch_put_from(&[], &cfg(&[])) }.is_empty());
 }
 
@@ -273,6 +280,7 @@ fn get_into_ranges_host<S: ObjectStore>(s: &S) {
         RangeRead { key: "g/x", object_offset: 1000, dest: at(600, 0) },
         RangeRead { key: "g/x", object_offset: 0, dest: at(1000, 1000) },
     ];
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.get_into_ranges(&ranges) };
     assert_eq!(res.len(), ranges.len());
     assert_eq!(*res[0].as_ref().unwrap(), 100);
@@ -301,6 +309,7 @@ fn out_of_range_read<S: ObjectStore>(s: &S) {
         RangeRead { key: "o/x", object_offset: 101, dest: at(0) },
         RangeRead { key: "o/x", object_offset: u64::MAX, dest: at(2) },
     ];
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.get_into_ranges(&ranges) };
     for r in &res {
         let e = assert_kind(r, ErrorKind::Integrity);
@@ -315,6 +324,7 @@ fn device_without_hook<S: ObjectStore>(s: &S) {
     let ok = pattern(4, 10);
     let items = [PutFrom { key: "d/dev", source: bogus }, PutFrom { key: "d/host", source: host(&ok) }];
     let g = groups(2);
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.batch_put_from(&items, &cfg(&g)) };
     let e = assert_kind(&res[0], ErrorKind::Unsupported);
     assert!(e.message().contains("d/dev"), "{e}");
@@ -322,6 +332,7 @@ fn device_without_hook<S: ObjectStore>(s: &S) {
     assert!(!s.exists("d/dev").unwrap());
     assert_eq!(s.get("d/host").unwrap(), ok);
 
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe {
         s.get_into_ranges(&[
             RangeRead { key: "d/host", object_offset: 0, dest: MemoryRegion { len: 10, ..bogus } },
@@ -339,6 +350,7 @@ fn device_with_hook<S: ObjectStore>(s: &S, hook: &FakeHook) {
     let small = pattern(8, 333);
     let items = [PutFrom { key: "h/big", source: device(&big) }, PutFrom { key: "h/small", source: device(&small) }];
     let g = groups(2);
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     for r in unsafe { s.batch_put_from(&items, &cfg(&g)) } {
         r.unwrap();
     }
@@ -360,6 +372,7 @@ fn device_with_hook<S: ObjectStore>(s: &S, hook: &FakeHook) {
             dest: MemoryRegion { address: base + (9 << 20), len: 100, kind: MemoryKind::Device(0) },
         },
     ];
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let res = unsafe { s.get_into_ranges(&ranges) };
     assert_eq!(*res[0].as_ref().unwrap(), 9 << 20);
     assert_eq!(*res[1].as_ref().unwrap(), 100);
@@ -511,6 +524,7 @@ fn memory_records_groups_and_keys() {
     let p1 = pattern(1, 10);
     let items = [PutFrom { key: "a/p1", source: host(&p1) }, PutFrom { key: "a/p0", source: host(&p0) }];
     let pg = vec!["gen-a".to_string(), "gen-b".to_string()];
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     for r in unsafe { s.batch_put_from(&items, &cfg(&pg)) } {
         r.unwrap();
     }
@@ -565,8 +579,10 @@ fn directory_hostile_keys_refused() {
         assert_kind(&s.get(key), ErrorKind::InvalidArgument);
         assert_kind(&s.exists(key), ErrorKind::InvalidArgument);
         assert_kind(&s.remove(key), ErrorKind::InvalidArgument);
+        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         let r = unsafe { s.batch_put_from(&[PutFrom { key, source: host(&buf) }], &cfg(&g)) };
         assert_kind(&r[0], ErrorKind::InvalidArgument);
+        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         let r = unsafe { s.get_into_ranges(&[RangeRead { key, object_offset: 0, dest: host_mut(&mut dst) }]) };
         assert_kind(&r[0], ErrorKind::InvalidArgument);
     }

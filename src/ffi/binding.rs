@@ -107,20 +107,29 @@ pub unsafe extern "C" fn mws_binding_new(
     out: *mut *mut mws_binding,
 ) -> mws_status {
     status_call!(|| {
-        let o = struct_arg(options, "options")?;
+        // SAFETY: `options` is NULL or points to a valid struct for the call (this function's contract).
+        let o = unsafe { struct_arg(options, "options") }?;
         check_out(out, "out")?;
         let identity = Identity {
-            resource_id: str_arg(o.resource_id, "options->resource_id")?.to_owned(),
-            revision: str_arg(o.revision, "options->revision")?.to_owned(),
-            placement_id: str_arg(o.placement_id, "options->placement_id")?.to_owned(),
-            placement_digest: str_arg(o.placement_digest, "options->placement_digest")?.to_owned(),
-            participant_id: str_arg(o.participant_id, "options->participant_id")?.to_owned(),
-            instance_id: str_arg(o.instance_id, "options->instance_id")?.to_owned(),
-            lease_id: str_arg(o.lease_id, "options->lease_id")?.to_owned(),
+            // SAFETY: `o.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            resource_id: unsafe { str_arg(o.resource_id, "options->resource_id") }?.to_owned(),
+            // SAFETY: `o.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            revision: unsafe { str_arg(o.revision, "options->revision") }?.to_owned(),
+            // SAFETY: `o.placement_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_id: unsafe { str_arg(o.placement_id, "options->placement_id") }?.to_owned(),
+            // SAFETY: `o.placement_digest` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_digest: unsafe { str_arg(o.placement_digest, "options->placement_digest") }?.to_owned(),
+            // SAFETY: `o.participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            participant_id: unsafe { str_arg(o.participant_id, "options->participant_id") }?.to_owned(),
+            // SAFETY: `o.instance_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            instance_id: unsafe { str_arg(o.instance_id, "options->instance_id") }?.to_owned(),
+            // SAFETY: `o.lease_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            lease_id: unsafe { str_arg(o.lease_id, "options->lease_id") }?.to_owned(),
             generation: o.generation,
         };
         let binding = mws_binding { identity, fragments: Vec::new() };
-        write_out(out, Handle::into_raw(binding));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(binding)) };
         Ok(())
     })
 }
@@ -143,24 +152,35 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
     fragment: *const mws_runtime_fragment,
 ) -> mws_status {
     status_call!(|| {
-        let b = binding.as_mut().ok_or_else(|| Failure::null("binding"))?;
-        let f = struct_arg(fragment, "fragment")?;
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let b = unsafe { binding.as_mut() }.ok_or_else(|| Failure::null("binding"))?;
+        // SAFETY: `fragment` is NULL or points to a valid struct for the call (this function's contract).
+        let f = unsafe { struct_arg(fragment, "fragment") }?;
         let memory = match f.memory_kind {
             k if k == mws_memory_kind::MWS_MEMORY_HOST as u32 => MemoryKind::Host,
             k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => MemoryKind::Device(f.device_ordinal),
             k => return Err(Failure::invalid(format!("fragment->memory_kind {k} is not an mws_memory_kind value"))),
         };
         let spec = RuntimeFragmentSpec {
-            placement_fragment_id: str_arg(f.placement_fragment_id, "fragment->placement_fragment_id")?.to_owned(),
-            fragment_id: str_arg(f.fragment_id, "fragment->fragment_id")?.to_owned(),
+            // SAFETY: `f.placement_fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_fragment_id: unsafe { str_arg(f.placement_fragment_id, "fragment->placement_fragment_id") }?
+                .to_owned(),
+            // SAFETY: `f.fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            fragment_id: unsafe { str_arg(f.fragment_id, "fragment->fragment_id") }?.to_owned(),
             address: f.address as usize as u64,
             nbytes: f.nbytes,
-            worker_id: str_arg(f.worker_id, "fragment->worker_id")?.to_owned(),
-            endpoint: str_arg(f.endpoint, "fragment->endpoint")?.to_owned(),
-            device: str_arg(f.device, "fragment->device")?.to_owned(),
+            // SAFETY: `f.worker_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            worker_id: unsafe { str_arg(f.worker_id, "fragment->worker_id") }?.to_owned(),
+            // SAFETY: `f.endpoint` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            endpoint: unsafe { str_arg(f.endpoint, "fragment->endpoint") }?.to_owned(),
+            // SAFETY: `f.device` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            device: unsafe { str_arg(f.device, "fragment->device") }?.to_owned(),
             itemsize: f.itemsize,
-            local_shape: slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape")?.to_vec(),
-            strides_bytes: slice_arg(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes")?.to_vec(),
+            // SAFETY: `f.local_shape` is NULL or valid for `f.local_shape_len` reads during the call (this function's contract).
+            local_shape: unsafe { slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape") }?.to_vec(),
+            // SAFETY: `f.strides_bytes` is NULL or valid for `f.strides_bytes_len` reads during the call (this function's contract).
+            strides_bytes: unsafe { slice_arg(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes") }?
+                .to_vec(),
             storage_address: f.storage_address as usize as u64,
             storage_nbytes: f.storage_nbytes,
             storage_offset_bytes: f.storage_offset_bytes,
@@ -178,7 +198,8 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
 /// `binding` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
-    value_call!(0, || Ok(handle(binding, "binding")?.fragments.len()))
+    // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(binding, "binding") }?.fragments.len()))
 }
 
 /// Checks that the binding is complete and consistent, and pairs with `placement`
@@ -197,8 +218,10 @@ pub unsafe extern "C" fn mws_binding_validate(
     binding: *const mws_binding,
 ) -> mws_status {
     status_call!(|| {
-        let p = handle(placement, "placement")?;
-        let b = handle(binding, "binding")?.build()?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?.build()?;
         validate_runtime_binding(&p.inner, &b)?;
         Ok(())
     })
@@ -213,7 +236,8 @@ pub unsafe extern "C" fn mws_binding_validate(
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_free(binding: *mut mws_binding) {
     value_call!((), || {
-        Handle::free(binding);
+        // SAFETY: `binding` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(binding) };
         Ok(())
     })
 }

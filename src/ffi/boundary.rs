@@ -321,6 +321,7 @@ mod tests {
         assert_eq!(header_macro("MWS_VERSION_MAJOR"), major);
         assert_eq!(header_macro("MWS_VERSION_MINOR"), minor);
         assert_eq!(header_macro("MWS_VERSION_PATCH"), patch);
+        // SAFETY: `mws_version` returns a static NUL-terminated string.
         let v = unsafe { CStr::from_ptr(mws_version()) };
         assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
     }
@@ -329,10 +330,12 @@ mod tests {
     fn status_values_are_stable_and_named() {
         for (i, s) in mws_status::ALL.iter().enumerate() {
             assert_eq!(*s as usize, i);
+            // SAFETY: `mws_status_name` never returns NULL and its names are static and NUL-terminated.
             let name = unsafe { CStr::from_ptr(mws_status_name(*s as c_int)) };
             assert_eq!(name, s.name());
             assert!(header().contains(&format!("{} = {i},", name.to_str().unwrap())));
         }
+        // SAFETY: as above.
         let unknown = unsafe { CStr::from_ptr(mws_status_name(-7)) };
         assert_eq!(unknown.to_str().unwrap(), "MWS_UNKNOWN_STATUS");
     }
@@ -340,6 +343,7 @@ mod tests {
     #[test]
     fn panic_is_caught_and_reported() {
         assert_eq!(mws_test_panic(), mws_status::MWS_PANIC);
+        // SAFETY: `mws_last_error_message` never returns NULL; the message lives until the next call on this thread.
         let msg = unsafe { CStr::from_ptr(mws_last_error_message()) };
         assert!(msg.to_str().unwrap().contains("mws_test_panic"));
     }

@@ -48,16 +48,21 @@ pub(crate) struct IoArgs<'a> {
 }
 
 pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
-    let Some(a) = args.as_ref() else {
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    let Some(a) = (unsafe { args.as_ref() }) else {
         return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard), lease: None });
     };
     let guard: Box<dyn GuardProvider> =
-        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(a.guard, a.guard_ctx)?) };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(unsafe { CGuard::from_vtable(a.guard, a.guard_ctx) }?) };
     Ok(IoArgs {
-        worker_id: opt_str_arg(a.worker_id, "args->worker_id")?,
-        transfer_id: opt_str_arg(a.transfer_id, "args->transfer_id")?,
+        // SAFETY: `a.worker_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        worker_id: unsafe { opt_str_arg(a.worker_id, "args->worker_id") }?,
+        // SAFETY: `a.transfer_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        transfer_id: unsafe { opt_str_arg(a.transfer_id, "args->transfer_id") }?,
         guard,
-        lease: a.lease.as_ref(),
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        lease: unsafe { a.lease.as_ref() },
     })
 }
 
@@ -71,7 +76,8 @@ pub(crate) unsafe fn with_upload_args<T>(
     args: *const mws_io_args,
     run: impl FnOnce(&RuntimeBinding, UploadArgs<'_>) -> crate::Result<T>,
 ) -> FfiResult<T> {
-    let a = io_args(args)?;
+    // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+    let a = unsafe { io_args(args) }?;
     let rb = binding.build().map_err(|f| {
         Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
     })?;

@@ -65,28 +65,35 @@ pub unsafe extern "C" fn mws_registration_lease_new(
     out: *mut *mut mws_registration_lease,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let b = handle(binding, "binding")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
         check_out(out, "out")?;
         let side = match side {
             x if x == mws_lease_side::MWS_LEASE_SOURCE as u32 => "source",
             x if x == mws_lease_side::MWS_LEASE_TARGET as u32 => "target",
             x => return Err(Failure::invalid(format!("invalid lease side: {x}"))),
         };
-        let ptrs = slice_arg(fragment_ids, count, "fragment_ids")?;
+        // SAFETY: `fragment_ids` is NULL or valid for `count` reads during the call (this function's contract).
+        let ptrs = unsafe { slice_arg(fragment_ids, count, "fragment_ids") }?;
         let mut ids = Vec::with_capacity(ptrs.len());
         for (i, p) in ptrs.iter().enumerate() {
-            ids.push(str_arg(*p, &format!("fragment_ids[{i}]"))?.to_owned());
+            // SAFETY: `*p` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            ids.push(unsafe { str_arg(*p, &format!("fragment_ids[{i}]")) }?.to_owned());
         }
-        let transfer_id = opt_str_arg(transfer_id, "transfer_id")?;
+        // SAFETY: `transfer_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let transfer_id = unsafe { opt_str_arg(transfer_id, "transfer_id") }?;
         let guard: Box<dyn GuardProvider> =
-            if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(guard, guard_ctx)?) };
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            if guard.is_null() { Box::new(StaticGuard) } else { Box::new(unsafe { CGuard::from_vtable(guard, guard_ctx) }?) };
         let rb = b.build().map_err(|f| {
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
         })?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
         let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        write_out(out, Handle::into_raw(h));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(h)) };
         Ok(())
     })
 }
@@ -106,7 +113,8 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
     status_call!(|| {
-        let l = handle(lease, "lease")?;
+        // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
+        let l = unsafe { handle(lease, "lease") }?;
         let state = terminal_state(state)?;
         let mut inner = l.inner.write();
         Ok(l.ws.close_registration_lease(&mut inner, state)?)
@@ -120,7 +128,8 @@ pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registra
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
-    value_call!(-1, || { Ok(c_int::from(handle(lease, "lease")?.inner.read().is_closed())) })
+    // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
+    value_call!(-1, || { Ok(c_int::from(unsafe { handle(lease, "lease") }?.inner.read().is_closed())) })
 }
 
 /// Frees a lease handle. `NULL` does nothing. An open lease is closed first as
@@ -133,7 +142,8 @@ pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_regi
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_free(lease: *mut mws_registration_lease) {
     value_call!((), || {
-        Handle::free(lease);
+        // SAFETY: `lease` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(lease) };
         Ok(())
     })
 }

@@ -59,17 +59,22 @@ pub unsafe extern "C" fn mws_load_plan_new(
     out: *mut *mut mws_load_plan,
 ) -> mws_status {
     status_call!(|| {
-        let m = handle(manifest, "manifest")?;
-        let t = handle(target, "target")?;
+        // SAFETY: `manifest` is NULL or a live handle of this type (this function's contract).
+        let m = unsafe { handle(manifest, "manifest") }?;
+        // SAFETY: `target` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(target, "target") }?;
         check_out(out, "out")?;
-        let handles = slice_arg(bindings, count, "bindings")?;
+        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
+        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
         let mut built = Vec::with_capacity(handles.len());
         for (i, b) in handles.iter().enumerate() {
-            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
             built.push(b.build()?);
         }
         let mut l = PlanningLimits::default();
-        if let Some(c) = limits.as_ref() {
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        if let Some(c) = unsafe { limits.as_ref() } {
             if c.max_transfer_regions != 0 {
                 l.max_transfer_regions = c.max_transfer_regions;
             }
@@ -82,7 +87,8 @@ pub unsafe extern "C" fn mws_load_plan_new(
         }
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        write_out(out, Handle::into_raw(mws_load_plan { inner: plan, participants }));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_load_plan { inner: plan, participants })) };
         Ok(())
     })
 }
@@ -94,7 +100,8 @@ pub unsafe extern "C" fn mws_load_plan_new(
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
     value_call!((), || {
-        Handle::free(plan);
+        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(plan) };
         Ok(())
     })
 }
@@ -106,7 +113,8 @@ pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) -> usize {
-    value_call!(0, || Ok(handle(plan, "plan")?.inner.regions().len()))
+    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.inner.regions().len()))
 }
 
 /// Returns the bytes the plan moves, or 0 (and the last error) if `plan` is NULL.
@@ -115,7 +123,8 @@ pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) 
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -> u64 {
-    value_call!(0, || Ok(handle(plan, "plan")?.inner.total_bytes()))
+    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.inner.total_bytes()))
 }
 
 /// Returns the number of target participants the plan loads (sorted ids via
@@ -125,7 +134,8 @@ pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_participant_count(plan: *const mws_load_plan) -> usize {
-    value_call!(0, || Ok(handle(plan, "plan")?.participants.len()))
+    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.participants.len()))
 }
 
 /// Returns target participant `index` (sorted order). Borrowed NUL-terminated string
@@ -141,14 +151,16 @@ pub unsafe extern "C" fn mws_load_plan_participant(
     len: *mut usize,
 ) -> *const c_char {
     value_call!(std::ptr::null(), || {
-        let p = handle(plan, "plan")?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         let t = p.participants.get(index).ok_or_else(|| {
             Failure::invalid(format!(
                 "participant index {index} is out of range (the plan has {})",
                 p.participants.len()
             ))
         })?;
-        Ok(t.lend(len))
+        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
+        Ok(unsafe { t.lend(len) })
     })
 }
 

@@ -55,9 +55,11 @@ pub unsafe extern "C" fn mws_placement_from_json(
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        let bytes = slice_arg(json as *const u8, len, "json")?;
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
         let placement = Placement::from_json(bytes)?;
-        write_out(out, Handle::into_raw(mws_placement::new(placement)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_placement::new(placement))) };
         Ok(())
     })
 }
@@ -72,7 +74,8 @@ pub unsafe extern "C" fn mws_placement_from_json(
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
     value_call!((), || {
-        Handle::free(placement);
+        // SAFETY: `placement` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(placement) };
         Ok(())
     })
 }
@@ -85,8 +88,10 @@ pub(crate) unsafe fn lend(
     pick: impl FnOnce(&mws_placement) -> &CText,
 ) -> *const c_char {
     value_call(function, std::ptr::null(), || {
-        let p = handle(placement, "placement")?;
-        Ok(pick(p).lend(len))
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        Ok(unsafe { pick(p).lend(len) })
     })
 }
 
@@ -101,7 +106,8 @@ pub(crate) unsafe fn lend(
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.json)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.json) }
 }
 
 /// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
@@ -111,7 +117,8 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.placement_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.placement_id) }
 }
 
 /// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
@@ -121,7 +128,8 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.digest)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.digest) }
 }
 
 /// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
@@ -131,7 +139,8 @@ pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, l
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.topology_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.topology_id) }
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -141,7 +150,8 @@ pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.resource_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.resource_id) }
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -150,7 +160,8 @@ pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    lend(function_name!(), placement, len, |p| &p.revision)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), placement, len, |p| &p.revision) }
 }
 
 /// Returns the weight generation of the placement, or 0 (and sets the last error) if
@@ -160,7 +171,8 @@ pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement,
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_placement) -> u64 {
-    value_call!(0, || Ok(handle(placement, "placement")?.inner.weight_generation()))
+    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(placement, "placement") }?.inner.weight_generation()))
 }
 
 pub(crate) unsafe fn count(
@@ -168,7 +180,8 @@ pub(crate) unsafe fn count(
     placement: *const mws_placement,
     pick: impl FnOnce(&mws_placement) -> usize,
 ) -> usize {
-    value_call(function, 0, || Ok(pick(handle(placement, "placement")?)))
+    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+    value_call(function, 0, || Ok(pick(unsafe { handle(placement, "placement") }?)))
 }
 
 /// Returns the number of participants of the placement's topology, or 0 (and sets the
@@ -178,7 +191,8 @@ pub(crate) unsafe fn count(
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    count(function_name!(), placement, |p| p.inner.topology().participants().len())
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.inner.topology().participants().len()) }
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -188,7 +202,8 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    count(function_name!(), placement, |p| p.inner.tensors().len())
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.inner.tensors().len()) }
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -198,7 +213,8 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    count(function_name!(), placement, |p| p.fragments.len())
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.fragments.len()) }
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.
@@ -218,22 +234,26 @@ pub unsafe extern "C" fn mws_placement_fragment(
     out: *mut mws_placement_fragment_info,
 ) -> mws_status {
     status_call!(|| {
-        let p = handle(placement, "placement")?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
         check_out(out, "out")?;
         let f = fragment_at(p, index)?;
-        write_out(
-            out,
-            mws_placement_fragment_info {
-                placement_fragment_id: f.placement_fragment_id.as_ptr(),
-                participant_id: f.participant_id.as_ptr(),
-                tensor_id: f.tensor_id.as_ptr(),
-                ndim: f.local_shape.len(),
-                global_offset: f.global_offset.as_ptr(),
-                local_shape: f.local_shape.as_ptr(),
-                nbytes: f.nbytes,
-                itemsize: f.itemsize,
-            },
-        );
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe {
+            write_out(
+                out,
+                mws_placement_fragment_info {
+                    placement_fragment_id: f.placement_fragment_id.as_ptr(),
+                    participant_id: f.participant_id.as_ptr(),
+                    tensor_id: f.tensor_id.as_ptr(),
+                    ndim: f.local_shape.len(),
+                    global_offset: f.global_offset.as_ptr(),
+                    local_shape: f.local_shape.as_ptr(),
+                    nbytes: f.nbytes,
+                    itemsize: f.itemsize,
+                },
+            )
+        };
         Ok(())
     })
 }

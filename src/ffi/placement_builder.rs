@@ -180,12 +180,16 @@ pub unsafe extern "C" fn mws_placement_builder_new(
 ) -> mws_status {
     status_call!(|| {
         check_out(out, "out")?;
-        let o = struct_arg(options, "options")?;
+        // SAFETY: `options` is NULL or points to a valid struct for the call (this function's contract).
+        let o = unsafe { struct_arg(options, "options") }?;
         let spec = PlacementBuilderSpec {
-            resource_id: str_arg(o.resource_id, "options->resource_id")?.to_string(),
-            revision: str_arg(o.revision, "options->revision")?.to_string(),
+            // SAFETY: `o.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            resource_id: unsafe { str_arg(o.resource_id, "options->resource_id") }?.to_string(),
+            // SAFETY: `o.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            revision: unsafe { str_arg(o.revision, "options->revision") }?.to_string(),
             weight_generation: o.weight_generation,
-            placement_set_id: opt_str_arg(o.placement_set_id, "options->placement_set_id")?
+            // SAFETY: `o.placement_set_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_set_id: unsafe { opt_str_arg(o.placement_set_id, "options->placement_set_id") }?
                 .unwrap_or("placement")
                 .to_string(),
             tp_size: o.tp_size,
@@ -197,7 +201,8 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
             ids: parking_lot::Mutex::new(Vec::new()),
         };
-        write_out(out, Handle::into_raw(b));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(b)) };
         Ok(())
     })
 }
@@ -217,9 +222,12 @@ pub unsafe extern "C" fn mws_placement_builder_add_participant(
     rank: *const mws_rank,
 ) -> mws_status {
     status_call!(|| {
-        let b = handle(builder, "builder")?;
-        let id = str_arg(participant_id, "participant_id")?;
-        let r = struct_arg(rank, "rank")?;
+        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(builder, "builder") }?;
+        // SAFETY: `participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let id = unsafe { str_arg(participant_id, "participant_id") }?;
+        // SAFETY: `rank` is NULL or points to a valid struct for the call (this function's contract).
+        let r = unsafe { struct_arg(rank, "rank") }?;
         b.inner.lock().add_participant(id, ParallelRank::new(r.dp, r.pp, r.ep, r.tp))?;
         Ok(())
     })
@@ -240,19 +248,31 @@ pub unsafe extern "C" fn mws_placement_builder_add_tensor(
     spec: *const mws_tensor_spec,
 ) -> mws_status {
     status_call!(|| {
-        let b = handle(builder, "builder")?;
-        let s = struct_arg(spec, "spec")?;
-        let axes = slice_arg(s.axes, s.axis_count, "spec->axes")?.iter().map(axis).collect::<FfiResult<Vec<_>>>()?;
+        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(builder, "builder") }?;
+        // SAFETY: `spec` is NULL or points to a valid struct for the call (this function's contract).
+        let s = unsafe { struct_arg(spec, "spec") }?;
+        // SAFETY: `s.axes` is NULL or valid for `s.axis_count` reads during the call (this function's contract).
+        let axes = unsafe { slice_arg(s.axes, s.axis_count, "spec->axes") }?
+            .iter()
+            .map(axis)
+            .collect::<FfiResult<Vec<_>>>()?;
         let t = TensorSpec {
-            tensor_id: str_arg(s.tensor_id, "spec->tensor_id")?.to_string(),
-            global_shape: slice_arg(s.global_shape, s.ndim, "spec->global_shape")?.to_vec(),
-            dtype: str_arg(s.dtype, "spec->dtype")?.to_string(),
+            // SAFETY: `s.tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            tensor_id: unsafe { str_arg(s.tensor_id, "spec->tensor_id") }?.to_string(),
+            // SAFETY: `s.global_shape` is NULL or valid for `s.ndim` reads during the call (this function's contract).
+            global_shape: unsafe { slice_arg(s.global_shape, s.ndim, "spec->global_shape") }?.to_vec(),
+            // SAFETY: `s.dtype` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            dtype: unsafe { str_arg(s.dtype, "spec->dtype") }?.to_string(),
             itemsize: s.itemsize,
             shard_dims: Vec::new(),
-            layout_fingerprint: str_arg(s.layout_fingerprint, "spec->layout_fingerprint")?.to_string(),
+            // SAFETY: `s.layout_fingerprint` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            layout_fingerprint: unsafe { str_arg(s.layout_fingerprint, "spec->layout_fingerprint") }?.to_string(),
             parallel_axes: axes,
-            layer_id: opt_u64(s.layer_id),
-            expert_id: opt_u64(s.expert_id),
+            // SAFETY: `s.layer_id` is NULL or readable (this function's contract).
+            layer_id: unsafe { opt_u64(s.layer_id) },
+            // SAFETY: `s.expert_id` is NULL or readable (this function's contract).
+            expert_id: unsafe { opt_u64(s.expert_id) },
         };
         b.inner.lock().add_tensor(t)?;
         Ok(())
@@ -278,20 +298,30 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
     id_len: *mut usize,
 ) -> mws_status {
     status_call!(|| {
-        let b = handle(builder, "builder")?;
-        let s = struct_arg(spec, "spec")?;
-        let aliases = slice_arg(s.aliases, s.alias_count, "spec->aliases")?
+        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(builder, "builder") }?;
+        // SAFETY: `spec` is NULL or points to a valid struct for the call (this function's contract).
+        let s = unsafe { struct_arg(spec, "spec") }?;
+        // SAFETY: `s.aliases` is NULL or valid for `s.alias_count` reads during the call (this function's contract).
+        let aliases = unsafe { slice_arg(s.aliases, s.alias_count, "spec->aliases") }?
             .iter()
-            .map(|a| str_arg(*a, "spec->aliases[i]").map(str::to_string))
+            // SAFETY: `*a` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            .map(|a| unsafe { str_arg(*a, "spec->aliases[i]") }.map(str::to_string))
             .collect::<FfiResult<Vec<_>>>()?;
         let f = BuilderFragment {
-            participant_id: str_arg(s.participant_id, "spec->participant_id")?.to_string(),
-            tensor_id: str_arg(s.tensor_id, "spec->tensor_id")?.to_string(),
-            global_offset: slice_arg(s.global_offset, s.ndim, "spec->global_offset")?.to_vec(),
-            local_shape: slice_arg(s.local_shape, s.ndim, "spec->local_shape")?.to_vec(),
-            pipeline_stage_id: opt_u64(s.pipeline_stage_id),
+            // SAFETY: `s.participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            participant_id: unsafe { str_arg(s.participant_id, "spec->participant_id") }?.to_string(),
+            // SAFETY: `s.tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            tensor_id: unsafe { str_arg(s.tensor_id, "spec->tensor_id") }?.to_string(),
+            // SAFETY: `s.global_offset` is NULL or valid for `s.ndim` reads during the call (this function's contract).
+            global_offset: unsafe { slice_arg(s.global_offset, s.ndim, "spec->global_offset") }?.to_vec(),
+            // SAFETY: `s.local_shape` is NULL or valid for `s.ndim` reads during the call (this function's contract).
+            local_shape: unsafe { slice_arg(s.local_shape, s.ndim, "spec->local_shape") }?.to_vec(),
+            // SAFETY: `s.pipeline_stage_id` is NULL or readable (this function's contract).
+            pipeline_stage_id: unsafe { opt_u64(s.pipeline_stage_id) },
             aliases,
-            placement_fragment_id: opt_str_arg(s.placement_fragment_id, "spec->placement_fragment_id")?
+            // SAFETY: `s.placement_fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_fragment_id: unsafe { opt_str_arg(s.placement_fragment_id, "spec->placement_fragment_id") }?
                 .map(str::to_string),
         };
         let mut inner = b.inner.lock();
@@ -300,7 +330,8 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
         ids.push(id);
         let text = ids.last().expect("just pushed");
         if !id_out.is_null() {
-            write_out(id_out, text.lend(id_len));
+            // SAFETY: `id_out` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(id_out, text.lend(id_len)) };
         }
         Ok(())
     })
@@ -321,10 +352,12 @@ pub unsafe extern "C" fn mws_placement_builder_build(
     out: *mut *mut mws_placement,
 ) -> mws_status {
     status_call!(|| {
-        let b = handle(builder, "builder")?;
+        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(builder, "builder") }?;
         check_out(out, "out")?;
         let p = b.inner.lock().build()?;
-        write_out(out, Handle::into_raw(mws_placement::new(p)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_placement::new(p))) };
         Ok(())
     })
 }
@@ -336,7 +369,8 @@ pub unsafe extern "C" fn mws_placement_builder_build(
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_builder_free(builder: *mut mws_placement_builder) {
     value_call!((), || {
-        Handle::free(builder);
+        // SAFETY: `builder` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(builder) };
         Ok(())
     })
 }

@@ -14,7 +14,8 @@ use std::ffi::c_char;
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
     value_call!((), || {
-        Handle::free(receipts);
+        // SAFETY: `receipts` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(receipts) };
         Ok(())
     })
 }
@@ -25,7 +26,8 @@ pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
 /// `receipts` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> usize {
-    value_call!(0, || Ok(handle(receipts, "receipts")?.inner.len()))
+    // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(receipts, "receipts") }?.inner.len()))
 }
 
 /// Encodes the receipts for transport (a rank sends them to the coordinator that
@@ -37,8 +39,10 @@ pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> us
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
     value_call!(std::ptr::null(), || {
-        let r = handle(receipts, "receipts")?;
-        Ok(r.json.get_or_init(|| CText::new(&crate::protocol::receipts_to_json(&r.inner))).lend(len))
+        // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
+        let r = unsafe { handle(receipts, "receipts") }?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        Ok(unsafe { r.json.get_or_init(|| CText::new(&crate::protocol::receipts_to_json(&r.inner))).lend(len) })
     })
 }
 
@@ -61,9 +65,11 @@ pub unsafe extern "C" fn mws_receipts_from_json(
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        let bytes = slice_arg(json as *const u8, len, "json")?;
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
         let r = crate::protocol::receipts_from_json(bytes)?;
-        write_out(out, Handle::into_raw(mws_receipts::new(r)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(r))) };
         Ok(())
     })
 }
@@ -83,13 +89,16 @@ pub unsafe extern "C" fn mws_receipts_concat(
 ) -> mws_status {
     status_call!(|| {
         check_out(out, "out")?;
-        let items = slice_arg(list, count, "list")?;
+        // SAFETY: `list` is NULL or valid for `count` reads during the call (this function's contract).
+        let items = unsafe { slice_arg(list, count, "list") }?;
         let mut all = Vec::new();
         for (i, r) in items.iter().enumerate() {
-            let r = r.as_ref().ok_or_else(|| Failure::null(&format!("list[{i}]")))?;
+            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+            let r = unsafe { r.as_ref() }.ok_or_else(|| Failure::null(&format!("list[{i}]")))?;
             all.extend(r.inner.iter().cloned());
         }
-        write_out(out, Handle::into_raw(mws_receipts::new(all)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(all))) };
         Ok(())
     })
 }
@@ -106,9 +115,11 @@ pub unsafe extern "C" fn mws_receipts_from_plan(
     out: *mut *mut mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let p = handle(plan, "plan")?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         check_out(out, "out")?;
-        write_out(out, Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner))));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner)))) };
         Ok(())
     })
 }

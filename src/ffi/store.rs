@@ -71,8 +71,10 @@ pub(crate) unsafe fn read_options(
     allow_hook: bool,
 ) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
     let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
-    let Some(o) = options.as_ref() else { return Ok((config, None)) };
-    config.key_prefix = opt_str_arg(o.key_prefix, "options->key_prefix")?.map(str::to_owned);
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    let Some(o) = (unsafe { options.as_ref() }) else { return Ok((config, None)) };
+    // SAFETY: `o.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    config.key_prefix = unsafe { opt_str_arg(o.key_prefix, "options->key_prefix") }?.map(str::to_owned);
     if o.max_range_bytes != 0 {
         config.limits.max_range_bytes = o.max_range_bytes;
     }
@@ -91,7 +93,8 @@ pub(crate) unsafe fn read_options(
             "options->copy_hook is only for the embedded stores; a vtable store handles device memory in its callbacks",
         ));
     } else {
-        Some(Arc::new(CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx)?))
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
     };
     Ok((config, hook))
 }
@@ -124,13 +127,15 @@ pub unsafe extern "C" fn mws_store_open_memory(
 ) -> mws_status {
     status_call!(|| {
         check_out(out, "out")?;
-        let (config, hook) = read_options(options, true)?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let (config, hook) = unsafe { read_options(options, true) }?;
         let backend = match hook {
             Some(h) => MemoryStore::with_copy_hook(h),
             None => MemoryStore::new(),
         };
         let ws = configure(Arc::new(backend), config)?;
-        write_out(out, Handle::into_raw(mws_store::new(ws)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
         Ok(())
     })
 }
@@ -154,14 +159,17 @@ pub unsafe extern "C" fn mws_store_open_dir(
 ) -> mws_status {
     status_call!(|| {
         check_out(out, "out")?;
-        let path = str_arg(path, "path")?;
-        let (config, hook) = read_options(options, true)?;
+        // SAFETY: `path` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let path = unsafe { str_arg(path, "path") }?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let (config, hook) = unsafe { read_options(options, true) }?;
         let dir = match hook {
             Some(h) => DirectoryStore::with_copy_hook(path, h)?,
             None => DirectoryStore::open(path)?,
         };
         let ws = configure(Arc::new(dir), config)?;
-        write_out(out, Handle::into_raw(mws_store::new(ws)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
         Ok(())
     })
 }
@@ -188,7 +196,8 @@ pub unsafe extern "C" fn mws_store_from_vtable(
     ctx: *mut c_void,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call!(|| from_vtable(vt, ctx, std::ptr::null(), out))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { from_vtable(vt, ctx, std::ptr::null(), out) })
 }
 
 /// As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
@@ -203,7 +212,8 @@ pub unsafe extern "C" fn mws_store_from_vtable_with_options(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call!(|| from_vtable(vt, ctx, options, out))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { from_vtable(vt, ctx, options, out) })
 }
 
 pub(crate) unsafe fn from_vtable(
@@ -216,16 +226,19 @@ pub(crate) unsafe fn from_vtable(
     if vt.is_null() {
         return Err(Failure::null("vt"));
     }
-    let (config, _) = read_options(options, false)?;
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let (config, _) = unsafe { read_options(options, false) }?;
     // Validate the options before taking ownership of ctx (construction is last).
     let mut probe = WeightStore::new(Arc::new(MemoryStore::new()));
     if let Some(prefix) = &config.key_prefix {
         probe = probe.with_key_prefix(prefix);
     }
     probe.with_limits(config.limits)?;
-    let backend = CallbackStore::new(vt, ctx)?;
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let backend = unsafe { CallbackStore::new(vt, ctx) }?;
     let ws = configure(Arc::new(backend), config)?;
-    write_out(out, Handle::into_raw(mws_store::new(ws)));
+    // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+    unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
     Ok(())
 }
 
@@ -238,7 +251,8 @@ pub(crate) unsafe fn from_vtable(
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
     value_call!((), || {
-        Handle::free(store);
+        // SAFETY: `store` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(store) };
         Ok(())
     })
 }
@@ -251,7 +265,8 @@ pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
 /// `store` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_key_prefix(store: *const mws_store, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), || Ok(handle(store, "store")?.key_prefix.lend(len)))
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    value_call!(std::ptr::null(), || Ok(unsafe { handle(store, "store")?.key_prefix.lend(len) }))
 }
 
 /// Raw access (tests, tools): copies object `key` into `buf`.
@@ -275,8 +290,10 @@ pub unsafe extern "C" fn mws_store_get(
     len: *mut usize,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let key = str_arg(key, "key")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
         check_out(len, "len")?;
         let bytes = s.ws.backend().get(key)?;
         if !buf.is_null() {
@@ -286,9 +303,11 @@ pub unsafe extern "C" fn mws_store_get(
                     bytes.len()
                 )));
             }
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len());
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
         }
-        write_out(len, bytes.len());
+        // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(len, bytes.len()) };
         Ok(())
     })
 }
@@ -305,11 +324,14 @@ pub unsafe extern "C" fn mws_store_exists(
     present: *mut c_int,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let key = str_arg(key, "key")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
         check_out(present, "present")?;
         let p = s.ws.backend().exists(key)?;
-        write_out(present, c_int::from(p));
+        // SAFETY: `present` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(present, c_int::from(p)) };
         Ok(())
     })
 }
@@ -322,10 +344,14 @@ pub(crate) unsafe fn raw_write(
     group_id: *const c_char,
     upsert: bool,
 ) -> FfiResult<()> {
-    let s = handle(store, "store")?;
-    let key = str_arg(key, "key")?;
-    let value = slice_arg(value, len, "value")?;
-    let groups = [opt_str_arg(group_id, "group_id")?.unwrap_or("").to_owned()];
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    let s = unsafe { handle(store, "store") }?;
+    // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    let key = unsafe { str_arg(key, "key") }?;
+    // SAFETY: `value` is NULL or valid for `len` reads during the call (this function's contract).
+    let value = unsafe { slice_arg(value, len, "value") }?;
+    // SAFETY: `group_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    let groups = [unsafe { opt_str_arg(group_id, "group_id") }?.unwrap_or("").to_owned()];
     let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
     if upsert {
         s.ws.backend().upsert(key, value, &config)?;
@@ -352,7 +378,8 @@ pub unsafe extern "C" fn mws_store_put(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    status_call!(|| raw_write(store, key, value, len, group_id, false))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, false) })
 }
 
 /// Raw access: as `mws_store_put`, replacing any existing value.
@@ -367,7 +394,8 @@ pub unsafe extern "C" fn mws_store_upsert(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    status_call!(|| raw_write(store, key, value, len, group_id, true))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, true) })
 }
 
 /// Raw access: removes object `key` (removing an absent key succeeds).
@@ -377,8 +405,10 @@ pub unsafe extern "C" fn mws_store_upsert(
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let key = str_arg(key, "key")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
         Ok(s.ws.backend().remove(key)?)
     })
 }
@@ -391,7 +421,8 @@ pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_store) -> usize {
-    value_call!(0, || { Ok(handle(store, "store")?.ws.pending_registration_ids().len()) })
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || { Ok(unsafe { handle(store, "store") }?.ws.pending_registration_ids().len()) })
 }
 
 /// Retries the cleanup of every quarantined registration and releases their pins.
@@ -403,7 +434,8 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
         for id in s.ws.pending_registration_ids() {
             s.ws.drain_pending_registration(&id)?;
         }
@@ -442,13 +474,19 @@ pub unsafe extern "C" fn mws_store_upload(
     out: *mut *mut mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
-        let pl = handle(placement, "placement")?;
-        let b = handle(binding, "binding")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let pl = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
         check_out(out, "out")?;
-        let receipts = with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua))?;
-        write_out(out, Handle::into_raw(mws_receipts::new(receipts)));
+        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+        let receipts = unsafe { with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua)) }?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(receipts))) };
         Ok(())
     })
 }
@@ -478,15 +516,19 @@ pub unsafe extern "C" fn mws_store_commit(
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         check_out(out, "out")?;
-        let r: &[UploadReceipt] = match receipts.as_ref() {
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
             Some(r) => &r.inner,
             None => &[],
         };
         if !decision_may_exist.is_null() {
-            *decision_may_exist = 0;
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            unsafe { *decision_may_exist = 0 };
         }
         let mut flag = || {
             if !decision_may_exist.is_null() {
@@ -495,7 +537,8 @@ pub unsafe extern "C" fn mws_store_commit(
             }
         };
         let m = s.ws.commit(&p.inner, r, Some(&mut flag))?;
-        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
         Ok(())
     })
 }
@@ -515,9 +558,12 @@ pub unsafe extern "C" fn mws_store_abort_upload(
     receipts: *const mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
-        let r: &[UploadReceipt] = match receipts.as_ref() {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
             Some(r) => &r.inner,
             None => &[],
         };
@@ -539,8 +585,10 @@ pub unsafe extern "C" fn mws_store_finalize_upload(
     plan: *const mws_upload_plan,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         Ok(s.ws.finalize(&p.inner)?)
     })
 }
@@ -571,8 +619,10 @@ pub unsafe extern "C" fn mws_store_read_decision(
     out: *mut mws_decision,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         check_out(out, "out")?;
         let d = match s.ws.read_decision(&p.inner)? {
             None => mws_decision::MWS_DECISION_NONE,
@@ -582,7 +632,8 @@ pub unsafe extern "C" fn mws_store_read_decision(
             Some((Decision::Commit, _)) => mws_decision::MWS_DECISION_COMMIT,
             Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
         };
-        write_out(out, d);
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, d) };
         Ok(())
     })
 }
@@ -615,10 +666,14 @@ pub unsafe extern "C" fn mws_store_load(
     stats: *mut mws_load_stats,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
-        let b = handle(binding, "binding")?;
-        let a = io_args(args)?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
+        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+        let a = unsafe { io_args(args) }?;
         let rb = b.build().map_err(|f| {
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
         })?;
@@ -630,9 +685,11 @@ pub unsafe extern "C" fn mws_store_load(
             skip_committed_check: false,
             lease: lease.as_deref(),
         };
-        let st = s.ws.load(&p.inner, &rb, la)?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let st = unsafe { s.ws.load(&p.inner, &rb, la) }?;
         if !stats.is_null() {
-            write_out(stats, stats_out(st));
+            // SAFETY: `stats` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(stats, stats_out(st)) };
         }
         Ok(())
     })

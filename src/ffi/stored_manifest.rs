@@ -47,11 +47,14 @@ pub unsafe extern "C" fn mws_stored_manifest_from_store(
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let key = str_arg(manifest_key, "manifest_key")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `manifest_key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(manifest_key, "manifest_key") }?;
         check_out(out, "out")?;
         let m = s.ws.load_manifest(key)?;
-        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
         Ok(())
     })
 }
@@ -74,9 +77,11 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        let bytes = slice_arg(json as *const u8, len, "json")?;
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
         let m = StoredManifest::from_json(bytes)?;
-        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
         Ok(())
     })
 }
@@ -89,7 +94,8 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_manifest) {
     value_call!((), || {
-        Handle::free(manifest);
+        // SAFETY: `manifest` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(manifest) };
         Ok(())
     })
 }
@@ -100,7 +106,8 @@ pub(crate) unsafe fn lend_m(
     len: *mut usize,
     pick: impl FnOnce(&mws_stored_manifest) -> &CText,
 ) -> *const c_char {
-    value_call(function, std::ptr::null(), || Ok(pick(handle(m, "manifest")?).lend(len)))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    value_call(function, std::ptr::null(), || Ok(unsafe { pick(handle(m, "manifest")?).lend(len) }))
 }
 
 /// Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
@@ -111,7 +118,8 @@ pub(crate) unsafe fn lend_m(
 /// `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.json)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.json) }
 }
 
 /// Returns the manifest digest (64 lowercase hex). Borrowed, as
@@ -121,7 +129,8 @@ pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manife
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.digest)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.digest) }
 }
 
 /// Returns the key the manifest is stored at. Borrowed, as
@@ -131,7 +140,8 @@ pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifes
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.key)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.key) }
 }
 
 /// Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -140,7 +150,8 @@ pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, 
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.group_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.group_id) }
 }
 
 /// Returns the store namespace of the revision. Borrowed, as
@@ -153,7 +164,8 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.namespace)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.namespace) }
 }
 
 /// Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
@@ -165,7 +177,8 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.resource_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.resource_id) }
 }
 
 /// Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -174,7 +187,8 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    lend_m(function_name!(), m, len, |m| &m.revision)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_m(function_name!(), m, len, |m| &m.revision) }
 }
 
 /// Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
@@ -183,7 +197,8 @@ pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manif
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_stored_manifest) -> u64 {
-    value_call!(0, || Ok(handle(m, "manifest")?.inner.weight_generation()))
+    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.inner.weight_generation()))
 }
 
 /// Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
@@ -192,7 +207,8 @@ pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_sto
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_manifest) -> usize {
-    value_call!(0, || Ok(handle(m, "manifest")?.inner.tensors().len()))
+    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.inner.tensors().len()))
 }
 
 /// Returns the number of stored fragments, or 0 (and the last error) if `manifest`
@@ -202,7 +218,8 @@ pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_m
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored_manifest) -> usize {
-    value_call!(0, || Ok(handle(m, "manifest")?.fragments.len()))
+    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.fragments.len()))
 }
 
 /// Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
@@ -212,7 +229,8 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_total_bytes(m: *const mws_stored_manifest) -> u64 {
-    value_call!(0, || { Ok(handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum()) })
+    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || { Ok(unsafe { handle(m, "manifest") }?.fragments.iter().map(|f| f.nbytes).sum()) })
 }
 
 /// Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
@@ -229,7 +247,8 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
     out: *mut mws_stored_fragment_info,
 ) -> mws_status {
     status_call!(|| {
-        let m = handle(m, "manifest")?;
+        // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
+        let m = unsafe { handle(m, "manifest") }?;
         check_out(out, "out")?;
         let f = m.fragments.get(index).ok_or_else(|| {
             Failure::invalid(format!(
@@ -237,19 +256,22 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
                 m.fragments.len()
             ))
         })?;
-        write_out(
-            out,
-            mws_stored_fragment_info {
-                fragment_id: f.fragment_id.as_ptr(),
-                tensor_id: f.tensor_id.as_ptr(),
-                object_key: f.object_key.as_ptr(),
-                object_offset: f.object_offset,
-                nbytes: f.nbytes,
-                ndim: f.local_shape.len(),
-                global_offset: f.global_offset.as_ptr(),
-                local_shape: f.local_shape.as_ptr(),
-            },
-        );
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe {
+            write_out(
+                out,
+                mws_stored_fragment_info {
+                    fragment_id: f.fragment_id.as_ptr(),
+                    tensor_id: f.tensor_id.as_ptr(),
+                    object_key: f.object_key.as_ptr(),
+                    object_offset: f.object_offset,
+                    nbytes: f.nbytes,
+                    ndim: f.local_shape.len(),
+                    global_offset: f.global_offset.as_ptr(),
+                    local_shape: f.local_shape.as_ptr(),
+                },
+            )
+        };
         Ok(())
     })
 }

@@ -33,7 +33,8 @@ impl CText {
     /// `len_out` is NULL or valid for a write of `size_t`.
     pub(crate) unsafe fn lend(&self, len_out: *mut usize) -> *const c_char {
         if !len_out.is_null() {
-            *len_out = self.len();
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            unsafe { *len_out = self.len() };
         }
         self.as_ptr()
     }
@@ -47,7 +48,8 @@ pub(crate) unsafe fn str_arg<'a>(p: *const c_char, name: &str) -> FfiResult<&'a 
     if p.is_null() {
         return Err(Failure::null(name));
     }
-    utf8(CStr::from_ptr(p).to_bytes(), name)
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    utf8(unsafe { CStr::from_ptr(p) }.to_bytes(), name)
 }
 
 /// Reads an optional NUL-terminated UTF-8 string argument (NULL gives `None`).
@@ -58,7 +60,8 @@ pub(crate) unsafe fn opt_str_arg<'a>(p: *const c_char, name: &str) -> FfiResult<
     if p.is_null() {
         Ok(None)
     } else {
-        str_arg(p, name).map(Some)
+        // SAFETY: `p` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        unsafe { str_arg(p, name) }.map(Some)
     }
 }
 
@@ -88,7 +91,8 @@ pub(crate) unsafe fn slice_arg<'a, T>(p: *const T, len: usize, name: &str) -> Ff
         return Err(Failure::invalid(format!("argument `{name}` is not suitably aligned")));
     }
     match len.checked_mul(std::mem::size_of::<T>()) {
-        Some(bytes) if bytes <= isize::MAX as usize => Ok(std::slice::from_raw_parts(p, len)),
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        Some(bytes) if bytes <= isize::MAX as usize => Ok(unsafe { std::slice::from_raw_parts(p, len) }),
         _ => Err(Failure::invalid(format!("length of argument `{name}` ({len}) is too large"))),
     }
 }
@@ -99,7 +103,8 @@ pub(crate) unsafe fn slice_arg<'a, T>(p: *const T, len: usize, name: &str) -> Ff
 /// `out` is NULL (an error) or valid for a write of `T`.
 pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) {
     debug_assert!(!out.is_null());
-    out.write(value);
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    unsafe { out.write(value) };
 }
 
 /// Checks that a required out-parameter is not NULL (before doing any work).

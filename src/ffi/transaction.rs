@@ -43,11 +43,14 @@ pub unsafe extern "C" fn mws_transaction_new(
     out: *mut *mut mws_transaction,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let p = handle(plan, "plan")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         check_out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        write_out(out, Handle::into_raw(tx));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(tx)) };
         Ok(())
     })
 }
@@ -76,10 +79,14 @@ pub unsafe extern "C" fn mws_transaction_upload(
     args: *const mws_io_args,
 ) -> mws_status {
     status_call!(|| {
-        let t = handle(tx as *const mws_transaction, "tx")?;
-        let pl = handle(placement, "placement")?;
-        let b = handle(binding, "binding")?;
-        with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua))
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let pl = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
+        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+        unsafe { with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua)) }
     })
 }
 
@@ -96,10 +103,12 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     out: *mut *mut mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let t = handle(tx, "tx")?;
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx, "tx") }?;
         check_out(out, "out")?;
         let r = t.inner.receipts();
-        write_out(out, Handle::into_raw(mws_receipts::new(r)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(r))) };
         Ok(())
     })
 }
@@ -118,8 +127,10 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
     receipts: *const mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let t = handle(tx as *const mws_transaction, "tx")?;
-        let r = handle(receipts, "receipts")?;
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
+        // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
+        let r = unsafe { handle(receipts, "receipts") }?;
         Ok(t.inner.add_receipts(&r.inner)?)
     })
 }
@@ -147,10 +158,12 @@ pub unsafe extern "C" fn mws_transaction_commit(
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
     status_call!(|| {
-        let t = handle(tx as *const mws_transaction, "tx")?;
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
         check_out(out, "out")?;
         let m = t.inner.commit()?;
-        write_out(out, Handle::into_raw(mws_stored_manifest::new(m)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(m))) };
         Ok(())
     })
 }
@@ -164,7 +177,8 @@ pub unsafe extern "C" fn mws_transaction_commit(
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mws_transaction) -> c_int {
-    value_call!(0, || { Ok(c_int::from(handle(tx, "tx")?.inner.decision_may_exist())) })
+    // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || { Ok(c_int::from(unsafe { handle(tx, "tx") }?.inner.decision_may_exist())) })
 }
 
 /// Returns the state of the handle (`mws_transaction_state` value), or
@@ -178,7 +192,8 @@ pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mw
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -> mws_transaction_state {
     value_call!(mws_transaction_state::MWS_TRANSACTION_OPEN, || {
-        Ok(match handle(tx, "tx")?.inner.state() {
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        Ok(match unsafe { handle(tx, "tx") }?.inner.state() {
             TransactionState::Open => mws_transaction_state::MWS_TRANSACTION_OPEN,
             TransactionState::Committed => mws_transaction_state::MWS_TRANSACTION_COMMITTED,
             TransactionState::Aborted => mws_transaction_state::MWS_TRANSACTION_ABORTED,
@@ -202,7 +217,8 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
     status_call!(|| {
-        let t = handle(tx as *const mws_transaction, "tx")?;
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
         Ok(t.inner.abort()?)
     })
 }
@@ -221,7 +237,8 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
     status_call!(|| {
-        let t = handle(tx, "tx")?;
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx, "tx") }?;
         Ok(t.inner.finalize()?)
     })
 }
@@ -238,7 +255,8 @@ pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) ->
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_free(tx: *mut mws_transaction) {
     value_call!((), || {
-        Handle::free(tx);
+        // SAFETY: `tx` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(tx) };
         Ok(())
     })
 }

@@ -51,15 +51,20 @@ pub struct mws_upload_operation {
 
 pub(crate) unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
     let mut o = UploadOptions::default();
-    if let Some(c) = options.as_ref() {
-        if let Some(ns) = opt_str_arg(c.store_namespace, "options->store_namespace")? {
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    if let Some(c) = unsafe { options.as_ref() } {
+        // SAFETY: `c.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        if let Some(ns) = unsafe { opt_str_arg(c.store_namespace, "options->store_namespace") }? {
             o.namespace = ns.to_owned();
         }
-        if let Some(prefix) = opt_str_arg(c.key_prefix, "options->key_prefix")? {
+        // SAFETY: `c.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        if let Some(prefix) = unsafe { opt_str_arg(c.key_prefix, "options->key_prefix") }? {
             o.key_prefix = prefix.to_owned();
         }
-        o.transaction_id = opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
-        o.created_at = opt_str_arg(c.created_at, "options->created_at")?.map(str::to_owned);
+        // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
+        // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
     }
     Ok(o)
 }
@@ -94,17 +99,22 @@ pub unsafe extern "C" fn mws_upload_plan_new(
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
     status_call!(|| {
-        let p = handle(placement, "placement")?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
         check_out(out, "out")?;
-        let handles = slice_arg(bindings, count, "bindings")?;
+        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
+        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
         let mut built = Vec::with_capacity(handles.len());
         for (i, b) in handles.iter().enumerate() {
-            let b = b.as_ref().ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
             built.push(b.build()?);
         }
-        let options = options_from(options)?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let options = unsafe { options_from(options) }?;
         let plan = plan_upload(&p.inner, &built, &options)?;
-        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
         Ok(())
     })
 }
@@ -118,7 +128,8 @@ pub unsafe extern "C" fn mws_upload_plan_new(
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
     value_call!((), || {
-        Handle::free(plan);
+        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(plan) };
         Ok(())
     })
 }
@@ -129,7 +140,8 @@ pub(crate) unsafe fn lend(
     len: *mut usize,
     pick: impl FnOnce(&mws_upload_plan) -> &CText,
 ) -> *const c_char {
-    value_call(function, std::ptr::null(), || Ok(pick(handle(plan, "plan")?).lend(len)))
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    value_call(function, std::ptr::null(), || Ok(unsafe { pick(handle(plan, "plan")?).lend(len) }))
 }
 
 /// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
@@ -143,7 +155,8 @@ pub(crate) unsafe fn lend(
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.manifest_json)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_json) }
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -156,7 +169,8 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.manifest_digest)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_digest) }
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -166,7 +180,8 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.manifest_key)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_key) }
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -176,7 +191,8 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.group_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.group_id) }
 }
 
 /// Returns the control key (where the commit/abort decision record is stored).
@@ -186,7 +202,8 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.control_key)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.control_key) }
 }
 
 /// Returns the transaction group id (the group of the payload objects of this upload).
@@ -199,7 +216,8 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.transaction_group_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.transaction_group_id) }
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -212,7 +230,8 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.transaction_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.transaction_id) }
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -225,7 +244,8 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.source_placement_id)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.source_placement_id) }
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -238,7 +258,8 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.source_placement_digest)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.source_placement_digest) }
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -248,7 +269,8 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    lend(function_name!(), plan, len, |p| &p.commit_record)
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend(function_name!(), plan, len, |p| &p.commit_record) }
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -258,7 +280,8 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_p
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
-    value_call!(0, || Ok(handle(plan, "plan")?.operations.len()))
+    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.operations.len()))
 }
 
 /// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
@@ -277,7 +300,8 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
     out: *mut mws_upload_operation,
 ) -> mws_status {
     status_call!(|| {
-        let p = handle(plan, "plan")?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         check_out(out, "out")?;
         let op = p.operations.get(index).ok_or_else(|| {
             Failure::invalid(format!(
@@ -285,21 +309,24 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
                 p.operations.len()
             ))
         })?;
-        write_out(
-            out,
-            mws_upload_operation {
-                source_participant_id: op.participant_id.as_ptr(),
-                source_instance_id: op.instance_id.as_ptr(),
-                source_lease_id: op.lease_id.as_ptr(),
-                source_generation: op.generation,
-                source_fragment_id: op.fragment_id.as_ptr(),
-                source_worker_id: op.worker_id.as_ptr(),
-                source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
-                target_fragment_id: op.target_fragment_id.as_ptr(),
-                object_key: op.object_key.as_ptr(),
-                nbytes: op.nbytes,
-            },
-        );
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe {
+            write_out(
+                out,
+                mws_upload_operation {
+                    source_participant_id: op.participant_id.as_ptr(),
+                    source_instance_id: op.instance_id.as_ptr(),
+                    source_lease_id: op.lease_id.as_ptr(),
+                    source_generation: op.generation,
+                    source_fragment_id: op.fragment_id.as_ptr(),
+                    source_worker_id: op.worker_id.as_ptr(),
+                    source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
+                    target_fragment_id: op.target_fragment_id.as_ptr(),
+                    object_key: op.object_key.as_ptr(),
+                    nbytes: op.nbytes,
+                },
+            )
+        };
         Ok(())
     })
 }
@@ -319,9 +346,11 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     value_call!(std::ptr::null(), || {
-        let p = handle(plan, "plan")?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
         let text = p.transport_json.get_or_init(|| CText::new(&crate::plan_to_json(&p.inner)));
-        Ok(text.lend(len))
+        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
+        Ok(unsafe { text.lend(len) })
     })
 }
 
@@ -348,9 +377,11 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        let bytes = slice_arg(json as *const u8, len, "json")?;
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
         let plan = crate::plan_from_json(bytes)?;
-        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
         Ok(())
     })
 }

@@ -59,14 +59,18 @@ pub unsafe extern "C" fn mws_writer_new(
     out: *mut *mut mws_writer,
 ) -> mws_status {
     status_call!(|| {
-        let s = handle(store, "store")?;
-        let d = struct_arg(descriptor, "descriptor")?;
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `descriptor` is NULL or points to a valid struct for the call (this function's contract).
+        let d = unsafe { struct_arg(descriptor, "descriptor") }?;
         check_out(out, "out")?;
         if adapter.is_null() {
             return Err(Failure::null("adapter"));
         }
-        let size = (adapter as *const u32).read_unaligned();
-        let version = (adapter as *const u32).add(1).read_unaligned();
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let size = unsafe { (adapter as *const u32).read_unaligned() };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let version = unsafe { (adapter as *const u32).add(1).read_unaligned() };
         if (size as usize) < std::mem::size_of::<mws_snapshot_adapter_vtable>() {
             return Err(Failure::invalid(format!(
                 "mws_snapshot_adapter_vtable.size is {size}, expected at least {}",
@@ -79,7 +83,8 @@ pub unsafe extern "C" fn mws_writer_new(
                 format!("mws_snapshot_adapter_vtable.version is {version}, this library implements version {MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION}"),
             ));
         }
-        let vt = adapter.read_unaligned();
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt = unsafe { adapter.read_unaligned() };
         if vt.export_source.is_none() || vt.resolve_fragment_ids.is_none() {
             return Err(Failure::invalid(
                 "mws_snapshot_adapter_vtable is missing mandatory callbacks: export_source and resolve_fragment_ids are required",
@@ -89,22 +94,32 @@ pub unsafe extern "C" fn mws_writer_new(
             return Err(Failure::invalid("acquire_source and release_source must both be set or both be NULL"));
         }
         let descriptor = SnapshotDescriptor {
-            resource_id: str_arg(d.resource_id, "descriptor->resource_id")?.to_owned(),
-            revision: str_arg(d.revision, "descriptor->revision")?.to_owned(),
+            // SAFETY: `d.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            resource_id: unsafe { str_arg(d.resource_id, "descriptor->resource_id") }?.to_owned(),
+            // SAFETY: `d.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            revision: unsafe { str_arg(d.revision, "descriptor->revision") }?.to_owned(),
             weight_generation: d.weight_generation,
-            namespace: opt_str_arg(d.store_namespace, "descriptor->store_namespace")?.unwrap_or("default").to_owned(),
+            // SAFETY: `d.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            namespace: unsafe { opt_str_arg(d.store_namespace, "descriptor->store_namespace") }?
+                .unwrap_or("default")
+                .to_owned(),
         };
         let mut o = UploadOptions::default();
-        if let Some(c) = options.as_ref() {
-            o.transaction_id = opt_str_arg(c.transaction_id, "options->transaction_id")?.map(str::to_owned);
-            o.created_at = opt_str_arg(c.created_at, "options->created_at")?.map(str::to_owned);
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        if let Some(c) = unsafe { options.as_ref() } {
+            // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
+            // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
         }
         let ws = s.ws.clone();
         let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: AdapterCtx(ctx) }, &o)?;
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
-        let w: SnapshotWriter<'static, CAdapter> = std::mem::transmute(w);
-        write_out(out, Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws }));
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws })) };
         Ok(())
     })
 }
@@ -130,11 +145,14 @@ pub unsafe extern "C" fn mws_writer_write_tensor(
     receipts: *mut *mut mws_receipts,
 ) -> mws_status {
     status_call!(|| {
-        let w = handle(writer, "writer")?;
-        let id = str_arg(tensor_id, "tensor_id")?;
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        // SAFETY: `tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let id = unsafe { str_arg(tensor_id, "tensor_id") }?;
         let r = w.inner.lock().write_tensor(id, &CTensor(tensor))?;
         if !receipts.is_null() {
-            write_out(receipts, Handle::into_raw(mws_receipts::new(r)));
+            // SAFETY: `receipts` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(receipts, Handle::into_raw(mws_receipts::new(r))) };
         }
         Ok(())
     })
@@ -152,10 +170,12 @@ pub unsafe extern "C" fn mws_writer_commit(
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
     status_call!(|| {
-        let w = handle(writer, "writer")?;
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
         check_out(out, "out")?;
         let m = w.inner.lock().commit()?;
-        write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
         Ok(())
     })
 }
@@ -169,7 +189,8 @@ pub unsafe extern "C" fn mws_writer_commit(
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
     status_call!(|| {
-        let w = handle(writer, "writer")?;
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
         Ok(w.inner.lock().abort()?)
     })
 }
@@ -186,10 +207,12 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
     status_call!(|| {
-        let w = handle(writer, "writer")?;
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
         check_out(out, "out")?;
         let plan = w.inner.lock().plan().clone();
-        write_out(out, Handle::into_raw(mws_upload_plan::new(plan)));
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
         Ok(())
     })
 }
@@ -202,7 +225,8 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_free(writer: *mut mws_writer) {
     value_call!((), || {
-        Handle::free(writer);
+        // SAFETY: `writer` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(writer) };
         Ok(())
     })
 }

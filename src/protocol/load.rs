@@ -274,11 +274,14 @@ pub(crate) unsafe fn load(
     let body = |io_started: &mut bool| {
         *io_started = true;
         if ws.store.supports_strided_reads() {
-            read_strided(&*ws.store, plan, &by_target, &mut stats)
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe { read_strided(&*ws.store, plan, &by_target, &mut stats) }
         } else if options.staging_bytes > 0 {
-            read_staged(&*ws.store, plan, &by_target, &options, &mut stats)
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe { read_staged(&*ws.store, plan, &by_target, &options, &mut stats) }
         } else {
-            read_ranges(&*ws.store, plan, &by_target, &options, &mut stats)
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe { read_ranges(&*ws.store, plan, &by_target, &options, &mut stats) }
         }
     };
     match token {
@@ -309,7 +312,8 @@ unsafe fn read_strided(
         if reads.is_empty() {
             return Ok(());
         }
-        let results = store.get_into_strided(reads);
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        let results = unsafe { store.get_into_strided(reads) };
         stats.requests += 1;
         if results.len() != reads.len() {
             return Err(store_err(ErrorKind::Store, "get_into_strided returned invalid result count"));
@@ -395,7 +399,8 @@ unsafe fn read_staged(
         }
     }
     if !direct.is_empty() {
-        read_ranges(store, plan, &direct, options, stats)?;
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        unsafe { read_ranges(store, plan, &direct, options, stats) }?;
     }
     if staged.is_empty() {
         return Ok(());
@@ -412,7 +417,8 @@ unsafe fn read_staged(
         let pieces = |span: u64| span.div_ceil(options.max_range_bytes) as usize;
         for &(i, span) in &staged {
             if used + span > cap || ranges + pieces(span) > options.max_ranges_per_request {
-                flush_staged(store, plan, &batch, region, options, stats)?;
+                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                unsafe { flush_staged(store, plan, &batch, region, options, stats) }?;
                 batch.clear();
                 used = 0;
                 ranges = 0;
@@ -421,7 +427,8 @@ unsafe fn read_staged(
             used += span;
             ranges += pieces(span);
         }
-        flush_staged(store, plan, &batch, region, options, stats)
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        unsafe { flush_staged(store, plan, &batch, region, options, stats) }
     })();
     let unregister = store.unregister_buffer(region.address);
     drop(buffer);
@@ -457,7 +464,8 @@ unsafe fn flush_staged(
             c += len;
         }
     }
-    let results = store.get_into_ranges(&reads);
+    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+    let results = unsafe { store.get_into_ranges(&reads) };
     stats.requests += 1;
     if results.len() != reads.len() {
         return Err(store_err(ErrorKind::Store, "get_into_ranges returned invalid range count"));
@@ -485,11 +493,14 @@ unsafe fn flush_staged(
         let dst = t.address() as *mut u8;
         let (n, ss, ts) = (r.outer_loop_counts[0], r.source_strides[0], r.target_strides[0]);
         for row in 0..n {
-            std::ptr::copy_nonoverlapping(
-                base.add((off + row * ss) as usize),
-                dst.add((r.target_base_offset + row * ts) as usize),
-                r.inner_bytes as usize,
-            );
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add((off + row * ss) as usize),
+                    dst.add((r.target_base_offset + row * ts) as usize),
+                    r.inner_bytes as usize,
+                )
+            };
         }
         stats.bytes += r.total_bytes();
         stats.regions += 1;
@@ -537,7 +548,8 @@ unsafe fn read_ranges(
                         dest: MemoryRegion { address: t.address() + to + c, len, kind: t.memory() },
                     });
                     if batch.len() == options.max_ranges_per_request {
-                        if let Err(e) = flush(store, &keys, &mut batch, stats) {
+                        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                        if let Err(e) = unsafe { flush(store, &keys, &mut batch, stats) } {
                             err = Some(e);
                         }
                     }
@@ -550,7 +562,8 @@ unsafe fn read_ranges(
             stats.regions += 1;
         }
     }
-    flush(store, &keys, &mut batch, stats)
+    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+    unsafe { flush(store, &keys, &mut batch, stats) }
 }
 
 unsafe fn flush(
@@ -566,7 +579,8 @@ unsafe fn flush(
         .iter()
         .map(|p| RangeRead { key: keys[p.key_index as usize], object_offset: p.object_offset, dest: p.dest })
         .collect();
-    let results = store.get_into_ranges(&reads);
+    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+    let results = unsafe { store.get_into_ranges(&reads) };
     stats.requests += 1;
     if results.len() != reads.len() {
         return Err(store_err(ErrorKind::Store, "get_into_ranges returned invalid range count"));

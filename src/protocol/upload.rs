@@ -180,7 +180,8 @@ pub(crate) unsafe fn upload(
             let groups = vec![group.clone(); items.len()];
             *io_started = true;
             let results =
-                ws.store.batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload });
+                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                unsafe { ws.store.batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload }) };
             // A re-run of `upload` for the same plan finds its own payloads: the key
             // holds this transaction's id, objects are only ever published whole,
             // and the size must match, so "already exists" counts as written.

@@ -318,7 +318,8 @@ impl DirectoryStore {
     unsafe fn put_from_one(&self, item: &PutFrom<'_>) -> Result<()> {
         match item.source.kind {
             MemoryKind::Host => {
-                let bytes = host_bytes(&item.source, item.key)?;
+                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                let bytes = unsafe { host_bytes(&item.source, item.key) }?;
                 self.write_object(item.key, Publish::CreateOnly, |f| {
                     f.write_all(bytes).map_err(|e| io_err("cannot write", item.key, e))
                 })
@@ -369,7 +370,8 @@ impl DirectoryStore {
         match r.dest.kind {
             MemoryKind::Host => {
                 if len > 0 {
-                    let dst = std::slice::from_raw_parts_mut(host_ptr_mut(&r.dest, r.key)?, len);
+                    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(host_ptr_mut(&r.dest, r.key)?, len) };
                     file.read_exact_at(dst, r.object_offset).map_err(short)?;
                 }
             }
@@ -406,7 +408,8 @@ impl DirectoryStore {
                     object_offset: s,
                     dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
                 };
-                total += self.read_one(&range, cache)?;
+                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                total += unsafe { self.read_one(&range, cache) }?;
                 Ok(())
             })?;
             return Ok(total);
@@ -431,25 +434,30 @@ impl DirectoryStore {
         };
         let map_len = (end - start) as usize;
         use std::os::fd::AsRawFd;
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            map_len,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_POPULATE,
-            file.as_raw_fd(),
-            start as libc::off_t,
-        );
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                start as libc::off_t,
+            )
+        };
         if map == libc::MAP_FAILED {
             return Err(io_err("cannot map", r.key, io::Error::last_os_error()));
         }
         let src = map as *const u8;
         let result = r.for_each_segment(|s, d, n| {
             // Both ranges were checked against the object size and the view.
-            super::copy_for_restore(base.add(d as usize), src.add((s - start) as usize), n as usize);
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe { super::copy_for_restore(base.add(d as usize), src.add((s - start) as usize), n as usize) };
             Ok(())
         });
         super::copy_fence();
-        libc::munmap(map, map_len);
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        unsafe { libc::munmap(map, map_len) };
         result.map(|()| r.total_bytes())
     }
 }
@@ -467,7 +475,10 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        for (i, r) in run_parallel((0..reads.len()).collect(), bytes, |i, cache| self.read_strided(&reads[i], cache)) {
+        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
+        let done =
+            run_parallel((0..reads.len()).collect(), bytes, |i, cache| unsafe { self.read_strided(&reads[i], cache) });
+        for (i, r) in done {
             results[i] = r;
         }
         results
@@ -522,7 +533,8 @@ impl ObjectStore for DirectoryStore {
             .collect();
         let jobs: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
         let bytes: u64 = jobs.iter().map(|&i| items[i].source.len).sum();
-        for (i, r) in run_parallel(jobs, bytes, |i, _: &mut ()| self.put_from_one(&items[i])) {
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        for (i, r) in run_parallel(jobs, bytes, |i, _: &mut ()| unsafe { self.put_from_one(&items[i]) }) {
             results[i] = r;
         }
         results
@@ -531,7 +543,10 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
         let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
-        for (i, r) in run_parallel((0..ranges.len()).collect(), bytes, |i, cache| self.read_one(&ranges[i], cache)) {
+        // SAFETY: as above, for `read_one`'s ranges.
+        let done =
+            run_parallel((0..ranges.len()).collect(), bytes, |i, cache| unsafe { self.read_one(&ranges[i], cache) });
+        for (i, r) in done {
             results[i] = r;
         }
         results

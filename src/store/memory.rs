@@ -117,7 +117,8 @@ impl MemoryStore {
             return Err(already_exists(item.key));
         }
         let value: Arc<[u8]> = match item.source.kind {
-            MemoryKind::Host => Arc::from(host_bytes(&item.source, item.key)?),
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            MemoryKind::Host => Arc::from(unsafe { host_bytes(&item.source, item.key) }?),
             MemoryKind::Device(_) => {
                 let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(item.key))?;
                 let len = region_len(&item.source, item.key)?;
@@ -141,7 +142,8 @@ impl MemoryStore {
             MemoryKind::Host => {
                 if len > 0 {
                     let dst = host_ptr_mut(&r.dest, r.key)?;
-                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len);
+                    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
                 }
             }
             MemoryKind::Device(_) => {
@@ -163,7 +165,10 @@ impl MemoryStore {
                     let base = host_ptr_mut(&r.dest, r.key)?;
                     r.for_each_segment(|s, d, n| {
                         // Bounds were checked for the whole region above.
-                        super::copy_for_restore(base.add(d as usize), value.as_ptr().add(s as usize), n as usize);
+                        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                        unsafe {
+                            super::copy_for_restore(base.add(d as usize), value.as_ptr().add(s as usize), n as usize)
+                        };
                         Ok(())
                     })?;
                     super::copy_fence();
@@ -193,7 +198,10 @@ impl ObjectStore for MemoryStore {
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        for (i, r) in run_parallel((0..reads.len()).collect(), bytes, |i, _: &mut ()| self.read_strided(&reads[i])) {
+        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
+        let done =
+            run_parallel((0..reads.len()).collect(), bytes, |i, _: &mut ()| unsafe { self.read_strided(&reads[i]) });
+        for (i, r) in done {
             results[i] = r;
         }
         results
@@ -237,12 +245,14 @@ impl ObjectStore for MemoryStore {
         items
             .iter()
             .zip(checked)
-            .map(|(item, c)| c.and_then(|gid| self.put_from_one(item, gid, config.record_type)))
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            .map(|(item, c)| c.and_then(|gid| unsafe { self.put_from_one(item, gid, config.record_type) }))
             .collect()
     }
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        ranges.iter().map(|r| self.read_one(r)).collect()
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        ranges.iter().map(|r| unsafe { self.read_one(r) }).collect()
     }
 }
 
@@ -314,7 +324,8 @@ pub(crate) unsafe fn host_bytes<'a>(region: &MemoryRegion, key: &str) -> Result<
     if len == 0 {
         return Ok(&[]);
     }
-    Ok(std::slice::from_raw_parts(region.address as usize as *const u8, len))
+    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+    Ok(unsafe { std::slice::from_raw_parts(region.address as usize as *const u8, len) })
 }
 
 /// The first byte of a host destination region (checked like [`region_len`]).

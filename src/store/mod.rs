@@ -261,7 +261,8 @@ pub trait ObjectStore: Send + Sync {
                     Ok(())
                 })?;
                 let mut total = 0;
-                for res in self.get_into_ranges(&ranges) {
+                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                for res in unsafe { self.get_into_ranges(&ranges) } {
                     total += res?;
                 }
                 Ok(total)
@@ -370,27 +371,35 @@ pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
         if n >= STREAM_MIN {
             // Head: bring the destination to 16-byte alignment with a plain copy.
             let head = (16 - (dst as usize & 15)) & 15;
-            std::ptr::copy_nonoverlapping(src, dst, head);
-            let (mut d, mut s) = (dst.add(head), src.add(head));
-            let mut left = n - head;
-            while left >= 64 {
-                let a = _mm_loadu_si128(s as *const __m128i);
-                let b = _mm_loadu_si128(s.add(16) as *const __m128i);
-                let c = _mm_loadu_si128(s.add(32) as *const __m128i);
-                let e = _mm_loadu_si128(s.add(48) as *const __m128i);
-                _mm_stream_si128(d as *mut __m128i, a);
-                _mm_stream_si128(d.add(16) as *mut __m128i, b);
-                _mm_stream_si128(d.add(32) as *mut __m128i, c);
-                _mm_stream_si128(d.add(48) as *mut __m128i, e);
-                d = d.add(64);
-                s = s.add(64);
-                left -= 64;
+            // SAFETY: every pointer below stays within `src..src+n` / `dst..dst+n`
+            // (head < 16 <= n, then 64-byte steps while `left >= 64`, then the tail of
+            // `left` bytes), which the caller guarantees valid and disjoint; the stream
+            // stores need 16-byte alignment of `d`, which the head copy establishes, and
+            // SSE2 is baseline on x86-64.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src, dst, head);
+                let (mut d, mut s) = (dst.add(head), src.add(head));
+                let mut left = n - head;
+                while left >= 64 {
+                    let a = _mm_loadu_si128(s as *const __m128i);
+                    let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+                    let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+                    let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+                    _mm_stream_si128(d as *mut __m128i, a);
+                    _mm_stream_si128(d.add(16) as *mut __m128i, b);
+                    _mm_stream_si128(d.add(32) as *mut __m128i, c);
+                    _mm_stream_si128(d.add(48) as *mut __m128i, e);
+                    d = d.add(64);
+                    s = s.add(64);
+                    left -= 64;
+                }
+                std::ptr::copy_nonoverlapping(s, d, left);
             }
-            std::ptr::copy_nonoverlapping(s, d, left);
             return;
         }
     }
-    std::ptr::copy_nonoverlapping(src, dst, n);
+    // SAFETY: the caller guarantees `src`/`dst` valid for `n` bytes and disjoint.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
 /// Orders the non-temporal stores of [`copy_for_restore`] before later stores.

@@ -309,6 +309,7 @@ impl ObjectStore for FakeStore {
                 let one = WriteConfig { group_ids: &config.group_ids[i..i + 1], record_type: config.record_type };
                 // SAFETY: forwarded from the caller's contract.
                 self.faulty_write(item.key, || {
+                    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
                     unsafe { self.inner.batch_put_from(std::slice::from_ref(item), &one) }.remove(0)
                 })
             })

@@ -340,6 +340,7 @@ impl HostModel {
 /// participant id that writes it.
 pub struct HostAdapter<'a>(pub &'a HostModel);
 
+// SAFETY: the type's callbacks and pointers are only used under the test's own synchronization.
 unsafe impl SnapshotAdapter for HostAdapter<'_> {
     type Tensor = str;
     fn export_source(&self, _d: &SnapshotDescriptor) -> Result<SnapshotSource> {

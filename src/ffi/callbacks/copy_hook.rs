@@ -59,7 +59,8 @@ impl CallbackCopyHook {
     /// # Safety
     /// As [`CallbackStore::new`], for a [`mws_copy_hook_vtable`].
     pub unsafe fn new(vt: *const mws_copy_hook_vtable, ctx: *mut c_void) -> Result<Self> {
-        let vt = read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION)?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt = unsafe { read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION) }?;
         if vt.device_to_host.is_none() || vt.host_to_device.is_none() {
             return Err(Error::invalid(
                 "mws_copy_hook_vtable is missing mandatory callbacks: device_to_host and host_to_device are required",
@@ -82,6 +83,7 @@ impl CopyHook for CallbackCopyHook {
     fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()> {
         let f = self.vt.device_to_host.expect("checked at construction");
         let (_, ordinal) = memory_code(src.kind);
+        // SAFETY: the vtable was checked at construction and the caller's contract makes its functions valid and thread-safe over `ctx`; `dst` is a live buffer of `dst.len()` bytes, `src` a device region the caller vouched for.
         let code = unsafe { f(self.ctx.0, src.address, ordinal, dst.as_mut_ptr(), dst.len() as u64) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("copy hook device_to_host failed: error code {code}")));
@@ -92,6 +94,7 @@ impl CopyHook for CallbackCopyHook {
     fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()> {
         let f = self.vt.host_to_device.expect("checked at construction");
         let (_, ordinal) = memory_code(dst.kind);
+        // SAFETY: as above: a checked vtable function; `src` is a live buffer of `src.len()` bytes and `dst` a device region the caller vouched for.
         let code = unsafe { f(self.ctx.0, src.as_ptr(), src.len() as u64, dst.address, ordinal) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("copy hook host_to_device failed: error code {code}")));

@@ -80,6 +80,7 @@ pub(crate) struct GuardCtx(pub(crate) *mut c_void);
 // SAFETY: the guard contract requires thread-safe callbacks over `ctx`.
 unsafe impl Send for GuardCtx {}
 
+// SAFETY: as for `Send`: the guard contract requires thread-safe callbacks over `ctx`.
 unsafe impl Sync for GuardCtx {}
 
 /// A [`GuardProvider`] over C callbacks.
@@ -110,8 +111,10 @@ impl CGuard {
     }
 
     pub(crate) unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
-        let size = (vt as *const u32).read_unaligned();
-        let version = (vt as *const u32).add(1).read_unaligned();
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let size = unsafe { (vt as *const u32).read_unaligned() };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let version = unsafe { (vt as *const u32).add(1).read_unaligned() };
         if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
             return Err(Failure::invalid(format!(
                 "mws_guard_vtable.size is {size}, expected at least {}",
@@ -126,7 +129,8 @@ impl CGuard {
                 ),
             ));
         }
-        let vt = vt.read_unaligned();
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt = unsafe { vt.read_unaligned() };
         CGuard::new(vt.acquire, vt.release, ctx)
     }
 }
@@ -143,6 +147,7 @@ impl LifetimeToken for CToken {
         &self.fence
     }
     fn release(&mut self, state: TerminalState) -> crate::Result<()> {
+        // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
         let code = unsafe { (self.release)(self.ctx.0, self.token, terminal_code(state)) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
@@ -177,15 +182,18 @@ impl GuardProvider for CGuard {
         let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
         let mut observed: *mut mws_binding = std::ptr::null_mut();
         let mut token: u64 = 0;
+        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
         let code = unsafe {
             (self.acquire)(self.ctx.0, tid.as_ptr(), pid.as_ptr(), ptrs.as_ptr(), ptrs.len(), &mut observed, &mut token)
         };
         // The observed binding (if any) is ours from now on, whatever happens.
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
         let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}")));
         }
         let abort = |e: Error| {
+            // SAFETY: as for `release` above, with the token `acquire` just issued.
             let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
             e
         };

@@ -119,16 +119,20 @@ unsafe impl SnapshotAdapter for CAdapter {
         let mut placement: *const mws_placement = std::ptr::null();
         let mut bindings: *const *const mws_binding = std::ptr::null();
         let mut count: usize = 0;
+        // SAFETY: the adapter vtable's checked `export_source` callback over the caller's `ctx`; every out-pointer points to a live local.
         let code = unsafe { f(self.ctx.0, &desc, &mut placement, &mut bindings, &mut count) };
         if code != 0 {
             return Err(adapter_err("export_source", code));
         }
+        // SAFETY: the callback returned 0, so `placement` is NULL or a live placement handle it keeps alive (the adapter contract).
         let placement = unsafe { placement.as_ref() }
             .ok_or_else(|| Error::invalid("snapshot adapter export_source returned a NULL placement"))?;
+        // SAFETY: on success the adapter contract makes (`bindings`, `count`) an array of binding handles valid while the writer lives.
         let list = unsafe { crate::ffi::strings::slice_arg(bindings, count, "bindings") }
             .map_err(|f| Error::invalid(format!("snapshot adapter export_source: {}", f.message)))?;
         let mut built = Vec::with_capacity(list.len());
         for (i, b) in list.iter().enumerate() {
+            // SAFETY: each element is NULL or a live binding handle (the adapter contract).
             let b = unsafe { b.as_ref() }
                 .ok_or_else(|| Error::invalid(format!("snapshot adapter export_source returned a NULL binding {i}")))?;
             built.push(b.build().map_err(|f| Error::new(ErrorKind::InvalidBinding, f.message))?);
@@ -146,10 +150,12 @@ unsafe impl SnapshotAdapter for CAdapter {
         let tid = CString::new(tensor_id).map_err(|_| Error::invalid("tensor_id contains a NUL byte"))?;
         let mut ids: *const *const c_char = std::ptr::null();
         let mut count: usize = 0;
+        // SAFETY: the adapter vtable's checked `resolve_fragment_ids` callback; `tid` is a live NUL-terminated string and the out-pointers point to live locals.
         let code = unsafe { f(self.ctx.0, tid.as_ptr(), tensor.0, &mut ids, &mut count) };
         if code != 0 {
             return Err(adapter_err("resolve_fragment_ids", code));
         }
+        // SAFETY: on success (`ids`, `count`) is an array of NUL-terminated strings valid until the next call (the adapter contract).
         let list = unsafe { crate::ffi::strings::slice_arg(ids, count, "ids") }
             .map_err(|f| Error::invalid(format!("snapshot adapter resolve_fragment_ids: {}", f.message)))?;
         let mut out = Vec::with_capacity(list.len());
@@ -157,6 +163,7 @@ unsafe impl SnapshotAdapter for CAdapter {
             if p.is_null() {
                 return Err(Error::invalid(format!("snapshot adapter resolve_fragment_ids returned a NULL id {i}")));
             }
+            // SAFETY: `*p` was checked non-NULL and is NUL-terminated (the adapter contract).
             let bytes = unsafe { CStr::from_ptr(*p) }.to_bytes();
             out.push(utf8(bytes, "fragment id").map_err(|f| Error::invalid(f.message))?.to_owned());
         }

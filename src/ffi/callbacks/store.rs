@@ -207,7 +207,8 @@ pub(crate) const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_v
 /// `vt` points to at least 8 readable bytes and, when its `size` field says so, to
 /// `size_of::<T>()` readable bytes.
 pub(crate) unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
-    read_vtable_prefix(vt, name, version, std::mem::size_of::<T>())
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    unsafe { read_vtable_prefix(vt, name, version, std::mem::size_of::<T>()) }
 }
 
 /// As [`read_vtable`], accepting any `size` of at least `min_size` (the byte offset of
@@ -221,8 +222,10 @@ pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, versi
         return Err(Error::invalid(format!("{name} is NULL")));
     }
     let header = vt as *const u32;
-    let size = header.read_unaligned();
-    let ver = header.add(1).read_unaligned();
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let size = unsafe { header.read_unaligned() };
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let ver = unsafe { header.add(1).read_unaligned() };
     if (size as usize) < min_size {
         return Err(Error::invalid(format!("{name}.size is {size}, expected at least {min_size}")));
     }
@@ -233,11 +236,14 @@ pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, versi
         ));
     }
     if (size as usize) >= std::mem::size_of::<T>() {
-        return Ok(vt.read_unaligned());
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        return Ok(unsafe { vt.read_unaligned() });
     }
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
-    std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, min_size);
-    Ok(out.assume_init())
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, min_size) };
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    Ok(unsafe { out.assume_init() })
 }
 
 pub(crate) fn record_code(r: RecordType) -> u32 {
@@ -350,7 +356,9 @@ impl CallbackStore {
     pub unsafe fn new(vt: *const mws_store_vtable, ctx: *mut c_void) -> Result<Self> {
         // SAFETY: the fields after STORE_VTABLE_MIN_SIZE are optional callbacks
         // (Option<fn>): all-zero is None.
-        let vt = read_vtable_prefix(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION, STORE_VTABLE_MIN_SIZE)?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt =
+            unsafe { read_vtable_prefix(vt, "mws_store_vtable", MWS_STORE_VTABLE_VERSION, STORE_VTABLE_MIN_SIZE) }?;
         let mandatory = [
             ("put", vt.put.is_some()),
             ("upsert", vt.upsert.is_some()),
@@ -376,6 +384,7 @@ impl CallbackStore {
         let f = f.expect("checked at construction");
         let group = config.group_ids.first().map(String::as_str).unwrap_or("");
         let ptr = if value.is_empty() { c"".as_ptr().cast::<u8>() } else { value.as_ptr() };
+        // SAFETY: a checked vtable function of the caller's store over `ctx`; key and value point to live bytes for the call.
         let code = with_retry(|| unsafe {
             f(
                 self.ctx.0,
@@ -414,6 +423,7 @@ impl ObjectStore for CallbackStore {
 
     fn object_size(&self, key: &str) -> Result<u64> {
         let get_size = self.vt.get_size.expect("checked at construction");
+        // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
         let size = with_retry(|| unsafe { get_size(self.ctx.0, mws_bytes::of(key)) });
         if size < 0 {
             return Err(code_error("get_size", key, size));
@@ -429,6 +439,7 @@ impl ObjectStore for CallbackStore {
         // whole object (an implementation that truncated would report the capacity);
         // -704 is "not found"; anything else (-600: larger object) takes the sized path.
         let mut first = vec![0u8; GET_FIRST_TRY];
+        // SAFETY: a checked vtable function over `ctx`; `first` is a live buffer of `first.len()` bytes.
         let n =
             with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), first.as_mut_ptr(), first.len() as u64) });
         if n >= 0 && (n as u64) < GET_FIRST_TRY as u64 {
@@ -441,6 +452,7 @@ impl ObjectStore for CallbackStore {
         drop(first);
         // The object may be replaced between the two calls: retry a few times.
         for _ in 0..MAX_TRIES {
+            // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
             let size = with_retry(|| unsafe { get_size(self.ctx.0, mws_bytes::of(key)) });
             if size < 0 {
                 return Err(code_error("get_size", key, size));
@@ -453,6 +465,7 @@ impl ObjectStore for CallbackStore {
             })?;
             let mut buf = vec![0u8; cap];
             let ptr = if cap == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() } else { buf.as_mut_ptr() };
+            // SAFETY: a checked vtable function over `ctx`; `ptr` points to `cap` writable bytes (or is dangling with `cap == 0`).
             let n = with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), ptr, cap as u64) });
             if n < 0 {
                 return Err(code_error("get_into", key, n));
@@ -466,6 +479,7 @@ impl ObjectStore for CallbackStore {
 
     fn exists(&self, key: &str) -> Result<bool> {
         let f = self.vt.exists.expect("checked at construction");
+        // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
         match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
             0 => Ok(false),
             c if c > 0 => Ok(true),
@@ -491,6 +505,7 @@ impl ObjectStore for CallbackStore {
 
     fn remove(&self, key: &str) -> Result<()> {
         let f = self.vt.remove.expect("checked at construction");
+        // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
         match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
             c if c >= 0 || c == OBJECT_NOT_FOUND => Ok(()),
             c => Err(code_error("remove", key, c)),
@@ -577,7 +592,8 @@ impl ObjectStore for CallbackStore {
                 })
                 .collect();
             let mut codes = vec![i64::MIN; c_items.len()];
-            let batch = f(self.ctx.0, c_items.as_ptr(), c_items.len(), codes.as_mut_ptr());
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            let batch = unsafe { f(self.ctx.0, c_items.as_ptr(), c_items.len(), codes.as_mut_ptr()) };
             let last = attempt + 1 == MAX_TRIES;
             let mut retry = Vec::new();
             for (j, &i) in pending.iter().enumerate() {
@@ -627,6 +643,7 @@ impl ObjectStore for CallbackStore {
     fn register_buffer(&self, region: MemoryRegion) -> Result<()> {
         if let Some(f) = self.vt.register_buffer {
             let (kind, ordinal) = memory_code(region.kind);
+            // SAFETY: an optional vtable function checked non-NULL, over `ctx`; the region is the caller's to register.
             let code = with_retry(|| unsafe { f(self.ctx.0, region.address, region.len, kind, ordinal) as i64 });
             if code < 0 {
                 return Err(Error::new(
@@ -641,6 +658,7 @@ impl ObjectStore for CallbackStore {
 
     fn unregister_buffer(&self, address: u64) -> Result<()> {
         if let Some(f) = self.vt.unregister_buffer {
+            // SAFETY: an optional vtable function checked non-NULL, over `ctx`.
             let code = with_retry(|| unsafe { f(self.ctx.0, address) as i64 });
             if code < 0 {
                 return Err(Error::new(
