@@ -407,15 +407,16 @@ def _views(state_dict: Mapping[str, Any], writable: bool) -> Dict[str, TensorVie
                 raise StateDictError(f"tensor {name!r} is empty (shape {views[name].shape}); a stored tensor "
                                      "needs at least one element")
     except BaseException:
-        for v in views.values():
-            v.release()
+        _release(views, state_dict)
         raise
     return views
 
 
-def _release(views: Mapping[str, TensorView]) -> None:
-    for v in views.values():
-        v.release()
+def _release(views: Mapping[str, TensorView], source: Optional[Mapping[str, Any]]) -> None:
+    """Releases the views made here (a caller's own TensorView stays held)."""
+    for n, v in views.items():
+        if source is None or source.get(n) is not v:
+            v.release()
 
 
 # --------------------------------------------------------------------------- collectives with errors
@@ -565,7 +566,7 @@ def save_state_dict(
             binding.close()
         if plan is not None:
             plan.close()
-        _release(views)
+        _release(views, state_dict)
 
 
 def _commit_or_abort(store: Any, plan: UploadPlan, gathered: Sequence[Mapping[str, Any]],
@@ -701,7 +702,7 @@ def load_state_dict(
     finally:
         if binding is not None:
             binding.close()
-        _release(views)
+        _release(views, into)
         if not own:
             manifest.close()
 
