@@ -32,6 +32,13 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .writer import Writer
+from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
+                      UnsupportedDTypeError, dtype_name, tensor_view)
+from .device import CopyHook, CudaCopyHook, DeviceUnavailableError, cuda_available, cuda_copy_hook
+from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
+from .state_dict import (COLWISE, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
+                         save_state_dict, split)
+from .safetensors_io import Layout, SafetensorsError, SafetensorsFile, export_safetensors, import_safetensors
 
 __version__ = "0.1.0"
 
@@ -74,4 +81,39 @@ __all__ = [
     "Writer",
     "RegistrationLease",
     "LeaseSide",
+    # tensors, devices, state dicts, safetensors
+    "DTYPES",
+    "DType",
+    "TensorView",
+    "tensor_view",
+    "dtype_name",
+    "TensorError",
+    "NonContiguousError",
+    "UnsupportedDTypeError",
+    "UnsupportedDeviceError",
+    "CopyHook",
+    "CudaCopyHook",
+    "DeviceUnavailableError",
+    "cuda_available",
+    "cuda_copy_hook",
+    "Exchange",
+    "ExchangeTimeout",
+    "LocalExchange",
+    "ThreadExchange",
+    "FileExchange",
+    "TorchDistributedExchange",
+    "Parallel",
+    "Shard",
+    "split",
+    "REPLICATED",
+    "COLWISE",
+    "ROWWISE",
+    "StateDictError",
+    "save_state_dict",
+    "load_state_dict",
+    "Layout",
+    "SafetensorsError",
+    "SafetensorsFile",
+    "import_safetensors",
+    "export_safetensors",
 ]

@@ -707,6 +707,47 @@ def load_state_dict(
             manifest.close()
 
 
+UNBOUND_PARTICIPANT = "unbound-remainder"
+
+
+def _with_unbound_owner(sizes: Mapping[str, int], infos: Sequence[Dict[str, Any]], missing: Sequence[str],
+                        stored: Mapping[str, Mapping[str, Any]]) -> Tuple[Dict[str, int], List[Dict[str, Any]]]:
+    """A restore plan needs every stored tensor in the target placement
+    (``load-path.md`` §3.2), but a rank (a pipeline stage, a subset) loads only some.
+    The others go to one extra, never bound participant on an extra pipeline
+    coordinate; every tensor is then owned per pipeline coordinate
+    (``OwnershipAxis("pp")``), so the bound ranks' covers stay complete on their own.
+    Only the bound participants are planned and loaded."""
+    sizes = dict(sizes)
+    extra = sizes["pp"]
+    sizes["pp"] += 1
+    own_pp = Ownership("pp").to_wire()
+    out: List[Dict[str, Any]] = []
+    for info in infos:
+        info = dict(info, tensors=[dict(e) for e in info["tensors"]])
+        for e in info["tensors"]:
+            if own_pp not in e["axes"]:
+                e["axes"] = _axes_wire(sorted(_axes_from_wire(e["axes"]) + (Ownership("pp"),),
+                                              key=lambda a: ("dp", "pp", "ep", "tp").index(a.kind)))
+        out.append(info)
+    rank = Rank(pp=extra)
+    rep = [Replicated(k) for k in ("dp", "ep", "tp") if sizes[k] > 1]
+    axes = sorted([Ownership("pp"), *rep], key=lambda a: ("dp", "pp", "ep", "tp").index(a.kind))
+    tensors = []
+    for n in missing:
+        d = stored[n]
+        glob = list(d["global_shape"])
+        tensors.append({"name": n, "dtype": d["dtype"], "itemsize": int(d["itemsize"]), "global_shape": glob,
+                        "offset": [0] * len(glob), "local_shape": glob, "axes": _axes_wire(axes),
+                        "layer_id": d["layer_id"], "expert_id": d["expert_id"],
+                        "fingerprint": d["layout_fingerprint"], "aliases": []})
+    out.append({"participant_id": UNBOUND_PARTICIPANT, "rank": rank.to_wire(), "sizes": sizes,
+                "instance_id": UNBOUND_PARTICIPANT, "tensors": tensors})
+    for i in out:
+        i["sizes"] = sizes
+    return sizes, sorted(out, key=lambda i: i["participant_id"])
+
+
 def _load_layout(resource_id: str, revision: str, generation: int, stored: Mapping[str, Mapping[str, Any]],
                  views: Mapping[str, TensorView], shards: Mapping[str, Shard], par: Parallel,
                  ex: Optional[Exchange]) -> Tuple[Placement, Dict[str, Any]]:
@@ -769,5 +810,9 @@ def _load_layout(resource_id: str, revision: str, generation: int, stored: Mappi
                            "instance_id": pid_of(r), "tensors": entries_for(r, False)}
                           for r in peers if r != me_rank]
     infos = sorted(infos, key=lambda i: i["participant_id"])
+    held = {e["name"] for i in infos for e in i["tensors"]}
+    missing = sorted(set(stored) - held)
+    if missing:
+        sizes, infos = _with_unbound_owner(sizes, infos, missing, stored)
     placement = _build_placement(resource_id, revision, generation, sizes, infos, "load-target")
     return placement, mine
