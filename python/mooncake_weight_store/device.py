@@ -184,6 +184,7 @@ class _Cuda:
         if self.rt is not None:
             rt = self.rt
             rt.cudaSetDevice.argtypes, rt.cudaSetDevice.restype = [c_int], c_int
+            rt.cudaGetDevice.argtypes, rt.cudaGetDevice.restype = [POINTER(c_int)], c_int
             rt.cudaMemcpy.argtypes, rt.cudaMemcpy.restype = [c_void_p, c_void_p, ctypes.c_size_t, c_int], c_int
             rt.cudaGetErrorString.argtypes, rt.cudaGetErrorString.restype = [c_int], ctypes.c_char_p
             rt.cudaStreamSynchronize.argtypes, rt.cudaStreamSynchronize.restype = [c_void_p], c_int
@@ -202,7 +203,7 @@ class _Cuda:
         d = self.drv
         for fn, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [POINTER(c_int), c_int]),
                          ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
-                         ("cuCtxSetCurrent", [c_void_p]),
+                         ("cuCtxSetCurrent", [c_void_p]), ("cuCtxGetCurrent", [POINTER(c_void_p)]),
                          ("cuMemcpyDtoH_v2", [c_void_p, c_uint64, ctypes.c_size_t]),
                          ("cuMemcpyHtoD_v2", [c_uint64, c_void_p, ctypes.c_size_t]),
                          ("cuStreamSynchronize", [c_void_p]),
@@ -224,6 +225,17 @@ class _Cuda:
         if rc != 0:
             raise RuntimeError(f"{what}: CUDA driver error {rc}")
 
+    def _drv_copy(self, fn: str, dst: int, src: int, n: int, ordinal: int) -> None:
+        """A cuMemcpy in ``ordinal``'s primary context; the thread's context is restored."""
+        assert self.drv is not None
+        prev = c_void_p()
+        self._drv_check(self.drv.cuCtxGetCurrent(ctypes.byref(prev)), "cuCtxGetCurrent")
+        self._drv_context(ordinal)
+        try:
+            self._drv_check(getattr(self.drv, fn)(dst, src, n), fn)
+        finally:
+            self.drv.cuCtxSetCurrent(prev.value)
+
     def _drv_context(self, ordinal: int) -> None:
         assert self.drv is not None
         ctx = self._ctx.get(ordinal)
@@ -237,21 +249,30 @@ class _Cuda:
 
     # -- copies ---------------------------------------------------------------------------
 
+    def _rt_copy(self, dst: int, src: int, n: int, kind: int, ordinal: int, what: str) -> None:
+        """cudaMemcpy on ``ordinal``; the calling thread's current device is restored."""
+        assert self.rt is not None
+        cur = c_int(0)
+        self._rt_check(self.rt.cudaGetDevice(ctypes.byref(cur)), "cudaGetDevice")
+        if cur.value != ordinal:
+            self._rt_check(self.rt.cudaSetDevice(ordinal), "cudaSetDevice")
+        try:
+            self._rt_check(self.rt.cudaMemcpy(dst, src, n, kind), what)
+        finally:
+            if cur.value != ordinal:
+                self.rt.cudaSetDevice(cur.value)
+
     def d2h(self, src: int, ordinal: int, dst: int, n: int) -> None:
         if self.rt is not None:
-            self._rt_check(self.rt.cudaSetDevice(ordinal), "cudaSetDevice")
-            self._rt_check(self.rt.cudaMemcpy(dst, src, n, 2), "cudaMemcpy(device->host)")
+            self._rt_copy(dst, src, n, 2, ordinal, "cudaMemcpy(device->host)")
         else:
-            self._drv_context(ordinal)
-            self._drv_check(self.drv.cuMemcpyDtoH_v2(dst, src, n), "cuMemcpyDtoH")  # type: ignore[union-attr]
+            self._drv_copy("cuMemcpyDtoH_v2", dst, src, n, ordinal)
 
     def h2d(self, src: int, n: int, dst: int, ordinal: int) -> None:
         if self.rt is not None:
-            self._rt_check(self.rt.cudaSetDevice(ordinal), "cudaSetDevice")
-            self._rt_check(self.rt.cudaMemcpy(dst, src, n, 1), "cudaMemcpy(host->device)")
+            self._rt_copy(dst, src, n, 1, ordinal, "cudaMemcpy(host->device)")
         else:
-            self._drv_context(ordinal)
-            self._drv_check(self.drv.cuMemcpyHtoD_v2(dst, src, n), "cuMemcpyHtoD")  # type: ignore[union-attr]
+            self._drv_copy("cuMemcpyHtoD_v2", dst, src, n, ordinal)
 
     def synchronize_stream(self, stream: int) -> None:
         if self.rt is not None:

@@ -94,6 +94,12 @@ class SafetensorsFile:
                     raise SafetensorsError(f"{self.path}: tensors {n0!r} and {n1!r} overlap")
             self._mm: Optional[mmap.mmap] = (mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
                                              if size else None)
+            if self._mm is not None and hasattr(mmap, "MADV_WILLNEED"):
+                try:  # read ahead: the store streams through every tensor once
+                    self._mm.madvise(mmap.MADV_WILLNEED)
+                    self._mm.madvise(mmap.MADV_SEQUENTIAL)
+                except OSError:  # pragma: no cover - advice only
+                    pass
             self._ref: Optional[BufferRef] = BufferRef(self._mm) if self._mm is not None else None
         except BaseException:
             self._f.close()

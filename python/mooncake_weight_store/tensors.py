@@ -417,7 +417,9 @@ def _from_dlpack(obj: Any, writable: bool, dtype: Optional[Any], what: str) -> T
     dev = _dlpack_device(obj)
     kwargs: Dict[str, Any] = {}
     if dev is not None and dev[0] in (_kDLCUDA, _kDLCUDAManaged):
-        kwargs["stream"] = None  # producer orders its work before the legacy default stream
+        # 1 = the legacy default stream (DLPack's Python spec): the producer orders its
+        # pending work before it, and the CUDA copy hook's cudaMemcpy runs on it.
+        kwargs["stream"] = 1
     try:
         capsule = obj.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:  # a producer before DLPack 1.0 (no max_version)

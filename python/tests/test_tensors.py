@@ -298,3 +298,67 @@ def test_torch_tensors_through_dlpack():
         with pytest.raises(StateDictError, match="target shape"):
             load_state_dict(store, m.key, into={"w": torch.zeros(4, 4, dtype=torch.bfloat16)}, sharding={"w": 1},
                             parallel=Parallel(tp_rank=1, tp_size=2))
+
+
+class _FakeCudaRuntime:
+    """Stands in for libcudart (the CUDA hook's control logic, without a GPU):
+    'device' pointers are host pointers; records the calls."""
+
+    def __init__(self, fail_copy: int = 0):
+        self.current, self.log, self.fail_copy = 0, [], fail_copy
+
+    def cudaGetDevice(self, p):
+        p._obj.value = self.current
+        return 0
+
+    def cudaSetDevice(self, d):
+        self.log.append(("set", d))
+        self.current = d
+        return 0
+
+    def cudaMemcpy(self, dst, src, n, kind):
+        self.log.append(("copy", self.current, kind))
+        if self.fail_copy:
+            return self.fail_copy
+        ctypes.memmove(dst, src, n)
+        return 0
+
+    def cudaGetErrorString(self, rc):
+        return b"an illegal memory access was encountered"
+
+
+def _cuda_hook_over(rt):
+    from mooncake_weight_store import device as dev
+
+    c = object.__new__(dev._Cuda)
+    c.rt, c.drv, c.library = rt, None, "fake-cudart"
+    hook = object.__new__(dev.CudaCopyHook)
+    CopyHook.__init__(hook)
+    hook._cuda = c
+    return hook
+
+
+def test_cuda_copy_hook_selects_the_device_and_restores_the_callers():
+    rt = _FakeCudaRuntime()
+    hook = _cuda_hook_over(rt)
+    src = np.arange(16, dtype=np.float32)
+    with Store.memory(copy_hook=hook) as store:
+        m = save_state_dict(store, {"w": _fake_device(src)}, resource_id="r", revision="v", generation=1)
+        dst = np.zeros(16, np.float32)
+        load_state_dict(store, m.key, into={"w": _fake_device(dst, True)})
+    assert (dst == src).all() and hook.errors == []
+    copies = [e for e in rt.log if e[0] == "copy"]
+    assert {c[2] for c in copies} == {1, 2}  # host->device and device->host kinds
+    assert all(c[1] == 3 for c in copies)  # on the tensors' device
+    assert rt.current == 0  # the caller's current device is back
+    assert ("set", 3) in rt.log and rt.log[-1] == ("set", 0)
+
+
+def test_cuda_copy_hook_errors_name_the_cuda_error():
+    rt = _FakeCudaRuntime(fail_copy=700)
+    hook = _cuda_hook_over(rt)
+    with Store.memory(copy_hook=hook) as store:
+        with pytest.raises(StateDictError, match="upload failed"):
+            save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
+    assert any("CUDA error 700 (an illegal memory access" in e for e in hook.errors), hook.errors
+    assert rt.current == 0
