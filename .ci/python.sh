@@ -14,7 +14,8 @@
 # 4. starts mooncake_master on free loopback ports (stopped by PID on every exit);
 # 5. runs pytest on a copy of python/tests in a temporary directory, against the
 #    installed wheel: no MWS_LIBRARY, no repository checkout on sys.path
-#    (MOONCAKE_MASTER=127.0.0.1:<port>, MWS_EXPECT_INSTALLED_WHEEL=1).
+#    (MOONCAKE_MASTER=127.0.0.1:<port>, MWS_EXPECT_INSTALLED_WHEEL=1);
+# 6. runs the examples in examples/python with the installed wheel.
 # pytest exit 5 ("no tests collected") is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -123,4 +124,10 @@ if [[ $rc -eq 5 ]]; then
   echo "error: pytest collected no tests" >&2
   exit 1
 fi
-exit $rc
+[[ $rc -eq 0 ]] || exit $rc
+
+# -- 6. examples, as a user runs them from the installed wheel ----------------------
+for ex in examples/python/*.py; do
+  log "example $ex"
+  (cd "$RUN_DIR" && TMPDIR="$WORK_DIR" "$VENV/bin/python" "$ROOT/$ex")
+done

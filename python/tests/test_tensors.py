@@ -362,3 +362,30 @@ def test_cuda_copy_hook_errors_name_the_cuda_error():
             save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
     assert any("CUDA error 700 (an illegal memory access" in e for e in hook.errors), hook.errors
     assert rt.current == 0
+
+
+class _LegacyDLPack:
+    """A producer from before DLPack 1.0: no max_version, a legacy 'dltensor' capsule."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        if "max_version" in kw:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_legacy_dlpack_capsule_is_consumed_and_freed():
+    a = np.arange(10, dtype=np.int32)
+    src = _LegacyDLPack(a)
+    before = sys.getrefcount(a)
+    v = tensor_view(src)
+    assert v.source == "dlpack" and v.address == a.ctypes.data and v.dtype == "int32" and v.shape == (10,)
+    assert sys.getrefcount(a) > before
+    v.release()
+    gc.collect()
+    assert sys.getrefcount(a) == before
