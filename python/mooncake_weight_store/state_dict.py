@@ -438,6 +438,13 @@ def _gather_checked(ex: Exchange, text: str, what: str) -> List[Any]:
     return [o["ok"] for o in out]
 
 
+def _gather_or_raise(ex: Exchange, text: str, what: str, local_error: Optional[BaseException]) -> List[Any]:
+    try:
+        return _gather_checked(ex, text, what)
+    except StateDictError as e:
+        raise e from local_error
+
+
 def _broadcast_checked(ex: Exchange, text: Optional[str], what: str) -> Any:
     o = json.loads(ex.broadcast(text, root=0))
     if "error" in o:
@@ -501,14 +508,11 @@ def save_state_dict(
             me = {"participant_id": pid, "rank": par.rank.to_wire(), "sizes": par.sizes,
                   "instance_id": f"{pid}:{uuid.uuid4().hex[:16]}", "tensors": entries}
             msg = _ok(me)
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks
             if ex.world_size == 1:
                 raise
             msg, local_error = _err(e), e
-        try:
-            infos = _gather_checked(ex, msg, "describing the state dict")
-        except StateDictError as e:
-            raise e from local_error
+        infos = _gather_or_raise(ex, msg, "describing the state dict", local_error)
         if len({json.dumps(i["sizes"], sort_keys=True) for i in infos}) != 1:
             raise StateDictError("ranks disagree on the parallel sizes: " +
                                  ", ".join(f"{i['participant_id']}={i['sizes']}" for i in infos))
@@ -518,8 +522,17 @@ def save_state_dict(
         infos = sorted(infos, key=lambda i: i["participant_id"])
         lease_id = "state-dict"
         # 2. the placement (every rank builds the same one) and this rank's binding
-        placement = _build_placement(resource_id, revision, generation, par.sizes, infos, placement_set_id)
-        binding = _bind(placement, mine, lease_id)
+        local_error = None
+        try:
+            placement = _build_placement(resource_id, revision, generation, par.sizes, infos, placement_set_id)
+            binding = _bind(placement, mine, lease_id)
+            msg = _ok(None)
+        except Exception as e:  # noqa: BLE001
+            if ex.world_size == 1:
+                raise
+            msg, local_error = _err(e), e
+        if ex.world_size > 1:
+            _gather_or_raise(ex, msg, "binding the state dict", local_error)
         # 3. rank 0 plans the upload over every rank's binding
         if ex.rank == 0:
             try:
@@ -530,28 +543,31 @@ def save_state_dict(
                 finally:
                     for o in others:
                         o.close()
-                plan_json = _broadcast_checked(ex, _ok(plan.to_json()), "planning the upload")
-            except BaseException as e:
-                if plan is None:
+                plan_text = plan.to_json()
+            except Exception as e:  # noqa: BLE001
+                if ex.world_size > 1:
                     ex.broadcast(_err(e), root=0)
                 raise
+            _broadcast_checked(ex, _ok(plan_text), "planning the upload")
         else:
             plan_json = _broadcast_checked(ex, None, "planning the upload")
-            plan = UploadPlan.from_json(plan_json)
         # 4. every rank uploads its own participant
+        upload_error: Optional[BaseException] = None
         try:
+            if plan is None:
+                plan = UploadPlan.from_json(plan_json)
             receipts = store.upload(plan, placement, binding)
             msg = _ok(receipts.to_json())
             receipts.close()
-        except BaseException as e:  # noqa: BLE001 - reported to rank 0, which aborts
-            msg = _err(e)
-            upload_error: Optional[BaseException] = e
-        else:
-            upload_error = None
+        except Exception as e:  # noqa: BLE001 - reported to rank 0, which aborts
+            msg, upload_error = _err(e), e
         gathered = [json.loads(t) for t in ex.all_gather(msg)]
         # 5. rank 0 commits (or aborts) and broadcasts the manifest
         if ex.rank == 0:
-            result = _commit_or_abort(store, plan, gathered, commit_retries)
+            try:
+                result = _commit_or_abort(store, plan, gathered, commit_retries)
+            except Exception as e:  # noqa: BLE001 - every rank must hear the outcome
+                result = {"error": f"commit failed: {type(e).__name__}: {e}"}
             out = ex.broadcast(json.dumps(result), root=0)
         else:
             out = ex.broadcast(None, root=0)
@@ -630,6 +646,46 @@ def _numpy_dtype(name: str) -> Any:
         return np.dtype(f"<u{DTYPES[name].itemsize}")
 
 
+def _load_targets(store: Any, manifest: StoredManifest, into: Optional[Mapping[str, Any]],
+                  names: Optional[Iterable[str]], sharding: Sharding, par: Parallel) -> Tuple[Any, ...]:
+    """(stored descriptors, target views, the dict to return, shards) of a load."""
+    views: Dict[str, TensorView] = {}
+    stored = {t["tensor_id"]: t for t in manifest.wire()["tensors"]}
+    if into is not None:
+        wanted = list(into)
+    elif names is not None:
+        wanted = list(names)
+    else:
+        wanted = sorted(stored)
+    unknown = [n for n in wanted if n not in stored]
+    if unknown:
+        raise StateDictError(f"not in revision {manifest.revision!r} of {manifest.resource_id!r}: "
+                             f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
+    shards = {n: resolve_shard(sharding, n, into.get(n) if into is not None else None) for n in wanted}
+    out: Dict[str, Any] = {}
+    if into is None:
+        import numpy as np
+
+        for n in wanted:
+            glob = tuple(stored[n]["global_shape"])
+            _, local = _box_from_global(n, shards[n], glob, par.sizes, par.rank)
+            out[n] = np.empty(local, dtype=_numpy_dtype(stored[n]["dtype"]))
+        targets: Mapping[str, Any] = out
+    else:
+        targets = into
+        out = dict(into)
+    views = _views(targets, writable=True)
+    try:
+        _check_device_path(store, views.values())
+        for n, v in views.items():
+            if v.dtype != stored[n]["dtype"]:
+                raise StateDictError(f"tensor {n!r}: target dtype {v.dtype}, stored dtype {stored[n]['dtype']}")
+    except BaseException:
+        _release(views, into)
+        raise
+    return stored, views, out, shards
+
+
 def load_state_dict(
     store: Any,
     key: Union[str, StoredManifest],
@@ -656,41 +712,20 @@ def load_state_dict(
     receives the :class:`LoadStats`.
     """
     par = parallel or Parallel()
+    ex = exchange if exchange is not None and exchange.world_size > 1 else None
     own = isinstance(key, StoredManifest)
-    manifest = key if own else store.load_manifest(key)
+    manifest: Optional[StoredManifest] = key if own else None  # type: ignore[assignment]
     views: Dict[str, TensorView] = {}
     binding: Optional[Binding] = None
     try:
-        stored = {t["tensor_id"]: t for t in manifest.wire()["tensors"]}
-        if into is not None:
-            wanted = list(into)
-        elif names is not None:
-            wanted = list(names)
-        else:
-            wanted = sorted(stored)
-        unknown = [n for n in wanted if n not in stored]
-        if unknown:
-            raise StateDictError(f"not in revision {manifest.revision!r} of {manifest.resource_id!r}: "
-                                 f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
-        shards = {n: resolve_shard(sharding, n, into.get(n) if into is not None else None) for n in wanted}
-        out: Dict[str, Any] = {}
-        if into is None:
-            import numpy as np
-
-            for n in wanted:
-                glob = tuple(stored[n]["global_shape"])
-                _, local = _box_from_global(n, shards[n], glob, par.sizes, par.rank)
-                out[n] = np.empty(local, dtype=_numpy_dtype(stored[n]["dtype"]))
-            targets: Mapping[str, Any] = out
-        else:
-            targets = into
-            out = dict(into)
-        views = _views(targets, writable=True)
-        _check_device_path(store, views.values())
-        for n, v in views.items():
-            if v.dtype != stored[n]["dtype"]:
-                raise StateDictError(f"tensor {n!r}: target dtype {v.dtype}, stored dtype {stored[n]['dtype']}")
-        ex = exchange if exchange is not None and exchange.world_size > 1 else None
+        try:
+            if manifest is None:
+                manifest = store.load_manifest(key)
+            stored, views, out, shards = _load_targets(store, manifest, into, names, sharding, par)
+        except Exception as e:  # noqa: BLE001 - a collective load tells the other ranks
+            if ex is not None:
+                _gather_or_raise(ex, _err(e), "describing the load targets", e)
+            raise
         placement, info = _load_layout(manifest.resource_id, manifest.revision, manifest.weight_generation,
                                        stored, views, shards, par, ex)
         binding = _bind(placement, info, "load")
@@ -703,7 +738,7 @@ def load_state_dict(
         if binding is not None:
             binding.close()
         _release(views, into)
-        if not own:
+        if not own and manifest is not None:
             manifest.close()
 
 
@@ -798,12 +833,9 @@ def _load_layout(resource_id: str, revision: str, generation: int, stored: Mappi
         try:
             mine = describe_me()
             msg = _ok(mine)
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks
             msg, local_error = _err(e), e
-        try:
-            infos = _gather_checked(ex, msg, "describing the load targets")
-        except StateDictError as e:
-            raise e from local_error
+        infos = _gather_or_raise(ex, msg, "describing the load targets", local_error)
     else:
         mine = describe_me()
         infos = [mine] + [{"participant_id": pid_of(r), "rank": r.to_wire(), "sizes": sizes,

@@ -333,3 +333,27 @@ def test_file_exchange_times_out(tmp_path):
     ex = FileExchange(tmp_path / "x", 0, 2, timeout=0.2)
     with pytest.raises(mws.ExchangeTimeout):
         ex.all_gather("hello")
+
+
+def test_collective_load_failure_on_one_rank_reaches_every_rank(store):
+    full = reference()
+    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", generation=7)
+
+    def rank(r, ex):
+        exp = shard_of(full, r, 2)
+        into = {n: np.zeros_like(a) for n, a in exp.items()}
+        if r == 0:
+            into["lm_head.weight"] = np.zeros(into["lm_head.weight"].shape, np.float64)  # wrong dtype
+        return load_state_dict(store, m.key, into=into, sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2),
+                               exchange=ex)
+
+    res = run_ranks(2, rank)
+    assert all(isinstance(e, StateDictError) and "rank(s) 0" in str(e) and "target dtype" in str(e)
+               for e in res), res
+
+    def good(r, ex):
+        got = load_state_dict(store, m.key, sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2), exchange=ex)
+        assert_shard_equal(got, full, r, 2)
+        return True
+
+    assert run_ranks(2, good) == [True, True]
