@@ -3,9 +3,14 @@
 Snapshots sharded LLM weights into an object store and restores them into any other
 parallel layout; wire-compatible with Mooncake's ``mooncake-reshard``.
 
-The shared library is found through ``MWS_LIBRARY`` (file or directory),
-``MWS_PREFIX`` (a CMake install prefix), a repository's ``target/release``, or the
-system loader; see :mod:`mooncake_weight_store._lib`.
+The shared library is found through ``MWS_LIBRARY`` (file or directory), inside
+this package (the wheel), ``MWS_PREFIX`` (a CMake install prefix), a repository's
+``target/release``, or the system loader; see :mod:`mooncake_weight_store._lib`.
+
+For trainers: :func:`save_state_dict` / :func:`load_state_dict` (sharding in TP/PP/
+EP/DP terms, multi-rank through an :class:`Exchange`), :func:`import_safetensors` /
+:func:`export_safetensors`, and :func:`tensor_view` (torch, numpy, DLPack, array
+interfaces, buffer protocol).
 """
 
 from ._lib import library_path, version

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import time
 import uuid
 from dataclasses import dataclass
