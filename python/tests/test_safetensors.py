@@ -139,3 +139,34 @@ def test_duplicate_names_and_empty_inputs(tmp_path):
         safetensors_numpy.save_file({"e": np.zeros((0, 3), np.float32)}, str(tmp_path / "e.safetensors"))
         with pytest.raises(SafetensorsError, match="empty"):
             import_safetensors(s, tmp_path / "e.safetensors", resource_id="r", revision="v", generation=1)
+
+
+def test_import_reads_the_mapped_file_directly(tmp_path, monkeypatch):
+    """No copy in Python: the store's batch_put_from reads from the addresses inside
+    the memory-mapped files (and the bytes there are the tensors')."""
+    full = reference()
+    paths = write_checkpoint(tmp_path, full, files=2)
+    mapped = {}
+    real_view = mws.SafetensorsFile.view
+
+    def spy(self, name):
+        v = real_view(self, name)
+        base = self._ref.address
+        assert base <= v.address < base + len(self._mm)  # inside this file's map
+        mapped[v.address] = (name, v.nbytes)
+        return v
+
+    monkeypatch.setattr(mws.SafetensorsFile, "view", spy)
+    be = mws.DictBackend()
+    seen = []
+    real_put = be.batch_put_from
+
+    def put(items, rt):
+        seen.extend((it.address, it.len) for it in items)
+        return real_put(items, rt)
+
+    be.batch_put_from = put
+    with Store.from_backend(be) as s:
+        m = import_safetensors(s, paths, resource_id="r", revision="v", generation=1)
+        assert m.tensor_count == len(full)
+    assert sorted(seen) == sorted((a, n) for a, (_, n) in mapped.items())
