@@ -357,3 +357,54 @@ def test_collective_load_failure_on_one_rank_reaches_every_rank(store):
         return True
 
     assert run_ranks(2, good) == [True, True]
+
+
+def test_torch_distributed_adapter_over_a_stand_in_process_group(store, monkeypatch):
+    """TorchDistributedExchange drives torch.distributed's object collectives; here a
+    stand-in module with the same signatures (all_gather_object(list, obj, group),
+    broadcast_object_list(list, src, group)) backed by threads, so the adapter's
+    calls are checked without torch."""
+    import types
+
+    local = threading.local()
+    groups = ThreadExchange.group(2)
+
+    def all_gather_object(object_list, obj, group=None):
+        object_list[:] = local.ex.all_gather(obj)
+
+    def broadcast_object_list(object_list, src=0, group=None, device=None):
+        object_list[0] = local.ex.broadcast(object_list[0] if local.ex.rank == src else None, root=src)
+
+    fake = types.ModuleType("torch.distributed")
+    fake.is_available = lambda: True
+    fake.is_initialized = lambda: True
+    fake.get_rank = lambda group=None: local.ex.rank
+    fake.get_world_size = lambda group=None: local.ex.world_size
+    fake.get_global_rank = lambda group, r: r
+    fake.all_gather_object = all_gather_object
+    fake.broadcast_object_list = broadcast_object_list
+    torch_mod = sys.modules.get("torch") or types.ModuleType("torch")
+    monkeypatch.setitem(sys.modules, "torch", torch_mod)
+    monkeypatch.setattr(torch_mod, "distributed", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+    full = reference()
+    results = [None, None]
+
+    def body(r):
+        local.ex = groups[r]
+        try:
+            ex = mws.TorchDistributedExchange()
+            assert (ex.rank, ex.world_size) == (r, 2)
+            results[r] = save_state_dict(store, shard_of(full, r, 2), resource_id="qwen-mini", revision="dist",
+                                         generation=1, sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2),
+                                         exchange=ex)
+        except BaseException as e:  # noqa: BLE001
+            results[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert all(isinstance(m, mws.StoredManifest) for m in results), results
+    assert_shard_equal(load_state_dict(store, results[0].key), full, 0, 1)
