@@ -347,7 +347,7 @@ def _build_placement(resource_id: str, revision: str, generation: int, sizes: Ma
             prev = specs.get(e["name"])
             if prev is None:
                 specs[e["name"]] = (spec, info["participant_id"])
-            elif prev[0] != spec:
+            elif prev[0].to_wire() != spec.to_wire():
                 raise StateDictError(
                     f"tensor {e['name']!r} is described differently by {prev[1]} ({_describe(prev[0])}) and "
                     f"{info['participant_id']} ({_describe(spec)}); every rank must agree on dtype, global "
