@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# Python binding + real Mooncake Store (loopback, TCP) tests.
+# Python package (the wheel with the native library inside) + real Mooncake Store
+# (loopback, TCP) tests.
 #
 #   bash .ci/python.sh [extra pytest args]
 #
 # 1. installs libibverbs1 if missing (the Mooncake wheel links it; no RDMA is used);
-# 2. creates the venv $MWS_VENV (default .venv-mooncake) with the pinned Mooncake
-#    wheel and pytest (reused when already complete);
-# 3. builds the library (cargo build --release) and pip-installs ./python into it;
+# 2. builds the wheel: `pip wheel ./python` (setuptools-rust runs cargo on the crate
+#    at the repository root and puts the .so inside the package);
+# 3. creates a FRESH venv (default: a temporary one; MWS_VENV names another path,
+#    which is deleted and recreated) and
+#    installs the wheel, the pinned Mooncake wheel, pytest, numpy, ml-dtypes and
+#    safetensors into it;
 # 4. starts mooncake_master on free loopback ports (stopped by PID on every exit);
-# 5. runs pytest on python/tests against it (MOONCAKE_MASTER=127.0.0.1:<port>).
+# 5. runs pytest on a copy of python/tests in a temporary directory, against the
+#    installed wheel: no MWS_LIBRARY, no repository checkout on sys.path
+#    (MOONCAKE_MASTER=127.0.0.1:<port>, MWS_EXPECT_INSTALLED_WHEEL=1);
+# 6. runs the examples in examples/python with the installed wheel.
 # pytest exit 5 ("no tests collected") is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 MOONCAKE_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
-VENV=${MWS_VENV:-.venv-mooncake}
+TEST_DEPS=("pytest>=7" "numpy>=1.22" "ml-dtypes>=0.3" "safetensors>=0.4")
 PY=${PYTHON:-python3}
 LOG_DIR=${MWS_CI_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/mws-python-ci.XXXXXX")}
+WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/mws-python-run.XXXXXX")
+VENV=${MWS_VENV:-$WORK_DIR/venv}
 MASTER_LOG="$LOG_DIR/mooncake_master.log"
 MC_MASTER_PID=""
+unset MWS_LIBRARY MWS_PREFIX PYTHONPATH
 
 log() { printf '== %s\n' "$*"; }
 
@@ -34,6 +44,7 @@ cleanup() {
   if [[ $rc -ne 0 && -s "$MASTER_LOG" ]]; then
     echo "---- last lines of $MASTER_LOG"; tail -n 30 "$MASTER_LOG" || true
   fi
+  rm -rf "$WORK_DIR"
   exit $rc
 }
 trap cleanup EXIT
@@ -48,31 +59,32 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
   apt-get install -y -qq --no-install-recommends libibverbs1 >/dev/null
 fi
 
-# -- 2. venv ---------------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-  if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-    echo "error: $PY is not CPython 3.11 (the Mooncake wheel is cp311); set PYTHON=python3.11" >&2
-    exit 1
-  fi
-  log "creating $VENV"
-  rm -rf "$VENV"
-  "$PY" -m venv "$VENV"
+# -- 2. wheel ----------------------------------------------------------------------
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "error: $PY is not CPython 3.11 (the Mooncake wheel is cp311); set PYTHON=python3.11" >&2
+  exit 1
 fi
-if ! "$VENV/bin/python" -c 'import mooncake.store, pytest' 2>/dev/null \
-   || [[ "$("$VENV/bin/python" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | sed -n 's/^Version: //p')" != "0.3.13.post1" ]]; then
-  log "installing $MOONCAKE_WHEEL and pytest"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$MOONCAKE_WHEEL" "pytest>=7"
-fi
-
-# -- 3. library + package --------------------------------------------------------
-log "cargo build --release"
-cargo build --release --quiet
-export MWS_LIBRARY="$ROOT/target/release/libmooncake_weight_store.so"
-[[ -f "$MWS_LIBRARY" ]] || { echo "error: $MWS_LIBRARY was not built" >&2; exit 1; }
-log "pip install ./python"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./python 2>/dev/null \
-  || "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./python
+WHEEL_DIR="$WORK_DIR/wheelhouse"
+log "pip wheel ./python (cargo build of the crate inside)"
+"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEEL_DIR" ./python
 rm -rf python/build python/mooncake_weight_store.egg-info  # setuptools leftovers in the source tree
+WHEEL=$(ls "$WHEEL_DIR"/mooncake_weight_store-*.whl)
+"$PY" - "$WHEEL" <<'PYEOF'
+import sys, zipfile
+whl = sys.argv[1]
+names = zipfile.ZipFile(whl).namelist()
+libs = [n for n in names if n.startswith("mooncake_weight_store/libmooncake_weight_store") and n.endswith(".so")]
+assert libs, f"{whl}: no native library inside: {names}"
+assert "-py3-none-linux_" in whl.rsplit("/", 1)[-1], f"unexpected wheel tag: {whl}"
+print(f"== wheel {whl.rsplit('/', 1)[-1]}: {libs[0]}")
+PYEOF
+
+# -- 3. fresh venv ------------------------------------------------------------------
+log "creating $VENV"
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+log "installing the wheel, $MOONCAKE_WHEEL and ${TEST_DEPS[*]}"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" "$MOONCAKE_WHEEL" "${TEST_DEPS[@]}"
 
 # -- 4. master -------------------------------------------------------------------
 free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -96,15 +108,26 @@ done
 
 # -- 5. tests --------------------------------------------------------------------
 export MOONCAKE_MASTER="127.0.0.1:$MC_RPC_PORT" MC_TCP_BIND_ADDRESS=127.0.0.1
-export MWS_TEST_LOG_DIR="$LOG_DIR" MWS_REQUIRE_MOONCAKE=1
-log "pytest python/tests"
+export MWS_TEST_LOG_DIR="$LOG_DIR" MWS_REQUIRE_MOONCAKE=1 MWS_EXPECT_INSTALLED_WHEEL=1
+export MWS_CONFORMANCE_DIR="${MWS_CONFORMANCE_DIR:-$ROOT/tests/fixtures/conformance}"
+RUN_DIR="$WORK_DIR/run"
+mkdir -p "$RUN_DIR"
+cp -r python/tests "$RUN_DIR/tests"
+find "$RUN_DIR/tests" -name __pycache__ -prune -exec rm -rf {} +
+printf '[pytest]\n' > "$RUN_DIR/pytest.ini"
+log "pytest (a copy of python/tests in $RUN_DIR, against the installed wheel)"
 set +e
-# run from the repo root, so the installed package (not python/ itself) is imported
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir=python -c python/pyproject.toml python/tests "$@"
+(cd "$RUN_DIR" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir="$RUN_DIR" -c "$RUN_DIR/pytest.ini" tests "$@")
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then
   echo "error: pytest collected no tests" >&2
   exit 1
 fi
-exit $rc
+[[ $rc -eq 0 ]] || exit $rc
+
+# -- 6. examples, as a user runs them from the installed wheel ----------------------
+for ex in examples/python/*.py; do
+  log "example $ex"
+  (cd "$RUN_DIR" && TMPDIR="$WORK_DIR" "$VENV/bin/python" "$ROOT/$ex")
+done

@@ -4,9 +4,10 @@
 #   C/C++: header drift, exported symbols, CMake workflows dev (with valgrind leak
 #   checks) and asan (installs cmake, ninja, g++, gtest, valgrind and cbindgen when
 #   missing);
-#   Python: the ctypes binding and the Mooncake Store backend against a real
-#   mooncake_master on loopback (installs libibverbs1, a venv with the pinned
-#   Mooncake wheel and pytest).
+#   Python: the wheel (library inside), installed into a fresh venv, its tests
+#   (binding, state dicts, safetensors, Mooncake Store backend against a real
+#   mooncake_master on loopback) and examples (installs libibverbs1; the venv gets
+#   the pinned Mooncake wheel, pytest, numpy, ml-dtypes, safetensors).
 # The conformance fixtures are vendored in tests/fixtures/conformance (override with
 # MWS_CONFORMANCE_DIR); when an upstream copy sits beside the repository in
 # ../shared/conformance, the conformance runner also runs on it, so new cases show up.
@@ -32,6 +33,6 @@ if [ -z "${MWS_CONFORMANCE_DIR:-}" ] && [ -d ../shared/conformance ]; then
 fi
 step "C/C++: header, symbols, ctest (dev + valgrind, asan)"
 bash .ci/cpp.sh
-step "Python binding against a live Mooncake master (venv, wheel, master on loopback)"
+step "Python: wheel, fresh venv, tests against a live Mooncake master, examples"
 bash .ci/python.sh
 step "all tests passed in ${SECONDS}s"

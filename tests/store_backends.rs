@@ -640,3 +640,20 @@ fn directory_reopen_and_clean_temp() {
     assert_kind(&s.put("p/k", b"other", &cfg(&g)), ErrorKind::AlreadyExists);
     assert_eq!(s.get("p/k").unwrap(), b"persisted");
 }
+
+/// The weight protocol asks `supports_memory` before it hands device fragments to a
+/// store: an embedded store with a copy hook must say yes (else uploads and loads of
+/// device memory are refused although the hook could serve them), one without must
+/// say no.
+#[test]
+fn embedded_stores_support_device_memory_exactly_with_a_copy_hook() {
+    let hook: Arc<dyn CopyHook> = Arc::new(FakeHook::default());
+    for kind in [MemoryKind::Device(0), MemoryKind::Device(3)] {
+        assert!(memory(Some(hook.clone())).store.supports_memory(kind));
+        assert!(directory(Some(hook.clone())).store.supports_memory(kind));
+        assert!(!memory(None).store.supports_memory(kind));
+        assert!(!directory(None).store.supports_memory(kind));
+    }
+    assert!(memory(None).store.supports_memory(MemoryKind::Host));
+    assert!(directory(None).store.supports_memory(MemoryKind::Host));
+}

@@ -3,9 +3,14 @@
 Snapshots sharded LLM weights into an object store and restores them into any other
 parallel layout; wire-compatible with Mooncake's ``mooncake-reshard``.
 
-The shared library is found through ``MWS_LIBRARY`` (file or directory),
-``MWS_PREFIX`` (a CMake install prefix), a repository's ``target/release``, or the
-system loader; see :mod:`mooncake_weight_store._lib`.
+The shared library is found through ``MWS_LIBRARY`` (file or directory), inside
+this package (the wheel), ``MWS_PREFIX`` (a CMake install prefix), a repository's
+``target/release``, or the system loader; see :mod:`mooncake_weight_store._lib`.
+
+For trainers: :func:`save_state_dict` / :func:`load_state_dict` (sharding in TP/PP/
+EP/DP terms, multi-rank through an :class:`Exchange`), :func:`import_safetensors` /
+:func:`export_safetensors`, and :func:`tensor_view` (torch, numpy, DLPack, array
+interfaces, buffer protocol).
 """
 
 from ._lib import library_path, version
@@ -32,6 +37,13 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .writer import Writer
+from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
+                      UnsupportedDTypeError, dtype_name, tensor_view)
+from .device import CopyHook, CudaCopyHook, DeviceUnavailableError, cuda_available, cuda_copy_hook
+from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
+from .state_dict import (COLWISE, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
+                         save_state_dict, split)
+from .safetensors_io import Layout, SafetensorsError, SafetensorsFile, export_safetensors, import_safetensors
 
 __version__ = "0.1.0"
 
@@ -74,4 +86,39 @@ __all__ = [
     "Writer",
     "RegistrationLease",
     "LeaseSide",
+    # tensors, devices, state dicts, safetensors
+    "DTYPES",
+    "DType",
+    "TensorView",
+    "tensor_view",
+    "dtype_name",
+    "TensorError",
+    "NonContiguousError",
+    "UnsupportedDTypeError",
+    "UnsupportedDeviceError",
+    "CopyHook",
+    "CudaCopyHook",
+    "DeviceUnavailableError",
+    "cuda_available",
+    "cuda_copy_hook",
+    "Exchange",
+    "ExchangeTimeout",
+    "LocalExchange",
+    "ThreadExchange",
+    "FileExchange",
+    "TorchDistributedExchange",
+    "Parallel",
+    "Shard",
+    "split",
+    "REPLICATED",
+    "COLWISE",
+    "ROWWISE",
+    "StateDictError",
+    "save_state_dict",
+    "load_state_dict",
+    "Layout",
+    "SafetensorsError",
+    "SafetensorsFile",
+    "import_safetensors",
+    "export_safetensors",
 ]

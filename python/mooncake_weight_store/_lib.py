@@ -3,6 +3,8 @@
 Library lookup order (first hit wins):
 
 1. ``MWS_LIBRARY``: path to the shared library file, or to a directory containing it.
+1b. The library packaged inside this package by the wheel build
+   (``mooncake_weight_store/libmooncake_weight_store*.so``).
 2. ``MWS_PREFIX`` (or ``CMAKE_INSTALL_PREFIX``): a CMake install prefix; the library is
    looked for in ``<prefix>/lib``, ``<prefix>/lib64`` and ``<prefix>/lib/<multiarch>``.
 3. A repository build: ``target/release`` (then ``target/debug``) of a checkout found
@@ -474,6 +476,7 @@ def _candidate_paths() -> Iterable[str]:
         else:
             yield str(p)
         return  # an explicit choice is never second-guessed
+    yield from packaged_libraries()
     for var in ("MWS_PREFIX", "CMAKE_INSTALL_PREFIX"):
         prefix = os.environ.get(var)
         if prefix:
@@ -492,6 +495,13 @@ def _candidate_paths() -> Iterable[str]:
     found = ctypes.util.find_library("mooncake_weight_store")
     if found:
         yield found
+
+
+def packaged_libraries() -> List[str]:
+    """The shared library the wheel placed inside this package (setuptools-rust names
+    it ``libmooncake_weight_store.abi3.so``), if any."""
+    here = Path(__file__).resolve().parent
+    return [str(p) for p in sorted(here.glob("libmooncake_weight_store*.so*"))]
 
 
 class _Library:

@@ -472,28 +472,52 @@ class Store:
         self._h: Optional[int] = handle
         self._bridge = bridge
         self.kind = kind
+        #: the copy hook of an embedded store opened with one (device memory)
+        self.copy_hook: Any = None
 
     # -- opening --------------------------------------------------------------------
 
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
-               max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
-        """An in-memory store (single process; objects live as long as the store)."""
+               max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: int = 0,
+               copy_hook: Any = None) -> "Store":
+        """An in-memory store (single process; objects live as long as the store).
+        ``copy_hook``: a :class:`~mooncake_weight_store.device.CopyHook` for device
+        memory (see :mod:`mooncake_weight_store.device`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
-        out = c_void_p()
-        call("mws_store_open_memory", ctypes.byref(opts) if opts else None, ctypes.byref(out))
-        return cls(out.value, kind="memory")
+        return cls._open_embedded("mws_store_open_memory", (), opts, copy_hook, "memory")
 
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                  max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
-        """The crash-safe directory store rooted at ``path``."""
+                  max_region_segments: int = 0, staging_bytes: int = 0, copy_hook: Any = None) -> "Store":
+        """The crash-safe directory store rooted at ``path`` (``copy_hook``: as
+        :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
+        return cls._open_embedded("mws_store_open_dir", (cstr(os.fspath(path), "path"),), opts, copy_hook,
+                                  "directory")
+
+    @classmethod
+    def _open_embedded(cls, fn: str, args: tuple, opts: Optional[_lib.mws_store_options], copy_hook: Any,
+                       kind: str) -> "Store":
+        bridge = None
+        if copy_hook is not None:
+            from .device import attach_copy_hook
+
+            opts = opts if opts is not None else _lib.mws_store_options()
+            bridge = attach_copy_hook(opts, copy_hook)
         out = c_void_p()
-        call("mws_store_open_dir", cstr(os.fspath(path), "path"), ctypes.byref(opts) if opts else None,
-             ctypes.byref(out))
-        return cls(out.value, kind="directory")
+        try:
+            call(fn, *args, ctypes.byref(opts) if opts else None, ctypes.byref(out))
+        except BaseException:
+            if bridge is not None:
+                from .device import detach_failed
+
+                detach_failed(bridge)
+            raise
+        store = cls(out.value, kind=kind)
+        store.copy_hook = copy_hook
+        return store
 
     @classmethod
     def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,

@@ -472,6 +472,11 @@ impl ObjectStore for DirectoryStore {
         true
     }
 
+    /// Host memory always; device memory when the store has a copy hook.
+    fn supports_memory(&self, kind: MemoryKind) -> bool {
+        kind == MemoryKind::Host || self.hook.is_some()
+    }
+
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
