@@ -4,12 +4,24 @@
 //! object store, wire-compatible with Mooncake's Python `mooncake-reshard` weight
 //! store (same JSON, ids, digests and keys), with a C ABI (`src/ffi/`).
 //!
-//! Layers (see `ARCHITECTURE.md` of the design notes): [`model`] (address-free
-//! contracts, canonical JSON, identities), [`runtime`] (live bindings), [`geometry`]
-//! (N-D boxes), [`plan`] (upload planning). Pure layers do no I/O.
+//! Layers (`docs/ARCHITECTURE.md`), each using only the ones before it:
+//! - [`model`]: address-free contracts (tensors, axes, fragments, topology, parts,
+//!   placements, the placement builder, the stored manifest), validation, canonical
+//!   JSON and SHA-256 identities;
+//! - [`runtime`]: live bindings (addresses, leases, generations), pairing with a
+//!   placement, their JSON transport;
+//! - [`geometry`]: N-D boxes, exact covers, strided overlaps;
+//! - [`plan`]: pure planners — uploads, restores (logical and bound), and their
+//!   transport;
+//! - [`store`]: the object-store contract and the embedded backends;
+//! - [`protocol`]: everything that does I/O — the weight store's API, upload,
+//!   commit/abort/finalize, the transaction state machine, restores, the snapshot
+//!   writer, guards and registration;
+//! - [`ffi`]: the C ABI, translation only.
 //!
-//! Every value type is immutable and validated at construction: a value that exists
-//! is valid. All types are `Send + Sync`.
+//! Pure layers (model, geometry, plan) do no I/O. Every value type is immutable and
+//! validated at construction: a value that exists is valid. All types are
+//! `Send + Sync`.
 
 // Index maps keyed by tuples of borrowed ids read best spelled out in place.
 #![allow(clippy::type_complexity)]

@@ -4,27 +4,27 @@
 //! `cbindgen.toml`); the header-only C++ wrapper is `include/mooncake_weight_store.hpp`.
 //!
 //! Where things are:
-//! - [`boundary`]: `mws_status`, the thread-local last error, the panic boundary
+//! - `boundary`: `mws_status`, the thread-local last error, the panic boundary
 //!   (`status_call!` / `value_call!`, which take the entry point's name from the
 //!   function itself) and the version;
-//! - [`handles`]: every opaque C handle and the Rust value it mirrors, with the
-//!   [`handles::Handle`] helper (how a handle is created, borrowed and freed);
-//! - one file per C prefix: `mws_placement_*` ([`placement`]), `mws_placement_builder_*`
-//!   ([`placement_builder`]),
-//!   `mws_binding_*` ([`binding`]), `mws_upload_plan_*`
-//!   ([`upload_plan`]), `mws_receipts_*` ([`receipts`]), `mws_store_*` ([`store`]),
-//!   `mws_transaction_*` ([`transaction`]), `mws_registration_lease_*` ([`lease`]),
-//!   `mws_writer_*` ([`writer`]), `mws_stored_manifest_*` ([`stored_manifest`]),
-//!   `mws_load_plan_*` ([`load_plan`]); `mws_io_args` ([`io_args`]);
-//! - [`callbacks`]: every C vtable the caller hands us, each translated into the Rust
+//! - `handles`: every opaque C handle and the Rust value it mirrors, with the
+//!   `handles::Handle` helper (how a handle is created, borrowed and freed);
+//! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
+//!   (`placement_builder`),
+//!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
+//!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
+//!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
+//!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
+//!   `mws_load_plan_*` (`load_plan`); `mws_io_args` (`io_args`);
+//! - `callbacks`: every C vtable the caller hands us, each translated into the Rust
 //!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
 //!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`);
-//! - [`strings`]: C strings, (pointer, length) pairs and out-parameters.
+//! - `strings`: C strings, (pointer, length) pairs and out-parameters.
 //!
 //! House rules:
 //! - every `extern "C"` body runs inside the boundary, which catches panics (no
 //!   unwinding ever crosses into C) and records the last error message;
-//! - handles are `Box`es made by [`handles::Handle::into_raw`] and taken back by
+//! - handles are `Box`es made by `handles::Handle::into_raw` and taken back by
 //!   `*_free`; strings handed out are borrowed from the handle that owns them;
 //! - nothing here validates the domain: a rule enforced here but not in the Rust API
 //!   would be a bug. We only check what C can get wrong and Rust cannot express
