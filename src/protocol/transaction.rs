@@ -4,7 +4,7 @@
 //! Every write is followed by a re-read, which is the only source of truth: a put
 //! may land although its response was lost, or be reported before it is visible.
 
-use super::load::load_manifest;
+use super::load::load_manifest_limited;
 use super::weight_store::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::StoredManifest;
@@ -78,12 +78,14 @@ impl WeightStore {
     /// fails otherwise (for example a put still in flight), the existence check
     /// decides, as in the reference.
     fn get_if_visible(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        match self.store.get(key) {
+        let max = self.limits.max_metadata_bytes;
+        match self.store.get_limited(key, max) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => Err(e),
             Err(e) => match self.store.exists(key) {
                 Ok(false) => Ok(None),
-                Ok(true) => self.store.get(key).map(Some),
+                Ok(true) => self.store.get_limited(key, max).map(Some),
                 Err(_) => Err(e),
             },
         }
@@ -103,14 +105,15 @@ impl WeightStore {
     /// Reads the published manifest of the plan's key: `None` when absent.
     pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
         let key = plan.manifest().manifest_key();
-        match load_manifest(&*self.store, key) {
+        let max = self.limits.max_metadata_bytes;
+        match load_manifest_limited(&*self.store, key, max) {
             Ok(m) => Ok(Some(m)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             // A read can fail while a put of the key is still in flight (another
             // writer's): then the existence check decides, as in the reference.
             Err(e) if e.kind() == ErrorKind::Store => match self.store.exists(key) {
                 Ok(false) => Ok(None),
-                Ok(true) => load_manifest(&*self.store, key).map(Some),
+                Ok(true) => load_manifest_limited(&*self.store, key, max).map(Some),
                 Err(_) => Err(e),
             },
             Err(e) => Err(e),

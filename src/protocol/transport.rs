@@ -7,7 +7,7 @@ use super::transaction::UploadReceipt;
 use crate::error::{invalid, Error, Result};
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::placement::decode_fragment;
-use crate::model::StoredManifest;
+use crate::model::{StoredFragment, StoredManifest};
 use crate::plan::upload::{UploadOperation, UploadPlan};
 use crate::runtime::{
     MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
@@ -253,6 +253,10 @@ pub fn plan_from_json(bytes: &[u8]) -> Result<UploadPlan> {
     }
     let manifest = StoredManifest::from_json_value(o.get("manifest"))?;
     let items = json::req_array(o.get("operations"), || "upload plan operations must be a sequence".into())?;
+    // Index the manifest's fragments by id once (linear decoding; a scan per
+    // operation was quadratic). SipHash: the ids come from the wire.
+    let by_id: std::collections::HashMap<&str, &StoredFragment> =
+        manifest.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
     let mut operations = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let op = Obj::new(item, || format!("upload operation {i} must be a JSON object"))?;
@@ -272,11 +276,9 @@ pub fn plan_from_json(bytes: &[u8]) -> Result<UploadPlan> {
         let runtime = read_runtime_fragment(op.get("source_runtime"))?;
         let generation = json::req_int(op.get("source_generation"), "source_generation", 0)?;
         let target_id = json::req_str(op.get("target_fragment_id"), "target_fragment_id")?;
-        let target = manifest
-            .fragments()
-            .iter()
-            .find(|f| f.fragment_id() == target_id)
-            .cloned()
+        let target = by_id
+            .get(target_id.as_str())
+            .map(|f| (*f).clone())
             .ok_or_else(|| Error::invalid("upload plan operations and manifest differ"))?;
         operations.push(UploadOperation::new(
             placement.clone(),

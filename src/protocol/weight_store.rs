@@ -26,6 +26,11 @@ pub struct StoreLimits {
     /// buffer of this size and scattered locally (host targets only). Default 0:
     /// off, so requests are exactly the specified ranges.
     pub staging_bytes: u64,
+    /// Largest manifest or decision record read back from the store, in bytes
+    /// (default [`crate::store::DEFAULT_MAX_METADATA_BYTES`], 256 MiB: about 2.9x the
+    /// largest benchmark manifest). A larger object fails with
+    /// [`ErrorKind::LimitExceeded`] before it is read or allocated.
+    pub max_metadata_bytes: u64,
 }
 
 impl Default for StoreLimits {
@@ -35,6 +40,7 @@ impl Default for StoreLimits {
             max_ranges_per_request: 1024,
             max_region_segments: 1 << 32,
             staging_bytes: 0,
+            max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
         }
     }
 }
@@ -74,7 +80,11 @@ impl WeightStore {
 
     /// Sets the limits; each must be positive (`range limits must be positive`).
     pub fn with_limits(mut self, limits: StoreLimits) -> Result<Self> {
-        if limits.max_range_bytes == 0 || limits.max_ranges_per_request == 0 || limits.max_region_segments == 0 {
+        if limits.max_range_bytes == 0
+            || limits.max_ranges_per_request == 0
+            || limits.max_region_segments == 0
+            || limits.max_metadata_bytes == 0
+        {
             return invalid("range limits must be positive");
         }
         self.limits = limits;
@@ -121,9 +131,10 @@ impl WeightStore {
         }
     }
 
-    /// Reads and strictly decodes the manifest at `manifest_key`.
+    /// Reads and strictly decodes the manifest at `manifest_key` (at most
+    /// `limits().max_metadata_bytes`, see [`super::load::load_manifest_limited`]).
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
-        super::load::load_manifest(&*self.store, manifest_key)
+        super::load::load_manifest_limited(&*self.store, manifest_key, self.limits.max_metadata_bytes)
     }
 
     /// Pins and registers `fragment_ids` of `binding` once, for any number of
