@@ -352,14 +352,13 @@ fn get_into_ranges_may_not_report_more_than_the_range() {
     clear(f);
     set(f, "get_into_ranges", 1);
     expect_err(read(&s), ErrorKind::Store, &violation("get_into_ranges", "k", 1, BATCH));
-    drop(read);
     assert_eq!(&dst, b"2345");
 }
 
 #[test]
 fn register_and_unregister_accept_only_zero_or_negative_codes() {
     let (f, s) = store();
-    let buf = vec![0u8; 64];
+    let buf = [0u8; 64];
     let region = MemoryRegion { address: buf.as_ptr() as u64, len: 64, kind: MemoryKind::Host };
     s.register_buffer(region).unwrap();
     s.unregister_buffer(region.address).unwrap();
