@@ -9,7 +9,6 @@
 //! their SHA-256 content through, so inputs reach the validation behind the id checks.
 
 #[path = "../../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use mooncake_weight_store::protocol::transport::{
