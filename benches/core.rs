@@ -121,7 +121,7 @@ const REFERENCE_SECONDS: [(&str, [f64; 4]); 12] = [
 const REFERENCE_RSS_MIB: [f64; 4] = [35.0, 82.0, 495.0, 3784.0];
 
 /// (stage key, label) in print order.
-const STAGES: [(&str, &str); 12] = [
+const STAGES: [(&str, &str); 14] = [
     ("a0", "a0  build PlacementFragments (info)"),
     ("a", "(a) from_fragments"),
     ("a_digest", "(a) digest = sha256(to_json) [1]"),
@@ -129,6 +129,8 @@ const STAGES: [(&str, &str); 12] = [
     ("b_from", "(b) placement from_json"),
     ("c0", "c0  build runtime bindings (info)"),
     ("c", "(c) plan_upload"),
+    ("c_to", "(c) upload plan transport to_json"),
+    ("c_from", "(c) upload plan transport from_json"),
     ("d_to", "(d) manifest to_json"),
     ("d_from", "(d) manifest from_json"),
     ("d_digest", "(d) digest = sha256(to_json)"),
@@ -327,6 +329,15 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     times.push(("c", t));
     let manifest = plan.manifest();
 
+    // (c) the upload plan's transport between processes (encode, strict decode).
+    let (t, plan_json) = bench(reps, || (), |_| mooncake_weight_store::plan_to_json(&plan));
+    times.push(("c_to", t));
+    let (t, plan2) = bench(reps, || (), |_| mooncake_weight_store::plan_from_json(plan_json.as_bytes()));
+    let plan2 = plan2.unwrap_or_else(|e| die("upload plan from_json", e));
+    times.push(("c_from", t));
+    let plan_roundtrip = plan2 == plan;
+    drop((plan2, plan_json));
+
     // (d) manifest to_json, from_json, digest.
     let (t, manifest_json) = bench(reps, || (), |_| manifest.to_json());
     times.push(("d_to", t));
@@ -384,6 +395,7 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     c.same("manifest_digest() == sha256(to_json())", manifest_digest == manifest.manifest_digest());
     c.same("placement from_json(to_json()) == placement", placement_roundtrip);
     c.same("manifest from_json(to_json()) == manifest", manifest_roundtrip);
+    c.same("upload plan transport from_json(to_json()) == plan", plan_roundtrip);
     c.same("source fragment count == a0 count", n_frags == placement.fragment_count() as u64);
 
     let rss = max_rss_bytes();

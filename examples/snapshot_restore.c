@@ -1,17 +1,24 @@
 /* snapshot_restore.c: snapshot a small sharded model and restore it into another
  * layout, through the C API only.
  *
- *   snapshot_restore_c [STORE_DIR]
+ *   snapshot_restore_c [--reuse] [STORE_DIR]
  *
  * A three-tensor model (bf16) is held by a trainer in TP=2: one fragment per tensor
  * and rank in one host allocation per rank. The program builds the placement with the
  * library's placement builder, snapshots the trainer's buffers into a directory store
- * (STORE_DIR, default a fresh directory under /tmp; the store's objects/ and tmp/ are
- * removed at the end, then STORE_DIR if that left it empty) through a
- * writer, then restores the published manifest into a serving layout with TP=4 and
- * checks every byte. Exits non-zero on any failure. */
+ * (STORE_DIR, default a fresh directory under /tmp) through a writer, then restores the
+ * published manifest into a serving layout with TP=4 and checks every byte. Exits
+ * non-zero on any failure.
+ *
+ * STORE_DIR must be missing or empty; a directory store of an earlier run there is
+ * replaced only with --reuse; anything else is refused untouched. At the end only what
+ * the run created is removed (the store's entries; STORE_DIR itself if the run created
+ * it). */
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw */
+#include <dirent.h>
+#include <errno.h>
 #include <ftw.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,9 +368,52 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return remove(path);
 }
 
-/* Removes the directory store at `dir`: its objects/ and tmp/, then `dir` itself if
- * that left it empty (anything else in it is kept). */
-static void remove_store(const char *dir) {
+/* The marker file a directory store writes at its root (src/store/directory.rs). */
+static const char STORE_MARKER[] = "MOONCAKE_WEIGHT_STORE";
+static const char STORE_MARKER_TEXT[] = "mooncake-weight-store directory store, layout 1\n";
+
+static int marker_ok(const char *path) {
+    char buf[128];
+    size_t n;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return 0;
+    n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    return n == strlen(STORE_MARKER_TEXT) && memcmp(buf, STORE_MARKER_TEXT, n) == 0;
+}
+
+/* 1 when `dir` is recognisably a directory store of this library (the marker with its
+ * exact content, objects/ and tmp/ directories, nothing else), 0 when not, -1 when it
+ * cannot be read. Sets *empty when it holds nothing. */
+static int inspect_dir(const char *dir, int *empty) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int seen = 0, other = 0, n = 0;
+    if (d == NULL) return -1;
+    while ((e = readdir(d)) != NULL) {
+        char path[4096];
+        struct stat st;
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        n++;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (lstat(path, &st) != 0) {
+            other = 1;
+        } else if ((strcmp(e->d_name, "objects") == 0 || strcmp(e->d_name, "tmp") == 0) && S_ISDIR(st.st_mode)) {
+            seen++;
+        } else if (strcmp(e->d_name, STORE_MARKER) == 0 && S_ISREG(st.st_mode) && marker_ok(path)) {
+            seen++;
+        } else {
+            other = 1;
+        }
+    }
+    closedir(d);
+    *empty = n == 0;
+    return !other && seen == 3;
+}
+
+/* Removes the entries a directory store made at `dir`: objects/, tmp/ (links inside
+ * removed, never followed) and the marker. */
+static void remove_store_entries(const char *dir) {
     static const char *const sub[] = {"objects", "tmp"};
     char path[4096];
     size_t i;
@@ -371,18 +421,71 @@ static void remove_store(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, sub[i]);
         if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) perror(path);
     }
-    remove(dir);
+    snprintf(path, sizeof path, "%s/%s", dir, STORE_MARKER);
+    if (remove(path) != 0) perror(path);
+}
+
+/* Decides whether `dir` may be used (see the top of the file); sets *created when the
+ * run will create it. Returns 0, or -1 (refused, nothing touched). */
+static int prepare_store_dir(const char *dir, int reuse, int *created) {
+    struct stat st;
+    int empty = 0, store;
+    *created = 0;
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT) {
+            *created = 1;
+            return 0;
+        }
+        perror(dir);
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "refusing to use %s: not a directory\n", dir);
+        return -1;
+    }
+    store = inspect_dir(dir, &empty);
+    if (store < 0) {
+        perror(dir);
+        return -1;
+    }
+    if (empty) return 0;
+    if (!store) {
+        fprintf(stderr,
+                "refusing to use %s: it is not empty and not a directory store made by this library "
+                "(nothing was changed; pass an empty or missing directory)\n",
+                dir);
+        return -1;
+    }
+    if (!reuse) {
+        fprintf(stderr, "refusing to use %s: it holds a directory store (of an earlier run?); pass --reuse to replace it\n",
+                dir);
+        return -1;
+    }
+    remove_store_entries(dir);
+    return 0;
 }
 
 int main(int argc, char **argv) {
     char tmpl[] = "/tmp/mws-snapshot-restore-c-XXXXXX";
-    const char *dir = argc > 1 ? argv[1] : mkdtemp(tmpl);
+    int argi = 1, reuse = 0, created = 0, empty = 0;
+    const char *dir;
     mws_store *store = NULL;
     mws_stored_manifest *written = NULL, *manifest = NULL;
     layout *src = (layout *)calloc(1, sizeof *src), *dst = (layout *)calloc(1, sizeof *dst);
     uint64_t checked;
     mws_status st;
     int rc = 1, store_opened = 0;
+    if (argc > argi && strcmp(argv[argi], "--reuse") == 0) reuse = 1, argi++;
+    if (argc > argi) {
+        dir = argv[argi];
+        if (prepare_store_dir(dir, reuse, &created) != 0) {
+            free(src), free(dst);
+            return 2;
+        }
+    } else {
+        dir = mkdtemp(tmpl); /* created by this run */
+        created = 1;
+    }
     if (dir == NULL || src == NULL || dst == NULL) {
         free(src), free(dst);
         return 1;
@@ -420,6 +523,9 @@ done:
     mws_store_free(store);
     free(src);
     free(dst);
-    if (store_opened) remove_store(dir);
+    if (store_opened && inspect_dir(dir, &empty) == 1) {
+        remove_store_entries(dir); /* only what the run made */
+        if (created) remove(dir);
+    }
     return rc;
 }

@@ -1,11 +1,12 @@
 // snapshot_restore.cpp: the main job, in C++ through the C ABI (C++17 wrapper).
 //
-//   snapshot_restore_cpp [--size-mib N] [--dir PATH] [--hidden H] [--threads T]
+//   snapshot_restore_cpp [--size-mib N] [--dir PATH] [--reuse] [--hidden H] [--threads T]
 //
 // Fabricates a transformer (a dense first layer, then MoE layers with 8 experts; bf16,
 // about N MiB, default 1024) in a trainer layout TP4 x PP2 x EP2 x DP2, snapshots it
-// into a directory store (PATH, default under the build tree; removed at the start and
-// at the end, but only if it holds nothing but a directory store),
+// into a directory store (PATH, default under the build tree; it must be missing or
+// empty, a directory store of an earlier run is replaced only with --reuse, anything
+// else is refused untouched; at the end only what the run created is removed),
 // restores it into a serving layout TP2 x EP4, verifies every byte of every target
 // fragment, and prints a report. Exits non-zero on any failure.
 //
@@ -42,13 +43,16 @@ struct Options {
     std::uint64_t hidden = 0;  // 0: chosen from the size
     unsigned threads = 0;      // 0: one per core (at most one per target participant)
     std::string dir = MWS_DEMO_DEFAULT_DIR;
+    bool reuse = false;  // --reuse: replace a directory store of an earlier run
 };
 
 [[noreturn]] void usage(const char *argv0, int rc) {
     std::fprintf(rc == 0 ? stdout : stderr,
-                 "usage: %s [--size-mib N] [--dir PATH] [--hidden H] [--threads T]\n"
+                 "usage: %s [--size-mib N] [--dir PATH] [--reuse] [--hidden H] [--threads T]\n"
                  "  --size-mib N  model size in MiB (default 1024)\n"
-                 "  --dir PATH    directory store root, removed at the end (default %s)\n"
+                 "  --dir PATH    directory store root: missing or empty (default %s); what the run\n"
+                 "                creates there is removed at the end\n"
+                 "  --reuse       replace a directory store an earlier run left at PATH\n"
                  "  --hidden H    hidden size, a multiple of 64 (default: 1024, smaller for small models)\n"
                  "  --threads T   restore threads (default: one per core)\n",
                  argv0, MWS_DEMO_DEFAULT_DIR);
@@ -76,6 +80,8 @@ Options parse(int argc, char **argv) {
         } else if (a == "--dir") {
             if (i + 1 >= argc) usage(argv[0], 2);
             o.dir = argv[++i];
+        } else if (a == "--reuse") {
+            o.reuse = true;
         } else if (a == "-h" || a == "--help") {
             usage(argv[0], 0);
         } else {
@@ -87,20 +93,85 @@ Options parse(int argc, char **argv) {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-/// Removes a directory store root: only a missing or empty directory, or one that
-/// holds nothing but a store's `objects/` and `tmp/` (never a user's other files).
-void remove_store_dir(const std::string &dir) {
+// The marker file a directory store writes at its root (src/store/directory.rs,
+// STORE_MARKER and STORE_MARKER_TEXT).
+constexpr const char *kStoreMarker = "MOONCAKE_WEIGHT_STORE";
+constexpr const char *kStoreMarkerText = "mooncake-weight-store directory store, layout 1\n";
+
+/// True when `dir` is recognisably a directory store of this library: the marker file
+/// (exact content), `objects/` and `tmp/` (real directories), and nothing else.
+bool is_store_root(const std::string &dir) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (!fs::exists(dir, ec)) return;
-    for (const auto &e : fs::directory_iterator(dir)) {
-        std::string name = e.path().filename().string();
-        if (name != "objects" && name != "tmp") {
-            throw std::runtime_error("refusing to remove " + dir + ": not a directory store (holds " + name + ")");
+    int seen = 0;
+    for (const auto &e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        const fs::file_status st = e.symlink_status();
+        if ((name == "objects" || name == "tmp") && fs::is_directory(st)) {
+            ++seen;
+        } else if (name == kStoreMarker && fs::is_regular_file(st)) {
+            std::FILE *f = std::fopen(e.path().c_str(), "rb");
+            if (f == nullptr) return false;
+            char buf[128] = {0};
+            const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+            std::fclose(f);
+            if (std::string(buf, n) != kStoreMarkerText) return false;
+            ++seen;
+        } else {
+            return false;
         }
     }
-    fs::remove_all(dir);
+    return !ec && seen == 3;
 }
+
+/// Removes the entries a directory store made at `dir` (links inside are removed, not
+/// followed).
+void remove_store_entries(const std::string &dir) {
+    namespace fs = std::filesystem;
+    fs::remove_all(fs::path(dir) / "objects");
+    fs::remove_all(fs::path(dir) / "tmp");
+    fs::remove(fs::path(dir) / kStoreMarker);
+}
+
+/// The store directory of this run: never removes anything the run did not create.
+struct StoreDir {
+    std::string path;
+    bool created = false;  // the run created the directory (so it may remove it)
+    bool prepared = false;
+
+    /// Missing: used (created by the store). Empty: used. A directory store of an
+    /// earlier run: replaced with --reuse only. Anything else: refused untouched.
+    void prepare(const std::string &dir, bool reuse) {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        path = dir;
+        const fs::file_status st = fs::symlink_status(dir, ec);
+        if (!fs::exists(st)) {
+            created = true;
+        } else if (!fs::is_directory(st)) {
+            throw std::runtime_error("refusing to use " + dir + ": not a directory");
+        } else if (!fs::is_empty(dir)) {
+            if (!is_store_root(dir)) {
+                throw std::runtime_error("refusing to use " + dir +
+                                         ": it is not empty and not a directory store made by this library "
+                                         "(nothing was changed; pass an empty or missing directory)");
+            }
+            if (!reuse) {
+                throw std::runtime_error("refusing to use " + dir +
+                                         ": it holds a directory store (of an earlier run?); pass --reuse to replace it");
+            }
+            remove_store_entries(dir);
+        }
+        prepared = true;
+    }
+
+    /// Removes what the run made (nothing if anything else appeared meanwhile).
+    void cleanup() const {
+        if (!prepared || !is_store_root(path)) return;
+        remove_store_entries(path);
+        if (created) std::filesystem::remove(path);
+    }
+};
 
 double gib(std::uint64_t b) { return static_cast<double>(b) / static_cast<double>(1ull << 30); }
 
@@ -146,7 +217,6 @@ int run(const Options &o) {
     const Layout trainer{4, 2, 2, 2};  // TP4 x PP2 x EP2 x DP2
     const Layout serving{2, 1, 4, 1};  // TP2 x EP4
 
-    remove_store_dir(o.dir);
     std::printf("mooncake-weight-store %s: snapshot and resharded restore through the C ABI\n",
                 std::string(mws::version()).c_str());
 
@@ -239,8 +309,6 @@ int run(const Options &o) {
     phase("restore", t_restore, total.bytes, "ranged reads into the serving buffers");
     phase("verify", t_verify, verified, "every target byte checked");
     std::printf("  OK            %zu bytes verified\n", verified);
-
-    remove_store_dir(o.dir);
     return 0;
 }
 
@@ -248,14 +316,18 @@ int run(const Options &o) {
 
 int main(int argc, char **argv) {
     Options o = parse(argc, argv);
+    StoreDir store_dir;
+    int rc = 1;
     try {
-        return run(o);
+        store_dir.prepare(o.dir, o.reuse);
+        rc = run(o);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
-        try {
-            remove_store_dir(o.dir);
-        } catch (const std::exception &) {
-        }
-        return 1;
     }
+    try {
+        store_dir.cleanup();
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "warning: %s\n", e.what());
+    }
+    return rc;
 }

@@ -3,11 +3,18 @@
 //! byte, and print a report.
 //!
 //! ```text
-//! cargo run --release --example snapshot_restore -- [--size-mib N] [--dir PATH]
+//! cargo run --release --example snapshot_restore -- [--size-mib N] [--dir PATH] [--reuse]
 //! ```
+//!
+//! The store directory (default: a fresh `target/mws-demo-store-<pid>`) must be
+//! missing or empty; a directory store of an earlier run is replaced only with
+//! `--reuse`, and anything else is refused untouched. At the end the example removes
+//! only what it created (`examples/support/store_dir.rs`).
 
 #[path = "../tests/common/model.rs"]
 mod model;
+#[path = "support/store_dir.rs"]
+mod store_dir;
 
 use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
@@ -20,8 +27,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let size_mib: u64 = arg("--size-mib").map(|s| s.parse().expect("--size-mib N")).unwrap_or(1024);
-    let dir = arg("--dir").unwrap_or_else(|| "target/mws-demo-store".into());
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = arg("--dir").unwrap_or_else(|| format!("target/mws-demo-store-{}", std::process::id()));
+    let store_dir = match store_dir::StoreDir::prepare(std::path::Path::new(&dir), args.iter().any(|a| a == "--reuse"))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("snapshot_restore: {e}");
+            std::process::exit(2);
+        }
+    };
 
     // 8 experts per layer, hidden 1024: ~32 MiB per layer (bf16).
     let hidden = 1024;
@@ -102,7 +116,10 @@ fn main() {
         gib(plan.total_bytes())
     );
     println!("  verify       {verify:>7.3} s  {} bytes checked: OK", verified);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop((ws, plan, manifest));
+    if let Err(e) = store_dir.cleanup() {
+        eprintln!("snapshot_restore: {e}");
+    }
 }
 
 fn src_participants(l: Layout) -> u64 {

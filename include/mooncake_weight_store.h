@@ -902,6 +902,13 @@ typedef struct mws_store_options {
      * header must be rebuilt; a zeroed struct keeps the old behaviour).
      */
     uint64_t staging_bytes;
+    /**
+     * Largest manifest or decision record read back from the store, in bytes; 0 means
+     * the default (256 MiB, about 2.9x the largest benchmark manifest). A larger
+     * object fails with `MWS_LIMIT_EXCEEDED` before it is read or allocated. Added at
+     * the end of the struct in 0.1 (rebuild against this header; zeroed = default).
+     */
+    uint64_t max_metadata_bytes;
 } mws_store_options;
 
 /**
@@ -1962,12 +1969,16 @@ const char *mws_store_key_prefix(const struct mws_store *store, size_t *len);
 /**
  * Raw access (tests, tools): copies object `key` into `buf`.
  *
- * Length query: with `buf` NULL, only writes the object's size to `*len`. Otherwise
- * `cap` must be at least the object's size (else `MWS_INVALID_ARGUMENT`, nothing
- * written); the object is copied and its size written to `*len`.
+ * Length query: with `buf` NULL, only writes the object's size to `*len` (nothing is
+ * read). Otherwise `cap` must be at least the object's size (else
+ * `MWS_INVALID_ARGUMENT`, nothing written); the object is read (never more than `cap`
+ * bytes are read or allocated, whatever size the backend reports), copied and its
+ * size written to `*len`.
  *
  * Errors: `MWS_NULL_ARGUMENT` (`store`, `key` or `len`), `MWS_INVALID_UTF8`,
- * `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`.
+ * `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`,
+ * `MWS_LIMIT_EXCEEDED` (a size that does not fit `size_t`, or the allocation of the
+ * read buffer failed).
  *
  * # Safety
  * `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `buf` is NULL or

@@ -414,6 +414,8 @@ struct StoreOptions {
     /// Host staging for restores through range-priced stores (Mooncake); 0 = off
     /// (default). See mws_store_options::staging_bytes.
     std::uint64_t staging_bytes = 0;
+    /// Largest manifest or decision record read back; 0 = default (256 MiB).
+    std::uint64_t max_metadata_bytes = 0;
 
     mws_store_options c() const noexcept {
         mws_store_options o{};
@@ -424,6 +426,7 @@ struct StoreOptions {
         o.copy_hook = copy_hook;
         o.copy_hook_ctx = copy_hook_ctx;
         o.staging_bytes = staging_bytes;
+        o.max_metadata_bytes = max_metadata_bytes;
         return o;
     }
 };

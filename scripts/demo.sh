@@ -4,7 +4,11 @@
 # snapshots it into the directory store, restores it into a serving layout
 # (TP2 x EP4) through the C ABI, verifies every byte and prints a report.
 #
-#   bash scripts/demo.sh [--size-mib N] [--dir PATH] [--hidden H] [--threads T]
+#   bash scripts/demo.sh [--size-mib N] [--dir PATH] [--reuse] [--hidden H] [--threads T]
+#
+# PATH must be missing or empty (a directory store an earlier run left there is
+# replaced only with --reuse; anything else is refused untouched); the demo removes
+# only what it created.
 #
 # Needs a Rust toolchain; installs cmake, ninja and g++ with apt-get when missing.
 # Builds only the release library and the demo (no tests) into build/demo

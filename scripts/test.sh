@@ -31,6 +31,8 @@ if [ -z "${MWS_CONFORMANCE_DIR:-}" ] && [ -d ../shared/conformance ]; then
   step "conformance fixtures of the upstream copy in ../shared/conformance"
   MWS_CONFORMANCE_DIR="$(cd ../shared/conformance && pwd)" cargo test --quiet --test conformance -- --nocapture
 fi
+step "fuzzing smoke run (stable: seeds + mutations, each cargo-fuzz target 8 s)"
+bash .ci/fuzz.sh
 step "C/C++: header, symbols, ctest (dev + valgrind, asan)"
 bash .ci/cpp.sh
 step "Python: wheel, fresh venv, tests against a live Mooncake master, examples"

@@ -245,8 +245,8 @@ impl mws_placement {
         let mut fragments = Vec::new();
         for part in inner.parts() {
             for f in part.fragments() {
-                let itemsize =
-                    inner.tensors().iter().find(|t| t.tensor_id() == f.tensor_id()).map_or(0, |t| t.itemsize());
+                // Tensors are sorted by id: a binary search, not a scan (n log n overall).
+                let itemsize = inner.tensor(f.tensor_id()).map_or(0, |t| t.itemsize());
                 fragments.push(FragmentView {
                     placement_fragment_id: CText::new(f.placement_fragment_id()),
                     participant_id: CText::new(part.participant_id()),

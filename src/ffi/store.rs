@@ -23,6 +23,7 @@ use crate::store::ObjectStore;
 use crate::store::RecordType;
 use crate::store::WriteConfig;
 use crate::Decision;
+use crate::{Error, ErrorKind};
 use std::ffi::c_char;
 use std::ffi::c_int;
 use std::ffi::c_void;
@@ -58,6 +59,11 @@ pub struct mws_store_options {
     /// struct in 0.1 (this struct has no size field: code built against an older
     /// header must be rebuilt; a zeroed struct keeps the old behaviour).
     pub staging_bytes: u64,
+    /// Largest manifest or decision record read back from the store, in bytes; 0 means
+    /// the default (256 MiB, about 2.9x the largest benchmark manifest). A larger
+    /// object fails with `MWS_LIMIT_EXCEEDED` before it is read or allocated. Added at
+    /// the end of the struct in 0.1 (rebuild against this header; zeroed = default).
+    pub max_metadata_bytes: u64,
 }
 
 /// What the caller asked for in `mws_store_options`, validated.
@@ -86,6 +92,9 @@ pub(crate) unsafe fn read_options(
         config.limits.max_region_segments = o.max_region_segments;
     }
     config.limits.staging_bytes = o.staging_bytes;
+    if o.max_metadata_bytes != 0 {
+        config.limits.max_metadata_bytes = o.max_metadata_bytes;
+    }
     let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
         None
     } else if !allow_hook {
@@ -271,12 +280,16 @@ pub unsafe extern "C" fn mws_store_key_prefix(store: *const mws_store, len: *mut
 
 /// Raw access (tests, tools): copies object `key` into `buf`.
 ///
-/// Length query: with `buf` NULL, only writes the object's size to `*len`. Otherwise
-/// `cap` must be at least the object's size (else `MWS_INVALID_ARGUMENT`, nothing
-/// written); the object is copied and its size written to `*len`.
+/// Length query: with `buf` NULL, only writes the object's size to `*len` (nothing is
+/// read). Otherwise `cap` must be at least the object's size (else
+/// `MWS_INVALID_ARGUMENT`, nothing written); the object is read (never more than `cap`
+/// bytes are read or allocated, whatever size the backend reports), copied and its
+/// size written to `*len`.
 ///
 /// Errors: `MWS_NULL_ARGUMENT` (`store`, `key` or `len`), `MWS_INVALID_UTF8`,
-/// `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`.
+/// `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`,
+/// `MWS_LIMIT_EXCEEDED` (a size that does not fit `size_t`, or the allocation of the
+/// read buffer failed).
 ///
 /// # Safety
 /// `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `buf` is NULL or
@@ -295,17 +308,32 @@ pub unsafe extern "C" fn mws_store_get(
         // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
         let key = unsafe { str_arg(key, "key") }?;
         check_out(len, "len")?;
-        let bytes = s.ws.backend().get(key)?;
-        if !buf.is_null() {
-            if cap < bytes.len() {
-                return Err(Failure::invalid(format!(
-                    "buffer of {cap} bytes is too small for {key} ({} bytes)",
-                    bytes.len()
-                )));
-            }
-            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+        let backend = s.ws.backend();
+        let too_small =
+            |size: u64| Failure::invalid(format!("buffer of {cap} bytes is too small for {key} ({size} bytes)"));
+        if buf.is_null() {
+            let size = backend.object_size(key)?;
+            let size = usize::try_from(size).map_err(|_| {
+                Error::new(ErrorKind::LimitExceeded, format!("object {key} holds {size} bytes, more than size_t holds"))
+            })?;
+            // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(len, size) };
+            return Ok(());
         }
+        let bytes = match backend.get_limited(key, cap as u64) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => match backend.object_size(key) {
+                Ok(size) if size > cap as u64 => return Err(too_small(size)),
+                _ => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        if cap < bytes.len() {
+            return Err(too_small(bytes.len() as u64));
+        }
+        // SAFETY: `buf` is valid for `cap` bytes of writes (this function's contract) and
+        // `bytes.len() <= cap` was checked; `bytes` is our own allocation.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
         // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
         unsafe { write_out(len, bytes.len()) };
         Ok(())

@@ -5,7 +5,6 @@
 
 use super::upload::{UploadOperation, UploadPlan};
 use crate::error::{invalid, Error, Result};
-use crate::fxhash::FxHashMap;
 use crate::json::{self, write_kv_str, Obj, Profile, Value};
 use crate::model::placement::decode_fragment;
 use crate::model::StoredManifest;
@@ -75,7 +74,8 @@ pub fn plan_from_json(bytes: &[u8]) -> Result<UploadPlan> {
     let manifest = StoredManifest::from_json_value(o.get("manifest"))?;
     let items = json::req_array(o.get("operations"), || "upload plan operations must be a sequence".into())?;
     // Index the manifest once: linear in the plan, not operations x fragments.
-    let by_fragment_id: FxHashMap<&str, usize> =
+    // SipHash (std), not Fx: the ids come from the wire.
+    let by_fragment_id: std::collections::HashMap<&str, usize> =
         manifest.fragments().iter().enumerate().map(|(i, f)| (f.fragment_id(), i)).collect();
     let mut operations = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {

@@ -4,7 +4,7 @@
 //! Every write is followed by a re-read, which is the only source of truth: a put
 //! may land although its response was lost, or be reported before it is visible.
 
-use super::load::load_manifest;
+use super::load::load_manifest_limited;
 use super::receipt::UploadReceipt;
 use super::state::{check_plan_prefix, WeightStore};
 use crate::error::{Error, ErrorKind, Result};
@@ -50,12 +50,14 @@ pub(crate) fn read_decision(ws: &WeightStore, plan: &UploadPlan) -> Result<Optio
 /// fails otherwise (for example a put still in flight), the existence check
 /// decides, as in the reference.
 fn get_if_visible(ws: &WeightStore, key: &str) -> Result<Option<Vec<u8>>> {
-    match ws.store.get(key) {
+    let max = ws.limits.max_metadata_bytes;
+    match ws.store.get_limited(key, max) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == ErrorKind::LimitExceeded => Err(e),
         Err(e) => match ws.store.exists(key) {
             Ok(false) => Ok(None),
-            Ok(true) => ws.store.get(key).map(Some),
+            Ok(true) => ws.store.get_limited(key, max).map(Some),
             Err(_) => Err(e),
         },
     }
@@ -75,14 +77,15 @@ pub(crate) fn current_decision(ws: &WeightStore, plan: &UploadPlan) -> Result<Op
 /// Reads the published manifest of the plan's key: `None` when absent.
 pub(crate) fn read_manifest(ws: &WeightStore, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
     let key = plan.manifest().manifest_key();
-    match load_manifest(&*ws.store, key) {
+    let max = ws.limits.max_metadata_bytes;
+    match load_manifest_limited(&*ws.store, key, max) {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         // A read can fail while a put of the key is still in flight (another
         // writer's): then the existence check decides, as in the reference.
         Err(e) if e.kind() == ErrorKind::Store => match ws.store.exists(key) {
             Ok(false) => Ok(None),
-            Ok(true) => load_manifest(&*ws.store, key).map(Some),
+            Ok(true) => load_manifest_limited(&*ws.store, key, max).map(Some),
             Err(_) => Err(e),
         },
         Err(e) => Err(e),

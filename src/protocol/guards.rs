@@ -194,9 +194,14 @@ pub fn acquire_pin(
         if fresh.lease_id() != expected.lease_id() {
             return stale("lease_id");
         }
+        // Indexed by fragment id once (a scan per id was quadratic).
+        let fresh_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+            fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+        let expected_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+            expected.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
         for id in &ids {
-            let a = fresh.fragments().iter().find(|f| f.fragment_id() == id);
-            let b = expected.fragments().iter().find(|f| f.fragment_id() == id);
+            let a = fresh_by_id.get(id.as_str()).copied();
+            let b = expected_by_id.get(id.as_str()).copied();
             match (a, b) {
                 (Some(a), Some(b)) if a == b => {}
                 (Some(_), Some(_)) => {

@@ -22,9 +22,19 @@ fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
 /// Errors: `manifest get failed: <key>` (the backend's kind, e.g. `NotFound`),
 /// `invalid weight manifest: <key>: <detail>` ([`ErrorKind::InvalidManifest`]),
 /// `manifest key mismatch: expected <key>, got <key2>` (`InvalidManifest`).
+///
+/// Reads at most [`crate::store::DEFAULT_MAX_METADATA_BYTES`]; see
+/// [`load_manifest_limited`].
 pub fn load_manifest(store: &dyn ObjectStore, manifest_key: &str) -> Result<StoredManifest> {
+    load_manifest_limited(store, manifest_key, crate::store::DEFAULT_MAX_METADATA_BYTES)
+}
+
+/// As [`load_manifest`], reading at most `max_bytes`: a larger object fails with
+/// `manifest get failed: <key>: object <key> holds N bytes, more than the limit of M
+/// bytes` ([`ErrorKind::LimitExceeded`]) before it is read or allocated.
+pub fn load_manifest_limited(store: &dyn ObjectStore, manifest_key: &str, max_bytes: u64) -> Result<StoredManifest> {
     let bytes = store
-        .get(manifest_key)
+        .get_limited(manifest_key, max_bytes)
         .map_err(|e| store_err(e.kind(), format!("manifest get failed: {manifest_key}: {}", e.message())))?;
     let m = StoredManifest::from_json(&bytes).map_err(|e| {
         store_err(ErrorKind::InvalidManifest, format!("invalid weight manifest: {manifest_key}: {}", e.message()))
@@ -191,9 +201,10 @@ pub(crate) unsafe fn load(
         return Ok(LoadStats::default());
     }
     if options.require_committed {
-        let committed = load_manifest(&*ws.store, plan.manifest().manifest_key()).map_err(|e| {
-            store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
-        })?;
+        let committed = load_manifest_limited(&*ws.store, plan.manifest().manifest_key(), ws.limits.max_metadata_bytes)
+            .map_err(|e| {
+                store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
+            })?;
         if committed != *plan.manifest() {
             return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
         }

@@ -256,8 +256,11 @@ impl Registrar {
         mut token: Box<dyn LifetimeToken>,
     ) -> Result<RegistrationLease> {
         let mut frags: Vec<&RuntimeFragment> = Vec::with_capacity(ids.len());
+        // Indexed by fragment id once (a scan per id was quadratic).
+        let by_id: std::collections::HashMap<&str, &RuntimeFragment> =
+            fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
         for id in &ids {
-            match fresh.fragments().iter().find(|f| f.fragment_id() == id) {
+            match by_id.get(id.as_str()).copied() {
                 Some(f) => frags.push(f),
                 None => {
                     let _ = token.release(TerminalState::Aborted);

@@ -28,6 +28,11 @@ pub struct StoreLimits {
     /// buffer of this size and scattered locally (host targets only). Default 0:
     /// off, so requests are exactly the specified ranges.
     pub staging_bytes: u64,
+    /// Largest manifest or decision record read back from the store, in bytes
+    /// (default [`crate::store::DEFAULT_MAX_METADATA_BYTES`], 256 MiB: about 2.9x the
+    /// largest benchmark manifest). A larger object fails with
+    /// [`crate::ErrorKind::LimitExceeded`] before it is read or allocated.
+    pub max_metadata_bytes: u64,
 }
 
 impl Default for StoreLimits {
@@ -37,6 +42,7 @@ impl Default for StoreLimits {
             max_ranges_per_request: 1024,
             max_region_segments: 1 << 32,
             staging_bytes: 0,
+            max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
         }
     }
 }

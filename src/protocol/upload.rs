@@ -90,9 +90,10 @@ pub(crate) unsafe fn upload(
     if ops.iter().any(|o| o.source_instance_id() != binding.instance_id()) {
         return Err(stale(ErrorKind::StaleBinding, format!("stale source instance: {}", binding.participant_id())));
     }
-    let find = |b: &'_ RuntimeBinding, id: &str| -> Option<RuntimeFragment> {
-        b.fragments().iter().find(|f| f.fragment_id() == id).cloned()
-    };
+    // Indexed by runtime fragment id once (a scan per operation was quadratic).
+    let by_id: std::collections::HashMap<&str, &RuntimeFragment> =
+        binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+    let find = |_: &'_ RuntimeBinding, id: &str| -> Option<RuntimeFragment> { by_id.get(id).map(|f| (*f).clone()) };
     let missing: BTreeSet<&str> =
         ops.iter().map(|o| o.source_snapshot().fragment_id()).filter(|id| find(binding, id).is_none()).collect();
     if !missing.is_empty() {

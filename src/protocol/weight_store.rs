@@ -47,7 +47,11 @@ impl WeightStore {
 
     /// Sets the limits; each must be positive (`range limits must be positive`).
     pub fn with_limits(mut self, limits: StoreLimits) -> Result<Self> {
-        if limits.max_range_bytes == 0 || limits.max_ranges_per_request == 0 || limits.max_region_segments == 0 {
+        if limits.max_range_bytes == 0
+            || limits.max_ranges_per_request == 0
+            || limits.max_region_segments == 0
+            || limits.max_metadata_bytes == 0
+        {
             return invalid("range limits must be positive");
         }
         self.limits = limits;
@@ -219,9 +223,10 @@ impl WeightStore {
 
     // --- restore ---------------------------------------------------------------
 
-    /// Reads and strictly decodes the manifest at `manifest_key`.
+    /// Reads and strictly decodes the manifest at `manifest_key` (at most
+    /// `limits().max_metadata_bytes`, see [`super::load::load_manifest_limited`]).
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
-        load::load_manifest(&*self.store, manifest_key)
+        load::load_manifest_limited(&*self.store, manifest_key, self.limits.max_metadata_bytes)
     }
 
     /// Plans a restore (see [`LoadPlan::plan`]). Pure: no store I/O.

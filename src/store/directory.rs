@@ -5,6 +5,7 @@
 //! ```text
 //! <root>/objects/   the objects: key `a/b/c` is the file `objects/d.a/d.b/f.c`
 //! <root>/tmp/       temporary files of writers in progress (same filesystem)
+//! <root>/MOONCAKE_WEIGHT_STORE   marker: this directory is a store of this library
 //! ```
 //!
 //! Keys are checked with [`validate_key`] (no empty, `.` or `..` segment, not absolute,
@@ -44,11 +45,28 @@
 //! (overlapping the per-object `fsync`s); results stay per item, in item order.
 //!
 //! Keys are case-sensitive only where the filesystem is (Linux: yes).
+//!
+//! # Untrusted content below the root
+//!
+//! The store never follows a symbolic link below its root, for any operation:
+//! `objects/` and `tmp/` are opened once without following links, and every object
+//! path is resolved one component at a time relative to an open directory with
+//! `O_NOFOLLOW` (`src/store/dirfd.rs`). A link (or a file of the wrong type) at any
+//! component of a key makes every operation on that key (`exists`, `get`,
+//! `object_size`, ranged reads, `put`, `upsert`, `remove`) fail alike with
+//! [`ErrorKind::Io`] `directory store entry objects/... of key K is a symbolic link
+//! ...`; nothing outside the root is read, written or removed. Only regular files are
+//! read (checked before and after `open`, which never blocks on a FIFO); whole-object
+//! reads are bounded ([`ObjectStore::get_limited`]) and allocate with `try_reserve`.
+//!
+//! [`DirectoryStore::open`] writes the marker file [`STORE_MARKER`] at the root, so
+//! tools can recognise a store this library made ([`DirectoryStore::is_store_root`]).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
+use std::ffi::{CStr, CString};
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -59,12 +77,13 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
+use super::dirfd::{c_name, kind_of, mtime_secs, Dir, EntryKind};
 use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
 use super::{
-    not_found, run_parallel, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, StridedRead,
-    WriteConfig,
+    alloc_failed, not_found, run_parallel, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
+    RangeRead, StridedRead, WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
@@ -76,17 +95,27 @@ const MAX_SEGMENT_BYTES: usize = 253;
 /// Suffix of temporary files.
 const TMP_SUFFIX: &str = ".tmp";
 
+/// Name of the marker file every [`DirectoryStore::open`] writes at the root (if
+/// absent): it makes a directory recognisable as a store this library made (see
+/// [`DirectoryStore::is_store_root`]).
+pub const STORE_MARKER: &str = "MOONCAKE_WEIGHT_STORE";
+/// Content of [`STORE_MARKER`].
+pub const STORE_MARKER_TEXT: &str = "mooncake-weight-store directory store, layout 1\n";
+
 /// The directory-backed [`ObjectStore`] (see the module documentation).
 pub struct DirectoryStore {
     root: PathBuf,
     objects: PathBuf,
-    tmp: PathBuf,
+    /// `objects/` and `tmp/`, opened once (not following links); every object path
+    /// is resolved relative to `objects_dir`, one component at a time.
+    objects_dir: Dir,
+    tmp_dir: Dir,
     hook: Option<Arc<dyn CopyHook>>,
     counter: AtomicU64,
     nonce: u64,
-    /// Directories this process has created or found and made durable (parent
-    /// fsynced); they are never removed by this backend.
-    durable_dirs: RwLock<HashSet<PathBuf>>,
+    /// Directories (relative to the root, `objects/d.a/...`) this process has created
+    /// or found and made durable (parent fsynced); never removed by this backend.
+    durable_dirs: RwLock<HashSet<String>>,
 }
 
 impl fmt::Debug for DirectoryStore {
@@ -104,49 +133,156 @@ enum Publish {
     Replace,
 }
 
+/// The directory that holds a key's file, and the file's name in it.
+struct Parent {
+    dir: Dir,
+    leaf: CString,
+    /// `objects/d.a/f.b`, for messages.
+    rel: String,
+}
+
 fn io_err(op: &str, key: &str, e: io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{op} {key}: {e}"))
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// An entry below the root that this backend did not make: a symbolic link (never
+/// followed), or a file of the wrong type. Every operation on the key refuses it.
+fn foreign(key: &str, rel: &str, kind: EntryKind) -> Error {
+    let what = match kind {
+        EntryKind::Symlink => "is a symbolic link (links below the store root are never followed)",
+        EntryKind::Dir => "is a directory, not a regular file",
+        EntryKind::File(_) => "is a regular file, not a directory",
+        EntryKind::Other => "is not a regular file (FIFO, socket or device)",
+    };
+    Error::new(ErrorKind::Io, format!("directory store entry {rel} of key {key} {what}"))
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Opens (creating if needed) the subdirectory `name` of `root`, refusing a link.
+fn open_subdir(root: &Dir, name: &str) -> io::Result<Dir> {
+    let c = c_name(name)?;
+    match root.mkdir(&c) {
+        Ok(()) => {}
+        Err(e) if errno(&e) == libc::EEXIST => {}
+        Err(e) => return Err(e),
+    }
+    root.open_dir(&c).map_err(|e| match errno(&e) {
+        libc::ELOOP | libc::ENOTDIR => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{name} is not a directory (a symbolic link or a file); refusing to use it"),
+        ),
+        _ => e,
+    })
+}
+
 impl DirectoryStore {
     /// Opens (creating if needed) the store rooted at `root` (kept as its canonical,
-    /// absolute path). Stale temporary files of crashed writers are left alone (see
-    /// [`DirectoryStore::clean_temp`]); several stores, in one or more processes, may
-    /// share a root.
+    /// absolute path; links in `root` itself are followed, the caller named it).
+    /// `objects/` and `tmp/` must be real directories, not links. Writes the marker
+    /// file [`STORE_MARKER`] if absent. Stale temporary files of crashed writers are
+    /// left alone (see [`DirectoryStore::clean_temp`]); several stores, in one or
+    /// more processes, may share a root.
+    ///
+    /// Errors: [`ErrorKind::Io`] `cannot open directory store <root>: <detail>`.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let given = root.as_ref();
         let ctx =
             |e: io::Error| Error::new(ErrorKind::Io, format!("cannot open directory store {}: {e}", given.display()));
-        fs::create_dir_all(given.join("objects")).map_err(ctx)?;
-        fs::create_dir_all(given.join("tmp")).map_err(ctx)?;
+        fs::create_dir_all(given).map_err(ctx)?;
         // Absolute, so a later change of the working directory does not matter.
         let root = fs::canonicalize(given).map_err(ctx)?;
-        let objects = root.join("objects");
-        let tmp = root.join("tmp");
-        fsync_dir(&root).map_err(ctx)?;
+        let root_dir = Dir::open_path(&root).map_err(ctx)?;
+        let objects_dir = open_subdir(&root_dir, "objects").map_err(ctx)?;
+        let tmp_dir = open_subdir(&root_dir, "tmp").map_err(ctx)?;
+        root_dir.sync().map_err(ctx)?;
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
             // Best effort: makes a freshly created root durable.
             let _ = fsync_dir(parent);
         }
+        let objects = root.join("objects");
         let mut h = RandomState::new().build_hasher();
         h.write_u32(std::process::id());
         h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
         h.write_usize(&root as *const _ as usize);
         let mut durable = HashSet::new();
-        durable.insert(objects.clone());
-        Ok(DirectoryStore {
+        durable.insert("objects".to_string());
+        let store = DirectoryStore {
             root,
             objects,
-            tmp,
+            objects_dir,
+            tmp_dir,
             hook: None,
             counter: AtomicU64::new(0),
             nonce: h.finish(),
             durable_dirs: RwLock::new(durable),
-        })
+        };
+        store.write_marker(&root_dir).map_err(ctx)?;
+        Ok(store)
+    }
+
+    /// Writes [`STORE_MARKER`] at the root unless an entry of that name exists
+    /// (atomically: a temporary file linked into place).
+    fn write_marker(&self, root_dir: &Dir) -> io::Result<()> {
+        let marker = c_name(STORE_MARKER)?;
+        match root_dir.entry(&marker) {
+            Err(e) if errno(&e) == libc::ENOENT => {}
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+        let (tmp, mut file) = self.temp_file(STORE_MARKER).map_err(|e| io::Error::other(e.message().to_string()))?;
+        let r = file.write_all(STORE_MARKER_TEXT.as_bytes()).and_then(|()| file.sync_all()).and_then(|()| {
+            match self.tmp_dir.link(&tmp, root_dir, &marker) {
+                Err(e) if errno(&e) != libc::EEXIST => Err(e),
+                _ => root_dir.sync(),
+            }
+        });
+        let _ = self.tmp_dir.unlink(&tmp);
+        r
+    }
+
+    /// True when `path` is recognisably a directory store this library made: a
+    /// directory (not a link) holding the marker file [`STORE_MARKER`] with its exact
+    /// content, `objects/` and `tmp/` directories, and nothing else. A missing path
+    /// is `false`. Examples and tools use it before they reuse or remove a directory.
+    ///
+    /// Errors: [`ErrorKind::Io`] when `path` exists but cannot be read.
+    pub fn is_store_root(path: impl AsRef<Path>) -> Result<bool> {
+        let path = path.as_ref();
+        let ctx = |e: io::Error| Error::new(ErrorKind::Io, format!("cannot inspect {}: {e}", path.display()));
+        match fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(ctx(e)),
+            Ok(m) if !m.is_dir() => return Ok(false),
+            Ok(_) => {}
+        }
+        let dir = Dir::open_path(path).map_err(ctx)?;
+        let mut seen = 0;
+        for name in dir.names().map_err(ctx)? {
+            let ok = match name.to_bytes() {
+                b"objects" | b"tmp" => dir.entry(&name).map_err(ctx)? == EntryKind::Dir,
+                n if n == STORE_MARKER.as_bytes() => match dir.entry(&name).map_err(ctx)? {
+                    EntryKind::File(len) if len == STORE_MARKER_TEXT.len() as u64 => {
+                        let mut text = String::new();
+                        dir.open_read(&name).and_then(|mut f| f.read_to_string(&mut text)).map_err(ctx)?;
+                        text == STORE_MARKER_TEXT
+                    }
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                return Ok(false);
+            }
+            seen += 1;
+        }
+        Ok(seen == 3)
     }
 
     /// As [`DirectoryStore::open`], reaching device memory through `hook`.
@@ -161,22 +297,92 @@ impl DirectoryStore {
         &self.root
     }
 
-    /// The file that holds `key` (after validating it): segment `i` of `a/b/c` maps
-    /// to `objects/d.a/d.b/f.c`.
-    pub fn object_path(&self, key: &str) -> Result<PathBuf> {
+    /// The file names of `key`: its directory segments (`d.<seg>`) and its file
+    /// (`f.<seg>`), after validating it.
+    fn names(key: &str) -> Result<(Vec<String>, String)> {
         validate_key(key)?;
-        let mut path = self.objects.clone();
-        let mut segs = key.split('/').peekable();
-        while let Some(seg) = segs.next() {
-            if seg.len() > MAX_SEGMENT_BYTES {
-                return Err(Error::invalid(format!(
-                    "invalid store key {key:?}: segment longer than {MAX_SEGMENT_BYTES} bytes"
-                )));
-            }
-            let prefix = if segs.peek().is_some() { "d." } else { "f." };
-            path.push(format!("{prefix}{seg}"));
+        let mut segs: Vec<&str> = key.split('/').collect();
+        if segs.iter().any(|s| s.len() > MAX_SEGMENT_BYTES) {
+            return Err(Error::invalid(format!(
+                "invalid store key {key:?}: segment longer than {MAX_SEGMENT_BYTES} bytes"
+            )));
         }
+        let leaf = format!("f.{}", segs.pop().expect("a valid key has a segment"));
+        Ok((segs.iter().map(|s| format!("d.{s}")).collect(), leaf))
+    }
+
+    /// The file that holds `key` (after validating it): segment `i` of `a/b/c` maps
+    /// to `objects/d.a/d.b/f.c`. Informational: the store itself never resolves
+    /// this path (it walks it component by component without following links).
+    pub fn object_path(&self, key: &str) -> Result<PathBuf> {
+        let (dirs, leaf) = Self::names(key)?;
+        let mut path = self.objects.clone();
+        path.extend(dirs);
+        path.push(leaf);
         Ok(path)
+    }
+
+    /// Resolves the directory of `key` below `objects/`, one component at a time,
+    /// never following a link. `None` when a directory is missing and `create` is
+    /// false; with `create`, missing directories are created and made durable.
+    fn parent(&self, key: &str, create: bool) -> Result<Option<Parent>> {
+        let (dirs, leaf) = Self::names(key)?;
+        let name = |s: &str| c_name(s).map_err(|e| io_err("invalid name for", key, e));
+        let mut cur = self.objects_dir.try_clone().map_err(|e| io_err("cannot open directory for", key, e))?;
+        let mut rel = String::from("objects");
+        for seg in &dirs {
+            rel.push('/');
+            rel.push_str(seg);
+            let c = name(seg)?;
+            let next = match cur.open_dir(&c) {
+                Ok(d) => d,
+                Err(e) if errno(&e) == libc::ENOENT => {
+                    if !create {
+                        return Ok(None);
+                    }
+                    match cur.mkdir(&c) {
+                        Ok(()) => {}
+                        Err(e) if errno(&e) == libc::EEXIST => {}
+                        Err(e) => return Err(io_err("cannot create directory for", key, e)),
+                    }
+                    cur.open_dir(&c).map_err(|e| Self::dir_error(&cur, &c, key, &rel, e))?
+                }
+                Err(e) => return Err(Self::dir_error(&cur, &c, key, &rel, e)),
+            };
+            if create && !self.durable_dirs.read().contains(&rel) {
+                // Whether we or a concurrent writer created it, its entry is durable
+                // once its parent has been fsynced after the creation.
+                cur.sync().map_err(|e| io_err("cannot sync directory for", key, e))?;
+                self.durable_dirs.write().insert(rel.clone());
+            }
+            cur = next;
+        }
+        rel.push('/');
+        rel.push_str(&leaf);
+        Ok(Some(Parent { dir: cur, leaf: name(&leaf)?, rel }))
+    }
+
+    /// The error of a directory component that could not be opened.
+    fn dir_error(parent: &Dir, name: &CStr, key: &str, rel: &str, e: io::Error) -> Error {
+        if matches!(errno(&e), libc::ELOOP | libc::ENOTDIR) {
+            if let Ok(kind) = parent.entry(name) {
+                if kind != EntryKind::Dir {
+                    return foreign(key, rel, kind);
+                }
+            }
+        }
+        io_err("cannot open directory for", key, e)
+    }
+
+    /// What is at the key's file name: `None` when absent, the size of a regular
+    /// file, or the refusal of anything else.
+    fn leaf_size(&self, p: &Parent, key: &str) -> Result<Option<u64>> {
+        match p.dir.entry(&p.leaf) {
+            Ok(EntryKind::File(n)) => Ok(Some(n)),
+            Ok(kind) => Err(foreign(key, &p.rel, kind)),
+            Err(e) if errno(&e) == libc::ENOENT => Ok(None),
+            Err(e) => Err(io_err("cannot stat", key, e)),
+        }
     }
 
     /// Removes every temporary file of `tmp/` and returns how many it removed.
@@ -190,129 +396,135 @@ impl DirectoryStore {
 
     /// Removes temporary files of `tmp/` last modified at least `age` ago (files of
     /// crashed writers) and returns how many it removed. With an `age` longer than any
-    /// write takes, this is safe while writers are active.
+    /// write takes, this is safe while writers are active. Only regular files are
+    /// removed (never a link's target).
     pub fn clean_temp_older_than(&self, age: Duration) -> Result<usize> {
         let ctx = |e: io::Error| Error::new(ErrorKind::Io, format!("cannot clean temporary files: {e}"));
-        let now = SystemTime::now();
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         let mut removed = 0;
-        for entry in fs::read_dir(&self.tmp).map_err(ctx)? {
-            let entry = entry.map_err(ctx)?;
-            if !entry.file_name().to_string_lossy().ends_with(TMP_SUFFIX) {
+        for name in self.tmp_dir.names().map_err(ctx)? {
+            if !name.to_bytes().ends_with(TMP_SUFFIX.as_bytes()) {
+                continue;
+            }
+            if !matches!(self.tmp_dir.entry(&name), Ok(EntryKind::File(_))) {
                 continue;
             }
             if !age.is_zero() {
-                let Ok(meta) = entry.metadata() else { continue };
-                let modified = meta.modified().unwrap_or(now);
-                if now.duration_since(modified).unwrap_or(Duration::ZERO) < age {
+                let Some(modified) = mtime_secs(&self.tmp_dir, &name) else { continue };
+                if now.saturating_sub(modified) < age.as_secs() as i64 {
                     continue;
                 }
             }
-            match fs::remove_file(entry.path()) {
+            match self.tmp_dir.unlink(&name) {
                 Ok(()) => removed += 1,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if errno(&e) == libc::ENOENT => {}
                 Err(e) => return Err(ctx(e)),
             }
         }
         Ok(removed)
     }
 
-    /// Creates a fresh temporary file (`O_EXCL`).
-    fn temp_file(&self, key: &str) -> Result<(PathBuf, File)> {
+    /// Creates a fresh temporary file in `tmp/` (`O_EXCL | O_NOFOLLOW`).
+    fn temp_file(&self, key: &str) -> Result<(CString, File)> {
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
-            let path = self.tmp.join(format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce));
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(f) => return Ok((path, f)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            let name = format!("{}.{n}.{:016x}{TMP_SUFFIX}", std::process::id(), self.nonce);
+            let name = c_name(&name).map_err(|e| io_err("cannot create temporary file for", key, e))?;
+            match self.tmp_dir.create_new(&name) {
+                Ok(f) => return Ok((name, f)),
+                Err(e) if errno(&e) == libc::EEXIST => continue,
                 Err(e) => return Err(io_err("cannot create temporary file for", key, e)),
             }
         }
     }
 
-    /// Makes sure every directory above `path` exists and is durable.
-    fn ensure_parents(&self, path: &Path, key: &str) -> Result<()> {
-        let parent = path.parent().expect("object paths have a parent");
-        if self.durable_dirs.read().contains(parent) {
-            return Ok(());
-        }
-        let rel = parent.strip_prefix(&self.objects).expect("object paths are under objects/");
-        let mut dir = self.objects.clone();
-        for comp in rel.components() {
-            let above = dir.clone();
-            dir.push(comp);
-            if self.durable_dirs.read().contains(&dir) {
-                continue;
-            }
-            match fs::create_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err("cannot create directory for", key, e)),
-            }
-            // Whether we or a concurrent writer created it, its entry is durable once
-            // its parent has been fsynced after the creation.
-            fsync_dir(&above).map_err(|e| io_err("cannot sync directory for", key, e))?;
-            self.durable_dirs.write().insert(dir.clone());
-        }
-        Ok(())
-    }
-
     /// Writes a temporary file with `fill`, fsyncs it and publishes it as `key`.
     fn write_object(&self, key: &str, mode: Publish, fill: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
-        let path = self.object_path(key)?;
-        if mode == Publish::CreateOnly {
-            // Cheap early refusal; `link` below is the authoritative check.
-            if fs::symlink_metadata(&path).is_ok() {
-                return Err(already_exists(key));
-            }
+        let parent = self.parent(key, true)?.expect("created");
+        // A link or foreign file at the name is refused by every operation; for a
+        // create-only put an existing file is a cheap early refusal (`link` below is
+        // the authoritative check).
+        if self.leaf_size(&parent, key)?.is_some() && mode == Publish::CreateOnly {
+            return Err(already_exists(key));
         }
         let (tmp, mut file) = self.temp_file(key)?;
         let result = (|| {
             fill(&mut file)?;
             file.sync_all().map_err(|e| io_err("cannot sync", key, e))?;
             drop(file);
-            self.publish(&tmp, &path, key, mode)
+            self.publish(&tmp, parent, key, mode)
         })();
         // After a rename the temporary name is gone already; otherwise remove it (for a
         // link the object keeps its own name).
         if !(mode == Publish::Replace && result.is_ok()) {
-            let _ = fs::remove_file(&tmp);
+            let _ = self.tmp_dir.unlink(&tmp);
         }
         result
     }
 
-    fn publish(&self, tmp: &Path, path: &Path, key: &str, mode: Publish) -> Result<()> {
-        let parent = path.parent().expect("object paths have a parent");
+    fn publish(&self, tmp: &CStr, mut parent: Parent, key: &str, mode: Publish) -> Result<()> {
         let mut retried = false;
         loop {
-            self.ensure_parents(path, key)?;
             let r = match mode {
-                Publish::CreateOnly => fs::hard_link(tmp, path),
-                Publish::Replace => fs::rename(tmp, path),
+                Publish::CreateOnly => self.tmp_dir.link(tmp, &parent.dir, &parent.leaf),
+                Publish::Replace => self.tmp_dir.rename(tmp, &parent.dir, &parent.leaf),
             };
             match r {
                 Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && mode == Publish::CreateOnly => {
+                Err(e) if errno(&e) == libc::EEXIST && mode == Publish::CreateOnly => {
                     return Err(already_exists(key));
                 }
                 // A parent directory removed behind our back (outside this backend):
                 // forget what we know and recreate it once.
-                Err(e) if e.kind() == io::ErrorKind::NotFound && !retried && tmp.exists() => {
+                Err(e) if errno(&e) == libc::ENOENT && !retried && self.tmp_dir.entry(tmp).is_ok() => {
                     retried = true;
-                    self.durable_dirs.write().retain(|d| d == &self.objects);
+                    self.durable_dirs.write().retain(|d| d == "objects");
+                    parent = self.parent(key, true)?.expect("created");
                 }
                 Err(e) => return Err(io_err("cannot publish", key, e)),
             }
         }
-        fsync_dir(parent).map_err(|e| io_err("cannot sync directory of", key, e))
+        parent.dir.sync().map_err(|e| io_err("cannot sync directory of", key, e))
     }
 
-    fn open_object(&self, key: &str) -> Result<File> {
-        let path = self.object_path(key)?;
-        File::open(path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => not_found(key),
-            _ if e.raw_os_error() == Some(libc::ENOTDIR) => not_found(key),
+    /// Opens the object's file for reading: a regular file only (checked before and,
+    /// on the open file, after opening), never through a link. Returns its size.
+    fn open_object(&self, key: &str) -> Result<(File, u64)> {
+        let Some(p) = self.parent(key, false)? else { return Err(not_found(key)) };
+        if self.leaf_size(&p, key)?.is_none() {
+            return Err(not_found(key));
+        }
+        let f = p.dir.open_read(&p.leaf).map_err(|e| match errno(&e) {
+            libc::ENOENT => not_found(key),
+            libc::ELOOP => foreign(key, &p.rel, EntryKind::Symlink),
             _ => io_err("cannot open", key, e),
-        })
+        })?;
+        match kind_of(&f).map_err(|e| io_err("cannot stat", key, e))? {
+            EntryKind::File(size) => Ok((f, size)),
+            kind => Err(foreign(key, &p.rel, kind)),
+        }
+    }
+
+    /// Reads the whole object if it holds at most `max_bytes` (reads at most one byte
+    /// more than its size, so a file that grows is caught).
+    fn read_bounded(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let (f, size) = self.open_object(key)?;
+        if size > max_bytes {
+            return Err(too_large(key, size, max_bytes));
+        }
+        let mut out = Vec::new();
+        usize::try_from(size)
+            .ok()
+            .and_then(|n| out.try_reserve_exact(n).ok())
+            .ok_or_else(|| alloc_failed(key, size))?;
+        f.take(size.saturating_add(1)).read_to_end(&mut out).map_err(|e| io_err("cannot read", key, e))?;
+        if out.len() as u64 != size {
+            return Err(Error::new(
+                ErrorKind::Integrity,
+                format!("read of {key} returned {} bytes, its file holds {size}", out.len()),
+            ));
+        }
+        Ok(out)
     }
 
     unsafe fn put_from_one(&self, item: &PutFrom<'_>) -> Result<()> {
@@ -354,8 +566,7 @@ impl DirectoryStore {
         }
         if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
             *cache = None;
-            let f = self.open_object(r.key)?;
-            let size = f.metadata().map_err(|e| io_err("cannot stat", r.key, e))?.len();
+            let (f, size) = self.open_object(r.key)?;
             *cache = Some((r.key.to_owned(), f, size));
         }
         let (_, file, size) = cache.as_ref().expect("cached above");
@@ -416,8 +627,7 @@ impl DirectoryStore {
         }
         if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
             *cache = None;
-            let f = self.open_object(r.key)?;
-            let size = f.metadata().map_err(|e| io_err("cannot stat", r.key, e))?.len();
+            let (f, size) = self.open_object(r.key)?;
             *cache = Some((r.key.to_owned(), f, size));
         }
         let (_, file, size) = cache.as_ref().expect("cached above");
@@ -464,8 +674,8 @@ impl DirectoryStore {
 
 impl ObjectStore for DirectoryStore {
     fn object_size(&self, key: &str) -> Result<u64> {
-        let f = self.open_object(key)?;
-        Ok(f.metadata().map_err(|e| io_err("cannot stat", key, e))?.len())
+        let Some(p) = self.parent(key, false)? else { return Err(not_found(key)) };
+        self.leaf_size(&p, key)?.ok_or_else(|| not_found(key))
     }
 
     fn supports_strided_reads(&self) -> bool {
@@ -498,33 +708,26 @@ impl ObjectStore for DirectoryStore {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let mut f = self.open_object(key)?;
-        let size = f.metadata().map_err(|e| io_err("cannot stat", key, e))?.len();
-        let mut out = Vec::with_capacity(size as usize);
-        f.read_to_end(&mut out).map_err(|e| io_err("cannot read", key, e))?;
-        if out.len() as u64 != size {
-            return Err(Error::new(ErrorKind::Integrity, format!("short read of {key}")));
-        }
-        Ok(out)
+        self.read_bounded(key, u64::MAX)
+    }
+
+    fn get_limited(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        self.read_bounded(key, max_bytes)
     }
 
     fn exists(&self, key: &str) -> Result<bool> {
-        let path = self.object_path(key)?;
-        match fs::symlink_metadata(path) {
-            Ok(m) => Ok(m.is_file()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => Ok(false),
-            Err(e) => Err(io_err("cannot stat", key, e)),
-        }
+        let Some(p) = self.parent(key, false)? else { return Ok(false) };
+        Ok(self.leaf_size(&p, key)?.is_some())
     }
 
     fn remove(&self, key: &str) -> Result<()> {
-        let path = self.object_path(key)?;
-        match fs::remove_file(&path) {
-            Ok(()) => {
-                let parent = path.parent().expect("object paths have a parent");
-                fsync_dir(parent).map_err(|e| io_err("cannot sync directory of", key, e))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => Ok(()),
+        let Some(p) = self.parent(key, false)? else { return Ok(()) };
+        if self.leaf_size(&p, key)?.is_none() {
+            return Ok(());
+        }
+        match p.dir.unlink(&p.leaf) {
+            Ok(()) => p.dir.sync().map_err(|e| io_err("cannot sync directory of", key, e)),
+            Err(e) if errno(&e) == libc::ENOENT => Ok(()),
             Err(e) => Err(io_err("cannot remove", key, e)),
         }
     }
@@ -534,7 +737,7 @@ impl ObjectStore for DirectoryStore {
         let mut results: Vec<Result<()>> = precheck_put_from(items, config, self.hook.is_some())
             .into_iter()
             .zip(items)
-            .map(|(c, item)| c.and_then(|_| self.object_path(item.key).map(drop)))
+            .map(|(c, item)| c.and_then(|_| Self::names(item.key).map(drop)))
             .collect();
         let jobs: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
         let bytes: u64 = jobs.iter().map(|&i| items[i].source.len).sum();

@@ -235,6 +235,14 @@ impl ObjectStore for MemoryStore {
         self.value(key).map(|v| v.to_vec()).ok_or_else(|| not_found(key))
     }
 
+    fn get_limited(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let v = self.value(key).ok_or_else(|| not_found(key))?;
+        if v.len() as u64 > max_bytes {
+            return Err(super::too_large(key, v.len() as u64, max_bytes));
+        }
+        Ok(v.to_vec())
+    }
+
     fn exists(&self, key: &str) -> Result<bool> {
         Ok(self.shard(key).read().contains_key(key))
     }

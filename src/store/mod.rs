@@ -13,6 +13,7 @@ use crate::runtime::MemoryKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod directory;
+mod dirfd;
 pub mod memory;
 
 /// The kind of object a write creates (Mooncake's `ReplicateConfig.data_type`).
@@ -200,6 +201,25 @@ pub trait ObjectStore: Send + Sync {
     /// The whole object. `NotFound` if absent.
     fn get(&self, key: &str) -> Result<Vec<u8>>;
 
+    /// The whole object if it holds at most `max_bytes`; else
+    /// [`ErrorKind::LimitExceeded`] (`object K holds N bytes, more than the limit of
+    /// M bytes`), without reading or allocating the object. Allocation failures are
+    /// `LimitExceeded` too, never an abort. Use it for every object of unknown size
+    /// (store content is untrusted). The default asks [`ObjectStore::object_size`]
+    /// first, then checks what [`ObjectStore::get`] returned; backends override it to
+    /// bound the read itself.
+    fn get_limited(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let size = self.object_size(key)?;
+        if size > max_bytes {
+            return Err(too_large(key, size, max_bytes));
+        }
+        let value = self.get(key)?;
+        if value.len() as u64 > max_bytes {
+            return Err(too_large(key, value.len() as u64, max_bytes));
+        }
+        Ok(value)
+    }
+
     /// The size of the object in bytes. `NotFound` if absent. The default reads
     /// the whole object; backends override it with a metadata query.
     fn object_size(&self, key: &str) -> Result<u64> {
@@ -308,6 +328,27 @@ pub fn validate_key(key: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Default bound of whole-object reads of metadata (manifests, decision records):
+/// 256 MiB. The largest manifest the benchmark workloads produce (w1m-moe: 1.1 M
+/// placement fragments, 251,581 stored fragments) is 93,758,268 bytes (89.4 MiB), so
+/// the default leaves about 2.9x headroom while a hostile size can never make a
+/// reader allocate more than this. Configurable per store
+/// (`StoreLimits::max_metadata_bytes`, `mws_store_options.max_metadata_bytes`).
+pub const DEFAULT_MAX_METADATA_BYTES: u64 = 256 << 20;
+
+/// Error for an object larger than a read's bound (or than what can be allocated).
+pub fn too_large(key: &str, size: u64, max_bytes: u64) -> Error {
+    Error::new(
+        ErrorKind::LimitExceeded,
+        format!("object {key} holds {size} bytes, more than the limit of {max_bytes} bytes"),
+    )
+}
+
+/// Error for an object whose buffer cannot be allocated (`try_reserve` failed).
+pub fn alloc_failed(key: &str, size: u64) -> Error {
+    Error::new(ErrorKind::LimitExceeded, format!("cannot allocate {size} bytes to read object {key}"))
 }
 
 /// Error for a missing key.

@@ -8,6 +8,15 @@
 //! bounded exponential backoff), any other negative value is a store error naming the
 //! key and the code.
 //!
+//! The contract is enforced exactly: a value outside an entry point's documented
+//! range (`exists` other than 0, 1 or negative; a positive status from `put`,
+//! `upsert`, `remove`, a batch call or the buffer callbacks; a size or byte count
+//! larger than the buffer or the requested range) is a [`ErrorKind::Store`] error
+//! `store callback <op> returned <value> for <key>, outside its contract (<range>)`,
+//! never taken as success. Sizes reported by `get_size` are validated before any
+//! allocation: whole-object reads are bounded ([`ObjectStore::get_limited`]) and
+//! allocate with `try_reserve`, so no reported size can abort the process.
+//!
 //! The callbacks are C functions: they must not unwind (a C++ exception escaping a
 //! callback is undefined behaviour) and must be thread-safe. Nothing on the Rust side
 //! of this module panics on caller data.
@@ -29,6 +38,8 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::time::Duration;
+
+use crate::store::{alloc_failed, too_large};
 
 /// Version of [`mws_store_vtable`] this library implements.
 pub const MWS_STORE_VTABLE_VERSION: u32 = 1;
@@ -257,6 +268,24 @@ pub(crate) fn transient(code: i64) -> bool {
     code == NO_AVAILABLE_HANDLE || code == OBJECT_HAS_LEASE
 }
 
+/// The error of a value outside the documented range of callback `op`.
+fn violation(op: &str, key: &str, value: i64, contract: &str) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!("store callback {op} returned {value} for {key}, outside its contract ({contract})"),
+    )
+}
+
+/// A status-only callback's result: 0 is success, negative an error code, positive a
+/// contract violation.
+fn status_result(op: &str, key: &str, code: i64) -> Result<()> {
+    match code {
+        0 => Ok(()),
+        c if c < 0 => Err(code_error(op, key, c)),
+        c => Err(violation(op, key, c, "0 or a negative error code")),
+    }
+}
+
 /// The error of a negative return code of callback `op` for `key`.
 pub(crate) fn code_error(op: &str, key: &str, code: i64) -> Error {
     match code {
@@ -289,7 +318,7 @@ pub(crate) fn batch_with_retry<T>(
     op: &str,
     keys: &[&str],
     mut call: impl FnMut(&[usize], &mut [i32]) -> i32,
-    ok: impl Fn(i32) -> T,
+    ok: impl Fn(i32, &str) -> Result<T>,
 ) -> Vec<Result<T>> {
     let mut results: Vec<Option<Result<T>>> = (0..keys.len()).map(|_| None).collect();
     let mut pending: Vec<usize> = (0..keys.len()).collect();
@@ -304,11 +333,14 @@ pub(crate) fn batch_with_retry<T>(
         let mut retry = Vec::new();
         for (j, &i) in pending.iter().enumerate() {
             let code = if batch < 0 { batch } else { codes[j] };
-            if code == i32::MIN {
+            if batch > 0 {
+                results[i] =
+                    Some(Err(violation(op, keys[i], batch as i64, "batch status: 0 or a negative error code")));
+            } else if code == i32::MIN {
                 let msg = format!("store callback {op} left no result for {}", keys[i]);
                 results[i] = Some(Err(Error::new(ErrorKind::Store, msg)));
             } else if code >= 0 {
-                results[i] = Some(Ok(ok(code)));
+                results[i] = Some(ok(code, keys[i]));
             } else if transient(code as i64) && !last {
                 retry.push(i);
             } else {
@@ -395,11 +427,7 @@ impl CallbackStore {
                 record_code(config.record_type),
             ) as i64
         });
-        if code < 0 {
-            Err(code_error(op, key, code))
-        } else {
-            Ok(())
-        }
+        status_result(op, key, code)
     }
 }
 
@@ -432,17 +460,26 @@ impl ObjectStore for CallbackStore {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_limited(key, u64::MAX)
+    }
+
+    fn get_limited(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>> {
         let get_size = self.vt.get_size.expect("checked at construction");
         let get_into = self.vt.get_into.expect("checked at construction");
         // One round trip for small objects (manifests, decision records): read into a
-        // buffer of GET_FIRST_TRY bytes first. A result shorter than the buffer is the
-        // whole object (an implementation that truncated would report the capacity);
-        // -704 is "not found"; anything else (-600: larger object) takes the sized path.
-        let mut first = vec![0u8; GET_FIRST_TRY];
+        // buffer of GET_FIRST_TRY bytes (or one byte more than the bound, if smaller)
+        // first. A result shorter than the buffer is the whole object (an
+        // implementation that truncated would report the capacity); -704 is "not
+        // found"; anything else (-600: larger object) takes the sized path.
+        let first_cap = (GET_FIRST_TRY as u64).min(max_bytes.saturating_add(1)) as usize;
+        let mut first = vec![0u8; first_cap];
         // SAFETY: a checked vtable function over `ctx`; `first` is a live buffer of `first.len()` bytes.
         let n =
             with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), first.as_mut_ptr(), first.len() as u64) });
-        if n >= 0 && (n as u64) < GET_FIRST_TRY as u64 {
+        if n > first_cap as i64 {
+            return Err(violation("get_into", key, n, &format!("at most the capacity of {first_cap} bytes")));
+        }
+        if n >= 0 && (n as u64) < first_cap as u64 {
             first.truncate(n as usize);
             return Ok(first);
         }
@@ -457,18 +494,24 @@ impl ObjectStore for CallbackStore {
             if size < 0 {
                 return Err(code_error("get_size", key, size));
             }
-            let cap = usize::try_from(size).ok().filter(|&c| c <= isize::MAX as usize).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Store,
-                    format!("store callback get_size returned an absurd size for {key}: {size}"),
-                )
-            })?;
-            let mut buf = vec![0u8; cap];
+            if size as u64 > max_bytes {
+                return Err(too_large(key, size as u64, max_bytes));
+            }
+            let cap = usize::try_from(size)
+                .ok()
+                .filter(|&c| c <= isize::MAX as usize)
+                .ok_or_else(|| alloc_failed(key, size as u64))?;
+            let mut buf: Vec<u8> = Vec::new();
+            buf.try_reserve_exact(cap).map_err(|_| alloc_failed(key, size as u64))?;
+            buf.resize(cap, 0);
             let ptr = if cap == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() } else { buf.as_mut_ptr() };
             // SAFETY: a checked vtable function over `ctx`; `ptr` points to `cap` writable bytes (or is dangling with `cap == 0`).
             let n = with_retry(|| unsafe { get_into(self.ctx.0, mws_bytes::of(key), ptr, cap as u64) });
             if n < 0 {
                 return Err(code_error("get_into", key, n));
+            }
+            if n as u64 > cap as u64 {
+                return Err(violation("get_into", key, n, &format!("at most the capacity of {cap} bytes")));
             }
             if n as u64 == size as u64 {
                 return Ok(buf);
@@ -482,8 +525,9 @@ impl ObjectStore for CallbackStore {
         // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
         match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
             0 => Ok(false),
-            c if c > 0 => Ok(true),
-            c => Err(code_error("exists", key, c)),
+            1 => Ok(true),
+            c if c < 0 => Err(code_error("exists", key, c)),
+            c => Err(violation("exists", key, c, "1 present, 0 absent or a negative error code")),
         }
     }
 
@@ -499,7 +543,11 @@ impl ObjectStore for CallbackStore {
                 // SAFETY: `c_keys` and `codes` hold `len` elements; the keys outlive the call.
                 unsafe { f(self.ctx.0, c_keys.as_ptr(), c_keys.len(), codes.as_mut_ptr()) }
             },
-            |code| code > 0,
+            |code, key| match code {
+                0 => Ok(false),
+                1 => Ok(true),
+                c => Err(violation("batch_exists", key, c as i64, "1 present, 0 absent or a negative error code")),
+            },
         )
     }
 
@@ -507,8 +555,8 @@ impl ObjectStore for CallbackStore {
         let f = self.vt.remove.expect("checked at construction");
         // SAFETY: a checked vtable function over `ctx`; the key points to live bytes for the call.
         match with_retry(|| unsafe { f(self.ctx.0, mws_bytes::of(key)) as i64 }) {
-            c if c >= 0 || c == OBJECT_NOT_FOUND => Ok(()),
-            c => Err(code_error("remove", key, c)),
+            OBJECT_NOT_FOUND => Ok(()),
+            c => status_result("remove", key, c),
         }
     }
 
@@ -553,7 +601,7 @@ impl ObjectStore for CallbackStore {
                     f(self.ctx.0, c_items.as_ptr(), c_items.len(), record_code(config.record_type), codes.as_mut_ptr())
                 }
             },
-            |_| (),
+            |code, key| status_result("batch_put_from", key, code as i64),
         )
     }
 
@@ -599,11 +647,21 @@ impl ObjectStore for CallbackStore {
             for (j, &i) in pending.iter().enumerate() {
                 let r = &ranges[i];
                 let code = if batch < 0 { batch as i64 } else { codes[j] };
-                if code == i64::MIN {
+                if batch > 0 {
+                    results[i] = Some(Err(violation(
+                        "get_into_ranges",
+                        r.key,
+                        batch as i64,
+                        "batch status: 0 or a negative error code",
+                    )));
+                } else if code == i64::MIN {
                     results[i] = Some(Err(Error::new(
                         ErrorKind::Store,
                         format!("store callback get_into_ranges left no result for {}", r.key),
                     )));
+                } else if code as u64 > r.dest.len && code > 0 {
+                    let contract = format!("at most the {} bytes of the range", r.dest.len);
+                    results[i] = Some(Err(violation("get_into_ranges", r.key, code, &contract)));
                 } else if code >= 0 {
                     results[i] = Some(if code as u64 == r.dest.len {
                         Ok(code as u64)
@@ -651,6 +709,9 @@ impl ObjectStore for CallbackStore {
                     format!("store callback register_buffer failed: error code {code}"),
                 ));
             }
+            if code > 0 {
+                return Err(violation("register_buffer", "a buffer", code, "0 or a negative error code"));
+            }
         }
         self.registered.write().insert(region.address, region.len);
         Ok(())
@@ -665,6 +726,9 @@ impl ObjectStore for CallbackStore {
                     ErrorKind::Store,
                     format!("store callback unregister_buffer failed: error code {code}"),
                 ));
+            }
+            if code > 0 {
+                return Err(violation("unregister_buffer", "a buffer", code, "0 or a negative error code"));
             }
         }
         self.registered.write().remove(&address);
