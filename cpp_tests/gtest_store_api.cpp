@@ -354,17 +354,20 @@ TEST(VtableGrowth, AVtableWithoutBatchExistsStillWorks) {
 }
 
 TEST(StoreOptions, StagingBytesRestoresTheSameBytes) {
-    // Opt-in host staging (mws_store_options.staging_bytes) on every constructor: the
+    // Host staging (mws_store_options.staging_bytes) on every constructor: the
     // resharded restores give the same bytes as without it.
     mws::StoreOptions o;
     o.staging_bytes = 1 << 20;
     round_trip(mws::Store::open_memory(o), Layout{4, 1, 1, 1}, Layout{2, 1, 1, 1}, dense_model());
     round_trip(mws::Store::open_memory(o), Layout{1, 1, 4, 1}, Layout{2, 1, 2, 2}, moe_model());
-    // A vtable store pays per range: staging reads far fewer ranges, same bytes.
+    // A vtable store pays per range: by default (no options) the restore stages spans
+    // of short rows and reads far fewer ranges than with staging off, same bytes.
     auto *map = new MapStore();
     {
-        mws::Store plain = mws::Store::from_vtable(MapStore::vtable(), map);
-        mws::Store staged = mws::Store::from_vtable(MapStore::vtable(), map, o);
+        mws::StoreOptions never;
+        never.staging_bytes = MWS_STAGING_OFF;
+        mws::Store plain = mws::Store::from_vtable(MapStore::vtable(), map, never);
+        mws::Store staged = mws::Store::from_vtable(MapStore::vtable(), map);
         const auto &defs = model_tensors(2, 64, 4);
         HostModel src(placement_json("src", Layout{4, 1, 2, 1}, defs, 1), defs, true, "trainer");
         std::string key(snapshot(plain, src).key());
@@ -376,13 +379,17 @@ TEST(StoreOptions, StagingBytesRestoresTheSameBytes) {
         EXPECT_EQ(on.verify(), off.verify());
         EXPECT_EQ(on.buffers, off.buffers);
         EXPECT_LT(st_on.ranges * 4, st_off.ranges) << st_on.ranges << " ranges staged vs " << st_off.ranges;
+        EXPECT_GT(st_on.staged_regions, 0u);
+        EXPECT_EQ(st_on.staged_regions + st_on.direct_regions, st_on.regions);
+        EXPECT_EQ(st_off.staged_regions, 0u);
+        EXPECT_EQ(st_off.direct_regions, st_off.regions);
     }
     EXPECT_EQ(map->destroyed, 2);
     delete map;
     std::string dir = scratch_dir("staging");
     round_trip(mws::Store::open_dir(dir, o), Layout{4, 1, 1, 1}, Layout{2, 1, 1, 1}, dense_model());
     std::filesystem::remove_all(dir);
-    // A zeroed options struct is every default (staging off).
+    // A zeroed options struct is every default (staging on, 64 MiB).
     mws_store_options zero{};
     mws_store *s = nullptr;
     ASSERT_EQ(mws_store_open_memory(&zero, &s), MWS_OK);

@@ -67,6 +67,16 @@
 #define MWS_RECORD_METADATA 1
 
 /**
+ * `mws_store_options.staging_bytes` value that turns restore staging off.
+ */
+#define MWS_STAGING_OFF UINT64_MAX
+
+/**
+ * Default [`StoreLimits::staging_bytes`]: 64 MiB.
+ */
+#define DEFAULT_STAGING_BYTES (64 << 20)
+
+/**
  * The kind of a parallel axis (`mws_parallel_axis.kind`).
  */
 typedef enum mws_axis_kind {
@@ -268,6 +278,17 @@ typedef enum mws_transaction_state {
      */
     MWS_TRANSACTION_ABORTED = 2,
 } mws_transaction_state;
+
+/**
+ * What moving bytes through a backend costs, as the restore planner models it:
+ * a request of `r` ranges and `b` bytes costs about
+ * `per_request_ns + r * per_range_ns + b / bytes_per_second`. The planner uses it to
+ * choose, per region, between reading each row as its own range and reading the
+ * whole span of rows into a staging buffer (then scattering locally); see
+ * `protocol::load`. Backends report their own ([`ObjectStore::cost`]); a vtable
+ * store reports it through the optional `get_cost` entry.
+ */
+typedef struct StoreCost StoreCost;
 
 /**
  * A runtime binding under construction: the identity of one participant's binding
@@ -892,14 +913,15 @@ typedef struct mws_store_options {
      */
     void *copy_hook_ctx;
     /**
-     * Opt-in host staging for restores (`mws_store_load`) through stores that pay per
-     * range (Mooncake Store): a region of many small rows whose source rows lie close
-     * together is read as one span into a registered host staging buffer of at most
-     * this many bytes and scattered locally (host targets only; device targets keep
-     * the exact ranges). 0 (the default) means off: requests are exactly the ranges of
-     * the load plan. Accepted by every store constructor. Added at the end of the
-     * struct in 0.1 (this struct has no size field: code built against an older
-     * header must be rebuilt; a zeroed struct keeps the old behaviour).
+     * Budget of the host staging buffer of restores (`mws_store_load`) through stores
+     * that pay per range (Mooncake Store): a region of many short rows is read as one
+     * span into a registered host staging buffer and scattered locally when the
+     * store's cost model (`mws_store_vtable.get_cost`) says it is cheaper than one
+     * range per row (host targets only; device targets keep the exact ranges). 0 (a
+     * zeroed struct) means the default, 64 MiB per store handle, registered once and
+     * reused; `MWS_STAGING_OFF` means never stage (requests are then exactly the
+     * ranges of the load plan). Embedded stores read whole regions natively and never
+     * stage.
      */
     uint64_t staging_bytes;
     /**
@@ -990,6 +1012,27 @@ typedef struct mws_range_item {
      */
     uint32_t device_ordinal;
 } mws_range_item;
+
+/**
+ * What a request to a vtable store costs (`mws_store_vtable.get_cost`): about
+ * `per_request_ns + ranges * per_range_ns + bytes * 1e9 / bytes_per_second`
+ * nanoseconds. Mooncake Store through its Python client measures about 21 us per
+ * range here.
+ */
+typedef struct mws_store_cost {
+    /**
+     * Fixed cost of one request (one `get_into_ranges` or `batch_put_from` call), ns.
+     */
+    uint64_t per_request_ns;
+    /**
+     * Additional cost of each range or item, ns.
+     */
+    uint64_t per_range_ns;
+    /**
+     * Sustained bandwidth of one request stream, bytes per second (> 0).
+     */
+    uint64_t bytes_per_second;
+} mws_store_cost;
 
 /**
  * The operations of a caller-implemented object store (`docs/STORE-VTABLE.md`).
@@ -1085,6 +1128,14 @@ typedef struct mws_store_vtable {
      * key). Mooncake: `batchIsExist`.
      */
     int32_t (*batch_exists)(void *ctx, const struct mws_bytes *keys, size_t n, int32_t *results);
+    /**
+     * Optional (NULL: the library assumes a remote, range-priced store such as
+     * Mooncake Store), read only when `size` covers it. Called once, when the store
+     * is opened: writes the backend's cost model to `*out` (see `mws_store_cost`);
+     * returns 0, or a negative code (the open then fails with `MWS_STORE`). Restores
+     * use it to choose between ranged reads and staged span reads per region.
+     */
+    int32_t (*get_cost)(void *ctx, struct mws_store_cost *out);
 } mws_store_vtable;
 
 /**
@@ -1142,6 +1193,23 @@ typedef struct mws_load_stats {
      * Bytes copied into the target buffers.
      */
     uint64_t bytes;
+    /**
+     * Regions read whole by a store with native strided reads (embedded stores).
+     */
+    uint64_t strided_regions;
+    /**
+     * Regions read row by row as ranges straight into the target.
+     */
+    uint64_t direct_regions;
+    /**
+     * Regions read as one span into the staging buffer and scattered locally
+     * (chosen by the store's cost model).
+     */
+    uint64_t staged_regions;
+    /**
+     * Bytes read into the staging buffer (the staged spans, gaps included).
+     */
+    uint64_t staged_bytes;
 } mws_load_stats;
 
 /**
@@ -1332,6 +1400,10 @@ typedef struct mws_snapshot_adapter_vtable {
      */
     mws_guard_release_fn release_source;
 } mws_snapshot_adapter_vtable;
+
+
+
+
 
 #ifdef __cplusplus
 extern "C" {

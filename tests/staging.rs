@@ -1,6 +1,8 @@
-//! Opt-in staging for stores that pay per range (`StoreLimits::staging_bytes`):
-//! the same bytes land in the targets with far fewer ranges, and staging off
-//! keeps exactly the specified ranges.
+//! Staging for stores that pay per range (`StoreLimits::staging_bytes`, on by
+//! default and chosen per region by the store's cost model): the same bytes land in
+//! the targets with far fewer ranges, the staging buffer is registered once per
+//! weight store and reused, a store whose ranges cost nothing is never staged, and
+//! staging off keeps exactly the specified ranges.
 
 #[path = "common/model.rs"]
 mod model;
@@ -21,6 +23,9 @@ struct RangeOnly {
     inner: memory::MemoryStore,
     registered: Mutex<BTreeSet<(u64, u64)>>,
     calls: Mutex<Vec<usize>>,
+    registrations: Mutex<usize>,
+    /// None: the trait's default (a remote, range-priced store).
+    cost: Option<StoreCost>,
 }
 
 impl ObjectStore for RangeOnly {
@@ -56,7 +61,11 @@ impl ObjectStore for RangeOnly {
     }
     fn register_buffer(&self, region: MemoryRegion) -> Result<()> {
         self.registered.lock().insert((region.address, region.len));
+        *self.registrations.lock() += 1;
         Ok(())
+    }
+    fn cost(&self) -> StoreCost {
+        self.cost.unwrap_or(StoreCost::REMOTE)
     }
     fn unregister_buffer(&self, address: u64) -> Result<()> {
         let mut reg = self.registered.lock();
@@ -66,11 +75,19 @@ impl ObjectStore for RangeOnly {
     }
 }
 
-fn restore(staging_bytes: u64) -> (usize, usize, Vec<Vec<u8>>) {
+struct Run {
+    calls: usize,
+    ranges: usize,
+    bytes: Vec<Vec<u8>>,
+    stats: LoadStats,
+    registrations: usize,
+}
+
+fn restore_with(staging_bytes: u64, cost: Option<StoreCost>, loads: usize) -> Run {
     let defs = model_tensors(2, 64, 4);
     let src =
         HostModel::new(build_placement("src", Layout { tp: 4, pp: 1, ep: 2, dp: 1 }, &defs, 1), true, "trainer", 1);
-    let backend = Arc::new(RangeOnly::default());
+    let backend = Arc::new(RangeOnly { cost, ..Default::default() });
     let limits = StoreLimits { staging_bytes, ..StoreLimits::default() };
     let ws = WeightStore::new(backend.clone()).with_limits(limits).unwrap();
     let m = src.snapshot_into(&ws).unwrap();
@@ -78,15 +95,34 @@ fn restore(staging_bytes: u64) -> (usize, usize, Vec<Vec<u8>>) {
         HostModel::new(build_placement("dst", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1), false, "serving", 1);
     let plan = ws.plan_load(Arc::new(m), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     backend.calls.lock().clear();
-    for b in &dst.bindings {
-        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
-        // SAFETY: dst.buffers outlive the call.
-        unsafe { ws.load(&plan, b, args) }.unwrap();
+    let before = *backend.registrations.lock();
+    let mut stats = LoadStats::default();
+    for _ in 0..loads {
+        for b in &dst.bindings {
+            let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+            // SAFETY: dst.buffers outlive the call.
+            let s = unsafe { ws.load(&plan, b, args) }.unwrap();
+            stats.regions += s.regions;
+            stats.staged_regions += s.staged_regions;
+            stats.direct_regions += s.direct_regions;
+            stats.strided_regions += s.strided_regions;
+            stats.staged_bytes += s.staged_bytes;
+            stats.bytes += s.bytes;
+        }
     }
     dst.verify().unwrap();
+    // Each load registers and unregisters its target buffers; the staging buffer (one
+    // per weight store) stays registered until the store is dropped.
+    let registrations = *backend.registrations.lock() - before;
+    drop(ws);
     assert!(backend.registered.lock().is_empty(), "everything unregistered");
     let calls = backend.calls.lock();
-    (calls.len(), calls.iter().sum(), dst.buffers.clone())
+    Run { calls: calls.len(), ranges: calls.iter().sum(), bytes: dst.buffers.clone(), stats, registrations }
+}
+
+fn restore(staging_bytes: u64) -> (usize, usize, Vec<Vec<u8>>) {
+    let r = restore_with(staging_bytes, None, 1);
+    (r.calls, r.ranges, r.bytes)
 }
 
 #[test]
@@ -104,4 +140,78 @@ fn staging_respects_a_small_buffer() {
     let (_, ranges_small, _) = restore(16);
     let (_, ranges_off, _) = restore(0);
     assert_eq!(ranges_small, ranges_off);
+}
+
+#[test]
+fn staging_is_on_by_default_and_explained_in_the_stats() {
+    let r = restore_with(StoreLimits::default().staging_bytes, None, 1);
+    let off = restore_with(0, None, 1);
+    assert_eq!(r.bytes, off.bytes);
+    assert!(r.stats.staged_regions > 0, "{:?}", r.stats);
+    assert_eq!(r.stats.staged_regions + r.stats.direct_regions, r.stats.regions, "{:?}", r.stats);
+    assert_eq!(r.stats.strided_regions, 0);
+    assert!(r.stats.staged_bytes > 0, "{:?}", r.stats);
+    assert!(r.ranges * 4 < off.ranges, "default: {} ranges vs {} unstaged", r.ranges, off.ranges);
+    assert_eq!(off.stats.staged_regions, 0);
+    assert_eq!(off.stats.direct_regions, off.stats.regions);
+}
+
+#[test]
+fn the_staging_buffer_is_registered_once_and_reused() {
+    let once = restore_with(1 << 20, None, 1);
+    let thrice = restore_with(1 << 20, None, 3);
+    assert!(thrice.stats.staged_regions == 3 * once.stats.staged_regions);
+    // Target registrations grow with the number of loads; the staging buffer's does not.
+    let per_load = (thrice.registrations - once.registrations) / 2;
+    assert_eq!(once.registrations, per_load + 1, "one staging registration (per load: {per_load})");
+}
+
+#[test]
+fn a_store_whose_ranges_cost_nothing_is_never_staged() {
+    let free = StoreCost { per_request_ns: 0, per_range_ns: 0, bytes_per_second: 10_000_000_000 };
+    let r = restore_with(64 << 20, Some(free), 1);
+    let off = restore_with(0, None, 1);
+    assert_eq!(r.stats.staged_regions, 0, "{:?}", r.stats);
+    assert_eq!(r.ranges, off.ranges);
+    assert_eq!(r.bytes, off.bytes);
+}
+
+#[test]
+fn staged_three_dimensional_regions_land_exactly() {
+    // A 3-D tensor split on dim 1 by the source and on dim 2 by the target: the
+    // regions keep two outer dimensions, so staged spans are scattered in 2-D.
+    let t3 = |split: u64| TensorDef {
+        id: "model.experts.w3d".into(),
+        shape: vec![4, 32, 64],
+        tp_split: Some(split),
+        expert: None,
+        layer: None,
+        itemsize: 2,
+    };
+    let src_defs = vec![t3(1)];
+    let dst_defs = vec![t3(2)];
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &src_defs, 1), true, "trainer", 1);
+    let backend = Arc::new(RangeOnly::default());
+    let ws = WeightStore::new(backend.clone());
+    let m = src.snapshot_into(&ws).unwrap();
+    let dst = HostModel::new(
+        build_placement("dst", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &dst_defs, 1),
+        false,
+        "serving",
+        1,
+    );
+    let plan = ws.plan_load(Arc::new(m), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let multi = plan.regions().iter().filter(|r| r.outer_loop_counts.len() >= 2).count();
+    assert_eq!(multi, plan.regions().len(), "every region keeps two outer dimensions");
+    let mut stats = LoadStats::default();
+    for b in &dst.bindings {
+        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+        // SAFETY: dst.buffers outlive the call.
+        let st = unsafe { ws.load(&plan, b, args) }.unwrap();
+        stats.staged_regions += st.staged_regions;
+        stats.regions += st.regions;
+    }
+    dst.verify().unwrap();
+    assert_eq!(stats.staged_regions, stats.regions, "{stats:?}");
 }

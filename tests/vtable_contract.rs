@@ -5,8 +5,10 @@
 //! can be overridden per callback.
 
 use mooncake_weight_store::ffi::callbacks::store::CallbackStore;
-use mooncake_weight_store::ffi::{mws_bytes, mws_put_item, mws_range_item, mws_store_vtable, MWS_STORE_VTABLE_VERSION};
-use mooncake_weight_store::store::{MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use mooncake_weight_store::ffi::{
+    mws_bytes, mws_put_item, mws_range_item, mws_store_cost, mws_store_vtable, MWS_STORE_VTABLE_VERSION,
+};
+use mooncake_weight_store::store::{MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, WriteConfig};
 use mooncake_weight_store::{ErrorKind, MemoryKind, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -182,7 +184,14 @@ unsafe extern "C" fn batch_exists(ctx: *mut c_void, keys: *const mws_bytes, n: u
 /// The fake (leaked: the store does not own it; `destroy` is NULL) and its store.
 fn store() -> (&'static Fake, CallbackStore) {
     let f: &'static Fake = Box::leak(Box::default());
-    let vt = mws_store_vtable {
+    let vt = vtable();
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
+    let s = unsafe { CallbackStore::new(&vt, f as *const Fake as *mut c_void) }.unwrap();
+    (f, s)
+}
+
+fn vtable() -> mws_store_vtable {
+    mws_store_vtable {
         size: std::mem::size_of::<mws_store_vtable>() as u32,
         version: MWS_STORE_VTABLE_VERSION,
         put: Some(put),
@@ -197,10 +206,8 @@ fn store() -> (&'static Fake, CallbackStore) {
         unregister_buffer: Some(unregister_buffer),
         destroy: None,
         batch_exists: Some(batch_exists),
-    };
-    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    let s = unsafe { CallbackStore::new(&vt, f as *const Fake as *mut c_void) }.unwrap();
-    (f, s)
+        get_cost: None,
+    }
 }
 
 fn set(f: &Fake, op: &'static str, code: i64) {
@@ -411,4 +418,60 @@ fn register_and_unregister_accept_only_zero_or_negative_codes() {
     );
     set(f, "register_buffer", -2);
     expect_err(s.register_buffer(region), ErrorKind::Store, "store callback register_buffer failed: error code -2");
+}
+
+unsafe extern "C" fn get_cost(ctx: *mut c_void, out: *mut mws_store_cost) -> i32 {
+    // SAFETY: the library passes back the `Fake` this test gave it and a live out-pointer.
+    let f = unsafe { fake(ctx) };
+    if let Some(code) = ov(f, "get_cost") {
+        return code as i32;
+    }
+    let bw = ov(f, "get_cost.bandwidth").unwrap_or(7_000_000_000) as u64;
+    // SAFETY: as above.
+    unsafe { *out = mws_store_cost { per_request_ns: 1_000, per_range_ns: 2_000, bytes_per_second: bw } };
+    0
+}
+
+fn open_with(vt: &mws_store_vtable, f: &'static Fake) -> Result<CallbackStore> {
+    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
+    unsafe { CallbackStore::new(vt, f as *const Fake as *mut c_void) }
+}
+
+#[test]
+fn get_cost_is_asked_once_at_open_and_validated() {
+    // Absent: a remote, range-priced store is assumed.
+    let (_, s) = store();
+    assert_eq!(s.cost(), StoreCost::REMOTE);
+    // Present: the backend's numbers.
+    let f: &'static Fake = Box::leak(Box::default());
+    let vt = mws_store_vtable { get_cost: Some(get_cost), ..vtable() };
+    let s = open_with(&vt, f).unwrap();
+    assert_eq!(s.cost(), StoreCost { per_request_ns: 1_000, per_range_ns: 2_000, bytes_per_second: 7_000_000_000 });
+    // A failing or nonsensical answer refuses the open with a precise error.
+    set(f, "get_cost", -600);
+    expect_err(open_with(&vt, f).map(|_| ()), ErrorKind::Store, "store callback get_cost returned -600");
+    clear(f);
+    set(f, "get_cost.bandwidth", 0);
+    expect_err(
+        open_with(&vt, f).map(|_| ()),
+        ErrorKind::InvalidArgument,
+        "store cost bytes_per_second must be positive",
+    );
+}
+
+#[test]
+fn a_vtable_of_an_older_size_keeps_its_optional_entries() {
+    // A caller built against the header before `get_cost` existed: `size` ends after
+    // `batch_exists`. That entry is still used; `get_cost` is never read.
+    let f: &'static Fake = Box::leak(Box::default());
+    let mut vt = mws_store_vtable { get_cost: Some(get_cost), ..vtable() };
+    vt.size = std::mem::offset_of!(mws_store_vtable, get_cost) as u32;
+    set(f, "get_cost", -1); // would fail the open if it were called
+    let s = open_with(&vt, f).unwrap();
+    assert_eq!(s.cost(), StoreCost::REMOTE);
+    // If the library fell back to per-key `exists`, these would be errors.
+    set(f, "exists", -5);
+    set(f, "batch_exists.item", 1);
+    let r = s.batch_exists(&["a", "b"]);
+    assert!(r.iter().all(|x| matches!(x, Ok(true))), "batch_exists was used: {r:?}");
 }

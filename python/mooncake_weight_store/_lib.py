@@ -209,6 +209,13 @@ DESTROY_FN = CFUNCTYPE(None, c_void_p)
 BATCH_EXISTS_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_bytes), c_size_t, POINTER(c_int32))
 
 
+class mws_store_cost(Structure):
+    _fields_ = [("per_request_ns", c_uint64), ("per_range_ns", c_uint64), ("bytes_per_second", c_uint64)]
+
+
+GET_COST_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_store_cost))
+
+
 class mws_store_vtable(Structure):
     _fields_ = [
         ("size", c_uint32),
@@ -225,10 +232,12 @@ class mws_store_vtable(Structure):
         ("unregister_buffer", UNREGISTER_FN),
         ("destroy", DESTROY_FN),
         ("batch_exists", BATCH_EXISTS_FN),
+        ("get_cost", GET_COST_FN),
     ]
 
 
 MWS_STORE_VTABLE_VERSION = 1
+MWS_STAGING_OFF = 2**64 - 1
 MWS_GUARD_VTABLE_VERSION = 1
 MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
 
@@ -297,6 +306,10 @@ class mws_load_stats(Structure):
         ("ranges", c_uint64),
         ("requests", c_uint64),
         ("bytes", c_uint64),
+        ("strided_regions", c_uint64),
+        ("direct_regions", c_uint64),
+        ("staged_regions", c_uint64),
+        ("staged_bytes", c_uint64),
     ]
 
 

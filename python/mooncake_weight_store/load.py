@@ -3,6 +3,8 @@ participant's buffers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ctypes
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
@@ -41,10 +43,17 @@ class LoadStats:
     ranges: int = 0
     requests: int = 0
     bytes: int = 0
+    #: How regions were read: whole by a store with native strided reads, row by row
+    #: as ranges, or as one span into the staging buffer (the store's cost model
+    #: chooses between the last two per region).
+    strided_regions: int = 0
+    direct_regions: int = 0
+    staged_regions: int = 0
+    #: Bytes read into the staging buffer (staged spans, gaps included).
+    staged_bytes: int = 0
 
     def __add__(self, other: "LoadStats") -> "LoadStats":
-        return LoadStats(self.regions + other.regions, self.ranges + other.ranges,
-                         self.requests + other.requests, self.bytes + other.bytes)
+        return LoadStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
 class LoadPlan:

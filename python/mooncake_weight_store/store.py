@@ -138,6 +138,8 @@ class _VtableBridge:
                                         if callable(getattr(b, n, None))), None)
         if self._batch_exists_name is not None:
             vt.batch_exists = _lib.BATCH_EXISTS_FN(self._batch_exists)
+        if callable(getattr(b, "cost", None)):
+            vt.get_cost = _lib.GET_COST_FN(self._get_cost)
         self.vtable = vt
 
     # -- error containment ----------------------------------------------------------
@@ -216,6 +218,19 @@ class _VtableBridge:
             return 0
         except BaseException as e:  # noqa: BLE001
             return self._fail("batch_exists", e)
+
+    def _get_cost(self, ctx, out):  # type: ignore[no-untyped-def]
+        """``backend.cost()`` -> a mapping (or object) with ``per_request_ns``,
+        ``per_range_ns``, ``bytes_per_second``: the restore planner's cost model."""
+        try:
+            c = self.backend.cost()
+            get = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
+            out[0].per_request_ns = int(get("per_request_ns"))
+            out[0].per_range_ns = int(get("per_range_ns"))
+            out[0].bytes_per_second = int(get("bytes_per_second"))
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("cost", e)
 
     def _remove(self, ctx, key):  # type: ignore[no-untyped-def]
         try:
@@ -437,16 +452,20 @@ class RegistrationLease:
 
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
-             max_region_segments: int, staging_bytes: int = 0) -> Optional[_lib.mws_store_options]:
-    if key_prefix is None and not (max_range_bytes or max_ranges_per_request or max_region_segments or staging_bytes):
+             max_region_segments: int, staging_bytes: Optional[int] = None) -> Optional[_lib.mws_store_options]:
+    """``staging_bytes``: None = the library's default (64 MiB, chosen per region by
+    the store's cost model), 0 = never stage, N = a staging budget of N bytes."""
+    if key_prefix is None and staging_bytes is None and not (
+            max_range_bytes or max_ranges_per_request or max_region_segments):
         return None
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
-                    ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+                    ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes or 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= (1 << 64) - 1:
             raise ValueError(f"{name} must be an unsigned 64-bit integer")
+    c_staging = 0 if staging_bytes is None else (_lib.MWS_STAGING_OFF if staging_bytes == 0 else staging_bytes)
     return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
                                   max_ranges_per_request=max_ranges_per_request,
-                                  max_region_segments=max_region_segments, staging_bytes=staging_bytes)
+                                  max_region_segments=max_region_segments, staging_bytes=c_staging)
 
 
 class Store:
@@ -462,10 +481,11 @@ class Store:
     Common keyword options: ``key_prefix`` (default ``"weights"``),
     ``max_range_bytes`` (largest ranged read, default 64 MiB),
     ``max_ranges_per_request`` (keys or ranges per backend request, default 1024),
-    ``max_region_segments``, ``staging_bytes`` (default 0, off: host staging for
-    restores through range-priced stores such as Mooncake; a region of many short,
-    closely spaced rows is read as one span into a registered host staging buffer of
-    at most this size and scattered locally, host targets only).
+    ``max_region_segments``, ``staging_bytes`` (default None: 64 MiB; 0: never
+    stage): the budget of the host staging buffer of restores through range-priced
+    stores such as Mooncake — a region of many short rows is read as one span into a
+    registered staging buffer and scattered locally when the store's cost model (the
+    backend's optional ``cost()``) says that is cheaper; host targets only.
     """
 
     def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
@@ -479,7 +499,7 @@ class Store:
 
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
-               max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: int = 0,
+               max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: Optional[int] = None,
                copy_hook: Any = None) -> "Store":
         """An in-memory store (single process; objects live as long as the store).
         ``copy_hook``: a :class:`~mooncake_weight_store.device.CopyHook` for device
@@ -490,7 +510,7 @@ class Store:
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                  max_region_segments: int = 0, staging_bytes: int = 0, copy_hook: Any = None) -> "Store":
+                  max_region_segments: int = 0, staging_bytes: Optional[int] = None, copy_hook: Any = None) -> "Store":
         """The crash-safe directory store rooted at ``path`` (``copy_hook``: as
         :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
@@ -522,7 +542,7 @@ class Store:
     @classmethod
     def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                     max_region_segments: int = 0, staging_bytes: int = 0) -> "Store":
+                     max_region_segments: int = 0, staging_bytes: Optional[int] = None) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
         ``backend.close()`` when the library destroys the store."""
@@ -730,7 +750,8 @@ class Store:
         st = _lib.mws_load_stats()
         call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
         del keep
-        return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes))
+        return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
+                         int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
 
     def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"]) -> "LoadStats":
         """Loads the manifest at ``manifest_key`` into every binding (convenience)."""

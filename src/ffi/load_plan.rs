@@ -33,6 +33,15 @@ pub struct mws_load_stats {
     pub requests: u64,
     /// Bytes copied into the target buffers.
     pub bytes: u64,
+    /// Regions read whole by a store with native strided reads (embedded stores).
+    pub strided_regions: u64,
+    /// Regions read row by row as ranges straight into the target.
+    pub direct_regions: u64,
+    /// Regions read as one span into the staging buffer and scattered locally
+    /// (chosen by the store's cost model).
+    pub staged_regions: u64,
+    /// Bytes read into the staging buffer (the staged spans, gaps included).
+    pub staged_bytes: u64,
 }
 
 /// Plans the restore of `manifest` into `target`, for the `count` participants whose
@@ -165,5 +174,14 @@ pub unsafe extern "C" fn mws_load_plan_participant(
 }
 
 pub(crate) fn stats_out(s: crate::protocol::LoadStats) -> mws_load_stats {
-    mws_load_stats { regions: s.regions, ranges: s.ranges, requests: s.requests, bytes: s.bytes }
+    mws_load_stats {
+        regions: s.regions,
+        ranges: s.ranges,
+        requests: s.requests,
+        bytes: s.bytes,
+        strided_regions: s.strided_regions,
+        direct_regions: s.direct_regions,
+        staged_regions: s.staged_regions,
+        staged_bytes: s.staged_bytes,
+    }
 }

@@ -29,6 +29,9 @@ use std::ffi::c_int;
 use std::ffi::c_void;
 use std::sync::Arc;
 
+/// `mws_store_options.staging_bytes` value that turns restore staging off.
+pub const MWS_STAGING_OFF: u64 = u64::MAX;
+
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
 #[repr(C)]
@@ -50,14 +53,15 @@ pub struct mws_store_options {
     /// Passed to every copy hook callback. On success the store owns it: the hook's
     /// `destroy` (if any) is called once when the store is freed.
     pub copy_hook_ctx: *mut c_void,
-    /// Opt-in host staging for restores (`mws_store_load`) through stores that pay per
-    /// range (Mooncake Store): a region of many small rows whose source rows lie close
-    /// together is read as one span into a registered host staging buffer of at most
-    /// this many bytes and scattered locally (host targets only; device targets keep
-    /// the exact ranges). 0 (the default) means off: requests are exactly the ranges of
-    /// the load plan. Accepted by every store constructor. Added at the end of the
-    /// struct in 0.1 (this struct has no size field: code built against an older
-    /// header must be rebuilt; a zeroed struct keeps the old behaviour).
+    /// Budget of the host staging buffer of restores (`mws_store_load`) through stores
+    /// that pay per range (Mooncake Store): a region of many short rows is read as one
+    /// span into a registered host staging buffer and scattered locally when the
+    /// store's cost model (`mws_store_vtable.get_cost`) says it is cheaper than one
+    /// range per row (host targets only; device targets keep the exact ranges). 0 (a
+    /// zeroed struct) means the default, 64 MiB per store handle, registered once and
+    /// reused; `MWS_STAGING_OFF` means never stage (requests are then exactly the
+    /// ranges of the load plan). Embedded stores read whole regions natively and never
+    /// stage.
     pub staging_bytes: u64,
     /// Largest manifest or decision record read back from the store, in bytes; 0 means
     /// the default (256 MiB, about 2.9x the largest benchmark manifest). A larger
@@ -91,7 +95,11 @@ pub(crate) unsafe fn read_options(
     if o.max_region_segments != 0 {
         config.limits.max_region_segments = o.max_region_segments;
     }
-    config.limits.staging_bytes = o.staging_bytes;
+    match o.staging_bytes {
+        0 => {}
+        MWS_STAGING_OFF => config.limits.staging_bytes = 0,
+        n => config.limits.staging_bytes = n,
+    }
     if o.max_metadata_bytes != 0 {
         config.limits.max_metadata_bytes = o.max_metadata_bytes;
     }

@@ -5,6 +5,7 @@
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::registration::{registration_requests, RegistrationLease};
 use super::state::WeightStore;
+
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
@@ -60,8 +61,8 @@ pub struct LoadOptions {
     /// Check that the plan's manifest is the committed one before reading.
     /// Default true.
     pub require_committed: bool,
-    /// Host staging for many-small-row regions (see `StoreLimits::staging_bytes`);
-    /// 0 = off.
+    /// Budget of the host staging buffer for regions of many short rows (see
+    /// `StoreLimits::staging_bytes`); 0 = never stage.
     pub staging_bytes: u64,
 }
 
@@ -72,7 +73,7 @@ impl Default for LoadOptions {
             max_ranges_per_request: 1024,
             max_region_segments: 1 << 32,
             require_committed: true,
-            staging_bytes: 0,
+            staging_bytes: super::state::DEFAULT_STAGING_BYTES,
         }
     }
 }
@@ -98,6 +99,17 @@ pub struct LoadStats {
     pub requests: u64,
     /// Bytes read.
     pub bytes: u64,
+    /// Regions read as whole regions by a store with native strided reads
+    /// (embedded stores).
+    pub strided_regions: u64,
+    /// Regions read row by row as ranges straight into the target.
+    pub direct_regions: u64,
+    /// Regions read as one span into a staging buffer and scattered locally (chosen
+    /// by the store's cost model when many short rows would each pay a range).
+    pub staged_regions: u64,
+    /// Bytes read into staging buffers (the staged regions' spans: their rows plus
+    /// the gaps between them).
+    pub staged_bytes: u64,
 }
 
 struct PendingRange {
@@ -286,13 +298,17 @@ pub(crate) unsafe fn load(
         *io_started = true;
         if ws.store.supports_strided_reads() {
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            unsafe { read_strided(&*ws.store, plan, &by_target, &mut stats) }
+            let r = unsafe { read_strided(&*ws.store, plan, &by_target, &mut stats) };
+            stats.strided_regions = stats.regions;
+            r
         } else if options.staging_bytes > 0 {
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            unsafe { read_staged(&*ws.store, plan, &by_target, &options, &mut stats) }
+            unsafe { read_staged(ws, plan, &by_target, &options, &mut stats) }
         } else {
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            unsafe { read_ranges(&*ws.store, plan, &by_target, &options, &mut stats) }
+            let r = unsafe { read_ranges(&*ws.store, plan, &by_target, &options, &mut stats) };
+            stats.direct_regions = stats.regions;
+            r
         }
     };
     match token {
@@ -373,61 +389,91 @@ unsafe fn read_strided(
     run(&mut reads, stats)
 }
 
-/// Largest segment worth staging: longer rows are cheap as direct ranges.
-const STAGE_MAX_INNER: u64 = 64 << 10;
-/// A staged span may read at most this many times the bytes the region needs.
-const STAGE_MAX_OVERREAD: u64 = 4;
+/// Scatter copies run at about this rate (a local memcpy of short rows).
+const SCATTER_BYTES_PER_SECOND: u64 = 8_000_000_000;
 
-/// The staging path for stores that pay per range: regions of many short rows
-/// (one outer loop) whose source rows lie close together are read as whole spans
-/// into one registered host buffer (several spans per request), then scattered
-/// row by row into the target view; every other region goes through the ranges
-/// path. Target bytes are written only after their span was read completely.
+/// Byte span of the source rows of `r` (first byte of the first row to the last byte
+/// of the last row), or `None` on overflow.
+fn source_span(r: &TransferRegion) -> Option<u64> {
+    let mut span = r.inner_bytes;
+    for (&n, &stride) in r.outer_loop_counts.iter().zip(&r.source_strides) {
+        span = span.checked_add(n.checked_sub(1)?.checked_mul(stride)?)?;
+    }
+    Some(span)
+}
+
+/// Chooses, per region, between reading each row as its own range (`direct`) and
+/// reading the region's whole source span into a staging buffer, then scattering the
+/// rows locally (`staged`), by the store's cost model ([`crate::store::StoreCost`]):
+/// a span is staged when `ranges(span) * per_range + span / bandwidth + bytes /
+/// scatter_rate` is below `segments * per_range + bytes / bandwidth`, it fits the
+/// staging budget, and the target is host memory. Returns the staged span (bytes)
+/// or `None` for direct.
+fn staged_span(r: &TransferRegion, cost: &crate::store::StoreCost, cap: u64, max_range_bytes: u64) -> Option<u64> {
+    let segments = r.segment_count();
+    if segments < 2 {
+        return None;
+    }
+    let span = source_span(r)?;
+    if span > cap {
+        return None;
+    }
+    let bytes = r.total_bytes();
+    let per_range = cost.per_range_ns as u128;
+    let bw = cost.bytes_per_second.max(1) as u128;
+    let direct = segments as u128 * per_range + bytes as u128 * 1_000_000_000 / bw;
+    let pieces = span.div_ceil(max_range_bytes) as u128;
+    let staged = pieces * per_range
+        + span as u128 * 1_000_000_000 / bw
+        + bytes as u128 * 1_000_000_000 / SCATTER_BYTES_PER_SECOND as u128;
+    (staged < direct).then_some(span)
+}
+
+/// The restore path for stores that pay per range: each region is read either row
+/// by row as ranges straight into the target, or as one span into a registered host
+/// staging buffer (several spans per request) and scattered locally, whichever the
+/// store's cost model says is cheaper (see [`staged_span`]). Staging buffers are
+/// registered once per weight store and reused by later restores. Target bytes are
+/// written only after their span was read completely.
 unsafe fn read_staged(
-    store: &dyn ObjectStore,
+    ws: &WeightStore,
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
     stats: &mut LoadStats,
 ) -> Result<()> {
+    let store = &*ws.store;
+    let cost = store.cost();
     let cap = options.staging_bytes.min(options.max_range_bytes.saturating_mul(options.max_ranges_per_request as u64));
-    let span_of = |r: &TransferRegion| -> Option<u64> {
-        if r.outer_loop_counts.len() != 1 || r.outer_loop_counts[0] < 2 || r.inner_bytes > STAGE_MAX_INNER {
-            return None;
-        }
-        let span = (r.outer_loop_counts[0] - 1).checked_mul(r.source_strides[0])?.checked_add(r.inner_bytes)?;
-        (span <= cap && span <= r.total_bytes().saturating_mul(STAGE_MAX_OVERREAD)).then_some(span)
-    };
     let mut direct: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     let mut staged: Vec<(usize, u64)> = Vec::new();
     for (id, list) in by_target {
         for &i in list {
             let r = &plan.regions()[i];
-            match span_of(r) {
+            match staged_span(r, &cost, cap, options.max_range_bytes) {
                 Some(span) if plan.target_fragment(i).memory() == MemoryKind::Host => staged.push((i, span)),
                 _ => direct.entry(id).or_default().push(i),
             }
         }
     }
     if !direct.is_empty() {
+        let before = stats.regions;
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
         unsafe { read_ranges(store, plan, &direct, options, stats) }?;
+        stats.direct_regions += stats.regions - before;
     }
     if staged.is_empty() {
         return Ok(());
     }
-    let mut buffer = vec![0u8; cap as usize];
-    let region = MemoryRegion { address: buffer.as_mut_ptr() as u64, len: cap, kind: MemoryKind::Host };
-    store
-        .register_buffer(region)
-        .map_err(|e| store_err(e.kind(), format!("register_buffer failed for the staging buffer: {}", e.message())))?;
+    let buffer = ws.staging.take(store, cap)?;
+    let region = buffer.region();
     let result = (|| -> Result<()> {
         let mut batch: Vec<(usize, u64)> = Vec::new(); // (region index, offset in the buffer)
         let mut used = 0u64;
         let mut ranges = 0usize;
         let pieces = |span: u64| span.div_ceil(options.max_range_bytes) as usize;
         for &(i, span) in &staged {
-            if used + span > cap || ranges + pieces(span) > options.max_ranges_per_request {
+            if used + span > region.len || ranges + pieces(span) > options.max_ranges_per_request {
                 // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
                 unsafe { flush_staged(store, plan, &batch, region, options, stats) }?;
                 batch.clear();
@@ -441,11 +487,8 @@ unsafe fn read_staged(
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
         unsafe { flush_staged(store, plan, &batch, region, options, stats) }
     })();
-    let unregister = store.unregister_buffer(region.address);
-    drop(buffer);
-    result?;
-    unregister
-        .map_err(|e| store_err(e.kind(), format!("unregister_buffer failed for the staging buffer: {}", e.message())))
+    ws.staging.give_back(buffer);
+    result
 }
 
 unsafe fn flush_staged(
@@ -463,7 +506,7 @@ unsafe fn flush_staged(
     for &(i, off) in batch {
         let r = &plan.regions()[i];
         let s = plan.logical().source_of(r);
-        let span = (r.outer_loop_counts[0] - 1) * r.source_strides[0] + r.inner_bytes;
+        let span = source_span(r).expect("checked when the region was chosen for staging");
         let mut c = 0;
         while c < span {
             let len = options.max_range_bytes.min(span - c);
@@ -496,25 +539,46 @@ unsafe fn flush_staged(
         }
     }
     // Scatter: every span was read whole; rows stay inside the target view (the
-    // planner checked the region against the target fragment's size).
+    // planner checked the region against the target fragment's size) and inside the
+    // span (offsets below are at most `span - inner_bytes`).
     let base = staging.address as *const u8;
     for &(i, off) in batch {
         let r = &plan.regions()[i];
         let t = plan.target_fragment(i);
         let dst = t.address() as *mut u8;
-        let (n, ss, ts) = (r.outer_loop_counts[0], r.source_strides[0], r.target_strides[0]);
-        for row in 0..n {
-            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        let dims = r.outer_loop_counts.len();
+        let mut idx = vec![0u64; dims];
+        'rows: loop {
+            let (mut so, mut to) = (off, r.target_base_offset);
+            for ((&i, &ss), &ts) in idx.iter().zip(&r.source_strides).zip(&r.target_strides) {
+                so += i * ss;
+                to += i * ts;
+            }
+            // SAFETY: `so..so + inner_bytes` lies in this region's span of the staging
+            // buffer (which we own and which the store filled), and `to..to +
+            // inner_bytes` in the target view the caller guarantees writable and
+            // unaliased (this function's contract); the two never overlap.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    base.add((off + row * ss) as usize),
-                    dst.add((r.target_base_offset + row * ts) as usize),
-                    r.inner_bytes as usize,
-                )
+                std::ptr::copy_nonoverlapping(base.add(so as usize), dst.add(to as usize), r.inner_bytes as usize)
             };
+            // The next outer index, last dimension fastest; done after the last row.
+            let mut d = dims;
+            loop {
+                if d == 0 {
+                    break 'rows;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < r.outer_loop_counts[d] {
+                    continue 'rows;
+                }
+                idx[d] = 0;
+            }
         }
         stats.bytes += r.total_bytes();
         stats.regions += 1;
+        stats.staged_regions += 1;
+        stats.staged_bytes += source_span(r).unwrap_or(0);
     }
     Ok(())
 }

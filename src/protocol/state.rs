@@ -8,8 +8,10 @@ use super::registration::Registrar;
 use crate::error::{invalid, Result};
 use crate::model::Placement;
 use crate::plan::upload::{plan_upload as plan_upload_with, UploadOptions, UploadPlan};
+use crate::runtime::MemoryKind;
 use crate::runtime::RuntimeBinding;
-use crate::store::ObjectStore;
+use crate::store::{MemoryRegion, ObjectStore};
+use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Range and batching limits (all > 0).
@@ -22,11 +24,13 @@ pub struct StoreLimits {
     /// Largest segment count of one region at execution (default 2^32; the
     /// reference's 1,000,000 rejects realistic dim-1 reshards of large matrices).
     pub max_region_segments: u64,
-    /// Restores through stores without native strided reads (Mooncake) pay per
-    /// range. With `staging_bytes > 0`, a region of many small rows whose source
-    /// rows lie close together is read as one span into a registered host staging
-    /// buffer of this size and scattered locally (host targets only). Default 0:
-    /// off, so requests are exactly the specified ranges.
+    /// Budget of the host staging buffer of restores through stores without native
+    /// strided reads (Mooncake), which pay per range: a region of many short rows is
+    /// read as one span into a registered host staging buffer and scattered locally
+    /// when the store's cost model says it is cheaper ([`crate::store::StoreCost`];
+    /// host targets only). Default [`DEFAULT_STAGING_BYTES`] (64 MiB per weight
+    /// store, registered once and reused); 0 = never stage (requests are then
+    /// exactly the specified ranges).
     pub staging_bytes: u64,
     /// Largest manifest or decision record read back from the store, in bytes
     /// (default [`crate::store::DEFAULT_MAX_METADATA_BYTES`], 256 MiB: about 2.9x the
@@ -41,11 +45,14 @@ impl Default for StoreLimits {
             max_range_bytes: 64 << 20,
             max_ranges_per_request: 1024,
             max_region_segments: 1 << 32,
-            staging_bytes: 0,
+            staging_bytes: DEFAULT_STAGING_BYTES,
             max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
         }
     }
 }
+
+/// Default [`StoreLimits::staging_bytes`]: 64 MiB.
+pub const DEFAULT_STAGING_BYTES: u64 = 64 << 20;
 
 /// A weight store: the protocol's entry point for snapshots and restores (its API:
 /// `weight_store.rs`). `Send + Sync`; calls may run concurrently from several threads.
@@ -54,6 +61,88 @@ pub struct WeightStore {
     pub(crate) key_prefix: String,
     pub(crate) limits: StoreLimits,
     pub(crate) registrar: Registrar,
+    /// Staging buffers of restores, registered with the backend once and reused.
+    pub(crate) staging: StagingPool,
+}
+
+impl Drop for WeightStore {
+    fn drop(&mut self) {
+        self.staging.release_all(&*self.store);
+    }
+}
+
+/// One host staging buffer, registered with the backend (see [`StagingPool`]).
+pub(crate) struct StagingBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this value; only the thread that
+// took it from the pool writes it (through the store) while it is out of the pool.
+unsafe impl Send for StagingBuffer {}
+
+impl StagingBuffer {
+    fn new(len: usize) -> Result<Self> {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| crate::store::alloc_failed("the restore staging buffer", len as u64))?;
+        v.resize(len, 0);
+        let b = Box::into_raw(v.into_boxed_slice());
+        Ok(StagingBuffer { ptr: b as *mut u8, len })
+    }
+
+    /// The buffer as a host memory region (what the store writes spans into).
+    pub(crate) fn region(&self) -> MemoryRegion {
+        MemoryRegion { address: self.ptr as u64, len: self.len as u64, kind: MemoryKind::Host }
+    }
+}
+
+impl Drop for StagingBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` come from `Box::into_raw` of a boxed slice of `len`
+        // bytes in `new`, and are freed exactly once, here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+/// Host staging buffers of restores: each is registered with the backend when it is
+/// made, lent to one restore at a time, and unregistered when the weight store is
+/// dropped. Concurrent restores each get their own buffer.
+#[derive(Default)]
+pub(crate) struct StagingPool {
+    free: Mutex<Vec<StagingBuffer>>,
+}
+
+impl StagingPool {
+    /// A registered buffer of at least `len` bytes (a free one, or a new one).
+    pub(crate) fn take(&self, store: &dyn ObjectStore, len: u64) -> Result<StagingBuffer> {
+        {
+            let mut free = self.free.lock();
+            if let Some(i) = free.iter().position(|b| b.len as u64 >= len) {
+                return Ok(free.swap_remove(i));
+            }
+        }
+        let len =
+            usize::try_from(len).map_err(|_| crate::Error::invalid("staging budget exceeds the address space"))?;
+        let b = StagingBuffer::new(len)?;
+        store.register_buffer(b.region()).map_err(|e| {
+            crate::Error::new(e.kind(), format!("register_buffer failed for the staging buffer: {}", e.message()))
+        })?;
+        Ok(b)
+    }
+
+    /// Returns a buffer for later restores.
+    pub(crate) fn give_back(&self, b: StagingBuffer) {
+        self.free.lock().push(b);
+    }
+
+    /// Unregisters and frees every pooled buffer (failures are ignored: the memory is
+    /// freed by the process either way, and a backend that cannot unregister cannot be
+    /// helped here).
+    fn release_all(&self, store: &dyn ObjectStore) {
+        for b in self.free.lock().drain(..) {
+            let _ = store.unregister_buffer(b.region().address);
+        }
+    }
 }
 
 impl std::fmt::Debug for WeightStore {

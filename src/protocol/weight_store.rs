@@ -35,6 +35,7 @@ impl WeightStore {
             key_prefix: "weights".into(),
             limits: StoreLimits::default(),
             registrar: Default::default(),
+            staging: Default::default(),
         }
     }
 

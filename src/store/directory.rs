@@ -678,6 +678,10 @@ impl ObjectStore for DirectoryStore {
         self.leaf_size(&p, key)?.ok_or_else(|| not_found(key))
     }
 
+    fn cost(&self) -> super::StoreCost {
+        super::StoreCost::LOCAL
+    }
+
     fn supports_strided_reads(&self) -> bool {
         true
     }

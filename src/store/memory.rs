@@ -191,6 +191,10 @@ impl ObjectStore for MemoryStore {
         self.value(key).map(|v| v.len() as u64).ok_or_else(|| not_found(key))
     }
 
+    fn cost(&self) -> super::StoreCost {
+        super::StoreCost::LOCAL
+    }
+
     fn supports_strided_reads(&self) -> bool {
         true
     }

@@ -478,9 +478,17 @@ pub fn ws(fake: &Arc<FakeStore>) -> WeightStore {
 }
 
 /// A weight store over `fake` with `max_ranges_per_request` and `max_range_bytes`.
+///
+/// Staging is off: the store reads exactly the ranges the specification lays out
+/// (the reference's request pattern), which these tests check range by range.
 pub fn ws_limited(fake: &Arc<FakeStore>, max_ranges_per_request: usize, max_range_bytes: u64) -> WeightStore {
     WeightStore::new(fake.clone())
-        .with_limits(StoreLimits { max_range_bytes, max_ranges_per_request, ..StoreLimits::default() })
+        .with_limits(StoreLimits {
+            max_range_bytes,
+            max_ranges_per_request,
+            staging_bytes: 0,
+            ..StoreLimits::default()
+        })
         .unwrap()
 }
 
