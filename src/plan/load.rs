@@ -2,12 +2,47 @@
 //! target placement, one compact strided [`TransferRegion`] per (stored fragment,
 //! target fragment) overlap. Pure: no store I/O, no per-element work.
 
+use super::core::{plan_regions, sorted_targets, SourceBox, SourceGroups, SourceIndex};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::fxhash::FxHashMap as HashMap;
-use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
+use crate::geometry::BoxRef;
 use crate::model::{canonical_strides, ParallelRank, Placement, PlacementFragment, StoredFragment, StoredManifest};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Stored sources: one group per tensor (every stored geometry exists once).
+struct StoredGroups<'a> {
+    manifest: &'a StoredManifest,
+    target: &'a Placement,
+    source_tensors: HashMap<&'a str, usize>,
+    members: HashMap<&'a str, Vec<u32>>,
+    sources: &'a [SourceBox<'a>],
+    indexes: HashMap<&'a str, SourceIndex>,
+}
+
+impl SourceGroups for StoredGroups<'_> {
+    fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
+        let tid = t.tensor_id();
+        let s_desc = self
+            .source_tensors
+            .get(tid)
+            .map(|&i| &*self.manifest.tensors()[i])
+            .ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
+        let t_desc = self.target.tensor(tid).expect("placement knows its tensors");
+        if s_desc.layout_fingerprint() != t_desc.layout_fingerprint() {
+            return invalid(format!("layout mismatch for tensor {tid}"));
+        }
+        if !s_desc.is_compatible_with(t_desc) {
+            return invalid(format!("tensor descriptor mismatch: {tid}"));
+        }
+        let Some((&key, group)) = self.members.get_key_value(tid) else {
+            return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
+        };
+        let sources = self.sources;
+        let index = self.indexes.entry(key).or_insert_with(|| SourceIndex::build(sources, group));
+        Ok((t_desc.itemsize(), index))
+    }
+}
 
 /// Fail-closed bounds on planning work (`load-path.md` §3.1).
 ///
@@ -211,54 +246,6 @@ pub struct LogicalLoadPlan {
     total_segments: u64,
 }
 
-/// Per-tensor index of source boxes on the dimension with the most distinct
-/// intervals (ties to the lowest dimension).
-struct SourceIndex {
-    dim: usize,
-    max_extent: u64,
-    /// (begin on dim, manifest fragment index), sorted.
-    entries: Vec<(u64, u32)>,
-}
-
-impl SourceIndex {
-    fn build(manifest: &StoredManifest, members: &[u32]) -> Self {
-        let frags = manifest.fragments();
-        let ndim = frags[members[0] as usize].global_offset().len();
-        let mut dim = 0;
-        let mut best = 0;
-        for d in 0..ndim {
-            let distinct: BTreeSet<(u64, u64)> = members
-                .iter()
-                .map(|&i| {
-                    let f = &frags[i as usize];
-                    (f.global_offset()[d], f.local_shape()[d])
-                })
-                .collect();
-            if distinct.len() > best {
-                best = distinct.len();
-                dim = d;
-            }
-        }
-        let mut entries: Vec<(u64, u32)> =
-            members.iter().map(|&i| (frags[i as usize].global_offset()[dim], i)).collect();
-        entries.sort_unstable();
-        let max_extent = members.iter().map(|&i| frags[i as usize].local_shape()[dim]).max().unwrap_or(1);
-        SourceIndex { dim, max_extent, entries }
-    }
-
-    /// Sources whose interval on the index dimension can intersect `[begin, end)`.
-    fn candidates(&self, begin: u64, end: u64) -> &[(u64, u32)] {
-        let lo_key = (begin + 1).saturating_sub(self.max_extent);
-        let lo = self.entries.partition_point(|e| e.0 < lo_key);
-        let hi = self.entries.partition_point(|e| e.0 < end);
-        &self.entries[lo..hi.max(lo)]
-    }
-}
-
-fn limit(msg: String) -> Error {
-    Error::new(ErrorKind::LimitExceeded, msg)
-}
-
 impl LogicalLoadPlan {
     /// Plans the restore of `manifest` into every participant of `target`
     /// (`plan_stored_transfer_to_target_placement`).
@@ -310,7 +297,16 @@ impl LogicalLoadPlan {
         for (i, f) in manifest.fragments().iter().enumerate() {
             members.entry(f.tensor_id()).or_default().push(i as u32);
         }
-        let mut indexes: HashMap<&str, SourceIndex> = HashMap::default();
+        let sources: Vec<SourceBox<'_>> = manifest
+            .fragments()
+            .iter()
+            .map(|f| SourceBox {
+                offset: f.global_offset(),
+                shape: f.local_shape(),
+                nbytes: f.nbytes(),
+                id: f.fragment_id(),
+            })
+            .collect();
 
         // Which parts to plan.
         let selected: Vec<u32> = match participants {
@@ -329,96 +325,18 @@ impl LogicalLoadPlan {
                 v
             }
         };
-        // Targets in placement_fragment_id order (over the selected parts).
-        let mut targets: Vec<(u32, u32)> = Vec::new();
-        for &p in &selected {
-            let n = target.parts()[p as usize].fragments().len() as u32;
-            targets.extend((0..n).map(|f| (p, f)));
-        }
-        let frag_of = |&(p, f): &(u32, u32)| &target.parts()[p as usize].fragments()[f as usize];
-        targets.sort_by(|a, b| frag_of(a).placement_fragment_id().cmp(frag_of(b).placement_fragment_id()));
-
-        let mut regions: Vec<TransferRegion> = Vec::new();
-        let mut total_segments: u64 = 0;
-        let mut total_bytes: u64 = 0;
-        let sources = manifest.fragments();
-        for tkey in &targets {
-            let t = frag_of(tkey);
-            let tid = t.tensor_id();
-            let s_desc = source_tensors
-                .get(tid)
-                .map(|&i| &*manifest.tensors()[i])
-                .ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
-            let t_desc = target.tensor(tid).expect("placement knows its tensors");
-            if s_desc.layout_fingerprint() != t_desc.layout_fingerprint() {
-                return invalid(format!("layout mismatch for tensor {tid}"));
-            }
-            if !s_desc.is_compatible_with(t_desc) {
-                return invalid(format!("tensor descriptor mismatch: {tid}"));
-            }
-            let itemsize = t_desc.itemsize();
-            let Some(group) = members.get(tid) else {
-                return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
-            };
-            let index = indexes.entry(tid).or_insert_with(|| SourceIndex::build(&manifest, group));
-            let (tb, te) = (t.global_offset()[index.dim], t.global_offset()[index.dim] + t.local_shape()[index.dim]);
-            let mut overlaps: Vec<(Vec<u64>, Vec<u64>, u32)> = Vec::new();
-            for &(_, si) in index.candidates(tb, te) {
-                let s = &sources[si as usize];
-                if let Some((off, shape)) = intersect(s, t) {
-                    if regions.len() as u64 + overlaps.len() as u64 + 1 > limits.max_transfer_regions {
-                        return Err(limit(format!(
-                            "logical transfer plan exceeds max_transfer_regions: {}",
-                            limits.max_transfer_regions
-                        )));
-                    }
-                    overlaps.push((off, shape, si));
-                }
-            }
-            overlaps.sort_by(|a, b| {
-                (&a.0, &a.1, sources[a.2 as usize].fragment_id()).cmp(&(
-                    &b.0,
-                    &b.1,
-                    sources[b.2 as usize].fragment_id(),
-                ))
-            });
-            let boxes: Vec<BoxRef<'_>> = overlaps.iter().map(|o| BoxRef::new(&o.0, &o.1)).collect();
-            if !geometry::boxes_exactly_cover(t.as_box(), &boxes, HIGH_DIM_COMPARISON_BUDGET)? {
-                return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
-            }
-            let first = regions.len();
-            for (off, shape, si) in overlaps {
-                let s = &sources[si as usize];
-                let mut r = TransferRegion::derive(s.as_box(), t.as_box(), off, shape, itemsize);
-                r.source = si;
-                r.target_part = tkey.0;
-                r.target_fragment = tkey.1;
-                let count = r.segment_count();
-                if count > limits.max_segments_per_region {
-                    return Err(limit(format!(
-                        "logical transfer region exceeds max_segments_per_region: {count} > {}",
-                        limits.max_segments_per_region
-                    )));
-                }
-                total_segments = total_segments.saturating_add(count);
-                if total_segments > limits.max_total_lowered_segments {
-                    return Err(limit(format!(
-                        "logical transfer plan exceeds max_total_lowered_segments: {total_segments} > {}",
-                        limits.max_total_lowered_segments
-                    )));
-                }
-                r.check_bounds(s.nbytes(), t.nbytes())?;
-                total_bytes = total_bytes.saturating_add(r.total_bytes());
-                regions.push(r);
-            }
-            regions[first..].sort_by(|a, b| {
-                (a.target_base_offset, sources[a.source as usize].fragment_id(), a.source_base_offset).cmp(&(
-                    b.target_base_offset,
-                    sources[b.source as usize].fragment_id(),
-                    b.source_base_offset,
-                ))
-            });
-        }
+        let targets = sorted_targets(&target, &selected);
+        let mut groups = StoredGroups {
+            manifest: &manifest,
+            target: &target,
+            source_tensors,
+            members,
+            sources: &sources,
+            indexes: HashMap::default(),
+        };
+        let core = plan_regions(&target, &targets, &sources, &mut groups, limits)?;
+        drop(groups);
+        let (regions, total_bytes, total_segments) = (core.regions, core.total_bytes, core.total_segments);
         // Executors: planned parts with fragments, sorted by rank.
         let mut by_part: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (i, r) in regions.iter().enumerate() {
@@ -482,25 +400,6 @@ impl LogicalLoadPlan {
         }
         routes.into_iter().collect()
     }
-}
-
-fn intersect(s: &StoredFragment, t: &PlacementFragment) -> Option<(Vec<u64>, Vec<u64>)> {
-    let n = t.global_offset().len();
-    if s.global_offset().len() != n {
-        return None;
-    }
-    let mut off = Vec::with_capacity(n);
-    let mut shape = Vec::with_capacity(n);
-    for d in 0..n {
-        let b = s.global_offset()[d].max(t.global_offset()[d]);
-        let e = (s.global_offset()[d] + s.local_shape()[d]).min(t.global_offset()[d] + t.local_shape()[d]);
-        if e <= b {
-            return None;
-        }
-        off.push(b);
-        shape.push(e - b);
-    }
-    Some((off, shape))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 //! Pure planners: upload planning (`upload-planning.md`).
 
+pub(crate) mod core;
 pub mod load;
 pub mod upload;
