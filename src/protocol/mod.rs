@@ -6,6 +6,7 @@ pub mod guards;
 pub mod load;
 pub mod registration;
 pub mod transaction;
+pub mod transfer;
 pub mod transport;
 pub mod upload;
 pub mod weight_store;

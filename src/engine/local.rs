@@ -1,0 +1,198 @@
+//! The embedded engine: moves bytes by memcpy between memory registered in one
+//! process (tests, examples, and same-host resharding such as a TP change inside
+//! one server). Endpoints name the peer but do not separate memory: every region
+//! registered with one `LocalEngine` is reachable from every endpoint of it, so two
+//! in-process "instances" share one engine (`Arc`).
+//!
+//! Every operation's local and remote range must lie inside a registered region;
+//! a batch that violates this is refused before any byte moves (a known failure:
+//! `FAILED_DRAINED` on the ticket path, -1 on the legacy path). Device memory needs
+//! a [`CopyHook`] (for example `cudaMemcpy`); without one, registering device
+//! memory is refused, so no transfer can touch it. READ and WRITE copy the same
+//! way (source -> target): they differ only in which side a networked engine calls
+//! local.
+
+use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use crate::runtime::MemoryKind;
+use crate::store::CopyHook;
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Engine identities allocated by this process (never 0, never reused).
+static NEXT_IDENTITY: AtomicU64 = AtomicU64::new(1);
+
+/// Allocates a fresh engine identity for an engine without a native one.
+pub fn allocate_identity() -> u64 {
+    NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Engine code for a batch that touches unregistered memory or fails a copy hook.
+pub const LOCAL_TRANSFER_FAILED: i32 = -1;
+/// Engine code for a refused registration (overlap, device memory without a hook).
+pub const LOCAL_REGISTRATION_REFUSED: i32 = -2;
+/// Engine code for unregistering an address that is not registered.
+pub const LOCAL_NOT_REGISTERED: i32 = -3;
+
+/// The embedded in-process engine. Thread-safe; batches run on the caller's
+/// thread.
+pub struct LocalEngine {
+    identity: u64,
+    /// base -> (length, kind)
+    regions: RwLock<BTreeMap<u64, (u64, MemoryKind)>>,
+    hook: Option<Arc<dyn CopyHook>>,
+}
+
+impl std::fmt::Debug for LocalEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalEngine")
+            .field("identity", &self.identity)
+            .field("regions", &self.regions.read().len())
+            .field("copy_hook", &self.hook.is_some())
+            .finish()
+    }
+}
+
+impl Default for LocalEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct DoneTicket(CompletionStatus);
+
+impl TransferTicket for DoneTicket {
+    fn status(&self) -> EngineResult<CompletionStatus> {
+        Ok(self.0.clone())
+    }
+    fn drain(&self, _timeout_ms: u64) -> EngineResult<CompletionStatus> {
+        Ok(self.0.clone())
+    }
+}
+
+impl LocalEngine {
+    /// A host-memory engine with a fresh identity.
+    pub fn new() -> Self {
+        LocalEngine { identity: allocate_identity(), regions: RwLock::new(BTreeMap::new()), hook: None }
+    }
+
+    /// An engine that reaches device memory through `hook`.
+    pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
+        LocalEngine { hook: Some(hook), ..Self::new() }
+    }
+
+    /// Number of registered regions.
+    pub fn registered_count(&self) -> usize {
+        self.regions.read().len()
+    }
+
+    /// True when `[address, address + len)` lies inside one registered region;
+    /// returns that region's kind.
+    fn covered(map: &BTreeMap<u64, (u64, MemoryKind)>, address: u64, len: u64) -> Option<MemoryKind> {
+        let (&base, &(size, kind)) = map.range(..=address).next_back()?;
+        let end = address.checked_add(len)?;
+        (end <= base + size).then_some(kind)
+    }
+
+    /// Runs a batch: checks every operation first, then copies. Returns the status.
+    fn run(&self, batch: &TransferBatch) -> CompletionStatus {
+        let map = self.regions.read();
+        let (src, dst, sizes) = (batch.source_addresses(), batch.target_addresses(), batch.sizes());
+        let mut kinds = Vec::with_capacity(sizes.len());
+        for i in 0..sizes.len() {
+            match (Self::covered(&map, src[i], sizes[i]), Self::covered(&map, dst[i], sizes[i])) {
+                (Some(a), Some(b)) => kinds.push((a, b)),
+                _ => return CompletionStatus::FailedDrained,
+            }
+        }
+        for i in 0..sizes.len() {
+            let n = sizes[i] as usize;
+            let ok = match kinds[i] {
+                // SAFETY: both ranges lie inside regions registered with this engine,
+                // which `register_memory`'s contract keeps valid until unregistered;
+                // `copy` tolerates overlap.
+                (MemoryKind::Host, MemoryKind::Host) => unsafe {
+                    std::ptr::copy(src[i] as *const u8, dst[i] as *mut u8, n);
+                    true
+                },
+                (s, d) => self.copy_device(src[i], s, dst[i], d, sizes[i]),
+            };
+            if !ok {
+                return CompletionStatus::FailedDrained;
+            }
+        }
+        CompletionStatus::Completed
+    }
+
+    fn copy_device(&self, src: u64, sk: MemoryKind, dst: u64, dk: MemoryKind, len: u64) -> bool {
+        let Some(hook) = &self.hook else { return false };
+        let s = MemoryRegion { address: src, len, kind: sk };
+        let d = MemoryRegion { address: dst, len, kind: dk };
+        match (sk, dk) {
+            (MemoryKind::Host, _) => {
+                // SAFETY: registered host memory (see `run`).
+                let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) };
+                hook.host_to_device(bytes, d).is_ok()
+            }
+            (_, MemoryKind::Host) => {
+                // SAFETY: registered host memory (see `run`).
+                let bytes = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len as usize) };
+                hook.device_to_host(s, bytes).is_ok()
+            }
+            _ => {
+                let mut staging = vec![0u8; len as usize];
+                hook.device_to_host(s, &mut staging).is_ok() && hook.host_to_device(&staging, d).is_ok()
+            }
+        }
+    }
+}
+
+impl TransferEngine for LocalEngine {
+    fn identity(&self) -> Result<u64, String> {
+        Ok(self.identity)
+    }
+
+    unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
+        if region.address == 0 || region.len == 0 || region.address.checked_add(region.len).is_none() {
+            return Ok(LOCAL_REGISTRATION_REFUSED);
+        }
+        if region.kind != MemoryKind::Host && self.hook.is_none() {
+            return Ok(LOCAL_REGISTRATION_REFUSED);
+        }
+        let mut map = self.regions.write();
+        let end = region.address + region.len;
+        let before = map.range(..end).next_back().map(|(&b, &(l, _))| (b, l));
+        if before.is_some_and(|(b, l)| b + l > region.address) {
+            return Ok(LOCAL_REGISTRATION_REFUSED);
+        }
+        map.insert(region.address, (region.len, region.kind));
+        Ok(0)
+    }
+
+    fn unregister_memory(&self, address: u64) -> EngineResult<i32> {
+        Ok(if self.regions.write().remove(&address).is_some() { 0 } else { LOCAL_NOT_REGISTERED })
+    }
+
+    fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
+        Ok(match self.run(batch) {
+            CompletionStatus::Completed => 0,
+            _ => LOCAL_TRANSFER_FAILED,
+        })
+    }
+
+    fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
+        let status = self.run(batch);
+        Some(Ok(Box::new(DoneTicket(status))))
+    }
+}
+
+/// Helper for tests and examples: the direction-independent check that a batch is
+/// well-formed for this engine (every range registered).
+pub fn batch_is_registered(engine: &LocalEngine, batch: &TransferBatch) -> bool {
+    let map = engine.regions.read();
+    (0..batch.sizes().len()).all(|i| {
+        LocalEngine::covered(&map, batch.source_addresses()[i], batch.sizes()[i]).is_some()
+            && LocalEngine::covered(&map, batch.target_addresses()[i], batch.sizes()[i]).is_some()
+    })
+}
