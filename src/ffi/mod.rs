@@ -19,6 +19,7 @@
 
 mod binding;
 mod boundary;
+pub mod callbacks;
 mod lease;
 mod manifest;
 mod placement;
