@@ -4,7 +4,7 @@
 //! registered with one `LocalEngine` is reachable from every endpoint of it, so two
 //! in-process "instances" share one engine (`Arc`).
 //!
-//! Every operation's local and remote range must lie inside a registered region;
+//! Both allocations of every range of a batch must lie inside registered regions;
 //! a batch that violates this is refused before any byte moves (a known failure:
 //! `FAILED_DRAINED` on the ticket path, -1 on the legacy path). Device memory needs
 //! a [`CopyHook`] (for example `cudaMemcpy`); without one, registering device
@@ -95,32 +95,55 @@ impl LocalEngine {
         (end <= base + size).then_some(kind)
     }
 
-    /// Runs a batch: checks every operation first, then copies. Returns the status.
+    /// Runs a batch: checks every range first (both allocations, whole, inside
+    /// registered regions: a validated range keeps every segment inside them), then
+    /// copies. Returns the status.
     fn run(&self, batch: &TransferBatch) -> CompletionStatus {
         let map = self.regions.read();
-        let (src, dst, sizes) = (batch.source_addresses(), batch.target_addresses(), batch.sizes());
-        let mut kinds = Vec::with_capacity(sizes.len());
-        for i in 0..sizes.len() {
-            match (Self::covered(&map, src[i], sizes[i]), Self::covered(&map, dst[i], sizes[i])) {
+        let mut kinds = Vec::with_capacity(batch.ranges().len());
+        for r in batch.ranges() {
+            match (
+                Self::covered(&map, r.source_base_address, r.source_capacity),
+                Self::covered(&map, r.target_base_address, r.target_capacity),
+            ) {
                 (Some(a), Some(b)) => kinds.push((a, b)),
                 _ => return CompletionStatus::FailedDrained,
             }
         }
-        for i in 0..sizes.len() {
-            let n = sizes[i] as usize;
-            let ok = match kinds[i] {
-                // SAFETY: both ranges lie inside regions registered with this engine,
-                // which `register_memory`'s contract keeps valid until unregistered;
-                // `copy` tolerates overlap.
-                (MemoryKind::Host, MemoryKind::Host) => unsafe {
-                    std::ptr::copy(src[i] as *const u8, dst[i] as *mut u8, n);
-                    true
-                },
-                (s, d) => self.copy_device(src[i], s, dst[i], d, sizes[i]),
-            };
-            if !ok {
-                return CompletionStatus::FailedDrained;
+        let mut streamed = false;
+        for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
+            for i in 0..r.sizes.len() {
+                let (src, dst, n) = (
+                    r.source_base_address + r.source_offsets[i],
+                    r.target_base_address + r.target_offsets[i],
+                    r.sizes[i],
+                );
+                let ok = match (sk, dk) {
+                    (MemoryKind::Host, MemoryKind::Host) => {
+                        // SAFETY: both ranges lie inside regions registered with this
+                        // engine, which `register_memory`'s contract keeps valid until
+                        // unregistered; overlapping ranges take the memmove path.
+                        unsafe {
+                            if src < dst + n && dst < src + n {
+                                std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
+                            } else {
+                                copy_segment(dst as *mut u8, src as *const u8, n as usize, &mut streamed);
+                            }
+                        }
+                        true
+                    }
+                    (s, d) => self.copy_device(src, s, dst, d, n),
+                };
+                if !ok {
+                    if streamed {
+                        crate::store::copy_fence();
+                    }
+                    return CompletionStatus::FailedDrained;
+                }
             }
+        }
+        if streamed {
+            crate::store::copy_fence();
         }
         CompletionStatus::Completed
     }
@@ -145,6 +168,26 @@ impl LocalEngine {
                 hook.device_to_host(s, &mut staging).is_ok() && hook.host_to_device(&staging, d).is_ok()
             }
         }
+    }
+}
+
+/// Segments at least this long are copied with non-temporal stores (the target is
+/// written once and not read back soon); shorter ones with the libc memcpy.
+const STREAM_MIN_SEGMENT: usize = 64 << 10;
+
+/// Copies one segment.
+///
+/// # Safety
+/// `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
+#[inline]
+unsafe fn copy_segment(dst: *mut u8, src: *const u8, n: usize, streamed: &mut bool) {
+    if n >= STREAM_MIN_SEGMENT {
+        // SAFETY: the caller's contract.
+        unsafe { crate::store::copy_for_restore(dst, src, n) };
+        *streamed = true;
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
     }
 }
 
@@ -185,14 +228,4 @@ impl TransferEngine for LocalEngine {
         let status = self.run(batch);
         Some(Ok(Box::new(DoneTicket(status))))
     }
-}
-
-/// Helper for tests and examples: the direction-independent check that a batch is
-/// well-formed for this engine (every range registered).
-pub fn batch_is_registered(engine: &LocalEngine, batch: &TransferBatch) -> bool {
-    let map = engine.regions.read();
-    (0..batch.sizes().len()).all(|i| {
-        LocalEngine::covered(&map, batch.source_addresses()[i], batch.sizes()[i]).is_some()
-            && LocalEngine::covered(&map, batch.target_addresses()[i], batch.sizes()[i]).is_some()
-    })
 }

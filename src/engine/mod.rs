@@ -214,22 +214,29 @@ impl TransferBatchRange {
 }
 
 /// A validated batch for one endpoint (`TransferBatch.from_ranges`): the ranges
-/// and their flattened absolute addresses (base + offset).
+/// and their flattened absolute addresses (base + offset), flattened on first use
+/// (engines that take ranges never pay for it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransferBatch {
     endpoint: String,
     direction: Direction,
     ranges: Vec<TransferBatchRange>,
-    source_addresses: Vec<u64>,
-    target_addresses: Vec<u64>,
-    sizes: Vec<u64>,
+    flat: std::sync::OnceLock<Flat>,
+    operation_count: u64,
     nbytes: u64,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Flat {
+    source: Vec<u64>,
+    target: Vec<u64>,
+    sizes: Vec<u64>,
+}
+
 impl TransferBatch {
-    /// Validates and flattens `ranges` (`transfer endpoint must be a non-empty
-    /// string`, `transfer batch ranges must be non-empty and aligned`, the range
-    /// rules of [`TransferBatchRange::validate`]).
+    /// Validates `ranges` (`transfer endpoint must be a non-empty string`,
+    /// `transfer batch ranges must be non-empty and aligned`, the range rules of
+    /// [`TransferBatchRange::validate`]).
     pub fn from_ranges(
         endpoint: &str,
         direction: Direction,
@@ -241,26 +248,34 @@ impl TransferBatch {
         if ranges.is_empty() {
             return Err(contract("transfer batch ranges must be non-empty and aligned"));
         }
-        let n: usize = ranges.iter().map(|r| r.sizes.len()).sum();
-        let (mut s, mut t, mut z) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let mut nbytes = 0u64;
+        let mut operation_count = 0u64;
         for r in &ranges {
             r.validate()?;
-            for i in 0..r.sizes.len() {
-                s.push(r.source_base_address + r.source_offsets[i]);
-                t.push(r.target_base_address + r.target_offsets[i]);
-                z.push(r.sizes[i]);
-                nbytes = nbytes.saturating_add(r.sizes[i]);
-            }
+            operation_count += r.sizes.len() as u64;
+            nbytes = r.sizes.iter().fold(nbytes, |a, &n| a.saturating_add(n));
         }
         Ok(TransferBatch {
             endpoint: endpoint.to_string(),
             direction,
             ranges,
-            source_addresses: s,
-            target_addresses: t,
-            sizes: z,
+            flat: std::sync::OnceLock::new(),
+            operation_count,
             nbytes,
+        })
+    }
+
+    fn flat(&self) -> &Flat {
+        self.flat.get_or_init(|| {
+            let n = self.operation_count as usize;
+            let mut f =
+                Flat { source: Vec::with_capacity(n), target: Vec::with_capacity(n), sizes: Vec::with_capacity(n) };
+            for r in &self.ranges {
+                f.source.extend(r.source_offsets.iter().map(|o| r.source_base_address + o));
+                f.target.extend(r.target_offsets.iter().map(|o| r.target_base_address + o));
+                f.sizes.extend_from_slice(&r.sizes);
+            }
+            f
         })
     }
 
@@ -278,33 +293,33 @@ impl TransferBatch {
     }
     /// Absolute source addresses, one per operation.
     pub fn source_addresses(&self) -> &[u64] {
-        &self.source_addresses
+        &self.flat().source
     }
     /// Absolute target addresses, one per operation.
     pub fn target_addresses(&self) -> &[u64] {
-        &self.target_addresses
+        &self.flat().target
     }
     /// Local addresses in the engine's argument order (READ: targets, WRITE: sources).
     pub fn local_addresses(&self) -> &[u64] {
         match self.direction {
-            Direction::Read => &self.target_addresses,
-            Direction::Write => &self.source_addresses,
+            Direction::Read => self.target_addresses(),
+            Direction::Write => self.source_addresses(),
         }
     }
     /// Remote addresses (READ: sources, WRITE: targets).
     pub fn remote_addresses(&self) -> &[u64] {
         match self.direction {
-            Direction::Read => &self.source_addresses,
-            Direction::Write => &self.target_addresses,
+            Direction::Read => self.source_addresses(),
+            Direction::Write => self.target_addresses(),
         }
     }
     /// Sizes, one per operation.
     pub fn sizes(&self) -> &[u64] {
-        &self.sizes
+        &self.flat().sizes
     }
     /// Number of operations (`len(sizes)`).
     pub fn operation_count(&self) -> u64 {
-        self.sizes.len() as u64
+        self.operation_count
     }
     /// Sum of sizes.
     pub fn nbytes(&self) -> u64 {

@@ -141,7 +141,14 @@ impl SourceGroups for PlacementGroups<'_> {
 }
 
 /// Source replica selection (`load-path.md` §3.7): the sorted complete source dps
-/// and the member source indices per (tensor, dp) group.
+/// and the member source indices per (tensor, dp) group: the fragments of the
+/// lowest owner, one per distinct box (the lowest `(dp, pp, ep, tp, id)`).
+///
+/// One sort of all source fragments by (tensor, dp, owner, box, rank, id) makes
+/// every group a contiguous run. A validated placement already guarantees that each
+/// (owner, replica) cover is exact (`data-model.md` §9.6), so a tensor whose DP axis
+/// is replicated (or whose topology has one DP rank) is complete in every DP rank
+/// that holds it; only other DP semantics need the exact-cover check here.
 fn select_sources<'a>(
     source: &'a Placement,
     flat: &[(u32, u32)],
@@ -150,85 +157,98 @@ fn select_sources<'a>(
         let (p, f) = flat[i as usize];
         &source.parts()[p as usize].fragments()[f as usize]
     };
-    // dp -> tensor -> owner -> source indices (non-DP-owned); tensor -> owner -> indices (DP-owned).
-    let mut by_dp: BTreeMap<u64, HashMap<&str, BTreeMap<[u64; 4], Vec<u32>>>> = BTreeMap::new();
-    let mut dp_owned: BTreeMap<&str, BTreeMap<[u64; 4], Vec<u32>>> = BTreeMap::new();
-    for i in 0..flat.len() as u32 {
-        let f = frag(i);
-        let t = source.tensor(f.tensor_id()).expect("placement knows its tensors");
-        let owner = owner_of(t, f.rank());
-        if is_dp_owned(t) {
-            dp_owned.entry(t.tensor_id()).or_default().entry(owner).or_default().push(i);
-        } else {
-            by_dp.entry(f.rank().dp).or_default().entry(t.tensor_id()).or_default().entry(owner).or_default().push(i);
-        }
-    }
-    // Deduplicates a group by box, keeping the lowest (dp, pp, ep, tp, id), and
-    // checks that the unique boxes exactly cover the tensor.
-    let unique_cover = |t: &TensorDescriptor, members: &[u32]| -> Result<Option<Vec<u32>>> {
-        let mut list = members.to_vec();
-        list.sort_by(|&a, &b| {
-            let (fa, fb) = (frag(a), frag(b));
+    let tensors = source.tensors();
+    let tensor_index =
+        |id: &str| tensors.binary_search_by(|t| t.tensor_id().cmp(id)).expect("placement knows its tensors");
+    // (tensor index, group dp, owner, source index)
+    let mut keyed: Vec<(u32, u64, [u64; 4], u32)> = (0..flat.len() as u32)
+        .map(|i| {
+            let f = frag(i);
+            let ti = tensor_index(f.tensor_id());
+            let t = &*tensors[ti];
+            let dp = if is_dp_owned(t) { ANY_DP } else { f.rank().dp };
+            (ti as u32, dp, owner_of(t, f.rank()), i)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| {
+        (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)).then_with(|| {
+            let (fa, fb) = (frag(a.3), frag(b.3));
             (fa.global_offset(), fa.local_shape(), fa.rank().order_key(), fa.placement_fragment_id()).cmp(&(
                 fb.global_offset(),
                 fb.local_shape(),
                 fb.rank().order_key(),
                 fb.placement_fragment_id(),
             ))
-        });
-        list.dedup_by(|b, a| {
-            let (fa, fb) = (frag(*a), frag(*b));
-            fa.global_offset() == fb.global_offset() && fa.local_shape() == fb.local_shape()
-        });
+        })
+    });
+    let single_dp = source.topology().dp_size() <= 1;
+    let needs_check =
+        |t: &TensorDescriptor| !single_dp && t.axis(AxisKind::Dp) != Some(&ParallelAxis::Replicated(AxisKind::Dp));
+    let cover = |t: &TensorDescriptor, list: &[u32]| -> Result<bool> {
         let whole_offset = vec![0u64; t.ndim()];
         let whole = BoxRef::new(&whole_offset, t.global_shape());
         let boxes: Vec<BoxRef<'_>> = list.iter().map(|&i| frag(i).as_box()).collect();
-        Ok(geometry::boxes_exactly_cover(whole, &boxes, HIGH_DIM_COMPARISON_BUDGET)?.then_some(list))
+        geometry::boxes_exactly_cover(whole, &boxes, HIGH_DIM_COMPARISON_BUDGET)
     };
     let mut members: HashMap<(&str, u64), Vec<u32>> = HashMap::default();
-    let mut complete = Vec::new();
-    'dp: for (&dp, tensors) in &by_dp {
-        let mut chosen: Vec<(&str, Vec<u32>)> = Vec::new();
-        for t in source.tensors().iter().filter(|t| !is_dp_owned(t)) {
-            let Some(owners) = tensors.get(t.tensor_id()) else { continue 'dp };
-            let mut first = None;
-            for group in owners.values() {
-                match unique_cover(t, group)? {
-                    Some(list) => {
-                        if first.is_none() {
-                            first = Some(list);
-                        }
-                    }
-                    None => continue 'dp,
+    // (tensor, dp) groups that are incomplete (then the dp is not a complete replica).
+    let mut incomplete: BTreeSet<u64> = BTreeSet::new();
+    let mut dps: BTreeSet<u64> = BTreeSet::new();
+    let mut i = 0;
+    while i < keyed.len() {
+        let (ti, dp) = (keyed[i].0, keyed[i].1);
+        let t = &*tensors[ti as usize];
+        let mut chosen: Option<Vec<u32>> = None;
+        let mut owners = 0usize;
+        while i < keyed.len() && keyed[i].0 == ti && keyed[i].1 == dp {
+            let owner = keyed[i].2;
+            let mut list: Vec<u32> = Vec::new();
+            while i < keyed.len() && keyed[i].0 == ti && keyed[i].1 == dp && keyed[i].2 == owner {
+                let f = frag(keyed[i].3);
+                let dup = list.last().is_some_and(|&l| {
+                    let g = frag(l);
+                    g.global_offset() == f.global_offset() && g.local_shape() == f.local_shape()
+                });
+                if !dup {
+                    list.push(keyed[i].3);
                 }
+                i += 1;
             }
-            chosen.push((t.tensor_id(), first.expect("an owner group")));
+            owners += 1;
+            let complete = if dp == ANY_DP || needs_check(t) { cover(t, &list)? } else { true };
+            if dp == ANY_DP {
+                if !complete {
+                    return invalid(format!(
+                        "DP-owned source tensor has no complete declared owner: {}",
+                        t.tensor_id()
+                    ));
+                }
+            } else if !complete {
+                incomplete.insert(dp);
+            }
+            if chosen.is_none() {
+                chosen = Some(list);
+            }
         }
-        complete.push(dp);
-        for (tid, list) in chosen {
-            members.insert((tid, dp), list);
+        if dp == ANY_DP {
+            if owners > 1 {
+                return invalid(format!("DP-owned source tensor has ambiguous declared owners: {}", t.tensor_id()));
+            }
+        } else {
+            dps.insert(dp);
         }
+        members.insert((t.tensor_id(), dp), chosen.expect("a group has an owner"));
     }
-    let has_replicated = source.tensors().iter().any(|t| !is_dp_owned(t));
-    if has_replicated && complete.is_empty() {
+    // A complete replica holds every non-DP-owned tensor, each owner complete.
+    let replicated: Vec<&str> = tensors.iter().filter(|t| !is_dp_owned(t)).map(|t| t.tensor_id()).collect();
+    let complete: Vec<u64> = dps
+        .into_iter()
+        .filter(|dp| !incomplete.contains(dp) && replicated.iter().all(|tid| members.contains_key(&(*tid, *dp))))
+        .collect();
+    if !replicated.is_empty() && complete.is_empty() {
         return invalid("source manifests have no complete DP replica; tensors are not fully covered");
     }
-    for (tid, owners) in dp_owned {
-        if owners.len() > 1 {
-            return invalid(format!("DP-owned source tensor has ambiguous declared owners: {tid}"));
-        }
-        let t = source.tensor(tid).expect("known tensor");
-        let group = owners.values().next().expect("one owner");
-        match unique_cover(t, group)? {
-            Some(list) => {
-                members.insert((tid, ANY_DP), list);
-            }
-            None => return invalid(format!("DP-owned source tensor has no complete declared owner: {tid}")),
-        }
-    }
-    if complete.is_empty() {
-        complete.push(0);
-    }
+    let complete = if complete.is_empty() { vec![0] } else { complete };
     Ok((complete, members))
 }
 

@@ -24,7 +24,7 @@ pub const COMPLETION_UNKNOWN_RESTART_REQUIRED: &str = "COMPLETION_UNKNOWN_RESTAR
 pub(crate) struct PendingEntry {
     identity: u64,
     engine: Arc<dyn TransferEngine>,
-    ticket: Option<Box<dyn TransferTicket>>,
+    ticket: Option<Arc<dyn TransferTicket>>,
     /// Addresses we registered and must unregister after the drain.
     registrations: Vec<u64>,
     tokens: Vec<Box<dyn LifetimeToken>>,
@@ -212,7 +212,7 @@ pub(crate) fn retain_unknown(
     let id = insert(PendingEntry {
         identity,
         engine: engine.clone(),
-        ticket,
+        ticket: ticket.map(Arc::from),
         registrations: handoff.registrations,
         tokens: handoff.tokens,
         resources: handoff.resources,
@@ -256,20 +256,21 @@ fn not_found(id: &str) -> TransferError {
 /// `COMPLETION_UNKNOWN_RESTART_REQUIRED`, or the recorded terminal status of a
 /// cleanup entry. A ticket whose status cannot be read reports `COMPLETION_UNKNOWN`.
 pub fn pending_transfer_status(identity: u64, id: &str) -> Result<String, TransferError> {
-    let t = TABLE.lock();
-    let e = t.entries.get(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
-    if let Some((name, _)) = &e.terminal {
-        return Ok(name.clone());
-    }
-    if e.restart_required {
-        return Ok(COMPLETION_UNKNOWN_RESTART_REQUIRED.into());
-    }
-    Ok(match &e.ticket {
-        Some(ticket) => match ticket.status() {
-            Ok(s) => s.name().to_string(),
-            Err(_) => "COMPLETION_UNKNOWN".into(),
-        },
-        None => "COMPLETION_UNKNOWN".into(),
+    let ticket = {
+        let t = TABLE.lock();
+        let e = t.entries.get(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
+        if let Some((name, _)) = &e.terminal {
+            return Ok(name.clone());
+        }
+        if e.restart_required {
+            return Ok(COMPLETION_UNKNOWN_RESTART_REQUIRED.into());
+        }
+        e.ticket.clone()
+    };
+    // The ticket is asked outside the table lock (it may be a C callback).
+    Ok(match ticket.map(|t| t.status()) {
+        Some(Ok(s)) => s.name().to_string(),
+        _ => "COMPLETION_UNKNOWN".into(),
     })
 }
 
@@ -298,7 +299,7 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
             return Ok("COMPLETION_UNKNOWN".into());
         }
         e.draining = true;
-        (e.ticket.take(), e.terminal.clone())
+        (e.ticket.clone(), e.terminal.clone())
     };
     // Phase 2: the drain, outside the lock.
     let (name, state) = match recorded {
@@ -310,7 +311,6 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
                 Some(Ok(CompletionStatus::CompletionUnknown)) | Some(Err(_)) | None => {
                     let mut t = TABLE.lock();
                     let e = t.entries.get_mut(id).expect("a claimed entry stays");
-                    e.ticket = ticket;
                     e.draining = false;
                     return Ok("COMPLETION_UNKNOWN".into());
                 }
@@ -322,7 +322,6 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
     let (engine, registrations, mut tokens) = {
         let mut t = TABLE.lock();
         let e = t.entries.get_mut(id).expect("a claimed entry stays");
-        e.ticket = ticket;
         e.terminal = Some((name.clone(), state));
         (e.engine.clone(), std::mem::take(&mut e.registrations), std::mem::take(&mut e.tokens))
     };
