@@ -110,7 +110,6 @@ impl LocalEngine {
                 _ => return CompletionStatus::FailedDrained,
             }
         }
-        let mut streamed = false;
         for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
             for i in 0..r.sizes.len() {
                 let (src, dst, n) = (
@@ -127,7 +126,9 @@ impl LocalEngine {
                             if src < dst + n && dst < src + n {
                                 std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
                             } else {
-                                copy_segment(dst as *mut u8, src as *const u8, n as usize, &mut streamed);
+                                // The libc memcpy picks its own strategy (non-temporal
+                                // stores for very long copies).
+                                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
                             }
                         }
                         true
@@ -135,15 +136,9 @@ impl LocalEngine {
                     (s, d) => self.copy_device(src, s, dst, d, n),
                 };
                 if !ok {
-                    if streamed {
-                        crate::store::copy_fence();
-                    }
                     return CompletionStatus::FailedDrained;
                 }
             }
-        }
-        if streamed {
-            crate::store::copy_fence();
         }
         CompletionStatus::Completed
     }
@@ -168,26 +163,6 @@ impl LocalEngine {
                 hook.device_to_host(s, &mut staging).is_ok() && hook.host_to_device(&staging, d).is_ok()
             }
         }
-    }
-}
-
-/// Segments at least this long are copied with non-temporal stores (the target is
-/// written once and not read back soon); shorter ones with the libc memcpy.
-const STREAM_MIN_SEGMENT: usize = 64 << 10;
-
-/// Copies one segment.
-///
-/// # Safety
-/// `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
-#[inline]
-unsafe fn copy_segment(dst: *mut u8, src: *const u8, n: usize, streamed: &mut bool) {
-    if n >= STREAM_MIN_SEGMENT {
-        // SAFETY: the caller's contract.
-        unsafe { crate::store::copy_for_restore(dst, src, n) };
-        *streamed = true;
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
     }
 }
 

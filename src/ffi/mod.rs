@@ -21,11 +21,13 @@ mod binding;
 mod boundary;
 pub mod callbacks;
 mod lease;
+mod loader;
 mod manifest;
 mod placement;
 mod store;
 mod strings;
 mod transaction;
+mod transfer_plan;
 mod upload;
 mod writer;
 
@@ -35,10 +37,15 @@ pub use crate::store::callbacks::{
 };
 pub use binding::*;
 pub use boundary::*;
+pub use callbacks::engine::{
+    mws_transfer_engine_vtable, MWS_TRANSFER_ENGINE_VTABLE_VERSION, MWS_TRANSFER_READ, MWS_TRANSFER_WRITE,
+};
 pub use lease::*;
+pub use loader::*;
 pub use manifest::*;
 pub use placement::*;
 pub use store::*;
 pub use transaction::*;
+pub use transfer_plan::*;
 pub use upload::*;
 pub use writer::*;
