@@ -535,6 +535,28 @@ impl TransferPlan {
     /// snapshot mismatch` (any planned fragment missing or changed, lease id or
     /// generation changed).
     pub fn resolve_executors(&self, side: Side, placement: &Placement, binding: &RuntimeBinding) -> Result<Vec<usize>> {
+        self.resolve_executors_with(side, placement, binding, true)
+    }
+
+    /// [`Self::resolve_executors`] for a binding the caller has just validated
+    /// against `placement` (`validate_runtime_binding` is pure: the same pair gives
+    /// the same result), skipping that validation.
+    pub(crate) fn resolve_validated(
+        &self,
+        side: Side,
+        placement: &Placement,
+        binding: &RuntimeBinding,
+    ) -> Result<Vec<usize>> {
+        self.resolve_executors_with(side, placement, binding, false)
+    }
+
+    fn resolve_executors_with(
+        &self,
+        side: Side,
+        placement: &Placement,
+        binding: &RuntimeBinding,
+        validate: bool,
+    ) -> Result<Vec<usize>> {
         let s = side.as_str();
         let execs = self.executors(side);
         if execs.is_empty() {
@@ -549,7 +571,9 @@ impl TransferPlan {
         {
             return invalid(format!("transfer plan identity differs from {s} placement"));
         }
-        validate_runtime_binding(placement, binding)?;
+        if validate {
+            validate_runtime_binding(placement, binding)?;
+        }
         let mine: Vec<usize> = (0..execs.len())
             .filter(|&i| {
                 execs[i].instance_id == binding.instance_id() && execs[i].participant_id == binding.participant_id()

@@ -166,10 +166,24 @@ fn manifest_pair(
     binding: &RuntimeBinding,
     side: Side,
 ) -> TransferResult<()> {
+    manifest_pair_with(plan, placement, binding, side, true)
+}
+
+/// [`manifest_pair`]; `validate == false` skips the binding validation for a binding
+/// equal to one validated earlier in the same call (the check is pure).
+fn manifest_pair_with(
+    plan: &TransferPlan,
+    placement: &Placement,
+    binding: &RuntimeBinding,
+    side: Side,
+    validate: bool,
+) -> TransferResult<()> {
     let s = side.as_str();
-    validate_runtime_binding(placement, binding).map_err(|e| {
-        te(format!("invalid {s} runtime binding: {}", e.message())).with_error_kind(ErrorKind::InvalidBinding)
-    })?;
+    if validate {
+        validate_runtime_binding(placement, binding).map_err(|e| {
+            te(format!("invalid {s} runtime binding: {}", e.message())).with_error_kind(ErrorKind::InvalidBinding)
+        })?;
+    }
     if placement.resource_id() != plan.resource_id() {
         return Err(TransferError::stale(format!("{s} resource_id mismatch")));
     }
@@ -333,11 +347,11 @@ impl TransferExecutor {
         if !planned_participant(plan, Side::Source, source_binding.participant_id()) {
             return Ok(Vec::new());
         }
-        plan.resolve_executors(Side::Source, source_placement, source_binding).map_err(TransferError::engine_from)?;
+        plan.resolve_validated(Side::Source, source_placement, source_binding).map_err(TransferError::engine_from)?;
         for t in target_bindings {
             manifest_pair(plan, target_placement, t, Side::Target)?;
             if planned_participant(plan, Side::Target, t.participant_id()) {
-                plan.resolve_executors(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
+                plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
             }
         }
         let source_guards =
@@ -359,9 +373,9 @@ impl TransferExecutor {
         let src = &fresh_source[0];
         // Re-check under the pins.
         let checked = (|| -> TransferResult<_> {
-            manifest_pair(plan, source_placement, src, Side::Source)?;
+            manifest_pair_with(plan, source_placement, src, Side::Source, src != source_binding)?;
             let mut local: Vec<usize> =
-                plan.resolve_executors(Side::Source, source_placement, src).map_err(TransferError::engine_from)?;
+                plan.resolve_validated(Side::Source, source_placement, src).map_err(TransferError::engine_from)?;
             let execs = plan.executors(Side::Source);
             if let Some(w) = args.source_worker_id {
                 local.retain(|&i| execs[i].worker_id == w);
@@ -384,9 +398,9 @@ impl TransferExecutor {
             let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
             let texecs = plan.executors(Side::Target);
             for t in &fresh_targets {
-                manifest_pair(plan, target_placement, t, Side::Target)?;
+                manifest_pair_with(plan, target_placement, t, Side::Target, !target_bindings.contains(t))?;
                 let mine =
-                    plan.resolve_executors(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
+                    plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
                 for i in mine {
                     let e = &texecs[i];
                     if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
@@ -508,11 +522,11 @@ impl TransferExecutor {
         if !planned_participant(plan, Side::Target, target_binding.participant_id()) {
             return Ok(Vec::new());
         }
-        plan.resolve_executors(Side::Target, target_placement, target_binding).map_err(TransferError::engine_from)?;
+        plan.resolve_validated(Side::Target, target_placement, target_binding).map_err(TransferError::engine_from)?;
         for s in source_bindings {
             manifest_pair(plan, source_placement, s, Side::Source)?;
             if planned_participant(plan, Side::Source, s.participant_id()) {
-                plan.resolve_executors(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
+                plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
             }
         }
         let source_guards =
@@ -535,10 +549,10 @@ impl TransferExecutor {
         }
         let tgt = &fresh_target[0];
         let checked = (|| -> TransferResult<_> {
-            manifest_pair(plan, target_placement, tgt, Side::Target)?;
+            manifest_pair_with(plan, target_placement, tgt, Side::Target, tgt != target_binding)?;
             let execs = plan.executors(Side::Target);
             let mut local: Vec<usize> =
-                plan.resolve_executors(Side::Target, target_placement, tgt).map_err(TransferError::engine_from)?;
+                plan.resolve_validated(Side::Target, target_placement, tgt).map_err(TransferError::engine_from)?;
             if let Some(w) = args.target_worker_id {
                 local.retain(|&i| execs[i].worker_id == w);
             }
@@ -550,9 +564,9 @@ impl TransferExecutor {
             let mut keys = BTreeSet::new();
             let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
             for s in &fresh_sources {
-                manifest_pair(plan, source_placement, s, Side::Source)?;
+                manifest_pair_with(plan, source_placement, s, Side::Source, !source_bindings.contains(s))?;
                 let mine =
-                    plan.resolve_executors(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
+                    plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
                 for i in mine {
                     let e = &sexecs[i];
                     if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
