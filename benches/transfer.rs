@@ -122,6 +122,28 @@ fn reader_once(
     t.elapsed().as_secs_f64()
 }
 
+fn direct_copy(plan: &TransferPlan) -> f64 {
+    use mooncake_weight_store::plan::transfer_bind::Side;
+    let t = Instant::now();
+    for (i, r) in plan.regions().iter().enumerate() {
+        let (_, s) = plan.operation_fragment(i, Side::Source);
+        let (_, d) = plan.operation_fragment(i, Side::Target);
+        r.for_each_segment(u64::MAX, |so, to, n| {
+            // SAFETY: the bound plan's fragments are live host buffers of the models
+            // (checked against their views by the planner), disjoint between sides.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (s.address() + so) as *const u8,
+                    (d.address() + to) as *mut u8,
+                    n as usize,
+                )
+            }
+        })
+        .unwrap_or_else(|e| die("direct copy", e));
+    }
+    t.elapsed().as_secs_f64()
+}
+
 fn reshard(size_mib: u64) {
     let hidden = 1024;
     let layers = (size_mib << 20).div_ceil(16 * hidden * hidden * 2).max(1);
@@ -150,17 +172,52 @@ fn reshard(size_mib: u64) {
         plan_s
     );
     println!("memcpy of the same bytes (1 thread)      {memcpy:>7.3} s {:>6.2} GB/s", gb(memcpy));
-    let engine = Arc::new(LocalEngine::new());
-    let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap_or_else(|e| die("executor", e));
+    // The floor of this plan on this machine: every segment copied by a plain loop
+    // (no executor, no engine, no checks), single thread.
+    let direct = (0..3).map(|_| direct_copy(&plan)).fold(f64::MAX, f64::min);
+    println!(
+        "direct segment copies (no executor)     {direct:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        gb(direct),
+        memcpy / direct
+    );
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    for (label, engine, limits) in [
+        ("1 thread, batches of 1024", LocalEngine::new(), ExecutorLimits::default()),
+        (
+            "threaded, batches of 65536",
+            LocalEngine::with_threads(threads, 0),
+            ExecutorLimits { max_batch_operations: 65536, ..Default::default() },
+        ),
+    ] {
+        println!("LocalEngine {label} ({} copy threads):", if label.starts_with('1') { 1 } else { threads });
+        engine_modes(Arc::new(engine), limits, &plan, &src, &mut dst, memcpy, bytes);
+    }
+}
+
+fn engine_modes(
+    engine: Arc<LocalEngine>,
+    limits: ExecutorLimits,
+    plan: &TransferPlan,
+    src: &HostModel,
+    dst: &mut HostModel,
+    memcpy: f64,
+    bytes: u64,
+) {
+    let plan = plan.clone();
+    let gb = |s: f64| bytes as f64 / s / 1e9;
+    for buf in &mut dst.buffers {
+        buf.fill(0xA5);
+    }
+    let ex = TransferExecutor::new(engine.clone(), limits).unwrap_or_else(|e| die("executor", e));
 
     // Sink mode: the owner pre-registers the targets; each source registers its own.
-    register_all(&engine, &dst);
-    let leases = leases_of(&dst);
-    let sink = (0..3).map(|_| sink_once(&ex, &plan, &src, &dst, &leases)).fold(f64::MAX, f64::min);
-    unregister_all(&engine, &dst);
+    register_all(&engine, dst);
+    let leases = leases_of(dst);
+    let sink = (0..3).map(|_| sink_once(&ex, &plan, src, dst, &leases)).fold(f64::MAX, f64::min);
+    unregister_all(&engine, dst);
     dst.verify().unwrap_or_else(|e| die("sink verify", e));
     println!(
-        "LocalEngine sink   (sources push)       {sink:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        "  sink   (sources push)                 {sink:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
         gb(sink),
         memcpy / sink
     );
@@ -168,13 +225,13 @@ fn reshard(size_mib: u64) {
         buf.fill(0xA5);
     }
     // Reader mode: the owners pre-register the sources; each target registers its own.
-    register_all(&engine, &src);
-    let leases = leases_of(&src);
-    let read = (0..3).map(|_| reader_once(&ex, &plan, &src, &dst, &leases)).fold(f64::MAX, f64::min);
-    unregister_all(&engine, &src);
+    register_all(&engine, src);
+    let leases = leases_of(src);
+    let read = (0..3).map(|_| reader_once(&ex, &plan, src, dst, &leases)).fold(f64::MAX, f64::min);
+    unregister_all(&engine, src);
     dst.verify().unwrap_or_else(|e| die("reader verify", e));
     println!(
-        "LocalEngine reader (targets pull)       {read:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        "  reader (targets pull)                 {read:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
         gb(read),
         memcpy / read
     );

@@ -158,3 +158,26 @@ fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_hook() {
     // SAFETY: refused; never touched.
     assert_ne!(unsafe { engine.register_memory(r) }.unwrap(), 0);
 }
+
+#[test]
+fn live_reshard_threaded_local_engine_every_byte() {
+    // Parallel copies (tiny threshold, large batches): same bytes as one thread.
+    let (src, dst, plan) = models();
+    let engine = Arc::new(LocalEngine::with_threads(4, 1));
+    let leases = pre_register(&engine, &dst);
+    let limits = ExecutorLimits { max_batch_operations: 1 << 20, ..Default::default() };
+    let ex = TransferExecutor::new(engine.clone(), limits).unwrap();
+    let guards = GuardProviders::all(Arc::new(StaticGuard));
+    let args = SinkArgs {
+        target_registrations: Some(&leases),
+        source_guards: Some(&guards),
+        target_guards: Some(&guards),
+        ..Default::default()
+    };
+    for b in &src.bindings {
+        // SAFETY: both models' buffers outlive the call; nothing else touches them.
+        unsafe { ex.execute_sink(&plan, &src.placement, b, &dst.placement, &dst.bindings, &args) }.unwrap();
+    }
+    assert_eq!(dst.verify().unwrap() as u64, plan.total_bytes());
+    unregister_all(&engine, &dst);
+}

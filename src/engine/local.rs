@@ -42,6 +42,10 @@ pub struct LocalEngine {
     /// base -> (length, kind)
     regions: RwLock<BTreeMap<u64, (u64, MemoryKind)>>,
     hook: Option<Arc<dyn CopyHook>>,
+    /// Copy threads per large batch (1 = the caller's thread only).
+    threads: usize,
+    /// Smallest batch (bytes) copied by several threads.
+    parallel_min_bytes: u64,
 }
 
 impl std::fmt::Debug for LocalEngine {
@@ -74,12 +78,27 @@ impl TransferTicket for DoneTicket {
 impl LocalEngine {
     /// A host-memory engine with a fresh identity.
     pub fn new() -> Self {
-        LocalEngine { identity: allocate_identity(), regions: RwLock::new(BTreeMap::new()), hook: None }
+        LocalEngine {
+            identity: allocate_identity(),
+            regions: RwLock::new(BTreeMap::new()),
+            hook: None,
+            threads: 1,
+            parallel_min_bytes: PARALLEL_MIN_BYTES,
+        }
     }
 
     /// An engine that reaches device memory through `hook`.
     pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
         LocalEngine { hook: Some(hook), ..Self::new() }
+    }
+
+    /// An engine that copies host batches of at least `min_batch_bytes` (0: 4 MiB)
+    /// with up to `threads` scoped threads (ranges whose target spans overlap stay on
+    /// one thread, in batch order, so no two threads ever write the same bytes). Raise
+    /// the executor's `max_batch_operations` to give the threads enough work.
+    pub fn with_threads(threads: usize, min_batch_bytes: u64) -> Self {
+        let parallel_min_bytes = if min_batch_bytes == 0 { PARALLEL_MIN_BYTES } else { min_batch_bytes };
+        LocalEngine { threads: threads.max(1), parallel_min_bytes, ..Self::new() }
     }
 
     /// Number of registered regions.
@@ -109,6 +128,10 @@ impl LocalEngine {
                 (Some(a), Some(b)) => kinds.push((a, b)),
                 _ => return CompletionStatus::FailedDrained,
             }
+        }
+        let all_host = kinds.iter().all(|k| *k == (MemoryKind::Host, MemoryKind::Host));
+        if self.threads > 1 && all_host && batch.nbytes() >= self.parallel_min_bytes {
+            return copy_parallel(batch, self.threads);
         }
         for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
             for i in 0..r.sizes.len() {
@@ -164,6 +187,88 @@ impl LocalEngine {
             }
         }
     }
+}
+
+/// Host batches at least this large may be copied by several threads.
+const PARALLEL_MIN_BYTES: u64 = 4 << 20;
+
+/// Copies one host range (segments in order; memmove when source and target overlap).
+///
+/// # Safety
+/// Both allocations of `r` are registered host memory (valid for the copy).
+unsafe fn copy_range(r: &crate::engine::TransferBatchRange) {
+    for i in 0..r.sizes.len() {
+        let (src, dst, n) =
+            (r.source_base_address + r.source_offsets[i], r.target_base_address + r.target_offsets[i], r.sizes[i]);
+        // SAFETY: the caller's contract; a validated range keeps every segment inside
+        // both allocations.
+        unsafe {
+            if src < dst + n && dst < src + n {
+                std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
+            } else {
+                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
+            }
+        }
+    }
+}
+
+/// Copies a host batch with up to `threads` scoped threads. Ranges are grouped by
+/// overlapping target spans (`[base + min offset, base + max offset + size)`): a group
+/// runs on one thread in batch order, so writes that may touch the same bytes (tied
+/// aliases) keep their order and never race; groups are spread over the threads by
+/// bytes.
+fn copy_parallel(batch: &TransferBatch, threads: usize) -> CompletionStatus {
+    let ranges = batch.ranges();
+    let mut spans: Vec<(u64, u64, usize)> = ranges
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let lo = r.target_offsets.iter().copied().min().unwrap_or(0);
+            let hi = r.target_offsets.iter().zip(&r.sizes).map(|(o, n)| o + n).max().unwrap_or(0);
+            (r.target_base_address + lo, r.target_base_address + hi, i)
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut groups: Vec<(u64, Vec<usize>)> = Vec::new(); // (bytes, range indices)
+    let mut end = 0u64;
+    for (lo, hi, i) in spans {
+        let bytes: u64 = ranges[i].sizes.iter().sum();
+        match groups.last_mut() {
+            Some(g) if lo < end => {
+                g.0 += bytes;
+                g.1.push(i);
+            }
+            _ => groups.push((bytes, vec![i])),
+        }
+        end = end.max(hi);
+    }
+    for g in &mut groups {
+        g.1.sort_unstable(); // batch order inside a group
+    }
+    // Greedy: largest groups first onto the least loaded thread.
+    groups.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut buckets: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); threads.min(groups.len()).max(1)];
+    for (bytes, list) in groups {
+        let b = buckets.iter_mut().min_by_key(|b| b.0).expect("at least one bucket");
+        b.0 += bytes;
+        b.1.extend(list);
+    }
+    std::thread::scope(|s| {
+        for (_, list) in buckets.iter().skip(1) {
+            s.spawn(move || {
+                for &i in list {
+                    // SAFETY: the batch's ranges were checked against registered host
+                    // regions by `run`; groups never share target bytes.
+                    unsafe { copy_range(&ranges[i]) };
+                }
+            });
+        }
+        for &i in &buckets[0].1 {
+            // SAFETY: as above.
+            unsafe { copy_range(&ranges[i]) };
+        }
+    });
+    CompletionStatus::Completed
 }
 
 impl TransferEngine for LocalEngine {
