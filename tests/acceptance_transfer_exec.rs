@@ -500,7 +500,8 @@ fn acc_336_any_changed_lease_field_is_a_mismatch() {
     let live = Live::tp(2, 4);
     let engine = FakeEngine::legacy();
     let ex = exec(&engine);
-    let changes: Vec<Box<dyn Fn(&mut MemoryRegistrationLease)>> = vec![
+    type Change = Box<dyn Fn(&mut MemoryRegistrationLease)>;
+    let changes: Vec<Change> = vec![
         Box::new(|l| {
             l.address = 0x90000;
             l.storage_address = 0x90000;
@@ -511,7 +512,7 @@ fn acc_336_any_changed_lease_field_is_a_mismatch() {
     ];
     for change in changes {
         let mut leases = live.source_leases();
-        leases.iter_mut().for_each(|l| change(l));
+        leases.iter_mut().for_each(&change);
         err_has(reader_with_source_leases(&live, &ex, Some(&leases)), "source registration lease mismatch");
     }
     assert!(engine.calls().is_empty());

@@ -80,8 +80,11 @@ fn acc_301_local_target_plan_is_address_free_and_binds_both_sides() {
 #[test]
 fn acc_302_binding_requires_matching_source_bindings() {
     let (_, _, sb, tb, logical) = local_fixture();
-    expect_invalid(TransferPlan::bind(&logical, &[tb.clone()], &[]), "requires source runtime bindings");
-    expect_invalid(TransferPlan::bind(&logical, &[tb.clone()], &[tb.clone()]), "source placement IDs differ");
+    expect_invalid(TransferPlan::bind(&logical, std::slice::from_ref(&tb), &[]), "requires source runtime bindings");
+    expect_invalid(
+        TransferPlan::bind(&logical, std::slice::from_ref(&tb), std::slice::from_ref(&tb)),
+        "source placement IDs differ",
+    );
     let wrong = RuntimeBinding::new(RuntimeBindingSpec {
         resource_id: sb.resource_id().into(),
         placement_id: sb.placement_id().into(),
@@ -138,7 +141,7 @@ fn acc_304_binding_for_an_empty_participant_is_refused() {
     let logical = LogicalTransferPlan::plan(src.clone(), dst.clone(), lim()).unwrap();
     let sb = live_binding(&src, &pid(tr[0]), "source-t0", 0x1000, 1);
     let mut tb = vec![live_binding(&dst, &pid(tr[1]), "target-p1", 0x9000, 1)];
-    TransferPlan::bind(&logical, &tb, &[sb.clone()]).unwrap();
+    TransferPlan::bind(&logical, &tb, std::slice::from_ref(&sb)).unwrap();
     tb.push(RuntimeBinding::new(binding_spec(&dst, &pid(tr[0]), "target-p0", 1, vec![])).unwrap());
     expect_invalid(TransferPlan::bind(&logical, &tb, &[sb]), "target runtime binding participants differ");
 }
@@ -184,7 +187,7 @@ fn acc_305_source_bindings_of_one_space_must_not_overlap() {
 #[test]
 fn acc_306_rebinding_needs_no_replanning() {
     let (src, _, sb, tb, logical) = local_fixture();
-    let a = TransferPlan::bind(&logical, &[tb.clone()], &[sb]).unwrap();
+    let a = TransferPlan::bind(&logical, std::slice::from_ref(&tb), &[sb]).unwrap();
     let moved = live_binding(&src, &pid(tp(0)), "source-worker-2", 0x2000, 4);
     let moved = RuntimeBinding::new(RuntimeBindingSpec {
         instance_id: "source-instance-2".into(),

@@ -246,7 +246,7 @@ fn copy_parallel(batch: &TransferBatch, threads: usize) -> CompletionStatus {
         g.1.sort_unstable(); // batch order inside a group
     }
     // Greedy: largest groups first onto the least loaded thread.
-    groups.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    groups.sort_unstable_by_key(|g| std::cmp::Reverse(g.0));
     let mut buckets: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); threads.min(groups.len()).max(1)];
     for (bytes, list) in groups {
         let b = buckets.iter_mut().min_by_key(|b| b.0).expect("at least one bucket");

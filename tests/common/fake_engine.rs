@@ -59,6 +59,9 @@ impl Gate {
     }
 }
 
+/// A recorded batch call: (endpoint, local addresses, remote addresses, sizes).
+pub type BatchCall = (String, Vec<u64>, Vec<u64>, Vec<u64>);
+
 /// A scripted result of an engine call.
 #[derive(Clone, Debug)]
 pub enum Step {
@@ -195,7 +198,8 @@ impl FakeEngine {
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().clone()
     }
-    pub fn batches(&self) -> Vec<(String, Vec<u64>, Vec<u64>, Vec<u64>)> {
+    /// Batch calls as (endpoint, local addresses, remote addresses, sizes).
+    pub fn batches(&self) -> Vec<BatchCall> {
         self.calls()
             .into_iter()
             .filter_map(|c| match c {
