@@ -107,8 +107,8 @@ const ANY_DP: u64 = u64::MAX;
 /// Placement sources: per (tensor, source dp) the deduplicated fragments of the
 /// chosen owner; DP-owned tensors under [`ANY_DP`].
 struct PlacementGroups<'a> {
-    source: &'a Placement,
-    target_tensor: &'a dyn Fn(&str) -> Option<&'a TensorDescriptor>,
+    /// Tensor id -> (source descriptor, target descriptor), built once.
+    tensors: HashMap<&'a str, (&'a TensorDescriptor, &'a TensorDescriptor)>,
     complete: Vec<u64>,
     members: HashMap<(&'a str, u64), Vec<u32>>,
     sources: &'a [SourceBox<'a>],
@@ -118,8 +118,8 @@ struct PlacementGroups<'a> {
 impl SourceGroups for PlacementGroups<'_> {
     fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
         let tid = t.tensor_id();
-        let s_desc = self.source.tensor(tid).ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
-        let t_desc = (self.target_tensor)(tid).expect("the target knows its tensors");
+        let &(s_desc, t_desc) =
+            self.tensors.get(tid).ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
         if s_desc.layout_fingerprint() != t_desc.layout_fingerprint() {
             return invalid(format!("layout mismatch for tensor {tid}"));
         }
@@ -158,8 +158,8 @@ fn select_sources<'a>(
         &source.parts()[p as usize].fragments()[f as usize]
     };
     let tensors = source.tensors();
-    let tensor_index =
-        |id: &str| tensors.binary_search_by(|t| t.tensor_id().cmp(id)).expect("placement knows its tensors");
+    let by_id: HashMap<&str, usize> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
+    let tensor_index = |id: &str| by_id[id];
     // (tensor index, group dp, owner, source index)
     let mut keyed: Vec<(u32, u64, [u64; 4], u32)> = (0..flat.len() as u32)
         .map(|i| {
@@ -250,6 +250,46 @@ fn select_sources<'a>(
     }
     let complete = if complete.is_empty() { vec![0] } else { complete };
     Ok((complete, members))
+}
+
+/// The source parts the planner looks at, and the complete DP ranks `R` when they
+/// are known without looking at fragments.
+///
+/// A validated placement whose topology is a full grid and whose every non-DP-owned
+/// tensor is replicated on DP (or that has one DP rank) holds a complete replica in
+/// every DP rank (`data-model.md` §9.6: each (owner, replica) cover is exact and every
+/// owner exists in every DP rank). Then `R` is every DP rank, and only the ranks the
+/// planned targets route to (`R[d mod len(R)]`), plus the parts that hold DP-owned
+/// tensors, can be sources: the other replicas are never read. Otherwise every part
+/// is examined and `R` comes from the fragments.
+fn source_parts(source: &Placement, target: &Placement, parts: &[u32]) -> (Vec<u32>, Option<Vec<u64>>) {
+    let all: Vec<u32> = (0..source.parts().len() as u32).collect();
+    let topo = source.topology();
+    let grid = topo.world_size() as u64
+        == topo.dp_size().saturating_mul(topo.pp_size()).saturating_mul(topo.ep_size()).saturating_mul(topo.tp_size());
+    let replicated = source
+        .tensors()
+        .iter()
+        .all(|t| is_dp_owned(t) || t.axis(AxisKind::Dp) == Some(&ParallelAxis::Replicated(AxisKind::Dp)));
+    if !(grid && (replicated || topo.dp_size() <= 1)) {
+        return (all, None);
+    }
+    let dps: BTreeSet<u64> = source.parts().iter().filter(|p| !p.fragments().is_empty()).map(|p| p.rank().dp).collect();
+    let r: Vec<u64> = dps.into_iter().collect();
+    if r.is_empty() {
+        return (all, None);
+    }
+    let needed: BTreeSet<u64> =
+        parts.iter().map(|&p| r[(target.parts()[p as usize].rank().dp % r.len() as u64) as usize]).collect();
+    let any_dp_owned = source.tensors().iter().any(|t| is_dp_owned(t));
+    let chosen = all
+        .into_iter()
+        .filter(|&i| {
+            let p = &source.parts()[i as usize];
+            needed.contains(&p.rank().dp) || (any_dp_owned && p.tensors().iter().any(|t| is_dp_owned(t)))
+        })
+        .collect();
+    (chosen, Some(r))
 }
 
 fn check_identity(source: &Placement, target: &Placement) -> Result<()> {
@@ -390,11 +430,10 @@ impl LogicalTransferPlan {
         parts: &[u32],
         local_target: Option<String>,
     ) -> Result<Self> {
-        let flat: Vec<(u32, u32)> = source
-            .parts()
+        let (source_parts, routed) = source_parts(&source, &target, parts);
+        let flat: Vec<(u32, u32)> = source_parts
             .iter()
-            .enumerate()
-            .flat_map(|(p, part)| (0..part.fragments().len() as u32).map(move |f| (p as u32, f)))
+            .flat_map(|&p| (0..source.parts()[p as usize].fragments().len() as u32).map(move |f| (p, f)))
             .collect();
         let frag = |(p, f): (u32, u32)| &source.parts()[p as usize].fragments()[f as usize];
         let boxes: Vec<SourceBox<'_>> = flat
@@ -410,12 +449,15 @@ impl LogicalTransferPlan {
             })
             .collect();
         let (complete, members) = select_sources(&source, &flat)?;
+        let complete = routed.unwrap_or(complete);
         let targets = sorted_targets(&target, parts);
-        let target_ref: &Placement = &target;
-        let lookup = move |id: &str| target_ref.tensor(id);
+        let tensors: HashMap<&str, (&TensorDescriptor, &TensorDescriptor)> = target
+            .tensors()
+            .iter()
+            .filter_map(|t| source.tensor(t.tensor_id()).map(|s| (t.tensor_id(), (s, &**t))))
+            .collect();
         let mut groups = PlacementGroups {
-            source: &source,
-            target_tensor: &lookup,
+            tensors,
             complete,
             members,
             sources: &boxes,

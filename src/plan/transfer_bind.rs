@@ -274,7 +274,8 @@ fn bind_side(placement: &Placement, bindings: &[RuntimeBinding], required: &[&st
             return invalid(format!("duplicate {s} runtime binding participant: {}", b.participant_id()));
         }
     }
-    let mut ids: HashSet<&str> = HashSet::default();
+    let n: usize = bindings.iter().map(|b| b.fragments().len()).sum();
+    let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(n);
     for f in bindings.iter().flat_map(|b| b.fragments()) {
         if !ids.insert(f.fragment_id()) {
             return invalid(format!("duplicate {s} runtime fragment_id: {}", f.fragment_id()));
