@@ -456,13 +456,7 @@ impl LogicalTransferPlan {
             .iter()
             .filter_map(|t| source.tensor(t.tensor_id()).map(|s| (t.tensor_id(), (s, &**t))))
             .collect();
-        let mut groups = PlacementGroups {
-            tensors,
-            complete,
-            members,
-            sources: &boxes,
-            indexes: HashMap::default(),
-        };
+        let mut groups = PlacementGroups { tensors, complete, members, sources: &boxes, indexes: HashMap::default() };
         let core = plan_regions(&target, &targets, &boxes, &mut groups, limits)?;
         drop(groups);
         drop(boxes);
