@@ -776,6 +776,55 @@ fn acc_348_legacy_read_flattens_ranges() {
 }
 
 #[test]
+fn acc_349_scatter_engines_get_ranges_with_local_and_remote_swapped_by_direction() {
+    let engine = FakeEngine::scatter();
+    let ex = exec(&engine);
+    // Through the executor (the preferred method is the scatter call): a read.
+    let live = Live::tp(2, 4);
+    let r = live.reader(&ex, 1, true).unwrap();
+    assert_eq!(r.iter().map(|x| x.nbytes).sum::<u64>(), 2);
+    assert!(engine.batches().is_empty(), "no flat batch call when scatter exists");
+    let calls = engine.scatter.as_ref().unwrap().lock().clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].direction, Direction::Read);
+    assert_eq!((calls[0].local_bases.clone(), calls[0].remote_bases.clone()), (vec![0x41000], vec![0x10000]));
+    assert_eq!((calls[0].local_offsets.clone(), calls[0].remote_offsets.clone()), (vec![vec![0]], vec![vec![2]]));
+    // The reference's two-range batch: READ local = targets, WRITE swaps.
+    let read = two_ranges(Direction::Read);
+    let ranges: Vec<_> = read.local_ranges().collect();
+    assert_eq!(ranges.iter().map(|r| r.local_base).collect::<Vec<_>>(), vec![0x3000, 0x7000]);
+    assert_eq!(ranges.iter().map(|r| r.local_capacity).collect::<Vec<_>>(), vec![0x800, 0x100]);
+    assert_eq!(ranges.iter().map(|r| r.remote_base).collect::<Vec<_>>(), vec![0x1000, 0x5000]);
+    assert_eq!(ranges.iter().map(|r| r.remote_capacity).collect::<Vec<_>>(), vec![0x400, 0x100]);
+    assert_eq!(
+        ranges.iter().map(|r| r.local_offsets.to_vec()).collect::<Vec<_>>(),
+        vec![vec![0x40, 0x200], vec![0x20]]
+    );
+    assert_eq!(ranges.iter().map(|r| r.remote_offsets.to_vec()).collect::<Vec<_>>(), vec![vec![0x20, 0x100], vec![0]]);
+    assert_eq!(ranges.iter().map(|r| r.sizes.to_vec()).collect::<Vec<_>>(), vec![vec![64, 128], vec![32]]);
+    assert_eq!((read.operation_count(), read.nbytes()), (3, 224));
+    let write = two_ranges(Direction::Write);
+    let w: Vec<_> = write.local_ranges().collect();
+    assert_eq!(w.iter().map(|r| r.local_base).collect::<Vec<_>>(), vec![0x1000, 0x5000]);
+    assert_eq!(w.iter().map(|r| r.remote_base).collect::<Vec<_>>(), vec![0x3000, 0x7000]);
+}
+
+#[test]
+fn acc_372_unknown_scatter_ticket_is_retained_then_drained() {
+    let live = Live::tp(2, 4);
+    let engine = FakeEngine::scatter();
+    let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
+    engine.set_submit("target-t0:12345", Submit::Ticket(ticket.clone()));
+    let ex = exec_with(&engine, |l| l.max_completion_drain_attempts = 1);
+    let e = live.sink(&ex, 0).unwrap_err();
+    assert_eq!(e.kind, TransferErrorKind::CompletionUnknown);
+    assert!(engine.unregisters().is_empty());
+    ticket.set(CompletionStatus::Completed);
+    assert_eq!(ex.drain_pending_transfer(e.pending_transfer_id.as_deref().unwrap(), 0).unwrap(), "COMPLETED");
+    assert_eq!(engine.unregisters(), vec![0x10000]);
+}
+
+#[test]
 fn acc_350_batch_construction_validates_ranges() {
     let ok = || TransferBatchRange {
         source_base_address: 0x1000,
@@ -1247,13 +1296,10 @@ fn acc_373_ticket_engines_use_the_ticket_methods() {
 // Quarantine and resource retention
 // ---------------------------------------------------------------------------
 
-#[test]
-fn acc_375_376_pending_reader_keeps_the_owner_alive_across_executors() {
-    let live = Live::tp(2, 4);
-    let engine = FakeEngine::ticketed();
-    let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
+/// A reader on target tp0 whose ticket stays unknown; the guard's tokens hold
+/// `owner`. Returns the pending id.
+fn pending_reader(live: &Live, engine: &Arc<FakeEngine>, ticket: &Arc<FakeTicket>, owner: &Arc<String>) -> String {
     engine.set_submit("source-t0:12345", Submit::Ticket(ticket.clone()));
-    let owner = Arc::new("target allocation".to_string());
     let log = ReleaseLog::default();
     let guards = GuardProviders::all(RecordingGuard::with_owner(&log, owner.clone()));
     let sl = live.source_leases();
@@ -1264,15 +1310,33 @@ fn acc_375_376_pending_reader_keeps_the_owner_alive_across_executors() {
         target_guards: Some(&guards),
         ..Default::default()
     };
-    let id = {
-        let ex = exec_with(&engine, |l| l.max_completion_drain_attempts = 0);
-        // SAFETY: fake engine.
-        let e =
-            unsafe { ex.execute_reader(&live.plan, &live.src, &live.sb, &live.dst, &live.tb[0], &args) }.unwrap_err();
-        e.pending_transfer_id.unwrap()
-    }; // the executor is gone
-    drop(guards);
+    let ex = exec_with(engine, |l| l.max_completion_drain_attempts = 0);
+    // SAFETY: fake engine.
+    let e = unsafe { ex.execute_reader(&live.plan, &live.src, &live.sb, &live.dst, &live.tb[0], &args) }.unwrap_err();
+    e.pending_transfer_id.unwrap()
+}
+
+#[test]
+fn acc_375_pending_reader_keeps_the_owner_alive_until_the_drain() {
+    let live = Live::tp(2, 4);
+    let engine = FakeEngine::ticketed();
+    let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
+    let owner = Arc::new("target allocation".to_string());
+    let id = pending_reader(&live, &engine, &ticket, &owner);
     assert!(Arc::strong_count(&owner) > 1, "the pending entry keeps the owner alive");
+    ticket.set(CompletionStatus::Completed);
+    assert_eq!(exec(&engine).drain_pending_transfer(&id, 0).unwrap(), "COMPLETED");
+    assert_eq!(Arc::strong_count(&owner), 1, "released after the drain");
+}
+
+#[test]
+fn acc_376_a_new_executor_sees_and_drains_the_pending_transfer() {
+    let live = Live::tp(2, 4);
+    let engine = FakeEngine::ticketed();
+    let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
+    let owner = Arc::new("target allocation".to_string());
+    // The executor that created the entry is dropped inside `pending_reader`.
+    let id = pending_reader(&live, &engine, &ticket, &owner);
     let ex = exec(&engine);
     assert_eq!(ex.pending_transfer_status(&id).unwrap(), "COMPLETION_UNKNOWN");
     ticket.set(CompletionStatus::Completed);
@@ -1343,7 +1407,7 @@ fn acc_379_success_releases_every_token_once_completed() {
 }
 
 #[test]
-fn acc_380_383_unknown_ticket_releases_nothing_until_drained() {
+fn acc_380_unknown_ticket_releases_nothing_until_drained() {
     let live = Live::tp(2, 4);
     let engine = FakeEngine::ticketed();
     let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
@@ -1455,4 +1519,38 @@ fn acc_387_coordinator_reports_only_fully_written_targets() {
     assert!(!e.submitted);
     let v = target_outcomes(&live.plan, TransferMode::Sink, &[record(&live, 1, Err(e))]);
     assert_eq!(v[&pid(tp(2))], TargetOutcome::Unchanged);
+}
+
+#[test]
+fn acc_383_unknown_completion_hands_tokens_and_resources_to_the_drain() {
+    // The registration scope of one call: own source registration, the token set of
+    // both sides and the resources move into the pending entry together.
+    let live = Live::tp(2, 4);
+    let engine = FakeEngine::ticketed();
+    let ticket = FakeTicket::new(CompletionStatus::CompletionUnknown);
+    engine.set_submit("target-t0:12345", Submit::Ticket(ticket.clone()));
+    let owner = Arc::new("source allocation".to_string());
+    let log = ReleaseLog::default();
+    let guards = GuardProviders::all(RecordingGuard::with_owner(&log, owner.clone()));
+    let tl = live.target_leases();
+    let args = SinkArgs {
+        target_registrations: Some(&tl),
+        source_guards: Some(&guards),
+        target_guards: Some(&guards),
+        ..Default::default()
+    };
+    let ex = exec_with(&engine, |l| l.max_completion_drain_attempts = 0);
+    // SAFETY: fake engine.
+    let e = unsafe { ex.execute_sink(&live.plan, &live.src, &live.sb[0], &live.dst, &live.tb, &args) }.unwrap_err();
+    drop(guards);
+    let id = e.pending_transfer_id.unwrap();
+    assert!(log.lock().is_empty() && engine.unregisters().is_empty());
+    assert!(Arc::strong_count(&owner) > 1);
+    assert!(completion::pending_transfer_holds_resources(ex.engine_identity(), &id));
+    ticket.set(CompletionStatus::Completed);
+    assert_eq!(ex.drain_pending_transfer(&id, 0).unwrap(), "COMPLETED");
+    assert_eq!(engine.unregisters(), vec![0x10000]);
+    assert_eq!(log.lock().len(), 5);
+    assert!(log.lock().iter().all(|r| r.1 == "completed"));
+    assert_eq!(Arc::strong_count(&owner), 1);
 }

@@ -143,6 +143,36 @@ pub trait TransferEngine: Send + Sync {
         let _ = batch;
         None
     }
+
+    /// Ticketed scatter submission of the batch's ranges
+    /// (`scatter_transfer_sync_{read,write}_with_ticket`: per range the local and
+    /// remote allocation base and capacity, and per segment the offsets and sizes;
+    /// see [`TransferBatch::local_ranges`]). Preferred over
+    /// [`Self::submit_with_ticket`] when supported (`None` = not supported).
+    fn submit_ranges_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
+        let _ = batch;
+        None
+    }
+}
+
+/// One range of a batch as a scatter call sees it (local and remote sides in the
+/// engine's order: READ local = target, WRITE local = source).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScatterRange<'a> {
+    /// Local allocation base.
+    pub local_base: u64,
+    /// Local allocation capacity.
+    pub local_capacity: u64,
+    /// Remote allocation base.
+    pub remote_base: u64,
+    /// Remote allocation capacity.
+    pub remote_capacity: u64,
+    /// Per segment: local offsets.
+    pub local_offsets: &'a [u64],
+    /// Per segment: remote offsets.
+    pub remote_offsets: &'a [u64],
+    /// Per segment: sizes.
+    pub sizes: &'a [u64],
 }
 
 /// One operation-run of a batch (`TransferBatchRange`): segments of one region on
@@ -312,6 +342,26 @@ impl TransferBatch {
             Direction::Read => self.source_addresses(),
             Direction::Write => self.target_addresses(),
         }
+    }
+    /// The ranges in the engine's local/remote order.
+    pub fn local_ranges(&self) -> impl Iterator<Item = ScatterRange<'_>> + '_ {
+        let read = self.direction == Direction::Read;
+        self.ranges.iter().map(move |r| {
+            let (s, t) = (
+                (r.source_base_address, r.source_capacity, r.source_offsets.as_slice()),
+                (r.target_base_address, r.target_capacity, r.target_offsets.as_slice()),
+            );
+            let (l, m) = if read { (t, s) } else { (s, t) };
+            ScatterRange {
+                local_base: l.0,
+                local_capacity: l.1,
+                remote_base: m.0,
+                remote_capacity: m.1,
+                local_offsets: l.2,
+                remote_offsets: m.2,
+                sizes: &r.sizes,
+            }
+        })
     }
     /// Sizes, one per operation.
     pub fn sizes(&self) -> &[u64] {

@@ -158,6 +158,23 @@ pub struct FakeEngine {
     pub tickets: Option<Mutex<HashMap<String, Submit>>>,
     /// When set, every batch call waits at this gate first.
     pub gate: Mutex<Option<Arc<Gate>>>,
+    /// Scatter mode: `submit_ranges_with_ticket` is supported and records its calls.
+    pub scatter: Option<Mutex<Vec<ScatterCall>>>,
+}
+
+/// A recorded scatter call: direction, endpoint, local bases and capacities, remote
+/// bases and capacities, local and remote offsets and sizes per range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScatterCall {
+    pub direction: Direction,
+    pub endpoint: String,
+    pub local_bases: Vec<u64>,
+    pub local_caps: Vec<u64>,
+    pub remote_bases: Vec<u64>,
+    pub remote_caps: Vec<u64>,
+    pub local_offsets: Vec<Vec<u64>>,
+    pub remote_offsets: Vec<Vec<u64>>,
+    pub sizes: Vec<Vec<u64>>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0x5000_0000);
@@ -173,7 +190,14 @@ impl FakeEngine {
             legacy: Mutex::new(HashMap::new()),
             tickets: tickets.then(|| Mutex::new(HashMap::new())),
             gate: Mutex::new(None),
+            scatter: None,
         })
+    }
+    /// A scatter-ticket engine (ranges submitted whole) with a fresh identity.
+    pub fn scatter() -> Arc<Self> {
+        let mut e = Arc::try_unwrap(Self::build(true)).ok().expect("fresh");
+        e.scatter = Some(Mutex::new(Vec::new()));
+        Arc::new(e)
     }
     /// A legacy engine (no tickets) with a fresh identity.
     pub fn legacy() -> Arc<Self> {
@@ -266,6 +290,28 @@ impl TransferEngine for FakeEngine {
     fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
         self.record_batch(batch, false);
         self.legacy.lock().get(batch.endpoint()).cloned().unwrap_or(Step::Code(0)).result()
+    }
+    fn submit_ranges_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
+        let calls = self.scatter.as_ref()?;
+        let ranges: Vec<_> = batch.local_ranges().collect();
+        calls.lock().push(ScatterCall {
+            direction: batch.direction(),
+            endpoint: batch.endpoint().into(),
+            local_bases: ranges.iter().map(|r| r.local_base).collect(),
+            local_caps: ranges.iter().map(|r| r.local_capacity).collect(),
+            remote_bases: ranges.iter().map(|r| r.remote_base).collect(),
+            remote_caps: ranges.iter().map(|r| r.remote_capacity).collect(),
+            local_offsets: ranges.iter().map(|r| r.local_offsets.to_vec()).collect(),
+            remote_offsets: ranges.iter().map(|r| r.remote_offsets.to_vec()).collect(),
+            sizes: ranges.iter().map(|r| r.sizes.to_vec()).collect(),
+        });
+        let s = self.tickets.as_ref()?.lock().get(batch.endpoint()).cloned();
+        Some(match s {
+            None => Ok(Box::new(TicketRef(FakeTicket::new(CompletionStatus::Completed)))),
+            Some(Submit::Ticket(t)) => Ok(Box::new(TicketRef(t))),
+            Some(Submit::Raise(m)) => Err(EngineCallError::failed(m)),
+            Some(Submit::Interrupt(m)) => Err(EngineCallError::interrupted(m)),
+        })
     }
     fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
         let tickets = self.tickets.as_ref()?;

@@ -131,8 +131,9 @@ pub(crate) enum BatchOutcome {
     },
 }
 
-/// Runs one batch through the engine (§8.3) with `attempts` inline drains of
-/// `timeout_ms` each.
+/// Runs one batch through the engine (§8.3): the scatter call when the engine has
+/// one, else the ticketed call, else the legacy synchronous call; with `attempts`
+/// inline drains of `timeout_ms` each.
 pub(crate) fn execute_batch(
     engine: &dyn TransferEngine,
     batch: &TransferBatch,
@@ -146,7 +147,11 @@ pub(crate) fn execute_batch(
         };
         BatchOutcome::Failed(format!("batch transfer {dir} {} failed: {}", batch.endpoint(), s.name()))
     };
-    match engine.submit_with_ticket(batch) {
+    let submitted = match engine.submit_ranges_with_ticket(batch) {
+        Some(r) => Some(r),
+        None => engine.submit_with_ticket(batch),
+    };
+    match submitted {
         Some(Err(e)) => BatchOutcome::Unknown {
             ticket: None,
             restart_required: true,
