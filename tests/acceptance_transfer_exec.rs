@@ -1237,7 +1237,7 @@ fn restarted_engine_is_refused() {
     let live = Live::tp(2, 4);
     let engine = FakeEngine::legacy();
     let ex = exec(&engine);
-    engine.identity.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    engine.restart();
     err_has(live.sink(&ex, 0), "engine restarted");
     assert!(engine.calls().is_empty());
     live.sink(&exec(&engine), 0).unwrap();

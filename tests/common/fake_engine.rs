@@ -213,6 +213,10 @@ impl FakeEngine {
         e.identity.store(identity, Ordering::Relaxed);
         e
     }
+    /// Simulates an engine restart: a new identity no other fake engine has.
+    pub fn restart(&self) {
+        self.identity.store(NEXT.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    }
     pub fn set_legacy(&self, endpoint: &str, step: Step) {
         self.legacy.lock().insert(endpoint.into(), step);
     }
