@@ -31,6 +31,7 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
+from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
 from .writer import Writer
 
 __version__ = "0.1.0"
@@ -74,4 +75,9 @@ __all__ = [
     "Writer",
     "RegistrationLease",
     "LeaseSide",
+    "TransferPlan",
+    "TransferEngine",
+    "TransferStats",
+    "Loader",
+    "Sink",
 ]
