@@ -12,6 +12,8 @@
 //! way (source -> target): they differ only in which side a networked engine calls
 //! local.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
 use crate::runtime::MemoryKind;
 use crate::store::CopyHook;

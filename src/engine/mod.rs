@@ -14,6 +14,8 @@
 //! A C process plugs in its own engine (for example Mooncake's `TransferEngine`)
 //! through `mws_transfer_engine_vtable` (`src/ffi/callbacks/engine.rs`).
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 pub mod local;
 
 pub use crate::store::MemoryRegion;

@@ -14,6 +14,7 @@
 //! module panics on caller data.
 
 #![allow(non_camel_case_types)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use crate::engine::{
     CompletionStatus, Direction, EngineCallError, EngineResult, MemoryRegion, TransferBatch, TransferEngine,

@@ -10,6 +10,8 @@
 //! its engine identity until a drain releases it; a restart-required entry can never
 //! be drained: only a new engine (a new identity) runs again.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use super::error::{TransferError, TransferErrorKind};
 use crate::engine::{CompletionStatus, EngineCallError, TransferBatch, TransferEngine, TransferTicket};
 use crate::protocol::guards::{LifetimeToken, TerminalState};

@@ -11,6 +11,8 @@
 //! unregistered or released: everything moves into a pending entry
 //! ([`super::completion`]) that only a drain (or an engine restart) ends.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use super::completion::{self, execute_batch, quarantine_cleanup, reserve, retain_unknown, BatchOutcome, Handoff};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
