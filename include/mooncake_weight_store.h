@@ -37,9 +37,39 @@
 
 
 /**
+ * Engine code for a batch that touches unregistered memory or fails a copy hook.
+ */
+#define LOCAL_TRANSFER_FAILED -1
+
+/**
+ * Engine code for a refused registration (overlap, device memory without a hook).
+ */
+#define LOCAL_REGISTRATION_REFUSED -2
+
+/**
+ * Engine code for unregistering an address that is not registered.
+ */
+#define LOCAL_NOT_REGISTERED -3
+
+/**
  * Version of [`mws_copy_hook_vtable`] this library implements.
  */
 #define MWS_COPY_HOOK_VTABLE_VERSION 1
+
+/**
+ * Version of [`mws_transfer_engine_vtable`] this library implements.
+ */
+#define MWS_TRANSFER_ENGINE_VTABLE_VERSION 1
+
+/**
+ * `direction` argument of `submit_with_ticket`: pull (local = target).
+ */
+#define MWS_TRANSFER_READ 0
+
+/**
+ * `direction` argument of `submit_with_ticket`: push (local = source).
+ */
+#define MWS_TRANSFER_WRITE 1
 
 /**
  * Version of `mws_guard_vtable` this library implements.
@@ -280,6 +310,20 @@ typedef enum mws_transaction_state {
 } mws_transaction_state;
 
 /**
+ * A side of a transfer (`mws_transfer_plan_executor_count`, ...).
+ */
+typedef enum mws_transfer_side {
+    /**
+     * The running instance that holds the weights.
+     */
+    MWS_SIDE_SOURCE = 0,
+    /**
+     * The running instance that receives them.
+     */
+    MWS_SIDE_TARGET = 1,
+} mws_transfer_side;
+
+/**
  * What moving bytes through a backend costs, as the restore planner models it:
  * a request of `r` ranges and `b` bytes costs about
  * `per_request_ns + r * per_range_ns + b / bytes_per_second`. The planner uses it to
@@ -319,6 +363,18 @@ typedef struct mws_binding mws_binding;
  * buffers must stay where they are until the loads ran.
  */
 typedef struct mws_load_plan mws_load_plan;
+
+/**
+ * Fills the buffers of one target participant, from a stored revision
+ * (`mws_loader_load_stored`) or from a live source through an engine
+ * (`mws_loader_load_live`), with a progress callback, a cancellation flag checked
+ * between batches, and the statistics of the last call.
+ *
+ * Created by `mws_loader_new`, freed by `mws_loader_free`. Thread safety: one call
+ * at a time per loader (calls on one engine are serialized by the engine fence);
+ * `mws_loader_cancel` may be called from any thread at any time.
+ */
+typedef struct mws_loader mws_loader;
 
 /**
  * A parsed and validated complete weight placement (address-free: tensors, topology,
@@ -366,6 +422,13 @@ typedef struct mws_receipts mws_receipts;
 typedef struct mws_registration_lease mws_registration_lease;
 
 /**
+ * A source worker's executor of a live transfer: pushes its part of a bound plan
+ * into the remote targets (`mws_sink_execute`). Created by `mws_sink_new`, freed by
+ * `mws_sink_free`; threading as `mws_loader`.
+ */
+typedef struct mws_sink mws_sink;
+
+/**
  * A weight store: an object store backend (memory, directory or caller vtable) plus
  * the key prefix, limits and buffer-registration state of the weight protocol.
  *
@@ -409,6 +472,29 @@ typedef struct mws_stored_manifest mws_stored_manifest;
  * transaction.
  */
 typedef struct mws_transaction mws_transaction;
+
+/**
+ * A transfer engine: the embedded in-process engine or a caller's vtable.
+ *
+ * Created by `mws_transfer_engine_new_local` or `mws_transfer_engine_from_vtable`,
+ * freed by `mws_transfer_engine_free`. Loaders and sinks keep their engine alive.
+ * Thread safety: every function may run concurrently on one engine (the executors
+ * allow one submission per engine identity at a time and refuse the others).
+ */
+typedef struct mws_transfer_engine mws_transfer_engine;
+
+/**
+ * A live-transfer plan: logical (address-free) or bound to runtime bindings.
+ *
+ * Created by `mws_transfer_plan_new`, `mws_transfer_plan_from_json` or
+ * `mws_transfer_plan_bind`; freed by `mws_transfer_plan_free`. Immutable; copies
+ * everything it needs (placements and bindings may be freed after creation).
+ * Strings and arrays returned by accessors are owned by the handle.
+ *
+ * Thread safety: every function taking a `const mws_transfer_plan *` may run
+ * concurrently.
+ */
+typedef struct mws_transfer_plan mws_transfer_plan;
 
 /**
  * A planned upload: the stored manifest to commit, every key of the upload
@@ -627,6 +713,257 @@ typedef struct mws_planning_limits {
      */
     uint64_t max_total_lowered_segments;
 } mws_planning_limits;
+
+/**
+ * A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
+ * for the duration of the callback it is passed to.
+ */
+typedef struct mws_bytes {
+    /**
+     * First byte (never NULL, even when `len` is 0).
+     */
+    const char *ptr;
+    /**
+     * Length in bytes.
+     */
+    size_t len;
+} mws_bytes;
+
+/**
+ * A transfer engine implemented by the caller. Set `size =
+ * sizeof(mws_transfer_engine_vtable)` and `version = MWS_TRANSFER_ENGINE_VTABLE_VERSION`.
+ * Every callback receives the `ctx` given with the vtable. Addresses are absolute;
+ * `local`/`remote`/`sizes` point to `n` values each and are valid only during the
+ * call.
+ */
+typedef struct mws_transfer_engine_vtable {
+    /**
+     * `sizeof(mws_transfer_engine_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_TRANSFER_ENGINE_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Required. The engine identity (> 0; Mooncake: `get_engine_ptr`). Two
+     * vtables of one native engine must report the same value.
+     */
+    uint64_t (*get_engine_id)(void *ctx);
+    /**
+     * Required. Registers `[address, address + len)`; `device` is -1 for host
+     * memory, else the device ordinal. Returns 0 or an engine code.
+     */
+    int32_t (*register_memory)(void *ctx, uint64_t address, uint64_t len, int32_t device);
+    /**
+     * Required. Unregisters the region registered at `address`.
+     */
+    int32_t (*unregister_memory)(void *ctx, uint64_t address);
+    /**
+     * Required. `batch_transfer_sync_write(endpoint, local sources, remote targets, sizes)`.
+     */
+    int32_t (*batch_transfer_sync_write)(void *ctx,
+                                         struct mws_bytes endpoint,
+                                         const uint64_t *local,
+                                         const uint64_t *remote,
+                                         const uint64_t *sizes,
+                                         size_t n);
+    /**
+     * Required. `batch_transfer_sync_read(endpoint, local targets, remote sources, sizes)`.
+     */
+    int32_t (*batch_transfer_sync_read)(void *ctx,
+                                        struct mws_bytes endpoint,
+                                        const uint64_t *local,
+                                        const uint64_t *remote,
+                                        const uint64_t *sizes,
+                                        size_t n);
+    /**
+     * Optional (NULL: legacy batches only). Submits a batch and writes a non-zero
+     * ticket id to `*ticket`; returns 0, or non-zero when no ticket exists (then
+     * completion is unknown and the engine must be restarted).
+     */
+    int32_t (*submit_with_ticket)(void *ctx,
+                                  uint32_t direction,
+                                  struct mws_bytes endpoint,
+                                  const uint64_t *local,
+                                  const uint64_t *remote,
+                                  const uint64_t *sizes,
+                                  size_t n,
+                                  uint64_t *ticket);
+    /**
+     * Required with `submit_with_ticket`. Writes the ticket's status to `*status`;
+     * returns 0, or non-zero when the status cannot be read.
+     */
+    int32_t (*ticket_status)(void *ctx, uint64_t ticket, int32_t *status);
+    /**
+     * Required with `submit_with_ticket`. Waits up to `timeout_ms` and writes the
+     * status then; returns 0, or non-zero when the drain failed.
+     */
+    int32_t (*ticket_drain)(void *ctx, uint64_t ticket, uint64_t timeout_ms, int32_t *status);
+    /**
+     * Optional. Called once when the library no longer tracks a ticket.
+     */
+    void (*ticket_release)(void *ctx, uint64_t ticket);
+} mws_transfer_engine_vtable;
+
+/**
+ * Executor limits (`mws_loader_new`, `mws_sink_new`); a NULL pointer means the
+ * defaults (1024, 1000000, 10000000, 3, 1000).
+ */
+typedef struct mws_executor_limits {
+    /**
+     * Segments per engine batch (> 0).
+     */
+    uint64_t max_batch_operations;
+    /**
+     * Largest `segment_count` of one region (> 0).
+     */
+    uint64_t max_region_segments;
+    /**
+     * Segments of one call (> 0).
+     */
+    uint64_t max_total_lowered_segments;
+    /**
+     * Inline drains of an unknown ticket (0 = none).
+     */
+    uint32_t max_completion_drain_attempts;
+    /**
+     * Timeout of one inline drain, milliseconds.
+     */
+    uint64_t completion_drain_timeout_ms;
+} mws_executor_limits;
+
+/**
+ * Progress callback: bytes done of bytes total of the current call, called from the
+ * calling thread after every completed batch. Must not unwind.
+ */
+typedef void (*mws_progress_fn)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+
+/**
+ * Per-call arguments of a live load or a sink execution. A NULL pointer or a zeroed
+ * struct means the defaults. Strings are only read during the call.
+ */
+typedef struct mws_live_args {
+    /**
+     * Restricts the call to one worker of the local binding (NULL: its one worker).
+     */
+    const char *worker_id;
+    /**
+     * Transfer id handed to the guards (NULL: a fresh random id).
+     */
+    const char *transfer_id;
+    /**
+     * Non-zero: the local buffers are registered with the engine by their owner
+     * (`mws_transfer_engine_register_memory`); zero: the call registers their whole
+     * allocations and unregisters them after.
+     */
+    int32_t local_pre_registered;
+    /**
+     * Allocation guard of the local and remote buffers (NULL: a static guard; the
+     * caller keeps every buffer valid and untouched for the call).
+     */
+    const struct mws_guard_vtable *guard;
+    /**
+     * Passed to the guard's callbacks.
+     */
+    void *guard_ctx;
+} mws_live_args;
+
+/**
+ * Statistics of the last call of a loader or sink.
+ */
+typedef struct mws_transfer_stats {
+    /**
+     * Bytes moved.
+     */
+    uint64_t bytes;
+    /**
+     * Regions (operations of the plan) executed.
+     */
+    uint64_t regions;
+    /**
+     * Engine operations (segments).
+     */
+    uint64_t operations;
+    /**
+     * Receipts (one per remote endpoint).
+     */
+    uint64_t receipts;
+} mws_transfer_stats;
+
+/**
+ * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
+ * zeroed struct means the defaults. Strings are only read during the call.
+ */
+typedef struct mws_io_args {
+    /**
+     * Restricts the call to the fragments of one worker of the binding. NULL: upload
+     * requires it when the participant's fragments live on several workers; load
+     * serves every worker of the participant.
+     */
+    const char *worker_id;
+    /**
+     * Transfer id handed to the guard. NULL: a fresh random id.
+     */
+    const char *transfer_id;
+    /**
+     * Allocation guard. NULL: the caller promises the buffers stay valid and
+     * unchanged (upload) or untouched by anyone else (load) for the whole call (a
+     * static guard).
+     */
+    const struct mws_guard_vtable *guard;
+    /**
+     * Passed to the guard's callbacks.
+     */
+    void *guard_ctx;
+    /**
+     * A registration lease of this store covering exactly the buffers the call
+     * touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
+     * ignored) nor registers anything. NULL: pin and register for this call only.
+     * Added at the end of the struct in 0.1 (this struct has no size field: code
+     * built against an older header must be rebuilt).
+     */
+    const struct mws_registration_lease *lease;
+} mws_io_args;
+
+/**
+ * What one `mws_store_load` call moved.
+ */
+typedef struct mws_load_stats {
+    /**
+     * Transfer regions executed.
+     */
+    uint64_t regions;
+    /**
+     * Ranged reads issued.
+     */
+    uint64_t ranges;
+    /**
+     * Backend requests (batches).
+     */
+    uint64_t requests;
+    /**
+     * Bytes copied into the target buffers.
+     */
+    uint64_t bytes;
+    /**
+     * Regions read whole by a store with native strided reads (embedded stores).
+     */
+    uint64_t strided_regions;
+    /**
+     * Regions read row by row as ranges straight into the target.
+     */
+    uint64_t direct_regions;
+    /**
+     * Regions read as one span into the staging buffer and scattered locally
+     * (chosen by the store's cost model).
+     */
+    uint64_t staged_regions;
+    /**
+     * Bytes read into the staging buffer (the staged spans, gaps included).
+     */
+    uint64_t staged_bytes;
+} mws_load_stats;
 
 /**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
@@ -934,21 +1271,6 @@ typedef struct mws_store_options {
 } mws_store_options;
 
 /**
- * A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
- * for the duration of the callback it is passed to.
- */
-typedef struct mws_bytes {
-    /**
-     * First byte (never NULL, even when `len` is 0).
-     */
-    const char *ptr;
-    /**
-     * Length in bytes.
-     */
-    size_t len;
-} mws_bytes;
-
-/**
  * One item of `batch_put_from`: write `len` bytes at `address` as object `key`.
  */
 typedef struct mws_put_item {
@@ -1139,80 +1461,6 @@ typedef struct mws_store_vtable {
 } mws_store_vtable;
 
 /**
- * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
- * zeroed struct means the defaults. Strings are only read during the call.
- */
-typedef struct mws_io_args {
-    /**
-     * Restricts the call to the fragments of one worker of the binding. NULL: upload
-     * requires it when the participant's fragments live on several workers; load
-     * serves every worker of the participant.
-     */
-    const char *worker_id;
-    /**
-     * Transfer id handed to the guard. NULL: a fresh random id.
-     */
-    const char *transfer_id;
-    /**
-     * Allocation guard. NULL: the caller promises the buffers stay valid and
-     * unchanged (upload) or untouched by anyone else (load) for the whole call (a
-     * static guard).
-     */
-    const struct mws_guard_vtable *guard;
-    /**
-     * Passed to the guard's callbacks.
-     */
-    void *guard_ctx;
-    /**
-     * A registration lease of this store covering exactly the buffers the call
-     * touches (`mws_registration_lease_new`): the call then neither pins (`guard` is
-     * ignored) nor registers anything. NULL: pin and register for this call only.
-     * Added at the end of the struct in 0.1 (this struct has no size field: code
-     * built against an older header must be rebuilt).
-     */
-    const struct mws_registration_lease *lease;
-} mws_io_args;
-
-/**
- * What one `mws_store_load` call moved.
- */
-typedef struct mws_load_stats {
-    /**
-     * Transfer regions executed.
-     */
-    uint64_t regions;
-    /**
-     * Ranged reads issued.
-     */
-    uint64_t ranges;
-    /**
-     * Backend requests (batches).
-     */
-    uint64_t requests;
-    /**
-     * Bytes copied into the target buffers.
-     */
-    uint64_t bytes;
-    /**
-     * Regions read whole by a store with native strided reads (embedded stores).
-     */
-    uint64_t strided_regions;
-    /**
-     * Regions read row by row as ranges straight into the target.
-     */
-    uint64_t direct_regions;
-    /**
-     * Regions read as one span into the staging buffer and scattered locally
-     * (chosen by the store's cost model).
-     */
-    uint64_t staged_regions;
-    /**
-     * Bytes read into the staging buffer (the staged spans, gaps included).
-     */
-    uint64_t staged_bytes;
-} mws_load_stats;
-
-/**
  * One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
  * is borrowed from the manifest handle and valid until it is freed.
  */
@@ -1250,6 +1498,208 @@ typedef struct mws_stored_fragment_info {
      */
     const uint64_t *local_shape;
 } mws_stored_fragment_info;
+
+/**
+ * One logical region (`mws_transfer_plan_region`). Strings and arrays are borrowed
+ * from the plan handle and stay valid until it is freed.
+ *
+ * Segment `(i_0..i_k)` (row-major over `outer_loop_counts`, `outer_ndim` = k+1
+ * values, possibly 0) copies `inner_bytes` from source fragment offset
+ * `source_base_offset + Σ i_j*source_strides[j]` to target fragment offset
+ * `target_base_offset + Σ i_j*target_strides[j]` (offsets in the fragments'
+ * contiguous row-major layout).
+ */
+typedef struct mws_transfer_region_info {
+    /**
+     * Tensor id.
+     */
+    const char *tensor_id;
+    /**
+     * Source participant.
+     */
+    const char *source_participant_id;
+    /**
+     * Source placement fragment id.
+     */
+    const char *source_placement_fragment_id;
+    /**
+     * Target participant.
+     */
+    const char *target_participant_id;
+    /**
+     * Target placement fragment id.
+     */
+    const char *target_placement_fragment_id;
+    /**
+     * Offset of the first segment in the source fragment.
+     */
+    uint64_t source_base_offset;
+    /**
+     * Offset of the first segment in the target fragment.
+     */
+    uint64_t target_base_offset;
+    /**
+     * Length of one segment.
+     */
+    uint64_t inner_bytes;
+    /**
+     * Number of outer loops.
+     */
+    size_t outer_ndim;
+    /**
+     * Outer loop extents (`outer_ndim` values; NULL when 0).
+     */
+    const uint64_t *outer_loop_counts;
+    /**
+     * Source byte strides of the outer loops.
+     */
+    const uint64_t *source_strides;
+    /**
+     * Target byte strides of the outer loops.
+     */
+    const uint64_t *target_strides;
+    /**
+     * Product of the loop extents (1 when none).
+     */
+    uint64_t segment_count;
+    /**
+     * `inner_bytes * segment_count`.
+     */
+    uint64_t total_bytes;
+} mws_transfer_region_info;
+
+/**
+ * One side of a bound operation (`mws_transfer_operation_info`). `address` and
+ * `storage_address` are the absolute, in-process addresses of the runtime fragment
+ * (never serialized); `address_offset` is the region's base offset in the fragment.
+ */
+typedef struct mws_transfer_endpoint_info {
+    /**
+     * Participant.
+     */
+    const char *participant_id;
+    /**
+     * Instance of the binding.
+     */
+    const char *instance_id;
+    /**
+     * Lease of the binding.
+     */
+    const char *lease_id;
+    /**
+     * Generation of the binding.
+     */
+    uint64_t generation;
+    /**
+     * Worker.
+     */
+    const char *worker_id;
+    /**
+     * Transfer Engine endpoint (segment name).
+     */
+    const char *endpoint;
+    /**
+     * Device name.
+     */
+    const char *device;
+    /**
+     * Runtime fragment id.
+     */
+    const char *fragment_id;
+    /**
+     * Placement fragment id.
+     */
+    const char *placement_fragment_id;
+    /**
+     * First byte of the fragment view.
+     */
+    uint64_t address;
+    /**
+     * Offset of the first segment from `address`.
+     */
+    uint64_t address_offset;
+    /**
+     * Start of the fragment's allocation.
+     */
+    uint64_t storage_address;
+    /**
+     * Size of the fragment's allocation.
+     */
+    uint64_t storage_nbytes;
+    /**
+     * `storage_offset_bytes + address_offset`: the first segment from `storage_address`.
+     */
+    uint64_t storage_offset;
+} mws_transfer_endpoint_info;
+
+/**
+ * One bound operation (`mws_transfer_plan_operation`): the region and both sides.
+ */
+typedef struct mws_transfer_operation_info {
+    /**
+     * The region geometry.
+     */
+    struct mws_transfer_region_info region;
+    /**
+     * The source side.
+     */
+    struct mws_transfer_endpoint_info source;
+    /**
+     * The target side.
+     */
+    struct mws_transfer_endpoint_info target;
+} mws_transfer_operation_info;
+
+/**
+ * One executor (`mws_transfer_plan_executor`). For a logical plan the instance,
+ * lease and worker are NULL and `generation` is 0.
+ */
+typedef struct mws_transfer_executor_info {
+    /**
+     * Participant.
+     */
+    const char *participant_id;
+    /**
+     * Instance (bound plans).
+     */
+    const char *instance_id;
+    /**
+     * Lease id (bound plans).
+     */
+    const char *lease_id;
+    /**
+     * Worker (bound plans).
+     */
+    const char *worker_id;
+    /**
+     * Generation (bound plans).
+     */
+    uint64_t generation;
+    /**
+     * Rank: data parallel.
+     */
+    uint64_t dp;
+    /**
+     * Rank: pipeline parallel.
+     */
+    uint64_t pp;
+    /**
+     * Rank: expert parallel.
+     */
+    uint64_t ep;
+    /**
+     * Rank: tensor parallel.
+     */
+    uint64_t tp;
+    /**
+     * Ascending operation indices of this executor.
+     */
+    const uint32_t *operation_indices;
+    /**
+     * Number of operation indices.
+     */
+    size_t operation_count;
+} mws_transfer_executor_info;
 
 /**
  * Options of `mws_upload_plan_new`. Every field may be NULL; the strings are only read
@@ -1663,6 +2113,244 @@ size_t mws_load_plan_participant_count(const struct mws_load_plan *plan);
  * `plan` is NULL or a live handle; `len` is NULL or valid for a write.
  */
 const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t index, size_t *len);
+
+/**
+ * Creates the embedded engine (memcpy between memory registered in this process;
+ * device memory is refused at registration). New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transfer_engine_new_local(struct mws_transfer_engine **out);
+
+/**
+ * Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
+ * copied; `ctx` and the callbacks must stay valid and thread-safe until the handle
+ * and every loader or sink made from it are freed. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size, a required callback is
+ * NULL), `MWS_UNSUPPORTED` (version).
+ *
+ * # Safety
+ * `vt` is NULL or a readable vtable of at least its `size`; `out` is NULL or valid
+ * for a pointer write.
+ */
+enum mws_status mws_transfer_engine_from_vtable(const struct mws_transfer_engine_vtable *vt,
+                                                void *ctx,
+                                                struct mws_transfer_engine **out);
+
+/**
+ * Registers `[address, address + len)` with the engine (the owner's
+ * pre-registration of a whole allocation). `memory_kind` is an `mws_memory_kind`
+ * value, `device` the ordinal for device memory.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (memory kind, zero length),
+ * `MWS_STORE` (the engine refused: overlap with a registered region, device memory
+ * without a copy path, or the engine's code).
+ *
+ * # Safety
+ * The memory must stay valid for reads and writes until it is unregistered.
+ */
+enum mws_status mws_transfer_engine_register_memory(const struct mws_transfer_engine *engine,
+                                                    const void *address,
+                                                    uint64_t len,
+                                                    uint32_t memory_kind,
+                                                    uint32_t device);
+
+/**
+ * Unregisters the region registered at `address`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (the engine's code).
+ *
+ * # Safety
+ * `engine` is NULL or live.
+ */
+enum mws_status mws_transfer_engine_unregister_memory(const struct mws_transfer_engine *engine,
+                                                      const void *address);
+
+/**
+ * Frees an engine handle; NULL does nothing. Loaders and sinks made from it keep
+ * the engine alive.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_transfer_engine_free(struct mws_transfer_engine *engine);
+
+/**
+ * Creates a loader on `engine` with `limits` (NULL: defaults). New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (limits), `MWS_STORE` (engine
+ * identity cannot be resolved).
+ *
+ * # Safety
+ * Handles are NULL or live; `limits` is NULL or valid; `out` is NULL or valid for a
+ * pointer write.
+ */
+enum mws_status mws_loader_new(const struct mws_transfer_engine *engine,
+                               const struct mws_executor_limits *limits,
+                               struct mws_loader **out);
+
+/**
+ * Sets (or clears, with NULL) the progress callback of a loader. `ctx` is passed to
+ * it and must stay valid while it is set.
+ *
+ * # Safety
+ * `loader` is NULL or live.
+ */
+enum mws_status mws_loader_set_progress(const struct mws_loader *loader,
+                                        mws_progress_fn progress,
+                                        void *ctx);
+
+/**
+ * Requests cancellation: the running (and every later) live load stops before its
+ * next batch and fails (`MWS_STORE`, "cancelled"); completed batches stay written.
+ * Reset with `mws_loader_reset_cancel`. NULL does nothing.
+ *
+ * # Safety
+ * `loader` is NULL or live.
+ */
+void mws_loader_cancel(const struct mws_loader *loader);
+
+/**
+ * Clears a cancellation request. NULL does nothing.
+ *
+ * # Safety
+ * `loader` is NULL or live.
+ */
+void mws_loader_reset_cancel(const struct mws_loader *loader);
+
+/**
+ * Pulls every operation of the local target executor of `plan` (a bound plan) into
+ * the buffers of `target_binding`, reading from the sources through the engine
+ * (reader mode, `live-transfer.md` §10). The remote source memory must be
+ * registered with the engine by its owners for the given source bindings (passing
+ * them asserts it); the local target buffers are registered for the call unless
+ * `args.local_pre_registered`. Writes the call's statistics to `*stats` when not
+ * NULL.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_INVALID_ARGUMENT`
+ * (logical plan, contract errors), `MWS_LIMIT_EXCEEDED`, `MWS_STALE_BINDING`
+ * (bindings or leases differ from the plan), `MWS_STORE` (engine failures,
+ * cancellation, completion unknown: the message names the pending transfer id; see
+ * `mws_transfer_engine_drain`).
+ *
+ * # Safety
+ * Handles are NULL or live; `source_bindings` holds `n_sources` handles; every
+ * buffer of the bindings stays valid for the call (and, when completion is unknown,
+ * until the pending transfer is drained).
+ */
+enum mws_status mws_loader_load_live(const struct mws_loader *loader,
+                                     const struct mws_transfer_plan *plan,
+                                     const struct mws_placement *source_placement,
+                                     const struct mws_binding *const *source_bindings,
+                                     size_t n_sources,
+                                     const struct mws_placement *target_placement,
+                                     const struct mws_binding *target_binding,
+                                     const struct mws_live_args *args,
+                                     struct mws_transfer_stats *stats);
+
+/**
+ * Restores the part of `plan` that belongs to `binding` from `store` (delegates to
+ * `mws_store_load`; same arguments, errors and safety), honouring the loader's
+ * cancellation flag (checked before the call) and reporting one progress call and
+ * the statistics at the end. `stats` may be NULL.
+ *
+ * # Safety
+ * As `mws_store_load`.
+ */
+enum mws_status mws_loader_load_stored(const struct mws_loader *loader,
+                                       const struct mws_store *store,
+                                       const struct mws_load_plan *plan,
+                                       const struct mws_binding *binding,
+                                       const struct mws_io_args *args,
+                                       struct mws_load_stats *stats);
+
+/**
+ * Writes the statistics of the loader's last successful call to `*out`.
+ *
+ * # Safety
+ * `loader` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_loader_stats(const struct mws_loader *loader, struct mws_transfer_stats *out);
+
+/**
+ * Frees a loader; NULL does nothing.
+ *
+ * # Safety
+ * `loader` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_loader_free(struct mws_loader *loader);
+
+/**
+ * Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
+ *
+ * Errors: as `mws_loader_new`.
+ *
+ * # Safety
+ * As `mws_loader_new`.
+ */
+enum mws_status mws_sink_new(const struct mws_transfer_engine *engine,
+                             const struct mws_executor_limits *limits,
+                             struct mws_sink **out);
+
+/**
+ * Pushes every operation of the local source executor of `plan` (a bound plan) from
+ * the buffers of `source_binding` into the remote targets (sink mode,
+ * `live-transfer.md` §5). The remote target memory must be registered with the
+ * engine by its owners for the given target bindings (passing them asserts it); the
+ * local source buffers are registered for the call unless
+ * `args.local_pre_registered`. A source participant the plan does not read from
+ * (an unselected DP replica) succeeds with zero statistics. `stats` may be NULL.
+ *
+ * Errors: as `mws_loader_load_live`.
+ *
+ * # Safety
+ * As `mws_loader_load_live`, with the sides swapped.
+ */
+enum mws_status mws_sink_execute(const struct mws_sink *sink,
+                                 const struct mws_transfer_plan *plan,
+                                 const struct mws_placement *source_placement,
+                                 const struct mws_binding *source_binding,
+                                 const struct mws_placement *target_placement,
+                                 const struct mws_binding *const *target_bindings,
+                                 size_t n_targets,
+                                 const struct mws_live_args *args,
+                                 struct mws_transfer_stats *stats);
+
+/**
+ * Frees a sink; NULL does nothing.
+ *
+ * # Safety
+ * `sink` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_sink_free(struct mws_sink *sink);
+
+/**
+ * Number of pending transfers (completion unknown, or quarantined registrations)
+ * that block `engine`; 0 for NULL.
+ *
+ * # Safety
+ * `engine` is NULL or live.
+ */
+size_t mws_transfer_engine_pending_count(const struct mws_transfer_engine *engine);
+
+/**
+ * Drains every pending transfer of `engine` once (`timeout_ms` each) and writes how
+ * many remain to `*remaining` (when not NULL). A transfer whose completion is still
+ * unknown stays pending; a restart-required one stays until the engine restarts.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (a drain failed: registration cleanup or
+ * release; the transfer stays pending).
+ *
+ * # Safety
+ * `engine` is NULL or live; `remaining` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_engine_drain(const struct mws_transfer_engine *engine,
+                                          uint64_t timeout_ms,
+                                          size_t *remaining);
 
 /**
  * Parses and validates a placement from its JSON wire form.
@@ -2550,6 +3238,154 @@ enum mws_status mws_transaction_finalize(const struct mws_transaction *tx);
  * `tx` is NULL or a live handle not yet freed, not in use by another thread.
  */
 void mws_transaction_free(struct mws_transaction *tx);
+
+/**
+ * Plans a live reshard of `source` into `target` (`plan_placement_transfer`), or
+ * into the one target participant `target_participant_id` when it is not NULL
+ * (`plan_placement_transfer_to_local_target`). `limits` NULL (or a zeroed field)
+ * means the library defaults. Pure: no I/O, no addresses. On success writes a new logical plan to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT`
+ * (identity, tensor sets, descriptors, unknown participant, coverage),
+ * `MWS_LIMIT_EXCEEDED`.
+ *
+ * # Safety
+ * Handles are NULL or live; `target_participant_id` is NULL or NUL-terminated;
+ * `limits` is NULL or valid; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transfer_plan_new(const struct mws_placement *source,
+                                      const struct mws_placement *target,
+                                      const char *target_participant_id,
+                                      const struct mws_planning_limits *limits,
+                                      struct mws_transfer_plan **out);
+
+/**
+ * Binds the logical plan `plan` to `n_targets` target and `n_sources` source
+ * bindings (`bind_logical_transfer_plan`; bindings of participants without
+ * operations are checked and ignored). The bindings are copied. On success writes a
+ * new bound plan to `*out` (the logical handle stays valid and unchanged).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING` (a binding handle does not
+ * build), `MWS_INVALID_ARGUMENT` (plan already bound; the binding rules of
+ * `live-transfer.md` §2: missing or foreign bindings, overlapping ranges, in-place
+ * reshard, conflicting target ranges), `MWS_LIMIT_EXCEEDED`.
+ *
+ * # Safety
+ * Handles are NULL or live; each array holds its count of handles; `out` is NULL
+ * or valid for a pointer write.
+ */
+enum mws_status mws_transfer_plan_bind(const struct mws_transfer_plan *plan,
+                                       const struct mws_binding *const *target_bindings,
+                                       size_t n_targets,
+                                       const struct mws_binding *const *source_bindings,
+                                       size_t n_sources,
+                                       struct mws_transfer_plan **out);
+
+/**
+ * Restores a logical plan from its transport JSON (`mws_transfer_plan_to_json` of
+ * a logical plan; `len` bytes, not NUL-terminated). The plan is re-planned from
+ * the shipped placements and must equal the shipped regions and executors.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT`,
+ * `MWS_LIMIT_EXCEEDED`.
+ *
+ * # Safety
+ * `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transfer_plan_from_json(const char *json,
+                                            size_t len,
+                                            struct mws_transfer_plan **out);
+
+/**
+ * The plan's transport JSON (logical: `mws-logical-transfer-plan`; bound:
+ * `mws-transfer-plan`, offsets relative to runtime fragments, no absolute address).
+ * Owned by the handle (built on first use); writes its length to `*len` when `len`
+ * is not NULL. Returns NULL (and the last error) when `plan` is NULL.
+ *
+ * # Safety
+ * `plan` is NULL or live; `len` is NULL or valid for a write.
+ */
+const char *mws_transfer_plan_to_json(const struct mws_transfer_plan *plan, size_t *len);
+
+/**
+ * 1 for a bound plan, 0 for a logical one, -1 (and the last error) for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or live.
+ */
+int32_t mws_transfer_plan_is_bound(const struct mws_transfer_plan *plan);
+
+/**
+ * Number of regions (= operations of a bound plan); 0 for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or live.
+ */
+size_t mws_transfer_plan_region_count(const struct mws_transfer_plan *plan);
+
+/**
+ * Bytes the plan moves; 0 for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or live.
+ */
+uint64_t mws_transfer_plan_total_bytes(const struct mws_transfer_plan *plan);
+
+/**
+ * Writes region `index` to `*out` (pointers borrowed from the handle).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range).
+ *
+ * # Safety
+ * `plan` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_plan_region(const struct mws_transfer_plan *plan,
+                                         size_t index,
+                                         struct mws_transfer_region_info *out);
+
+/**
+ * Writes bound operation `index` to `*out` (pointers borrowed from the handle).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (logical plan, index out of
+ * range).
+ *
+ * # Safety
+ * `plan` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_plan_operation(const struct mws_transfer_plan *plan,
+                                            size_t index,
+                                            struct mws_transfer_operation_info *out);
+
+/**
+ * Number of executors on `side` (an `mws_transfer_side` value): per participant for
+ * a logical plan, per (participant, worker) for a bound one. 0 for NULL or an
+ * invalid side (with the last error).
+ *
+ * # Safety
+ * `plan` is NULL or live.
+ */
+size_t mws_transfer_plan_executor_count(const struct mws_transfer_plan *plan, uint32_t side);
+
+/**
+ * Writes executor `index` of `side` to `*out` (sorted by rank, then worker).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (side, index).
+ *
+ * # Safety
+ * `plan` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_plan_executor(const struct mws_transfer_plan *plan,
+                                           uint32_t side,
+                                           size_t index,
+                                           struct mws_transfer_executor_info *out);
+
+/**
+ * Frees a plan handle; NULL does nothing.
+ *
+ * # Safety
+ * `plan` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_transfer_plan_free(struct mws_transfer_plan *plan);
 
 /**
  * Plans an upload of `placement` from `count` runtime bindings (one per participant

@@ -798,6 +798,193 @@ private:
     std::unique_ptr<mws_writer, detail::Deleter<mws_writer, mws_writer_free>> handle_;
 };
 
+// ---- live transfer ---------------------------------------------------------------
+
+/// A live-transfer plan (owns an mws_transfer_plan): logical (address-free, from two
+/// placements) or bound to source and target runtime bindings. Immutable; accessor
+/// results borrow from the plan and stay valid while it lives.
+class TransferPlan {
+public:
+    explicit TransferPlan(mws_transfer_plan *raw) noexcept : handle_(raw) {}
+
+    /// Plans `source` -> `target` (every target participant, or only `target_participant`).
+    static TransferPlan plan(const Placement &source, const Placement &target,
+                             const std::optional<std::string> &target_participant = std::nullopt,
+                             const mws_planning_limits *limits = nullptr) {
+        mws_transfer_plan *out = nullptr;
+        detail::check(mws_transfer_plan_new(source.get(), target.get(), detail::c_str_or_null(target_participant),
+                                            limits, &out));
+        return TransferPlan(out);
+    }
+
+    /// Restores a logical plan from its transport JSON.
+    static TransferPlan from_json(std::string_view json) {
+        mws_transfer_plan *out = nullptr;
+        detail::check(mws_transfer_plan_from_json(json.data(), json.size(), &out));
+        return TransferPlan(out);
+    }
+
+    /// Binds this logical plan to target and source bindings (a new, bound plan).
+    TransferPlan bind(const std::vector<const Binding *> &targets, const std::vector<const Binding *> &sources) const {
+        std::vector<const mws_binding *> t, s;
+        for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
+        for (const Binding *b : sources) s.push_back(b != nullptr ? b->get() : nullptr);
+        mws_transfer_plan *out = nullptr;
+        detail::check(mws_transfer_plan_bind(get(), t.data(), t.size(), s.data(), s.size(), &out));
+        return TransferPlan(out);
+    }
+
+    bool is_bound() const { return mws_transfer_plan_is_bound(get()) == 1; }
+    std::size_t region_count() const { return mws_transfer_plan_region_count(get()); }
+    std::uint64_t total_bytes() const { return mws_transfer_plan_total_bytes(get()); }
+    std::string_view to_json() const {
+        std::size_t len = 0;
+        const char *p = mws_transfer_plan_to_json(get(), &len);
+        return detail::view(p, len);
+    }
+    mws_transfer_region_info region(std::size_t index) const {
+        mws_transfer_region_info info{};
+        detail::check(mws_transfer_plan_region(get(), index, &info));
+        return info;
+    }
+    /// Bound plans only.
+    mws_transfer_operation_info operation(std::size_t index) const {
+        mws_transfer_operation_info info{};
+        detail::check(mws_transfer_plan_operation(get(), index, &info));
+        return info;
+    }
+    std::size_t executor_count(mws_transfer_side side) const {
+        return mws_transfer_plan_executor_count(get(), static_cast<std::uint32_t>(side));
+    }
+    mws_transfer_executor_info executor(mws_transfer_side side, std::size_t index) const {
+        mws_transfer_executor_info info{};
+        detail::check(mws_transfer_plan_executor(get(), static_cast<std::uint32_t>(side), index, &info));
+        return info;
+    }
+
+    const mws_transfer_plan *get() const noexcept { return handle_.get(); }
+    mws_transfer_plan *release() noexcept { return handle_.release(); }
+
+private:
+    std::unique_ptr<mws_transfer_plan, detail::Deleter<mws_transfer_plan, mws_transfer_plan_free>> handle_;
+};
+
+/// A transfer engine (owns an mws_transfer_engine): the embedded LocalEngine or a
+/// caller's vtable (for example Mooncake's TransferEngine).
+class TransferEngine {
+public:
+    explicit TransferEngine(mws_transfer_engine *raw) noexcept : handle_(raw) {}
+
+    static TransferEngine local() {
+        mws_transfer_engine *out = nullptr;
+        detail::check(mws_transfer_engine_new_local(&out));
+        return TransferEngine(out);
+    }
+    /// `vt` is copied; `ctx` must outlive the engine and every loader or sink made from it.
+    static TransferEngine from_vtable(const mws_transfer_engine_vtable &vt, void *ctx) {
+        mws_transfer_engine *out = nullptr;
+        detail::check(mws_transfer_engine_from_vtable(&vt, ctx, &out));
+        return TransferEngine(out);
+    }
+
+    /// The owner's registration of a whole allocation (valid until unregistered).
+    void register_memory(const void *address, std::uint64_t len, std::uint32_t memory_kind = MWS_MEMORY_HOST,
+                         std::uint32_t device = 0) const {
+        detail::check(mws_transfer_engine_register_memory(get(), address, len, memory_kind, device));
+    }
+    void unregister_memory(const void *address) const {
+        detail::check(mws_transfer_engine_unregister_memory(get(), address));
+    }
+    std::size_t pending_count() const { return mws_transfer_engine_pending_count(get()); }
+    /// Drains every pending transfer once; returns how many remain.
+    std::size_t drain(std::uint64_t timeout_ms = 1000) const {
+        std::size_t remaining = 0;
+        detail::check(mws_transfer_engine_drain(get(), timeout_ms, &remaining));
+        return remaining;
+    }
+
+    const mws_transfer_engine *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_transfer_engine, detail::Deleter<mws_transfer_engine, mws_transfer_engine_free>> handle_;
+};
+
+/// Fills the buffers of one target participant from a live source (reader mode) or
+/// from a stored revision (owns an mws_loader). One call at a time; cancel() from
+/// any thread.
+class Loader {
+public:
+    explicit Loader(const TransferEngine &engine, const mws_executor_limits *limits = nullptr) {
+        mws_loader *out = nullptr;
+        detail::check(mws_loader_new(engine.get(), limits, &out));
+        handle_.reset(out);
+    }
+
+    /// `ctx` must stay valid while the callback is set; the callback must not throw.
+    void set_progress(mws_progress_fn progress, void *ctx) const {
+        detail::check(mws_loader_set_progress(get(), progress, ctx));
+    }
+    void cancel() const noexcept { mws_loader_cancel(get()); }
+    void reset_cancel() const noexcept { mws_loader_reset_cancel(get()); }
+
+    mws_transfer_stats load_live(const TransferPlan &plan, const Placement &source,
+                                 const std::vector<const Binding *> &sources, const Placement &target,
+                                 const Binding &local, const mws_live_args *args = nullptr) const {
+        std::vector<const mws_binding *> s;
+        for (const Binding *b : sources) s.push_back(b != nullptr ? b->get() : nullptr);
+        mws_transfer_stats stats{};
+        detail::check(mws_loader_load_live(get(), plan.get(), source.get(), s.data(), s.size(), target.get(),
+                                           local.get(), args, &stats));
+        return stats;
+    }
+
+    mws_load_stats load_stored(const Store &store, const LoadPlan &plan, const Binding &local,
+                               const mws_io_args *args = nullptr) const {
+        mws_load_stats stats{};
+        detail::check(mws_loader_load_stored(get(), store.get(), plan.get(), local.get(), args, &stats));
+        return stats;
+    }
+
+    mws_transfer_stats stats() const {
+        mws_transfer_stats s{};
+        detail::check(mws_loader_stats(get(), &s));
+        return s;
+    }
+
+    const mws_loader *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_loader, detail::Deleter<mws_loader, mws_loader_free>> handle_;
+};
+
+/// A source worker's side of a live transfer: pushes its part of a bound plan into
+/// the remote targets (owns an mws_sink).
+class Sink {
+public:
+    explicit Sink(const TransferEngine &engine, const mws_executor_limits *limits = nullptr) {
+        mws_sink *out = nullptr;
+        detail::check(mws_sink_new(engine.get(), limits, &out));
+        handle_.reset(out);
+    }
+
+    mws_transfer_stats execute(const TransferPlan &plan, const Placement &source, const Binding &local,
+                               const Placement &target, const std::vector<const Binding *> &targets,
+                               const mws_live_args *args = nullptr) const {
+        std::vector<const mws_binding *> t;
+        for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
+        mws_transfer_stats stats{};
+        detail::check(mws_sink_execute(get(), plan.get(), source.get(), local.get(), target.get(), t.data(), t.size(),
+                                       args, &stats));
+        return stats;
+    }
+
+    const mws_sink *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_sink, detail::Deleter<mws_sink, mws_sink_free>> handle_;
+};
+
 }  // namespace mws
+
 
 #endif  // MOONCAKE_WEIGHT_STORE_HPP

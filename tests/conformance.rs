@@ -2,8 +2,12 @@
 //! `tests/fixtures/conformance`): kinds `placement`, `upload`, `manifest` and `load`
 //! (load cases fill the source objects by the fixture's byte rule, execute the
 //! restore on the memory store and compare every target byte and every region).
-//! Prints one line per case and a final `N passed, M failed` line; fails if any case
-//! fails or if no case ran.
+//! Kind `transfer` (live placement -> placement reshards) is read from the `transfer/`
+//! subfolder: rejections must be rejected, the logical and bound byte checks must
+//! pass (plain memory copies routed through runtime fragment ids and relative
+//! offsets), and regions, bound operations and executors must equal the reference's,
+//! in order. Prints one line per case, per-kind counts and a final
+//! `N passed, M failed` line over every kind; fails if any case fails or if no case ran.
 
 mod common;
 
@@ -342,16 +346,249 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
     res.map_or_else(Outcome::Fail, |_| Outcome::Pass)
 }
 
+fn transfer_limits(inputs: &J) -> mooncake_weight_store::plan::load::PlanningLimits {
+    let l = &inputs["planning_limits"];
+    let get = |k: &str, d: u64| match l.get(k) {
+        None => d,
+        Some(v) => v.as_i64().map_or(0, |x| x.max(0) as u64),
+    };
+    mooncake_weight_store::plan::load::PlanningLimits {
+        max_transfer_regions: get("max_transfer_regions", 1_000_000),
+        max_segments_per_region: get("max_segments_per_region", 1_000_000),
+        max_total_lowered_segments: get("max_total_lowered_segments", 10_000_000),
+    }
+}
+
+/// Copies every segment of `r` from `src` at `s_off` to `dst` at `t_off`.
+fn copy_region(
+    r: &mooncake_weight_store::plan::load::TransferRegion,
+    src: &[u8],
+    s_off: u64,
+    dst: &mut [u8],
+    t_off: u64,
+) {
+    r.for_each_segment(u64::MAX, |s, t, n| {
+        let (s, t, n) =
+            ((s_off - r.source_base_offset + s) as usize, (t_off - r.target_base_offset + t) as usize, n as usize);
+        dst[t..t + n].copy_from_slice(&src[s..s + n]);
+    })
+    .unwrap();
+}
+
+fn fill_fragment(p: &Placement, f: &PlacementFragment) -> Vec<u8> {
+    let t = p.tensor(f.tensor_id()).unwrap();
+    fill_box(f.tensor_id(), t.global_shape(), t.itemsize(), f.global_offset(), f.local_shape())
+}
+
+fn run_transfer(inputs: &J, expected: &J) -> Outcome {
+    use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
+    use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
+    use mooncake_weight_store::plan::transfer_json::{bound_operation_json, executor_json, rank_json, region_json};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    let has_bindings = inputs.get("source_bindings").is_some();
+    let planned = (|| {
+        let source = Arc::new(placement_from_fixture(inputs, "source_placement")?);
+        let target = Arc::new(placement_from_fixture(inputs, "target_placement")?);
+        let limits = transfer_limits(inputs);
+        let logical = match inputs.get("target_participant_id").and_then(J::as_str) {
+            Some(p) => LogicalTransferPlan::plan_local(source, target, Some(p), limits)?,
+            None => LogicalTransferPlan::plan(source, target, limits)?,
+        };
+        let bound = if has_bindings {
+            let parse =
+                |k: &str| inputs[k].as_array().unwrap().iter().map(binding_from_fixture).collect::<Result<Vec<_>>>();
+            let (sb, tb) = (parse("source_bindings")?, parse("target_bindings")?);
+            Some((TransferPlan::bind(&logical, &tb, &sb)?, sb, tb))
+        } else {
+            None
+        };
+        Ok::<_, Error>((logical, bound))
+    })();
+    if let Some(want) = expected.get("error").and_then(J::as_str) {
+        // The messages are the reference's: require the same text.
+        return match planned {
+            Err(e) if e.message().contains(want) => expect_rejection(Err::<(), _>(e)),
+            Err(e) => Outcome::Fail(format!("rejected with another message: {e} (reference: {want})")),
+            Ok(_) => Outcome::Fail("accepted an input the reference rejects".into()),
+        };
+    }
+    let (logical, bound) = match planned {
+        Ok(v) => v,
+        Err(e) => return Outcome::Fail(format!("rejected: {e}")),
+    };
+    let res = (|| {
+        check(logical.source_placement_id() == expected["source_placement_id"], "source_placement_id")?;
+        check(logical.target_placement_id() == expected["target_placement_id"], "target_placement_id")?;
+        check(logical.total_bytes() == expected["total_bytes"], "total_bytes")?;
+        check(logical.regions().len() as u64 == expected["region_count"], "region_count")?;
+        check(logical.total_segments() == expected["segment_count"], "segment_count")?;
+        let regions: Vec<J> = logical.regions().iter().map(|r| region_json(&logical, r)).collect();
+        let want = expected["regions"].as_array().ok_or("regions")?;
+        check(regions.len() == want.len(), "region count")?;
+        for (i, (a, b)) in regions.iter().zip(want).enumerate() {
+            check(a == b, &format!("region {i}: ours {a} reference {b}"))?;
+        }
+        for (side, execs) in [("source", logical.source_executors()), ("target", logical.target_executors())] {
+            let ours: Vec<J> = execs
+                .iter()
+                .map(|e| {
+                    serde_json::json!({"participant_id": e.participant_id, "rank": rank_json(e.rank),
+                        "placement_fragment_ids": e.placement_fragment_ids, "operation_indices": e.operation_indices})
+                })
+                .collect();
+            check(J::Array(ours) == expected[format!("{side}_executors")], &format!("{side} executors"))?;
+        }
+        let routes: Vec<J> = logical
+            .pipeline_routes()
+            .iter()
+            .map(|r| {
+                serde_json::json!({"source_pp": r.source_pp, "source_pipeline_stage_id": r.source_pipeline_stage_id,
+                    "target_pp": r.target_pp, "target_pipeline_stage_id": r.target_pipeline_stage_id,
+                    "operation_indices": r.operation_indices})
+            })
+            .collect();
+        check(J::Array(routes) == expected["pipeline_routes"], "pipeline_routes")?;
+        // Logical byte check: one buffer per placement fragment, plain copies.
+        let (source, target) = (logical.source(), logical.target());
+        let bc = &expected["byte_check"];
+        let mut src_bufs: BTreeMap<(&str, &str), Vec<u8>> = BTreeMap::new();
+        for part in source.parts() {
+            for f in part.fragments() {
+                src_bufs.insert((part.participant_id(), f.placement_fragment_id()), fill_fragment(source, f));
+            }
+        }
+        for e in bc["sources"].as_array().unwrap() {
+            let b = src_bufs
+                .get(&(e["participant_id"].as_str().unwrap(), e["placement_fragment_id"].as_str().unwrap()))
+                .ok_or("source buffer missing")?;
+            check(hex(&sha2::Sha256::digest(b)) == e["sha256"], "source fill")?;
+        }
+        let mut dst_bufs: BTreeMap<(&str, &str), Vec<u8>> = BTreeMap::new();
+        for e in logical.target_executors() {
+            let part = target.part(&e.participant_id).unwrap();
+            for f in part.fragments() {
+                dst_bufs.insert((part.participant_id(), f.placement_fragment_id()), vec![0xA5; f.nbytes() as usize]);
+            }
+        }
+        for r in logical.regions() {
+            let s = &src_bufs[&(logical.source_participant_of(r), logical.source_of(r).placement_fragment_id())];
+            let d = dst_bufs
+                .get_mut(&(logical.target_participant_of(r), logical.target_of(r).placement_fragment_id()))
+                .unwrap();
+            copy_region(r, s, r.source_base_offset, d, r.target_base_offset);
+        }
+        let targets = bc["targets"].as_array().unwrap();
+        check(targets.len() == dst_bufs.len(), "byte_check target count")?;
+        for e in targets {
+            let b = dst_bufs
+                .get(&(e["participant_id"].as_str().unwrap(), e["placement_fragment_id"].as_str().unwrap()))
+                .ok_or("target buffer missing")?;
+            check(hex(&sha2::Sha256::digest(b)) == e["sha256"], "logical target bytes")?;
+        }
+        let Some((plan, sb, tb)) = bound else {
+            return check(expected.get("bound").is_none(), "bound expected but no bindings given");
+        };
+        let eb = &expected["bound"];
+        let ops = eb["operations"].as_array().ok_or("bound operations")?;
+        check(ops.len() == plan.regions().len(), "bound operation count")?;
+        for (i, e) in ops.iter().enumerate() {
+            let ours = bound_operation_json(&plan, i);
+            check(ours == *e, &format!("bound operation {i}: ours {ours} reference {e}"))?;
+        }
+        for side in [Side::Source, Side::Target] {
+            let want = eb[format!("{}_executors", side.as_str())].as_array().ok_or("bound executors")?;
+            let ours = plan.executors(side);
+            check(ours.len() == want.len(), "bound executor count")?;
+            for (e, w) in ours.iter().zip(want) {
+                let j = executor_json(e);
+                for k in [
+                    "participant_id",
+                    "instance_id",
+                    "lease_id",
+                    "worker_id",
+                    "rank",
+                    "fragment_ids",
+                    "operation_indices",
+                ] {
+                    check(j[k] == w[k], &format!("bound {} executor {k}", side.as_str()))?;
+                }
+            }
+            // resolve_executor_plans for every binding that takes part.
+            let (placement, bindings) = if side == Side::Source { (source, &sb) } else { (target, &tb) };
+            for b in bindings {
+                let planned = ours.iter().any(|e| e.participant_id == b.participant_id());
+                if !planned {
+                    continue;
+                }
+                let mine = plan.resolve_executors(side, placement, b).map_err(|e| e.to_string())?;
+                check(mine.iter().all(|&i| ours[i].participant_id == b.participant_id()), "resolved executors")?;
+            }
+        }
+        // Bound byte check: buffers per runtime fragment, copies at relative offsets.
+        let mut rsrc: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
+        for b in &sb {
+            let part = source.part(b.participant_id()).unwrap();
+            for f in b.fragments() {
+                let pf = part.fragment(f.placement_fragment_id()).unwrap();
+                rsrc.insert((b.participant_id().into(), f.fragment_id().into()), fill_fragment(source, pf));
+            }
+        }
+        let mut rdst: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
+        for i in 0..plan.regions().len() {
+            let j = bound_operation_json(&plan, i);
+            let key = |v: &J| {
+                (v["participant_id"].as_str().unwrap().to_string(), v["fragment_id"].as_str().unwrap().to_string())
+            };
+            let (sk, tk) = (key(&j["source"]), key(&j["target"]));
+            let (_, tf) = plan.operation_fragment(i, Side::Target);
+            let d = rdst.entry(tk).or_insert_with(|| vec![0xA5; tf.nbytes() as usize]);
+            let r = &plan.regions()[i];
+            copy_region(
+                r,
+                &rsrc[&sk],
+                j["source"]["address_offset"].as_u64().unwrap(),
+                d,
+                j["target"]["address_offset"].as_u64().unwrap(),
+            );
+        }
+        let targets = eb["byte_check"]["targets"].as_array().ok_or("bound byte_check")?;
+        check(targets.len() == rdst.len(), "bound byte_check target count")?;
+        for e in targets {
+            let k = (e["participant_id"].as_str().unwrap().to_string(), e["fragment_id"].as_str().unwrap().to_string());
+            let b = rdst.get(&k).ok_or("bound target buffer missing")?;
+            check(hex(&sha2::Sha256::digest(b)) == e["sha256"], "bound target bytes")?;
+        }
+        // Transport: the plan survives its JSON form with the same bindings.
+        let back = TransferPlan::from_json(&plan.to_json(), &tb, &sb).map_err(|e| e.to_string())?;
+        check(back == plan, "bound plan JSON round trip")?;
+        Ok::<(), String>(())
+    })();
+    res.map_or_else(Outcome::Fail, |_| Outcome::Pass)
+}
+
 #[test]
 fn conformance_fixtures() {
     let dir = conformance_dir();
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot read conformance dir {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
+    let list = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    if !dir.is_dir() {
+        panic!("cannot read conformance dir {}", dir.display());
+    }
+    let mut files = list(&dir);
+    files.extend(list(&dir.join("transfer")));
     let (mut passed, mut failed) = (0, 0);
+    let mut per_kind: std::collections::BTreeMap<String, (u32, u32)> = Default::default();
     for path in &files {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let case: J = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
@@ -362,18 +599,25 @@ fn conformance_fixtures() {
             "upload" => run_upload(inputs, expected),
             "manifest" => run_manifest(inputs, expected),
             "load" => run_load(inputs, expected),
+            "transfer" => run_transfer(inputs, expected),
             other => Outcome::Fail(format!("unknown kind {other}")),
         };
+        let counts = per_kind.entry(kind.to_string()).or_default();
         match outcome {
             Outcome::Pass => {
                 passed += 1;
+                counts.0 += 1;
                 println!("conformance {name} ({kind}) ... ok");
             }
             Outcome::Fail(why) => {
                 failed += 1;
+                counts.1 += 1;
                 println!("conformance {name} ({kind}) ... FAILED: {why}");
             }
         }
+    }
+    for (kind, (p, f)) in &per_kind {
+        println!("conformance kind {kind}: {p} passed, {f} failed");
     }
     println!("conformance: {passed} passed, {failed} failed");
     assert!(passed + failed > 0, "no conformance case ran in {}", dir.display());

@@ -36,6 +36,7 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
+from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
 from .writer import Writer
 from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
                       UnsupportedDTypeError, dtype_name, tensor_view)
@@ -121,4 +122,10 @@ __all__ = [
     "SafetensorsFile",
     "import_safetensors",
     "export_safetensors",
+    # live transfer
+    "TransferPlan",
+    "TransferEngine",
+    "TransferStats",
+    "Loader",
+    "Sink",
 ]

@@ -15,7 +15,9 @@
 //!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
-//!   `mws_load_plan_*` (`load_plan`); `mws_io_args` (`io_args`);
+//!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
+//!   `mws_loader_*`, `mws_sink_*` and `mws_transfer_engine_*` (`loader`); `mws_io_args`
+//!   (`io_args`);
 //! - `callbacks`: every C vtable the caller hands us, each translated into the Rust
 //!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
 //!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`);
@@ -40,6 +42,7 @@ pub(crate) mod handles;
 mod io_args;
 mod lease;
 mod load_plan;
+mod loader;
 mod placement;
 mod placement_builder;
 
@@ -48,12 +51,14 @@ mod store;
 mod stored_manifest;
 mod strings;
 mod transaction;
+mod transfer_plan;
 mod upload_plan;
 mod writer;
 
 pub use binding::*;
 pub use boundary::*;
 pub use callbacks::copy_hook::*;
+pub use callbacks::engine::*;
 pub use callbacks::guard::*;
 pub use callbacks::snapshot::*;
 pub use callbacks::store::*;
@@ -61,11 +66,13 @@ pub use handles::*;
 pub use io_args::*;
 pub use lease::*;
 pub use load_plan::*;
+pub use loader::*;
 pub use placement::*;
 pub use placement_builder::*;
 pub use receipts::*;
 pub use store::*;
 pub use stored_manifest::*;
 pub use transaction::*;
+pub use transfer_plan::*;
 pub use upload_plan::*;
 pub use writer::*;

@@ -2,198 +2,45 @@
 //! target placement, one compact strided [`TransferRegion`] per (stored fragment,
 //! target fragment) overlap. Pure: no store I/O, no per-element work.
 
-use crate::error::{invalid, Error, ErrorKind, Result};
+use super::core::{plan_regions, sorted_targets, SourceBox, SourceGroups, SourceIndex};
+pub use super::region::{PlanningLimits, TransferRegion};
+use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
-use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
-use crate::model::{canonical_strides, ParallelRank, Placement, PlacementFragment, StoredFragment, StoredManifest};
+use crate::model::{ParallelRank, Placement, PlacementFragment, StoredFragment, StoredManifest};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// Fail-closed bounds on planning work (`load-path.md` §3.1).
-///
-/// The defaults are far above the reference's (1M regions, 1M segments per region,
-/// 10M lowered segments), which reject realistic models (the benchmark's 10^5
-/// fragment load lowers to 151M segments). Planning work is proportional to
-/// regions, not segments; segments only bound execution, which is linear in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlanningLimits {
-    /// Max regions in a plan.
-    pub max_transfer_regions: u64,
-    /// Max `segment_count` of one region.
-    pub max_segments_per_region: u64,
-    /// Max sum of `segment_count` over the plan.
-    pub max_total_lowered_segments: u64,
+/// Stored sources: one group per tensor (every stored geometry exists once).
+struct StoredGroups<'a> {
+    manifest: &'a StoredManifest,
+    target: &'a Placement,
+    source_tensors: HashMap<&'a str, usize>,
+    members: HashMap<&'a str, Vec<u32>>,
+    sources: &'a [SourceBox<'a>],
+    indexes: HashMap<&'a str, SourceIndex>,
 }
 
-impl Default for PlanningLimits {
-    fn default() -> Self {
-        PlanningLimits {
-            max_transfer_regions: 64 << 20,
-            max_segments_per_region: 1 << 32,
-            max_total_lowered_segments: 1 << 40,
+impl SourceGroups for StoredGroups<'_> {
+    fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
+        let tid = t.tensor_id();
+        let s_desc = self
+            .source_tensors
+            .get(tid)
+            .map(|&i| &*self.manifest.tensors()[i])
+            .ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
+        let t_desc = self.target.tensor(tid).expect("placement knows its tensors");
+        if s_desc.layout_fingerprint() != t_desc.layout_fingerprint() {
+            return invalid(format!("layout mismatch for tensor {tid}"));
         }
-    }
-}
-
-impl PlanningLimits {
-    /// The reference's defaults (1M regions, 1M segments per region, 10M segments).
-    pub fn reference() -> Self {
-        PlanningLimits {
-            max_transfer_regions: 1_000_000,
-            max_segments_per_region: 1_000_000,
-            max_total_lowered_segments: 10_000_000,
+        if !s_desc.is_compatible_with(t_desc) {
+            return invalid(format!("tensor descriptor mismatch: {tid}"));
         }
-    }
-
-    /// Each limit must be positive (`planning limit <name> must be a positive integer`).
-    pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("max_transfer_regions", self.max_transfer_regions),
-            ("max_segments_per_region", self.max_segments_per_region),
-            ("max_total_lowered_segments", self.max_total_lowered_segments),
-        ] {
-            if v == 0 {
-                return invalid(format!("planning limit {name} must be a positive integer"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One overlap between a stored fragment and a target fragment, as strided byte
-/// segments (`load-path.md` §3.5).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TransferRegion {
-    /// Index of the source fragment in the manifest's fragment list.
-    pub source: u32,
-    /// Index of the target part in the placement's part list.
-    pub target_part: u32,
-    /// Index of the target fragment in its part's fragment list.
-    pub target_fragment: u32,
-    /// Intersection box offset (global coordinates).
-    pub overlap_offset: Vec<u64>,
-    /// Intersection box extents.
-    pub overlap_shape: Vec<u64>,
-    /// Byte offset of the box origin inside the source fragment's contiguous layout.
-    pub source_base_offset: u64,
-    /// Byte offset of the box origin inside the target fragment's contiguous layout.
-    pub target_base_offset: u64,
-    /// Length of one contiguous segment.
-    pub inner_bytes: u64,
-    /// Extents of the outer (non-collapsed) dimensions.
-    pub outer_loop_counts: Vec<u64>,
-    /// Source byte strides of the outer dimensions.
-    pub source_strides: Vec<u64>,
-    /// Target byte strides of the outer dimensions.
-    pub target_strides: Vec<u64>,
-}
-
-impl TransferRegion {
-    /// Derives the region of `overlap` between `source` and `target` boxes with item
-    /// size `itemsize` (`load-path.md` §3.5).
-    pub fn derive(
-        source_box: BoxRef<'_>,
-        target_box: BoxRef<'_>,
-        overlap_offset: Vec<u64>,
-        overlap_shape: Vec<u64>,
-        itemsize: u64,
-    ) -> TransferRegion {
-        let n = overlap_shape.len();
-        let ss = canonical_strides(source_box.shape, itemsize);
-        let st = canonical_strides(target_box.shape, itemsize);
-        let base = |b: BoxRef<'_>, strides: &[u64]| -> u64 {
-            (0..n).map(|d| (overlap_offset[d] - b.offset[d]) * strides[d]).sum()
+        let Some((&key, group)) = self.members.get_key_value(tid) else {
+            return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
         };
-        let mut inner = overlap_shape[n - 1] * itemsize;
-        let mut k = n - 1;
-        for d in (0..n - 1).rev() {
-            if ss[d] == inner && st[d] == inner {
-                inner *= overlap_shape[d];
-                k = d;
-            } else {
-                break;
-            }
-        }
-        TransferRegion {
-            source: 0,
-            target_part: 0,
-            target_fragment: 0,
-            source_base_offset: base(source_box, &ss),
-            target_base_offset: base(target_box, &st),
-            inner_bytes: inner,
-            outer_loop_counts: overlap_shape[..k].to_vec(),
-            source_strides: ss[..k].to_vec(),
-            target_strides: st[..k].to_vec(),
-            overlap_offset,
-            overlap_shape,
-        }
-    }
-
-    /// `prod(outer_loop_counts)` (1 when empty).
-    pub fn segment_count(&self) -> u64 {
-        self.outer_loop_counts.iter().fold(1u64, |a, &c| a.saturating_mul(c))
-    }
-
-    /// `inner_bytes * segment_count`.
-    pub fn total_bytes(&self) -> u64 {
-        self.inner_bytes.saturating_mul(self.segment_count())
-    }
-
-    /// Calls `f(source_offset, target_offset, len)` for every segment in row-major
-    /// order (offsets relative to the fragments). Fails before the first call when
-    /// `segment_count > max_segments` (`transfer region exceeds max_segments`).
-    pub fn for_each_segment(&self, max_segments: u64, mut f: impl FnMut(u64, u64, u64)) -> Result<()> {
-        if max_segments == 0 {
-            return invalid("max_segments must be a positive integer");
-        }
-        let count = self.segment_count();
-        if count > max_segments {
-            return Err(Error::new(
-                ErrorKind::LimitExceeded,
-                format!("transfer region exceeds max_segments: {count} > {max_segments}"),
-            ));
-        }
-        let k = self.outer_loop_counts.len();
-        let mut idx = vec![0u64; k];
-        let (mut s, mut t) = (self.source_base_offset, self.target_base_offset);
-        for _ in 0..count {
-            f(s, t, self.inner_bytes);
-            // Increment the index vector, last dimension fastest.
-            let mut d = k;
-            while d > 0 {
-                d -= 1;
-                idx[d] += 1;
-                s += self.source_strides[d];
-                t += self.target_strides[d];
-                if idx[d] < self.outer_loop_counts[d] {
-                    break;
-                }
-                s -= self.source_strides[d] * idx[d];
-                t -= self.target_strides[d] * idx[d];
-                idx[d] = 0;
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks the region against its fragments' byte sizes: the furthest byte of
-    /// every segment stays inside both fragments. Used before any byte moves.
-    pub fn check_bounds(&self, source_nbytes: u64, target_nbytes: u64) -> Result<()> {
-        let reach = |base: u64, strides: &[u64]| -> Option<u64> {
-            let mut end = base.checked_add(self.inner_bytes)?;
-            for (c, s) in self.outer_loop_counts.iter().zip(strides) {
-                end = end.checked_add((c - 1).checked_mul(*s)?)?;
-            }
-            Some(end)
-        };
-        match reach(self.source_base_offset, &self.source_strides) {
-            Some(e) if e <= source_nbytes => {}
-            _ => return Err(Error::new(ErrorKind::InvalidManifest, "transfer region exceeds source fragment")),
-        }
-        match reach(self.target_base_offset, &self.target_strides) {
-            Some(e) if e <= target_nbytes => Ok(()),
-            _ => Err(Error::new(ErrorKind::InvalidManifest, "transfer region exceeds target fragment")),
-        }
+        let sources = self.sources;
+        let index = self.indexes.entry(key).or_insert_with(|| SourceIndex::build(sources, group));
+        Ok((t_desc.itemsize(), index))
     }
 }
 
@@ -211,61 +58,13 @@ pub struct LogicalLoadPlan {
     total_segments: u64,
 }
 
-/// Per-tensor index of source boxes on the dimension with the most distinct
-/// intervals (ties to the lowest dimension).
-struct SourceIndex {
-    dim: usize,
-    max_extent: u64,
-    /// (begin on dim, manifest fragment index), sorted.
-    entries: Vec<(u64, u32)>,
-}
-
-impl SourceIndex {
-    fn build(manifest: &StoredManifest, members: &[u32]) -> Self {
-        let frags = manifest.fragments();
-        let ndim = frags[members[0] as usize].global_offset().len();
-        let mut dim = 0;
-        let mut best = 0;
-        for d in 0..ndim {
-            let distinct: BTreeSet<(u64, u64)> = members
-                .iter()
-                .map(|&i| {
-                    let f = &frags[i as usize];
-                    (f.global_offset()[d], f.local_shape()[d])
-                })
-                .collect();
-            if distinct.len() > best {
-                best = distinct.len();
-                dim = d;
-            }
-        }
-        let mut entries: Vec<(u64, u32)> =
-            members.iter().map(|&i| (frags[i as usize].global_offset()[dim], i)).collect();
-        entries.sort_unstable();
-        let max_extent = members.iter().map(|&i| frags[i as usize].local_shape()[dim]).max().unwrap_or(1);
-        SourceIndex { dim, max_extent, entries }
-    }
-
-    /// Sources whose interval on the index dimension can intersect `[begin, end)`.
-    fn candidates(&self, begin: u64, end: u64) -> &[(u64, u32)] {
-        let lo_key = (begin + 1).saturating_sub(self.max_extent);
-        let lo = self.entries.partition_point(|e| e.0 < lo_key);
-        let hi = self.entries.partition_point(|e| e.0 < end);
-        &self.entries[lo..hi.max(lo)]
-    }
-}
-
-fn limit(msg: String) -> Error {
-    Error::new(ErrorKind::LimitExceeded, msg)
-}
-
 impl LogicalLoadPlan {
     /// Plans the restore of `manifest` into every participant of `target`
     /// (`plan_stored_transfer_to_target_placement`).
     ///
     /// Errors (contract): identity and tensor-set mismatches, incompatible
     /// descriptors (`layout mismatch for tensor <id>`, `tensor descriptor mismatch:
-    /// <id>`), uncovered targets, and limits ([`ErrorKind::LimitExceeded`]).
+    /// <id>`), uncovered targets, and limits ([`crate::ErrorKind::LimitExceeded`]).
     pub fn plan(manifest: Arc<StoredManifest>, target: Arc<Placement>, limits: PlanningLimits) -> Result<Self> {
         Self::plan_participants(manifest, target, limits, None)
     }
@@ -310,7 +109,16 @@ impl LogicalLoadPlan {
         for (i, f) in manifest.fragments().iter().enumerate() {
             members.entry(f.tensor_id()).or_default().push(i as u32);
         }
-        let mut indexes: HashMap<&str, SourceIndex> = HashMap::default();
+        let sources: Vec<SourceBox<'_>> = manifest
+            .fragments()
+            .iter()
+            .map(|f| SourceBox {
+                offset: f.global_offset(),
+                shape: f.local_shape(),
+                nbytes: f.nbytes(),
+                id: f.fragment_id(),
+            })
+            .collect();
 
         // Which parts to plan.
         let selected: Vec<u32> = match participants {
@@ -329,96 +137,18 @@ impl LogicalLoadPlan {
                 v
             }
         };
-        // Targets in placement_fragment_id order (over the selected parts).
-        let mut targets: Vec<(u32, u32)> = Vec::new();
-        for &p in &selected {
-            let n = target.parts()[p as usize].fragments().len() as u32;
-            targets.extend((0..n).map(|f| (p, f)));
-        }
-        let frag_of = |&(p, f): &(u32, u32)| &target.parts()[p as usize].fragments()[f as usize];
-        targets.sort_by(|a, b| frag_of(a).placement_fragment_id().cmp(frag_of(b).placement_fragment_id()));
-
-        let mut regions: Vec<TransferRegion> = Vec::new();
-        let mut total_segments: u64 = 0;
-        let mut total_bytes: u64 = 0;
-        let sources = manifest.fragments();
-        for tkey in &targets {
-            let t = frag_of(tkey);
-            let tid = t.tensor_id();
-            let s_desc = source_tensors
-                .get(tid)
-                .map(|&i| &*manifest.tensors()[i])
-                .ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
-            let t_desc = target.tensor(tid).expect("placement knows its tensors");
-            if s_desc.layout_fingerprint() != t_desc.layout_fingerprint() {
-                return invalid(format!("layout mismatch for tensor {tid}"));
-            }
-            if !s_desc.is_compatible_with(t_desc) {
-                return invalid(format!("tensor descriptor mismatch: {tid}"));
-            }
-            let itemsize = t_desc.itemsize();
-            let Some(group) = members.get(tid) else {
-                return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
-            };
-            let index = indexes.entry(tid).or_insert_with(|| SourceIndex::build(&manifest, group));
-            let (tb, te) = (t.global_offset()[index.dim], t.global_offset()[index.dim] + t.local_shape()[index.dim]);
-            let mut overlaps: Vec<(Vec<u64>, Vec<u64>, u32)> = Vec::new();
-            for &(_, si) in index.candidates(tb, te) {
-                let s = &sources[si as usize];
-                if let Some((off, shape)) = intersect(s, t) {
-                    if regions.len() as u64 + overlaps.len() as u64 + 1 > limits.max_transfer_regions {
-                        return Err(limit(format!(
-                            "logical transfer plan exceeds max_transfer_regions: {}",
-                            limits.max_transfer_regions
-                        )));
-                    }
-                    overlaps.push((off, shape, si));
-                }
-            }
-            overlaps.sort_by(|a, b| {
-                (&a.0, &a.1, sources[a.2 as usize].fragment_id()).cmp(&(
-                    &b.0,
-                    &b.1,
-                    sources[b.2 as usize].fragment_id(),
-                ))
-            });
-            let boxes: Vec<BoxRef<'_>> = overlaps.iter().map(|o| BoxRef::new(&o.0, &o.1)).collect();
-            if !geometry::boxes_exactly_cover(t.as_box(), &boxes, HIGH_DIM_COMPARISON_BUDGET)? {
-                return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
-            }
-            let first = regions.len();
-            for (off, shape, si) in overlaps {
-                let s = &sources[si as usize];
-                let mut r = TransferRegion::derive(s.as_box(), t.as_box(), off, shape, itemsize);
-                r.source = si;
-                r.target_part = tkey.0;
-                r.target_fragment = tkey.1;
-                let count = r.segment_count();
-                if count > limits.max_segments_per_region {
-                    return Err(limit(format!(
-                        "logical transfer region exceeds max_segments_per_region: {count} > {}",
-                        limits.max_segments_per_region
-                    )));
-                }
-                total_segments = total_segments.saturating_add(count);
-                if total_segments > limits.max_total_lowered_segments {
-                    return Err(limit(format!(
-                        "logical transfer plan exceeds max_total_lowered_segments: {total_segments} > {}",
-                        limits.max_total_lowered_segments
-                    )));
-                }
-                r.check_bounds(s.nbytes(), t.nbytes())?;
-                total_bytes = total_bytes.saturating_add(r.total_bytes());
-                regions.push(r);
-            }
-            regions[first..].sort_by(|a, b| {
-                (a.target_base_offset, sources[a.source as usize].fragment_id(), a.source_base_offset).cmp(&(
-                    b.target_base_offset,
-                    sources[b.source as usize].fragment_id(),
-                    b.source_base_offset,
-                ))
-            });
-        }
+        let targets = sorted_targets(&target, &selected);
+        let mut groups = StoredGroups {
+            manifest: &manifest,
+            target: &target,
+            source_tensors,
+            members,
+            sources: &sources,
+            indexes: HashMap::default(),
+        };
+        let core = plan_regions(&target, &targets, &sources, &mut groups, limits)?;
+        drop(groups);
+        let (regions, total_bytes, total_segments) = (core.regions, core.total_bytes, core.total_segments);
         // Executors: planned parts with fragments, sorted by rank.
         let mut by_part: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (i, r) in regions.iter().enumerate() {
@@ -484,28 +214,10 @@ impl LogicalLoadPlan {
     }
 }
 
-fn intersect(s: &StoredFragment, t: &PlacementFragment) -> Option<(Vec<u64>, Vec<u64>)> {
-    let n = t.global_offset().len();
-    if s.global_offset().len() != n {
-        return None;
-    }
-    let mut off = Vec::with_capacity(n);
-    let mut shape = Vec::with_capacity(n);
-    for d in 0..n {
-        let b = s.global_offset()[d].max(t.global_offset()[d]);
-        let e = (s.global_offset()[d] + s.local_shape()[d]).min(t.global_offset()[d] + t.local_shape()[d]);
-        if e <= b {
-            return None;
-        }
-        off.push(b);
-        shape.push(e - b);
-    }
-    Some((off, shape))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::geometry::BoxRef;
 
     fn region(so: &[u64], ss: &[u64], to: &[u64], ts: &[u64]) -> TransferRegion {
         let n = so.len();

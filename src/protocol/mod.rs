@@ -18,6 +18,7 @@ pub mod receipt;
 pub mod registration;
 pub mod state;
 pub mod transaction;
+pub mod transfer;
 pub mod upload;
 pub mod weight_store;
 pub mod writer;

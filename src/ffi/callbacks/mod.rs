@@ -2,10 +2,12 @@
 //! the layer below: [`store`] (`mws_store_vtable` -> `store::ObjectStore`),
 //! [`copy_hook`] (`mws_copy_hook_vtable` -> `store::CopyHook`), [`guard`]
 //! (`mws_guard_vtable` -> `protocol::GuardProvider`) and [`snapshot`]
-//! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`). The layers below
-//! know no `mws_*` type.
+//! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`) and [`engine`]
+//! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`). The layers below know
+//! no `mws_*` type.
 
 pub mod copy_hook;
+pub mod engine;
 pub mod guard;
 pub mod snapshot;
 pub mod store;

@@ -1,0 +1,275 @@
+"""Live weight transfer (placement -> placement, no store in between) over the C ABI:
+``TransferPlan`` (``mws_transfer_plan``), ``TransferEngine`` (the embedded
+in-process engine), ``Loader`` (a target participant pulls its part) and ``Sink`` (a
+source participant pushes its part).
+
+Threading: plans are immutable and may be shared; a loader or sink runs one call at
+a time (calls on one engine are serialized by the library's engine fence, a second
+concurrent call fails with :class:`~mooncake_weight_store.StoreError`).
+Ownership: every object owns its handle (``close()`` / ``with``); a plan bound to
+bindings records their buffer addresses, so keep the bindings (which hold the
+buffers) alive while the plan is executed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from . import _lib
+from ._lib import LIB, OwnedHandle, call, cstr
+from .binding import Binding
+from .load import PlanningLimits
+from .placement import Placement
+
+__all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats"]
+
+_p = c_void_p
+_PROGRESS = ctypes.CFUNCTYPE(None, c_void_p, c_uint64, c_uint64)
+
+
+class mws_transfer_stats(Structure):
+    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64)]
+
+
+class mws_live_args(Structure):
+    _fields_ = [("worker_id", ctypes.c_char_p), ("transfer_id", ctypes.c_char_p), ("local_pre_registered", c_int32),
+                ("guard", c_void_p), ("guard_ctx", c_void_p)]
+
+
+_lib.register_prototypes({
+    "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), POINTER(_p)]),
+    "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
+    "mws_transfer_plan_from_json": (c_int, [ctypes.c_char_p, c_size_t, POINTER(_p)]),
+    "mws_transfer_plan_to_json": (c_void_p, [_p, POINTER(c_size_t)]),
+    "mws_transfer_plan_is_bound": (c_int32, [_p]),
+    "mws_transfer_plan_region_count": (c_size_t, [_p]),
+    "mws_transfer_plan_total_bytes": (c_uint64, [_p]),
+    "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
+    "mws_transfer_plan_free": (None, [_p]),
+    "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
+    "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
+    "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),
+    "mws_transfer_engine_pending_count": (c_size_t, [_p]),
+    "mws_transfer_engine_drain": (c_int, [_p, c_uint64, POINTER(c_size_t)]),
+    "mws_transfer_engine_free": (None, [_p]),
+    "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_loader_set_progress": (c_int, [_p, _PROGRESS, c_void_p]),
+    "mws_loader_cancel": (None, [_p]),
+    "mws_loader_reset_cancel": (None, [_p]),
+    "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
+                                     POINTER(mws_transfer_stats)]),
+    "mws_loader_free": (None, [_p]),
+    "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
+                                 POINTER(mws_transfer_stats)]),
+    "mws_sink_free": (None, [_p]),
+    # Declared for completeness (the header check requires every function); struct
+    # pointers as void* since this module does not wrap them at a higher level yet.
+    "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
+    "mws_loader_stats": (c_int, [_p, c_void_p]),
+    "mws_transfer_engine_from_vtable": (c_int, [c_void_p, c_void_p, POINTER(_p)]),
+    "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
+    "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
+    "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
+})
+
+SIDE_SOURCE = 0
+SIDE_TARGET = 1
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """What one live call moved."""
+
+    bytes: int = 0
+    regions: int = 0
+    operations: int = 0
+    receipts: int = 0
+
+
+def _stats(s: mws_transfer_stats) -> TransferStats:
+    return TransferStats(s.bytes, s.regions, s.operations, s.receipts)
+
+
+def _handles(bindings: Sequence[Binding]) -> Any:
+    return (_p * len(bindings))(*[b.handle for b in bindings])
+
+
+def _args(pre_registered: bool, worker_id: Optional[str], transfer_id: Optional[str]) -> mws_live_args:
+    return mws_live_args(cstr(worker_id, "worker_id"), cstr(transfer_id, "transfer_id"), 1 if pre_registered else 0,
+                         None, None)
+
+
+class TransferPlan(OwnedHandle):
+    """A live-transfer plan (``mws_transfer_plan``): logical (from two placements,
+    address-free) or bound (to source and target bindings)."""
+
+    _FREE = "mws_transfer_plan_free"
+    _WHAT = "transfer plan"
+
+    def __init__(self, handle: int, keep: Sequence[Any] = ()) -> None:
+        super().__init__(handle)
+        self._keep = list(keep)
+
+    @classmethod
+    def plan(cls, source: Placement, target: Placement, target_participant_id: Optional[str] = None,
+             limits: Optional[PlanningLimits] = None) -> "TransferPlan":
+        """Plans ``source`` -> every participant of ``target`` (or only
+        ``target_participant_id``). Pure: no I/O."""
+        lim = ctypes.byref(limits.to_c()) if limits is not None else None
+        out = _p()
+        call("mws_transfer_plan_new", source.handle, target.handle, cstr(target_participant_id), lim,
+             ctypes.byref(out))
+        return cls(out.value)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TransferPlan":
+        """Restores a logical plan shipped as JSON (re-planned and compared)."""
+        raw = text.encode("utf-8")
+        out = _p()
+        call("mws_transfer_plan_from_json", raw, len(raw), ctypes.byref(out))
+        return cls(out.value)
+
+    def bind(self, targets: Sequence[Binding], sources: Sequence[Binding]) -> "TransferPlan":
+        """A new plan bound to ``targets`` and ``sources`` (kept alive by it)."""
+        out = _p()
+        call("mws_transfer_plan_bind", self.handle, _handles(targets), len(targets), _handles(sources), len(sources),
+             ctypes.byref(out))
+        return TransferPlan(out.value, [*targets, *sources])
+
+    def to_json(self) -> str:
+        n = c_size_t(0)
+        ptr = LIB.fn("mws_transfer_plan_to_json")(self.handle, ctypes.byref(n))
+        if not ptr:
+            _lib.check(int(_lib.Status.NULL_ARGUMENT))
+        return ctypes.string_at(ptr, n.value).decode("utf-8")
+
+    @property
+    def is_bound(self) -> bool:
+        return int(LIB.fn("mws_transfer_plan_is_bound")(self.handle)) == 1
+
+    @property
+    def region_count(self) -> int:
+        return int(LIB.fn("mws_transfer_plan_region_count")(self.handle))
+
+    @property
+    def total_bytes(self) -> int:
+        return int(LIB.fn("mws_transfer_plan_total_bytes")(self.handle))
+
+    def executor_count(self, side: str) -> int:
+        code = {"source": SIDE_SOURCE, "target": SIDE_TARGET}[side]
+        return int(LIB.fn("mws_transfer_plan_executor_count")(self.handle, code))
+
+    def close(self) -> None:
+        super().close()
+        self._keep = []
+
+
+class TransferEngine(OwnedHandle):
+    """A transfer engine; :meth:`local` is the embedded in-process engine."""
+
+    _FREE = "mws_transfer_engine_free"
+    _WHAT = "transfer engine"
+
+    @classmethod
+    def local(cls) -> "TransferEngine":
+        out = _p()
+        call("mws_transfer_engine_new_local", ctypes.byref(out))
+        return cls(out.value)
+
+    def register_memory(self, address: int, nbytes: int) -> None:
+        """The owner's registration of host memory (valid until unregistered)."""
+        call("mws_transfer_engine_register_memory", self.handle, address, nbytes, 0, 0)
+
+    def unregister_memory(self, address: int) -> None:
+        call("mws_transfer_engine_unregister_memory", self.handle, address)
+
+    def register_binding(self, binding: Binding) -> None:
+        """Registers every buffer of ``binding`` (its owner's pre-registration)."""
+        for fid, address in binding.addresses.items():
+            self.register_memory(address, binding._infos[fid].nbytes)
+
+    def unregister_binding(self, binding: Binding) -> None:
+        for address in binding.addresses.values():
+            self.unregister_memory(address)
+
+    @property
+    def pending_count(self) -> int:
+        return int(LIB.fn("mws_transfer_engine_pending_count")(self.handle))
+
+    def drain(self, timeout_ms: int = 1000) -> int:
+        """Drains every pending transfer once; returns how many remain."""
+        n = c_size_t(0)
+        call("mws_transfer_engine_drain", self.handle, timeout_ms, ctypes.byref(n))
+        return int(n.value)
+
+
+class Loader(OwnedHandle):
+    """Fills one target participant's buffers from live sources (reader mode)."""
+
+    _FREE = "mws_loader_free"
+    _WHAT = "loader"
+
+    def __init__(self, engine: TransferEngine) -> None:
+        out = _p()
+        call("mws_loader_new", engine.handle, None, ctypes.byref(out))
+        super().__init__(out.value)
+        self._engine = engine
+        self._progress: Any = None
+
+    def set_progress(self, fn: Optional[Any]) -> None:
+        """``fn(bytes_done, bytes_total)`` after every batch (must not raise)."""
+        if fn is None:
+            self._progress = _PROGRESS()
+        else:
+            def trampoline(_ctx: Any, done: int, total: int) -> None:
+                try:
+                    fn(done, total)
+                except Exception:  # a callback must never unwind into the library
+                    pass
+            self._progress = _PROGRESS(trampoline)
+        call("mws_loader_set_progress", self.handle, self._progress, None)
+
+    def cancel(self) -> None:
+        LIB.fn("mws_loader_cancel")(self.handle)
+
+    def reset_cancel(self) -> None:
+        LIB.fn("mws_loader_reset_cancel")(self.handle)
+
+    def load_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
+                  local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                  transfer_id: Optional[str] = None) -> TransferStats:
+        """Pulls the local target executor's operations of the bound ``plan`` into
+        ``local``'s buffers (the sources' memory must be registered by its owners)."""
+        args = _args(local_pre_registered, worker_id, transfer_id)
+        st = mws_transfer_stats()
+        call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources), len(sources),
+             target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
+        return _stats(st)
+
+
+class Sink(OwnedHandle):
+    """A source participant's side of a live transfer (pushes its part)."""
+
+    _FREE = "mws_sink_free"
+    _WHAT = "sink"
+
+    def __init__(self, engine: TransferEngine) -> None:
+        out = _p()
+        call("mws_sink_new", engine.handle, None, ctypes.byref(out))
+        super().__init__(out.value)
+        self._engine = engine
+
+    def execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
+                targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                transfer_id: Optional[str] = None) -> TransferStats:
+        """Pushes the local source executor's operations of the bound ``plan`` into
+        the targets (whose memory must be registered by its owners)."""
+        args = _args(local_pre_registered, worker_id, transfer_id)
+        st = mws_transfer_stats()
+        call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle, target.handle,
+             _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
+        return _stats(st)

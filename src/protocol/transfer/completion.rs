@@ -1,0 +1,390 @@
+//! Completion tracking of live transfers (`live-transfer.md` §8): the process-wide
+//! table of pending transfers (keyed by ids we allocate, never by a native
+//! pointer), the per-engine submission reservation, one batch's outcome (legacy
+//! status codes, tickets, drains), status queries and drains, and the
+//! registration-cleanup quarantine (§8.5).
+//!
+//! A pending entry owns everything that DMA might still touch: the engine handle,
+//! the ticket, the addresses we registered, the allocation lifetime tokens (whose
+//! guards keep the framework's owners alive) and the plan and bindings. It blocks
+//! its engine identity until a drain releases it; a restart-required entry can never
+//! be drained: only a new engine (a new identity) runs again.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::error::{TransferError, TransferErrorKind};
+use crate::engine::{CompletionStatus, EngineCallError, TransferBatch, TransferEngine, TransferTicket};
+use crate::protocol::guards::{LifetimeToken, TerminalState};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Status name of a restart-required unknown entry.
+pub const COMPLETION_UNKNOWN_RESTART_REQUIRED: &str = "COMPLETION_UNKNOWN_RESTART_REQUIRED";
+
+pub(crate) struct PendingEntry {
+    identity: u64,
+    engine: Arc<dyn TransferEngine>,
+    ticket: Option<Arc<dyn TransferTicket>>,
+    /// Addresses we registered and must unregister after the drain.
+    registrations: Vec<u64>,
+    tokens: Vec<Box<dyn LifetimeToken>>,
+    /// Kept alive until the drain (plan, bindings, leases).
+    resources: Vec<Box<dyn Any + Send>>,
+    restart_required: bool,
+    /// Set for cleanup entries (and after a drain saw a terminal status): the status
+    /// name and the state the tokens are released with.
+    terminal: Option<(String, TerminalState)>,
+    draining: bool,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: BTreeMap<String, PendingEntry>,
+    active: BTreeSet<u64>,
+}
+
+static TABLE: Mutex<Table> = Mutex::new(Table { entries: BTreeMap::new(), active: BTreeSet::new() });
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// An active submission on one engine identity; released on drop.
+pub(crate) struct Reservation {
+    identity: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        TABLE.lock().active.remove(&self.identity);
+    }
+}
+
+/// Reserves `identity` for one execution (§8.2): refused while a pending entry of
+/// that identity exists (the smallest id is named) or another submission is active.
+pub(crate) fn reserve(identity: u64) -> Result<Reservation, TransferError> {
+    let mut t = TABLE.lock();
+    if let Some((id, e)) = t.entries.iter().find(|(_, e)| e.identity == identity) {
+        let msg = if e.restart_required {
+            format!("transfer engine is blocked by restart-required pending transfer {id}; restart before submitting another transfer")
+        } else {
+            format!("transfer engine has pending transfer {id}; call drain_pending_transfer before submitting another transfer, or restart if it cannot be drained")
+        };
+        return Err(TransferError::engine(msg));
+    }
+    if !t.active.insert(identity) {
+        return Err(TransferError::engine("transfer engine already has an active resource transfer submission"));
+    }
+    Ok(Reservation { identity })
+}
+
+/// What the executor hands to a pending entry.
+pub(crate) struct Handoff {
+    pub registrations: Vec<u64>,
+    pub tokens: Vec<Box<dyn LifetimeToken>>,
+    pub resources: Vec<Box<dyn Any + Send>>,
+}
+
+fn insert(entry: PendingEntry) -> String {
+    let id = new_id();
+    TABLE.lock().entries.insert(id.clone(), entry);
+    id
+}
+
+/// Creates a registration-cleanup entry (§8.5) for `failed` addresses.
+pub(crate) fn quarantine_cleanup(
+    identity: u64,
+    engine: &Arc<dyn TransferEngine>,
+    failed: Vec<u64>,
+    state: TerminalState,
+    handoff: Handoff,
+) -> String {
+    let status = match state {
+        TerminalState::Completed => "COMPLETED",
+        TerminalState::FailedDrained => "FAILED_DRAINED",
+        TerminalState::Aborted => "ABORTED",
+    };
+    insert(PendingEntry {
+        identity,
+        engine: engine.clone(),
+        ticket: None,
+        registrations: failed,
+        tokens: handoff.tokens,
+        resources: handoff.resources,
+        restart_required: false,
+        terminal: Some((status.to_string(), state)),
+        draining: false,
+    })
+}
+
+/// How one batch ended, before hand-off.
+pub(crate) enum BatchOutcome {
+    Completed,
+    /// A known failure: no operation can still touch memory.
+    Failed(String),
+    /// DMA may still run: the ticket (if any) and restart-required flag go to a
+    /// pending entry; `interrupted` carries the interruption text.
+    Unknown {
+        ticket: Option<Box<dyn TransferTicket>>,
+        restart_required: bool,
+        interrupted: Option<String>,
+    },
+}
+
+/// Runs one batch through the engine (§8.3): the scatter call when the engine has
+/// one, else the ticketed call, else the legacy synchronous call; with `attempts`
+/// inline drains of `timeout_ms` each.
+pub(crate) fn execute_batch(
+    engine: &dyn TransferEngine,
+    batch: &TransferBatch,
+    attempts: u32,
+    timeout_ms: u64,
+) -> BatchOutcome {
+    let failed = |s: &CompletionStatus| {
+        let dir = match batch.direction() {
+            crate::engine::Direction::Read => "from",
+            crate::engine::Direction::Write => "to",
+        };
+        BatchOutcome::Failed(format!("batch transfer {dir} {} failed: {}", batch.endpoint(), s.name()))
+    };
+    let submitted = match engine.submit_ranges_with_ticket(batch) {
+        Some(r) => Some(r),
+        None => engine.submit_with_ticket(batch),
+    };
+    match submitted {
+        Some(Err(e)) => BatchOutcome::Unknown {
+            ticket: None,
+            restart_required: true,
+            interrupted: e.interrupted.then(|| e.message.clone()),
+        },
+        Some(Ok(ticket)) => {
+            let status = match ticket.status() {
+                Ok(s) => s,
+                Err(e) => {
+                    return BatchOutcome::Unknown {
+                        ticket: Some(ticket),
+                        restart_required: false,
+                        interrupted: e.interrupted.then(|| e.message.clone()),
+                    }
+                }
+            };
+            let mut status = status;
+            let mut tries = 0;
+            while status == CompletionStatus::CompletionUnknown && tries < attempts {
+                tries += 1;
+                match ticket.drain(timeout_ms) {
+                    Ok(s) => status = s,
+                    Err(EngineCallError { interrupted: true, message }) => {
+                        return BatchOutcome::Unknown {
+                            ticket: Some(ticket),
+                            restart_required: false,
+                            interrupted: Some(message),
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+            match status {
+                CompletionStatus::Completed => BatchOutcome::Completed,
+                CompletionStatus::CompletionUnknown => {
+                    BatchOutcome::Unknown { ticket: Some(ticket), restart_required: false, interrupted: None }
+                }
+                other => failed(&other),
+            }
+        }
+        None => match engine.batch_transfer_sync(batch) {
+            Ok(0) => BatchOutcome::Completed,
+            Ok(_) => BatchOutcome::Unknown { ticket: None, restart_required: true, interrupted: None },
+            Err(e) => BatchOutcome::Unknown {
+                ticket: None,
+                restart_required: true,
+                interrupted: e.interrupted.then(|| e.message.clone()),
+            },
+        },
+    }
+}
+
+/// Hands an unknown batch's resources to a new pending entry and builds the error
+/// (`TransferCompletionUnknownError` or `TransferCompletionInterrupted`).
+pub(crate) fn retain_unknown(
+    identity: u64,
+    engine: &Arc<dyn TransferEngine>,
+    ticket: Option<Box<dyn TransferTicket>>,
+    restart_required: bool,
+    interrupted: Option<String>,
+    handoff: Handoff,
+) -> TransferError {
+    let id = insert(PendingEntry {
+        identity,
+        engine: engine.clone(),
+        ticket: ticket.map(Arc::from),
+        registrations: handoff.registrations,
+        tokens: handoff.tokens,
+        resources: handoff.resources,
+        restart_required,
+        terminal: None,
+        draining: false,
+    });
+    let suffix = if restart_required {
+        "; legacy API exposes no drainable ticket, so this engine is restart-required"
+    } else {
+        ""
+    };
+    let mut e = match interrupted {
+        Some(cause) => TransferError::new(
+            TransferErrorKind::Interrupted,
+            format!("batch transfer was interrupted while completion was unknown ({cause}); registrations remain quarantined as {id}{suffix}"),
+        )
+        .with_cause(cause),
+        None => TransferError::new(
+            TransferErrorKind::CompletionUnknown,
+            format!("batch transfer completion is unknown; registrations remain quarantined as {id}{suffix}"),
+        ),
+    };
+    e.pending_transfer_id = Some(id);
+    e.engine_identity = Some(identity);
+    e.restart_required = restart_required;
+    e.submitted = true;
+    e
+}
+
+/// Sorted pending ids of `identity`.
+pub fn pending_transfer_ids(identity: u64) -> Vec<String> {
+    TABLE.lock().entries.iter().filter(|(_, e)| e.identity == identity).map(|(k, _)| k.clone()).collect()
+}
+
+fn not_found(id: &str) -> TransferError {
+    TransferError::engine(format!("pending transfer does not exist: {id}"))
+}
+
+/// `pending_transfer_status(id)`: the ticket's status name,
+/// `COMPLETION_UNKNOWN_RESTART_REQUIRED`, or the recorded terminal status of a
+/// cleanup entry. A ticket whose status cannot be read reports `COMPLETION_UNKNOWN`.
+pub fn pending_transfer_status(identity: u64, id: &str) -> Result<String, TransferError> {
+    let ticket = {
+        let t = TABLE.lock();
+        let e = t.entries.get(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
+        if let Some((name, _)) = &e.terminal {
+            return Ok(name.clone());
+        }
+        if e.restart_required {
+            return Ok(COMPLETION_UNKNOWN_RESTART_REQUIRED.into());
+        }
+        e.ticket.clone()
+    };
+    // The ticket is asked outside the table lock (it may be a C callback).
+    Ok(match ticket.map(|t| t.status()) {
+        Some(Ok(s)) => s.name().to_string(),
+        _ => "COMPLETION_UNKNOWN".into(),
+    })
+}
+
+/// `drain_pending_transfer(id, timeout_ms)` (§8.4): drains the ticket once; while
+/// completion is unknown (or the entry is restart-required) returns
+/// `COMPLETION_UNKNOWN` and keeps everything; on a terminal status unregisters the
+/// entry's own registrations (descending addresses), releases its tokens last-first
+/// with `completed` / `failed_drained` (or the recorded state), removes the entry
+/// and returns the status name. Thread-safe: a concurrent drain of the same id fails
+/// `pending transfer is already being drained: <id>`.
+///
+/// Errors: `pending transfer does not exist: <id>`; `pending transfer registration
+/// cleanup failed: <failures>` (entry kept with the failed addresses); `pending
+/// transfer unregister_memory outcome is unknown; engine restart required: <error>`
+/// and `pending transfer allocation lifetime release outcome is unknown; engine
+/// restart required: <error>` (entry kept, restart-required).
+pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Result<String, TransferError> {
+    // Phase 1: claim the entry.
+    let (ticket, recorded) = {
+        let mut t = TABLE.lock();
+        let e = t.entries.get_mut(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
+        if e.draining {
+            return Err(TransferError::engine(format!("pending transfer is already being drained: {id}")));
+        }
+        if e.restart_required {
+            return Ok("COMPLETION_UNKNOWN".into());
+        }
+        e.draining = true;
+        (e.ticket.clone(), e.terminal.clone())
+    };
+    // Phase 2: the drain, outside the lock.
+    let (name, state) = match recorded {
+        Some(r) => r,
+        None => {
+            let status = ticket.as_ref().map(|t| t.drain(timeout_ms));
+            match status {
+                Some(Ok(CompletionStatus::Completed)) => ("COMPLETED".to_string(), TerminalState::Completed),
+                Some(Ok(CompletionStatus::CompletionUnknown)) | Some(Err(_)) | None => {
+                    let mut t = TABLE.lock();
+                    let e = t.entries.get_mut(id).expect("a claimed entry stays");
+                    e.draining = false;
+                    return Ok("COMPLETION_UNKNOWN".into());
+                }
+                Some(Ok(other)) => (other.name().to_string(), TerminalState::FailedDrained),
+            }
+        }
+    };
+    // Phase 3: unregister and release, outside the lock.
+    let (engine, registrations, mut tokens) = {
+        let mut t = TABLE.lock();
+        let e = t.entries.get_mut(id).expect("a claimed entry stays");
+        e.terminal = Some((name.clone(), state));
+        (e.engine.clone(), std::mem::take(&mut e.registrations), std::mem::take(&mut e.tokens))
+    };
+    let mut addresses = registrations;
+    addresses.sort_unstable_by(|a, b| b.cmp(a));
+    let mut failed = Vec::new();
+    let mut failures = Vec::new();
+    let mut unknown = None;
+    for a in addresses {
+        match engine.unregister_memory(a) {
+            Ok(0) => {}
+            Ok(code) => {
+                failed.push(a);
+                failures.push(code.to_string());
+            }
+            Err(err) => {
+                failed.push(a);
+                unknown.get_or_insert(err.message);
+            }
+        }
+    }
+    let restore = |failed: Vec<u64>, tokens: Vec<Box<dyn LifetimeToken>>, restart: bool| {
+        let mut t = TABLE.lock();
+        let e = t.entries.get_mut(id).expect("a claimed entry stays");
+        e.registrations = failed;
+        e.tokens = tokens;
+        e.draining = false;
+        e.restart_required |= restart;
+    };
+    if let Some(err) = unknown {
+        restore(failed, tokens, true);
+        return Err(TransferError::engine(format!(
+            "pending transfer unregister_memory outcome is unknown; engine restart required: {err}"
+        )));
+    }
+    if !failed.is_empty() {
+        restore(failed, tokens, false);
+        return Err(TransferError::engine(format!(
+            "pending transfer registration cleanup failed: {}",
+            failures.join(", ")
+        )));
+    }
+    while let Some(mut tok) = tokens.pop() {
+        if let Err(err) = tok.release(state) {
+            restore(Vec::new(), tokens, true);
+            return Err(TransferError::engine(format!(
+                "pending transfer allocation lifetime release outcome is unknown; engine restart required: {}",
+                err.message()
+            )));
+        }
+    }
+    TABLE.lock().entries.remove(id);
+    Ok(name)
+}
+
+/// Test support: true while the pending entry `id` keeps resources.
+pub fn pending_transfer_holds_resources(identity: u64, id: &str) -> bool {
+    TABLE.lock().entries.get(id).is_some_and(|e| e.identity == identity && !e.resources.is_empty())
+}

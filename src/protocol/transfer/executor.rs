@@ -1,0 +1,990 @@
+//! The live-transfer executors (`live-transfer.md` §5–§11): the sink (a source
+//! worker pushes writes into remote targets) and the reader (a target worker pulls
+//! reads from remote sources), both over a [`TransferEngine`].
+//!
+//! One execution: preflight checks (nothing pinned, nothing called) -> reserve the
+//! engine -> pin both sides (lifetime tokens) -> re-check under the pins ->
+//! per-operation checks, registration leases, limits -> register own memory (whole
+//! allocations) -> per remote endpoint, lowered batches of at most
+//! `max_batch_operations` segments, each run to a known outcome -> unregister ->
+//! release the pins -> receipts. When a batch's completion is unknown, nothing is
+//! unregistered or released: everything moves into a pending entry
+//! ([`super::completion`]) that only a drain (or an engine restart) ends.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::completion::{self, execute_batch, quarantine_cleanup, reserve, retain_unknown, BatchOutcome, Handoff};
+use super::error::{TransferError, TransferErrorKind, TransferResult};
+use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
+use crate::engine::{Direction, MemoryRegion, TransferBatch, TransferBatchRange, TransferEngine};
+use crate::error::{Error, ErrorKind};
+use crate::model::Placement;
+use crate::plan::transfer_bind::{Side, TransferPlan};
+use crate::protocol::guards::{acquire_pin, LifetimeToken, TerminalState};
+use crate::runtime::{validate_runtime_binding, RuntimeBinding, RuntimeFragment};
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Executor limits (`live-transfer.md` §4.1): they bound lowering on the executing
+/// worker and are checked independently of the plan's planning limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutorLimits {
+    /// Segments per engine batch (default 1024: the wheel's TCP transport queues at
+    /// most 1024 transfers per peer).
+    pub max_batch_operations: u64,
+    /// Largest `segment_count` of one region (default 1,000,000).
+    pub max_region_segments: u64,
+    /// Segments of one execution (default 10,000,000).
+    pub max_total_lowered_segments: u64,
+    /// Inline drains of an unknown ticket (default 3; 0 = never drain inline).
+    pub max_completion_drain_attempts: u32,
+    /// Timeout of one inline drain (default 1000 ms).
+    pub completion_drain_timeout_ms: u64,
+}
+
+impl Default for ExecutorLimits {
+    fn default() -> Self {
+        ExecutorLimits {
+            max_batch_operations: 1024,
+            max_region_segments: 1_000_000,
+            max_total_lowered_segments: 10_000_000,
+            max_completion_drain_attempts: 3,
+            completion_drain_timeout_ms: 1000,
+        }
+    }
+}
+
+impl ExecutorLimits {
+    /// The first three must be positive (`<name> must be a positive integer`).
+    pub fn validate(&self) -> crate::Result<()> {
+        for (name, v) in [
+            ("max_batch_operations", self.max_batch_operations),
+            ("max_region_segments", self.max_region_segments),
+            ("max_total_lowered_segments", self.max_total_lowered_segments),
+        ] {
+            if v == 0 {
+                return crate::error::invalid(format!("{name} must be a positive integer"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one worker completed toward one remote endpoint (`DirectTransferReceipt`
+/// for the sink: `worker_id` = the source worker, `endpoint` = the target endpoint;
+/// `DirectReadReceipt` for the reader: `worker_id` = the target worker, `endpoint` =
+/// the source endpoint). `operation_count` counts lowered segments.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferReceipt {
+    /// WRITE (sink) or READ (reader).
+    pub direction: Direction,
+    /// The local executor's worker.
+    pub worker_id: String,
+    /// The remote endpoint.
+    pub endpoint: String,
+    /// Engine operations (segments).
+    pub operation_count: u64,
+    /// Bytes moved.
+    pub nbytes: u64,
+}
+
+/// Options of [`TransferExecutor::execute_sink`] (`MooncakeTransferEngineSink.execute`).
+#[derive(Clone, Copy, Default)]
+pub struct SinkArgs<'a> {
+    /// Only this worker of the source binding (default: its one worker).
+    pub source_worker_id: Option<&'a str>,
+    /// Evidence that every target allocation this call writes is registered.
+    pub target_registrations: Option<&'a [MemoryRegistrationLease]>,
+    /// The source memory is registered by its owner (then `source_registrations`).
+    pub source_pre_registered: bool,
+    /// Evidence for pre-registered source memory.
+    pub source_registrations: Option<&'a [MemoryRegistrationLease]>,
+    /// Pins of the source allocations (required).
+    pub source_guards: Option<&'a GuardProviders>,
+    /// Pins of the target allocations (required).
+    pub target_guards: Option<&'a GuardProviders>,
+    /// Transfer id handed to the guards (default: 32 random hex).
+    pub transfer_id: Option<&'a str>,
+    /// Checked before every batch: set it to stop submitting (the call then fails).
+    pub cancel: Option<&'a AtomicBool>,
+    /// Called after every completed batch with (bytes done, bytes total).
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+/// Options of [`TransferExecutor::execute_reader`] (`MooncakeTransferEngineReader.execute`).
+#[derive(Clone, Copy, Default)]
+pub struct ReaderArgs<'a> {
+    /// Only this worker of the target binding (default: its one worker).
+    pub target_worker_id: Option<&'a str>,
+    /// Remote source memory is registered by its owner (must be true).
+    pub source_pre_registered: bool,
+    /// Evidence for the source allocations this call reads (required).
+    pub source_registrations: Option<&'a [MemoryRegistrationLease]>,
+    /// The target memory is registered by its owner (then `target_registrations`).
+    pub target_pre_registered: bool,
+    /// Evidence for pre-registered target memory.
+    pub target_registrations: Option<&'a [MemoryRegistrationLease]>,
+    /// Pins of the source allocations (required).
+    pub source_guards: Option<&'a GuardProviders>,
+    /// Pins of the target allocations (required).
+    pub target_guards: Option<&'a GuardProviders>,
+    /// Transfer id handed to the guards (default: 32 random hex).
+    pub transfer_id: Option<&'a str>,
+    /// Checked before every batch.
+    pub cancel: Option<&'a AtomicBool>,
+    /// Called after every completed batch with (bytes done, bytes total).
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+/// A live-transfer executor on one engine (sink and reader share it). Cheap; any
+/// number may exist per engine: every fence is keyed by the engine identity.
+#[derive(Clone)]
+pub struct TransferExecutor {
+    engine: Arc<dyn TransferEngine>,
+    identity: u64,
+    limits: ExecutorLimits,
+}
+
+impl std::fmt::Debug for TransferExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferExecutor").field("identity", &self.identity).field("limits", &self.limits).finish()
+    }
+}
+
+fn te(msg: impl Into<String>) -> TransferError {
+    TransferError::engine(msg)
+}
+
+fn contract(msg: impl Into<String>) -> TransferError {
+    TransferError::contract(Error::invalid(msg))
+}
+
+/// `validate_manifest_pair(plan, placement, binding, label)` (§5.1 step 2).
+fn manifest_pair(
+    plan: &TransferPlan,
+    placement: &Placement,
+    binding: &RuntimeBinding,
+    side: Side,
+) -> TransferResult<()> {
+    manifest_pair_with(plan, placement, binding, side, true)
+}
+
+/// [`manifest_pair`]; `validate == false` skips the binding validation for a binding
+/// equal to one validated earlier in the same call (the check is pure).
+fn manifest_pair_with(
+    plan: &TransferPlan,
+    placement: &Placement,
+    binding: &RuntimeBinding,
+    side: Side,
+    validate: bool,
+) -> TransferResult<()> {
+    let s = side.as_str();
+    if validate {
+        validate_runtime_binding(placement, binding).map_err(|e| {
+            te(format!("invalid {s} runtime binding: {}", e.message())).with_error_kind(ErrorKind::InvalidBinding)
+        })?;
+    }
+    if placement.resource_id() != plan.resource_id() {
+        return Err(TransferError::stale(format!("{s} resource_id mismatch")));
+    }
+    if placement.revision() != plan.revision() {
+        return Err(TransferError::stale(format!("{s} revision mismatch")));
+    }
+    if placement.weight_generation() != plan.weight_generation() {
+        return Err(TransferError::stale(format!("{s} weight_generation mismatch")));
+    }
+    Ok(())
+}
+
+fn planned_participant(plan: &TransferPlan, side: Side, participant: &str) -> bool {
+    plan.executors(side).iter().any(|e| e.participant_id == participant)
+}
+
+/// One local operation after the per-operation checks.
+struct LocalOp<'a> {
+    index: usize,
+    source: &'a RuntimeFragment,
+    target: &'a RuntimeFragment,
+}
+
+/// Pins of one execution, released once.
+struct Pins {
+    tokens: Vec<Box<dyn LifetimeToken>>,
+}
+
+impl Pins {
+    fn release(&mut self, state: TerminalState) -> Option<String> {
+        let mut err = None;
+        while let Some(mut t) = self.tokens.pop() {
+            if let Err(e) = t.release(state) {
+                err.get_or_insert(e.message().to_string());
+            }
+        }
+        err
+    }
+    fn abort<T>(&mut self, e: TransferError) -> TransferResult<T> {
+        self.release(TerminalState::Aborted);
+        Err(e)
+    }
+}
+
+impl TransferExecutor {
+    /// An executor on `engine` with `limits`. Errors: limit validation (contract),
+    /// `failed to resolve canonical engine identity: <error>`, `get_engine_ptr
+    /// returned an invalid canonical engine identity` (engine errors).
+    pub fn new(engine: Arc<dyn TransferEngine>, limits: ExecutorLimits) -> TransferResult<Self> {
+        limits.validate().map_err(TransferError::contract)?;
+        let identity = match engine.identity() {
+            Ok(0) => return Err(te("get_engine_ptr returned an invalid canonical engine identity")),
+            Ok(id) => id,
+            Err(e) => return Err(te(format!("failed to resolve canonical engine identity: {e}"))),
+        };
+        Ok(TransferExecutor { engine, identity, limits })
+    }
+
+    /// The engine identity every fence of this executor is keyed by.
+    pub fn engine_identity(&self) -> u64 {
+        self.identity
+    }
+    /// The limits.
+    pub fn limits(&self) -> ExecutorLimits {
+        self.limits
+    }
+    /// Sorted pending transfer ids of this engine (any executor's).
+    pub fn pending_transfer_ids(&self) -> Vec<String> {
+        completion::pending_transfer_ids(self.identity)
+    }
+    /// See [`completion::pending_transfer_status`].
+    pub fn pending_transfer_status(&self, id: &str) -> TransferResult<String> {
+        completion::pending_transfer_status(self.identity, id)
+    }
+    /// See [`completion::drain_pending_transfer`].
+    pub fn drain_pending_transfer(&self, id: &str, timeout_ms: u64) -> TransferResult<String> {
+        completion::drain_pending_transfer(self.identity, id, timeout_ms)
+    }
+
+    fn check_identity(&self) -> TransferResult<()> {
+        match self.engine.identity() {
+            Ok(id) if id == self.identity => Ok(()),
+            Ok(_) => Err(te(
+                "transfer engine identity changed since the executor was created (engine restarted); create a new executor",
+            )),
+            Err(e) => Err(te(format!("failed to resolve canonical engine identity: {e}"))),
+        }
+    }
+
+    /// Pins the planned bindings of one side (§9): required ids per
+    /// `(instance, participant)` are the union of that key's executors' fragment ids.
+    fn pin_side(
+        &self,
+        plan: &TransferPlan,
+        side: Side,
+        bindings: &[&RuntimeBinding],
+        providers: &GuardProviders,
+        transfer_id: &str,
+        pins: &mut Pins,
+    ) -> TransferResult<Vec<RuntimeBinding>> {
+        let s = side.as_str();
+        let mut required: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+        for e in plan.executors(side) {
+            required
+                .entry((e.instance_id.as_str(), e.participant_id.as_str()))
+                .or_default()
+                .extend(e.fragment_ids.iter().map(String::as_str));
+        }
+        let mut sorted: Vec<&RuntimeBinding> = bindings.to_vec();
+        sorted.sort_by(|a, b| (a.instance_id(), a.participant_id()).cmp(&(b.instance_id(), b.participant_id())));
+        let mut fresh = Vec::new();
+        for b in sorted {
+            let Some(ids) = required.get(&(b.instance_id(), b.participant_id())) else { continue };
+            let Some(provider) = providers.get(b.instance_id(), b.participant_id()) else {
+                return pins.abort(contract(format!(
+                    "missing {s} allocation guard provider: ({}, {})",
+                    b.instance_id(),
+                    b.participant_id()
+                )));
+            };
+            let ids: Vec<String> = ids.iter().map(|x| x.to_string()).collect();
+            match acquire_pin(provider, s, transfer_id, b, &ids) {
+                Ok((binding, token)) => {
+                    pins.tokens.push(token);
+                    fresh.push(binding);
+                }
+                Err(e) => return pins.abort(TransferError::contract(e)),
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Source-pushed writes on one source worker (`live-transfer.md` §5): writes
+    /// every operation of the local source executor into the target endpoints and
+    /// returns one receipt per target endpoint (sorted). An unplanned source
+    /// participant (an unselected DP replica) returns `[]` at once.
+    ///
+    /// Errors: see [`TransferError`]; every message of §5 (`source executor
+    /// snapshot mismatch`, `target registration leases are required`, `stale source
+    /// fragment: <id>`, `transfer region exceeds max_region_segments: ...`, ...).
+    ///
+    /// # Safety
+    /// The allocations of `source_binding` (local) and of `target_bindings` (remote,
+    /// reachable through the engine) must be valid for the duration of the call and
+    /// pinned by the guards; with a pending hand-off, until its drain.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn execute_sink(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_binding: &RuntimeBinding,
+        target_placement: &Placement,
+        target_bindings: &[RuntimeBinding],
+        args: &SinkArgs<'_>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
+        // Preflight.
+        if args.source_registrations.is_some() && !args.source_pre_registered {
+            return Err(te("source registration leases require source_pre_registered=True"));
+        }
+        manifest_pair(plan, source_placement, source_binding, Side::Source)?;
+        if !planned_participant(plan, Side::Source, source_binding.participant_id()) {
+            return Ok(Vec::new());
+        }
+        plan.resolve_validated(Side::Source, source_placement, source_binding).map_err(TransferError::engine_from)?;
+        for t in target_bindings {
+            manifest_pair(plan, target_placement, t, Side::Target)?;
+            if planned_participant(plan, Side::Target, t.participant_id()) {
+                plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
+            }
+        }
+        let source_guards =
+            args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
+        let target_guards =
+            args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
+        self.check_identity()?;
+        let reservation = reserve(self.identity)?;
+        let transfer_id =
+            args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let mut pins = Pins { tokens: Vec::new() };
+        let fresh_source =
+            self.pin_side(plan, Side::Source, &[source_binding], source_guards, &transfer_id, &mut pins)?;
+        let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
+        let fresh_targets = self.pin_side(plan, Side::Target, &targets, target_guards, &transfer_id, &mut pins)?;
+        if fresh_source.len() != 1 {
+            return pins.abort(te("source allocation guards did not acquire one local binding"));
+        }
+        let src = &fresh_source[0];
+        // Re-check under the pins.
+        let checked = (|| -> TransferResult<_> {
+            manifest_pair_with(plan, source_placement, src, Side::Source, src != source_binding)?;
+            let mut local: Vec<usize> =
+                plan.resolve_validated(Side::Source, source_placement, src).map_err(TransferError::engine_from)?;
+            let execs = plan.executors(Side::Source);
+            if let Some(w) = args.source_worker_id {
+                local.retain(|&i| execs[i].worker_id == w);
+            }
+            if local.len() != 1 {
+                return Err(te("source binding requires exactly one local worker executor"));
+            }
+            let local = &execs[local[0]];
+            // Target side.
+            let mut seen = BTreeSet::new();
+            for t in &fresh_targets {
+                if !seen.insert(t.participant_id()) {
+                    return Err(te("duplicate target runtime binding participant"));
+                }
+                if t.placement_id() != target_placement.placement_id() {
+                    return Err(te("target placement and binding IDs differ"));
+                }
+            }
+            let mut keys = BTreeSet::new();
+            let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
+            let texecs = plan.executors(Side::Target);
+            for t in &fresh_targets {
+                manifest_pair_with(plan, target_placement, t, Side::Target, !target_bindings.contains(t))?;
+                let mine =
+                    plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
+                for i in mine {
+                    let e = &texecs[i];
+                    if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
+                        return Err(te(format!(
+                            "duplicate target executor rank and worker: ({:?}, {})",
+                            e.rank.order_key(),
+                            e.worker_id
+                        )));
+                    }
+                }
+                for f in t.fragments() {
+                    if current.insert(f.fragment_id(), (f, t)).is_some() {
+                        return Err(te(format!("duplicate target fragment: {}", f.fragment_id())));
+                    }
+                }
+            }
+            let planned: BTreeSet<_> = texecs.iter().map(|e| (e.rank.order_key(), e.worker_id.as_str())).collect();
+            if keys != planned {
+                return Err(te("target executor set is incomplete"));
+            }
+            if local.operation_indices.is_empty() {
+                return Ok(None);
+            }
+            let leases = registration_map(args.target_registrations, "target").map_err(TransferError::engine_from)?;
+            let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(local.operation_indices.len());
+            for &i in &local.operation_indices {
+                let i = i as usize;
+                let (_, planned_src) = plan.operation_fragment(i, Side::Source);
+                let cur_src = match src.fragment_for(planned_src.placement_fragment_id()) {
+                    Some(f) if f == planned_src => f,
+                    _ => {
+                        return Err(TransferError::stale(format!(
+                            "stale source fragment: {}",
+                            planned_src.fragment_id()
+                        )))
+                    }
+                };
+                let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
+                let (cur_tgt, tb) = current.get(planned_tgt.fragment_id()).copied().ok_or_else(|| {
+                    TransferError::stale(format!("missing planned target fragment: {}", planned_tgt.fragment_id()))
+                })?;
+                if cur_tgt != planned_tgt {
+                    return Err(TransferError::stale(format!("stale target fragment: {}", planned_tgt.fragment_id())));
+                }
+                if cur_tgt.endpoint().is_empty() {
+                    return Err(te(format!("target endpoint is empty: {}", cur_tgt.fragment_id())));
+                }
+                self.check_operation(plan, i, cur_src, cur_tgt)?;
+                validate_registration(cur_tgt, &leases, "target", tb.generation(), tb.lease_id())
+                    .map_err(TransferError::stale)?;
+                ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
+            }
+            Ok(Some((local.worker_id.clone(), ops)))
+        })();
+        let (worker, ops) = match checked {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                pins.release(TerminalState::Completed);
+                return Ok(Vec::new());
+            }
+            Err(e) => return pins.abort(e),
+        };
+        if let Err(e) = self.budget(plan, &ops) {
+            return pins.abort(e);
+        }
+        // Own registrations, or the owner's evidence.
+        let own = if args.source_pre_registered {
+            let leases = match registration_map(args.source_registrations, "source") {
+                Ok(l) => l,
+                Err(e) => return pins.abort(TransferError::engine_from(e)),
+            };
+            for op in &ops {
+                if let Err(m) = validate_registration(op.source, &leases, "source", src.generation(), src.lease_id()) {
+                    return pins.abort(TransferError::stale(m));
+                }
+            }
+            Vec::new()
+        } else {
+            match allocations(ops.iter().map(|o| o.source), "source") {
+                Ok(a) => a,
+                Err(e) => return pins.abort(e),
+            }
+        };
+        let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
+        for op in ops {
+            groups.entry(op.target.endpoint()).or_default().push(op);
+        }
+        let resources: Vec<Box<dyn Any + Send>> =
+            vec![Box::new(plan.clone()), Box::new(fresh_source.clone()), Box::new(fresh_targets.clone())];
+        let out = self.run(plan, Direction::Write, &worker, groups, own, pins, resources, args.cancel, args.progress);
+        drop(reservation);
+        out
+    }
+
+    /// Target-pulled reads on one target worker (`live-transfer.md` §10): reads every
+    /// operation of the local target executor from the source endpoints and returns
+    /// one receipt per source endpoint (sorted). Remote source memory must be
+    /// pre-registered by its owner.
+    ///
+    /// # Safety
+    /// As [`Self::execute_sink`], with the sides swapped.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn execute_reader(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_bindings: &[RuntimeBinding],
+        target_placement: &Placement,
+        target_binding: &RuntimeBinding,
+        args: &ReaderArgs<'_>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
+        if args.target_registrations.is_some() && !args.target_pre_registered {
+            return Err(te("target_registrations require target_pre_registered=True"));
+        }
+        if !args.source_pre_registered {
+            return Err(te("remote source memory must be pre-registered"));
+        }
+        manifest_pair(plan, target_placement, target_binding, Side::Target)?;
+        if !planned_participant(plan, Side::Target, target_binding.participant_id()) {
+            return Ok(Vec::new());
+        }
+        plan.resolve_validated(Side::Target, target_placement, target_binding).map_err(TransferError::engine_from)?;
+        for s in source_bindings {
+            manifest_pair(plan, source_placement, s, Side::Source)?;
+            if planned_participant(plan, Side::Source, s.participant_id()) {
+                plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
+            }
+        }
+        let source_guards =
+            args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
+        let target_guards =
+            args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
+        let source_leases =
+            registration_map(args.source_registrations, "source").map_err(TransferError::engine_from)?;
+        self.check_identity()?;
+        let reservation = reserve(self.identity)?;
+        let transfer_id =
+            args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let mut pins = Pins { tokens: Vec::new() };
+        let sources: Vec<&RuntimeBinding> = source_bindings.iter().collect();
+        let fresh_sources = self.pin_side(plan, Side::Source, &sources, source_guards, &transfer_id, &mut pins)?;
+        let fresh_target =
+            self.pin_side(plan, Side::Target, &[target_binding], target_guards, &transfer_id, &mut pins)?;
+        if fresh_target.len() != 1 {
+            return pins.abort(te("target allocation guards did not acquire one local binding"));
+        }
+        let tgt = &fresh_target[0];
+        let checked = (|| -> TransferResult<_> {
+            manifest_pair_with(plan, target_placement, tgt, Side::Target, tgt != target_binding)?;
+            let execs = plan.executors(Side::Target);
+            let mut local: Vec<usize> =
+                plan.resolve_validated(Side::Target, target_placement, tgt).map_err(TransferError::engine_from)?;
+            if let Some(w) = args.target_worker_id {
+                local.retain(|&i| execs[i].worker_id == w);
+            }
+            if local.len() != 1 {
+                return Err(te("target binding requires exactly one local worker executor"));
+            }
+            let local = &execs[local[0]];
+            let sexecs = plan.executors(Side::Source);
+            let mut keys = BTreeSet::new();
+            let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
+            for s in &fresh_sources {
+                manifest_pair_with(plan, source_placement, s, Side::Source, !source_bindings.contains(s))?;
+                let mine =
+                    plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
+                for i in mine {
+                    let e = &sexecs[i];
+                    if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
+                        return Err(te(format!(
+                            "duplicate source executor rank and worker: ({:?}, {})",
+                            e.rank.order_key(),
+                            e.worker_id
+                        )));
+                    }
+                }
+                for f in s.fragments() {
+                    if current.insert(f.fragment_id(), (f, s)).is_some() {
+                        return Err(te(format!("duplicate source fragment: {}", f.fragment_id())));
+                    }
+                }
+            }
+            let planned: BTreeSet<_> = sexecs.iter().map(|e| (e.rank.order_key(), e.worker_id.as_str())).collect();
+            if keys != planned {
+                return Err(te("source executor set is incomplete"));
+            }
+            let target_leases = if args.target_pre_registered {
+                Some(registration_map(args.target_registrations, "target").map_err(TransferError::engine_from)?)
+            } else {
+                None
+            };
+            let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(local.operation_indices.len());
+            for &i in &local.operation_indices {
+                let i = i as usize;
+                let (_, planned_src) = plan.operation_fragment(i, Side::Source);
+                let (cur_src, sb) = match current.get(planned_src.fragment_id()).copied() {
+                    Some((f, b)) if f == planned_src => (f, b),
+                    _ => {
+                        return Err(TransferError::stale(format!(
+                            "stale source fragment: {}",
+                            planned_src.fragment_id()
+                        )))
+                    }
+                };
+                validate_registration(cur_src, &source_leases, "source", sb.generation(), sb.lease_id())
+                    .map_err(TransferError::stale)?;
+                let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
+                let cur_tgt = match tgt.fragment_for(planned_tgt.placement_fragment_id()) {
+                    Some(f) if f == planned_tgt => f,
+                    _ => {
+                        return Err(TransferError::stale(format!(
+                            "stale target fragment: {}",
+                            planned_tgt.fragment_id()
+                        )))
+                    }
+                };
+                if let Some(leases) = &target_leases {
+                    validate_registration(cur_tgt, leases, "target", tgt.generation(), tgt.lease_id())
+                        .map_err(TransferError::stale)?;
+                }
+                if cur_src.endpoint().is_empty() {
+                    return Err(te(format!("source endpoint is empty: {}", cur_src.fragment_id())));
+                }
+                self.check_operation(plan, i, cur_src, cur_tgt)?;
+                ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
+            }
+            Ok((local.worker_id.clone(), ops))
+        })();
+        let (worker, ops) = match checked {
+            Ok(v) => v,
+            Err(e) => return pins.abort(e),
+        };
+        if ops.is_empty() {
+            pins.release(TerminalState::Completed);
+            return Ok(Vec::new());
+        }
+        if let Err(e) = self.budget(plan, &ops) {
+            return pins.abort(e);
+        }
+        let own = if args.target_pre_registered {
+            Vec::new()
+        } else {
+            match allocations(ops.iter().map(|o| o.target), "target") {
+                Ok(a) => a,
+                Err(e) => return pins.abort(e),
+            }
+        };
+        let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
+        for op in ops {
+            groups.entry(op.source.endpoint()).or_default().push(op);
+        }
+        let resources: Vec<Box<dyn Any + Send>> =
+            vec![Box::new(plan.clone()), Box::new(fresh_sources.clone()), Box::new(fresh_target.clone())];
+        let out = self.run(plan, Direction::Read, &worker, groups, own, pins, resources, args.cancel, args.progress);
+        drop(reservation);
+        out
+    }
+
+    /// Bounds (`invalid copy range for <tensor>: <detail>`) and
+    /// `max_region_segments` of one operation.
+    fn check_operation(
+        &self,
+        plan: &TransferPlan,
+        i: usize,
+        s: &RuntimeFragment,
+        t: &RuntimeFragment,
+    ) -> TransferResult<()> {
+        let r = &plan.regions()[i];
+        let tensor = plan.logical().target_of(r).tensor_id();
+        r.check_bounds(s.nbytes(), t.nbytes())
+            .map_err(|e| te(format!("invalid copy range for {tensor}: {}", e.message())))?;
+        let n = r.segment_count();
+        if n > self.limits.max_region_segments {
+            return Err(TransferError::new(
+                TransferErrorKind::Contract,
+                format!(
+                    "transfer region exceeds max_region_segments: {tensor}: {n} > {}",
+                    self.limits.max_region_segments
+                ),
+            )
+            .with_error_kind(ErrorKind::LimitExceeded));
+        }
+        Ok(())
+    }
+
+    /// The lowering budget over all local operations (§6.1).
+    fn budget(&self, plan: &TransferPlan, ops: &[LocalOp<'_>]) -> TransferResult<()> {
+        let mut total = 0u64;
+        for op in ops {
+            total = total.saturating_add(plan.regions()[op.index].segment_count());
+            if total > self.limits.max_total_lowered_segments {
+                return Err(TransferError::new(
+                    TransferErrorKind::Contract,
+                    format!(
+                        "transfer plan exceeds max_total_lowered_segments: {total} > {}",
+                        self.limits.max_total_lowered_segments
+                    ),
+                )
+                .with_error_kind(ErrorKind::LimitExceeded));
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers `own`, runs every endpoint's batches, unregisters, releases the
+    /// pins (or hands everything to a pending entry) and returns the receipts.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        plan: &TransferPlan,
+        direction: Direction,
+        worker: &str,
+        mut groups: BTreeMap<&str, Vec<LocalOp<'_>>>,
+        own: Vec<(MemoryRegion, String)>,
+        mut pins: Pins,
+        resources: Vec<Box<dyn Any + Send>>,
+        cancel: Option<&AtomicBool>,
+        progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
+        let label = if direction == Direction::Write { "source" } else { "target" };
+        let mut registered: Vec<u64> = Vec::with_capacity(own.len());
+        let mut reg_error = None;
+        for (region, id) in &own {
+            // SAFETY: the caller guarantees the bindings' allocations stay valid and
+            // pinned; we unregister before releasing the pins (or hand both off).
+            match unsafe { self.engine.register_memory(*region) } {
+                Ok(0) => registered.push(region.address),
+                Ok(code) => {
+                    reg_error = Some(te(format!("{label} register_memory failed for {id}: {code}")));
+                    break;
+                }
+                Err(e) => {
+                    reg_error = Some(te(format!("{label} register_memory failed for {id}: {}", e.message)));
+                    break;
+                }
+            }
+        }
+        let total: u64 = groups.values().flatten().map(|o| plan.regions()[o.index].total_bytes()).sum();
+        let mut done = 0u64;
+        let mut submitted = false;
+        let body: TransferResult<Vec<TransferReceipt>> = match reg_error {
+            Some(e) => Err(e),
+            None => {
+                let mut receipts = Vec::new();
+                let mut result = Ok(());
+                for (endpoint, ops) in groups.iter_mut() {
+                    ops.sort_by_key(|o| {
+                        let r = &plan.regions()[o.index];
+                        (o.target.address() + r.target_base_offset, o.source.address() + r.source_base_offset)
+                    });
+                    let mut lower = Lowering {
+                        exec: self,
+                        endpoint,
+                        direction,
+                        ranges: Vec::new(),
+                        count: 0,
+                        operation_count: 0,
+                        nbytes: 0,
+                        stop: None,
+                        cancel,
+                        progress,
+                        done: &mut done,
+                        total,
+                        submitted: &mut submitted,
+                    };
+                    for op in ops.iter() {
+                        lower.push_operation(plan, op);
+                        if lower.stop.is_some() {
+                            break;
+                        }
+                    }
+                    if lower.stop.is_none() {
+                        lower.flush();
+                    }
+                    if let Some(stop) = lower.stop.take() {
+                        result = Err(stop);
+                        break;
+                    }
+                    receipts.push(TransferReceipt {
+                        direction,
+                        worker_id: worker.to_string(),
+                        endpoint: endpoint.to_string(),
+                        operation_count: lower.operation_count,
+                        nbytes: lower.nbytes,
+                    });
+                }
+                match result {
+                    Ok(()) => Ok(receipts),
+                    Err(Stop::Error(e)) => Err(e),
+                    Err(Stop::Unknown { ticket, restart_required, interrupted }) => {
+                        // Hand everything off; nothing is unregistered or released.
+                        let handoff = Handoff { registrations: registered, tokens: pins.tokens, resources };
+                        return Err(retain_unknown(
+                            self.identity,
+                            &self.engine,
+                            ticket,
+                            restart_required,
+                            interrupted,
+                            handoff,
+                        ));
+                    }
+                }
+            }
+        };
+        let state = match &body {
+            Ok(_) => TerminalState::Completed,
+            Err(e) if e.kind == TransferErrorKind::CompletionFailed || submitted => TerminalState::FailedDrained,
+            Err(_) => TerminalState::Aborted,
+        };
+        let mut failures = Vec::new();
+        let mut failed = Vec::new();
+        for a in registered.iter().rev() {
+            match self.engine.unregister_memory(*a) {
+                Ok(0) => {}
+                Ok(code) => {
+                    failed.push(*a);
+                    failures.push(code.to_string());
+                }
+                Err(e) => {
+                    failed.push(*a);
+                    failures.push(e.message);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            let handoff = Handoff { registrations: Vec::new(), tokens: std::mem::take(&mut pins.tokens), resources };
+            let id = quarantine_cleanup(self.identity, &self.engine, failed, state, handoff);
+            let mut e = TransferError::new(
+                TransferErrorKind::RegistrationCleanupPending,
+                format!(
+                    "{label} unregister_memory failed: {}; registration cleanup is quarantined as {id}",
+                    failures.join(", ")
+                ),
+            );
+            e.pending_transfer_id = Some(id);
+            e.engine_identity = Some(self.identity);
+            e.submitted = submitted;
+            if let Err(orig) = &body {
+                e.cause = Some(orig.message.clone());
+            }
+            return Err(e);
+        }
+        let release = pins.release(state);
+        let mut body = body;
+        if let Err(e) = &mut body {
+            e.submitted = submitted;
+        }
+        match (body, release) {
+            (Ok(r), None) => Ok(r),
+            (Ok(_), Some(m)) => Err(te(format!("allocation lifetime release failed: {m}"))),
+            (Err(e), _) => Err(e),
+        }
+    }
+}
+
+/// Own registrations of the used fragments (§7.1 step 1): whole allocations
+/// (`storage_address`, `storage_nbytes`) in first-seen order, each once; the same
+/// base with another size fails `<label> allocation capacity mismatch: <fragment id>`.
+fn allocations<'a>(
+    frags: impl Iterator<Item = &'a RuntimeFragment>,
+    label: &str,
+) -> TransferResult<Vec<(MemoryRegion, String)>> {
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    let mut out = Vec::new();
+    for f in frags {
+        match seen.get(&f.storage_address()) {
+            Some(&n) if n == f.storage_nbytes() => {}
+            Some(_) => return Err(te(format!("{label} allocation capacity mismatch: {}", f.fragment_id()))),
+            None => {
+                seen.insert(f.storage_address(), f.storage_nbytes());
+                out.push((
+                    MemoryRegion { address: f.storage_address(), len: f.storage_nbytes(), kind: f.memory() },
+                    f.fragment_id().to_string(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+enum Stop {
+    Error(TransferError),
+    Unknown {
+        ticket: Option<Box<dyn crate::engine::TransferTicket>>,
+        restart_required: bool,
+        interrupted: Option<String>,
+    },
+}
+
+/// Streams the segments of one endpoint's operations into batches (§6.2).
+struct Lowering<'e, 'x> {
+    exec: &'x TransferExecutor,
+    endpoint: &'e str,
+    direction: Direction,
+    ranges: Vec<TransferBatchRange>,
+    count: u64,
+    operation_count: u64,
+    nbytes: u64,
+    stop: Option<Stop>,
+    cancel: Option<&'x AtomicBool>,
+    progress: Option<&'x (dyn Fn(u64, u64) + Sync)>,
+    done: &'x mut u64,
+    total: u64,
+    submitted: &'x mut bool,
+}
+
+impl Lowering<'_, '_> {
+    fn new_range(s: &RuntimeFragment, t: &RuntimeFragment) -> TransferBatchRange {
+        TransferBatchRange {
+            source_base_address: s.storage_address(),
+            source_capacity: s.storage_nbytes(),
+            target_base_address: t.storage_address(),
+            target_capacity: t.storage_nbytes(),
+            source_offsets: Vec::new(),
+            target_offsets: Vec::new(),
+            sizes: Vec::new(),
+        }
+    }
+
+    fn push_operation(&mut self, plan: &TransferPlan, op: &LocalOp<'_>) {
+        let r = &plan.regions()[op.index];
+        let (so, to) = (op.source.storage_offset_bytes(), op.target.storage_offset_bytes());
+        let max_batch = self.exec.limits.max_batch_operations;
+        let mut cur = Self::new_range(op.source, op.target);
+        let res = r.for_each_segment(self.exec.limits.max_region_segments, |s, t, n| {
+            if self.stop.is_some() {
+                return;
+            }
+            cur.source_offsets.push(so + s);
+            cur.target_offsets.push(to + t);
+            cur.sizes.push(n);
+            self.count += 1;
+            if self.count == max_batch {
+                let full = std::mem::replace(&mut cur, Self::new_range(op.source, op.target));
+                self.ranges.push(full);
+                self.flush();
+            }
+        });
+        if let Err(e) = res {
+            self.stop.get_or_insert(Stop::Error(TransferError::contract(e)));
+            return;
+        }
+        if !cur.sizes.is_empty() {
+            self.ranges.push(cur);
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.ranges.is_empty() || self.stop.is_some() {
+            return;
+        }
+        self.count = 0;
+        if self.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            self.stop = Some(Stop::Error(te("transfer was cancelled before a batch was submitted")));
+            return;
+        }
+        let ranges = std::mem::take(&mut self.ranges);
+        let batch = match TransferBatch::from_ranges(self.endpoint, self.direction, ranges) {
+            Ok(b) => b,
+            Err(e) => {
+                self.stop = Some(Stop::Error(TransferError::contract(e)));
+                return;
+            }
+        };
+        *self.submitted = true;
+        let l = &self.exec.limits;
+        match execute_batch(&*self.exec.engine, &batch, l.max_completion_drain_attempts, l.completion_drain_timeout_ms)
+        {
+            BatchOutcome::Completed => {
+                self.operation_count += batch.operation_count();
+                self.nbytes += batch.nbytes();
+                *self.done += batch.nbytes();
+                if let Some(p) = self.progress {
+                    p(*self.done, self.total);
+                }
+            }
+            BatchOutcome::Failed(msg) => {
+                self.stop = Some(Stop::Error(TransferError::new(TransferErrorKind::CompletionFailed, msg)));
+            }
+            BatchOutcome::Unknown { ticket, restart_required, interrupted } => {
+                self.stop = Some(Stop::Unknown { ticket, restart_required, interrupted });
+            }
+        }
+    }
+}
