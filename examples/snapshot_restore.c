@@ -340,7 +340,7 @@ done:
  * each participant loads its part (in a real job: each rank, concurrently). */
 static int restore(const mws_store *store, const mws_stored_manifest *manifest, layout *dst) {
     mws_load_plan *plan = NULL;
-    mws_load_stats total = {0, 0, 0, 0};
+    mws_load_stats total = {0};
     mws_status st;
     uint64_t r;
     int rc = 1;

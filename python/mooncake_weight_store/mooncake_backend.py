@@ -370,11 +370,16 @@ class MooncakeStoreBackend:
         return dict(self._cost)
 
     def register_buffer(self, address: int, length: int, memory_kind: int = 0, device_ordinal: int = 0) -> int:
-        if memory_kind != 0:
+        if memory_kind != 0 or self._closed:
             return INVALID_PARAMS
         return self._int(self.store.register_buffer(address, length))
 
     def unregister_buffer(self, address: int) -> int:
+        # After close the client is gone (its registrations with it): calling into it
+        # would crash the wheel. A store handle that outlives its backend (its staging
+        # buffer is unregistered when the handle is freed) lands here.
+        if self._closed:
+            return 0
         return self._int(self.store.unregister_buffer(address))
 
     def remove_prefix(self, prefix: str) -> int:
