@@ -61,6 +61,7 @@ class Role:
         self.peer_placement = None
         self.peer_bindings = []
         self.logical = None
+        self.bound = None
 
     # -- local side ------------------------------------------------------------------
 
@@ -135,18 +136,34 @@ class Role:
             self.logical = mws.TransferPlan.plan(self.peer_placement, self.model.placement)
             return {"plan": self.logical.to_json(), "regions": self.logical.region_count,
                     "bytes": self.logical.total_bytes}
+        if op == "bind":  # server: bind now, execute later (stale-binding checks)
+            self.bound = self.logical.bind(self.bindings, self.peer_bindings)
+            return {}
         if op == "pull":  # server: reader mode, every target participant
-            plan = self.logical.bind(self.bindings, self.peer_bindings)
+            plan = self.bound if cmd.get("use_bound") else self.logical.bind(self.bindings, self.peer_bindings)
             moved, ops = 0, 0
+            calls_before = self.engine.te_calls
             try:
                 with mws.Loader(self.engine) as loader:
+                    if cmd.get("pause_after_first_batch"):
+                        paused = []
+
+                        def progress(done: int, total: int) -> None:
+                            # Tell the driver, then wait for its go-ahead (it kills the trainer meanwhile).
+                            if not paused:
+                                paused.append(done)
+                                print(json.dumps({"progress": done, "total": total}), flush=True)
+                                sys.stdin.readline()
+
+                        loader.set_progress(progress)
                     for b in self.bindings:
                         st = loader.load_live(plan, self.peer_placement, self.peer_bindings, self.model.placement,
                                               b, local_pre_registered=True)
                         moved, ops = moved + st.bytes, ops + st.operations
             except mws.MwsError as e:
-                return {"outcome": "failed", "generation": self.model.spec.generation, "error": str(e),
-                        "updated": [], "te_calls": self.engine.te_calls}
+                return {"outcome": "failed", "generation": self.model.spec.generation, "reason": str(e),
+                        "updated": [], "te_calls": self.engine.te_calls, "calls_in_pull": self.engine.te_calls -
+                        calls_before, "pending": self.engine.pending_count}
             return {"outcome": "ok", "generation": self.model.spec.generation, "bytes": moved, "operations": ops,
                     "bad": self.verify(), "te_calls": self.engine.te_calls,
                     "updated": [b.participant_id for b in self.bindings]}
@@ -161,8 +178,12 @@ class Role:
                                           local_pre_registered=True)
                         moved, ops = moved + st.bytes, ops + st.operations
             except mws.MwsError as e:
-                return {"outcome": "failed", "error": str(e)}
+                return {"outcome": "failed", "reason": str(e)}
             return {"outcome": "ok", "bytes": moved, "operations": ops, "te_calls": self.engine.te_calls}
+        if op == "pending":
+            return {"pending": self.engine.pending_count}
+        if op == "drain":
+            return {"remaining": self.engine.drain(cmd.get("timeout_ms", 1000)), "pending": self.engine.pending_count}
         if op == "verify":
             return {"bad": self.verify()}
         if op == "reset":

@@ -147,3 +147,28 @@ def test_acc_te_plan_over_per_peer_limit_is_split(pair):
     server.ask(op="reset")
     pushed = trainer.ask(op="push", plan=plan["plan"])
     assert pushed["outcome"] == "ok" and server.ask(op="verify")["bad"] == []
+
+
+def test_acc_te_stale_lease_or_generation_refused_before_any_transfer(pair):
+    trainer, server = pair
+    _connect(trainer, server, 1)
+    server.ask(op="bind")  # planned and bound against lease-1, generation 1
+    # the trainer re-registers its weights under a new lease: same addresses, new lease id
+    src = trainer.ask(op="setup", generation=1, lease="lease-2")
+    server.ask(op="peer", placement=src["placement"], bindings=src["bindings"])
+    before = server.ask(op="pull", use_bound=False)  # sanity: a fresh bind works
+    assert before["outcome"] == "ok" and before["bad"] == []
+    server.ask(op="reset")
+    calls = before["te_calls"]
+    refused = server.ask(op="pull", use_bound=True)
+    assert refused["outcome"] == "failed" and "STALE" in refused["reason"], refused
+    assert refused["te_calls"] == calls, "refused before any transfer"
+    assert refused["pending"] == 0
+    # the generation moves on (new placement) while the server still holds the old plan
+    server.ask(op="bind")
+    src = trainer.ask(op="setup", generation=2)
+    server.ask(op="peer", placement=src["placement"], bindings=src["bindings"])
+    refused = server.ask(op="pull", use_bound=True)
+    assert refused["outcome"] == "failed" and "generation" in refused["reason"], refused
+    assert refused["te_calls"] == calls
+    assert len(server.ask(op="verify")["bad"]) > 0  # untouched: still poisoned
