@@ -62,6 +62,7 @@ class Role:
         self.peer_bindings = []
         self.logical = None
         self.bound = None
+        self.retired = []
 
     # -- local side ------------------------------------------------------------------
 
@@ -184,6 +185,15 @@ class Role:
             return {"pending": self.engine.pending_count}
         if op == "drain":
             return {"remaining": self.engine.drain(cmd.get("timeout_ms", 1000)), "pending": self.engine.pending_count}
+        if op == "restart":  # a restart-required engine: a fresh TE engine (new identity, new segment)
+            old = self.engine
+            rc = int(old.te.unregister_memory(self.arena_addr)) if self.arena is not None else 0
+            self.retired.append(old)  # its pending entry may still refer to it: keep the thunks alive
+            self.engine = MooncakeTransferEngine()
+            if self.arena is not None:
+                self.engine.register_memory(self.arena_addr, ctypes.sizeof(self.arena))
+            return {"old_pending": old.pending_count, "old_unregister_rc": rc, "pending": self.engine.pending_count,
+                    "segment": self.engine.segment, "same_identity": old.engine_ptr == self.engine.engine_ptr}
         if op == "verify":
             return {"bad": self.verify()}
         if op == "reset":

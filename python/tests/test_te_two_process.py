@@ -172,3 +172,44 @@ def test_acc_te_stale_lease_or_generation_refused_before_any_transfer(pair):
     assert refused["outcome"] == "failed" and "generation" in refused["reason"], refused
     assert refused["te_calls"] == calls
     assert len(server.ask(op="verify")["bad"]) > 0  # untouched: still poisoned
+
+
+def test_acc_te_trainer_killed_mid_transfer(pair):
+    """The trainer dies between two batches of the server's pull: the outcome is
+    "failed" for that generation, nothing is reported updated; the legacy sync batch
+    gives no per-range outcome, so the server's engine is restart-required (never
+    silently reused); the server unregisters its arena from it (0: nothing else was
+    registered by the executor) and starts a fresh engine; the next generation,
+    from a restarted trainer, succeeds."""
+    trainer, server = pair
+    _connect(trainer, server, 1, layers=48)  # > 1024 operations: several batches
+    server.proc.stdin.write(json.dumps({"op": "pull", "pause_after_first_batch": True}) + "\n")
+    server.proc.stdin.flush()
+    first = server._read()
+    assert 0 < first["progress"] < first["total"], first
+    trainer.proc.kill()  # by PID, mid-transfer
+    trainer.proc.wait(timeout=10)
+    server.proc.stdin.write("go\n")
+    server.proc.stdin.flush()
+    failed = server._read()
+    assert failed["outcome"] == "failed" and failed["generation"] == 1, failed
+    assert failed["updated"] == []
+    assert failed["calls_in_pull"] >= 2  # the dead peer was really called
+    assert "restart" in failed["reason"], failed  # the wheel's legacy batches: completion unknown
+    assert len(server.ask(op="verify")["bad"]) > 0  # not all landed; and none reported updated
+    # the legacy API has no drainable ticket: the server restarts its engine
+    restarted = server.ask(op="restart")
+    assert restarted["old_pending"] == 1 and restarted["old_unregister_rc"] == 0, restarted
+    assert restarted["pending"] == 0 and not restarted["same_identity"]
+    # a restarted trainer, next generation
+    with tempfile.TemporaryDirectory() as d:
+        fresh = Child("trainer", d)
+        try:
+            plan = _connect(fresh, server, 2)
+            pulled = server.ask(op="pull")
+            assert pulled["outcome"] == "ok" and pulled["generation"] == 2 and pulled["bad"] == []
+            server.ask(op="reset")
+            pushed = fresh.ask(op="push", plan=plan["plan"])
+            assert pushed["outcome"] == "ok" and server.ask(op="verify")["bad"] == []
+        finally:
+            fresh.stop()
