@@ -1,0 +1,224 @@
+"""A trainer or server process for the two-process live-transfer tests on the real
+Mooncake Transfer Engine. Run as ``python te_roles.py trainer|server``; it reads one
+JSON command per line on stdin and answers one JSON line on stdout (only JSON
+crosses: placements, bindings, plans, receipts). TE logs go to stderr.
+
+Each process holds ONE arena (a ctypes array) for all its participants' fragments,
+registered once with TE as a whole allocation; fragments are carved out of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+os.environ.setdefault("GLOG_minloglevel", "1")
+
+import mooncake_weight_store as mws  # noqa: E402
+from mooncake_weight_store.te_backend import MooncakeTransferEngine  # noqa: E402
+from mooncake_weight_store.testing import Model, ModelSpec  # noqa: E402
+
+ALIGN = 64
+
+
+def spec_for(gen: int, layers: int) -> ModelSpec:
+    return ModelSpec(generation=gen, seed=f"gen-{gen}", layers=layers)
+
+
+def model_for(role: str, gen: int, layers: int) -> Model:
+    if role == "trainer":
+        return Model(spec_for(gen, layers), "tp", tp=4, dp=2, placement_set_id="trainer")
+    return Model(spec_for(gen, layers), "ep", tp=2, dp=1, ep=2, placement_set_id="serving")
+
+
+def binding_to_wire(b: mws.Binding, nbytes: dict) -> dict:
+    return {"participant_id": b.participant_id, "instance_id": b.instance_id, "lease_id": b.lease_id,
+            "generation": b.generation, "endpoint": b.endpoint,
+            "fragments": [[fid, addr, nbytes[fid], b.fragment_ids[fid]] for fid, addr in b.addresses.items()]}
+
+
+def binding_from_wire(placement: mws.Placement, w: dict) -> mws.Binding:
+    b = mws.Binding(placement, w["participant_id"], instance_id=w["instance_id"], lease_id=w["lease_id"],
+                    generation=w["generation"], endpoint=w["endpoint"])
+    for fid, addr, n, rid in w["fragments"]:
+        b.add_address(fid, addr, n, fragment_id=rid)
+    return b
+
+
+class Role:
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.engine = MooncakeTransferEngine()
+        self.arena = None
+        self.arena_addr = 0
+        self.model = None
+        self.bindings = []
+        self.layout = {}  # fid -> (offset, nbytes)
+        self.peer_placement = None
+        self.peer_bindings = []
+        self.logical = None
+        self.bound = None
+        self.retired = []
+
+    # -- local side ------------------------------------------------------------------
+
+    def setup(self, gen: int, layers: int, lease: str) -> dict:
+        for b in self.bindings:
+            b.close()
+        self.model = m = model_for(self.role, gen, layers)
+        frags = [f for p in m.participant_ids for f in m.placement.participant_fragments(p)]
+        off, layout = 0, {}
+        for f in frags:
+            layout[f.placement_fragment_id] = (off, f.nbytes)
+            off += (f.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        if self.arena is None or ctypes.sizeof(self.arena) < off:
+            self.release_arena()
+            self.arena = (ctypes.c_char * max(off, 1))()
+            self.arena_addr = ctypes.addressof(self.arena)
+            self.engine.register_memory(self.arena_addr, ctypes.sizeof(self.arena))
+        self.layout = layout
+        for f in frags:
+            o, n = layout[f.placement_fragment_id]
+            if self.role == "trainer":
+                ctypes.memmove(self.arena_addr + o, bytes(m.expected(f)), n)
+            else:
+                ctypes.memset(self.arena_addr + o, 0xFF, n)
+        self.bindings = []
+        for p in m.participant_ids:
+            b = mws.Binding(m.placement, p, instance_id=f"{self.role}-{p}", lease_id=lease,
+                            endpoint=self.engine.segment)
+            for f in m.placement.participant_fragments(p):
+                o, n = layout[f.placement_fragment_id]
+                b.add_address(f.placement_fragment_id, self.arena_addr + o, n)
+            self.bindings.append(b)
+        nbytes = {fid: n for fid, (_, n) in layout.items()}
+        return {"placement": m.placement.to_json(),
+                "bindings": [binding_to_wire(b, nbytes) for b in self.bindings], "segment": self.engine.segment}
+
+    def release_arena(self) -> None:
+        if self.arena is not None:
+            self.engine.unregister_memory(self.arena_addr)
+            self.arena = None
+
+    def verify(self) -> list:
+        bad = []
+        m = self.model
+        for p in m.participant_ids:
+            for f in m.placement.participant_fragments(p):
+                o, n = self.layout[f.placement_fragment_id]
+                if ctypes.string_at(self.arena_addr + o, n) != bytes(m.expected(f)):
+                    bad.append(f.placement_fragment_id)
+        return bad
+
+    def reset_targets(self) -> None:
+        for o, n in self.layout.values():
+            ctypes.memset(self.arena_addr + o, 0xFF, n)
+
+    def peer(self, placement: str, bindings: list) -> None:
+        for b in self.peer_bindings:
+            b.close()
+        self.peer_placement = mws.Placement.from_json(placement)
+        self.peer_bindings = [binding_from_wire(self.peer_placement, w) for w in bindings]
+
+    # -- commands --------------------------------------------------------------------
+
+    def handle(self, cmd: dict) -> dict:
+        op = cmd["op"]
+        if op == "setup":
+            return self.setup(cmd["generation"], cmd.get("layers", 2), cmd.get("lease", "lease-1"))
+        if op == "peer":
+            self.peer(cmd["placement"], cmd["bindings"])
+            return {}
+        if op == "plan":  # server: the logical plan source -> target, as JSON
+            self.logical = mws.TransferPlan.plan(self.peer_placement, self.model.placement)
+            return {"plan": self.logical.to_json(), "regions": self.logical.region_count,
+                    "bytes": self.logical.total_bytes}
+        if op == "bind":  # server: bind now, execute later (stale-binding checks)
+            self.bound = self.logical.bind(self.bindings, self.peer_bindings)
+            return {}
+        if op == "pull":  # server: reader mode, every target participant
+            plan = self.bound if cmd.get("use_bound") else self.logical.bind(self.bindings, self.peer_bindings)
+            moved, ops = 0, 0
+            calls_before = self.engine.te_calls
+            try:
+                with mws.Loader(self.engine) as loader:
+                    if cmd.get("pause_after_first_batch"):
+                        paused = []
+
+                        def progress(done: int, total: int) -> None:
+                            # Tell the driver, then wait for its go-ahead (it kills the trainer meanwhile).
+                            if not paused:
+                                paused.append(done)
+                                print(json.dumps({"progress": done, "total": total}), flush=True)
+                                sys.stdin.readline()
+
+                        loader.set_progress(progress)
+                    for b in self.bindings:
+                        st = loader.load_live(plan, self.peer_placement, self.peer_bindings, self.model.placement,
+                                              b, local_pre_registered=True)
+                        moved, ops = moved + st.bytes, ops + st.operations
+            except mws.MwsError as e:
+                return {"outcome": "failed", "generation": self.model.spec.generation, "reason": str(e),
+                        "updated": [], "te_calls": self.engine.te_calls, "calls_in_pull": self.engine.te_calls -
+                        calls_before, "pending": self.engine.pending_count}
+            return {"outcome": "ok", "generation": self.model.spec.generation, "bytes": moved, "operations": ops,
+                    "bad": self.verify(), "te_calls": self.engine.te_calls,
+                    "updated": [b.participant_id for b in self.bindings]}
+        if op == "push":  # trainer: sink mode, every source participant
+            logical = mws.TransferPlan.from_json(cmd["plan"])
+            plan = logical.bind(self.peer_bindings, self.bindings)
+            moved, ops = 0, 0
+            try:
+                with mws.Sink(self.engine) as sink:
+                    for b in self.bindings:
+                        st = sink.execute(plan, self.model.placement, b, self.peer_placement, self.peer_bindings,
+                                          local_pre_registered=True)
+                        moved, ops = moved + st.bytes, ops + st.operations
+            except mws.MwsError as e:
+                return {"outcome": "failed", "reason": str(e)}
+            return {"outcome": "ok", "bytes": moved, "operations": ops, "te_calls": self.engine.te_calls}
+        if op == "pending":
+            return {"pending": self.engine.pending_count}
+        if op == "drain":
+            return {"remaining": self.engine.drain(cmd.get("timeout_ms", 1000)), "pending": self.engine.pending_count}
+        if op == "restart":  # a restart-required engine: a fresh TE engine (new identity, new segment)
+            old = self.engine
+            rc = int(old.te.unregister_memory(self.arena_addr)) if self.arena is not None else 0
+            self.retired.append(old)  # its pending entry may still refer to it: keep the thunks alive
+            self.engine = MooncakeTransferEngine()
+            if self.arena is not None:
+                self.engine.register_memory(self.arena_addr, ctypes.sizeof(self.arena))
+            return {"old_pending": old.pending_count, "old_unregister_rc": rc, "pending": self.engine.pending_count,
+                    "segment": self.engine.segment, "same_identity": old.engine_ptr == self.engine.engine_ptr}
+        if op == "verify":
+            return {"bad": self.verify()}
+        if op == "reset":
+            self.reset_targets()
+            return {}
+        if op == "quit":
+            self.release_arena()
+            return {"errors": self.engine.callback_errors}
+        raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> int:
+    role = Role(sys.argv[1])
+    print(json.dumps({"ready": True, "segment": role.engine.segment, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            reply = role.handle(cmd)
+        except Exception as e:  # reported to the driver, which fails the test
+            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(json.dumps(reply), flush=True)
+        if cmd.get("op") == "quit":
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
