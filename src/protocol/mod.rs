@@ -8,11 +8,14 @@
 //!   commit, abort, finalize; [`transaction`]: [`Transaction`], the stateful front
 //!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.
 //! - [`load`]: restores (ranged or strided reads into target buffers).
+//! - [`integrity`]: payload checksums: computed at upload, written before commit,
+//!   verified at restore and by operators.
 //! - [`writer`]: the snapshot writer; [`guards`]: allocation guards and pins;
 //!   [`registration`]: buffer registration, leases and quarantine.
 
 pub mod commit;
 pub mod guards;
+pub mod integrity;
 pub mod load;
 pub mod receipt;
 pub mod registration;

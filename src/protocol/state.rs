@@ -33,6 +33,10 @@ pub struct StoreLimits {
     /// largest benchmark manifest). A larger object fails with
     /// [`crate::ErrorKind::LimitExceeded`] before it is read or allocated.
     pub max_metadata_bytes: u64,
+    /// Verify restored payloads against the revision's integrity record when it has
+    /// one (`protocol::integrity`: every touched 1 MiB block re-read and checked
+    /// with CRC-32C, delivered bytes compared). Default: true.
+    pub verify_integrity: bool,
 }
 
 impl Default for StoreLimits {
@@ -43,6 +47,7 @@ impl Default for StoreLimits {
             max_region_segments: 1 << 32,
             staging_bytes: 0,
             max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
+            verify_integrity: true,
         }
     }
 }
