@@ -37,6 +37,11 @@
 
 
 /**
+ * Block size of the per-block checksums (1 MiB).
+ */
+#define BLOCK_BYTES (1 << 20)
+
+/**
  * Version of [`mws_copy_hook_vtable`] this library implements.
  */
 #define MWS_COPY_HOOK_VTABLE_VERSION 1
@@ -992,6 +997,12 @@ typedef struct mws_range_item {
 } mws_range_item;
 
 /**
+ * The visitor [`mws_store_vtable::list`] calls once per object: copy `key` (valid
+ * for the call only), return 0 to continue or 1 to stop.
+ */
+typedef int32_t (*mws_list_emit)(void *emit_ctx, struct mws_bytes key, uint64_t size);
+
+/**
  * The operations of a caller-implemented object store (`docs/STORE-VTABLE.md`).
  *
  * Set `size = sizeof(mws_store_vtable)` and `version = MWS_STORE_VTABLE_VERSION`.
@@ -1085,6 +1096,16 @@ typedef struct mws_store_vtable {
      * key). Mooncake: `batchIsExist`.
      */
     int32_t (*batch_exists)(void *ctx, const struct mws_bytes *keys, size_t n, int32_t *results);
+    /**
+     * Optional (NULL: the store cannot list; `mws ls`/`gc` then refuse it), read
+     * only when `size` covers it. Streams every object whose key starts with
+     * `prefix` by calling `emit(emit_ctx, key, size)` once per object, in any
+     * order; `emit` copies the key (it need only live for that call) and returns 0
+     * to continue or 1 to stop early (then `list` returns 0 at once). Returns 0, or
+     * a negative error code. Must not call `emit` after returning. Mooncake: no
+     * client call lists keys (`docs/mooncake/README.md`), so its vtable leaves it NULL.
+     */
+    int32_t (*list)(void *ctx, struct mws_bytes prefix, mws_list_emit emit, void *emit_ctx);
 } mws_store_vtable;
 
 /**

@@ -197,6 +197,7 @@ fn store() -> (&'static Fake, CallbackStore) {
         unregister_buffer: Some(unregister_buffer),
         destroy: None,
         batch_exists: Some(batch_exists),
+        list: None,
     };
     // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
     let s = unsafe { CallbackStore::new(&vt, f as *const Fake as *mut c_void) }.unwrap();

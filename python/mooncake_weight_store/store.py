@@ -138,6 +138,10 @@ class _VtableBridge:
                                         if callable(getattr(b, n, None))), None)
         if self._batch_exists_name is not None:
             vt.batch_exists = _lib.BATCH_EXISTS_FN(self._batch_exists)
+        # Optional `list(prefix) -> iterable of (key, size)`; the Mooncake backend has
+        # none (its client cannot enumerate keys).
+        if callable(getattr(b, "list", None)):
+            vt.list = _lib.LIST_FN(self._list)
         self.vtable = vt
 
     # -- error containment ----------------------------------------------------------
@@ -216,6 +220,17 @@ class _VtableBridge:
             return 0
         except BaseException as e:  # noqa: BLE001
             return self._fail("batch_exists", e)
+
+    def _list(self, ctx, prefix, emit, emit_ctx):  # type: ignore[no-untyped-def]
+        try:
+            for key, size in self.backend.list(_key(prefix)):
+                raw = key.encode("utf-8")
+                item = _lib.mws_bytes(ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, len(raw))
+                if emit(emit_ctx, item, int(size)) != 0:
+                    break
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("list", e)
 
     def _remove(self, ctx, key):  # type: ignore[no-untyped-def]
         try:

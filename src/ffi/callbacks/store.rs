@@ -205,6 +205,51 @@ pub struct mws_store_vtable {
     /// key). Mooncake: `batchIsExist`.
     pub batch_exists:
         Option<unsafe extern "C" fn(ctx: *mut c_void, keys: *const mws_bytes, n: usize, results: *mut i32) -> i32>,
+    /// Optional (NULL: the store cannot list; `mws ls`/`gc` then refuse it), read
+    /// only when `size` covers it. Streams every object whose key starts with
+    /// `prefix` by calling `emit(emit_ctx, key, size)` once per object, in any
+    /// order; `emit` copies the key (it need only live for that call) and returns 0
+    /// to continue or 1 to stop early (then `list` returns 0 at once). Returns 0, or
+    /// a negative error code. Must not call `emit` after returning. Mooncake: no
+    /// client call lists keys (`docs/mooncake/README.md`), so its vtable leaves it NULL.
+    pub list: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, prefix: mws_bytes, emit: mws_list_emit, emit_ctx: *mut c_void) -> i32,
+    >,
+}
+
+/// The visitor [`mws_store_vtable::list`] calls once per object: copy `key` (valid
+/// for the call only), return 0 to continue or 1 to stop.
+pub type mws_list_emit = unsafe extern "C" fn(emit_ctx: *mut c_void, key: mws_bytes, size: u64) -> i32;
+
+/// The library's [`mws_list_emit`]: forwards to the Rust visitor behind `emit_ctx`
+/// (a `&mut ListSink`).
+unsafe extern "C" fn list_emit(emit_ctx: *mut c_void, key: mws_bytes, size: u64) -> i32 {
+    // SAFETY: `emit_ctx` is the `&mut ListSink` passed by `list` below, alive for
+    // the whole `list` call, and the callback runs on that call's thread.
+    let sink = unsafe { &mut *(emit_ctx as *mut ListSink<'_>) };
+    if sink.done || key.ptr.is_null() {
+        sink.bad = sink.bad || key.ptr.is_null();
+        return 1;
+    }
+    // SAFETY: the callee passes `len` readable bytes at `ptr` for this call.
+    let bytes = unsafe { std::slice::from_raw_parts(key.ptr as *const u8, key.len) };
+    let Ok(k) = std::str::from_utf8(bytes) else {
+        sink.bad = true;
+        return 1;
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (sink.visit)(k, size))) {
+        Ok(true) => 0,
+        _ => {
+            sink.done = true;
+            1
+        }
+    }
+}
+
+struct ListSink<'a> {
+    visit: &'a mut dyn FnMut(&str, u64) -> bool,
+    done: bool,
+    bad: bool,
 }
 
 /// Size of the first [`mws_store_vtable`] layout (up to and including `destroy`):
@@ -223,11 +268,14 @@ pub(crate) unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32
 }
 
 /// As [`read_vtable`], accepting any `size` of at least `min_size` (the byte offset of
-/// a field boundary of `T`): when `size` is smaller than `T`, only the first
-/// `min_size` bytes are read and the fields after them are zero (NULL callbacks).
+/// a field boundary of `T`): when `size` is smaller than `T`, only the fields `size`
+/// covers are read and the fields after them are zero (NULL callbacks).
 ///
 /// # Safety
-/// As [`read_vtable`]; every all-zero field of `T` after `min_size` must be valid.
+/// As [`read_vtable`]; every field of `T` after `min_size` must be pointer-sized,
+/// pointer-aligned and valid when all-zero (optional callbacks): a `size` between
+/// `min_size` and `size_of::<T>()` copies the whole fields it covers, the rest are
+/// zero.
 pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
     if vt.is_null() {
         return Err(Error::invalid(format!("{name} is NULL")));
@@ -250,9 +298,13 @@ pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, versi
         // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
         return Ok(unsafe { vt.read_unaligned() });
     }
+    // Every field after `min_size` is pointer-sized and pointer-aligned: copy the
+    // whole fields `size` covers (a partly covered field stays zero).
+    let word = std::mem::size_of::<usize>();
+    let covered = min_size.max(size as usize / word * word);
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, min_size) };
+    unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, covered) };
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
     Ok(unsafe { out.assume_init() })
 }
@@ -529,6 +581,25 @@ impl ObjectStore for CallbackStore {
             c if c < 0 => Err(code_error("exists", key, c)),
             c => Err(violation("exists", key, c, "1 present, 0 absent or a negative error code")),
         }
+    }
+
+    fn supports_list(&self) -> bool {
+        self.vt.list.is_some()
+    }
+
+    fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        let Some(f) = self.vt.list else {
+            return Err(Error::new(ErrorKind::Unsupported, "this store's vtable has no list callback"));
+        };
+        let mut sink = ListSink { visit, done: false, bad: false };
+        // SAFETY: a checked vtable function over `ctx`; `sink` outlives the call and
+        // `list_emit` is the matching visitor.
+        let code =
+            unsafe { f(self.ctx.0, mws_bytes::of(prefix), list_emit, &mut sink as *mut ListSink<'_> as *mut c_void) };
+        if sink.bad {
+            return Err(violation("list", prefix, 1, "emit keys as valid UTF-8 with a non-NULL pointer"));
+        }
+        status_result("list", prefix, code as i64)
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool>> {
