@@ -33,7 +33,9 @@ fn fixture(name: &str) -> Fixture {
     let dir = std::env::temp_dir().join(format!("mws-integrity-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let store = Arc::new(DirectoryStore::open(&dir).unwrap());
-    let ws = WeightStore::new(store.clone());
+    let ws = WeightStore::new(store.clone())
+        .with_limits(StoreLimits { verify_integrity: true, ..StoreLimits::default() })
+        .unwrap();
     // 1024 hidden, 2-byte items: objects of 1-4 MiB, so several 1 MiB blocks each.
     let defs = model_tensors(1, 1024, 0);
     let src = HostModel::new(build_placement("source", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "t", 1);
@@ -95,7 +97,7 @@ fn acc_124_flipped_byte_fails_restore_with_fragment_id() {
     let e = restore(&f.ws, f.manifest.manifest_key(), ONE, &f.defs, None).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
     assert!(e.message().contains(frag.fragment_id()), "{e}");
-    // With verification off the corruption goes through (what the reference does).
+    // With verification off (the default) the corruption goes through, as in the reference.
     let off = WeightStore::new(f.store.clone())
         .with_limits(StoreLimits { verify_integrity: false, ..StoreLimits::default() })
         .unwrap();

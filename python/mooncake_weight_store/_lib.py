@@ -246,6 +246,7 @@ class mws_store_options(Structure):
         ("copy_hook_ctx", c_void_p),
         ("staging_bytes", c_uint64),
         ("max_metadata_bytes", c_uint64),
+        ("verify_integrity", c_uint32),
     ]
 
 

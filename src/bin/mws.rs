@@ -175,13 +175,15 @@ impl<E: std::fmt::Display> From<E> for Fail {
 fn open(cli: &Cli) -> Result<DirectoryStore, Fail> {
     match DirectoryStore::is_store_root(&cli.dir) {
         Ok(true) => {}
-        Ok(false) => return Err(Fail(
-            2,
-            format!(
+        Ok(false) => {
+            return Err(Fail(
+                2,
+                format!(
                 "{} is not a mooncake-weight-store directory store (no MOONCAKE_WEIGHT_STORE marker, or other entries)",
                 cli.dir.display()
             ),
-        )),
+            ))
+        }
         Err(e) => return Err(Fail(2, e.to_string())),
     }
     Ok(DirectoryStore::open(&cli.dir)?)
