@@ -72,6 +72,37 @@
 #define MWS_RECORD_METADATA 1
 
 /**
+ * Log levels of `mws_set_log_callback` (a record is delivered when its level is at
+ * most the installed one).
+ */
+#define MWS_LOG_OFF 0
+
+/**
+ * Errors only.
+ */
+#define MWS_LOG_ERROR 1
+
+/**
+ * Warnings (retries, quarantines, slow store calls) and errors.
+ */
+#define MWS_LOG_WARN 2
+
+/**
+ * Informational records (plan sizes, commits, recoveries, gc).
+ */
+#define MWS_LOG_INFO 3
+
+/**
+ * Debug records.
+ */
+#define MWS_LOG_DEBUG 4
+
+/**
+ * Everything.
+ */
+#define MWS_LOG_TRACE 5
+
+/**
  * The kind of a parallel axis (`mws_parallel_axis.kind`).
  */
 typedef enum mws_axis_kind {
@@ -1623,6 +1654,32 @@ size_t mws_load_plan_participant_count(const struct mws_load_plan *plan);
  * `plan` is NULL or a live handle; `len` is NULL or valid for a write.
  */
 const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t index, size_t *len);
+
+/**
+ * Installs `callback` to receive every library log record of level `level` or more
+ * severe (`MWS_LOG_ERROR` 1 .. `MWS_LOG_TRACE` 5), with `ctx` passed back. A NULL
+ * `callback` or `MWS_LOG_OFF` removes the current one. One callback per process: a
+ * new call replaces the previous one; when this function returns, the previous
+ * callback is no longer running and is never called again (so its `ctx` may be freed).
+ *
+ * The callback (type `mws_log_fn`) receives `(ctx, level, target, message)`, strings NUL-terminated and
+ * valid only for the call. It is called from any thread that runs library code,
+ * possibly concurrently, so it must be thread-safe; it must not unwind and must not
+ * call back into the library (`mws_set_log_callback` would deadlock).
+ *
+ * Errors: `MWS_INVALID_ARGUMENT` (level outside 0..=5), `MWS_UNSUPPORTED` (the
+ * process already has another Rust `log` backend). Thread-safe.
+ *
+ * # Safety
+ * `callback` is NULL or a function honouring the contract above for as long as it
+ * stays installed; `ctx` is whatever it expects.
+ */
+enum mws_status mws_set_log_callback(int32_t level,
+                                     void (*callback)(void *ctx,
+                                                      int32_t level,
+                                                      const char *target,
+                                                      const char *message),
+                                     void *ctx);
 
 /**
  * Parses and validates a placement from its JSON wire form.

@@ -278,6 +278,7 @@ pub(crate) fn commit(
         return resolve(ws, plan, receipts, m);
     }
     let m = plan.manifest();
+    log::info!("commit of {}: decision recorded, publishing the manifest", m.manifest_key());
     let put = metadata_put(ws, m.manifest_key(), m.to_json().as_bytes(), m.group_id());
     match read_manifest(ws, plan)? {
         Some(persisted) => resolve(ws, plan, receipts, persisted),
@@ -299,6 +300,7 @@ pub(crate) fn abort_upload(ws: &WeightStore, plan: &UploadPlan, receipts: &[Uplo
     };
     published()?;
     claim(ws, plan, Decision::Abort)?;
+    log::info!("upload {} of {} aborted", plan.transaction_id(), plan.manifest().manifest_key());
     let manifest = published()?;
     let keys = unreferenced(plan.operations().iter().map(|o| o.target().object_key()), manifest.as_ref());
     let failures = remove_with_record(ws, plan, keys, manifest.as_ref());
@@ -313,6 +315,7 @@ pub(crate) fn abort_upload(ws: &WeightStore, plan: &UploadPlan, receipts: &[Uplo
 /// removes the payloads it must not keep. Never removes a decision or manifest.
 pub(crate) fn finalize(ws: &WeightStore, plan: &UploadPlan) -> Result<()> {
     check_plan_prefix(ws, plan)?;
+    log::info!("recovery: finalizing upload {} of {}", plan.transaction_id(), plan.manifest().manifest_key());
     let mut decision = read_decision(ws, plan)?;
     if decision.is_none() {
         if read_manifest(ws, plan)?.as_ref() == Some(plan.manifest()) {

@@ -348,13 +348,21 @@ pub(crate) fn code_error(op: &str, key: &str, code: i64) -> Error {
 }
 
 /// Runs `call` until it returns a non-transient code, at most [`MAX_TRIES`] times.
+/// A single store callback taking at least this long is logged as slow.
+const SLOW_CALL: Duration = Duration::from_secs(1);
+
 pub(crate) fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
     let mut delay = FIRST_BACKOFF;
+    let started = std::time::Instant::now();
     let mut code = call();
-    for _ in 1..MAX_TRIES {
+    if started.elapsed() >= SLOW_CALL {
+        log::warn!("slow store callback: {:.3} s (code {code})", started.elapsed().as_secs_f64());
+    }
+    for attempt in 1..MAX_TRIES {
         if !transient(code) {
             break;
         }
+        log::warn!("store callback returned transient code {code}; retry {attempt} in {delay:?}");
         std::thread::sleep(delay);
         delay = (delay * 2).min(MAX_BACKOFF);
         code = call();
