@@ -1,16 +1,16 @@
 //! End-to-end payload integrity (the I/O half; keys, block sums and the record's
 //! format are pure, in [`crate::plan::integrity`]).
 //!
-//! - Upload: [`source_checksums`] computes the CRC-32C of every 1 MiB block of every
+//! - Upload: `source_checksums` computes the CRC-32C of every 1 MiB block of every
 //!   host source region before its bytes are written (sources are pinned and not
 //!   written during the call, so these are the bytes stored). They travel in the
 //!   receipts ([`UploadReceipt::block_checksums`]).
-//! - Commit: [`write_record`] writes the one integrity object of the transaction
+//! - Commit: `write_record` writes the one integrity object of the transaction
 //!   (create-only, metadata, in the revision's group) before the commit decision is
 //!   claimed, when every receipt carries checksums. Abort, finalize and lost races
-//!   remove it like the transaction's payloads ([`removable_key`]).
-//! - Restore: [`prepare`] reads the record once (none: the revision loads
-//!   unverified, as the reference wrote it); [`Verifier::verify_restore`] runs after
+//!   remove it like the transaction's payloads (`removable_key`).
+//! - Restore: `prepare` reads the record once (none: the revision loads
+//!   unverified, as the reference wrote it); `Verifier::verify_restore` runs after
 //!   the reads, inside the pin scope. For every block a restore touched, fully or
 //!   partly (strided reshards read only parts of blocks), it reads the whole block
 //!   from the store again into a host scratch buffer, checks its CRC-32C against
