@@ -157,7 +157,9 @@ fn remove_with_record(
     keys: Vec<&str>,
     persisted: Option<&StoredManifest>,
 ) -> Vec<(String, String)> {
-    let record = super::integrity::removable_key(plan, persisted);
+    // Only when present: a transaction that never reached commit has no record, and
+    // the removal sequence of such a transaction stays exactly the reference's.
+    let record = super::integrity::removable_key(plan, persisted).filter(|k| !matches!(ws.store.exists(k), Ok(false)));
     let mut all: Vec<&str> = keys;
     all.extend(record.as_deref());
     remove_keys(ws, &all)
