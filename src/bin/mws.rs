@@ -400,6 +400,10 @@ fn plan(store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`mws ls | head`) instead of panicking on EPIPE.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = open(&cli).and_then(|store| match &cli.command {
         Command::Ls { prefix } => ls(&cli, &store, prefix),
