@@ -317,6 +317,69 @@ done:
     free(buf1);
 }
 
+/* mws_set_log_callback: records of the installed level reach the callback (an
+ * upload plan logs its size at MWS_LOG_INFO); a stricter level and removal stop them. */
+typedef struct {
+    int count;
+    int saw_plan;
+    int max_level;
+} log_sink;
+
+static void on_log(void *ctx, int32_t level, const char *target, const char *message) {
+    log_sink *s = (log_sink *)ctx;
+    s->count++;
+    if (level > s->max_level) {
+        s->max_level = level;
+    }
+    if (strncmp(message, "upload plan for ", 16) == 0 && strstr(target, "mooncake_weight_store") != NULL) {
+        s->saw_plan = 1;
+    }
+}
+
+static int plan_once(const mws_placement *p) {
+    unsigned char *buf0 = (unsigned char *)calloc(1, 32);
+    unsigned char *buf1 = (unsigned char *)calloc(1, 32);
+    mws_binding *b[2] = {NULL, NULL};
+    const mws_binding *set[2];
+    mws_upload_plan *plan = NULL;
+    int ok = buf0 != NULL && buf1 != NULL && sample_bind(p, MWS_SAMPLE_P0, 1, buf0, 32, &b[0]) == MWS_OK &&
+             sample_bind(p, MWS_SAMPLE_P1, 1, buf1, 32, &b[1]) == MWS_OK;
+    if (ok) {
+        set[0] = b[0];
+        set[1] = b[1];
+        ok = mws_upload_plan_new(p, set, 2, NULL, &plan) == MWS_OK;
+    }
+    mws_upload_plan_free(plan);
+    mws_binding_free(b[0]);
+    mws_binding_free(b[1]);
+    free(buf0);
+    free(buf1);
+    return ok;
+}
+
+static void test_log_callback(void) {
+    mws_placement *p = parse_sample();
+    log_sink sink = {0, 0, 0};
+    int before;
+    if (p == NULL) {
+        return;
+    }
+    CHECK_STATUS(mws_set_log_callback(9, on_log, &sink), MWS_INVALID_ARGUMENT);
+    CHECK(has_message("mws_set_log_callback"));
+    CHECK_STATUS(mws_set_log_callback(MWS_LOG_INFO, on_log, &sink), MWS_OK);
+    CHECK(plan_once(p));
+    CHECK(sink.saw_plan == 1);
+    CHECK(sink.max_level <= MWS_LOG_INFO);
+    CHECK_STATUS(mws_set_log_callback(MWS_LOG_WARN, on_log, &sink), MWS_OK);
+    before = sink.count;
+    CHECK(plan_once(p));
+    CHECK(sink.count == before);
+    CHECK_STATUS(mws_set_log_callback(MWS_LOG_OFF, NULL, NULL), MWS_OK);
+    CHECK(plan_once(p));
+    CHECK(sink.count == before);
+    mws_placement_free(p);
+}
+
 int main(void) {
     test_version_and_status();
     test_panic_boundary();
@@ -324,6 +387,7 @@ int main(void) {
     test_placement_invalid();
     test_binding();
     test_plan_upload();
+    test_log_callback();
     printf("c_api_test (%s): %d checks, %d failures\n",
 #ifdef __cplusplus
            "compiled as C++",

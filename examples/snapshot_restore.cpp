@@ -44,15 +44,17 @@ struct Options {
     unsigned threads = 0;      // 0: one per core (at most one per target participant)
     std::string dir = MWS_DEMO_DEFAULT_DIR;
     bool reuse = false;  // --reuse: replace a directory store of an earlier run
+    bool keep = false;   // --keep: leave the store in place (inspect it with mws)
 };
 
 [[noreturn]] void usage(const char *argv0, int rc) {
     std::fprintf(rc == 0 ? stdout : stderr,
-                 "usage: %s [--size-mib N] [--dir PATH] [--reuse] [--hidden H] [--threads T]\n"
+                 "usage: %s [--size-mib N] [--dir PATH] [--reuse] [--keep] [--hidden H] [--threads T]\n"
                  "  --size-mib N  model size in MiB (default 1024)\n"
                  "  --dir PATH    directory store root: missing or empty (default %s); what the run\n"
                  "                creates there is removed at the end\n"
                  "  --reuse       replace a directory store an earlier run left at PATH\n"
+                 "  --keep        keep the store at the end (inspect it: mws --dir PATH ls)\n"
                  "  --hidden H    hidden size, a multiple of 64 (default: 1024, smaller for small models)\n"
                  "  --threads T   restore threads (default: one per core)\n",
                  argv0, MWS_DEMO_DEFAULT_DIR);
@@ -82,6 +84,8 @@ Options parse(int argc, char **argv) {
             o.dir = argv[++i];
         } else if (a == "--reuse") {
             o.reuse = true;
+        } else if (a == "--keep") {
+            o.keep = true;
         } else if (a == "-h" || a == "--help") {
             usage(argv[0], 0);
         } else {
@@ -323,6 +327,10 @@ int main(int argc, char **argv) {
         rc = run(o);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
+    }
+    if (o.keep) {
+        std::printf("kept the store at %s (inspect it: mws --dir %s ls)\n", o.dir.c_str(), o.dir.c_str());
+        return rc;
     }
     try {
         store_dir.cleanup();

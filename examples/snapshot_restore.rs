@@ -3,13 +3,14 @@
 //! byte, and print a report.
 //!
 //! ```text
-//! cargo run --release --example snapshot_restore -- [--size-mib N] [--dir PATH] [--reuse]
+//! cargo run --release --example snapshot_restore -- [--size-mib N] [--dir PATH] [--reuse] [--keep]
 //! ```
 //!
 //! The store directory (default: a fresh `target/mws-demo-store-<pid>`) must be
 //! missing or empty; a directory store of an earlier run is replaced only with
 //! `--reuse`, and anything else is refused untouched. At the end the example removes
-//! only what it created (`examples/support/store_dir.rs`).
+//! only what it created (`examples/support/store_dir.rs`); with `--keep` it leaves the
+//! store in place, to inspect with `mws --dir PATH ls` (and `inspect`, `verify`, ...).
 
 #[path = "../tests/common/model.rs"]
 mod model;
@@ -117,7 +118,9 @@ fn main() {
     );
     println!("  verify       {verify:>7.3} s  {} bytes checked: OK", verified);
     drop((ws, plan, manifest));
-    if let Err(e) = store_dir.cleanup() {
+    if args.iter().any(|a| a == "--keep") {
+        println!("  kept the store at {} (inspect it: mws --dir {} ls)", dir, dir);
+    } else if let Err(e) = store_dir.cleanup() {
         eprintln!("snapshot_restore: {e}");
     }
 }

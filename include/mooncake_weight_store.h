@@ -52,6 +52,11 @@
 #define LOCAL_NOT_REGISTERED -3
 
 /**
+ * Block size of the per-block checksums (1 MiB).
+ */
+#define BLOCK_BYTES (1 << 20)
+
+/**
  * Version of [`mws_copy_hook_vtable`] this library implements.
  */
 #define MWS_COPY_HOOK_VTABLE_VERSION 1
@@ -95,6 +100,37 @@
  * `record_type` of manifests and decision records (Mooncake `METADATA`).
  */
 #define MWS_RECORD_METADATA 1
+
+/**
+ * Log levels of `mws_set_log_callback` (a record is delivered when its level is at
+ * most the installed one).
+ */
+#define MWS_LOG_OFF 0
+
+/**
+ * Errors only.
+ */
+#define MWS_LOG_ERROR 1
+
+/**
+ * Warnings (retries, quarantines, slow store calls) and errors.
+ */
+#define MWS_LOG_WARN 2
+
+/**
+ * Informational records (plan sizes, commits, recoveries, gc).
+ */
+#define MWS_LOG_INFO 3
+
+/**
+ * Debug records.
+ */
+#define MWS_LOG_DEBUG 4
+
+/**
+ * Everything.
+ */
+#define MWS_LOG_TRACE 5
 
 /**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
@@ -1268,6 +1304,17 @@ typedef struct mws_store_options {
      * the end of the struct in 0.1 (rebuild against this header; zeroed = default).
      */
     uint64_t max_metadata_bytes;
+    /**
+     * 1: restores (`mws_store_load`) verify what they read against the revision's
+     * integrity record (CRC-32C of every 1 MiB block, written by every snapshot of
+     * this library); a corrupted, truncated or swapped payload fails with
+     * `MWS_INTEGRITY` naming the fragment. 0 (the default): off, because it re-reads
+     * every touched block (about +230% restore time on the embedded stores, see
+     * README "Integrity"). Other values are `MWS_INVALID_ARGUMENT`. Revisions without
+     * a record (the reference's) load unverified either way. Added at the end of the
+     * struct (rebuild against this header; zeroed = default).
+     */
+    uint32_t verify_integrity;
 } mws_store_options;
 
 /**
@@ -1334,6 +1381,12 @@ typedef struct mws_range_item {
      */
     uint32_t device_ordinal;
 } mws_range_item;
+
+/**
+ * The visitor [`mws_store_vtable::list`] calls once per object: copy `key` (valid
+ * for the call only), return 0 to continue or 1 to stop.
+ */
+typedef int32_t (*mws_list_emit)(void *emit_ctx, struct mws_bytes key, uint64_t size);
 
 /**
  * What a request to a vtable store costs (`mws_store_vtable.get_cost`): about
@@ -1450,6 +1503,16 @@ typedef struct mws_store_vtable {
      * key). Mooncake: `batchIsExist`.
      */
     int32_t (*batch_exists)(void *ctx, const struct mws_bytes *keys, size_t n, int32_t *results);
+    /**
+     * Optional (NULL: the store cannot list; `mws ls`/`gc` then refuse it), read
+     * only when `size` covers it. Streams every object whose key starts with
+     * `prefix` by calling `emit(emit_ctx, key, size)` once per object, in any
+     * order; `emit` copies the key (it need only live for that call) and returns 0
+     * to continue or 1 to stop early (then `list` returns 0 at once). Returns 0, or
+     * a negative error code. Must not call `emit` after returning. Mooncake: no
+     * client call lists keys (`docs/mooncake/README.md`), so its vtable leaves it NULL.
+     */
+    int32_t (*list)(void *ctx, struct mws_bytes prefix, mws_list_emit emit, void *emit_ctx);
     /**
      * Optional (NULL: the library assumes a remote, range-priced store such as
      * Mooncake Store), read only when `size` covers it. Called once, when the store
@@ -2351,6 +2414,32 @@ size_t mws_transfer_engine_pending_count(const struct mws_transfer_engine *engin
 enum mws_status mws_transfer_engine_drain(const struct mws_transfer_engine *engine,
                                           uint64_t timeout_ms,
                                           size_t *remaining);
+
+/**
+ * Installs `callback` to receive every library log record of level `level` or more
+ * severe (`MWS_LOG_ERROR` 1 .. `MWS_LOG_TRACE` 5), with `ctx` passed back. A NULL
+ * `callback` or `MWS_LOG_OFF` removes the current one. One callback per process: a
+ * new call replaces the previous one; when this function returns, the previous
+ * callback is no longer running and is never called again (so its `ctx` may be freed).
+ *
+ * The callback (type `mws_log_fn`) receives `(ctx, level, target, message)`, strings NUL-terminated and
+ * valid only for the call. It is called from any thread that runs library code,
+ * possibly concurrently, so it must be thread-safe; it must not unwind and must not
+ * call back into the library (`mws_set_log_callback` would deadlock).
+ *
+ * Errors: `MWS_INVALID_ARGUMENT` (level outside 0..=5), `MWS_UNSUPPORTED` (the
+ * process already has another Rust `log` backend). Thread-safe.
+ *
+ * # Safety
+ * `callback` is NULL or a function honouring the contract above for as long as it
+ * stays installed; `ctx` is whatever it expects.
+ */
+enum mws_status mws_set_log_callback(int32_t level,
+                                     void (*callback)(void *ctx,
+                                                      int32_t level,
+                                                      const char *target,
+                                                      const char *message),
+                                     void *ctx);
 
 /**
  * Parses and validates a placement from its JSON wire form.

@@ -416,6 +416,9 @@ struct StoreOptions {
     std::uint64_t staging_bytes = 0;
     /// Largest manifest or decision record read back; 0 = default (256 MiB).
     std::uint64_t max_metadata_bytes = 0;
+    /// Verify restores against the revision's integrity record (off by default;
+    /// see mws_store_options::verify_integrity).
+    bool verify_integrity = false;
 
     mws_store_options c() const noexcept {
         mws_store_options o{};
@@ -427,6 +430,7 @@ struct StoreOptions {
         o.copy_hook_ctx = copy_hook_ctx;
         o.staging_bytes = staging_bytes;
         o.max_metadata_bytes = max_metadata_bytes;
+        o.verify_integrity = verify_integrity ? 1u : 0u;
         return o;
     }
 };

@@ -4,7 +4,7 @@
 # snapshots it into the directory store, restores it into a serving layout
 # (TP2 x EP4) through the C ABI, verifies every byte and prints a report.
 #
-#   bash scripts/demo.sh [--size-mib N] [--dir PATH] [--reuse] [--hidden H] [--threads T]
+#   bash scripts/demo.sh [--size-mib N] [--dir PATH] [--reuse] [--keep] [--hidden H] [--threads T]
 #
 # PATH must be missing or empty (a directory store an earlier run left there is
 # replaced only with --reuse; anything else is refused untouched); the demo removes

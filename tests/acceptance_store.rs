@@ -68,7 +68,10 @@ fn acc_115_upload_deduplicates_dp_and_commits_manifest_last() {
     assert_eq!(fake.keys().len(), 2, "{:?}", fake.keys());
     assert!(!fake.has(m.manifest_key()));
     let committed = ws.commit(&plan, &receipts, None).unwrap();
-    assert_eq!(fake.keys().len(), 4, "{:?}", fake.keys());
+    // Payloads, decision, manifest, and this library's integrity record (one extra
+    // object in the revision's group, written before the decision).
+    assert_eq!(fake.keys().len(), 5, "{:?}", fake.keys());
+    assert!(fake.has(&mooncake_weight_store::plan::integrity::plan_integrity_key(&plan)));
     assert_eq!(&committed, m);
     assert_eq!(ws.load_manifest(m.manifest_key()).unwrap(), *m);
     for k in plan_keys(&plan) {
@@ -342,7 +345,10 @@ fn acc_132_commit_conflict_keeps_winner_and_cleans_loser_payloads() {
     winner_loads(&ws, winner.manifest());
     assert_eq!(payloads_present(&fake, &loser), 0);
     let removed: BTreeSet<String> = fake.removes().into_iter().collect();
-    assert_eq!(removed, plan_keys(&loser));
+    // The loser's payloads and the integrity record it wrote before its claim.
+    let mut expected = plan_keys(&loser);
+    expected.insert(mooncake_weight_store::plan::integrity::plan_integrity_key(&loser));
+    assert_eq!(removed, expected);
 }
 
 #[test]

@@ -167,6 +167,7 @@ fn huge_vtable() -> mws_store_vtable {
         unregister_buffer: None,
         destroy: None,
         batch_exists: None,
+        list: None,
         get_cost: None,
     }
 }

@@ -206,6 +206,7 @@ fn vtable() -> mws_store_vtable {
         unregister_buffer: Some(unregister_buffer),
         destroy: None,
         batch_exists: Some(batch_exists),
+        list: None,
         get_cost: None,
     }
 }

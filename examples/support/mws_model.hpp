@@ -447,6 +447,10 @@ inline mws_load_stats restore(const mws::Store &store, const mws::StoredManifest
         total.ranges += s.ranges;
         total.requests += s.requests;
         total.bytes += s.bytes;
+        total.strided_regions += s.strided_regions;
+        total.direct_regions += s.direct_regions;
+        total.staged_regions += s.staged_regions;
+        total.staged_bytes += s.staged_bytes;
     }
     return total;
 }

@@ -38,6 +38,7 @@ from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
 from .writer import Writer
+from .logs import set_log_callback
 from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
                       UnsupportedDTypeError, dtype_name, tensor_view)
 from .device import CopyHook, CudaCopyHook, DeviceUnavailableError, cuda_available, cuda_copy_hook
@@ -49,6 +50,7 @@ from .safetensors_io import Layout, SafetensorsError, SafetensorsFile, export_sa
 __version__ = "0.1.0"
 
 __all__ = [
+    "set_log_callback",
     "library_path",
     "version",
     "Binding",

@@ -207,6 +207,8 @@ REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_uint32, c_uint3
 UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 BATCH_EXISTS_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_bytes), c_size_t, POINTER(c_int32))
+LIST_EMIT_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, c_uint64)
+LIST_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, LIST_EMIT_FN, c_void_p)
 
 
 class mws_store_cost(Structure):
@@ -232,6 +234,7 @@ class mws_store_vtable(Structure):
         ("unregister_buffer", UNREGISTER_FN),
         ("destroy", DESTROY_FN),
         ("batch_exists", BATCH_EXISTS_FN),
+        ("list", LIST_FN),
         ("get_cost", GET_COST_FN),
     ]
 
@@ -252,6 +255,7 @@ class mws_store_options(Structure):
         ("copy_hook_ctx", c_void_p),
         ("staging_bytes", c_uint64),
         ("max_metadata_bytes", c_uint64),
+        ("verify_integrity", c_uint32),
     ]
 
 

@@ -273,6 +273,12 @@ class MooncakeStoreBackend:
     def batch_exists(self, keys: Sequence[str]) -> List[int]:
         return [self._int(x) for x in self.store.batch_is_exist(list(keys))]
 
+    # No `list`: MooncakeDistributedStore has no call that enumerates keys (no
+    # list-keys, group-query or scan API; docs/mooncake/README.md, "Existence, size,
+    # removal"), so this backend cannot implement the store contract's optional
+    # listing and `mws ls` / `mws gc` do not work on Mooncake Store. Keep the plans
+    # (or the manifest keys) to inspect and finalize revisions there.
+
     def remove(self, key: str) -> int:
         """Force removal; 0 removed, -704 absent (both success for the protocol)."""
         return self._int(self._retry(lambda: self.store.remove(key, True), OBJECT_HAS_LEASE))

@@ -12,8 +12,11 @@
 //!   §1–§3), [`transfer_bind`]: binding to source and target runtime bindings,
 //!   [`transfer_json`]: the transfer plan's JSON transport.
 
+//! - [`integrity`]: the key, block checksums and JSON of a revision's integrity record.
+
 pub mod bound_load;
 pub(crate) mod core;
+pub mod integrity;
 pub mod load;
 pub mod region;
 pub mod transfer;

@@ -517,14 +517,23 @@ pub fn plan_upload<'a>(
         fragments,
         created_at,
     })?;
-    UploadPlan::new(
+    let plan = UploadPlan::new(
         manifest,
         placement.placement_id().to_string(),
         placement.digest().to_string(),
         keys.transaction_group_id(&transaction_id),
         keys.control_key(&transaction_id),
         operations,
-    )
+    )?;
+    // A log record is the planner's only side effect (no I/O of its own).
+    log::info!(
+        "upload plan for {}: {} operations, {} bytes, transaction {}",
+        plan.manifest().manifest_key(),
+        plan.operations().len(),
+        plan.operations().iter().map(|op| op.target().nbytes()).sum::<u64>(),
+        plan.transaction_id()
+    );
+    Ok(plan)
 }
 
 #[cfg(test)]

@@ -149,6 +149,22 @@ fn unreferenced<'a>(plan_keys: impl Iterator<Item = &'a str>, persisted: Option<
     plan_keys.filter(|k| !referenced.contains(k)).collect()
 }
 
+/// [`remove_keys`] of `keys` plus the plan's integrity record unless `persisted`
+/// owns it (`protocol::integrity`).
+fn remove_with_record(
+    ws: &WeightStore,
+    plan: &UploadPlan,
+    keys: Vec<&str>,
+    persisted: Option<&StoredManifest>,
+) -> Vec<(String, String)> {
+    // Only when present: a transaction that never reached commit has no record, and
+    // the removal sequence of such a transaction stays exactly the reference's.
+    let record = super::integrity::removable_key(plan, persisted).filter(|k| !matches!(ws.store.exists(k), Ok(false)));
+    let mut all: Vec<&str> = keys;
+    all.extend(record.as_deref());
+    remove_keys(ws, &all)
+}
+
 fn failures_text(failures: &[(String, String)]) -> String {
     failures.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join(", ")
 }
@@ -164,7 +180,8 @@ pub(crate) fn require_writable(ws: &WeightStore, plan: &UploadPlan, cleanup_keys
     if decision == Decision::Commit && manifest.as_ref().is_none_or(|m| m == plan.manifest()) {
         return Ok(());
     }
-    let failures = remove_keys(ws, &unreferenced(cleanup_keys.iter().copied(), manifest.as_ref()));
+    let failures =
+        remove_with_record(ws, plan, unreferenced(cleanup_keys.iter().copied(), manifest.as_ref()), manifest.as_ref());
     let mut msg = match decision {
         Decision::Abort => "weight upload already chose abort".to_string(),
         Decision::Commit => "weight upload lost to a conflicting revision".to_string(),
@@ -221,7 +238,12 @@ fn resolve(
     if persisted == *plan.manifest() {
         return Ok(persisted);
     }
-    let failures = remove_keys(ws, &unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)));
+    let failures = remove_with_record(
+        ws,
+        plan,
+        unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)),
+        Some(&persisted),
+    );
     let mut msg = format!("conflicting weight revision: {}", plan.manifest().manifest_key());
     if !failures.is_empty() {
         msg.push_str(&format!("; cleanup failed: {}", failures_text(&failures)));
@@ -247,6 +269,7 @@ pub(crate) fn commit(
     let keys: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
     if current_decision(ws, plan)?.is_none() {
         require_complete_payloads(ws, &keys)?;
+        super::integrity::write_record(ws, plan, receipts)?;
     }
     if let Some(cb) = on_decision_may_exist {
         cb();
@@ -257,6 +280,7 @@ pub(crate) fn commit(
         return resolve(ws, plan, receipts, m);
     }
     let m = plan.manifest();
+    log::info!("commit of {}: decision recorded, publishing the manifest", m.manifest_key());
     let put = metadata_put(ws, m.manifest_key(), m.to_json().as_bytes(), m.group_id());
     match read_manifest(ws, plan)? {
         Some(persisted) => resolve(ws, plan, receipts, persisted),
@@ -278,9 +302,10 @@ pub(crate) fn abort_upload(ws: &WeightStore, plan: &UploadPlan, receipts: &[Uplo
     };
     published()?;
     claim(ws, plan, Decision::Abort)?;
+    log::info!("upload {} of {} aborted", plan.transaction_id(), plan.manifest().manifest_key());
     let manifest = published()?;
     let keys = unreferenced(plan.operations().iter().map(|o| o.target().object_key()), manifest.as_ref());
-    let failures = remove_keys(ws, &keys);
+    let failures = remove_with_record(ws, plan, keys, manifest.as_ref());
     if failures.is_empty() {
         Ok(())
     } else {
@@ -292,6 +317,7 @@ pub(crate) fn abort_upload(ws: &WeightStore, plan: &UploadPlan, receipts: &[Uplo
 /// removes the payloads it must not keep. Never removes a decision or manifest.
 pub(crate) fn finalize(ws: &WeightStore, plan: &UploadPlan) -> Result<()> {
     check_plan_prefix(ws, plan)?;
+    log::info!("recovery: finalizing upload {} of {}", plan.transaction_id(), plan.manifest().manifest_key());
     let mut decision = read_decision(ws, plan)?;
     if decision.is_none() {
         if read_manifest(ws, plan)?.as_ref() == Some(plan.manifest()) {
@@ -320,7 +346,7 @@ pub(crate) fn finalize(ws: &WeightStore, plan: &UploadPlan) -> Result<()> {
             None => Err(err(ErrorKind::Store, "committed upload transaction has no manifest")),
             Some(m) if m == *plan.manifest() => Ok(()),
             Some(m) => {
-                let failures = remove_keys(ws, &unreferenced(plan_keys, Some(&m)));
+                let failures = remove_with_record(ws, plan, unreferenced(plan_keys, Some(&m)), Some(&m));
                 if failures.is_empty() {
                     Ok(())
                 } else {
@@ -335,7 +361,7 @@ pub(crate) fn finalize(ws: &WeightStore, plan: &UploadPlan) -> Result<()> {
             if manifest.as_ref() == Some(plan.manifest()) {
                 return Err(err(ErrorKind::Conflict, "aborted upload has a published manifest"));
             }
-            let failures = remove_keys(ws, &unreferenced(plan_keys, manifest.as_ref()));
+            let failures = remove_with_record(ws, plan, unreferenced(plan_keys, manifest.as_ref()), manifest.as_ref());
             if failures.is_empty() {
                 Ok(())
             } else {

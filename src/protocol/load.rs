@@ -252,6 +252,7 @@ pub(crate) unsafe fn load(
             ));
         }
     }
+    let verifier = super::integrity::prepare(ws, plan.manifest())?;
     // Group by target runtime fragment (sorted by runtime id).
     let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for &i in &ops {
@@ -296,7 +297,7 @@ pub(crate) unsafe fn load(
     let mut stats = LoadStats::default();
     let body = |io_started: &mut bool| {
         *io_started = true;
-        if ws.store.supports_strided_reads() {
+        let read = if ws.store.supports_strided_reads() {
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
             let r = unsafe { read_strided(&*ws.store, plan, &by_target, &mut stats) };
             stats.strided_regions = stats.regions;
@@ -309,6 +310,13 @@ pub(crate) unsafe fn load(
             let r = unsafe { read_ranges(&*ws.store, plan, &by_target, &options, &mut stats) };
             stats.direct_regions = stats.regions;
             r
+        };
+        match &verifier {
+            // SAFETY: the target views are valid and ours for the call (this function's `# Safety`).
+            Some(v) if read.is_ok() => unsafe {
+                v.verify_restore(&*ws.store, plan, &ops, options.max_range_bytes, options.max_region_segments)
+            },
+            _ => read,
         }
     };
     match token {

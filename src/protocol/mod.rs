@@ -8,12 +8,17 @@
 //!   commit, abort, finalize; [`transaction`]: [`Transaction`], the stateful front
 //!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.
 //! - [`load`]: restores (ranged or strided reads into target buffers).
+//! - [`operator`]: survey and garbage collection of a listable store (`mws`).
+//! - [`integrity`]: payload checksums: computed at upload, written before commit,
+//!   verified at restore and by operators.
 //! - [`writer`]: the snapshot writer; [`guards`]: allocation guards and pins;
 //!   [`registration`]: buffer registration, leases and quarantine.
 
 pub mod commit;
 pub mod guards;
+pub mod integrity;
 pub mod load;
+pub mod operator;
 pub mod receipt;
 pub mod registration;
 pub mod state;

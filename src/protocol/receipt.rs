@@ -16,6 +16,11 @@ pub struct UploadReceipt {
     pub object_key: String,
     /// Worker that held the source.
     pub worker_id: String,
+    /// CRC-32C of every 1 MiB block of the payload, computed from the source bytes
+    /// during upload (`plan::integrity`); `None` when not computed (device sources,
+    /// receipts rebuilt from a plan). Commit writes the revision's integrity record
+    /// only when every receipt has them.
+    pub block_checksums: Option<Vec<u32>>,
 }
 
 impl UploadReceipt {
@@ -28,6 +33,7 @@ impl UploadReceipt {
                 fragment_id: o.target().fragment_id().into(),
                 object_key: o.target().object_key().into(),
                 worker_id: o.source_snapshot().worker_id().into(),
+                block_checksums: None,
             })
             .collect()
     }
@@ -48,6 +54,11 @@ pub fn receipts_to_json(receipts: &[UploadReceipt]) -> String {
         write_kv_str(&mut out, "object_key", &r.object_key);
         out.push(',');
         write_kv_str(&mut out, "worker_id", &r.worker_id);
+        if let Some(sums) = &r.block_checksums {
+            out.push(',');
+            let hex: String = sums.iter().map(|c| format!("{c:08x}")).collect();
+            write_kv_str(&mut out, "block_crc32c", &hex);
+        }
         out.push('}');
     }
     out.push_str("]}");
@@ -67,13 +78,29 @@ pub fn receipts_from_json(bytes: &[u8]) -> Result<Vec<UploadReceipt>> {
         .iter()
         .map(|item| {
             let r = Obj::new(item, || "upload receipt must be a JSON object".into())?;
-            r.expect_keys(&["fragment_id", "object_key", "worker_id"], || {
-                "upload receipt schema fields do not match contract".into()
-            })?;
+            let with_sums = r.contains("block_crc32c");
+            let keys: &[&str] = if with_sums {
+                &["block_crc32c", "fragment_id", "object_key", "worker_id"]
+            } else {
+                &["fragment_id", "object_key", "worker_id"]
+            };
+            r.expect_keys(keys, || "upload receipt schema fields do not match contract".into())?;
+            let block_checksums = if with_sums {
+                let hex = json::req_str(r.get("block_crc32c"), "block_crc32c")?;
+                if hex.len() % 8 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return invalid("upload receipt block_crc32c must be 8 hex digits per block");
+                }
+                Some(
+                    (0..hex.len() / 8).map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).expect("hex")).collect(),
+                )
+            } else {
+                None
+            };
             Ok(UploadReceipt {
                 fragment_id: json::req_str(r.get("fragment_id"), "fragment_id")?,
                 object_key: json::req_str(r.get("object_key"), "object_key")?,
                 worker_id: json::req_str(r.get("worker_id"), "worker_id")?,
+                block_checksums,
             })
         })
         .collect()

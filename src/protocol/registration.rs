@@ -118,6 +118,7 @@ impl Registrar {
             let id = self.quarantine(failures.iter().map(|(a, _)| *a).collect(), token, state);
             let msg =
                 format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; "));
+            log::warn!("{msg}");
             return Err(match outcome {
                 Ok(_) => Error::new(ErrorKind::Store, msg),
                 Err(e) => Error::new(e.kind(), format!("{}; {msg}", e.message())),

@@ -167,6 +167,8 @@ pub(crate) unsafe fn upload(
     };
     let keys: Vec<&str> = ops.iter().map(|o| o.target().object_key()).collect();
     let group = m.group_id().to_string();
+    // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
+    let checksums = unsafe { super::integrity::source_checksums(&fresh_frags) };
     let body = |io_started: &mut bool| {
         let batch = ws.limits.max_ranges_per_request;
         for (chunk_ops, chunk_frags) in ops.chunks(batch).zip(fresh_frags.chunks(batch)) {
@@ -222,10 +224,12 @@ pub(crate) unsafe fn upload(
     Ok(ops
         .iter()
         .zip(&fresh_frags)
-        .map(|(o, f)| UploadReceipt {
+        .zip(checksums)
+        .map(|((o, f), block_checksums)| UploadReceipt {
             fragment_id: o.target().fragment_id().into(),
             object_key: o.target().object_key().into(),
             worker_id: f.worker_id().into(),
+            block_checksums,
         })
         .collect())
 }

@@ -238,7 +238,15 @@ impl WeightStore {
         bindings: &[RuntimeBinding],
         limits: PlanningLimits,
     ) -> Result<LoadPlan> {
-        LoadPlan::plan(manifest, target, bindings, limits)
+        let plan = LoadPlan::plan(manifest, target, bindings, limits)?;
+        log::info!(
+            "load plan for {}: {} regions, {} segments, {} bytes",
+            plan.manifest().manifest_key(),
+            plan.regions().len(),
+            plan.logical().total_segments(),
+            plan.total_bytes()
+        );
+        Ok(plan)
     }
 
     /// Executes the part of `plan` that belongs to `binding`'s participant

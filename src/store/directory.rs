@@ -672,7 +672,70 @@ impl DirectoryStore {
     }
 }
 
+impl DirectoryStore {
+    /// Walks `dir` (the directory of key prefix `path`, `""` or ending in `/`)
+    /// through open directory handles, never following a link: `d.` entries that
+    /// are real directories are descended into when they can hold keys starting with
+    /// `prefix`, `f.` entries that are regular files are visited. Anything else (a
+    /// link, a foreign name) is skipped. Returns `false` when `visit` stopped.
+    fn walk(&self, dir: &Dir, path: &str, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<bool> {
+        let ctx = |e: io::Error| Error::new(ErrorKind::Io, format!("cannot list objects/{path}: {e}"));
+        for name in dir.names().map_err(ctx)? {
+            let Ok(text) = name.to_str() else { continue };
+            if let Some(seg) = text.strip_prefix("d.") {
+                let sub = format!("{path}{seg}/");
+                if !(sub.starts_with(prefix) || prefix.starts_with(&sub)) {
+                    continue;
+                }
+                let next = match dir.open_dir(&name) {
+                    Ok(d) => d,
+                    // A link or a file where a directory belongs: never followed.
+                    Err(e) if matches!(errno(&e), libc::ELOOP | libc::ENOTDIR | libc::ENOENT) => continue,
+                    Err(e) => return Err(ctx(e)),
+                };
+                if !self.walk(&next, &sub, prefix, visit)? {
+                    return Ok(false);
+                }
+            } else if let Some(seg) = text.strip_prefix("f.") {
+                let key = format!("{path}{seg}");
+                if !key.starts_with(prefix) {
+                    continue;
+                }
+                match dir.entry(&name) {
+                    Ok(EntryKind::File(n)) => {
+                        if !visit(&key, n) {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) if errno(&e) == libc::ENOENT => {}
+                    Err(e) => return Err(ctx(e)),
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Last-modification time (seconds since the epoch) of `key`'s file, not
+    /// following links; `None` when absent or unreadable. For tools (`mws gc`).
+    pub fn object_mtime(&self, key: &str) -> Option<i64> {
+        let p = self.parent(key, false).ok()??;
+        mtime_secs(&p.dir, &p.leaf)
+    }
+}
+
 impl ObjectStore for DirectoryStore {
+    fn supports_list(&self) -> bool {
+        true
+    }
+
+    /// Walks `objects/` with the same no-follow directory handles as every other
+    /// operation (links below the root are skipped, never followed).
+    fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        let root = self.objects_dir.try_clone().map_err(|e| Error::new(ErrorKind::Io, format!("cannot list: {e}")))?;
+        self.walk(&root, "", prefix, visit).map(drop)
+    }
+
     fn object_size(&self, key: &str) -> Result<u64> {
         let Some(p) = self.parent(key, false)? else { return Err(not_found(key)) };
         self.leaf_size(&p, key)?.ok_or_else(|| not_found(key))

@@ -187,6 +187,28 @@ impl MemoryStore {
 }
 
 impl ObjectStore for MemoryStore {
+    fn supports_list(&self) -> bool {
+        true
+    }
+
+    fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        for shard in self.shards.iter() {
+            // Copied out first: `visit` never runs under a shard lock.
+            let found: Vec<(String, u64)> = shard
+                .read()
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, e)| (k.clone(), e.value.len() as u64))
+                .collect();
+            for (k, n) in found {
+                if !visit(&k, n) {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn object_size(&self, key: &str) -> Result<u64> {
         self.value(key).map(|v| v.len() as u64).ok_or_else(|| not_found(key))
     }

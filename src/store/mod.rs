@@ -354,6 +354,41 @@ pub trait ObjectStore: Send + Sync {
     fn unregister_buffer(&self, _address: u64) -> Result<()> {
         Ok(())
     }
+
+    /// True when [`ObjectStore::list`] is implemented.
+    fn supports_list(&self) -> bool {
+        false
+    }
+
+    /// Streams every object whose key starts with `prefix` (a plain string prefix;
+    /// `""` lists everything) to `visit(key, size)`, in no particular order, until
+    /// `visit` returns `false`. A listing is not a snapshot: objects written or
+    /// removed during the call may or may not appear. Use [`list_sorted`] for a
+    /// sorted vector. The default fails with [`ErrorKind::Unsupported`].
+    fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        let _ = (prefix, visit);
+        Err(Error::new(ErrorKind::Unsupported, "this store cannot list its keys"))
+    }
+}
+
+/// One object of a listing: its key and size in bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListedObject {
+    /// Object key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Every object under `prefix` ([`ObjectStore::list`]), sorted by key.
+pub fn list_sorted(store: &dyn ObjectStore, prefix: &str) -> Result<Vec<ListedObject>> {
+    let mut out = Vec::new();
+    store.list(prefix, &mut |k, size| {
+        out.push(ListedObject { key: k.to_string(), size });
+        true
+    })?;
+    out.sort();
+    Ok(out)
 }
 
 /// Validates a key for path-mapped backends: non-empty, no NUL, no empty, `.` or

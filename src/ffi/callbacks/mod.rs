@@ -2,13 +2,15 @@
 //! the layer below: [`store`] (`mws_store_vtable` -> `store::ObjectStore`),
 //! [`copy_hook`] (`mws_copy_hook_vtable` -> `store::CopyHook`), [`guard`]
 //! (`mws_guard_vtable` -> `protocol::GuardProvider`) and [`snapshot`]
-//! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`) and [`engine`]
-//! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`). The layers below know
+//! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`), [`engine`]
+//! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`) and [`log`] (the
+//! `mws_set_log_callback` function -> a `log::Log` backend). The layers below know
 //! no `mws_*` type.
 
 pub mod copy_hook;
 pub mod engine;
 pub mod guard;
+pub mod log;
 pub mod snapshot;
 pub mod store;
 

@@ -205,6 +205,16 @@ pub struct mws_store_vtable {
     /// key). Mooncake: `batchIsExist`.
     pub batch_exists:
         Option<unsafe extern "C" fn(ctx: *mut c_void, keys: *const mws_bytes, n: usize, results: *mut i32) -> i32>,
+    /// Optional (NULL: the store cannot list; `mws ls`/`gc` then refuse it), read
+    /// only when `size` covers it. Streams every object whose key starts with
+    /// `prefix` by calling `emit(emit_ctx, key, size)` once per object, in any
+    /// order; `emit` copies the key (it need only live for that call) and returns 0
+    /// to continue or 1 to stop early (then `list` returns 0 at once). Returns 0, or
+    /// a negative error code. Must not call `emit` after returning. Mooncake: no
+    /// client call lists keys (`docs/mooncake/README.md`), so its vtable leaves it NULL.
+    pub list: Option<
+        unsafe extern "C" fn(ctx: *mut c_void, prefix: mws_bytes, emit: mws_list_emit, emit_ctx: *mut c_void) -> i32,
+    >,
     /// Optional (NULL: the library assumes a remote, range-priced store such as
     /// Mooncake Store), read only when `size` covers it. Called once, when the store
     /// is opened: writes the backend's cost model to `*out` (see `mws_store_cost`);
@@ -228,6 +238,41 @@ pub struct mws_store_cost {
     pub bytes_per_second: u64,
 }
 
+/// The visitor [`mws_store_vtable::list`] calls once per object: copy `key` (valid
+/// for the call only), return 0 to continue or 1 to stop.
+pub type mws_list_emit = unsafe extern "C" fn(emit_ctx: *mut c_void, key: mws_bytes, size: u64) -> i32;
+
+/// The library's [`mws_list_emit`]: forwards to the Rust visitor behind `emit_ctx`
+/// (a `&mut ListSink`).
+unsafe extern "C" fn list_emit(emit_ctx: *mut c_void, key: mws_bytes, size: u64) -> i32 {
+    // SAFETY: `emit_ctx` is the `&mut ListSink` passed by `list` below, alive for
+    // the whole `list` call, and the callback runs on that call's thread.
+    let sink = unsafe { &mut *(emit_ctx as *mut ListSink<'_>) };
+    if sink.done || key.ptr.is_null() {
+        sink.bad = sink.bad || key.ptr.is_null();
+        return 1;
+    }
+    // SAFETY: the callee passes `len` readable bytes at `ptr` for this call.
+    let bytes = unsafe { std::slice::from_raw_parts(key.ptr as *const u8, key.len) };
+    let Ok(k) = std::str::from_utf8(bytes) else {
+        sink.bad = true;
+        return 1;
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (sink.visit)(k, size))) {
+        Ok(true) => 0,
+        _ => {
+            sink.done = true;
+            1
+        }
+    }
+}
+
+struct ListSink<'a> {
+    visit: &'a mut dyn FnMut(&str, u64) -> bool,
+    done: bool,
+    bad: bool,
+}
+
 /// Size of the first [`mws_store_vtable`] layout (up to and including `destroy`):
 /// the smallest `size` accepted. Fields after it are read only when `size` covers them.
 pub(crate) const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_vtable, batch_exists);
@@ -244,11 +289,14 @@ pub(crate) unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32
 }
 
 /// As [`read_vtable`], accepting any `size` of at least `min_size` (the byte offset of
-/// a field boundary of `T`): when `size` is smaller than `T`, only the first
-/// `min_size` bytes are read and the fields after them are zero (NULL callbacks).
+/// a field boundary of `T`): when `size` is smaller than `T`, only the fields `size`
+/// covers are read and the fields after them are zero (NULL callbacks).
 ///
 /// # Safety
-/// As [`read_vtable`]; every all-zero field of `T` after `min_size` must be valid.
+/// As [`read_vtable`]; every field of `T` after `min_size` must be pointer-sized,
+/// pointer-aligned and valid when all-zero (optional callbacks): a `size` between
+/// `min_size` and `size_of::<T>()` copies the whole fields it covers, the rest are
+/// zero.
 pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
     if vt.is_null() {
         return Err(Error::invalid(format!("{name} is NULL")));
@@ -322,13 +370,21 @@ pub(crate) fn code_error(op: &str, key: &str, code: i64) -> Error {
 }
 
 /// Runs `call` until it returns a non-transient code, at most [`MAX_TRIES`] times.
+/// A single store callback taking at least this long is logged as slow.
+const SLOW_CALL: Duration = Duration::from_secs(1);
+
 pub(crate) fn with_retry(mut call: impl FnMut() -> i64) -> i64 {
     let mut delay = FIRST_BACKOFF;
+    let started = std::time::Instant::now();
     let mut code = call();
-    for _ in 1..MAX_TRIES {
+    if started.elapsed() >= SLOW_CALL {
+        log::warn!("slow store callback: {:.3} s (code {code})", started.elapsed().as_secs_f64());
+    }
+    for attempt in 1..MAX_TRIES {
         if !transient(code) {
             break;
         }
+        log::warn!("store callback returned transient code {code}; retry {attempt} in {delay:?}");
         std::thread::sleep(delay);
         delay = (delay * 2).min(MAX_BACKOFF);
         code = call();
@@ -580,6 +636,25 @@ impl ObjectStore for CallbackStore {
             c if c < 0 => Err(code_error("exists", key, c)),
             c => Err(violation("exists", key, c, "1 present, 0 absent or a negative error code")),
         }
+    }
+
+    fn supports_list(&self) -> bool {
+        self.vt.list.is_some()
+    }
+
+    fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        let Some(f) = self.vt.list else {
+            return Err(Error::new(ErrorKind::Unsupported, "this store's vtable has no list callback"));
+        };
+        let mut sink = ListSink { visit, done: false, bad: false };
+        // SAFETY: a checked vtable function over `ctx`; `sink` outlives the call and
+        // `list_emit` is the matching visitor.
+        let code =
+            unsafe { f(self.ctx.0, mws_bytes::of(prefix), list_emit, &mut sink as *mut ListSink<'_> as *mut c_void) };
+        if sink.bad {
+            return Err(violation("list", prefix, 1, "emit keys as valid UTF-8 with a non-NULL pointer"));
+        }
+        status_result("list", prefix, code as i64)
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool>> {

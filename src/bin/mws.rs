@@ -1,0 +1,422 @@
+//! `mws`: the operator CLI of mooncake-weight-store (see `mws --help`).
+//!
+//! Exit status: 0 when the command succeeded and everything it checked holds; 1 when
+//! it ran but found problems (`verify`, `gc` failures); 2 for usage errors, a bad
+//! store path, a missing key or an invalid manifest.
+
+use clap::{Parser, Subcommand};
+use mooncake_weight_store::model::{Placement, StoredManifest};
+use mooncake_weight_store::plan::load::{LogicalLoadPlan, PlanningLimits};
+use mooncake_weight_store::protocol::integrity::verify_revision;
+use mooncake_weight_store::protocol::load::load_manifest;
+use mooncake_weight_store::protocol::operator::{gc, survey, GcOptions};
+use mooncake_weight_store::store::directory::DirectoryStore;
+use mooncake_weight_store::store::{ObjectStore, DEFAULT_MAX_METADATA_BYTES};
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+const EXAMPLES: &str = "\
+Examples:
+  mws --dir /var/lib/weights ls
+  mws --dir /var/lib/weights inspect weights/default/my-model/rev-1/1/manifest
+  mws --dir /var/lib/weights inspect weights/default/my-model/rev-1/1 --json | jq .tensors
+  mws --dir /var/lib/weights verify weights/default/my-model/rev-1/1
+  mws --dir /var/lib/weights gc --dry-run --older-than 2h
+  mws --dir /var/lib/weights plan weights/default/my-model/rev-1/1 --target serving-placement.json
+
+KEY is a manifest key (<prefix>/<namespace>/<resource>/<revision>/<generation>/manifest)
+or its group id (the same without /manifest).
+
+Exit status: 0 everything holds; 1 problems found (verify, gc failures);
+2 usage error, bad store path, missing key or invalid manifest.";
+
+/// Inspect, verify and clean a mooncake-weight-store store.
+#[derive(Parser)]
+#[command(name = "mws", version, about, after_help = EXAMPLES)]
+struct Cli {
+    /// Root of a directory store (a directory holding MOONCAKE_WEIGHT_STORE, objects/, tmp/).
+    #[arg(long, value_name = "PATH")]
+    dir: std::path::PathBuf,
+    /// Largest manifest or decision record read, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_METADATA_BYTES)]
+    max_metadata_bytes: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Resources, revisions, generations and their transactions: state and sizes.
+    Ls {
+        /// Only keys starting with this prefix.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Tensors, shapes, dtypes and fragments of one revision.
+    Inspect {
+        /// Manifest key or group id.
+        key: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Checks every payload: present, right size, every 1 MiB block's CRC-32C.
+    Verify {
+        /// Manifest key or group id.
+        key: String,
+    },
+    /// Finalizes undecided transactions and removes payloads of aborted or
+    /// never-committed uploads; never touches a committed revision.
+    Gc {
+        /// Print what would be done; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Abort undecided uploads only when their newest object is older than this
+        /// (e.g. 90s, 30m, 2h, 7d).
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        older_than: u64,
+        /// Only keys starting with this prefix.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// What a restore into a target placement would move.
+    Plan {
+        /// Manifest key or group id.
+        key: String,
+        /// Target placement JSON (address-free, `wire-format.md` §2.1).
+        #[arg(long, value_name = "PLACEMENT.json")]
+        target: std::path::PathBuf,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("invalid duration {s:?} (use e.g. 90s, 30m, 2h, 7d)"))
+}
+
+fn human(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+/// A progress bar on stderr (only on a terminal, for work of at least 64 MiB).
+struct Bar {
+    total: u64,
+    on: bool,
+    last: std::time::Instant,
+}
+
+impl Bar {
+    fn new(total: u64) -> Bar {
+        Bar { total, on: std::io::stderr().is_terminal() && total >= 64 << 20, last: std::time::Instant::now() }
+    }
+    fn update(&mut self, done: u64) {
+        if !self.on || (done < self.total && self.last.elapsed().as_millis() < 100) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let f = done as f64 / self.total.max(1) as f64;
+        let w = 30usize;
+        let fill = ((f * w as f64) as usize).min(w);
+        eprint!(
+            "\r[{}{}] {:5.1}% {} / {}",
+            "#".repeat(fill),
+            " ".repeat(w - fill),
+            f * 100.0,
+            human(done),
+            human(self.total)
+        );
+        if done >= self.total {
+            eprintln!();
+        }
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn manifest_key(key: &str) -> String {
+    let k = key.trim_end_matches('/');
+    if k.ends_with("/manifest") {
+        k.to_string()
+    } else {
+        format!("{k}/manifest")
+    }
+}
+
+struct Fail(u8, String);
+
+impl<E: std::fmt::Display> From<E> for Fail {
+    fn from(e: E) -> Self {
+        Fail(2, e.to_string())
+    }
+}
+
+fn open(cli: &Cli) -> Result<DirectoryStore, Fail> {
+    match DirectoryStore::is_store_root(&cli.dir) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Fail(
+                2,
+                format!(
+                "{} is not a mooncake-weight-store directory store (no MOONCAKE_WEIGHT_STORE marker, or other entries)",
+                cli.dir.display()
+            ),
+            ))
+        }
+        Err(e) => return Err(Fail(2, e.to_string())),
+    }
+    Ok(DirectoryStore::open(&cli.dir)?)
+}
+
+fn read_manifest(store: &dyn ObjectStore, key: &str) -> Result<StoredManifest, Fail> {
+    let k = manifest_key(key);
+    load_manifest(store, &k).map_err(|e| Fail(2, e.to_string()))
+}
+
+fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
+    let s = survey(store, prefix, cli.max_metadata_bytes)?;
+    if s.groups.is_empty() && s.other.is_empty() {
+        println!("(empty store)");
+    }
+    for g in &s.groups {
+        match (&g.manifest, &g.manifest_error) {
+            (Some(m), _) => {
+                let bytes: u64 = m.fragments().iter().map(|f| f.nbytes()).sum();
+                println!(
+                    "{}  resource={} revision={} generation={} committed {} tensors {} fragments {}",
+                    g.group_id,
+                    m.resource_id(),
+                    m.revision(),
+                    m.weight_generation(),
+                    m.tensors().len(),
+                    m.fragments().len(),
+                    human(bytes)
+                );
+            }
+            (None, Some(e)) => println!("{}  INVALID MANIFEST: {e}", g.group_id),
+            (None, None) => println!("{}  (no manifest)", g.group_id),
+        }
+        for t in &g.transactions {
+            println!(
+                "  tx {}  {:<14} {:>5} payloads {:>10}{}",
+                t.id,
+                t.state.as_str(),
+                t.payloads.len(),
+                human(t.payload_bytes()),
+                if t.integrity_key.is_some() { "  integrity" } else { "" }
+            );
+        }
+    }
+    if !s.other.is_empty() {
+        println!("other keys ({}):", s.other.len());
+        for (k, n) in &s.other {
+            println!("  {k}  {}", human(*n));
+        }
+    }
+    Ok(0)
+}
+
+fn inspect(store: &DirectoryStore, key: &str, json: bool) -> Result<u8, Fail> {
+    let m = read_manifest(store, key)?;
+    let record =
+        mooncake_weight_store::protocol::integrity::read_record(store, &m, DEFAULT_MAX_METADATA_BYTES).ok().flatten();
+    if json {
+        let tensors: Vec<serde_json::Value> = m
+            .tensors()
+            .iter()
+            .map(|t| serde_json::json!({"tensor_id": t.tensor_id(), "shape": t.global_shape(), "dtype": t.dtype()}))
+            .collect();
+        let fragments: Vec<serde_json::Value> = m
+            .fragments()
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "fragment_id": f.fragment_id(), "tensor_id": f.tensor_id(),
+                    "global_offset": f.global_offset(), "local_shape": f.local_shape(),
+                    "nbytes": f.nbytes(), "object_key": f.object_key(), "object_offset": f.object_offset(),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "manifest_key": m.manifest_key(), "group_id": m.group_id(), "namespace": m.namespace(),
+            "resource_id": m.resource_id(), "revision": m.revision(), "weight_generation": m.weight_generation(),
+            "manifest_digest": m.manifest_digest(), "created_at": m.created_at(),
+            "bytes": m.fragments().iter().map(|f| f.nbytes()).sum::<u64>(),
+            "integrity_record": record.is_some(),
+            "tensors": tensors, "fragments": fragments,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("manifest   {}", m.manifest_key());
+    println!("resource   {}  revision {}  generation {}", m.resource_id(), m.revision(), m.weight_generation());
+    println!("created    {}  digest {}", m.created_at(), m.manifest_digest());
+    println!("integrity  {}", if record.is_some() { "CRC-32C per 1 MiB block" } else { "none (unverified revision)" });
+    let mut per_tensor: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+    for f in m.fragments() {
+        per_tensor.entry(f.tensor_id()).or_default().push(f);
+    }
+    let bytes: u64 = m.fragments().iter().map(|f| f.nbytes()).sum();
+    println!("{} tensors, {} fragments, {}", m.tensors().len(), m.fragments().len(), human(bytes));
+    for t in m.tensors() {
+        println!("  {}  {} {:?}", t.tensor_id(), t.dtype(), t.global_shape());
+        for f in per_tensor.get(t.tensor_id()).map(|v| v.as_slice()).unwrap_or(&[]) {
+            println!(
+                "    fragment {}  offset {:?} shape {:?}  {}",
+                f.fragment_id(),
+                f.global_offset(),
+                f.local_shape(),
+                human(f.nbytes())
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn verify(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
+    let m = read_manifest(store, key)?;
+    let total: u64 = m.fragments().iter().map(|f| f.nbytes()).sum();
+    let mut bar = Bar::new(total);
+    let r = verify_revision(store, &m, cli.max_metadata_bytes, &mut |done| bar.update(done))?;
+    bar.update(total);
+    if !r.has_record {
+        println!("note: {} has no integrity record; only presence and sizes were checked", m.manifest_key());
+    }
+    if r.problems.is_empty() {
+        println!("ok: {} objects, {} verified", r.objects, human(r.bytes_verified));
+        return Ok(0);
+    }
+    for p in &r.problems {
+        println!("FAIL fragment {} ({}): {}", p.fragment_id, p.kind.name(), p.message);
+    }
+    println!("{} problem(s) in {} objects", r.problems.len(), r.objects);
+    Ok(1)
+}
+
+fn run_gc(cli: &Cli, store: &DirectoryStore, dry_run: bool, older_than: u64, prefix: &str) -> Result<u8, Fail> {
+    let s = survey(store, prefix, cli.max_metadata_bytes)?;
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let mtime = |k: &str| store.object_mtime(k);
+    let r = gc(store, &s, &GcOptions { dry_run, older_than_secs: older_than, mtime: &mtime, now_secs: now });
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for a in &r.actions {
+        println!(
+            "{} tx {}: {} ({verb} {} objects, {})",
+            a.group_id,
+            a.transaction_id,
+            a.what,
+            a.removed.len(),
+            human(a.bytes)
+        );
+        for k in &a.removed {
+            println!("    {k}");
+        }
+    }
+    for (g, t, why) in &r.kept {
+        println!("{g} tx {t}: kept: {why}");
+    }
+    if !dry_run {
+        let temps = store.clean_temp_older_than(std::time::Duration::from_secs(older_than.max(3600)))?;
+        if temps > 0 {
+            println!("removed {temps} stale temporary files");
+        }
+    }
+    for (k, e) in &r.failures {
+        println!("FAIL {k}: {e}");
+    }
+    let freed: u64 = r.actions.iter().map(|a| a.bytes).sum();
+    println!(
+        "{} action(s), {} {}{}",
+        r.actions.len(),
+        human(freed),
+        if dry_run { "to free" } else { "freed" },
+        if dry_run { " (dry run)" } else { "" }
+    );
+    Ok(if r.failures.is_empty() { 0 } else { 1 })
+}
+
+fn plan(store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u8, Fail> {
+    let m = Arc::new(read_manifest(store, key)?);
+    let bytes = std::fs::read(target)
+        .map_err(|e| Fail(2, format!("cannot read target placement {}: {e}", target.display())))?;
+    let placement = Placement::from_json(&bytes)
+        .map_err(|e| Fail(2, format!("invalid target placement {}: {}", target.display(), e.message())))?;
+    let p = LogicalLoadPlan::plan(m.clone(), Arc::new(placement), PlanningLimits::default())
+        .map_err(|e| Fail(2, format!("cannot plan a restore into {}: {}", target.display(), e.message())))?;
+    println!("restore of {} into {}", m.manifest_key(), target.display());
+    println!("{} regions, {} segments, {}", p.regions().len(), p.total_segments(), human(p.total_bytes()));
+    let mut per_participant: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    // target fragment -> (participant, [(stored fragment, bytes)])
+    let mut feeds: BTreeMap<(&str, &str), BTreeMap<&str, u64>> = BTreeMap::new();
+    for r in p.regions() {
+        let part = p.target_participant_of(r);
+        let e = per_participant.entry(part).or_default();
+        e.0 += 1;
+        e.1 += r.total_bytes();
+        let t = p.target_of(r);
+        *feeds
+            .entry((part, t.placement_fragment_id()))
+            .or_default()
+            .entry(p.source_of(r).fragment_id())
+            .or_default() += r.total_bytes();
+    }
+    println!("per target participant:");
+    for (part, (n, b)) in &per_participant {
+        println!("  {part}: {n} regions, {}", human(*b));
+    }
+    println!("stored fragments -> target fragments:");
+    let mut last = "";
+    for ((part, tf), srcs) in &feeds {
+        if *part != last {
+            println!("  {part}");
+            last = part;
+        }
+        let list: Vec<String> = srcs.iter().map(|(s, b)| format!("{s} ({})", human(*b))).collect();
+        println!("    {tf} <= {}", list.join(" + "));
+    }
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`mws ls | head`) instead of panicking on EPIPE.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = Cli::parse();
+    let result = open(&cli).and_then(|store| match &cli.command {
+        Command::Ls { prefix } => ls(&cli, &store, prefix),
+        Command::Inspect { key, json } => inspect(&store, key, *json),
+        Command::Verify { key } => verify(&cli, &store, key),
+        Command::Gc { dry_run, older_than, prefix } => run_gc(&cli, &store, *dry_run, *older_than, prefix),
+        Command::Plan { key, target } => plan(&store, key, target),
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(Fail(code, msg)) => {
+            eprintln!("mws: error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! End-to-end payload integrity (the I/O half; keys, block sums and the record's
+//! format are pure, in [`crate::plan::integrity`]).
+//!
+//! - Upload: `source_checksums` computes the CRC-32C of every 1 MiB block of every
+//!   host source region before its bytes are written (sources are pinned and not
+//!   written during the call, so these are the bytes stored). They travel in the
+//!   receipts ([`UploadReceipt::block_checksums`]).
+//! - Commit: `write_record` writes the one integrity object of the transaction
+//!   (create-only, metadata, in the revision's group) before the commit decision is
+//!   claimed, when every receipt carries checksums. Abort, finalize and lost races
+//!   remove it like the transaction's payloads (`removable_key`).
+//! - Restore: `prepare` reads the record once (none: the revision loads
+//!   unverified, as the reference wrote it); `Verifier::verify_restore` runs after
+//!   the reads, inside the pin scope. For every block a restore touched, fully or
+//!   partly (strided reshards read only parts of blocks), it reads the whole block
+//!   from the store again into a host scratch buffer, checks its CRC-32C against
+//!   the record, then compares every byte delivered into host target buffers with
+//!   the verified block. A partly read block is therefore verified whole, and what
+//!   landed in the target is proven equal to verified bytes. Device targets get the
+//!   stored blocks verified (their delivered bytes are not read back).
+//!   Failures are [`ErrorKind::Integrity`] and name the fragment id and the object.
+//! - Operators: [`verify_revision`] checks every object of a committed revision
+//!   (presence, size, every block) and returns a list of problems (`mws verify`).
+
+use super::receipt::UploadReceipt;
+use super::state::WeightStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::StoredManifest;
+use crate::plan::bound_load::LoadPlan;
+use crate::plan::integrity::{
+    block_checksums, block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord,
+    ObjectChecksums, BLOCK_BYTES,
+};
+use crate::plan::upload::UploadPlan;
+use crate::runtime::{MemoryKind, RuntimeFragment};
+use crate::store::{MemoryRegion, ObjectStore, RangeRead, RecordType, WriteConfig};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Scratch bytes re-read per verification step (whole blocks).
+const SCRATCH_BYTES: u64 = 64 << 20;
+
+fn integrity_err(msg: String) -> Error {
+    Error::new(ErrorKind::Integrity, msg)
+}
+
+/// Block checksums of each source fragment's bytes (host memory only; `None` for
+/// device memory, which the library cannot read without a copy).
+///
+/// # Safety
+/// Every host fragment's `(address, nbytes)` must be valid for reads and not written
+/// for the duration of the call.
+pub(crate) unsafe fn source_checksums(frags: &[RuntimeFragment]) -> Vec<Option<Vec<u32>>> {
+    let bytes: u64 = frags.iter().filter(|f| f.memory() == MemoryKind::Host).map(|f| f.nbytes()).sum();
+    let mut out: Vec<Option<Vec<u32>>> = vec![None; frags.len()];
+    let done = crate::store::run_parallel((0..frags.len()).collect(), bytes, |i, _: &mut ()| {
+        let f = &frags[i];
+        if f.memory() != MemoryKind::Host || usize::try_from(f.nbytes()).is_err() {
+            return None;
+        }
+        if f.nbytes() == 0 {
+            return Some(Vec::new());
+        }
+        // SAFETY: the caller guarantees the host source region valid for reads and
+        // unchanged for the call (this function's `# Safety`).
+        let src = unsafe { std::slice::from_raw_parts(f.address() as *const u8, f.nbytes() as usize) };
+        Some(block_checksums(src))
+    });
+    for (i, sums) in done {
+        out[i] = sums;
+    }
+    out
+}
+
+/// The integrity record of `plan` built from `receipts`, or `None` when any
+/// operation lacks checksums (or they do not match the payload's size).
+fn record_of(plan: &UploadPlan, receipts: &[UploadReceipt]) -> Option<IntegrityRecord> {
+    let by_fragment: BTreeMap<&str, &UploadReceipt> = receipts.iter().map(|r| (r.fragment_id.as_str(), r)).collect();
+    let mut objects = BTreeMap::new();
+    for o in plan.operations() {
+        let t = o.target();
+        let sums = by_fragment.get(t.fragment_id())?.block_checksums.as_ref()?;
+        if t.object_offset() != 0 || sums.len() as u64 != block_count(t.nbytes()) {
+            return None;
+        }
+        objects.insert(
+            t.object_key().to_string(),
+            ObjectChecksums { fragment_id: t.fragment_id().to_string(), nbytes: t.nbytes(), blocks: sums.clone() },
+        );
+    }
+    Some(IntegrityRecord { plan_digest: plan.plan_digest().to_string(), objects })
+}
+
+/// Writes the transaction's integrity record (create-only) before the commit
+/// decision is claimed. Nothing is written when a receipt lacks checksums (the
+/// revision is then unverified, like one the reference wrote). A record already
+/// present with the same bytes (a retried commit) is fine; different bytes fail with
+/// [`ErrorKind::Conflict`] before any decision.
+pub(crate) fn write_record(ws: &WeightStore, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
+    let Some(record) = record_of(plan, receipts) else {
+        log::info!("commit {}: no integrity record (receipts without checksums)", plan.manifest().manifest_key());
+        return Ok(());
+    };
+    let key = plan_integrity_key(plan);
+    let bytes = record.to_json();
+    let groups = [plan.manifest().group_id().to_string()];
+    match ws.store.put(&key, bytes.as_bytes(), &WriteConfig { group_ids: &groups, record_type: RecordType::Metadata }) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            let found = ws.store.get_limited(&key, ws.limits.max_metadata_bytes)?;
+            if found == bytes.as_bytes() {
+                Ok(())
+            } else {
+                Err(Error::new(ErrorKind::Conflict, format!("integrity record {key} exists with other checksums")))
+            }
+        }
+        Err(e) => Err(Error::new(e.kind(), format!("integrity record put failed: {key}: {}", e.message()))),
+    }
+}
+
+/// The plan's integrity key, unless `persisted` (the published manifest, if any) is
+/// the revision that owns it: what abort, finalize and lost races remove.
+pub(crate) fn removable_key(plan: &UploadPlan, persisted: Option<&StoredManifest>) -> Option<String> {
+    let key = plan_integrity_key(plan);
+    match persisted {
+        Some(m) if m == plan.manifest() => None,
+        Some(m) if manifest_integrity_key(m).as_deref() == Some(key.as_str()) => None,
+        _ => Some(key),
+    }
+}
+
+/// Reads a revision's integrity record: `Ok(None)` when it has none. Errors: a
+/// record that does not decode or belongs to another revision
+/// ([`ErrorKind::Integrity`]), store failures (the backend's kind).
+pub fn read_record(
+    store: &dyn ObjectStore,
+    manifest: &StoredManifest,
+    max_bytes: u64,
+) -> Result<Option<IntegrityRecord>> {
+    let Some(key) = manifest_integrity_key(manifest) else { return Ok(None) };
+    let bytes = match store.get_limited(&key, max_bytes) {
+        Ok(b) => b,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::new(e.kind(), format!("integrity record get failed: {key}: {}", e.message()))),
+    };
+    let record = IntegrityRecord::from_json(&bytes)
+        .map_err(|e| integrity_err(format!("integrity record {key} is corrupt: {}", e.message())))?;
+    if record.plan_digest != manifest.manifest_digest() {
+        return Err(integrity_err(format!("integrity record {key} belongs to another revision")));
+    }
+    Ok(Some(record))
+}
+
+/// The verification state of one restore.
+pub(crate) struct Verifier {
+    record: IntegrityRecord,
+}
+
+/// The verifier of a restore of `manifest`, or `None` when verification is off
+/// ([`super::StoreLimits::verify_integrity`]) or the revision has no record.
+pub(crate) fn prepare(ws: &WeightStore, manifest: &StoredManifest) -> Result<Option<Verifier>> {
+    if !ws.limits.verify_integrity {
+        return Ok(None);
+    }
+    Ok(read_record(&*ws.store, manifest, ws.limits.max_metadata_bytes)?.map(|record| Verifier { record }))
+}
+
+/// Reads `[start, end)` of `key` into `buf` through the store (in `max_range`
+/// pieces, one request).
+fn read_span(store: &dyn ObjectStore, key: &str, start: u64, buf: &mut [u8], max_range: u64) -> Result<()> {
+    let base = buf.as_mut_ptr() as u64;
+    let mut reads = Vec::new();
+    let mut c = 0u64;
+    let len = buf.len() as u64;
+    while c < len {
+        let n = max_range.min(len - c);
+        reads.push(RangeRead {
+            key,
+            object_offset: start + c,
+            dest: MemoryRegion { address: base + c, len: n, kind: MemoryKind::Host },
+        });
+        c += n;
+    }
+    // SAFETY: every destination lies inside `buf`, which we own exclusively.
+    let results = unsafe { store.get_into_ranges(&reads) };
+    if results.len() != reads.len() {
+        return Err(Error::new(ErrorKind::Store, "get_into_ranges returned invalid range count"));
+    }
+    for (r, res) in reads.iter().zip(results) {
+        match res {
+            Ok(n) if n == r.dest.len => {}
+            Ok(n) => return Err(integrity_err(format!("short read of {key}: expected {}, got {n}", r.dest.len))),
+            Err(e) => return Err(Error::new(e.kind(), format!("read of {key} failed: {}", e.message()))),
+        }
+    }
+    Ok(())
+}
+
+fn check_blocks(sums: &ObjectChecksums, key: &str, first: u64, span_start: u64, buf: &[u8]) -> Result<()> {
+    let mut b = first;
+    let mut off = 0usize;
+    while off < buf.len() {
+        let (s, e) = block_range(b, sums.nbytes);
+        let n = (e - s) as usize;
+        let got = crc32c::crc32c(&buf[off..off + n]);
+        let want = sums.blocks[b as usize];
+        if got != want {
+            return Err(integrity_err(format!(
+                "payload of fragment {} (object {key}) fails its integrity check: block {b} (bytes {s}..{e}) has \
+                 CRC-32C {got:08x}, the integrity record says {want:08x}",
+                sums.fragment_id
+            )));
+        }
+        debug_assert_eq!(s, span_start + off as u64);
+        off += n;
+        b += 1;
+    }
+    Ok(())
+}
+
+fn sums_for<'r>(record: &'r IntegrityRecord, key: &str, fragment_id: &str) -> Result<&'r ObjectChecksums> {
+    record.objects.get(key).ok_or_else(|| {
+        integrity_err(format!("payload of fragment {fragment_id} (object {key}) has no entry in the integrity record"))
+    })
+}
+
+impl Verifier {
+    /// Verifies what a restore read (see the module documentation). `ops` are the
+    /// executed region indices of `plan`.
+    ///
+    /// # Safety
+    /// Every host target fragment of `ops` must be valid for reads (the restore has
+    /// just written it) and not written by anyone else during the call.
+    pub(crate) unsafe fn verify_restore(
+        &self,
+        store: &dyn ObjectStore,
+        plan: &LoadPlan,
+        ops: &[usize],
+        max_range: u64,
+        max_segments: u64,
+    ) -> Result<()> {
+        let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &i in ops {
+            by_key.entry(plan.logical().source_of(&plan.regions()[i]).object_key()).or_default().push(i);
+        }
+        let mut scratch: Vec<u8> = Vec::new();
+        let mut registered: Option<u64> = None;
+        let result = (|| -> Result<u64> {
+            let mut verified = 0u64;
+            for (key, regions) in &by_key {
+                let fid = plan.logical().source_of(&plan.regions()[regions[0]]).fragment_id();
+                let sums = sums_for(&self.record, key, fid)?;
+                let size = store.object_size(key)?;
+                if size != sums.nbytes {
+                    return Err(integrity_err(format!(
+                        "payload of fragment {fid} (object {key}) holds {size} bytes, the integrity record says {}",
+                        sums.nbytes
+                    )));
+                }
+                // Blocks touched by any segment of any region of this object.
+                let mut blocks = BTreeSet::new();
+                for &i in regions {
+                    let r = &plan.regions()[i];
+                    let base = plan.logical().source_of(r).object_offset();
+                    let mut last = u64::MAX;
+                    r.for_each_segment(max_segments, |so, _, n| {
+                        if n == 0 {
+                            return;
+                        }
+                        let (a, z) = ((base + so) / BLOCK_BYTES, (base + so + n - 1) / BLOCK_BYTES);
+                        for b in a..=z {
+                            if b != last {
+                                blocks.insert(b);
+                                last = b;
+                            }
+                        }
+                    })?;
+                }
+                // Runs of consecutive blocks, at most SCRATCH_BYTES each.
+                let blocks: Vec<u64> = blocks.into_iter().collect();
+                let per_run = (SCRATCH_BYTES / BLOCK_BYTES) as usize;
+                let mut k = 0;
+                while k < blocks.len() {
+                    let mut j = k + 1;
+                    while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && j - k < per_run {
+                        j += 1;
+                    }
+                    let (start, _) = block_range(blocks[k], sums.nbytes);
+                    let (_, end) = block_range(blocks[j - 1], sums.nbytes);
+                    if scratch.len() < (end - start) as usize {
+                        if let Some(a) = registered.take() {
+                            store.unregister_buffer(a)?;
+                        }
+                        scratch = vec![0u8; SCRATCH_BYTES as usize];
+                        let region = MemoryRegion {
+                            address: scratch.as_ptr() as u64,
+                            len: SCRATCH_BYTES,
+                            kind: MemoryKind::Host,
+                        };
+                        store.register_buffer(region)?;
+                        registered = Some(region.address);
+                    }
+                    let buf = &mut scratch[..(end - start) as usize];
+                    read_span(store, key, start, buf, max_range)?;
+                    check_blocks(sums, key, blocks[k], start, buf)?;
+                    // SAFETY: forwarded from this function's contract.
+                    unsafe { compare_delivered(plan, regions, start, end, buf, max_segments) }?;
+                    verified += end - start;
+                    k = j;
+                }
+            }
+            Ok(verified)
+        })();
+        if let Some(a) = registered {
+            let _ = store.unregister_buffer(a);
+        }
+        let verified = result?;
+        log::debug!("restore of {}: verified {verified} stored bytes", plan.manifest().manifest_key());
+        Ok(())
+    }
+}
+
+/// Compares the bytes the regions delivered into host targets within the object
+/// span `[start, end)` with `verified` (that span's verified bytes).
+///
+/// # Safety
+/// As [`Verifier::verify_restore`].
+unsafe fn compare_delivered(
+    plan: &LoadPlan,
+    regions: &[usize],
+    start: u64,
+    end: u64,
+    verified: &[u8],
+    max_segments: u64,
+) -> Result<()> {
+    for &i in regions {
+        let r = &plan.regions()[i];
+        let t = plan.target_fragment(i);
+        if t.memory() != MemoryKind::Host {
+            continue;
+        }
+        let s = plan.logical().source_of(r);
+        let base = s.object_offset();
+        let mut bad = false;
+        r.for_each_segment(max_segments, |so, to, n| {
+            let (a, z) = ((base + so).max(start), (base + so + n).min(end));
+            if bad || a >= z {
+                return;
+            }
+            let dst_off = to + (a - base - so);
+            // SAFETY: the segment lies inside the target fragment (checked by the
+            // planner), which the caller guarantees readable.
+            let got = unsafe { std::slice::from_raw_parts((t.address() + dst_off) as *const u8, (z - a) as usize) };
+            bad = got != &verified[(a - start) as usize..(z - start) as usize];
+        })?;
+        if bad {
+            return Err(integrity_err(format!(
+                "payload of fragment {} (object {}): bytes restored into target fragment {} differ from the verified \
+                 payload",
+                s.fragment_id(),
+                s.object_key(),
+                t.fragment_id()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One problem [`verify_revision`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Stored fragment id (empty for revision-wide problems).
+    pub fragment_id: String,
+    /// Object key concerned.
+    pub object_key: String,
+    /// What is wrong.
+    pub message: String,
+    /// The error kind (`NotFound`, `Integrity`, ...).
+    pub kind: ErrorKind,
+}
+
+/// What [`verify_revision`] found.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyReport {
+    /// Objects checked.
+    pub objects: usize,
+    /// Bytes checked against checksums (0 without an integrity record).
+    pub bytes_verified: u64,
+    /// True when the revision has an integrity record.
+    pub has_record: bool,
+    /// Problems; empty when everything holds.
+    pub problems: Vec<Problem>,
+}
+
+/// Checks every payload of `manifest`: present, exactly the size the manifest (and
+/// the integrity record, when there is one) says, and every block's CRC-32C. Reads
+/// each object whole in 64 MiB spans. Never fails on a bad payload: problems are
+/// listed in the report; `Err` only for a record that cannot be read at all.
+/// `progress(bytes_done)` is called after every span.
+pub fn verify_revision(
+    store: &dyn ObjectStore,
+    manifest: &StoredManifest,
+    max_metadata_bytes: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<VerifyReport> {
+    let mut report = VerifyReport::default();
+    let record = match read_record(store, manifest, max_metadata_bytes) {
+        Ok(r) => r,
+        Err(e) if e.kind() == ErrorKind::Integrity => {
+            report.problems.push(Problem {
+                fragment_id: String::new(),
+                object_key: manifest_integrity_key(manifest).unwrap_or_default(),
+                message: e.message().to_string(),
+                kind: e.kind(),
+            });
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    report.has_record = record.is_some();
+    let mut sizes: BTreeMap<&str, (u64, &str)> = BTreeMap::new();
+    for f in manifest.fragments() {
+        let e = sizes.entry(f.object_key()).or_insert((0, f.fragment_id()));
+        e.0 = e.0.max(f.object_offset() + f.nbytes());
+    }
+    let mut scratch = Vec::new();
+    let mut done = 0u64;
+    for (key, (needed, fid)) in sizes {
+        report.objects += 1;
+        let problem = |kind, message: String| Problem {
+            fragment_id: fid.to_string(),
+            object_key: key.to_string(),
+            message,
+            kind,
+        };
+        let size = match store.object_size(key) {
+            Ok(s) => s,
+            Err(e) => {
+                report
+                    .problems
+                    .push(problem(e.kind(), format!("payload of fragment {fid} (object {key}): {}", e.message())));
+                continue;
+            }
+        };
+        if size != needed {
+            report.problems.push(problem(
+                ErrorKind::Integrity,
+                format!("payload of fragment {fid} (object {key}) holds {size} bytes, the manifest says {needed}"),
+            ));
+            continue;
+        }
+        let Some(record) = &record else { continue };
+        let sums = match sums_for(record, key, fid) {
+            Ok(s) => s,
+            Err(e) => {
+                report.problems.push(problem(e.kind(), e.message().to_string()));
+                continue;
+            }
+        };
+        if sums.nbytes != size {
+            report.problems.push(problem(
+                ErrorKind::Integrity,
+                format!(
+                    "payload of fragment {fid} (object {key}) holds {size} bytes, the integrity record says {}",
+                    sums.nbytes
+                ),
+            ));
+            continue;
+        }
+        let mut start = 0u64;
+        while start < size {
+            let end = (start + SCRATCH_BYTES).min(size);
+            scratch.resize((end - start) as usize, 0);
+            let r = read_span(store, key, start, &mut scratch, 64 << 20)
+                .and_then(|()| check_blocks(sums, key, start / BLOCK_BYTES, start, &scratch));
+            done += end - start;
+            progress(done);
+            if let Err(e) = r {
+                report.problems.push(problem(e.kind(), e.message().to_string()));
+                break;
+            }
+            report.bytes_verified += end - start;
+            start = end;
+        }
+    }
+    Ok(report)
+}
