@@ -65,6 +65,25 @@ pub(crate) unsafe fn handle<'a, T: Handle>(p: *const T, name: &str) -> FfiResult
     unsafe { T::borrow(p, name) }
 }
 
+/// Shared body of the string accessors: borrows handle `h` (argument `name`) and lends
+/// the string `pick` chooses, writing its length to `len` when not NULL. NULL (and the
+/// last error, under `function`'s name) when `h` is NULL.
+///
+/// # Safety
+/// `h` is NULL or a live handle; `len` is NULL or valid for a write of `size_t`.
+pub(crate) unsafe fn lend_text<T: Handle>(
+    function: &'static str,
+    h: *const T,
+    name: &str,
+    len: *mut usize,
+    pick: impl FnOnce(&T) -> &CText,
+) -> *const std::ffi::c_char {
+    crate::ffi::boundary::value_call(function, std::ptr::null(), || {
+        // SAFETY: forwarded contract: `h` is NULL or live, `len` NULL or writable.
+        Ok(unsafe { pick(handle(h, name)?).lend(len) })
+    })
+}
+
 impl Handle for mws_binding {}
 impl Handle for mws_upload_plan {}
 impl Handle for mws_placement {}

@@ -1,8 +1,8 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
 use crate::ffi::boundary::{mws_status, value_call, Failure, FfiResult};
-use crate::ffi::handles::{handle, mws_placement, FragmentView, Handle};
-use crate::ffi::strings::{check_out, slice_arg, write_out, CText};
+use crate::ffi::handles::{handle, lend_text, mws_placement, FragmentView, Handle};
+use crate::ffi::strings::{check_out, slice_arg, write_out};
 use crate::Placement;
 use std::ffi::c_char;
 
@@ -80,21 +80,6 @@ pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
     })
 }
 
-/// Shared body of the string accessors.
-pub(crate) unsafe fn lend(
-    function: &'static str,
-    placement: *const mws_placement,
-    len: *mut usize,
-    pick: impl FnOnce(&mws_placement) -> &CText,
-) -> *const c_char {
-    value_call(function, std::ptr::null(), || {
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(placement, "placement") }?;
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        Ok(unsafe { pick(p).lend(len) })
-    })
-}
-
 /// Returns the canonical JSON of the placement (sorted keys, compact, ASCII only; the
 /// exact bytes its digest covers).
 ///
@@ -107,7 +92,7 @@ pub(crate) unsafe fn lend(
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.json) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.json) }
 }
 
 /// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
@@ -118,7 +103,7 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.placement_id) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.placement_id) }
 }
 
 /// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
@@ -129,7 +114,7 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.digest) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.digest) }
 }
 
 /// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
@@ -140,7 +125,7 @@ pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, l
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.topology_id) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.topology_id) }
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -151,7 +136,7 @@ pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placeme
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.resource_id) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.resource_id) }
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -161,7 +146,7 @@ pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placeme
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), placement, len, |p| &p.revision) }
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.revision) }
 }
 
 /// Returns the weight generation of the placement, or 0 (and sets the last error) if

@@ -1,9 +1,9 @@
 //! `mws_stored_manifest` (a published revision) and `mws_load_plan` + `mws_store_load`
 //! (the restore path).
 
-use crate::ffi::boundary::{mws_status, value_call, Failure};
-use crate::ffi::handles::{handle, mws_store, mws_stored_manifest, Handle};
-use crate::ffi::strings::{check_out, slice_arg, str_arg, write_out, CText};
+use crate::ffi::boundary::{mws_status, Failure};
+use crate::ffi::handles::{handle, lend_text, mws_store, mws_stored_manifest, Handle};
+use crate::ffi::strings::{check_out, slice_arg, str_arg, write_out};
 use crate::StoredManifest;
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -100,16 +100,6 @@ pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_mani
     })
 }
 
-pub(crate) unsafe fn lend_m(
-    function: &'static str,
-    m: *const mws_stored_manifest,
-    len: *mut usize,
-    pick: impl FnOnce(&mws_stored_manifest) -> &CText,
-) -> *const c_char {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    value_call(function, std::ptr::null(), || Ok(unsafe { pick(handle(m, "manifest")?).lend(len) }))
-}
-
 /// Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
 /// NUL-terminated string valid until `manifest` is freed; length to `*len` when not
 /// NULL. NULL (and the last error) if `manifest` is NULL.
@@ -119,7 +109,7 @@ pub(crate) unsafe fn lend_m(
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.json) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.json) }
 }
 
 /// Returns the manifest digest (64 lowercase hex). Borrowed, as
@@ -130,7 +120,7 @@ pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manife
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.digest) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.digest) }
 }
 
 /// Returns the key the manifest is stored at. Borrowed, as
@@ -141,7 +131,7 @@ pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifes
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.key) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.key) }
 }
 
 /// Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -151,7 +141,7 @@ pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, 
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.group_id) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.group_id) }
 }
 
 /// Returns the store namespace of the revision. Borrowed, as
@@ -165,7 +155,7 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.namespace) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.namespace) }
 }
 
 /// Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
@@ -178,7 +168,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.resource_id) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.resource_id) }
 }
 
 /// Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -188,7 +178,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_m(function_name!(), m, len, |m| &m.revision) }
+    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.revision) }
 }
 
 /// Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.

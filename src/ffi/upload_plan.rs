@@ -1,7 +1,7 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
-use crate::ffi::boundary::{mws_status, value_call, Failure, FfiResult};
-use crate::ffi::handles::{handle, mws_binding, mws_placement, mws_upload_plan, Handle};
+use crate::ffi::boundary::{mws_status, Failure, FfiResult};
+use crate::ffi::handles::{handle, lend_text, mws_binding, mws_placement, mws_upload_plan, Handle};
 use crate::ffi::strings::{check_out, opt_str_arg, slice_arg, write_out, CText};
 use crate::plan_upload;
 use crate::UploadOptions;
@@ -134,16 +134,6 @@ pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
     })
 }
 
-pub(crate) unsafe fn lend(
-    function: &'static str,
-    plan: *const mws_upload_plan,
-    len: *mut usize,
-    pick: impl FnOnce(&mws_upload_plan) -> &CText,
-) -> *const c_char {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    value_call(function, std::ptr::null(), || Ok(unsafe { pick(handle(plan, "plan")?).lend(len) }))
-}
-
 /// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
 /// covered by the manifest digest; UTF-8, not ASCII-escaped).
 ///
@@ -156,7 +146,7 @@ pub(crate) unsafe fn lend(
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_json) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_json) }
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -170,7 +160,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_digest) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_digest) }
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -181,7 +171,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.manifest_key) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_key) }
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -192,7 +182,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.group_id) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.group_id) }
 }
 
 /// Returns the control key (where the commit/abort decision record is stored).
@@ -203,7 +193,7 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.control_key) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.control_key) }
 }
 
 /// Returns the transaction group id (the group of the payload objects of this upload).
@@ -217,7 +207,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.transaction_group_id) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_group_id) }
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -231,7 +221,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.transaction_id) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_id) }
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -245,7 +235,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.source_placement_id) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_id) }
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -259,7 +249,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     len: *mut usize,
 ) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.source_placement_digest) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_digest) }
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -270,7 +260,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
     // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend(function_name!(), plan, len, |p| &p.commit_record) }
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.commit_record) }
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
