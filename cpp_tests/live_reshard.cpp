@@ -31,15 +31,9 @@ void require(bool ok, const char *what) {
 }
 
 struct Progress {
-    std::uint64_t calls = 0, last_done = 0, last_total = 0;
+    std::uint64_t calls = 0, last_done = 0, last_total = 0, last_items = 0, last_items_total = 0;
+    bool monotonic = true, phase_ok = true;
 };
-
-extern "C" void on_progress(void *ctx, std::uint64_t done, std::uint64_t total) {
-    auto *p = static_cast<Progress *>(ctx);
-    p->calls += 1;
-    p->last_done = done;
-    p->last_total = total;
-}
 
 void register_all(const mws::TransferEngine &engine, const HostModel &m) {
     for (const auto &b : m.buffers) engine.register_memory(b.second.data(), b.second.size());
@@ -103,12 +97,23 @@ int main() {
         register_all(engine, src);
         mws::Loader loader(engine);
         Progress progress;
-        loader.set_progress(on_progress, &progress);
+        loader.set_progress([&progress](const mws_progress &p) {
+            if (p.bytes_done == 0) progress.last_done = 0;  // a new call starts
+            progress.monotonic = progress.monotonic && p.bytes_done >= progress.last_done && p.bytes_done <= p.bytes_total;
+            progress.phase_ok = progress.phase_ok && p.phase == MWS_PROGRESS_TRANSFER;
+            progress.calls += 1;
+            progress.last_done = p.bytes_done;
+            progress.last_total = p.bytes_total;
+            progress.last_items = p.items_done;
+            progress.last_items_total = p.items_total;
+        });
         std::uint64_t pulled = 0;
         for (const auto &b : dst.bindings) {
             mws_transfer_stats s = loader.load_live(plan, src.placement, src.binding_ptrs(), dst.placement, b);
             pulled += s.bytes;
             require(progress.last_done == progress.last_total && progress.last_total == s.bytes, "progress");
+            require(progress.last_items == progress.last_items_total && progress.last_items_total > 0, "progress items");
+            require(progress.monotonic && progress.phase_ok, "progress is monotonic, phase transfer");
         }
         unregister_all(engine, src);
         require(pulled == plan.total_bytes() && progress.calls > 0, "reader moved every planned byte");

@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "mooncake_weight_store.hpp"
 #include "support/mws_model.hpp"
 
@@ -96,6 +98,32 @@ Options parse(int argc, char **argv) {
 }
 
 using Clock = std::chrono::steady_clock;
+
+/// A one-line progress bar on stderr, drawn only when stderr is a terminal;
+/// thread-safe (restores report from several threads) and throttled to 10 Hz.
+class Bar {
+public:
+    explicit Bar(const char *label) : label_(label), on_(isatty(STDERR_FILENO) == 1) {}
+    void draw(std::uint64_t done, std::uint64_t total) {
+        if (!on_) return;
+        std::lock_guard<std::mutex> g(mu_);
+        auto now = Clock::now();
+        if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+        last_ = now;
+        const double f = total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total);
+        const int fill = static_cast<int>(f * 30);
+        std::fprintf(stderr, "\r  %-13s [%.*s%*s] %5.1f%%", label_, fill, "##############################", 30 - fill,
+                     "", f * 100.0);
+        if (done >= total) std::fprintf(stderr, "\r%*s\r", 70, "");  // cleared: the report follows
+        std::fflush(stderr);
+    }
+
+private:
+    const char *label_;
+    bool on_;
+    std::mutex mu_;
+    Clock::time_point last_{};
+};
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 // The marker file a directory store writes at its root (src/store/directory.rs,
 // STORE_MARKER and STORE_MARKER_TEXT).
@@ -234,7 +262,9 @@ int run(const Options &o) {
     //    uploaded as soon as it is complete; commit publishes the manifest).
     mws::Store store = mws::Store::open_dir(o.dir);
     t = Clock::now();
-    mws::StoredManifest written = snapshot(store, src);
+    Bar snap_bar("snapshot");
+    mws::StoredManifest written =
+        snapshot(store, src, "default", [&snap_bar](const mws_progress &p) { snap_bar.draw(p.bytes_done, p.bytes_total); });
     const double t_snapshot = seconds_since(t);
     const std::uint64_t stored_bytes = written.total_bytes();
     const std::size_t src_participants = src.placement.participant_count();
@@ -258,11 +288,20 @@ int run(const Options &o) {
     std::mutex mu;
     mws_load_stats total{};
     std::exception_ptr failure;
+    Bar restore_bar("restore");
+    std::atomic<std::uint64_t> restored{0};  // bytes done across every thread's load
     t = Clock::now();
     auto worker = [&] {
         for (std::size_t i; (i = next.fetch_add(1)) < dst.bindings.size();) {
             try {
-                mws_load_stats s = store.load(plan, dst.bindings[i]);
+                mws::IoArgs args;
+                std::uint64_t seen = 0;  // this call's last report
+                args.progress = [&](const mws_progress &p) {
+                    std::uint64_t all = restored.fetch_add(p.bytes_done - seen) + (p.bytes_done - seen);
+                    seen = p.bytes_done;
+                    restore_bar.draw(all, plan.total_bytes());
+                };
+                mws_load_stats s = store.load(plan, dst.bindings[i], args);
                 std::lock_guard<std::mutex> g(mu);
                 total.regions += s.regions;
                 total.ranges += s.ranges;

@@ -231,6 +231,28 @@ typedef enum mws_memory_kind {
 } mws_memory_kind;
 
 /**
+ * What a progress report describes (`mws_progress::phase`).
+ */
+typedef enum mws_progress_phase {
+    /**
+     * Payload writes into a store (upload, snapshot writer). Items: objects.
+     */
+    MWS_PROGRESS_UPLOAD = 0,
+    /**
+     * A restore from a store. Items: transfer regions.
+     */
+    MWS_PROGRESS_RESTORE = 1,
+    /**
+     * A live transfer (loader or sink). Items: engine operations.
+     */
+    MWS_PROGRESS_TRANSFER = 2,
+    /**
+     * Offline verification of stored payloads. Items: objects.
+     */
+    MWS_PROGRESS_VERIFY = 3,
+} mws_progress_phase;
+
+/**
  * Result of every fallible `mws_` function. `MWS_OK` (0) is success.
  *
  * The values are stable: they are never renumbered or reused, and new ones are only
@@ -870,10 +892,41 @@ typedef struct mws_executor_limits {
 } mws_executor_limits;
 
 /**
- * Progress callback: bytes done of bytes total of the current call, called from the
- * calling thread after every completed batch. Must not unwind.
+ * One progress report: how much of the current call's work has completed. Totals
+ * are known when the call starts; `bytes_done == bytes_total` means the data phase
+ * is over (the call's status still says whether it succeeded).
  */
-typedef void (*mws_progress_fn)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+typedef struct mws_progress {
+    /**
+     * What the call is doing.
+     */
+    enum mws_progress_phase phase;
+    /**
+     * Payload bytes completed so far.
+     */
+    uint64_t bytes_done;
+    /**
+     * Payload bytes the call moves in all.
+     */
+    uint64_t bytes_total;
+    /**
+     * Items completed so far (see `mws_progress_phase`).
+     */
+    uint64_t items_done;
+    /**
+     * Items the call handles in all.
+     */
+    uint64_t items_total;
+} mws_progress;
+
+/**
+ * A progress callback. Called on the thread that made the call, inside it: once at
+ * the start (0 done), at most every 100 ms while it runs, and once when the data
+ * phase completed. `progress` is valid only during the callback. The callback must
+ * be quick, must not unwind (C++: catch everything) and must not call back into the
+ * object that reports (the store, writer or loader).
+ */
+typedef void (*mws_progress_fn)(void *ctx, const struct mws_progress *progress);
 
 /**
  * Per-call arguments of a live load or a sink execution. A NULL pointer or a zeroed
@@ -960,6 +1013,15 @@ typedef struct mws_io_args {
      * built against an older header must be rebuilt).
      */
     const struct mws_registration_lease *lease;
+    /**
+     * Progress callback of the call (`mws_progress_fn`: upload or restore reports,
+     * throttled, on the calling thread). NULL: none. Added in 0.2, at the end.
+     */
+    mws_progress_fn progress;
+    /**
+     * Passed to `progress`; must stay valid for the call.
+     */
+    void *progress_ctx;
 } mws_io_args;
 
 /**
@@ -2257,11 +2319,18 @@ enum mws_status mws_loader_new(const struct mws_transfer_engine *engine,
                                struct mws_loader **out);
 
 /**
- * Sets (or clears, with NULL) the progress callback of a loader. `ctx` is passed to
- * it and must stay valid while it is set.
+ * Sets (or clears, with NULL) the progress callback of a loader: live loads report
+ * throttled `MWS_PROGRESS_TRANSFER` progress (items = engine operations), stored
+ * loads (`mws_loader_load_stored`) `MWS_PROGRESS_RESTORE` progress unless their io
+ * arguments bring their own callback. `ctx` is passed to it and must stay valid
+ * while it is set.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: may be called while a load runs; the
+ * running load keeps the callback it started with.
  *
  * # Safety
- * `loader` is NULL or live.
+ * `loader` is NULL or live; `progress`, when set, honours `mws_progress_fn` with
+ * `ctx` until it is replaced or the loader is freed.
  */
 enum mws_status mws_loader_set_progress(const struct mws_loader *loader,
                                         mws_progress_fn progress,
@@ -2318,8 +2387,8 @@ enum mws_status mws_loader_load_live(const struct mws_loader *loader,
 /**
  * Restores the part of `plan` that belongs to `binding` from `store` (delegates to
  * `mws_store_load`; same arguments, errors and safety), honouring the loader's
- * cancellation flag (checked before the call) and reporting one progress call and
- * the statistics at the end. `stats` may be NULL.
+ * cancellation flag (checked before the call), its progress callback (unless `args`
+ * sets one) and recording the statistics. `stats` may be NULL.
  *
  * # Safety
  * As `mws_store_load`.
@@ -3711,6 +3780,23 @@ enum mws_status mws_writer_write_tensor(const struct mws_writer *writer,
                                         const char *tensor_id,
                                         void *tensor,
                                         struct mws_receipts **receipts);
+
+/**
+ * Sets (or clears, with a NULL `progress`) the writer's progress callback: from then
+ * on, the uploads that `mws_writer_write_tensor` triggers report throttled
+ * `MWS_PROGRESS_UPLOAD` progress whose totals are the whole snapshot (every object
+ * of the plan). `ctx` is passed to it and must stay valid while it is set.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (NULL writer). Thread safety: serialized with the
+ * writer's other calls.
+ *
+ * # Safety
+ * `writer` is NULL or a live handle; `progress`, when set, honours
+ * `mws_progress_fn` with `ctx` until it is replaced or the writer is freed.
+ */
+enum mws_status mws_writer_set_progress(const struct mws_writer *writer,
+                                        mws_progress_fn progress,
+                                        void *ctx);
 
 /**
  * Publishes the snapshot's manifest, written as a new handle to `*out`. Missing

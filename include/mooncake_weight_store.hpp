@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -71,7 +72,22 @@ struct Deleter {
     void operator()(T *p) const noexcept { Free(p); }
 };
 
+/// Calls the std::function behind `ctx` (a `const ProgressCallback *`); an exception
+/// it throws is swallowed here, since none may cross into the library.
+inline void progress_trampoline(void *ctx, const mws_progress *progress) noexcept {
+    try {
+        (*static_cast<const std::function<void(const mws_progress &)> *>(ctx))(*progress);
+    } catch (...) {
+    }
+}
+
 }  // namespace detail
+
+/// A progress callback (see mws_progress_fn): called on the calling thread, inside the
+/// call, once at the start, at most every 100 ms, and once when the data phase is done.
+/// Keep it quick; it must not call back into the object that reports. Exceptions it
+/// throws are swallowed.
+using ProgressCallback = std::function<void(const mws_progress &)>;
 
 /// The library version ("MAJOR.MINOR.PATCH").
 inline std::string_view version() { return mws_version(); }
@@ -444,7 +460,10 @@ struct IoArgs {
     /// A registration lease of the same store (see RegistrationLease): nothing is pinned
     /// or registered per call. nullptr: pin and register for the call only.
     const mws_registration_lease *lease = nullptr;
+    /// Progress of the call (upload or restore); empty: none. Must outlive the call.
+    ProgressCallback progress;
 
+    /// The C arguments; they point into this object, which must outlive their use.
     mws_io_args c() const noexcept {
         mws_io_args a{};
         a.worker_id = detail::c_str_or_null(worker_id);
@@ -452,6 +471,10 @@ struct IoArgs {
         a.guard = guard;
         a.guard_ctx = guard_ctx;
         a.lease = lease;
+        if (progress) {
+            a.progress = &detail::progress_trampoline;
+            a.progress_ctx = const_cast<ProgressCallback *>(&progress);
+        }
         return a;
     }
 };
@@ -794,11 +817,22 @@ public:
         detail::check(mws_writer_upload_plan(get(), &out));
         return UploadPlan(out);
     }
+    /// Reports the snapshot's uploads (totals: the whole plan) to `progress` from now
+    /// on (see mws_writer_set_progress); an empty function removes it. The Writer keeps
+    /// the function.
+    void set_progress(ProgressCallback progress) {
+        auto next = progress ? std::make_unique<ProgressCallback>(std::move(progress)) : nullptr;
+        detail::check(mws_writer_set_progress(get(), next ? &detail::progress_trampoline : nullptr, next.get()));
+        progress_ = std::move(next);
+    }
 
     const mws_writer *get() const noexcept { return handle_.get(); }
+    /// Releases the handle; a progress callback set here must then outlive it.
     mws_writer *release() noexcept { return handle_.release(); }
 
 private:
+    // Declared before the handle: destroyed after it.
+    std::unique_ptr<ProgressCallback> progress_;
     std::unique_ptr<mws_writer, detail::Deleter<mws_writer, mws_writer_free>> handle_;
 };
 
@@ -925,8 +959,16 @@ public:
     }
 
     /// `ctx` must stay valid while the callback is set; the callback must not throw.
-    void set_progress(mws_progress_fn progress, void *ctx) const {
+    void set_progress(mws_progress_fn progress, void *ctx) {
         detail::check(mws_loader_set_progress(get(), progress, ctx));
+        progress_.reset();
+    }
+    /// Reports live and stored loads to `progress` (see mws_loader_set_progress); an
+    /// empty function removes it. The Loader keeps the function.
+    void set_progress(ProgressCallback progress) {
+        auto next = progress ? std::make_unique<ProgressCallback>(std::move(progress)) : nullptr;
+        detail::check(mws_loader_set_progress(get(), next ? &detail::progress_trampoline : nullptr, next.get()));
+        progress_ = std::move(next);
     }
     void cancel() const noexcept { mws_loader_cancel(get()); }
     void reset_cancel() const noexcept { mws_loader_reset_cancel(get()); }
@@ -958,6 +1000,8 @@ public:
     const mws_loader *get() const noexcept { return handle_.get(); }
 
 private:
+    // Declared before the handle: destroyed after it.
+    std::unique_ptr<ProgressCallback> progress_;
     std::unique_ptr<mws_loader, detail::Deleter<mws_loader, mws_loader_free>> handle_;
 };
 

@@ -414,12 +414,15 @@ struct HostAdapter {
 
 /// Snapshots `src` into `store` through a Writer (one write_tensor per tensor and
 /// participant of the writer's plan, as a trainer would call it); returns the manifest.
-inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default") {
+/// `progress` (optional) sees the whole snapshot's uploads.
+inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default",
+                                    mws::ProgressCallback progress = {}) {
     HostAdapter adapter(src);
     mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
     mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
                                        std::string(src.placement.revision()), src.placement.weight_generation(), vt,
                                        &adapter, ns);
+    if (progress) w.set_progress(std::move(progress));
     mws::UploadPlan plan = w.upload_plan();
     std::map<std::string, std::string> tensor_of;  // placement fragment id -> tensor
     for (const View &v : src.views) tensor_of[v.pfid] = v.tensor;
@@ -435,14 +438,15 @@ inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &sr
     return w.commit();
 }
 
-/// Restores `manifest` into every participant of `dst`; returns total stats.
+/// Restores `manifest` into every participant of `dst` (each load with `args`, e.g.
+/// a progress callback); returns total stats.
 inline mws_load_stats restore(const mws::Store &store, const mws::StoredManifest &manifest, const HostModel &dst,
-                              std::size_t *regions = nullptr) {
+                              std::size_t *regions = nullptr, const mws::IoArgs &args = {}) {
     mws::LoadPlan plan = mws::LoadPlan::plan(manifest, dst.placement, dst.binding_ptrs());
     if (regions != nullptr) *regions = plan.region_count();
     mws_load_stats total{};
     for (const auto &b : dst.bindings) {
-        mws_load_stats s = store.load(plan, b);
+        mws_load_stats s = store.load(plan, b, args);
         total.regions += s.regions;
         total.ranges += s.ranges;
         total.requests += s.requests;

@@ -39,6 +39,7 @@ from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
 from .writer import Writer
 from .logs import set_log_callback
+from .progress import Progress, ProgressBar
 from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
                       UnsupportedDTypeError, dtype_name, tensor_view)
 from .device import CopyHook, CudaCopyHook, DeviceUnavailableError, cuda_available, cuda_copy_hook
@@ -51,6 +52,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "set_log_callback",
+    "Progress",
+    "ProgressBar",
     "library_path",
     "version",
     "Binding",

@@ -294,6 +294,19 @@ class mws_guard_vtable(Structure):
     ]
 
 
+class mws_progress(Structure):
+    _fields_ = [
+        ("phase", c_int),
+        ("bytes_done", c_uint64),
+        ("bytes_total", c_uint64),
+        ("items_done", c_uint64),
+        ("items_total", c_uint64),
+    ]
+
+
+PROGRESS_FN = CFUNCTYPE(None, c_void_p, POINTER(mws_progress))
+
+
 class mws_io_args(Structure):
     _fields_ = [
         ("worker_id", c_char_p),
@@ -301,6 +314,8 @@ class mws_io_args(Structure):
         ("guard", POINTER(mws_guard_vtable)),
         ("guard_ctx", c_void_p),
         ("lease", c_void_p),
+        ("progress", PROGRESS_FN),
+        ("progress_ctx", c_void_p),
     ]
 
 
@@ -471,6 +486,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_writer_write_tensor": (c_int, [_p, c_char_p, c_void_p, POINTER(_p)]),
     "mws_writer_commit": (c_int, [_p, POINTER(_p)]),
     "mws_writer_abort": (c_int, [_p]),
+    "mws_writer_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
     "mws_writer_upload_plan": (c_int, [_p, POINTER(_p)]),
     "mws_writer_free": (None, [_p]),
 }

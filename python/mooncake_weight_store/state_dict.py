@@ -470,6 +470,7 @@ def save_state_dict(
     created_at: Optional[str] = None,
     placement_set_id: str = "state-dict",
     commit_retries: int = 5,
+    progress: Optional[Callable[[Any], Any]] = None,
 ) -> StoredManifest:
     """Saves this rank's ``state_dict`` (name -> tensor: torch, numpy, anything
     :func:`~mooncake_weight_store.tensors.tensor_view` accepts) as revision
@@ -480,7 +481,9 @@ def save_state_dict(
     own ``state_dict``, ``parallel`` and its own ``store`` handle onto the same
     backend. Tensors are read in place (no copy here) and must not change until the
     call returns. On any rank's failure the upload is aborted and every rank raises
-    :class:`StateDictError` naming the failing rank(s).
+    :class:`StateDictError` naming the failing rank(s). ``progress``: a callable that
+    receives this rank's upload :class:`~mooncake_weight_store.progress.Progress`
+    (for example :class:`~mooncake_weight_store.progress.ProgressBar`).
     """
     ex = exchange or LocalExchange()
     par = parallel or Parallel()
@@ -555,7 +558,7 @@ def save_state_dict(
         try:
             if plan is None:
                 plan = UploadPlan.from_json(plan_json)
-            receipts = store.upload(plan, placement, binding)
+            receipts = store.upload(plan, placement, binding, progress=progress)
             msg = _ok(receipts.to_json())
             receipts.close()
         except Exception as e:  # noqa: BLE001 - reported to rank 0, which aborts
@@ -695,6 +698,7 @@ def load_state_dict(
     exchange: Optional[Exchange] = None,
     names: Optional[Iterable[str]] = None,
     stats: Optional[List[LoadStats]] = None,
+    progress: Optional[Callable[[Any], Any]] = None,
 ) -> Dict[str, Any]:
     """Loads the revision at manifest ``key`` into this rank's shards.
 
@@ -708,7 +712,8 @@ def load_state_dict(
     The target layout may differ in every way from the saved one. Without an
     ``exchange`` the other TP/EP ranks' boxes are derived by symmetry (even splits);
     with one, the ranks gather their boxes (collective). ``stats``: a list that
-    receives the :class:`LoadStats`.
+    receives the :class:`LoadStats`. ``progress``: a callable that receives this
+    rank's restore :class:`~mooncake_weight_store.progress.Progress`.
     """
     par = parallel or Parallel()
     ex = exchange if exchange is not None and exchange.world_size > 1 else None
@@ -729,7 +734,7 @@ def load_state_dict(
                                        stored, views, shards, par, ex)
         binding = _bind(placement, info, "load")
         with LoadPlan.new(manifest, placement, [binding]) as lp:
-            st = store.load(lp, binding)
+            st = store.load(lp, binding, progress=progress)
         if stats is not None:
             stats.append(st)
         return out

@@ -37,11 +37,12 @@ import os
 import threading
 import traceback
 from ctypes import c_int32, c_int64, c_void_p
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _lib
 from ._lib import LIB, borrowed_str, call, cstr
 from .errors import error_for_status
+from .progress import Progress, c_progress
 from .mooncake_backend import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -375,7 +376,8 @@ class _GuardBridge:
 
 
 def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],  # type: ignore[no-untyped-def]
-             lease: Optional["RegistrationLease"] = None):
+             lease: Optional["RegistrationLease"] = None, progress: Optional[Callable[[Progress], Any]] = None):
+    """``(mws_io_args, keep-alive)``; keep the second alive for the call."""
     args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
     bridge = None
     if guard is not None:
@@ -383,7 +385,9 @@ def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Option
         args.guard = ctypes.pointer(bridge.vtable)
     if lease is not None:
         args.lease = lease.handle
-    return args, bridge
+    c_fn, cb = c_progress(progress)
+    args.progress = c_fn
+    return args, (bridge, cb)
 
 
 class LeaseSide(enum.IntEnum):
@@ -689,14 +693,17 @@ class Store:
 
     def upload(self, plan: "UploadPlan", placement: "Placement", binding: "Binding", *,
                worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
-               guard: Optional[Guard] = None, lease: Optional[RegistrationLease] = None) -> "Receipts":
+               guard: Optional[Guard] = None, lease: Optional[RegistrationLease] = None,
+               progress: Optional[Callable[[Progress], Any]] = None) -> "Receipts":
         """Uploads ``binding``'s participant's payloads for ``plan``; returns its
         receipts. Never deletes payloads on failure (use :meth:`abort_upload`).
         ``lease``: a source lease of this store covering exactly the fragments read
-        (:meth:`UploadPlan.source_fragment_ids`); nothing is pinned or registered."""
+        (:meth:`UploadPlan.source_fragment_ids`); nothing is pinned or registered.
+        ``progress``: called with :class:`~mooncake_weight_store.progress.Progress`
+        reports (phase ``"upload"``, items = objects), see that module."""
         from .receipts import Receipts
 
-        args, keep = _io_args(worker_id, transfer_id, guard, lease)
+        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
         out = c_void_p()
         call("mws_store_upload", self.handle, plan.handle, placement.handle, binding.handle,
              ctypes.byref(args), ctypes.byref(out))
@@ -762,27 +769,32 @@ class Store:
 
     def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,
              transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
-             lease: Optional[RegistrationLease] = None) -> "LoadStats":
+             lease: Optional[RegistrationLease] = None,
+             progress: Optional[Callable[[Progress], Any]] = None) -> "LoadStats":
         """Loads ``binding``'s participant's part of ``plan`` into its buffers.
         ``lease``: a target lease of this store covering exactly the fragments
-        loaded; nothing is pinned or registered."""
+        loaded; nothing is pinned or registered. ``progress``: called with
+        :class:`~mooncake_weight_store.progress.Progress` reports (phase
+        ``"restore"``, items = transfer regions)."""
         from .load import LoadStats
 
-        args, keep = _io_args(worker_id, transfer_id, guard, lease)
+        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
         st = _lib.mws_load_stats()
         call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
         del keep
         return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
                          int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
 
-    def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"]) -> "LoadStats":
-        """Loads the manifest at ``manifest_key`` into every binding (convenience)."""
+    def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"], *,
+                progress: Optional[Callable[[Progress], Any]] = None) -> "LoadStats":
+        """Loads the manifest at ``manifest_key`` into every binding (convenience).
+        ``progress`` sees one restore per binding."""
         from .load import LoadPlan, LoadStats
 
         total = LoadStats()
         with self.load_manifest(manifest_key) as manifest, LoadPlan.new(manifest, placement, bindings) as lp:
             for b in bindings:
-                total = total + self.load(lp, b)
+                total = total + self.load(lp, b, progress=progress)
         return total
 
     # -- snapshot writer ------------------------------------------------------------

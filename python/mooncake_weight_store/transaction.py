@@ -59,13 +59,13 @@ class Transaction(OwnedHandle):
 
     def upload(self, placement: "Placement", binding: "Binding", *, worker_id: Optional[str] = None,
                transfer_id: Optional[str] = None, guard: Optional["Guard"] = None,
-               lease: Optional["RegistrationLease"] = None) -> None:
-        """Uploads one participant (as :meth:`Store.upload`) and keeps its receipts
-        in the transaction (:meth:`receipts`). Raises :class:`ConflictError` once
-        committed or aborted."""
+               lease: Optional["RegistrationLease"] = None, progress: Optional[Any] = None) -> None:
+        """Uploads one participant (as :meth:`Store.upload`, including
+        ``progress``) and keeps its receipts in the transaction (:meth:`receipts`).
+        Raises :class:`ConflictError` once committed or aborted."""
         from .store import _io_args
 
-        args, keep = _io_args(worker_id, transfer_id, guard, lease)
+        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
         call("mws_transaction_upload", self.handle, placement.handle, binding.handle, ctypes.byref(args))
         del keep
 

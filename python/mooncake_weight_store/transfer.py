@@ -27,7 +27,6 @@ from .placement import Placement
 __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats"]
 
 _p = c_void_p
-_PROGRESS = ctypes.CFUNCTYPE(None, c_void_p, c_uint64, c_uint64)
 
 
 class mws_transfer_stats(Structure):
@@ -56,7 +55,7 @@ _lib.register_prototypes({
     "mws_transfer_engine_drain": (c_int, [_p, c_uint64, POINTER(c_size_t)]),
     "mws_transfer_engine_free": (None, [_p]),
     "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
-    "mws_loader_set_progress": (c_int, [_p, _PROGRESS, c_void_p]),
+    "mws_loader_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
     "mws_loader_cancel": (None, [_p]),
     "mws_loader_reset_cancel": (None, [_p]),
     "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
@@ -221,17 +220,15 @@ class Loader(OwnedHandle):
         self._progress: Any = None
 
     def set_progress(self, fn: Optional[Any]) -> None:
-        """``fn(bytes_done, bytes_total)`` after every batch (must not raise)."""
-        if fn is None:
-            self._progress = _PROGRESS()
-        else:
-            def trampoline(_ctx: Any, done: int, total: int) -> None:
-                try:
-                    fn(done, total)
-                except Exception:  # a callback must never unwind into the library
-                    pass
-            self._progress = _PROGRESS(trampoline)
-        call("mws_loader_set_progress", self.handle, self._progress, None)
+        """Reports live loads (phase ``"transfer"``, items = engine operations) and
+        stored loads (phase ``"restore"``) to ``fn``, a callable taking a
+        :class:`~mooncake_weight_store.progress.Progress` (throttled; exceptions are
+        swallowed); ``None`` removes it."""
+        from .progress import c_progress
+
+        c_fn, keep = c_progress(fn)
+        call("mws_loader_set_progress", self.handle, c_fn, None)
+        self._progress = keep
 
     def cancel(self) -> None:
         LIB.fn("mws_loader_cancel")(self.handle)

@@ -65,6 +65,7 @@ class Writer:
         self._ids = itertools.count(1)
         self._last_ids: Any = None
         self._lock = threading.Lock()
+        self._progress: Any = None
         self._plan: Optional[UploadPlan] = None
         self._frag_tensor = {f.placement_fragment_id: f.tensor_id for f in placement.fragments()}
         self.manifest: Optional["StoredManifest"] = None
@@ -153,6 +154,18 @@ class Writer:
     def tensor_ids(self) -> List[str]:
         """Every tensor the plan uploads (sorted)."""
         return sorted({self._frag_tensor[op.source_placement_fragment_id] for op in self.plan.operations()})
+
+    def set_progress(self, fn: Optional[Callable[[Any], Any]]) -> None:
+        """From now on, reports the snapshot's uploads to ``fn`` (a callable taking a
+        :class:`~mooncake_weight_store.progress.Progress`, phase ``"upload"``, totals:
+        every object of the plan); ``None`` removes it. Exceptions it raises are
+        swallowed."""
+        from .progress import c_progress
+
+        with self._lock:
+            c_fn, keep = c_progress(fn)
+            call("mws_writer_set_progress", self.handle, c_fn, None)
+            self._progress = keep
 
     def write_tensor(self, tensor_id: str, tensor: Any = None) -> Receipts:
         """Marks ``tensor_id`` written (``tensor`` is handed to the resolver) and

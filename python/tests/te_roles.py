@@ -149,11 +149,12 @@ class Role:
                     if cmd.get("pause_after_first_batch"):
                         paused = []
 
-                        def progress(done: int, total: int) -> None:
-                            # Tell the driver, then wait for its go-ahead (it kills the trainer meanwhile).
-                            if not paused:
-                                paused.append(done)
-                                print(json.dumps({"progress": done, "total": total}), flush=True)
+                        def progress(p: "mws.Progress") -> None:
+                            # After the first completed batch (reported at once), tell the
+                            # driver, then wait for its go-ahead (it kills the trainer meanwhile).
+                            if not paused and 0 < p.bytes_done < p.bytes_total:
+                                paused.append(p.bytes_done)
+                                print(json.dumps({"progress": p.bytes_done, "total": p.bytes_total}), flush=True)
                                 sys.stdin.readline()
 
                         loader.set_progress(progress)

@@ -56,12 +56,13 @@ def test_live_reshard_every_byte(mode):
             engine.register_binding(b)
         steps = []
         with mws.Loader(engine) as loader:
-            loader.set_progress(lambda done, total: steps.append((done, total)))
+            loader.set_progress(lambda p: steps.append((p.bytes_done, p.bytes_total, p.phase)))
             for b in tb:
                 moved += loader.load_live(plan, src.placement, sb, dst.placement, b).bytes
         for b in sb:
             engine.unregister_binding(b)
-        assert steps and all(d <= t for d, t in steps)
+        assert steps and all(d <= t and ph == "transfer" for d, t, ph in steps)
+        assert steps[-1][0] == steps[-1][1]
     assert moved == plan.total_bytes
     assert [f for p in dst.participant_ids for f in dst.verify(p, dst_bufs[p])] == []
     assert engine.pending_count == 0

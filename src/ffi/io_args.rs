@@ -4,12 +4,14 @@
 
 use crate::ffi::boundary::{mws_status, Failure, FfiResult};
 use crate::ffi::callbacks::guard::{mws_guard_vtable, CGuard};
+use crate::ffi::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::ffi::handles::{mws_binding, mws_registration_lease};
 use crate::ffi::strings::opt_str_arg;
 use crate::protocol::guards::GuardProvider;
 use crate::protocol::guards::StaticGuard;
 use crate::protocol::UploadArgs;
 use crate::protocol::WeightStore;
+use crate::protocol::{Progress, ProgressFn};
 use crate::RuntimeBinding;
 use std::ffi::c_char;
 use std::ffi::c_void;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 /// Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
 /// zeroed struct means the defaults. Strings are only read during the call.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct mws_io_args {
     /// Restricts the call to the fragments of one worker of the binding. NULL: upload
     /// requires it when the participant's fragments live on several workers; load
@@ -37,6 +40,26 @@ pub struct mws_io_args {
     /// Added at the end of the struct in 0.1 (this struct has no size field: code
     /// built against an older header must be rebuilt).
     pub lease: *const mws_registration_lease,
+    /// Progress callback of the call (`mws_progress_fn`: upload or restore reports,
+    /// throttled, on the calling thread). NULL: none. Added in 0.2, at the end.
+    pub progress: mws_progress_fn,
+    /// Passed to `progress`; must stay valid for the call.
+    pub progress_ctx: *mut c_void,
+}
+
+impl mws_io_args {
+    /// The defaults (what a zeroed struct or NULL means).
+    pub(crate) fn none() -> mws_io_args {
+        mws_io_args {
+            worker_id: std::ptr::null(),
+            transfer_id: std::ptr::null(),
+            guard: std::ptr::null(),
+            guard_ctx: std::ptr::null_mut(),
+            lease: std::ptr::null(),
+            progress: None,
+            progress_ctx: std::ptr::null_mut(),
+        }
+    }
 }
 
 /// What a call's `mws_io_args` says, decoded.
@@ -45,12 +68,19 @@ pub(crate) struct IoArgs<'a> {
     pub(crate) transfer_id: Option<&'a str>,
     pub(crate) guard: Box<dyn GuardProvider>,
     pub(crate) lease: Option<&'a mws_registration_lease>,
+    pub(crate) progress: Option<CProgress>,
 }
 
 pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
     // SAFETY: the pointer is NULL or valid for the call (this function's contract).
     let Some(a) = (unsafe { args.as_ref() }) else {
-        return Ok(IoArgs { worker_id: None, transfer_id: None, guard: Box::new(StaticGuard), lease: None });
+        return Ok(IoArgs {
+            worker_id: None,
+            transfer_id: None,
+            guard: Box::new(StaticGuard),
+            lease: None,
+            progress: None,
+        });
     };
     let guard: Box<dyn GuardProvider> =
         // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
@@ -63,6 +93,8 @@ pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'
         guard,
         // SAFETY: the pointer is NULL or valid for the call (this function's contract).
         lease: unsafe { a.lease.as_ref() },
+        // SAFETY: the callback honours `mws_progress_fn` with its context for the call (this function's contract).
+        progress: unsafe { CProgress::new(a.progress, a.progress_ctx) },
     })
 }
 
@@ -82,11 +114,13 @@ pub(crate) unsafe fn with_upload_args<T>(
         Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
     })?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let report = a.progress.map(|c| move |p: &Progress| c.report(p));
     let ua = UploadArgs {
         worker_id: a.worker_id,
         guard: Some(&*a.guard),
         transfer_id: a.transfer_id,
         lease: lease.as_deref(),
+        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
     };
     Ok(run(&rb, ua)?)
 }

@@ -15,6 +15,7 @@ use crate::engine::{MemoryRegion, TransferEngine};
 use crate::ffi::boundary::{mws_status, Failure, FfiResult};
 use crate::ffi::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
 use crate::ffi::callbacks::guard::{mws_guard_vtable, CGuard};
+use crate::ffi::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::ffi::handles::{handle, mws_binding, Handle};
 use crate::ffi::handles::{mws_load_plan, mws_placement, mws_store};
 use crate::ffi::io_args::mws_io_args;
@@ -27,6 +28,7 @@ use crate::protocol::transfer::{
     ExecutorLimits, GuardProviders, MemoryRegistrationLease, ReaderArgs, SinkArgs, TransferError, TransferExecutor,
     TransferReceipt,
 };
+use crate::protocol::{Progress, ProgressFn};
 use crate::runtime::{MemoryKind, RuntimeBinding};
 
 /// A transfer engine: the embedded in-process engine or a caller's vtable.
@@ -57,10 +59,6 @@ pub struct mws_executor_limits {
     /// Timeout of one inline drain, milliseconds.
     pub completion_drain_timeout_ms: u64,
 }
-
-/// Progress callback: bytes done of bytes total of the current call, called from the
-/// calling thread after every completed batch. Must not unwind.
-pub type mws_progress_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, bytes_done: u64, bytes_total: u64)>;
 
 /// Statistics of the last call of a loader or sink.
 #[repr(C)]
@@ -248,7 +246,7 @@ pub unsafe extern "C" fn mws_transfer_engine_free(engine: *mut mws_transfer_engi
 struct Executor {
     exec: TransferExecutor,
     cancel: AtomicBool,
-    progress: Mutex<(mws_progress_fn, usize)>,
+    progress: Mutex<Option<CProgress>>,
     stats: Mutex<mws_transfer_stats>,
 }
 
@@ -258,7 +256,7 @@ impl Executor {
         Ok(Executor {
             exec,
             cancel: AtomicBool::new(false),
-            progress: Mutex::new((None, 0)),
+            progress: Mutex::new(None),
             stats: Mutex::new(mws_transfer_stats::default()),
         })
     }
@@ -368,11 +366,18 @@ pub unsafe extern "C" fn mws_loader_new(
     })
 }
 
-/// Sets (or clears, with NULL) the progress callback of a loader. `ctx` is passed to
-/// it and must stay valid while it is set.
+/// Sets (or clears, with NULL) the progress callback of a loader: live loads report
+/// throttled `MWS_PROGRESS_TRANSFER` progress (items = engine operations), stored
+/// loads (`mws_loader_load_stored`) `MWS_PROGRESS_RESTORE` progress unless their io
+/// arguments bring their own callback. `ctx` is passed to it and must stay valid
+/// while it is set.
+///
+/// Errors: `MWS_NULL_ARGUMENT`. Thread safety: may be called while a load runs; the
+/// running load keeps the callback it started with.
 ///
 /// # Safety
-/// `loader` is NULL or live.
+/// `loader` is NULL or live; `progress`, when set, honours `mws_progress_fn` with
+/// `ctx` until it is replaced or the loader is freed.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_set_progress(
     loader: *const mws_loader,
@@ -381,7 +386,9 @@ pub unsafe extern "C" fn mws_loader_set_progress(
 ) -> mws_status {
     status_call!(|| {
         // SAFETY: `loader` is NULL or a live handle of this type (this function's contract).
-        *unsafe { handle(loader, "loader") }?.inner.progress.lock() = (progress, ctx as usize);
+        let l = unsafe { handle(loader, "loader") }?;
+        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
+        *l.inner.progress.lock() = unsafe { CProgress::new(progress, ctx) };
         Ok(())
     })
 }
@@ -462,12 +469,7 @@ pub unsafe extern "C" fn mws_loader_load_live(
         let sl = leases_of(&sources);
         let tl = leases_of(std::slice::from_ref(&target));
         let progress = *l.progress.lock();
-        let cb = move |done: u64, total: u64| {
-            if let Some(f) = progress.0 {
-                // SAFETY: the caller's callback contract.
-                unsafe { f(progress.1 as *mut c_void, done, total) };
-            }
-        };
+        let cb = progress.map(|c| move |p: &Progress| c.report(p));
         let rargs = ReaderArgs {
             target_worker_id: call.worker.as_deref(),
             source_pre_registered: true,
@@ -478,7 +480,7 @@ pub unsafe extern "C" fn mws_loader_load_live(
             target_guards: Some(&call.guards),
             transfer_id: call.transfer_id.as_deref(),
             cancel: Some(&l.cancel),
-            progress: Some(&cb),
+            progress: cb.as_ref().map(|f| f as ProgressFn<'_>),
         };
         let receipts =
             // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
@@ -494,8 +496,8 @@ pub unsafe extern "C" fn mws_loader_load_live(
 
 /// Restores the part of `plan` that belongs to `binding` from `store` (delegates to
 /// `mws_store_load`; same arguments, errors and safety), honouring the loader's
-/// cancellation flag (checked before the call) and reporting one progress call and
-/// the statistics at the end. `stats` may be NULL.
+/// cancellation flag (checked before the call), its progress callback (unless `args`
+/// sets one) and recording the statistics. `stats` may be NULL.
 ///
 /// # Safety
 /// As `mws_store_load`.
@@ -519,16 +521,19 @@ pub unsafe extern "C" fn mws_loader_load_stored(
         return status_call!(|| { Err(Failure::new(mws_status::MWS_STORE, "load was cancelled before it started")) });
     }
     let mut s = mws_load_stats::default();
+    // The loader's progress callback, unless the call brings its own.
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    let mut call_args = unsafe { args.as_ref() }.copied().unwrap_or_else(mws_io_args::none);
+    if call_args.progress.is_none() {
+        if let Some(c) = *l.progress.lock() {
+            (call_args.progress, call_args.progress_ctx) = c.raw();
+        }
+    }
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    let status = unsafe { crate::ffi::store::mws_store_load(store, plan, binding, args, &mut s) };
+    let status = unsafe { crate::ffi::store::mws_store_load(store, plan, binding, &call_args, &mut s) };
     if status == mws_status::MWS_OK {
         *l.stats.lock() =
             mws_transfer_stats { bytes: s.bytes, regions: s.regions, operations: s.ranges, receipts: s.requests };
-        let progress = *l.progress.lock();
-        if let Some(f) = progress.0 {
-            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-            unsafe { f(progress.1 as *mut c_void, s.bytes, s.bytes) };
-        }
         if !stats.is_null() {
             // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
             unsafe { *stats = s };

@@ -728,12 +728,14 @@ pub unsafe extern "C" fn mws_store_load(
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
         })?;
         let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
+        let report = a.progress.map(|c| move |p: &crate::protocol::Progress| c.report(p));
         let la = LoadArgs {
             worker_id: a.worker_id,
             guard: Some(&*a.guard),
             transfer_id: a.transfer_id,
             skip_committed_check: false,
             lease: lease.as_deref(),
+            progress: report.as_ref().map(|f| f as crate::protocol::ProgressFn<'_>),
         };
         // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
         let st = unsafe { s.ws.load(&p.inner, &rb, la) }?;

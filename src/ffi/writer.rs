@@ -1,6 +1,7 @@
 //! `mws_writer`: the per-tensor snapshot writer over a caller's adapter vtable.
 
 use crate::ffi::boundary::{mws_status, Failure};
+use crate::ffi::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::ffi::callbacks::snapshot::{
     mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
     MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
@@ -154,6 +155,36 @@ pub unsafe extern "C" fn mws_writer_write_tensor(
             // SAFETY: `receipts` was checked non-NULL and is valid for a write (this function's contract).
             unsafe { write_out(receipts, Handle::into_raw(mws_receipts::new(r))) };
         }
+        Ok(())
+    })
+}
+
+/// Sets (or clears, with a NULL `progress`) the writer's progress callback: from then
+/// on, the uploads that `mws_writer_write_tensor` triggers report throttled
+/// `MWS_PROGRESS_UPLOAD` progress whose totals are the whole snapshot (every object
+/// of the plan). `ctx` is passed to it and must stay valid while it is set.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (NULL writer). Thread safety: serialized with the
+/// writer's other calls.
+///
+/// # Safety
+/// `writer` is NULL or a live handle; `progress`, when set, honours
+/// `mws_progress_fn` with `ctx` until it is replaced or the writer is freed.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_set_progress(
+    writer: *const mws_writer,
+    progress: mws_progress_fn,
+    ctx: *mut c_void,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
+        let report = unsafe { CProgress::new(progress, ctx) };
+        w.inner.lock().set_progress(report.map(|c| {
+            Box::new(move |p: &crate::protocol::Progress| c.report(p))
+                as Box<dyn Fn(&crate::protocol::Progress) + Send + Sync>
+        }));
         Ok(())
     })
 }

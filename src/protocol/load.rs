@@ -3,6 +3,7 @@
 //! (`load-path.md` §1, §4–§6).
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::progress::{ProgressPhase, Reporter};
 use super::registration::{registration_requests, RegistrationLease};
 use super::state::WeightStore;
 
@@ -133,6 +134,10 @@ pub struct LoadArgs<'a> {
     /// A registration lease that already pins and registers exactly these target
     /// fragments (then `guard` is not used and nothing is registered per call).
     pub lease: Option<&'a RegistrationLease>,
+    /// Called with throttled [`Progress`](super::Progress) reports of the reads
+    /// ([`ProgressPhase::Restore`](super::ProgressPhase), items = transfer regions),
+    /// on the calling thread. `None`: no reports.
+    pub progress: Option<super::ProgressFn<'a>>,
 }
 
 /// Executes the part of `plan` that belongs to `binding`'s participant
@@ -295,6 +300,8 @@ pub(crate) unsafe fn load(
         }
     };
     let mut stats = LoadStats::default();
+    let total_bytes: u64 = ops.iter().map(|&i| plan.regions()[i].total_bytes()).sum();
+    let mut progress = Reporter::start(args.progress, ProgressPhase::Restore, total_bytes, ops.len() as u64);
     let body = |io_started: &mut bool| {
         *io_started = true;
         let read = if ws.store.supports_strided_reads() {
@@ -311,13 +318,17 @@ pub(crate) unsafe fn load(
             stats.direct_regions = stats.regions;
             r
         };
-        match &verifier {
+        let checked = match &verifier {
             // SAFETY: the target views are valid and ours for the call (this function's `# Safety`).
             Some(v) if read.is_ok() => unsafe {
                 v.verify_restore(&*ws.store, plan, &ops, options.max_range_bytes, options.max_region_segments)
             },
             _ => read,
+        };
+        if checked.is_ok() {
+            progress.finish();
         }
+        checked
     };
     match token {
         Some(token) => ws.registrar.scoped(&*ws.store, &requests, token, body)?,

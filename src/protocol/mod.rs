@@ -8,6 +8,7 @@
 //!   commit, abort, finalize; [`transaction`]: [`Transaction`], the stateful front
 //!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.
 //! - [`load`]: restores (ranged or strided reads into target buffers).
+//! - [`progress`]: throttled progress reports of long calls.
 //! - [`operator`]: survey and garbage collection of a listable store (`mws`).
 //! - [`integrity`]: payload checksums: computed at upload, written before commit,
 //!   verified at restore and by operators.
@@ -19,6 +20,7 @@ pub mod guards;
 pub mod integrity;
 pub mod load;
 pub mod operator;
+pub mod progress;
 pub mod receipt;
 pub mod registration;
 pub mod state;
@@ -31,6 +33,7 @@ pub mod writer;
 pub use crate::plan::bound_load::LoadPlan;
 pub use guards::{AllocationFence, GuardProvider, LifetimeToken, StaticGuard, TerminalState};
 pub use load::{load_manifest, LoadArgs, LoadOptions, LoadStats};
+pub use progress::{Progress, ProgressFn, ProgressPhase, PROGRESS_INTERVAL};
 pub use receipt::{receipts_from_json, receipts_to_json, UploadReceipt};
 pub use registration::RegistrationLease;
 pub use state::StoreLimits;

@@ -3,6 +3,7 @@
 
 use super::commit;
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::progress::{ProgressPhase, Reporter};
 use super::receipt::UploadReceipt;
 use super::registration::registration_requests;
 use super::registration::RegistrationLease;
@@ -26,6 +27,10 @@ pub struct UploadArgs<'a> {
     /// A registration lease that already pins and registers exactly these source
     /// fragments (then `guard` is not used and nothing is registered per call).
     pub lease: Option<&'a RegistrationLease>,
+    /// Called with throttled [`Progress`](super::Progress) reports of the payload
+    /// writes ([`ProgressPhase::Upload`](super::ProgressPhase), items = objects), on
+    /// the calling thread. `None`: no reports.
+    pub progress: Option<super::ProgressFn<'a>>,
 }
 
 fn stale(kind: ErrorKind, msg: String) -> Error {
@@ -170,6 +175,8 @@ pub(crate) unsafe fn upload(
     // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
     let checksums = unsafe { super::integrity::source_checksums(&fresh_frags) };
     let body = |io_started: &mut bool| {
+        let total: u64 = fresh_frags.iter().map(|f| f.nbytes()).sum();
+        let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
         let batch = ws.limits.max_ranges_per_request;
         for (chunk_ops, chunk_frags) in ops.chunks(batch).zip(fresh_frags.chunks(batch)) {
             let items: Vec<PutFrom<'_>> = chunk_ops
@@ -210,8 +217,11 @@ pub(crate) unsafe fn upload(
                     .collect();
                 return Err(stale(ErrorKind::Store, format!("batch_put_from failed: [{}]", text.join(", "))));
             }
+            progress.advance(items.iter().map(|i| i.source.len).sum(), items.len() as u64);
         }
-        commit::require_complete_payloads(ws, &keys)
+        commit::require_complete_payloads(ws, &keys)?;
+        progress.finish();
+        Ok(())
     };
     match token {
         Some(token) => ws.registrar.scoped(&*ws.store, &requests, token, body)?,

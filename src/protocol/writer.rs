@@ -3,6 +3,7 @@
 //! were written; `commit` publishes the manifest.
 
 use super::guards::GuardProvider;
+use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
 use super::state::{plan_upload, WeightStore};
 use super::upload::UploadArgs;
@@ -85,6 +86,9 @@ pub struct SnapshotWriter<'s, A: SnapshotAdapter> {
     committed: bool,
     decision_may_exist: bool,
     flush_attempted: bool,
+    progress: Option<Box<dyn Fn(&Progress) + Send + Sync + 's>>,
+    /// (bytes, objects) of the participants flushed so far.
+    flushed_work: (u64, u64),
 }
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
@@ -145,6 +149,8 @@ pub(crate) fn begin_snapshot_with<'s, A: SnapshotAdapter>(
         committed: false,
         decision_may_exist: false,
         flush_attempted: false,
+        progress: None,
+        flushed_work: (0, 0),
     })
 }
 
@@ -188,6 +194,14 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
     /// True once committed or aborted.
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Installs (or, with `None`, removes) a progress callback for the rest of the
+    /// snapshot: throttled [`Progress`] reports of [`ProgressPhase::Upload`] whose
+    /// totals are the whole plan (every object of every participant), called on the
+    /// thread that calls [`SnapshotWriter::write_tensor`] while it uploads.
+    pub fn set_progress(&mut self, progress: Option<Box<dyn Fn(&Progress) + Send + Sync + 's>>) {
+        self.progress = progress;
     }
 
     fn require_open(&self) -> Result<()> {
@@ -275,13 +289,46 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             .map(|o| o.source_snapshot().worker_id().to_string())
             .collect();
         let mut receipts = Vec::new();
+        let totals = (
+            self.plan.operations().iter().map(|o| o.target().nbytes()).sum::<u64>(),
+            self.plan.operations().len() as u64,
+        );
         for w in &workers {
-            let args = UploadArgs { worker_id: Some(w), guard: Some(&*guard), transfer_id: None, lease: None };
+            let (base, sink) = (self.flushed_work, self.progress.as_deref());
+            // Per-upload reports, shifted onto the whole snapshot's totals.
+            let shifted = move |p: &Progress| {
+                if let Some(f) = sink {
+                    f(&Progress {
+                        phase: ProgressPhase::Upload,
+                        bytes_done: (base.0 + p.bytes_done).min(totals.0),
+                        bytes_total: totals.0,
+                        items_done: (base.1 + p.items_done).min(totals.1),
+                        items_total: totals.1,
+                    })
+                }
+            };
+            let args = UploadArgs {
+                worker_id: Some(w),
+                guard: Some(&*guard),
+                transfer_id: None,
+                lease: None,
+                progress: sink.is_some().then_some(&shifted as &(dyn Fn(&Progress) + Sync)),
+            };
             // SAFETY: the adapter (an unsafe trait) vouches for the bindings' memory
             // while its guard pins it.
             let r = unsafe { upload::upload(self.store, &self.plan, &self.source.placement, &binding, args) };
             match r {
                 Ok(r) => {
+                    let bytes: u64 = self
+                        .plan
+                        .operations()
+                        .iter()
+                        .filter(|o| {
+                            o.source_participant_id() == participant && o.source_snapshot().worker_id() == w.as_str()
+                        })
+                        .map(|o| o.target().nbytes())
+                        .sum();
+                    self.flushed_work = (self.flushed_work.0 + bytes, self.flushed_work.1 + r.len() as u64);
                     self.receipts.extend(r.iter().cloned());
                     receipts.extend(r);
                 }

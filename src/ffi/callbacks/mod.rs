@@ -3,14 +3,16 @@
 //! [`copy_hook`] (`mws_copy_hook_vtable` -> `store::CopyHook`), [`guard`]
 //! (`mws_guard_vtable` -> `protocol::GuardProvider`) and [`snapshot`]
 //! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`), [`engine`]
-//! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`) and [`log`] (the
-//! `mws_set_log_callback` function -> a `log::Log` backend). The layers below know
+//! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`) [`log`] (the
+//! `mws_set_log_callback` function -> a `log::Log` backend) and [`progress`]
+//! (`mws_progress_fn` -> `protocol::ProgressFn`). The layers below know
 //! no `mws_*` type.
 
 pub mod copy_hook;
 pub mod engine;
 pub mod guard;
 pub mod log;
+pub mod progress;
 pub mod snapshot;
 pub mod store;
 

@@ -21,6 +21,7 @@ use crate::error::{Error, ErrorKind};
 use crate::model::Placement;
 use crate::plan::transfer_bind::{Side, TransferPlan};
 use crate::protocol::guards::{acquire_pin, LifetimeToken, TerminalState};
+use crate::protocol::progress::{ProgressFn, ProgressPhase, Reporter};
 use crate::runtime::{validate_runtime_binding, RuntimeBinding, RuntimeFragment};
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -109,8 +110,10 @@ pub struct SinkArgs<'a> {
     pub transfer_id: Option<&'a str>,
     /// Checked before every batch: set it to stop submitting (the call then fails).
     pub cancel: Option<&'a AtomicBool>,
-    /// Called after every completed batch with (bytes done, bytes total).
-    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// Throttled [`Progress`](crate::protocol::Progress) reports
+    /// ([`ProgressPhase::Transfer`], items = engine operations) after completed
+    /// batches, on the calling thread.
+    pub progress: Option<ProgressFn<'a>>,
 }
 
 /// Options of [`TransferExecutor::execute_reader`] (`MooncakeTransferEngineReader.execute`).
@@ -134,8 +137,10 @@ pub struct ReaderArgs<'a> {
     pub transfer_id: Option<&'a str>,
     /// Checked before every batch.
     pub cancel: Option<&'a AtomicBool>,
-    /// Called after every completed batch with (bytes done, bytes total).
-    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// Throttled [`Progress`](crate::protocol::Progress) reports
+    /// ([`ProgressPhase::Transfer`], items = engine operations) after completed
+    /// batches, on the calling thread.
+    pub progress: Option<ProgressFn<'a>>,
 }
 
 /// A live-transfer executor on one engine (sink and reader share it). Cheap; any
@@ -720,7 +725,7 @@ impl TransferExecutor {
         mut pins: Pins,
         resources: Vec<Box<dyn Any + Send>>,
         cancel: Option<&AtomicBool>,
-        progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+        progress: Option<ProgressFn<'_>>,
     ) -> TransferResult<Vec<TransferReceipt>> {
         let label = if direction == Direction::Write { "source" } else { "target" };
         let mut registered: Vec<u64> = Vec::with_capacity(own.len());
@@ -741,7 +746,8 @@ impl TransferExecutor {
             }
         }
         let total: u64 = groups.values().flatten().map(|o| plan.regions()[o.index].total_bytes()).sum();
-        let mut done = 0u64;
+        let total_ops: u64 = groups.values().flatten().map(|o| plan.regions()[o.index].segment_count()).sum();
+        let mut progress = Reporter::start(progress, ProgressPhase::Transfer, total, total_ops);
         let mut submitted = false;
         let body: TransferResult<Vec<TransferReceipt>> = match reg_error {
             Some(e) => Err(e),
@@ -763,9 +769,7 @@ impl TransferExecutor {
                         nbytes: 0,
                         stop: None,
                         cancel,
-                        progress,
-                        done: &mut done,
-                        total,
+                        progress: &mut progress,
                         submitted: &mut submitted,
                     };
                     for op in ops.iter() {
@@ -790,7 +794,10 @@ impl TransferExecutor {
                     });
                 }
                 match result {
-                    Ok(()) => Ok(receipts),
+                    Ok(()) => {
+                        progress.finish();
+                        Ok(receipts)
+                    }
                     Err(Stop::Error(e)) => Err(e),
                     Err(Stop::Unknown { ticket, restart_required, interrupted }) => {
                         // Hand everything off; nothing is unregistered or released.
@@ -893,7 +900,7 @@ enum Stop {
 }
 
 /// Streams the segments of one endpoint's operations into batches (§6.2).
-struct Lowering<'e, 'x> {
+struct Lowering<'e, 'x, 'p> {
     exec: &'x TransferExecutor,
     endpoint: &'e str,
     direction: Direction,
@@ -903,13 +910,11 @@ struct Lowering<'e, 'x> {
     nbytes: u64,
     stop: Option<Stop>,
     cancel: Option<&'x AtomicBool>,
-    progress: Option<&'x (dyn Fn(u64, u64) + Sync)>,
-    done: &'x mut u64,
-    total: u64,
+    progress: &'x mut Reporter<'p>,
     submitted: &'x mut bool,
 }
 
-impl Lowering<'_, '_> {
+impl Lowering<'_, '_, '_> {
     fn new_range(s: &RuntimeFragment, t: &RuntimeFragment) -> TransferBatchRange {
         TransferBatchRange {
             source_base_address: s.storage_address(),
@@ -974,10 +979,7 @@ impl Lowering<'_, '_> {
             BatchOutcome::Completed => {
                 self.operation_count += batch.operation_count();
                 self.nbytes += batch.nbytes();
-                *self.done += batch.nbytes();
-                if let Some(p) = self.progress {
-                    p(*self.done, self.total);
-                }
+                self.progress.advance(batch.nbytes(), batch.operation_count());
             }
             BatchOutcome::Failed(msg) => {
                 self.stop = Some(Stop::Error(TransferError::new(TransferErrorKind::CompletionFailed, msg)));
