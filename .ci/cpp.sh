@@ -16,6 +16,7 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v doxygen >/dev/null || need+=(doxygen)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
@@ -43,6 +44,11 @@ if ! cmp -s "$tmp_header" include/mooncake_weight_store.h; then
   exit 1
 fi
 echo "header OK"
+
+step "C API reference from the header (doxygen; warnings are errors)"
+rm -rf build/api-docs
+doxygen docs/api/Doxyfile
+echo "API reference: build/api-docs/html/index.html"
 
 conformance_args=()
 if [ -n "${MWS_CONFORMANCE_DIR:-}" ]; then

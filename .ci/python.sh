@@ -111,6 +111,7 @@ export MOONCAKE_MASTER="127.0.0.1:$MC_RPC_PORT" MC_TCP_BIND_ADDRESS=127.0.0.1
 export MWS_TEST_LOG_DIR="$LOG_DIR" MWS_REQUIRE_MOONCAKE=1 MWS_EXPECT_INSTALLED_WHEEL=1
 export MWS_CONFORMANCE_DIR="${MWS_CONFORMANCE_DIR:-$ROOT/tests/fixtures/conformance}"
 export MWS_HEADER="$ROOT/include/mooncake_weight_store.h"
+export MWS_EXAMPLES_DIR="$ROOT/examples/python"
 RUN_DIR="$WORK_DIR/run"
 mkdir -p "$RUN_DIR"
 cp -r python/tests "$RUN_DIR/tests"

@@ -21,7 +21,7 @@ run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 foreach(f include/mooncake_weight_store.h include/mooncake_weight_store.hpp
           lib/libmooncake_weight_store.a lib/libmooncake_weight_store.so lib/libmooncake_weight_store.so.0
           lib/cmake/mooncake_weight_store/mooncake_weight_storeConfig.cmake
-          lib/pkgconfig/mooncake_weight_store.pc)
+          lib/pkgconfig/mooncake_weight_store.pc lib/pkgconfig/mooncake_weight_store_static.pc)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "not installed: ${f}")
   endif()
@@ -35,7 +35,18 @@ set(ENV{LDFLAGS} "")
 run("${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE}" -B "${SCRATCH}/build" -G "${GENERATOR}"
     -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_PREFIX_PATH=${prefix}")
 run("${CMAKE_COMMAND}" --build "${SCRATCH}/build")
-foreach(exe consumer_shared consumer_static consumer_cxx consumer_pkgconfig)
+foreach(exe consumer_shared consumer_static consumer_cxx consumer_pkgconfig quickstart_find_package)
   run("${SCRATCH}/build/${exe}")
 endforeach()
-message(STATUS "install test passed: find_package (shared, static, cxx) and pkg-config")
+
+# The C quick start, built with the exact commands of docs/C-QUICKSTART.md: shared
+# through pkg-config (run with LD_LIBRARY_PATH), then static (runs without it and must
+# not need the shared library).
+get_filename_component(quickstart "${CONSUMER_SOURCE}/../../examples/quickstart.c" ABSOLUTE)
+set(ENV{PKG_CONFIG_PATH} "${prefix}/lib/pkgconfig")
+run(sh -c "cc -std=c11 -o '${SCRATCH}/quickstart_shared' '${quickstart}' $(pkg-config --cflags --libs mooncake_weight_store)")
+run(sh -c "cc -std=c11 -o '${SCRATCH}/quickstart_static' '${quickstart}' $(pkg-config --cflags --libs mooncake_weight_store_static)")
+run(sh -c "LD_LIBRARY_PATH='${prefix}/lib' '${SCRATCH}/quickstart_shared'")
+run(sh -c "env -u LD_LIBRARY_PATH '${SCRATCH}/quickstart_static' '${SCRATCH}/quickstart-store'")
+run(sh -c "! readelf -d '${SCRATCH}/quickstart_static' | grep -q 'NEEDED.*libmooncake_weight_store'")
+message(STATUS "install test passed: find_package (shared, static, cxx), pkg-config, the C quick start (shared and static)")

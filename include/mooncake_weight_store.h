@@ -1,5 +1,6 @@
-/*
- * mooncake_weight_store.h: the C ABI of mooncake-weight-store.
+/**
+ * @file mooncake_weight_store.h
+ * The C ABI of mooncake-weight-store (API reference: doxygen docs/api/Doxyfile).
  *
  * Conventions (apply to every function below):
  *  - Every fallible function returns mws_status; MWS_OK (0) is success. Out-parameters
@@ -31,8 +32,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/** Major version of this header (compare with `mws_version()`). */
 #define MWS_VERSION_MAJOR 0
-#define MWS_VERSION_MINOR 1
+/** Minor version of this header; before 1.0, only the same minor version is ABI-compatible. */
+#define MWS_VERSION_MINOR 2
+/** Patch version of this header. */
 #define MWS_VERSION_PATCH 0
 
 

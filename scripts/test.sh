@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine (the README's test command):
-#   Rust: formatting, clippy, unit + integration + conformance tests;
-#   C/C++: header drift, exported symbols, CMake workflows dev (with valgrind leak
-#   checks) and asan (installs cmake, ninja, g++, gtest, valgrind and cbindgen when
-#   missing);
+#   Docs: every C/C++/Rust/Python block of the README, the C quick start and the
+#   Python README is a tested file or an excerpt of one (scripts/check_doc_examples.py);
+#   Rust: formatting, clippy, rustdoc without warnings, unit + integration +
+#   conformance tests (the README's Rust example among them);
+#   C/C++: header drift, the C API reference (doxygen, warnings are errors),
+#   exported symbols, CMake workflows dev (with valgrind leak checks) and asan
+#   (installs cmake, ninja, g++, gtest, valgrind, doxygen and cbindgen when missing);
 #   Python: the wheel (library inside), installed into a fresh venv, its tests
 #   (binding, state dicts, safetensors, Mooncake Store backend against a real
 #   mooncake_master on loopback) and examples (installs libibverbs1; the venv gets
@@ -19,10 +22,14 @@ step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
 
 step "module imports form no loop"
 python3 scripts/check_module_cycles.py
+step "documented code is tested code (README, C quick start, Python README)"
+python3 scripts/check_doc_examples.py
 step "rustfmt"
 cargo fmt --check
 step "clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (unit, integration, conformance, crash and race tests)"
 cargo test --quiet -- --skip conformance_fixtures
 step "conformance fixtures (one line per case)"

@@ -48,7 +48,7 @@ from .state_dict import (COLWISE, REPLICATED, ROWWISE, Parallel, Shard, StateDic
                          save_state_dict, split)
 from .safetensors_io import Layout, SafetensorsError, SafetensorsFile, export_safetensors, import_safetensors
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "set_log_callback",
