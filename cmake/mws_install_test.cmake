@@ -21,7 +21,7 @@ run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 foreach(f include/mooncake_weight_store.h include/mooncake_weight_store.hpp
           lib/libmooncake_weight_store.a lib/libmooncake_weight_store.so lib/libmooncake_weight_store.so.0
           lib/cmake/mooncake_weight_store/mooncake_weight_storeConfig.cmake
-          lib/pkgconfig/mooncake_weight_store.pc lib/pkgconfig/mooncake_weight_store_static.pc)
+          lib/pkgconfig/mooncake_weight_store.pc lib/pkgconfig/mooncake_weight_store_static.pc bin/mws)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "not installed: ${f}")
   endif()

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -277,6 +278,9 @@ int run(const Options &o) {
     t = Clock::now();
     mws::StoredManifest manifest = store.load_manifest(manifest_key);
     HostModel dst(placement_json("serving-tp2-ep4", serving, defs, 1, "demo-moe", "rev-1"), defs, false, "serving");
+    if (o.keep) {  // for `mws plan KEY --target ...` (beside the store, not in it)
+        std::ofstream(o.dir + ".serving-placement.json") << dst.placement.to_json();
+    }
     mws::LoadPlan plan = mws::LoadPlan::plan(manifest, dst.placement, dst.binding_ptrs());
     const double t_plan = seconds_since(t);
 
@@ -368,7 +372,8 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "error: %s\n", e.what());
     }
     if (o.keep) {
-        std::printf("kept the store at %s (inspect it: mws --dir %s ls)\n", o.dir.c_str(), o.dir.c_str());
+        std::printf("kept the store at %s (inspect it: mws --dir %s ls; the serving layout is in %s.serving-placement.json)\n",
+                    o.dir.c_str(), o.dir.c_str(), o.dir.c_str());
         return rc;
     }
     try {
