@@ -704,7 +704,13 @@ struct Instance {
 };
 
 struct Totals {
-    std::uint64_t bytes = 0, operations = 0, receipts = 0;
+    std::uint64_t bytes = 0, operations = 0, engine_operations = 0, receipts = 0;
+    void add(const mws_transfer_stats &s) {
+        bytes += s.bytes;
+        operations += s.operations;
+        engine_operations += s.engine_operations;
+        receipts += s.receipts;
+    }
 };
 
 /// Every server participant pulls its part through its own engine.
@@ -717,9 +723,7 @@ Totals pull(Instance &src, Instance &dst, const mws::TransferPlan &plan, bool ti
         mws::Loader loader(engine, limits);
         mws_transfer_stats s = loader.load_live(plan, src.model.placement, src.model.binding_ptrs(),
                                                 dst.model.placement, dst.binding(b.first));
-        t.bytes += s.bytes;
-        t.operations += s.operations;
-        t.receipts += s.receipts;
+        t.add(s);
         require(engine.pending_count() == 0, "nothing pending after a pull");
     }
     src.unregister_all();
@@ -736,9 +740,7 @@ Totals push(Instance &src, Instance &dst, const mws::TransferPlan &plan, bool ti
         mws::Sink sink(engine, limits);
         mws_transfer_stats s =
             sink.execute(plan, src.model.placement, src.binding(b.first), dst.model.placement, dst.model.binding_ptrs());
-        t.bytes += s.bytes;
-        t.operations += s.operations;
-        t.receipts += s.receipts;
+        t.add(s);
     }
     dst.unregister_all();
     return t;
@@ -762,22 +764,26 @@ int run_stand_in() {
         Totals p = pull(src, dst, plan, tickets);
         require(p.bytes == total, "pull moved every planned byte");
         std::size_t checked = dst.model.verify();
-        std::printf("pull (%s): %llu bytes in %llu operations from %llu receipts, %zu bytes verified\n", mode,
-                    static_cast<unsigned long long>(p.bytes), static_cast<unsigned long long>(p.operations),
-                    static_cast<unsigned long long>(p.receipts), checked);
+        std::printf("pull (%s): %llu bytes, %llu planned segments in %llu engine operations, %llu receipts, "
+                    "%zu bytes verified\n",
+                    mode, static_cast<unsigned long long>(p.bytes), static_cast<unsigned long long>(p.operations),
+                    static_cast<unsigned long long>(p.engine_operations), static_cast<unsigned long long>(p.receipts),
+                    checked);
         dst.reset();
         Totals w = push(src, dst, plan, tickets);
         require(w.bytes == total, "push moved every planned byte");
         checked = dst.model.verify();
-        std::printf("push (%s): %llu bytes in %llu operations from %llu receipts, %zu bytes verified\n", mode,
-                    static_cast<unsigned long long>(w.bytes), static_cast<unsigned long long>(w.operations),
-                    static_cast<unsigned long long>(w.receipts), checked);
+        std::printf("push (%s): %llu bytes, %llu planned segments in %llu engine operations, %llu receipts, "
+                    "%zu bytes verified\n",
+                    mode, static_cast<unsigned long long>(w.bytes), static_cast<unsigned long long>(w.operations),
+                    static_cast<unsigned long long>(w.engine_operations), static_cast<unsigned long long>(w.receipts),
+                    checked);
         require(src.registrations() == 0 && dst.registrations() == 0, "no registration left behind");
     }
 
     // One executor batch per endpoint (max_batch_operations far above the queue limit):
     // the adapter must split it into native batches of at most 1024 requests.
-    mws_executor_limits big{1u << 20, 1000000, 10000000, 3, 1000};
+    mws_executor_limits big{1u << 20, 1000000, 10000000, 3, 1000, 0};
     for (bool tickets : {false, true}) {
         dst.reset();
         std::size_t native_before = 0;
@@ -793,7 +799,7 @@ int run_stand_in() {
             queued = std::max(queued, e.second->max_queued);
         }
         native -= native_before;
-        require(p.operations > 1024 * p.receipts, "some endpoint's batch exceeds the queue limit");
+        require(p.engine_operations > 1024 * p.receipts, "some endpoint's batch exceeds the queue limit");
         require(native > p.receipts && largest <= 1024 && queued <= 1024 && rejected == 0,
                 "the adapter split every batch to the queue limit");
         std::size_t checked = dst.model.verify();

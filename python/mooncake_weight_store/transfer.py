@@ -31,7 +31,8 @@ _PROGRESS = ctypes.CFUNCTYPE(None, c_void_p, c_uint64, c_uint64)
 
 
 class mws_transfer_stats(Structure):
-    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64)]
+    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
+                ("engine_operations", c_uint64)]
 
 
 class mws_live_args(Structure):
@@ -82,16 +83,19 @@ SIDE_TARGET = 1
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one live call moved."""
+    """What one live call moved: ``operations`` counts planned segments (the
+    receipts' counts), ``engine_operations`` the transfers submitted to the engine for
+    them (fewer when adjacent segments were merged)."""
 
     bytes: int = 0
     regions: int = 0
     operations: int = 0
     receipts: int = 0
+    engine_operations: int = 0
 
 
 def _stats(s: mws_transfer_stats) -> TransferStats:
-    return TransferStats(s.bytes, s.regions, s.operations, s.receipts)
+    return TransferStats(s.bytes, s.regions, s.operations, s.receipts, s.engine_operations)
 
 
 def _handles(bindings: Sequence[Binding]) -> Any:
