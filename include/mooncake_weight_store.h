@@ -848,7 +848,7 @@ typedef struct mws_transfer_engine_vtable {
  */
 typedef struct mws_executor_limits {
     /**
-     * Segments per engine batch (> 0).
+     * Engine operations per batch (> 0; merged segments count once).
      */
     uint64_t max_batch_operations;
     /**

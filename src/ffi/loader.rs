@@ -46,7 +46,7 @@ impl Handle for mws_transfer_engine {}
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct mws_executor_limits {
-    /// Segments per engine batch (> 0).
+    /// Engine operations per batch (> 0; merged segments count once).
     pub max_batch_operations: u64,
     /// Largest `segment_count` of one region (> 0).
     pub max_region_segments: u64,

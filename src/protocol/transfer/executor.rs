@@ -31,8 +31,8 @@ use std::sync::Arc;
 /// worker and are checked independently of the plan's planning limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExecutorLimits {
-    /// Segments per engine batch (default 1024: the wheel's TCP transport queues at
-    /// most 1024 transfers per peer).
+    /// Engine operations per batch (default 1024: the wheel's TCP transport queues at
+    /// most 1024 transfers per peer); merged segments count once.
     pub max_batch_operations: u64,
     /// Largest `segment_count` of one region (default 1,000,000).
     pub max_region_segments: u64,
