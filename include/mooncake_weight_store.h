@@ -870,11 +870,11 @@ typedef struct mws_transfer_engine_vtable {
 
 /**
  * Executor limits (`mws_loader_new`, `mws_sink_new`); a NULL pointer means the
- * defaults (1024, 1000000, 10000000, 3, 1000).
+ * defaults (1024, 1000000, 10000000, 3, 1000, 0).
  */
 typedef struct mws_executor_limits {
     /**
-     * Segments per engine batch (> 0).
+     * Engine operations per batch (> 0; merged segments count once).
      */
     uint64_t max_batch_operations;
     /**
@@ -893,6 +893,13 @@ typedef struct mws_executor_limits {
      * Timeout of one inline drain, milliseconds.
      */
     uint64_t completion_drain_timeout_ms;
+    /**
+     * 0 (default): adjacent segments of a batch (same pair of allocations, source and
+     * target both contiguous) are merged into one engine operation; the bytes moved,
+     * the plan and the receipts are the same either way. Non-zero: one engine
+     * operation per planned segment (the reference's request pattern).
+     */
+    uint32_t no_coalescing;
 } mws_executor_limits;
 
 /**
@@ -975,13 +982,19 @@ typedef struct mws_transfer_stats {
      */
     uint64_t regions;
     /**
-     * Engine operations (segments).
+     * Planned segments moved (the receipts' operation counts; stored loads: ranged
+     * reads).
      */
     uint64_t operations;
     /**
-     * Receipts (one per remote endpoint).
+     * Receipts (one per remote endpoint; stored loads: requests).
      */
     uint64_t receipts;
+    /**
+     * Operations submitted to the engine for them: at most `operations`, fewer when
+     * adjacent segments were merged (stored loads: equal to `operations`).
+     */
+    uint64_t engine_operations;
 } mws_transfer_stats;
 
 /**

@@ -278,7 +278,7 @@ public:
                     acc *= v.shape[d];
                 }
                 std::string fid = b.first + ":rt" + std::to_string(k++);
-                std::string endpoint = b.first + ":17000";
+                std::string endpoint = endpoint_prefix + b.first + ":17000";
                 mws_runtime_fragment f{};
                 f.placement_fragment_id = v.pfid.c_str();
                 f.fragment_id = fid.c_str();
@@ -353,6 +353,9 @@ public:
     std::vector<mws::Binding> bindings;
     std::size_t workers_per_participant = 1;
     std::uint32_t memory_kind = MWS_MEMORY_HOST;
+    /// Prepended to every fragment's endpoint (`<prefix><participant>:17000`); set it and
+    /// call make_bindings again to give two instances distinct endpoints.
+    std::string endpoint_prefix;
     std::set<std::string> worker_names;
 };
 

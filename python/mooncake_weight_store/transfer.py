@@ -30,7 +30,21 @@ _p = c_void_p
 
 
 class mws_transfer_stats(Structure):
-    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64)]
+    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
+                ("engine_operations", c_uint64)]
+
+
+class mws_executor_limits(Structure):
+    _fields_ = [("max_batch_operations", c_uint64), ("max_region_segments", c_uint64),
+                ("max_total_lowered_segments", c_uint64), ("max_completion_drain_attempts", c_uint32),
+                ("completion_drain_timeout_ms", c_uint64), ("no_coalescing", c_uint32)]
+
+
+def _limits(coalesce: bool) -> Any:
+    """The default executor limits, with coalescing of adjacent segments on or off."""
+    if coalesce:
+        return None  # NULL: the defaults (coalescing on)
+    return ctypes.byref(mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
 
 
 class mws_live_args(Structure):
@@ -81,16 +95,19 @@ SIDE_TARGET = 1
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one live call moved."""
+    """What one live call moved: ``operations`` counts planned segments (the
+    receipts' counts), ``engine_operations`` the transfers submitted to the engine for
+    them (fewer when adjacent segments were merged)."""
 
     bytes: int = 0
     regions: int = 0
     operations: int = 0
     receipts: int = 0
+    engine_operations: int = 0
 
 
 def _stats(s: mws_transfer_stats) -> TransferStats:
-    return TransferStats(s.bytes, s.regions, s.operations, s.receipts)
+    return TransferStats(s.bytes, s.regions, s.operations, s.receipts, s.engine_operations)
 
 
 def _handles(bindings: Sequence[Binding]) -> Any:
@@ -212,9 +229,11 @@ class Loader(OwnedHandle):
     _FREE = "mws_loader_free"
     _WHAT = "loader"
 
-    def __init__(self, engine: TransferEngine) -> None:
+    def __init__(self, engine: TransferEngine, *, coalesce: bool = True) -> None:
+        """``coalesce=False`` submits one engine operation per planned segment
+        (default: adjacent segments are merged; the bytes moved are the same)."""
         out = _p()
-        call("mws_loader_new", engine.handle, None, ctypes.byref(out))
+        call("mws_loader_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
         self._engine = engine
         self._progress: Any = None
@@ -254,9 +273,10 @@ class Sink(OwnedHandle):
     _FREE = "mws_sink_free"
     _WHAT = "sink"
 
-    def __init__(self, engine: TransferEngine) -> None:
+    def __init__(self, engine: TransferEngine, *, coalesce: bool = True) -> None:
+        """``coalesce`` as for :class:`Loader`."""
         out = _p()
-        call("mws_sink_new", engine.handle, None, ctypes.byref(out))
+        call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
         self._engine = engine
 

@@ -25,8 +25,8 @@ use crate::ffi::transfer_plan::{bindings_arg, mws_transfer_plan};
 use crate::plan::transfer_bind::Side;
 use crate::protocol::guards::{GuardProvider, StaticGuard};
 use crate::protocol::transfer::{
-    ExecutorLimits, GuardProviders, MemoryRegistrationLease, ReaderArgs, SinkArgs, TransferError, TransferExecutor,
-    TransferReceipt,
+    ExecutionStats, ExecutorLimits, GuardProviders, MemoryRegistrationLease, ReaderArgs, SinkArgs, TransferError,
+    TransferExecutor, TransferReceipt,
 };
 use crate::protocol::{Progress, ProgressFn};
 use crate::runtime::{MemoryKind, RuntimeBinding};
@@ -44,11 +44,11 @@ pub struct mws_transfer_engine {
 impl Handle for mws_transfer_engine {}
 
 /// Executor limits (`mws_loader_new`, `mws_sink_new`); a NULL pointer means the
-/// defaults (1024, 1000000, 10000000, 3, 1000).
+/// defaults (1024, 1000000, 10000000, 3, 1000, 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct mws_executor_limits {
-    /// Segments per engine batch (> 0).
+    /// Engine operations per batch (> 0; merged segments count once).
     pub max_batch_operations: u64,
     /// Largest `segment_count` of one region (> 0).
     pub max_region_segments: u64,
@@ -58,6 +58,11 @@ pub struct mws_executor_limits {
     pub max_completion_drain_attempts: u32,
     /// Timeout of one inline drain, milliseconds.
     pub completion_drain_timeout_ms: u64,
+    /// 0 (default): adjacent segments of a batch (same pair of allocations, source and
+    /// target both contiguous) are merged into one engine operation; the bytes moved,
+    /// the plan and the receipts are the same either way. Non-zero: one engine
+    /// operation per planned segment (the reference's request pattern).
+    pub no_coalescing: u32,
 }
 
 /// Statistics of the last call of a loader or sink.
@@ -68,10 +73,14 @@ pub struct mws_transfer_stats {
     pub bytes: u64,
     /// Regions (operations of the plan) executed.
     pub regions: u64,
-    /// Engine operations (segments).
+    /// Planned segments moved (the receipts' operation counts; stored loads: ranged
+    /// reads).
     pub operations: u64,
-    /// Receipts (one per remote endpoint).
+    /// Receipts (one per remote endpoint; stored loads: requests).
     pub receipts: u64,
+    /// Operations submitted to the engine for them: at most `operations`, fewer when
+    /// adjacent segments were merged (stored loads: equal to `operations`).
+    pub engine_operations: u64,
 }
 
 /// Per-call arguments of a live load or a sink execution. A NULL pointer or a zeroed
@@ -104,6 +113,7 @@ fn limits_arg(l: *const mws_executor_limits) -> ExecutorLimits {
             max_total_lowered_segments: l.max_total_lowered_segments,
             max_completion_drain_attempts: l.max_completion_drain_attempts,
             completion_drain_timeout_ms: l.completion_drain_timeout_ms,
+            coalesce_adjacent: l.no_coalescing == 0,
         },
     }
 }
@@ -261,7 +271,14 @@ impl Executor {
         })
     }
 
-    fn record(&self, plan: &mws_transfer_plan, side: Side, receipts: &[TransferReceipt], local: &RuntimeBinding) {
+    fn record(
+        &self,
+        plan: &mws_transfer_plan,
+        side: Side,
+        receipts: &[TransferReceipt],
+        local: &RuntimeBinding,
+        exec: &ExecutionStats,
+    ) {
         let bound = plan.bound.as_ref().expect("a live call has a bound plan");
         let regions = bound
             .executors(side)
@@ -274,6 +291,7 @@ impl Executor {
             regions: if receipts.is_empty() { 0 } else { regions },
             operations: receipts.iter().map(|r| r.operation_count).sum(),
             receipts: receipts.len() as u64,
+            engine_operations: exec.snapshot().1,
         };
     }
 }
@@ -470,6 +488,7 @@ pub unsafe extern "C" fn mws_loader_load_live(
         let tl = leases_of(std::slice::from_ref(&target));
         let progress = *l.progress.lock();
         let cb = progress.map(|c| move |p: &Progress| c.report(p));
+        let exec_stats = ExecutionStats::default();
         let rargs = ReaderArgs {
             target_worker_id: call.worker.as_deref(),
             source_pre_registered: true,
@@ -481,11 +500,12 @@ pub unsafe extern "C" fn mws_loader_load_live(
             transfer_id: call.transfer_id.as_deref(),
             cancel: Some(&l.cancel),
             progress: cb.as_ref().map(|f| f as ProgressFn<'_>),
+            stats: Some(&exec_stats),
         };
         let receipts =
             // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
             unsafe { l.exec.execute_reader(bound, &sp.inner, &sources, &tp.inner, &target, &rargs) }.map_err(transfer_failure)?;
-        l.record(p, Side::Target, &receipts, &target);
+        l.record(p, Side::Target, &receipts, &target, &exec_stats);
         if !stats.is_null() {
             // SAFETY: `stats` was checked non-NULL and is valid for a write (this function's contract).
             unsafe { write_out(stats, *l.stats.lock()) };
@@ -532,8 +552,13 @@ pub unsafe extern "C" fn mws_loader_load_stored(
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
     let status = unsafe { crate::ffi::store::mws_store_load(store, plan, binding, &call_args, &mut s) };
     if status == mws_status::MWS_OK {
-        *l.stats.lock() =
-            mws_transfer_stats { bytes: s.bytes, regions: s.regions, operations: s.ranges, receipts: s.requests };
+        *l.stats.lock() = mws_transfer_stats {
+            bytes: s.bytes,
+            regions: s.regions,
+            operations: s.ranges,
+            receipts: s.requests,
+            engine_operations: s.ranges,
+        };
         if !stats.is_null() {
             // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
             unsafe { *stats = s };
@@ -636,6 +661,7 @@ pub unsafe extern "C" fn mws_sink_execute(
         let call = unsafe { live_args(args) }?;
         let tl = leases_of(&targets);
         let sl = leases_of(std::slice::from_ref(&source));
+        let exec_stats = ExecutionStats::default();
         let sargs = SinkArgs {
             source_worker_id: call.worker.as_deref(),
             target_registrations: Some(&tl),
@@ -646,11 +672,12 @@ pub unsafe extern "C" fn mws_sink_execute(
             transfer_id: call.transfer_id.as_deref(),
             cancel: Some(&s.cancel),
             progress: None,
+            stats: Some(&exec_stats),
         };
         let receipts =
             // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
             unsafe { s.exec.execute_sink(bound, &sp.inner, &source, &tp.inner, &targets, &sargs) }.map_err(transfer_failure)?;
-        s.record(p, Side::Source, &receipts, &source);
+        s.record(p, Side::Source, &receipts, &source, &exec_stats);
         if !stats.is_null() {
             // SAFETY: `stats` was checked non-NULL and is valid for a write (this function's contract).
             unsafe { write_out(stats, *s.stats.lock()) };

@@ -32,8 +32,8 @@ use std::sync::Arc;
 /// worker and are checked independently of the plan's planning limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExecutorLimits {
-    /// Segments per engine batch (default 1024: the wheel's TCP transport queues at
-    /// most 1024 transfers per peer).
+    /// Engine operations per batch (default 1024: the wheel's TCP transport queues at
+    /// most 1024 transfers per peer); merged segments count once.
     pub max_batch_operations: u64,
     /// Largest `segment_count` of one region (default 1,000,000).
     pub max_region_segments: u64,
@@ -43,6 +43,15 @@ pub struct ExecutorLimits {
     pub max_completion_drain_attempts: u32,
     /// Timeout of one inline drain (default 1000 ms).
     pub completion_drain_timeout_ms: u64,
+    /// Merge adjacent segments of one batch into one engine operation (default true):
+    /// two consecutive segments between the same pair of allocations whose source and
+    /// target are both contiguous (`src_end == next src`, `dst_end == next dst`)
+    /// become one range. Engines charge per operation (Mooncake's TCP transport about
+    /// 20-50 us per range), so this is execution-only: the plan, its JSON, the bytes
+    /// moved and every receipt (which counts planned segments) are unchanged;
+    /// `max_batch_operations` then bounds the merged operations of a batch. `false`
+    /// submits one engine operation per planned segment (the reference's pattern).
+    pub coalesce_adjacent: bool,
 }
 
 impl Default for ExecutorLimits {
@@ -53,6 +62,7 @@ impl Default for ExecutorLimits {
             max_total_lowered_segments: 10_000_000,
             max_completion_drain_attempts: 3,
             completion_drain_timeout_ms: 1000,
+            coalesce_adjacent: true,
         }
     }
 }
@@ -91,6 +101,30 @@ pub struct TransferReceipt {
     pub nbytes: u64,
 }
 
+/// What one execution submitted to its engine, filled in when passed as
+/// [`SinkArgs::stats`] / [`ReaderArgs::stats`] (added to: pass a fresh value per call
+/// to read one call's figures). Counts completed batches only. Thread-safe.
+#[derive(Debug, Default)]
+pub struct ExecutionStats {
+    /// Planned segments moved (the receipts' `operation_count` summed).
+    pub planned_segments: std::sync::atomic::AtomicU64,
+    /// Engine operations submitted for them (after coalescing; at most `planned_segments`).
+    pub engine_operations: std::sync::atomic::AtomicU64,
+    /// Engine batches.
+    pub engine_batches: std::sync::atomic::AtomicU64,
+}
+
+impl ExecutionStats {
+    /// `(planned_segments, engine_operations, engine_batches)`.
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.planned_segments.load(Ordering::Relaxed),
+            self.engine_operations.load(Ordering::Relaxed),
+            self.engine_batches.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Options of [`TransferExecutor::execute_sink`] (`MooncakeTransferEngineSink.execute`).
 #[derive(Clone, Copy, Default)]
 pub struct SinkArgs<'a> {
@@ -111,9 +145,11 @@ pub struct SinkArgs<'a> {
     /// Checked before every batch: set it to stop submitting (the call then fails).
     pub cancel: Option<&'a AtomicBool>,
     /// Throttled [`Progress`](crate::protocol::Progress) reports
-    /// ([`ProgressPhase::Transfer`], items = engine operations) after completed
+    /// ([`ProgressPhase::Transfer`], items = planned segments) after completed
     /// batches, on the calling thread.
     pub progress: Option<ProgressFn<'a>>,
+    /// Receives what the call submitted to the engine (optional).
+    pub stats: Option<&'a ExecutionStats>,
 }
 
 /// Options of [`TransferExecutor::execute_reader`] (`MooncakeTransferEngineReader.execute`).
@@ -138,9 +174,11 @@ pub struct ReaderArgs<'a> {
     /// Checked before every batch.
     pub cancel: Option<&'a AtomicBool>,
     /// Throttled [`Progress`](crate::protocol::Progress) reports
-    /// ([`ProgressPhase::Transfer`], items = engine operations) after completed
+    /// ([`ProgressPhase::Transfer`], items = planned segments) after completed
     /// batches, on the calling thread.
     pub progress: Option<ProgressFn<'a>>,
+    /// Receives what the call submitted to the engine (optional).
+    pub stats: Option<&'a ExecutionStats>,
 }
 
 /// A live-transfer executor on one engine (sink and reader share it). Cheap; any
@@ -497,7 +535,8 @@ impl TransferExecutor {
         }
         let resources: Vec<Box<dyn Any + Send>> =
             vec![Box::new(plan.clone()), Box::new(fresh_source.clone()), Box::new(fresh_targets.clone())];
-        let out = self.run(plan, Direction::Write, &worker, groups, own, pins, resources, args.cancel, args.progress);
+        let hooks = Hooks { cancel: args.cancel, progress: args.progress, stats: args.stats };
+        let out = self.run(plan, Direction::Write, &worker, groups, own, pins, resources, hooks);
         drop(reservation);
         out
     }
@@ -661,7 +700,8 @@ impl TransferExecutor {
         }
         let resources: Vec<Box<dyn Any + Send>> =
             vec![Box::new(plan.clone()), Box::new(fresh_sources.clone()), Box::new(fresh_target.clone())];
-        let out = self.run(plan, Direction::Read, &worker, groups, own, pins, resources, args.cancel, args.progress);
+        let hooks = Hooks { cancel: args.cancel, progress: args.progress, stats: args.stats };
+        let out = self.run(plan, Direction::Read, &worker, groups, own, pins, resources, hooks);
         drop(reservation);
         out
     }
@@ -724,8 +764,7 @@ impl TransferExecutor {
         own: Vec<(MemoryRegion, String)>,
         mut pins: Pins,
         resources: Vec<Box<dyn Any + Send>>,
-        cancel: Option<&AtomicBool>,
-        progress: Option<ProgressFn<'_>>,
+        hooks: Hooks<'_>,
     ) -> TransferResult<Vec<TransferReceipt>> {
         let label = if direction == Direction::Write { "source" } else { "target" };
         let mut registered: Vec<u64> = Vec::with_capacity(own.len());
@@ -747,7 +786,7 @@ impl TransferExecutor {
         }
         let total: u64 = groups.values().flatten().map(|o| plan.regions()[o.index].total_bytes()).sum();
         let total_ops: u64 = groups.values().flatten().map(|o| plan.regions()[o.index].segment_count()).sum();
-        let mut progress = Reporter::start(progress, ProgressPhase::Transfer, total, total_ops);
+        let mut progress = Reporter::start(hooks.progress, ProgressPhase::Transfer, total, total_ops);
         let mut submitted = false;
         let body: TransferResult<Vec<TransferReceipt>> = match reg_error {
             Some(e) => Err(e),
@@ -765,10 +804,11 @@ impl TransferExecutor {
                         direction,
                         ranges: Vec::new(),
                         count: 0,
+                        planned: 0,
                         operation_count: 0,
                         nbytes: 0,
                         stop: None,
-                        cancel,
+                        hooks,
                         progress: &mut progress,
                         submitted: &mut submitted,
                     };
@@ -899,17 +939,30 @@ enum Stop {
     },
 }
 
-/// Streams the segments of one endpoint's operations into batches (§6.2).
+/// The caller's hooks of one execution.
+#[derive(Clone, Copy)]
+struct Hooks<'a> {
+    cancel: Option<&'a AtomicBool>,
+    progress: Option<ProgressFn<'a>>,
+    stats: Option<&'a ExecutionStats>,
+}
+
+/// Streams the segments of one endpoint's operations into batches (§6.2), merging
+/// adjacent segments when [`ExecutorLimits::coalesce_adjacent`] is set.
 struct Lowering<'e, 'x, 'p> {
     exec: &'x TransferExecutor,
     endpoint: &'e str,
     direction: Direction,
     ranges: Vec<TransferBatchRange>,
+    /// Engine operations in `ranges` (merged segments count once).
     count: u64,
+    /// Planned segments in `ranges`.
+    planned: u64,
+    /// Planned segments of the completed batches (the receipt's count).
     operation_count: u64,
     nbytes: u64,
     stop: Option<Stop>,
-    cancel: Option<&'x AtomicBool>,
+    hooks: Hooks<'x>,
     progress: &'x mut Reporter<'p>,
     submitted: &'x mut bool,
 }
@@ -927,24 +980,57 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
+    fn same_allocations(r: &TransferBatchRange, s: &RuntimeFragment, t: &RuntimeFragment) -> bool {
+        (r.source_base_address, r.source_capacity, r.target_base_address, r.target_capacity)
+            == (s.storage_address(), s.storage_nbytes(), t.storage_address(), t.storage_nbytes())
+    }
+
     fn push_operation(&mut self, plan: &TransferPlan, op: &LocalOp<'_>) {
         let r = &plan.regions()[op.index];
         let (so, to) = (op.source.storage_offset_bytes(), op.target.storage_offset_bytes());
         let max_batch = self.exec.limits.max_batch_operations;
-        let mut cur = Self::new_range(op.source, op.target);
+        let coalesce = self.exec.limits.coalesce_adjacent;
+        // Coalescing: continue the batch's last range when it joins the same pair of
+        // allocations (its last segment may then merge with this operation's first).
+        let mut cur = match self.ranges.last() {
+            Some(last) if coalesce && Self::same_allocations(last, op.source, op.target) => {
+                self.ranges.pop().expect("checked non-empty")
+            }
+            _ => Self::new_range(op.source, op.target),
+        };
         let res = r.for_each_segment(self.exec.limits.max_region_segments, |s, t, n| {
             if self.stop.is_some() {
                 return;
             }
-            cur.source_offsets.push(so + s);
-            cur.target_offsets.push(to + t);
+            let (s, t) = (so + s, to + t);
+            if coalesce {
+                if let (Some(&ls), Some(&lt), Some(ln)) =
+                    (cur.source_offsets.last(), cur.target_offsets.last(), cur.sizes.last_mut())
+                {
+                    if ls.checked_add(*ln) == Some(s) && lt.checked_add(*ln) == Some(t) {
+                        *ln += n;
+                        self.planned += 1;
+                        return;
+                    }
+                }
+            }
+            // A full batch is submitted when the next operation does not fit (so that
+            // a following adjacent segment can still merge into its last one).
+            if self.count == max_batch {
+                if !cur.sizes.is_empty() {
+                    let full = std::mem::replace(&mut cur, Self::new_range(op.source, op.target));
+                    self.ranges.push(full);
+                }
+                self.flush();
+                if self.stop.is_some() {
+                    return;
+                }
+            }
+            cur.source_offsets.push(s);
+            cur.target_offsets.push(t);
             cur.sizes.push(n);
             self.count += 1;
-            if self.count == max_batch {
-                let full = std::mem::replace(&mut cur, Self::new_range(op.source, op.target));
-                self.ranges.push(full);
-                self.flush();
-            }
+            self.planned += 1;
         });
         if let Err(e) = res {
             self.stop.get_or_insert(Stop::Error(TransferError::contract(e)));
@@ -960,7 +1046,8 @@ impl Lowering<'_, '_, '_> {
             return;
         }
         self.count = 0;
-        if self.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+        let planned = std::mem::take(&mut self.planned);
+        if self.hooks.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             self.stop = Some(Stop::Error(te("transfer was cancelled before a batch was submitted")));
             return;
         }
@@ -977,9 +1064,14 @@ impl Lowering<'_, '_, '_> {
         match execute_batch(&*self.exec.engine, &batch, l.max_completion_drain_attempts, l.completion_drain_timeout_ms)
         {
             BatchOutcome::Completed => {
-                self.operation_count += batch.operation_count();
+                self.operation_count += planned;
                 self.nbytes += batch.nbytes();
-                self.progress.advance(batch.nbytes(), batch.operation_count());
+                if let Some(st) = self.hooks.stats {
+                    st.planned_segments.fetch_add(planned, Ordering::Relaxed);
+                    st.engine_operations.fetch_add(batch.operation_count(), Ordering::Relaxed);
+                    st.engine_batches.fetch_add(1, Ordering::Relaxed);
+                }
+                self.progress.advance(batch.nbytes(), planned);
             }
             BatchOutcome::Failed(msg) => {
                 self.stop = Some(Stop::Error(TransferError::new(TransferErrorKind::CompletionFailed, msg)));

@@ -11,6 +11,6 @@ pub mod outcome;
 
 pub use completion::COMPLETION_UNKNOWN_RESTART_REQUIRED;
 pub use error::{TransferError, TransferErrorKind, TransferResult};
-pub use executor::{ExecutorLimits, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt};
+pub use executor::{ExecutionStats, ExecutorLimits, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt};
 pub use lease::{GuardProviders, MemoryRegistrationLease};
 pub use outcome::{calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
