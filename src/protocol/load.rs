@@ -37,7 +37,38 @@ pub fn load_manifest_limited(store: &dyn ObjectStore, manifest_key: &str, max_by
     let bytes = store
         .get_limited(manifest_key, max_bytes)
         .map_err(|e| store_err(e.kind(), format!("manifest get failed: {manifest_key}: {}", e.message())))?;
-    let m = StoredManifest::from_json(&bytes).map_err(|e| {
+    decode_manifest(manifest_key, &bytes)
+}
+
+/// Checks that the store's manifest at the plan's manifest key is the plan's
+/// manifest. Fast path: the stored bytes equal the plan's canonical JSON (which
+/// decodes to exactly the plan's manifest, digest included), so they are not decoded
+/// again on every restore call; any other bytes are decoded strictly and compared, as
+/// before, with the same errors: `weight manifest is not committed: <detail>`
+/// (`NotFound`) and `committed weight manifest differs from load plan` (`Conflict`).
+fn check_committed(ws: &WeightStore, plan: &LoadPlan) -> Result<()> {
+    let key = plan.manifest().manifest_key();
+    let not_committed =
+        |e: Error| store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()));
+    let bytes = ws
+        .store
+        .get_limited(key, ws.limits.max_metadata_bytes)
+        .map_err(|e| store_err(e.kind(), format!("manifest get failed: {key}: {}", e.message())))
+        .map_err(not_committed)?;
+    if bytes == plan.manifest_json().as_bytes() {
+        return Ok(());
+    }
+    let committed = decode_manifest(key, &bytes).map_err(not_committed)?;
+    if committed != *plan.manifest() {
+        return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
+    }
+    Ok(())
+}
+
+/// Strictly decodes manifest bytes read from `manifest_key` (the decoding half of
+/// [`load_manifest_limited`], same errors).
+fn decode_manifest(manifest_key: &str, bytes: &[u8]) -> Result<StoredManifest> {
+    let m = StoredManifest::from_json(bytes).map_err(|e| {
         store_err(ErrorKind::InvalidManifest, format!("invalid weight manifest: {manifest_key}: {}", e.message()))
     })?;
     if m.manifest_key() != manifest_key {
@@ -213,13 +244,7 @@ pub(crate) unsafe fn load(
         return Ok(LoadStats::default());
     }
     if options.require_committed {
-        let committed = load_manifest_limited(&*ws.store, plan.manifest().manifest_key(), ws.limits.max_metadata_bytes)
-            .map_err(|e| {
-                store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
-            })?;
-        if committed != *plan.manifest() {
-            return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
-        }
+        check_committed(ws, plan)?;
     }
     if let Some(f) = ops
         .iter()

@@ -82,7 +82,7 @@ use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
 use super::{
-    alloc_failed, not_found, run_parallel, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
+    alloc_failed, not_found, run_parallel_on, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
     RangeRead, StridedRead, WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -116,6 +116,8 @@ pub struct DirectoryStore {
     /// Directories (relative to the root, `objects/d.a/...`) this process has created
     /// or found and made durable (parent fsynced); never removed by this backend.
     durable_dirs: RwLock<HashSet<String>>,
+    /// Threads of one large batch ([`DirectoryStore::set_max_threads`]).
+    threads: super::ThreadLimit,
 }
 
 impl fmt::Debug for DirectoryStore {
@@ -222,6 +224,7 @@ impl DirectoryStore {
             counter: AtomicU64::new(0),
             nonce: h.finish(),
             durable_dirs: RwLock::new(durable),
+            threads: super::ThreadLimit::default(),
         };
         store.write_marker(&root_dir).map_err(ctx)?;
         Ok(store)
@@ -290,6 +293,13 @@ impl DirectoryStore {
         let mut s = DirectoryStore::open(root)?;
         s.hook = Some(hook);
         Ok(s)
+    }
+
+    /// Limits the threads one large batch (reads, `batch_put_from`) runs on to `n`
+    /// (1 = the calling thread only; 0 = the default, [`super::io_threads`]). Takes
+    /// effect for later calls; thread-safe.
+    pub fn set_max_threads(&self, n: usize) {
+        self.threads.set(n);
     }
 
     /// The root directory.
@@ -758,8 +768,9 @@ impl ObjectStore for DirectoryStore {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
         // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
-        let done =
-            run_parallel((0..reads.len()).collect(), bytes, |i, cache| unsafe { self.read_strided(&reads[i], cache) });
+        let done = run_parallel_on((0..reads.len()).collect(), bytes, self.threads.get(), |i, cache| unsafe {
+            self.read_strided(&reads[i], cache)
+        });
         for (i, r) in done {
             results[i] = r;
         }
@@ -808,8 +819,9 @@ impl ObjectStore for DirectoryStore {
             .collect();
         let jobs: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
         let bytes: u64 = jobs.iter().map(|&i| items[i].source.len).sum();
+        let threads = self.threads.get();
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        for (i, r) in run_parallel(jobs, bytes, |i, _: &mut ()| unsafe { self.put_from_one(&items[i]) }) {
+        for (i, r) in run_parallel_on(jobs, bytes, threads, |i, _: &mut ()| unsafe { self.put_from_one(&items[i]) }) {
             results[i] = r;
         }
         results
@@ -819,8 +831,9 @@ impl ObjectStore for DirectoryStore {
         let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
         let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
         // SAFETY: as above, for `read_one`'s ranges.
-        let done =
-            run_parallel((0..ranges.len()).collect(), bytes, |i, cache| unsafe { self.read_one(&ranges[i], cache) });
+        let done = run_parallel_on((0..ranges.len()).collect(), bytes, self.threads.get(), |i, cache| unsafe {
+            self.read_one(&ranges[i], cache)
+        });
         for (i, r) in done {
             results[i] = r;
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::{
-    not_found, run_parallel, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
+    not_found, run_parallel_on, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
     WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -39,6 +39,8 @@ type Shard = RwLock<HashMap<String, Entry>>;
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hook: Option<Arc<dyn CopyHook>>,
+    /// Threads of one large batch ([`MemoryStore::set_max_threads`]).
+    threads: super::ThreadLimit,
 }
 
 impl Default for MemoryStore {
@@ -56,12 +58,23 @@ impl fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store without a copy hook (device memory is refused).
     pub fn new() -> Self {
-        MemoryStore { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), hook: None }
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            hook: None,
+            threads: super::ThreadLimit::default(),
+        }
     }
 
     /// An empty store that reaches device memory through `hook`.
     pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
         MemoryStore { hook: Some(hook), ..MemoryStore::new() }
+    }
+
+    /// Limits the threads one large strided read batch runs on to `n` (1 = the
+    /// calling thread only; 0 = the default, [`super::io_threads`]). Takes effect for
+    /// later calls; thread-safe.
+    pub fn set_max_threads(&self, n: usize) {
+        self.threads.set(n);
     }
 
     fn shard(&self, key: &str) -> &Shard {
@@ -230,8 +243,9 @@ impl ObjectStore for MemoryStore {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
         // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
-        let done =
-            run_parallel((0..reads.len()).collect(), bytes, |i, _: &mut ()| unsafe { self.read_strided(&reads[i]) });
+        let done = run_parallel_on((0..reads.len()).collect(), bytes, self.threads.get(), |i, _: &mut ()| unsafe {
+            self.read_strided(&reads[i])
+        });
         for (i, r) in done {
             results[i] = r;
         }

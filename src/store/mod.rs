@@ -445,15 +445,48 @@ const PARALLEL_MIN_BYTES: u64 = 8 << 20;
 /// At most this many threads per batch (overlaps the per-object fsyncs and copies).
 const MAX_WORKERS: usize = 4;
 
+/// Threads the embedded backends use for one large batch by default: the machine's
+/// parallelism, at least 2 (to overlap `fsync`s) and at most 4.
+pub fn io_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS)
+}
+
+/// A backend's thread limit for one batch (0 = [`io_threads`]); see
+/// `MemoryStore::set_max_threads`, `DirectoryStore::set_max_threads`.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadLimit(std::sync::atomic::AtomicUsize);
+
+impl ThreadLimit {
+    pub(crate) fn set(&self, n: usize) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+    pub(crate) fn get(&self) -> usize {
+        match self.0.load(Ordering::Relaxed) {
+            0 => io_threads(),
+            n => n,
+        }
+    }
+}
+
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
-/// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
+/// `state`), on up to [`io_threads`] scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
 pub(crate) fn run_parallel<T: Send, S: Default>(
     jobs: Vec<usize>,
     bytes: u64,
     job: impl Fn(usize, &mut S) -> T + Sync,
 ) -> Vec<(usize, T)> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS).min(jobs.len());
+    run_parallel_on(jobs, bytes, io_threads(), job)
+}
+
+/// As [`run_parallel`], on up to `max_workers` threads.
+pub(crate) fn run_parallel_on<T: Send, S: Default>(
+    jobs: Vec<usize>,
+    bytes: u64,
+    max_workers: usize,
+    job: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<(usize, T)> {
+    let workers = max_workers.min(jobs.len());
     if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
         let mut state = S::default();
         return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
