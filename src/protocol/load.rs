@@ -355,7 +355,8 @@ pub(crate) unsafe fn load(
     Ok(stats)
 }
 
-/// Regions handed to a backend with native strided reads per call.
+/// Regions handed to a backend with native strided reads per call (at least; the
+/// regions of one target are never split across calls).
 const STRIDED_BATCH: usize = 256;
 
 /// The strided path: whole regions per item (embedded backends have no staging
@@ -414,9 +415,10 @@ unsafe fn read_strided(
                 src_strides: &r.source_strides,
                 dst_strides: &r.target_strides,
             });
-            if reads.len() == STRIDED_BATCH {
-                run(&mut reads, stats)?;
-            }
+        }
+        // A target's regions stay in one batch: the store merges them by destination.
+        if reads.len() >= STRIDED_BATCH {
+            run(&mut reads, stats)?;
         }
     }
     run(&mut reads, stats)

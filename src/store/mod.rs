@@ -512,6 +512,132 @@ pub(crate) fn run_parallel_on<T: Send, S: Default>(
     })
 }
 
+/// Reads into one destination view merged per batch: more than this many are merged
+/// in chunks of this size (the merge scans the heads linearly).
+const MERGE_WAYS: usize = 16;
+
+/// A checked strided read whose source bytes are mapped in memory: object offset
+/// `o` of the read is at `src + (o - src_origin)`.
+pub(crate) struct MappedRead<'r, 'a> {
+    /// The read (already checked against the object size and its destination view).
+    pub read: &'r StridedRead<'a>,
+    /// Address of object offset `src_origin`.
+    pub src: *const u8,
+    /// The object offset `src` points at (at most the read's first source offset).
+    pub src_origin: u64,
+}
+
+/// The segments of one strided read in row-major order, one at a time.
+struct Cursor<'r> {
+    counts: &'r [u64],
+    src_strides: &'r [u64],
+    dst_strides: &'r [u64],
+    idx: Vec<u64>,
+    /// Current segment: object offset (minus the origin) and destination offset.
+    s: u64,
+    d: u64,
+    left: u64,
+}
+
+impl<'r> Cursor<'r> {
+    fn new(m: &'r MappedRead<'_, '_>) -> Self {
+        let r = m.read;
+        Cursor {
+            counts: r.counts,
+            src_strides: r.src_strides,
+            dst_strides: r.dst_strides,
+            idx: vec![0; r.counts.len()],
+            s: r.object_offset - m.src_origin,
+            d: r.dest_offset,
+            left: r.segment_count(),
+        }
+    }
+
+    /// Steps to the next segment (last dimension fastest); `false` after the last.
+    #[inline]
+    fn advance(&mut self) -> bool {
+        self.left -= 1;
+        if self.left == 0 {
+            return false;
+        }
+        let mut j = self.idx.len();
+        while j > 0 {
+            j -= 1;
+            self.idx[j] += 1;
+            self.s += self.src_strides[j];
+            self.d += self.dst_strides[j];
+            if self.idx[j] < self.counts[j] {
+                break;
+            }
+            self.s -= self.src_strides[j] * self.idx[j];
+            self.d -= self.dst_strides[j] * self.idx[j];
+            self.idx[j] = 0;
+        }
+        true
+    }
+}
+
+/// Copies every segment of `parts` into the host destination view at `dst`, in
+/// destination order: the parts' row-major segment streams are merged by destination
+/// offset, so rows of a target assembled from several objects (a column split, say)
+/// are written front to back like one memcpy instead of one strided pass per object.
+/// Segments of different parts never overlap in the destination (each part is a
+/// region of a different stored fragment and stored fragments are disjoint; targets
+/// are canonical contiguous views), so the order changes no byte. Issues
+/// [`copy_fence`] at the end.
+///
+/// # Safety
+/// Every part must have passed [`StridedRead::check_bounds`] against its object and
+/// its destination view (`dst` is that view's first byte, valid for writes of
+/// `dest.len` bytes and not accessed by anyone else); each part's `src` must be valid
+/// for reads of the object bytes the read touches; sources and destination disjoint.
+pub(crate) unsafe fn copy_merged(dst: *mut u8, parts: &[MappedRead<'_, '_>]) {
+    for chunk in parts.chunks(MERGE_WAYS) {
+        if let [one] = chunk {
+            let (r, src, origin) = (one.read, one.src, one.src_origin);
+            let _ = r.for_each_segment(|s, d, n| {
+                // SAFETY: the read was checked against its object and the view (this
+                // function's contract), so both ranges lie inside them.
+                unsafe { copy_for_restore(dst.add(d as usize), src.add((s - origin) as usize), n as usize) };
+                Ok(())
+            });
+            continue;
+        }
+        let mut heads: Vec<(Cursor<'_>, *const u8, usize)> =
+            chunk.iter().map(|m| (Cursor::new(m), m.src, m.read.inner_bytes as usize)).collect();
+        while !heads.is_empty() {
+            let mut k = 0;
+            for (i, h) in heads.iter().enumerate().skip(1) {
+                if h.0.d < heads[k].0.d {
+                    k = i;
+                }
+            }
+            let (c, src, n) = &mut heads[k];
+            // SAFETY: as above: the current segment of a checked read lies inside its
+            // source bytes and inside the destination view.
+            unsafe { copy_for_restore(dst.add(c.d as usize), src.add(c.s as usize), *n) };
+            if !c.advance() {
+                heads.swap_remove(k);
+            }
+        }
+    }
+    copy_fence();
+}
+
+/// Groups of consecutive items with the same destination view (address, length,
+/// kind), as index ranges: the unit of [`copy_merged`].
+pub(crate) fn dest_groups(reads: &[StridedRead<'_>]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=reads.len() {
+        if i == reads.len() || reads[i].dest != reads[start].dest {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
 /// Copies `n` bytes for the restore path. Long copies use non-temporal stores on
 /// x86-64 (the destination is written once and not read back soon), which avoids
 /// reading every destination cache line before overwriting it; callers issue
@@ -524,8 +650,9 @@ pub(crate) fn run_parallel_on<T: Send, S: Default>(
 pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_prefetch, _mm_stream_si128, _MM_HINT_T0};
         const STREAM_MIN: usize = 256;
+        const PREFETCH_AHEAD: usize = 512;
         if n >= STREAM_MIN {
             // Head: bring the destination to 16-byte alignment with a plain copy.
             let head = (16 - (dst as usize & 15)) & 15;
@@ -533,12 +660,17 @@ pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
             // (head < 16 <= n, then 64-byte steps while `left >= 64`, then the tail of
             // `left` bytes), which the caller guarantees valid and disjoint; the stream
             // stores need 16-byte alignment of `d`, which the head copy establishes, and
-            // SSE2 is baseline on x86-64.
+            // SSE2 is baseline on x86-64. The prefetch address is computed with
+            // `wrapping_add` and never dereferenced (a prefetch is only a hint).
             unsafe {
                 std::ptr::copy_nonoverlapping(src, dst, head);
                 let (mut d, mut s) = (dst.add(head), src.add(head));
                 let mut left = n - head;
                 while left >= 64 {
+                    // Software prefetch 512 bytes ahead (a hint: it never faults, also
+                    // past the end of the source): the hardware prefetchers alone lose
+                    // the stream at every short row and page.
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(PREFETCH_AHEAD) as *const i8);
                     let a = _mm_loadu_si128(s as *const __m128i);
                     let b = _mm_loadu_si128(s.add(16) as *const __m128i);
                     let c = _mm_loadu_si128(s.add(32) as *const __m128i);
