@@ -265,11 +265,14 @@ pub(crate) unsafe fn load(
         let e = needed.entry(src.object_key()).or_insert(0);
         *e = (*e).max(end);
     }
-    for (key, end) in &needed {
-        let size = ws
-            .store
-            .object_size(key)
-            .map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
+    let keys: Vec<&str> = needed.keys().copied().collect();
+    let sizes = ws.store.object_sizes(&keys);
+    if sizes.len() != keys.len() {
+        return Err(store_err(ErrorKind::Store, "object_sizes returned invalid result count"));
+    }
+    for ((key, end), size) in needed.iter().zip(sizes) {
+        let size =
+            size.map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
         if size < *end {
             return Err(store_err(
                 ErrorKind::Integrity,

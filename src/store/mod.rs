@@ -117,6 +117,12 @@ impl StridedRead<'_> {
         Some(end)
     }
 
+    /// One past the furthest object byte the read touches, relative to
+    /// `object_offset`; `None` on overflow or inconsistent lengths.
+    pub fn reach_src(&self) -> Option<u64> {
+        self.reach(self.src_strides)
+    }
+
     /// Checks the read against the object size and the destination view:
     /// `(source end, destination end)` or an [`ErrorKind::Integrity`] error naming
     /// the key.
@@ -267,6 +273,13 @@ pub trait ObjectStore: Send + Sync {
     /// the whole object; backends override it with a metadata query.
     fn object_size(&self, key: &str) -> Result<u64> {
         self.get(key).map(|v| v.len() as u64)
+    }
+
+    /// Per key, as [`ObjectStore::object_size`] (same results and errors); backends
+    /// override it to share work between keys (the directory store resolves each
+    /// key directory once per call).
+    fn object_sizes(&self, keys: &[&str]) -> Vec<Result<u64>> {
+        keys.iter().map(|k| self.object_size(k)).collect()
     }
 
     /// True when the object is present and complete.
