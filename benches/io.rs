@@ -6,7 +6,13 @@
 //!   and cold when the caches can be dropped) vs a single-thread memcpy of the
 //!   same number of bytes.
 //!
-//! `cargo bench --bench io -- [--size-mib N] [--dir PATH]` (default 1024 MiB).
+//! Restores run twice: resharded (TP4 x PP2 x EP2 x DP2 into TP2 x EP4, many short
+//! rows) and into the snapshot's own layout (whole-object reads). The headline ratio
+//! is the default restore (integrity verification off); the same with the stores'
+//! copies on one thread, and with verification on, are printed beside it.
+//!
+//! `cargo bench --bench io -- [--size-mib N] [--dir PATH] [--reps N] [--no-integrity]`
+//! (default 1024 MiB, best of 3).
 
 #[path = "../tests/common/model.rs"]
 mod model;
@@ -91,17 +97,77 @@ fn drop_caches() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
+/// Best of `reps` restores of `plan` into `dst` through `ws`.
+fn best_restore(ws: &WeightStore, plan: &LoadPlan, dst: &HostModel, reps: usize) -> f64 {
+    (0..reps.max(1)).map(|_| restore(ws, plan, dst)).fold(f64::MAX, f64::min)
+}
+
+/// A store under test: its name, its weight store without and with integrity
+/// verification, and how to set its copy threads.
+type StoreCase<'a> = (&'a str, &'a WeightStore, &'a WeightStore, &'a dyn Fn(usize));
+
+/// One restore case against the memcpy baseline: the default (no integrity
+/// verification), the same with the stores' copies on one thread, and with
+/// integrity verification on.
+#[allow(clippy::too_many_arguments)]
+fn restore_case(
+    name: &str,
+    stores: &[StoreCase<'_>],
+    plan: &LoadPlan,
+    dst: &HostModel,
+    memcpy: f64,
+    reps: usize,
+    threads: usize,
+    with_integrity: bool,
+) {
+    let bytes = plan.total_bytes();
+    let gb = |s: f64| bytes as f64 / s / 1e9;
+    for &(store, off, on, set_threads) in stores {
+        set_threads(threads);
+        let s = best_restore(off, plan, dst, reps);
+        set_threads(1);
+        let s1 = best_restore(off, plan, dst, reps);
+        set_threads(threads);
+        print!(
+            "restore {name} <- {store:<17} {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2} ({threads} threads) | \
+             1 thread {:>7.3} s ratio {:.2}",
+            s,
+            gb(s),
+            memcpy / s,
+            s1,
+            memcpy / s1
+        );
+        if with_integrity {
+            let si = best_restore(on, plan, dst, reps);
+            print!(
+                " | with integrity verification {:>7.3} s ratio {:.2} ({:+.0}%)",
+                si,
+                memcpy / si,
+                (si / s - 1.0) * 100.0
+            );
+        }
+        println!();
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let flag = |name: &str| args.iter().any(|a| a == name);
     let size_mib: u64 = arg("--size-mib").map(|s| s.parse().expect("--size-mib N")).unwrap_or(1024);
+    let reps: usize = arg("--reps").map(|s| s.parse().expect("--reps N")).unwrap_or(3);
+    let no_integrity = flag("--no-integrity");
+    // Optional filters (for profiling): `--store memory|directory`, `--case resharded|same`.
+    let only_store = arg("--store");
+    let only_case = arg("--case");
+    let case_on = |c: &str| only_case.as_deref().is_none_or(|o| o == c);
     let root = std::path::PathBuf::from(arg("--dir").unwrap_or_else(|| "target/mws-bench-io".into()));
     let _ = std::fs::remove_dir_all(&root);
     let hidden = 1024;
     let layers = (size_mib << 20).div_ceil(16 * hidden * hidden * 2).max(1);
     let defs = model_tensors(layers, hidden, 8);
-    let src =
-        HostModel::new(build_placement("trainer", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
+    let trainer = Layout { tp: 4, pp: 2, ep: 2, dp: 2 };
+    let src = HostModel::new(build_placement("trainer", trainer, &defs, 1), true, "trainer", 1);
     let gb = |b: u64, s: f64| b as f64 / s / 1e9;
 
     // Snapshot into the directory store vs sequential write + fsync.
@@ -141,62 +207,87 @@ fn main() {
     let ikey = mooncake_weight_store::plan::integrity::manifest_integrity_key(&manifest).expect("integrity key");
     mem.put(&ikey, &dir_store.get(&ikey).expect("integrity record written by the snapshot"), &cfg).unwrap();
     drop(src);
-    checksum_speeds();
+    if !no_integrity {
+        checksum_speeds();
+    }
 
-    let dst = {
-        let mut d = HostModel::new(
-            build_placement("serving", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1),
-            false,
-            "serving",
-            1,
-        );
-        d.bindings = d.make_bindings("serving", 1);
-        d
+    let unverified = |b: Arc<dyn ObjectStore>| {
+        WeightStore::new(b).with_limits(StoreLimits { verify_integrity: false, ..StoreLimits::default() }).unwrap()
     };
+    let (ws_mem_off, ws_dir_off) = (unverified(mem.clone()), unverified(dir_store.clone()));
+    let threads = mooncake_weight_store::store::io_threads();
+    let (mem_t, dir_t) = (mem.clone(), dir_store.clone());
+    let set_mem = move |n: usize| mem_t.set_max_threads(n);
+    let set_dir = move |n: usize| dir_t.set_max_threads(n);
+    let all: [StoreCase<'_>; 2] =
+        [("memory store", &ws_mem_off, &ws_mem, &set_mem), ("directory (warm)", &ws_dir_off, &ws_dir, &set_dir)];
+    let stores: Vec<_> = all.into_iter().filter(|s| only_store.as_deref().is_none_or(|o| s.0.starts_with(o))).collect();
+    println!("store copies run on up to {threads} threads (the memcpy baseline on one)");
     let manifest = Arc::new(manifest);
-    let plan =
-        LoadPlan::plan(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
-    let bytes = plan.total_bytes();
-    let memcpy = memcpy_seconds(bytes as usize);
-    println!(
-        "restore plan: {} regions, {} segments, {:.2} GiB; memcpy of the same bytes (1 thread) {:.3} s {:.2} GB/s",
+
+    // Resharded restore: TP4 x PP2 x EP2 x DP2 -> TP2 x EP4.
+    if case_on("resharded") {
+        let dst = {
+            let mut d = HostModel::new(
+                build_placement("serving", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1),
+                false,
+                "serving",
+                1,
+            );
+            d.bindings = d.make_bindings("serving", 1);
+            d
+        };
+        let plan =
+            LoadPlan::plan(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+        let bytes = plan.total_bytes();
+        let memcpy = memcpy_seconds(bytes as usize);
+        println!(
+        "restore plan (resharded): {} regions, {} segments, {:.2} GiB; memcpy of the same bytes (1 thread) {:.3} s \
+         {:.2} GB/s",
         plan.regions().len(),
         plan.logical().total_segments(),
         bytes as f64 / (1u64 << 30) as f64,
         memcpy,
         gb(bytes, memcpy)
     );
-    let best = |ws: &WeightStore| (0..3).map(|_| restore(ws, &plan, &dst)).fold(f64::MAX, f64::min);
-    let unverified = |b: Arc<dyn ObjectStore>| {
-        WeightStore::new(b).with_limits(StoreLimits { verify_integrity: false, ..StoreLimits::default() }).unwrap()
-    };
-    let (ws_mem_off, ws_dir_off) = (unverified(mem.clone()), unverified(dir_store.clone()));
-    for (name, on, off) in [("memory store     ", &ws_mem, &ws_mem_off), ("directory (warm) ", &ws_dir, &ws_dir_off)] {
-        let s_off = best(off);
-        let s = best(on);
-        println!(
-            "restore <- {name}   {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2} | without integrity {:>7.3} s \
-             {:>6.2} GB/s | integrity cost {:+.1}%",
-            s,
-            gb(bytes, s),
-            memcpy / s,
-            s_off,
-            gb(bytes, s_off),
-            (s / s_off - 1.0) * 100.0
-        );
+        restore_case("resharded", &stores, &plan, &dst, memcpy, reps, threads, !no_integrity);
+        if only_store.is_none() && drop_caches() {
+            let s = restore(&ws_dir_off, &plan, &dst);
+            println!(
+                "restore resharded <- directory (cold)  {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}",
+                s,
+                gb(bytes, s),
+                memcpy / s
+            );
+        } else {
+            println!("restore resharded <- directory (cold)  n/a (cannot drop the page cache here)");
+        }
+        dst.verify().expect("restored bytes");
     }
-    if drop_caches() {
-        let s = restore(&ws_dir, &plan, &dst);
+
+    // Same layout: every target fragment is one stored object (whole-object reads).
+    if case_on("same") {
+        let same = {
+            let mut d = HostModel::new(build_placement("trainer", trainer, &defs, 1), false, "trainer2", 1);
+            d.bindings = d.make_bindings("trainer2", 1);
+            d
+        };
+        let plan = LoadPlan::plan(manifest.clone(), same.placement.clone(), &same.bindings, PlanningLimits::default())
+            .unwrap();
+        let bytes = plan.total_bytes();
+        let memcpy = memcpy_seconds(bytes as usize);
         println!(
-            "restore <- directory (cold)    {:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}",
-            s,
-            gb(bytes, s),
-            memcpy / s
-        );
-    } else {
-        println!("restore <- directory (cold)    n/a (cannot drop the page cache here)");
+        "restore plan (same layout): {} regions, {} segments, {:.2} GiB; memcpy of the same bytes (1 thread) {:.3} s \
+         {:.2} GB/s",
+        plan.regions().len(),
+        plan.logical().total_segments(),
+        bytes as f64 / (1u64 << 30) as f64,
+        memcpy,
+        gb(bytes, memcpy)
+    );
+        restore_case("same layout", &stores, &plan, &same, memcpy, reps, threads, !no_integrity);
+        same.verify().expect("restored bytes");
     }
-    dst.verify().expect("restored bytes");
     println!("verified: every restored byte matches");
     let _ = std::fs::remove_dir_all(&root);
 }

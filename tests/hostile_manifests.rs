@@ -278,3 +278,29 @@ fn many_tiny_fragments_within_limits_and_low_limits() {
     assert!(dst.buffers[0][n as usize..].iter().all(|&x| x == SENTINEL), "nothing written past the target view");
     println!("{n} fragments decoded, planned and loaded in {:?}", start.elapsed());
 }
+
+/// The committed-manifest check compares the stored bytes with the plan's canonical
+/// JSON first; other bytes that decode to the same manifest (the reference writes
+/// its own formatting) still load, through the strict decode.
+#[test]
+fn committed_manifest_in_other_formatting_still_loads() {
+    let e = env();
+    let mut dst = target(s_placement(1, 1, 1));
+    let m = Arc::new(e.ws.load_manifest(e.manifest.manifest_key()).unwrap());
+    let plan = e.ws.plan_load(m, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let pretty = serde_json::to_string_pretty(&manifest_value(&e.manifest)).unwrap();
+    assert_ne!(pretty, e.manifest.to_json(), "the test needs non-canonical bytes");
+    upsert(&e.fake, e.manifest.manifest_key(), pretty.as_bytes());
+    load_all(&e.ws, &plan, &dst, &StaticGuard).unwrap();
+    dst.verify().unwrap();
+    // Non-canonical bytes of another manifest are still refused, before any read.
+    for b in &mut dst.buffers {
+        b.fill(SENTINEL);
+    }
+    let mut v = manifest_value(&e.manifest);
+    v["created_at"] = json!("forged");
+    upsert(&e.fake, e.manifest.manifest_key(), serde_json::to_string_pretty(&v).unwrap().as_bytes());
+    let err = load_all(&e.ws, &plan, &dst, &StaticGuard).unwrap_err();
+    assert!(err.message().contains("committed weight manifest differs from load plan"), "{err}");
+    untouched(&dst);
+}

@@ -7,7 +7,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::runtime::{validate_binding_subset, RuntimeBinding, RuntimeFragment};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A load plan bound to target runtime bindings (`WeightLoadPlan`): every region's
 /// target is a runtime fragment whose bounds were checked against the region.
@@ -18,6 +18,8 @@ pub struct LoadPlan {
     bindings: Vec<RuntimeBinding>,
     /// Per region: (binding index, fragment index in the binding).
     targets: Vec<(u32, u32)>,
+    /// The manifest's canonical JSON, made on first use ([`LoadPlan::manifest_json`]).
+    manifest_json: OnceLock<Box<str>>,
 }
 
 impl LoadPlan {
@@ -81,7 +83,7 @@ impl LoadPlan {
             // region's target bounds (checked by the planner) hold for the view.
             targets.push((bi as u32, fi as u32));
         }
-        Ok(LoadPlan { logical, bindings: bindings.to_vec(), targets })
+        Ok(LoadPlan { logical, bindings: bindings.to_vec(), targets, manifest_json: OnceLock::new() })
     }
 
     /// The logical plan.
@@ -91,6 +93,12 @@ impl LoadPlan {
     /// The stored manifest.
     pub fn manifest(&self) -> &StoredManifest {
         self.logical.manifest()
+    }
+    /// The manifest's canonical JSON ([`StoredManifest::to_json`]), serialized once
+    /// per plan on first use and kept (thread-safe). A restore compares the committed
+    /// manifest's bytes with it before it falls back to decoding them.
+    pub fn manifest_json(&self) -> &str {
+        self.manifest_json.get_or_init(|| self.manifest().to_json().into_boxed_str())
     }
     /// Regions.
     pub fn regions(&self) -> &[TransferRegion] {

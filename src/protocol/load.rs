@@ -38,7 +38,38 @@ pub fn load_manifest_limited(store: &dyn ObjectStore, manifest_key: &str, max_by
     let bytes = store
         .get_limited(manifest_key, max_bytes)
         .map_err(|e| store_err(e.kind(), format!("manifest get failed: {manifest_key}: {}", e.message())))?;
-    let m = StoredManifest::from_json(&bytes).map_err(|e| {
+    decode_manifest(manifest_key, &bytes)
+}
+
+/// Checks that the store's manifest at the plan's manifest key is the plan's
+/// manifest. Fast path: the stored bytes equal the plan's canonical JSON (which
+/// decodes to exactly the plan's manifest, digest included), so they are not decoded
+/// again on every restore call; any other bytes are decoded strictly and compared, as
+/// before, with the same errors: `weight manifest is not committed: <detail>`
+/// (`NotFound`) and `committed weight manifest differs from load plan` (`Conflict`).
+fn check_committed(ws: &WeightStore, plan: &LoadPlan) -> Result<()> {
+    let key = plan.manifest().manifest_key();
+    let not_committed =
+        |e: Error| store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()));
+    let bytes = ws
+        .store
+        .get_limited(key, ws.limits.max_metadata_bytes)
+        .map_err(|e| store_err(e.kind(), format!("manifest get failed: {key}: {}", e.message())))
+        .map_err(not_committed)?;
+    if bytes == plan.manifest_json().as_bytes() {
+        return Ok(());
+    }
+    let committed = decode_manifest(key, &bytes).map_err(not_committed)?;
+    if committed != *plan.manifest() {
+        return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
+    }
+    Ok(())
+}
+
+/// Strictly decodes manifest bytes read from `manifest_key` (the decoding half of
+/// [`load_manifest_limited`], same errors).
+fn decode_manifest(manifest_key: &str, bytes: &[u8]) -> Result<StoredManifest> {
+    let m = StoredManifest::from_json(bytes).map_err(|e| {
         store_err(ErrorKind::InvalidManifest, format!("invalid weight manifest: {manifest_key}: {}", e.message()))
     })?;
     if m.manifest_key() != manifest_key {
@@ -218,13 +249,7 @@ pub(crate) unsafe fn load(
         return Ok(LoadStats::default());
     }
     if options.require_committed {
-        let committed = load_manifest_limited(&*ws.store, plan.manifest().manifest_key(), ws.limits.max_metadata_bytes)
-            .map_err(|e| {
-                store_err(ErrorKind::NotFound, format!("weight manifest is not committed: {}", e.message()))
-            })?;
-        if committed != *plan.manifest() {
-            return Err(store_err(ErrorKind::Conflict, "committed weight manifest differs from load plan"));
-        }
+        check_committed(ws, plan)?;
     }
     if let Some(f) = ops
         .iter()
@@ -245,11 +270,14 @@ pub(crate) unsafe fn load(
         let e = needed.entry(src.object_key()).or_insert(0);
         *e = (*e).max(end);
     }
-    for (key, end) in &needed {
-        let size = ws
-            .store
-            .object_size(key)
-            .map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
+    let keys: Vec<&str> = needed.keys().copied().collect();
+    let sizes = ws.store.object_sizes(&keys);
+    if sizes.len() != keys.len() {
+        return Err(store_err(ErrorKind::Store, "object_sizes returned invalid result count"));
+    }
+    for ((key, end), size) in needed.iter().zip(sizes) {
+        let size =
+            size.map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
         if size < *end {
             return Err(store_err(
                 ErrorKind::Integrity,
@@ -341,7 +369,8 @@ pub(crate) unsafe fn load(
     Ok(stats)
 }
 
-/// Regions handed to a backend with native strided reads per call.
+/// Regions handed to a backend with native strided reads per call (at least; the
+/// regions of one target are never split across calls).
 const STRIDED_BATCH: usize = 256;
 
 /// The strided path: whole regions per item (embedded backends have no staging
@@ -400,9 +429,10 @@ unsafe fn read_strided(
                 src_strides: &r.source_strides,
                 dst_strides: &r.target_strides,
             });
-            if reads.len() == STRIDED_BATCH {
-                run(&mut reads, stats)?;
-            }
+        }
+        // A target's regions stay in one batch: the store merges them by destination.
+        if reads.len() >= STRIDED_BATCH {
+            run(&mut reads, stats)?;
         }
     }
     run(&mut reads, stats)

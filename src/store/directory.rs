@@ -82,12 +82,14 @@ use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
 use super::{
-    alloc_failed, not_found, run_parallel, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
+    alloc_failed, not_found, run_parallel_on, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
     RangeRead, StridedRead, WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 
+/// Page size assumed for mapping offsets (mmap offsets must be multiples of it).
+const PAGE: u64 = 4096;
 /// Bounce buffer size for device copies through the copy hook.
 const BOUNCE_BYTES: usize = 8 << 20;
 /// Longest key segment (255-byte file-name limit minus the 2-byte prefix).
@@ -116,6 +118,8 @@ pub struct DirectoryStore {
     /// Directories (relative to the root, `objects/d.a/...`) this process has created
     /// or found and made durable (parent fsynced); never removed by this backend.
     durable_dirs: RwLock<HashSet<String>>,
+    /// Threads of one large batch ([`DirectoryStore::set_max_threads`]).
+    threads: super::ThreadLimit,
 }
 
 impl fmt::Debug for DirectoryStore {
@@ -222,6 +226,7 @@ impl DirectoryStore {
             counter: AtomicU64::new(0),
             nonce: h.finish(),
             durable_dirs: RwLock::new(durable),
+            threads: super::ThreadLimit::default(),
         };
         store.write_marker(&root_dir).map_err(ctx)?;
         Ok(store)
@@ -290,6 +295,13 @@ impl DirectoryStore {
         let mut s = DirectoryStore::open(root)?;
         s.hook = Some(hook);
         Ok(s)
+    }
+
+    /// Limits the threads one large batch (reads, `batch_put_from`) runs on to `n`
+    /// (1 = the calling thread only; 0 = the default, [`super::io_threads`]). Takes
+    /// effect for later calls; thread-safe.
+    pub fn set_max_threads(&self, n: usize) {
+        self.threads.set(n);
     }
 
     /// The root directory.
@@ -491,7 +503,12 @@ impl DirectoryStore {
     /// on the open file, after opening), never through a link. Returns its size.
     fn open_object(&self, key: &str) -> Result<(File, u64)> {
         let Some(p) = self.parent(key, false)? else { return Err(not_found(key)) };
-        if self.leaf_size(&p, key)?.is_none() {
+        self.open_in(&p, key)
+    }
+
+    /// [`DirectoryStore::open_object`] in a resolved directory.
+    fn open_in(&self, p: &Parent, key: &str) -> Result<(File, u64)> {
+        if self.leaf_size(p, key)?.is_none() {
             return Err(not_found(key));
         }
         let f = p.dir.open_read(&p.leaf).map_err(|e| match errno(&e) {
@@ -503,6 +520,30 @@ impl DirectoryStore {
             EntryKind::File(size) => Ok((f, size)),
             kind => Err(foreign(key, &p.rel, kind)),
         }
+    }
+
+    /// As [`DirectoryStore::parent`] without `create`, reusing the directory of the
+    /// previous key when `key` lies in the same one (`last`: that key directory and
+    /// its resolved handle). The walk is done once per directory and batch instead of
+    /// once per key; `last` lives only for one call (a batch), like the open-file
+    /// cache of ranged reads, and the leaf is still checked and opened without
+    /// following links on every key.
+    fn parent_cached<'c>(&self, key: &str, last: &'c mut Option<(String, Parent)>) -> Result<Option<&'c Parent>> {
+        let (_, leaf) = Self::names(key)?;
+        let dir = key.rsplit_once('/').map_or("", |(d, _)| d);
+        if last.as_ref().is_none_or(|(d, _)| d != dir) {
+            *last = None;
+            let Some(p) = self.parent(key, false)? else { return Ok(None) };
+            *last = Some((dir.to_owned(), p));
+        }
+        let (_, p) = last.as_mut().expect("resolved above");
+        if p.leaf.to_bytes() != leaf.as_bytes() {
+            p.leaf = c_name(&leaf).map_err(|e| io_err("invalid name for", key, e))?;
+            let cut = p.rel.rfind('/').map_or(0, |i| i + 1);
+            p.rel.truncate(cut);
+            p.rel.push_str(&leaf);
+        }
+        Ok(Some(p))
     }
 
     /// Reads the whole object if it holds at most `max_bytes` (reads at most one byte
@@ -560,17 +601,12 @@ impl DirectoryStore {
         }
     }
 
-    unsafe fn read_one(&self, r: &RangeRead<'_>, cache: &mut Option<(String, File, u64)>) -> Result<u64> {
+    unsafe fn read_one(&self, r: &RangeRead<'_>, cache: &mut ReadCache) -> Result<u64> {
         if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
             return Err(device_unsupported(r.key));
         }
-        if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
-            *cache = None;
-            let (f, size) = self.open_object(r.key)?;
-            *cache = Some((r.key.to_owned(), f, size));
-        }
-        let (_, file, size) = cache.as_ref().expect("cached above");
-        let (_, len) = check_range(r, *size)?;
+        let (file, size) = self.cached_file(r.key, cache)?;
+        let (_, len) = check_range(r, size)?;
         let short = |e: io::Error| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::new(ErrorKind::Integrity, format!("short read of {}", r.key))
@@ -604,71 +640,143 @@ impl DirectoryStore {
     }
 }
 
+/// Single-segment host reads shorter than this use `pread`; longer ones and every
+/// strided read are copied from a read-only mapping (one user-space streaming copy
+/// instead of the kernel's copy, which reads every destination line first).
+const MAP_MIN_BYTES: u64 = 64 << 10;
+
+/// Per-thread state of one read batch: the last object opened (key, file, size)
+/// and the last key directory resolved.
+#[derive(Default)]
+struct ReadCache {
+    file: Option<(String, File, u64)>,
+    dir: Option<(String, Parent)>,
+}
+
 impl DirectoryStore {
-    /// One strided read into host memory: a single `pread` for one segment, else a
-    /// read-only mapping of the touched object range and one copy per segment (no
-    /// system call per segment). Objects are immutable once linked (writers never
-    /// truncate or rewrite a published file; upsert replaces it by rename), so the
-    /// mapping stays valid. Device destinations go through ranges and the hook.
-    unsafe fn read_strided(&self, r: &StridedRead<'_>, cache: &mut Option<(String, File, u64)>) -> Result<u64> {
-        if matches!(r.dest.kind, MemoryKind::Device(_)) || r.segment_count() <= 1 {
-            let mut total = 0;
-            r.for_each_segment(|s, d, n| {
-                let range = RangeRead {
-                    key: r.key,
-                    object_offset: s,
-                    dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
-                };
-                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-                total += unsafe { self.read_one(&range, cache) }?;
-                Ok(())
-            })?;
-            return Ok(total);
+    /// The open file of `key` (from `cache` when it was the previous key).
+    fn cached_file<'c>(&self, key: &str, cache: &'c mut ReadCache) -> Result<(&'c File, u64)> {
+        if cache.file.as_ref().is_none_or(|(k, _, _)| k != key) {
+            cache.file = None;
+            let Some(p) = self.parent_cached(key, &mut cache.dir)? else { return Err(not_found(key)) };
+            let (f, size) = self.open_in(p, key)?;
+            cache.file = Some((key.to_owned(), f, size));
         }
-        if cache.as_ref().is_none_or(|(k, _, _)| k != r.key) {
-            *cache = None;
-            let (f, size) = self.open_object(r.key)?;
-            *cache = Some((r.key.to_owned(), f, size));
-        }
-        let (_, file, size) = cache.as_ref().expect("cached above");
-        r.check_bounds(*size)?;
-        let base = host_ptr_mut(&r.dest, r.key)?;
-        let page = 4096u64;
-        let start = r.object_offset / page * page;
-        let end = {
-            let mut e = r.object_offset + r.inner_bytes;
-            for (c, st) in r.counts.iter().zip(r.src_strides) {
-                e += (c - 1) * st;
-            }
-            e
-        };
-        let map_len = (end - start) as usize;
+        let (_, f, size) = cache.file.as_ref().expect("cached above");
+        Ok((f, *size))
+    }
+}
+
+/// A read-only mapping of an object range, unmapped on drop.
+struct Mapping {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr..addr+len` is a mapping this value created and owns.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+impl DirectoryStore {
+    /// Maps `[start, end)` of `file` read-only (`start` page-aligned), populated.
+    fn map_range(file: &File, key: &str, start: u64, end: u64) -> Result<Mapping> {
         use std::os::fd::AsRawFd;
-        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        let map = unsafe {
+        let len = usize::try_from(end - start).map_err(|_| Error::invalid(format!("read of {key} is too large")))?;
+        // SAFETY: a fresh private read-only mapping of our own descriptor; no Rust
+        // reference aliases it; `Mapping` unmaps it.
+        let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                map_len,
+                len,
                 libc::PROT_READ,
                 libc::MAP_PRIVATE | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 start as libc::off_t,
             )
         };
-        if map == libc::MAP_FAILED {
-            return Err(io_err("cannot map", r.key, io::Error::last_os_error()));
+        if addr == libc::MAP_FAILED {
+            return Err(io_err("cannot map", key, io::Error::last_os_error()));
         }
-        let src = map as *const u8;
-        let result = r.for_each_segment(|s, d, n| {
-            // Both ranges were checked against the object size and the view.
+        Ok(Mapping { addr, len })
+    }
+
+    /// Reads a group of strided reads into one destination view (see
+    /// [`super::dest_groups`]): each read is opened, checked and mapped on its own
+    /// (its own result), then the host reads that passed are copied merged by
+    /// destination ([`super::copy_merged`]). Device reads and short single-segment
+    /// reads go one by one ([`DirectoryStore::read_strided`]).
+    unsafe fn read_group(&self, reads: &[StridedRead<'_>], cache: &mut ReadCache) -> Vec<Result<u64>> {
+        let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
+        let mut maps: Vec<(usize, Mapping, u64)> = Vec::new(); // (read index, mapping, its object offset)
+        let mut base: *mut u8 = std::ptr::null_mut();
+        for (i, r) in reads.iter().enumerate() {
+            if r.dest.kind != MemoryKind::Host || (r.segment_count() <= 1 && r.total_bytes() < MAP_MIN_BYTES) {
+                // SAFETY: forwarded from this function's contract.
+                results.push(unsafe { self.read_strided(r, cache) });
+                continue;
+            }
+            let checked = (|| {
+                let (file, size) = self.cached_file(r.key, cache)?;
+                if r.segment_count() <= 1 {
+                    // The checks (and errors) of a ranged read, as for short ones.
+                    let range = RangeRead {
+                        key: r.key,
+                        object_offset: r.object_offset,
+                        dest: MemoryRegion {
+                            address: r.dest.address.wrapping_add(r.dest_offset),
+                            len: r.inner_bytes,
+                            kind: r.dest.kind,
+                        },
+                    };
+                    check_range(&range, size)?;
+                }
+                r.check_bounds(size)?;
+                if r.total_bytes() > 0 {
+                    base = host_ptr_mut(&r.dest, r.key)?;
+                    let start = r.object_offset / PAGE * PAGE;
+                    let end = r.object_offset + r.reach_src().expect("checked by check_bounds");
+                    maps.push((i, Self::map_range(file, r.key, start, end)?, start));
+                }
+                Ok(r.total_bytes())
+            })();
+            results.push(checked);
+        }
+        if !maps.is_empty() {
+            let parts: Vec<super::MappedRead<'_, '_>> = maps
+                .iter()
+                .map(|(i, m, start)| super::MappedRead {
+                    read: &reads[*i],
+                    src: m.addr as *const u8,
+                    src_origin: *start,
+                })
+                .collect();
+            // SAFETY: every part passed `check_bounds` against its object's size and the
+            // shared destination view (valid and ours: this function's contract); each
+            // mapping covers the object bytes its read touches.
+            unsafe { super::copy_merged(base, &parts) };
+        }
+        results
+    }
+
+    /// One strided read segment by segment through [`DirectoryStore::read_one`]
+    /// (`pread`, or the copy hook for device memory): for device destinations and
+    /// short single-segment reads.
+    unsafe fn read_strided(&self, r: &StridedRead<'_>, cache: &mut ReadCache) -> Result<u64> {
+        let mut total = 0;
+        r.for_each_segment(|s, d, n| {
+            let range = RangeRead {
+                key: r.key,
+                object_offset: s,
+                dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
+            };
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            unsafe { super::copy_for_restore(base.add(d as usize), src.add((s - start) as usize), n as usize) };
+            total += unsafe { self.read_one(&range, cache) }?;
             Ok(())
-        });
-        super::copy_fence();
-        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        unsafe { libc::munmap(map, map_len) };
-        result.map(|()| r.total_bytes())
+        })?;
+        Ok(total)
     }
 }
 
@@ -741,6 +849,16 @@ impl ObjectStore for DirectoryStore {
         self.leaf_size(&p, key)?.ok_or_else(|| not_found(key))
     }
 
+    fn object_sizes(&self, keys: &[&str]) -> Vec<Result<u64>> {
+        let mut last = None;
+        keys.iter()
+            .map(|key| {
+                let Some(p) = self.parent_cached(key, &mut last)? else { return Err(not_found(key)) };
+                self.leaf_size(p, key)?.ok_or_else(|| not_found(key))
+            })
+            .collect()
+    }
+
     fn cost(&self) -> super::StoreCost {
         super::StoreCost::LOCAL
     }
@@ -757,11 +875,15 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
-        let done =
-            run_parallel((0..reads.len()).collect(), bytes, |i, cache| unsafe { self.read_strided(&reads[i], cache) });
-        for (i, r) in done {
-            results[i] = r;
+        let groups = super::dest_groups(reads);
+        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
+        let done = run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, cache| unsafe {
+            self.read_group(&reads[groups[g].clone()], cache)
+        });
+        for (g, rs) in done {
+            for (i, r) in groups[g].clone().zip(rs) {
+                results[i] = r;
+            }
         }
         results
     }
@@ -808,8 +930,9 @@ impl ObjectStore for DirectoryStore {
             .collect();
         let jobs: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
         let bytes: u64 = jobs.iter().map(|&i| items[i].source.len).sum();
+        let threads = self.threads.get();
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        for (i, r) in run_parallel(jobs, bytes, |i, _: &mut ()| unsafe { self.put_from_one(&items[i]) }) {
+        for (i, r) in run_parallel_on(jobs, bytes, threads, |i, _: &mut ()| unsafe { self.put_from_one(&items[i]) }) {
             results[i] = r;
         }
         results
@@ -819,8 +942,9 @@ impl ObjectStore for DirectoryStore {
         let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
         let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
         // SAFETY: as above, for `read_one`'s ranges.
-        let done =
-            run_parallel((0..ranges.len()).collect(), bytes, |i, cache| unsafe { self.read_one(&ranges[i], cache) });
+        let done = run_parallel_on((0..ranges.len()).collect(), bytes, self.threads.get(), |i, cache| unsafe {
+            self.read_one(&ranges[i], cache)
+        });
         for (i, r) in done {
             results[i] = r;
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::{
-    not_found, run_parallel, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
+    not_found, run_parallel_on, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
     WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -39,6 +39,8 @@ type Shard = RwLock<HashMap<String, Entry>>;
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hook: Option<Arc<dyn CopyHook>>,
+    /// Threads of one large batch ([`MemoryStore::set_max_threads`]).
+    threads: super::ThreadLimit,
 }
 
 impl Default for MemoryStore {
@@ -56,12 +58,23 @@ impl fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store without a copy hook (device memory is refused).
     pub fn new() -> Self {
-        MemoryStore { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), hook: None }
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            hook: None,
+            threads: super::ThreadLimit::default(),
+        }
     }
 
     /// An empty store that reaches device memory through `hook`.
     pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
         MemoryStore { hook: Some(hook), ..MemoryStore::new() }
+    }
+
+    /// Limits the threads one large strided read batch runs on to `n` (1 = the
+    /// calling thread only; 0 = the default, [`super::io_threads`]). Takes effect for
+    /// later calls; thread-safe.
+    pub fn set_max_threads(&self, n: usize) {
+        self.threads.set(n);
     }
 
     fn shard(&self, key: &str) -> &Shard {
@@ -156,6 +169,45 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
+    /// Reads a group of strided reads into one destination view (see
+    /// [`super::dest_groups`]): each read is looked up and checked on its own (its
+    /// own result), then the host reads that passed are copied merged by destination
+    /// ([`super::copy_merged`]); device reads go one by one through the hook.
+    unsafe fn read_group(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
+        let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
+        let mut values: Vec<Arc<[u8]>> = Vec::new();
+        let mut merged: Vec<(usize, usize)> = Vec::new(); // (read index, value index)
+        let mut base: *mut u8 = std::ptr::null_mut();
+        for (i, r) in reads.iter().enumerate() {
+            if r.dest.kind != MemoryKind::Host {
+                // SAFETY: forwarded from this function's contract.
+                results.push(unsafe { self.read_strided(r) });
+                continue;
+            }
+            let checked = (|| {
+                let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
+                r.check_bounds(value.len() as u64)?;
+                if r.total_bytes() > 0 {
+                    base = host_ptr_mut(&r.dest, r.key)?;
+                    merged.push((i, values.len()));
+                    values.push(value);
+                }
+                Ok(r.total_bytes())
+            })();
+            results.push(checked);
+        }
+        if !merged.is_empty() {
+            let parts: Vec<super::MappedRead<'_, '_>> = merged
+                .iter()
+                .map(|&(i, v)| super::MappedRead { read: &reads[i], src: values[v].as_ptr(), src_origin: 0 })
+                .collect();
+            // SAFETY: every part passed `check_bounds` against its value and the shared
+            // destination view, which this function's caller guarantees valid and ours.
+            unsafe { super::copy_merged(base, &parts) };
+        }
+        results
+    }
+
     unsafe fn read_strided(&self, r: &StridedRead<'_>) -> Result<u64> {
         let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
         r.check_bounds(value.len() as u64)?;
@@ -228,12 +280,16 @@ impl ObjectStore for MemoryStore {
 
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
+        let groups = super::dest_groups(reads);
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_strided`'s contract.
-        let done =
-            run_parallel((0..reads.len()).collect(), bytes, |i, _: &mut ()| unsafe { self.read_strided(&reads[i]) });
-        for (i, r) in done {
-            results[i] = r;
+        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
+        let done = run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, _: &mut ()| unsafe {
+            self.read_group(&reads[groups[g].clone()])
+        });
+        for (g, rs) in done {
+            for (i, r) in groups[g].clone().zip(rs) {
+                results[i] = r;
+            }
         }
         results
     }

@@ -117,6 +117,12 @@ impl StridedRead<'_> {
         Some(end)
     }
 
+    /// One past the furthest object byte the read touches, relative to
+    /// `object_offset`; `None` on overflow or inconsistent lengths.
+    pub fn reach_src(&self) -> Option<u64> {
+        self.reach(self.src_strides)
+    }
+
     /// Checks the read against the object size and the destination view:
     /// `(source end, destination end)` or an [`ErrorKind::Integrity`] error naming
     /// the key.
@@ -267,6 +273,13 @@ pub trait ObjectStore: Send + Sync {
     /// the whole object; backends override it with a metadata query.
     fn object_size(&self, key: &str) -> Result<u64> {
         self.get(key).map(|v| v.len() as u64)
+    }
+
+    /// Per key, as [`ObjectStore::object_size`] (same results and errors); backends
+    /// override it to share work between keys (the directory store resolves each
+    /// key directory once per call).
+    fn object_sizes(&self, keys: &[&str]) -> Vec<Result<u64>> {
+        keys.iter().map(|k| self.object_size(k)).collect()
     }
 
     /// True when the object is present and complete.
@@ -445,15 +458,48 @@ const PARALLEL_MIN_BYTES: u64 = 8 << 20;
 /// At most this many threads per batch (overlaps the per-object fsyncs and copies).
 const MAX_WORKERS: usize = 4;
 
+/// Threads the embedded backends use for one large batch by default: the machine's
+/// parallelism, at least 2 (to overlap `fsync`s) and at most 4.
+pub fn io_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS)
+}
+
+/// A backend's thread limit for one batch (0 = [`io_threads`]); see
+/// `MemoryStore::set_max_threads`, `DirectoryStore::set_max_threads`.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadLimit(std::sync::atomic::AtomicUsize);
+
+impl ThreadLimit {
+    pub(crate) fn set(&self, n: usize) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+    pub(crate) fn get(&self) -> usize {
+        match self.0.load(Ordering::Relaxed) {
+            0 => io_threads(),
+            n => n,
+        }
+    }
+}
+
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
-/// `state`), on up to [`MAX_WORKERS`] scoped threads when the batch moves at least
+/// `state`), on up to [`io_threads`] scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
 pub(crate) fn run_parallel<T: Send, S: Default>(
     jobs: Vec<usize>,
     bytes: u64,
     job: impl Fn(usize, &mut S) -> T + Sync,
 ) -> Vec<(usize, T)> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, MAX_WORKERS).min(jobs.len());
+    run_parallel_on(jobs, bytes, io_threads(), job)
+}
+
+/// As [`run_parallel`], on up to `max_workers` threads.
+pub(crate) fn run_parallel_on<T: Send, S: Default>(
+    jobs: Vec<usize>,
+    bytes: u64,
+    max_workers: usize,
+    job: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<(usize, T)> {
+    let workers = max_workers.min(jobs.len());
     if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
         let mut state = S::default();
         return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
@@ -479,6 +525,132 @@ pub(crate) fn run_parallel<T: Send, S: Default>(
     })
 }
 
+/// Reads into one destination view merged per batch: more than this many are merged
+/// in chunks of this size (the merge scans the heads linearly).
+const MERGE_WAYS: usize = 16;
+
+/// A checked strided read whose source bytes are mapped in memory: object offset
+/// `o` of the read is at `src + (o - src_origin)`.
+pub(crate) struct MappedRead<'r, 'a> {
+    /// The read (already checked against the object size and its destination view).
+    pub read: &'r StridedRead<'a>,
+    /// Address of object offset `src_origin`.
+    pub src: *const u8,
+    /// The object offset `src` points at (at most the read's first source offset).
+    pub src_origin: u64,
+}
+
+/// The segments of one strided read in row-major order, one at a time.
+struct Cursor<'r> {
+    counts: &'r [u64],
+    src_strides: &'r [u64],
+    dst_strides: &'r [u64],
+    idx: Vec<u64>,
+    /// Current segment: object offset (minus the origin) and destination offset.
+    s: u64,
+    d: u64,
+    left: u64,
+}
+
+impl<'r> Cursor<'r> {
+    fn new(m: &'r MappedRead<'_, '_>) -> Self {
+        let r = m.read;
+        Cursor {
+            counts: r.counts,
+            src_strides: r.src_strides,
+            dst_strides: r.dst_strides,
+            idx: vec![0; r.counts.len()],
+            s: r.object_offset - m.src_origin,
+            d: r.dest_offset,
+            left: r.segment_count(),
+        }
+    }
+
+    /// Steps to the next segment (last dimension fastest); `false` after the last.
+    #[inline]
+    fn advance(&mut self) -> bool {
+        self.left -= 1;
+        if self.left == 0 {
+            return false;
+        }
+        let mut j = self.idx.len();
+        while j > 0 {
+            j -= 1;
+            self.idx[j] += 1;
+            self.s += self.src_strides[j];
+            self.d += self.dst_strides[j];
+            if self.idx[j] < self.counts[j] {
+                break;
+            }
+            self.s -= self.src_strides[j] * self.idx[j];
+            self.d -= self.dst_strides[j] * self.idx[j];
+            self.idx[j] = 0;
+        }
+        true
+    }
+}
+
+/// Copies every segment of `parts` into the host destination view at `dst`, in
+/// destination order: the parts' row-major segment streams are merged by destination
+/// offset, so rows of a target assembled from several objects (a column split, say)
+/// are written front to back like one memcpy instead of one strided pass per object.
+/// Segments of different parts never overlap in the destination (each part is a
+/// region of a different stored fragment and stored fragments are disjoint; targets
+/// are canonical contiguous views), so the order changes no byte. Issues
+/// [`copy_fence`] at the end.
+///
+/// # Safety
+/// Every part must have passed [`StridedRead::check_bounds`] against its object and
+/// its destination view (`dst` is that view's first byte, valid for writes of
+/// `dest.len` bytes and not accessed by anyone else); each part's `src` must be valid
+/// for reads of the object bytes the read touches; sources and destination disjoint.
+pub(crate) unsafe fn copy_merged(dst: *mut u8, parts: &[MappedRead<'_, '_>]) {
+    for chunk in parts.chunks(MERGE_WAYS) {
+        if let [one] = chunk {
+            let (r, src, origin) = (one.read, one.src, one.src_origin);
+            let _ = r.for_each_segment(|s, d, n| {
+                // SAFETY: the read was checked against its object and the view (this
+                // function's contract), so both ranges lie inside them.
+                unsafe { copy_for_restore(dst.add(d as usize), src.add((s - origin) as usize), n as usize) };
+                Ok(())
+            });
+            continue;
+        }
+        let mut heads: Vec<(Cursor<'_>, *const u8, usize)> =
+            chunk.iter().map(|m| (Cursor::new(m), m.src, m.read.inner_bytes as usize)).collect();
+        while !heads.is_empty() {
+            let mut k = 0;
+            for (i, h) in heads.iter().enumerate().skip(1) {
+                if h.0.d < heads[k].0.d {
+                    k = i;
+                }
+            }
+            let (c, src, n) = &mut heads[k];
+            // SAFETY: as above: the current segment of a checked read lies inside its
+            // source bytes and inside the destination view.
+            unsafe { copy_for_restore(dst.add(c.d as usize), src.add(c.s as usize), *n) };
+            if !c.advance() {
+                heads.swap_remove(k);
+            }
+        }
+    }
+    copy_fence();
+}
+
+/// Groups of consecutive items with the same destination view (address, length,
+/// kind), as index ranges: the unit of [`copy_merged`].
+pub(crate) fn dest_groups(reads: &[StridedRead<'_>]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=reads.len() {
+        if i == reads.len() || reads[i].dest != reads[start].dest {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
 /// Copies `n` bytes for the restore path. Long copies use non-temporal stores on
 /// x86-64 (the destination is written once and not read back soon), which avoids
 /// reading every destination cache line before overwriting it; callers issue
@@ -491,8 +663,9 @@ pub(crate) fn run_parallel<T: Send, S: Default>(
 pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_prefetch, _mm_stream_si128, _MM_HINT_T0};
         const STREAM_MIN: usize = 256;
+        const PREFETCH_AHEAD: usize = 512;
         if n >= STREAM_MIN {
             // Head: bring the destination to 16-byte alignment with a plain copy.
             let head = (16 - (dst as usize & 15)) & 15;
@@ -500,12 +673,17 @@ pub(crate) unsafe fn copy_for_restore(dst: *mut u8, src: *const u8, n: usize) {
             // (head < 16 <= n, then 64-byte steps while `left >= 64`, then the tail of
             // `left` bytes), which the caller guarantees valid and disjoint; the stream
             // stores need 16-byte alignment of `d`, which the head copy establishes, and
-            // SSE2 is baseline on x86-64.
+            // SSE2 is baseline on x86-64. The prefetch address is computed with
+            // `wrapping_add` and never dereferenced (a prefetch is only a hint).
             unsafe {
                 std::ptr::copy_nonoverlapping(src, dst, head);
                 let (mut d, mut s) = (dst.add(head), src.add(head));
                 let mut left = n - head;
                 while left >= 64 {
+                    // Software prefetch 512 bytes ahead (a hint: it never faults, also
+                    // past the end of the source): the hardware prefetchers alone lose
+                    // the stream at every short row and page.
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(PREFETCH_AHEAD) as *const i8);
                     let a = _mm_loadu_si128(s as *const __m128i);
                     let b = _mm_loadu_si128(s.add(16) as *const __m128i);
                     let c = _mm_loadu_si128(s.add(32) as *const __m128i);
