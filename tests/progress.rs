@@ -3,12 +3,15 @@
 //! memory and directory stores; reports are monotonic, start at 0, end at the totals,
 //! and the final one matches the load statistics.
 
+#[path = "common/fake_store.rs"]
+#[allow(dead_code)]
+mod fake_store;
 #[path = "common/model.rs"]
 mod model;
 
 use model::*;
 use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::protocol::{LoadArgs, Progress, ProgressPhase, StaticGuard, WeightStore};
+use mooncake_weight_store::protocol::{LoadArgs, Progress, ProgressPhase, StaticGuard, StoreLimits, WeightStore};
 use mooncake_weight_store::store::{directory::DirectoryStore, memory::MemoryStore, ObjectStore};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -91,4 +94,29 @@ fn progress_directory_store() {
     let _ = std::fs::remove_dir_all(&dir);
     run(Arc::new(DirectoryStore::open(&dir).unwrap()));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A restore made of many store requests (a ranged store, 2 ranges per request,
+/// staging off) reports work in between, not only the start and the end; the reports
+/// never run ahead of the bytes the finished requests delivered.
+#[test]
+fn restore_reports_progress_between_requests() {
+    let defs = model_tensors(1, 64, 2);
+    let src = HostModel::new(build_placement("source", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "t", 1);
+    let limits = StoreLimits { max_ranges_per_request: 2, staging_bytes: 0, ..Default::default() };
+    let ws = WeightStore::new(fake_store::FakeStore::new()).with_limits(limits).unwrap();
+    let manifest = Arc::new(src.snapshot_into(&ws).unwrap());
+    let mut dst = HostModel::new(build_placement("target", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "s", 1);
+    dst.bindings = dst.make_bindings("s", 1);
+    let plan = ws.plan_load(manifest, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let calls: Mutex<Vec<Progress>> = Mutex::default();
+    let f = |p: &Progress| calls.lock().push(*p);
+    let args = LoadArgs { guard: Some(&StaticGuard), progress: Some(&f), ..Default::default() };
+    // SAFETY: dst.buffers outlive the call and nobody else touches them.
+    let st = unsafe { ws.load(&plan, &dst.bindings[0], args) }.unwrap();
+    assert!(st.requests > 2, "{st:?}");
+    let calls = calls.into_inner();
+    check_call(&calls, ProgressPhase::Restore);
+    assert!(calls.iter().any(|p| p.bytes_done > 0 && p.bytes_done < p.bytes_total), "{calls:?}");
+    assert!(dst.verify().unwrap() > 0);
 }

@@ -327,9 +327,11 @@ pub(crate) unsafe fn load(
             return Err(e);
         }
     };
-    let mut stats = LoadStats::default();
     let total_bytes: u64 = ops.iter().map(|&i| plan.regions()[i].total_bytes()).sum();
-    let mut progress = Reporter::start(args.progress, ProgressPhase::Restore, total_bytes, ops.len() as u64);
+    let mut stats = Tally {
+        stats: LoadStats::default(),
+        progress: Reporter::start(args.progress, ProgressPhase::Restore, total_bytes, ops.len() as u64),
+    };
     let body = |io_started: &mut bool| {
         *io_started = true;
         let read = if ws.store.supports_strided_reads() {
@@ -354,7 +356,7 @@ pub(crate) unsafe fn load(
             _ => read,
         };
         if checked.is_ok() {
-            progress.finish();
+            stats.progress.finish();
         }
         checked
     };
@@ -366,7 +368,34 @@ pub(crate) unsafe fn load(
             body(&mut false)?
         }
     }
-    Ok(stats)
+    Ok(stats.stats)
+}
+
+/// The statistics of one load and its progress reporter, updated together: every
+/// read path adds to the statistics (through `Deref`) and reports after each store
+/// call (`report`: bytes read, regions counted so far).
+struct Tally<'p> {
+    stats: LoadStats,
+    progress: Reporter<'p>,
+}
+
+impl Tally<'_> {
+    fn report(&mut self) {
+        self.progress.advance_to(self.stats.bytes, self.stats.regions);
+    }
+}
+
+impl std::ops::Deref for Tally<'_> {
+    type Target = LoadStats;
+    fn deref(&self) -> &LoadStats {
+        &self.stats
+    }
+}
+
+impl std::ops::DerefMut for Tally<'_> {
+    fn deref_mut(&mut self) -> &mut LoadStats {
+        &mut self.stats
+    }
 }
 
 /// Regions handed to a backend with native strided reads per call (at least; the
@@ -380,10 +409,10 @@ unsafe fn read_strided(
     store: &dyn ObjectStore,
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
-    stats: &mut LoadStats,
+    stats: &mut Tally<'_>,
 ) -> Result<()> {
     let mut reads: Vec<StridedRead<'_>> = Vec::with_capacity(STRIDED_BATCH);
-    let run = |reads: &mut Vec<StridedRead<'_>>, stats: &mut LoadStats| -> Result<()> {
+    let run = |reads: &mut Vec<StridedRead<'_>>, stats: &mut Tally<'_>| -> Result<()> {
         if reads.is_empty() {
             return Ok(());
         }
@@ -412,6 +441,7 @@ unsafe fn read_strided(
             }
         }
         reads.clear();
+        stats.report();
         Ok(())
     };
     for list in by_target.values() {
@@ -489,7 +519,7 @@ unsafe fn read_staged(
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
-    stats: &mut LoadStats,
+    stats: &mut Tally<'_>,
 ) -> Result<()> {
     let store = &*ws.store;
     let cost = store.cost();
@@ -546,7 +576,7 @@ unsafe fn flush_staged(
     batch: &[(usize, u64)],
     staging: MemoryRegion,
     options: &LoadOptions,
-    stats: &mut LoadStats,
+    stats: &mut Tally<'_>,
 ) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
@@ -629,6 +659,7 @@ unsafe fn flush_staged(
         stats.staged_regions += 1;
         stats.staged_bytes += source_span(r).unwrap_or(0);
     }
+    stats.report();
     Ok(())
 }
 
@@ -637,7 +668,7 @@ unsafe fn read_ranges(
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
-    stats: &mut LoadStats,
+    stats: &mut Tally<'_>,
 ) -> Result<()> {
     let mut keys: Vec<&str> = Vec::new();
     let mut key_index: HashMap<&str, u32> = HashMap::new();
@@ -694,7 +725,7 @@ unsafe fn flush(
     store: &dyn ObjectStore,
     keys: &[&str],
     batch: &mut Vec<PendingRange>,
-    stats: &mut LoadStats,
+    stats: &mut Tally<'_>,
 ) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
@@ -727,5 +758,6 @@ unsafe fn flush(
         }
     }
     batch.clear();
+    stats.report();
     Ok(())
 }

@@ -104,6 +104,13 @@ impl<'a> Reporter<'a> {
         }
     }
 
+    /// As [`Reporter::advance`], with the work done so far given as totals (never
+    /// moves backwards).
+    pub(crate) fn advance_to(&mut self, bytes_done: u64, items_done: u64) {
+        let (b, i) = (self.now.bytes_done, self.now.items_done);
+        self.advance(bytes_done.saturating_sub(b), items_done.saturating_sub(i));
+    }
+
     /// Reports the totals as reached (once; later calls do nothing). Called when the
     /// data phase completed.
     pub(crate) fn finish(&mut self) {
