@@ -4,7 +4,6 @@
 //! and the final one matches the load statistics.
 
 #[path = "common/fake_store.rs"]
-#[allow(dead_code)]
 mod fake_store;
 #[path = "common/model.rs"]
 mod model;
