@@ -31,6 +31,11 @@ pub(crate) fn sha256_hex_parts(parts: &[&[u8]]) -> String {
     for p in parts {
         h.update(p);
     }
+    hex_of(h)
+}
+
+/// Lowercase hex of a finished SHA-256 state.
+pub(crate) fn hex_of(h: Sha256) -> String {
     let digest = h.finalize();
     let mut out = String::with_capacity(64);
     for b in digest {

@@ -20,7 +20,9 @@ pub(super) fn tensor_index(tensors: &[Arc<TensorDescriptor>]) -> Result<HashMap<
     Ok(map)
 }
 
-/// §9.4 over a tensor list and fragments. `alias_check` runs §9.5 (placement only).
+/// §9.4 over a tensor list and fragments **sorted by placement fragment id** (so a
+/// repeated id is always next to its first occurrence). `alias_check` runs §9.5
+/// (placement only).
 pub(super) fn check_fragments<'a, I>(
     tensors: &'a [Arc<TensorDescriptor>],
     fragments: I,
@@ -30,14 +32,15 @@ where
     I: Iterator<Item = &'a PlacementFragment> + Clone,
 {
     let index = tensor_index(tensors)?;
-    let mut ids: HashSet<&str> = HashSet::default();
+    let mut previous: Option<&str> = None;
     let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::default();
     let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::default();
     for f in fragments.clone() {
         let id = f.placement_fragment_id();
-        if !ids.insert(id) {
+        if previous == Some(id) {
             return invalid(format!("duplicate fragment_id: {id}"));
         }
+        previous = Some(id);
         if !logical.insert((f.tensor_id(), f.rank, f.global_offset(), f.local_shape())) {
             return invalid(format!("duplicate logical fragment for tensor and parallel rank: {id}"));
         }

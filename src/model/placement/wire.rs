@@ -28,6 +28,12 @@ impl Placement {
 
     /// `{"parts":[...]` — the part of both documents that holds the fragments.
     pub(super) fn write_parts(&self, out: &mut String) {
+        self.write_parts_with(out, &mut |_: &mut String| {})
+    }
+
+    /// [`Self::write_parts`], calling `flush` after each fragment so that a caller
+    /// can consume (hash, clear) what has been written so far.
+    pub(super) fn write_parts_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
         out.push_str("{\"parts\":[");
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
@@ -39,6 +45,7 @@ impl Placement {
                     out.push(',');
                 }
                 f.write_json(out);
+                flush(out);
             }
             out.push_str("],\"participant_id\":");
             json::write_str(out, &part.participant_id, Profile::Ascii);
