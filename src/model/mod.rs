@@ -7,6 +7,7 @@ pub mod keys;
 mod manifest;
 pub(crate) mod placement;
 mod tensor;
+mod typed;
 
 pub use axes::{AxisKind, ParallelAxis, ParallelRank};
 pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};

@@ -4,6 +4,7 @@ use super::checks::check_fragments;
 use super::fragment::PlacementFragment;
 use super::id_sort_key;
 use crate::error::{invalid, Result};
+use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::model::axes::ParallelRank;
 use crate::model::non_empty;
@@ -64,6 +65,22 @@ fn sort_by_fragment_id(fragments: Vec<PlacementFragment>) -> Vec<PlacementFragme
     keyed.iter().map(|&(_, i)| slots[i as usize].take().expect("each index once")).collect()
 }
 
+/// Points every fragment's tensor id at its tensor descriptor's own (shared) id,
+/// so that fragments hold no string of their own and compare by pointer.
+fn intern_tensor_ids(tensors: &[Arc<TensorDescriptor>], fragments: &mut [PlacementFragment]) {
+    let by_ptr: HashMap<usize, usize> =
+        tensors.iter().enumerate().map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i)).collect();
+    let by_id: HashMap<&str, usize> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
+    for f in fragments {
+        if by_ptr.contains_key(&(f.tensor_id.as_ptr() as *const u8 as usize)) {
+            continue;
+        }
+        if let Some(&i) = by_id.get(&*f.tensor_id) {
+            f.tensor_id = tensors[i].tensor_id_arc().clone();
+        }
+    }
+}
+
 impl PlacementPart {
     /// Validates the part's own geometry (not its coverage).
     pub fn new(spec: PlacementPartSpec) -> Result<Self> {
@@ -92,8 +109,9 @@ impl PlacementPart {
                 return invalid(format!("placement part contains an unreferenced tensor: {}", t.tensor_id()));
             }
         }
-        let fragments = sort_by_fragment_id(spec.fragments);
+        let mut fragments = sort_by_fragment_id(spec.fragments);
         check_fragments(&tensors, fragments.iter(), false)?;
+        intern_tensor_ids(&tensors, &mut fragments);
         Ok(PlacementPart {
             resource_id: spec.resource_id,
             revision: spec.revision,
