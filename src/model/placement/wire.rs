@@ -552,3 +552,21 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
         d.deserialize_map(V(self.interner))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Placement;
+
+    /// A canonical document takes the fast path (the Value path is only for errors
+    /// and unusual spellings).
+    #[test]
+    fn canonical_placement_takes_the_fast_path() {
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/004-placement-ep2-tp2-experts.json");
+        let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let text = serde_json::to_string(&fixture["inputs"]["placement"]).unwrap();
+        let p = Placement::from_json_fast(&text).expect("fast path accepts a valid document");
+        assert_eq!(Placement::from_json_fast(&p.to_json()), Some(p.clone()));
+        assert!(Placement::from_json_fast(&text.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1)).is_none());
+    }
+}
