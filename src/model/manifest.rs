@@ -293,18 +293,36 @@ impl StoredManifest {
                 return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
             }
         }
+        // Fragment tensor ids are usually interned (the planner shares the
+        // descriptor's id, the decoder one id per tensor): the pointer finds the
+        // tensor, the string is the fallback.
+        let by_ptr: HashMap<usize, u32> = spec
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i as u32))
+            .collect();
+        let position: HashMap<&str, u32> =
+            spec.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
+        let mut slots: Vec<u32> = Vec::with_capacity(spec.fragments.len());
         let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(spec.fragments.len());
         for f in &spec.fragments {
             if !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
-            let t = index
-                .get(f.tensor_id())
-                .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?;
+            let slot = match by_ptr.get(&(f.tensor_id.as_ptr() as *const u8 as usize)) {
+                Some(&i) => i,
+                None => *position
+                    .get(f.tensor_id())
+                    .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?,
+            };
+            let t = &spec.tensors[slot as usize];
             check_fragment_geometry(t, &f.fragment_id, &f.global_offset, &f.local_shape, f.nbytes)?;
+            slots.push(slot);
         }
+        drop(ids);
         check_stored_aliases(&index, &spec.fragments)?;
-        check_stored_coverage(&spec.tensors, &spec.fragments)?;
+        check_stored_coverage(&spec.tensors, &spec.fragments, &slots)?;
         check_object_ranges(&spec.fragments)?;
         let mut m = StoredManifest {
             namespace: spec.namespace,
@@ -551,17 +569,31 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
     Ok(())
 }
 
-fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment]) -> Result<()> {
-    let mut geometry_seen: HashSet<(&str, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
-    let mut by_tensor: HashMap<&str, Vec<BoxRef<'_>>> = crate::fxhash::map_with_capacity(tensors.len());
-    for f in fragments {
-        if !geometry_seen.insert((&*f.tensor_id, &f.global_offset, &f.local_shape)) {
+/// `slots[i]`: the index in `tensors` of fragment `i`'s tensor.
+fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment], slots: &[u32]) -> Result<()> {
+    let mut geometry_seen: HashSet<(u32, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
+    for (f, &slot) in fragments.iter().zip(slots) {
+        if !geometry_seen.insert((slot, &f.global_offset, &f.local_shape)) {
             return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
         }
-        by_tensor.entry(&*f.tensor_id).or_default().push(f.as_box());
     }
-    for t in tensors {
-        let boxes = by_tensor.get(t.tensor_id()).map(Vec::as_slice).unwrap_or(&[]);
+    drop(geometry_seen);
+    // Boxes grouped by tensor (counting sort, fragment order kept within a tensor).
+    let mut starts = vec![0u32; tensors.len() + 1];
+    for &slot in slots {
+        starts[slot as usize + 1] += 1;
+    }
+    for i in 1..starts.len() {
+        starts[i] += starts[i - 1];
+    }
+    let mut next = starts.clone();
+    let mut boxes_by_tensor: Vec<BoxRef<'_>> = vec![BoxRef::new(&[], &[]); fragments.len()];
+    for (f, &slot) in fragments.iter().zip(slots) {
+        boxes_by_tensor[next[slot as usize] as usize] = f.as_box();
+        next[slot as usize] += 1;
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        let boxes = &boxes_by_tensor[starts[i] as usize..starts[i + 1] as usize];
         let total = boxes.iter().fold(0u128, |acc, b| acc.saturating_add(geometry::volume(b.shape)));
         if boxes.is_empty() || total != geometry::volume(t.global_shape()) || geometry::boxes_overlap_exact(boxes) {
             return invalid(format!("tensor is not fully covered: {}", t.tensor_id()));
