@@ -358,6 +358,11 @@ impl Placement {
     pub fn fragments(&self) -> impl ExactSizeIterator<Item = &PlacementFragment> + Clone + '_ {
         self.order.iter().map(move |&(p, f)| &self.parts[p as usize].fragments[f as usize])
     }
+    /// (part index, fragment index) of every fragment, sorted by placement
+    /// fragment id.
+    pub(crate) fn fragment_order(&self) -> &[(u32, u32)] {
+        &self.order
+    }
     /// Number of fragments.
     pub fn fragment_count(&self) -> usize {
         self.order.len()
