@@ -296,12 +296,8 @@ impl StoredManifest {
         // Fragment tensor ids are usually interned (the planner shares the
         // descriptor's id, the decoder one id per tensor): the pointer finds the
         // tensor, the string is the fallback.
-        let by_ptr: HashMap<usize, u32> = spec
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i as u32))
-            .collect();
+        let by_ptr: HashMap<u64, u32> =
+            spec.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
         let position: HashMap<&str, u32> =
             spec.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
         let mut slots: Vec<u32> = Vec::with_capacity(spec.fragments.len());
@@ -310,7 +306,7 @@ impl StoredManifest {
             if !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
-            let slot = match by_ptr.get(&(f.tensor_id.as_ptr() as *const u8 as usize)) {
+            let slot = match by_ptr.get(&crate::model::id_key(&f.tensor_id)) {
                 Some(&i) => i,
                 None => *position
                     .get(f.tensor_id())

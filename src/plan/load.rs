@@ -23,12 +23,12 @@ struct StoredGroups<'a> {
     positions: HashMap<&'a str, u32>,
     /// Checked tensors by the address of their interned id: (itemsize, position).
     /// Later fragments of a tensor skip the descriptor checks and the string maps.
-    checked: HashMap<usize, (u64, u32)>,
+    checked: HashMap<u64, (u64, u32)>,
 }
 
 impl SourceGroups for StoredGroups<'_> {
     fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
-        let ptr = t.tensor_id_arc().as_ptr() as *const u8 as usize;
+        let ptr = crate::model::id_key(t.tensor_id_arc());
         if let Some(&(itemsize, pos)) = self.checked.get(&ptr) {
             return Ok((itemsize, &self.indexes[pos as usize]));
         }

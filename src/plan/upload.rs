@@ -386,10 +386,10 @@ pub fn plan_upload<'a>(
     // Step 4: sources. Fragment tensor ids are interned (the descriptor's own
     // id), so the pointer finds the tensor; the string is the fallback.
     let tensors = placement.tensors();
-    let by_ptr: HashMap<usize, u32> =
-        tensors.iter().enumerate().map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i as u32)).collect();
+    let by_ptr: HashMap<u64, u32> =
+        tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
     let tensor_of = |p: &PlacementFragment| -> u32 {
-        match by_ptr.get(&(p.tensor_id_arc().as_ptr() as *const u8 as usize)) {
+        match by_ptr.get(&crate::model::id_key(p.tensor_id_arc())) {
             Some(&i) => i,
             None => tensors
                 .binary_search_by(|t| t.tensor_id().cmp(p.tensor_id()))

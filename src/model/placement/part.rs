@@ -68,11 +68,11 @@ fn sort_by_fragment_id(fragments: Vec<PlacementFragment>) -> Vec<PlacementFragme
 /// Points every fragment's tensor id at its tensor descriptor's own (shared) id,
 /// so that fragments hold no string of their own and compare by pointer.
 fn intern_tensor_ids(tensors: &[Arc<TensorDescriptor>], fragments: &mut [PlacementFragment]) {
-    let by_ptr: HashMap<usize, usize> =
-        tensors.iter().enumerate().map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i)).collect();
+    let by_ptr: HashMap<u64, usize> =
+        tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i)).collect();
     let by_id: HashMap<&str, usize> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
     for f in fragments {
-        if by_ptr.contains_key(&(f.tensor_id.as_ptr() as *const u8 as usize)) {
+        if by_ptr.contains_key(&crate::model::id_key(&f.tensor_id)) {
             continue;
         }
         if let Some(&i) = by_id.get(&*f.tensor_id) {

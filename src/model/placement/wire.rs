@@ -168,14 +168,10 @@ impl Placement {
         // Fragments by tensor index: fragment tensor ids are interned (the parts'
         // descriptors' ids), so the pointer finds the tensor; a part whose
         // descriptor is another (equal) Arc falls back to the string.
-        let by_ptr: HashMap<usize, u32> = self
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.tensor_id_arc().as_ptr() as *const u8 as usize, i as u32))
-            .collect();
+        let by_ptr: HashMap<u64, u32> =
+            self.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
         let index_of = |f: &PlacementFragment| -> Option<usize> {
-            match by_ptr.get(&(f.tensor_id_arc().as_ptr() as *const u8 as usize)) {
+            match by_ptr.get(&crate::model::id_key(f.tensor_id_arc())) {
                 Some(&i) => Some(i as usize),
                 None => self.tensors.binary_search_by(|t| t.tensor_id().cmp(f.tensor_id())).ok(),
             }
