@@ -4,7 +4,6 @@ use super::checks::check_fragments;
 use super::fragment::PlacementFragment;
 use super::id_sort_key;
 use crate::error::{invalid, Result};
-use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::model::axes::ParallelRank;
 use crate::model::non_empty;
@@ -67,16 +66,12 @@ fn sort_by_fragment_id(fragments: Vec<PlacementFragment>) -> Vec<PlacementFragme
 
 /// Points every fragment's tensor id at its tensor descriptor's own (shared) id,
 /// so that fragments hold no string of their own and compare by pointer.
-fn intern_tensor_ids(tensors: &[Arc<TensorDescriptor>], fragments: &mut [PlacementFragment]) {
-    let by_ptr: HashMap<u64, usize> =
-        tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i)).collect();
-    let by_id: HashMap<&str, usize> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
-    for f in fragments {
-        if by_ptr.contains_key(&crate::model::id_key(&f.tensor_id)) {
-            continue;
-        }
-        if let Some(&i) = by_id.get(&*f.tensor_id) {
-            f.tensor_id = tensors[i].tensor_id_arc().clone();
+/// `positions[i]`: the index in `tensors` of fragment `i`'s tensor.
+fn intern_tensor_ids(tensors: &[Arc<TensorDescriptor>], fragments: &mut [PlacementFragment], positions: &[u32]) {
+    for (f, &pos) in fragments.iter_mut().zip(positions) {
+        let id = tensors[pos as usize].tensor_id_arc();
+        if !Arc::ptr_eq(&f.tensor_id, id) {
+            f.tensor_id = id.clone();
         }
     }
 }
@@ -110,8 +105,8 @@ impl PlacementPart {
             }
         }
         let mut fragments = sort_by_fragment_id(spec.fragments);
-        check_fragments(&tensors, fragments.iter(), false)?;
-        intern_tensor_ids(&tensors, &mut fragments);
+        let positions = check_fragments(&tensors, fragments.iter(), false)?;
+        intern_tensor_ids(&tensors, &mut fragments, &positions);
         Ok(PlacementPart {
             resource_id: spec.resource_id,
             revision: spec.revision,
