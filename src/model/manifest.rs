@@ -354,6 +354,11 @@ impl StoredManifest {
         out
     }
 
+    /// Appends the canonical JSON to `out` (no intermediate string).
+    pub(crate) fn write_json(&self, out: &mut String) {
+        self.write_json_with(out, &mut |_: &mut String| {});
+    }
+
     /// Writes the canonical JSON, calling `flush` after each fragment so that a
     /// caller can consume (hash, clear) what has been written so far.
     fn write_json_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
