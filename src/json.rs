@@ -37,10 +37,18 @@ fn push_u16_escape(out: &mut String, unit: u32) {
 
 /// Appends `s` as a JSON string literal in `profile`.
 pub fn write_str(out: &mut String, s: &str, profile: Profile) {
-    out.push('"');
     let bytes = s.as_bytes();
-    // Fast path: scan bytes; runs that need no escaping are copied whole.
     let limit = if profile == Profile::Ascii { 0x7f } else { 0x100 };
+    // Fastest path (ids, keys): nothing to escape, one copy.
+    if bytes.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\' && (b as u32) < limit) {
+        out.reserve(bytes.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
+    out.push('"');
+    // Scan bytes; runs that need no escaping are copied whole.
     let mut start = 0;
     let mut i = 0;
     while i < bytes.len() {
@@ -77,6 +85,10 @@ pub fn write_str(out: &mut String, s: &str, profile: Profile) {
 
 /// Appends a decimal integer.
 pub fn write_u64(out: &mut String, v: u64) {
+    if v < 10 {
+        out.push((b'0' + v as u8) as char);
+        return;
+    }
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut n = v;
@@ -88,9 +100,8 @@ pub fn write_u64(out: &mut String, v: u64) {
             break;
         }
     }
-    for &d in &buf[i..] {
-        out.push(d as char);
-    }
+    // The digits are ASCII: append them as one slice.
+    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
 }
 
 /// Appends `[a,b,c]` of integers.

@@ -3,14 +3,24 @@
 
 use super::placement::{check_fragment_geometry, normalize_aliases};
 use super::tensor::TensorDescriptor;
-use super::{is_hex64, non_empty, sha256_hex};
+use super::{hex_of, is_hex64, non_empty};
 use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef};
 use crate::json::{self, Obj, Profile, Value};
+use crate::model::typed;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
+
+/// Bytes of canonical JSON buffered before they are fed to the digest.
+const HASH_CHUNK: usize = 64 * 1024;
 
 /// Construction input of a [`StoredFragment`].
 #[derive(Clone, Debug, Default)]
@@ -38,7 +48,9 @@ pub struct StoredFragmentSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StoredFragment {
     fragment_id: String,
-    tensor_id: String,
+    /// Interned where the producer can (the planner and the decoder share one
+    /// allocation per tensor).
+    tensor_id: Arc<str>,
     global_offset: Vec<u64>,
     local_shape: Vec<u64>,
     object_key: String,
@@ -49,12 +61,19 @@ pub struct StoredFragment {
 
 impl StoredFragment {
     /// Validates `spec` (`data-model.md` §14).
-    pub fn new(spec: StoredFragmentSpec) -> Result<Self> {
+    pub fn new(mut spec: StoredFragmentSpec) -> Result<Self> {
+        let tensor_id = Arc::from(std::mem::take(&mut spec.tensor_id));
+        Self::with_tensor_id(spec, tensor_id)
+    }
+
+    /// [`Self::new`] with the tensor id given as a shared string (`spec.tensor_id`
+    /// is ignored).
+    pub(crate) fn with_tensor_id(spec: StoredFragmentSpec, tensor_id: Arc<str>) -> Result<Self> {
         if spec.local_shape.iter().any(|&x| x < 1) {
             return invalid("local_shape must be at least 1");
         }
         non_empty(&spec.fragment_id, "fragment_id")?;
-        non_empty(&spec.tensor_id, "tensor_id")?;
+        non_empty(&tensor_id, "tensor_id")?;
         non_empty(&spec.object_key, "object_key")?;
         if spec.nbytes < 1 {
             return invalid("nbytes must be at least 1");
@@ -64,10 +83,10 @@ impl StoredFragment {
         if spec.object_offset.checked_add(spec.nbytes).is_none() {
             return invalid("object_offset plus nbytes must fit in an unsigned 64-bit integer");
         }
-        let aliases = normalize_aliases(spec.aliases, &spec.tensor_id)?;
+        let aliases = normalize_aliases(spec.aliases, &tensor_id)?;
         Ok(StoredFragment {
             fragment_id: spec.fragment_id,
-            tensor_id: spec.tensor_id,
+            tensor_id,
             global_offset: spec.global_offset,
             local_shape: spec.local_shape,
             object_key: spec.object_key,
@@ -274,18 +293,32 @@ impl StoredManifest {
                 return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
             }
         }
+        // Fragment tensor ids are usually interned (the planner shares the
+        // descriptor's id, the decoder one id per tensor): the pointer finds the
+        // tensor, the string is the fallback.
+        let by_ptr: HashMap<u64, u32> =
+            spec.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
+        let position: HashMap<&str, u32> =
+            spec.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
+        let mut slots: Vec<u32> = Vec::with_capacity(spec.fragments.len());
         let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(spec.fragments.len());
         for f in &spec.fragments {
             if !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
-            let t = index
-                .get(f.tensor_id())
-                .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?;
+            let slot = match by_ptr.get(&crate::model::id_key(&f.tensor_id)) {
+                Some(&i) => i,
+                None => *position
+                    .get(f.tensor_id())
+                    .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?,
+            };
+            let t = &spec.tensors[slot as usize];
             check_fragment_geometry(t, &f.fragment_id, &f.global_offset, &f.local_shape, f.nbytes)?;
+            slots.push(slot);
         }
+        drop(ids);
         check_stored_aliases(&index, &spec.fragments)?;
-        check_stored_coverage(&spec.tensors, &spec.fragments)?;
+        check_stored_coverage(&spec.tensors, &spec.fragments, &slots)?;
         check_object_ranges(&spec.fragments)?;
         let mut m = StoredManifest {
             namespace: spec.namespace,
@@ -299,43 +332,66 @@ impl StoredManifest {
             created_at: spec.created_at,
             manifest_digest: String::new(),
         };
-        m.manifest_digest = sha256_hex(m.to_json().as_bytes());
+        // The digest hashes the canonical JSON in cache-sized chunks (no copy of
+        // the whole document).
+        let mut h = Sha256::new();
+        let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
+        m.write_json_with(&mut chunk, &mut |c: &mut String| {
+            if c.len() >= HASH_CHUNK {
+                h.update(c.as_bytes());
+                c.clear();
+            }
+        });
+        h.update(chunk.as_bytes());
+        m.manifest_digest = hex_of(h);
         Ok(m)
     }
 
     /// The canonical manifest JSON (profile U, raw UTF-8).
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(512 + self.fragments.len() * 420);
+        self.write_json_with(&mut out, &mut |_: &mut String| {});
+        out
+    }
+
+    /// Appends the canonical JSON to `out` (no intermediate string).
+    pub(crate) fn write_json(&self, out: &mut String) {
+        self.write_json_with(out, &mut |_: &mut String| {});
+    }
+
+    /// Writes the canonical JSON, calling `flush` after each fragment so that a
+    /// caller can consume (hash, clear) what has been written so far.
+    fn write_json_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
         out.push_str("{\"created_at\":");
-        json::write_str(&mut out, &self.created_at, Profile::Utf8);
+        json::write_str(out, &self.created_at, Profile::Utf8);
         out.push_str(",\"fragments\":[");
         for (i, f) in self.fragments.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
-            f.write_json(&mut out);
+            f.write_json(out);
+            flush(out);
         }
         out.push_str("],\"group_id\":");
-        json::write_str(&mut out, &self.group_id, Profile::Utf8);
+        json::write_str(out, &self.group_id, Profile::Utf8);
         out.push_str(",\"manifest_key\":");
-        json::write_str(&mut out, &self.manifest_key, Profile::Utf8);
+        json::write_str(out, &self.manifest_key, Profile::Utf8);
         out.push_str(",\"namespace\":");
-        json::write_str(&mut out, &self.namespace, Profile::Utf8);
+        json::write_str(out, &self.namespace, Profile::Utf8);
         out.push_str(",\"resource_id\":");
-        json::write_str(&mut out, &self.resource_id, Profile::Utf8);
+        json::write_str(out, &self.resource_id, Profile::Utf8);
         out.push_str(",\"resource_kind\":\"model_weight\",\"revision\":");
-        json::write_str(&mut out, &self.revision, Profile::Utf8);
+        json::write_str(out, &self.revision, Profile::Utf8);
         out.push_str(",\"tensors\":[");
         for (i, t) in self.tensors.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
-            t.write_json(&mut out, Profile::Utf8);
+            t.write_json(out, Profile::Utf8);
         }
         out.push_str("],\"weight_generation\":");
-        json::write_u64(&mut out, self.weight_generation);
+        json::write_u64(out, self.weight_generation);
         out.push('}');
-        out
     }
 
     /// Decodes manifest JSON strictly (`wire-format.md` §4.1) from bytes (UTF-8, an
@@ -345,15 +401,36 @@ impl StoredManifest {
     /// Errors: [`crate::ErrorKind::InvalidArgument`] naming the first violation
     /// (callers reading from a store re-map it to `InvalidManifest`).
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        if let Some(m) = typed::text_of(bytes).and_then(Self::from_json_fast) {
+            return Ok(m);
+        }
         Self::from_json_value(&json::parse_bytes(bytes, "weight manifest")?)
     }
 
     /// Same as [`StoredManifest::from_json`] for text (a leading BOM is an error).
     pub fn from_json_str(text: &str) -> Result<Self> {
+        if !text.starts_with('\u{feff}') {
+            if let Some(m) = Self::from_json_fast(text) {
+                return Ok(m);
+            }
+        }
         Self::from_json_value(&json::parse_text(text, "weight manifest")?)
     }
 
+    /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
+    /// the [`Value`] path for the precise error.
+    fn from_json_fast(text: &str) -> Option<Self> {
+        let (members, fragments) = typed::parse_with(text, ManifestSeed)?;
+        Self::decode(&Value::Object(members), Some(fragments)).ok()
+    }
+
     pub(crate) fn from_json_value(v: &Value) -> Result<Self> {
+        Self::decode(v, None)
+    }
+
+    /// Decodes a manifest object; `fragments`, when given, replaces the decoding
+    /// of the `fragments` member (the fast path decoded them already).
+    fn decode(v: &Value, fragments: Option<Vec<StoredFragment>>) -> Result<Self> {
         let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
         o.expect_keys(
             &[
@@ -386,9 +463,14 @@ impl StoredManifest {
                 &format!("stored tensor parallel_axes {i}"),
             )?));
         }
-        let frag_items =
-            json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
-        let fragments = frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?;
+        let fragments = match fragments {
+            Some(f) => f,
+            None => {
+                let frag_items =
+                    json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
+                frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?
+            }
+        };
         StoredManifest::new(StoredManifestSpec {
             namespace: json::req_str(o.get("namespace"), "namespace")?,
             resource_id: json::req_str(o.get("resource_id"), "resource_id")?,
@@ -473,7 +555,7 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
         if entry.is_empty() {
             order.push(key);
         }
-        entry.insert(&f.tensor_id);
+        entry.insert(&*f.tensor_id);
     }
     for key in order {
         let members = &groups[&key];
@@ -488,17 +570,31 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
     Ok(())
 }
 
-fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment]) -> Result<()> {
-    let mut geometry_seen: HashSet<(&str, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
-    let mut by_tensor: HashMap<&str, Vec<BoxRef<'_>>> = crate::fxhash::map_with_capacity(tensors.len());
-    for f in fragments {
-        if !geometry_seen.insert((&f.tensor_id, &f.global_offset, &f.local_shape)) {
+/// `slots[i]`: the index in `tensors` of fragment `i`'s tensor.
+fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment], slots: &[u32]) -> Result<()> {
+    let mut geometry_seen: HashSet<(u32, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
+    for (f, &slot) in fragments.iter().zip(slots) {
+        if !geometry_seen.insert((slot, &f.global_offset, &f.local_shape)) {
             return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
         }
-        by_tensor.entry(&f.tensor_id).or_default().push(f.as_box());
     }
-    for t in tensors {
-        let boxes = by_tensor.get(t.tensor_id()).map(Vec::as_slice).unwrap_or(&[]);
+    drop(geometry_seen);
+    // Boxes grouped by tensor (counting sort, fragment order kept within a tensor).
+    let mut starts = vec![0u32; tensors.len() + 1];
+    for &slot in slots {
+        starts[slot as usize + 1] += 1;
+    }
+    for i in 1..starts.len() {
+        starts[i] += starts[i - 1];
+    }
+    let mut next = starts.clone();
+    let mut boxes_by_tensor: Vec<BoxRef<'_>> = vec![BoxRef::new(&[], &[]); fragments.len()];
+    for (f, &slot) in fragments.iter().zip(slots) {
+        boxes_by_tensor[next[slot as usize] as usize] = f.as_box();
+        next[slot as usize] += 1;
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        let boxes = &boxes_by_tensor[starts[i] as usize..starts[i + 1] as usize];
         let total = boxes.iter().fold(0u128, |acc, b| acc.saturating_add(geometry::volume(b.shape)));
         if boxes.is_empty() || total != geometry::volume(t.global_shape()) || geometry::boxes_overlap_exact(boxes) {
             return invalid(format!("tensor is not fully covered: {}", t.tensor_id()));
@@ -546,4 +642,149 @@ fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Typed fast path: the top-level object keeps its small members as `Value`s and
+// decodes `fragments` straight into stored fragments.
+// ---------------------------------------------------------------------------
+
+type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+
+/// Tensor ids seen so far, one shared allocation each.
+type Interner<'de> = RefCell<HashMap<&'de str, Arc<str>>>;
+
+struct ManifestSeed;
+
+impl<'de> DeserializeSeed<'de> for ManifestSeed {
+    type Value = (Members<'de>, Vec<StoredFragment>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = (Members<'de>, Vec<StoredFragment>);
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a manifest object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                const SMALL: [&str; 9] = [
+                    "created_at",
+                    "group_id",
+                    "manifest_key",
+                    "namespace",
+                    "resource_id",
+                    "resource_kind",
+                    "revision",
+                    "tensors",
+                    "weight_generation",
+                ];
+                let interner: Interner<'de> = RefCell::new(HashMap::default());
+                let mut members: Members<'de> = Vec::with_capacity(10);
+                let mut fragments = None;
+                let mut seen = 0u32;
+                while let Some(k) = typed::next_key(&mut m)? {
+                    if k == "fragments" {
+                        typed::mark(&mut seen, 9)?;
+                        let interner = &interner;
+                        fragments = Some(m.next_value_seed(typed::SeqOf(|| FragmentSeed { interner }, PhantomData))?);
+                        // `decode` checks the key set; it only needs the name.
+                        members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
+                    } else {
+                        let bit = SMALL.iter().position(|s| *s == k).ok_or_else(typed::fallback)?;
+                        typed::mark(&mut seen, bit as u32)?;
+                        members.push((Cow::Borrowed(k), typed::value(&mut m)?));
+                    }
+                }
+                Ok((members, fragments.ok_or_else(typed::fallback)?))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+struct FragmentSeed<'a, 'de> {
+    interner: &'a Interner<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
+    type Value = StoredFragment;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        struct V<'a, 'de>(&'a Interner<'de>);
+        impl<'de> Visitor<'de> for V<'_, 'de> {
+            type Value = StoredFragment;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a stored fragment")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut seen = 0u32;
+                let mut spec = StoredFragmentSpec::default();
+                let mut tensor_id: Option<Arc<str>> = None;
+                while let Some(k) = typed::next_key(&mut m)? {
+                    match k {
+                        "aliases" => {
+                            typed::mark(&mut seen, 0)?;
+                            spec.aliases = m.next_value::<typed::Names>()?.0;
+                        }
+                        "fragment_id" => {
+                            typed::mark(&mut seen, 1)?;
+                            spec.fragment_id = typed::non_empty_string(&mut m)?;
+                        }
+                        "global_offset" => {
+                            typed::mark(&mut seen, 2)?;
+                            spec.global_offset = m.next_value::<typed::U64s<0>>()?.0;
+                        }
+                        "local_shape" => {
+                            typed::mark(&mut seen, 3)?;
+                            spec.local_shape = m.next_value::<typed::U64s<1>>()?.0;
+                        }
+                        "nbytes" => {
+                            typed::mark(&mut seen, 4)?;
+                            spec.nbytes = m.next_value::<u64>()?;
+                        }
+                        "object_key" => {
+                            typed::mark(&mut seen, 5)?;
+                            spec.object_key = typed::non_empty_string(&mut m)?;
+                        }
+                        "object_offset" => {
+                            typed::mark(&mut seen, 6)?;
+                            spec.object_offset = m.next_value::<u64>()?;
+                        }
+                        "tensor_id" => {
+                            typed::mark(&mut seen, 7)?;
+                            tensor_id = Some(match m.next_value::<typed::Text<'de>>()?.0 {
+                                Cow::Borrowed(s) => {
+                                    let mut interner = self.0.borrow_mut();
+                                    interner.entry(s).or_insert_with(|| Arc::from(s)).clone()
+                                }
+                                Cow::Owned(s) => Arc::from(s),
+                            });
+                        }
+                        _ => return Err(typed::fallback()),
+                    }
+                }
+                if seen != 0xff {
+                    return Err(typed::fallback());
+                }
+                let tensor_id = tensor_id.ok_or_else(typed::fallback)?;
+                StoredFragment::with_tensor_id(spec, tensor_id).map_err(|_| typed::fallback())
+            }
+        }
+        d.deserialize_map(V(self.interner))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoredManifest;
+
+    /// A canonical document takes the fast path.
+    #[test]
+    fn canonical_manifest_takes_the_fast_path() {
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/042-manifest-valid-upload-output.json");
+        let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let text = fixture["inputs"]["stored_manifest"].as_str().unwrap();
+        let m = StoredManifest::from_json_fast(text).expect("fast path accepts a valid document");
+        assert_eq!(StoredManifest::from_json_fast(&m.to_json()), Some(m.clone()));
+        assert_eq!(m.manifest_digest(), fixture["expected"]["manifest_digest"].as_str().unwrap());
+    }
 }

@@ -7,6 +7,7 @@ pub mod keys;
 mod manifest;
 pub(crate) mod placement;
 mod tensor;
+mod typed;
 
 pub use axes::{AxisKind, ParallelAxis, ParallelRank};
 pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
@@ -31,6 +32,19 @@ pub(crate) fn sha256_hex_parts(parts: &[&[u8]]) -> String {
     for p in parts {
         h.update(p);
     }
+    hex_of(h)
+}
+
+/// A map key for an interned id: a bijection of its address (so equal keys mean
+/// the same allocation), mixed so that the low bits (aligned, equal stride in
+/// an allocator's size class) do not crowd a hash table's buckets.
+pub(crate) fn id_key(id: &std::sync::Arc<str>) -> u64 {
+    let h = (id.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^ (h >> 32)
+}
+
+/// Lowercase hex of a finished SHA-256 state.
+pub(crate) fn hex_of(h: Sha256) -> String {
     let digest = h.finalize();
     let mut out = String::with_capacity(64);
     for b in digest {

@@ -4,6 +4,7 @@ use super::axes::{AxisKind, ParallelAxis};
 use super::non_empty;
 use crate::error::{invalid, Result};
 use crate::json::{self, Obj, Profile, Value};
+use std::sync::Arc;
 
 /// Construction input of a [`TensorDescriptor`] (plain data, unvalidated).
 #[derive(Clone, Debug, Default)]
@@ -31,7 +32,9 @@ pub struct TensorSpec {
 /// A validated tensor descriptor. Equality is field-wise after normalization.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorDescriptor {
-    tensor_id: String,
+    /// Shared with the fragments of a placement (interned: one allocation per
+    /// tensor, pointer-comparable within one placement).
+    tensor_id: Arc<str>,
     global_shape: Vec<u64>,
     dtype: String,
     itemsize: u64,
@@ -112,7 +115,7 @@ impl TensorDescriptor {
         }
         non_empty(&layout_fingerprint, "layout_fingerprint")?;
         Ok(TensorDescriptor {
-            tensor_id,
+            tensor_id: Arc::from(tensor_id),
             global_shape,
             dtype,
             itemsize,
@@ -126,6 +129,10 @@ impl TensorDescriptor {
 
     /// Tensor id.
     pub fn tensor_id(&self) -> &str {
+        &self.tensor_id
+    }
+    /// The shared tensor id (fragments of a placement hold clones of it).
+    pub(crate) fn tensor_id_arc(&self) -> &Arc<str> {
         &self.tensor_id
     }
     /// Global shape.

@@ -206,12 +206,10 @@ pub(crate) fn intersect(s: BoxRef<'_>, t: BoxRef<'_>) -> Option<(Vec<u64>, Vec<u
 /// The targets of `parts` (part indices), as (part, fragment) sorted by placement
 /// fragment id.
 pub(crate) fn sorted_targets(target: &Placement, parts: &[u32]) -> Vec<(u32, u32)> {
-    let mut targets: Vec<(u32, u32)> = Vec::new();
+    // The placement keeps every fragment in id order already (ids are unique).
+    let mut selected = vec![false; target.parts().len()];
     for &p in parts {
-        let n = target.parts()[p as usize].fragments().len() as u32;
-        targets.extend((0..n).map(|f| (p, f)));
+        selected[p as usize] = true;
     }
-    let frag_of = |&(p, f): &(u32, u32)| target.parts()[p as usize].fragments()[f as usize].placement_fragment_id();
-    targets.sort_by(|a, b| frag_of(a).cmp(frag_of(b)));
-    targets
+    target.fragment_order().iter().copied().filter(|&(p, _)| selected[p as usize]).collect()
 }

@@ -17,11 +17,21 @@ struct StoredGroups<'a> {
     source_tensors: HashMap<&'a str, usize>,
     members: HashMap<&'a str, Vec<u32>>,
     sources: &'a [SourceBox<'a>],
-    indexes: HashMap<&'a str, SourceIndex>,
+    /// One index per tensor, built on first use.
+    indexes: Vec<SourceIndex>,
+    /// Position in `indexes` per tensor id.
+    positions: HashMap<&'a str, u32>,
+    /// Checked tensors by the address of their interned id: (itemsize, position).
+    /// Later fragments of a tensor skip the descriptor checks and the string maps.
+    checked: HashMap<u64, (u64, u32)>,
 }
 
 impl SourceGroups for StoredGroups<'_> {
     fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
+        let ptr = crate::model::id_key(t.tensor_id_arc());
+        if let Some(&(itemsize, pos)) = self.checked.get(&ptr) {
+            return Ok((itemsize, &self.indexes[pos as usize]));
+        }
         let tid = t.tensor_id();
         let s_desc = self
             .source_tensors
@@ -38,9 +48,17 @@ impl SourceGroups for StoredGroups<'_> {
         let Some((&key, group)) = self.members.get_key_value(tid) else {
             return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
         };
-        let sources = self.sources;
-        let index = self.indexes.entry(key).or_insert_with(|| SourceIndex::build(sources, group));
-        Ok((t_desc.itemsize(), index))
+        let pos = match self.positions.get(key) {
+            Some(&pos) => pos,
+            None => {
+                self.indexes.push(SourceIndex::build(self.sources, group));
+                let pos = (self.indexes.len() - 1) as u32;
+                self.positions.insert(key, pos);
+                pos
+            }
+        };
+        self.checked.insert(ptr, (t_desc.itemsize(), pos));
+        Ok((t_desc.itemsize(), &self.indexes[pos as usize]))
     }
 }
 
@@ -144,7 +162,9 @@ impl LogicalLoadPlan {
             source_tensors,
             members,
             sources: &sources,
-            indexes: HashMap::default(),
+            indexes: Vec::new(),
+            positions: HashMap::default(),
+            checked: HashMap::default(),
         };
         let core = plan_regions(&target, &targets, &sources, &mut groups, limits)?;
         drop(groups);

@@ -325,6 +325,8 @@ struct Source<'a> {
     runtime: &'a RuntimeFragment,
     binding: &'a RuntimeBinding,
     tensor: &'a TensorDescriptor,
+    /// Index of `tensor` in the placement's tensors.
+    ti: u32,
     /// Owner tuple: coordinates on the tensor's ownership kinds (others zero), in
     /// canonical kind order, so array order is the owner tuples' order.
     owner: [u64; 4],
@@ -381,9 +383,19 @@ pub fn plan_upload<'a>(
             "Weight Store upload requires replicated DP source tensors; DP-owned tensor snapshots are not supported",
         );
     }
-    // Step 4: sources.
-    let tensor_index: HashMap<&str, &TensorDescriptor> =
-        placement.tensors().iter().map(|t| (t.tensor_id(), &**t)).collect();
+    // Step 4: sources. Fragment tensor ids are interned (the descriptor's own
+    // id), so the pointer finds the tensor; the string is the fallback.
+    let tensors = placement.tensors();
+    let by_ptr: HashMap<u64, u32> =
+        tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
+    let tensor_of = |p: &PlacementFragment| -> u32 {
+        match by_ptr.get(&crate::model::id_key(p.tensor_id_arc())) {
+            Some(&i) => i,
+            None => tensors
+                .binary_search_by(|t| t.tensor_id().cmp(p.tensor_id()))
+                .expect("a placement's fragments name its tensors") as u32,
+        }
+    };
     let mut sources: Vec<Source<'_>> = Vec::new();
     let mut seen: HashSet<&str> = HashSet::default();
     for b in bindings {
@@ -393,30 +405,24 @@ pub fn plan_upload<'a>(
             if !seen.insert(r.fragment_id()) {
                 return invalid(format!("duplicate source fragment_id: {}", r.fragment_id()));
             }
-            let tensor = tensor_index[p.tensor_id()];
-            sources.push(Source { placement: p, runtime: r, binding: b, tensor, owner: owner_of(tensor, p) });
+            let ti = tensor_of(p);
+            let tensor = &*tensors[ti as usize];
+            sources.push(Source { placement: p, runtime: r, binding: b, tensor, ti, owner: owner_of(tensor, p) });
         }
     }
     // Step 5: complete replicas.
-    let mut by_dp: BTreeMap<u64, HashMap<&str, BTreeMap<[u64; 4], Vec<BoxRef<'_>>>>> = BTreeMap::new();
+    let mut by_dp: BTreeMap<u64, HashMap<u32, BTreeMap<[u64; 4], Vec<BoxRef<'_>>>>> = BTreeMap::new();
     let mut sources_by_dp: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     for (i, s) in sources.iter().enumerate() {
         let dp = s.placement.rank().dp;
         sources_by_dp.entry(dp).or_default().push(i);
-        by_dp
-            .entry(dp)
-            .or_default()
-            .entry(s.tensor.tensor_id())
-            .or_default()
-            .entry(s.owner)
-            .or_default()
-            .push(s.placement.as_box());
+        by_dp.entry(dp).or_default().entry(s.ti).or_default().entry(s.owner).or_default().push(s.placement.as_box());
     }
-    let mut complete: Vec<(u64, HashMap<&str, [u64; 4]>)> = Vec::new();
-    'dp: for (dp, tensors) in &by_dp {
-        let mut chosen: HashMap<&str, [u64; 4]> = HashMap::default();
-        for t in placement.tensors() {
-            let Some(owners) = tensors.get(t.tensor_id()) else { continue 'dp };
+    let mut complete: Vec<(u64, Vec<[u64; 4]>)> = Vec::new();
+    'dp: for (dp, by_tensor) in &by_dp {
+        let mut chosen: Vec<[u64; 4]> = vec![[0; 4]; tensors.len()];
+        for (ti, t) in tensors.iter().enumerate() {
+            let Some(owners) = by_tensor.get(&(ti as u32)) else { continue 'dp };
             let whole_offset = vec![0u64; t.ndim()];
             let whole = BoxRef::new(&whole_offset, t.global_shape());
             for boxes in owners.values() {
@@ -427,8 +433,7 @@ pub fn plan_upload<'a>(
                     continue 'dp;
                 }
             }
-            let first = *owners.keys().next().expect("non-empty");
-            chosen.insert(t.tensor_id(), first);
+            chosen[ti] = *owners.keys().next().expect("non-empty");
         }
         complete.push((*dp, chosen));
     }
@@ -437,16 +442,16 @@ pub fn plan_upload<'a>(
         return Err(no_replica());
     }
     // Step 6: generation consistency.
-    let mut eligible: Vec<(u64, u64, &HashMap<&str, [u64; 4]>)> = Vec::new();
+    let mut eligible: Vec<(u64, u64, &[[u64; 4]])> = Vec::new();
     for (dp, chosen) in &complete {
         let generations: BTreeSet<u64> = sources_by_dp[dp]
             .iter()
             .map(|&i| &sources[i])
-            .filter(|s| chosen[s.placement.tensor_id()] == s.owner)
+            .filter(|s| chosen[s.ti as usize] == s.owner)
             .map(|s| s.binding.generation())
             .collect();
         if generations.len() == 1 {
-            eligible.push((*dp, *generations.iter().next().expect("one"), chosen));
+            eligible.push((*dp, *generations.iter().next().expect("one"), chosen.as_slice()));
         }
     }
     if eligible.is_empty() {
@@ -458,7 +463,7 @@ pub fn plan_upload<'a>(
     // Step 7.
     let (selected_dp, generation, chosen) = eligible[0];
     // Step 8: one source per geometry.
-    let mut picks: HashMap<(&str, &[u64], &[u64]), &Source<'_>> = HashMap::default();
+    let mut picks: HashMap<(u32, &[u64], &[u64]), &Source<'_>> = HashMap::default();
     let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
@@ -466,10 +471,10 @@ pub fn plan_upload<'a>(
     for &i in &sources_by_dp[&selected_dp] {
         let s = &sources[i];
         let p = s.placement;
-        if s.binding.generation() != generation || chosen[p.tensor_id()] != s.owner {
+        if s.binding.generation() != generation || chosen[s.ti as usize] != s.owner {
             continue;
         }
-        let key = (p.tensor_id(), p.global_offset(), p.local_shape());
+        let key = (s.ti, p.global_offset(), p.local_shape());
         match picks.get(&key) {
             Some(existing) if rank_key(existing) <= rank_key(s) => {}
             _ => {
@@ -478,23 +483,27 @@ pub fn plan_upload<'a>(
         }
     }
     // Steps 9-12.
-    let mut picks: Vec<((&str, &[u64], &[u64]), &Source<'_>)> = picks.into_iter().collect();
+    // Tensor indices follow tensor id order, so this is (tensor id, offset, shape) order.
+    let mut picks: Vec<((u32, &[u64], &[u64]), &Source<'_>)> = picks.into_iter().collect();
     picks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut operations = Vec::with_capacity(picks.len());
     let mut fragments = Vec::with_capacity(picks.len());
     for (_, s) in &picks {
         let p = s.placement;
         let fragment_id = stored_fragment_id(p.tensor_id(), p.global_offset(), p.local_shape());
-        let target = StoredFragment::new(StoredFragmentSpec {
-            object_key: keys.payload_key(&transaction_id, &fragment_id),
-            fragment_id,
-            tensor_id: p.tensor_id().to_string(),
-            global_offset: p.global_offset().to_vec(),
-            local_shape: p.local_shape().to_vec(),
-            object_offset: 0,
-            nbytes: p.nbytes(),
-            aliases: p.aliases().to_vec(),
-        })?;
+        let target = StoredFragment::with_tensor_id(
+            StoredFragmentSpec {
+                object_key: keys.payload_key(&transaction_id, &fragment_id),
+                fragment_id,
+                tensor_id: String::new(),
+                global_offset: p.global_offset().to_vec(),
+                local_shape: p.local_shape().to_vec(),
+                object_offset: 0,
+                nbytes: p.nbytes(),
+                aliases: p.aliases().to_vec(),
+            },
+            s.tensor.tensor_id_arc().clone(),
+        )?;
         fragments.push(target.clone());
         operations.push(UploadOperation::new(
             p.clone(),

@@ -20,30 +20,38 @@ pub(super) fn tensor_index(tensors: &[Arc<TensorDescriptor>]) -> Result<HashMap<
     Ok(map)
 }
 
-/// §9.4 over a tensor list and fragments. `alias_check` runs §9.5 (placement only).
+/// §9.4 over a tensor list and fragments **sorted by placement fragment id** (so a
+/// repeated id is always next to its first occurrence). `alias_check` runs §9.5
+/// (placement only). Returns, per fragment, the position of its tensor in
+/// `tensors`.
 pub(super) fn check_fragments<'a, I>(
     tensors: &'a [Arc<TensorDescriptor>],
     fragments: I,
     alias_check: bool,
-) -> Result<()>
+) -> Result<Vec<u32>>
 where
     I: Iterator<Item = &'a PlacementFragment> + Clone,
 {
     let index = tensor_index(tensors)?;
-    let mut ids: HashSet<&str> = HashSet::default();
+    let position: HashMap<&str, u32> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
+    let mut positions: Vec<u32> = Vec::with_capacity(fragments.size_hint().0);
+    let mut previous: Option<&str> = None;
     let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::default();
     let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::default();
     for f in fragments.clone() {
         let id = f.placement_fragment_id();
-        if !ids.insert(id) {
+        if previous == Some(id) {
             return invalid(format!("duplicate fragment_id: {id}"));
         }
+        previous = Some(id);
         if !logical.insert((f.tensor_id(), f.rank, f.global_offset(), f.local_shape())) {
             return invalid(format!("duplicate logical fragment for tensor and parallel rank: {id}"));
         }
-        let t =
-            index.get(f.tensor_id()).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
-        check_fragment_geometry(t, id, f.global_offset(), f.local_shape(), f.nbytes())?;
+        let pos = *position
+            .get(f.tensor_id())
+            .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
+        check_fragment_geometry(&tensors[pos as usize], id, f.global_offset(), f.local_shape(), f.nbytes())?;
+        positions.push(pos);
         groups.entry((f.tensor_id(), f.rank)).or_default().push(f.as_box());
     }
     if alias_check {
@@ -54,7 +62,7 @@ where
             return invalid("logical fragment boxes overlap for tensor and parallel rank");
         }
     }
-    Ok(())
+    Ok(positions)
 }
 
 pub(super) fn check_alias_completeness<'a, I>(index: &HashMap<&str, &TensorDescriptor>, fragments: I) -> Result<()>

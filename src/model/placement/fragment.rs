@@ -7,6 +7,7 @@ use crate::json::{self, Profile};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
 use crate::model::{non_empty, sha256_hex};
+use std::sync::Arc;
 
 /// Construction input of a [`PlacementFragment`].
 #[derive(Clone, Debug, Default)]
@@ -33,7 +34,8 @@ pub struct PlacementFragmentSpec {
 /// An address-free N-D box of one tensor owned by one rank.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PlacementFragment {
-    pub(super) tensor_id: String,
+    /// Interned: within a part (and a placement) the tensor descriptor's own id.
+    pub(super) tensor_id: Arc<str>,
     pub(super) global_offset: Vec<u64>,
     pub(super) local_shape: Vec<u64>,
     pub(super) nbytes: u64,
@@ -67,17 +69,24 @@ pub(crate) fn normalize_aliases(mut aliases: Vec<String>, tensor_id: &str) -> Re
 impl PlacementFragment {
     /// Validates `spec` (order: offset, shape, tensor id, nbytes, rank, stage,
     /// aliases, id) and derives the canonical id when none is given.
-    pub fn new(spec: PlacementFragmentSpec) -> Result<Self> {
+    pub fn new(mut spec: PlacementFragmentSpec) -> Result<Self> {
+        let tensor_id = Arc::from(std::mem::take(&mut spec.tensor_id));
+        Self::with_tensor_id(spec, tensor_id)
+    }
+
+    /// [`Self::new`] with the tensor id given as a shared string (`spec.tensor_id`
+    /// is ignored): decoders pass one allocation per tensor.
+    pub(crate) fn with_tensor_id(spec: PlacementFragmentSpec, tensor_id: Arc<str>) -> Result<Self> {
         if spec.local_shape.iter().any(|&x| x < 1) {
             return invalid("local_shape must be at least 1");
         }
-        non_empty(&spec.tensor_id, "tensor_id")?;
+        non_empty(&tensor_id, "tensor_id")?;
         if spec.nbytes < 1 {
             return invalid("nbytes must be at least 1");
         }
-        let aliases = normalize_aliases(spec.aliases, &spec.tensor_id)?;
+        let aliases = normalize_aliases(spec.aliases, &tensor_id)?;
         let mut f = PlacementFragment {
-            tensor_id: spec.tensor_id,
+            tensor_id,
             global_offset: spec.global_offset,
             local_shape: spec.local_shape,
             nbytes: spec.nbytes,
@@ -94,6 +103,11 @@ impl PlacementFragment {
             None => f.canonical_id(),
         };
         Ok(f)
+    }
+
+    /// The shared tensor id.
+    pub(crate) fn tensor_id_arc(&self) -> &Arc<str> {
+        &self.tensor_id
     }
 
     /// The content-derived id `sha256:<hex>` (`wire-format.md` §3.2), whatever id

@@ -27,8 +27,31 @@ use crate::fxhash::FxHashSet as HashSet;
 use crate::model::axes::ParallelRank;
 use crate::model::non_empty;
 use crate::model::tensor::TensorDescriptor;
-use std::collections::{BTreeMap, BTreeSet};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Bytes of canonical JSON buffered before they are fed to a hasher.
+const HASH_CHUNK: usize = 64 * 1024;
+
+/// A sort key whose order agrees with the byte order of ids wherever two keys
+/// differ; equal keys fall back to comparing the whole ids. Ids with the
+/// canonical `sha256:` prefix form one contiguous interval of that order (class 1,
+/// keyed by the 16 bytes after the prefix); other ids sort below (class 0) or above
+/// (class 2) it, keyed by their first 16 bytes. Bytes are big-endian, zero-padded.
+pub(super) fn id_sort_key(id: &str) -> (u8, u128) {
+    const PREFIX: &[u8] = b"sha256:";
+    let b = id.as_bytes();
+    let (class, tail) = match b.strip_prefix(PREFIX) {
+        Some(rest) => (1, rest),
+        None if b < PREFIX => (0, b),
+        None => (2, b),
+    };
+    let mut key = [0u8; 16];
+    let n = tail.len().min(16);
+    key[..n].copy_from_slice(&tail[..n]);
+    (class, u128::from_be_bytes(key))
+}
 
 /// Construction input of a [`Placement`] from parts (`data-model.md` §9.2).
 #[derive(Clone, Debug)]
@@ -151,10 +174,15 @@ impl Placement {
             order.extend((0..part.fragments.len()).map(|fi| (pi as u32, fi as u32)));
         }
         let frag = |&(p, f): &(u32, u32)| &parts[p as usize].fragments[f as usize];
-        let mut keyed: Vec<(&str, (u32, u32))> =
-            order.iter().map(|k| (frag(k).placement_fragment_id.as_str(), *k)).collect();
-        keyed.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (slot, (_, k)) in order.iter_mut().zip(keyed) {
+        let mut keyed: Vec<((u8, u128), &str, (u32, u32))> = order
+            .iter()
+            .map(|k| {
+                let id = frag(k).placement_fragment_id.as_str();
+                (id_sort_key(id), id, *k)
+            })
+            .collect();
+        keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        for (slot, (_, _, k)) in order.iter_mut().zip(keyed) {
             *slot = k;
         }
         // Each part already validated its own fragments (geometry, known tensors,
@@ -182,12 +210,22 @@ impl Placement {
         };
         placement.check_complete()?;
         // Both documents start with the same `{"parts":[...]` (the bulk): write it
-        // once and hash it into both digests with different tails.
-        let mut head = String::with_capacity(256 + placement.order.len() * 320);
-        placement.write_parts(&mut head);
+        // once, in chunks that stay in cache, into one hasher, then fork the hash
+        // state for the two different tails.
+        let mut head = Sha256::new();
+        let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
+        placement.write_parts_with(&mut chunk, &mut |c: &mut String| {
+            if c.len() >= HASH_CHUNK {
+                head.update(c.as_bytes());
+                c.clear();
+            }
+        });
+        head.update(chunk.as_bytes());
         let mut tail = String::new();
         placement.write_tail(&mut tail, None);
-        placement.placement_id = format!("sha256:{}", super::sha256_hex_parts(&[head.as_bytes(), tail.as_bytes()]));
+        let mut h = head.clone();
+        h.update(tail.as_bytes());
+        placement.placement_id = format!("sha256:{}", super::hex_of(h));
         if let Some(given) = spec.placement_id {
             // The `fuzzing` feature (fuzz builds only) lets mismatched ids through.
             if given != placement.placement_id && !cfg!(feature = "fuzzing") {
@@ -196,7 +234,8 @@ impl Placement {
         }
         tail.clear();
         placement.write_tail(&mut tail, Some(&placement.placement_id));
-        placement.digest = super::sha256_hex_parts(&[head.as_bytes(), tail.as_bytes()]);
+        head.update(tail.as_bytes());
+        placement.digest = super::hex_of(head);
         Ok(placement)
     }
 
@@ -209,8 +248,18 @@ impl Placement {
                 return invalid("duplicate tensor_id in placement tensors");
             }
         }
-        let referenced: BTreeSet<&str> = spec.fragments.iter().map(|f| f.tensor_id()).collect();
-        if let Some(unknown) = referenced.iter().find(|id| !by_id.contains_key(**id)) {
+        // Referenced tensor ids (fragments of one tensor usually come together).
+        let mut referenced: HashSet<&str> = crate::fxhash::set_with_capacity(by_id.len());
+        let mut last: Option<&str> = None;
+        for f in &spec.fragments {
+            if last != Some(f.tensor_id()) {
+                referenced.insert(f.tensor_id());
+                last = Some(f.tensor_id());
+            }
+        }
+        let mut unknown: Vec<&str> = referenced.iter().copied().filter(|id| !by_id.contains_key(id)).collect();
+        unknown.sort_unstable();
+        if let Some(unknown) = unknown.first() {
             return invalid(format!("unknown tensor_id: {unknown}"));
         }
         if let Some(id) = by_id.keys().find(|id| !referenced.contains(**id)) {
@@ -233,7 +282,14 @@ impl Placement {
         }
         let mut parts = Vec::with_capacity(buckets.len());
         for (p, fragments) in topo.participants().iter().zip(buckets) {
-            let ids: BTreeSet<&str> = fragments.iter().map(|f| f.tensor_id()).collect();
+            let mut ids: Vec<&str> = Vec::new();
+            for f in &fragments {
+                if ids.last() != Some(&f.tensor_id()) {
+                    ids.push(f.tensor_id());
+                }
+            }
+            ids.sort_unstable();
+            ids.dedup();
             let tensors = ids.iter().map(|id| by_id[id].clone()).collect();
             parts.push(PlacementPart::new(PlacementPartSpec {
                 resource_id: spec.resource_id.clone(),
@@ -302,6 +358,11 @@ impl Placement {
     pub fn fragments(&self) -> impl ExactSizeIterator<Item = &PlacementFragment> + Clone + '_ {
         self.order.iter().map(move |&(p, f)| &self.parts[p as usize].fragments[f as usize])
     }
+    /// (part index, fragment index) of every fragment, sorted by placement
+    /// fragment id.
+    pub(crate) fn fragment_order(&self) -> &[(u32, u32)] {
+        &self.order
+    }
     /// Number of fragments.
     pub fn fragment_count(&self) -> usize {
         self.order.len()
@@ -313,5 +374,47 @@ impl Placement {
     /// Hex SHA-256 of the canonical placement JSON (computed once).
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_sort_key;
+
+    #[test]
+    fn id_sort_key_agrees_with_byte_order() {
+        let ids = [
+            "",
+            "a",
+            "ab",
+            "ab\u{0}",
+            "abc",
+            "r",
+            "sha256",
+            "sha256:",
+            "sha256:0",
+            "sha256:00",
+            "sha256:0000000000000000",
+            "sha256:00000000000000001",
+            "sha256:00000000000000002",
+            "sha256:ff",
+            "sha256;",
+            "sha257",
+            "t",
+            "zzzz",
+            "sha256:\u{0}",
+            "s",
+            "sh",
+            "sha256:abcdefabcdefabcdefab",
+            "sha256:abcdefabcdefabcdefaa",
+        ];
+        for a in ids {
+            for b in ids {
+                let (ka, kb) = (id_sort_key(a), id_sort_key(b));
+                if ka != kb {
+                    assert_eq!(ka.cmp(&kb), a.cmp(b), "{a:?} vs {b:?}");
+                }
+            }
+        }
     }
 }

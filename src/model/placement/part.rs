@@ -2,6 +2,7 @@
 
 use super::checks::check_fragments;
 use super::fragment::PlacementFragment;
+use super::id_sort_key;
 use crate::error::{invalid, Result};
 use crate::fxhash::FxHashSet as HashSet;
 use crate::model::axes::ParallelRank;
@@ -46,6 +47,35 @@ pub struct PlacementPart {
     pub(super) fragments: Vec<PlacementFragment>,
 }
 
+/// Stable sort by placement fragment id, through a compact key array (the
+/// fragments themselves move once).
+fn sort_by_fragment_id(fragments: Vec<PlacementFragment>) -> Vec<PlacementFragment> {
+    if fragments.windows(2).all(|w| w[0].placement_fragment_id <= w[1].placement_fragment_id) {
+        return fragments;
+    }
+    let mut keyed: Vec<((u8, u128), u32)> =
+        fragments.iter().enumerate().map(|(i, f)| (id_sort_key(&f.placement_fragment_id), i as u32)).collect();
+    keyed.sort_by(|a, b| {
+        a.0.cmp(&b.0).then_with(|| {
+            fragments[a.1 as usize].placement_fragment_id.cmp(&fragments[b.1 as usize].placement_fragment_id)
+        })
+    });
+    let mut slots: Vec<Option<PlacementFragment>> = fragments.into_iter().map(Some).collect();
+    keyed.iter().map(|&(_, i)| slots[i as usize].take().expect("each index once")).collect()
+}
+
+/// Points every fragment's tensor id at its tensor descriptor's own (shared) id,
+/// so that fragments hold no string of their own and compare by pointer.
+/// `positions[i]`: the index in `tensors` of fragment `i`'s tensor.
+fn intern_tensor_ids(tensors: &[Arc<TensorDescriptor>], fragments: &mut [PlacementFragment], positions: &[u32]) {
+    for (f, &pos) in fragments.iter_mut().zip(positions) {
+        let id = tensors[pos as usize].tensor_id_arc();
+        if !Arc::ptr_eq(&f.tensor_id, id) {
+            f.tensor_id = id.clone();
+        }
+    }
+}
+
 impl PlacementPart {
     /// Validates the part's own geometry (not its coverage).
     pub fn new(spec: PlacementPartSpec) -> Result<Self> {
@@ -57,15 +87,26 @@ impl PlacementPart {
         if spec.fragments.iter().any(|f| f.rank != spec.rank) {
             return invalid("placement part fragment rank differs from part rank");
         }
-        let referenced: HashSet<&str> = spec.fragments.iter().map(|f| f.tensor_id()).collect();
         let mut tensors = spec.tensors;
         tensors.sort_by(|a, b| a.tensor_id().cmp(b.tensor_id()));
-        if let Some(t) = tensors.iter().find(|t| !referenced.contains(t.tensor_id())) {
-            return invalid(format!("placement part contains an unreferenced tensor: {}", t.tensor_id()));
+        {
+            // Fragments of one tensor usually come together: skip repeats of the
+            // previous id before touching the set.
+            let mut referenced: HashSet<&str> = crate::fxhash::set_with_capacity(tensors.len());
+            let mut last: Option<&str> = None;
+            for f in &spec.fragments {
+                if last != Some(f.tensor_id()) {
+                    referenced.insert(f.tensor_id());
+                    last = Some(f.tensor_id());
+                }
+            }
+            if let Some(t) = tensors.iter().find(|t| !referenced.contains(t.tensor_id())) {
+                return invalid(format!("placement part contains an unreferenced tensor: {}", t.tensor_id()));
+            }
         }
-        let mut fragments = spec.fragments;
-        fragments.sort_by(|a, b| a.placement_fragment_id.cmp(&b.placement_fragment_id));
-        check_fragments(&tensors, fragments.iter(), false)?;
+        let mut fragments = sort_by_fragment_id(spec.fragments);
+        let positions = check_fragments(&tensors, fragments.iter(), false)?;
+        intern_tensor_ids(&tensors, &mut fragments, &positions);
         Ok(PlacementPart {
             resource_id: spec.resource_id,
             revision: spec.revision,

@@ -10,6 +10,12 @@ use crate::fxhash::FxHashMap as HashMap;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
+use crate::model::typed;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 impl Placement {
@@ -28,6 +34,12 @@ impl Placement {
 
     /// `{"parts":[...]` — the part of both documents that holds the fragments.
     pub(super) fn write_parts(&self, out: &mut String) {
+        self.write_parts_with(out, &mut |_: &mut String| {})
+    }
+
+    /// [`Self::write_parts`], calling `flush` after each fragment so that a caller
+    /// can consume (hash, clear) what has been written so far.
+    pub(super) fn write_parts_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
         out.push_str("{\"parts\":[");
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
@@ -39,6 +51,7 @@ impl Placement {
                     out.push(',');
                 }
                 f.write_json(out);
+                flush(out);
             }
             out.push_str("],\"participant_id\":");
             json::write_str(out, &part.participant_id, Profile::Ascii);
@@ -87,60 +100,38 @@ impl Placement {
     ///
     /// Errors: [`crate::ErrorKind::InvalidArgument`] naming the first violation.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        if let Some(p) = typed::text_of(bytes).and_then(Self::from_json_fast) {
+            return Ok(p);
+        }
         let v = json::parse_bytes(bytes, "placement manifest")?;
         Self::from_json_value(&v)
     }
 
     /// Same as [`Placement::from_json`] for text input (a leading BOM is an error).
     pub fn from_json_str(text: &str) -> Result<Self> {
+        if !text.starts_with('\u{feff}') {
+            if let Some(p) = Self::from_json_fast(text) {
+                return Ok(p);
+            }
+        }
         let v = json::parse_text(text, "placement manifest")?;
         Self::from_json_value(&v)
     }
 
+    /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
+    /// the [`Value`] path for the precise error.
+    fn from_json_fast(text: &str) -> Option<Self> {
+        let (members, parts) = typed::parse_with(text, DocSeed)?;
+        let top = Value::Object(members);
+        let header = Header::decode(&top).ok()?;
+        header.finish(parts).ok()
+    }
+
     /// Decodes an already parsed JSON value (see [`Placement::from_json`]).
     pub fn from_json_value(v: &Value) -> Result<Self> {
-        const KEYS: [&str; 9] = [
-            "resource_kind",
-            "resource_id",
-            "revision",
-            "placement_set_id",
-            "weight_generation",
-            "placement_id",
-            "topology",
-            "tensors",
-            "parts",
-        ];
+        let header = Header::decode(v)?;
         let o = Obj::new(v, || "placement manifest must be a JSON object".into())?;
-        o.expect_keys(&KEYS, || "placement manifest schema fields do not match contract".into())?;
-        match o.get("resource_kind") {
-            Value::Str(s) if s == "model_weight" => {}
-            _ => return invalid("placement manifest resource_kind must be model_weight"),
-        }
-        let resource_id = json::req_str(o.get("resource_id"), "resource_id")?;
-        let revision = json::req_str(o.get("revision"), "revision")?;
-        let placement_set_id = json::req_str(o.get("placement_set_id"), "placement_set_id")?;
-        let placement_id = json::req_str(o.get("placement_id"), "placement_id")?;
-        let weight_generation = json::req_int(o.get("weight_generation"), "weight_generation", 0).map_err(|e| {
-            Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message()))
-        })?;
-        let topology = ParallelTopology::from_json(o.get("topology"))?;
-
-        let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
-        let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
-        for (i, item) in tensor_items.iter().enumerate() {
-            let schema = || format!("placement tensor {i} schema fields do not match contract");
-            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", "placement tensor parallel axis")?));
-        }
-        let mut index: HashMap<&str, usize> = crate::fxhash::map_with_capacity(tensors.len());
-        for (i, t) in tensors.iter().enumerate() {
-            if index.insert(t.tensor_id(), i).is_some() {
-                return invalid("duplicate tensor_id in placement JSON");
-            }
-        }
-
         let part_items = json::req_array(o.get("parts"), || "placement parts must be a sequence".into())?;
-        let mut referenced = vec![false; tensors.len()];
-        let mut unknown: Vec<String> = Vec::new();
         let mut raw_parts = Vec::with_capacity(part_items.len());
         let mut frag_index = 0usize;
         for (i, item) in part_items.iter().enumerate() {
@@ -154,56 +145,13 @@ impl Placement {
             let frag_items =
                 json::req_array(po.get("fragments"), || "placement part fragments must be a sequence".into())?;
             let mut fragments = Vec::with_capacity(frag_items.len());
-            let mut part_tensors: Vec<usize> = Vec::new();
             for item in frag_items {
-                let f = decode_fragment(item, frag_index)?;
+                fragments.push(decode_fragment(item, frag_index)?);
                 frag_index += 1;
-                match index.get(f.tensor_id()) {
-                    Some(&t) => {
-                        referenced[t] = true;
-                        part_tensors.push(t);
-                    }
-                    None => unknown.push(f.tensor_id().to_string()),
-                }
-                fragments.push(f);
             }
-            part_tensors.sort_unstable();
-            part_tensors.dedup();
-            raw_parts.push((participant_id, rank, fragments, part_tensors));
+            raw_parts.push(RawPart { participant_id, rank, fragments });
         }
-        unknown.sort_unstable();
-        if let Some(id) = unknown.first() {
-            return invalid(format!("unknown tensor_id in placement part: {id}"));
-        }
-        let mut unreferenced: Vec<&str> =
-            tensors.iter().zip(&referenced).filter(|(_, r)| !**r).map(|(t, _)| t.tensor_id()).collect();
-        unreferenced.sort_unstable();
-        if let Some(id) = unreferenced.first() {
-            return invalid(format!("placement JSON contains an unreferenced tensor: {id}"));
-        }
-        let mut parts = Vec::with_capacity(raw_parts.len());
-        for (participant_id, rank, fragments, part_tensors) in raw_parts {
-            parts.push(PlacementPart::new(PlacementPartSpec {
-                resource_id: resource_id.clone(),
-                revision: revision.clone(),
-                placement_set_id: placement_set_id.clone(),
-                topology_id: topology.topology_id().to_string(),
-                participant_id,
-                weight_generation,
-                rank,
-                tensors: part_tensors.iter().map(|&t| tensors[t].clone()).collect(),
-                fragments,
-            })?);
-        }
-        Placement::from_parts(PlacementSpec {
-            resource_id,
-            revision,
-            weight_generation,
-            placement_set_id,
-            topology,
-            parts,
-            placement_id: Some(placement_id),
-        })
+        header.finish(raw_parts)
     }
 
     // -----------------------------------------------------------------------
@@ -217,14 +165,42 @@ impl Placement {
         if self.order.is_empty() {
             return invalid("global weight placement must contain fragments");
         }
-        let mut by_tensor: HashMap<&str, Vec<&PlacementFragment>> =
-            crate::fxhash::map_with_capacity(self.tensors.len());
+        // Fragments by tensor index: fragment tensor ids are interned (the parts'
+        // descriptors' ids), so the pointer finds the tensor; a part whose
+        // descriptor is another (equal) Arc falls back to the string.
+        let by_ptr: HashMap<u64, u32> =
+            self.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
+        let index_of = |f: &PlacementFragment| -> Option<usize> {
+            match by_ptr.get(&crate::model::id_key(f.tensor_id_arc())) {
+                Some(&i) => Some(i as usize),
+                None => self.tensors.binary_search_by(|t| t.tensor_id().cmp(f.tensor_id())).ok(),
+            }
+        };
+        let mut counts = vec![0u32; self.tensors.len() + 1];
+        let mut slot_of: Vec<u32> = Vec::with_capacity(self.order.len());
         for f in self.fragments() {
-            by_tensor.entry(f.tensor_id()).or_default().push(f);
+            // Every part's tensors are in the catalog, so this always finds one.
+            let i = index_of(f).ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
+            counts[i + 1] += 1;
+            slot_of.push(i as u32);
         }
+        for i in 1..counts.len() {
+            counts[i] += counts[i - 1];
+        }
+        let starts = counts.clone();
+        let mut grouped: Vec<&PlacementFragment> = Vec::with_capacity(self.order.len());
+        // Counting sort: each fragment goes to its tensor's next free slot.
+        let mut next = counts;
+        let placeholder = self.fragments().next().expect("non-empty");
+        grouped.resize(self.order.len(), placeholder);
+        for (f, &i) in self.fragments().zip(&slot_of) {
+            grouped[next[i as usize] as usize] = f;
+            next[i as usize] += 1;
+        }
+        drop(slot_of);
         let mut indexes: HashMap<[u8; 4], ParticipantIndex> = HashMap::default();
-        for t in &self.tensors {
-            let frags = by_tensor.get(t.tensor_id()).map(Vec::as_slice).unwrap_or(&[]);
+        for (ti, t) in self.tensors.iter().enumerate() {
+            let frags = &grouped[starts[ti] as usize..starts[ti + 1] as usize];
             if frags.is_empty() {
                 return invalid(format!("global placement tensor is not fully covered: {}", t.tensor_id()));
             }
@@ -273,4 +249,320 @@ pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragmen
         aliases,
         placement_fragment_id: Some(json::req_str(o.get("placement_fragment_id"), "placement_fragment_id")?),
     })
+}
+
+/// Everything of a placement document but its parts, decoded and checked in the
+/// order of `wire-format.md` §2.1.
+struct Header {
+    resource_id: String,
+    revision: String,
+    placement_set_id: String,
+    placement_id: String,
+    weight_generation: u64,
+    topology: ParallelTopology,
+    tensors: Vec<Arc<TensorDescriptor>>,
+}
+
+/// One decoded part, before it is validated.
+struct RawPart {
+    participant_id: String,
+    rank: ParallelRank,
+    fragments: Vec<PlacementFragment>,
+}
+
+impl Header {
+    fn decode(v: &Value) -> Result<Self> {
+        const KEYS: [&str; 9] = [
+            "resource_kind",
+            "resource_id",
+            "revision",
+            "placement_set_id",
+            "weight_generation",
+            "placement_id",
+            "topology",
+            "tensors",
+            "parts",
+        ];
+        let o = Obj::new(v, || "placement manifest must be a JSON object".into())?;
+        o.expect_keys(&KEYS, || "placement manifest schema fields do not match contract".into())?;
+        match o.get("resource_kind") {
+            Value::Str(s) if s == "model_weight" => {}
+            _ => return invalid("placement manifest resource_kind must be model_weight"),
+        }
+        let resource_id = json::req_str(o.get("resource_id"), "resource_id")?;
+        let revision = json::req_str(o.get("revision"), "revision")?;
+        let placement_set_id = json::req_str(o.get("placement_set_id"), "placement_set_id")?;
+        let placement_id = json::req_str(o.get("placement_id"), "placement_id")?;
+        let weight_generation = json::req_int(o.get("weight_generation"), "weight_generation", 0).map_err(|e| {
+            Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message()))
+        })?;
+        let topology = ParallelTopology::from_json(o.get("topology"))?;
+        let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
+        let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
+        for (i, item) in tensor_items.iter().enumerate() {
+            let schema = || format!("placement tensor {i} schema fields do not match contract");
+            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", "placement tensor parallel axis")?));
+        }
+        Ok(Header { resource_id, revision, placement_set_id, placement_id, weight_generation, topology, tensors })
+    }
+
+    /// Checks the tensor references of `raw_parts`, builds the parts and the
+    /// placement (its id must be the canonical one).
+    fn finish(self, raw_parts: Vec<RawPart>) -> Result<Placement> {
+        let Header { resource_id, revision, placement_set_id, placement_id, weight_generation, topology, tensors } =
+            self;
+        let mut index: HashMap<&str, usize> = crate::fxhash::map_with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if index.insert(t.tensor_id(), i).is_some() {
+                return invalid("duplicate tensor_id in placement JSON");
+            }
+        }
+        let mut referenced = vec![false; tensors.len()];
+        let mut unknown: Vec<&str> = Vec::new();
+        let mut part_tensors: Vec<Vec<usize>> = Vec::with_capacity(raw_parts.len());
+        for part in &raw_parts {
+            let mut ts: Vec<usize> = Vec::new();
+            let mut last: Option<&str> = None;
+            for f in &part.fragments {
+                if last == Some(f.tensor_id()) {
+                    continue;
+                }
+                last = Some(f.tensor_id());
+                match index.get(f.tensor_id()) {
+                    Some(&t) => {
+                        referenced[t] = true;
+                        ts.push(t);
+                    }
+                    None => unknown.push(f.tensor_id()),
+                }
+            }
+            ts.sort_unstable();
+            ts.dedup();
+            part_tensors.push(ts);
+        }
+        unknown.sort_unstable();
+        if let Some(id) = unknown.first() {
+            return invalid(format!("unknown tensor_id in placement part: {id}"));
+        }
+        let mut unreferenced: Vec<&str> =
+            tensors.iter().zip(&referenced).filter(|(_, r)| !**r).map(|(t, _)| t.tensor_id()).collect();
+        unreferenced.sort_unstable();
+        if let Some(id) = unreferenced.first() {
+            return invalid(format!("placement JSON contains an unreferenced tensor: {id}"));
+        }
+        drop(index);
+        let mut parts = Vec::with_capacity(raw_parts.len());
+        for (raw, ts) in raw_parts.into_iter().zip(part_tensors) {
+            parts.push(PlacementPart::new(PlacementPartSpec {
+                resource_id: resource_id.clone(),
+                revision: revision.clone(),
+                placement_set_id: placement_set_id.clone(),
+                topology_id: topology.topology_id().to_string(),
+                participant_id: raw.participant_id,
+                weight_generation,
+                rank: raw.rank,
+                tensors: ts.iter().map(|&t| tensors[t].clone()).collect(),
+                fragments: raw.fragments,
+            })?);
+        }
+        Placement::from_parts(PlacementSpec {
+            resource_id,
+            revision,
+            weight_generation,
+            placement_set_id,
+            topology,
+            parts,
+            placement_id: Some(placement_id),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Typed fast path: the top-level object keeps its small members as `Value`s and
+// decodes `parts` straight into fragments.
+// ---------------------------------------------------------------------------
+
+type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+
+struct DocSeed;
+
+impl<'de> DeserializeSeed<'de> for DocSeed {
+    type Value = (Members<'de>, Vec<RawPart>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = (Members<'de>, Vec<RawPart>);
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a placement object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                const SMALL: [&str; 8] = [
+                    "resource_kind",
+                    "resource_id",
+                    "revision",
+                    "placement_set_id",
+                    "weight_generation",
+                    "placement_id",
+                    "topology",
+                    "tensors",
+                ];
+                let interner: Interner<'de> = RefCell::new(HashMap::default());
+                let mut members: Members<'de> = Vec::with_capacity(9);
+                let mut parts = None;
+                let mut seen = 0u32;
+                while let Some(k) = typed::next_key(&mut m)? {
+                    if k == "parts" {
+                        typed::mark(&mut seen, 8)?;
+                        let interner = &interner;
+                        parts = Some(m.next_value_seed(typed::SeqOf(|| PartSeed { interner }, PhantomData))?);
+                        // `Header::decode` checks the key set; it only needs the name.
+                        members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
+                    } else {
+                        let bit = SMALL.iter().position(|s| *s == k).ok_or_else(typed::fallback)?;
+                        typed::mark(&mut seen, bit as u32)?;
+                        members.push((Cow::Borrowed(k), typed::value(&mut m)?));
+                    }
+                }
+                Ok((members, parts.ok_or_else(typed::fallback)?))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Tensor ids seen so far, one shared allocation each.
+type Interner<'de> = RefCell<HashMap<&'de str, Arc<str>>>;
+
+struct PartSeed<'a, 'de> {
+    interner: &'a Interner<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for PartSeed<'_, 'de> {
+    type Value = RawPart;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        struct V<'a, 'de>(&'a Interner<'de>);
+        impl<'de> Visitor<'de> for V<'_, 'de> {
+            type Value = RawPart;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a placement part")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut seen = 0u32;
+                let (mut participant_id, mut rank, mut fragments) =
+                    (String::new(), ParallelRank::default(), Vec::new());
+                while let Some(k) = typed::next_key(&mut m)? {
+                    match k {
+                        "participant_id" => {
+                            typed::mark(&mut seen, 0)?;
+                            participant_id = typed::non_empty_string(&mut m)?;
+                        }
+                        "rank" => {
+                            typed::mark(&mut seen, 1)?;
+                            rank = m.next_value::<typed::Rank>()?.0;
+                        }
+                        "fragments" => {
+                            typed::mark(&mut seen, 2)?;
+                            let interner = self.0;
+                            fragments = m.next_value_seed(typed::SeqOf(|| FragmentSeed { interner }, PhantomData))?;
+                        }
+                        _ => return Err(typed::fallback()),
+                    }
+                }
+                if seen != 0b111 {
+                    return Err(typed::fallback());
+                }
+                Ok(RawPart { participant_id, rank, fragments })
+            }
+        }
+        d.deserialize_map(V(self.interner))
+    }
+}
+
+struct FragmentSeed<'a, 'de> {
+    interner: &'a Interner<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
+    type Value = PlacementFragment;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        struct V<'a, 'de>(&'a Interner<'de>);
+        impl<'de> Visitor<'de> for V<'_, 'de> {
+            type Value = PlacementFragment;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a placement fragment")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut seen = 0u32;
+                let mut spec = PlacementFragmentSpec::default();
+                let mut tensor_id: Option<Arc<str>> = None;
+                while let Some(k) = typed::next_key(&mut m)? {
+                    match k {
+                        "placement_fragment_id" => {
+                            typed::mark(&mut seen, 0)?;
+                            spec.placement_fragment_id = Some(typed::non_empty_string(&mut m)?);
+                        }
+                        "tensor_id" => {
+                            typed::mark(&mut seen, 1)?;
+                            tensor_id = Some(match m.next_value::<typed::Text<'de>>()?.0 {
+                                Cow::Borrowed(s) => {
+                                    let mut interner = self.0.borrow_mut();
+                                    interner.entry(s).or_insert_with(|| Arc::from(s)).clone()
+                                }
+                                Cow::Owned(s) => Arc::from(s),
+                            });
+                        }
+                        "global_offset" => {
+                            typed::mark(&mut seen, 2)?;
+                            spec.global_offset = m.next_value::<typed::U64s<0>>()?.0;
+                        }
+                        "local_shape" => {
+                            typed::mark(&mut seen, 3)?;
+                            spec.local_shape = m.next_value::<typed::U64s<1>>()?.0;
+                        }
+                        "nbytes" => {
+                            typed::mark(&mut seen, 4)?;
+                            spec.nbytes = m.next_value::<u64>()?;
+                        }
+                        "rank" => {
+                            typed::mark(&mut seen, 5)?;
+                            spec.rank = m.next_value::<typed::Rank>()?.0;
+                        }
+                        "aliases" => {
+                            typed::mark(&mut seen, 6)?;
+                            spec.aliases = m.next_value::<typed::Names>()?.0;
+                        }
+                        "pipeline_stage_id" => {
+                            typed::mark(&mut seen, 7)?;
+                            spec.pipeline_stage_id = m.next_value::<Option<u64>>()?;
+                        }
+                        _ => return Err(typed::fallback()),
+                    }
+                }
+                if seen & 0x7f != 0x7f {
+                    return Err(typed::fallback());
+                }
+                let tensor_id = tensor_id.ok_or_else(typed::fallback)?;
+                PlacementFragment::with_tensor_id(spec, tensor_id).map_err(|_| typed::fallback())
+            }
+        }
+        d.deserialize_map(V(self.interner))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Placement;
+
+    /// A canonical document takes the fast path (the Value path is only for errors
+    /// and unusual spellings).
+    #[test]
+    fn canonical_placement_takes_the_fast_path() {
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/004-placement-ep2-tp2-experts.json");
+        let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let text = serde_json::to_string(&fixture["inputs"]["placement"]).unwrap();
+        let p = Placement::from_json_fast(&text).expect("fast path accepts a valid document");
+        assert_eq!(Placement::from_json_fast(&p.to_json()), Some(p.clone()));
+        assert!(Placement::from_json_fast(&text.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1)).is_none());
+    }
 }
