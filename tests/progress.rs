@@ -105,7 +105,8 @@ fn restore_reports_progress_between_requests() {
     let limits = StoreLimits { max_ranges_per_request: 2, staging_bytes: 0, ..Default::default() };
     let ws = WeightStore::new(fake_store::FakeStore::new()).with_limits(limits).unwrap();
     let manifest = Arc::new(src.snapshot_into(&ws).unwrap());
-    let mut dst = HostModel::new(build_placement("target", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "s", 1);
+    let mut dst =
+        HostModel::new(build_placement("target", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "s", 1);
     dst.bindings = dst.make_bindings("s", 1);
     let plan = ws.plan_load(manifest, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     let calls: Mutex<Vec<Progress>> = Mutex::default();
