@@ -5,8 +5,12 @@
 mod model;
 
 use model::*;
-use mooncake_weight_store::ffi::{mws_set_log_callback, mws_status, MWS_LOG_INFO, MWS_LOG_OFF, MWS_LOG_WARN};
+use mooncake_weight_store::ffi::{
+    mws_set_log_callback, mws_status, MWS_LOG_DEBUG, MWS_LOG_INFO, MWS_LOG_OFF, MWS_LOG_WARN,
+};
+use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::WeightStore;
+use mooncake_weight_store::protocol::{LoadArgs, StaticGuard};
 use mooncake_weight_store::store::memory::MemoryStore;
 use parking_lot::Mutex;
 use std::ffi::{c_char, c_void, CStr};
@@ -58,4 +62,26 @@ fn acc_125_log_callback_from_c() {
     assert_eq!(unsafe { mws_set_log_callback(MWS_LOG_OFF, None, std::ptr::null_mut()) }, mws_status::MWS_OK);
     snapshot();
     assert_eq!(records.lock().len(), n);
+
+    // At debug level, a restore explains its request pattern (issue 16, item 4).
+    // SAFETY: as above.
+    assert_eq!(unsafe { mws_set_log_callback(MWS_LOG_DEBUG, Some(record), ctx) }, mws_status::MWS_OK);
+    let defs = model_tensors(1, 16, 0);
+    let src = HostModel::new(build_placement("s", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "t", 1);
+    let ws = WeightStore::new(Arc::new(MemoryStore::new()));
+    let m = Arc::new(src.snapshot_into(&ws).unwrap());
+    let mut dst = HostModel::new(build_placement("d", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "s", 1);
+    dst.bindings = dst.make_bindings("s", 1);
+    let plan = ws.plan_load(m, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+    // SAFETY: dst's buffers outlive the call and nobody else touches them.
+    let st = unsafe { ws.load(&plan, &dst.bindings[0], args) }.unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { mws_set_log_callback(MWS_LOG_OFF, None, std::ptr::null_mut()) }, mws_status::MWS_OK);
+    let r = records.lock();
+    let line =
+        r.iter().find(|(l, _, m)| *l == MWS_LOG_DEBUG && m.starts_with("restore of ")).expect("a restore record");
+    assert!(line.2.contains(&format!("{} regions", st.regions)), "{line:?}");
+    assert!(line.2.contains(&format!("{} strided", st.strided_regions)), "{line:?}");
+    assert!(line.2.contains("the store reads strided regions natively"), "{line:?}");
 }

@@ -508,7 +508,7 @@ class Store:
     backend's optional ``cost()``) says that is cheaper; host targets only; ``verify_integrity``
     (default False: restores check what they read against the revision's CRC-32C
     integrity record and fail with :class:`IntegrityError` naming the fragment; off by
-    default because it costs about +230% of a restore on the embedded stores).
+    default because it costs +160% to +360% of a restore on the embedded stores).
     """
 
     def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:

@@ -72,7 +72,7 @@ pub struct mws_store_options {
     /// integrity record (CRC-32C of every 1 MiB block, written by every snapshot of
     /// this library); a corrupted, truncated or swapped payload fails with
     /// `MWS_INTEGRITY` naming the fragment. 0 (the default): off, because it re-reads
-    /// every touched block (about +230% restore time on the embedded stores, see
+    /// every touched block (+160% to +360% restore time on the embedded stores, see
     /// README "Integrity"). Other values are `MWS_INVALID_ARGUMENT`. Revisions without
     /// a record (the reference's) load unverified either way. Added at the end of the
     /// struct (rebuild against this header; zeroed = default).

@@ -368,7 +368,40 @@ pub(crate) unsafe fn load(
             body(&mut false)?
         }
     }
-    Ok(stats.stats)
+    let st = stats.stats;
+    if log::log_enabled!(log::Level::Debug) {
+        // Which request pattern each region used, and why (`docs/STORE-VTABLE.md`).
+        let c = ws.store.cost();
+        let why = if ws.store.supports_strided_reads() {
+            "the store reads strided regions natively".to_string()
+        } else if options.staging_bytes == 0 {
+            "staging is off (staging_bytes = 0)".to_string()
+        } else {
+            format!(
+                "regions of many short rows are staged when one span read costs less than a read per row at \
+                 {} ns/request, {} ns/range, {} MB/s (staging budget {} B)",
+                c.per_request_ns,
+                c.per_range_ns,
+                c.bytes_per_second / 1_000_000,
+                options.staging_bytes
+            )
+        };
+        log::debug!(
+            "restore of {} into {}: {} regions, {} B in {} requests ({} ranges): {} strided, {} direct, {} staged \
+             ({} B of spans); {why}",
+            plan.manifest().manifest_key(),
+            binding.participant_id(),
+            st.regions,
+            st.bytes,
+            st.requests,
+            st.ranges,
+            st.strided_regions,
+            st.direct_regions,
+            st.staged_regions,
+            st.staged_bytes
+        );
+    }
+    Ok(st)
 }
 
 /// The statistics of one load and its progress reporter, updated together: every

@@ -42,7 +42,7 @@ pub struct StoreLimits {
     /// with CRC-32C, delivered bytes compared); a corrupted, truncated or swapped
     /// payload then fails with [`crate::ErrorKind::Integrity`] naming the fragment.
     /// Default: false, because it costs more than 10% of a restore (measured by
-    /// `cargo bench --bench io`: about +230% on the memory and directory stores,
+    /// `cargo bench --bench io`: +160% to +360% on the memory and directory stores,
     /// where a restore runs near memcpy speed). `mws verify` checks a revision
     /// offline at any time. Snapshots write the record regardless.
     pub verify_integrity: bool,
