@@ -46,7 +46,7 @@ fi
 echo "header OK"
 
 step "C API reference from the header (doxygen; warnings are errors)"
-rm -rf build/api-docs
+rm -rf build/api-docs && mkdir -p build/api-docs
 doxygen docs/api/Doxyfile
 echo "API reference: build/api-docs/html/index.html"
 
