@@ -649,7 +649,7 @@ fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
 // decodes `fragments` straight into stored fragments.
 // ---------------------------------------------------------------------------
 
-type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+use typed::Members;
 
 /// Tensor ids seen so far, one shared allocation each.
 type Interner<'de> = RefCell<HashMap<&'de str, Arc<str>>>;
@@ -678,23 +678,9 @@ impl<'de> DeserializeSeed<'de> for ManifestSeed {
                     "weight_generation",
                 ];
                 let interner: Interner<'de> = RefCell::new(HashMap::default());
-                let mut members: Members<'de> = Vec::with_capacity(10);
-                let mut fragments = None;
-                let mut seen = 0u32;
-                while let Some(k) = typed::next_key(&mut m)? {
-                    if k == "fragments" {
-                        typed::mark(&mut seen, 9)?;
-                        let interner = &interner;
-                        fragments = Some(m.next_value_seed(typed::SeqOf(|| FragmentSeed { interner }, PhantomData))?);
-                        // `decode` checks the key set; it only needs the name.
-                        members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
-                    } else {
-                        let bit = SMALL.iter().position(|s| *s == k).ok_or_else(typed::fallback)?;
-                        typed::mark(&mut seen, bit as u32)?;
-                        members.push((Cow::Borrowed(k), typed::value(&mut m)?));
-                    }
-                }
-                Ok((members, fragments.ok_or_else(typed::fallback)?))
+                let interner = &interner;
+                let seed = typed::SeqOf(|| FragmentSeed { interner }, PhantomData);
+                typed::members_and_array(&mut m, &SMALL, "fragments", seed)
             }
         }
         d.deserialize_map(V)

@@ -75,6 +75,43 @@ pub(crate) fn mark<E: de::Error>(seen: &mut u32, bit: u32) -> Result<(), E> {
     Ok(())
 }
 
+/// The members of a document object, in document order: small members kept as
+/// values, the large array member as a name placeholder (decoded separately).
+pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+
+/// Reads a document object made of the `small` members (each at most once, kept as
+/// values) and the one large array member `big`, decoded by `seed`. Any other key, a
+/// repeated key or a missing `big` declines the fast path. The placement and the
+/// manifest decoders share it.
+pub(crate) fn members_and_array<'de, A, S>(
+    m: &mut A,
+    small: &[&str],
+    big: &str,
+    seed: S,
+) -> Result<(Members<'de>, S::Value), A::Error>
+where
+    A: MapAccess<'de>,
+    S: DeserializeSeed<'de>,
+{
+    let mut members: Members<'de> = Vec::with_capacity(small.len() + 1);
+    let mut seed = Some(seed);
+    let mut array = None;
+    let mut seen = 0u32;
+    while let Some(k) = next_key(m)? {
+        if k == big {
+            mark(&mut seen, small.len() as u32)?;
+            array = Some(m.next_value_seed(seed.take().ok_or_else(fallback)?)?);
+            // The caller's decoder checks the key set; it only needs the name.
+            members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
+        } else {
+            let bit = small.iter().position(|s| *s == k).ok_or_else(fallback)?;
+            mark(&mut seen, bit as u32)?;
+            members.push((Cow::Borrowed(k), value(m)?));
+        }
+    }
+    Ok((members, array.ok_or_else(fallback)?))
+}
+
 /// A non-empty string value, owned.
 pub(crate) fn non_empty_string<'de, A: MapAccess<'de>>(m: &mut A) -> Result<String, A::Error> {
     let s = m.next_value::<Text<'de>>()?.0;

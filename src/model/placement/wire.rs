@@ -382,7 +382,7 @@ impl Header {
 // decodes `parts` straight into fragments.
 // ---------------------------------------------------------------------------
 
-type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+use typed::Members;
 
 struct DocSeed;
 
@@ -407,23 +407,9 @@ impl<'de> DeserializeSeed<'de> for DocSeed {
                     "tensors",
                 ];
                 let interner: Interner<'de> = RefCell::new(HashMap::default());
-                let mut members: Members<'de> = Vec::with_capacity(9);
-                let mut parts = None;
-                let mut seen = 0u32;
-                while let Some(k) = typed::next_key(&mut m)? {
-                    if k == "parts" {
-                        typed::mark(&mut seen, 8)?;
-                        let interner = &interner;
-                        parts = Some(m.next_value_seed(typed::SeqOf(|| PartSeed { interner }, PhantomData))?);
-                        // `Header::decode` checks the key set; it only needs the name.
-                        members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
-                    } else {
-                        let bit = SMALL.iter().position(|s| *s == k).ok_or_else(typed::fallback)?;
-                        typed::mark(&mut seen, bit as u32)?;
-                        members.push((Cow::Borrowed(k), typed::value(&mut m)?));
-                    }
-                }
-                Ok((members, parts.ok_or_else(typed::fallback)?))
+                let interner = &interner;
+                let seed = typed::SeqOf(|| PartSeed { interner }, PhantomData);
+                typed::members_and_array(&mut m, &SMALL, "parts", seed)
             }
         }
         d.deserialize_map(V)
