@@ -12,7 +12,6 @@ use crate::json::{self, Obj, Profile, Value};
 use crate::model::typed;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use sha2::{Digest, Sha256};
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -651,8 +650,7 @@ fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
 
 use typed::Members;
 
-/// Tensor ids seen so far, one shared allocation each.
-type Interner<'de> = RefCell<HashMap<&'de str, Arc<str>>>;
+use typed::Interner;
 
 struct ManifestSeed;
 
@@ -736,13 +734,7 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                         }
                         "tensor_id" => {
                             typed::mark(&mut seen, 7)?;
-                            tensor_id = Some(match m.next_value::<typed::Text<'de>>()?.0 {
-                                Cow::Borrowed(s) => {
-                                    let mut interner = self.0.borrow_mut();
-                                    interner.entry(s).or_insert_with(|| Arc::from(s)).clone()
-                                }
-                                Cow::Owned(s) => Arc::from(s),
-                            });
+                            tensor_id = Some(typed::interned_id(&mut m, self.0)?);
                         }
                         _ => return Err(typed::fallback()),
                     }

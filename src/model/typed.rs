@@ -75,6 +75,21 @@ pub(crate) fn mark<E: de::Error>(seen: &mut u32, bit: u32) -> Result<(), E> {
     Ok(())
 }
 
+/// Tensor ids seen so far in one document, one shared allocation each.
+pub(crate) type Interner<'de> = std::cell::RefCell<crate::fxhash::FxHashMap<&'de str, std::sync::Arc<str>>>;
+
+/// Reads a tensor id value, shared through `interner` (an id with escapes is not
+/// borrowed from the input and gets its own allocation).
+pub(crate) fn interned_id<'de, A: MapAccess<'de>>(
+    m: &mut A,
+    interner: &Interner<'de>,
+) -> Result<std::sync::Arc<str>, A::Error> {
+    Ok(match m.next_value::<Text<'de>>()?.0 {
+        Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| std::sync::Arc::from(s)).clone(),
+        Cow::Owned(s) => std::sync::Arc::from(s),
+    })
+}
+
 /// The members of a document object, in document order: small members kept as
 /// values, the large array member as a name placeholder (decoded separately).
 pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;

@@ -12,7 +12,6 @@ use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
 use crate::model::typed;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
@@ -416,8 +415,7 @@ impl<'de> DeserializeSeed<'de> for DocSeed {
     }
 }
 
-/// Tensor ids seen so far, one shared allocation each.
-type Interner<'de> = RefCell<HashMap<&'de str, Arc<str>>>;
+use typed::Interner;
 
 struct PartSeed<'a, 'de> {
     interner: &'a Interner<'de>,
@@ -489,13 +487,7 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                         }
                         "tensor_id" => {
                             typed::mark(&mut seen, 1)?;
-                            tensor_id = Some(match m.next_value::<typed::Text<'de>>()?.0 {
-                                Cow::Borrowed(s) => {
-                                    let mut interner = self.0.borrow_mut();
-                                    interner.entry(s).or_insert_with(|| Arc::from(s)).clone()
-                                }
-                                Cow::Owned(s) => Arc::from(s),
-                            });
+                            tensor_id = Some(typed::interned_id(&mut m, self.0)?);
                         }
                         "global_offset" => {
                             typed::mark(&mut seen, 2)?;
