@@ -59,6 +59,15 @@
 //! read (checked before and after `open`, which never blocks on a FIFO); whole-object
 //! reads are bounded ([`ObjectStore::get_limited`]) and allocate with `try_reserve`.
 //!
+//! Long and strided reads copy from read-only mappings of the object files (faster
+//! on the benchmark machine than `pread` into the destination or through a bounce
+//! buffer, measured). Removing objects while they are read is safe (an unlinked file
+//! keeps its pages until unmapped), and this library never truncates or rewrites an
+//! object file in place; but a *foreign* process that truncates an object file while
+//! a restore copies from its mapping makes the kernel send `SIGBUS` to the reading
+//! process. Do not edit files under `objects/` by hand while the store is in use;
+//! `mws verify` and integrity verification find damage done at rest.
+//!
 //! [`DirectoryStore::open`] writes the marker file [`STORE_MARKER`] at the root, so
 //! tools can recognise a store this library made ([`DirectoryStore::is_store_root`]).
 
