@@ -35,6 +35,7 @@ RANGES = 10_000  # item 384: 10,000 ranges of 256 B - 64 KiB
 SEED_B = 1234
 SEED_LOCAL = 5678
 PEER_START_S = 30
+ATTEMPTS = 4  # item 385: fresh throw-away peers tried until a rejected batch shows landed ranges
 KILL_STATUS_BOUND_S = 5.0  # item 386: the status wait returns within 5 s
 
 
@@ -80,6 +81,9 @@ def run_peer(info_path: str, size: int, seed: int) -> int:
         if cmd and cmd[0] == "sha":
             off, n = int(cmd[1]), int(cmd[2])
             print(sha(ctypes.string_at(addr + off, n)), flush=True)
+        elif cmd and cmd[0] == "pages":  # pages <off> <page> <count>: one digest per page
+            off, page, count = int(cmd[1]), int(cmd[2]), int(cmd[3])
+            print(json.dumps([sha(ctypes.string_at(addr + off + i * page, page)) for i in range(count)]), flush=True)
         elif cmd and cmd[0] == "quit":
             break
     engine.unregister_memory(addr)
@@ -121,6 +125,13 @@ class Peer:
         line = self.proc.stdout.readline().strip()
         assert line, f"peer gave no digest; log:\n{self.tail()}"
         return line
+
+    def pages(self, off: int, page: int, count: int) -> list[str]:
+        self.proc.stdin.write(f"pages {off} {page} {count}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().strip()
+        assert line, f"peer gave no digests; log:\n{self.tail()}"
+        return json.loads(line)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -268,30 +279,37 @@ def test_acc_384_ten_thousand_small_ranges_read_and_write_byte_exactly(te):
 
 def test_acc_385_one_batch_over_the_queue_limit_returns_minus_one_but_lands(te):
     """One batch of 4 x 1024 writes to a throw-away peer D (an overflow can wedge
-    that peer's connection): the wheel's call returns -1 although sampled ranges
-    have landed, so -1 is not proof that nothing was written (the executors treat it
-    as completion unknown, restart-required: item 360)."""
+    that peer's connection): the wheel's call returns -1 although ranges of it have
+    landed, so -1 is not proof that nothing was written (the executors treat it as
+    completion unknown, restart-required: item 360).
+
+    How much of a rejected batch lands is timing-dependent (measured 0, 56 and 2054
+    of 4096 in three runs), so every attempt must return -1, and at least one of up
+    to ``ATTEMPTS`` attempts (each against a fresh peer D) must show landed ranges."""
     eng, laddr = te.engine, te.laddr
-    d = te.spawn("D", 64 << 20, -1)  # zero-filled
     over = 4 * QUEUE_LIMIT
     lo = [laddr + i * 4096 for i in range(over)]
-    ro = [d.addr + i * 4096 for i in range(over)]
-    # The local source bytes are the seeded local pattern: nothing in D is zero-equal.
-    assert all(ctypes.string_at(a, 4096) != bytes(4096) for a in lo[::64])
-    rc = eng.batch_transfer_sync_write(d.segment, lo, ro, [4096] * over)
-    assert rc == -1, f"an over-limit batch returned {rc}"
-    time.sleep(1.0)  # admitted parts of the failed batch may still be in flight
-    deadline = time.time() + 4.0
-    sampled = range(0, over, 64)
-    landed = 0
-    while time.time() < deadline:
-        landed = sum(d.sha(i * 4096, 4096) == sha(ctypes.string_at(lo[i], 4096)) for i in sampled)
+    want = [sha(ctypes.string_at(a, 4096)) for a in lo]
+    # The local source pages are random: none equals a zero-filled page of D.
+    assert sha(bytes(4096)) not in want
+    counts = []
+    for attempt in range(ATTEMPTS):
+        d = te.spawn(f"D{attempt}", 64 << 20, -1)  # zero-filled
+        ro = [d.addr + i * 4096 for i in range(over)]
+        rc = eng.batch_transfer_sync_write(d.segment, lo, ro, [4096] * over)
+        assert rc == -1, f"an over-limit batch returned {rc}"
+        landed = 0
+        for wait_s in (0.5, 1.0):  # admitted parts of the failed batch may still be in flight
+            time.sleep(wait_s)
+            landed = sum(g == w for g, w in zip(d.pages(0, 4096, over), want))
+            if landed:
+                break
+        d.stop()
+        counts.append(landed)
         if landed:
             break
-        time.sleep(0.1)
-    print(f"over-limit batch of {over}: rc {rc}, {landed}/{len(sampled)} sampled ranges landed")
-    assert landed > 0, "no sampled range of the rejected batch landed"
-    d.stop()
+    print(f"over-limit batches of {over} ranges: rc -1 each; ranges landed per attempt: {counts}")
+    assert counts[-1] > 0, f"no range of {len(counts)} rejected batches landed"
     # Another peer is unaffected.
     assert eng.transfer_sync_read(te.b.segment, laddr, te.b.addr, 4096) == 0
 
