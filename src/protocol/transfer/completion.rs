@@ -293,29 +293,39 @@ fn new_unknown(
 
 /// Adds one scope's part to the incomplete hand-off `id` (`_retain_pending_resources`,
 /// §8.4) and seals it when `seal` (the outermost scope). On error nothing is taken
-/// over and the part is returned with it, still owned by the caller.
+/// over and the part is leaked: its addresses stay registered and its resources and
+/// tokens are never dropped, since DMA may still touch the memory they keep alive.
 ///
 /// Errors (engine): `pending transfer does not exist: <id>` (unknown id or another
 /// identity), `pending transfer resources cannot be handed off while draining: <id>`,
 /// `pending transfer resources were already handed off: <id>` (sealed),
 /// `pending transfer has conflicting allocation lifetime token` (a token id already
 /// present with another token).
-pub(crate) fn hand_off(identity: u64, id: &str, part: Handoff, seal: bool) -> Result<(), (TransferError, Handoff)> {
+pub(crate) fn hand_off(identity: u64, id: &str, part: Handoff, seal: bool) -> Result<(), TransferError> {
     let mut t = TABLE.lock();
-    let Some(e) = t.entries.get_mut(id).filter(|e| e.identity == identity) else {
-        return Err((not_found(id), part));
+    let refused = match t.entries.get_mut(id).filter(|e| e.identity == identity) {
+        None => Some(not_found(id)),
+        Some(e) if e.draining => {
+            Some(TransferError::engine(format!("pending transfer resources cannot be handed off while draining: {id}")))
+        }
+        Some(e) if e.sealed => {
+            Some(TransferError::engine(format!("pending transfer resources were already handed off: {id}")))
+        }
+        Some(e) => {
+            let held: BTreeSet<&str> = e.tokens.iter().map(|t| t.fence().token_id.as_str()).collect();
+            if part.tokens.iter().any(|t| held.contains(t.fence().token_id.as_str())) {
+                Some(TransferError::engine("pending transfer has conflicting allocation lifetime token"))
+            } else {
+                None
+            }
+        }
     };
-    if e.draining {
-        let msg = format!("pending transfer resources cannot be handed off while draining: {id}");
-        return Err((TransferError::engine(msg), part));
+    if let Some(err) = refused {
+        drop(t);
+        std::mem::forget(part);
+        return Err(err);
     }
-    if e.sealed {
-        return Err((TransferError::engine(format!("pending transfer resources were already handed off: {id}")), part));
-    }
-    let held: BTreeSet<&str> = e.tokens.iter().map(|t| t.fence().token_id.as_str()).collect();
-    if part.tokens.iter().any(|t| held.contains(t.fence().token_id.as_str())) {
-        return Err((TransferError::engine("pending transfer has conflicting allocation lifetime token"), part));
-    }
+    let e = t.entries.get_mut(id).expect("checked above");
     e.registrations.extend(part.registrations);
     e.tokens.extend(part.tokens);
     e.resources.extend(part.resources);

@@ -349,12 +349,9 @@ impl<'p> RegistrationScope<'p> {
                     }
                     Ok(ScopeExit::HandedOff { pending_transfer_id: id, sealed: self.outermost })
                 }
-                // DMA may still run: the addresses stay registered and the resources
-                // are leaked, never unregistered or freed under it.
-                Err((e, part)) => {
-                    std::mem::forget(part);
-                    Err(e)
-                }
+                // DMA may still run: `hand_off` leaked the part (addresses stay
+                // registered, resources are never freed under it).
+                Err(e) => Err(e),
             };
         }
         let engine = self.exec.engine();
