@@ -219,6 +219,27 @@ pub(crate) fn execute_batch(
     }
 }
 
+/// Unregisters `addresses` in reverse order, attempting all; returns the failed
+/// addresses and, per failure, the code or the error text.
+pub(crate) fn unregister_all(engine: &dyn TransferEngine, addresses: &[u64]) -> (Vec<u64>, Vec<String>) {
+    let mut failed = Vec::new();
+    let mut failures = Vec::new();
+    for &a in addresses.iter().rev() {
+        match engine.unregister_memory(a) {
+            Ok(0) => {}
+            Ok(code) => {
+                failed.push(a);
+                failures.push(code.to_string());
+            }
+            Err(e) => {
+                failed.push(a);
+                failures.push(e.message);
+            }
+        }
+    }
+    (failed, failures)
+}
+
 /// Hands an unknown batch's resources to a new pending entry and builds the error
 /// (`TransferCompletionUnknownError` or `TransferCompletionInterrupted`). The
 /// hand-off is complete at once (the entry is sealed).

@@ -13,10 +13,11 @@
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-use super::completion::{self, execute_batch, quarantine_cleanup, reserve, retain_unknown, BatchOutcome, Handoff};
+use super::completion::{
+    self, execute_batch, quarantine_cleanup, reserve, retain_unknown, unregister_all, BatchOutcome, Handoff,
+};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
-use super::scope::unregister_all;
 use crate::engine::{Direction, MemoryRegion, TransferBatch, TransferBatchRange, TransferEngine};
 use crate::error::{Error, ErrorKind};
 use crate::model::Placement;

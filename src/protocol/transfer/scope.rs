@@ -35,10 +35,12 @@
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-use super::completion::{self, begin_unknown, execute_batch, hand_off, quarantine_cleanup, BatchOutcome, Handoff};
+use super::completion::{
+    self, begin_unknown, execute_batch, hand_off, quarantine_cleanup, unregister_all, BatchOutcome, Handoff,
+};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::TransferExecutor;
-use crate::engine::{MemoryRegion, TransferBatch, TransferEngine};
+use crate::engine::{MemoryRegion, TransferBatch};
 use crate::protocol::guards::TerminalState;
 use parking_lot::Mutex;
 use std::any::Any;
@@ -97,27 +99,6 @@ impl std::fmt::Debug for RegistrationScope<'_> {
             .field("outermost", &self.outermost)
             .finish()
     }
-}
-
-/// Unregisters `addresses` in reverse order, attempting all; returns the failed
-/// addresses and, per failure, the code or the error text.
-pub(crate) fn unregister_all(engine: &dyn TransferEngine, addresses: &[u64]) -> (Vec<u64>, Vec<String>) {
-    let mut failed = Vec::new();
-    let mut failures = Vec::new();
-    for &a in addresses.iter().rev() {
-        match engine.unregister_memory(a) {
-            Ok(0) => {}
-            Ok(code) => {
-                failed.push(a);
-                failures.push(code.to_string());
-            }
-            Err(e) => {
-                failed.push(a);
-                failures.push(e.message);
-            }
-        }
-    }
-    (failed, failures)
 }
 
 fn cleanup_error(label: &str, failures: &[String], id: String, identity: u64) -> TransferError {
