@@ -178,8 +178,7 @@ def te():
         if saved is not None:
             os.environ[QUEUE_ENV] = saved
     with tempfile.TemporaryDirectory(prefix="te-acc-") as workdir:
-        local_init = pattern(SEED_LOCAL, SPACE)
-        buf = (ctypes.c_char * SPACE).from_buffer_copy(local_init)
+        buf = (ctypes.c_char * SPACE).from_buffer_copy(pattern(SEED_LOCAL, SPACE))
         laddr = ctypes.addressof(buf)
         assert engine.register_memory(laddr, SPACE) == 0
         peers = []

@@ -29,6 +29,11 @@
 //!   `<label> unregister_memory failed: <failures>; registration cleanup is
 //!   quarantined as <id>`.
 //!
+//! The outermost scope of an engine holds that engine's submission reservation, so
+//! while it is open the sink and reader refuse to run on the same engine
+//! (`transfer engine already has an active resource transfer submission`): batches
+//! of a nest go through [`RegistrationScope::execute_batch`].
+//!
 //! Lifetime tokens are not part of a scope: a caller that holds pins passes them as
 //! resources ([`RegistrationScope::retain`]), which a pending entry keeps until its
 //! drain has unregistered every address.
