@@ -126,11 +126,12 @@ impl TransferExecutor {
     /// errors (`source`, `target`).
     ///
     /// Errors: the reservation refusals of §8.2 (a pending transfer, an active
-    /// submission), engine identity changes, `<label> allocation capacity mismatch:
-    /// <address>` (one base with two sizes), `<label> register_memory failed for
-    /// <address>: <status or error>` (what was registered before is unregistered
-    /// again; if that fails, a `RegistrationCleanupPending` error naming the
-    /// quarantine entry). Thread-safe; the scope belongs to the calling code.
+    /// submission), engine identity changes,
+    /// `<label> allocation capacity mismatch: <address>` (one base with two sizes),
+    /// `<label> register_memory failed for <address>: <status or error>` (what was
+    /// registered before is unregistered again; if that fails, a
+    /// `RegistrationCleanupPending` error naming the quarantine entry).
+    /// Thread-safe; the scope belongs to the calling code.
     ///
     /// # Safety
     /// Each region must stay valid for reads and writes by the engine until the
