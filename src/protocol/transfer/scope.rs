@@ -49,6 +49,7 @@ use crate::engine::{MemoryRegion, TransferBatch};
 use crate::protocol::guards::TerminalState;
 use parking_lot::Mutex;
 use std::any::Any;
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -166,11 +167,11 @@ impl<'p> RegistrationScope<'p> {
         if outermost {
             chain.push((identity, nest.clone()));
         }
-        let mut seen: Vec<(u64, u64)> = Vec::new();
+        let mut seen: HashMap<u64, u64> = HashMap::new();
         let mut unique = Vec::new();
         for r in regions {
-            match seen.iter().find(|(a, _)| *a == r.address) {
-                Some(&(_, len)) if len == r.len => {}
+            match seen.get(&r.address) {
+                Some(&len) if len == r.len => {}
                 Some(_) => {
                     return Err(TransferError::engine(format!(
                         "{label} allocation capacity mismatch: {:#x}",
@@ -178,7 +179,7 @@ impl<'p> RegistrationScope<'p> {
                     )))
                 }
                 None => {
-                    seen.push((r.address, r.len));
+                    seen.insert(r.address, r.len);
                     unique.push(*r);
                 }
             }
