@@ -4,6 +4,15 @@
 //! status codes, tickets, drains), status queries and drains, and the
 //! registration-cleanup quarantine (§8.5).
 //!
+//! Hand-off (§8.4): an executor call hands its whole part over at once, so its
+//! entry is *sealed* when created. Nested registration scopes
+//! ([`super::scope::RegistrationScope`]) create the entry when the batch's outcome is
+//! unknown and then add their parts one by one as they close (innermost first);
+//! until the outermost scope of that engine has added its part the hand-off is
+//! *incomplete*: the entry blocks its engine like any other, but status queries and
+//! drains refuse it (`pending transfer resource handoff is incomplete: <id>`), so a
+//! drain can never unregister memory that a scope still holds.
+//!
 //! A pending entry owns everything that DMA might still touch: the engine handle,
 //! the ticket, the addresses we registered, the allocation lifetime tokens (whose
 //! guards keep the framework's owners alive) and the plan and bindings. It blocks
@@ -37,6 +46,9 @@ pub(crate) struct PendingEntry {
     /// name and the state the tokens are released with.
     terminal: Option<(String, TerminalState)>,
     draining: bool,
+    /// Every part has been handed off (`resources_handed_off`): only then can the
+    /// entry be queried or drained.
+    sealed: bool,
 }
 
 #[derive(Default)]
@@ -116,6 +128,7 @@ pub(crate) fn quarantine_cleanup(
         restart_required: false,
         terminal: Some((status.to_string(), state)),
         draining: false,
+        sealed: true,
     })
 }
 
@@ -206,8 +219,30 @@ pub(crate) fn execute_batch(
     }
 }
 
+/// Unregisters `addresses` in reverse order, attempting all; returns the failed
+/// addresses and, per failure, the code or the error text.
+pub(crate) fn unregister_all(engine: &dyn TransferEngine, addresses: &[u64]) -> (Vec<u64>, Vec<String>) {
+    let mut failed = Vec::new();
+    let mut failures = Vec::new();
+    for &a in addresses.iter().rev() {
+        match engine.unregister_memory(a) {
+            Ok(0) => {}
+            Ok(code) => {
+                failed.push(a);
+                failures.push(code.to_string());
+            }
+            Err(e) => {
+                failed.push(a);
+                failures.push(e.message);
+            }
+        }
+    }
+    (failed, failures)
+}
+
 /// Hands an unknown batch's resources to a new pending entry and builds the error
-/// (`TransferCompletionUnknownError` or `TransferCompletionInterrupted`).
+/// (`TransferCompletionUnknownError` or `TransferCompletionInterrupted`). The
+/// hand-off is complete at once (the entry is sealed).
 pub(crate) fn retain_unknown(
     identity: u64,
     engine: &Arc<dyn TransferEngine>,
@@ -215,6 +250,32 @@ pub(crate) fn retain_unknown(
     restart_required: bool,
     interrupted: Option<String>,
     handoff: Handoff,
+) -> TransferError {
+    new_unknown(identity, engine, ticket, restart_required, interrupted, handoff, true)
+}
+
+/// Creates the pending entry of an unknown batch run inside registration scopes
+/// with nothing handed off yet (an incomplete hand-off; see the module docs). The
+/// scopes add their parts with [`hand_off`]; the last one seals it.
+pub(crate) fn begin_unknown(
+    identity: u64,
+    engine: &Arc<dyn TransferEngine>,
+    ticket: Option<Box<dyn TransferTicket>>,
+    restart_required: bool,
+    interrupted: Option<String>,
+) -> TransferError {
+    let empty = Handoff { registrations: Vec::new(), tokens: Vec::new(), resources: Vec::new() };
+    new_unknown(identity, engine, ticket, restart_required, interrupted, empty, false)
+}
+
+fn new_unknown(
+    identity: u64,
+    engine: &Arc<dyn TransferEngine>,
+    ticket: Option<Box<dyn TransferTicket>>,
+    restart_required: bool,
+    interrupted: Option<String>,
+    handoff: Handoff,
+    sealed: bool,
 ) -> TransferError {
     let id = insert(PendingEntry {
         identity,
@@ -226,6 +287,7 @@ pub(crate) fn retain_unknown(
         restart_required,
         terminal: None,
         draining: false,
+        sealed,
     });
     let suffix = if restart_required {
         "; legacy API exposes no drainable ticket, so this engine is restart-required"
@@ -250,6 +312,52 @@ pub(crate) fn retain_unknown(
     e
 }
 
+/// Adds one scope's part to the incomplete hand-off `id` (`_retain_pending_resources`,
+/// §8.4) and seals it when `seal` (the outermost scope). On error nothing is taken
+/// over and the part is leaked: its addresses stay registered and its resources and
+/// tokens are never dropped, since DMA may still touch the memory they keep alive.
+///
+/// Errors (engine): `pending transfer does not exist: <id>` (unknown id or another
+/// identity), `pending transfer resources cannot be handed off while draining: <id>`,
+/// `pending transfer resources were already handed off: <id>` (sealed),
+/// `pending transfer has conflicting allocation lifetime token` (a token id already
+/// present with another token).
+pub(crate) fn hand_off(identity: u64, id: &str, part: Handoff, seal: bool) -> Result<(), TransferError> {
+    let mut t = TABLE.lock();
+    let refused = match t.entries.get_mut(id).filter(|e| e.identity == identity) {
+        None => Some(not_found(id)),
+        Some(e) if e.draining => {
+            Some(TransferError::engine(format!("pending transfer resources cannot be handed off while draining: {id}")))
+        }
+        Some(e) if e.sealed => {
+            Some(TransferError::engine(format!("pending transfer resources were already handed off: {id}")))
+        }
+        Some(e) => {
+            let held: BTreeSet<&str> = e.tokens.iter().map(|t| t.fence().token_id.as_str()).collect();
+            if part.tokens.iter().any(|t| held.contains(t.fence().token_id.as_str())) {
+                Some(TransferError::engine("pending transfer has conflicting allocation lifetime token"))
+            } else {
+                None
+            }
+        }
+    };
+    if let Some(err) = refused {
+        drop(t);
+        std::mem::forget(part);
+        return Err(err);
+    }
+    let e = t.entries.get_mut(id).expect("checked above");
+    e.registrations.extend(part.registrations);
+    e.tokens.extend(part.tokens);
+    e.resources.extend(part.resources);
+    e.sealed = seal;
+    Ok(())
+}
+
+fn incomplete(id: &str) -> TransferError {
+    TransferError::engine(format!("pending transfer resource handoff is incomplete: {id}"))
+}
+
 /// Sorted pending ids of `identity`.
 pub fn pending_transfer_ids(identity: u64) -> Vec<String> {
     TABLE.lock().entries.iter().filter(|(_, e)| e.identity == identity).map(|(k, _)| k.clone()).collect()
@@ -262,10 +370,17 @@ fn not_found(id: &str) -> TransferError {
 /// `pending_transfer_status(id)`: the ticket's status name,
 /// `COMPLETION_UNKNOWN_RESTART_REQUIRED`, or the recorded terminal status of a
 /// cleanup entry. A ticket whose status cannot be read reports `COMPLETION_UNKNOWN`.
+///
+/// Errors: `pending transfer does not exist: <id>`; `pending transfer resource
+/// handoff is incomplete: <id>` while registration scopes are still handing their
+/// parts to the entry.
 pub fn pending_transfer_status(identity: u64, id: &str) -> Result<String, TransferError> {
     let ticket = {
         let t = TABLE.lock();
         let e = t.entries.get(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
+        if !e.sealed {
+            return Err(incomplete(id));
+        }
         if let Some((name, _)) = &e.terminal {
             return Ok(name.clone());
         }
@@ -289,7 +404,8 @@ pub fn pending_transfer_status(identity: u64, id: &str) -> Result<String, Transf
 /// and returns the status name. Thread-safe: a concurrent drain of the same id fails
 /// `pending transfer is already being drained: <id>`.
 ///
-/// Errors: `pending transfer does not exist: <id>`; `pending transfer registration
+/// Errors: `pending transfer does not exist: <id>`; `pending transfer resource
+/// handoff is incomplete: <id>` (nothing drained or unregistered); `pending transfer registration
 /// cleanup failed: <failures>` (entry kept with the failed addresses); `pending
 /// transfer unregister_memory outcome is unknown; engine restart required: <error>`
 /// and `pending transfer allocation lifetime release outcome is unknown; engine
@@ -299,6 +415,9 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
     let (ticket, recorded) = {
         let mut t = TABLE.lock();
         let e = t.entries.get_mut(id).filter(|e| e.identity == identity).ok_or_else(|| not_found(id))?;
+        if !e.sealed {
+            return Err(incomplete(id));
+        }
         if e.draining {
             return Err(TransferError::engine(format!("pending transfer is already being drained: {id}")));
         }

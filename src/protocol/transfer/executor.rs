@@ -13,7 +13,9 @@
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-use super::completion::{self, execute_batch, quarantine_cleanup, reserve, retain_unknown, BatchOutcome, Handoff};
+use super::completion::{
+    self, execute_batch, quarantine_cleanup, reserve, retain_unknown, unregister_all, BatchOutcome, Handoff,
+};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
 use crate::engine::{Direction, MemoryRegion, TransferBatch, TransferBatchRange, TransferEngine};
@@ -308,7 +310,14 @@ impl TransferExecutor {
         completion::drain_pending_transfer(self.identity, id, timeout_ms)
     }
 
-    fn check_identity(&self) -> TransferResult<()> {
+    /// The engine.
+    pub(crate) fn engine(&self) -> &Arc<dyn TransferEngine> {
+        &self.engine
+    }
+
+    /// Fails when the engine's identity is no longer the one this executor was
+    /// created with (the engine restarted) or cannot be read.
+    pub(crate) fn check_engine_identity(&self) -> TransferResult<()> {
         match self.engine.identity() {
             Ok(id) if id == self.identity => Ok(()),
             Ok(_) => Err(te(
@@ -403,7 +412,7 @@ impl TransferExecutor {
             args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
         let target_guards =
             args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
-        self.check_identity()?;
+        self.check_engine_identity()?;
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
@@ -581,7 +590,7 @@ impl TransferExecutor {
             args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
         let source_leases =
             registration_map(args.source_registrations, "source").map_err(TransferError::engine_from)?;
-        self.check_identity()?;
+        self.check_engine_identity()?;
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
@@ -859,21 +868,7 @@ impl TransferExecutor {
             Err(e) if e.kind == TransferErrorKind::CompletionFailed || submitted => TerminalState::FailedDrained,
             Err(_) => TerminalState::Aborted,
         };
-        let mut failures = Vec::new();
-        let mut failed = Vec::new();
-        for a in registered.iter().rev() {
-            match self.engine.unregister_memory(*a) {
-                Ok(0) => {}
-                Ok(code) => {
-                    failed.push(*a);
-                    failures.push(code.to_string());
-                }
-                Err(e) => {
-                    failed.push(*a);
-                    failures.push(e.message);
-                }
-            }
-        }
+        let (failed, failures) = unregister_all(&*self.engine, &registered);
         if !failed.is_empty() {
             let handoff = Handoff { registrations: Vec::new(), tokens: std::mem::take(&mut pins.tokens), resources };
             let id = quarantine_cleanup(self.identity, &self.engine, failed, state, handoff);

@@ -1,16 +1,19 @@
 //! Live weight transfer between running instances (`live-transfer.md` §4–§12): the
 //! sink and reader executors over a [`crate::engine::TransferEngine`], completion
 //! tracking (pending transfers, drains, engine identity), memory registration
-//! leases, receipts, and the coordinator's per-target verdict.
+//! leases, nestable registration scopes, receipts, and the coordinator's
+//! per-target verdict.
 
 pub mod completion;
 pub mod error;
 pub mod executor;
 pub mod lease;
 pub mod outcome;
+pub mod scope;
 
 pub use completion::COMPLETION_UNKNOWN_RESTART_REQUIRED;
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{ExecutionStats, ExecutorLimits, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt};
 pub use lease::{GuardProviders, MemoryRegistrationLease};
 pub use outcome::{calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
+pub use scope::{RegistrationScope, ScopeExit};
