@@ -18,9 +18,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// Bytes of canonical JSON buffered before they are fed to the digest.
-const HASH_CHUNK: usize = 64 * 1024;
-
 /// Construction input of a [`StoredFragment`].
 #[derive(Clone, Debug, Default)]
 pub struct StoredFragmentSpec {
@@ -333,17 +330,19 @@ impl StoredManifest {
         };
         // The digest hashes the canonical JSON in cache-sized chunks (no copy of
         // the whole document).
-        let mut h = Sha256::new();
-        let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
-        m.write_json_with(&mut chunk, &mut |c: &mut String| {
-            if c.len() >= HASH_CHUNK {
-                h.update(c.as_bytes());
-                c.clear();
-            }
-        });
-        h.update(chunk.as_bytes());
-        m.manifest_digest = hex_of(h);
+        m.manifest_digest = m.compute_digest();
         Ok(m)
+    }
+
+    /// Recomputes the manifest digest: the hex SHA-256 of [`Self::to_json`]'s bytes
+    /// (what construction stores in [`Self::manifest_digest`]), without building
+    /// the document. A large manifest is hashed on a second thread while this one
+    /// serializes (same bytes, same digest). No errors; thread safety: `&self` only.
+    pub fn compute_digest(&self) -> String {
+        let expected = 512 + self.fragments.len() * 420;
+        hex_of(super::digest::hash_written(Sha256::new(), expected, |out, flush| {
+            self.write_json_with(out, &mut |c: &mut String| flush(c))
+        }))
     }
 
     /// The canonical manifest JSON (profile U, raw UTF-8).

@@ -3,6 +3,7 @@
 //! manifest, with their canonical JSON and SHA-256 identities (`wire-format.md`).
 
 mod axes;
+mod digest;
 pub mod keys;
 mod manifest;
 pub(crate) mod placement;
