@@ -653,6 +653,20 @@ use typed::Interner;
 
 struct ManifestSeed;
 
+/// The typed fast path for a manifest nested in a larger document (the upload
+/// plan's transport): decodes and validates it like [`StoredManifest::from_json`]'s
+/// fast path; anything that path declines or rejects is a fallback error, and the
+/// caller reruns its [`Value`] path for the precise error.
+pub(crate) struct ManifestDocSeed;
+
+impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
+    type Value = StoredManifest;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        let (members, fragments) = ManifestSeed.deserialize(d)?;
+        StoredManifest::decode(&Value::Object(members), Some(fragments)).map_err(|_| typed::fallback())
+    }
+}
+
 impl<'de> DeserializeSeed<'de> for ManifestSeed {
     type Value = (Members<'de>, Vec<StoredFragment>);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
