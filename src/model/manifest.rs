@@ -41,8 +41,17 @@ pub struct StoredFragmentSpec {
 
 /// One box of one tensor persisted in a store object. Its payload is the box in
 /// row-major order (a canonical contiguous view).
+///
+/// Immutable and shared: a clone is a reference count (an upload plan's
+/// operations and its manifest hold the same fragments). Equality, hashing and
+/// ordering are by value. `Send + Sync`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StoredFragment {
+pub struct StoredFragment(Arc<StoredFragmentData>);
+
+/// The fields of a [`StoredFragment`] (an implementation detail: not exported,
+/// no public fields; read them through the fragment's accessors).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct StoredFragmentData {
     fragment_id: String,
     /// Interned where the producer can (the planner and the decoder share one
     /// allocation per tensor).
@@ -53,6 +62,13 @@ pub struct StoredFragment {
     object_offset: u64,
     nbytes: u64,
     aliases: Vec<String>,
+}
+
+impl std::ops::Deref for StoredFragment {
+    type Target = StoredFragmentData;
+    fn deref(&self) -> &StoredFragmentData {
+        &self.0
+    }
 }
 
 impl StoredFragment {
@@ -80,7 +96,7 @@ impl StoredFragment {
             return invalid("object_offset plus nbytes must fit in an unsigned 64-bit integer");
         }
         let aliases = normalize_aliases(spec.aliases, &tensor_id)?;
-        Ok(StoredFragment {
+        Ok(StoredFragment(Arc::new(StoredFragmentData {
             fragment_id: spec.fragment_id,
             tensor_id,
             global_offset: spec.global_offset,
@@ -89,7 +105,7 @@ impl StoredFragment {
             object_offset: spec.object_offset,
             nbytes: spec.nbytes,
             aliases,
-        })
+        })))
     }
 
     /// Stored fragment id.
@@ -328,8 +344,8 @@ impl StoredManifest {
             created_at: spec.created_at,
             manifest_digest: String::new(),
         };
-        // The digest hashes the canonical JSON in cache-sized chunks (no copy of
-        // the whole document).
+        // The digest hashes the canonical JSON as it is written (no copy of the
+        // whole document; a large one is hashed on a second thread).
         m.manifest_digest = m.compute_digest();
         Ok(m)
     }

@@ -207,8 +207,9 @@ impl Placement {
         };
         placement.check_complete()?;
         // Both documents start with the same `{"parts":[...]` (the bulk): write it
-        // once, in chunks that stay in cache, into one hasher, then fork the hash
-        // state for the two different tails.
+        // once, hashed as it is written (`digest::hash_written`: in cache-sized
+        // chunks, or on a second thread for a large placement), then fork the
+        // hash state for the two different tails.
         let mut head = placement.hash_parts();
         let mut tail = String::new();
         placement.write_tail(&mut tail, None);
