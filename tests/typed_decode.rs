@@ -113,3 +113,75 @@ fn manifest_declined_documents_get_precise_errors() {
         assert!(e.message().contains(needle), "{needle}: got {e}");
     }
 }
+
+fn sample_plan(p: &Placement) -> UploadPlan {
+    let bindings = HostModel::new(p.clone(), false, "trainer", 1).make_bindings("trainer", 1);
+    let options = UploadOptions {
+        transaction_id: Some("00000000000000000000000062656e63".into()),
+        created_at: Some("2025-01-01T00:00:00Z".into()),
+        ..UploadOptions::default()
+    };
+    plan_upload(p, &bindings, &options).unwrap()
+}
+
+#[test]
+fn upload_plan_transport_fast_and_value_paths_agree() {
+    let p = sample_placement();
+    let plan = sample_plan(&p);
+    let text = plan_to_json(&plan);
+    // As written: the typed path (manifest before operations).
+    let fast = plan_from_json(text.as_bytes()).unwrap();
+    assert_eq!(fast, plan);
+    // A key with an escape is declined by the typed path: the value path decodes
+    // the same plan.
+    let escaped = edit(&text, "\"control_key\":", "\"control\\u005fkey\":");
+    assert_eq!(plan_from_json(escaped.as_bytes()).unwrap(), plan);
+    // Operations before the manifest: also the value path, same plan.
+    let ops_at = text.find(",\"operations\":[").unwrap();
+    let tail_at = text.find("],\"source_placement_digest\"").unwrap();
+    let manifest_at = text.find("\"manifest\":").unwrap();
+    let reordered = format!(
+        "{}{},{}{}",
+        &text[..manifest_at],
+        &text[ops_at + 1..tail_at + 1],
+        &text[manifest_at..ops_at],
+        &text[tail_at + 1..]
+    );
+    assert_ne!(reordered, text);
+    assert_eq!(plan_from_json(reordered.as_bytes()).unwrap(), plan);
+}
+
+#[test]
+fn upload_plan_transport_declined_documents_get_precise_errors() {
+    let p = sample_placement();
+    let plan = sample_plan(&p);
+    let text = plan_to_json(&plan);
+    let cases = [
+        // An operation naming no manifest fragment.
+        (
+            edit(&text, "\"target_fragment_id\":\"", "\"target_fragment_id\":\"x"),
+            "upload plan operations and manifest differ",
+        ),
+        // An operation with an extra member.
+        (
+            edit(&text, "{\"source_generation\":", "{\"extra\":1,\"source_generation\":"),
+            "upload operation 0 schema fields do not match contract",
+        ),
+        // A duplicate top-level key.
+        (edit(&text, "{\"control_key\":", "{\"format\":\"x\",\"control_key\":"), "duplicate JSON field: format"),
+        // A wrong format.
+        (
+            edit(&text, "\"format\":\"mooncake-weight-store/upload-plan/v1\"", "\"format\":\"v0\""),
+            "upload plan format must be mooncake-weight-store/upload-plan/v1",
+        ),
+        // A manifest that breaks its own rules.
+        (
+            edit(&text, "\"resource_kind\":\"model_weight\"", "\"resource_kind\":\"other\""),
+            "resource_kind must be model_weight",
+        ),
+    ];
+    for (doc, expected) in cases {
+        let err = plan_from_json(doc.as_bytes()).unwrap_err();
+        assert!(err.message().contains(expected), "{expected}: got {}", err.message());
+    }
+}

@@ -1,7 +1,6 @@
 //! Store key layout (`wire-format.md` §5–§6): percent-encoding, stored fragment ids
 //! and the keys of one weight generation.
 
-use super::sha256_hex;
 use crate::error::{invalid, Result};
 
 /// Percent-encodes the UTF-8 bytes of `s`, keeping only `A-Za-z0-9-._~`, with
@@ -26,7 +25,7 @@ fn python_tuple(values: &[u64], out: &mut String) {
         if i > 0 {
             out.push_str(", ");
         }
-        out.push_str(&v.to_string());
+        crate::json::write_u64(out, *v);
     }
     if values.len() == 1 {
         out.push(',');
@@ -44,8 +43,13 @@ pub fn stored_fragment_id(tensor_id: &str, global_offset: &[u64], local_shape: &
     python_tuple(global_offset, &mut text);
     text.push('|');
     python_tuple(local_shape, &mut text);
-    let mut hex = sha256_hex(text.as_bytes());
-    hex.truncate(24);
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(24);
+    for b in &digest[..12] {
+        hex.push(char::from(b"0123456789abcdef"[(b >> 4) as usize]));
+        hex.push(char::from(b"0123456789abcdef"[(b & 15) as usize]));
+    }
     hex
 }
 
@@ -95,7 +99,13 @@ impl KeyLayout {
     }
     /// `<group>/payload/<transaction_id>/<fragment_id>`.
     pub fn payload_key(&self, transaction_id: &str, fragment_id: &str) -> String {
-        format!("{}/payload/{transaction_id}/{fragment_id}", self.group_id)
+        let mut key = String::with_capacity(self.group_id.len() + 10 + transaction_id.len() + fragment_id.len());
+        key.push_str(&self.group_id);
+        key.push_str("/payload/");
+        key.push_str(transaction_id);
+        key.push('/');
+        key.push_str(fragment_id);
+        key
     }
     /// `<group>/transactions/<transaction_id>`.
     pub fn transaction_group_id(&self, transaction_id: &str) -> String {

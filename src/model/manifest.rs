@@ -18,9 +18,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// Bytes of canonical JSON buffered before they are fed to the digest.
-const HASH_CHUNK: usize = 64 * 1024;
-
 /// Construction input of a [`StoredFragment`].
 #[derive(Clone, Debug, Default)]
 pub struct StoredFragmentSpec {
@@ -44,8 +41,17 @@ pub struct StoredFragmentSpec {
 
 /// One box of one tensor persisted in a store object. Its payload is the box in
 /// row-major order (a canonical contiguous view).
+///
+/// Immutable and shared: a clone is a reference count (an upload plan's
+/// operations and its manifest hold the same fragments). Equality, hashing and
+/// ordering are by value. `Send + Sync`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StoredFragment {
+pub struct StoredFragment(Arc<StoredFragmentData>);
+
+/// The fields of a [`StoredFragment`] (an implementation detail: not exported,
+/// no public fields; read them through the fragment's accessors).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct StoredFragmentData {
     fragment_id: String,
     /// Interned where the producer can (the planner and the decoder share one
     /// allocation per tensor).
@@ -56,6 +62,13 @@ pub struct StoredFragment {
     object_offset: u64,
     nbytes: u64,
     aliases: Vec<String>,
+}
+
+impl std::ops::Deref for StoredFragment {
+    type Target = StoredFragmentData;
+    fn deref(&self) -> &StoredFragmentData {
+        &self.0
+    }
 }
 
 impl StoredFragment {
@@ -83,7 +96,7 @@ impl StoredFragment {
             return invalid("object_offset plus nbytes must fit in an unsigned 64-bit integer");
         }
         let aliases = normalize_aliases(spec.aliases, &tensor_id)?;
-        Ok(StoredFragment {
+        Ok(StoredFragment(Arc::new(StoredFragmentData {
             fragment_id: spec.fragment_id,
             tensor_id,
             global_offset: spec.global_offset,
@@ -92,7 +105,7 @@ impl StoredFragment {
             object_offset: spec.object_offset,
             nbytes: spec.nbytes,
             aliases,
-        })
+        })))
     }
 
     /// Stored fragment id.
@@ -331,19 +344,21 @@ impl StoredManifest {
             created_at: spec.created_at,
             manifest_digest: String::new(),
         };
-        // The digest hashes the canonical JSON in cache-sized chunks (no copy of
-        // the whole document).
-        let mut h = Sha256::new();
-        let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
-        m.write_json_with(&mut chunk, &mut |c: &mut String| {
-            if c.len() >= HASH_CHUNK {
-                h.update(c.as_bytes());
-                c.clear();
-            }
-        });
-        h.update(chunk.as_bytes());
-        m.manifest_digest = hex_of(h);
+        // The digest hashes the canonical JSON as it is written (no copy of the
+        // whole document; a large one is hashed on a second thread).
+        m.manifest_digest = m.compute_digest();
         Ok(m)
+    }
+
+    /// Recomputes the manifest digest: the hex SHA-256 of [`Self::to_json`]'s bytes
+    /// (what construction stores in [`Self::manifest_digest`]), without building
+    /// the document. A large manifest is hashed on a second thread while this one
+    /// serializes (same bytes, same digest). No errors; thread safety: `&self` only.
+    pub fn compute_digest(&self) -> String {
+        let expected = 512 + self.fragments.len() * 420;
+        hex_of(super::digest::hash_written(Sha256::new(), expected, |out, flush| {
+            self.write_json_with(out, &mut |c: &mut String| flush(c))
+        }))
     }
 
     /// The canonical manifest JSON (profile U, raw UTF-8).
@@ -653,6 +668,20 @@ use typed::Members;
 use typed::Interner;
 
 struct ManifestSeed;
+
+/// The typed fast path for a manifest nested in a larger document (the upload
+/// plan's transport): decodes and validates it like [`StoredManifest::from_json`]'s
+/// fast path; anything that path declines or rejects is a fallback error, and the
+/// caller reruns its [`Value`] path for the precise error.
+pub(crate) struct ManifestDocSeed;
+
+impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
+    type Value = StoredManifest;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        let (members, fragments) = ManifestSeed.deserialize(d)?;
+        StoredManifest::decode(&Value::Object(members), Some(fragments)).map_err(|_| typed::fallback())
+    }
+}
 
 impl<'de> DeserializeSeed<'de> for ManifestSeed {
     type Value = (Members<'de>, Vec<StoredFragment>);

@@ -3,14 +3,16 @@
 //! manifest, with their canonical JSON and SHA-256 identities (`wire-format.md`).
 
 mod axes;
+mod digest;
 pub mod keys;
 mod manifest;
 pub(crate) mod placement;
 mod tensor;
-mod typed;
+pub(crate) mod typed;
 
 pub use axes::{AxisKind, ParallelAxis, ParallelRank};
 pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
+pub(crate) use manifest::ManifestDocSeed;
 pub use manifest::{StoredFragment, StoredFragmentSpec, StoredManifest, StoredManifestIdentity, StoredManifestSpec};
 pub use placement::{
     BuilderFragment, FlatPlacementSpec, ParallelTopology, Placement, PlacementBuilder, PlacementBuilderSpec,

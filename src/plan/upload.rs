@@ -14,6 +14,7 @@ use crate::model::{
 };
 use crate::runtime::{pair_bindings, RuntimeBinding, RuntimeFragment, RuntimeFragmentSnapshot};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// Options of [`plan_upload`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,15 +99,20 @@ impl Decision {
 pub struct UploadOperation {
     source_placement: PlacementFragment,
     source_snapshot: RuntimeFragmentSnapshot,
-    source_participant_id: String,
-    source_instance_id: String,
+    // Shared by all operations of one binding.
+    source_participant_id: Arc<str>,
+    source_instance_id: Arc<str>,
     target: StoredFragment,
     source_generation: u64,
-    source_lease_id: String,
+    source_lease_id: Arc<str>,
 }
 
 impl UploadOperation {
     /// Builds an operation, enforcing the cross-checks of `upload-planning.md` §3.
+    ///
+    /// Errors: `InvalidArgument` naming the first check that fails (empty ids,
+    /// source placement and snapshot differ, geometry differs, non-zero target
+    /// object offset, generation differs). Takes ownership of every argument.
     pub fn new(
         source_placement: PlacementFragment,
         source_snapshot: RuntimeFragmentSnapshot,
@@ -115,6 +121,28 @@ impl UploadOperation {
         target: StoredFragment,
         source_generation: u64,
         source_lease_id: String,
+    ) -> Result<Self> {
+        Self::with_shared_ids(
+            source_placement,
+            source_snapshot,
+            Arc::from(source_participant_id),
+            Arc::from(source_instance_id),
+            target,
+            source_generation,
+            Arc::from(source_lease_id),
+        )
+    }
+
+    /// [`Self::new`] with the binding's ids given as shared strings (one
+    /// allocation per binding, not per operation).
+    pub(crate) fn with_shared_ids(
+        source_placement: PlacementFragment,
+        source_snapshot: RuntimeFragmentSnapshot,
+        source_participant_id: Arc<str>,
+        source_instance_id: Arc<str>,
+        target: StoredFragment,
+        source_generation: u64,
+        source_lease_id: Arc<str>,
     ) -> Result<Self> {
         crate::model::non_empty(&source_participant_id, "source_participant_id")?;
         crate::model::non_empty(&source_instance_id, "source_instance_id")?;
@@ -324,6 +352,8 @@ struct Source<'a> {
     placement: &'a PlacementFragment,
     runtime: &'a RuntimeFragment,
     binding: &'a RuntimeBinding,
+    /// Index of `binding` in the bindings.
+    bi: u32,
     tensor: &'a TensorDescriptor,
     /// Index of `tensor` in the placement's tensors.
     ti: u32,
@@ -398,7 +428,7 @@ pub fn plan_upload<'a>(
     };
     let mut sources: Vec<Source<'_>> = Vec::new();
     let mut seen: HashSet<&str> = HashSet::default();
-    for b in bindings {
+    for (bi, b) in bindings.iter().enumerate() {
         let part = placement.part(b.participant_id()).expect("pairing checked the participant");
         // Pairing checked that both lists hold the same ids in the same order.
         for (p, r) in part.fragments().iter().zip(b.fragments()) {
@@ -407,7 +437,15 @@ pub fn plan_upload<'a>(
             }
             let ti = tensor_of(p);
             let tensor = &*tensors[ti as usize];
-            sources.push(Source { placement: p, runtime: r, binding: b, tensor, ti, owner: owner_of(tensor, p) });
+            sources.push(Source {
+                placement: p,
+                runtime: r,
+                binding: b,
+                bi: bi as u32,
+                tensor,
+                ti,
+                owner: owner_of(tensor, p),
+            });
         }
     }
     // Step 5: complete replicas.
@@ -488,6 +526,11 @@ pub fn plan_upload<'a>(
     picks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut operations = Vec::with_capacity(picks.len());
     let mut fragments = Vec::with_capacity(picks.len());
+    // Each binding's ids, shared by its operations.
+    let shared_ids: Vec<[Arc<str>; 3]> = bindings
+        .iter()
+        .map(|b| [Arc::from(b.participant_id()), Arc::from(b.instance_id()), Arc::from(b.lease_id())])
+        .collect();
     for (_, s) in &picks {
         let p = s.placement;
         let fragment_id = stored_fragment_id(p.tensor_id(), p.global_offset(), p.local_shape());
@@ -505,14 +548,16 @@ pub fn plan_upload<'a>(
             s.tensor.tensor_id_arc().clone(),
         )?;
         fragments.push(target.clone());
-        operations.push(UploadOperation::new(
+        let b = s.binding;
+        let [participant, instance, lease] = shared_ids[s.bi as usize].clone();
+        operations.push(UploadOperation::with_shared_ids(
             p.clone(),
-            RuntimeFragmentSnapshot::new(p, s.runtime, s.binding.generation()),
-            s.binding.participant_id().to_string(),
-            s.binding.instance_id().to_string(),
+            RuntimeFragmentSnapshot::new(p, s.runtime, b.generation()),
+            participant,
+            instance,
             target,
-            s.binding.generation(),
-            s.binding.lease_id().to_string(),
+            b.generation(),
+            lease,
         )?);
     }
     let manifest = StoredManifest::new(StoredManifestSpec {

@@ -11,6 +11,7 @@ use crate::model::{
     canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor,
 };
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Where a runtime buffer lives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -60,7 +61,9 @@ pub struct RuntimeFragmentSpec {
 /// framework `owner` in this type: the caller keeps its allocations alive).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RuntimeFragment {
-    spec: RuntimeFragmentSpec,
+    /// Shared: plans keep a snapshot of each fragment they use, and a clone is a
+    /// reference count, not a copy of its strings.
+    spec: Arc<RuntimeFragmentSpec>,
 }
 
 impl PartialEq for RuntimeFragmentSpec {
@@ -140,7 +143,7 @@ impl RuntimeFragment {
                 *stride = c;
             }
         }
-        Ok(RuntimeFragment { spec })
+        Ok(RuntimeFragment { spec: Arc::new(spec) })
     }
 
     /// Placement fragment id.
@@ -334,7 +337,7 @@ impl RuntimeBinding {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeFragmentSnapshot {
     runtime: RuntimeFragment,
-    tensor_id: String,
+    tensor_id: Arc<str>,
     global_offset: Vec<u64>,
     lease_generation: u64,
 }
@@ -344,7 +347,7 @@ impl RuntimeFragmentSnapshot {
     pub fn new(placement: &PlacementFragment, runtime: &RuntimeFragment, lease_generation: u64) -> Self {
         RuntimeFragmentSnapshot {
             runtime: runtime.clone(),
-            tensor_id: placement.tensor_id().to_string(),
+            tensor_id: placement.tensor_id_arc().clone(),
             global_offset: placement.global_offset().to_vec(),
             lease_generation,
         }
@@ -488,11 +491,26 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
             return invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()));
         }
     }
-    let tensors: crate::fxhash::FxHashMap<&str, &TensorDescriptor> =
-        part.tensors().iter().map(|t| (t.tensor_id(), &**t)).collect();
+    // A part's fragments carry its descriptors' own (interned) tensor ids: the
+    // address finds the descriptor; the part's tensors are sorted by id, so a
+    // binary search is the fallback.
+    let part_tensors = part.tensors();
+    let by_ptr: crate::fxhash::FxHashMap<u64, &TensorDescriptor> =
+        part_tensors.iter().map(|t| (crate::model::id_key(t.tensor_id_arc()), &**t)).collect();
+    let tensor_of = |p: &PlacementFragment| -> &TensorDescriptor {
+        match by_ptr.get(&crate::model::id_key(p.tensor_id_arc())) {
+            Some(t) => t,
+            None => {
+                let i = part_tensors
+                    .binary_search_by(|t| t.tensor_id().cmp(p.tensor_id()))
+                    .expect("a part's fragments name its tensors");
+                &part_tensors[i]
+            }
+        }
+    };
     let mut bound = Vec::with_capacity(pf.len());
     for (p, r) in pf.iter().zip(bf) {
-        let t = tensors[p.tensor_id()];
+        let t = tensor_of(p);
         let pfid = p.placement_fragment_id();
         if r.nbytes() != p.nbytes() {
             return invalid(format!("runtime binding byte size does not match placement: {pfid}"));

@@ -27,12 +27,9 @@ use crate::fxhash::FxHashSet as HashSet;
 use crate::model::axes::ParallelRank;
 use crate::model::non_empty;
 use crate::model::tensor::TensorDescriptor;
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Bytes of canonical JSON buffered before they are fed to a hasher.
-const HASH_CHUNK: usize = 64 * 1024;
 
 /// A sort key whose order agrees with the byte order of ids wherever two keys
 /// differ; equal keys fall back to comparing the whole ids. Ids with the
@@ -210,17 +207,10 @@ impl Placement {
         };
         placement.check_complete()?;
         // Both documents start with the same `{"parts":[...]` (the bulk): write it
-        // once, in chunks that stay in cache, into one hasher, then fork the hash
-        // state for the two different tails.
-        let mut head = Sha256::new();
-        let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
-        placement.write_parts_with(&mut chunk, &mut |c: &mut String| {
-            if c.len() >= HASH_CHUNK {
-                head.update(c.as_bytes());
-                c.clear();
-            }
-        });
-        head.update(chunk.as_bytes());
+        // once, hashed as it is written (`digest::hash_written`: in cache-sized
+        // chunks, or on a second thread for a large placement), then fork the
+        // hash state for the two different tails.
+        let mut head = placement.hash_parts();
         let mut tail = String::new();
         placement.write_tail(&mut tail, None);
         let mut h = head.clone();

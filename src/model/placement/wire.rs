@@ -12,6 +12,7 @@ use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
 use crate::model::typed;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
@@ -23,6 +24,27 @@ impl Placement {
         let mut out = String::with_capacity(256 + self.order.len() * 320);
         self.write_json(&mut out, Some(&self.placement_id));
         out
+    }
+
+    /// Recomputes the placement digest: the hex SHA-256 of [`Self::to_json`]'s
+    /// bytes (what construction stores in [`Self::digest`]), without building the
+    /// document. A large placement is hashed on a second thread while this one
+    /// serializes (same bytes, same digest). No errors; thread safety: `&self` only.
+    pub fn compute_digest(&self) -> String {
+        let mut h = self.hash_parts();
+        let mut tail = String::new();
+        self.write_tail(&mut tail, Some(&self.placement_id));
+        h.update(tail.as_bytes());
+        crate::model::hex_of(h)
+    }
+
+    /// A hasher fed with `{"parts":[...]` (the bulk both the placement JSON and the
+    /// `placement_id` input start with).
+    pub(super) fn hash_parts(&self) -> Sha256 {
+        let expected = 256 + self.order.len() * 320;
+        crate::model::digest::hash_written(Sha256::new(), expected, |out, flush| {
+            self.write_parts_with(out, &mut |c: &mut String| flush(c))
+        })
     }
 
     /// With `id`: the placement JSON; without: the `placement_id` input (§3.3).
