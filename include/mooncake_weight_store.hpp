@@ -1195,12 +1195,19 @@ public:
 
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_writer *get() const noexcept { return handle_.get(); }
-    /// Releases the handle; a progress callback set here must then outlive it.
-    /// The caller frees the result with mws_writer_free. The function given to
-    /// set_progress() stays owned by this Writer and is destroyed with it: remove it
-    /// (set_progress({})) before release(), or the released handle keeps a dangling
-    /// callback.
-    mws_writer *release() noexcept { return handle_.release(); }
+    /// Releases the handle: the caller frees the result with mws_writer_free.
+    /// A function given to set_progress() is owned by this Writer, so release() first
+    /// removes it from the handle (the released handle reports no progress until
+    /// mws_writer_set_progress sets a callback) and destroys it. Waits for a running
+    /// write_tensor; must not race with set_progress().
+    mws_writer *release() noexcept {
+        if (progress_ && handle_) {
+            // Cannot fail for a live handle; the function below must not stay set on it.
+            (void)mws_writer_set_progress(handle_.get(), nullptr, nullptr);
+        }
+        progress_.reset();
+        return handle_.release();
+    }
 
 private:
     // Declared before the handle: destroyed after it.
