@@ -11,7 +11,7 @@
  *    `release()` gives up ownership (the caller then frees it with the mws_*_free
  *    function) and leaves the object empty. A moved-from or released object is
  *    empty: its fallible members throw mws::Error with MWS_NULL_ARGUMENT, its count
- *    accessors return 0 (and set the C last error).
+ *    and flag accessors return 0 / false (and set the C last error).
  *  - Errors: every failed C call throws mws::Error, which carries the mws_status and
  *    the thread-local message of the failure (mws_last_error_message()); the statuses
  *    listed for a member are those of the C function it wraps. A string accessor
