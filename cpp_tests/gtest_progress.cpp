@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
@@ -138,4 +141,60 @@ TEST(Progress, NullCallbackAndNullWriterAreHandled) {
     // A zeroed mws_io_args (no progress) restores as before.
     mws::Store store = mws::Store::open_memory();
     round_trip(store, Layout{2, 1, 1, 1}, Layout{1, 1, 1, 1}, dense_model());
+}
+
+// Writer::release() hands out a handle that outlives the Writer and the std::function
+// it owns: the callback must not stay set on the released handle (it would dangle).
+TEST(Progress, WriterReleaseRemovesItsProgressFunction) {
+    mws::Store store = mws::Store::open_memory();
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    HostAdapter adapter(src);
+    mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
+    std::map<std::string, std::string> tensor_of;  // placement fragment id -> tensor
+    for (const View &v : src.views) tensor_of[v.pfid] = v.tensor;
+
+    std::size_t reports = 0;
+    mws_writer *raw = nullptr;
+    std::vector<std::pair<std::string, std::string>> rest;  // (tensor, participant) written after release
+    {
+        mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
+                                           std::string(src.placement.revision()), src.placement.weight_generation(),
+                                           vt, &adapter);
+        w.set_progress([&reports](const mws_progress &) { ++reports; });
+        mws::UploadPlan plan = w.upload_plan();
+        std::set<std::pair<std::string, std::string>> seen;
+        std::string first;
+        for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+            mws::UploadOperation op = plan.operation(i);
+            std::string participant(op.source_participant_id);
+            std::pair<std::string, std::string> tp{tensor_of.at(std::string(op.source_placement_fragment_id)),
+                                                   participant};
+            if (!seen.insert(tp).second) continue;
+            if (first.empty()) first = participant;
+            if (participant == first) {
+                w.write_tensor(tp.first, const_cast<char *>(tp.second.c_str()));  // uploads `first`
+            } else {
+                rest.push_back(tp);
+            }
+        }
+        ASSERT_GT(reports, 0u);  // the callback works while the Writer owns it
+        ASSERT_FALSE(rest.empty());
+        raw = w.release();
+        ASSERT_NE(raw, nullptr);
+        EXPECT_EQ(w.get(), nullptr);
+    }  // the Writer (and the function it owned) is gone; the handle lives on
+    const std::size_t before = reports;
+    for (const auto &tp : rest) {
+        mws_receipts *r = nullptr;
+        ASSERT_EQ(mws_writer_write_tensor(raw, tp.first.c_str(), const_cast<char *>(tp.second.c_str()), &r), MWS_OK)
+            << mws_last_error_message();
+        mws_receipts_free(r);
+    }
+    EXPECT_EQ(reports, before);  // uploads through the released handle did not call the destroyed function
+    mws_stored_manifest *m = nullptr;
+    ASSERT_EQ(mws_writer_commit(raw, &m), MWS_OK) << mws_last_error_message();
+    mws::StoredManifest manifest(m);
+    EXPECT_GT(manifest.fragment_count(), 0u);
+    mws_writer_free(raw);
 }

@@ -1,19 +1,38 @@
-// mooncake_weight_store.hpp: header-only C++17 RAII wrapper over the C ABI in
-// mooncake_weight_store.h. Hand-written (not generated).
-//
-// - Every handle is owned by exactly one movable, non-copyable object (a unique_ptr
-//   with the matching mws_*_free as deleter). `get()` lends the raw handle;
-//   `release()` gives up ownership.
-// - Every failed C call throws mws::Error, which carries the mws_status and the
-//   thread-local message of the failure (mws_last_error_message()).
-// - Strings are returned as std::string_view borrowed from the object that returned
-//   them: they stay valid while that object lives (and is not moved from or reset).
-// - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
-//   StoredManifest and LoadPlan may be used from several threads at once;
-//   Binding::add_fragment must not race with other calls on the same Binding; Writer
-//   and Transaction serialize their calls internally.
-// - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
-//   throw. Catch everything inside them and return a non-zero code.
+/**
+ * @file mooncake_weight_store.hpp
+ * Header-only C++17 RAII wrapper over the C ABI in mooncake_weight_store.h
+ * (namespace mws). Hand-written (not generated); every member documents what it
+ * wraps, so the C function named there has the full contract.
+ *
+ * Conventions (apply to every class and function below unless it says otherwise):
+ *  - Ownership: every handle is owned by exactly one movable, non-copyable object (a
+ *    unique_ptr with the matching mws_*_free as deleter, called by the destructor).
+ *    `get()` lends the raw handle (valid while the owner holds it; never free it);
+ *    `release()` gives up ownership (the caller then frees it with the mws_*_free
+ *    function) and leaves the object empty. A moved-from or released object is
+ *    empty: its fallible members throw mws::Error with MWS_NULL_ARGUMENT, its count
+ *    and flag accessors return 0 / false (and set the C last error).
+ *  - Errors: every failed C call throws mws::Error, which carries the mws_status and
+ *    the thread-local message of the failure (mws_last_error_message()); the statuses
+ *    listed for a member are those of the C function it wraps. A string accessor
+ *    whose C function returns NULL throws mws::Error with MWS_NULL_ARGUMENT (and the C
+ *    message). Members that build vectors or strings may also throw std::bad_alloc.
+ *    A call that throws returns nothing; the object stays valid (a member says when
+ *    a failure also changes its state, as an aborted Writer).
+ *  - Strings and info structs are borrowed from the object that returned them: they
+ *    stay valid while its C handle lives (moving the object keeps them valid; they
+ *    end when the owning object is destroyed or its released handle is freed). Input
+ *    strings and arrays are only read during the call unless a member says otherwise.
+ *  - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
+ *    StoredManifest, LoadPlan, TransferPlan and TransferEngine may be used from
+ *    several threads at once (const members); Binding::add_fragment must not race
+ *    with other calls on the same Binding; PlacementBuilder, Writer and Transaction
+ *    serialize their calls internally; a Loader or Sink runs one call at a time. No
+ *    object may be moved, assigned, released or destroyed while another thread uses it.
+ *  - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
+ *    throw. Catch everything inside them and return a non-zero code. ProgressCallback
+ *    functions may throw: the wrapper swallows the exception.
+ */
 #ifndef MOONCAKE_WEIGHT_STORE_HPP
 #define MOONCAKE_WEIGHT_STORE_HPP
 
@@ -29,16 +48,21 @@
 
 #include "mooncake_weight_store.h"
 
+/// The C++17 wrapper of the C ABI (see the conventions of mooncake_weight_store.hpp).
 namespace mws {
 
-/// A failed mws_ call: the status code plus the library's message.
+/// A failed mws_ call: the status code plus the library's message. what() is
+/// `"<status name>: <message>"`. Thrown by every fallible member of this wrapper.
+/// An Error is an ordinary value: copy it, and read it from any thread.
 class Error : public std::runtime_error {
 public:
+    /// Builds the error of a call that returned `status`, with `message` (usually
+    /// mws_last_error_message(), which is copied here). Throws only std::bad_alloc.
     Error(mws_status status, const std::string &message)
         : std::runtime_error(std::string(mws_status_name(static_cast<int>(status))) + ": " + message),
           status_(status) {}
 
-    /// The status the C call returned.
+    /// The status the C call returned (never MWS_OK).
     mws_status status() const noexcept { return status_; }
 
 private:
@@ -86,47 +110,70 @@ inline void progress_trampoline(void *ctx, const mws_progress *progress) noexcep
 /// A progress callback (see mws_progress_fn): called on the calling thread, inside the
 /// call, once at the start, at most every 100 ms, and once when the data phase is done.
 /// Keep it quick; it must not call back into the object that reports. Exceptions it
-/// throws are swallowed.
+/// throws are swallowed. The mws_progress it gets is valid only during the call.
 using ProgressCallback = std::function<void(const mws_progress &)>;
 
-/// The library version ("MAJOR.MINOR.PATCH").
+/// The library version ("MAJOR.MINOR.PATCH"; mws_version()). The view is static.
+/// Does not throw; any thread.
 inline std::string_view version() { return mws_version(); }
 
-/// The static name of a status ("MWS_INVALID_ARGUMENT", ...).
+/// The static name of a status ("MWS_INVALID_ARGUMENT", ...; mws_status_name());
+/// "MWS_UNKNOWN_STATUS" for a value that is not a status. Does not throw; any thread.
 inline std::string_view status_name(mws_status status) { return mws_status_name(static_cast<int>(status)); }
 
 /// A parsed, validated, immutable complete placement (owns an mws_placement).
+/// Move-only. Thread safety: every const member may run on several threads at once.
+/// Nothing made from it (bindings, plans) borrows it.
 class Placement {
 public:
-    /// Parses and validates a placement from its JSON wire form.
+    /// Parses and validates a placement from its JSON wire form
+    /// (mws_placement_from_json; `json` is only read during the call).
+    /// Throws mws::Error: MWS_INVALID_ARGUMENT (malformed JSON, duplicate keys,
+    /// unknown fields, inconsistent ids, incomplete coverage). Any thread.
     static Placement from_json(std::string_view json) {
         mws_placement *raw = nullptr;
         detail::check(mws_placement_from_json(json.data(), json.size(), &raw));
         return Placement(raw);
     }
 
-    /// Takes ownership of a handle from mws_placement_from_json.
+    /// Takes ownership of a handle from mws_placement_from_json or
+    /// mws_placement_builder_build (nullptr: an empty object).
     explicit Placement(mws_placement *raw) noexcept : handle_(raw) {}
 
+    /// The canonical JSON (sorted keys, compact, ASCII; the bytes the digest covers;
+    /// mws_placement_to_json). Borrowed from this placement.
     std::string_view to_json() const { return str(mws_placement_to_json); }
+    /// The placement id, `"sha256:<hex>"` (mws_placement_id). Borrowed.
     std::string_view id() const { return str(mws_placement_id); }
+    /// The placement digest, 64 lowercase hex characters (mws_placement_digest). Borrowed.
     std::string_view digest() const { return str(mws_placement_digest); }
+    /// The topology id, `"sha256:<hex>"` (mws_placement_topology_id). Borrowed.
     std::string_view topology_id() const { return str(mws_placement_topology_id); }
+    /// The resource id (mws_placement_resource_id). Borrowed.
     std::string_view resource_id() const { return str(mws_placement_resource_id); }
+    /// The revision (mws_placement_revision). Borrowed.
     std::string_view revision() const { return str(mws_placement_revision); }
+    /// The weight generation (mws_placement_weight_generation); 0 when empty.
     std::uint64_t weight_generation() const { return mws_placement_weight_generation(get()); }
+    /// Participants of the topology (mws_placement_participant_count); 0 when empty.
     std::size_t participant_count() const { return mws_placement_participant_count(get()); }
+    /// Tensors of the placement (mws_placement_tensor_count); 0 when empty.
     std::size_t tensor_count() const { return mws_placement_tensor_count(get()); }
+    /// Fragments over all parts (mws_placement_fragment_count); 0 when empty.
     std::size_t fragment_count() const { return mws_placement_fragment_count(get()); }
 
-    /// Fragment `index` (borrowed pointers, valid while this Placement lives).
+    /// Fragment `index` in canonical order (participant id, then placement fragment
+    /// id; mws_placement_fragment). The pointers in the result are borrowed from this
+    /// placement. Throws mws::Error: MWS_INVALID_ARGUMENT (index >= fragment_count()).
     mws_placement_fragment_info fragment(std::size_t index) const {
         mws_placement_fragment_info info{};
         detail::check(mws_placement_fragment(get(), index, &info));
         return info;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_placement *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_placement_free.
     mws_placement *release() noexcept { return handle_.release(); }
 
 private:
@@ -139,44 +186,57 @@ private:
     std::unique_ptr<mws_placement, detail::Deleter<mws_placement, mws_placement_free>> handle_;
 };
 
-/// One tensor axis for PlacementBuilder::add_tensor.
+/// One tensor axis for PlacementBuilder::add_tensor (an mws_parallel_axis). A plain
+/// value; the factories do not throw.
 struct Axis {
-    mws_axis_kind kind;
-    mws_axis_semantics semantics;
+    mws_axis_kind kind;              ///< The parallel axis (DP, PP, EP or TP).
+    mws_axis_semantics semantics;    ///< What the tensor declares on it.
     std::uint64_t dim = 0;  ///< split axes only
+    /// A split axis: the ranks along `k` partition dimension `d`.
     static Axis split(mws_axis_kind k, std::uint64_t d) { return {k, MWS_AXIS_SPLIT, d}; }
+    /// A replicated axis: every rank along `k` holds a complete copy.
     static Axis replicated(mws_axis_kind k) { return {k, MWS_AXIS_REPLICATED, 0}; }
+    /// An ownership axis: only the ranks along `k` that hold fragments hold the tensor.
     static Axis ownership(mws_axis_kind k) { return {k, MWS_AXIS_OWNERSHIP, 0}; }
 };
 
-/// A tensor descriptor for PlacementBuilder::add_tensor (shard dims are derived).
+/// A tensor descriptor for PlacementBuilder::add_tensor (shard dims are derived; see
+/// mws_tensor_spec). Only read during add_tensor.
 struct TensorSpec {
-    std::string tensor_id;
-    std::vector<std::uint64_t> global_shape;
-    std::string dtype;
-    std::uint64_t itemsize = 1;
-    std::string layout_fingerprint;
-    std::vector<Axis> axes;
-    std::optional<std::uint64_t> layer_id;
-    std::optional<std::uint64_t> expert_id;
+    std::string tensor_id;                      ///< Tensor id (required).
+    std::vector<std::uint64_t> global_shape;    ///< Global shape (each >= 1).
+    std::string dtype;                          ///< Dtype name, e.g. "bfloat16" (required).
+    std::uint64_t itemsize = 1;                 ///< Bytes per element (>= 1).
+    std::string layout_fingerprint;             ///< Framework layout identity (required, non-empty).
+    std::vector<Axis> axes;                     ///< Axes, any order.
+    std::optional<std::uint64_t> layer_id;      ///< Optional layer id.
+    std::optional<std::uint64_t> expert_id;     ///< Optional expert id.
 };
 
-/// A fragment for PlacementBuilder::add_fragment (byte size and rank are derived).
+/// A fragment for PlacementBuilder::add_fragment (byte size and rank are derived; see
+/// mws_fragment_spec). Only read during add_fragment.
 struct FragmentSpec {
-    std::string participant_id;
-    std::string tensor_id;
-    std::vector<std::uint64_t> global_offset;
-    std::vector<std::uint64_t> local_shape;
-    std::optional<std::uint64_t> pipeline_stage_id;
-    std::vector<std::string> aliases;
+    std::string participant_id;                        ///< The participant that holds it (added before).
+    std::string tensor_id;                             ///< The tensor (added before).
+    std::vector<std::uint64_t> global_offset;          ///< Box offset (same length as local_shape).
+    std::vector<std::uint64_t> local_shape;            ///< Box shape.
+    std::optional<std::uint64_t> pipeline_stage_id;    ///< Optional virtual pipeline stage.
+    std::vector<std::string> aliases;                  ///< Alias group (tensor ids, any order).
     std::optional<std::string> placement_fragment_id;  ///< empty: the canonical sha256 id
 };
 
 /// Builds a placement one participant, tensor and fragment at a time
 /// (mws_placement_builder); ids and canonical JSON come from the library. Not
 /// copyable; calls on one builder are serialized by the library.
+/// Move-only; owns an mws_placement_builder. Thread safety: its members may be called
+/// from several threads (the library serializes them). Fragment ids it returns are
+/// owned by the builder.
 class PlacementBuilder {
 public:
+    /// Starts a builder (mws_placement_builder_new) with the identity and the topology
+    /// sizes (each >= 1; checked by build()). The strings are copied; an empty
+    /// `placement_set_id` is passed as "" (the C default "placement" is for NULL only).
+    /// Throws mws::Error: MWS_INVALID_UTF8.
     PlacementBuilder(const std::string &resource_id, const std::string &revision, std::uint64_t weight_generation,
                      const std::string &placement_set_id, std::uint64_t tp_size = 1, std::uint64_t pp_size = 1,
                      std::uint64_t ep_size = 1, std::uint64_t dp_size = 1) {
@@ -194,11 +254,17 @@ public:
         handle_.reset(raw);
     }
 
+    /// Adds a topology participant with `rank` (mws_placement_builder_add_participant);
+    /// returns `*this`. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT
+    /// (duplicate participant, empty id).
     PlacementBuilder &add_participant(const std::string &participant_id, mws_rank rank) {
         detail::check(mws_placement_builder_add_participant(handle_.get(), participant_id.c_str(), &rank));
         return *this;
     }
 
+    /// Adds a tensor descriptor, validated at once (mws_placement_builder_add_tensor);
+    /// returns `*this`. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (the
+    /// placement contract's tensor rules, duplicate tensor, unknown axis value).
     PlacementBuilder &add_tensor(const TensorSpec &t) {
         std::vector<mws_parallel_axis> axes;
         for (const Axis &a : t.axes)
@@ -219,6 +285,11 @@ public:
     }
 
     /// Adds a fragment; returns its placement_fragment_id (owned by the builder).
+    /// (mws_placement_builder_add_fragment.) The view stays valid until the builder's
+    /// handle is freed. Throws mws::Error: MWS_INVALID_ARGUMENT when global_offset and
+    /// local_shape differ in length (checked here, before the library is called), or
+    /// for an unknown participant or tensor, or the fragment's geometry and id rules;
+    /// MWS_INVALID_UTF8.
     std::string_view add_fragment(const FragmentSpec &f) {
         if (f.global_offset.size() != f.local_shape.size())
             throw Error(MWS_INVALID_ARGUMENT, "global_offset and local_shape differ in length");
@@ -241,6 +312,9 @@ public:
     }
 
     /// Validates and builds the placement (the builder stays usable).
+    /// (mws_placement_builder_build; the result owns a new handle and does not borrow
+    /// the builder.) Throws mws::Error: MWS_INVALID_ARGUMENT (topology, coverage,
+    /// axes, aliases, unreferenced tensors).
     Placement build() const {
         mws_placement *raw = nullptr;
         detail::check(mws_placement_builder_build(handle_.get(), &raw));
@@ -251,18 +325,22 @@ private:
     std::unique_ptr<mws_placement_builder, detail::Deleter<mws_placement_builder, mws_placement_builder_free>> handle_;
 };
 
-/// Identity of a runtime binding (see mws_binding_options).
+/// Identity of a runtime binding (see mws_binding_options). Every string is
+/// required by the library (passed as given; empty strings are not replaced).
 struct BindingOptions {
-    std::string resource_id;
-    std::string revision;
-    std::string placement_id;
-    std::string placement_digest;
-    std::string participant_id;
-    std::string instance_id;
-    std::string lease_id;
-    std::uint64_t generation = 0;
+    std::string resource_id;       ///< Resource id; must equal the placement's.
+    std::string revision;          ///< Revision; must equal the placement's.
+    std::string placement_id;      ///< The placement id this binding attests.
+    std::string placement_digest;  ///< The placement digest this binding attests.
+    std::string participant_id;    ///< The topology participant whose part this binding lends.
+    std::string instance_id;       ///< The process/engine instance holding the buffers.
+    std::string lease_id;          ///< The lease under which the buffers are lent.
+    std::uint64_t generation = 0;  ///< The weight generation the buffers hold.
 
     /// Fills resource id, revision, placement id and digest from `placement`.
+    /// Also the generation (the placement's weight generation); participant_id,
+    /// instance_id and lease_id stay empty for the caller to set. Copies the strings.
+    /// Throws mws::Error (MWS_NULL_ARGUMENT) when `placement` is empty.
     static BindingOptions for_placement(const Placement &placement) {
         BindingOptions o;
         o.resource_id = std::string(placement.resource_id());
@@ -275,8 +353,14 @@ struct BindingOptions {
 };
 
 /// A runtime binding of one participant (owns an mws_binding).
+/// Move-only. It copies what it is given and never dereferences buffer addresses:
+/// the caller keeps the buffers valid and stable while operations that move bytes use
+/// them. Thread safety: add_fragment must not run concurrently with any other use of
+/// the same Binding; the const members may run concurrently with each other.
 class Binding {
 public:
+    /// Creates an empty binding with identity `o` (mws_binding_new; strings copied).
+    /// Throws mws::Error: MWS_INVALID_UTF8.
     explicit Binding(const BindingOptions &o) {
         mws_binding_options c{};
         c.resource_id = o.resource_id.c_str();
@@ -293,19 +377,30 @@ public:
     }
 
     /// Takes ownership of a handle from mws_binding_new.
+    /// (nullptr: an empty object.)
     explicit Binding(mws_binding *raw) noexcept : handle_(raw) {}
 
     /// Adds one live buffer (copied; see mws_binding_add_fragment).
+    /// The fragment itself is validated (shape, strides, sizes, storage bounds); on
+    /// failure the binding is unchanged. Throws mws::Error: MWS_NULL_ARGUMENT (a NULL
+    /// string field), MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (invalid fragment,
+    /// unknown memory kind). Must not race with any other use of this Binding.
     void add_fragment(const mws_runtime_fragment &fragment) {
         detail::check(mws_binding_add_fragment(handle_.get(), &fragment));
     }
 
+    /// Fragments added so far (mws_binding_fragment_count); 0 when empty.
     std::size_t fragment_count() const { return mws_binding_fragment_count(get()); }
 
     /// Throws mws::Error unless the binding pairs with `placement`.
+    /// (mws_binding_validate: complete, consistent, attested id and digest, every
+    /// fragment of the participant's part bound with matching geometry.) Throws
+    /// MWS_INVALID_BINDING or MWS_INVALID_ARGUMENT with the reason.
     void validate(const Placement &placement) const { detail::check(mws_binding_validate(placement.get(), get())); }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_binding *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_binding_free.
     mws_binding *release() noexcept { return handle_.release(); }
 
 private:
@@ -313,6 +408,7 @@ private:
 };
 
 /// Options of plan_upload; an empty optional means the library default.
+/// (mws_upload_options; Writer::begin uses only transaction_id and created_at.)
 struct UploadOptions {
     std::optional<std::string> store_namespace;  ///< default "default"
     std::optional<std::string> key_prefix;       ///< default "weights"
@@ -321,47 +417,75 @@ struct UploadOptions {
 };
 
 /// One operation of an upload plan; views borrowed from the UploadPlan.
+/// (mws_upload_operation: copy one runtime fragment into one stored object.)
 struct UploadOperation {
-    std::string_view source_participant_id;
-    std::string_view source_instance_id;
-    std::string_view source_lease_id;
-    std::uint64_t source_generation;
-    std::string_view source_fragment_id;
-    std::string_view source_worker_id;
-    std::string_view source_placement_fragment_id;
-    std::string_view target_fragment_id;
-    std::string_view object_key;
-    std::uint64_t nbytes;
+    std::string_view source_participant_id;         ///< The participant whose binding lends the source buffer.
+    std::string_view source_instance_id;            ///< The instance id of that binding.
+    std::string_view source_lease_id;               ///< The lease id of that binding.
+    std::uint64_t source_generation;                ///< The generation of that binding.
+    std::string_view source_fragment_id;            ///< The runtime fragment id of the source buffer.
+    std::string_view source_worker_id;              ///< The worker that owns the source buffer.
+    std::string_view source_placement_fragment_id;  ///< The placement fragment the source buffer holds.
+    std::string_view target_fragment_id;            ///< The stored fragment id (in the manifest).
+    std::string_view object_key;                    ///< The object key the bytes are written to.
+    std::uint64_t nbytes;                           ///< Number of bytes to copy.
 };
 
 /// A planned upload (owns an mws_upload_plan).
+/// Move-only and immutable: the stored manifest to commit, every key of the upload
+/// transaction and the copy operations, in plan order. It does not borrow the
+/// placement or bindings it was planned from. Thread safety: every const member may
+/// run on several threads at once.
 class UploadPlan {
 public:
     /// Takes ownership of a handle from mws_upload_plan_new.
+    /// (Or mws_upload_plan_from_json / mws_writer_upload_plan; nullptr: an empty object.)
     explicit UploadPlan(mws_upload_plan *raw) noexcept : handle_(raw) {}
 
+    /// The stored manifest JSON: the exact bytes stored at the manifest key and
+    /// covered by the digest (mws_upload_plan_manifest_json). Borrowed.
     std::string_view manifest_json() const { return str(mws_upload_plan_manifest_json); }
+    /// The manifest digest, sha256 hex of manifest_json() (mws_upload_plan_manifest_digest). Borrowed.
     std::string_view manifest_digest() const { return str(mws_upload_plan_manifest_digest); }
+    /// The key the manifest is stored at (mws_upload_plan_manifest_key). Borrowed.
     std::string_view manifest_key() const { return str(mws_upload_plan_manifest_key); }
+    /// The group id of the stored revision, the key base (mws_upload_plan_group_id). Borrowed.
     std::string_view group_id() const { return str(mws_upload_plan_group_id); }
+    /// The control key, where the commit/abort decision record is stored
+    /// (mws_upload_plan_control_key). Borrowed.
     std::string_view control_key() const { return str(mws_upload_plan_control_key); }
+    /// The group of the payload objects of this upload
+    /// (mws_upload_plan_transaction_group_id). Borrowed.
     std::string_view transaction_group_id() const { return str(mws_upload_plan_transaction_group_id); }
+    /// The upload transaction id (mws_upload_plan_transaction_id). Borrowed.
     std::string_view transaction_id() const { return str(mws_upload_plan_transaction_id); }
+    /// The id of the placement the plan was made from (mws_upload_plan_source_placement_id). Borrowed.
     std::string_view source_placement_id() const { return str(mws_upload_plan_source_placement_id); }
+    /// The digest of the placement the plan was made from
+    /// (mws_upload_plan_source_placement_digest). Borrowed.
     std::string_view source_placement_digest() const { return str(mws_upload_plan_source_placement_digest); }
+    /// The exact bytes of the commit decision record to store at the control key
+    /// (mws_upload_plan_commit_record). Borrowed.
     std::string_view commit_record() const { return str(mws_upload_plan_commit_record); }
+    /// Operations of the plan (mws_upload_plan_operation_count); 0 when empty.
     std::size_t operation_count() const { return mws_upload_plan_operation_count(get()); }
 
     /// Transport JSON (for the other processes of one job; holds buffer addresses).
+    /// (mws_upload_plan_to_json; built on first use, borrowed; never store it.)
     std::string_view to_json() const { return str(mws_upload_plan_to_json); }
 
     /// Decodes and re-validates a plan sent by to_json().
+    /// (mws_upload_plan_from_json; `json` is only read during the call.) Throws
+    /// mws::Error: MWS_INVALID_ARGUMENT (malformed or invalid plan). Any thread.
     static UploadPlan from_json(std::string_view json) {
         mws_upload_plan *raw = nullptr;
         detail::check(mws_upload_plan_from_json(json.data(), json.size(), &raw));
         return UploadPlan(raw);
     }
 
+    /// Operation `index` in plan order (mws_upload_plan_operation); the views are
+    /// borrowed from this plan. Throws mws::Error: MWS_INVALID_ARGUMENT (index >=
+    /// operation_count()).
     UploadOperation operation(std::size_t index) const {
         mws_upload_operation op{};
         detail::check(mws_upload_plan_operation(get(), index, &op));
@@ -377,7 +501,9 @@ public:
                                op.nbytes};
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_upload_plan *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_upload_plan_free.
     mws_upload_plan *release() noexcept { return handle_.release(); }
 
 private:
@@ -391,6 +517,13 @@ private:
 };
 
 /// Plans an upload of `placement` from `bindings` (see mws_upload_plan_new).
+/// Pure: no I/O, no buffer is read. The bindings are borrowed for the call only and
+/// must not be modified (Binding::add_fragment) during it; a nullptr element is
+/// passed on as NULL. Throws mws::Error: MWS_NULL_ARGUMENT (a nullptr element, an
+/// empty placement or binding), MWS_INVALID_UTF8, MWS_INVALID_BINDING (a binding does
+/// not pair with the placement, or the set is empty), MWS_INVALID_ARGUMENT
+/// (unplannable inputs, invalid options). May run concurrently with other calls on
+/// the same const objects.
 inline UploadPlan plan_upload(const Placement &placement, const std::vector<const Binding *> &bindings,
                               const UploadOptions &options = {}) {
     std::vector<const mws_binding *> raw;
@@ -409,6 +542,7 @@ inline UploadPlan plan_upload(const Placement &placement, const std::vector<cons
 }
 
 /// Plans an upload of `placement` from `bindings` (see mws_upload_plan_new).
+/// The same as the overload taking pointers (same errors and thread safety).
 inline UploadPlan plan_upload(const Placement &placement, const std::vector<Binding> &bindings,
                               const UploadOptions &options = {}) {
     std::vector<const Binding *> ptrs;
@@ -425,10 +559,16 @@ struct StoreOptions {
     std::uint64_t max_range_bytes = 0;         ///< 0 = default (64 MiB)
     std::uint64_t max_ranges_per_request = 0;  ///< 0 = default (1024)
     std::uint64_t max_region_segments = 0;     ///< 0 = default (2^32)
-    const mws_copy_hook_vtable *copy_hook = nullptr;  ///< embedded stores only
+    /// Device <-> host copies for the embedded stores only (memory, directory); the
+    /// vtable is copied. nullptr: device memory is refused (MWS_UNSUPPORTED).
+    /// Store::from_vtable refuses a non-null hook (MWS_INVALID_ARGUMENT).
+    const mws_copy_hook_vtable *copy_hook = nullptr;
+    /// Passed to the copy hook's callbacks. Once a store opened with it succeeds, the
+    /// store owns it (the hook's destroy, if any, is called when the store is freed).
     void *copy_hook_ctx = nullptr;
-    /// Host staging for restores through range-priced stores (Mooncake); 0 = off
-    /// (default). See mws_store_options::staging_bytes.
+    /// Host staging budget of restores through range-priced stores (Mooncake): 0 =
+    /// the default (64 MiB per store, on); MWS_STAGING_OFF = never stage. Embedded
+    /// stores never stage. See mws_store_options::staging_bytes.
     std::uint64_t staging_bytes = 0;
     /// Largest manifest or decision record read back; 0 = default (256 MiB).
     std::uint64_t max_metadata_bytes = 0;
@@ -436,6 +576,8 @@ struct StoreOptions {
     /// see mws_store_options::verify_integrity).
     bool verify_integrity = false;
 
+    /// The C options; key_prefix points into this object, which must outlive their
+    /// use and not change meanwhile.
     mws_store_options c() const noexcept {
         mws_store_options o{};
         o.key_prefix = detail::c_str_or_null(key_prefix);
@@ -452,11 +594,16 @@ struct StoreOptions {
 };
 
 /// Per-call arguments of uploads and loads (see mws_io_args).
+/// Default-constructed: every default (static guard, no lease, no progress).
 struct IoArgs {
+    /// Restricts the call to one worker's fragments. Empty: an upload requires it
+    /// when the participant's fragments live on several workers; a load serves every
+    /// worker of the participant.
     std::optional<std::string> worker_id;
+    /// Transfer id handed to the guard. Empty: a fresh random id.
     std::optional<std::string> transfer_id;
     const mws_guard_vtable *guard = nullptr;  ///< nullptr: static guard (caller keeps buffers stable)
-    void *guard_ctx = nullptr;
+    void *guard_ctx = nullptr;  ///< Passed to the guard's callbacks.
     /// A registration lease of the same store (see RegistrationLease): nothing is pinned
     /// or registered per call. nullptr: pin and register for the call only.
     const mws_registration_lease *lease = nullptr;
@@ -480,15 +627,24 @@ struct IoArgs {
 };
 
 /// Upload receipts (owns an mws_receipts).
+/// Move-only and immutable: proof that stored fragments were written and are
+/// visible. Thread safety: every const member may run on several threads at once.
 class Receipts {
 public:
+    /// Takes ownership of a receipts handle (nullptr: an empty object).
     explicit Receipts(mws_receipts *raw) noexcept : handle_(raw) {}
 
+    /// Decodes receipts sent by to_json() (mws_receipts_from_json; strict; their
+    /// validity for a plan is checked at commit). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT.
     static Receipts from_json(std::string_view json) {
         mws_receipts *raw = nullptr;
         detail::check(mws_receipts_from_json(json.data(), json.size(), &raw));
         return Receipts(raw);
     }
+    /// Concatenates `list` (borrowed for the call) into new receipts
+    /// (mws_receipts_concat); an empty list gives an empty set. Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (a nullptr or empty element).
     static Receipts concat(const std::vector<const Receipts *> &list) {
         std::vector<const mws_receipts *> raw;
         for (const Receipts *r : list) raw.push_back(r != nullptr ? r->get() : nullptr);
@@ -496,20 +652,27 @@ public:
         detail::check(mws_receipts_concat(raw.data(), raw.size(), &out));
         return Receipts(out);
     }
+    /// The receipts of every operation of `plan` (mws_receipts_from_plan): a
+    /// coordinator rebuilds them to retry a commit after a crash. Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty plan object).
     static Receipts for_plan(const UploadPlan &plan) {
         mws_receipts *out = nullptr;
         detail::check(mws_receipts_from_plan(plan.get(), &out));
         return Receipts(out);
     }
 
+    /// Number of receipts (mws_receipts_count); 0 when empty.
     std::size_t size() const { return mws_receipts_count(get()); }
+    /// The transport encoding (mws_receipts_to_json; built on first use). Borrowed.
     std::string_view to_json() const {
         std::size_t len = 0;
         const char *p = mws_receipts_to_json(get(), &len);
         return detail::view(p, len);
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_receipts *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_receipts_free.
     mws_receipts *release() noexcept { return handle_.release(); }
 
 private:
@@ -517,36 +680,58 @@ private:
 };
 
 /// A published stored manifest (owns an mws_stored_manifest).
+/// Move-only and immutable: tensors, stored fragments and object keys of one
+/// revision. Load plans made from it do not borrow it. Thread safety: every const
+/// member may run on several threads at once.
 class StoredManifest {
 public:
+    /// Takes ownership of a stored manifest handle (nullptr: an empty object).
     explicit StoredManifest(mws_stored_manifest *raw) noexcept : handle_(raw) {}
 
+    /// Decodes a manifest from its JSON with the strict validation of
+    /// Store::load_manifest (mws_stored_manifest_from_json). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (invalid document).
     static StoredManifest from_json(std::string_view json) {
         mws_stored_manifest *raw = nullptr;
         detail::check(mws_stored_manifest_from_json(json.data(), json.size(), &raw));
         return StoredManifest(raw);
     }
 
+    /// The manifest JSON, the exact stored bytes (mws_stored_manifest_to_json). Borrowed.
     std::string_view to_json() const { return str(mws_stored_manifest_to_json); }
+    /// The manifest digest, 64 lowercase hex (mws_stored_manifest_digest). Borrowed.
     std::string_view digest() const { return str(mws_stored_manifest_digest); }
+    /// The key the manifest is stored at (mws_stored_manifest_key). Borrowed.
     std::string_view key() const { return str(mws_stored_manifest_key); }
+    /// The group id of the revision (mws_stored_manifest_group_id). Borrowed.
     std::string_view group_id() const { return str(mws_stored_manifest_group_id); }
+    /// The store namespace of the revision (mws_stored_manifest_namespace). Borrowed.
     std::string_view store_namespace() const { return str(mws_stored_manifest_namespace); }
+    /// The resource id (mws_stored_manifest_resource_id). Borrowed.
     std::string_view resource_id() const { return str(mws_stored_manifest_resource_id); }
+    /// The revision (mws_stored_manifest_revision). Borrowed.
     std::string_view revision() const { return str(mws_stored_manifest_revision); }
+    /// The weight generation (mws_stored_manifest_weight_generation); 0 when empty.
     std::uint64_t weight_generation() const { return mws_stored_manifest_weight_generation(get()); }
+    /// Tensors (mws_stored_manifest_tensor_count); 0 when empty.
     std::size_t tensor_count() const { return mws_stored_manifest_tensor_count(get()); }
+    /// Stored fragments (mws_stored_manifest_fragment_count); 0 when empty.
     std::size_t fragment_count() const { return mws_stored_manifest_fragment_count(get()); }
+    /// Sum of the stored fragments' sizes in bytes (mws_stored_manifest_total_bytes); 0 when empty.
     std::uint64_t total_bytes() const { return mws_stored_manifest_total_bytes(get()); }
 
     /// Stored fragment `index` (borrowed pointers, valid while this object lives).
+    /// (Manifest order; mws_stored_manifest_fragment.) Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (index >= fragment_count()).
     mws_stored_fragment_info fragment(std::size_t index) const {
         mws_stored_fragment_info info{};
         detail::check(mws_stored_manifest_fragment(get(), index, &info));
         return info;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_stored_manifest *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_stored_manifest_free.
     mws_stored_manifest *release() noexcept { return handle_.release(); }
 
 private:
@@ -560,11 +745,22 @@ private:
 };
 
 /// A restore plan (owns an mws_load_plan).
+/// Move-only and immutable: each participant's Store::load may run concurrently. It
+/// copies what it needs from the manifest, placement and bindings but records the
+/// bindings' buffer addresses: the buffers must stay where they are until the loads
+/// ran.
 class LoadPlan {
 public:
+    /// Takes ownership of a load plan handle (nullptr: an empty object).
     explicit LoadPlan(mws_load_plan *raw) noexcept : handle_(raw) {}
 
     /// Plans the restore of `manifest` into `target` for the participants of `bindings`.
+    /// (mws_load_plan_new; pure, no store I/O; all participants or a subset; `limits`
+    /// nullptr = defaults; nothing is borrowed after the call.) Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (a nullptr element), MWS_INVALID_BINDING (a binding does not
+    /// pair with `target`, duplicates, empty set), MWS_INVALID_ARGUMENT (revision or
+    /// tensor set mismatch, incompatible layouts, uncovered target),
+    /// MWS_INVALID_MANIFEST, MWS_LIMIT_EXCEEDED.
     static LoadPlan plan(const StoredManifest &manifest, const Placement &target,
                          const std::vector<const Binding *> &bindings, const mws_planning_limits *limits = nullptr) {
         std::vector<const mws_binding *> raw;
@@ -574,16 +770,24 @@ public:
         return LoadPlan(out);
     }
 
+    /// Transfer regions (mws_load_plan_region_count); 0 when empty.
     std::size_t region_count() const { return mws_load_plan_region_count(get()); }
+    /// Bytes the plan moves (mws_load_plan_total_bytes); 0 when empty.
     std::uint64_t total_bytes() const { return mws_load_plan_total_bytes(get()); }
+    /// Target participants the plan loads (mws_load_plan_participant_count); 0 when empty.
     std::size_t participant_count() const { return mws_load_plan_participant_count(get()); }
+    /// Target participant `index`, in sorted order (mws_load_plan_participant).
+    /// Borrowed. Throws mws::Error with MWS_NULL_ARGUMENT when the C call returns
+    /// NULL: an empty plan, or `index` >= participant_count() (the message says so).
     std::string_view participant(std::size_t index) const {
         std::size_t len = 0;
         const char *p = mws_load_plan_participant(get(), index, &len);
         return detail::view(p, len);
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_load_plan *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_load_plan_free.
     mws_load_plan *release() noexcept { return handle_.release(); }
 
 private:
@@ -591,16 +795,30 @@ private:
 };
 
 /// A weight store over a backend (owns an mws_store).
+/// Move-only: an object store backend (memory, directory or caller vtable) plus the
+/// key prefix, limits and buffer-registration state of the weight protocol.
+/// Transactions, writers and registration leases keep the backend alive, so a Store
+/// may be destroyed before them. Thread safety: every const member may run on several
+/// threads at once (uploads and loads of different participants run in parallel).
 class Store {
 public:
+    /// Takes ownership of a store handle (nullptr: an empty object).
     explicit Store(mws_store *raw) noexcept : handle_(raw) {}
 
+    /// Opens an empty in-memory store; its objects live as long as the store
+    /// (mws_store_open_memory). Throws mws::Error: MWS_INVALID_UTF8,
+    /// MWS_INVALID_ARGUMENT (invalid options or copy hook vtable), MWS_UNSUPPORTED
+    /// (copy hook vtable version). On failure the copy hook's destroy is not called.
     static Store open_memory(const StoreOptions &o = {}) {
         mws_store_options c = o.c();
         mws_store *raw = nullptr;
         detail::check(mws_store_open_memory(&c, &raw));
         return Store(raw);
     }
+    /// Opens (creating if needed) the directory store rooted at `path`: one file per
+    /// key, atomic fsynced writes; several stores and processes may share a root
+    /// (mws_store_open_dir). Throws mws::Error: as open_memory, plus MWS_IO (cannot
+    /// create or open the directory).
     static Store open_dir(const std::string &path, const StoreOptions &o = {}) {
         mws_store_options c = o.c();
         mws_store *raw = nullptr;
@@ -608,6 +826,11 @@ public:
         return Store(raw);
     }
     /// Takes ownership of `ctx` on success (vt->destroy is called when freed).
+    /// (mws_store_from_vtable_with_options; `vt` is checked and copied; its callbacks
+    /// must be thread-safe and never throw while the store lives. On failure the
+    /// caller keeps `ctx`.) Throws mws::Error: MWS_INVALID_ARGUMENT (size too small,
+    /// missing mandatory callback, a non-null `o.copy_hook`, invalid options),
+    /// MWS_UNSUPPORTED (vtable version), MWS_STORE (get_cost failed).
     static Store from_vtable(const mws_store_vtable &vt, void *ctx, const StoreOptions &o = {}) {
         mws_store_options c = o.c();
         mws_store *raw = nullptr;
@@ -615,12 +838,17 @@ public:
         return Store(raw);
     }
 
+    /// The key prefix of every key the store writes (mws_store_key_prefix). Borrowed.
     std::string_view key_prefix() const {
         std::size_t len = 0;
         return detail::view(mws_store_key_prefix(get(), &len), len);
     }
 
     /// Raw access: the whole object.
+    /// (mws_store_get twice: a length query, then the read; an object that grows
+    /// between them fails with MWS_INVALID_ARGUMENT.) Throws mws::Error:
+    /// MWS_INVALID_UTF8, MWS_NOT_FOUND, MWS_STORE / MWS_IO (backend),
+    /// MWS_INVALID_ARGUMENT, MWS_LIMIT_EXCEEDED.
     std::vector<unsigned char> get_object(const std::string &key) const {
         std::size_t len = 0;
         detail::check(mws_store_get(get(), key.c_str(), nullptr, 0, &len));
@@ -629,18 +857,35 @@ public:
         out.resize(len);
         return out;
     }
+    /// Raw access: whether object `key` exists (mws_store_exists). Throws mws::Error:
+    /// MWS_INVALID_UTF8, backend errors (MWS_STORE / MWS_IO).
     bool exists(const std::string &key) const {
         int present = 0;
         detail::check(mws_store_exists(get(), key.c_str(), &present));
         return present != 0;
     }
+    /// Raw access: writes `value` as object `key`, replacing any existing value, as a
+    /// metadata record of group "" (mws_store_upsert). Throws mws::Error:
+    /// MWS_INVALID_UTF8, backend errors (MWS_STORE / MWS_IO).
     void upsert(const std::string &key, std::string_view value) const {
         detail::check(mws_store_upsert(get(), key.c_str(), reinterpret_cast<const std::uint8_t *>(value.data()),
                                        value.size(), nullptr));
     }
+    /// Raw access: removes object `key`; an absent key succeeds (mws_store_remove).
+    /// Throws mws::Error: MWS_INVALID_UTF8, backend errors (MWS_STORE / MWS_IO).
     void remove(const std::string &key) const { detail::check(mws_store_remove(get(), key.c_str())); }
 
     /// Uploads `binding`'s participant for `plan` (planned from `placement`).
+    /// (mws_store_upload; only `args.worker_id`'s fragments when set.) Every
+    /// freshness check runs before any store call; a failure never deletes payloads
+    /// (clean up with abort_upload). Every source buffer must stay valid for reads and
+    /// unwritten during the call (or while the guard pins it); `args` must outlive the
+    /// call. Returns the receipts, in plan order (empty for a participant without
+    /// operations). Throws mws::Error: MWS_INVALID_BINDING, MWS_STALE_BINDING,
+    /// MWS_INVALID_ARGUMENT (unknown worker, worker required), MWS_UNSUPPORTED (device
+    /// memory without a copy path), MWS_CONFLICT (the transaction already chose
+    /// abort), MWS_STORE / MWS_IO (backend; retryable). Uploads of different
+    /// participants may run concurrently.
     Receipts upload(const UploadPlan &plan, const Placement &placement, const Binding &binding,
                     const IoArgs &args = {}) const {
         mws_io_args a = args.c();
@@ -648,25 +893,57 @@ public:
         detail::check(mws_store_upload(get(), plan.get(), placement.get(), binding.get(), &a, &out));
         return Receipts(out);
     }
+    /// Commits the upload: checks receipts and payloads, claims the commit decision
+    /// and publishes the manifest (mws_store_commit). `*decision_may_exist`, when
+    /// given, is set to 0 at entry and to 1 (also on failure) once the decision may be
+    /// written: then keep the plan and retry the commit or finalize_upload, never
+    /// abort. Throws mws::Error: MWS_INVALID_ARGUMENT (receipts do not match the
+    /// plan), MWS_STORE (retryable), MWS_CONFLICT (the transaction chose abort or lost
+    /// to a conflicting revision).
     StoredManifest commit(const UploadPlan &plan, const Receipts &receipts, int *decision_may_exist = nullptr) const {
         mws_stored_manifest *out = nullptr;
         detail::check(mws_store_commit(get(), plan.get(), receipts.get(), decision_may_exist, &out));
         return StoredManifest(out);
     }
+    /// Records the abort decision and removes every payload of `plan` that no
+    /// published manifest references (mws_store_abort_upload; `receipts` may be
+    /// nullptr). Throws mws::Error: MWS_CONFLICT (already published or committed),
+    /// MWS_STORE (cleanup failed; retry or finalize later).
     void abort_upload(const UploadPlan &plan, const Receipts *receipts = nullptr) const {
         detail::check(mws_store_abort_upload(get(), plan.get(), receipts != nullptr ? receipts->get() : nullptr));
     }
+    /// Idempotent recovery: brings the transaction of `plan` to its terminal state and
+    /// removes the payloads it must not keep (mws_store_finalize_upload). Throws
+    /// mws::Error: MWS_CONFLICT (no terminal decision yet, or one of another plan),
+    /// MWS_STORE (retryable).
     void finalize_upload(const UploadPlan &plan) const { detail::check(mws_store_finalize_upload(get(), plan.get())); }
+    /// Reads the decision record at the plan's control key (mws_store_read_decision);
+    /// MWS_DECISION_NONE when none is recorded. Throws mws::Error:
+    /// MWS_INVALID_MANIFEST (invalid record), MWS_CONFLICT (record of another plan of
+    /// the same transaction id), MWS_STORE.
     mws_decision read_decision(const UploadPlan &plan) const {
         mws_decision d = MWS_DECISION_NONE;
         detail::check(mws_store_read_decision(get(), plan.get(), &d));
         return d;
     }
+    /// Reads and strictly decodes the manifest stored at `key`
+    /// (mws_stored_manifest_from_store). Throws mws::Error: MWS_NOT_FOUND,
+    /// MWS_INVALID_MANIFEST (invalid document, digest fields, key mismatch),
+    /// MWS_STORE / MWS_IO.
     StoredManifest load_manifest(const std::string &key) const {
         mws_stored_manifest *out = nullptr;
         detail::check(mws_stored_manifest_from_store(get(), key.c_str(), &out));
         return StoredManifest(out);
     }
+    /// Restores the part of `plan` that belongs to `binding`'s participant (one worker
+    /// when `args.worker_id` is set) and returns what moved (mws_store_load). Every
+    /// check runs before anything is registered or read; a refused plan leaves the
+    /// buffers untouched. The target buffers must stay valid for writes and untouched
+    /// by anyone else during the call; `args` must outlive it. Throws mws::Error:
+    /// MWS_STALE_BINDING, MWS_INVALID_BINDING, MWS_INVALID_MANIFEST / MWS_INTEGRITY,
+    /// MWS_NOT_FOUND, MWS_UNSUPPORTED (device memory without a copy path), MWS_STORE /
+    /// MWS_IO, MWS_LIMIT_EXCEEDED. Loads of different participants may run
+    /// concurrently.
     mws_load_stats load(const LoadPlan &plan, const Binding &binding, const IoArgs &args = {}) const {
         mws_io_args a = args.c();
         mws_load_stats stats{};
@@ -674,7 +951,9 @@ public:
         return stats;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_store *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_store_free.
     mws_store *release() noexcept { return handle_.release(); }
 
 private:
@@ -685,11 +964,23 @@ private:
 /// mws_registration_lease; see mws_registration_lease_new). Pass `get()` in
 /// IoArgs::lease. Destroying an open lease closes it as MWS_TERMINAL_ABORTED; call
 /// close() to report another state or to see errors.
+/// Move-only; keeps its store's backend alive. Thread safety: uploads and loads using
+/// one lease may run concurrently; close() waits until they returned.
 class RegistrationLease {
 public:
+    /// Takes ownership of a lease handle (nullptr: an empty object).
     explicit RegistrationLease(mws_registration_lease *raw) noexcept : handle_(raw) {}
 
     /// Pins (guard: nullptr = static guard) and registers `fragment_ids` of `binding`.
+    /// (mws_registration_lease_new with `store`'s backend, once; duplicates ignored;
+    /// the guard vtable is copied and `guard_ctx` must stay valid until the lease is
+    /// closed; `transfer_id` empty: a fresh random one.) The fragments' buffers must
+    /// stay valid until the lease is closed. On failure the pin is released as
+    /// aborted. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (no
+    /// fragments, invalid side or guard vtable), MWS_INVALID_BINDING,
+    /// MWS_STALE_BINDING (unknown fragment, guard observed another binding),
+    /// MWS_UNSUPPORTED (guard vtable version), MWS_STORE (guard or registration
+    /// failure, pending registrations).
     static RegistrationLease create(const Store &store, const Binding &binding,
                                     const std::vector<std::string> &fragment_ids, mws_lease_side side,
                                     const mws_guard_vtable *guard = nullptr, void *guard_ctx = nullptr,
@@ -705,19 +996,28 @@ public:
     }
 
     /// Unregisters and releases the pin with `state`; a no-op when already closed.
+    /// (mws_registration_lease_close; waits for uploads and loads using the lease;
+    /// later uses are refused with MWS_STALE_BINDING.) Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (invalid state; the lease stays open), MWS_STORE (an
+    /// unregistration or the guard's release failed; the lease is closed anyway).
     void close(mws_terminal_state state = MWS_TERMINAL_COMPLETED) const {
         detail::check(mws_registration_lease_close(get(), static_cast<std::uint32_t>(state)));
     }
+    /// Whether the lease is closed (mws_registration_lease_is_closed); false when empty.
     bool closed() const { return mws_registration_lease_is_closed(get()) == 1; }
 
     /// IoArgs using this lease.
+    /// (Only IoArgs::lease is set; the result borrows this lease's handle.)
     IoArgs io_args() const {
         IoArgs a;
         a.lease = get();
         return a;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_registration_lease *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller closes and frees the result
+    /// (mws_registration_lease_close, mws_registration_lease_free).
     mws_registration_lease *release() noexcept { return handle_.release(); }
 
 private:
@@ -731,12 +1031,19 @@ private:
 /// Destroying a Transaction does NOT abort it: recovery is explicit (abort(), or
 /// Store::abort_upload / Store::finalize_upload with the plan), because a commit
 /// decision may exist or another process may still commit the plan.
+/// Move-only; keeps the store alive and holds its own copy of the plan. Thread
+/// safety: every member may be called from several threads; the library holds a mutex
+/// for the whole call (I/O included), so uploads through one transaction never run in
+/// parallel. Guard callbacks must not call into the same transaction.
 class Transaction {
 public:
+    /// Takes ownership of a transaction handle (nullptr: an empty object).
     explicit Transaction(mws_transaction *raw) noexcept : handle_(raw) {}
 
     /// Starts a transaction of `plan` in `store` (no I/O; keeps the store alive and
     /// copies the plan).
+    /// (mws_transaction_new; several transactions over one plan are the same store
+    /// transaction.) Throws mws::Error: MWS_NULL_ARGUMENT (an empty store or plan).
     static Transaction begin(const Store &store, const UploadPlan &plan) {
         mws_transaction *raw = nullptr;
         detail::check(mws_transaction_new(store.get(), plan.get(), &raw));
@@ -744,33 +1051,62 @@ public:
     }
 
     /// Uploads `binding`'s participant (see mws_store_upload) and keeps its receipts.
+    /// (mws_transaction_upload; `placement` is the plan's source placement.) A failed
+    /// upload adds no receipts and leaves the transaction open; uploading a
+    /// participant twice makes the commit fail. Buffers and `args` as Store::upload.
+    /// Throws mws::Error: those of Store::upload, plus MWS_CONFLICT (committed or
+    /// aborted; nothing is uploaded).
     void upload(const Placement &placement, const Binding &binding, const IoArgs &args = {}) {
         mws_io_args a = args.c();
         detail::check(mws_transaction_upload(get(), placement.get(), binding.get(), &a));
     }
     /// Adds receipts of other processes' uploads of the same plan.
+    /// (mws_transaction_add_receipts copies them; checked against the plan at commit.)
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (empty `receipts`), MWS_CONFLICT
+    /// (committed or aborted).
     void add_receipts(const Receipts &receipts) { detail::check(mws_transaction_add_receipts(get(), receipts.get())); }
     /// A copy of every receipt held now (send it with Receipts::to_json()).
+    /// (mws_transaction_receipts; in the order they came.) Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty object).
     Receipts receipts() const {
         mws_receipts *out = nullptr;
         detail::check(mws_transaction_receipts(get(), &out));
         return Receipts(out);
     }
     /// Commits with every receipt held; once committed, returns the same manifest again.
+    /// (mws_transaction_commit; a failed commit leaves the transaction open; see
+    /// commit_decision_may_exist() before aborting.) Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (receipts missing, duplicated or not of the plan),
+    /// MWS_STORE (retryable), MWS_CONFLICT (aborted, the store transaction chose abort
+    /// or lost to a conflicting revision).
     StoredManifest commit() {
         mws_stored_manifest *out = nullptr;
         detail::check(mws_transaction_commit(get(), &out));
         return StoredManifest(out);
     }
     /// True once a commit may have written the commit decision (never abort then).
+    /// (mws_transaction_commit_decision_may_exist; stays true once set; false when empty.)
     bool commit_decision_may_exist() const { return mws_transaction_commit_decision_may_exist(get()) == 1; }
+    /// The state of this handle (mws_transaction_get_state; MWS_TRANSACTION_OPEN when
+    /// empty). It reflects only calls on this handle: Store::read_decision reads the
+    /// store.
     mws_transaction_state state() const { return mws_transaction_get_state(get()); }
     /// Records abort and removes the payloads; a no-op once aborted.
+    /// (mws_transaction_abort; also when no upload succeeded. On failure the
+    /// transaction stays open.) Throws mws::Error: MWS_CONFLICT (committed, or the
+    /// store transaction is committed or published: retry the commit instead),
+    /// MWS_STORE (cleanup failed; retry), MWS_INVALID_ARGUMENT (added receipts not of
+    /// the plan).
     void abort() { detail::check(mws_transaction_abort(get())); }
     /// Idempotent recovery of the store transaction (see mws_store_finalize_upload).
+    /// (mws_transaction_finalize; does not change state().) Throws mws::Error:
+    /// MWS_CONFLICT (no terminal decision yet, or one of another plan), MWS_STORE
+    /// (retryable).
     void finalize() const { detail::check(mws_transaction_finalize(get())); }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     mws_transaction *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_transaction_free.
     mws_transaction *release() noexcept { return handle_.release(); }
 
 private:
@@ -778,12 +1114,25 @@ private:
 };
 
 /// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).
+/// One upload plan written tensor by tensor; each participant is uploaded once all its
+/// fragments were written. Move-only; keeps its store alive. The abort on destruction
+/// is best effort (errors dropped; left for Store::finalize_upload when the commit
+/// decision may exist). Thread safety: calls are serialized by the library, so the
+/// const members may run on several threads (the adapter callbacks then run on
+/// whichever thread calls); set_progress() and release() must not race with each
+/// other.
 class Writer {
 public:
+    /// Takes ownership of a writer handle (nullptr: an empty object).
     explicit Writer(mws_writer *raw) noexcept : handle_(raw) {}
 
     /// Begins a snapshot (see mws_writer_new). `adapter` is copied; `ctx` must
     /// outlive the Writer.
+    /// Calls the adapter's export_source once, checks the identity and plans the
+    /// upload (no store I/O); only options.transaction_id and options.created_at are
+    /// used (the key prefix comes from the store). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (descriptor, identity mismatch, adapter failure, vtable
+    /// size), MWS_UNSUPPORTED (vtable version), MWS_INVALID_BINDING.
     static Writer begin(const Store &store, const std::string &resource_id, const std::string &revision,
                         std::uint64_t weight_generation, const mws_snapshot_adapter_vtable &adapter, void *ctx,
                         const std::string &store_namespace = "default", const UploadOptions &options = {}) {
@@ -801,17 +1150,31 @@ public:
     }
 
     /// Records a written tensor; returns the receipts of the uploads it triggered.
+    /// (mws_writer_write_tensor; `tensor` is opaque, passed to the adapter's
+    /// resolve_fragment_ids; the receipts may be empty.) Errors after the fragments
+    /// were resolved abort the writer. Throws mws::Error: MWS_INVALID_ARGUMENT
+    /// (unknown or duplicate fragment), MWS_CONFLICT (writer closed), the upload
+    /// errors of Store::upload.
     Receipts write_tensor(const std::string &tensor_id, void *tensor) const {
         mws_receipts *r = nullptr;
         detail::check(mws_writer_write_tensor(get(), tensor_id.c_str(), tensor, &r));
         return Receipts(r);
     }
+    /// Publishes the snapshot's manifest (mws_writer_commit). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (missing fragments; the writer is aborted), MWS_STORE
+    /// (transaction error; the writer stays open for a retry).
     StoredManifest commit() const {
         mws_stored_manifest *out = nullptr;
         detail::check(mws_writer_commit(get(), &out));
         return StoredManifest(out);
     }
+    /// Aborts the snapshot: records the abort and removes its payloads; a no-op on a
+    /// closed writer (mws_writer_abort). Throws mws::Error: MWS_CONFLICT when the
+    /// commit decision may exist (the writer stays open: retry commit() instead).
     void abort() const { detail::check(mws_writer_abort(get())); }
+    /// A copy of the writer's upload plan: its operations say which tensors and
+    /// participants the snapshot expects (mws_writer_upload_plan). Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty object).
     UploadPlan upload_plan() const {
         mws_upload_plan *out = nullptr;
         detail::check(mws_writer_upload_plan(get(), &out));
@@ -820,15 +1183,31 @@ public:
     /// Reports the snapshot's uploads (totals: the whole plan) to `progress` from now
     /// on (see mws_writer_set_progress); an empty function removes it. The Writer keeps
     /// the function.
+    /// The previous function is destroyed once the library no longer uses it (the call
+    /// waits for a running write_tensor). Throws mws::Error: MWS_NULL_ARGUMENT (empty
+    /// object; the previous callback stays). Must not race with another set_progress()
+    /// or release() on this Writer.
     void set_progress(ProgressCallback progress) {
         auto next = progress ? std::make_unique<ProgressCallback>(std::move(progress)) : nullptr;
         detail::check(mws_writer_set_progress(get(), next ? &detail::progress_trampoline : nullptr, next.get()));
         progress_ = std::move(next);
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_writer *get() const noexcept { return handle_.get(); }
-    /// Releases the handle; a progress callback set here must then outlive it.
-    mws_writer *release() noexcept { return handle_.release(); }
+    /// Releases the handle: the caller frees the result with mws_writer_free.
+    /// A function given to set_progress() is owned by this Writer, so release() first
+    /// removes it from the handle (the released handle reports no progress until
+    /// mws_writer_set_progress sets a callback) and destroys it. Waits for a running
+    /// write_tensor; must not race with set_progress().
+    mws_writer *release() noexcept {
+        if (progress_ && handle_) {
+            // Cannot fail for a live handle; the function below must not stay set on it.
+            (void)mws_writer_set_progress(handle_.get(), nullptr, nullptr);
+        }
+        progress_.reset();
+        return handle_.release();
+    }
 
 private:
     // Declared before the handle: destroyed after it.
@@ -841,11 +1220,17 @@ private:
 /// A live-transfer plan (owns an mws_transfer_plan): logical (address-free, from two
 /// placements) or bound to source and target runtime bindings. Immutable; accessor
 /// results borrow from the plan and stay valid while it lives.
+/// Move-only; copies everything it needs (placements and bindings may be destroyed
+/// after creation). Thread safety: every const member may run on several threads.
 class TransferPlan {
 public:
+    /// Takes ownership of a transfer plan handle (nullptr: an empty object).
     explicit TransferPlan(mws_transfer_plan *raw) noexcept : handle_(raw) {}
 
     /// Plans `source` -> `target` (every target participant, or only `target_participant`).
+    /// (mws_transfer_plan_new; pure; `limits` nullptr = defaults.) Returns a logical
+    /// plan. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (identity,
+    /// tensor sets, descriptors, unknown participant, coverage), MWS_LIMIT_EXCEEDED.
     static TransferPlan plan(const Placement &source, const Placement &target,
                              const std::optional<std::string> &target_participant = std::nullopt,
                              const mws_planning_limits *limits = nullptr) {
@@ -856,6 +1241,9 @@ public:
     }
 
     /// Restores a logical plan from its transport JSON.
+    /// (mws_transfer_plan_from_json: re-planned from the shipped placements and
+    /// compared with the shipped regions and executors.) Throws mws::Error:
+    /// MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT, MWS_LIMIT_EXCEEDED.
     static TransferPlan from_json(std::string_view json) {
         mws_transfer_plan *out = nullptr;
         detail::check(mws_transfer_plan_from_json(json.data(), json.size(), &out));
@@ -863,6 +1251,10 @@ public:
     }
 
     /// Binds this logical plan to target and source bindings (a new, bound plan).
+    /// (mws_transfer_plan_bind; the bindings are copied; this plan is unchanged.)
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (a nullptr element), MWS_INVALID_BINDING,
+    /// MWS_INVALID_ARGUMENT (already bound; missing or foreign bindings, overlapping
+    /// ranges, in-place reshard, conflicting target ranges), MWS_LIMIT_EXCEEDED.
     TransferPlan bind(const std::vector<const Binding *> &targets, const std::vector<const Binding *> &sources) const {
         std::vector<const mws_binding *> t, s;
         for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
@@ -872,35 +1264,52 @@ public:
         return TransferPlan(out);
     }
 
+    /// Whether the plan is bound (mws_transfer_plan_is_bound); false when empty.
     bool is_bound() const { return mws_transfer_plan_is_bound(get()) == 1; }
+    /// Regions (= operations of a bound plan; mws_transfer_plan_region_count); 0 when empty.
     std::size_t region_count() const { return mws_transfer_plan_region_count(get()); }
+    /// Bytes the plan moves (mws_transfer_plan_total_bytes); 0 when empty.
     std::uint64_t total_bytes() const { return mws_transfer_plan_total_bytes(get()); }
+    /// The transport JSON (mws_transfer_plan_to_json; logical or bound form, no
+    /// absolute address; built on first use). Borrowed.
     std::string_view to_json() const {
         std::size_t len = 0;
         const char *p = mws_transfer_plan_to_json(get(), &len);
         return detail::view(p, len);
     }
+    /// Region `index` (mws_transfer_plan_region; pointers borrowed from this plan).
+    /// Throws mws::Error: MWS_INVALID_ARGUMENT (index >= region_count()).
     mws_transfer_region_info region(std::size_t index) const {
         mws_transfer_region_info info{};
         detail::check(mws_transfer_plan_region(get(), index, &info));
         return info;
     }
     /// Bound plans only.
+    /// Operation `index` with both sides (mws_transfer_plan_operation; pointers
+    /// borrowed). Throws mws::Error: MWS_INVALID_ARGUMENT (logical plan, index out of
+    /// range).
     mws_transfer_operation_info operation(std::size_t index) const {
         mws_transfer_operation_info info{};
         detail::check(mws_transfer_plan_operation(get(), index, &info));
         return info;
     }
+    /// Executors on `side`: per participant (logical) or per (participant, worker)
+    /// (bound) (mws_transfer_plan_executor_count); 0 when empty or for an invalid side.
     std::size_t executor_count(mws_transfer_side side) const {
         return mws_transfer_plan_executor_count(get(), static_cast<std::uint32_t>(side));
     }
+    /// Executor `index` of `side`, sorted by rank then worker
+    /// (mws_transfer_plan_executor; pointers borrowed). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (side, index).
     mws_transfer_executor_info executor(mws_transfer_side side, std::size_t index) const {
         mws_transfer_executor_info info{};
         detail::check(mws_transfer_plan_executor(get(), static_cast<std::uint32_t>(side), index, &info));
         return info;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_transfer_plan *get() const noexcept { return handle_.get(); }
+    /// Gives up ownership: the caller frees the result with mws_transfer_plan_free.
     mws_transfer_plan *release() noexcept { return handle_.release(); }
 
 private:
@@ -909,16 +1318,25 @@ private:
 
 /// A transfer engine (owns an mws_transfer_engine): the embedded LocalEngine or a
 /// caller's vtable (for example Mooncake's TransferEngine).
+/// Move-only (no release()); loaders and sinks keep it alive, so it may be destroyed
+/// before them. Thread safety: every member may run on several threads at once.
 class TransferEngine {
 public:
+    /// Takes ownership of an engine handle (nullptr: an empty object).
     explicit TransferEngine(mws_transfer_engine *raw) noexcept : handle_(raw) {}
 
+    /// The embedded engine: memcpy between memory registered in this process; device
+    /// memory is refused at registration (mws_transfer_engine_new_local). Throws
+    /// mws::Error only if the library fails (MWS_PANIC).
     static TransferEngine local() {
         mws_transfer_engine *out = nullptr;
         detail::check(mws_transfer_engine_new_local(&out));
         return TransferEngine(out);
     }
     /// `vt` is copied; `ctx` must outlive the engine and every loader or sink made from it.
+    /// (mws_transfer_engine_from_vtable; the callbacks must be thread-safe and never
+    /// throw.) Throws mws::Error: MWS_INVALID_ARGUMENT (size, a required callback is
+    /// NULL), MWS_UNSUPPORTED (version).
     static TransferEngine from_vtable(const mws_transfer_engine_vtable &vt, void *ctx) {
         mws_transfer_engine *out = nullptr;
         detail::check(mws_transfer_engine_from_vtable(&vt, ctx, &out));
@@ -926,21 +1344,34 @@ public:
     }
 
     /// The owner's registration of a whole allocation (valid until unregistered).
+    /// (mws_transfer_engine_register_memory; `memory_kind` an mws_memory_kind value,
+    /// `device` the ordinal for device memory. The memory must stay valid until it is
+    /// unregistered.) Throws mws::Error: MWS_INVALID_ARGUMENT (memory kind, zero
+    /// length), MWS_STORE (the engine refused: overlap, device memory without a copy
+    /// path, or the engine's code).
     void register_memory(const void *address, std::uint64_t len, std::uint32_t memory_kind = MWS_MEMORY_HOST,
                          std::uint32_t device = 0) const {
         detail::check(mws_transfer_engine_register_memory(get(), address, len, memory_kind, device));
     }
+    /// Unregisters the region registered at `address`
+    /// (mws_transfer_engine_unregister_memory). Throws mws::Error: MWS_STORE (the
+    /// engine's code).
     void unregister_memory(const void *address) const {
         detail::check(mws_transfer_engine_unregister_memory(get(), address));
     }
+    /// Pending transfers (completion unknown, or quarantined registrations) that block
+    /// the engine (mws_transfer_engine_pending_count); 0 when empty.
     std::size_t pending_count() const { return mws_transfer_engine_pending_count(get()); }
     /// Drains every pending transfer once; returns how many remain.
+    /// (mws_transfer_engine_drain, `timeout_ms` per transfer.) Throws mws::Error:
+    /// MWS_STORE (a drain failed; the transfer stays pending).
     std::size_t drain(std::uint64_t timeout_ms = 1000) const {
         std::size_t remaining = 0;
         detail::check(mws_transfer_engine_drain(get(), timeout_ms, &remaining));
         return remaining;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_transfer_engine *get() const noexcept { return handle_.get(); }
 
 private:
@@ -950,8 +1381,14 @@ private:
 /// Fills the buffers of one target participant from a live source (reader mode) or
 /// from a stored revision (owns an mws_loader). One call at a time; cancel() from
 /// any thread.
+/// Move-only (no release()); keeps its engine alive. Unlike the C function,
+/// set_progress() must not run while a load runs: it destroys the replaced function
+/// at once, and a running load keeps the callback it started with.
 class Loader {
 public:
+    /// Creates a loader on `engine` with `limits` (nullptr: defaults; mws_loader_new).
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (empty engine), MWS_INVALID_ARGUMENT
+    /// (limits), MWS_STORE (the engine identity cannot be resolved).
     explicit Loader(const TransferEngine &engine, const mws_executor_limits *limits = nullptr) {
         mws_loader *out = nullptr;
         detail::check(mws_loader_new(engine.get(), limits, &out));
@@ -959,20 +1396,39 @@ public:
     }
 
     /// `ctx` must stay valid while the callback is set; the callback must not throw.
+    /// Sets (nullptr: clears) a C progress callback (mws_loader_set_progress) and
+    /// destroys a function set by the other overload. Not while a load runs. Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object).
     void set_progress(mws_progress_fn progress, void *ctx) {
         detail::check(mws_loader_set_progress(get(), progress, ctx));
         progress_.reset();
     }
     /// Reports live and stored loads to `progress` (see mws_loader_set_progress); an
     /// empty function removes it. The Loader keeps the function.
+    /// Stored loads whose io arguments bring their own callback use that one. Not
+    /// while a load runs. Throws mws::Error: MWS_NULL_ARGUMENT (empty object; the
+    /// previous callback stays).
     void set_progress(ProgressCallback progress) {
         auto next = progress ? std::make_unique<ProgressCallback>(std::move(progress)) : nullptr;
         detail::check(mws_loader_set_progress(get(), next ? &detail::progress_trampoline : nullptr, next.get()));
         progress_ = std::move(next);
     }
+    /// Requests cancellation: the running and every later live load stops before its
+    /// next batch and fails with MWS_STORE ("cancelled"); completed batches stay
+    /// written (mws_loader_cancel). Any thread, any time.
     void cancel() const noexcept { mws_loader_cancel(get()); }
+    /// Clears a cancellation request (mws_loader_reset_cancel). Any thread.
     void reset_cancel() const noexcept { mws_loader_reset_cancel(get()); }
 
+    /// Pulls every operation of the local target executor of the bound `plan` into
+    /// `local`'s buffers, reading from the sources through the engine
+    /// (mws_loader_load_live). The remote source memory must be registered by its
+    /// owners; every buffer stays valid for the call (and, when completion is unknown,
+    /// until the pending transfer is drained). `args` nullptr: defaults. Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (a nullptr element), MWS_INVALID_BINDING,
+    /// MWS_INVALID_ARGUMENT (logical plan, contract errors), MWS_LIMIT_EXCEEDED,
+    /// MWS_STALE_BINDING (bindings or leases differ from the plan), MWS_STORE (engine
+    /// failures, cancellation, completion unknown; see TransferEngine::drain).
     mws_transfer_stats load_live(const TransferPlan &plan, const Placement &source,
                                  const std::vector<const Binding *> &sources, const Placement &target,
                                  const Binding &local, const mws_live_args *args = nullptr) const {
@@ -984,6 +1440,11 @@ public:
         return stats;
     }
 
+    /// Restores the part of `plan` that belongs to `local` from `store`, as
+    /// Store::load (same errors and buffer rules), honouring the cancellation flag
+    /// (checked before the call) and the loader's progress callback unless `args`
+    /// sets one (mws_loader_load_stored). `args` is the C struct (nullptr: defaults;
+    /// use IoArgs::c() and keep the IoArgs alive for the call).
     mws_load_stats load_stored(const Store &store, const LoadPlan &plan, const Binding &local,
                                const mws_io_args *args = nullptr) const {
         mws_load_stats stats{};
@@ -991,12 +1452,15 @@ public:
         return stats;
     }
 
+    /// The statistics of the loader's last successful call (mws_loader_stats).
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (empty object).
     mws_transfer_stats stats() const {
         mws_transfer_stats s{};
         detail::check(mws_loader_stats(get(), &s));
         return s;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_loader *get() const noexcept { return handle_.get(); }
 
 private:
@@ -1007,14 +1471,22 @@ private:
 
 /// A source worker's side of a live transfer: pushes its part of a bound plan into
 /// the remote targets (owns an mws_sink).
+/// Move-only (no release()); keeps its engine alive. One call at a time.
 class Sink {
 public:
+    /// Creates a sink on `engine` with `limits` (nullptr: defaults; mws_sink_new).
+    /// Throws mws::Error: as Loader's constructor.
     explicit Sink(const TransferEngine &engine, const mws_executor_limits *limits = nullptr) {
         mws_sink *out = nullptr;
         detail::check(mws_sink_new(engine.get(), limits, &out));
         handle_.reset(out);
     }
 
+    /// Pushes every operation of the local source executor of the bound `plan` from
+    /// `local`'s buffers into the remote targets (mws_sink_execute). The remote target
+    /// memory must be registered by its owners; a source participant the plan does not
+    /// read from succeeds with zero statistics. `args` nullptr: defaults. Throws
+    /// mws::Error: as Loader::load_live, with the sides swapped.
     mws_transfer_stats execute(const TransferPlan &plan, const Placement &source, const Binding &local,
                                const Placement &target, const std::vector<const Binding *> &targets,
                                const mws_live_args *args = nullptr) const {
@@ -1026,6 +1498,7 @@ public:
         return stats;
     }
 
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_sink *get() const noexcept { return handle_.get(); }
 
 private:
