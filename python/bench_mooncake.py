@@ -39,7 +39,8 @@ same-layout restore >= 0.9x of the raw get, snapshot >= 0.9x of the raw put) are
 printed as met or not met.
 
 In-process runs read the holder's own segment (Mooncake copies with memcpy);
-``--remote`` also runs the restore side in a second process (a pure client) so the
+``--remote`` also runs the restore side, and the snapshot (``upload_many``) next to the
+raw ``batch_put_from``, in a second process (a pure client without a segment) so the
 bytes cross TCP on loopback.
 """
 
@@ -183,6 +184,55 @@ def targets(ratios: Dict[str, float]) -> Dict[str, str]:
             for k, t in TARGETS.items() if k in ratios}
 
 
+def remote_snapshot_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, prefix: str,
+                         repeat: int) -> Dict[str, float]:
+    """From a pure client (no segment of its own): the snapshot (``upload_many``, leases
+    made beforehand) and the raw ``batch_put_from`` of the same fragments, so the bytes
+    cross TCP into the holder's segment. Medians over ``repeat`` runs after one
+    warm-up; each run's objects are removed before the next."""
+    src = Model(spec)
+    bufs = {p: src.source_buffers(p) for p in src.participant_ids}
+    bindings = [src.bind(p, bufs[p]) for p in src.participant_ids]
+    runs: List[Dict[str, float]] = []
+    for i in range(1 + repeat):
+        r: Dict[str, float] = {}
+        plan = store.plan_upload(src.placement, bindings, namespace=f"remote{i}")
+        leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+                  for b in bindings if plan.source_fragment_ids(b.participant_id)}
+        mine = [b for b in bindings if b.participant_id in leases]
+        t = time.perf_counter()
+        with store.transaction(plan) as tx:
+            tx.upload_many(src.placement, mine, leases=[leases[b.participant_id] for b in mine])
+        dt = time.perf_counter() - t
+        for lease in leases.values():
+            lease.close()
+            lease.free()
+        assert tx.manifest.total_bytes == spec.total_bytes
+        r["snapshot"] = spec.total_bytes / MiB / dt
+        be.remove_prefix(f"{prefix}/remote{i}/")
+        ops = plan.operations()
+        by_fid = {}
+        for p in src.participant_ids:
+            by_fid.update(bufs[p])
+        refs = register_all(be, [by_fid[o.source_placement_fragment_id] for o in ops])
+        items = [PutItem(f"{prefix}/rawremote{i}/{o.target_fragment_id}", f"{prefix}/rawremote{i}", ref.address,
+                         ref.nbytes) for o, ref in zip(ops, refs)]
+        t = time.perf_counter()
+        rcs = []
+        for j in range(0, len(items), 1024):
+            rcs += be.batch_put_from(items[j:j + 1024], RecordType.PAYLOAD)
+        dt = time.perf_counter() - t
+        unregister_all(be, refs)
+        assert rcs == [0] * len(items), rcs[:5]
+        r["raw_batch_put_from"] = spec.total_bytes / MiB / dt
+        be.remove_prefix(f"{prefix}/rawremote{i}/")
+        if i >= 1:
+            runs.append(r)
+    for b in bindings:
+        b.close()
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def child(args) -> None:
     be = MooncakeStoreBackend.connect(args.master, global_segment_size=0, local_buffer_size=64 << 20)
     store = Store.from_backend(be, key_prefix=args.prefix)
@@ -190,10 +240,12 @@ def child(args) -> None:
     spec = ModelSpec(hidden=args.hidden, layers=args.layers)
     restore_side(be, store, unstaged, spec, args.manifest_key)  # warm-up (staging buffer registered once)
     runs = [restore_side(be, store, unstaged, spec, args.manifest_key) for _ in range(args.repeat)]
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    med.update(remote_snapshot_side(be, store, spec, args.prefix, args.repeat))
     unstaged.close()
     store.close()
     be.close()
-    print("CHILD " + json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]}))
+    print("CHILD " + json.dumps(med))
 
 
 def main() -> int:
@@ -342,6 +394,8 @@ def main() -> int:
         }
         result["targets_in_process"] = targets(result["ratios_in_process"])
         if args.remote:
+            # room for the remote client's snapshot and raw put (the restores read run<last>)
+            be.remove_prefix(f"{prefix}/raw{args.warmup + args.repeat - 1}/")
             p = subprocess.run([sys.executable, __file__, "--child", "--master", master, "--prefix", prefix,
                                 "--hidden", str(args.hidden), "--layers", str(args.layers),
                                 "--repeat", str(args.repeat),
@@ -353,7 +407,10 @@ def main() -> int:
                 raise RuntimeError("remote restore failed")
             rem = json.loads(line[0][6:])
             result["remote_tcp_MiBps"] = {k: round(v) for k, v in rem.items()}
-            result["ratios_remote_tcp"] = restore_ratios(rem)
+            result["ratios_remote_tcp"] = {
+                "snapshot / raw batch_put_from": round(rem["snapshot"] / rem["raw_batch_put_from"], 3),
+                **restore_ratios(rem),
+            }
             result["targets_remote_tcp"] = targets(result["ratios_remote_tcp"])
         print(json.dumps(result, indent=2))
         if args.json:
