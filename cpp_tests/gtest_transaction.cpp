@@ -396,6 +396,11 @@ TEST(Transaction, UploadManyNullAndLengthErrors) {
     args.lease = l0.get();
     EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), b.data(), 1, nullptr, &args),
               MWS_INVALID_ARGUMENT);
+    // The same lease for two bindings is refused before any lock or I/O.
+    std::vector<const mws_registration_lease *> dup = {l0.get(), l0.get(), nullptr, nullptr};
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), b.data(), b.size(), dup.data(), nullptr),
+              MWS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("leases[1]"), std::string::npos);
     // count 0: nothing to do (bindings may then be NULL).
     EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), nullptr, 0, nullptr, nullptr), MWS_OK);
     EXPECT_EQ(tx.receipts().size(), 0u);

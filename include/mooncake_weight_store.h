@@ -3318,8 +3318,8 @@ enum mws_status mws_transaction_upload(struct mws_transaction *tx,
  *
  * Errors: those of `mws_transaction_upload`; `MWS_NULL_ARGUMENT` (`bindings` NULL
  * with `count` > 0, or a NULL entry); `MWS_INVALID_ARGUMENT` (a participant given
- * twice, `args->lease` set, a lease of another store). A failure adds no receipts,
- * leaves the transaction open and never deletes payloads.
+ * twice, the same lease twice, `args->lease` set, a lease of another store). A
+ * failure adds no receipts, leaves the transaction open and never deletes payloads.
  * Thread safety: serialized with every other call on `tx` (see `mws_transaction`).
  *
  * # Safety

@@ -108,8 +108,8 @@ pub unsafe extern "C" fn mws_transaction_upload(
 ///
 /// Errors: those of `mws_transaction_upload`; `MWS_NULL_ARGUMENT` (`bindings` NULL
 /// with `count` > 0, or a NULL entry); `MWS_INVALID_ARGUMENT` (a participant given
-/// twice, `args->lease` set, a lease of another store). A failure adds no receipts,
-/// leaves the transaction open and never deletes payloads.
+/// twice, the same lease twice, `args->lease` set, a lease of another store). A
+/// failure adds no receipts, leaves the transaction open and never deletes payloads.
 /// Thread safety: serialized with every other call on `tx` (see `mws_transaction`).
 ///
 /// # Safety
@@ -157,6 +157,12 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
                     format!("invalid source runtime binding: bindings[{i}]: {}", f.message),
                 )
             })?);
+        }
+        // One read lock per lease: the same lease twice would lock it twice (and can
+        // only fit one binding anyway).
+        let mut distinct = std::collections::HashSet::with_capacity(lease_ptrs.len());
+        if let Some(i) = lease_ptrs.iter().position(|p| !p.is_null() && !distinct.insert(*p)) {
+            return Err(Failure::invalid(format!("leases[{i}] repeats an earlier lease")));
         }
         let mut locked = Vec::with_capacity(lease_ptrs.len());
         for p in lease_ptrs {

@@ -345,7 +345,7 @@ fn nest(
         ws.registrar.check_unblocked()?;
         return body();
     };
-    let here: &[MemoryRegion] = if tokens.len() == 0 { requests } else { &[] };
+    let here: &[MemoryRegion] = if tokens.as_slice().is_empty() { requests } else { &[] };
     ws.registrar.scoped(&*ws.store, here, token, |io_started| {
         let r = nest(ws, tokens, requests, started, body);
         *io_started = started.get();
