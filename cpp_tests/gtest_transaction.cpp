@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -248,4 +250,164 @@ TEST(Transaction, NullArguments) {
     EXPECT_EQ(mws_transaction_commit_decision_may_exist(tx), 1);
     mws_stored_manifest_free(m);
     mws_transaction_free(tx);
+}
+
+// ---- upload_many: several local participants in one call -------------------------
+
+namespace {
+
+// A MapStore that counts batch_put_from calls and the items they carry.
+struct PutCountingStore : MapStore {
+    int batches = 0;
+    std::size_t items = 0;
+    void *ctx() { return static_cast<MapStore *>(this); }
+    static PutCountingStore *self(void *c) { return static_cast<PutCountingStore *>(static_cast<MapStore *>(c)); }
+    static int32_t counted_put(void *c, const mws_put_item *it, size_t n, uint32_t rt, int32_t *results) {
+        self(c)->batches++;
+        self(c)->items += n;
+        return MapStore::batch_put_from(c, it, n, rt, results);
+    }
+    static mws_store_vtable vtable() {
+        mws_store_vtable vt = MapStore::vtable();
+        vt.batch_put_from = &counted_put;
+        return vt;
+    }
+};
+
+HostModel tp4_model() {
+    const auto &defs = dense_model();
+    return HostModel(placement_json("src", Layout{4, 1, 1, 1}, defs, 1), defs, true, "trainer");
+}
+
+// The participant of m.bindings[k] (bindings follow the order of m.buffers).
+std::string participant(const HostModel &m, std::size_t k) {
+    auto it = m.buffers.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(k));
+    return it->first;
+}
+
+std::vector<const mws::Binding *> ptrs(const HostModel &m) {
+    std::vector<const mws::Binding *> out;
+    for (const auto &b : m.bindings) out.push_back(&b);
+    return out;
+}
+
+}  // namespace
+
+TEST(Transaction, UploadManyMatchesOneUploadPerParticipant) {
+    HostModel src = tp4_model();
+    ASSERT_EQ(src.bindings.size(), 4u);
+    PutCountingStore many_map, one_map;
+    mws::Store many_store = mws::Store::from_vtable(PutCountingStore::vtable(), many_map.ctx());
+    mws::Store one_store = mws::Store::from_vtable(PutCountingStore::vtable(), one_map.ctx());
+    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
+
+    auto many = mws::Transaction::begin(many_store, plan);
+    many.upload_many(src.placement, ptrs(src));
+    auto one = mws::Transaction::begin(one_store, plan);
+    for (const auto &b : src.bindings) one.upload(src.placement, b);
+
+    EXPECT_EQ(many.receipts().to_json(), one.receipts().to_json());  // same receipts, same order
+    EXPECT_EQ(many_map.batches, 1);
+    EXPECT_EQ(one_map.batches, 4);
+    EXPECT_EQ(many_map.items, plan.operation_count());
+    EXPECT_EQ(many.commit().digest(), one.commit().digest());
+    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+        std::string key(plan.operation(i).object_key);
+        EXPECT_EQ(many_store.get_object(key), one_store.get_object(key)) << key;
+    }
+}
+
+TEST(Transaction, UploadManyStaleBindingFailsBeforeAnyPut) {
+    HostModel src = tp4_model();
+    HostModel later = tp4_model();
+    later.make_bindings("trainer", 2);  // a later generation: stale for a plan of generation 1
+    PutCountingStore map;
+    mws::Store store = mws::Store::from_vtable(PutCountingStore::vtable(), map.ctx());
+    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    auto tx = mws::Transaction::begin(store, plan);
+    std::vector<const mws::Binding *> mixed = ptrs(src);
+    mixed[2] = &later.bindings[2];
+    EXPECT_EQ(status_of([&] { tx.upload_many(src.placement, mixed); }), MWS_STALE_BINDING);
+    EXPECT_EQ(map.batches, 0);
+    EXPECT_EQ(tx.receipts().size(), 0u);
+    // A participant twice is refused, nothing written.
+    std::vector<const mws::Binding *> twice = {&src.bindings[0], &src.bindings[1], &src.bindings[0]};
+    EXPECT_EQ(status_of([&] { tx.upload_many(src.placement, twice); }), MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(map.batches, 0);
+    // leases of the wrong length are refused by the wrapper.
+    mws::RegistrationLease lease = mws::RegistrationLease::create(
+        store, src.bindings[0], {std::string(plan.operation(0).source_fragment_id)}, MWS_LEASE_SOURCE);
+    EXPECT_EQ(status_of([&] { tx.upload_many(src.placement, ptrs(src), {&lease}); }), MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(map.batches, 0);
+    tx.upload_many(src.placement, ptrs(src));
+    EXPECT_EQ(tx.receipts().size(), plan.operation_count());
+    EXPECT_EQ(tx.commit().digest(), plan.manifest_digest());
+}
+
+TEST(Transaction, UploadManyMixesLeasesAndPins) {
+    HostModel src = tp4_model();
+    mws::Store store = mws::Store::open_memory();
+    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    std::map<std::string, std::vector<std::string>> ids;
+    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+        mws::UploadOperation op = plan.operation(i);
+        ids[std::string(op.source_participant_id)].push_back(std::string(op.source_fragment_id));
+    }
+    mws::RegistrationLease l1 =
+        mws::RegistrationLease::create(store, src.bindings[1], ids[participant(src, 1)], MWS_LEASE_SOURCE);
+    mws::RegistrationLease l3 =
+        mws::RegistrationLease::create(store, src.bindings[3], ids[participant(src, 3)], MWS_LEASE_SOURCE);
+    auto tx = mws::Transaction::begin(store, plan);
+    tx.upload_many(src.placement, ptrs(src), {nullptr, &l1, nullptr, &l3});
+    EXPECT_EQ(tx.receipts().size(), plan.operation_count());
+    EXPECT_EQ(tx.commit().digest(), plan.manifest_digest());
+}
+
+TEST(Transaction, UploadManyNullAndLengthErrors) {
+    HostModel src = tp4_model();
+    mws::Store store = mws::Store::open_memory();
+    auto plan = mws::plan_upload(src.placement, src.binding_ptrs());
+    auto tx = mws::Transaction::begin(store, plan);
+    std::vector<const mws_binding *> b;
+    for (const auto &x : src.bindings) b.push_back(x.get());
+    mws_transaction *raw = const_cast<mws_transaction *>(tx.get());
+    EXPECT_EQ(mws_transaction_upload_many(nullptr, src.placement.get(), b.data(), b.size(), nullptr, nullptr),
+              MWS_NULL_ARGUMENT);
+    EXPECT_EQ(mws_transaction_upload_many(raw, nullptr, b.data(), b.size(), nullptr, nullptr), MWS_NULL_ARGUMENT);
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), nullptr, b.size(), nullptr, nullptr),
+              MWS_NULL_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("bindings"), std::string::npos);
+    std::vector<const mws_binding *> with_null = b;
+    with_null[1] = nullptr;
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), with_null.data(), with_null.size(), nullptr,
+                                          nullptr),
+              MWS_NULL_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("bindings[1]"), std::string::npos);
+    // args->lease is refused (leases go per binding).
+    std::map<std::string, std::vector<std::string>> ids;
+    for (std::size_t i = 0; i < plan.operation_count(); ++i) {
+        mws::UploadOperation op = plan.operation(i);
+        ids[std::string(op.source_participant_id)].push_back(std::string(op.source_fragment_id));
+    }
+    mws::RegistrationLease l0 =
+        mws::RegistrationLease::create(store, src.bindings[0], ids[participant(src, 0)], MWS_LEASE_SOURCE);
+    mws_io_args args{};
+    args.lease = l0.get();
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), b.data(), 1, nullptr, &args),
+              MWS_INVALID_ARGUMENT);
+    // The same lease for two bindings is refused before any lock or I/O.
+    std::vector<const mws_registration_lease *> dup = {l0.get(), l0.get(), nullptr, nullptr};
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), b.data(), b.size(), dup.data(), nullptr),
+              MWS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("leases[1]"), std::string::npos);
+    // count 0: nothing to do (bindings may then be NULL).
+    EXPECT_EQ(mws_transaction_upload_many(raw, src.placement.get(), nullptr, 0, nullptr, nullptr), MWS_OK);
+    EXPECT_EQ(tx.receipts().size(), 0u);
+    // The refused calls left the transaction usable.
+    std::vector<const mws_registration_lease *> leases = {l0.get(), nullptr, nullptr, nullptr};
+    ASSERT_EQ(mws_transaction_upload_many(raw, src.placement.get(), b.data(), b.size(), leases.data(), nullptr),
+              MWS_OK);
+    EXPECT_EQ(tx.receipts().size(), plan.operation_count());
+    EXPECT_EQ(tx.commit().digest(), plan.manifest_digest());
 }

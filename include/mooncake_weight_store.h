@@ -3300,6 +3300,42 @@ enum mws_status mws_transaction_upload(struct mws_transaction *tx,
                                        const struct mws_io_args *args);
 
 /**
+ * Uploads the payloads of several participants of this process in one call and adds
+ * their receipts to the transaction: the same checks, errors and receipts as one
+ * `mws_transaction_upload` per binding in array order, except that every check of
+ * every binding (and every lease validation and guard pin) runs before any payload
+ * is written, and the puts of all bindings go out as one stream of batches with the
+ * block checksums computed alongside them. This is the fastest way to snapshot
+ * several local ranks (for example one process driving all GPUs of a node).
+ *
+ * `bindings` points to `count` binding handles (`count` 0: nothing to do).
+ * `leases` is NULL (no leases) or points to `count` entries, each NULL (that
+ * binding is pinned through `args->guard` and registered for the call) or a
+ * registration lease of this store covering exactly that binding's planned
+ * fragments. `args` may be NULL; its `worker_id`, `transfer_id`, `guard` and
+ * `progress` apply to every binding (one progress stream for the call) and its
+ * `lease` must be NULL. Everything is borrowed for the call only.
+ *
+ * Errors: those of `mws_transaction_upload`; `MWS_NULL_ARGUMENT` (`bindings` NULL
+ * with `count` > 0, or a NULL entry); `MWS_INVALID_ARGUMENT` (a participant given
+ * twice, the same lease twice, `args->lease` set, a lease of another store). A
+ * failure adds no receipts, leaves the transaction open and never deletes payloads.
+ * Thread safety: serialized with every other call on `tx` (see `mws_transaction`).
+ *
+ * # Safety
+ * Handles are NULL or live; `bindings` (and `leases` when not NULL) are NULL or
+ * valid for `count` reads; `args` is NULL or valid. Every source buffer of every
+ * binding must be valid for reads and not written during the call (or while the
+ * guard pins it).
+ */
+enum mws_status mws_transaction_upload_many(struct mws_transaction *tx,
+                                            const struct mws_placement *placement,
+                                            const struct mws_binding *const *bindings,
+                                            size_t count,
+                                            const struct mws_registration_lease *const *leases,
+                                            const struct mws_io_args *args);
+
+/**
  * Writes a new handle to `*out` (free it with `mws_receipts_free`) holding a copy of
  * every receipt the transaction holds now (its uploads and the added receipts, in
  * the order they came). Send it to the committing process with

@@ -1060,6 +1060,25 @@ public:
         mws_io_args a = args.c();
         detail::check(mws_transaction_upload(get(), placement.get(), binding.get(), &a));
     }
+    /// Uploads several participants of this process in one call (see
+    /// mws_transaction_upload_many): every check first, then one stream of put batches.
+    /// `leases` is empty (none) or has one entry per binding (nullptr: that binding is
+    /// pinned through `args.guard`); `args.lease` must be nullptr. Throws Error.
+    void upload_many(const Placement &placement, const std::vector<const Binding *> &bindings,
+                     const std::vector<const RegistrationLease *> &leases = {}, const IoArgs &args = {}) {
+        if (!leases.empty() && leases.size() != bindings.size()) {
+            throw Error(MWS_INVALID_ARGUMENT, "upload_many: leases must be empty or one per binding");
+        }
+        std::vector<const mws_binding *> b;
+        b.reserve(bindings.size());
+        for (const Binding *x : bindings) b.push_back(x != nullptr ? x->get() : nullptr);
+        std::vector<const mws_registration_lease *> l;
+        l.reserve(leases.size());
+        for (const RegistrationLease *x : leases) l.push_back(x != nullptr ? x->get() : nullptr);
+        mws_io_args a = args.c();
+        detail::check(mws_transaction_upload_many(get(), placement.get(), b.data(), b.size(),
+                                                  l.empty() ? nullptr : l.data(), &a));
+    }
     /// Adds receipts of other processes' uploads of the same plan.
     /// (mws_transaction_add_receipts copies them; checked against the plan at commit.)
     /// Throws mws::Error: MWS_NULL_ARGUMENT (empty `receipts`), MWS_CONFLICT

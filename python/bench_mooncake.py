@@ -13,11 +13,17 @@ stores.
 
 Measured (median of ``--repeat``):
 
-* ``snapshot``: upload transaction over the source participants, each with a
-  registration lease made beforehand (untimed, exactly like the raw baseline's
-  registration): batch_put_from per participant, batched existence checks, decision
-  record, manifest; vs ``raw put``: one ``batch_put_from`` of the same fragments from
-  the same buffers (already registered: registration is not timed);
+* ``snapshot``: what a user driving several ranks from one process does, with the
+  fastest public API: one upload transaction, one ``Transaction.upload_many`` call over
+  all source participants (``mws_transaction_upload_many``), each with a registration
+  lease made beforehand (untimed, exactly like the raw baseline's registration): one
+  stream of ``batch_put_from`` batches with the CRC-32C block checksums computed
+  alongside, batched existence checks, decision record, integrity record, manifest;
+  vs ``raw put``: one ``batch_put_from`` of the same fragments from the same buffers
+  in chunks of 1024 (already registered: registration is not timed);
+* ``snapshot_per_participant`` (reference): the same with one ``Transaction.upload``
+  per participant (what ranks in separate processes do), next to ``raw put per
+  participant`` (one ``batch_put_from`` stream per participant);
 * ``snapshot_writer`` (reference): the per-tensor writer, which registers and
   unregisters per participant flush (the writer takes no lease yet);
 * ``restore same layout`` (TP4 target: one contiguous range per stored object), with a
@@ -33,7 +39,8 @@ same-layout restore >= 0.9x of the raw get, snapshot >= 0.9x of the raw put) are
 printed as met or not met.
 
 In-process runs read the holder's own segment (Mooncake copies with memcpy);
-``--remote`` also runs the restore side in a second process (a pure client) so the
+``--remote`` also runs the restore side, and the snapshot (``upload_many``) next to the
+raw ``batch_put_from``, in a second process (a pure client without a segment) so the
 bytes cross TCP on loopback.
 """
 
@@ -177,6 +184,55 @@ def targets(ratios: Dict[str, float]) -> Dict[str, str]:
             for k, t in TARGETS.items() if k in ratios}
 
 
+def remote_snapshot_side(be: MooncakeStoreBackend, store: Store, spec: ModelSpec, prefix: str,
+                         repeat: int) -> Dict[str, float]:
+    """From a pure client (no segment of its own): the snapshot (``upload_many``, leases
+    made beforehand) and the raw ``batch_put_from`` of the same fragments, so the bytes
+    cross TCP into the holder's segment. Medians over ``repeat`` runs after one
+    warm-up; each run's objects are removed before the next."""
+    src = Model(spec)
+    bufs = {p: src.source_buffers(p) for p in src.participant_ids}
+    bindings = [src.bind(p, bufs[p]) for p in src.participant_ids]
+    runs: List[Dict[str, float]] = []
+    for i in range(1 + repeat):
+        r: Dict[str, float] = {}
+        plan = store.plan_upload(src.placement, bindings, namespace=f"remote{i}")
+        leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+                  for b in bindings if plan.source_fragment_ids(b.participant_id)}
+        mine = [b for b in bindings if b.participant_id in leases]
+        t = time.perf_counter()
+        with store.transaction(plan) as tx:
+            tx.upload_many(src.placement, mine, leases=[leases[b.participant_id] for b in mine])
+        dt = time.perf_counter() - t
+        for lease in leases.values():
+            lease.close()
+            lease.free()
+        assert tx.manifest.total_bytes == spec.total_bytes
+        r["snapshot"] = spec.total_bytes / MiB / dt
+        be.remove_prefix(f"{prefix}/remote{i}/")
+        ops = plan.operations()
+        by_fid = {}
+        for p in src.participant_ids:
+            by_fid.update(bufs[p])
+        refs = register_all(be, [by_fid[o.source_placement_fragment_id] for o in ops])
+        items = [PutItem(f"{prefix}/rawremote{i}/{o.target_fragment_id}", f"{prefix}/rawremote{i}", ref.address,
+                         ref.nbytes) for o, ref in zip(ops, refs)]
+        t = time.perf_counter()
+        rcs = []
+        for j in range(0, len(items), 1024):
+            rcs += be.batch_put_from(items[j:j + 1024], RecordType.PAYLOAD)
+        dt = time.perf_counter() - t
+        unregister_all(be, refs)
+        assert rcs == [0] * len(items), rcs[:5]
+        r["raw_batch_put_from"] = spec.total_bytes / MiB / dt
+        be.remove_prefix(f"{prefix}/rawremote{i}/")
+        if i >= 1:
+            runs.append(r)
+    for b in bindings:
+        b.close()
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def child(args) -> None:
     be = MooncakeStoreBackend.connect(args.master, global_segment_size=0, local_buffer_size=64 << 20)
     store = Store.from_backend(be, key_prefix=args.prefix)
@@ -184,10 +240,12 @@ def child(args) -> None:
     spec = ModelSpec(hidden=args.hidden, layers=args.layers)
     restore_side(be, store, unstaged, spec, args.manifest_key)  # warm-up (staging buffer registered once)
     runs = [restore_side(be, store, unstaged, spec, args.manifest_key) for _ in range(args.repeat)]
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    med.update(remote_snapshot_side(be, store, spec, args.prefix, args.repeat))
     unstaged.close()
     store.close()
     be.close()
-    print("CHILD " + json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]}))
+    print("CHILD " + json.dumps(med))
 
 
 def main() -> int:
@@ -237,11 +295,10 @@ def main() -> int:
             plan = store.plan_upload(src.placement, bindings, namespace=f"run{i}")
             leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
                       for b in bindings if plan.source_fragment_ids(b.participant_id)}
+            mine = [b for b in bindings if b.participant_id in leases]
             t = time.perf_counter()
             with store.transaction(plan) as tx:
-                for b in bindings:
-                    if b.participant_id in leases:
-                        tx.upload(src.placement, b, lease=leases[b.participant_id])
+                tx.upload_many(src.placement, mine, leases=[leases[b.participant_id] for b in mine])
             dt = time.perf_counter() - t
             for lease in leases.values():
                 lease.close()
@@ -249,6 +306,22 @@ def main() -> int:
             assert tx.manifest.total_bytes == nbytes
             r["snapshot"] = nbytes / MiB / dt
             manifest_key = tx.manifest.key
+            # -- the same, one tx.upload per participant (what a job whose ranks are
+            # separate processes does, each with its own transaction), for reference
+            plan_pp = store.plan_upload(src.placement, bindings, namespace=f"pp{i}")
+            leases = {b.participant_id: store.register_buffers(b, plan_pp.source_fragment_ids(b.participant_id))
+                      for b in bindings if plan_pp.source_fragment_ids(b.participant_id)}
+            t = time.perf_counter()
+            with store.transaction(plan_pp) as tx_pp:
+                for b in mine:
+                    tx_pp.upload(src.placement, b, lease=leases[b.participant_id])
+            dt = time.perf_counter() - t
+            for lease in leases.values():
+                lease.close()
+                lease.free()
+            assert tx_pp.manifest.total_bytes == nbytes
+            r["snapshot_per_participant"] = nbytes / MiB / dt
+            be.remove_prefix(f"{prefix}/pp{i}/")
             # -- the per-tensor writer (registers per flush), for reference
             t = time.perf_counter()
             with store.begin_snapshot(src.placement, bindings, namespace=f"writer{i}") as w:
@@ -312,13 +385,17 @@ def main() -> int:
             "ratios_in_process": {
                 "snapshot / raw batch_put_from": round(med["snapshot"] / med["raw_batch_put_from"], 3),
                 "snapshot_writer / raw batch_put_from": round(med["snapshot_writer"] / med["raw_batch_put_from"], 3),
-                "snapshot / raw batch_put_from per participant": round(
-                    med["snapshot"] / med["raw_batch_put_from_per_participant"], 3),
+                "snapshot per participant / raw batch_put_from": round(
+                    med["snapshot_per_participant"] / med["raw_batch_put_from"], 3),
+                "snapshot per participant / raw batch_put_from per participant": round(
+                    med["snapshot_per_participant"] / med["raw_batch_put_from_per_participant"], 3),
                 **restore_ratios(med),
             },
         }
         result["targets_in_process"] = targets(result["ratios_in_process"])
         if args.remote:
+            # room for the remote client's snapshot and raw put (the restores read run<last>)
+            be.remove_prefix(f"{prefix}/raw{args.warmup + args.repeat - 1}/")
             p = subprocess.run([sys.executable, __file__, "--child", "--master", master, "--prefix", prefix,
                                 "--hidden", str(args.hidden), "--layers", str(args.layers),
                                 "--repeat", str(args.repeat),
@@ -330,7 +407,10 @@ def main() -> int:
                 raise RuntimeError("remote restore failed")
             rem = json.loads(line[0][6:])
             result["remote_tcp_MiBps"] = {k: round(v) for k, v in rem.items()}
-            result["ratios_remote_tcp"] = restore_ratios(rem)
+            result["ratios_remote_tcp"] = {
+                "snapshot / raw batch_put_from": round(rem["snapshot"] / rem["raw_batch_put_from"], 3),
+                **restore_ratios(rem),
+            }
             result["targets_remote_tcp"] = targets(result["ratios_remote_tcp"])
         print(json.dumps(result, indent=2))
         if args.json:

@@ -449,6 +449,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     # transaction (protocol::Transaction)
     "mws_transaction_new": (c_int, [_p, _p, POINTER(_p)]),
     "mws_transaction_upload": (c_int, [_p, _p, _p, POINTER(mws_io_args)]),
+    "mws_transaction_upload_many": (c_int, [_p, _p, POINTER(_p), c_size_t, POINTER(_p), POINTER(mws_io_args)]),
     "mws_transaction_receipts": (c_int, [_p, POINTER(_p)]),
     "mws_transaction_add_receipts": (c_int, [_p, _p]),
     "mws_transaction_commit": (c_int, [_p, POINTER(_p)]),

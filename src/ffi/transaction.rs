@@ -2,14 +2,14 @@
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
 use crate::ffi::boundary::mws_status;
+use crate::ffi::boundary::Failure;
 use crate::ffi::handles::{
-    handle, mws_binding, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_transaction, mws_upload_plan,
-    Handle,
+    handle, mws_binding, mws_placement, mws_receipts, mws_registration_lease, mws_store, mws_stored_manifest,
+    mws_transaction, mws_upload_plan, Handle,
 };
-use crate::ffi::io_args::{mws_io_args, with_upload_args};
-use crate::ffi::strings::{check_out, write_out};
-use crate::protocol::Transaction;
-use crate::protocol::TransactionState;
+use crate::ffi::io_args::{io_args, mws_io_args, with_upload_args};
+use crate::ffi::strings::{check_out, slice_arg, write_out};
+use crate::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadArgs, UploadSource};
 use std::ffi::c_int;
 
 /// The state of an `mws_transaction` handle (`mws_transaction_get_state`).
@@ -87,6 +87,106 @@ pub unsafe extern "C" fn mws_transaction_upload(
         let b = unsafe { handle(binding, "binding") }?;
         // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
         unsafe { with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua)) }
+    })
+}
+
+/// Uploads the payloads of several participants of this process in one call and adds
+/// their receipts to the transaction: the same checks, errors and receipts as one
+/// `mws_transaction_upload` per binding in array order, except that every check of
+/// every binding (and every lease validation and guard pin) runs before any payload
+/// is written, and the puts of all bindings go out as one stream of batches with the
+/// block checksums computed alongside them. This is the fastest way to snapshot
+/// several local ranks (for example one process driving all GPUs of a node).
+///
+/// `bindings` points to `count` binding handles (`count` 0: nothing to do).
+/// `leases` is NULL (no leases) or points to `count` entries, each NULL (that
+/// binding is pinned through `args->guard` and registered for the call) or a
+/// registration lease of this store covering exactly that binding's planned
+/// fragments. `args` may be NULL; its `worker_id`, `transfer_id`, `guard` and
+/// `progress` apply to every binding (one progress stream for the call) and its
+/// `lease` must be NULL. Everything is borrowed for the call only.
+///
+/// Errors: those of `mws_transaction_upload`; `MWS_NULL_ARGUMENT` (`bindings` NULL
+/// with `count` > 0, or a NULL entry); `MWS_INVALID_ARGUMENT` (a participant given
+/// twice, the same lease twice, `args->lease` set, a lease of another store). A
+/// failure adds no receipts, leaves the transaction open and never deletes payloads.
+/// Thread safety: serialized with every other call on `tx` (see `mws_transaction`).
+///
+/// # Safety
+/// Handles are NULL or live; `bindings` (and `leases` when not NULL) are NULL or
+/// valid for `count` reads; `args` is NULL or valid. Every source buffer of every
+/// binding must be valid for reads and not written during the call (or while the
+/// guard pins it).
+#[no_mangle]
+pub unsafe extern "C" fn mws_transaction_upload_many(
+    tx: *mut mws_transaction,
+    placement: *const mws_placement,
+    bindings: *const *const mws_binding,
+    count: usize,
+    leases: *const *const mws_registration_lease,
+    args: *const mws_io_args,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
+        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let pl = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
+        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
+        let lease_ptrs: &[*const mws_registration_lease] = if leases.is_null() {
+            &[]
+        } else {
+            // SAFETY: `leases` is valid for `count` reads during the call (this function's contract).
+            unsafe { slice_arg(leases, count, "leases") }?
+        };
+        // SAFETY: the io arguments are NULL or valid for the call (this function's contract).
+        let a = unsafe { io_args(args) }?;
+        if a.lease.is_some() {
+            return Err(Failure::invalid(
+                "mws_transaction_upload_many takes one lease per binding (`leases`), not `args->lease`",
+            ));
+        }
+        let ws = t.inner.store();
+        let mut built = Vec::with_capacity(handles.len());
+        for (i, b) in handles.iter().enumerate() {
+            // SAFETY: the pointer is NULL or a live handle for the call (this function's contract).
+            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            built.push(b.build().map_err(|f| {
+                Failure::new(
+                    mws_status::MWS_INVALID_BINDING,
+                    format!("invalid source runtime binding: bindings[{i}]: {}", f.message),
+                )
+            })?);
+        }
+        // One read lock per lease: the same lease twice would lock it twice (and can
+        // only fit one binding anyway).
+        let mut distinct = std::collections::HashSet::with_capacity(lease_ptrs.len());
+        if let Some(i) = lease_ptrs.iter().position(|p| !p.is_null() && !distinct.insert(*p)) {
+            return Err(Failure::invalid(format!("leases[{i}] repeats an earlier lease")));
+        }
+        let mut locked = Vec::with_capacity(lease_ptrs.len());
+        for p in lease_ptrs {
+            // SAFETY: each entry is NULL or a live handle for the call (this function's contract).
+            locked.push(match unsafe { p.as_ref() } {
+                Some(l) => Some(l.for_store(ws)?),
+                None => None,
+            });
+        }
+        let sources: Vec<UploadSource<'_>> = built
+            .iter()
+            .enumerate()
+            .map(|(i, rb)| UploadSource { binding: rb, lease: locked.get(i).and_then(|l| l.as_deref()) })
+            .collect();
+        let report = a.progress.map(|c| move |p: &Progress| c.report(p));
+        let ua = UploadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            lease: None,
+            progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+        };
+        // SAFETY: the bindings' buffers satisfy this function's contract.
+        Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, ua) }?)
     })
 }
 

@@ -2,7 +2,7 @@
 //! format are pure, in [`crate::plan::integrity`]).
 //!
 //! - Upload: `source_checksums` computes the CRC-32C of every 1 MiB block of every
-//!   host source region before its bytes are written (sources are pinned and not
+//!   host source region while its bytes are written (sources are pinned and not
 //!   written during the call, so these are the bytes stored). They travel in the
 //!   receipts ([`UploadReceipt::block_checksums`]).
 //! - Commit: `write_record` writes the one integrity object of the transaction
@@ -35,6 +35,7 @@ use crate::plan::upload::UploadPlan;
 use crate::runtime::{MemoryKind, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead, RecordType, WriteConfig};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Scratch bytes re-read per verification step (whole blocks).
 const SCRATCH_BYTES: u64 = 64 << 20;
@@ -44,17 +45,23 @@ fn integrity_err(msg: String) -> Error {
 }
 
 /// Block checksums of each source fragment's bytes (host memory only; `None` for
-/// device memory, which the library cannot read without a copy).
+/// device memory, which the library cannot read without a copy). Runs on up to
+/// `workers` threads. Once `cancel` is set, fragments not yet started get `None`
+/// (the caller discards the result).
 ///
 /// # Safety
 /// Every host fragment's `(address, nbytes)` must be valid for reads and not written
 /// for the duration of the call.
-pub(crate) unsafe fn source_checksums(frags: &[RuntimeFragment]) -> Vec<Option<Vec<u32>>> {
+pub(crate) unsafe fn source_checksums(
+    frags: &[RuntimeFragment],
+    workers: usize,
+    cancel: &AtomicBool,
+) -> Vec<Option<Vec<u32>>> {
     let bytes: u64 = frags.iter().filter(|f| f.memory() == MemoryKind::Host).map(|f| f.nbytes()).sum();
     let mut out: Vec<Option<Vec<u32>>> = vec![None; frags.len()];
-    let done = crate::store::run_parallel((0..frags.len()).collect(), bytes, |i, _: &mut ()| {
+    let done = crate::store::run_parallel_on((0..frags.len()).collect(), bytes, workers, |i, _: &mut ()| {
         let f = &frags[i];
-        if f.memory() != MemoryKind::Host || usize::try_from(f.nbytes()).is_err() {
+        if cancel.load(Ordering::Relaxed) || f.memory() != MemoryKind::Host || usize::try_from(f.nbytes()).is_err() {
             return None;
         }
         if f.nbytes() == 0 {

@@ -38,6 +38,6 @@ pub use receipt::{receipts_from_json, receipts_to_json, UploadReceipt};
 pub use registration::RegistrationLease;
 pub use state::StoreLimits;
 pub use transaction::{Transaction, TransactionState};
-pub use upload::UploadArgs;
+pub use upload::{UploadArgs, UploadSource};
 pub use weight_store::WeightStore;
 pub use writer::{SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter};

@@ -6,7 +6,7 @@
 use super::commit;
 use super::receipt::UploadReceipt;
 use super::state::WeightStore;
-use super::upload::{self, UploadArgs};
+use super::upload::{self, UploadArgs, UploadSource};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::upload::UploadPlan;
@@ -112,6 +112,29 @@ impl Transaction {
         inner.require_open()?;
         // SAFETY: the caller upholds `upload`'s contract (this function's contract).
         let r = unsafe { upload::upload(&self.store, &self.plan, placement, binding, args) }?;
+        inner.receipts.extend(r);
+        Ok(())
+    }
+
+    /// Uploads several participants in one call ([`WeightStore::upload_many`]) and
+    /// keeps their receipts (in source order, as one [`Transaction::upload`] per
+    /// source would). A failed call adds no receipts and leaves the transaction open.
+    ///
+    /// Errors: those of [`WeightStore::upload_many`], plus [`ErrorKind::Conflict`]
+    /// when the transaction is committed or aborted (nothing is uploaded).
+    ///
+    /// # Safety
+    /// As [`WeightStore::upload_many`].
+    pub unsafe fn upload_many(
+        &self,
+        placement: &Placement,
+        sources: &[UploadSource<'_>],
+        args: UploadArgs<'_>,
+    ) -> Result<()> {
+        let mut inner = self.inner.lock();
+        inner.require_open()?;
+        // SAFETY: the caller upholds `upload_many`'s contract (this function's contract).
+        let r = unsafe { upload::upload_many(&self.store, &self.plan, placement, sources, args) }?;
         inner.receipts.extend(r);
         Ok(())
     }

@@ -1,8 +1,12 @@
 //! `upload` (`writer-and-snapshot.md` §4): freshness checks with no store I/O, then
 //! pin, register and write one participant's payloads, and return receipts.
+//! `upload_many` does the same for several participants of this process in one call:
+//! every check of every binding first, then one stream of put batches across all of
+//! them (fewer, fuller batches), with the source checksums computed alongside the
+//! puts instead of in a separate pass before them.
 
 use super::commit;
-use super::guards::{acquire_pin, GuardProvider, TerminalState};
+use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
 use super::progress::{ProgressPhase, Reporter};
 use super::receipt::UploadReceipt;
 use super::registration::registration_requests;
@@ -13,7 +17,9 @@ use crate::model::Placement;
 use crate::plan::upload::{UploadOperation, UploadPlan};
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{MemoryRegion, PutFrom, RecordType, WriteConfig};
-use std::collections::BTreeSet;
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Options of [`WeightStore::upload`].
 #[derive(Clone, Copy, Default)]
@@ -26,6 +32,8 @@ pub struct UploadArgs<'a> {
     pub transfer_id: Option<&'a str>,
     /// A registration lease that already pins and registers exactly these source
     /// fragments (then `guard` is not used and nothing is registered per call).
+    /// [`WeightStore::upload_many`] takes one lease per source instead
+    /// ([`UploadSource::lease`]) and refuses this one.
     pub lease: Option<&'a RegistrationLease>,
     /// Called with throttled [`Progress`](super::Progress) reports of the payload
     /// writes ([`ProgressPhase::Upload`](super::ProgressPhase), items = objects), on
@@ -33,8 +41,159 @@ pub struct UploadArgs<'a> {
     pub progress: Option<super::ProgressFn<'a>>,
 }
 
+/// One participant of [`WeightStore::upload_many`]: its binding and, optionally,
+/// a registration lease over exactly its planned source fragments (`None`: pinned
+/// with the call's guard and registered for the call only).
+#[derive(Clone, Copy)]
+pub struct UploadSource<'a> {
+    /// The participant's source binding.
+    pub binding: &'a RuntimeBinding,
+    /// Its registration lease, if any.
+    pub lease: Option<&'a RegistrationLease>,
+}
+
 fn stale(kind: ErrorKind, msg: String) -> Error {
     Error::new(kind, msg)
+}
+
+/// One participant after the pure freshness checks.
+struct Checked<'p> {
+    binding: &'p RuntimeBinding,
+    lease: Option<&'p RegistrationLease>,
+    ops: Vec<&'p UploadOperation>,
+    current: Vec<RuntimeFragment>,
+}
+
+/// Every freshness check of one binding (no store I/O, no callback). `None`: the
+/// participant has no operations in the plan.
+fn check<'p>(
+    ws: &WeightStore,
+    plan: &'p UploadPlan,
+    placement: &Placement,
+    binding: &'p RuntimeBinding,
+    worker_id: Option<&str>,
+) -> Result<Option<Vec<&'p UploadOperation>>> {
+    check_plan_prefix(ws, plan)?;
+    validate_runtime_binding(placement, binding)
+        .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
+    let m = plan.manifest();
+    if placement.resource_id() != m.resource_id() || placement.revision() != m.revision() {
+        return Err(stale(ErrorKind::StaleBinding, "source placement revision mismatch".into()));
+    }
+    if placement.weight_generation() != m.weight_generation() {
+        return Err(stale(ErrorKind::StaleBinding, "source placement weight generation mismatch".into()));
+    }
+    if placement.placement_id() != plan.source_placement_id() || placement.digest() != plan.source_placement_digest() {
+        return Err(stale(ErrorKind::StaleBinding, "source placement identity mismatch".into()));
+    }
+    let mine: Vec<&UploadOperation> =
+        plan.operations().iter().filter(|o| o.source_participant_id() == binding.participant_id()).collect();
+    if mine.is_empty() {
+        return Ok(None);
+    }
+    let workers: BTreeSet<&str> = mine.iter().map(|o| o.source_snapshot().worker_id()).collect();
+    let worker = match worker_id {
+        None if workers.len() > 1 => {
+            return Err(stale(
+                ErrorKind::InvalidArgument,
+                "source worker selector is required for a multi-worker binding".into(),
+            ))
+        }
+        None => *workers.iter().next().expect("non-empty"),
+        Some("") => {
+            return Err(stale(ErrorKind::InvalidArgument, "source_worker_id must be a non-empty string".into()))
+        }
+        Some(w) if !workers.contains(w) => {
+            return Err(stale(ErrorKind::InvalidArgument, format!("unknown source worker: {w}")))
+        }
+        Some(w) => w,
+    };
+    let ops: Vec<&UploadOperation> = mine.into_iter().filter(|o| o.source_snapshot().worker_id() == worker).collect();
+    if ops.iter().any(|o| o.source_instance_id() != binding.instance_id()) {
+        return Err(stale(ErrorKind::StaleBinding, format!("stale source instance: {}", binding.participant_id())));
+    }
+    // Indexed by runtime fragment id once (a scan per operation was quadratic).
+    let by_id: HashMap<&str, &RuntimeFragment> = binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+    let missing: BTreeSet<&str> =
+        ops.iter().map(|o| o.source_snapshot().fragment_id()).filter(|id| !by_id.contains_key(id)).collect();
+    if !missing.is_empty() {
+        return Err(stale(
+            ErrorKind::StaleBinding,
+            format!("missing planned source fragment: {}", missing.into_iter().collect::<Vec<_>>().join(", ")),
+        ));
+    }
+    let part = placement.part(binding.participant_id()).expect("binding validated against the placement");
+    for o in &ops {
+        let pfid = o.source_placement().placement_fragment_id();
+        if part.fragment(pfid) != Some(o.source_placement()) {
+            return Err(stale(ErrorKind::StaleBinding, format!("stale source placement: {pfid}")));
+        }
+        let rid = o.source_snapshot().fragment_id();
+        if binding.lease_id() != o.source_lease_id() || binding.generation() != o.source_generation() {
+            return Err(stale(ErrorKind::StaleBinding, format!("stale source lease: {rid}")));
+        }
+        if !by_id.get(rid).is_some_and(|f| f.same_as_snapshot(o.source_snapshot())) {
+            return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
+        }
+        let kind = o.source_snapshot().memory();
+        if kind != MemoryKind::Host && !ws.store.supports_memory(kind) {
+            return Err(stale(
+                ErrorKind::Unsupported,
+                format!("source fragment {rid} is device memory and the store has no device copy path"),
+            ));
+        }
+    }
+    Ok(Some(ops))
+}
+
+/// One participant ready to write: its operations, the fragments to read (from the
+/// lease's binding or re-read through the guard's pin) and the pin token, if pinned.
+struct Ready<'p> {
+    ops: Vec<&'p UploadOperation>,
+    frags: Vec<RuntimeFragment>,
+    token: Option<Box<dyn LifetimeToken>>,
+}
+
+fn release_all(ready: Vec<Ready<'_>>) {
+    for r in ready {
+        if let Some(mut token) = r.token {
+            let _ = token.release(TerminalState::Aborted);
+        }
+    }
+}
+
+/// Validates the lease, or pins through the guard (no store I/O).
+fn make_ready<'p>(ws: &WeightStore, c: Checked<'p>, args: &UploadArgs<'_>) -> Result<Ready<'p>> {
+    match c.lease {
+        Some(lease) => {
+            lease.validate(c.binding, &c.current.iter().collect::<Vec<_>>())?;
+            Ok(Ready { ops: c.ops, frags: c.current, token: None })
+        }
+        None => {
+            let guard = args.guard.ok_or_else(|| {
+                stale(ErrorKind::InvalidArgument, "source allocation guard providers are required".into())
+            })?;
+            ws.registrar.check_unblocked()?;
+            let transfer_id =
+                args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+            let ids: Vec<String> = c.ops.iter().map(|o| o.source_snapshot().fragment_id().to_string()).collect();
+            let (fresh, mut token) = acquire_pin(guard, "source", &transfer_id, c.binding, &ids)?;
+            let by_id: HashMap<&str, &RuntimeFragment> =
+                fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+            let mut frags: Vec<RuntimeFragment> = Vec::with_capacity(c.ops.len());
+            for o in &c.ops {
+                let rid = o.source_snapshot().fragment_id();
+                match by_id.get(rid) {
+                    Some(f) if f.same_as_snapshot(o.source_snapshot()) => frags.push((*f).clone()),
+                    _ => {
+                        let _ = token.release(TerminalState::Aborted);
+                        return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
+                    }
+                }
+            }
+            Ok(Ready { ops: c.ops, frags, token: Some(token) })
+        }
+    }
 }
 
 /// Uploads the payloads of `binding`'s participant (only the operations of one
@@ -56,184 +215,112 @@ pub(crate) unsafe fn upload(
     binding: &RuntimeBinding,
     args: UploadArgs<'_>,
 ) -> Result<Vec<UploadReceipt>> {
-    check_plan_prefix(ws, plan)?;
-    validate_runtime_binding(placement, binding)
-        .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
-    let m = plan.manifest();
-    if placement.resource_id() != m.resource_id() || placement.revision() != m.revision() {
-        return Err(stale(ErrorKind::StaleBinding, "source placement revision mismatch".into()));
-    }
-    if placement.weight_generation() != m.weight_generation() {
-        return Err(stale(ErrorKind::StaleBinding, "source placement weight generation mismatch".into()));
-    }
-    if placement.placement_id() != plan.source_placement_id() || placement.digest() != plan.source_placement_digest() {
-        return Err(stale(ErrorKind::StaleBinding, "source placement identity mismatch".into()));
-    }
-    let mine: Vec<&UploadOperation> =
-        plan.operations().iter().filter(|o| o.source_participant_id() == binding.participant_id()).collect();
-    if mine.is_empty() {
-        return Ok(Vec::new());
-    }
-    let workers: BTreeSet<&str> = mine.iter().map(|o| o.source_snapshot().worker_id()).collect();
-    let worker = match args.worker_id {
-        None if workers.len() > 1 => {
-            return Err(stale(
-                ErrorKind::InvalidArgument,
-                "source worker selector is required for a multi-worker binding".into(),
-            ))
-        }
-        None => *workers.iter().next().expect("non-empty"),
-        Some("") => {
-            return Err(stale(ErrorKind::InvalidArgument, "source_worker_id must be a non-empty string".into()))
-        }
-        Some(w) if !workers.contains(w) => {
-            return Err(stale(ErrorKind::InvalidArgument, format!("unknown source worker: {w}")))
-        }
-        Some(w) => w,
-    };
-    let ops: Vec<&UploadOperation> = mine.into_iter().filter(|o| o.source_snapshot().worker_id() == worker).collect();
-    if ops.iter().any(|o| o.source_instance_id() != binding.instance_id()) {
-        return Err(stale(ErrorKind::StaleBinding, format!("stale source instance: {}", binding.participant_id())));
-    }
-    // Indexed by runtime fragment id once (a scan per operation was quadratic).
-    let by_id: std::collections::HashMap<&str, &RuntimeFragment> =
-        binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
-    let find = |_: &'_ RuntimeBinding, id: &str| -> Option<RuntimeFragment> { by_id.get(id).map(|f| (*f).clone()) };
-    let missing: BTreeSet<&str> =
-        ops.iter().map(|o| o.source_snapshot().fragment_id()).filter(|id| find(binding, id).is_none()).collect();
-    if !missing.is_empty() {
+    let sources = [UploadSource { binding, lease: args.lease }];
+    // SAFETY: the caller upholds `upload_many`'s contract for this one binding (this function's contract).
+    unsafe { upload_many(ws, plan, placement, &sources, UploadArgs { lease: None, ..args }) }
+}
+
+/// Uploads the payloads of several participants of this process in one call and
+/// returns their receipts: those of `sources[0]` in plan order, then `sources[1]`'s,
+/// ... — exactly what one [`upload`] per source, in order, would return. The puts of
+/// all of them go out as one stream of batches (up to `max_ranges_per_request`
+/// objects each) and the block checksums are computed while the puts run.
+///
+/// `args.worker_id`, `args.guard`, `args.transfer_id` and `args.progress` apply to
+/// every source (one progress stream for the whole call); `args.lease` must be
+/// `None` (give leases per source).
+///
+/// Every freshness check of every source (and the lease validations and pins) runs
+/// before any payload is written; on any failure before the first put, pins taken
+/// are released and nothing is written. Errors: those of [`upload`], plus
+/// [`ErrorKind::InvalidArgument`] for a participant given twice or `args.lease` set.
+/// A payload failure never deletes payloads.
+///
+/// # Safety
+/// Every source view of every binding must be valid for reads and must not be
+/// written for the duration of the call; `args.guard` must pin those not leased.
+pub(crate) unsafe fn upload_many(
+    ws: &WeightStore,
+    plan: &UploadPlan,
+    placement: &Placement,
+    sources: &[UploadSource<'_>],
+    args: UploadArgs<'_>,
+) -> Result<Vec<UploadReceipt>> {
+    if args.lease.is_some() {
         return Err(stale(
-            ErrorKind::StaleBinding,
-            format!("missing planned source fragment: {}", missing.into_iter().collect::<Vec<_>>().join(", ")),
+            ErrorKind::InvalidArgument,
+            "upload_many takes one lease per source binding, not a lease in the call's arguments".into(),
         ));
     }
-    let part = placement.part(binding.participant_id()).expect("binding validated against the placement");
-    for o in &ops {
-        let pfid = o.source_placement().placement_fragment_id();
-        if part.fragment(pfid) != Some(o.source_placement()) {
-            return Err(stale(ErrorKind::StaleBinding, format!("stale source placement: {pfid}")));
-        }
-        let rid = o.source_snapshot().fragment_id();
-        if binding.lease_id() != o.source_lease_id() || binding.generation() != o.source_generation() {
-            return Err(stale(ErrorKind::StaleBinding, format!("stale source lease: {rid}")));
-        }
-        if !find(binding, rid).is_some_and(|f| f.same_as_snapshot(o.source_snapshot())) {
-            return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
-        }
-        let kind = o.source_snapshot().memory();
-        if kind != MemoryKind::Host && !ws.store.supports_memory(kind) {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(sources.len());
+    for s in sources {
+        if !seen.insert(s.binding.participant_id()) {
             return Err(stale(
-                ErrorKind::Unsupported,
-                format!("source fragment {rid} is device memory and the store has no device copy path"),
+                ErrorKind::InvalidArgument,
+                format!("source participant given twice: {}", s.binding.participant_id()),
             ));
         }
     }
+    if sources.is_empty() {
+        check_plan_prefix(ws, plan)?;
+    }
+    let mut checked: Vec<Checked<'_>> = Vec::with_capacity(sources.len());
+    for s in sources {
+        if let Some(ops) = check(ws, plan, placement, s.binding, args.worker_id)? {
+            let by_id: HashMap<&str, &RuntimeFragment> =
+                s.binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+            let current = ops.iter().map(|o| (*by_id[o.source_snapshot().fragment_id()]).clone()).collect();
+            checked.push(Checked { binding: s.binding, lease: s.lease, ops, current });
+        }
+    }
+    if checked.is_empty() {
+        return Ok(Vec::new());
+    }
     // I/O phase.
     commit::require_writable(ws, plan, &[])?;
-    let current: Vec<RuntimeFragment> =
-        ops.iter().map(|o| find(binding, o.source_snapshot().fragment_id()).expect("checked above")).collect();
-    let (fresh_frags, token) = match args.lease {
-        Some(lease) => {
-            lease.validate(binding, &current.iter().collect::<Vec<_>>())?;
-            (current, None)
-        }
-        None => {
-            let guard = args.guard.ok_or_else(|| {
-                stale(ErrorKind::InvalidArgument, "source allocation guard providers are required".into())
-            })?;
-            ws.registrar.check_unblocked()?;
-            let transfer_id =
-                args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-            let ids: Vec<String> = ops.iter().map(|o| o.source_snapshot().fragment_id().to_string()).collect();
-            let (fresh, mut token) = acquire_pin(guard, "source", &transfer_id, binding, &ids)?;
-            let mut fresh_frags: Vec<RuntimeFragment> = Vec::with_capacity(ops.len());
-            for o in &ops {
-                let rid = o.source_snapshot().fragment_id();
-                match find(&fresh, rid) {
-                    Some(f) if f.same_as_snapshot(o.source_snapshot()) => fresh_frags.push(f),
-                    _ => {
-                        let _ = token.release(TerminalState::Aborted);
-                        return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
-                    }
-                }
+    let mut ready: Vec<Ready<'_>> = Vec::with_capacity(checked.len());
+    for c in checked {
+        match make_ready(ws, c, &args) {
+            Ok(r) => ready.push(r),
+            Err(e) => {
+                release_all(ready);
+                return Err(e);
             }
-            (fresh_frags, Some(token))
         }
-    };
-    let frag_refs: Vec<&RuntimeFragment> = fresh_frags.iter().collect();
-    let requests = match registration_requests(&frag_refs) {
+    }
+    let pinned: Vec<&RuntimeFragment> = ready.iter().filter(|r| r.token.is_some()).flat_map(|r| &r.frags).collect();
+    let requests = match registration_requests(&pinned) {
         Ok(r) => r,
         Err(e) => {
-            if let Some(mut token) = token {
-                let _ = token.release(TerminalState::Aborted);
-            }
+            release_all(ready);
             return Err(e);
         }
     };
+    let mut ops: Vec<&UploadOperation> = Vec::new();
+    let mut frags: Vec<RuntimeFragment> = Vec::new();
+    let mut tokens: Vec<Box<dyn LifetimeToken>> = Vec::new();
+    for r in ready {
+        ops.extend(r.ops);
+        frags.extend(r.frags);
+        tokens.extend(r.token);
+    }
     let keys: Vec<&str> = ops.iter().map(|o| o.target().object_key()).collect();
-    let group = m.group_id().to_string();
-    // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
-    let checksums = unsafe { super::integrity::source_checksums(&fresh_frags) };
-    let body = |io_started: &mut bool| {
-        let total: u64 = fresh_frags.iter().map(|f| f.nbytes()).sum();
+    let started = Cell::new(false);
+    let mut checksums: Vec<Option<Vec<u32>>> = Vec::new();
+    let mut body = || -> Result<()> {
+        let total: u64 = frags.iter().map(|f| f.nbytes()).sum();
         let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
-        let batch = ws.limits.max_ranges_per_request;
-        for (chunk_ops, chunk_frags) in ops.chunks(batch).zip(fresh_frags.chunks(batch)) {
-            let items: Vec<PutFrom<'_>> = chunk_ops
-                .iter()
-                .zip(chunk_frags)
-                .map(|(o, f)| PutFrom {
-                    key: o.target().object_key(),
-                    source: MemoryRegion { address: f.address(), len: f.nbytes(), kind: f.memory() },
-                })
-                .collect();
-            let groups = vec![group.clone(); items.len()];
-            *io_started = true;
-            let results =
-                // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-                unsafe { ws.store.batch_put_from(&items, &WriteConfig { group_ids: &groups, record_type: RecordType::Payload }) };
-            // A re-run of `upload` for the same plan finds its own payloads: the key
-            // holds this transaction's id, objects are only ever published whole,
-            // and the size must match, so "already exists" counts as written.
-            let results: Vec<Result<()>> = results
-                .into_iter()
-                .zip(&items)
-                .map(|(r, item)| match r {
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => match ws.store.object_size(item.key) {
-                        Ok(n) if n == item.source.len => Ok(()),
-                        _ => Err(e),
-                    },
-                    other => other,
-                })
-                .collect();
-            if results.len() != items.len() || results.iter().any(|r| r.is_err()) {
-                let text: Vec<String> = results
-                    .iter()
-                    .zip(&items)
-                    .map(|(r, i)| match r {
-                        Ok(()) => "0".to_string(),
-                        Err(e) => format!("{}: {}", i.key, e.message()),
-                    })
-                    .collect();
-                return Err(stale(ErrorKind::Store, format!("batch_put_from failed: [{}]", text.join(", "))));
-            }
-            progress.advance(items.iter().map(|i| i.source.len).sum(), items.len() as u64);
-        }
+        // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
+        checksums = unsafe { write_payloads(ws, plan, &ops, &frags, &mut progress, &started) }?;
         commit::require_complete_payloads(ws, &keys)?;
         progress.finish();
         Ok(())
     };
-    match token {
-        Some(token) => ws.registrar.scoped(&*ws.store, &requests, token, body)?,
-        None => {
-            ws.registrar.check_unblocked()?;
-            body(&mut false)?
-        }
-    }
+    nest(ws, tokens.into_iter(), &requests, &started, &mut body)?;
     commit::require_writable(ws, plan, &keys)?;
     Ok(ops
         .iter()
-        .zip(&fresh_frags)
+        .zip(&frags)
         .zip(checksums)
         .map(|((o, f), block_checksums)| UploadReceipt {
             fragment_id: o.target().fragment_id().into(),
@@ -242,4 +329,122 @@ pub(crate) unsafe fn upload(
             block_checksums,
         })
         .collect())
+}
+
+/// Runs `body` inside one registration scope per pin token (outermost first); the
+/// innermost scope registers `requests` (so they are unregistered before any pin is
+/// released). Without tokens (every source leased) `body` runs directly.
+fn nest(
+    ws: &WeightStore,
+    mut tokens: std::vec::IntoIter<Box<dyn LifetimeToken>>,
+    requests: &[MemoryRegion],
+    started: &Cell<bool>,
+    body: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    let Some(token) = tokens.next() else {
+        ws.registrar.check_unblocked()?;
+        return body();
+    };
+    let here: &[MemoryRegion] = if tokens.as_slice().is_empty() { requests } else { &[] };
+    ws.registrar.scoped(&*ws.store, here, token, |io_started| {
+        let r = nest(ws, tokens, requests, started, body);
+        *io_started = started.get();
+        r
+    })
+}
+
+/// Below this many host source bytes the checksums are computed on the calling
+/// thread before the puts (a helper thread costs more than it hides).
+const OVERLAP_MIN_BYTES: u64 = 4 << 20;
+
+/// The put batches of `ops` from `frags` (in order), with the block checksums of
+/// the host sources computed on helper threads meanwhile (they read the same
+/// unchanged bytes the puts read; the calling thread runs the puts). Returns the
+/// checksums in `frags` order. Sets `started` before the first put.
+///
+/// # Safety
+/// Every host fragment's `(address, nbytes)` must be valid for reads and not written
+/// for the duration of the call.
+unsafe fn write_payloads(
+    ws: &WeightStore,
+    plan: &UploadPlan,
+    ops: &[&UploadOperation],
+    frags: &[RuntimeFragment],
+    progress: &mut Reporter<'_>,
+    started: &Cell<bool>,
+) -> Result<Vec<Option<Vec<u32>>>> {
+    let group = plan.manifest().group_id();
+    let cancel = AtomicBool::new(false);
+    let host: u64 = frags.iter().filter(|f| f.memory() == MemoryKind::Host).map(|f| f.nbytes()).sum();
+    if host < OVERLAP_MIN_BYTES {
+        // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
+        let sums = unsafe { super::integrity::source_checksums(frags, 1, &cancel) };
+        return put_batches(ws, ops, frags, group, progress, started).map(|()| sums);
+    }
+    // One thread fewer than the store's I/O threads: the calling thread puts.
+    let workers = crate::store::io_threads().saturating_sub(1).max(1);
+    std::thread::scope(|sc| {
+        let cancel = &cancel;
+        // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
+        let crc = sc.spawn(move || unsafe { super::integrity::source_checksums(frags, workers, cancel) });
+        let puts = put_batches(ws, ops, frags, group, progress, started);
+        if puts.is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        let sums = crc.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        puts.map(|()| sums)
+    })
+}
+
+fn put_batches(
+    ws: &WeightStore,
+    ops: &[&UploadOperation],
+    frags: &[RuntimeFragment],
+    group: &str,
+    progress: &mut Reporter<'_>,
+    started: &Cell<bool>,
+) -> Result<()> {
+    let batch = ws.limits.max_ranges_per_request;
+    let groups = vec![group.to_string(); batch.min(ops.len())];
+    for (chunk_ops, chunk_frags) in ops.chunks(batch).zip(frags.chunks(batch)) {
+        let items: Vec<PutFrom<'_>> = chunk_ops
+            .iter()
+            .zip(chunk_frags)
+            .map(|(o, f)| PutFrom {
+                key: o.target().object_key(),
+                source: MemoryRegion { address: f.address(), len: f.nbytes(), kind: f.memory() },
+            })
+            .collect();
+        started.set(true);
+        let results =
+            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+            unsafe { ws.store.batch_put_from(&items, &WriteConfig { group_ids: &groups[..items.len()], record_type: RecordType::Payload }) };
+        // A re-run of `upload` for the same plan finds its own payloads: the key
+        // holds this transaction's id, objects are only ever published whole,
+        // and the size must match, so "already exists" counts as written.
+        let results: Vec<Result<()>> = results
+            .into_iter()
+            .zip(&items)
+            .map(|(r, item)| match r {
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => match ws.store.object_size(item.key) {
+                    Ok(n) if n == item.source.len => Ok(()),
+                    _ => Err(e),
+                },
+                other => other,
+            })
+            .collect();
+        if results.len() != items.len() || results.iter().any(|r| r.is_err()) {
+            let text: Vec<String> = results
+                .iter()
+                .zip(&items)
+                .map(|(r, i)| match r {
+                    Ok(()) => "0".to_string(),
+                    Err(e) => format!("{}: {}", i.key, e.message()),
+                })
+                .collect();
+            return Err(stale(ErrorKind::Store, format!("batch_put_from failed: [{}]", text.join(", "))));
+        }
+        progress.advance(items.iter().map(|i| i.source.len).sum(), items.len() as u64);
+    }
+    Ok(())
 }

@@ -115,6 +115,30 @@ impl WeightStore {
         unsafe { upload::upload(self, plan, placement, binding, args) }
     }
 
+    /// Uploads several participants of this process in one call
+    /// ([`upload::upload_many`]): every check of every source before any payload is
+    /// written, then one stream of put batches across all of them, with the block
+    /// checksums computed alongside the puts. Returns the receipts one
+    /// [`WeightStore::upload`] per source, in order, would return.
+    ///
+    /// Errors: those of [`WeightStore::upload`], plus [`ErrorKind::InvalidArgument`]
+    /// for a participant given twice or a lease in `args` (leases go per source).
+    /// A payload failure never deletes payloads. Thread safety: as `upload`.
+    ///
+    /// # Safety
+    /// Every source view of every binding must be valid for reads and must not be
+    /// written for the duration of the call; `args.guard` must pin those not leased.
+    pub unsafe fn upload_many(
+        &self,
+        plan: &UploadPlan,
+        placement: &Placement,
+        sources: &[upload::UploadSource<'_>],
+        args: UploadArgs<'_>,
+    ) -> Result<Vec<UploadReceipt>> {
+        // SAFETY: the caller upholds this function's contract, which is `upload_many`'s.
+        unsafe { upload::upload_many(self, plan, placement, sources, args) }
+    }
+
     /// Commits the upload (§4.4) and returns the published manifest.
     ///
     /// `on_decision_may_exist` is called right before the commit decision is

@@ -484,6 +484,7 @@ impl ThreadLimit {
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
 /// `state`), on up to [`io_threads`] scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
+#[allow(dead_code)] // no caller since upload checksums moved to `run_parallel_on` (kept for the store paths)
 pub(crate) fn run_parallel<T: Send, S: Default>(
     jobs: Vec<usize>,
     bytes: u64,
