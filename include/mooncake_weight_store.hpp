@@ -1063,7 +1063,12 @@ public:
     /// Uploads several participants of this process in one call (see
     /// mws_transaction_upload_many): every check first, then one stream of put batches.
     /// `leases` is empty (none) or has one entry per binding (nullptr: that binding is
-    /// pinned through `args.guard`); `args.lease` must be nullptr. Throws Error.
+    /// pinned through `args.guard`); `args.lease` must be nullptr. Borrows every
+    /// argument for the call only; thread safety as upload. Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (`leases` of the wrong length, a participant or lease given
+    /// twice, `args.lease` set), MWS_NULL_ARGUMENT (a null entry in `bindings`), and
+    /// those of upload. Check errors come before any payload is written; a failure
+    /// adds no receipts, leaves the transaction open and never deletes payloads.
     void upload_many(const Placement &placement, const std::vector<const Binding *> &bindings,
                      const std::vector<const RegistrationLease *> &leases = {}, const IoArgs &args = {}) {
         if (!leases.empty() && leases.size() != bindings.size()) {

@@ -482,18 +482,8 @@ impl ThreadLimit {
 }
 
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
-/// `state`), on up to [`io_threads`] scoped threads when the batch moves at least
+/// `state`), on up to `max_workers` scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
-#[allow(dead_code)] // no caller since upload checksums moved to `run_parallel_on` (kept for the store paths)
-pub(crate) fn run_parallel<T: Send, S: Default>(
-    jobs: Vec<usize>,
-    bytes: u64,
-    job: impl Fn(usize, &mut S) -> T + Sync,
-) -> Vec<(usize, T)> {
-    run_parallel_on(jobs, bytes, io_threads(), job)
-}
-
-/// As [`run_parallel`], on up to `max_workers` threads.
 pub(crate) fn run_parallel_on<T: Send, S: Default>(
     jobs: Vec<usize>,
     bytes: u64,
