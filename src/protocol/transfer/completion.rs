@@ -507,3 +507,18 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
 pub fn pending_transfer_holds_resources(identity: u64, id: &str) -> bool {
     TABLE.lock().entries.get(id).is_some_and(|e| e.identity == identity && !e.resources.is_empty())
 }
+
+/// The error of a registration cleanup that failed and is quarantined as `id`
+/// (`{label} unregister_memory failed: ...`) on the engine of `identity`.
+pub(crate) fn cleanup_error(label: &str, failures: &[String], id: String, identity: u64) -> TransferError {
+    let mut e = TransferError::new(
+        TransferErrorKind::RegistrationCleanupPending,
+        format!(
+            "{label} unregister_memory failed: {}; registration cleanup is quarantined as {id}",
+            failures.join(", ")
+        ),
+    );
+    e.pending_transfer_id = Some(id);
+    e.engine_identity = Some(identity);
+    e
+}

@@ -14,7 +14,8 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use super::completion::{
-    self, execute_batch, quarantine_cleanup, reserve, retain_unknown, unregister_all, BatchOutcome, Handoff,
+    self, cleanup_error, execute_batch, quarantine_cleanup, reserve, retain_unknown, unregister_all, BatchOutcome,
+    Handoff,
 };
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
@@ -872,15 +873,7 @@ impl TransferExecutor {
         if !failed.is_empty() {
             let handoff = Handoff { registrations: Vec::new(), tokens: std::mem::take(&mut pins.tokens), resources };
             let id = quarantine_cleanup(self.identity, &self.engine, failed, state, handoff);
-            let mut e = TransferError::new(
-                TransferErrorKind::RegistrationCleanupPending,
-                format!(
-                    "{label} unregister_memory failed: {}; registration cleanup is quarantined as {id}",
-                    failures.join(", ")
-                ),
-            );
-            e.pending_transfer_id = Some(id);
-            e.engine_identity = Some(self.identity);
+            let mut e = cleanup_error(label, &failures, id, self.identity);
             e.submitted = submitted;
             if let Err(orig) = &body {
                 e.cause = Some(orig.message.clone());

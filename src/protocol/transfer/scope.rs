@@ -41,7 +41,8 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use super::completion::{
-    self, begin_unknown, execute_batch, hand_off, quarantine_cleanup, unregister_all, BatchOutcome, Handoff,
+    self, begin_unknown, cleanup_error, execute_batch, hand_off, quarantine_cleanup, unregister_all, BatchOutcome,
+    Handoff,
 };
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::TransferExecutor;
@@ -105,19 +106,6 @@ impl std::fmt::Debug for RegistrationScope<'_> {
             .field("outermost", &self.outermost)
             .finish()
     }
-}
-
-fn cleanup_error(label: &str, failures: &[String], id: String, identity: u64) -> TransferError {
-    let mut e = TransferError::new(
-        TransferErrorKind::RegistrationCleanupPending,
-        format!(
-            "{label} unregister_memory failed: {}; registration cleanup is quarantined as {id}",
-            failures.join(", ")
-        ),
-    );
-    e.pending_transfer_id = Some(id);
-    e.engine_identity = Some(identity);
-    e
 }
 
 impl TransferExecutor {
