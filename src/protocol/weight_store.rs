@@ -115,8 +115,8 @@ impl WeightStore {
         unsafe { upload::upload(self, plan, placement, binding, args) }
     }
 
-    /// Uploads several participants of this process in one call
-    /// ([`upload::upload_many`]): every check of every source before any payload is
+    /// Uploads several participants of this process in one call: every check of
+    /// every source before any payload is
     /// written, then one stream of put batches across all of them, with the block
     /// checksums computed alongside the puts. Returns the receipts one
     /// [`WeightStore::upload`] per source, in order, would return.
