@@ -410,6 +410,31 @@ fn directory_link_at_an_intermediate_segment_is_never_followed() {
     assert_eq!(store.get("a/c").unwrap(), b"fine");
 }
 
+/// A directory this store handle already created (and knows durable) replaced by a
+/// link afterwards: the one-call resolution (`openat2`) refuses the link and the
+/// component walk reports it exactly, for writes as for reads.
+#[test]
+fn directory_replaced_by_a_link_after_use_is_never_followed() {
+    let dir = TempDir::new("latelink");
+    let out = outside(&dir);
+    let store = DirectoryStore::open(dir.path().join("store")).unwrap();
+    let g = groups();
+    store.put("a/b/first", b"written before", &meta(&g)).unwrap();
+    assert_eq!(store.get("a/b/first").unwrap(), b"written before");
+    let b = store.root().join("objects/d.a/d.b");
+    std::fs::rename(&b, store.root().join("moved-away")).unwrap();
+    symlink(&out, &b).unwrap();
+    for key in ["a/b/s", "a/b/first", "a/b/s/t"] {
+        all_refuse(&store, key, &link_msg("objects/d.a/d.b", key), &out);
+    }
+    // The real directory back in place: the store works there again.
+    std::fs::remove_file(&b).unwrap();
+    std::fs::rename(store.root().join("moved-away"), &b).unwrap();
+    assert_eq!(store.get("a/b/first").unwrap(), b"written before");
+    store.put("a/b/second", b"after", &meta(&g)).unwrap();
+    assert_eq!(store.get("a/b/second").unwrap(), b"after");
+}
+
 #[test]
 fn file_link_at_the_object_is_never_followed() {
     let dir = TempDir::new("filelink");

@@ -349,6 +349,9 @@ impl DirectoryStore {
     fn parent(&self, key: &str, create: bool) -> Result<Option<Parent>> {
         let (dirs, leaf) = Self::names(key)?;
         let name = |s: &str| c_name(s).map_err(|e| io_err("invalid name for", key, e));
+        if let Some(p) = self.parent_fast(&dirs, &leaf, create) {
+            return Ok(Some(p));
+        }
         let mut cur = self.objects_dir.try_clone().map_err(|e| io_err("cannot open directory for", key, e))?;
         let mut rel = String::from("objects");
         for seg in &dirs {
@@ -381,6 +384,25 @@ impl DirectoryStore {
         rel.push('/');
         rel.push_str(&leaf);
         Ok(Some(Parent { dir: cur, leaf: name(&leaf)?, rel }))
+    }
+
+    /// [`DirectoryStore::parent`] in one system call ([`Dir::open_beneath`]) when the
+    /// key has directories, they all exist and (with `create`) are known durable;
+    /// `None` otherwise, and on any error, so that the component walk runs and gives
+    /// its exact result (missing directories, links, foreign entries).
+    fn parent_fast(&self, dirs: &[String], leaf: &str, create: bool) -> Option<Parent> {
+        if dirs.is_empty() {
+            return None;
+        }
+        let path = dirs.join("/");
+        let rel = format!("objects/{path}");
+        // The walk marks each directory durable after syncing its parent, outermost
+        // first, so the deepest one being known durable covers all of them.
+        if create && !self.durable_dirs.read().contains(&rel) {
+            return None;
+        }
+        let dir = self.objects_dir.open_beneath(&c_name(&path).ok()?).ok()?;
+        Some(Parent { dir, leaf: c_name(leaf).ok()?, rel: format!("{rel}/{leaf}") })
     }
 
     /// The error of a directory component that could not be opened.

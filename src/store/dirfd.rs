@@ -3,8 +3,10 @@
 //! `O_NOFOLLOW` (and `O_DIRECTORY` for directories), so a symbolic link planted
 //! anywhere below the root is never followed (`openat(2)`, `mkdirat(2)`,
 //! `fstatat(2)` with `AT_SYMLINK_NOFOLLOW`, `linkat(2)`, `renameat(2)`,
-//! `unlinkat(2)`). `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` would do one walk
-//! in one call, but is not needed: the component walk is portable and exact.
+//! `unlinkat(2)`). Where the kernel has it (Linux 5.6+), [`Dir::open_beneath`] does
+//! the same walk in one call (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`); the
+//! store uses it as a fast path and falls back to the component walk, which gives the
+//! exact per-component errors, whenever it fails.
 //!
 //! All functions are thread-safe (they only use their own descriptors) and never panic.
 
@@ -75,6 +77,46 @@ impl Dir {
         let fd = cvt(unsafe { libc::openat(self.0.as_raw_fd(), name.as_ptr(), flags) })?;
         // SAFETY: a fresh descriptor we own.
         Ok(Dir(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Opens the directory at the relative path `rel` (components separated by `/`)
+    /// in one `openat2(2)` call that refuses every symbolic link on the way
+    /// (`RESOLVE_NO_SYMLINKS`, also "magic" links) and any escape from this directory
+    /// (`RESOLVE_BENEATH`): the same directory the component walk of
+    /// [`Dir::open_dir`] reaches, or an error. `Unsupported` when the kernel (or a
+    /// seccomp filter) lacks `openat2`; remembered process-wide after the first such
+    /// answer, so later calls cost nothing.
+    pub(crate) fn open_beneath(&self, rel: &CStr) -> io::Result<Dir> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static MISSING: AtomicBool = AtomicBool::new(false);
+        if MISSING.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        // SAFETY: `open_how` is plain data; all-zero is a valid value, filled below.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+        // SAFETY: valid descriptor, C string and `open_how` of the size passed; the
+        // result is a new descriptor owned below (or -1).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.0.as_raw_fd(),
+                rel.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
+                MISSING.store(true, Ordering::Relaxed);
+                return Err(io::ErrorKind::Unsupported.into());
+            }
+            return Err(e);
+        }
+        // SAFETY: a fresh descriptor we own (`r` fits an int: the kernel returns one).
+        Ok(Dir(unsafe { OwnedFd::from_raw_fd(r as libc::c_int) }))
     }
 
     /// A second handle of the same directory.
