@@ -9,6 +9,7 @@ use crate::ffi::handles::{mws_binding, mws_registration_lease};
 use crate::ffi::strings::opt_str_arg;
 use crate::protocol::guards::GuardProvider;
 use crate::protocol::guards::StaticGuard;
+use crate::protocol::RegistrationLease;
 use crate::protocol::UploadArgs;
 use crate::protocol::WeightStore;
 use crate::protocol::{Progress, ProgressFn};
@@ -110,17 +111,40 @@ pub(crate) unsafe fn with_upload_args<T>(
 ) -> FfiResult<T> {
     // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
     let a = unsafe { io_args(args) }?;
-    let rb = binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {}", f.message))
-    })?;
+    let rb = source_binding(binding, "")?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
     let report = a.progress.map(|c| move |p: &Progress| c.report(p));
-    let ua = UploadArgs {
-        worker_id: a.worker_id,
-        guard: Some(&*a.guard),
-        transfer_id: a.transfer_id,
-        lease: lease.as_deref(),
-        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-    };
+    let ua = a.upload_args(lease.as_deref(), report.as_ref().map(|f| f as ProgressFn<'_>));
     Ok(run(&rb, ua)?)
+}
+
+/// The runtime binding of a source handle, or `MWS_INVALID_BINDING`
+/// (`invalid source runtime binding: {at}...`; `at` names the handle in a list, e.g.
+/// `"bindings[3]: "`, or is empty).
+pub(crate) fn source_binding(binding: &mws_binding, at: &str) -> FfiResult<RuntimeBinding> {
+    binding.build().map_err(|f| {
+        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {at}{}", f.message))
+    })
+}
+
+impl<'a> IoArgs<'a> {
+    /// The [`UploadArgs`] these arguments say, with `lease` (already checked against
+    /// the store) in place of `self.lease` and `progress` (a trampoline to
+    /// `self.progress` that the caller keeps alive for the call).
+    pub(crate) fn upload_args<'x>(
+        &'x self,
+        lease: Option<&'x RegistrationLease>,
+        progress: Option<ProgressFn<'x>>,
+    ) -> UploadArgs<'x>
+    where
+        'a: 'x,
+    {
+        UploadArgs {
+            worker_id: self.worker_id,
+            guard: Some(&*self.guard),
+            transfer_id: self.transfer_id,
+            lease,
+            progress,
+        }
+    }
 }

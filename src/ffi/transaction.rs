@@ -7,9 +7,9 @@ use crate::ffi::handles::{
     handle, mws_binding, mws_placement, mws_receipts, mws_registration_lease, mws_store, mws_stored_manifest,
     mws_transaction, mws_upload_plan, Handle,
 };
-use crate::ffi::io_args::{io_args, mws_io_args, with_upload_args};
+use crate::ffi::io_args::{io_args, mws_io_args, source_binding, with_upload_args};
 use crate::ffi::strings::{check_out, slice_arg, write_out};
-use crate::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadArgs, UploadSource};
+use crate::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadSource};
 use std::ffi::c_int;
 
 /// The state of an `mws_transaction` handle (`mws_transaction_get_state`).
@@ -151,12 +151,7 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
         for (i, b) in handles.iter().enumerate() {
             // SAFETY: the pointer is NULL or a live handle for the call (this function's contract).
             let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
-            built.push(b.build().map_err(|f| {
-                Failure::new(
-                    mws_status::MWS_INVALID_BINDING,
-                    format!("invalid source runtime binding: bindings[{i}]: {}", f.message),
-                )
-            })?);
+            built.push(source_binding(b, &format!("bindings[{i}]: "))?);
         }
         // One read lock per lease: the same lease twice would lock it twice (and can
         // only fit one binding anyway).
@@ -178,13 +173,7 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
             .map(|(i, rb)| UploadSource { binding: rb, lease: locked.get(i).and_then(|l| l.as_deref()) })
             .collect();
         let report = a.progress.map(|c| move |p: &Progress| c.report(p));
-        let ua = UploadArgs {
-            worker_id: a.worker_id,
-            guard: Some(&*a.guard),
-            transfer_id: a.transfer_id,
-            lease: None,
-            progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-        };
+        let ua = a.upload_args(None, report.as_ref().map(|f| f as ProgressFn<'_>));
         // SAFETY: the bindings' buffers satisfy this function's contract.
         Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, ua) }?)
     })
