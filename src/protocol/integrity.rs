@@ -1,7 +1,7 @@
 //! End-to-end payload integrity (the I/O half; keys, block sums and the record's
 //! format are pure, in [`crate::plan::integrity`]).
 //!
-//! - Upload: `source_checksums` computes the CRC-32C of every 1 MiB block of every
+//! - Upload: `SourceChecksums` computes the CRC-32C of every 1 MiB block of every
 //!   host source region while its bytes are written (sources are pinned and not
 //!   written during the call, so these are the bytes stored). They travel in the
 //!   receipts ([`UploadReceipt::block_checksums`]).
@@ -28,14 +28,13 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::integrity::{
-    block_checksums, block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord,
-    ObjectChecksums, BLOCK_BYTES,
+    block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord, ObjectChecksums, BLOCK_BYTES,
 };
 use crate::plan::upload::UploadPlan;
 use crate::runtime::{MemoryKind, RuntimeFragment};
 use crate::store::{MemoryRegion, ObjectStore, RangeRead, RecordType, WriteConfig};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// Scratch bytes re-read per verification step (whole blocks).
 const SCRATCH_BYTES: u64 = 64 << 20;
@@ -44,38 +43,118 @@ fn integrity_err(msg: String) -> Error {
     Error::new(ErrorKind::Integrity, msg)
 }
 
-/// Block checksums of each source fragment's bytes (host memory only; `None` for
-/// device memory, which the library cannot read without a copy). Runs on up to
-/// `workers` threads. Once `cancel` is set, fragments not yet started get `None`
-/// (the caller discards the result).
+/// The block checksums of a set of source fragments, computed by whichever
+/// threads call [`SourceChecksums::work`]: one shared queue of 1 MiB blocks, so
+/// background helpers and the calling thread (once its puts are done) split the
+/// remaining work without waiting for each other.
 ///
-/// # Safety
-/// Every host fragment's `(address, nbytes)` must be valid for reads and not written
-/// for the duration of the call.
-pub(crate) unsafe fn source_checksums(
-    frags: &[RuntimeFragment],
-    workers: usize,
-    cancel: &AtomicBool,
-) -> Vec<Option<Vec<u32>>> {
-    let bytes: u64 = frags.iter().filter(|f| f.memory() == MemoryKind::Host).map(|f| f.nbytes()).sum();
-    let mut out: Vec<Option<Vec<u32>>> = vec![None; frags.len()];
-    let done = crate::store::run_parallel_on((0..frags.len()).collect(), bytes, workers, |i, _: &mut ()| {
-        let f = &frags[i];
-        if cancel.load(Ordering::Relaxed) || f.memory() != MemoryKind::Host || usize::try_from(f.nbytes()).is_err() {
-            return None;
+/// Only host fragments are summed (device memory cannot be read without a copy:
+/// its entry is `None`). Once [`cancel`](Self::cancel) is called, blocks not yet
+/// started are skipped and [`finish`](Self::finish) returns `None` for every
+/// fragment not complete.
+pub(crate) struct SourceChecksums<'a> {
+    frags: &'a [RuntimeFragment],
+    /// Flat index of each fragment's first block; `usize::MAX` when not summed.
+    first: Vec<usize>,
+    /// `(fragment, block)` of every flat block, in fragment order.
+    blocks: Vec<(u32, u32)>,
+    sums: Vec<AtomicU32>,
+    done: AtomicUsize,
+    next: AtomicUsize,
+    cancelled: AtomicBool,
+}
+
+impl<'a> SourceChecksums<'a> {
+    /// The queue of every block of every host fragment of `frags`.
+    ///
+    /// # Safety
+    /// Every host fragment's `(address, nbytes)` must be valid for reads and not
+    /// written until the last [`work`](Self::work) call returns.
+    pub(crate) unsafe fn new(frags: &'a [RuntimeFragment]) -> Self {
+        let mut first = Vec::with_capacity(frags.len());
+        let mut blocks = Vec::new();
+        for (i, f) in frags.iter().enumerate() {
+            let summed =
+                f.memory() == MemoryKind::Host && usize::try_from(f.nbytes()).is_ok() && i <= u32::MAX as usize;
+            let n = block_count(f.nbytes());
+            if !summed || n > u64::from(u32::MAX) {
+                first.push(usize::MAX);
+                continue;
+            }
+            first.push(blocks.len());
+            blocks.extend((0..n as u32).map(|b| (i as u32, b)));
         }
-        if f.nbytes() == 0 {
-            return Some(Vec::new());
+        let sums = (0..blocks.len()).map(|_| AtomicU32::new(0)).collect();
+        SourceChecksums {
+            frags,
+            first,
+            blocks,
+            sums,
+            done: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            cancelled: AtomicBool::new(false),
         }
-        // SAFETY: the caller guarantees the host source region valid for reads and
-        // unchanged for the call (this function's `# Safety`).
-        let src = unsafe { std::slice::from_raw_parts(f.address() as *const u8, f.nbytes() as usize) };
-        Some(block_checksums(src))
-    });
-    for (i, sums) in done {
-        out[i] = sums;
     }
-    out
+
+    /// Host bytes still to sum (an estimate once other threads work).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.blocks.len().saturating_sub(self.next.load(Ordering::Relaxed)) as u64 * BLOCK_BYTES
+    }
+
+    /// Sums blocks from the shared queue until it is empty or cancelled. Any number
+    /// of threads may call it at once.
+    pub(crate) fn work(&self) {
+        while !self.cancelled.load(Ordering::Relaxed) {
+            let k = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(i, b)) = self.blocks.get(k) else { return };
+            let f = &self.frags[i as usize];
+            let (start, end) = block_range(u64::from(b), f.nbytes());
+            // SAFETY: `new`'s contract: the host region `(address, nbytes)` is valid
+            // for reads and unchanged while `work` runs; `[start, end)` lies inside it.
+            let block = unsafe {
+                std::slice::from_raw_parts((f.address() as *const u8).add(start as usize), (end - start) as usize)
+            };
+            self.sums[k].store(crc32c::crc32c(block), Ordering::Relaxed);
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Stops the queue: blocks not yet started are never summed.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// The checksums per fragment (in `frags` order), once every worker returned:
+    /// `None` for device fragments and after a cancel that left blocks unsummed.
+    pub(crate) fn finish(self) -> Vec<Option<Vec<u32>>> {
+        let complete = self.done.load(Ordering::Acquire) == self.blocks.len();
+        self.frags
+            .iter()
+            .zip(&self.first)
+            .map(|(f, &first)| {
+                (complete && first != usize::MAX).then(|| {
+                    let n = block_count(f.nbytes()) as usize;
+                    self.sums[first..first + n].iter().map(|s| s.load(Ordering::Relaxed)).collect()
+                })
+            })
+            .collect()
+    }
+}
+
+/// Lowers the calling thread to the idle scheduling class (Linux `SCHED_IDLE`): it
+/// then runs only on CPU time no other thread wants. For background checksum
+/// helpers, so that the store's own threads (woken once per object of a put) are
+/// never delayed by them; the thread that waits for the helpers also works the
+/// same queue, so a starved helper costs nothing but its share. Best effort: a
+/// failure (or another OS) leaves the priority unchanged.
+pub(crate) fn lower_to_idle_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `sched_setscheduler(0, ..)` changes only the calling thread; the
+        // parameter struct is fully initialised (priority 0, required by SCHED_IDLE).
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    }
 }
 
 /// The integrity record of `plan` built from `receipts`, or `None` when any
@@ -490,4 +569,69 @@ pub fn verify_revision(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::integrity::block_checksums;
+    use crate::runtime::RuntimeFragmentSpec;
+
+    fn fragment(id: &str, bytes: &[u8], memory: MemoryKind) -> RuntimeFragment {
+        let address = bytes.as_ptr() as u64;
+        RuntimeFragment::new(RuntimeFragmentSpec {
+            placement_fragment_id: id.into(),
+            fragment_id: id.into(),
+            address,
+            nbytes: bytes.len() as u64,
+            worker_id: "w".into(),
+            endpoint: "e".into(),
+            device: "cpu".into(),
+            itemsize: 1,
+            local_shape: vec![bytes.len() as u64],
+            strides_bytes: vec![1],
+            storage_address: address,
+            storage_nbytes: bytes.len() as u64,
+            storage_offset_bytes: 0,
+            memory,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn source_checksums_from_several_threads_equal_one_pass() {
+        let a: Vec<u8> = (0..(5 * BLOCK_BYTES as usize + 17)).map(|i| (i * 7 % 251) as u8).collect();
+        let b: Vec<u8> = (0..(BLOCK_BYTES as usize)).map(|i| (i % 13) as u8).collect();
+        let c = vec![9u8; 3];
+        let frags = vec![
+            fragment("a", &a, MemoryKind::Host),
+            fragment("dev", &b, MemoryKind::Device(0)),
+            fragment("b", &b, MemoryKind::Host),
+            fragment("c", &c, MemoryKind::Host),
+        ];
+        // SAFETY: the fragments view live, unchanged vectors for the whole test.
+        let sums = unsafe { SourceChecksums::new(&frags) };
+        assert_eq!(sums.bytes(), 8 * BLOCK_BYTES, "6 + 1 + 1 host blocks; the device fragment is not read");
+        std::thread::scope(|sc| {
+            for _ in 0..3 {
+                sc.spawn(|| sums.work());
+            }
+            sums.work();
+        });
+        assert_eq!(sums.bytes(), 0);
+        let got = sums.finish();
+        assert_eq!(got, vec![Some(block_checksums(&a)), None, Some(block_checksums(&b)), Some(block_checksums(&c))]);
+        assert_eq!(got[0].as_ref().unwrap().len(), 6);
+    }
+
+    #[test]
+    fn cancelled_source_checksums_are_never_reported() {
+        let a = vec![1u8; 3 * BLOCK_BYTES as usize];
+        let frags = vec![fragment("a", &a, MemoryKind::Host)];
+        // SAFETY: the fragment views a live, unchanged vector for the whole test.
+        let sums = unsafe { SourceChecksums::new(&frags) };
+        sums.cancel();
+        sums.work();
+        assert_eq!(sums.finish(), vec![None]);
+    }
 }

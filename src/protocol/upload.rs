@@ -7,6 +7,7 @@
 
 use super::commit;
 use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
+use super::integrity::SourceChecksums;
 use super::progress::{ProgressPhase, Reporter};
 use super::receipt::UploadReceipt;
 use super::registration::registration_requests;
@@ -19,7 +20,6 @@ use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, Runti
 use crate::store::{MemoryRegion, PutFrom, RecordType, WriteConfig};
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Options of [`WeightStore::upload`].
 #[derive(Clone, Copy, Default)]
@@ -358,9 +358,10 @@ fn nest(
 const OVERLAP_MIN_BYTES: u64 = 4 << 20;
 
 /// The put batches of `ops` from `frags` (in order), with the block checksums of
-/// the host sources computed on helper threads meanwhile (they read the same
-/// unchanged bytes the puts read; the calling thread runs the puts). Returns the
-/// checksums in `frags` order. Sets `started` before the first put.
+/// the host sources computed meanwhile by background helper threads at idle
+/// priority (they read the same unchanged bytes the puts read; the calling thread
+/// runs the puts, then sums whatever blocks the helpers have not reached). Returns
+/// the checksums in `frags` order. Sets `started` before the first put.
 ///
 /// # Safety
 /// Every host fragment's `(address, nbytes)` must be valid for reads and not written
@@ -374,26 +375,30 @@ unsafe fn write_payloads(
     started: &Cell<bool>,
 ) -> Result<Vec<Option<Vec<u32>>>> {
     let group = plan.manifest().group_id();
-    let cancel = AtomicBool::new(false);
-    let host: u64 = frags.iter().filter(|f| f.memory() == MemoryKind::Host).map(|f| f.nbytes()).sum();
-    if host < OVERLAP_MIN_BYTES {
-        // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
-        let sums = unsafe { super::integrity::source_checksums(frags, 1, &cancel) };
-        return put_batches(ws, ops, frags, group, progress, started).map(|()| sums);
+    // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
+    let sums = unsafe { SourceChecksums::new(frags) };
+    if sums.bytes() < OVERLAP_MIN_BYTES {
+        sums.work();
+        return put_batches(ws, ops, frags, group, progress, started).map(|()| sums.finish());
     }
     // One thread fewer than the store's I/O threads: the calling thread puts.
-    let workers = crate::store::io_threads().saturating_sub(1).max(1);
-    std::thread::scope(|sc| {
-        let cancel = &cancel;
-        // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
-        let crc = sc.spawn(move || unsafe { super::integrity::source_checksums(frags, workers, cancel) });
-        let puts = put_batches(ws, ops, frags, group, progress, started);
-        if puts.is_err() {
-            cancel.store(true, Ordering::Relaxed);
+    let helpers = crate::store::io_threads().saturating_sub(1).max(1);
+    let puts = std::thread::scope(|sc| {
+        let sums = &sums;
+        for _ in 0..helpers {
+            sc.spawn(move || {
+                super::integrity::lower_to_idle_priority();
+                sums.work();
+            });
         }
-        let sums = crc.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        puts.map(|()| sums)
-    })
+        let puts = put_batches(ws, ops, frags, group, progress, started);
+        match puts {
+            Ok(()) => sums.work(),
+            Err(_) => sums.cancel(),
+        }
+        puts
+    });
+    puts.map(|()| sums.finish())
 }
 
 fn put_batches(
