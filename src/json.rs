@@ -35,12 +35,49 @@ fn push_u16_escape(out: &mut String, unit: u32) {
     }
 }
 
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Nonzero when some byte of `x` is below `n` (exact as a boolean for `n <= 128`).
+#[inline]
+fn any_byte_below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(LO * u64::from(n)) & !x & HI
+}
+
+/// Nonzero when some byte of `x` equals `b`.
+#[inline]
+fn any_byte_is(x: u64, b: u8) -> u64 {
+    any_byte_below(x ^ (LO * u64::from(b)), 1)
+}
+
+/// Whether byte `b` is written as itself in `profile` (no escape).
+#[inline]
+fn plain(b: u8, profile: Profile) -> bool {
+    b >= 0x20 && b != b'"' && b != b'\\' && (profile == Profile::Utf8 || b < 0x7f)
+}
+
+/// Whether every byte of `bytes` is written as itself in `profile`: eight bytes
+/// at a time (ids and keys are long and almost never need an escape).
+fn all_plain(bytes: &[u8], profile: Profile) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let x = u64::from_le_bytes(w.try_into().expect("chunks of eight bytes"));
+        let mut bad = any_byte_below(x, 0x20) | any_byte_is(x, b'"') | any_byte_is(x, b'\\');
+        if profile == Profile::Ascii {
+            bad |= (x & HI) | any_byte_is(x, 0x7f);
+        }
+        if bad != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|&b| plain(b, profile))
+}
+
 /// Appends `s` as a JSON string literal in `profile`.
 pub fn write_str(out: &mut String, s: &str, profile: Profile) {
     let bytes = s.as_bytes();
-    let limit = if profile == Profile::Ascii { 0x7f } else { 0x100 };
     // Fastest path (ids, keys): nothing to escape, one copy.
-    if bytes.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\' && (b as u32) < limit) {
+    if all_plain(bytes, profile) {
         out.reserve(bytes.len() + 2);
         out.push('"');
         out.push_str(s);
@@ -52,8 +89,7 @@ pub fn write_str(out: &mut String, s: &str, profile: Profile) {
     let mut start = 0;
     let mut i = 0;
     while i < bytes.len() {
-        let b = bytes[i];
-        if b >= 0x20 && b != b'"' && b != b'\\' && (b as u32) < limit {
+        if plain(bytes[i], profile) {
             i += 1;
             continue;
         }
@@ -83,6 +119,14 @@ pub fn write_str(out: &mut String, s: &str, profile: Profile) {
     out.push('"');
 }
 
+/// Two ASCII digits per value 0..=99.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 /// Appends a decimal integer.
 pub fn write_u64(out: &mut String, v: u64) {
     if v < 10 {
@@ -92,16 +136,23 @@ pub fn write_u64(out: &mut String, v: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut n = v;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+    while n >= 100 {
+        let r = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
     }
-    // The digits are ASCII: append them as one slice.
-    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
+    if n >= 10 {
+        let r = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    }
+    // SAFETY: `buf[i..]` holds only ASCII digits (from `DIGIT_PAIRS` or `b'0' + n`
+    // with `n < 10`), which are valid UTF-8.
+    out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
 }
 
 /// Appends `[a,b,c]` of integers.
@@ -433,6 +484,33 @@ pub(crate) fn write_kv_str(out: &mut String, k: &str, v: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_word_at_a_time_scan_agrees_with_the_byte_rule_at_every_position() {
+        for profile in [Profile::Ascii, Profile::Utf8] {
+            for b in 0..=255u8 {
+                for len in 1..=19 {
+                    for pos in 0..len {
+                        let mut bytes = vec![b'a'; len];
+                        bytes[pos] = b;
+                        let want = bytes.iter().all(|&c| plain(c, profile));
+                        assert_eq!(all_plain(&bytes, profile), want, "{profile:?} byte {b:#x} at {pos} of {len}");
+                    }
+                }
+            }
+        }
+        assert!(!plain(0x7f, Profile::Ascii) && plain(0x7f, Profile::Utf8));
+        assert!(!plain(0x1f, Profile::Utf8) && plain(0x20, Profile::Utf8) && plain(0xc3, Profile::Utf8));
+    }
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        for v in [0u64, 9, 10, 99, 100, 101, 999, 1000, 12345, 1 << 32, 10u64.pow(19), u64::MAX] {
+            let mut o = String::new();
+            write_u64(&mut o, v);
+            assert_eq!(o, v.to_string());
+        }
+    }
 
     fn a(s: &str) -> String {
         let mut o = String::new();
