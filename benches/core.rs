@@ -121,18 +121,20 @@ const REFERENCE_SECONDS: [(&str, [f64; 4]); 12] = [
 const REFERENCE_RSS_MIB: [f64; 4] = [35.0, 82.0, 495.0, 3784.0];
 
 /// (stage key, label) in print order.
-const STAGES: [(&str, &str); 16] = [
+const STAGES: [(&str, &str); 18] = [
     ("a0", "a0  build PlacementFragments (info)"),
     ("a", "(a) from_fragments"),
     ("a_digest", "(a) digest = compute_digest() [1]"),
     ("a_sha", "(a) baseline: sha256 of those bytes [2]"),
     ("b_to", "(b) placement to_json"),
+    ("b_copy", "(b) baseline: copy into fresh memory [3]"),
     ("b_from", "(b) placement from_json"),
     ("c0", "c0  build runtime bindings (info)"),
     ("c", "(c) plan_upload"),
     ("c_to", "(c) upload plan transport to_json"),
     ("c_from", "(c) upload plan transport from_json"),
     ("d_to", "(d) manifest to_json"),
+    ("d_copy", "(d) baseline: copy into fresh memory [3]"),
     ("d_from", "(d) manifest from_json"),
     ("d_digest", "(d) digest = compute_digest() [1]"),
     ("d_sha", "(d) baseline: sha256 of those bytes [2]"),
@@ -209,6 +211,14 @@ struct Timing {
 /// Runs `setup` (untimed) then `run` (timed) up to `reps` times and returns the
 /// best time and the last result. The previous result is dropped before the next
 /// setup, outside the timer, so at most one result is alive.
+/// The floor of a `to_json` row: the same bytes copied into a new allocation of
+/// the same size (first-touch page faults included, as a fresh `String` pays them).
+fn fresh_copy(s: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(s.len());
+    v.extend_from_slice(s.as_bytes());
+    v
+}
+
 fn bench<I, T>(reps: usize, mut setup: impl FnMut() -> I, mut run: impl FnMut(I) -> T) -> (Timing, T) {
     let mut best = f64::INFINITY;
     let mut best_cpu = f64::INFINITY;
@@ -334,6 +344,8 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     // (b) to_json, from_json.
     let (t, placement_json) = bench(reps, || (), |_| placement.to_json());
     times.push(("b_to", t));
+    let (t, _) = bench(reps, || (), |_| fresh_copy(&placement_json));
+    times.push(("b_copy", t));
     // The physical limit of the digest row: SHA-256 alone over the already
     // serialized bytes (one stream cannot hash faster).
     let (t, sha_only) = bench(reps, || (), |_| sha256_hex(placement_json.as_bytes()));
@@ -369,6 +381,8 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     // (d) manifest to_json, from_json, digest.
     let (t, manifest_json) = bench(reps, || (), |_| manifest.to_json());
     times.push(("d_to", t));
+    let (t, _) = bench(reps, || (), |_| fresh_copy(&manifest_json));
+    times.push(("d_copy", t));
     let (t, manifest2) = bench(reps, || (), |_| StoredManifest::from_json(manifest_json.as_bytes()));
     let manifest2 = manifest2.unwrap_or_else(|e| die("manifest from_json", e));
     times.push(("d_from", t));
@@ -578,6 +592,10 @@ fn main() {
          canonical JSON hashed as it is written (over 8 MiB: on a second thread, overlapped with serializing)."
     );
     println!("[2] SHA-256 alone over the already serialized JSON: the floor of the digest row above it.");
+    println!(
+        "[3] the serialized JSON copied into a fresh allocation of its size (memcpy plus first-touch page faults): \
+         the floor of the to_json row above it."
+    );
 
     let exe = std::env::current_exe().unwrap_or_else(|e| die("current_exe", e));
     let mut summary: Vec<(String, u64, u64, usize)> = Vec::new();
