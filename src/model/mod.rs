@@ -45,6 +45,25 @@ pub(crate) fn id_key(id: &std::sync::Arc<str>) -> u64 {
     h ^ (h >> 32)
 }
 
+/// Asks the CPU to bring the cache line at `p` closer (a hint: no effect on
+/// results). The serializers walk fragments in id order, which is not the order
+/// their strings and vectors were allocated in: at a million fragments each of
+/// those is a cache miss, so they prefetch a few fragments ahead.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes nothing architecturally visible,
+    // whatever the address (SSE is part of the x86_64 baseline).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// How many fragments ahead the serializers prefetch.
+pub(crate) const PREFETCH_AHEAD: usize = 8;
+
 /// Lowercase hex of a finished SHA-256 state.
 pub(crate) fn hex_of(h: Sha256) -> String {
     let digest = h.finalize();

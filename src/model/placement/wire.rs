@@ -68,6 +68,9 @@ impl Placement {
             }
             out.push_str("{\"fragments\":[");
             for (j, f) in part.fragments.iter().enumerate() {
+                if let Some(next) = part.fragments.get(j + crate::model::PREFETCH_AHEAD) {
+                    next.prefetch_heap();
+                }
                 if j > 0 {
                     out.push(',');
                 }
