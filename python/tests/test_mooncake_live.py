@@ -369,3 +369,33 @@ def test_registration_leases_and_batch_exists_against_live_store(mc_store, holde
     finally:
         for k, f in orig.items():
             setattr(holder, k, f)
+
+
+def test_batch_get_size_equals_get_size_against_live_store(holder, prefix):
+    """The backend's ``batch_get_size`` (one ``batch_get_replica_desc`` round trip)
+    answers exactly what ``get_size`` answers, for objects of several sizes and a
+    missing key among them; only the missing key is asked with ``get_size``."""
+    sizes = [1, 7, 4096, 100_000, (1 << 20) + 3]
+    keys = [f"{prefix}/s{n}" for n in sizes]
+    for k, n in zip(keys, sizes):
+        assert holder.put(k, bytes([n % 251]) * n, "g", 0) == 0
+    missing = f"{prefix}/missing"
+    asked = keys[:2] + [missing] + keys[2:]
+    expected = [holder.get_size(k) for k in asked]
+    assert expected == sizes[:2] + [-704] + sizes[2:]
+    single = []
+    orig = holder.get_size
+
+    def counted(key):
+        single.append(key)
+        return orig(key)
+
+    holder.get_size = counted
+    try:
+        assert holder.batch_get_size(asked) == expected
+        assert single == [missing]  # present keys: from their replica descriptors
+        assert holder.batch_get_size([]) == []
+    finally:
+        del holder.get_size
+    assert holder.get_size(keys[0]) == 1
+    holder.remove_prefix(prefix)
