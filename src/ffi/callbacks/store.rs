@@ -581,7 +581,7 @@ impl ObjectStore for CallbackStore {
         Ok(size as u64)
     }
 
-    /// With `batch_get_size`: one callback per [`SIZES_PER_CALL`] keys; each size is
+    /// With `batch_get_size`: one callback per `SIZES_PER_CALL` (1024) keys; each size is
     /// validated as [`ObjectStore::object_size`] validates `get_size`'s, and a key with
     /// a transient code (or a transient batch status) is asked again through
     /// `object_size` (with its retries). Without it: `object_size` per key.
