@@ -2,6 +2,7 @@
 // the C++ wrapper, on the memory, directory and vtable stores.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -108,6 +109,43 @@ TEST(Restore, VtableStoreWholeCycle) {
         round_trip(store, Layout{4, 2, 2, 2}, Layout{2, 1, 4, 1}, moe_model());
         EXPECT_GT(map->objects.size(), 2u);
     }
+    EXPECT_EQ(map->destroyed, 1);
+    delete map;
+}
+
+// A MapStore that answers the optional batch_get_size (after get_cost) and counts the
+// size queries of both kinds.
+struct SizedMapStore : MapStore {
+    std::atomic<int> batch_calls{0};
+    std::atomic<int> batch_keys{0};
+    std::atomic<int> single_calls{0};
+    static SizedMapStore *of(void *c) { return static_cast<SizedMapStore *>(static_cast<MapStore *>(c)); }
+    static int64_t counted_get_size(void *c, mws_bytes k) {
+        of(c)->single_calls++;
+        return MapStore::get_size(c, k);
+    }
+    static int32_t batch_get_size(void *c, const mws_bytes *keys, size_t n, int64_t *sizes) {
+        of(c)->batch_calls++;
+        of(c)->batch_keys += static_cast<int>(n);
+        for (size_t i = 0; i < n; ++i) sizes[i] = MapStore::get_size(c, keys[i]);
+        return 0;
+    }
+};
+
+TEST(Restore, VtableBatchGetSizeAnswersTheRestoreSizeChecks) {
+    auto *map = new SizedMapStore();
+    mws_store_vtable vt = MapStore::vtable();
+    vt.get_size = &SizedMapStore::counted_get_size;
+    vt.batch_get_size = &SizedMapStore::batch_get_size;
+    {
+        mws::Store store = mws::Store::from_vtable(vt, static_cast<MapStore *>(map));
+        round_trip(store, Layout{4, 2, 2, 2}, Layout{2, 1, 4, 1}, moe_model());
+    }
+    // One call per participant load (a handful), covering every payload it reads;
+    // no per-key get_size for them.
+    EXPECT_GT(map->batch_calls.load(), 0);
+    EXPECT_GE(map->batch_keys.load(), map->batch_calls.load());
+    EXPECT_EQ(map->single_calls.load(), 0);
     EXPECT_EQ(map->destroyed, 1);
     delete map;
 }

@@ -1497,7 +1497,8 @@ typedef struct mws_store_cost {
  * `ErrorCode` values: 0 ok, -704 not found, -706 object has lease, -200 no available
  * handle (transient), -600 invalid params, other negative = error. The library
  * retries -200 and -706 with a bounded backoff. `register_buffer`,
- * `unregister_buffer` and `destroy` may be NULL; every other callback is required.
+ * `unregister_buffer`, `destroy` and every field after `destroy` (`batch_exists`,
+ * `list`, `get_cost`, `batch_get_size`) may be NULL; every other callback is required.
  */
 typedef struct mws_store_vtable {
     /**
@@ -1600,6 +1601,18 @@ typedef struct mws_store_vtable {
      * use it to choose between ranged reads and staged span reads per region.
      */
     int32_t (*get_cost)(void *ctx, struct mws_store_cost *out);
+    /**
+     * Optional (NULL: `get_size` is called per key), read only when `size` covers it
+     * (a vtable of a previous, smaller size keeps working). Sizes of `n` keys in one
+     * round trip: writes per key the object's size in bytes (`>= 0`) or a negative
+     * code (-704 not found, -200/-706 transient: that key is then asked again with
+     * `get_size`) into `sizes[n]`; returns 0, or a negative batch-level error
+     * (applied to every key). `keys[n]` and `sizes[n]` are valid for the call only;
+     * a key left unwritten is an error. Restores ask it for every object they read
+     * (in chunks of at most 1024 keys) before writing any byte. Mooncake:
+     * `batch_get_replica_desc` (the size of a complete memory replica).
+     */
+    int32_t (*batch_get_size)(void *ctx, const struct mws_bytes *keys, size_t n, int64_t *sizes);
 } mws_store_vtable;
 
 /**

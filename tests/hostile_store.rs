@@ -169,6 +169,7 @@ fn huge_vtable() -> mws_store_vtable {
         batch_exists: None,
         list: None,
         get_cost: None,
+        batch_get_size: None,
     }
 }
 

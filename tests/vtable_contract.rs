@@ -20,6 +20,17 @@ use std::ffi::c_void;
 struct Fake {
     objects: Mutex<HashMap<String, Vec<u8>>>,
     overrides: Mutex<HashMap<&'static str, i64>>,
+    /// Calls per callback (`get_size`, `batch_get_size`) and keys per `batch_get_size` call.
+    calls: Mutex<HashMap<&'static str, usize>>,
+    batch_sizes: Mutex<Vec<usize>>,
+}
+
+fn count(f: &Fake, op: &'static str) {
+    *f.calls.lock().entry(op).or_insert(0) += 1;
+}
+
+fn calls(f: &Fake, op: &str) -> usize {
+    f.calls.lock().get(op).copied().unwrap_or(0)
 }
 
 unsafe fn fake<'a>(ctx: *mut c_void) -> &'a Fake {
@@ -62,6 +73,7 @@ unsafe extern "C" fn upsert(ctx: *mut c_void, k: mws_bytes, v: *const u8, n: u64
 unsafe extern "C" fn get_size(ctx: *mut c_void, k: mws_bytes) -> i64 {
     // SAFETY: the library hands back the `ctx`, keys and buffers this test gave it, alive and valid for the call.
     let f = unsafe { fake(ctx) };
+    count(f, "get_size");
     if let Some(c) = ov(f, "get_size") {
         return c;
     }
@@ -181,6 +193,26 @@ unsafe extern "C" fn batch_exists(ctx: *mut c_void, keys: *const mws_bytes, n: u
     ov(f, "batch_exists").unwrap_or(0) as i32
 }
 
+/// `"batch_get_size.item"` overrides every key's size (`i64::MIN`: leaves it unwritten).
+unsafe extern "C" fn batch_get_size(ctx: *mut c_void, keys: *const mws_bytes, n: usize, r: *mut i64) -> i32 {
+    // SAFETY: the library hands back the `ctx`, keys and buffers this test gave it, alive and valid for the call.
+    let f = unsafe { fake(ctx) };
+    count(f, "batch_get_size");
+    f.batch_sizes.lock().push(n);
+    // SAFETY: the library hands back the `ctx`, keys and buffers this test gave it, alive and valid for the call.
+    for (i, k) in unsafe { std::slice::from_raw_parts(keys, n) }.iter().enumerate() {
+        let size = match ov(f, "batch_get_size.item") {
+            Some(i64::MIN) => continue,
+            Some(c) => c,
+            // SAFETY: the library hands back the `ctx`, keys and buffers this test gave it, alive and valid for the call.
+            None => f.objects.lock().get(&unsafe { key(*k) }).map_or(-704, |v| v.len() as i64),
+        };
+        // SAFETY: the library hands back the `ctx`, keys and buffers this test gave it, alive and valid for the call.
+        *unsafe { &mut *r.add(i) } = size;
+    }
+    ov(f, "batch_get_size").unwrap_or(0) as i32
+}
+
 /// The fake (leaked: the store does not own it; `destroy` is NULL) and its store.
 fn store() -> (&'static Fake, CallbackStore) {
     let f: &'static Fake = Box::leak(Box::default());
@@ -208,6 +240,7 @@ fn vtable() -> mws_store_vtable {
         batch_exists: Some(batch_exists),
         list: None,
         get_cost: None,
+        batch_get_size: None,
     }
 }
 
@@ -475,4 +508,130 @@ fn a_vtable_of_an_older_size_keeps_its_optional_entries() {
     set(f, "batch_exists.item", 1);
     let r = s.batch_exists(&["a", "b"]);
     assert!(r.iter().all(|x| matches!(x, Ok(true))), "batch_exists was used: {r:?}");
+}
+
+/// A store whose vtable has `batch_get_size`, holding objects `a` (3 bytes) and `b` (0 bytes).
+fn sized_store() -> (&'static Fake, CallbackStore) {
+    let f: &'static Fake = Box::leak(Box::default());
+    let vt = mws_store_vtable { batch_get_size: Some(batch_get_size), ..vtable() };
+    let s = open_with(&vt, f).unwrap();
+    let g = groups(1);
+    s.put("a", b"aaa", &cfg(&g)).unwrap();
+    s.put("b", b"", &cfg(&g)).unwrap();
+    (f, s)
+}
+
+fn reset_calls(f: &Fake) {
+    f.calls.lock().clear();
+    f.batch_sizes.lock().clear();
+}
+
+#[test]
+fn object_sizes_asks_batch_get_size_once_per_chunk_and_never_get_size() {
+    let (f, s) = sized_store();
+    let r = s.object_sizes(&["a", "b", "nope", "a"]);
+    assert_eq!(r[0], Ok(3));
+    assert_eq!(r[1], Ok(0));
+    expect_err(r[2].clone(), ErrorKind::NotFound, "object not found: nope");
+    assert_eq!(r[3], Ok(3));
+    assert_eq!(calls(f, "batch_get_size"), 1);
+    assert_eq!(calls(f, "get_size"), 0);
+    assert_eq!(*f.batch_sizes.lock(), vec![4]);
+    // The callee's value is passed through unchanged, whatever it is (>= 0).
+    set(f, "batch_get_size.item", 1 << 60);
+    assert_eq!(s.object_sizes(&["a"]), vec![Ok(1 << 60)]);
+    set(f, "batch_get_size.item", i64::MAX);
+    assert_eq!(s.object_sizes(&["a"]), vec![Ok(i64::MAX as u64)]);
+    clear(f);
+    // Many keys: chunks of at most 1024 keys, results in key order.
+    reset_calls(f);
+    let keys: Vec<&str> = (0..2500).map(|i| if i % 2 == 0 { "a" } else { "b" }).collect();
+    let r = s.object_sizes(&keys);
+    assert_eq!(r.len(), 2500);
+    assert!(r.iter().enumerate().all(|(i, x)| *x == Ok(if i % 2 == 0 { 3 } else { 0 })), "{r:?}");
+    assert_eq!(*f.batch_sizes.lock(), vec![1024, 1024, 452]);
+    assert_eq!(calls(f, "get_size"), 0);
+    // No keys: no call.
+    reset_calls(f);
+    assert!(s.object_sizes(&[]).is_empty());
+    assert_eq!(calls(f, "batch_get_size"), 0);
+}
+
+#[test]
+fn batch_get_size_codes_keep_their_meaning() {
+    let (f, s) = sized_store();
+    set(f, "batch_get_size.item", -3);
+    let r = s.object_sizes(&["a", "b"]);
+    expect_err(r[0].clone(), ErrorKind::Store, "store callback batch_get_size failed for a: error code -3");
+    expect_err(r[1].clone(), ErrorKind::Store, "store callback batch_get_size failed for b: error code -3");
+    set(f, "batch_get_size.item", -704);
+    expect_err(s.object_sizes(&["a"]).remove(0), ErrorKind::NotFound, "object not found: a");
+    // A key left unwritten is an error naming it, never a size.
+    set(f, "batch_get_size.item", i64::MIN);
+    let r = s.object_sizes(&["a", "b"]);
+    expect_err(r[0].clone(), ErrorKind::Store, "store callback batch_get_size left no result for a");
+    expect_err(r[1].clone(), ErrorKind::Store, "store callback batch_get_size left no result for b");
+    clear(f);
+    // A positive batch status is a violation for every key, even with sizes written.
+    set(f, "batch_get_size", 1);
+    let r = s.object_sizes(&["a", "b"]);
+    expect_err(r[0].clone(), ErrorKind::Store, &violation("batch_get_size", "a", 1, BATCH));
+    expect_err(r[1].clone(), ErrorKind::Store, &violation("batch_get_size", "b", 1, BATCH));
+    // A negative batch status is every key's error, even with sizes written.
+    set(f, "batch_get_size", -9);
+    let r = s.object_sizes(&["a", "b"]);
+    expect_err(r[0].clone(), ErrorKind::Store, "store callback batch_get_size failed for a: error code -9");
+    expect_err(r[1].clone(), ErrorKind::Store, "store callback batch_get_size failed for b: error code -9");
+    set(f, "batch_get_size", -704);
+    expect_err(s.object_sizes(&["a"]).remove(0), ErrorKind::NotFound, "object not found: a");
+    assert_eq!(calls(f, "get_size"), 0);
+}
+
+#[test]
+fn batch_get_size_transient_codes_fall_back_to_get_size_per_key() {
+    let (f, s) = sized_store();
+    // Per key -200 / -706: that key is asked again with get_size (with its retries).
+    for code in [-200, -706] {
+        reset_calls(f);
+        set(f, "batch_get_size.item", code);
+        assert_eq!(s.object_sizes(&["a", "b", "nope"])[..2], [Ok(3), Ok(0)]);
+        expect_err(s.object_sizes(&["nope"]).remove(0), ErrorKind::NotFound, "object not found: nope");
+        assert_eq!(calls(f, "batch_get_size"), 2);
+        assert_eq!(calls(f, "get_size"), 4);
+    }
+    clear(f);
+    // A transient batch status: every key through get_size.
+    reset_calls(f);
+    set(f, "batch_get_size", -706);
+    assert_eq!(s.object_sizes(&["a", "b"]), vec![Ok(3), Ok(0)]);
+    assert_eq!(calls(f, "get_size"), 2);
+    // The fallback's own errors are get_size's.
+    set(f, "get_size", -3);
+    expect_err(
+        s.object_sizes(&["a"]).remove(0),
+        ErrorKind::Store,
+        "store callback get_size failed for a: error code -3",
+    );
+}
+
+#[test]
+fn object_sizes_without_batch_get_size_asks_get_size_per_key() {
+    // NULL callback.
+    let (f, s) = store();
+    let g = groups(1);
+    s.put("a", b"aaa", &cfg(&g)).unwrap();
+    let r = s.object_sizes(&["a", "nope"]);
+    assert_eq!(r[0], Ok(3));
+    expect_err(r[1].clone(), ErrorKind::NotFound, "object not found: nope");
+    assert_eq!(calls(f, "get_size"), 2);
+    // A vtable whose `size` ends before `batch_get_size`: the field is never read.
+    let f: &'static Fake = Box::leak(Box::default());
+    let mut vt = mws_store_vtable { batch_get_size: Some(batch_get_size), ..vtable() };
+    vt.size = std::mem::offset_of!(mws_store_vtable, batch_get_size) as u32;
+    let s = open_with(&vt, f).unwrap();
+    s.put("a", b"aaa", &cfg(&g)).unwrap();
+    set(f, "batch_get_size.item", -3); // would be an error if it were called
+    assert_eq!(s.object_sizes(&["a", "a"]), vec![Ok(3), Ok(3)]);
+    assert_eq!(calls(f, "batch_get_size"), 0);
+    assert_eq!(calls(f, "get_size"), 2);
 }

@@ -207,6 +207,7 @@ REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_uint32, c_uint3
 UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 BATCH_EXISTS_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_bytes), c_size_t, POINTER(c_int32))
+BATCH_GET_SIZE_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_bytes), c_size_t, POINTER(c_int64))
 LIST_EMIT_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, c_uint64)
 LIST_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, LIST_EMIT_FN, c_void_p)
 
@@ -236,6 +237,7 @@ class mws_store_vtable(Structure):
         ("batch_exists", BATCH_EXISTS_FN),
         ("list", LIST_FN),
         ("get_cost", GET_COST_FN),
+        ("batch_get_size", BATCH_GET_SIZE_FN),
     ]
 
 

@@ -13,6 +13,8 @@ method             Mooncake call
 ``upsert``         ``upsert(key, value, cfg)``
 ``get``            ``get_size`` + ``get_into`` (raises :class:`KeyError` if absent)
 ``get_size``       ``get_size(key)``
+``batch_get_size`` ``batch_get_replica_desc(keys)``: one round trip; per key the
+                   size of its COMPLETE memory replica, else ``get_size(key)``
 ``get_into``       ``get_into(key, ptr, cap)``
 ``exists``         ``is_exist(key)`` (alias ``is_exist``)
 ``remove``         ``remove(key, force=True)``; -704 counts as success
@@ -243,6 +245,54 @@ class MooncakeStoreBackend:
 
     def get_into(self, key: str, address: int, capacity: int) -> int:
         return self._int(self.store.get_into(key, address, capacity))
+
+    def batch_get_size(self, keys: Sequence[str]) -> List[int]:
+        """Per key, exactly what :meth:`get_size` answers (bytes, or -704 absent), in
+        one ``batch_get_replica_desc`` round trip: a key's size is its COMPLETE memory
+        replicas' ``buffer_descriptor.size`` (all of them agreeing). A key the answer
+        does not settle with certainty (absent from it, no COMPLETE replica, a disk
+        replica, replicas that disagree, a descriptor not understood) is asked with
+        ``get_size`` on its own; so is every key when the call raises or the wheel
+        has no ``batch_get_replica_desc``."""
+        keys = list(keys)
+        descs: Any = {}
+        done: Any = None
+        batch = getattr(self.store, "batch_get_replica_desc", None)
+        if keys and callable(batch):
+            try:
+                from mooncake.store import ReplicaStatus
+
+                done = ReplicaStatus.COMPLETE
+                descs = batch(keys)
+                if not isinstance(descs, dict):
+                    descs = {}
+            except Exception:  # noqa: BLE001 - fall back to get_size per key
+                descs = {}
+        out: List[int] = []
+        for k in keys:
+            size = self._replica_size(descs.get(k), done)
+            out.append(self.get_size(k) if size is None else size)
+        return out
+
+    @staticmethod
+    def _replica_size(replicas: Any, done: Any) -> Optional[int]:
+        """The object size the replica descriptors of one key state with certainty
+        (``done``: ``ReplicaStatus.COMPLETE``), or None (then ``get_size`` decides)."""
+        if not replicas or done is None:
+            return None
+        try:
+            complete = [r for r in replicas if r.status == done]
+            if not complete or not all(r.is_memory_replica() for r in complete):
+                return None  # nothing complete, or a disk replica: its size is not checked here
+            sizes = {r.get_memory_descriptor().buffer_descriptor.size for r in complete}
+        except Exception:  # noqa: BLE001 - a descriptor not understood
+            return None
+        if len(sizes) != 1:
+            return None
+        size = sizes.pop()
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return None
+        return size
 
     def get(self, key: str) -> bytes:
         """The whole object; raises :class:`KeyError` if absent, :class:`RuntimeError`

@@ -12,6 +12,9 @@ other negative = error):
 ``get_size(key) -> int``                                  size or negative
 ``get_into(key, address, capacity) -> int``               bytes read or negative
 ``exists(key) -> int`` (or ``is_exist``)                  1 / 0 / negative
+``batch_exists(keys) -> list[int]``                       optional: 1 / 0 / negative per key
+``batch_get_size(keys) -> list[int]``                     optional: size or negative per
+                                                          key, one round trip (restores)
 ``remove(key) -> int``                                    force remove; 0 or -704 = ok
 ``batch_put_from(items: list[PutItem], record_type)``     list of per-item codes
 ``get_into_ranges(items: list[RangeItem])``               list of bytes read / codes
@@ -145,6 +148,10 @@ class _VtableBridge:
             vt.list = _lib.LIST_FN(self._list)
         if callable(getattr(b, "cost", None)):
             vt.get_cost = _lib.GET_COST_FN(self._get_cost)
+        # Optional `batch_get_size(keys) -> list[int]`: the sizes a restore checks
+        # before writing, in one round trip instead of one `get_size` per key.
+        if callable(getattr(b, "batch_get_size", None)):
+            vt.batch_get_size = _lib.BATCH_GET_SIZE_FN(self._batch_get_size)
         self.vtable = vt
 
     # -- error containment ----------------------------------------------------------
@@ -223,6 +230,22 @@ class _VtableBridge:
             return 0
         except BaseException as e:  # noqa: BLE001
             return self._fail("batch_exists", e)
+
+    def _batch_get_size(self, ctx, keys, n, sizes):  # type: ignore[no-untyped-def]
+        try:
+            rcs = list(self.backend.batch_get_size([_key(keys[i]) for i in range(n)]))
+            if len(rcs) != n:
+                raise ValueError(f"batch_get_size returned {len(rcs)} results for {n} keys")
+            vals = [_int_result(rc) for rc in rcs]
+            for rc in vals:
+                # i64::MIN is the library's "no result" marker; beyond int64 ctypes would wrap.
+                if not -(2**63) < rc < 2**63:
+                    raise ValueError(f"batch_get_size returned {rc}, outside int64")
+            for i, rc in enumerate(vals):
+                sizes[i] = rc
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("batch_get_size", e)
 
     def _get_cost(self, ctx, out):  # type: ignore[no-untyped-def]
         """``backend.cost()`` -> a mapping (or object) with ``per_request_ns``,

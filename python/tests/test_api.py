@@ -796,3 +796,52 @@ def test_backend_cost_model_decides_staging(src):
         assert stats.staged_regions == 0 and stats.direct_regions == stats.regions > 0
     with pytest.raises(mws.errors.StoreError, match="get_cost"):
         Store.from_backend(Broken())
+
+
+class BatchSized(DictBackend):
+    """Answers ``batch_get_size`` (``drop``: that many results too few) and counts
+    every size query."""
+
+    def __init__(self, drop=0):
+        super().__init__()
+        self.drop = drop
+        self.batches = []
+        self.single = []
+
+    def get_size(self, key):
+        self.single.append(key)
+        return DictBackend.get_size(self, key)
+
+    def batch_get_size(self, keys):
+        self.batches.append(list(keys))
+        sizes = [DictBackend.get_size(self, k) for k in keys]
+        return sizes[: len(sizes) - self.drop]
+
+
+def test_restore_asks_sizes_through_batch_get_size(src):
+    """A backend with ``batch_get_size`` (the vtable's ``batch_get_size``) answers a
+    restore's size checks: one call per participant load, no ``get_size`` for those
+    keys; a wrong result count fails the restore with a clear error."""
+    m, _, bindings = src
+    be = BatchSized()
+    with Store.from_backend(be) as s:
+        with s.begin_snapshot(m.placement, bindings) as w:
+            w.write_all()
+        target = Model(SPEC, "tp", tp=2, dp=1)
+        bufs, stats = restore_into(s, w.manifest.key, target)
+        assert [f for p in target.participant_ids for f in target.verify(p, bufs[p])] == []
+        assert stats.bytes > 0
+        assert len(be.batches) == len(target.participant_ids), be.batches
+        asked = {k for b in be.batches for k in b}
+        assert asked and asked <= set(be.objects)
+        assert not asked & set(be.single), be.single
+        assert s.callback_errors == []
+    be = BatchSized(drop=1)
+    with Store.from_backend(be) as s:
+        with s.begin_snapshot(m.placement, bindings) as w:
+            w.write_all()
+        target = Model(SPEC, "tp", tp=2, dp=1)
+        with pytest.raises(mws.errors.StoreError, match="batch_get_size"):
+            restore_into(s, w.manifest.key, target)
+        assert any("batch_get_size returned" in e and "results for" in e for e in s.callback_errors), \
+            s.callback_errors

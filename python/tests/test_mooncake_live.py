@@ -124,7 +124,8 @@ def test_writer_killed_mid_upload_then_recovered_by_another_process(mc_store, ho
 
 class InjectingBackend:
     """Wraps a backend; the first call of each (operation, key) returns a transient
-    code: -200 for writes and size/exists queries, -706 for removals and reads."""
+    code: -200 for writes and size/exists queries, -706 for removals, reads and
+    ``batch_get_size`` keys."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -199,6 +200,20 @@ class InjectingBackend:
             out[i] = rc
         return out
 
+    def batch_get_size(self, keys):
+        out = [None] * len(keys)
+        fwd = []
+        for i, k in enumerate(keys):
+            if self._first("bgs", k):
+                self.injected["-706"] += 1
+                out[i] = OBJECT_HAS_LEASE
+            else:
+                fwd.append(i)
+        rcs = self.inner.batch_get_size([keys[i] for i in fwd]) if fwd else []
+        for i, rc in zip(fwd, rcs):
+            out[i] = rc
+        return out
+
     def register_buffer(self, *a):
         return self.inner.register_buffer(*a)
 
@@ -225,6 +240,9 @@ def test_transient_codes_are_retried_not_surfaced(holder, prefix):
         assert [k for k in plan.payload_keys if holder.exists(k)] == []
         assert store.callback_errors == []
     assert inj.injected["-200"] > 0 and inj.injected["-706"] > 0, inj.injected
+    # The restore's size checks went through batch_get_size, its -706 keys through get_size.
+    batched = {k for op, k in inj.seen if op == "bgs"}
+    assert batched and batched <= {k for op, k in inj.seen if op == "get_size"}
     holder.remove_prefix(prefix)
 
 
@@ -369,3 +387,33 @@ def test_registration_leases_and_batch_exists_against_live_store(mc_store, holde
     finally:
         for k, f in orig.items():
             setattr(holder, k, f)
+
+
+def test_batch_get_size_equals_get_size_against_live_store(holder, prefix):
+    """The backend's ``batch_get_size`` (one ``batch_get_replica_desc`` round trip)
+    answers exactly what ``get_size`` answers, for objects of several sizes and a
+    missing key among them; only the missing key is asked with ``get_size``."""
+    sizes = [1, 7, 4096, 100_000, (1 << 20) + 3]
+    keys = [f"{prefix}/s{n}" for n in sizes]
+    for k, n in zip(keys, sizes):
+        assert holder.put(k, bytes([n % 251]) * n, "g", 0) == 0
+    missing = f"{prefix}/missing"
+    asked = keys[:2] + [missing] + keys[2:]
+    expected = [holder.get_size(k) for k in asked]
+    assert expected == sizes[:2] + [-704] + sizes[2:]
+    single = []
+    orig = holder.get_size
+
+    def counted(key):
+        single.append(key)
+        return orig(key)
+
+    holder.get_size = counted
+    try:
+        assert holder.batch_get_size(asked) == expected
+        assert single == [missing]  # present keys: from their replica descriptors
+        assert holder.batch_get_size([]) == []
+    finally:
+        del holder.get_size
+    assert holder.get_size(keys[0]) == 1
+    holder.remove_prefix(prefix)

@@ -71,6 +71,9 @@ pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
+/// Most keys passed to one `batch_get_size` call.
+const SIZES_PER_CALL: usize = 1024;
+
 /// A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
 /// for the duration of the callback it is passed to.
 #[repr(C)]
@@ -137,7 +140,8 @@ pub struct mws_range_item {
 /// `ErrorCode` values: 0 ok, -704 not found, -706 object has lease, -200 no available
 /// handle (transient), -600 invalid params, other negative = error. The library
 /// retries -200 and -706 with a bounded backoff. `register_buffer`,
-/// `unregister_buffer` and `destroy` may be NULL; every other callback is required.
+/// `unregister_buffer`, `destroy` and every field after `destroy` (`batch_exists`,
+/// `list`, `get_cost`, `batch_get_size`) may be NULL; every other callback is required.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct mws_store_vtable {
@@ -221,6 +225,17 @@ pub struct mws_store_vtable {
     /// returns 0, or a negative code (the open then fails with `MWS_STORE`). Restores
     /// use it to choose between ranged reads and staged span reads per region.
     pub get_cost: Option<unsafe extern "C" fn(ctx: *mut c_void, out: *mut mws_store_cost) -> i32>,
+    /// Optional (NULL: `get_size` is called per key), read only when `size` covers it
+    /// (a vtable of a previous, smaller size keeps working). Sizes of `n` keys in one
+    /// round trip: writes per key the object's size in bytes (`>= 0`) or a negative
+    /// code (-704 not found, -200/-706 transient: that key is then asked again with
+    /// `get_size`) into `sizes[n]`; returns 0, or a negative batch-level error
+    /// (applied to every key). `keys[n]` and `sizes[n]` are valid for the call only;
+    /// a key left unwritten is an error. Restores ask it for every object they read
+    /// (in chunks of at most 1024 keys) before writing any byte. Mooncake:
+    /// `batch_get_replica_desc` (the size of a complete memory replica).
+    pub batch_get_size:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, keys: *const mws_bytes, n: usize, sizes: *mut i64) -> i32>,
 }
 
 /// What a request to a vtable store costs (`mws_store_vtable.get_cost`): about
@@ -564,6 +579,40 @@ impl ObjectStore for CallbackStore {
             return Err(code_error("get_size", key, size));
         }
         Ok(size as u64)
+    }
+
+    /// With `batch_get_size`: one callback per `SIZES_PER_CALL` (1024) keys; each size is
+    /// validated as [`ObjectStore::object_size`] validates `get_size`'s, and a key with
+    /// a transient code (or a transient batch status) is asked again through
+    /// `object_size` (with its retries). Without it: `object_size` per key.
+    fn object_sizes(&self, keys: &[&str]) -> Vec<Result<u64>> {
+        let Some(f) = self.vt.batch_get_size else {
+            return keys.iter().map(|k| self.object_size(k)).collect();
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(SIZES_PER_CALL) {
+            let c_keys: Vec<mws_bytes> = chunk.iter().map(|k| mws_bytes::of(k)).collect();
+            let mut sizes = vec![i64::MIN; chunk.len()];
+            // SAFETY: a checked optional vtable function over `ctx`; `c_keys` and `sizes`
+            // hold `chunk.len()` elements and the keys they point to outlive the call.
+            let batch = unsafe { f(self.ctx.0, c_keys.as_ptr(), c_keys.len(), sizes.as_mut_ptr()) };
+            for (&key, &size) in chunk.iter().zip(&sizes) {
+                let code = if batch < 0 { batch as i64 } else { size };
+                out.push(if batch > 0 {
+                    Err(violation("batch_get_size", key, batch as i64, "batch status: 0 or a negative error code"))
+                } else if code >= 0 {
+                    Ok(code as u64)
+                } else if code == i64::MIN {
+                    let msg = format!("store callback batch_get_size left no result for {key}");
+                    Err(Error::new(ErrorKind::Store, msg))
+                } else if transient(code) {
+                    self.object_size(key)
+                } else {
+                    Err(code_error("batch_get_size", key, code))
+                });
+            }
+        }
+        out
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
