@@ -96,7 +96,8 @@ impl<'a> SourceChecksums<'a> {
         }
     }
 
-    /// Host bytes still to sum (an estimate once other threads work).
+    /// Host bytes still to sum, counted in whole blocks (each block as [`BLOCK_BYTES`];
+    /// an estimate once other threads work).
     pub(crate) fn bytes(&self) -> u64 {
         self.blocks.len().saturating_sub(self.next.load(Ordering::Relaxed)) as u64 * BLOCK_BYTES
     }

@@ -219,25 +219,30 @@ pub(crate) fn execute_batch(
     }
 }
 
+/// Unregisters each of `addresses` in the given order, attempting all; returns the
+/// failures in that order: the address with the engine's non-zero code (`Ok`) or
+/// its error text (`Err`: the outcome is unknown).
+fn unregister_each(
+    engine: &dyn TransferEngine,
+    addresses: impl IntoIterator<Item = u64>,
+) -> Vec<(u64, std::result::Result<String, String>)> {
+    addresses
+        .into_iter()
+        .filter_map(|a| match engine.unregister_memory(a) {
+            Ok(0) => None,
+            Ok(code) => Some((a, Ok(code.to_string()))),
+            Err(e) => Some((a, Err(e.message))),
+        })
+        .collect()
+}
+
 /// Unregisters `addresses` in reverse order, attempting all; returns the failed
 /// addresses and, per failure, the code or the error text.
 pub(crate) fn unregister_all(engine: &dyn TransferEngine, addresses: &[u64]) -> (Vec<u64>, Vec<String>) {
-    let mut failed = Vec::new();
-    let mut failures = Vec::new();
-    for &a in addresses.iter().rev() {
-        match engine.unregister_memory(a) {
-            Ok(0) => {}
-            Ok(code) => {
-                failed.push(a);
-                failures.push(code.to_string());
-            }
-            Err(e) => {
-                failed.push(a);
-                failures.push(e.message);
-            }
-        }
-    }
-    (failed, failures)
+    unregister_each(engine, addresses.iter().rev().copied())
+        .into_iter()
+        .map(|(a, r)| (a, r.unwrap_or_else(|message| message)))
+        .unzip()
 }
 
 /// Hands an unknown batch's resources to a new pending entry and builds the error
@@ -453,22 +458,10 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
     };
     let mut addresses = registrations;
     addresses.sort_unstable_by(|a, b| b.cmp(a));
-    let mut failed = Vec::new();
-    let mut failures = Vec::new();
-    let mut unknown = None;
-    for a in addresses {
-        match engine.unregister_memory(a) {
-            Ok(0) => {}
-            Ok(code) => {
-                failed.push(a);
-                failures.push(code.to_string());
-            }
-            Err(err) => {
-                failed.push(a);
-                unknown.get_or_insert(err.message);
-            }
-        }
-    }
+    let outcomes = unregister_each(&*engine, addresses);
+    let failed: Vec<u64> = outcomes.iter().map(|(a, _)| *a).collect();
+    let failures: Vec<String> = outcomes.iter().filter_map(|(_, r)| r.as_ref().ok().cloned()).collect();
+    let unknown = outcomes.into_iter().find_map(|(_, r)| r.err());
     let restore = |failed: Vec<u64>, tokens: Vec<Box<dyn LifetimeToken>>, restart: bool| {
         let mut t = TABLE.lock();
         let e = t.entries.get_mut(id).expect("a claimed entry stays");
