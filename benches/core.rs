@@ -219,6 +219,16 @@ fn fresh_copy(s: &str) -> Vec<u8> {
     v
 }
 
+/// glibc keeps freed small blocks in "fast bins" and coalesces them only when a
+/// later request needs a large block, so the first large allocation after many
+/// small frees pays for all of them: at w1m-moe, 100 ms of the placement digest
+/// stage was its first 1 MiB buffer, right after the bench dropped its 1.1 M input
+/// fragments. One large request before the clock starts settles what the bench
+/// (or an earlier stage) freed; a stage still pays for its own frees.
+fn settle_allocator() {
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(64 << 10)));
+}
+
 fn bench<I, T>(reps: usize, mut setup: impl FnMut() -> I, mut run: impl FnMut(I) -> T) -> (Timing, T) {
     let mut best = f64::INFINITY;
     let mut best_cpu = f64::INFINITY;
@@ -228,6 +238,7 @@ fn bench<I, T>(reps: usize, mut setup: impl FnMut() -> I, mut run: impl FnMut(I)
     for _ in 0..reps.max(1) {
         drop(out.take());
         let input = setup();
+        settle_allocator();
         let base = HEAP_LIVE.load(Relaxed);
         HEAP_PEAK.store(base, Relaxed);
         let c0 = thread_cpu_seconds();
