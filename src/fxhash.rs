@@ -70,3 +70,82 @@ pub fn map_with_capacity<K, V>(n: usize) -> FxHashMap<K, V> {
 pub fn set_with_capacity<K>(n: usize) -> FxHashSet<K> {
     FxHashSet::with_capacity_and_hasher(n, Default::default())
 }
+
+/// The Fx hash of `key`.
+#[inline]
+fn hash_of<K: std::hash::Hash + ?Sized>(key: &K) -> u64 {
+    let mut h = FxHasher::default();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Whether two of the keys `key(0)`, ..., `key(n - 1)` are equal (see
+/// [`equal_key_groups`]). No errors; pure.
+pub(crate) fn has_duplicate<K: std::hash::Hash + Ord>(n: usize, key: impl Fn(usize) -> K) -> bool {
+    !equal_key_groups(n, key).is_empty()
+}
+
+/// The indices of keys that occur more than once among `key(0)`, ...,
+/// `key(n - 1)`: one group per repeated key, each in index order (groups in no
+/// particular order); keys that occur once are in none.
+///
+/// One hash per key, a sort of the `(hash, index)` pairs, and key comparisons only
+/// where hashes tie (those keys are sorted by value, so colliding hashes cost
+/// `k log k`, never `k²`). For millions of keys this streams through memory where
+/// a hash table probes at random, several times faster, and allocates nothing per
+/// key; a caller that needs the first repeat in order (for its error message) looks
+/// for it only once this found one. No errors; pure.
+pub(crate) fn equal_key_groups<K: std::hash::Hash + Ord>(n: usize, key: impl Fn(usize) -> K) -> Vec<Vec<usize>> {
+    let mut hashes: Vec<(u64, usize)> = (0..n).map(|i| (hash_of(&key(i)), i)).collect();
+    hashes.sort_unstable();
+    let mut groups = Vec::new();
+    for run in hashes.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
+        let mut idx: Vec<usize> = run.iter().map(|&(_, i)| i).collect();
+        idx.sort_by(|&a, &b| key(a).cmp(&key(b)).then(a.cmp(&b)));
+        groups.extend(idx.chunk_by(|&a, &b| key(a) == key(b)).filter(|g| g.len() > 1).map(<[usize]>::to_vec));
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn has_duplicate_finds_equal_keys_only() {
+        let ids: Vec<String> = (0..10_000).map(|i| format!("fragment-{i}")).collect();
+        assert!(!has_duplicate(ids.len(), |i| ids[i].as_str()));
+        assert!(!has_duplicate(0, |i| ids[i].as_str()));
+        let mut twice = ids.clone();
+        twice.push("fragment-4711".into());
+        assert!(has_duplicate(twice.len(), |i| twice[i].as_str()));
+        // Tuples and slices, as the geometry checks use them.
+        let boxes: Vec<(u32, Vec<u64>)> = vec![(0, vec![0, 4]), (0, vec![4, 0]), (1, vec![0, 4])];
+        assert!(!has_duplicate(boxes.len(), |i| (boxes[i].0, boxes[i].1.as_slice())));
+        let same: Vec<(u32, Vec<u64>)> = vec![(0, vec![0, 4]), (1, vec![2]), (0, vec![0, 4])];
+        assert!(has_duplicate(same.len(), |i| (same[i].0, same[i].1.as_slice())));
+    }
+
+    #[test]
+    fn equal_key_groups_lists_each_repeat_in_index_order() {
+        let keys = ["a", "b", "a", "c", "b", "a"];
+        let mut groups = equal_key_groups(keys.len(), |i| keys[i]);
+        groups.sort();
+        assert_eq!(groups, vec![vec![0, 2, 5], vec![1, 4]]);
+        assert!(equal_key_groups(3, |i| ["x", "y", "z"][i]).is_empty());
+    }
+
+    /// Keys whose hashes all collide are still told apart by value.
+    #[test]
+    fn has_duplicate_survives_colliding_hashes() {
+        #[derive(PartialEq, Eq, PartialOrd, Ord)]
+        struct Collide(u32);
+        impl std::hash::Hash for Collide {
+            fn hash<H: Hasher>(&self, h: &mut H) {
+                h.write_u64(7);
+            }
+        }
+        assert!(!has_duplicate(5_000, |i| Collide(i as u32)));
+        assert!(has_duplicate(5_000, |i| Collide((i % 4_999) as u32)));
+    }
+}

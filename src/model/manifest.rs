@@ -292,6 +292,21 @@ impl StoredManifest {
     ///
     /// A manifest with no tensors and no fragments is accepted, as in the reference.
     pub fn new(spec: StoredManifestSpec) -> Result<Self> {
+        Self::build(spec, false)
+    }
+
+    /// [`Self::new`] for the upload planner's own output, which holds by
+    /// construction what the two most expensive checks prove: one fragment per
+    /// geometry exactly covering each tensor (the planner picked one source per
+    /// geometry of an owner whose boxes it checked to cover the tensor exactly),
+    /// and one object per fragment at offset 0 (each key embeds the fragment's
+    /// unique id). Everything else is checked as in `new`; debug builds (the
+    /// tests) run the two checks too and panic should the planner break them.
+    pub(crate) fn new_planned(spec: StoredManifestSpec) -> Result<Self> {
+        Self::build(spec, true)
+    }
+
+    fn build(spec: StoredManifestSpec, planned: bool) -> Result<Self> {
         non_empty(&spec.namespace, "namespace")?;
         non_empty(&spec.resource_id, "resource_id")?;
         non_empty(&spec.revision, "revision")?;
@@ -322,9 +337,13 @@ impl StoredManifest {
         let position: HashMap<&str, u32> =
             spec.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
         let mut slots: Vec<u32> = Vec::with_capacity(spec.fragments.len());
-        let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(spec.fragments.len());
+        // Only when some id repeats does the loop track them (to name the first
+        // repeat at its place among the other per-fragment errors).
+        let frags = &spec.fragments;
+        let repeats = crate::fxhash::has_duplicate(frags.len(), |i| frags[i].fragment_id.as_str());
+        let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(if repeats { frags.len() } else { 0 });
         for f in &spec.fragments {
-            if !ids.insert(&f.fragment_id) {
+            if repeats && !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
             let slot = match by_ptr.get(&crate::model::id_key(&f.tensor_id)) {
@@ -339,8 +358,14 @@ impl StoredManifest {
         }
         drop(ids);
         check_stored_aliases(&index, &spec.fragments)?;
-        check_stored_coverage(&spec.tensors, &spec.fragments, &slots)?;
-        check_object_ranges(&spec.fragments)?;
+        if planned {
+            debug_assert!(check_stored_coverage(&spec.tensors, &spec.fragments, &slots).is_ok());
+            debug_assert!(check_object_ranges(&spec.fragments).is_ok());
+            debug_assert!(spec.fragments.iter().all(|f| f.object_offset == 0));
+        } else {
+            check_stored_coverage(&spec.tensors, &spec.fragments, &slots)?;
+            check_object_ranges(&spec.fragments)?;
+        }
         let mut m = StoredManifest {
             namespace: spec.namespace,
             resource_id: spec.resource_id,
@@ -603,13 +628,15 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
 
 /// `slots[i]`: the index in `tensors` of fragment `i`'s tensor.
 fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment], slots: &[u32]) -> Result<()> {
-    let mut geometry_seen: HashSet<(u32, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
-    for (f, &slot) in fragments.iter().zip(slots) {
-        if !geometry_seen.insert((slot, &f.global_offset, &f.local_shape)) {
-            return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
+    let geometry = |i: usize| (slots[i], fragments[i].global_offset.as_slice(), fragments[i].local_shape.as_slice());
+    if crate::fxhash::has_duplicate(fragments.len(), geometry) {
+        let mut geometry_seen: HashSet<(u32, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
+        for (i, f) in fragments.iter().enumerate() {
+            if !geometry_seen.insert(geometry(i)) {
+                return invalid(format!("duplicate fragment geometry: {}", f.tensor_id));
+            }
         }
     }
-    drop(geometry_seen);
     // Boxes grouped by tensor (counting sort, fragment order kept within a tensor).
     let mut starts = vec![0u32; tensors.len() + 1];
     for &slot in slots {
@@ -636,7 +663,10 @@ fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredF
 
 fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
     // Only objects holding several fragments can overlap; planned manifests have
-    // one fragment per object, so this is one hash pass.
+    // one fragment per object, so this is one duplicate scan.
+    if !crate::fxhash::has_duplicate(fragments.len(), |i| fragments[i].object_key.as_str()) {
+        return Ok(());
+    }
     let mut first: HashMap<&str, u32> = crate::fxhash::map_with_capacity(fragments.len());
     let mut shared: Vec<u32> = Vec::new();
     let mut marked = vec![false; fragments.len()];

@@ -426,15 +426,22 @@ pub fn plan_upload<'a>(
                 .expect("a placement's fragments name its tensors") as u32,
         }
     };
-    let mut sources: Vec<Source<'_>> = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::default();
+    // Runtime fragment ids, unique within each binding (its constructor), must be
+    // unique across them too; the first repeat in binding order is named.
+    let ids: Vec<&str> = bindings.iter().flat_map(|b| b.fragments().iter().map(|r| r.fragment_id())).collect();
+    if crate::fxhash::has_duplicate(ids.len(), |i| ids[i]) {
+        let mut seen: HashSet<&str> = crate::fxhash::set_with_capacity(ids.len());
+        if let Some(id) = ids.iter().find(|id| !seen.insert(id)) {
+            return invalid(format!("duplicate source fragment_id: {id}"));
+        }
+    }
+    drop(ids);
+    let total: usize = bindings.iter().map(|b| b.fragments().len()).sum();
+    let mut sources: Vec<Source<'_>> = Vec::with_capacity(total);
     for (bi, b) in bindings.iter().enumerate() {
         let part = placement.part(b.participant_id()).expect("pairing checked the participant");
         // Pairing checked that both lists hold the same ids in the same order.
         for (p, r) in part.fragments().iter().zip(b.fragments()) {
-            if !seen.insert(r.fragment_id()) {
-                return invalid(format!("duplicate source fragment_id: {}", r.fragment_id()));
-            }
             let ti = tensor_of(p);
             let tensor = &*tensors[ti as usize];
             sources.push(Source {
@@ -501,7 +508,8 @@ pub fn plan_upload<'a>(
     // Step 7.
     let (selected_dp, generation, chosen) = eligible[0];
     // Step 8: one source per geometry.
-    let mut picks: HashMap<(u32, &[u64], &[u64]), &Source<'_>> = HashMap::default();
+    let mut picks: HashMap<(u32, &[u64], &[u64]), &Source<'_>> =
+        crate::fxhash::map_with_capacity(sources_by_dp[&selected_dp].len());
     let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
@@ -560,7 +568,7 @@ pub fn plan_upload<'a>(
             lease,
         )?);
     }
-    let manifest = StoredManifest::new(StoredManifestSpec {
+    let manifest = StoredManifest::new_planned(StoredManifestSpec {
         namespace: options.namespace.clone(),
         resource_id: placement.resource_id().to_string(),
         revision: placement.revision().to_string(),

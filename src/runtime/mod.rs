@@ -582,14 +582,16 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
             active.push(cur);
         }
         // Storage allocations: overlapping ones must be identical.
-        let mut storages: BTreeMap<(u64, u64), &str> = BTreeMap::new();
-        for b in &list {
-            storages
-                .entry((b.runtime.storage_address(), b.runtime.storage_nbytes()))
-                .or_insert(b.runtime.fragment_id());
-        }
+        // Distinct allocations in (start, size) order, each named by its first
+        // fragment in `list` order (a stable sort keeps that one first).
+        let mut storages: Vec<(u64, u64, &str)> = list
+            .iter()
+            .map(|b| (b.runtime.storage_address(), b.runtime.storage_nbytes(), b.runtime.fragment_id()))
+            .collect();
+        storages.sort_by_key(|&(start, size, _)| (start, size));
+        storages.dedup_by_key(|&mut (start, size, _)| (start, size));
         let mut prev: Option<(u64, &str)> = None; // (max end, fragment id)
-        for (&(start, size), &id) in &storages {
+        for &(start, size, id) in &storages {
             if let Some((end, prev_id)) = prev {
                 if start < end {
                     return invalid(format!(

@@ -5,7 +5,6 @@ use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef, HIGH_DIM_COMPARISON_BUDGET};
-use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -34,17 +33,25 @@ where
 {
     let index = tensor_index(tensors)?;
     let position: HashMap<&str, u32> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
-    let mut positions: Vec<u32> = Vec::with_capacity(fragments.size_hint().0);
+    let all: Vec<&'a PlacementFragment> = fragments.clone().collect();
+    let mut positions: Vec<u32> = Vec::with_capacity(all.len());
     let mut previous: Option<&str> = None;
-    let mut logical: HashSet<(&str, ParallelRank, &[u64], &[u64])> = HashSet::default();
-    let mut groups: HashMap<(&str, ParallelRank), Vec<BoxRef<'a>>> = HashMap::default();
-    for f in fragments.clone() {
+    // Only when some logical fragment repeats does the loop track them (to name
+    // the first repeat at its place among the other per-fragment errors).
+    let logical_key = |i: usize| {
+        let f = all[i];
+        (f.tensor_id(), f.rank.order_key(), f.global_offset(), f.local_shape())
+    };
+    let repeats = crate::fxhash::has_duplicate(all.len(), logical_key);
+    let mut logical: HashSet<(&str, (u64, u64, u64, u64), &[u64], &[u64])> =
+        crate::fxhash::set_with_capacity(if repeats { all.len() } else { 0 });
+    for (i, f) in all.iter().enumerate() {
         let id = f.placement_fragment_id();
         if previous == Some(id) {
             return invalid(format!("duplicate fragment_id: {id}"));
         }
         previous = Some(id);
-        if !logical.insert((f.tensor_id(), f.rank, f.global_offset(), f.local_shape())) {
+        if repeats && !logical.insert(logical_key(i)) {
             return invalid(format!("duplicate logical fragment for tensor and parallel rank: {id}"));
         }
         let pos = *position
@@ -52,13 +59,14 @@ where
             .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id())))?;
         check_fragment_geometry(&tensors[pos as usize], id, f.global_offset(), f.local_shape(), f.nbytes())?;
         positions.push(pos);
-        groups.entry((f.tensor_id(), f.rank)).or_default().push(f.as_box());
     }
     if alias_check {
         check_alias_completeness(&index, fragments)?;
     }
-    for boxes in groups.values() {
-        if boxes.len() >= 2 && geometry::boxes_overlap(boxes, HIGH_DIM_COMPARISON_BUDGET)? {
+    // Boxes can only overlap within a (tensor, rank) group of two or more.
+    for group in crate::fxhash::equal_key_groups(all.len(), |i| (all[i].tensor_id(), all[i].rank.order_key())) {
+        let boxes: Vec<BoxRef<'a>> = group.iter().map(|&i| all[i].as_box()).collect();
+        if geometry::boxes_overlap(&boxes, HIGH_DIM_COMPARISON_BUDGET)? {
             return invalid("logical fragment boxes overlap for tensor and parallel rank");
         }
     }
