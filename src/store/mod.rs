@@ -481,6 +481,16 @@ impl ThreadLimit {
     }
 }
 
+/// How many threads [`run_parallel_on`] uses for `jobs` jobs moving `bytes`: 1 (the
+/// calling thread) below [`PARALLEL_MIN_BYTES`] or for a single job.
+pub(crate) fn parallel_workers(jobs: usize, bytes: u64, max_workers: usize) -> usize {
+    if bytes < PARALLEL_MIN_BYTES {
+        1
+    } else {
+        max_workers.min(jobs).max(1)
+    }
+}
+
 /// Runs `job(i, state)` for every index of `jobs` (each worker thread has its own
 /// `state`), on up to `max_workers` scoped threads when the batch moves at least
 /// [`PARALLEL_MIN_BYTES`], else in order on this thread. Returns `(index, result)`.
@@ -490,8 +500,8 @@ pub(crate) fn run_parallel_on<T: Send, S: Default>(
     max_workers: usize,
     job: impl Fn(usize, &mut S) -> T + Sync,
 ) -> Vec<(usize, T)> {
-    let workers = max_workers.min(jobs.len());
-    if workers <= 1 || bytes < PARALLEL_MIN_BYTES {
+    let workers = parallel_workers(jobs.len(), bytes, max_workers);
+    if workers <= 1 {
         let mut state = S::default();
         return jobs.into_iter().map(|i| (i, job(i, &mut state))).collect();
     }
