@@ -190,13 +190,19 @@ def targets(ratios: Dict[str, float]) -> Dict[str, str]:
             for k, t in TARGETS.items() if k in ratios}
 
 
+def source_leases(store: Store, bindings: list, plan):
+    """One source lease per participant the plan reads from (made untimed, like the raw
+    put's registration), and those participants' bindings in order."""
+    leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
+              for b in bindings if plan.source_fragment_ids(b.participant_id)}
+    return leases, [b for b in bindings if b.participant_id in leases]
+
+
 def timed_snapshot(store: Store, src: Model, bindings: list, plan, nbytes: int):
     """One snapshot through the library: ``upload_many`` over every source participant,
     each with a lease made before the clock starts (like the raw put's registration),
     then the commit. Returns (MiB/s, the committed manifest)."""
-    leases = {b.participant_id: store.register_buffers(b, plan.source_fragment_ids(b.participant_id))
-              for b in bindings if plan.source_fragment_ids(b.participant_id)}
-    mine = [b for b in bindings if b.participant_id in leases]
+    leases, mine = source_leases(store, bindings, plan)
     t = time.perf_counter()
     with store.transaction(plan) as tx:
         tx.upload_many(src.placement, mine, leases=[leases[b.participant_id] for b in mine])
@@ -338,9 +344,7 @@ def main() -> int:
             # -- the same, one tx.upload per participant (what a job whose ranks are
             # separate processes does, each with its own transaction), for reference
             plan_pp = store.plan_upload(src.placement, bindings, namespace=f"pp{i}")
-            leases = {b.participant_id: store.register_buffers(b, plan_pp.source_fragment_ids(b.participant_id))
-                      for b in bindings if plan_pp.source_fragment_ids(b.participant_id)}
-            mine = [b for b in bindings if b.participant_id in leases]
+            leases, mine = source_leases(store, bindings, plan_pp)
             t = time.perf_counter()
             with store.transaction(plan_pp) as tx_pp:
                 for b in mine:

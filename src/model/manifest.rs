@@ -662,8 +662,8 @@ fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredF
 }
 
 fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
-    // Only objects holding several fragments can overlap; planned manifests have
-    // one fragment per object, so this is one duplicate scan.
+    // Only objects holding several fragments can overlap; manifests the planner
+    // wrote have one fragment per object, so for them this is one duplicate scan.
     if !crate::fxhash::has_duplicate(fragments.len(), |i| fragments[i].object_key.as_str()) {
         return Ok(());
     }

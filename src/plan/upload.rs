@@ -435,9 +435,8 @@ pub fn plan_upload<'a>(
             return invalid(format!("duplicate source fragment_id: {id}"));
         }
     }
+    let mut sources: Vec<Source<'_>> = Vec::with_capacity(ids.len());
     drop(ids);
-    let total: usize = bindings.iter().map(|b| b.fragments().len()).sum();
-    let mut sources: Vec<Source<'_>> = Vec::with_capacity(total);
     for (bi, b) in bindings.iter().enumerate() {
         let part = placement.part(b.participant_id()).expect("pairing checked the participant");
         // Pairing checked that both lists hold the same ids in the same order.
