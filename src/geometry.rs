@@ -41,6 +41,55 @@ impl<'a> BoxRef<'a> {
     }
 }
 
+/// An owned N-D box whose offset and shape live in one shared allocation: a clone
+/// is a reference count, so a placement fragment, the stored fragment planned from
+/// it and the plan's snapshot of it share one copy. The offset and shape may differ
+/// in length (validation reports that later, naming the fragment).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SharedBox(std::sync::Arc<[u64]>);
+
+impl SharedBox {
+    /// Copies `offset` and `shape` into one allocation.
+    pub(crate) fn new(offset: &[u64], shape: &[u64]) -> Self {
+        let words = std::iter::once(offset.len() as u64).chain(offset.iter().copied()).chain(shape.iter().copied());
+        SharedBox(words.collect())
+    }
+
+    fn split(&self) -> usize {
+        self.0[0] as usize + 1
+    }
+
+    /// Begin coordinate per dimension.
+    #[inline]
+    pub(crate) fn offset(&self) -> &[u64] {
+        &self.0[1..self.split()]
+    }
+
+    /// Extent per dimension.
+    #[inline]
+    pub(crate) fn shape(&self) -> &[u64] {
+        &self.0[self.split()..]
+    }
+
+    /// The box view.
+    #[inline]
+    pub(crate) fn as_box(&self) -> BoxRef<'_> {
+        let (offset, shape) = self.0[1..].split_at(self.0[0] as usize);
+        BoxRef { offset, shape }
+    }
+
+    /// Address of the words (for prefetching).
+    pub(crate) fn as_ptr(&self) -> *const u64 {
+        self.0.as_ptr()
+    }
+}
+
+impl std::fmt::Debug for SharedBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBox").field("offset", &self.offset()).field("shape", &self.shape()).finish()
+    }
+}
+
 /// Product of the extents (saturating in `u128`, which cannot overflow for u64
 /// shapes of rank <= 2 and saturates beyond).
 pub fn volume(shape: &[u64]) -> u128 {
@@ -197,6 +246,20 @@ mod tests {
             }
         }
         false
+    }
+
+    #[test]
+    fn shared_box_keeps_offset_and_shape_apart() {
+        let b = SharedBox::new(&[1, 2], &[3, 4, 5]);
+        assert_eq!(b.offset(), &[1, 2]);
+        assert_eq!(b.shape(), &[3, 4, 5]);
+        assert_eq!(b.as_box(), BoxRef::new(&[1, 2], &[3, 4, 5]));
+        // The split is part of the value: the same words cut elsewhere differ.
+        assert_ne!(b, SharedBox::new(&[1], &[2, 3, 4, 5]));
+        assert_eq!(b, b.clone());
+        let empty = SharedBox::new(&[], &[]);
+        assert!(empty.offset().is_empty() && empty.shape().is_empty());
+        assert_eq!(format!("{b:?}"), "SharedBox { offset: [1, 2], shape: [3, 4, 5] }");
     }
 
     #[test]

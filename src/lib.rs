@@ -32,6 +32,7 @@ pub(crate) mod fxhash;
 pub mod geometry;
 pub mod json;
 pub mod model;
+pub(crate) mod par;
 pub mod plan;
 pub mod runtime;
 

@@ -7,7 +7,7 @@ use super::{hex_of, is_hex64, non_empty};
 use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
-use crate::geometry::{self, BoxRef};
+use crate::geometry::{self, BoxRef, SharedBox};
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::typed;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
@@ -56,8 +56,8 @@ pub struct StoredFragmentData {
     /// Interned where the producer can (the planner and the decoder share one
     /// allocation per tensor).
     tensor_id: Arc<str>,
-    global_offset: Vec<u64>,
-    local_shape: Vec<u64>,
+    /// Offset and shape; the planner shares its source placement fragment's.
+    geometry: SharedBox,
     object_key: String,
     object_offset: u64,
     nbytes: u64,
@@ -81,7 +81,14 @@ impl StoredFragment {
     /// [`Self::new`] with the tensor id given as a shared string (`spec.tensor_id`
     /// is ignored).
     pub(crate) fn with_tensor_id(spec: StoredFragmentSpec, tensor_id: Arc<str>) -> Result<Self> {
-        if spec.local_shape.iter().any(|&x| x < 1) {
+        let geometry = SharedBox::new(&spec.global_offset, &spec.local_shape);
+        Self::with_geometry(spec, tensor_id, geometry)
+    }
+
+    /// [`Self::with_tensor_id`] with the offset and shape given as one shared box
+    /// (`spec.global_offset` and `spec.local_shape` are ignored).
+    pub(crate) fn with_geometry(spec: StoredFragmentSpec, tensor_id: Arc<str>, geometry: SharedBox) -> Result<Self> {
+        if geometry.shape().iter().any(|&x| x < 1) {
             return invalid("local_shape must be at least 1");
         }
         non_empty(&spec.fragment_id, "fragment_id")?;
@@ -99,8 +106,7 @@ impl StoredFragment {
         Ok(StoredFragment(Arc::new(StoredFragmentData {
             fragment_id: spec.fragment_id,
             tensor_id,
-            global_offset: spec.global_offset,
-            local_shape: spec.local_shape,
+            geometry,
             object_key: spec.object_key,
             object_offset: spec.object_offset,
             nbytes: spec.nbytes,
@@ -118,11 +124,11 @@ impl StoredFragment {
     }
     /// Box offset.
     pub fn global_offset(&self) -> &[u64] {
-        &self.global_offset
+        self.geometry.offset()
     }
     /// Box extents.
     pub fn local_shape(&self) -> &[u64] {
-        &self.local_shape
+        self.geometry.shape()
     }
     /// Object key.
     pub fn object_key(&self) -> &str {
@@ -142,15 +148,14 @@ impl StoredFragment {
     }
     /// Box view.
     pub fn as_box(&self) -> BoxRef<'_> {
-        BoxRef::new(&self.global_offset, &self.local_shape)
+        self.geometry.as_box()
     }
 
     /// Prefetches what `write_json` reads behind pointers.
     #[inline]
     fn prefetch_heap(&self) {
         super::prefetch(self.fragment_id.as_ptr());
-        super::prefetch(self.global_offset.as_ptr());
-        super::prefetch(self.local_shape.as_ptr());
+        super::prefetch(self.geometry.as_ptr());
         super::prefetch(self.object_key.as_ptr());
     }
 
@@ -160,9 +165,9 @@ impl StoredFragment {
         out.push_str(",\"fragment_id\":");
         json::write_str(out, &self.fragment_id, Profile::Utf8);
         out.push_str(",\"global_offset\":");
-        json::write_u64_array(out, &self.global_offset);
+        json::write_u64_array(out, self.geometry.offset());
         out.push_str(",\"local_shape\":");
-        json::write_u64_array(out, &self.local_shape);
+        json::write_u64_array(out, self.geometry.shape());
         out.push_str(",\"nbytes\":");
         json::write_u64(out, self.nbytes);
         out.push_str(",\"object_key\":");
@@ -320,7 +325,11 @@ impl StoredManifest {
             return invalid("manifest_key does not belong to manifest group");
         }
         let payload_prefix = format!("{}/payload/", spec.group_id);
-        if spec.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix)) {
+        let foreign_key = || spec.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix));
+        // The planner derives every key from the group (`KeyLayout::payload_key`).
+        if planned {
+            debug_assert!(!foreign_key());
+        } else if foreign_key() {
             return invalid("payload object_key does not belong to manifest group");
         }
         let mut index: HashMap<&str, &TensorDescriptor> = crate::fxhash::map_with_capacity(spec.tensors.len());
@@ -340,9 +349,19 @@ impl StoredManifest {
         // Only when some id repeats does the loop track them (to name the first
         // repeat at its place among the other per-fragment errors).
         let frags = &spec.fragments;
-        let repeats = crate::fxhash::has_duplicate(frags.len(), |i| frags[i].fragment_id.as_str());
+        // The planner's ids are the SHA-256 of distinct (tensor, offset, shape)
+        // triples: unique by construction (debug builds check).
+        let repeats = if planned {
+            debug_assert!(!crate::fxhash::has_duplicate(frags.len(), |i| frags[i].fragment_id.as_str()));
+            false
+        } else {
+            crate::fxhash::has_duplicate(frags.len(), |i| frags[i].fragment_id.as_str())
+        };
         let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(if repeats { frags.len() } else { 0 });
-        for f in &spec.fragments {
+        // The planner's fragments name the placement's own tensors and copy its
+        // checked geometry: a release build skips this loop for them.
+        let each_fragment: &[StoredFragment] = if planned && !cfg!(debug_assertions) { &[] } else { frags };
+        for f in each_fragment {
             if repeats && !ids.insert(&f.fragment_id) {
                 return invalid(format!("duplicate fragment_id: {}", f.fragment_id));
             }
@@ -353,7 +372,15 @@ impl StoredManifest {
                     .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?,
             };
             let t = &spec.tensors[slot as usize];
-            check_fragment_geometry(t, &f.fragment_id, &f.global_offset, &f.local_shape, f.nbytes)?;
+            // The planner copies the geometry of placement fragments, which their
+            // placement checked against the same tensor.
+            if planned {
+                debug_assert!(
+                    check_fragment_geometry(t, &f.fragment_id, f.global_offset(), f.local_shape(), f.nbytes).is_ok()
+                );
+            } else {
+                check_fragment_geometry(t, &f.fragment_id, f.global_offset(), f.local_shape(), f.nbytes)?;
+            }
             slots.push(slot);
         }
         drop(ids);
@@ -606,7 +633,7 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
         if let Some(unknown) = f.aliases.iter().find(|a| !index.contains_key(a.as_str())) {
             return invalid(format!("stored alias references unknown tensor: {unknown}"));
         }
-        let key = (f.aliases.as_slice(), f.global_offset.as_slice(), f.local_shape.as_slice(), f.nbytes);
+        let key = (f.aliases.as_slice(), f.global_offset(), f.local_shape(), f.nbytes);
         let entry = groups.entry(key).or_default();
         if entry.is_empty() {
             order.push(key);
@@ -628,7 +655,7 @@ fn check_stored_aliases(index: &HashMap<&str, &TensorDescriptor>, fragments: &[S
 
 /// `slots[i]`: the index in `tensors` of fragment `i`'s tensor.
 fn check_stored_coverage(tensors: &[Arc<TensorDescriptor>], fragments: &[StoredFragment], slots: &[u32]) -> Result<()> {
-    let geometry = |i: usize| (slots[i], fragments[i].global_offset.as_slice(), fragments[i].local_shape.as_slice());
+    let geometry = |i: usize| (slots[i], fragments[i].global_offset(), fragments[i].local_shape());
     if crate::fxhash::has_duplicate(fragments.len(), geometry) {
         let mut geometry_seen: HashSet<(u32, &[u64], &[u64])> = crate::fxhash::set_with_capacity(fragments.len());
         for (i, f) in fragments.iter().enumerate() {
@@ -778,6 +805,7 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                 let mut seen = 0u32;
                 let mut spec = StoredFragmentSpec::default();
                 let mut tensor_id: Option<Arc<str>> = None;
+                let (mut offset, mut shape) = (None, None);
                 while let Some(k) = typed::next_key(&mut m)? {
                     match k {
                         "aliases" => {
@@ -790,11 +818,11 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                         }
                         "global_offset" => {
                             typed::mark(&mut seen, 2)?;
-                            spec.global_offset = m.next_value::<typed::U64s<0>>()?.0;
+                            offset = Some(m.next_value::<typed::Dims<0>>()?);
                         }
                         "local_shape" => {
                             typed::mark(&mut seen, 3)?;
-                            spec.local_shape = m.next_value::<typed::U64s<1>>()?.0;
+                            shape = Some(m.next_value::<typed::Dims<1>>()?);
                         }
                         "nbytes" => {
                             typed::mark(&mut seen, 4)?;
@@ -819,7 +847,9 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                     return Err(typed::fallback());
                 }
                 let tensor_id = tensor_id.ok_or_else(typed::fallback)?;
-                StoredFragment::with_tensor_id(spec, tensor_id).map_err(|_| typed::fallback())
+                let (offset, shape) = offset.zip(shape).ok_or_else(typed::fallback)?;
+                let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
+                StoredFragment::with_geometry(spec, tensor_id, geometry).map_err(|_| typed::fallback())
             }
         }
         d.deserialize_map(V(self.interner))

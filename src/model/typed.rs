@@ -136,27 +136,58 @@ pub(crate) fn non_empty_string<'de, A: MapAccess<'de>>(m: &mut A) -> Result<Stri
     Ok(s.into_owned())
 }
 
-/// An array of unsigned integers, each at least `MIN`.
-pub(crate) struct U64s<const MIN: u64>(pub(crate) Vec<u64>);
+/// An array of integers >= `MIN`, held on the stack up to [`Dims::INLINE`]
+/// entries (a tensor's rank rarely exceeds that), so a decoder copies it once,
+/// into its final home.
+pub(crate) struct Dims<const MIN: u64> {
+    inline: [u64; 8],
+    len: usize,
+    spill: Vec<u64>,
+}
 
-impl<'de, const MIN: u64> de::Deserialize<'de> for U64s<MIN> {
+impl<const MIN: u64> Dims<MIN> {
+    /// Entries kept without a heap allocation.
+    pub(crate) const INLINE: usize = 8;
+
+    /// The integers, in order.
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        if self.len <= Self::INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+
+    fn push(&mut self, v: u64) {
+        if self.len < Self::INLINE {
+            self.inline[self.len] = v;
+        } else {
+            if self.len == Self::INLINE {
+                self.spill.extend_from_slice(&self.inline);
+            }
+            self.spill.push(v);
+        }
+        self.len += 1;
+    }
+}
+
+impl<'de, const MIN: u64> de::Deserialize<'de> for Dims<MIN> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<const MIN: u64>;
         impl<'de, const MIN: u64> Visitor<'de> for V<MIN> {
-            type Value = U64s<MIN>;
+            type Value = Dims<MIN>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an array of integers")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(4);
+                let mut out = Dims { inline: [0; 8], len: 0, spill: Vec::new() };
                 while let Some(v) = seq.next_element::<u64>()? {
                     if v < MIN {
                         return Err(fallback());
                     }
                     out.push(v);
                 }
-                out.shrink_to_fit();
-                Ok(U64s(out))
+                Ok(out)
             }
         }
         d.deserialize_seq(V::<MIN>)
@@ -260,4 +291,23 @@ where
 /// [`Value`] decoders handle well: topology, tensors, scalars).
 pub(crate) fn value<'de, A: MapAccess<'de>>(m: &mut A) -> Result<Value<'de>, A::Error> {
     m.next_value::<Value<'de>>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dims;
+
+    #[test]
+    fn dims_keep_every_entry_on_either_side_of_the_inline_limit() {
+        for n in [0usize, 1, 7, 8, 9, 20] {
+            let v: Vec<u64> = (1..=n as u64).collect();
+            let text = serde_json::to_string(&v).unwrap();
+            let d: Dims<1> = serde_json::from_str(&text).unwrap();
+            assert_eq!(d.as_slice(), v.as_slice(), "n={n}");
+        }
+        // The lower bound holds inline and spilled.
+        assert!(serde_json::from_str::<Dims<1>>("[1,0]").is_err());
+        assert!(serde_json::from_str::<Dims<1>>("[1,2,3,4,5,6,7,8,9,0]").is_err());
+        assert!(serde_json::from_str::<Dims<0>>("[0,0]").is_ok());
+    }
 }

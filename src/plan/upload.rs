@@ -13,7 +13,6 @@ use crate::model::{
     StoredFragmentSpec, StoredManifest, StoredManifestSpec, TensorDescriptor,
 };
 use crate::runtime::{pair_bindings, RuntimeBinding, RuntimeFragment, RuntimeFragmentSnapshot};
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Options of [`plan_upload`].
@@ -228,6 +227,11 @@ pub struct UploadPlan {
 
 impl UploadPlan {
     /// Builds a plan, enforcing the invariants of `upload-planning.md` §4.
+    ///
+    /// Errors: `InvalidArgument` naming the first invariant that fails (empty ids,
+    /// no operations, a transaction group, control key or payload key outside the
+    /// manifest's group, operations that are not the manifest's fragments). Takes
+    /// ownership of every argument.
     pub fn new(
         manifest: StoredManifest,
         source_placement_id: String,
@@ -235,6 +239,49 @@ impl UploadPlan {
         transaction_group_id: String,
         control_key: String,
         operations: Vec<UploadOperation>,
+    ) -> Result<Self> {
+        Self::build(
+            manifest,
+            source_placement_id,
+            source_placement_digest,
+            transaction_group_id,
+            control_key,
+            operations,
+            false,
+        )
+    }
+
+    /// [`Self::new`] for `plan_upload`'s own output: one operation per manifest
+    /// fragment in its order, each key under the transaction, by construction. A
+    /// release build skips those two per-operation checks; debug builds (the tests)
+    /// run them and panic should the planner break them.
+    fn new_planned(
+        manifest: StoredManifest,
+        source_placement_id: String,
+        source_placement_digest: String,
+        transaction_group_id: String,
+        control_key: String,
+        operations: Vec<UploadOperation>,
+    ) -> Result<Self> {
+        Self::build(
+            manifest,
+            source_placement_id,
+            source_placement_digest,
+            transaction_group_id,
+            control_key,
+            operations,
+            true,
+        )
+    }
+
+    fn build(
+        manifest: StoredManifest,
+        source_placement_id: String,
+        source_placement_digest: String,
+        transaction_group_id: String,
+        control_key: String,
+        operations: Vec<UploadOperation>,
+        planned: bool,
     ) -> Result<Self> {
         for (v, name) in [
             (&source_placement_id, "source_placement_id"),
@@ -257,6 +304,26 @@ impl UploadPlan {
         if control_key != format!("{transaction_group_id}/decision") {
             return invalid("upload control key does not belong to transaction group");
         }
+        let plan = UploadPlan {
+            manifest,
+            source_placement_id,
+            source_placement_digest,
+            transaction_group_id,
+            control_key,
+            operations,
+        };
+        if planned && !cfg!(debug_assertions) {
+            return Ok(plan);
+        }
+        let checked = plan.check_operations();
+        debug_assert!(!planned || checked.is_ok(), "the planner's operations are its manifest's fragments");
+        checked.map(|()| plan)
+    }
+
+    /// The per-operation invariants: the operations are the manifest's fragments
+    /// and the transaction owns every payload key.
+    fn check_operations(&self) -> Result<()> {
+        let (manifest, operations, tx) = (&self.manifest, &self.operations, self.transaction_id());
         // Planned operations follow the manifest's order; other orders compare as
         // multisets sorted by fragment id.
         let in_order = operations.len() == manifest.fragments().len()
@@ -271,20 +338,13 @@ impl UploadPlan {
             }
         }
         let payload_prefix = format!("{}/payload/", manifest.group_id());
-        for op in &operations {
+        for op in operations {
             let rest = op.target.object_key().strip_prefix(&payload_prefix).unwrap_or("");
             if rest.split('/').next() != Some(tx) {
                 return invalid("upload transaction does not own payload members");
             }
         }
-        Ok(UploadPlan {
-            manifest,
-            source_placement_id,
-            source_placement_digest,
-            transaction_group_id,
-            control_key,
-            operations,
-        })
+        Ok(())
     }
 
     /// The manifest to publish.
@@ -357,6 +417,8 @@ struct Source<'a> {
     tensor: &'a TensorDescriptor,
     /// Index of `tensor` in the placement's tensors.
     ti: u32,
+    /// The placement fragment's DP coordinate.
+    dp: u64,
     /// Owner tuple: coordinates on the tensor's ownership kinds (others zero), in
     /// canonical kind order, so array order is the owner tuples' order.
     owner: [u64; 4],
@@ -405,16 +467,31 @@ pub fn plan_upload<'a>(
         Some(c) => c.clone(),
         None => utc_now_timestamp(),
     };
-    // Step 2: pairing.
-    pair_bindings(placement, bindings, "source")?;
+    // Step 2: pairing. Runtime fragment ids, unique within each binding (its
+    // constructor), must be unique across them too (step 4); a large input checks
+    // that on a second thread meanwhile.
+    let ids: Vec<&str> = bindings.iter().flat_map(|b| b.fragments().iter().map(|r| r.fragment_id())).collect();
+    let (paired, repeats) = crate::par::join(
+        crate::par::workers(ids.len()) > 1,
+        || pair_bindings(placement, bindings, "source"),
+        || crate::fxhash::has_duplicate(ids.len(), |i| ids[i]),
+    );
+    paired?;
     // Step 3: DP ownership.
     if placement.tensors().iter().any(|t| t.axis(AxisKind::Dp) == Some(&ParallelAxis::Ownership(AxisKind::Dp))) {
         return invalid(
             "Weight Store upload requires replicated DP source tensors; DP-owned tensor snapshots are not supported",
         );
     }
-    // Step 4: sources. Fragment tensor ids are interned (the descriptor's own
-    // id), so the pointer finds the tensor; the string is the fallback.
+    // Step 4: sources. The first repeated runtime id in binding order is named.
+    if repeats {
+        let mut seen: HashSet<&str> = crate::fxhash::set_with_capacity(ids.len());
+        if let Some(id) = ids.iter().find(|id| !seen.insert(id)) {
+            return invalid(format!("duplicate source fragment_id: {id}"));
+        }
+    }
+    // Fragment tensor ids are interned (the descriptor's own id), so the pointer
+    // finds the tensor; the string is the fallback.
     let tensors = placement.tensors();
     let by_ptr: HashMap<u64, u32> =
         tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
@@ -426,76 +503,139 @@ pub fn plan_upload<'a>(
                 .expect("a placement's fragments name its tensors") as u32,
         }
     };
-    // Runtime fragment ids, unique within each binding (its constructor), must be
-    // unique across them too; the first repeat in binding order is named.
-    let ids: Vec<&str> = bindings.iter().flat_map(|b| b.fragments().iter().map(|r| r.fragment_id())).collect();
-    if crate::fxhash::has_duplicate(ids.len(), |i| ids[i]) {
-        let mut seen: HashSet<&str> = crate::fxhash::set_with_capacity(ids.len());
-        if let Some(id) = ids.iter().find(|id| !seen.insert(id)) {
-            return invalid(format!("duplicate source fragment_id: {id}"));
-        }
-    }
-    let mut sources: Vec<Source<'_>> = Vec::with_capacity(ids.len());
     drop(ids);
-    for (bi, b) in bindings.iter().enumerate() {
-        let part = placement.part(b.participant_id()).expect("pairing checked the participant");
+    // One source per fragment of every binding, in binding order (built in
+    // parallel: source `i` is fragment `i - first[b]` of binding `b`).
+    let parts: Vec<&[PlacementFragment]> = bindings
+        .iter()
+        .map(|b| placement.part(b.participant_id()).expect("pairing checked the participant").fragments())
+        .collect();
+    let mut first: Vec<usize> = Vec::with_capacity(bindings.len() + 1);
+    first.push(0);
+    for b in bindings {
+        first.push(first[first.len() - 1] + b.fragments().len());
+    }
+    let total = first[bindings.len()];
+    let source = |i: usize| -> std::result::Result<Source<'_>, std::convert::Infallible> {
+        let bi = first.partition_point(|&f| f <= i) - 1;
+        let (b, k) = (&bindings[bi], i - first[bi]);
         // Pairing checked that both lists hold the same ids in the same order.
-        for (p, r) in part.fragments().iter().zip(b.fragments()) {
-            let ti = tensor_of(p);
-            let tensor = &*tensors[ti as usize];
-            sources.push(Source {
-                placement: p,
-                runtime: r,
-                binding: b,
-                bi: bi as u32,
-                tensor,
-                ti,
-                owner: owner_of(tensor, p),
-            });
+        let (p, r) = (&parts[bi][k], &b.fragments()[k]);
+        let ti = tensor_of(p);
+        let tensor = &*tensors[ti as usize];
+        Ok(Source {
+            placement: p,
+            runtime: r,
+            binding: b,
+            bi: bi as u32,
+            tensor,
+            ti,
+            dp: p.rank().dp,
+            owner: owner_of(tensor, p),
+        })
+    };
+    let sources: Vec<Source<'_>> =
+        crate::par::try_map(total, crate::par::workers(total), source).unwrap_or_else(|never| match never {});
+    let src = |e: &Entry| &sources[e.source as usize];
+    // Step 5: complete replicas. A counting sort by tensor, then a sort of each
+    // tensor's sources by (DP coordinate, owner tuple) on compact keys, puts each
+    // replica's sources of each owner in one run.
+    #[derive(Clone, Copy)]
+    struct Entry {
+        dp: u64,
+        owner: [u64; 4],
+        source: u32,
+    }
+    let nt = tensors.len();
+    let mut start = vec![0u32; nt + 1];
+    for s in &sources {
+        start[s.ti as usize + 1] += 1;
+    }
+    for t in 0..nt {
+        start[t + 1] += start[t];
+    }
+    let mut entries = vec![Entry { dp: 0, owner: [0; 4], source: 0 }; sources.len()];
+    let mut next = start.clone();
+    for (i, s) in sources.iter().enumerate() {
+        let slot = &mut next[s.ti as usize];
+        entries[*slot as usize] = Entry { dp: s.dp, owner: s.owner, source: i as u32 };
+        *slot += 1;
+    }
+    drop(next);
+    for t in 0..nt {
+        entries[start[t] as usize..start[t + 1] as usize].sort_unstable_by_key(|e| (e.dp, e.owner, e.source));
+    }
+    // The DP coordinates, ascending (few; consecutive sources usually share one).
+    let mut dps: Vec<u64> = Vec::new();
+    let mut last_dp = None;
+    for s in &sources {
+        if last_dp != Some(s.dp) {
+            if let Err(at) = dps.binary_search(&s.dp) {
+                dps.insert(at, s.dp);
+            }
+            last_dp = Some(s.dp);
         }
     }
-    // Step 5: complete replicas.
-    let mut by_dp: BTreeMap<u64, HashMap<u32, BTreeMap<[u64; 4], Vec<BoxRef<'_>>>>> = BTreeMap::new();
-    let mut sources_by_dp: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (i, s) in sources.iter().enumerate() {
-        let dp = s.placement.rank().dp;
-        sources_by_dp.entry(dp).or_default().push(i);
-        by_dp.entry(dp).or_default().entry(s.ti).or_default().entry(s.owner).or_default().push(s.placement.as_box());
-    }
-    let mut complete: Vec<(u64, Vec<[u64; 4]>)> = Vec::new();
-    'dp: for (dp, by_tensor) in &by_dp {
-        let mut chosen: Vec<[u64; 4]> = vec![[0; 4]; tensors.len()];
-        for (ti, t) in tensors.iter().enumerate() {
-            let Some(owners) = by_tensor.get(&(ti as u32)) else { continue 'dp };
-            let whole_offset = vec![0u64; t.ndim()];
-            let whole = BoxRef::new(&whole_offset, t.global_shape());
-            for boxes in owners.values() {
-                let mut unique = boxes.clone();
-                unique.sort_by(|a, b| (a.offset, a.shape).cmp(&(b.offset, b.shape)));
-                unique.dedup();
-                if !geometry::boxes_exactly_cover(whole, &unique, HIGH_DIM_COMPARISON_BUDGET)? {
-                    continue 'dp;
+    // Per tensor and DP coordinate (ascending): whether that replica's boxes of
+    // every owner cover the tensor exactly, and the run of its chosen (smallest)
+    // owner. Tensors are checked in parallel; the verdicts are read below in the
+    // sequential order (DP, then tensor), so errors are the same either way.
+    let covers = |t: usize| -> Result<Vec<(Result<bool>, (u32, u32))>> {
+        let tensor = &*tensors[t];
+        let zeros = vec![0u64; tensor.ndim()];
+        let whole = BoxRef::new(&zeros, tensor.global_shape());
+        let mut boxes: Vec<BoxRef<'_>> = Vec::new();
+        let mut at = start[t] as usize;
+        let end = start[t + 1] as usize;
+        let mut out = Vec::with_capacity(dps.len());
+        for &dp in &dps {
+            let len = entries[at..end].iter().take_while(|e| e.dp == dp).count();
+            let run = &entries[at..at + len];
+            let mut owners = run.chunk_by(|a, b| a.owner == b.owner);
+            let chosen = owners.clone().next().map_or(0, |r| r.len());
+            let mut verdict = Ok(!run.is_empty());
+            for owner_run in &mut owners {
+                boxes.clear();
+                boxes.extend(owner_run.iter().map(|e| src(e).placement.as_box()));
+                boxes.sort_unstable_by(|a, b| (a.offset, a.shape).cmp(&(b.offset, b.shape)));
+                boxes.dedup();
+                verdict = geometry::boxes_exactly_cover(whole, &boxes, HIGH_DIM_COMPARISON_BUDGET);
+                if !matches!(verdict, Ok(true)) {
+                    break;
                 }
             }
-            chosen[ti] = *owners.keys().next().expect("non-empty");
+            out.push((verdict, (at as u32, (at + chosen) as u32)));
+            at += len;
         }
-        complete.push((*dp, chosen));
+        Ok(out)
+    };
+    let mut verdicts = crate::par::try_map(nt, crate::par::workers(sources.len()), covers)?;
+    // A complete replica: per tensor its chosen owner's run of `entries`.
+    let mut complete: Vec<Vec<(u32, u32)>> = Vec::new();
+    'dp: for d in 0..dps.len() {
+        let mut chosen: Vec<(u32, u32)> = Vec::with_capacity(nt);
+        for per_dp in &mut verdicts {
+            let (verdict, run) = std::mem::replace(&mut per_dp[d], (Ok(false), (0, 0)));
+            if !verdict? {
+                continue 'dp;
+            }
+            chosen.push(run);
+        }
+        complete.push(chosen);
     }
+    drop(verdicts);
     let no_replica = || Error::invalid("source manifests have no complete generation-consistent DP replica");
     if complete.is_empty() {
         return Err(no_replica());
     }
+    let run = |r: (u32, u32)| &entries[r.0 as usize..r.1 as usize];
     // Step 6: generation consistency.
-    let mut eligible: Vec<(u64, u64, &[[u64; 4]])> = Vec::new();
-    for (dp, chosen) in &complete {
-        let generations: BTreeSet<u64> = sources_by_dp[dp]
-            .iter()
-            .map(|&i| &sources[i])
-            .filter(|s| chosen[s.ti as usize] == s.owner)
-            .map(|s| s.binding.generation())
-            .collect();
-        if generations.len() == 1 {
-            eligible.push((*dp, *generations.iter().next().expect("one"), chosen.as_slice()));
+    let mut eligible: Vec<(&[(u32, u32)], u64)> = Vec::new();
+    for chosen in &complete {
+        let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| src(e).binding.generation());
+        let first = generations.next().expect("a complete replica has sources");
+        if generations.all(|g| g == first) {
+            eligible.push((chosen, first));
         }
     }
     if eligible.is_empty() {
@@ -505,59 +645,56 @@ pub fn plan_upload<'a>(
         return invalid("complete source DP replicas have inconsistent lease generations");
     }
     // Step 7.
-    let (selected_dp, generation, chosen) = eligible[0];
-    // Step 8: one source per geometry.
-    let mut picks: HashMap<(u32, &[u64], &[u64]), &Source<'_>> =
-        crate::fxhash::map_with_capacity(sources_by_dp[&selected_dp].len());
+    let (selected, generation) = eligible[0];
+    // Step 8: one source per geometry: the smallest by rank, then worker and
+    // fragment id. Tensor indices follow tensor id order, so with each run sorted by
+    // geometry the picks come in (tensor id, offset, shape) order (steps 9-12).
     let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
     };
-    for &i in &sources_by_dp[&selected_dp] {
-        let s = &sources[i];
-        let p = s.placement;
-        if s.binding.generation() != generation || chosen[s.ti as usize] != s.owner {
-            continue;
-        }
-        let key = (s.ti, p.global_offset(), p.local_shape());
-        match picks.get(&key) {
-            Some(existing) if rank_key(existing) <= rank_key(s) => {}
-            _ => {
-                picks.insert(key, s);
-            }
-        }
-    }
+    let picks_of = |t: usize| -> Result<Vec<&Source<'_>>> {
+        let mut by_geometry: Vec<&Source<'_>> =
+            run(selected[t]).iter().map(src).filter(|s| s.binding.generation() == generation).collect();
+        by_geometry.sort_unstable_by(|a, b| {
+            (a.placement.global_offset(), a.placement.local_shape(), rank_key(a)).cmp(&(
+                b.placement.global_offset(),
+                b.placement.local_shape(),
+                rank_key(b),
+            ))
+        });
+        by_geometry.dedup_by(|b, a| a.placement.as_box() == b.placement.as_box());
+        Ok(by_geometry)
+    };
+    let picks: Vec<&Source<'_>> =
+        crate::par::try_map(nt, crate::par::workers(sources.len()), picks_of)?.into_iter().flatten().collect();
+    drop(entries);
     // Steps 9-12.
-    // Tensor indices follow tensor id order, so this is (tensor id, offset, shape) order.
-    let mut picks: Vec<((u32, &[u64], &[u64]), &Source<'_>)> = picks.into_iter().collect();
-    picks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut operations = Vec::with_capacity(picks.len());
-    let mut fragments = Vec::with_capacity(picks.len());
     // Each binding's ids, shared by its operations.
     let shared_ids: Vec<[Arc<str>; 3]> = bindings
         .iter()
         .map(|b| [Arc::from(b.participant_id()), Arc::from(b.instance_id()), Arc::from(b.lease_id())])
         .collect();
-    for (_, s) in &picks {
+    let operation = |k: usize| -> Result<UploadOperation> {
+        let s = picks[k];
         let p = s.placement;
         let fragment_id = stored_fragment_id(p.tensor_id(), p.global_offset(), p.local_shape());
-        let target = StoredFragment::with_tensor_id(
+        // The stored fragment shares the placement fragment's offset and shape.
+        let target = StoredFragment::with_geometry(
             StoredFragmentSpec {
                 object_key: keys.payload_key(&transaction_id, &fragment_id),
                 fragment_id,
-                tensor_id: String::new(),
-                global_offset: p.global_offset().to_vec(),
-                local_shape: p.local_shape().to_vec(),
                 object_offset: 0,
                 nbytes: p.nbytes(),
                 aliases: p.aliases().to_vec(),
+                ..StoredFragmentSpec::default()
             },
             s.tensor.tensor_id_arc().clone(),
+            p.geometry().clone(),
         )?;
-        fragments.push(target.clone());
         let b = s.binding;
         let [participant, instance, lease] = shared_ids[s.bi as usize].clone();
-        operations.push(UploadOperation::with_shared_ids(
+        UploadOperation::with_shared_ids(
             p.clone(),
             RuntimeFragmentSnapshot::new(p, s.runtime, b.generation()),
             participant,
@@ -565,8 +702,10 @@ pub fn plan_upload<'a>(
             target,
             b.generation(),
             lease,
-        )?);
-    }
+        )
+    };
+    let operations = crate::par::try_map(picks.len(), crate::par::workers(picks.len()), operation)?;
+    let fragments: Vec<StoredFragment> = operations.iter().map(|op| op.target.clone()).collect();
     let manifest = StoredManifest::new_planned(StoredManifestSpec {
         namespace: options.namespace.clone(),
         resource_id: placement.resource_id().to_string(),
@@ -578,7 +717,7 @@ pub fn plan_upload<'a>(
         fragments,
         created_at,
     })?;
-    let plan = UploadPlan::new(
+    let plan = UploadPlan::new_planned(
         manifest,
         placement.placement_id().to_string(),
         placement.digest().to_string(),
@@ -621,5 +760,100 @@ mod tests {
             b"{\"decision\":\"maybe\",\"plan_digest\":\"x\",\"record_type\":\"weight-upload-decision\"}"
         )
         .is_err());
+    }
+
+    /// A runtime binding in the conformance fixtures' JSON form.
+    fn fixture_binding(b: &serde_json::Value) -> Result<RuntimeBinding> {
+        use crate::runtime::{MemoryKind, RuntimeBindingSpec, RuntimeFragmentSpec};
+        let text = |v: &serde_json::Value, k: &str| v[k].as_str().expect("string field").to_string();
+        let int = |v: &serde_json::Value, k: &str| v[k].as_u64().expect("integer field");
+        let ints = |v: &serde_json::Value, k: &str| -> Vec<u64> {
+            v[k].as_array().expect("array field").iter().map(|x| x.as_u64().expect("integer")).collect()
+        };
+        let fragments = b["fragments"]
+            .as_array()
+            .expect("fragments")
+            .iter()
+            .map(|f| {
+                RuntimeFragment::new(RuntimeFragmentSpec {
+                    placement_fragment_id: text(f, "placement_fragment_id"),
+                    fragment_id: text(f, "fragment_id"),
+                    address: int(f, "address"),
+                    nbytes: int(f, "nbytes"),
+                    worker_id: text(f, "worker_id"),
+                    endpoint: text(f, "endpoint"),
+                    device: text(f, "device"),
+                    itemsize: int(f, "itemsize"),
+                    local_shape: ints(f, "local_shape"),
+                    strides_bytes: ints(f, "strides_bytes"),
+                    storage_address: int(f, "storage_address"),
+                    storage_nbytes: int(f, "storage_nbytes"),
+                    storage_offset_bytes: int(f, "storage_offset_bytes"),
+                    memory: MemoryKind::Host,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        RuntimeBinding::new(RuntimeBindingSpec {
+            resource_id: text(b, "resource_id"),
+            placement_id: text(b, "placement_id"),
+            placement_digest: text(b, "placement_digest"),
+            instance_id: text(b, "instance_id"),
+            generation: int(b, "generation"),
+            lease_id: text(b, "lease_id"),
+            revision: text(b, "revision"),
+            participant_id: text(b, "participant_id"),
+            fragments,
+        })
+    }
+
+    /// The parallel paths (par.rs) give the same placements, plans and errors as
+    /// a sequential run: every placement and upload fixture, decoded and planned
+    /// with 1, 2, 3 and 8 workers per stage.
+    #[test]
+    fn worker_count_changes_no_placement_plan_or_error() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance");
+        let mut uploads = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let inputs = &fixture["inputs"];
+            let Some(placement) = inputs.get("placement") else { continue };
+            let text = match placement {
+                serde_json::Value::String(t) => t.clone(),
+                other => other.to_string(),
+            };
+            let run = |workers: usize| {
+                crate::par::with_workers(Some(workers), || {
+                    let placement = Placement::from_json(text.as_bytes())?;
+                    let Some(bindings) = inputs.get("bindings").and_then(|b| b.as_array()) else {
+                        return Ok((placement, None));
+                    };
+                    let bindings = bindings.iter().map(fixture_binding).collect::<Result<Vec<_>>>()?;
+                    let options = UploadOptions {
+                        namespace: inputs["namespace"].as_str().unwrap_or("default").into(),
+                        key_prefix: inputs["key_prefix"].as_str().unwrap_or("weights").into(),
+                        transaction_id: Some("t".into()),
+                        created_at: Some("2026-01-01T00:00:00Z".into()),
+                    };
+                    let plan = plan_upload(&placement, &bindings, &options)?;
+                    Ok((placement, Some(plan)))
+                })
+            };
+            let sequential: Result<(Placement, Option<UploadPlan>)> = run(1);
+            uploads += usize::from(matches!(&sequential, Ok((_, Some(_)))));
+            for workers in [2, 3, 8] {
+                match (&sequential, &run(workers)) {
+                    (Ok(a), Ok(b)) => assert!(a == b, "{}: {workers} workers differ", path.display()),
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", path.display()),
+                    (a, b) => {
+                        panic!("{}: sequential {:?} but {workers} workers {:?}", path.display(), a.is_ok(), b.is_ok())
+                    }
+                }
+            }
+        }
+        assert!(uploads >= 9, "the upload fixtures were found and planned ({uploads})");
     }
 }

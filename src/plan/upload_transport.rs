@@ -27,7 +27,14 @@ pub fn plan_to_json(plan: &UploadPlan) -> String {
     out.push_str("\",\"manifest\":");
     plan.manifest().write_json(&mut out);
     out.push_str(",\"operations\":[");
-    for (i, op) in plan.operations().iter().enumerate() {
+    let ops = plan.operations();
+    for (i, op) in ops.iter().enumerate() {
+        // An operation's placement fragment is the placement's own (shared, laid
+        // out in placement order): fetch it ahead of the writer.
+        if let Some(next) = ops.get(i + crate::model::PREFETCH_AHEAD) {
+            next.source_placement().prefetch_heap();
+            crate::model::prefetch(next.source_snapshot().runtime().spec_ptr());
+        }
         if i > 0 {
             out.push(',');
         }

@@ -6,6 +6,7 @@ pub mod transport;
 
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::fxhash::FxHashSet as HashSet;
+use crate::geometry::SharedBox;
 use crate::json::{self, Profile};
 use crate::model::{
     canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor,
@@ -182,6 +183,10 @@ impl RuntimeFragment {
     pub fn local_shape(&self) -> &[u64] {
         &self.spec.local_shape
     }
+    /// Address of the shared record (for prefetching).
+    pub(crate) fn spec_ptr(&self) -> *const RuntimeFragmentSpec {
+        Arc::as_ptr(&self.spec)
+    }
     /// Normalized byte strides.
     pub fn strides_bytes(&self) -> &[u64] {
         &self.spec.strides_bytes
@@ -334,13 +339,25 @@ impl RuntimeBinding {
 
 /// Owner-free evidence of one runtime fragment plus its logical geometry and lease
 /// generation, kept inside plans (`RuntimeFragmentSnapshot`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct RuntimeFragmentSnapshot {
     runtime: RuntimeFragment,
     tensor_id: Arc<str>,
-    global_offset: Vec<u64>,
+    /// The placement fragment's (shared); only its offset is the snapshot's.
+    geometry: SharedBox,
     lease_generation: u64,
 }
+
+impl PartialEq for RuntimeFragmentSnapshot {
+    fn eq(&self, o: &Self) -> bool {
+        self.runtime == o.runtime
+            && self.tensor_id == o.tensor_id
+            && self.global_offset() == o.global_offset()
+            && self.lease_generation == o.lease_generation
+    }
+}
+
+impl Eq for RuntimeFragmentSnapshot {}
 
 impl RuntimeFragmentSnapshot {
     /// Snapshot of `runtime` holding `placement` under `lease_generation`.
@@ -348,7 +365,7 @@ impl RuntimeFragmentSnapshot {
         RuntimeFragmentSnapshot {
             runtime: runtime.clone(),
             tensor_id: placement.tensor_id_arc().clone(),
-            global_offset: placement.global_offset().to_vec(),
+            geometry: placement.geometry().clone(),
             lease_generation,
         }
     }
@@ -370,7 +387,7 @@ impl RuntimeFragmentSnapshot {
     }
     /// Box offset.
     pub fn global_offset(&self) -> &[u64] {
-        &self.global_offset
+        self.geometry.offset()
     }
     /// Box shape.
     pub fn local_shape(&self) -> &[u64] {
@@ -662,9 +679,12 @@ pub fn pair_bindings(placement: &Placement, bindings: &[RuntimeBinding], label: 
     if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
         return Err(store_err(format!("duplicate {label} runtime binding participant")));
     }
-    for b in bindings {
-        validate_runtime_binding(placement, b)
-            .map_err(|e| store_err(format!("invalid {label} runtime binding: {}", e.message())))?;
-    }
+    // Bindings are checked on several threads when they hold many fragments; the
+    // error reported is the first binding's in order, whatever the thread count.
+    let fragments: usize = bindings.iter().map(|b| b.fragments().len()).sum();
+    crate::par::try_map(bindings.len(), crate::par::workers(fragments), |i| {
+        validate_runtime_binding(placement, &bindings[i])
+            .map_err(|e| store_err(format!("invalid {label} runtime binding: {}", e.message())))
+    })?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! owned by one rank, their canonical ids and geometry checks.
 
 use crate::error::{invalid, Result};
-use crate::geometry::{self, BoxRef};
+use crate::geometry::{self, BoxRef, SharedBox};
 use crate::json::{self, Profile};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
@@ -36,13 +36,14 @@ pub struct PlacementFragmentSpec {
 pub struct PlacementFragment {
     /// Interned: within a part (and a placement) the tensor descriptor's own id.
     pub(super) tensor_id: Arc<str>,
-    pub(super) global_offset: Vec<u64>,
-    pub(super) local_shape: Vec<u64>,
+    /// Offset and shape, shared with what is planned from the fragment.
+    pub(super) geometry: SharedBox,
     pub(super) nbytes: u64,
     pub(super) rank: ParallelRank,
     pub(super) pipeline_stage_id: Option<u64>,
     pub(super) aliases: Vec<String>,
-    pub(super) placement_fragment_id: String,
+    /// Shared with the plans that keep a copy of the fragment.
+    pub(super) placement_fragment_id: Arc<str>,
 }
 
 /// Normalizes an alias list (`data-model.md` §6): non-empty strings, no
@@ -77,7 +78,14 @@ impl PlacementFragment {
     /// [`Self::new`] with the tensor id given as a shared string (`spec.tensor_id`
     /// is ignored): decoders pass one allocation per tensor.
     pub(crate) fn with_tensor_id(spec: PlacementFragmentSpec, tensor_id: Arc<str>) -> Result<Self> {
-        if spec.local_shape.iter().any(|&x| x < 1) {
+        let geometry = SharedBox::new(&spec.global_offset, &spec.local_shape);
+        Self::with_geometry(spec, tensor_id, geometry)
+    }
+
+    /// [`Self::with_tensor_id`] with the offset and shape given as one shared box
+    /// (`spec.global_offset` and `spec.local_shape` are ignored).
+    pub(crate) fn with_geometry(spec: PlacementFragmentSpec, tensor_id: Arc<str>, geometry: SharedBox) -> Result<Self> {
+        if geometry.shape().iter().any(|&x| x < 1) {
             return invalid("local_shape must be at least 1");
         }
         non_empty(&tensor_id, "tensor_id")?;
@@ -87,20 +95,19 @@ impl PlacementFragment {
         let aliases = normalize_aliases(spec.aliases, &tensor_id)?;
         let mut f = PlacementFragment {
             tensor_id,
-            global_offset: spec.global_offset,
-            local_shape: spec.local_shape,
+            geometry,
             nbytes: spec.nbytes,
             rank: spec.rank,
             pipeline_stage_id: spec.pipeline_stage_id,
             aliases,
-            placement_fragment_id: String::new(),
+            placement_fragment_id: Arc::from(""),
         };
         f.placement_fragment_id = match spec.placement_fragment_id {
             Some(id) => {
                 non_empty(&id, "placement_fragment_id")?;
-                id
+                Arc::from(id)
             }
-            None => f.canonical_id(),
+            None => Arc::from(f.canonical_id()),
         };
         Ok(f)
     }
@@ -128,9 +135,9 @@ impl PlacementFragment {
     // `,"global_offset":..,"local_shape":..,"nbytes":..[,"pipeline_stage_id":..]`
     pub(super) fn write_geometry(&self, out: &mut String) {
         out.push_str(",\"global_offset\":");
-        json::write_u64_array(out, &self.global_offset);
+        json::write_u64_array(out, self.geometry.offset());
         out.push_str(",\"local_shape\":");
-        json::write_u64_array(out, &self.local_shape);
+        json::write_u64_array(out, self.geometry.shape());
         out.push_str(",\"nbytes\":");
         json::write_u64(out, self.nbytes);
         if let Some(stage) = self.pipeline_stage_id {
@@ -143,8 +150,7 @@ impl PlacementFragment {
     #[inline]
     pub(crate) fn prefetch_heap(&self) {
         crate::model::prefetch(self.placement_fragment_id.as_ptr());
-        crate::model::prefetch(self.global_offset.as_ptr());
-        crate::model::prefetch(self.local_shape.as_ptr());
+        crate::model::prefetch(self.geometry.as_ptr());
     }
 
     pub(crate) fn write_json(&self, out: &mut String) {
@@ -166,11 +172,11 @@ impl PlacementFragment {
     }
     /// Box offset.
     pub fn global_offset(&self) -> &[u64] {
-        &self.global_offset
+        self.geometry.offset()
     }
     /// Box extents.
     pub fn local_shape(&self) -> &[u64] {
-        &self.local_shape
+        self.geometry.shape()
     }
     /// Byte size.
     pub fn nbytes(&self) -> u64 {
@@ -198,7 +204,12 @@ impl PlacementFragment {
     }
     /// The box view.
     pub fn as_box(&self) -> BoxRef<'_> {
-        BoxRef::new(&self.global_offset, &self.local_shape)
+        self.geometry.as_box()
+    }
+
+    /// The shared offset and shape.
+    pub(crate) fn geometry(&self) -> &SharedBox {
+        &self.geometry
     }
 }
 

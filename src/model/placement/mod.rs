@@ -174,7 +174,7 @@ impl Placement {
         let mut keyed: Vec<((u8, u128), &str, (u32, u32))> = order
             .iter()
             .map(|k| {
-                let id = frag(k).placement_fragment_id.as_str();
+                let id = &*frag(k).placement_fragment_id;
                 (id_sort_key(id), id, *k)
             })
             .collect();

@@ -139,7 +139,7 @@ impl PlacementPart {
     /// The fragment with `placement_fragment_id`, if it belongs to this part.
     pub fn fragment(&self, placement_fragment_id: &str) -> Option<&PlacementFragment> {
         self.fragments
-            .binary_search_by(|f| f.placement_fragment_id.as_str().cmp(placement_fragment_id))
+            .binary_search_by(|f| (*f.placement_fragment_id).cmp(placement_fragment_id))
             .ok()
             .map(|i| &self.fragments[i])
     }

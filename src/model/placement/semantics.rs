@@ -178,7 +178,7 @@ pub(super) fn check_split_geometry(
         per_rank
             .entry(f.rank.coord(kind))
             .or_default()
-            .push((f.global_offset[dim], f.global_offset[dim] + f.local_shape[dim]));
+            .push((f.global_offset()[dim], f.global_offset()[dim] + f.local_shape()[dim]));
     }
     let mut merged: Vec<(u64, u64, u64)> = Vec::new();
     for (rank, mut iv) in per_rank {

@@ -7,6 +7,7 @@ use super::topology::ParallelTopology;
 use super::{Placement, PlacementSpec};
 use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
+use crate::geometry::SharedBox;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::TensorDescriptor;
@@ -222,16 +223,24 @@ impl Placement {
             next[i as usize] += 1;
         }
         drop(slot_of);
+        // One participant index per axis signature (few), then the tensors, checked
+        // in parallel when there are many fragments; the error reported is the
+        // first tensor's in order, as a sequential pass would report.
         let mut indexes: HashMap<[u8; 4], ParticipantIndex> = HashMap::default();
-        for (ti, t) in self.tensors.iter().enumerate() {
+        for t in self.tensors.iter() {
+            let sig = AxisSignature::of(t);
+            indexes.entry(sig.code).or_insert_with(|| ParticipantIndex::build(&self.topology, &sig));
+        }
+        let check = |ti: usize| -> Result<()> {
+            let t = &self.tensors[ti];
             let frags = &grouped[starts[ti] as usize..starts[ti + 1] as usize];
             if frags.is_empty() {
                 return invalid(format!("global placement tensor is not fully covered: {}", t.tensor_id()));
             }
             let sig = AxisSignature::of(t);
-            let index = indexes.entry(sig.code).or_insert_with(|| ParticipantIndex::build(&self.topology, &sig));
-            check_tensor_semantics(&self.topology, t, &sig, index, frags)?;
-        }
+            check_tensor_semantics(&self.topology, t, &sig, &indexes[&sig.code], frags)
+        };
+        crate::par::try_map(self.tensors.len(), crate::par::workers(grouped.len()), check)?;
         Ok(())
     }
 }
@@ -504,6 +513,7 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                 let mut seen = 0u32;
                 let mut spec = PlacementFragmentSpec::default();
                 let mut tensor_id: Option<Arc<str>> = None;
+                let (mut offset, mut shape) = (None, None);
                 while let Some(k) = typed::next_key(&mut m)? {
                     match k {
                         "placement_fragment_id" => {
@@ -516,11 +526,11 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                         }
                         "global_offset" => {
                             typed::mark(&mut seen, 2)?;
-                            spec.global_offset = m.next_value::<typed::U64s<0>>()?.0;
+                            offset = Some(m.next_value::<typed::Dims<0>>()?);
                         }
                         "local_shape" => {
                             typed::mark(&mut seen, 3)?;
-                            spec.local_shape = m.next_value::<typed::U64s<1>>()?.0;
+                            shape = Some(m.next_value::<typed::Dims<1>>()?);
                         }
                         "nbytes" => {
                             typed::mark(&mut seen, 4)?;
@@ -545,7 +555,9 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
                     return Err(typed::fallback());
                 }
                 let tensor_id = tensor_id.ok_or_else(typed::fallback)?;
-                PlacementFragment::with_tensor_id(spec, tensor_id).map_err(|_| typed::fallback())
+                let (offset, shape) = offset.zip(shape).ok_or_else(typed::fallback)?;
+                let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
+                PlacementFragment::with_geometry(spec, tensor_id, geometry).map_err(|_| typed::fallback())
             }
         }
         d.deserialize_map(V(self.interner))
