@@ -23,6 +23,7 @@ mod workloads;
 
 use mooncake_weight_store::{plan_upload, sha256_hex, Placement, StoredManifest};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -37,26 +38,50 @@ const SINGLE_RUN_OVER_S: f64 = 20.0;
 // ---------------------------------------------------------------------------
 // Heap accounting: live bytes and their peak, so that each stage can report the
 // extra heap it needed (like the reference's tracemalloc pass, but in the timed
-// run itself; the cost is a few plain loads and stores per allocation).
+// run itself; the cost is a few plain loads and stores per allocation on the
+// main thread, an atomic add on others).
 // ---------------------------------------------------------------------------
 struct CountingAlloc;
-static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
 static HEAP_PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Live bytes counted by the bench's main thread (plain loads and stores: only
+/// that thread writes it) and by every other thread (atomic adds). Each may wrap
+/// below zero (one thread frees what another allocated); their sum is the live
+/// heap.
+static HEAP_MAIN: AtomicUsize = AtomicUsize::new(0);
+static HEAP_OTHER: AtomicUsize = AtomicUsize::new(0);
 
-// The benchmark is single-threaded, so plain loads and stores (no locked
-// read-modify-write) keep the accounting nearly free; should another thread
-// allocate concurrently, the figures become approximate, never unsafe.
+thread_local! {
+    /// Set on the bench's main thread (const-initialized, no destructor: reading
+    /// it never allocates, so the allocator may).
+    static MAIN_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn heap_live() -> usize {
+    HEAP_MAIN.load(Relaxed).wrapping_add(HEAP_OTHER.load(Relaxed))
+}
+
+// Planning stages run parts of their work on scoped threads: the main thread keeps
+// its cheap plain counter, the others add atomically, so no update is lost. The
+// peak is a plain load and store, approximate while other threads allocate.
 #[inline(always)]
 fn heap_add(n: usize) {
-    let live = HEAP_LIVE.load(Relaxed).wrapping_add(n);
-    HEAP_LIVE.store(live, Relaxed);
+    if MAIN_THREAD.with(Cell::get) {
+        HEAP_MAIN.store(HEAP_MAIN.load(Relaxed).wrapping_add(n), Relaxed);
+    } else {
+        HEAP_OTHER.fetch_add(n, Relaxed);
+    }
+    let live = heap_live();
     if live > HEAP_PEAK.load(Relaxed) {
         HEAP_PEAK.store(live, Relaxed);
     }
 }
 #[inline(always)]
 fn heap_sub(n: usize) {
-    HEAP_LIVE.store(HEAP_LIVE.load(Relaxed).wrapping_sub(n), Relaxed);
+    if MAIN_THREAD.with(Cell::get) {
+        HEAP_MAIN.store(HEAP_MAIN.load(Relaxed).wrapping_sub(n), Relaxed);
+    } else {
+        HEAP_OTHER.fetch_sub(n, Relaxed);
+    }
 }
 
 // SAFETY: every call forwards to the system allocator unchanged; the counters are
@@ -121,13 +146,14 @@ const REFERENCE_SECONDS: [(&str, [f64; 4]); 12] = [
 const REFERENCE_RSS_MIB: [f64; 4] = [35.0, 82.0, 495.0, 3784.0];
 
 /// (stage key, label) in print order.
-const STAGES: [(&str, &str); 18] = [
+const STAGES: [(&str, &str); 20] = [
     ("a0", "a0  build PlacementFragments (info)"),
     ("a", "(a) from_fragments"),
     ("a_digest", "(a) digest = compute_digest() [1]"),
     ("a_sha", "(a) baseline: sha256 of those bytes [2]"),
     ("b_to", "(b) placement to_json"),
     ("b_copy", "(b) baseline: copy into fresh memory [3]"),
+    ("b_skim", "(b) baseline: JSON skim, nothing built [4]"),
     ("b_from", "(b) placement from_json"),
     ("c0", "c0  build runtime bindings (info)"),
     ("c", "(c) plan_upload"),
@@ -135,6 +161,7 @@ const STAGES: [(&str, &str); 18] = [
     ("c_from", "(c) upload plan transport from_json"),
     ("d_to", "(d) manifest to_json"),
     ("d_copy", "(d) baseline: copy into fresh memory [3]"),
+    ("d_skim", "(d) baseline: JSON skim, nothing built [4]"),
     ("d_from", "(d) manifest from_json"),
     ("d_digest", "(d) digest = compute_digest() [1]"),
     ("d_sha", "(d) baseline: sha256 of those bytes [2]"),
@@ -213,6 +240,12 @@ struct Timing {
 /// setup, outside the timer, so at most one result is alive.
 /// The floor of a `to_json` row: the same bytes copied into a new allocation of
 /// the same size (first-touch page faults included, as a fresh `String` pays them).
+/// Reads the whole document with serde_json, building nothing (`IgnoredAny`): what
+/// tokenizing alone costs, a floor under any decoder of the same bytes.
+fn json_skim(s: &str) -> serde::de::IgnoredAny {
+    serde_json::from_str::<serde::de::IgnoredAny>(s).unwrap_or_else(|e| die("json skim", e))
+}
+
 fn fresh_copy(s: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(s.len());
     v.extend_from_slice(s.as_bytes());
@@ -239,7 +272,7 @@ fn bench<I, T>(reps: usize, mut setup: impl FnMut() -> I, mut run: impl FnMut(I)
         drop(out.take());
         let input = setup();
         settle_allocator();
-        let base = HEAP_LIVE.load(Relaxed);
+        let base = heap_live();
         HEAP_PEAK.store(base, Relaxed);
         let c0 = thread_cpu_seconds();
         let t0 = Instant::now();
@@ -323,6 +356,7 @@ fn max_rss_bytes() -> u64 {
 }
 
 fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
+    MAIN_THREAD.with(|m| m.set(true));
     let rules = &file.rules;
     let src = w.source;
     let gen = w.tensors(rules, src).unwrap_or_else(|e| die("tensors", e));
@@ -362,6 +396,8 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     let (t, sha_only) = bench(reps, || (), |_| sha256_hex(placement_json.as_bytes()));
     times.push(("a_sha", t));
     let sha_only_matches = sha_only == digest;
+    let (t, _) = bench(reps, || (), |_| json_skim(&placement_json));
+    times.push(("b_skim", t));
     let (t, reparsed) = bench(reps, || (), |_| Placement::from_json(placement_json.as_bytes()));
     let reparsed = reparsed.unwrap_or_else(|e| die("placement from_json", e));
     times.push(("b_from", t));
@@ -388,6 +424,8 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
     times.push(("d_to", t));
     let (t, _) = bench(reps, || (), |_| fresh_copy(&manifest_json));
     times.push(("d_copy", t));
+    let (t, _) = bench(reps, || (), |_| json_skim(&manifest_json));
+    times.push(("d_skim", t));
     let (t, manifest2) = bench(reps, || (), |_| StoredManifest::from_json(manifest_json.as_bytes()));
     let manifest2 = manifest2.unwrap_or_else(|e| die("manifest from_json", e));
     times.push(("d_from", t));
@@ -469,9 +507,9 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
 
     let rss = max_rss_bytes();
     drop((bindings, plan, load, shared_manifest, target));
-    let live = HEAP_LIVE.load(Relaxed);
+    let live = heap_live();
     drop(placement);
-    let placement_heap = live.saturating_sub(HEAP_LIVE.load(Relaxed));
+    let placement_heap = live.saturating_sub(heap_live());
 
     // Report.
     let mut out = String::new();
@@ -612,10 +650,17 @@ fn main() {
         None => file.workloads.iter().filter(|w| opts.all || DEFAULT_WORKLOADS.contains(&w.name.as_str())).collect(),
     };
     println!("mooncake-weight-store core benchmark ({})", path.display());
-    println!("single thread, best of {} runs per stage, each workload in a fresh process;", opts.reps);
+    println!(
+        "best of {} runs per stage, each workload in a fresh process; large planning stages split work over the \
+         machine's cores (par.rs);",
+        opts.reps
+    );
     println!("frags/s = source placement fragments / our time; ref = reference (Python) seconds from shared/bench/README.md.");
     println!("+heap = peak heap above the heap in use when the stage started (counting allocator, timed run).");
-    println!("cpu = lowest thread CPU time over the runs (below wall when the machine is shared).");
+    println!(
+        "cpu = lowest CPU time of the calling thread over the runs (below wall when the machine is shared, or when \
+         the stage ran part of its work on other threads)."
+    );
     println!(
         "[1] our digests are computed inside construction; this row times compute_digest(), the same work: the \
          canonical JSON hashed as it is written (over 8 MiB: on a second thread, overlapped with serializing)."
@@ -624,6 +669,10 @@ fn main() {
     println!(
         "[3] the serialized JSON copied into a fresh allocation of its size (memcpy plus first-touch page faults): \
          the floor of the to_json row above it."
+    );
+    println!(
+        "[4] serde_json reading the document without building anything (IgnoredAny): a floor under the from_json \
+         row below it, which must also build every value, validate, and recompute the digest ([2])."
     );
 
     let exe = std::env::current_exe().unwrap_or_else(|e| die("current_exe", e));
