@@ -240,78 +240,46 @@ impl UploadPlan {
         control_key: String,
         operations: Vec<UploadOperation>,
     ) -> Result<Self> {
-        Self::build(
+        UploadPlan {
             manifest,
             source_placement_id,
             source_placement_digest,
             transaction_group_id,
             control_key,
             operations,
-            false,
-        )
+        }
+        .validated(false)
     }
 
-    /// [`Self::new`] for `plan_upload`'s own output: one operation per manifest
-    /// fragment in its order, each key under the transaction, by construction. A
-    /// release build skips those two per-operation checks; debug builds (the tests)
-    /// run them and panic should the planner break them.
-    fn new_planned(
-        manifest: StoredManifest,
-        source_placement_id: String,
-        source_placement_digest: String,
-        transaction_group_id: String,
-        control_key: String,
-        operations: Vec<UploadOperation>,
-    ) -> Result<Self> {
-        Self::build(
-            manifest,
-            source_placement_id,
-            source_placement_digest,
-            transaction_group_id,
-            control_key,
-            operations,
-            true,
-        )
-    }
-
-    fn build(
-        manifest: StoredManifest,
-        source_placement_id: String,
-        source_placement_digest: String,
-        transaction_group_id: String,
-        control_key: String,
-        operations: Vec<UploadOperation>,
-        planned: bool,
-    ) -> Result<Self> {
+    /// Checks the plan's invariants (see [`Self::new`]); `planned`: `plan_upload`'s
+    /// own output, one operation per manifest fragment in its order, each key under
+    /// the transaction, by construction. A release build then skips those two
+    /// per-operation checks; debug builds (the tests) run them and panic should the
+    /// planner break them.
+    fn validated(self, planned: bool) -> Result<Self> {
+        let plan = self;
         for (v, name) in [
-            (&source_placement_id, "source_placement_id"),
-            (&source_placement_digest, "source_placement_digest"),
-            (&transaction_group_id, "transaction_group_id"),
-            (&control_key, "control_key"),
+            (&plan.source_placement_id, "source_placement_id"),
+            (&plan.source_placement_digest, "source_placement_digest"),
+            (&plan.transaction_group_id, "transaction_group_id"),
+            (&plan.control_key, "control_key"),
         ] {
             crate::model::non_empty(v, name)?;
         }
-        if operations.is_empty() {
+        if plan.operations.is_empty() {
             return invalid("upload plan operations are invalid");
         }
-        let tx_prefix = format!("{}/transactions/", manifest.group_id());
-        let tx = transaction_group_id
+        let tx_prefix = format!("{}/transactions/", plan.manifest.group_id());
+        let tx = plan
+            .transaction_group_id
             .strip_prefix(&tx_prefix)
             .ok_or_else(|| Error::invalid("upload transaction group does not belong to manifest group"))?;
         if tx.is_empty() || tx.contains('/') {
             return invalid("upload transaction group has an invalid upload ID");
         }
-        if control_key != format!("{transaction_group_id}/decision") {
+        if plan.control_key != format!("{}/decision", plan.transaction_group_id) {
             return invalid("upload control key does not belong to transaction group");
         }
-        let plan = UploadPlan {
-            manifest,
-            source_placement_id,
-            source_placement_digest,
-            transaction_group_id,
-            control_key,
-            operations,
-        };
         if planned && !cfg!(debug_assertions) {
             return Ok(plan);
         }
@@ -717,14 +685,15 @@ pub fn plan_upload<'a>(
         fragments,
         created_at,
     })?;
-    let plan = UploadPlan::new_planned(
+    let plan = UploadPlan {
         manifest,
-        placement.placement_id().to_string(),
-        placement.digest().to_string(),
-        keys.transaction_group_id(&transaction_id),
-        keys.control_key(&transaction_id),
+        source_placement_id: placement.placement_id().to_string(),
+        source_placement_digest: placement.digest().to_string(),
+        transaction_group_id: keys.transaction_group_id(&transaction_id),
+        control_key: keys.control_key(&transaction_id),
         operations,
-    )?;
+    }
+    .validated(true)?;
     // A log record is the planner's only side effect (no I/O of its own).
     log::info!(
         "upload plan for {}: {} operations, {} bytes, transaction {}",
