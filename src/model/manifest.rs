@@ -164,10 +164,11 @@ impl StoredFragment {
         json::write_str_array(out, &self.aliases, Profile::Utf8);
         out.push_str(",\"fragment_id\":");
         json::write_str(out, &self.fragment_id, Profile::Utf8);
+        let geometry = self.geometry.as_box();
         out.push_str(",\"global_offset\":");
-        json::write_u64_array(out, self.geometry.offset());
+        json::write_u64_array(out, geometry.offset);
         out.push_str(",\"local_shape\":");
-        json::write_u64_array(out, self.geometry.shape());
+        json::write_u64_array(out, geometry.shape);
         out.push_str(",\"nbytes\":");
         json::write_u64(out, self.nbytes);
         out.push_str(",\"object_key\":");

@@ -134,10 +134,11 @@ impl PlacementFragment {
 
     // `,"global_offset":..,"local_shape":..,"nbytes":..[,"pipeline_stage_id":..]`
     pub(super) fn write_geometry(&self, out: &mut String) {
+        let geometry = self.geometry.as_box();
         out.push_str(",\"global_offset\":");
-        json::write_u64_array(out, self.geometry.offset());
+        json::write_u64_array(out, geometry.offset);
         out.push_str(",\"local_shape\":");
-        json::write_u64_array(out, self.geometry.shape());
+        json::write_u64_array(out, geometry.shape);
         out.push_str(",\"nbytes\":");
         json::write_u64(out, self.nbytes);
         if let Some(stage) = self.pipeline_stage_id {
