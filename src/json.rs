@@ -431,7 +431,10 @@ impl<'a, 'v> Obj<'a, 'v> {
 }
 
 /// Reads a non-empty string: `<field> must be a non-empty string`.
-pub fn req_str(v: &Value, field: &str) -> Result<String> {
+///
+/// `field` is only formatted when the value is rejected, so a caller may pass a
+/// lazily built label (`format_args!`) at no cost on the success path.
+pub fn req_str(v: &Value, field: impl fmt::Display) -> Result<String> {
     match v {
         Value::Str(s) if !s.is_empty() => Ok(s.to_string()),
         _ => Err(Error::invalid(format!("{field} must be a non-empty string"))),
@@ -440,7 +443,7 @@ pub fn req_str(v: &Value, field: &str) -> Result<String> {
 
 /// Reads an integer >= `min` that fits in u64: `<field> must be an integer`,
 /// `<field> must be at least <min>`, `<field> must fit in an unsigned 64-bit integer`.
-pub fn req_int(v: &Value, field: &str, min: u64) -> Result<u64> {
+pub fn req_int(v: &Value, field: impl fmt::Display, min: u64) -> Result<u64> {
     match v {
         Value::UInt(n) if *n >= min => Ok(*n),
         Value::UInt(_) | Value::NegInt(_) => Err(Error::invalid(format!("{field} must be at least {min}"))),
@@ -453,7 +456,7 @@ pub fn req_int(v: &Value, field: &str, min: u64) -> Result<u64> {
 }
 
 /// Reads `null` or an integer >= `min`.
-pub fn opt_int(v: &Value, field: &str, min: u64) -> Result<Option<u64>> {
+pub fn opt_int(v: &Value, field: impl fmt::Display, min: u64) -> Result<Option<u64>> {
     match v {
         Value::Null => Ok(None),
         other => req_int(other, field, min).map(Some),
@@ -470,9 +473,9 @@ pub fn req_array<'a, 'v>(v: &'a Value<'v>, err: impl FnOnce() -> String) -> Resu
 
 /// Reads an array of integers >= `min`: `<field> must be a sequence` when not an
 /// array; element errors as [`req_int`].
-pub fn req_int_array(v: &Value, field: &str, min: u64) -> Result<Vec<u64>> {
+pub fn req_int_array(v: &Value, field: impl fmt::Display, min: u64) -> Result<Vec<u64>> {
     let items = req_array(v, || format!("{field} must be a sequence"))?;
-    items.iter().map(|x| req_int(x, field, min)).collect()
+    items.iter().map(|x| req_int(x, &field, min)).collect()
 }
 
 /// Writes `"k":"v"` (UTF-8 profile) for the transport encoders.

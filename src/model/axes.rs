@@ -158,7 +158,7 @@ impl ParallelAxis {
 
     /// Decodes an AXIS object (`wire-format.md` §2.1 step 5); `label` is e.g.
     /// `placement tensor parallel axis <i>`.
-    pub(crate) fn from_json(v: &Value, label: &str) -> Result<Self> {
+    pub(crate) fn from_json(v: &Value, label: &dyn std::fmt::Display) -> Result<Self> {
         let o = Obj::new(v, || format!("{label} must be a JSON object"))?;
         let semantics = match o.get("semantics") {
             Value::Str(s) if !s.is_empty() => s.as_ref(),

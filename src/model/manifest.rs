@@ -325,16 +325,44 @@ impl StoredManifest {
         {
             return invalid("manifest_key does not belong to manifest group");
         }
-        let payload_prefix = format!("{}/payload/", spec.group_id);
-        let foreign_key = || spec.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix));
+        let mut m = StoredManifest {
+            namespace: spec.namespace,
+            resource_id: spec.resource_id,
+            revision: spec.revision,
+            weight_generation: spec.weight_generation,
+            group_id: spec.group_id,
+            manifest_key: spec.manifest_key,
+            tensors: spec.tensors,
+            fragments: spec.fragments,
+            created_at: spec.created_at,
+            manifest_digest: String::new(),
+        };
+        // The digest hashes the canonical JSON as it is written (no copy of the
+        // whole document; a large one is hashed on a second thread). It does not
+        // depend on the checks, so a large manifest that is not the planner's own
+        // (a decoded one) is checked on one thread while the other computes it.
+        let side_by_side = !planned && crate::par::workers(m.fragments.len()) > 1;
+        let (checked, digest) = crate::par::join(side_by_side, || m.check_contents(planned), || m.compute_digest());
+        checked?;
+        m.manifest_digest = digest;
+        Ok(m)
+    }
+
+    /// The checks of [`Self::new`] over the tensors and fragments (key ownership,
+    /// unique tensor and fragment ids, fragment geometry, aliases, exact coverage,
+    /// object ranges); `planned` skips, in release builds, what the planner's own
+    /// construction proves (see [`Self::new_planned`]).
+    fn check_contents(&self, planned: bool) -> Result<()> {
+        let payload_prefix = format!("{}/payload/", self.group_id);
+        let foreign_key = || self.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix));
         // The planner derives every key from the group (`KeyLayout::payload_key`).
         if planned {
             debug_assert!(!foreign_key());
         } else if foreign_key() {
             return invalid("payload object_key does not belong to manifest group");
         }
-        let mut index: HashMap<&str, &TensorDescriptor> = crate::fxhash::map_with_capacity(spec.tensors.len());
-        for t in &spec.tensors {
+        let mut index: HashMap<&str, &TensorDescriptor> = crate::fxhash::map_with_capacity(self.tensors.len());
+        for t in &self.tensors {
             if index.insert(t.tensor_id(), t).is_some() {
                 return invalid(format!("duplicate tensor_id: {}", t.tensor_id()));
             }
@@ -343,13 +371,13 @@ impl StoredManifest {
         // descriptor's id, the decoder one id per tensor): the pointer finds the
         // tensor, the string is the fallback.
         let by_ptr: HashMap<u64, u32> =
-            spec.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
+            self.tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
         let position: HashMap<&str, u32> =
-            spec.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
-        let mut slots: Vec<u32> = Vec::with_capacity(spec.fragments.len());
+            self.tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
+        let mut slots: Vec<u32> = Vec::with_capacity(self.fragments.len());
         // Only when some id repeats does the loop track them (to name the first
         // repeat at its place among the other per-fragment errors).
-        let frags = &spec.fragments;
+        let frags = &self.fragments;
         // The planner's ids are the SHA-256 of distinct (tensor, offset, shape)
         // triples: unique by construction (debug builds check).
         let repeats = if planned {
@@ -372,7 +400,7 @@ impl StoredManifest {
                     .get(f.tensor_id())
                     .ok_or_else(|| Error::invalid(format!("unknown tensor_id: {}", f.tensor_id)))?,
             };
-            let t = &spec.tensors[slot as usize];
+            let t = &self.tensors[slot as usize];
             // The planner copies the geometry of placement fragments, which their
             // placement checked against the same tensor.
             if planned {
@@ -385,31 +413,16 @@ impl StoredManifest {
             slots.push(slot);
         }
         drop(ids);
-        check_stored_aliases(&index, &spec.fragments)?;
+        check_stored_aliases(&index, &self.fragments)?;
         if planned {
-            debug_assert!(check_stored_coverage(&spec.tensors, &spec.fragments, &slots).is_ok());
-            debug_assert!(check_object_ranges(&spec.fragments).is_ok());
-            debug_assert!(spec.fragments.iter().all(|f| f.object_offset == 0));
+            debug_assert!(check_stored_coverage(&self.tensors, &self.fragments, &slots).is_ok());
+            debug_assert!(check_object_ranges(&self.fragments).is_ok());
+            debug_assert!(self.fragments.iter().all(|f| f.object_offset == 0));
         } else {
-            check_stored_coverage(&spec.tensors, &spec.fragments, &slots)?;
-            check_object_ranges(&spec.fragments)?;
+            check_stored_coverage(&self.tensors, &self.fragments, &slots)?;
+            check_object_ranges(&self.fragments)?;
         }
-        let mut m = StoredManifest {
-            namespace: spec.namespace,
-            resource_id: spec.resource_id,
-            revision: spec.revision,
-            weight_generation: spec.weight_generation,
-            group_id: spec.group_id,
-            manifest_key: spec.manifest_key,
-            tensors: spec.tensors,
-            fragments: spec.fragments,
-            created_at: spec.created_at,
-            manifest_digest: String::new(),
-        };
-        // The digest hashes the canonical JSON as it is written (no copy of the
-        // whole document; a large one is hashed on a second thread).
-        m.manifest_digest = m.compute_digest();
-        Ok(m)
+        Ok(())
     }
 
     /// Recomputes the manifest digest: the hex SHA-256 of [`Self::to_json`]'s bytes
@@ -544,7 +557,7 @@ impl StoredManifest {
                 item,
                 &schema,
                 "stored tensor ",
-                &format!("stored tensor parallel_axes {i}"),
+                &format_args!("stored tensor parallel_axes {i}"),
             )?));
         }
         let fragments = match fragments {
@@ -871,5 +884,38 @@ mod tests {
         let m = StoredManifest::from_json_fast(text).expect("fast path accepts a valid document");
         assert_eq!(StoredManifest::from_json_fast(&m.to_json()), Some(m.clone()));
         assert_eq!(m.manifest_digest(), fixture["expected"]["manifest_digest"].as_str().unwrap());
+    }
+
+    fn fixture_manifest(name: &str) -> String {
+        let path = format!("{}/tests/fixtures/conformance/{name}.json", env!("CARGO_MANIFEST_DIR"));
+        let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        fixture["inputs"]["stored_manifest"].as_str().unwrap().to_string()
+    }
+
+    /// A decoded manifest is checked on one thread while the other computes its
+    /// digest (large documents only; forced here): the same manifest, the same
+    /// digest and the same first error as checking and hashing one after the other.
+    #[test]
+    fn checks_beside_the_digest_match_one_thread() {
+        let decode = |workers: usize, text: &str| {
+            crate::par::with_workers(Some(workers), || StoredManifest::from_json(text.as_bytes()))
+        };
+        for name in ["042-manifest-valid-upload-output", "044-manifest-valid-fragment-order-preserved"] {
+            let text = fixture_manifest(name);
+            let (one, two) = (decode(1, &text).unwrap(), decode(2, &text).unwrap());
+            assert_eq!(one, two, "{name}");
+            assert_eq!(two.manifest_digest(), crate::sha256_hex(two.to_json().as_bytes()), "{name}");
+        }
+        for name in [
+            "050-manifest-reject-overlapping-fragments",
+            "051-manifest-reject-incomplete-coverage",
+            "052-manifest-reject-object-range-overlap",
+            "053-manifest-reject-fragment-out-of-bounds",
+            "054-manifest-reject-object-key-outside-group",
+        ] {
+            let text = fixture_manifest(name);
+            let (one, two) = (decode(1, &text).unwrap_err(), decode(2, &text).unwrap_err());
+            assert_eq!(one.to_string(), two.to_string(), "{name}");
+        }
     }
 }

@@ -244,8 +244,13 @@ impl TensorDescriptor {
 
     /// Decodes a TENSOR object with exactly nine keys. `schema` is the message for a
     /// wrong key set; `prefix` labels fields (`""` or `"stored tensor "`); `axis_label`
-    /// labels axes.
-    pub(crate) fn from_json(v: &Value, schema: &dyn Fn() -> String, prefix: &str, axis_label: &str) -> Result<Self> {
+    /// labels axes. Labels are formatted only for an error message.
+    pub(crate) fn from_json(
+        v: &Value,
+        schema: &dyn Fn() -> String,
+        prefix: &str,
+        axis_label: &dyn std::fmt::Display,
+    ) -> Result<Self> {
         const KEYS: [&str; 9] = [
             "tensor_id",
             "global_shape",
@@ -259,7 +264,6 @@ impl TensorDescriptor {
         ];
         let o = Obj::new(v, schema)?;
         o.expect_keys(&KEYS, schema)?;
-        let f = |name: &str| format!("{prefix}{name}");
         let axes_v = json::req_array(o.get("parallel_axes"), || {
             if prefix.is_empty() {
                 "parallel_axes must be a sequence".to_string()
@@ -269,7 +273,7 @@ impl TensorDescriptor {
         })?;
         let mut parallel_axes = Vec::with_capacity(axes_v.len());
         for (i, a) in axes_v.iter().enumerate() {
-            parallel_axes.push(ParallelAxis::from_json(a, &format!("{axis_label} {i}"))?);
+            parallel_axes.push(ParallelAxis::from_json(a, &format_args!("{axis_label} {i}"))?);
         }
         // Integer tuples: the placement decoder reports a non-array as
         // `<field> must be a sequence`, the stored decoder as
@@ -279,18 +283,18 @@ impl TensorDescriptor {
             if !prefix.is_empty() && !matches!(v, Value::Array(_)) {
                 return invalid(format!("{prefix}{name} must contain integers"));
             }
-            json::req_int_array(v, &f(name), min)
+            json::req_int_array(v, format_args!("{prefix}{name}"), min)
         };
         TensorDescriptor::new(TensorSpec {
-            tensor_id: json::req_str(o.get("tensor_id"), &f("tensor_id"))?,
+            tensor_id: json::req_str(o.get("tensor_id"), format_args!("{prefix}tensor_id"))?,
             global_shape: int_tuple("global_shape", 1)?,
-            dtype: json::req_str(o.get("dtype"), &f("dtype"))?,
-            itemsize: json::req_int(o.get("itemsize"), &f("itemsize"), 1)?,
+            dtype: json::req_str(o.get("dtype"), format_args!("{prefix}dtype"))?,
+            itemsize: json::req_int(o.get("itemsize"), format_args!("{prefix}itemsize"), 1)?,
             shard_dims: int_tuple("shard_dims", 0)?,
-            layout_fingerprint: json::req_str(o.get("layout_fingerprint"), &f("layout_fingerprint"))?,
+            layout_fingerprint: json::req_str(o.get("layout_fingerprint"), format_args!("{prefix}layout_fingerprint"))?,
             parallel_axes,
-            layer_id: json::opt_int(o.get("layer_id"), &f("layer_id"), 0)?,
-            expert_id: json::opt_int(o.get("expert_id"), &f("expert_id"), 0)?,
+            layer_id: json::opt_int(o.get("layer_id"), format_args!("{prefix}layer_id"), 0)?,
+            expert_id: json::opt_int(o.get("expert_id"), format_args!("{prefix}expert_id"), 0)?,
         })
     }
 }

@@ -334,7 +334,7 @@ impl Header {
         let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
         for (i, item) in tensor_items.iter().enumerate() {
             let schema = || format!("placement tensor {i} schema fields do not match contract");
-            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", "placement tensor parallel axis")?));
+            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", &"placement tensor parallel axis")?));
         }
         Ok(Header { resource_id, revision, placement_set_id, placement_id, weight_generation, topology, tensors })
     }
