@@ -517,17 +517,17 @@ impl StoredManifest {
     /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
     /// the [`Value`] path for the precise error.
     fn from_json_fast(text: &str) -> Option<Self> {
-        let (members, fragments) = typed::parse_with(text, ManifestSeed)?;
-        Self::decode(&Value::Object(members), Some(fragments)).ok()
+        let (members, fragments, tensors) = typed::parse_with(text, ManifestSeed)?;
+        Self::decode(&Value::Object(members), Some((fragments, tensors?))).ok()
     }
 
     pub(crate) fn from_json_value(v: &Value) -> Result<Self> {
         Self::decode(v, None)
     }
 
-    /// Decodes a manifest object; `fragments`, when given, replaces the decoding
-    /// of the `fragments` member (the fast path decoded them already).
-    fn decode(v: &Value, fragments: Option<Vec<StoredFragment>>) -> Result<Self> {
+    /// Decodes a manifest object; `typed`, when given, replaces the decoding of the
+    /// `fragments` and `tensors` members (the fast path decoded them already).
+    fn decode(v: &Value, typed: Option<(Vec<StoredFragment>, typed::Tensors)>) -> Result<Self> {
         let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
         o.expect_keys(
             &[
@@ -548,24 +548,24 @@ impl StoredManifest {
             Value::Str(s) if s == "model_weight" => {}
             _ => return invalid("weight manifest resource_kind must be model_weight"),
         }
-        let tensor_items =
-            json::req_array(o.get("tensors"), || "StoredWeightManifest tensors must be a sequence".into())?;
-        let mut tensors = Vec::with_capacity(tensor_items.len());
-        for (i, item) in tensor_items.iter().enumerate() {
-            let schema = || "tensor descriptor schema fields do not match contract".to_string();
-            tensors.push(Arc::new(TensorDescriptor::from_json(
-                item,
-                &schema,
-                "stored tensor ",
-                &format_args!("stored tensor parallel_axes {i}"),
-            )?));
-        }
-        let fragments = match fragments {
-            Some(f) => f,
+        let (fragments, tensors) = match typed {
+            Some((fragments, tensors)) => (fragments, tensors.0),
             None => {
+                let tensor_items =
+                    json::req_array(o.get("tensors"), || "StoredWeightManifest tensors must be a sequence".into())?;
+                let mut tensors = Vec::with_capacity(tensor_items.len());
+                for (i, item) in tensor_items.iter().enumerate() {
+                    let schema = || "tensor descriptor schema fields do not match contract".to_string();
+                    tensors.push(Arc::new(TensorDescriptor::from_json(
+                        item,
+                        &schema,
+                        "stored tensor ",
+                        &format_args!("stored tensor parallel_axes {i}"),
+                    )?));
+                }
                 let frag_items =
                     json::req_array(o.get("fragments"), || "StoredWeightManifest fragments must be a sequence".into())?;
-                frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?
+                (frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?, tensors)
             }
         };
         StoredManifest::new(StoredManifestSpec {
@@ -766,17 +766,18 @@ pub(crate) struct ManifestDocSeed;
 impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
     type Value = StoredManifest;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        let (members, fragments) = ManifestSeed.deserialize(d)?;
-        StoredManifest::decode(&Value::Object(members), Some(fragments)).map_err(|_| typed::fallback())
+        let (members, fragments, tensors) = ManifestSeed.deserialize(d)?;
+        let tensors = tensors.ok_or_else(typed::fallback)?;
+        StoredManifest::decode(&Value::Object(members), Some((fragments, tensors))).map_err(|_| typed::fallback())
     }
 }
 
 impl<'de> DeserializeSeed<'de> for ManifestSeed {
-    type Value = (Members<'de>, Vec<StoredFragment>);
+    type Value = (Members<'de>, Vec<StoredFragment>, Option<typed::Tensors>);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = (Members<'de>, Vec<StoredFragment>);
+            type Value = (Members<'de>, Vec<StoredFragment>, Option<typed::Tensors>);
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a manifest object")
             }

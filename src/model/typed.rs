@@ -10,11 +10,13 @@
 //! same values the [`Value`] path would build.
 
 use crate::json::Value;
-use crate::model::axes::ParallelRank;
+use crate::model::axes::{AxisKind, ParallelAxis, ParallelRank};
+use crate::model::tensor::{TensorDescriptor, TensorSpec};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 /// "Not for the fast path": the caller falls back to the [`Value`] decoder.
 pub(crate) fn fallback<E: de::Error>() -> E {
@@ -95,7 +97,9 @@ pub(crate) fn interned_id<'de, A: MapAccess<'de>>(
 pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
 
 /// Reads a document object made of the `small` members (each at most once, kept as
-/// values) and the one large array member `big`, decoded by `seed`. Any other key, a
+/// values, except a `tensors` member: decoded by [`Tensors`] and returned apart, its
+/// member kept as an empty placeholder array) and the one large array member `big`,
+/// decoded by `seed`. Any other key, a
 /// repeated key or a missing `big` declines the fast path. The placement and the
 /// manifest decoders share it.
 pub(crate) fn members_and_array<'de, A, S>(
@@ -103,7 +107,7 @@ pub(crate) fn members_and_array<'de, A, S>(
     small: &[&str],
     big: &str,
     seed: S,
-) -> Result<(Members<'de>, S::Value), A::Error>
+) -> Result<(Members<'de>, S::Value, Option<Tensors>), A::Error>
 where
     A: MapAccess<'de>,
     S: DeserializeSeed<'de>,
@@ -111,6 +115,7 @@ where
     let mut members: Members<'de> = Vec::with_capacity(small.len() + 1);
     let mut seed = Some(seed);
     let mut array = None;
+    let mut tensors = None;
     let mut seen = 0u32;
     while let Some(k) = next_key(m)? {
         if k == big {
@@ -121,10 +126,17 @@ where
         } else {
             let bit = small.iter().position(|s| *s == k).ok_or_else(fallback)?;
             mark(&mut seen, bit as u32)?;
-            members.push((Cow::Borrowed(k), value(m)?));
+            if k == "tensors" {
+                // Decoded typed; the caller's decoder takes them instead of the
+                // (empty) placeholder, which only keeps the key set whole.
+                tensors = Some(m.next_value::<Tensors>()?);
+                members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
+            } else {
+                members.push((Cow::Borrowed(k), value(m)?));
+            }
         }
     }
-    Ok((members, array.ok_or_else(fallback)?))
+    Ok((members, array.ok_or_else(fallback)?, tensors))
 }
 
 /// A non-empty string value, owned.
@@ -255,6 +267,179 @@ impl<'de> de::Deserialize<'de> for Rank {
     }
 }
 
+/// An array of TENSOR objects (`wire-format.md` §2.1), each with exactly the nine
+/// keys, values of the exact types, and valid as a [`TensorDescriptor`]; anything
+/// else declines the fast path (the [`Value`] decoder then names the error).
+pub(crate) struct Tensors(pub(crate) Vec<Arc<TensorDescriptor>>);
+
+impl<'de> de::Deserialize<'de> for Tensors {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Tensors;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of tensor objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(t) = seq.next_element::<Tensor>()? {
+                    out.push(Arc::new(t.0));
+                }
+                Ok(Tensors(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+struct Tensor(TensorDescriptor);
+
+impl<'de> de::Deserialize<'de> for Tensor {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Tensor;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tensor object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut seen = 0u32;
+                let mut spec = TensorSpec {
+                    tensor_id: String::new(),
+                    global_shape: Vec::new(),
+                    dtype: String::new(),
+                    itemsize: 0,
+                    shard_dims: Vec::new(),
+                    layout_fingerprint: String::new(),
+                    parallel_axes: Vec::new(),
+                    layer_id: None,
+                    expert_id: None,
+                };
+                while let Some(k) = next_key(&mut m)? {
+                    match k {
+                        "tensor_id" => {
+                            mark(&mut seen, 0)?;
+                            spec.tensor_id = non_empty_string(&mut m)?;
+                        }
+                        "global_shape" => {
+                            mark(&mut seen, 1)?;
+                            spec.global_shape = m.next_value::<Dims<1>>()?.as_slice().to_vec();
+                        }
+                        "dtype" => {
+                            mark(&mut seen, 2)?;
+                            spec.dtype = non_empty_string(&mut m)?;
+                        }
+                        "itemsize" => {
+                            mark(&mut seen, 3)?;
+                            spec.itemsize = m.next_value::<u64>()?;
+                            if spec.itemsize < 1 {
+                                return Err(fallback());
+                            }
+                        }
+                        "shard_dims" => {
+                            mark(&mut seen, 4)?;
+                            spec.shard_dims = m.next_value::<Dims<0>>()?.as_slice().to_vec();
+                        }
+                        "layout_fingerprint" => {
+                            mark(&mut seen, 5)?;
+                            spec.layout_fingerprint = non_empty_string(&mut m)?;
+                        }
+                        "parallel_axes" => {
+                            mark(&mut seen, 6)?;
+                            spec.parallel_axes = m.next_value::<Axes>()?.0;
+                        }
+                        "layer_id" => {
+                            mark(&mut seen, 7)?;
+                            spec.layer_id = m.next_value::<Option<u64>>()?;
+                        }
+                        "expert_id" => {
+                            mark(&mut seen, 8)?;
+                            spec.expert_id = m.next_value::<Option<u64>>()?;
+                        }
+                        _ => return Err(fallback()),
+                    }
+                }
+                if seen != 0x1ff {
+                    return Err(fallback());
+                }
+                TensorDescriptor::new(spec).map(Tensor).map_err(|_| fallback())
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A tensor's `parallel_axes`: AXIS objects with exactly `semantics` and `kind`
+/// (`replicated`, `ownership`) or `semantics`, `kind` and `dim` (`split`).
+struct Axes(Vec<ParallelAxis>);
+
+impl<'de> de::Deserialize<'de> for Axes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Axes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of axis objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(4);
+                while let Some(a) = seq.next_element::<Axis>()? {
+                    out.push(a.0);
+                }
+                Ok(Axes(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+struct Axis(ParallelAxis);
+
+impl<'de> de::Deserialize<'de> for Axis {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Axis;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an axis object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut seen = 0u32;
+                let (mut semantics, mut kind, mut dim) = (None, None, None);
+                while let Some(k) = next_key(&mut m)? {
+                    match k {
+                        "semantics" => {
+                            mark(&mut seen, 0)?;
+                            semantics = Some(m.next_value::<Text<'de>>()?.0);
+                        }
+                        "kind" => {
+                            mark(&mut seen, 1)?;
+                            kind = Some(m.next_value::<Text<'de>>()?.0);
+                        }
+                        "dim" => {
+                            mark(&mut seen, 2)?;
+                            dim = Some(m.next_value::<u64>()?);
+                        }
+                        _ => return Err(fallback()),
+                    }
+                }
+                let (Some(semantics), Some(kind)) = (semantics, kind) else {
+                    return Err(fallback());
+                };
+                let kind = AxisKind::parse(&kind).map_err(|_| fallback())?;
+                let axis = match (semantics.as_ref(), dim) {
+                    ("split", Some(dim)) => ParallelAxis::split(kind, dim).map_err(|_| fallback())?,
+                    ("replicated", None) => ParallelAxis::Replicated(kind),
+                    ("ownership", None) => ParallelAxis::Ownership(kind),
+                    _ => return Err(fallback()),
+                };
+                Ok(Axis(axis))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// A sequence whose elements are decoded by `E` (a seed factory) and collected.
 pub(crate) struct SeqOf<F, T>(pub(crate) F, pub(crate) PhantomData<T>);
 
@@ -295,7 +480,78 @@ pub(crate) fn value<'de, A: MapAccess<'de>>(m: &mut A) -> Result<Value<'de>, A::
 
 #[cfg(test)]
 mod tests {
-    use super::Dims;
+    use super::{Dims, Tensors};
+    use crate::model::tensor::TensorDescriptor;
+
+    const TENSOR: &str = r#"{"dtype":"bfloat16","expert_id":3,"global_shape":[4,8],"itemsize":2,"layer_id":2,"layout_fingerprint":"test:v1","parallel_axes":[{"kind":"dp","semantics":"replicated"},{"kind":"ep","semantics":"ownership"},{"dim":1,"kind":"tp","semantics":"split"}],"shard_dims":[1],"tensor_id":"layers.2.experts.3.w1"}"#;
+
+    /// What the `Value` decoder makes of one tensor object (the placement's labels).
+    fn by_value(text: &str) -> crate::Result<TensorDescriptor> {
+        let v = crate::json::parse_text(text, "tensor")?;
+        TensorDescriptor::from_json(&v, &|| "schema".to_string(), "", &"axis")
+    }
+
+    /// The typed tensor decoder accepts only what the `Value` decoder accepts, and
+    /// builds the same descriptor; it may decline more (the caller then reruns the
+    /// `Value` path for the error).
+    #[test]
+    fn typed_tensors_agree_with_the_value_decoder() {
+        let edits: &[(&str, &str)] = &[
+            ("", ""),
+            ("\"expert_id\":3", "\"expert_id\":null"),
+            ("\"layer_id\":2", "\"layer_id\":null"),
+            ("\"layer_id\":2", "\"layer_id\":-0"),
+            ("\"layer_id\":2", "\"layer_id\":-1"),
+            ("\"layer_id\":2", "\"layer_id\":2.0"),
+            ("\"layer_id\":2", "\"layer_id\":true"),
+            ("\"itemsize\":2", "\"itemsize\":0"),
+            ("\"itemsize\":2", "\"itemsize\":-0"),
+            ("\"itemsize\":2", "\"itemsize\":2,\"itemsize\":2"),
+            ("\"global_shape\":[4,8]", "\"global_shape\":[4,0]"),
+            ("\"global_shape\":[4,8]", "\"global_shape\":[]"),
+            ("\"global_shape\":[4,8]", "\"global_shape\":4"),
+            ("\"shard_dims\":[1]", "\"shard_dims\":[0]"),
+            ("\"shard_dims\":[1]", "\"shard_dims\":[]"),
+            ("\"dtype\":\"bfloat16\"", "\"dtype\":\"\""),
+            ("\"dtype\":\"bfloat16\"", "\"dtype\":\"bfloat\\u0031\""),
+            ("\"tensor_id\":\"layers.2.experts.3.w1\"", "\"tensor_id\":\"\""),
+            ("\"tensor_id\":\"layers.2.experts.3.w1\"", "\"tensor_id\":\"caf\\u00e9\""),
+            (",\"layout_fingerprint\":\"test:v1\"", ""),
+            ("\"layout_fingerprint\"", "\"extra\":1,\"layout_fingerprint\""),
+            ("{\"dim\":1,\"kind\":\"tp\",\"semantics\":\"split\"}", "{\"kind\":\"tp\",\"semantics\":\"split\"}"),
+            (
+                "{\"kind\":\"dp\",\"semantics\":\"replicated\"}",
+                "{\"dim\":0,\"kind\":\"dp\",\"semantics\":\"replicated\"}",
+            ),
+            ("{\"kind\":\"dp\",\"semantics\":\"replicated\"}", "{\"kind\":\"xp\",\"semantics\":\"replicated\"}"),
+            ("{\"kind\":\"dp\",\"semantics\":\"replicated\"}", "{\"kind\":\"dp\",\"semantics\":\"mirrored\"}"),
+            (
+                "{\"kind\":\"dp\",\"semantics\":\"replicated\"}",
+                "{\"kind\":\"dp\",\"kind\":\"dp\",\"semantics\":\"replicated\"}",
+            ),
+            ("{\"kind\":\"ep\",\"semantics\":\"ownership\"}", "{\"kind\":\"tp\",\"semantics\":\"ownership\"}"),
+            ("{\"dim\":1,\"kind\":\"tp\"", "{\"dim\":2,\"kind\":\"tp\""),
+            ("{\"dim\":1,\"kind\":\"tp\"", "{\"dim\":1,\"kind\":\"dp\""),
+            ("\"parallel_axes\":[", "\"parallel_axes\":[{\"kind\":\"pp\",\"semantics\":\"ownership\"},"),
+        ];
+        let mut accepted = 0;
+        for (from, to) in edits {
+            assert!(TENSOR.contains(from), "{from}");
+            let text = TENSOR.replacen(from, to, 1);
+            let fast = serde_json::from_str::<Tensors>(&format!("[{text}]"));
+            match (fast, by_value(&text)) {
+                (Ok(t), Ok(d)) => {
+                    assert_eq!(t.0.len(), 1);
+                    assert_eq!(*t.0[0], d, "{to}");
+                    accepted += 1;
+                }
+                (Ok(_), Err(e)) => panic!("typed accepts what the Value decoder rejects ({e}): {to}"),
+                (Err(_), _) => {}
+            }
+        }
+        // The valid spellings (the original, null ids, escapes in values) take the fast path.
+        assert!(accepted >= 5, "{accepted}");
+    }
 
     #[test]
     fn dims_keep_every_entry_on_either_side_of_the_inline_limit() {

@@ -146,15 +146,15 @@ impl Placement {
     /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
     /// the [`Value`] path for the precise error.
     fn from_json_fast(text: &str) -> Option<Self> {
-        let (members, parts) = typed::parse_with(text, DocSeed)?;
+        let (members, parts, tensors) = typed::parse_with(text, DocSeed)?;
         let top = Value::Object(members);
-        let header = Header::decode(&top).ok()?;
+        let header = Header::decode(&top, Some(tensors?)).ok()?;
         header.finish(parts).ok()
     }
 
     /// Decodes an already parsed JSON value (see [`Placement::from_json`]).
     pub fn from_json_value(v: &Value) -> Result<Self> {
-        let header = Header::decode(v)?;
+        let header = Header::decode(v, None)?;
         let o = Obj::new(v, || "placement manifest must be a JSON object".into())?;
         let part_items = json::req_array(o.get("parts"), || "placement parts must be a sequence".into())?;
         let mut raw_parts = Vec::with_capacity(part_items.len());
@@ -304,7 +304,9 @@ struct RawPart {
 }
 
 impl Header {
-    fn decode(v: &Value) -> Result<Self> {
+    /// `tensors`, when given, replaces the decoding of the `tensors` member (the
+    /// fast path decoded them already).
+    fn decode(v: &Value, tensors: Option<typed::Tensors>) -> Result<Self> {
         const KEYS: [&str; 9] = [
             "resource_kind",
             "resource_id",
@@ -330,12 +332,23 @@ impl Header {
             Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message()))
         })?;
         let topology = ParallelTopology::from_json(o.get("topology"))?;
-        let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
-        let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
-        for (i, item) in tensor_items.iter().enumerate() {
-            let schema = || format!("placement tensor {i} schema fields do not match contract");
-            tensors.push(Arc::new(TensorDescriptor::from_json(item, &schema, "", &"placement tensor parallel axis")?));
-        }
+        let tensors = match tensors {
+            Some(t) => t.0,
+            None => {
+                let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
+                let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
+                for (i, item) in tensor_items.iter().enumerate() {
+                    let schema = || format!("placement tensor {i} schema fields do not match contract");
+                    tensors.push(Arc::new(TensorDescriptor::from_json(
+                        item,
+                        &schema,
+                        "",
+                        &"placement tensor parallel axis",
+                    )?));
+                }
+                tensors
+            }
+        };
         Ok(Header { resource_id, revision, placement_set_id, placement_id, weight_generation, topology, tensors })
     }
 
@@ -420,11 +433,11 @@ use typed::Members;
 struct DocSeed;
 
 impl<'de> DeserializeSeed<'de> for DocSeed {
-    type Value = (Members<'de>, Vec<RawPart>);
+    type Value = (Members<'de>, Vec<RawPart>, Option<typed::Tensors>);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = (Members<'de>, Vec<RawPart>);
+            type Value = (Members<'de>, Vec<RawPart>, Option<typed::Tensors>);
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a placement object")
             }
