@@ -274,21 +274,8 @@ pub(crate) struct Tensors(pub(crate) Vec<Arc<TensorDescriptor>>);
 
 impl<'de> de::Deserialize<'de> for Tensors {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Tensors;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array of tensor objects")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-                while let Some(t) = seq.next_element::<Tensor>()? {
-                    out.push(Arc::new(t.0));
-                }
-                Ok(Tensors(out))
-            }
-        }
-        d.deserialize_seq(V)
+        let tensors = Vec::<Tensor>::deserialize(d)?;
+        Ok(Tensors(tensors.into_iter().map(|t| Arc::new(t.0)).collect()))
     }
 }
 
@@ -375,21 +362,7 @@ struct Axes(Vec<ParallelAxis>);
 
 impl<'de> de::Deserialize<'de> for Axes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Axes;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array of axis objects")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(4);
-                while let Some(a) = seq.next_element::<Axis>()? {
-                    out.push(a.0);
-                }
-                Ok(Axes(out))
-            }
-        }
-        d.deserialize_seq(V)
+        Ok(Axes(Vec::<Axis>::deserialize(d)?.into_iter().map(|a| a.0).collect()))
     }
 }
 
