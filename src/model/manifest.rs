@@ -518,7 +518,7 @@ impl StoredManifest {
     /// the [`Value`] path for the precise error.
     fn from_json_fast(text: &str) -> Option<Self> {
         let (members, fragments, tensors) = typed::parse_with(text, ManifestSeed)?;
-        Self::decode(&Value::Object(members), Some((fragments, tensors?))).ok()
+        Self::decode(&Value::Object(members), Some((fragments, tensors))).ok()
     }
 
     pub(crate) fn from_json_value(v: &Value) -> Result<Self> {
@@ -767,17 +767,16 @@ impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
     type Value = StoredManifest;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         let (members, fragments, tensors) = ManifestSeed.deserialize(d)?;
-        let tensors = tensors.ok_or_else(typed::fallback)?;
         StoredManifest::decode(&Value::Object(members), Some((fragments, tensors))).map_err(|_| typed::fallback())
     }
 }
 
 impl<'de> DeserializeSeed<'de> for ManifestSeed {
-    type Value = (Members<'de>, Vec<StoredFragment>, Option<typed::Tensors>);
+    type Value = (Members<'de>, Vec<StoredFragment>, typed::Tensors);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = (Members<'de>, Vec<StoredFragment>, Option<typed::Tensors>);
+            type Value = (Members<'de>, Vec<StoredFragment>, typed::Tensors);
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a manifest object")
             }

@@ -97,17 +97,17 @@ pub(crate) fn interned_id<'de, A: MapAccess<'de>>(
 pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
 
 /// Reads a document object made of the `small` members (each at most once, kept as
-/// values, except a `tensors` member: decoded by [`Tensors`] and returned apart, its
+/// values, except the `tensors` member: decoded by [`Tensors`] and returned apart, its
 /// member kept as an empty placeholder array) and the one large array member `big`,
-/// decoded by `seed`. Any other key, a
-/// repeated key or a missing `big` declines the fast path. The placement and the
+/// decoded by `seed`. Any other key, a repeated key, or a missing `big` or `tensors`
+/// declines the fast path. The placement and the
 /// manifest decoders share it.
 pub(crate) fn members_and_array<'de, A, S>(
     m: &mut A,
     small: &[&str],
     big: &str,
     seed: S,
-) -> Result<(Members<'de>, S::Value, Option<Tensors>), A::Error>
+) -> Result<(Members<'de>, S::Value, Tensors), A::Error>
 where
     A: MapAccess<'de>,
     S: DeserializeSeed<'de>,
@@ -136,7 +136,7 @@ where
             }
         }
     }
-    Ok((members, array.ok_or_else(fallback)?, tensors))
+    Ok((members, array.ok_or_else(fallback)?, tensors.ok_or_else(fallback)?))
 }
 
 /// A non-empty string value, owned.
@@ -319,9 +319,6 @@ impl<'de> de::Deserialize<'de> for Tensor {
                         "itemsize" => {
                             mark(&mut seen, 3)?;
                             spec.itemsize = m.next_value::<u64>()?;
-                            if spec.itemsize < 1 {
-                                return Err(fallback());
-                            }
                         }
                         "shard_dims" => {
                             mark(&mut seen, 4)?;

@@ -148,7 +148,7 @@ impl Placement {
     fn from_json_fast(text: &str) -> Option<Self> {
         let (members, parts, tensors) = typed::parse_with(text, DocSeed)?;
         let top = Value::Object(members);
-        let header = Header::decode(&top, Some(tensors?)).ok()?;
+        let header = Header::decode(&top, Some(tensors)).ok()?;
         header.finish(parts).ok()
     }
 
@@ -433,11 +433,11 @@ use typed::Members;
 struct DocSeed;
 
 impl<'de> DeserializeSeed<'de> for DocSeed {
-    type Value = (Members<'de>, Vec<RawPart>, Option<typed::Tensors>);
+    type Value = (Members<'de>, Vec<RawPart>, typed::Tensors);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = (Members<'de>, Vec<RawPart>, Option<typed::Tensors>);
+            type Value = (Members<'de>, Vec<RawPart>, typed::Tensors);
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a placement object")
             }
