@@ -45,6 +45,27 @@ pub(crate) fn hash_written(
     }
 }
 
+/// Whether everything `write` appends (see [`hash_written`] for the contract of
+/// `write` and `flush`) equals `expected`, byte for byte and in length, without
+/// holding the written document: it is compared in cache-sized chunks. A
+/// decoder that knows the SHA-256 of its input uses this to reuse that digest
+/// for the canonical re-serialization when the two are the same bytes. No
+/// errors; thread safety: `write` runs on the calling thread only.
+pub(crate) fn written_equals(expected: &[u8], write: impl FnOnce(&mut String, &mut Flush<'_>)) -> bool {
+    let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
+    let mut at = 0usize;
+    let mut same = true;
+    write(&mut chunk, &mut |c: &mut String| {
+        if c.len() >= HASH_CHUNK {
+            // After a difference the rest is not compared (the writer cannot be stopped).
+            same = same && expected.get(at..at + c.len()) == Some(c.as_bytes());
+            at += c.len();
+            c.clear();
+        }
+    });
+    same && expected.get(at..) == Some(chunk.as_bytes())
+}
+
 fn hash_inline(mut state: Sha256, write: impl FnOnce(&mut String, &mut Flush<'_>)) -> Sha256 {
     let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
     write(&mut chunk, &mut |c: &mut String| {
@@ -162,6 +183,25 @@ mod tests {
             let piped = crate::model::hex_of(hash_written(Sha256::new(), PIPELINE_MIN_BYTES, elements(n)));
             assert_eq!(inline, expected, "inline, {n} elements");
             assert_eq!(piped, expected, "pipelined, {n} elements");
+        }
+    }
+
+    #[test]
+    fn written_equals_compares_every_byte_and_the_length() {
+        for n in [0, 1, 10, 5_000, 300_000] {
+            let doc = whole(n);
+            assert!(written_equals(doc.as_bytes(), elements(n)), "{n} elements");
+            // One more byte, one less, and one changed byte in the first, a middle
+            // and the last chunk: each is a difference.
+            let mut longer = doc.clone().into_bytes();
+            longer.push(b' ');
+            assert!(!written_equals(&longer, elements(n)), "longer, {n} elements");
+            assert!(!written_equals(&doc.as_bytes()[..doc.len() - 1], elements(n)), "shorter, {n} elements");
+            for at in [0, doc.len() / 2, doc.len() - 1] {
+                let mut changed = doc.clone().into_bytes();
+                changed[at] ^= 1;
+                assert!(!written_equals(&changed, elements(n)), "byte {at} of {n} elements");
+            }
         }
     }
 

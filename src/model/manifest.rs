@@ -298,7 +298,7 @@ impl StoredManifest {
     ///
     /// A manifest with no tensors and no fragments is accepted, as in the reference.
     pub fn new(spec: StoredManifestSpec) -> Result<Self> {
-        Self::build(spec, false)
+        Self::build(spec, false, None)
     }
 
     /// [`Self::new`] for the upload planner's own output, which holds by
@@ -309,10 +309,14 @@ impl StoredManifest {
     /// unique id). Everything else is checked as in `new`; debug builds (the
     /// tests) run the two checks too and panic should the planner break them.
     pub(crate) fn new_planned(spec: StoredManifestSpec) -> Result<Self> {
-        Self::build(spec, true)
+        Self::build(spec, true, None)
     }
 
-    fn build(spec: StoredManifestSpec, planned: bool) -> Result<Self> {
+    /// `decoded`: the text this manifest was decoded from and the hex SHA-256 of
+    /// its bytes. When the manifest's canonical JSON is exactly that text, that
+    /// is its digest (the same bytes hashed), and the document is only compared,
+    /// not hashed again; otherwise the digest is computed as usual.
+    fn build(spec: StoredManifestSpec, planned: bool, decoded: Option<(&str, String)>) -> Result<Self> {
         non_empty(&spec.namespace, "namespace")?;
         non_empty(&spec.resource_id, "resource_id")?;
         non_empty(&spec.revision, "revision")?;
@@ -340,19 +344,41 @@ impl StoredManifest {
         // The digest hashes the canonical JSON as it is written (no copy of the
         // whole document; a large one is hashed on a second thread). It does not
         // depend on the checks, so a large manifest that is not the planner's own
-        // (a decoded one) is checked on one thread while the other computes it.
+        // (a decoded one) is checked on one thread while the other computes it,
+        // and then the object ranges (the last check, so the first error stays the
+        // one a single thread would report).
         let side_by_side = !planned && crate::par::workers(m.fragments.len()) > 1;
-        let (checked, digest) = crate::par::join(side_by_side, || m.check_contents(planned), || m.compute_digest());
+        let (checked, (digest, ranges)) = crate::par::join(
+            side_by_side,
+            || m.check_contents(planned, !side_by_side),
+            || {
+                let digest = match decoded {
+                    Some((text, digest)) if m.json_equals(text) => digest,
+                    _ => m.compute_digest(),
+                };
+                (digest, if side_by_side { check_object_ranges(&m.fragments) } else { Ok(()) })
+            },
+        );
         checked?;
+        ranges?;
         m.manifest_digest = digest;
         Ok(m)
     }
 
+    /// Whether [`Self::to_json`] would write exactly `text` (compared as it is
+    /// written, without building the document).
+    fn json_equals(&self, text: &str) -> bool {
+        super::digest::written_equals(text.as_bytes(), |out, flush| {
+            self.write_json_with(out, &mut |c: &mut String| flush(c))
+        })
+    }
+
     /// The checks of [`Self::new`] over the tensors and fragments (key ownership,
     /// unique tensor and fragment ids, fragment geometry, aliases, exact coverage,
-    /// object ranges); `planned` skips, in release builds, what the planner's own
+    /// object ranges, unless `ranges` is false: the caller checks those after
+    /// the rest); `planned` skips, in release builds, what the planner's own
     /// construction proves (see [`Self::new_planned`]).
-    fn check_contents(&self, planned: bool) -> Result<()> {
+    fn check_contents(&self, planned: bool, ranges: bool) -> Result<()> {
         let payload_prefix = format!("{}/payload/", self.group_id);
         let foreign_key = || self.fragments.iter().any(|f| !f.object_key.starts_with(&payload_prefix));
         // The planner derives every key from the group (`KeyLayout::payload_key`).
@@ -420,7 +446,9 @@ impl StoredManifest {
             debug_assert!(self.fragments.iter().all(|f| f.object_offset == 0));
         } else {
             check_stored_coverage(&self.tensors, &self.fragments, &slots)?;
-            check_object_ranges(&self.fragments)?;
+            if ranges {
+                check_object_ranges(&self.fragments)?;
+            }
         }
         Ok(())
     }
@@ -516,18 +544,36 @@ impl StoredManifest {
 
     /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
     /// the [`Value`] path for the precise error.
+    ///
+    /// A large document (from [`super::digest::PIPELINE_MIN_BYTES`]) is hashed on
+    /// a second thread while this one parses it: a canonical document (what
+    /// every writer of manifests produces) then needs no second hash of its
+    /// re-serialization, only a comparison (see [`Self::build`]).
     fn from_json_fast(text: &str) -> Option<Self> {
-        let (members, fragments, tensors) = typed::parse_with(text, ManifestSeed)?;
-        Self::decode(&Value::Object(members), Some((fragments, tensors))).ok()
+        // (Unit tests that force several workers take this path at any size.)
+        let hash_beside = (text.len() >= super::digest::PIPELINE_MIN_BYTES || cfg!(test) && crate::par::workers(1) > 1)
+            && crate::par::workers(usize::MAX) > 1;
+        let (parsed, text_digest) = crate::par::join(
+            hash_beside,
+            || typed::parse_with(text, ManifestSeed),
+            || hash_beside.then(|| crate::sha256_hex(text.as_bytes())),
+        );
+        let (members, fragments, tensors) = parsed?;
+        Self::decode(&Value::Object(members), Some((fragments, tensors)), text_digest.map(|d| (text, d))).ok()
     }
 
     pub(crate) fn from_json_value(v: &Value) -> Result<Self> {
-        Self::decode(v, None)
+        Self::decode(v, None, None)
     }
 
     /// Decodes a manifest object; `typed`, when given, replaces the decoding of the
-    /// `fragments` and `tensors` members (the fast path decoded them already).
-    fn decode(v: &Value, typed: Option<(Vec<StoredFragment>, typed::Tensors)>) -> Result<Self> {
+    /// `fragments` and `tensors` members (the fast path decoded them already);
+    /// `decoded` as in [`Self::build`].
+    fn decode(
+        v: &Value,
+        typed: Option<(Vec<StoredFragment>, typed::Tensors)>,
+        decoded: Option<(&str, String)>,
+    ) -> Result<Self> {
         let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
         o.expect_keys(
             &[
@@ -568,7 +614,7 @@ impl StoredManifest {
                 (frag_items.iter().map(StoredFragment::from_json).collect::<Result<Vec<_>>>()?, tensors)
             }
         };
-        StoredManifest::new(StoredManifestSpec {
+        let spec = StoredManifestSpec {
             namespace: json::req_str(o.get("namespace"), "namespace")?,
             resource_id: json::req_str(o.get("resource_id"), "resource_id")?,
             revision: json::req_str(o.get("revision"), "revision")?,
@@ -578,7 +624,8 @@ impl StoredManifest {
             tensors,
             fragments,
             created_at: json::req_str(o.get("created_at"), "created_at")?,
-        })
+        };
+        Self::build(spec, false, decoded)
     }
 
     /// Namespace (raw).
@@ -767,7 +814,7 @@ impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
     type Value = StoredManifest;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         let (members, fragments, tensors) = ManifestSeed.deserialize(d)?;
-        StoredManifest::decode(&Value::Object(members), Some((fragments, tensors))).map_err(|_| typed::fallback())
+        StoredManifest::decode(&Value::Object(members), Some((fragments, tensors)), None).map_err(|_| typed::fallback())
     }
 }
 
@@ -873,6 +920,7 @@ impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
 #[cfg(test)]
 mod tests {
     use super::StoredManifest;
+    use crate::json::{self, Profile};
 
     /// A canonical document takes the fast path.
     #[test]
@@ -916,6 +964,45 @@ mod tests {
             let text = fixture_manifest(name);
             let (one, two) = (decode(1, &text).unwrap_err(), decode(2, &text).unwrap_err());
             assert_eq!(one.to_string(), two.to_string(), "{name}");
+        }
+    }
+
+    /// A decoded manifest takes the digest of its input only when its canonical
+    /// JSON is exactly that input; otherwise it hashes its re-serialization.
+    #[test]
+    fn input_digest_is_used_only_for_canonical_input() {
+        for name in ["042-manifest-valid-upload-output", "044-manifest-valid-fragment-order-preserved"] {
+            let m = StoredManifest::from_json(fixture_manifest(name).as_bytes()).unwrap();
+            let canonical = m.to_json();
+            let digest = crate::sha256_hex(canonical.as_bytes());
+            // Whitespace, another member order, an escaped character: the same
+            // manifest, other bytes.
+            let spaced = canonical.replacen("{\"created_at\":", "{ \"created_at\" : ", 1);
+            // created_at (the first member) moved to the end.
+            let reordered = {
+                let mut first = String::from("\"created_at\":");
+                json::write_str(&mut first, m.created_at(), Profile::Utf8);
+                let rest = canonical.strip_prefix(&format!("{{{first},")).expect("created_at comes first");
+                format!("{{{},{first}}}", rest.strip_suffix('}').unwrap())
+            };
+            let escaped = canonical.replacen("\"model_weight\"", "\"model_\\u0077eight\"", 1);
+            for (what, text) in
+                [("canonical", &canonical), ("spaced", &spaced), ("reordered", &reordered), ("escaped", &escaped)]
+            {
+                assert_eq!(what == "canonical", *text == canonical, "{name}: {what}");
+                for workers in [1, 2] {
+                    let got = crate::par::with_workers(Some(workers), || StoredManifest::from_json(text.as_bytes()));
+                    let got = got.unwrap_or_else(|e| panic!("{name}: {what}: {e}"));
+                    assert_eq!(got, m, "{name}: {what}, {workers} workers");
+                    assert_eq!(got.manifest_digest(), digest, "{name}: {what}, {workers} workers");
+                }
+                // The path itself: a digest given with the input is kept exactly
+                // when the input is canonical.
+                let v = json::parse_text(text, "test").unwrap();
+                let told = StoredManifest::decode(&v, None, Some((text, "told".into()))).unwrap();
+                let expected = if what == "canonical" { "told" } else { digest.as_str() };
+                assert_eq!(told.manifest_digest(), expected, "{name}: {what}");
+            }
         }
     }
 }
