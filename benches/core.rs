@@ -259,7 +259,8 @@ fn fresh_copy(s: &str) -> Vec<u8> {
 /// page faults as the to_json row.
 fn advise_huge_pages(v: &mut Vec<u8>) {
     const HUGE: usize = 2 << 20;
-    if v.capacity() < 4 * HUGE {
+    const MIN_BYTES: usize = 64 << 20;
+    if v.capacity() < MIN_BYTES {
         return;
     }
     let start = v.as_ptr() as usize;
