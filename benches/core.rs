@@ -254,7 +254,7 @@ fn fresh_copy(s: &str) -> Vec<u8> {
 }
 
 /// What the crate's writers do with a large output buffer before writing it
-/// (`model::advise_huge_pages`): the aligned interior of the spare capacity
+/// (`mem::advise_huge_pages`, from 64 MiB): the aligned interior of the spare capacity
 /// advised for transparent huge pages, so the floor row is charged the same
 /// page faults as the to_json row.
 fn advise_huge_pages(v: &mut Vec<u8>) {

@@ -31,6 +31,7 @@ pub mod error;
 pub(crate) mod fxhash;
 pub mod geometry;
 pub mod json;
+pub(crate) mod mem;
 pub mod model;
 pub(crate) mod par;
 pub mod plan;

@@ -467,7 +467,7 @@ impl StoredManifest {
     /// The canonical manifest JSON (profile U, raw UTF-8).
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(512 + self.fragments.len() * 420);
-        crate::model::advise_huge_pages(&mut out);
+        crate::mem::advise_huge_pages(&mut out);
         self.write_json_with(&mut out, &mut |_: &mut String| {});
         out
     }

@@ -20,7 +20,7 @@ const PLAN_FORMAT: &str = "mooncake-weight-store/upload-plan/v1";
 pub fn plan_to_json(plan: &UploadPlan) -> String {
     // About 420 bytes per manifest fragment and 900 per operation.
     let mut out = String::with_capacity(1024 + plan.manifest().fragments().len() * 420 + plan.operations().len() * 900);
-    crate::model::advise_huge_pages(&mut out);
+    crate::mem::advise_huge_pages(&mut out);
     out.push_str("{\"control_key\":");
     json::write_str(&mut out, plan.control_key(), Profile::Utf8);
     out.push_str(",\"format\":\"");

@@ -23,7 +23,7 @@ impl Placement {
     /// The canonical placement JSON (profile A, `wire-format.md` §2).
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(256 + self.order.len() * 320);
-        crate::model::advise_huge_pages(&mut out);
+        crate::mem::advise_huge_pages(&mut out);
         self.write_json(&mut out, Some(&self.placement_id));
         out
     }
