@@ -376,6 +376,9 @@ pub fn format_utc(secs: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
+/// One source fragment: fragment `k` of binding `bi`, paired with its placement
+/// fragment (built where it is needed, from an [`Entry`] and its tensor).
+#[derive(Clone, Copy)]
 struct Source<'a> {
     placement: &'a PlacementFragment,
     runtime: &'a RuntimeFragment,
@@ -383,13 +386,18 @@ struct Source<'a> {
     /// Index of `binding` in the bindings.
     bi: u32,
     tensor: &'a TensorDescriptor,
-    /// Index of `tensor` in the placement's tensors.
-    ti: u32,
-    /// The placement fragment's DP coordinate.
+}
+
+/// A source fragment in the replica search: its DP coordinate and owner tuple
+/// (the sort keys), and where it is (fragment `k` of binding `bi`).
+#[derive(Clone, Copy)]
+struct Entry {
     dp: u64,
-    /// Owner tuple: coordinates on the tensor's ownership kinds (others zero), in
-    /// canonical kind order, so array order is the owner tuples' order.
+    /// Coordinates on the tensor's ownership kinds (others zero), in canonical
+    /// kind order, so array order is the owner tuples' order.
     owner: [u64; 4],
+    bi: u32,
+    k: u32,
 }
 
 /// The tensor's owner tuple: coordinates on its ownership kinds, canonical order.
@@ -472,8 +480,9 @@ pub fn plan_upload<'a>(
         }
     };
     drop(ids);
-    // One source per fragment of every binding, in binding order (built in
-    // parallel: source `i` is fragment `i - first[b]` of binding `b`).
+    // One source per fragment of every binding, in binding order: source `i` is
+    // fragment `i - first[b]` of binding `b`. Their tensors are looked up in
+    // parallel; nothing else is stored per source before the replica search.
     let parts: Vec<&[PlacementFragment]> = bindings
         .iter()
         .map(|b| placement.part(b.participant_id()).expect("pairing checked the participant").fragments())
@@ -484,64 +493,59 @@ pub fn plan_upload<'a>(
         first.push(first[first.len() - 1] + b.fragments().len());
     }
     let total = first[bindings.len()];
-    let source = |i: usize| -> std::result::Result<Source<'_>, std::convert::Infallible> {
+    let tensor_index = |i: usize| -> std::result::Result<u32, std::convert::Infallible> {
         let bi = first.partition_point(|&f| f <= i) - 1;
-        let (b, k) = (&bindings[bi], i - first[bi]);
-        // Pairing checked that both lists hold the same ids in the same order.
-        let (p, r) = (&parts[bi][k], &b.fragments()[k]);
-        let ti = tensor_of(p);
-        let tensor = &*tensors[ti as usize];
-        Ok(Source {
-            placement: p,
-            runtime: r,
-            binding: b,
-            bi: bi as u32,
-            tensor,
-            ti,
-            dp: p.rank().dp,
-            owner: owner_of(tensor, p),
-        })
+        Ok(tensor_of(&parts[bi][i - first[bi]]))
     };
-    let sources: Vec<Source<'_>> =
-        crate::par::try_map(total, crate::par::workers(total), source).unwrap_or_else(|never| match never {});
-    let src = |e: &Entry| &sources[e.source as usize];
+    let tis: Vec<u32> =
+        crate::par::try_map(total, crate::par::workers(total), tensor_index).unwrap_or_else(|never| match never {});
+    // Pairing checked that a binding's fragments and its placement part hold the
+    // same ids in the same order.
+    let source = |e: &Entry, tensor: &'a TensorDescriptor| -> Source<'a> {
+        let b = &bindings[e.bi as usize];
+        let k = e.k as usize;
+        Source { placement: &parts[e.bi as usize][k], runtime: &b.fragments()[k], binding: b, bi: e.bi, tensor }
+    };
+    let placement_of = |e: &Entry| &parts[e.bi as usize][e.k as usize];
     // Step 5: complete replicas. A counting sort by tensor, then a sort of each
     // tensor's sources by (DP coordinate, owner tuple) on compact keys, puts each
     // replica's sources of each owner in one run.
-    #[derive(Clone, Copy)]
-    struct Entry {
-        dp: u64,
-        owner: [u64; 4],
-        source: u32,
-    }
     let nt = tensors.len();
     let mut start = vec![0u32; nt + 1];
-    for s in &sources {
-        start[s.ti as usize + 1] += 1;
+    for &ti in &tis {
+        start[ti as usize + 1] += 1;
     }
     for t in 0..nt {
         start[t + 1] += start[t];
     }
-    let mut entries = vec![Entry { dp: 0, owner: [0; 4], source: 0 }; sources.len()];
+    let mut entries = vec![Entry { dp: 0, owner: [0; 4], bi: 0, k: 0 }; total];
     let mut next = start.clone();
-    for (i, s) in sources.iter().enumerate() {
-        let slot = &mut next[s.ti as usize];
-        entries[*slot as usize] = Entry { dp: s.dp, owner: s.owner, source: i as u32 };
-        *slot += 1;
+    let mut i = 0;
+    for (bi, part) in parts.iter().enumerate() {
+        for (k, p) in part.iter().enumerate() {
+            let ti = tis[i] as usize;
+            i += 1;
+            let slot = &mut next[ti];
+            entries[*slot as usize] =
+                Entry { dp: p.rank().dp, owner: owner_of(&tensors[ti], p), bi: bi as u32, k: k as u32 };
+            *slot += 1;
+        }
     }
-    drop(next);
+    drop((next, tis));
+    // (bi, k) orders sources as their binding order does.
     for t in 0..nt {
-        entries[start[t] as usize..start[t + 1] as usize].sort_unstable_by_key(|e| (e.dp, e.owner, e.source));
+        entries[start[t] as usize..start[t + 1] as usize].sort_unstable_by_key(|e| (e.dp, e.owner, e.bi, e.k));
     }
     // The DP coordinates, ascending (few; consecutive sources usually share one).
     let mut dps: Vec<u64> = Vec::new();
     let mut last_dp = None;
-    for s in &sources {
-        if last_dp != Some(s.dp) {
-            if let Err(at) = dps.binary_search(&s.dp) {
-                dps.insert(at, s.dp);
+    for p in parts.iter().flat_map(|part| part.iter()) {
+        let dp = p.rank().dp;
+        if last_dp != Some(dp) {
+            if let Err(at) = dps.binary_search(&dp) {
+                dps.insert(at, dp);
             }
-            last_dp = Some(s.dp);
+            last_dp = Some(dp);
         }
     }
     // Per tensor and DP coordinate (ascending): whether that replica's boxes of
@@ -564,7 +568,7 @@ pub fn plan_upload<'a>(
             let mut verdict = Ok(!run.is_empty());
             for owner_run in &mut owners {
                 boxes.clear();
-                boxes.extend(owner_run.iter().map(|e| src(e).placement.as_box()));
+                boxes.extend(owner_run.iter().map(|e| placement_of(e).as_box()));
                 boxes.sort_unstable_by(|a, b| (a.offset, a.shape).cmp(&(b.offset, b.shape)));
                 boxes.dedup();
                 verdict = geometry::boxes_exactly_cover(whole, &boxes, HIGH_DIM_COMPARISON_BUDGET);
@@ -577,7 +581,7 @@ pub fn plan_upload<'a>(
         }
         Ok(out)
     };
-    let mut verdicts = crate::par::try_map(nt, crate::par::workers(sources.len()), covers)?;
+    let mut verdicts = crate::par::try_map(nt, crate::par::workers(total), covers)?;
     // A complete replica: per tensor its chosen owner's run of `entries`.
     let mut complete: Vec<Vec<(u32, u32)>> = Vec::new();
     'dp: for d in 0..dps.len() {
@@ -600,7 +604,7 @@ pub fn plan_upload<'a>(
     // Step 6: generation consistency.
     let mut eligible: Vec<(&[(u32, u32)], u64)> = Vec::new();
     for chosen in &complete {
-        let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| src(e).binding.generation());
+        let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| bindings[e.bi as usize].generation());
         let first = generations.next().expect("a complete replica has sources");
         if generations.all(|g| g == first) {
             eligible.push((chosen, first));
@@ -621,9 +625,13 @@ pub fn plan_upload<'a>(
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
     };
-    let picks_of = |t: usize| -> Result<Vec<&Source<'_>>> {
-        let mut by_geometry: Vec<&Source<'_>> =
-            run(selected[t]).iter().map(src).filter(|s| s.binding.generation() == generation).collect();
+    let picks_of = |t: usize| -> Result<Vec<Source<'a>>> {
+        let tensor = &*tensors[t];
+        let mut by_geometry: Vec<Source<'a>> = run(selected[t])
+            .iter()
+            .map(|e| source(e, tensor))
+            .filter(|s| s.binding.generation() == generation)
+            .collect();
         by_geometry.sort_unstable_by(|a, b| {
             (a.placement.global_offset(), a.placement.local_shape(), rank_key(a)).cmp(&(
                 b.placement.global_offset(),
@@ -634,8 +642,8 @@ pub fn plan_upload<'a>(
         by_geometry.dedup_by(|b, a| a.placement.as_box() == b.placement.as_box());
         Ok(by_geometry)
     };
-    let picks: Vec<&Source<'_>> =
-        crate::par::try_map(nt, crate::par::workers(sources.len()), picks_of)?.into_iter().flatten().collect();
+    let picks: Vec<Source<'a>> =
+        crate::par::try_map(nt, crate::par::workers(total), picks_of)?.into_iter().flatten().collect();
     drop(entries);
     // Steps 9-12.
     // Each binding's ids, shared by its operations.
@@ -644,7 +652,7 @@ pub fn plan_upload<'a>(
         .map(|b| [Arc::from(b.participant_id()), Arc::from(b.instance_id()), Arc::from(b.lease_id())])
         .collect();
     let operation = |k: usize| -> Result<UploadOperation> {
-        let s = picks[k];
+        let s = &picks[k];
         let p = s.placement;
         let fragment_id = stored_fragment_id(p.tensor_id(), p.global_offset(), p.local_shape());
         // The stored fragment shares the placement fragment's offset and shape.
