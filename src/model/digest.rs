@@ -52,29 +52,32 @@ pub(crate) fn hash_written(
 /// for the canonical re-serialization when the two are the same bytes. No
 /// errors; thread safety: `write` runs on the calling thread only.
 pub(crate) fn written_equals(expected: &[u8], write: impl FnOnce(&mut String, &mut Flush<'_>)) -> bool {
-    let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
     let mut at = 0usize;
     let mut same = true;
+    in_chunks(write, |bytes| {
+        // After a difference the rest is not compared (the writer cannot be stopped).
+        same = same && expected.get(at..at + bytes.len()) == Some(bytes);
+        at += bytes.len();
+    });
+    same && at == expected.len()
+}
+
+/// Runs `write` with a cache-sized buffer and hands `consume` everything it
+/// writes, in order, in chunks of about [`HASH_CHUNK`] bytes (the last one
+/// possibly shorter or empty).
+fn in_chunks(write: impl FnOnce(&mut String, &mut Flush<'_>), mut consume: impl FnMut(&[u8])) {
+    let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
     write(&mut chunk, &mut |c: &mut String| {
         if c.len() >= HASH_CHUNK {
-            // After a difference the rest is not compared (the writer cannot be stopped).
-            same = same && expected.get(at..at + c.len()) == Some(c.as_bytes());
-            at += c.len();
+            consume(c.as_bytes());
             c.clear();
         }
     });
-    same && expected.get(at..) == Some(chunk.as_bytes())
+    consume(chunk.as_bytes());
 }
 
 fn hash_inline(mut state: Sha256, write: impl FnOnce(&mut String, &mut Flush<'_>)) -> Sha256 {
-    let mut chunk = String::with_capacity(HASH_CHUNK + 4096);
-    write(&mut chunk, &mut |c: &mut String| {
-        if c.len() >= HASH_CHUNK {
-            state.update(c.as_bytes());
-            c.clear();
-        }
-    });
-    state.update(chunk.as_bytes());
+    in_chunks(write, |bytes| state.update(bytes));
     state
 }
 
