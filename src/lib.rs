@@ -35,6 +35,7 @@ pub(crate) mod mem;
 pub mod model;
 pub(crate) mod par;
 pub mod plan;
+pub(crate) mod pyrepr;
 pub mod runtime;
 
 pub mod ffi;

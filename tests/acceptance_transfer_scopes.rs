@@ -268,7 +268,10 @@ fn scope_cleanup_failures_are_quarantined_and_register_failures_fail_the_open() 
     let scope = unsafe { ex.open_registration_scope("source", &[region(SOURCE)]) }.unwrap();
     // SAFETY: as above.
     unsafe { scope.execute_batch(&batch()) }.unwrap();
-    let e = err_has(scope.close(), "source unregister_memory failed: -7; registration cleanup is quarantined as");
+    let e = err_has(
+        scope.close(),
+        "source unregister_memory failed: [(65536, -7)]; registration cleanup is quarantined as",
+    );
     assert_eq!(e.kind, TransferErrorKind::RegistrationCleanupPending);
     let id = e.pending_transfer_id.unwrap();
     assert_eq!(ex.pending_transfer_status(&id).unwrap(), "COMPLETED");

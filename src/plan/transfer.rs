@@ -305,8 +305,10 @@ fn check_identity(source: &Placement, target: &Placement) -> Result<()> {
     Ok(())
 }
 
+/// The reference's text of a rank: the repr of its `ParallelRank` dataclass (fields
+/// in declaration order: dp, tp, pp, ep).
 fn rank_text(r: ParallelRank) -> String {
-    format!("(dp={}, pp={}, ep={}, tp={})", r.dp, r.pp, r.ep, r.tp)
+    format!("ParallelRank(dp={}, tp={}, pp={}, ep={})", r.dp, r.tp, r.pp, r.ep)
 }
 
 /// Executors of one side: parts with fragments whose index appears in

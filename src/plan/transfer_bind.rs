@@ -118,36 +118,56 @@ pub struct TargetWrite<'a> {
 /// identical geometry, same address, size, instance, lease and generation, regions
 /// of identical geometry from sources of identical geometry); any other overlap
 /// fails `conflicting target physical range: <runtime fragment id>`. Pure.
+///
+/// When several ranges conflict, the one named is the reference's first: address
+/// spaces are scanned in the order of their first write, ranges in `(start, end,
+/// write position in the space)` order (a complete fragment at the position of its
+/// first write), and the first range that starts before the end of the ranges
+/// already scanned is named.
 pub fn validate_target_physical_ranges(writes: &[TargetWrite<'_>], budget: u64) -> Result<()> {
-    // Group writes by (space, target runtime fragment).
-    let mut spaces: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<usize>>> = BTreeMap::new();
+    // Writes by address space, spaces in first-appearance order (the reference's dict).
+    let mut space_of: HashMap<(&str, &str, &str), usize> = HashMap::default();
+    let mut spaces: Vec<Vec<usize>> = Vec::new();
     for (i, w) in writes.iter().enumerate() {
-        spaces
-            .entry((w.instance_id, w.target.worker_id(), w.target.device()))
-            .or_default()
-            .entry(w.target.fragment_id())
-            .or_default()
-            .push(i);
+        let key = (w.instance_id, w.target.worker_id(), w.target.device());
+        let s = *space_of.entry(key).or_insert_with(|| {
+            spaces.push(Vec::new());
+            spaces.len() - 1
+        });
+        spaces[s].push(i);
     }
-    for fragments in spaces.values() {
-        // (start, end, write index of a representative, complete?)
-        let mut ranges: Vec<(u64, u64, usize, bool)> = Vec::new();
+    for scoped in &spaces {
+        // Positions in `scoped` grouped by target runtime fragment, in first-appearance order.
+        let mut fragment_of: HashMap<&str, usize> = HashMap::default();
+        let mut fragments: Vec<Vec<usize>> = Vec::new();
+        for (pos, &i) in scoped.iter().enumerate() {
+            let f = *fragment_of.entry(writes[i].target.fragment_id()).or_insert_with(|| {
+                fragments.push(Vec::new());
+                fragments.len() - 1
+            });
+            fragments[f].push(pos);
+        }
+        // (start, end, position of the write in `scoped`, fragment index, complete?)
+        let mut ranges: Vec<(u64, u64, usize, usize, bool)> = Vec::new();
         let mut used = 0u64;
-        for list in fragments.values() {
-            let w0 = &writes[list[0]];
+        for (f, list) in fragments.iter().enumerate() {
+            let w0 = &writes[scoped[list[0]]];
             let boxes: Vec<BoxRef<'_>> = list
                 .iter()
-                .map(|&i| BoxRef::new(&writes[i].region.overlap_offset, &writes[i].region.overlap_shape))
+                .map(|&p| {
+                    let r = writes[scoped[p]].region;
+                    BoxRef::new(&r.overlap_offset, &r.overlap_shape)
+                })
                 .collect();
             let complete =
                 geometry::boxes_exactly_cover(w0.target_placement.as_box(), &boxes, HIGH_DIM_COMPARISON_BUDGET)
                     .unwrap_or(false);
             if complete {
-                ranges.push((w0.target.address(), w0.target.address() + w0.target.nbytes(), list[0], true));
+                ranges.push((w0.target.address(), w0.target.address() + w0.target.nbytes(), list[0], f, true));
                 continue;
             }
-            for &i in list {
-                let w = &writes[i];
+            for &p in list {
+                let w = &writes[scoped[p]];
                 let mut err = None;
                 w.region.for_each_segment(u64::MAX, |_, t, n| {
                     used += 1;
@@ -155,23 +175,23 @@ pub fn validate_target_physical_ranges(writes: &[TargetWrite<'_>], budget: u64) 
                         err.get_or_insert(());
                         return;
                     }
-                    ranges.push((w.target.address() + t, w.target.address() + t + n, i, false));
+                    ranges.push((w.target.address() + t, w.target.address() + t + n, p, f, false));
                 })?;
                 if err.is_some() {
                     return invalid(format!("target physical segment scan budget exceeded: {budget}"));
                 }
             }
         }
-        ranges.sort_unstable_by_key(|r| (r.0, r.1));
-        let mut prev: Option<(u64, u64, usize, bool)> = None; // the range holding the max end
+        ranges.sort_unstable_by_key(|r| (r.0, r.1, r.2));
+        let mut prev: Option<(u64, u64, usize, usize, bool)> = None; // the range holding the max end
         for cur in ranges {
             if let Some(p) = prev {
                 if cur.0 < p.1 {
-                    let same = cur.0 == p.0 && cur.1 == p.1 && cur.3 && p.3;
-                    if !(same && safe_alias(writes, fragments, p.2, cur.2)) {
+                    let same = cur.0 == p.0 && cur.1 == p.1 && cur.4 && p.4;
+                    if !(same && safe_alias(writes, scoped, &fragments[p.3], &fragments[cur.3])) {
                         return invalid(format!(
                             "conflicting target physical range: {}",
-                            writes[cur.2].target.fragment_id()
+                            writes[scoped[cur.2]].target.fragment_id()
                         ));
                     }
                     continue;
@@ -196,8 +216,10 @@ fn same_geometry(a: &TransferRegion, b: &TransferRegion) -> bool {
         && a.target_strides == b.target_strides
 }
 
-fn safe_alias(writes: &[TargetWrite<'_>], fragments: &BTreeMap<&str, Vec<usize>>, a: usize, b: usize) -> bool {
-    let (wa, wb) = (&writes[a], &writes[b]);
+/// Whether two complete target fragments (`la`, `lb`: positions in `scoped` of
+/// their writes) are a safe declared alias of each other.
+fn safe_alias(writes: &[TargetWrite<'_>], scoped: &[usize], la: &[usize], lb: &[usize]) -> bool {
+    let (wa, wb) = (&writes[scoped[la[0]]], &writes[scoped[lb[0]]]);
     let (pa, pb) = (wa.target_placement, wb.target_placement);
     let group = pa.aliases();
     let alias = pa.tensor_id() != pb.tensor_id()
@@ -213,11 +235,9 @@ fn safe_alias(writes: &[TargetWrite<'_>], fragments: &BTreeMap<&str, Vec<usize>>
     if !alias {
         return false;
     }
-    let la = &fragments[wa.target.fragment_id()];
-    let lb = &fragments[wb.target.fragment_id()];
     la.len() == lb.len()
         && la.iter().zip(lb).all(|(&x, &y)| {
-            let (x, y) = (&writes[x], &writes[y]);
+            let (x, y) = (&writes[scoped[x]], &writes[scoped[y]]);
             same_geometry(x.region, y.region)
                 && x.source_placement.global_offset() == y.source_placement.global_offset()
                 && x.source_placement.local_shape() == y.source_placement.local_shape()
@@ -305,8 +325,7 @@ fn bind_side(placement: &Placement, bindings: &[RuntimeBinding], required: &[&st
 }
 
 fn space_text(instance: &str, worker: &str, device: &str) -> String {
-    let q = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
-    format!("({}, {}, {})", q(instance), q(worker), q(device))
+    crate::pyrepr::repr(&(instance, worker, device))
 }
 
 impl TransferPlan {

@@ -165,8 +165,9 @@ fn remove_with_record(
     remove_keys(ws, &all)
 }
 
+/// The reference's `<failures>`: the Python list of `(key, error)` tuples.
 fn failures_text(failures: &[(String, String)]) -> String {
-    failures.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join(", ")
+    crate::pyrepr::repr(failures)
 }
 
 /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the

@@ -114,10 +114,9 @@ impl Registrar {
             }
         }
         if !failures.is_empty() {
-            let detail: Vec<String> = failures.iter().map(|(_, m)| m.clone()).collect();
+            let detail = crate::pyrepr::repr(&failures);
             let id = self.quarantine(failures.iter().map(|(a, _)| *a).collect(), token, state);
-            let msg =
-                format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; "));
+            let msg = format!("unregister_buffer failed: {detail}; allocation lifetime is quarantined as {id}");
             log::warn!("{msg}");
             return Err(match outcome {
                 Ok(_) => Error::new(ErrorKind::Store, msg),
@@ -147,20 +146,16 @@ impl Registrar {
         })?;
         let mut addresses = entry.addresses.clone();
         addresses.sort_unstable_by(|a, b| b.cmp(a));
-        let mut failed = Vec::new();
-        let mut messages = Vec::new();
+        let mut failures: Vec<(u64, String)> = Vec::new();
         for a in addresses {
             if let Err(e) = store.unregister_buffer(a) {
-                failed.push(a);
-                messages.push(e.message().to_string());
+                failures.push((a, e.message().to_string()));
             }
         }
-        if !failed.is_empty() {
-            entry.addresses = failed;
-            return Err(Error::new(
-                ErrorKind::Store,
-                format!("pending Store registration cleanup failed: {}", messages.join("; ")),
-            ));
+        if !failures.is_empty() {
+            let detail = crate::pyrepr::repr(&failures);
+            entry.addresses = failures.into_iter().map(|f| f.0).collect();
+            return Err(Error::new(ErrorKind::Store, format!("pending Store registration cleanup failed: {detail}")));
         }
         entry.addresses.clear();
         let state = entry.state;
@@ -336,11 +331,11 @@ impl Registrar {
         }
         let mut token = lease.token.take().expect("an open lease holds its pin");
         if !failures.is_empty() {
+            let detail = crate::pyrepr::repr(&failures);
             let id = self.quarantine(failures.iter().map(|f| f.0).collect(), token, state);
-            let detail: Vec<String> = failures.into_iter().map(|f| f.1).collect();
             return Err(Error::new(
                 ErrorKind::Store,
-                format!("unregister_buffer failed: {}; allocation lifetime is quarantined as {id}", detail.join("; ")),
+                format!("unregister_buffer failed: {detail}; allocation lifetime is quarantined as {id}"),
             ));
         }
         token

@@ -5,6 +5,7 @@
 pub mod transport;
 
 use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::SharedBox;
 use crate::json::{self, Profile};
@@ -574,14 +575,24 @@ fn exact_alias(a: &Bound<'_>, b: &Bound<'_>) -> bool {
         && a.tensor.same_alias_key(b.tensor)
 }
 
-/// The address-range rule over `bound` fragments of one instance.
+/// The address-range rule over `bound` fragments of one instance, per address space
+/// `(instance, worker, device)`, spaces in the order of their first fragment (the
+/// reference's order, so the first overlap named is the reference's): views may
+/// overlap only as exact declared aliases, storage allocations only when identical.
 fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
-    let mut spaces: BTreeMap<(&str, &str), Vec<&Bound<'_>>> = BTreeMap::new();
+    let mut space_of: HashMap<(&str, &str), usize> = HashMap::default();
+    let mut spaces: Vec<((&str, &str), Vec<&Bound<'_>>)> = Vec::new();
     for b in bound {
-        spaces.entry((b.runtime.worker_id(), b.runtime.device())).or_default().push(b);
+        let key = (b.runtime.worker_id(), b.runtime.device());
+        let s = *space_of.entry(key).or_insert_with(|| {
+            spaces.push((key, Vec::new()));
+            spaces.len() - 1
+        });
+        spaces[s].1.push(b);
     }
-    for ((worker, device), mut list) in spaces {
-        let space = format!("({instance_id}, {worker}, {device})");
+    for ((worker, device), in_order) in spaces {
+        let space = crate::pyrepr::repr(&(instance_id, worker, device));
+        let mut list = in_order.clone();
         list.sort_by_key(|b| b.runtime.address());
         let mut active: Vec<&Bound<'_>> = Vec::new();
         for cur in &list {
@@ -598,28 +609,27 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
             }
             active.push(cur);
         }
-        // Storage allocations: overlapping ones must be identical.
-        // Distinct allocations in (start, size) order, each named by its first
-        // fragment in `list` order (a stable sort keeps that one first).
-        let mut storages: Vec<(u64, u64, &str)> = list
-            .iter()
-            .map(|b| (b.runtime.storage_address(), b.runtime.storage_nbytes(), b.runtime.fragment_id()))
-            .collect();
-        storages.sort_by_key(|&(start, size, _)| (start, size));
-        storages.dedup_by_key(|&mut (start, size, _)| (start, size));
-        let mut prev: Option<(u64, &str)> = None; // (max end, fragment id)
-        for &(start, size, id) in &storages {
-            if let Some((end, prev_id)) = prev {
-                if start < end {
+        // Storage allocations: overlapping ones must be identical. In start order
+        // (stable over the fragments' order, as the reference sorts); since any two
+        // overlapping allocations that are not identical fail, the allocations still
+        // open at a start are copies of one range, so the earliest of them stands for
+        // all and is the one the reference names.
+        let mut storages = in_order;
+        storages.sort_by_key(|b| b.runtime.storage_address());
+        let mut open: Option<(u64, u64, &str)> = None; // (start, size, fragment id)
+        for b in &storages {
+            let (start, size, id) = (b.runtime.storage_address(), b.runtime.storage_nbytes(), b.runtime.fragment_id());
+            if let Some((p_start, p_size, p_id)) = open {
+                if p_start + p_size > start {
+                    if (p_start, p_size) == (start, size) {
+                        continue;
+                    }
                     return invalid(format!(
-                        "runtime binding storage allocation ranges overlap: {prev_id} and {id} in {space}"
+                        "runtime binding storage allocation ranges overlap: {p_id} and {id} in {space}"
                     ));
                 }
             }
-            let end = start + size;
-            if prev.is_none_or(|(e, _)| end > e) {
-                prev = Some((end, id));
-            }
+            open = Some((start, size, id));
         }
     }
     Ok(())

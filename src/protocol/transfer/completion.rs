@@ -230,18 +230,24 @@ fn unregister_each(
         .into_iter()
         .filter_map(|a| match engine.unregister_memory(a) {
             Ok(0) => None,
-            Ok(code) => Some((a, Ok(code.to_string()))),
+            Ok(code) => Some((a, Ok(crate::pyrepr::repr(&(a, i64::from(code)))))),
             Err(e) => Some((a, Err(e.message))),
         })
         .collect()
 }
 
+/// The reference's `<failures>` list from per-failure tuple texts.
+fn failures_list(failures: &[String]) -> String {
+    format!("[{}]", failures.join(", "))
+}
+
 /// Unregisters `addresses` in reverse order, attempting all; returns the failed
-/// addresses and, per failure, the code or the error text.
+/// addresses and, per failure, the reference's tuple text: `(address, status)` or
+/// `(address, 'error')`.
 pub(crate) fn unregister_all(engine: &dyn TransferEngine, addresses: &[u64]) -> (Vec<u64>, Vec<String>) {
     unregister_each(engine, addresses.iter().rev().copied())
         .into_iter()
-        .map(|(a, r)| (a, r.unwrap_or_else(|message| message)))
+        .map(|(a, r)| (a, r.unwrap_or_else(|message| crate::pyrepr::repr(&(a, message)))))
         .unzip()
 }
 
@@ -480,7 +486,7 @@ pub fn drain_pending_transfer(identity: u64, id: &str, timeout_ms: u64) -> Resul
         restore(failed, tokens, false);
         return Err(TransferError::engine(format!(
             "pending transfer registration cleanup failed: {}",
-            failures.join(", ")
+            failures_list(&failures)
         )));
     }
     while let Some(mut tok) = tokens.pop() {
@@ -508,7 +514,7 @@ pub(crate) fn cleanup_error(label: &str, failures: &[String], id: String, identi
         TransferErrorKind::RegistrationCleanupPending,
         format!(
             "{label} unregister_memory failed: {}; registration cleanup is quarantined as {id}",
-            failures.join(", ")
+            failures_list(failures)
         ),
     );
     e.pending_transfer_id = Some(id);
