@@ -36,11 +36,11 @@ cbindgen --version
 step "generated header is up to date"
 tmp_header="$(mktemp --suffix=.h)"
 trap 'rm -f "$tmp_header"' EXIT
-cbindgen --quiet --config cbindgen.toml --crate mooncake-weight-store --output "$tmp_header"
+cbindgen --quiet --config cbindgen.toml --crate mooncake-weight-store-capi --output "$tmp_header"
 if ! cmp -s "$tmp_header" include/mooncake_weight_store.h; then
   echo "include/mooncake_weight_store.h differs from what cbindgen generates:" >&2
   diff -u include/mooncake_weight_store.h "$tmp_header" | head -50 >&2 || true
-  echo "regenerate: cbindgen --config cbindgen.toml --crate mooncake-weight-store --output include/mooncake_weight_store.h" >&2
+  echo "regenerate: cbindgen --config cbindgen.toml --crate mooncake-weight-store-capi --output include/mooncake_weight_store.h" >&2
   exit 1
 fi
 echo "header OK"

@@ -1,7 +1,8 @@
 """Builds the wheel: the pure-Python package plus ``libmooncake_weight_store`` (the
-Rust crate at the repository root, built by cargo through setuptools-rust).
+C ABI crate ``capi/`` of the repository's Cargo workspace, built by cargo through
+setuptools-rust).
 
-The crate is found at ``../Cargo.toml``: build from a repository checkout
+The crate is found at ``../capi/Cargo.toml``: build from a repository checkout
 (``pip install ./python``, ``pip wheel ./python``; pip builds in place). The wheel is
 tagged ``py3-none-<platform>``: the library is loaded with ctypes and does not link
 against Python, so one wheel serves every CPython >= 3.9 on that platform.
@@ -21,7 +22,7 @@ except ImportError:  # pragma: no cover - older setuptools
     from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
-CRATE = HERE.parent / "Cargo.toml"
+CRATE = HERE.parent / "capi" / "Cargo.toml"
 
 if not CRATE.is_file():
     raise SystemExit(

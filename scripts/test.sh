@@ -21,7 +21,8 @@ SECONDS=0
 step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
 
 step "module imports form no loop"
-python3 scripts/check_module_cycles.py
+python3 scripts/check_module_cycles.py src
+python3 scripts/check_module_cycles.py capi/src
 step "documented code is tested code (README, C quick start, Python README)"
 python3 scripts/check_doc_examples.py
 step "rustfmt"

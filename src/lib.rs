@@ -2,7 +2,8 @@
 //!
 //! Snapshot and restore the weights of large sharded LLMs (TP / PP / EP / DP) into an
 //! object store, wire-compatible with Mooncake's Python `mooncake-reshard` weight
-//! store (same JSON, ids, digests and keys), with a C ABI (`src/ffi/`).
+//! store (same JSON, ids, digests and keys). This is the core crate: every behaviour,
+//! behind a safe Rust API; the C ABI is the crate in `capi/`, which only translates.
 //!
 //! Layers (`docs/ARCHITECTURE.md`), each using only the ones before it:
 //! - [`model`]: address-free contracts (tensors, axes, fragments, topology, parts,
@@ -17,7 +18,6 @@
 //! - [`protocol`]: everything that does I/O — the weight store's API, upload,
 //!   commit/abort/finalize, the transaction state machine, restores, the snapshot
 //!   writer, guards and registration;
-//! - [`ffi`]: the C ABI, translation only.
 //!
 //! Pure layers (model, geometry, plan) do no I/O. Every value type is immutable and
 //! validated at construction: a value that exists is valid. All types are
@@ -38,16 +38,14 @@ pub mod plan;
 pub(crate) mod pyrepr;
 pub mod runtime;
 
-pub mod ffi;
-
 pub use error::{Error, ErrorKind, Result};
 pub use model::*;
 pub use plan::upload::{plan_upload, Decision, UploadOperation, UploadOptions, UploadPlan};
 pub use plan::upload_transport::{plan_from_json, plan_to_json};
 pub use runtime::transport::{binding_from_json, binding_to_json};
 pub use runtime::{
-    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, MemoryKind, RuntimeBinding,
-    RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
+    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, CopyHook, MemoryKind, MemoryRegion,
+    RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
 };
 pub mod protocol;
 pub mod store;

@@ -19,8 +19,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use mooncake_weight_store::runtime::MemoryRegion;
 use mooncake_weight_store::store::directory::DirectoryStore;
-use mooncake_weight_store::store::{MemoryRegion, ObjectStore, PutFrom, RecordType, WriteConfig};
+use mooncake_weight_store::store::{ObjectStore, PutFrom, RecordType, WriteConfig};
 use mooncake_weight_store::{ErrorKind, MemoryKind};
 
 const CHILD_ENV: &str = "MWS_CRASH_CHILD";

@@ -6,9 +6,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use mooncake_weight_store::runtime::MemoryRegion;
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::memory::MemoryStore;
-use mooncake_weight_store::store::{MemoryRegion, ObjectStore, RecordType, StridedRead, WriteConfig};
+use mooncake_weight_store::store::{ObjectStore, RecordType, StridedRead, WriteConfig};
 use mooncake_weight_store::{ErrorKind, MemoryKind};
 
 struct TempDir(std::path::PathBuf);

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use mooncake_weight_store::runtime::{CopyHook, MemoryRegion};
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::memory::MemoryStore;
-use mooncake_weight_store::store::{CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use mooncake_weight_store::store::{ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
 use mooncake_weight_store::{Error, ErrorKind, MemoryKind, Result};
 
 // ---- fixtures ------------------------------------------------------------------------

@@ -18,7 +18,7 @@
 
 pub mod local;
 
-pub use crate::store::MemoryRegion;
+pub use crate::runtime::MemoryRegion;
 
 /// Direction of a batch: the reader pulls (READ), the sink pushes (WRITE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -31,8 +31,9 @@ use crate::plan::integrity::{
     block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord, ObjectChecksums, BLOCK_BYTES,
 };
 use crate::plan::upload::UploadPlan;
+use crate::runtime::MemoryRegion;
 use crate::runtime::{MemoryKind, RuntimeFragment};
-use crate::store::{MemoryRegion, ObjectStore, RangeRead, RecordType, WriteConfig};
+use crate::store::{ObjectStore, RangeRead, RecordType, WriteConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 

@@ -11,8 +11,9 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::load::TransferRegion;
+use crate::runtime::MemoryRegion;
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
-use crate::store::{MemoryRegion, ObjectStore, RangeRead, StridedRead};
+use crate::store::{ObjectStore, RangeRead, StridedRead};
 use std::collections::{BTreeMap, HashMap};
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {

@@ -5,8 +5,9 @@
 
 use super::guards::{LifetimeToken, TerminalState};
 use crate::error::{Error, ErrorKind, Result};
+use crate::runtime::MemoryRegion;
 use crate::runtime::RuntimeFragment;
-use crate::store::{MemoryRegion, ObjectStore};
+use crate::store::ObjectStore;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 

@@ -9,8 +9,9 @@ use crate::error::{invalid, Result};
 use crate::model::Placement;
 use crate::plan::upload::{plan_upload as plan_upload_with, UploadOptions, UploadPlan};
 use crate::runtime::MemoryKind;
+use crate::runtime::MemoryRegion;
 use crate::runtime::RuntimeBinding;
-use crate::store::{MemoryRegion, ObjectStore};
+use crate::store::ObjectStore;
 use parking_lot::Mutex;
 use std::sync::Arc;
 

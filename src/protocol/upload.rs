@@ -16,8 +16,9 @@ use super::state::{check_plan_prefix, WeightStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Placement;
 use crate::plan::upload::{UploadOperation, UploadPlan};
+use crate::runtime::MemoryRegion;
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
-use crate::store::{MemoryRegion, PutFrom, RecordType, WriteConfig};
+use crate::store::{PutFrom, RecordType, WriteConfig};
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 

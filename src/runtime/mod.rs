@@ -2,7 +2,10 @@
 //! lives right now. Pointers are borrowed from the framework and never persisted;
 //! nothing in this module dereferences them.
 
+mod memory;
 pub mod transport;
+
+pub use memory::{CopyHook, MemoryRegion};
 
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::fxhash::FxHashMap as HashMap;

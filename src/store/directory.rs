@@ -87,15 +87,16 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 
 use super::dirfd::{c_name, kind_of, mtime_secs, Dir, EntryKind};
+use super::kernels::run_parallel_on;
 use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
 use super::{
-    alloc_failed, not_found, run_parallel_on, too_large, validate_key, CopyHook, MemoryRegion, ObjectStore, PutFrom,
-    RangeRead, StridedRead, WriteConfig,
+    alloc_failed, not_found, too_large, validate_key, ObjectStore, PutFrom, RangeRead, StridedRead, WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
+use crate::runtime::{CopyHook, MemoryRegion};
 
 /// Page size assumed for mapping offsets (mmap offsets must be multiples of it).
 const PAGE: u64 = 4096;
@@ -128,7 +129,7 @@ pub struct DirectoryStore {
     /// or found and made durable (parent fsynced); never removed by this backend.
     durable_dirs: RwLock<HashSet<String>>,
     /// Threads of one large batch ([`DirectoryStore::set_max_threads`]).
-    threads: super::ThreadLimit,
+    threads: super::kernels::ThreadLimit,
 }
 
 impl fmt::Debug for DirectoryStore {
@@ -235,7 +236,7 @@ impl DirectoryStore {
             counter: AtomicU64::new(0),
             nonce: h.finish(),
             durable_dirs: RwLock::new(durable),
-            threads: super::ThreadLimit::default(),
+            threads: super::kernels::ThreadLimit::default(),
         };
         store.write_marker(&root_dir).map_err(ctx)?;
         Ok(store)
@@ -742,9 +743,9 @@ impl DirectoryStore {
     }
 
     /// Reads a group of strided reads into one destination view (see
-    /// [`super::dest_groups`]): each read is opened, checked and mapped on its own
+    /// [`super::kernels::dest_groups`]): each read is opened, checked and mapped on its own
     /// (its own result), then the host reads that passed are copied merged by
-    /// destination ([`super::copy_merged`]). Device reads and short single-segment
+    /// destination ([`super::kernels::copy_merged`]). Device reads and short single-segment
     /// reads go one by one ([`DirectoryStore::read_strided`]).
     unsafe fn read_group(&self, reads: &[StridedRead<'_>], cache: &mut ReadCache) -> Vec<Result<u64>> {
         let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
@@ -784,9 +785,9 @@ impl DirectoryStore {
             results.push(checked);
         }
         if !maps.is_empty() {
-            let parts: Vec<super::MappedRead<'_, '_>> = maps
+            let parts: Vec<super::kernels::MappedRead<'_, '_>> = maps
                 .iter()
-                .map(|(i, m, start)| super::MappedRead {
+                .map(|(i, m, start)| super::kernels::MappedRead {
                     read: &reads[*i],
                     src: m.addr as *const u8,
                     src_origin: *start,
@@ -795,7 +796,7 @@ impl DirectoryStore {
             // SAFETY: every part passed `check_bounds` against its object's size and the
             // shared destination view (valid and ours: this function's contract); each
             // mapping covers the object bytes its read touches.
-            unsafe { super::copy_merged(base, &parts) };
+            unsafe { super::kernels::copy_merged(base, &parts) };
         }
         results
     }
@@ -914,8 +915,8 @@ impl ObjectStore for DirectoryStore {
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        let groups = super::dest_groups(reads);
-        let concurrent = super::parallel_workers(groups.len(), bytes, self.threads.get()) > 1;
+        let groups = super::kernels::dest_groups(reads);
+        let concurrent = super::kernels::parallel_workers(groups.len(), bytes, self.threads.get()) > 1;
         let done =
             run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, cache: &mut ReadCache| {
                 cache.concurrent = concurrent;

@@ -17,12 +17,11 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{
-    not_found, run_parallel_on, CopyHook, MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead,
-    WriteConfig,
-};
+use super::kernels::run_parallel_on;
+use super::{not_found, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
+use crate::runtime::{CopyHook, MemoryRegion};
 
 const SHARDS: usize = 16;
 
@@ -40,7 +39,7 @@ pub struct MemoryStore {
     shards: Box<[Shard]>,
     hook: Option<Arc<dyn CopyHook>>,
     /// Threads of one large batch ([`MemoryStore::set_max_threads`]).
-    threads: super::ThreadLimit,
+    threads: super::kernels::ThreadLimit,
 }
 
 impl Default for MemoryStore {
@@ -61,7 +60,7 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             hook: None,
-            threads: super::ThreadLimit::default(),
+            threads: super::kernels::ThreadLimit::default(),
         }
     }
 
@@ -170,9 +169,9 @@ impl MemoryStore {
 
 impl MemoryStore {
     /// Reads a group of strided reads into one destination view (see
-    /// [`super::dest_groups`]): each read is looked up and checked on its own (its
+    /// [`super::kernels::dest_groups`]): each read is looked up and checked on its own (its
     /// own result), then the host reads that passed are copied merged by destination
-    /// ([`super::copy_merged`]); device reads go one by one through the hook.
+    /// ([`super::kernels::copy_merged`]); device reads go one by one through the hook.
     unsafe fn read_group(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
         let mut values: Vec<Arc<[u8]>> = Vec::new();
@@ -197,13 +196,13 @@ impl MemoryStore {
             results.push(checked);
         }
         if !merged.is_empty() {
-            let parts: Vec<super::MappedRead<'_, '_>> = merged
+            let parts: Vec<super::kernels::MappedRead<'_, '_>> = merged
                 .iter()
-                .map(|&(i, v)| super::MappedRead { read: &reads[i], src: values[v].as_ptr(), src_origin: 0 })
+                .map(|&(i, v)| super::kernels::MappedRead { read: &reads[i], src: values[v].as_ptr(), src_origin: 0 })
                 .collect();
             // SAFETY: every part passed `check_bounds` against its value and the shared
             // destination view, which this function's caller guarantees valid and ours.
-            unsafe { super::copy_merged(base, &parts) };
+            unsafe { super::kernels::copy_merged(base, &parts) };
         }
         results
     }
@@ -219,11 +218,15 @@ impl MemoryStore {
                         // Bounds were checked for the whole region above.
                         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
                         unsafe {
-                            super::copy_for_restore(base.add(d as usize), value.as_ptr().add(s as usize), n as usize)
+                            super::kernels::copy_for_restore(
+                                base.add(d as usize),
+                                value.as_ptr().add(s as usize),
+                                n as usize,
+                            )
                         };
                         Ok(())
                     })?;
-                    super::copy_fence();
+                    super::kernels::copy_fence();
                 }
             }
             MemoryKind::Device(_) => {
@@ -280,7 +283,7 @@ impl ObjectStore for MemoryStore {
 
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
-        let groups = super::dest_groups(reads);
+        let groups = super::kernels::dest_groups(reads);
         let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
         // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
         let done = run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, _: &mut ()| unsafe {

@@ -8,8 +8,9 @@
 
 use mooncake_weight_store::protocol::guards::{weight_allocation_fence, AllocationFence};
 use mooncake_weight_store::protocol::{GuardProvider, LifetimeToken, TerminalState};
+use mooncake_weight_store::runtime::MemoryRegion;
 use mooncake_weight_store::store::memory::MemoryStore;
-use mooncake_weight_store::store::{MemoryRegion, ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
+use mooncake_weight_store::store::{ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
 use mooncake_weight_store::*;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};

@@ -1,0 +1,243 @@
+//! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
+
+use crate::boundary::{mws_status, Failure};
+use crate::handles::{handle, mws_binding, mws_placement, Handle, Identity};
+use crate::strings::{check_out, slice_arg, str_arg, struct_arg, write_out};
+use mws::validate_runtime_binding;
+use mws::MemoryKind;
+use mws::RuntimeFragment;
+use mws::RuntimeFragmentSpec;
+use std::ffi::c_char;
+use std::ffi::c_void;
+
+/// Kind of memory a runtime fragment lives in (values of
+/// `mws_runtime_fragment.memory_kind`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mws_memory_kind {
+    /// Host (CPU) memory.
+    MWS_MEMORY_HOST = 0,
+    /// Device (accelerator) memory; `mws_runtime_fragment.device_ordinal` says which.
+    MWS_MEMORY_DEVICE = 1,
+}
+
+/// Identity of a runtime binding: which participant lends its buffers, under which
+/// lease and generation, for which placement. Read by `mws_binding_new` (copied; the
+/// strings are only read during the call). Every string is required (non-NULL,
+/// NUL-terminated UTF-8).
+#[repr(C)]
+pub struct mws_binding_options {
+    /// Resource id; must equal the placement's.
+    pub resource_id: *const c_char,
+    /// Revision; must equal the placement's.
+    pub revision: *const c_char,
+    /// The placement id this binding attests (`mws_placement_id`).
+    pub placement_id: *const c_char,
+    /// The placement digest this binding attests (`mws_placement_digest`).
+    pub placement_digest: *const c_char,
+    /// The topology participant whose part this binding lends.
+    pub participant_id: *const c_char,
+    /// The process/engine instance holding the buffers.
+    pub instance_id: *const c_char,
+    /// The lease under which the buffers are lent.
+    pub lease_id: *const c_char,
+    /// The weight generation the buffers hold.
+    pub generation: u64,
+}
+
+/// One live buffer of a runtime binding, read by `mws_binding_add_fragment` (copied;
+/// strings and arrays are only read during the call). Every string is required
+/// (non-NULL, NUL-terminated UTF-8). Addresses are recorded, never dereferenced by
+/// planning, and never written into any output string.
+#[repr(C)]
+pub struct mws_runtime_fragment {
+    /// The placement fragment this buffer holds.
+    pub placement_fragment_id: *const c_char,
+    /// The runtime fragment id (unique across all bindings of an upload).
+    pub fragment_id: *const c_char,
+    /// Address of the fragment's first byte.
+    pub address: *const c_void,
+    /// Size of the fragment in bytes.
+    pub nbytes: u64,
+    /// The worker that owns the buffer.
+    pub worker_id: *const c_char,
+    /// The transfer endpoint of the worker (for example `"host:port"`).
+    pub endpoint: *const c_char,
+    /// The device name (for example `"cuda:0"` or `"cpu"`).
+    pub device: *const c_char,
+    /// Size of one element, in bytes.
+    pub itemsize: u64,
+    /// Shape of the fragment, in elements (`local_shape_len` values; may be NULL when
+    /// `local_shape_len` is 0).
+    pub local_shape: *const u64,
+    /// Number of values in `local_shape`.
+    pub local_shape_len: usize,
+    /// Byte strides of the fragment (may be NULL when `strides_bytes_len` is 0).
+    pub strides_bytes: *const u64,
+    /// Number of values in `strides_bytes`.
+    pub strides_bytes_len: usize,
+    /// Start of the storage allocation that contains the fragment.
+    pub storage_address: *const c_void,
+    /// Size of that storage allocation in bytes.
+    pub storage_nbytes: u64,
+    /// Offset of the fragment in that allocation
+    /// (`address == storage_address + storage_offset_bytes`).
+    pub storage_offset_bytes: u64,
+    /// An `mws_memory_kind` value (`MWS_MEMORY_HOST` or `MWS_MEMORY_DEVICE`); any other
+    /// value is rejected with `MWS_INVALID_ARGUMENT`.
+    pub memory_kind: u32,
+    /// Device ordinal when `memory_kind` is `MWS_MEMORY_DEVICE`; ignored for host memory.
+    pub device_ordinal: u32,
+}
+
+/// Creates an empty runtime binding with the identity in `*options`.
+///
+/// On success writes a new handle to `*out`; the caller owns it and frees it with
+/// `mws_binding_free`. On failure `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`options`, `out` or a string field NULL),
+/// `MWS_INVALID_UTF8`. Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `options` is NULL or points to a valid struct whose strings are NUL-terminated;
+/// `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_new(
+    options: *const mws_binding_options,
+    out: *mut *mut mws_binding,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `options` is NULL or points to a valid struct for the call (this function's contract).
+        let o = unsafe { struct_arg(options, "options") }?;
+        check_out(out, "out")?;
+        let identity = Identity {
+            // SAFETY: `o.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            resource_id: unsafe { str_arg(o.resource_id, "options->resource_id") }?.to_owned(),
+            // SAFETY: `o.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            revision: unsafe { str_arg(o.revision, "options->revision") }?.to_owned(),
+            // SAFETY: `o.placement_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_id: unsafe { str_arg(o.placement_id, "options->placement_id") }?.to_owned(),
+            // SAFETY: `o.placement_digest` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_digest: unsafe { str_arg(o.placement_digest, "options->placement_digest") }?.to_owned(),
+            // SAFETY: `o.participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            participant_id: unsafe { str_arg(o.participant_id, "options->participant_id") }?.to_owned(),
+            // SAFETY: `o.instance_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            instance_id: unsafe { str_arg(o.instance_id, "options->instance_id") }?.to_owned(),
+            // SAFETY: `o.lease_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            lease_id: unsafe { str_arg(o.lease_id, "options->lease_id") }?.to_owned(),
+            generation: o.generation,
+        };
+        let binding = mws_binding { identity, fragments: Vec::new() };
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(binding)) };
+        Ok(())
+    })
+}
+
+/// Adds one runtime fragment (a live buffer) to the binding. The fragment itself is
+/// validated (shape, strides, sizes, storage bounds); how it pairs with the placement
+/// is checked later by `mws_binding_validate` / `mws_upload_plan_new`. On failure the
+/// binding is unchanged.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
+/// fragment, unknown memory kind). Thread safety: see `mws_binding`.
+///
+/// # Safety
+/// `binding` is NULL or a live handle not used concurrently; `fragment` is NULL or
+/// points to a valid struct whose strings are NUL-terminated and whose arrays hold the
+/// given number of values.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_add_fragment(
+    binding: *mut mws_binding,
+    fragment: *const mws_runtime_fragment,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let b = unsafe { binding.as_mut() }.ok_or_else(|| Failure::null("binding"))?;
+        // SAFETY: `fragment` is NULL or points to a valid struct for the call (this function's contract).
+        let f = unsafe { struct_arg(fragment, "fragment") }?;
+        let memory = match f.memory_kind {
+            k if k == mws_memory_kind::MWS_MEMORY_HOST as u32 => MemoryKind::Host,
+            k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => MemoryKind::Device(f.device_ordinal),
+            k => return Err(Failure::invalid(format!("fragment->memory_kind {k} is not an mws_memory_kind value"))),
+        };
+        let spec = RuntimeFragmentSpec {
+            // SAFETY: `f.placement_fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            placement_fragment_id: unsafe { str_arg(f.placement_fragment_id, "fragment->placement_fragment_id") }?
+                .to_owned(),
+            // SAFETY: `f.fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            fragment_id: unsafe { str_arg(f.fragment_id, "fragment->fragment_id") }?.to_owned(),
+            address: f.address as usize as u64,
+            nbytes: f.nbytes,
+            // SAFETY: `f.worker_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            worker_id: unsafe { str_arg(f.worker_id, "fragment->worker_id") }?.to_owned(),
+            // SAFETY: `f.endpoint` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            endpoint: unsafe { str_arg(f.endpoint, "fragment->endpoint") }?.to_owned(),
+            // SAFETY: `f.device` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            device: unsafe { str_arg(f.device, "fragment->device") }?.to_owned(),
+            itemsize: f.itemsize,
+            // SAFETY: `f.local_shape` is NULL or valid for `f.local_shape_len` reads during the call (this function's contract).
+            local_shape: unsafe { slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape") }?.to_vec(),
+            // SAFETY: `f.strides_bytes` is NULL or valid for `f.strides_bytes_len` reads during the call (this function's contract).
+            strides_bytes: unsafe { slice_arg(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes") }?
+                .to_vec(),
+            storage_address: f.storage_address as usize as u64,
+            storage_nbytes: f.storage_nbytes,
+            storage_offset_bytes: f.storage_offset_bytes,
+            memory,
+        };
+        b.fragments.push(RuntimeFragment::new(spec)?);
+        Ok(())
+    })
+}
+
+/// Returns the number of fragments added to the binding, or 0 (and sets the last
+/// error) if `binding` is NULL.
+///
+/// # Safety
+/// `binding` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
+    // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(binding, "binding") }?.fragments.len()))
+}
+
+/// Checks that the binding is complete and consistent, and pairs with `placement`
+/// (attested placement id and digest, resource, revision, participant, every fragment
+/// of the participant's part bound with a matching geometry).
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING` or `MWS_INVALID_ARGUMENT` with the
+/// reason in `mws_last_error_message()`. Thread safety: may run concurrently with other
+/// calls taking `const` handles.
+///
+/// # Safety
+/// Both arguments are NULL or live handles.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_validate(
+    placement: *const mws_placement,
+    binding: *const mws_binding,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?.build()?;
+        validate_runtime_binding(&p.inner, &b)?;
+        Ok(())
+    })
+}
+
+/// Frees a binding handle. `NULL` does nothing. Upload plans created with it do not
+/// borrow it and stay valid.
+///
+/// # Safety
+/// `binding` is NULL or a handle from `mws_binding_new` not yet freed, and no other
+/// thread is using it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_free(binding: *mut mws_binding) {
+    value_call!((), || {
+        // SAFETY: `binding` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(binding) };
+        Ok(())
+    })
+}

@@ -1,0 +1,218 @@
+//! `mws_guard_vtable`: a framework's allocation guard (pin, release with a terminal
+//! state) as a `protocol::GuardProvider`.
+
+use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::handles::mws_binding;
+use mws::protocol::guards::weight_allocation_fence;
+use mws::protocol::guards::AllocationFence;
+use mws::protocol::guards::GuardProvider;
+use mws::protocol::guards::LifetimeToken;
+use mws::protocol::guards::TerminalState;
+use mws::Error;
+use mws::ErrorKind;
+use mws::RuntimeBinding;
+use std::ffi::c_char;
+use std::ffi::c_void;
+use std::ffi::CString;
+
+/// How an allocation pin ends (the `state` passed to a guard's `release`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mws_terminal_state {
+    /// No I/O was submitted (or registration failed before I/O).
+    MWS_TERMINAL_ABORTED = 0,
+    /// All I/O finished successfully.
+    MWS_TERMINAL_COMPLETED = 1,
+    /// I/O was submitted and failed; no submitted I/O can still touch the memory.
+    MWS_TERMINAL_FAILED_DRAINED = 2,
+}
+
+/// Version of `mws_guard_vtable` this library implements.
+pub const MWS_GUARD_VTABLE_VERSION: u32 = 1;
+
+/// `acquire` callback: pins the allocations of `count` runtime fragment ids
+/// (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
+/// `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
+/// opaque token to `*token` (given back to `release`). It may write to `*observed` a
+/// new binding handle (ownership passes to the library) describing the buffers as
+/// observed under the pin; leaving it NULL means "exactly the binding that was
+/// passed". The library checks the observed binding against the plan (lease,
+/// generation, addresses) and releases the pin as aborted if it differs. Any non-zero
+/// return fails the call (`MWS_STORE`) before any I/O.
+pub type mws_guard_acquire_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        transfer_id: *const c_char,
+        participant_id: *const c_char,
+        fragment_ids: *const *const c_char,
+        count: usize,
+        observed: *mut *mut mws_binding,
+        token: *mut u64,
+    ) -> i32,
+>;
+
+/// `release` callback: ends the pin `token` after I/O ended in `state` (an
+/// `mws_terminal_state` value). Called exactly once per successful `acquire`. A
+/// non-zero return is reported as `MWS_STORE`.
+pub type mws_guard_release_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, token: u64, state: u32) -> i32>;
+
+/// An allocation guard implemented by the caller: pins the buffers of a binding for
+/// the duration of one upload or load (the framework must not free or reuse them
+/// while pinned). Set `size = sizeof(mws_guard_vtable)` and
+/// `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
+/// the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mws_guard_vtable {
+    /// `sizeof(mws_guard_vtable)`.
+    pub size: u32,
+    /// `MWS_GUARD_VTABLE_VERSION`.
+    pub version: u32,
+    /// Pins (see `mws_guard_acquire_fn`).
+    pub acquire: mws_guard_acquire_fn,
+    /// Unpins (see `mws_guard_release_fn`).
+    pub release: mws_guard_release_fn,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct GuardCtx(pub(crate) *mut c_void);
+
+// SAFETY: the guard contract requires thread-safe callbacks over `ctx`.
+unsafe impl Send for GuardCtx {}
+
+// SAFETY: as for `Send`: the guard contract requires thread-safe callbacks over `ctx`.
+unsafe impl Sync for GuardCtx {}
+
+/// A [`GuardProvider`] over C callbacks.
+pub(crate) struct CGuard {
+    pub(crate) acquire: unsafe extern "C" fn(
+        *mut c_void,
+        *const c_char,
+        *const c_char,
+        *const *const c_char,
+        usize,
+        *mut *mut mws_binding,
+        *mut u64,
+    ) -> i32,
+    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
+    pub(crate) ctx: GuardCtx,
+}
+
+impl CGuard {
+    pub(crate) fn new(
+        acquire: mws_guard_acquire_fn,
+        release: mws_guard_release_fn,
+        ctx: *mut c_void,
+    ) -> FfiResult<CGuard> {
+        match (acquire, release) {
+            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: GuardCtx(ctx) }),
+            _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
+        }
+    }
+
+    pub(crate) unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let size = unsafe { (vt as *const u32).read_unaligned() };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let version = unsafe { (vt as *const u32).add(1).read_unaligned() };
+        if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
+            return Err(Failure::invalid(format!(
+                "mws_guard_vtable.size is {size}, expected at least {}",
+                std::mem::size_of::<mws_guard_vtable>()
+            )));
+        }
+        if version != MWS_GUARD_VTABLE_VERSION {
+            return Err(Failure::new(
+                mws_status::MWS_UNSUPPORTED,
+                format!(
+                    "mws_guard_vtable.version is {version}, this library implements version {MWS_GUARD_VTABLE_VERSION}"
+                ),
+            ));
+        }
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt = unsafe { vt.read_unaligned() };
+        CGuard::new(vt.acquire, vt.release, ctx)
+    }
+}
+
+pub(crate) struct CToken {
+    pub(crate) fence: AllocationFence,
+    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
+    pub(crate) ctx: GuardCtx,
+    pub(crate) token: u64,
+}
+
+impl LifetimeToken for CToken {
+    fn fence(&self) -> &AllocationFence {
+        &self.fence
+    }
+    fn release(&mut self, state: TerminalState) -> mws::Result<()> {
+        // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
+        let code = unsafe { (self.release)(self.ctx.0, self.token, terminal_code(state)) };
+        if code != 0 {
+            return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn terminal_code(state: TerminalState) -> u32 {
+    match state {
+        TerminalState::Aborted => mws_terminal_state::MWS_TERMINAL_ABORTED as u32,
+        TerminalState::Completed => mws_terminal_state::MWS_TERMINAL_COMPLETED as u32,
+        TerminalState::FailedDrained => mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32,
+    }
+}
+
+pub(crate) fn c_string(s: &str, what: &str) -> mws::Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+}
+
+impl GuardProvider for CGuard {
+    fn acquire(
+        &self,
+        transfer_id: &str,
+        expected: &RuntimeBinding,
+        required_ids: &[String],
+    ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
+        let tid = c_string(transfer_id, "transfer id")?;
+        let pid = c_string(expected.participant_id(), "participant id")?;
+        let ids: Vec<CString> = required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
+        let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
+        let mut observed: *mut mws_binding = std::ptr::null_mut();
+        let mut token: u64 = 0;
+        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
+        let code = unsafe {
+            (self.acquire)(self.ctx.0, tid.as_ptr(), pid.as_ptr(), ptrs.as_ptr(), ptrs.len(), &mut observed, &mut token)
+        };
+        // The observed binding (if any) is ours from now on, whatever happens.
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
+        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
+        if code != 0 {
+            return Err(Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}")));
+        }
+        let abort = |e: Error| {
+            // SAFETY: as for `release` above, with the token `acquire` just issued.
+            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
+            e
+        };
+        let fresh = match observed {
+            None => expected.clone(),
+            Some(b) => b.build().map_err(|f| {
+                abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
+            })?,
+        };
+        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
+            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
+        Ok((fresh, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })))
+    }
+}
+
+pub(crate) fn terminal_state(code: u32) -> FfiResult<TerminalState> {
+    match code {
+        c if c == mws_terminal_state::MWS_TERMINAL_ABORTED as u32 => Ok(TerminalState::Aborted),
+        c if c == mws_terminal_state::MWS_TERMINAL_COMPLETED as u32 => Ok(TerminalState::Completed),
+        c if c == mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32 => Ok(TerminalState::FailedDrained),
+        c => Err(Failure::invalid(format!("invalid terminal state: {c}"))),
+    }
+}

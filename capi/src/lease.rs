@@ -1,0 +1,149 @@
+//! `mws_registration_lease`: buffers pinned and registered once for many uploads or
+//! loads (`WeightStore::register_weight_buffers`).
+
+use crate::boundary::{mws_status, Failure};
+use crate::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
+use crate::handles::{handle, mws_binding, mws_registration_lease, mws_store, Handle};
+use crate::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
+use mws::protocol::guards::GuardProvider;
+use mws::protocol::guards::StaticGuard;
+use parking_lot::RwLock;
+use std::ffi::c_char;
+use std::ffi::c_int;
+use std::ffi::c_void;
+
+/// Which side of a transfer a registration lease pins (the `side` of
+/// `mws_registration_lease_new`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mws_lease_side {
+    /// Source buffers of uploads (snapshots).
+    MWS_LEASE_SOURCE = 0,
+    /// Target buffers of loads (restores).
+    MWS_LEASE_TARGET = 1,
+}
+
+/// Pins (through `guard`) and registers the buffers of `count` runtime fragments
+/// (`fragment_ids`, NUL-terminated, borrowed for the call; duplicates are ignored) of
+/// `binding` with `store`'s backend, once. `side` is an `mws_lease_side` value.
+/// `guard` NULL means a static guard (the caller keeps the buffers valid, as for
+/// `mws_io_args.guard`); otherwise the vtable is copied and `guard_ctx` must stay
+/// valid until the lease is closed (its `release` is called then). `transfer_id` NULL
+/// means a fresh random one (handed to the guard).
+///
+/// A lease covers exactly the fragments an upload or load touches: pass it to
+/// `mws_store_upload` (the source fragments of the participant's, or worker's,
+/// operations) or `mws_store_load` (the participant's, or worker's, target fragments)
+/// in `mws_io_args.lease`; those calls check it (`MWS_STALE_BINDING`: closed, other
+/// binding, other fragments, other address bounds) before any I/O.
+///
+/// On success writes a new handle to `*out` (close it, then free it). On failure the
+/// pin is released as aborted (or quarantined in the store when an unregistration
+/// failed) and `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (no
+/// fragments, invalid side, invalid guard vtable), `MWS_INVALID_BINDING`,
+/// `MWS_STALE_BINDING` (unknown fragment, guard observed another binding),
+/// `MWS_UNSUPPORTED` (guard vtable version), `MWS_STORE` (guard or registration
+/// failure, pending registrations block new I/O).
+///
+/// # Safety
+/// Handles are NULL or live; `fragment_ids` points to `count` pointers that are NULL
+/// or NUL-terminated; `guard` is NULL or a valid vtable; `out` is NULL or valid for a
+/// pointer write. The fragments' buffers must stay valid until the lease is closed.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mws_registration_lease_new(
+    store: *const mws_store,
+    binding: *const mws_binding,
+    fragment_ids: *const *const c_char,
+    count: usize,
+    side: u32,
+    guard: *const mws_guard_vtable,
+    guard_ctx: *mut c_void,
+    transfer_id: *const c_char,
+    out: *mut *mut mws_registration_lease,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
+        check_out(out, "out")?;
+        let side = match side {
+            x if x == mws_lease_side::MWS_LEASE_SOURCE as u32 => "source",
+            x if x == mws_lease_side::MWS_LEASE_TARGET as u32 => "target",
+            x => return Err(Failure::invalid(format!("invalid lease side: {x}"))),
+        };
+        // SAFETY: `fragment_ids` is NULL or valid for `count` reads during the call (this function's contract).
+        let ptrs = unsafe { slice_arg(fragment_ids, count, "fragment_ids") }?;
+        let mut ids = Vec::with_capacity(ptrs.len());
+        for (i, p) in ptrs.iter().enumerate() {
+            // SAFETY: `*p` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            ids.push(unsafe { str_arg(*p, &format!("fragment_ids[{i}]")) }?.to_owned());
+        }
+        // SAFETY: `transfer_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let transfer_id = unsafe { opt_str_arg(transfer_id, "transfer_id") }?;
+        let guard: Box<dyn GuardProvider> =
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            if guard.is_null() { Box::new(StaticGuard) } else { Box::new(unsafe { CGuard::from_vtable(guard, guard_ctx) }?) };
+        let rb = b.build().map_err(|f| {
+            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
+        })?;
+        let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
+        let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(h)) };
+        Ok(())
+    })
+}
+
+/// Closes `lease`: unregisters its buffers and releases its pin with `state` (an
+/// `mws_terminal_state` value). Closing a closed lease does nothing and succeeds. Waits
+/// for uploads and loads running with the lease. Uses of a closed lease are refused
+/// (`MWS_STALE_BINDING`, `Store registration lease is closed`).
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (invalid state; the lease stays
+/// open), `MWS_STORE` (an unregistration failed: the pin is quarantined in the store,
+/// see `mws_store_drain_pending_registrations`; or the guard's release failed). The
+/// lease is closed whatever the error, except for an invalid state.
+///
+/// # Safety
+/// `lease` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
+        let l = unsafe { handle(lease, "lease") }?;
+        let state = terminal_state(state)?;
+        let mut inner = l.inner.write();
+        Ok(l.ws.close_registration_lease(&mut inner, state)?)
+    })
+}
+
+/// Returns 1 if `lease` is closed, 0 if open, -1 (and the last error) if `lease` is
+/// NULL.
+///
+/// # Safety
+/// `lease` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
+    // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
+    value_call!(-1, || { Ok(c_int::from(unsafe { handle(lease, "lease") }?.inner.read().is_closed())) })
+}
+
+/// Frees a lease handle. `NULL` does nothing. An open lease is closed first as
+/// `MWS_TERMINAL_ABORTED` (errors are dropped; an unregistration failure leaves the
+/// pin quarantined in the store, where `mws_store_pending_registration_count` sees
+/// it). Close explicitly to report another state or to see errors.
+///
+/// # Safety
+/// `lease` is NULL or a live handle not yet freed, not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn mws_registration_lease_free(lease: *mut mws_registration_lease) {
+    value_call!((), || {
+        // SAFETY: `lease` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(lease) };
+        Ok(())
+    })
+}

@@ -1,0 +1,101 @@
+//! The C ABI. Translation only: every rule lives in the Rust API.
+//!
+//! The generated header is `include/mooncake_weight_store.h` (cbindgen, see
+//! `cbindgen.toml`); the header-only C++ wrapper is `include/mooncake_weight_store.hpp`.
+//!
+//! Where things are:
+//! - `boundary`: `mws_status`, the thread-local last error, the panic boundary
+//!   (`status_call!` / `value_call!`, which take the entry point's name from the
+//!   function itself) and the version;
+//! - `handles`: every opaque C handle and the Rust value it mirrors, with the
+//!   `handles::Handle` helper (how a handle is created, borrowed and freed);
+//! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
+//!   (`placement_builder`),
+//!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
+//!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
+//!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
+//!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
+//!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
+//!   `mws_loader_*`, `mws_sink_*` and `mws_transfer_engine_*` (`loader`); `mws_io_args`
+//!   (`io_args`);
+//! - `callbacks`: every C vtable the caller hands us, each translated into the Rust
+//!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
+//!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`);
+//! - `strings`: C strings, (pointer, length) pairs and out-parameters.
+//!
+//! House rules:
+//! - every `extern "C"` body runs inside the boundary, which catches panics (no
+//!   unwinding ever crosses into C) and records the last error message;
+//! - handles are `Box`es made by `handles::Handle::into_raw` and taken back by
+//!   `*_free`; strings handed out are borrowed from the handle that owns them;
+//! - nothing here validates the domain: a rule enforced here but not in the Rust API
+//!   would be a bug. We only check what C can get wrong and Rust cannot express
+//!   (NULL pointers, UTF-8, (pointer, length) pairs, enum values).
+
+#![allow(non_camel_case_types)]
+
+extern crate mws;
+
+#[macro_use]
+pub(crate) mod boundary;
+mod binding;
+pub mod callbacks;
+pub(crate) mod handles;
+mod io_args;
+mod lease;
+mod load_plan;
+mod loader;
+mod log;
+mod placement;
+mod placement_builder;
+
+mod receipts;
+mod store;
+mod stored_manifest;
+mod strings;
+mod transaction;
+mod transfer_plan;
+mod upload_plan;
+mod writer;
+
+pub use binding::*;
+pub use boundary::*;
+pub use callbacks::copy_hook::*;
+pub use callbacks::engine::*;
+pub use callbacks::guard::*;
+pub use callbacks::log::mws_log_fn;
+pub use callbacks::snapshot::*;
+pub use callbacks::store::*;
+pub use handles::*;
+pub use io_args::*;
+pub use lease::*;
+pub use load_plan::*;
+pub use loader::*;
+pub use log::*;
+pub use placement::*;
+pub use placement_builder::*;
+pub use receipts::*;
+pub use store::*;
+pub use stored_manifest::*;
+pub use transaction::*;
+pub use transfer_plan::*;
+pub use upload_plan::*;
+pub use writer::*;
+
+// The crate's Rust tests (capi/tests/), compiled into the library's test harness: the
+// library has no rlib (see Cargo.toml), so they cannot be integration tests. The core's
+// shared test model (tests/common/model.rs) names the core by its own crate name.
+#[cfg(test)]
+extern crate mws as mooncake_weight_store;
+#[cfg(test)]
+#[path = "../../tests/common/model.rs"]
+mod test_model;
+#[cfg(test)]
+#[path = "../tests/hostile_store.rs"]
+mod hostile_store_tests;
+#[cfg(test)]
+#[path = "../tests/log_callback.rs"]
+mod log_callback_tests;
+#[cfg(test)]
+#[path = "../tests/vtable_contract.rs"]
+mod vtable_contract_tests;

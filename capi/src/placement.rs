@@ -1,0 +1,253 @@
+//! `mws_placement`: a parsed, validated, immutable complete placement.
+
+use crate::boundary::{mws_status, value_call, Failure, FfiResult};
+use crate::handles::{handle, lend_text, mws_placement, FragmentView, Handle};
+use crate::strings::{check_out, slice_arg, write_out};
+use mws::Placement;
+use std::ffi::c_char;
+
+/// One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
+/// is borrowed from the placement handle and stays valid until it is freed.
+#[repr(C)]
+pub struct mws_placement_fragment_info {
+    /// The fragment's wire `placement_fragment_id` (NUL-terminated).
+    pub placement_fragment_id: *const c_char,
+    /// The participant (placement part) that holds the fragment.
+    pub participant_id: *const c_char,
+    /// The tensor the fragment belongs to.
+    pub tensor_id: *const c_char,
+    /// Number of dimensions: length of `global_offset` and of `local_shape`.
+    pub ndim: usize,
+    /// Offset of the fragment's box in the tensor, in elements (`ndim` values).
+    pub global_offset: *const u64,
+    /// Shape of the fragment's box, in elements (`ndim` values).
+    pub local_shape: *const u64,
+    /// Size of the fragment in bytes (its contiguous row-major buffer).
+    pub nbytes: u64,
+    /// Size of one element of the tensor, in bytes.
+    pub itemsize: u64,
+}
+
+/// Parses and validates a placement from its JSON wire form.
+///
+/// `json` points to `len` bytes of UTF-8 JSON (no NUL terminator needed; the bytes are
+/// only read during the call). Duplicate object keys, unknown fields, NaN/Infinity,
+/// inconsistent identities (`placement_id`, `topology_id`) and incomplete coverage are
+/// rejected with `MWS_INVALID_ARGUMENT`.
+///
+/// On success writes a new handle to `*out`; the caller owns it and frees it with
+/// `mws_placement_free`. On failure `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`json` NULL with `len > 0`, or `out` NULL),
+/// `MWS_INVALID_ARGUMENT` (malformed or invalid placement).
+/// Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `json` points to `len` readable bytes; `out` is valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_from_json(
+    json: *const c_char,
+    len: usize,
+    out: *mut *mut mws_placement,
+) -> mws_status {
+    status_call!(|| {
+        check_out(out, "out")?;
+        if json.is_null() {
+            return Err(Failure::null("json"));
+        }
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let placement = Placement::from_json(bytes)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_placement::new(placement))) };
+        Ok(())
+    })
+}
+
+/// Frees a placement handle. `NULL` does nothing. Every string borrowed from the
+/// handle becomes invalid. Bindings and upload plans created with it do not borrow it
+/// and stay valid.
+///
+/// # Safety
+/// `placement` is NULL or a handle from `mws_placement_from_json` not yet freed, and
+/// no other thread is using it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
+    value_call!((), || {
+        // SAFETY: `placement` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(placement) };
+        Ok(())
+    })
+}
+
+/// Returns the canonical JSON of the placement (sorted keys, compact, ASCII only; the
+/// exact bytes its digest covers).
+///
+/// Ownership: the NUL-terminated string is borrowed from `placement` and valid until it
+/// is freed. If `len` is not NULL, the length in bytes (without the NUL) is written
+/// there. Returns NULL (and sets the last error) if `placement` is NULL.
+///
+/// # Safety
+/// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.json) }
+}
+
+/// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
+/// `mws_placement_to_json`.
+///
+/// # Safety
+/// As `mws_placement_to_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.placement_id) }
+}
+
+/// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
+/// string, as `mws_placement_to_json`.
+///
+/// # Safety
+/// As `mws_placement_to_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.digest) }
+}
+
+/// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
+/// `mws_placement_to_json`.
+///
+/// # Safety
+/// As `mws_placement_to_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.topology_id) }
+}
+
+/// Returns the resource id of the placement. Borrowed string, as
+/// `mws_placement_to_json`.
+///
+/// # Safety
+/// As `mws_placement_to_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.resource_id) }
+}
+
+/// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
+///
+/// # Safety
+/// As `mws_placement_to_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.revision) }
+}
+
+/// Returns the weight generation of the placement, or 0 (and sets the last error) if
+/// `placement` is NULL.
+///
+/// # Safety
+/// `placement` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_placement) -> u64 {
+    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(placement, "placement") }?.inner.weight_generation()))
+}
+
+pub(crate) unsafe fn count(
+    function: &'static str,
+    placement: *const mws_placement,
+    pick: impl FnOnce(&mws_placement) -> usize,
+) -> usize {
+    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+    value_call(function, 0, || Ok(pick(unsafe { handle(placement, "placement") }?)))
+}
+
+/// Returns the number of participants of the placement's topology, or 0 (and sets the
+/// last error) if `placement` is NULL.
+///
+/// # Safety
+/// `placement` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.inner.topology().participants().len()) }
+}
+
+/// Returns the number of tensors of the placement, or 0 (and sets the last error) if
+/// `placement` is NULL.
+///
+/// # Safety
+/// `placement` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.inner.tensors().len()) }
+}
+
+/// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
+/// the last error) if `placement` is NULL.
+///
+/// # Safety
+/// `placement` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
+    unsafe { count(function_name!(), placement, |p| p.fragments.len()) }
+}
+
+/// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.
+/// Fragments are ordered by participant id, then by placement fragment id (the
+/// canonical order). The pointers written to `*out` are borrowed from `placement` and
+/// valid until it is freed.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range; `*out` is not
+/// written). Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `placement` is NULL or a live handle; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_placement_fragment(
+    placement: *const mws_placement,
+    index: usize,
+    out: *mut mws_placement_fragment_info,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
+        check_out(out, "out")?;
+        let f = fragment_at(p, index)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe {
+            write_out(
+                out,
+                mws_placement_fragment_info {
+                    placement_fragment_id: f.placement_fragment_id.as_ptr(),
+                    participant_id: f.participant_id.as_ptr(),
+                    tensor_id: f.tensor_id.as_ptr(),
+                    ndim: f.local_shape.len(),
+                    global_offset: f.global_offset.as_ptr(),
+                    local_shape: f.local_shape.as_ptr(),
+                    nbytes: f.nbytes,
+                    itemsize: f.itemsize,
+                },
+            )
+        };
+        Ok(())
+    })
+}
+
+pub(crate) fn fragment_at(p: &mws_placement, index: usize) -> FfiResult<&FragmentView> {
+    p.fragments.get(index).ok_or_else(|| {
+        Failure::invalid(format!(
+            "fragment index {index} is out of range (the placement has {} fragments)",
+            p.fragments.len()
+        ))
+    })
+}

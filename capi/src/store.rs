@@ -1,0 +1,748 @@
+//! `mws_store_*`: a weight store over a backend (memory, directory, C vtable), raw
+//! object access, and the store's jobs: upload, commit, abort, finalize, decisions,
+//! restores (`mws_store_load`) and quarantined registrations.
+
+use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
+use crate::callbacks::store::{mws_store_vtable, CallbackStore};
+use crate::handles::{
+    handle, mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
+    Handle,
+};
+use crate::io_args::{io_args, mws_io_args, with_upload_args};
+use crate::load_plan::{mws_load_stats, stats_out};
+use crate::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
+use mws::protocol::LoadArgs;
+use mws::protocol::StoreLimits;
+use mws::protocol::UploadReceipt;
+use mws::protocol::WeightStore;
+use mws::runtime::CopyHook;
+use mws::store::directory::DirectoryStore;
+use mws::store::memory::MemoryStore;
+use mws::store::ObjectStore;
+use mws::store::RecordType;
+use mws::store::WriteConfig;
+use mws::Decision;
+use mws::{Error, ErrorKind};
+use std::ffi::c_char;
+use std::ffi::c_int;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// `mws_store_options.staging_bytes` value that turns restore staging off.
+pub const MWS_STAGING_OFF: u64 = u64::MAX;
+
+/// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
+/// means every default. Strings are only read during the call.
+#[repr(C)]
+pub struct mws_store_options {
+    /// Key prefix of every key the store writes (leading/trailing `/` stripped). NULL
+    /// means `"weights"`.
+    pub key_prefix: *const c_char,
+    /// Largest single range read in bytes; 0 means the default (64 MiB).
+    pub max_range_bytes: u64,
+    /// Keys or ranges per backend request; 0 means the default (1024).
+    pub max_ranges_per_request: u64,
+    /// Largest segment count of one region at execution; 0 means the default (2^32).
+    pub max_region_segments: u64,
+    /// Device <-> host copies for the embedded stores (memory, directory). NULL: device
+    /// memory is refused (`MWS_UNSUPPORTED`, before any I/O). The vtable is copied.
+    /// Not accepted by `mws_store_from_vtable_with_options` (a vtable store handles
+    /// device memory in its own callbacks).
+    pub copy_hook: *const mws_copy_hook_vtable,
+    /// Passed to every copy hook callback. On success the store owns it: the hook's
+    /// `destroy` (if any) is called once when the store is freed.
+    pub copy_hook_ctx: *mut c_void,
+    /// Budget of the host staging buffer of restores (`mws_store_load`) through stores
+    /// that pay per range (Mooncake Store): a region of many short rows is read as one
+    /// span into a registered host staging buffer and scattered locally when the
+    /// store's cost model (`mws_store_vtable.get_cost`) says it is cheaper than one
+    /// range per row (host targets only; device targets keep the exact ranges). 0 (a
+    /// zeroed struct) means the default, 64 MiB per store handle, registered once and
+    /// reused; `MWS_STAGING_OFF` means never stage (requests are then exactly the
+    /// ranges of the load plan). Embedded stores read whole regions natively and never
+    /// stage.
+    pub staging_bytes: u64,
+    /// Largest manifest or decision record read back from the store, in bytes; 0 means
+    /// the default (256 MiB, about 2.9x the largest benchmark manifest). A larger
+    /// object fails with `MWS_LIMIT_EXCEEDED` before it is read or allocated. Added at
+    /// the end of the struct in 0.1 (rebuild against this header; zeroed = default).
+    pub max_metadata_bytes: u64,
+    /// 1: restores (`mws_store_load`) verify what they read against the revision's
+    /// integrity record (CRC-32C of every 1 MiB block, written by every snapshot of
+    /// this library); a corrupted, truncated or swapped payload fails with
+    /// `MWS_INTEGRITY` naming the fragment. 0 (the default): off, because it re-reads
+    /// every touched block (+160% to +360% restore time on the embedded stores, see
+    /// README "Integrity"). Other values are `MWS_INVALID_ARGUMENT`. Revisions without
+    /// a record (the reference's) load unverified either way. Added at the end of the
+    /// struct (rebuild against this header; zeroed = default).
+    pub verify_integrity: u32,
+}
+
+/// What the caller asked for in `mws_store_options`, validated.
+pub(crate) struct StoreConfig {
+    key_prefix: Option<String>,
+    limits: StoreLimits,
+}
+
+pub(crate) unsafe fn read_options(
+    options: *const mws_store_options,
+    allow_hook: bool,
+) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
+    let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    let Some(o) = (unsafe { options.as_ref() }) else { return Ok((config, None)) };
+    // SAFETY: `o.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    config.key_prefix = unsafe { opt_str_arg(o.key_prefix, "options->key_prefix") }?.map(str::to_owned);
+    if o.max_range_bytes != 0 {
+        config.limits.max_range_bytes = o.max_range_bytes;
+    }
+    if o.max_ranges_per_request != 0 {
+        config.limits.max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
+            .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
+    }
+    if o.max_region_segments != 0 {
+        config.limits.max_region_segments = o.max_region_segments;
+    }
+    match o.staging_bytes {
+        0 => {}
+        MWS_STAGING_OFF => config.limits.staging_bytes = 0,
+        n => config.limits.staging_bytes = n,
+    }
+    if o.max_metadata_bytes != 0 {
+        config.limits.max_metadata_bytes = o.max_metadata_bytes;
+    }
+    config.limits.verify_integrity = match o.verify_integrity {
+        0 => false,
+        1 => true,
+        v => return Err(Failure::invalid(format!("options->verify_integrity must be 0 or 1, got {v}"))),
+    };
+    let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
+        None
+    } else if !allow_hook {
+        return Err(Failure::invalid(
+            "options->copy_hook is only for the embedded stores; a vtable store handles device memory in its callbacks",
+        ));
+    } else {
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
+    };
+    Ok((config, hook))
+}
+
+pub(crate) fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<WeightStore> {
+    let mut ws = WeightStore::new(backend);
+    if let Some(prefix) = &config.key_prefix {
+        ws = ws.with_key_prefix(prefix);
+    }
+    Ok(ws.with_limits(config.limits)?)
+}
+
+/// Opens an empty in-memory store (for tests and single-process use; the objects
+/// live as long as the store).
+///
+/// `options` may be NULL (defaults). On success writes a new handle to `*out` (free
+/// it with `mws_store_free`); on failure `*out` is not written and the copy hook's
+/// `destroy` is not called.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
+/// copy hook vtable), `MWS_UNSUPPORTED` (copy hook vtable version).
+///
+/// # Safety
+/// `options` is NULL or valid (its copy hook as documented in
+/// `mws_copy_hook_vtable`); `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_open_memory(
+    options: *const mws_store_options,
+    out: *mut *mut mws_store,
+) -> mws_status {
+    status_call!(|| {
+        check_out(out, "out")?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let (config, hook) = unsafe { read_options(options, true) }?;
+        let backend = match hook {
+            Some(h) => MemoryStore::with_copy_hook(h),
+            None => MemoryStore::new(),
+        };
+        let ws = configure(Arc::new(backend), config)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+        Ok(())
+    })
+}
+
+/// Opens (creating if needed) the directory store rooted at `path`: one file per key
+/// under `<path>/objects`, every write atomic and fsynced (crash-safe). Several stores,
+/// in one or more processes, may share a root.
+///
+/// `options` may be NULL. Ownership and failure as `mws_store_open_memory`.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_IO` (cannot create or open
+/// the directory), `MWS_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `path` is NULL or NUL-terminated; `options` and `out` as `mws_store_open_memory`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_open_dir(
+    path: *const c_char,
+    options: *const mws_store_options,
+    out: *mut *mut mws_store,
+) -> mws_status {
+    status_call!(|| {
+        check_out(out, "out")?;
+        // SAFETY: `path` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let path = unsafe { str_arg(path, "path") }?;
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let (config, hook) = unsafe { read_options(options, true) }?;
+        let dir = match hook {
+            Some(h) => DirectoryStore::with_copy_hook(path, h)?,
+            None => DirectoryStore::open(path)?,
+        };
+        let ws = configure(Arc::new(dir), config)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+        Ok(())
+    })
+}
+
+/// Plugs a caller-implemented object store (Mooncake Store's client, a test double)
+/// into the library; see `docs/STORE-VTABLE.md` and `mws_store_vtable`. Default key
+/// prefix and limits (see `mws_store_from_vtable_with_options`).
+///
+/// `*vt` is checked (`size`, `version`, mandatory callbacks) and copied. On success
+/// writes a new handle to `*out`; the store owns `ctx` from then on and calls
+/// `vt->destroy(ctx)` (if not NULL) exactly once, when it is freed. On failure `*out`
+/// is not written and `destroy` is not called (the caller keeps `ctx`).
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size too small, missing
+/// mandatory callback), `MWS_UNSUPPORTED` (vtable version).
+///
+/// # Safety
+/// `vt` is NULL or points to a readable vtable of at least `vt->size` bytes whose
+/// callbacks follow the contract (thread-safe, never unwind) while the store lives;
+/// `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_from_vtable(
+    vt: *const mws_store_vtable,
+    ctx: *mut c_void,
+    out: *mut *mut mws_store,
+) -> mws_status {
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { from_vtable(vt, ctx, std::ptr::null(), out) })
+}
+
+/// As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
+/// means defaults; `options->copy_hook` must be NULL).
+///
+/// # Safety
+/// As `mws_store_from_vtable`; `options` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_from_vtable_with_options(
+    vt: *const mws_store_vtable,
+    ctx: *mut c_void,
+    options: *const mws_store_options,
+    out: *mut *mut mws_store,
+) -> mws_status {
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { from_vtable(vt, ctx, options, out) })
+}
+
+pub(crate) unsafe fn from_vtable(
+    vt: *const mws_store_vtable,
+    ctx: *mut c_void,
+    options: *const mws_store_options,
+    out: *mut *mut mws_store,
+) -> FfiResult<()> {
+    check_out(out, "out")?;
+    if vt.is_null() {
+        return Err(Failure::null("vt"));
+    }
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let (config, _) = unsafe { read_options(options, false) }?;
+    // Validate the options before taking ownership of ctx (construction is last).
+    let mut probe = WeightStore::new(Arc::new(MemoryStore::new()));
+    if let Some(prefix) = &config.key_prefix {
+        probe = probe.with_key_prefix(prefix);
+    }
+    probe.with_limits(config.limits)?;
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    let backend = unsafe { CallbackStore::new(vt, ctx) }?;
+    let ws = configure(Arc::new(backend), config)?;
+    // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+    unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+    Ok(())
+}
+
+/// Frees a store handle. `NULL` does nothing. The backend (and a vtable store's
+/// `destroy`) is released once no writer uses it any more. Strings borrowed from the
+/// handle become invalid.
+///
+/// # Safety
+/// `store` is NULL or a live handle not yet freed, and no other thread is using it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
+    value_call!((), || {
+        // SAFETY: `store` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(store) };
+        Ok(())
+    })
+}
+
+/// Returns the key prefix of the store. Borrowed NUL-terminated string, valid while
+/// the store lives; its length is written to `*len` when `len` is not NULL. NULL (and
+/// the last error) if `store` is NULL.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_key_prefix(store: *const mws_store, len: *mut usize) -> *const c_char {
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    value_call!(std::ptr::null(), || Ok(unsafe { handle(store, "store")?.key_prefix.lend(len) }))
+}
+
+/// Raw access (tests, tools): copies object `key` into `buf`.
+///
+/// Length query: with `buf` NULL, only writes the object's size to `*len` (nothing is
+/// read). Otherwise `cap` must be at least the object's size (else
+/// `MWS_INVALID_ARGUMENT`, nothing written); the object is read (never more than `cap`
+/// bytes are read or allocated, whatever size the backend reports), copied and its
+/// size written to `*len`.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`store`, `key` or `len`), `MWS_INVALID_UTF8`,
+/// `MWS_NOT_FOUND`, `MWS_STORE` / `MWS_IO` (backend), `MWS_INVALID_ARGUMENT`,
+/// `MWS_LIMIT_EXCEEDED` (a size that does not fit `size_t`, or the allocation of the
+/// read buffer failed).
+///
+/// # Safety
+/// `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `buf` is NULL or
+/// valid for `cap` bytes of writes; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_get(
+    store: *const mws_store,
+    key: *const c_char,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
+        check_out(len, "len")?;
+        let backend = s.ws.backend();
+        let too_small =
+            |size: u64| Failure::invalid(format!("buffer of {cap} bytes is too small for {key} ({size} bytes)"));
+        if buf.is_null() {
+            let size = backend.object_size(key)?;
+            let size = usize::try_from(size).map_err(|_| {
+                Error::new(ErrorKind::LimitExceeded, format!("object {key} holds {size} bytes, more than size_t holds"))
+            })?;
+            // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(len, size) };
+            return Ok(());
+        }
+        let bytes = match backend.get_limited(key, cap as u64) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => match backend.object_size(key) {
+                Ok(size) if size > cap as u64 => return Err(too_small(size)),
+                _ => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        if cap < bytes.len() {
+            return Err(too_small(bytes.len() as u64));
+        }
+        // SAFETY: `buf` is valid for `cap` bytes of writes (this function's contract) and
+        // `bytes.len() <= cap` was checked; `bytes` is our own allocation.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+        // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(len, bytes.len()) };
+        Ok(())
+    })
+}
+
+/// Raw access: writes 1 to `*present` if object `key` exists, else 0.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `key` is NULL or NUL-terminated; `present` is
+/// NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_exists(
+    store: *const mws_store,
+    key: *const c_char,
+    present: *mut c_int,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
+        check_out(present, "present")?;
+        let p = s.ws.backend().exists(key)?;
+        // SAFETY: `present` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(present, c_int::from(p)) };
+        Ok(())
+    })
+}
+
+pub(crate) unsafe fn raw_write(
+    store: *const mws_store,
+    key: *const c_char,
+    value: *const u8,
+    len: usize,
+    group_id: *const c_char,
+    upsert: bool,
+) -> FfiResult<()> {
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    let s = unsafe { handle(store, "store") }?;
+    // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    let key = unsafe { str_arg(key, "key") }?;
+    // SAFETY: `value` is NULL or valid for `len` reads during the call (this function's contract).
+    let value = unsafe { slice_arg(value, len, "value") }?;
+    // SAFETY: `group_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+    let groups = [unsafe { opt_str_arg(group_id, "group_id") }?.unwrap_or("").to_owned()];
+    let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
+    if upsert {
+        s.ws.backend().upsert(key, value, &config)?;
+    } else {
+        s.ws.backend().put(key, value, &config)?;
+    }
+    Ok(())
+}
+
+/// Raw access (tests, tools): create-only write of `len` bytes at `value` as object
+/// `key` (a metadata record of group `group_id`; NULL means `""`). Fails with
+/// `MWS_ALREADY_EXISTS` if the key exists (backends that report success for an
+/// existing key leave the stored value unchanged). The bytes are only read during the
+/// call.
+///
+/// # Safety
+/// `store` is NULL or a live handle; `key`/`group_id` are NULL or NUL-terminated;
+/// `value` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_put(
+    store: *const mws_store,
+    key: *const c_char,
+    value: *const u8,
+    len: usize,
+    group_id: *const c_char,
+) -> mws_status {
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, false) })
+}
+
+/// Raw access: as `mws_store_put`, replacing any existing value.
+///
+/// # Safety
+/// As `mws_store_put`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_upsert(
+    store: *const mws_store,
+    key: *const c_char,
+    value: *const u8,
+    len: usize,
+    group_id: *const c_char,
+) -> mws_status {
+    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, true) })
+}
+
+/// Raw access: removes object `key` (removing an absent key succeeds).
+///
+/// # Safety
+/// `store` is NULL or a live handle; `key` is NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let key = unsafe { str_arg(key, "key") }?;
+        Ok(s.ws.backend().remove(key)?)
+    })
+}
+
+/// Returns the number of quarantined buffer registrations (an `unregister_buffer`
+/// failed; new weight I/O is blocked until they are drained), or 0 (and the last
+/// error) if `store` is NULL.
+///
+/// # Safety
+/// `store` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_store) -> usize {
+    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || { Ok(unsafe { handle(store, "store") }?.ws.pending_registration_ids().len()) })
+}
+
+/// Retries the cleanup of every quarantined registration and releases their pins.
+///
+/// Errors: `MWS_STORE` (an unregistration still fails; the entry stays quarantined).
+///
+/// # Safety
+/// `store` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        for id in s.ws.pending_registration_ids() {
+            s.ws.drain_pending_registration(&id)?;
+        }
+        Ok(())
+    })
+}
+
+/// Uploads the payloads of `binding`'s participant (only those of
+/// `args->worker_id` when given) for `plan`, planned from `placement`, and writes
+/// their receipts (plan order) to a new handle in `*out`.
+///
+/// Every freshness check (binding against placement and plan: lease, generation,
+/// addresses, memory kind) runs before any store call; then the guard pins the
+/// buffers, they are registered, written with `batch_put_from`, unregistered, and the
+/// pin released (with `args->lease`, the lease's registration is used instead and
+/// nothing is pinned or registered per call). A failure never deletes payloads: clean up with
+/// `mws_store_abort_upload`. A participant without operations gives empty receipts.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,
+/// `MWS_INVALID_ARGUMENT` (unknown worker, worker required), `MWS_UNSUPPORTED` (device
+/// memory and the store has no copy path), `MWS_CONFLICT` (the transaction already
+/// chose abort), `MWS_STORE`/`MWS_IO` (backend; retryable).
+/// Thread safety: uploads of different participants may run concurrently.
+///
+/// # Safety
+/// Handles are NULL or live; `args` is NULL or valid. Every source buffer of
+/// `binding` must be valid for reads and not written during the call (or while the
+/// guard pins it).
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_upload(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+    placement: *const mws_placement,
+    binding: *const mws_binding,
+    args: *const mws_io_args,
+    out: *mut *mut mws_receipts,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let pl = unsafe { handle(placement, "placement") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
+        check_out(out, "out")?;
+        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+        let receipts = unsafe { with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua)) }?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(receipts))) };
+        Ok(())
+    })
+}
+
+/// Commits the upload: checks the receipts and payloads, claims the commit decision
+/// and publishes the manifest, written as a new handle to `*out`.
+///
+/// `receipts` may be NULL (no receipts: only valid for an empty plan). If
+/// `decision_may_exist` is not NULL, it is set to 0 at entry and to 1 as soon as the
+/// commit decision may have been written; from then on the caller must keep the plan
+/// and retry the commit (or `mws_store_finalize_upload`), never abort. This flag is
+/// written on failure too.
+///
+/// Errors: `MWS_INVALID_ARGUMENT` (receipts do not match the plan), `MWS_STORE`
+/// (retryable: payload not complete, decision not visible yet), `MWS_CONFLICT` (the
+/// transaction chose abort or lost to a conflicting revision).
+///
+/// # Safety
+/// Handles are NULL or live; `decision_may_exist` is NULL or valid for writes; `out`
+/// is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_commit(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+    receipts: *const mws_receipts,
+    decision_may_exist: *mut c_int,
+    out: *mut *mut mws_stored_manifest,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        check_out(out, "out")?;
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
+            Some(r) => &r.inner,
+            None => &[],
+        };
+        if !decision_may_exist.is_null() {
+            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+            unsafe { *decision_may_exist = 0 };
+        }
+        let mut flag = || {
+            if !decision_may_exist.is_null() {
+                // SAFETY: checked non-NULL; valid for writes per the contract.
+                unsafe { *decision_may_exist = 1 };
+            }
+        };
+        let m = s.ws.commit(&p.inner, r, Some(&mut flag))?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        Ok(())
+    })
+}
+
+/// Aborts the upload: records the abort decision and removes every payload of the
+/// plan that no published manifest references. `receipts` may be NULL.
+///
+/// Errors: `MWS_CONFLICT` (the revision is already published or committed),
+/// `MWS_STORE` (cleanup failed; retry or finalize later).
+///
+/// # Safety
+/// Handles are NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_abort_upload(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+    receipts: *const mws_receipts,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
+            Some(r) => &r.inner,
+            None => &[],
+        };
+        Ok(s.ws.abort_upload(&p.inner, r)?)
+    })
+}
+
+/// Idempotent recovery: brings the transaction of `plan` to its terminal state and
+/// removes the payloads it must not keep. Never removes a decision or a manifest.
+///
+/// Errors: `MWS_CONFLICT` (no terminal decision yet, or a decision of another plan),
+/// `MWS_STORE` (retryable).
+///
+/// # Safety
+/// Handles are NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_finalize_upload(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        Ok(s.ws.finalize(&p.inner)?)
+    })
+}
+
+/// The decision recorded for an upload transaction (`mws_store_read_decision`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mws_decision {
+    /// No decision recorded yet.
+    MWS_DECISION_NONE = 0,
+    /// The transaction committed.
+    MWS_DECISION_COMMIT = 1,
+    /// The transaction aborted.
+    MWS_DECISION_ABORT = 2,
+}
+
+/// Reads the decision record at the plan's control key into `*out`.
+///
+/// Errors: `MWS_INVALID_MANIFEST` (the record is invalid), `MWS_CONFLICT` (the record
+/// belongs to another plan of the same transaction id), `MWS_STORE`.
+///
+/// # Safety
+/// Handles are NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_read_decision(
+    store: *const mws_store,
+    plan: *const mws_upload_plan,
+    out: *mut mws_decision,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        check_out(out, "out")?;
+        let d = match s.ws.read_decision(&p.inner)? {
+            None => mws_decision::MWS_DECISION_NONE,
+            Some((_, digest)) if digest != p.inner.plan_digest() => {
+                return Err(Failure::new(mws_status::MWS_CONFLICT, "upload decision belongs to another plan"))
+            }
+            Some((Decision::Commit, _)) => mws_decision::MWS_DECISION_COMMIT,
+            Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
+        };
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, d) };
+        Ok(())
+    })
+}
+
+/// Executes the part of `plan` that belongs to `binding`'s participant (one worker
+/// of it when `args->worker_id` is given): checks the binding still matches the plan
+/// and that the plan's manifest is the committed one, pins (guard) and registers the
+/// target buffers (with `args->lease`: uses the lease's registration, nothing is
+/// pinned or registered per call), then reads every range straight into them. Nothing is registered
+/// or read before every check passed; a refused plan leaves the buffers untouched.
+/// `args` may be NULL (static guard). If `stats` is not NULL, what moved is written
+/// there on success.
+///
+/// Errors: `MWS_STALE_BINDING` (binding changed since planning),
+/// `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
+/// not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
+/// a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+/// Thread safety: loads of different participants may run concurrently.
+///
+/// # Safety
+/// Handles are NULL or live; `args` is NULL or valid; `stats` is NULL or valid. Every
+/// target buffer of `binding` must be valid for writes and not accessed by anyone
+/// else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_load(
+    store: *const mws_store,
+    plan: *const mws_load_plan,
+    binding: *const mws_binding,
+    args: *const mws_io_args,
+    stats: *mut mws_load_stats,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
+        let b = unsafe { handle(binding, "binding") }?;
+        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
+        let a = unsafe { io_args(args) }?;
+        let rb = b.build().map_err(|f| {
+            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
+        })?;
+        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
+        let report = a.progress.map(|c| move |p: &mws::protocol::Progress| c.report(p));
+        let la = LoadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            skip_committed_check: false,
+            lease: lease.as_deref(),
+            progress: report.as_ref().map(|f| f as mws::protocol::ProgressFn<'_>),
+        };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let st = unsafe { s.ws.load(&p.inner, &rb, la) }?;
+        if !stats.is_null() {
+            // SAFETY: `stats` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(stats, stats_out(st)) };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,377 @@
+//! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
+
+use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::handles::{handle, lend_text, mws_binding, mws_placement, mws_upload_plan, Handle};
+use crate::strings::{check_out, opt_str_arg, slice_arg, write_out, CText};
+use mws::plan_upload;
+use mws::UploadOptions;
+use std::ffi::c_char;
+
+/// Options of `mws_upload_plan_new`. Every field may be NULL; the strings are only read
+/// during the call.
+#[repr(C)]
+pub struct mws_upload_options {
+    /// Store namespace (key segment, percent-encoded). NULL means `"default"`.
+    pub store_namespace: *const c_char,
+    /// Key prefix (its leading/trailing `/` are stripped). NULL means `"weights"`.
+    pub key_prefix: *const c_char,
+    /// Upload transaction id (32 lowercase hex characters). NULL means a fresh random
+    /// one.
+    pub transaction_id: *const c_char,
+    /// Manifest creation time, `YYYY-MM-DDTHH:MM:SSZ`. NULL means now (UTC).
+    pub created_at: *const c_char,
+}
+
+/// One operation of an upload plan (copy one runtime fragment into one stored object),
+/// as returned by `mws_upload_plan_operation`. Every string is NUL-terminated, borrowed
+/// from the plan handle and valid until it is freed.
+#[repr(C)]
+pub struct mws_upload_operation {
+    /// The participant whose binding lends the source buffer.
+    pub source_participant_id: *const c_char,
+    /// The instance id of that binding.
+    pub source_instance_id: *const c_char,
+    /// The lease id of that binding.
+    pub source_lease_id: *const c_char,
+    /// The generation of that binding.
+    pub source_generation: u64,
+    /// The runtime fragment id of the source buffer.
+    pub source_fragment_id: *const c_char,
+    /// The worker that owns the source buffer.
+    pub source_worker_id: *const c_char,
+    /// The placement fragment the source buffer holds.
+    pub source_placement_fragment_id: *const c_char,
+    /// The stored fragment id (in the manifest).
+    pub target_fragment_id: *const c_char,
+    /// The object key the bytes are written to.
+    pub object_key: *const c_char,
+    /// Number of bytes to copy.
+    pub nbytes: u64,
+}
+
+pub(crate) unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
+    let mut o = UploadOptions::default();
+    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+    if let Some(c) = unsafe { options.as_ref() } {
+        // SAFETY: `c.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        if let Some(ns) = unsafe { opt_str_arg(c.store_namespace, "options->store_namespace") }? {
+            o.namespace = ns.to_owned();
+        }
+        // SAFETY: `c.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        if let Some(prefix) = unsafe { opt_str_arg(c.key_prefix, "options->key_prefix") }? {
+            o.key_prefix = prefix.to_owned();
+        }
+        // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
+        // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
+    }
+    Ok(o)
+}
+
+/// Plans an upload of `placement` from `count` runtime bindings (one per participant
+/// that lends buffers): validates every binding against the placement, selects the
+/// source replica, and derives the stored manifest, keys and copy operations. Pure:
+/// no I/O, no buffer is read.
+///
+/// `bindings` points to `count` binding handles (borrowed for the call only).
+/// `options` may be NULL (all defaults).
+///
+/// On success writes a new handle to `*out`; the caller owns it and frees it with
+/// `mws_upload_plan_free`. On failure `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`placement`, `out`, `bindings` with `count > 0`, or a
+/// NULL element), `MWS_INVALID_UTF8`, `MWS_INVALID_BINDING` (a binding does not pair with
+/// the placement, or the set is empty), `MWS_INVALID_ARGUMENT` (unplannable inputs,
+/// invalid options). Thread safety: may run concurrently with other calls taking
+/// `const` handles.
+///
+/// # Safety
+/// `placement` is NULL or a live handle; `bindings` points to `count` pointers that are
+/// NULL or live binding handles not modified during the call; `options` is NULL or
+/// valid; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_new(
+    placement: *const mws_placement,
+    bindings: *const *const mws_binding,
+    count: usize,
+    options: *const mws_upload_options,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(placement, "placement") }?;
+        check_out(out, "out")?;
+        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
+        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
+        let mut built = Vec::with_capacity(handles.len());
+        for (i, b) in handles.iter().enumerate() {
+            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
+            built.push(b.build()?);
+        }
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let options = unsafe { options_from(options) }?;
+        let plan = plan_upload(&p.inner, &built, &options)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        Ok(())
+    })
+}
+
+/// Frees an upload plan handle. `NULL` does nothing. Every string borrowed from it
+/// becomes invalid.
+///
+/// # Safety
+/// `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed, and no other thread
+/// is using it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
+    value_call!((), || {
+        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(plan) };
+        Ok(())
+    })
+}
+
+/// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
+/// covered by the manifest digest; UTF-8, not ASCII-escaped).
+///
+/// Ownership: the NUL-terminated string is borrowed from `plan` and valid until it is
+/// freed. If `len` is not NULL, the length in bytes (without the NUL) is written there.
+/// Returns NULL (and sets the last error) if `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_json) }
+}
+
+/// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_digest) }
+}
+
+/// Returns the key the manifest is stored at. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_key) }
+}
+
+/// Returns the group id of the stored revision (the key base). Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.group_id) }
+}
+
+/// Returns the control key (where the commit/abort decision record is stored).
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.control_key) }
+}
+
+/// Returns the transaction group id (the group of the payload objects of this upload).
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_group_id) }
+}
+
+/// Returns the upload transaction id. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_transaction_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_id) }
+}
+
+/// Returns the id of the placement the plan was made from. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_id) }
+}
+
+/// Returns the digest of the placement the plan was made from. Borrowed string, as
+/// `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
+    plan: *const mws_upload_plan,
+    len: *mut usize,
+) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_digest) }
+}
+
+/// Returns the exact bytes of the commit decision record to store at the control key.
+/// Borrowed string, as `mws_upload_plan_manifest_json`.
+///
+/// # Safety
+/// As `mws_upload_plan_manifest_json`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
+    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.commit_record) }
+}
+
+/// Returns the number of operations of the plan, or 0 (and sets the last error) if
+/// `plan` is NULL.
+///
+/// # Safety
+/// `plan` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
+    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.operations.len()))
+}
+
+/// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
+/// order) into `*out`. The strings written to `*out` are borrowed from `plan` and valid
+/// until it is freed.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range; `*out` is not
+/// written). Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_operation(
+    plan: *const mws_upload_plan,
+    index: usize,
+    out: *mut mws_upload_operation,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        check_out(out, "out")?;
+        let op = p.operations.get(index).ok_or_else(|| {
+            Failure::invalid(format!(
+                "operation index {index} is out of range (the plan has {} operations)",
+                p.operations.len()
+            ))
+        })?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe {
+            write_out(
+                out,
+                mws_upload_operation {
+                    source_participant_id: op.participant_id.as_ptr(),
+                    source_instance_id: op.instance_id.as_ptr(),
+                    source_lease_id: op.lease_id.as_ptr(),
+                    source_generation: op.generation,
+                    source_fragment_id: op.fragment_id.as_ptr(),
+                    source_worker_id: op.worker_id.as_ptr(),
+                    source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
+                    target_fragment_id: op.target_fragment_id.as_ptr(),
+                    object_key: op.object_key.as_ptr(),
+                    nbytes: op.nbytes,
+                },
+            )
+        };
+        Ok(())
+    })
+}
+
+/// Encodes the plan for transport to the other processes of one job (a coordinator
+/// plans, each rank uploads its participant with the decoded plan, the coordinator
+/// commits). The document holds the runtime addresses of the source buffers: it is
+/// meant for the processes of one job, never for a store.
+///
+/// Ownership: the NUL-terminated UTF-8 string is borrowed from `plan` (built on the
+/// first call) and valid until it is freed. If `len` is not NULL, the length in bytes
+/// (without the NUL) is written there. Returns NULL (and sets the last error) if
+/// `plan` is NULL. Thread safety: may be called from several threads at once.
+///
+/// # Safety
+/// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
+    value_call!(std::ptr::null(), || {
+        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
+        let p = unsafe { handle(plan, "plan") }?;
+        let text = p.transport_json.get_or_init(|| CText::new(&mws::plan_to_json(&p.inner)));
+        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
+        Ok(unsafe { text.lend(len) })
+    })
+}
+
+/// Decodes an upload plan sent by `mws_upload_plan_to_json` and re-validates it
+/// completely (a decoded plan passes the same invariants as a planned one).
+///
+/// `json` points to `len` bytes of UTF-8 JSON, only read during the call. On success
+/// writes a new handle to `*out` (free it with `mws_upload_plan_free`); on failure
+/// `*out` is not written.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (malformed or invalid plan).
+/// Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `json` points to `len` readable bytes; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_upload_plan_from_json(
+    json: *const c_char,
+    len: usize,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
+    status_call!(|| {
+        check_out(out, "out")?;
+        if json.is_null() {
+            return Err(Failure::null("json"));
+        }
+        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
+        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let plan = mws::plan_from_json(bytes)?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        Ok(())
+    })
+}

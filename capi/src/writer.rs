@@ -1,0 +1,263 @@
+//! `mws_writer`: the per-tensor snapshot writer over a caller's adapter vtable.
+
+use crate::boundary::{mws_status, Failure};
+use crate::callbacks::progress::{mws_progress_fn, CProgress};
+use crate::callbacks::snapshot::{
+    mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
+    MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
+};
+use crate::handles::{handle, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan, Handle};
+use crate::strings::{check_out, opt_str_arg, str_arg, struct_arg, write_out};
+use crate::upload_plan::mws_upload_options;
+use mws::protocol::SnapshotDescriptor;
+use mws::protocol::{SnapshotWriter, WeightStore};
+use mws::UploadOptions;
+use parking_lot::Mutex;
+use std::ffi::c_char;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// A snapshot in progress: one upload plan written tensor by tensor. Each participant
+/// is uploaded as soon as all its fragments were written; `mws_writer_commit`
+/// publishes the manifest.
+///
+/// Created by `mws_writer_new`, freed by `mws_writer_free`. Freeing an open writer
+/// (neither committed nor aborted) aborts it (best effort; unless the commit decision
+/// may exist, in which case the transaction is left for `mws_store_finalize_upload`).
+/// The writer keeps its store alive. Calls on one writer are serialized internally
+/// (a mutex), so it may be shared between threads, but the adapter callbacks then run
+/// on whichever thread calls.
+pub struct mws_writer {
+    // Declared first: dropped (aborting an open writer) before the store it borrows.
+    pub(crate) inner: Mutex<SnapshotWriter<'static, CAdapter>>,
+    pub(crate) _store: Arc<WeightStore>,
+}
+
+impl Handle for mws_writer {}
+
+/// Starts a snapshot of the source that the adapter exports, into `store`: calls
+/// `export_source` once, checks the identity against `*descriptor`, and plans the
+/// upload. No store I/O. `options` may be NULL; only its `transaction_id` and
+/// `created_at` are used (the namespace comes from the descriptor and the key prefix
+/// from the store).
+///
+/// New handle in `*out` (free with `mws_writer_free`). `adapter` is copied; `ctx`
+/// must outlive the writer.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (descriptor, identity mismatch,
+/// adapter failure, vtable size), `MWS_UNSUPPORTED` (vtable version),
+/// `MWS_INVALID_BINDING`.
+///
+/// # Safety
+/// Handles and pointers are NULL or valid; the adapter honours its contract.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_new(
+    store: *const mws_store,
+    descriptor: *const mws_snapshot_descriptor,
+    adapter: *const mws_snapshot_adapter_vtable,
+    ctx: *mut c_void,
+    options: *const mws_upload_options,
+    out: *mut *mut mws_writer,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
+        let s = unsafe { handle(store, "store") }?;
+        // SAFETY: `descriptor` is NULL or points to a valid struct for the call (this function's contract).
+        let d = unsafe { struct_arg(descriptor, "descriptor") }?;
+        check_out(out, "out")?;
+        if adapter.is_null() {
+            return Err(Failure::null("adapter"));
+        }
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let size = unsafe { (adapter as *const u32).read_unaligned() };
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let version = unsafe { (adapter as *const u32).add(1).read_unaligned() };
+        if (size as usize) < std::mem::size_of::<mws_snapshot_adapter_vtable>() {
+            return Err(Failure::invalid(format!(
+                "mws_snapshot_adapter_vtable.size is {size}, expected at least {}",
+                std::mem::size_of::<mws_snapshot_adapter_vtable>()
+            )));
+        }
+        if version != MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION {
+            return Err(Failure::new(
+                mws_status::MWS_UNSUPPORTED,
+                format!("mws_snapshot_adapter_vtable.version is {version}, this library implements version {MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION}"),
+            ));
+        }
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let vt = unsafe { adapter.read_unaligned() };
+        if vt.export_source.is_none() || vt.resolve_fragment_ids.is_none() {
+            return Err(Failure::invalid(
+                "mws_snapshot_adapter_vtable is missing mandatory callbacks: export_source and resolve_fragment_ids are required",
+            ));
+        }
+        if vt.acquire_source.is_some() != vt.release_source.is_some() {
+            return Err(Failure::invalid("acquire_source and release_source must both be set or both be NULL"));
+        }
+        let descriptor = SnapshotDescriptor {
+            // SAFETY: `d.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            resource_id: unsafe { str_arg(d.resource_id, "descriptor->resource_id") }?.to_owned(),
+            // SAFETY: `d.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            revision: unsafe { str_arg(d.revision, "descriptor->revision") }?.to_owned(),
+            weight_generation: d.weight_generation,
+            // SAFETY: `d.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            namespace: unsafe { opt_str_arg(d.store_namespace, "descriptor->store_namespace") }?
+                .unwrap_or("default")
+                .to_owned(),
+        };
+        let mut o = UploadOptions::default();
+        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
+        if let Some(c) = unsafe { options.as_ref() } {
+            // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
+            // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
+            o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
+        }
+        let ws = s.ws.clone();
+        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: AdapterCtx(ctx) }, &o)?;
+        // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
+        // keeps (declared after `inner`, so dropped after the writer).
+        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws })) };
+        Ok(())
+    })
+}
+
+/// Records that the framework tensor `tensor` (opaque to the library; passed to the
+/// adapter's `resolve_fragment_ids`) named `tensor_id` is written, and uploads every
+/// participant that is now complete. If `receipts` is not NULL, the receipts of those
+/// uploads are written there as a new handle (possibly empty; free with
+/// `mws_receipts_free`).
+///
+/// Errors after the fragments were resolved (unknown or duplicate fragment, upload
+/// failure) abort the writer. Errors: `MWS_INVALID_ARGUMENT`, `MWS_CONFLICT` (writer
+/// closed), upload errors (see `mws_store_upload`).
+///
+/// # Safety
+/// `writer` is NULL or a live handle; `tensor_id` is NULL or NUL-terminated;
+/// `receipts` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_write_tensor(
+    writer: *const mws_writer,
+    tensor_id: *const c_char,
+    tensor: *mut c_void,
+    receipts: *mut *mut mws_receipts,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        // SAFETY: `tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
+        let id = unsafe { str_arg(tensor_id, "tensor_id") }?;
+        let r = w.inner.lock().write_tensor(id, &CTensor(tensor))?;
+        if !receipts.is_null() {
+            // SAFETY: `receipts` was checked non-NULL and is valid for a write (this function's contract).
+            unsafe { write_out(receipts, Handle::into_raw(mws_receipts::new(r))) };
+        }
+        Ok(())
+    })
+}
+
+/// Sets (or clears, with a NULL `progress`) the writer's progress callback: from then
+/// on, the uploads that `mws_writer_write_tensor` triggers report throttled
+/// `MWS_PROGRESS_UPLOAD` progress whose totals are the whole snapshot (every object
+/// of the plan). `ctx` is passed to it and must stay valid while it is set.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (NULL writer). Thread safety: serialized with the
+/// writer's other calls.
+///
+/// # Safety
+/// `writer` is NULL or a live handle; `progress`, when set, honours
+/// `mws_progress_fn` with `ctx` until it is replaced or the writer is freed.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_set_progress(
+    writer: *const mws_writer,
+    progress: mws_progress_fn,
+    ctx: *mut c_void,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
+        let report = unsafe { CProgress::new(progress, ctx) };
+        w.inner.lock().set_progress(report.map(|c| {
+            Box::new(move |p: &mws::protocol::Progress| c.report(p))
+                as Box<dyn Fn(&mws::protocol::Progress) + Send + Sync>
+        }));
+        Ok(())
+    })
+}
+
+/// Publishes the snapshot's manifest, written as a new handle to `*out`. Missing
+/// fragments abort the writer (`MWS_INVALID_ARGUMENT`); transaction errors
+/// (`MWS_STORE`) leave it open for a retry.
+///
+/// # Safety
+/// `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_commit(
+    writer: *const mws_writer,
+    out: *mut *mut mws_stored_manifest,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        check_out(out, "out")?;
+        let m = w.inner.lock().commit()?;
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        Ok(())
+    })
+}
+
+/// Aborts the snapshot: records the abort and removes its payloads. A no-op on a
+/// closed writer. Fails with `MWS_CONFLICT` (writer stays open) when the commit
+/// decision may exist: retry `mws_writer_commit` instead.
+///
+/// # Safety
+/// `writer` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        Ok(w.inner.lock().abort()?)
+    })
+}
+
+/// Copies the writer's upload plan into a new handle in `*out` (free with
+/// `mws_upload_plan_free`): its operations say which tensors and participants the
+/// snapshot expects.
+///
+/// # Safety
+/// `writer` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_upload_plan(
+    writer: *const mws_writer,
+    out: *mut *mut mws_upload_plan,
+) -> mws_status {
+    status_call!(|| {
+        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
+        let w = unsafe { handle(writer, "writer") }?;
+        check_out(out, "out")?;
+        let plan = w.inner.lock().plan().clone();
+        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
+        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        Ok(())
+    })
+}
+
+/// Frees a writer. `NULL` does nothing. An open writer is aborted first (best effort,
+/// errors are dropped; see `mws_writer`).
+///
+/// # Safety
+/// `writer` is NULL or a live handle not yet freed, not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_free(writer: *mut mws_writer) {
+    value_call!((), || {
+        // SAFETY: `writer` is NULL or a live handle that is not used again (this function's contract).
+        unsafe { Handle::free(writer) };
+        Ok(())
+    })
+}
