@@ -63,7 +63,7 @@ macro_rules! status_names {
             pub const ALL: &'static [mws_status] = &[$(mws_status::$variant),*];
 
             /// The static, NUL-terminated name of a status value ("MWS_OK", ...).
-            fn name(self) -> &'static CStr {
+            pub(crate) fn name(self) -> &'static CStr {
                 let s: &'static str = match self { $(mws_status::$variant => concat!(stringify!($variant), "\0"),)* };
                 CStr::from_bytes_with_nul(s.as_bytes()).expect("static status names are NUL-terminated")
             }
@@ -202,19 +202,39 @@ macro_rules! function_name {
 }
 
 /// The panic boundary of an entry point that returns `mws_status`:
-/// `status_call!(|| { ... })` runs the closure (an `FfiResult<()>`), catches any
-/// panic and records the message of a failure, prefixed with the entry point's name.
+/// `status_call!(|c| { ... })` runs the body (an `FfiResult<()>`) with `c`, the
+/// call's [`Caller`](crate::args::Caller) token, catches any panic and records the
+/// message of a failure, prefixed with the entry point's name. `status_call!(|| ...)`
+/// is the form for entry points without pointer arguments.
 macro_rules! status_call {
-    ($body:expr) => {
-        $crate::boundary::status_call(function_name!(), $body)
+    (|$c:ident| $body:expr) => {
+        $crate::boundary::status_call(function_name!(), || {
+            // SAFETY: used only in the body of an `unsafe extern "C"` entry point
+            // whose `# Safety` section requires every pointer argument to be NULL or
+            // valid as documented for the whole call: the token carries that promise.
+            let $c = unsafe { $crate::args::Caller::trusted() };
+            $body
+        })
+    };
+    (|| $body:expr) => {
+        $crate::boundary::status_call(function_name!(), || $body)
     };
 }
 
 /// The panic boundary of an entry point that returns a value:
-/// `value_call!(fallback, || { ... })` returns `fallback` (NULL, 0) on failure.
+/// `value_call!(fallback, |c| { ... })` returns `fallback` (NULL, 0) on failure; the
+/// token as for [`status_call!`].
 macro_rules! value_call {
-    ($fallback:expr, $body:expr) => {
-        $crate::boundary::value_call(function_name!(), $fallback, $body)
+    ($fallback:expr, |$c:ident| $body:expr) => {
+        $crate::boundary::value_call(function_name!(), $fallback, || {
+            // SAFETY: as in `status_call!`: only in entry points whose `# Safety`
+            // section covers every pointer argument.
+            let $c = unsafe { $crate::args::Caller::trusted() };
+            $body
+        })
+    };
+    ($fallback:expr, || $body:expr) => {
+        $crate::boundary::value_call(function_name!(), $fallback, || $body)
     };
 }
 
@@ -294,78 +314,4 @@ pub extern "C" fn mws_test_panic() -> mws_status {
     status_call!(|| {
         panic!("mws_test_panic: deliberate panic for tests");
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn header() -> &'static str {
-        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../include/mooncake_weight_store.h"))
-    }
-
-    fn header_macro(name: &str) -> u64 {
-        let prefix = format!("#define {name} ");
-        let line = header()
-            .lines()
-            .find(|l| l.starts_with(&prefix))
-            .unwrap_or_else(|| panic!("{name} missing from the header"));
-        line[prefix.len()..].trim().parse().expect("numeric macro")
-    }
-
-    #[test]
-    fn header_version_macros_match_cargo_version() {
-        let major: u64 = env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap();
-        let minor: u64 = env!("CARGO_PKG_VERSION_MINOR").parse().unwrap();
-        let patch: u64 = env!("CARGO_PKG_VERSION_PATCH").parse().unwrap();
-        assert_eq!(header_macro("MWS_VERSION_MAJOR"), major);
-        assert_eq!(header_macro("MWS_VERSION_MINOR"), minor);
-        assert_eq!(header_macro("MWS_VERSION_PATCH"), patch);
-        // SAFETY: `mws_version` returns a static NUL-terminated string.
-        let v = unsafe { CStr::from_ptr(mws_version()) };
-        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
-    }
-
-    #[test]
-    fn status_values_are_stable_and_named() {
-        for (i, s) in mws_status::ALL.iter().enumerate() {
-            assert_eq!(*s as usize, i);
-            // SAFETY: `mws_status_name` never returns NULL and its names are static and NUL-terminated.
-            let name = unsafe { CStr::from_ptr(mws_status_name(*s as c_int)) };
-            assert_eq!(name, s.name());
-            assert!(header().contains(&format!("{} = {i},", name.to_str().unwrap())));
-        }
-        // SAFETY: as above.
-        let unknown = unsafe { CStr::from_ptr(mws_status_name(-7)) };
-        assert_eq!(unknown.to_str().unwrap(), "MWS_UNKNOWN_STATUS");
-    }
-
-    #[test]
-    fn panic_is_caught_and_reported() {
-        assert_eq!(mws_test_panic(), mws_status::MWS_PANIC);
-        // SAFETY: `mws_last_error_message` never returns NULL; the message lives until the next call on this thread.
-        let msg = unsafe { CStr::from_ptr(mws_last_error_message()) };
-        assert!(msg.to_str().unwrap().contains("mws_test_panic"));
-    }
-
-    #[test]
-    fn error_kinds_map_one_to_one() {
-        use std::collections::HashSet;
-        let kinds = ErrorKind::ALL;
-        let statuses: HashSet<_> = kinds.iter().map(|k| mws_status::from_kind(*k)).collect();
-        assert_eq!(statuses.len(), kinds.len());
-        for &k in kinds {
-            let s = mws_status::from_kind(k);
-            assert_eq!(s as i32, k.status_code());
-            assert!(!matches!(
-                s,
-                mws_status::MWS_OK
-                    | mws_status::MWS_NULL_ARGUMENT
-                    | mws_status::MWS_PANIC
-                    | mws_status::MWS_INVALID_UTF8
-            ));
-            // Status names are the kind names, upper-cased.
-            assert_eq!(s.name().to_str().unwrap(), format!("MWS_{}", k.name().to_uppercase()));
-        }
-    }
 }

@@ -4,7 +4,7 @@
 
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
-use crate::callbacks::store::{mws_store_vtable, CallbackStore};
+use crate::callbacks::store::{mws_store_vtable, store_from_vtable};
 use crate::handles::{
     handle, mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
     Handle,
@@ -260,13 +260,9 @@ pub(crate) unsafe fn from_vtable(
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
     let (config, _) = unsafe { read_options(options, false) }?;
     // Validate the options before taking ownership of ctx (construction is last).
-    let mut probe = WeightStore::new(Arc::new(MemoryStore::new()));
-    if let Some(prefix) = &config.key_prefix {
-        probe = probe.with_key_prefix(prefix);
-    }
-    probe.with_limits(config.limits)?;
+    config.limits.validate()?;
     // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    let backend = unsafe { CallbackStore::new(vt, ctx) }?;
+    let backend = unsafe { store_from_vtable(vt, ctx) }?;
     let ws = configure(Arc::new(backend), config)?;
     // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
     unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };

@@ -10,7 +10,8 @@
 
 use crate::test_model as model;
 
-use crate::callbacks::store::CallbackStore;
+use crate::callbacks::store::store_from_vtable;
+use mws::store::remote::RemoteStore;
 use crate::{
     mws_bytes, mws_last_error_message, mws_put_item, mws_range_item, mws_status, mws_store, mws_store_free,
     mws_store_from_vtable, mws_store_get, mws_store_open_dir, mws_store_vtable, mws_stored_manifest,
@@ -212,7 +213,7 @@ fn vtable_reporting_2_pow_60_bytes_is_an_error_not_an_abort() {
     // The Rust API: an unbounded get fails to allocate (try_reserve), a bounded one
     // refuses before allocating.
     // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    let cs = unsafe { CallbackStore::new(&vt, std::ptr::null_mut()) }.unwrap();
+    let cs = unsafe { store_from_vtable(&vt, std::ptr::null_mut()) }.unwrap();
     expect_err(cs.get("k"), ErrorKind::LimitExceeded, &format!("cannot allocate {HUGE} bytes to read object k"));
     expect_err(cs.get_limited("k", 1 << 20), ErrorKind::LimitExceeded, "object k holds 1152921504606846976 bytes");
     let ws = WeightStore::new(Arc::new(cs));

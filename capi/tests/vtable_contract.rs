@@ -1,10 +1,11 @@
-//! Issue 14, item 5: `CallbackStore` enforces the store vtable contract exactly
+//! Issue 14, item 5: `RemoteStore` enforces the store vtable contract exactly
 //! (`docs/STORE-VTABLE.md`): per entry point, a value outside its documented range is
 //! a precise store error, never taken as success; documented negative codes keep
 //! their meaning. One test per entry point, over a vtable fake whose return values
 //! can be overridden per callback.
 
-use crate::callbacks::store::CallbackStore;
+use crate::callbacks::store::store_from_vtable;
+use mws::store::remote::RemoteStore;
 use crate::{mws_bytes, mws_put_item, mws_range_item, mws_store_cost, mws_store_vtable, MWS_STORE_VTABLE_VERSION};
 use mws::runtime::MemoryRegion;
 use mws::store::{ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, WriteConfig};
@@ -213,11 +214,11 @@ unsafe extern "C" fn batch_get_size(ctx: *mut c_void, keys: *const mws_bytes, n:
 }
 
 /// The fake (leaked: the store does not own it; `destroy` is NULL) and its store.
-fn store() -> (&'static Fake, CallbackStore) {
+fn store() -> (&'static Fake, RemoteStore) {
     let f: &'static Fake = Box::leak(Box::default());
     let vt = vtable();
     // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    let s = unsafe { CallbackStore::new(&vt, f as *const Fake as *mut c_void) }.unwrap();
+    let s = unsafe { store_from_vtable(&vt, f as *const Fake as *mut c_void) }.unwrap();
     (f, s)
 }
 
@@ -417,7 +418,7 @@ fn get_into_ranges_may_not_report_more_than_the_range() {
     let g = groups(1);
     s.put("k", b"0123456789", &cfg(&g)).unwrap();
     let mut dst = vec![0u8; 4];
-    let mut read = |s: &CallbackStore| {
+    let mut read = |s: &RemoteStore| {
         let dest = MemoryRegion { address: dst.as_mut_ptr() as u64, len: 4, kind: MemoryKind::Host };
         // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
         let r = unsafe { s.get_into_ranges(&[RangeRead { key: "k", object_offset: 2, dest }]) };
@@ -465,9 +466,9 @@ unsafe extern "C" fn get_cost(ctx: *mut c_void, out: *mut mws_store_cost) -> i32
     0
 }
 
-fn open_with(vt: &mws_store_vtable, f: &'static Fake) -> Result<CallbackStore> {
+fn open_with(vt: &mws_store_vtable, f: &'static Fake) -> Result<RemoteStore> {
     // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    unsafe { CallbackStore::new(vt, f as *const Fake as *mut c_void) }
+    unsafe { store_from_vtable(vt, f as *const Fake as *mut c_void) }
 }
 
 #[test]
@@ -510,7 +511,7 @@ fn a_vtable_of_an_older_size_keeps_its_optional_entries() {
 }
 
 /// A store whose vtable has `batch_get_size`, holding objects `a` (3 bytes) and `b` (0 bytes).
-fn sized_store() -> (&'static Fake, CallbackStore) {
+fn sized_store() -> (&'static Fake, RemoteStore) {
     let f: &'static Fake = Box::leak(Box::default());
     let vt = mws_store_vtable { batch_get_size: Some(batch_get_size), ..vtable() };
     let s = open_with(&vt, f).unwrap();

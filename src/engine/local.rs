@@ -278,6 +278,11 @@ impl TransferEngine for LocalEngine {
         Ok(self.identity)
     }
 
+    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
+        let regions = self.regions.read();
+        Some(regions.iter().map(|(&address, &(len, kind))| MemoryRegion { address, len, kind }).collect())
+    }
+
     unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
         if region.address == 0 || region.len == 0 || region.address.checked_add(region.len).is_none() {
             return Ok(LOCAL_REGISTRATION_REFUSED);

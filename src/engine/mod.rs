@@ -155,6 +155,12 @@ pub trait TransferEngine: Send + Sync {
         let _ = batch;
         None
     }
+
+    /// Every region registered with the engine now, whoever registered it, when the
+    /// engine can list them (`None`: it cannot; the embedded engine can).
+    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
+        None
+    }
 }
 
 /// One range of a batch as a scatter call sees it (local and remote sides in the

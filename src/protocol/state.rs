@@ -62,6 +62,21 @@ impl Default for StoreLimits {
     }
 }
 
+impl StoreLimits {
+    /// Checks the limits, as every weight store does before it is built: each range
+    /// and batching limit must be positive (`range limits must be positive`).
+    pub fn validate(&self) -> Result<()> {
+        if self.max_range_bytes == 0
+            || self.max_ranges_per_request == 0
+            || self.max_region_segments == 0
+            || self.max_metadata_bytes == 0
+        {
+            return invalid("range limits must be positive");
+        }
+        Ok(())
+    }
+}
+
 /// Default [`StoreLimits::staging_bytes`]: 64 MiB.
 pub const DEFAULT_STAGING_BYTES: u64 = 64 << 20;
 

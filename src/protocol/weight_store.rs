@@ -48,13 +48,7 @@ impl WeightStore {
 
     /// Sets the limits; each must be positive (`range limits must be positive`).
     pub fn with_limits(mut self, limits: StoreLimits) -> Result<Self> {
-        if limits.max_range_bytes == 0
-            || limits.max_ranges_per_request == 0
-            || limits.max_region_segments == 0
-            || limits.max_metadata_bytes == 0
-        {
-            return invalid("range limits must be positive");
-        }
+        limits.validate()?;
         self.limits = limits;
         Ok(self)
     }

@@ -1,8 +1,12 @@
 //! The store contract (`store-protocol.md` §1): keys and bytes only, never models.
 //!
-//! Backends: [`memory::MemoryStore`] (tests, single process) and
-//! [`directory::DirectoryStore`] (the embedded default: one file per key, crash-safe).
-//! A C vtable backend lives with the C ABI.
+//! Backends: [`memory::MemoryStore`] (tests, single process),
+//! [`directory::DirectoryStore`] (the embedded default: one file per key, crash-safe)
+//! and [`remote::RemoteStore`], the adapter of every remote store with Mooncake's
+//! return codes (code mapping, transient retries, the contract's checks) over a small
+//! trait of raw calls ([`remote::RemoteCalls`]) that the C ABI's store vtable, and
+//! through it the Python bridge to Mooncake Store, implement. The embedded backends'
+//! copy kernels are in `kernels.rs`.
 //!
 //! Results are per item where the contract says so: one missing key fails its own
 //! item, not the batch. Keys are UTF-8 strings; backends that map keys to paths
@@ -15,6 +19,7 @@ pub mod directory;
 mod dirfd;
 pub(crate) mod kernels;
 pub mod memory;
+pub mod remote;
 
 pub use kernels::io_threads;
 

@@ -54,10 +54,10 @@ impl fmt::Debug for CallbackCopyHook {
 
 impl CallbackCopyHook {
     /// Wraps `vt` (copied) and `ctx`; both copy callbacks are required. Ownership of
-    /// `ctx` as for [`CallbackStore::new`](super::store::CallbackStore::new).
+    /// `ctx` as for [`store_from_vtable`](super::store::store_from_vtable).
     ///
     /// # Safety
-    /// As [`CallbackStore::new`](super::store::CallbackStore::new), for a [`mws_copy_hook_vtable`].
+    /// As [`store_from_vtable`](super::store::store_from_vtable), for a [`mws_copy_hook_vtable`].
     pub unsafe fn new(vt: *const mws_copy_hook_vtable, ctx: *mut c_void) -> Result<Self> {
         // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
         let vt = unsafe { read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION) }?;

@@ -374,6 +374,41 @@ pub fn pending_transfer_ids(identity: u64) -> Vec<String> {
     TABLE.lock().entries.iter().filter(|(_, e)| e.identity == identity).map(|(k, _)| k.clone()).collect()
 }
 
+/// What one pending transfer of an engine still holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingTransferInfo {
+    /// The pending transfer id (drain it with [`drain_pending_transfer`]).
+    pub id: String,
+    /// Addresses the library registered and has not unregistered (quarantined).
+    pub registrations: Vec<u64>,
+    /// Allocation-guard pins (lifetime tokens) it holds.
+    pub pinned_tokens: usize,
+    /// True when it can never be drained (restart the engine).
+    pub restart_required: bool,
+    /// True while a submitted batch's completion is unknown (the engine may still
+    /// move bytes); false for a registration-cleanup entry.
+    pub completion_unknown: bool,
+}
+
+/// Every pending transfer of the engine `identity`, with what it holds (sorted by
+/// id): what a caller proving that nothing leaked asks. Entries still being handed
+/// off are included with what they hold so far.
+pub fn pending_transfers(identity: u64) -> Vec<PendingTransferInfo> {
+    TABLE
+        .lock()
+        .entries
+        .iter()
+        .filter(|(_, e)| e.identity == identity)
+        .map(|(id, e)| PendingTransferInfo {
+            id: id.clone(),
+            registrations: e.registrations.clone(),
+            pinned_tokens: e.tokens.len(),
+            restart_required: e.restart_required,
+            completion_unknown: e.terminal.is_none(),
+        })
+        .collect()
+}
+
 fn not_found(id: &str) -> TransferError {
     TransferError::engine(format!("pending transfer does not exist: {id}"))
 }

@@ -115,6 +115,10 @@ pub struct ExecutionStats {
     pub engine_operations: std::sync::atomic::AtomicU64,
     /// Engine batches.
     pub engine_batches: std::sync::atomic::AtomicU64,
+    /// Set once any batch of the call was handed to the engine (completed or not).
+    pub submitted: std::sync::atomic::AtomicBool,
+    /// How the call ended its hold on the guards' pins ([`GuardRelease`] as `u8`).
+    guard_release: std::sync::atomic::AtomicU8,
 }
 
 impl ExecutionStats {
@@ -125,6 +129,72 @@ impl ExecutionStats {
             self.engine_operations.load(Ordering::Relaxed),
             self.engine_batches.load(Ordering::Relaxed),
         )
+    }
+
+    /// How the (last) call ended its hold on the guards' pins.
+    pub fn guard_release(&self) -> GuardRelease {
+        GuardRelease::from_u8(self.guard_release.load(Ordering::Acquire))
+    }
+
+    fn set_guard_release(&self, r: GuardRelease) {
+        self.guard_release.store(r as u8, Ordering::Release);
+    }
+}
+
+/// What an engine still holds ([`TransferExecutor::resources`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineResources {
+    /// Every region registered with the engine now (`None`: the engine cannot list).
+    pub registered: Option<Vec<MemoryRegion>>,
+    /// The engine's pending transfers (sorted by id).
+    pub pending: Vec<super::completion::PendingTransferInfo>,
+}
+
+/// How a live call ended its hold on the allocation guards' pins (the lifetime
+/// tokens of the source and target allocations it pinned), as a caller proving that
+/// nothing stays pinned needs to know.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum GuardRelease {
+    /// The call pinned nothing (it failed before the guards, or had no work).
+    #[default]
+    NotPinned = 0,
+    /// Released with terminal state `completed`: every batch completed.
+    Completed = 1,
+    /// Released `failed_drained`: a batch failed or was cancelled after submission;
+    /// the engine no longer touches the memory.
+    FailedDrained = 2,
+    /// Released `aborted`: the call failed before it submitted anything.
+    Aborted = 3,
+    /// Not released: the pins are held by a pending transfer (completion unknown, or
+    /// an unregistration that failed) until it is drained or the engine restarts.
+    Pending = 4,
+    /// A lifetime token's release failed (the error says which).
+    ReleaseFailed = 5,
+}
+
+impl GuardRelease {
+    fn from_u8(v: u8) -> GuardRelease {
+        match v {
+            1 => GuardRelease::Completed,
+            2 => GuardRelease::FailedDrained,
+            3 => GuardRelease::Aborted,
+            4 => GuardRelease::Pending,
+            5 => GuardRelease::ReleaseFailed,
+            _ => GuardRelease::NotPinned,
+        }
+    }
+
+    /// The state's name (`"completed"`, `"pending"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GuardRelease::NotPinned => "not_pinned",
+            GuardRelease::Completed => "completed",
+            GuardRelease::FailedDrained => "failed_drained",
+            GuardRelease::Aborted => "aborted",
+            GuardRelease::Pending => "pending",
+            GuardRelease::ReleaseFailed => "release_failed",
+        }
     }
 }
 
@@ -256,19 +326,35 @@ struct LocalOp<'a> {
 }
 
 /// Pins of one execution, released once.
-struct Pins {
+struct Pins<'s> {
     tokens: Vec<Box<dyn LifetimeToken>>,
+    /// Where the release is recorded (the call's stats).
+    stats: Option<&'s ExecutionStats>,
 }
 
-impl Pins {
+impl Pins<'_> {
     fn release(&mut self, state: TerminalState) -> Option<String> {
         let mut err = None;
+        let pinned = !self.tokens.is_empty();
         while let Some(mut t) = self.tokens.pop() {
             if let Err(e) = t.release(state) {
                 err.get_or_insert(e.message().to_string());
             }
         }
+        let outcome = match (pinned, &err, state) {
+            (false, _, _) => GuardRelease::NotPinned,
+            (true, Some(_), _) => GuardRelease::ReleaseFailed,
+            (true, None, TerminalState::Completed) => GuardRelease::Completed,
+            (true, None, TerminalState::FailedDrained) => GuardRelease::FailedDrained,
+            (true, None, _) => GuardRelease::Aborted,
+        };
+        self.record(outcome);
         err
+    }
+    fn record(&self, r: GuardRelease) {
+        if let Some(s) = self.stats {
+            s.set_guard_release(r);
+        }
     }
     fn abort<T>(&mut self, e: TransferError) -> TransferResult<T> {
         self.release(TerminalState::Aborted);
@@ -294,6 +380,19 @@ impl TransferExecutor {
     pub fn engine_identity(&self) -> u64 {
         self.identity
     }
+    /// What the engine still holds for the library: the regions registered with it
+    /// now (whoever registered them; `None` when the engine cannot list them) and the
+    /// pending transfers of its identity with their quarantined registrations and
+    /// pins. After every call returned and every pending transfer was drained, the
+    /// library holds nothing: `pending` is empty and `registered` lists only the
+    /// owners' own registrations.
+    pub fn resources(&self) -> EngineResources {
+        EngineResources {
+            registered: self.engine.registered_regions(),
+            pending: super::completion::pending_transfers(self.identity),
+        }
+    }
+
     /// The limits.
     pub fn limits(&self) -> ExecutorLimits {
         self.limits
@@ -337,7 +436,7 @@ impl TransferExecutor {
         bindings: &[&RuntimeBinding],
         providers: &GuardProviders,
         transfer_id: &str,
-        pins: &mut Pins,
+        pins: &mut Pins<'_>,
     ) -> TransferResult<Vec<RuntimeBinding>> {
         let s = side.as_str();
         let mut required: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
@@ -417,7 +516,7 @@ impl TransferExecutor {
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let mut pins = Pins { tokens: Vec::new() };
+        let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
         let fresh_source =
             self.pin_side(plan, Side::Source, &[source_binding], source_guards, &transfer_id, &mut pins)?;
         let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
@@ -595,7 +694,7 @@ impl TransferExecutor {
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let mut pins = Pins { tokens: Vec::new() };
+        let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
         let sources: Vec<&RuntimeBinding> = source_bindings.iter().collect();
         let fresh_sources = self.pin_side(plan, Side::Source, &sources, source_guards, &transfer_id, &mut pins)?;
         let fresh_target =
@@ -772,7 +871,7 @@ impl TransferExecutor {
         worker: &str,
         mut groups: BTreeMap<&str, Vec<LocalOp<'_>>>,
         own: Vec<(MemoryRegion, String)>,
-        mut pins: Pins,
+        mut pins: Pins<'_>,
         resources: Vec<Box<dyn Any + Send>>,
         hooks: Hooks<'_>,
     ) -> TransferResult<Vec<TransferReceipt>> {
@@ -851,6 +950,7 @@ impl TransferExecutor {
                     Err(Stop::Error(e)) => Err(e),
                     Err(Stop::Unknown { ticket, restart_required, interrupted }) => {
                         // Hand everything off; nothing is unregistered or released.
+                        pins.record(GuardRelease::Pending);
                         let handoff = Handoff { registrations: registered, tokens: pins.tokens, resources };
                         return Err(retain_unknown(
                             self.identity,
@@ -871,6 +971,7 @@ impl TransferExecutor {
         };
         let (failed, failures) = unregister_all(&*self.engine, &registered);
         if !failed.is_empty() {
+            pins.record(GuardRelease::Pending);
             let handoff = Handoff { registrations: Vec::new(), tokens: std::mem::take(&mut pins.tokens), resources };
             let id = quarantine_cleanup(self.identity, &self.engine, failed, state, handoff);
             let mut e = cleanup_error(label, &failures, id, self.identity);
@@ -1048,6 +1149,9 @@ impl Lowering<'_, '_, '_> {
             }
         };
         *self.submitted = true;
+        if let Some(s) = self.hooks.stats {
+            s.submitted.store(true, Ordering::Release);
+        }
         let l = &self.exec.limits;
         match execute_batch(&*self.exec.engine, &batch, l.max_completion_drain_attempts, l.completion_drain_timeout_ms)
         {

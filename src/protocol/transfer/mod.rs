@@ -8,12 +8,16 @@ pub mod completion;
 pub mod error;
 pub mod executor;
 pub mod lease;
+pub mod loader;
 pub mod outcome;
 pub mod scope;
 
-pub use completion::COMPLETION_UNKNOWN_RESTART_REQUIRED;
+pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
-pub use executor::{ExecutionStats, ExecutorLimits, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt};
+pub use executor::{
+    EngineResources, ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt,
+};
+pub use loader::{CancelToken, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink, TargetReport, TransferStats};
 pub use lease::{GuardProviders, MemoryRegistrationLease};
-pub use outcome::{calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
+pub use outcome::{call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
 pub use scope::{RegistrationScope, ScopeExit};

@@ -146,3 +146,44 @@ pub fn target_outcomes(
     }
     out
 }
+
+/// The verdict of one call, by `executor`, for each target participant it writes
+/// (§12.2 applied to that call alone): `Updated` when the call returned normally
+/// under `plan` with exactly the predicted receipts, `Unchanged` when it failed
+/// before submitting anything, `Torn` (naming the executor) otherwise. A target
+/// written by several calls is updated only when all of them are: use
+/// [`target_outcomes`] over every call's record for that.
+pub fn call_outcomes(
+    plan: &TransferPlan,
+    mode: TransferMode,
+    executor: &ExecutorTransferPlan,
+    record: &CallRecord,
+) -> BTreeMap<String, TargetOutcome> {
+    let key = (executor.participant_id.clone(), executor.worker_id.clone());
+    let verdict = if record.plan != *plan {
+        TargetOutcome::Torn { incomplete: vec![key] }
+    } else {
+        match &record.result {
+            Ok(receipts) => {
+                let mut got = receipts.clone();
+                got.sort();
+                if got == predicted_receipts(plan, executor) {
+                    TargetOutcome::Updated { generation: plan.weight_generation() }
+                } else {
+                    TargetOutcome::Torn { incomplete: vec![key] }
+                }
+            }
+            Err(e) if !e.submitted => TargetOutcome::Unchanged,
+            Err(_) => TargetOutcome::Torn { incomplete: vec![key] },
+        }
+    };
+    let targets: BTreeSet<String> = match mode {
+        TransferMode::Reader => std::iter::once(executor.participant_id.clone()).collect(),
+        TransferMode::Sink => executor
+            .operation_indices
+            .iter()
+            .map(|&i| plan.operation_fragment(i as usize, Side::Target).0.participant_id().to_string())
+            .collect(),
+    };
+    targets.into_iter().map(|p| (p, verdict.clone())).collect()
+}

@@ -1,0 +1,205 @@
+//! Translation of arguments: handles, C strings, (pointer, length) arrays, C structs
+//! and out-parameters, and the NUL-terminated copies of Rust strings that handles
+//! lend out.
+//!
+//! Every entry point reads its pointer arguments through a [`Caller`], the token
+//! that the boundary macros (`status_call!(|c| ...)`, `value_call!(fallback, |c|
+//! ...)`) create once per call. The token carries the entry point's `# Safety`
+//! contract — every pointer argument is NULL or valid as documented, for the whole
+//! call — so the readers below are safe functions: they check what C can get wrong
+//! and Rust cannot express (NULL, UTF-8, alignment, lengths, enum values) and leave
+//! the `// SAFETY:` comments of an entry point to what is specific to it.
+
+use crate::boundary::{mws_status, Failure, FfiResult};
+use std::ffi::{c_char, CStr};
+use std::marker::PhantomData;
+
+/// How a C handle is made and given back: every handle type is owned by C as a `Box`
+/// of itself (in the spirit of rustls-ffi's `Castable`). Declared with
+/// `handle!`; borrowed and freed through a [`Caller`].
+pub(crate) trait Handle: Sized {
+    /// Moves `self` to the heap and hands ownership to C (freed by its `*_free`).
+    fn into_raw(self) -> *mut Self {
+        Box::into_raw(Box::new(self))
+    }
+}
+
+/// Declares C handle types (`impl Handle`): made by [`Handle::into_raw`], borrowed by
+/// [`Caller::handle`] / [`Caller::handles`], freed by [`Caller::free`] in the type's
+/// `*_free` entry point. (The entry points themselves are written out, one line
+/// each: cbindgen reads source files and does not expand macros, so a generated
+/// `extern "C"` function would be missing from the header.)
+macro_rules! handle {
+    ($($t:ty),* $(,)?) => {
+        $(impl $crate::args::Handle for $t {})*
+    };
+}
+
+/// The proof that an entry point's caller upheld its `# Safety` contract: every
+/// pointer argument is NULL or points to what the documentation says (a live handle
+/// of the named type not freed during the call, a NUL-terminated string, `len`
+/// readable elements, a writable out-parameter), valid for the whole call.
+///
+/// Made only by the boundary macros, inside `unsafe extern "C"` entry points whose
+/// `# Safety` sections say so; never stored beyond the call.
+#[derive(Clone, Copy)]
+pub(crate) struct Caller<'a>(PhantomData<&'a ()>);
+
+/// An out-parameter checked non-NULL: written at most once, on success.
+pub(crate) struct Out<'a, T>(&'a mut std::mem::MaybeUninit<T>);
+
+impl<T> Out<'_, T> {
+    /// Writes the value.
+    pub(crate) fn set(self, value: T) {
+        self.0.write(value);
+    }
+}
+
+impl<'a> Caller<'a> {
+    /// The token of one call.
+    ///
+    /// # Safety
+    /// Only in the body of an entry point whose `# Safety` section requires every
+    /// pointer argument to be NULL or valid as documented, for the whole call.
+    pub(crate) unsafe fn trusted() -> Caller<'a> {
+        Caller(PhantomData)
+    }
+
+    /// Borrows a required handle argument (`MWS_NULL_ARGUMENT` naming `name`).
+    pub(crate) fn handle<T: Handle>(self, p: *const T, name: &str) -> FfiResult<&'a T> {
+        self.opt_handle(p).ok_or_else(|| Failure::null(name))
+    }
+
+    /// Borrows an optional handle argument (NULL gives `None`).
+    pub(crate) fn opt_handle<T: Handle>(self, p: *const T) -> Option<&'a T> {
+        // SAFETY: the token's contract: `p` is NULL or a live handle for the call.
+        unsafe { p.as_ref() }
+    }
+
+    /// Borrows an array of `n` handles (`name[i]` names a NULL element).
+    pub(crate) fn handles<T: Handle>(self, p: *const *const T, n: usize, name: &str) -> FfiResult<Vec<&'a T>> {
+        self.slice(p, n, name)?
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| self.handle(h, &format!("{name}[{i}]")))
+            .collect()
+    }
+
+    /// Takes a handle back from C and drops it; NULL does nothing.
+    pub(crate) fn free<T: Handle>(self, p: *mut T) -> FfiResult<()> {
+        if !p.is_null() {
+            // SAFETY: the token's contract for a `*_free`: `p` came from
+            // `Handle::into_raw`, is freed once and is used by no other thread.
+            drop(unsafe { Box::from_raw(p) });
+        }
+        Ok(())
+    }
+
+    /// Reads a required NUL-terminated UTF-8 string argument.
+    pub(crate) fn str(self, p: *const c_char, name: &str) -> FfiResult<&'a str> {
+        self.opt_str(p, name)?.ok_or_else(|| Failure::null(name))
+    }
+
+    /// Reads an optional NUL-terminated UTF-8 string argument (NULL gives `None`).
+    pub(crate) fn opt_str(self, p: *const c_char, name: &str) -> FfiResult<Option<&'a str>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the token's contract: a non-NULL string argument is NUL-terminated
+        // and valid for the call.
+        utf8(unsafe { CStr::from_ptr(p) }.to_bytes(), name).map(Some)
+    }
+
+    /// Reads a (pointer, count) array argument: a count of 0 gives an empty slice
+    /// whatever the pointer; otherwise the pointer must be non-NULL and aligned.
+    pub(crate) fn slice<T>(self, p: *const T, len: usize, name: &str) -> FfiResult<&'a [T]> {
+        if len == 0 {
+            return Ok(&[]);
+        }
+        if p.is_null() {
+            return Err(Failure::null(name));
+        }
+        if (p as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Failure::invalid(format!("argument `{name}` is not suitably aligned")));
+        }
+        match len.checked_mul(std::mem::size_of::<T>()) {
+            // SAFETY: the token's contract: `len` initialized elements at `p`, unmodified
+            // for the call; the total size fits `isize`.
+            Some(bytes) if bytes <= isize::MAX as usize => Ok(unsafe { std::slice::from_raw_parts(p, len) }),
+            _ => Err(Failure::invalid(format!("length of argument `{name}` ({len}) is too large"))),
+        }
+    }
+
+    /// Borrows a required pointer to a C struct argument (options, vtables, views).
+    pub(crate) fn struct_ref<T>(self, p: *const T, name: &str) -> FfiResult<&'a T> {
+        self.opt_struct(p).ok_or_else(|| Failure::null(name))
+    }
+
+    /// Borrows an optional pointer to a C struct argument (NULL gives `None`).
+    pub(crate) fn opt_struct<T>(self, p: *const T) -> Option<&'a T> {
+        // SAFETY: the token's contract: `p` is NULL or a valid, initialized `T`.
+        unsafe { p.as_ref() }
+    }
+
+    /// A required out-parameter, checked before any work (`MWS_NULL_ARGUMENT`).
+    pub(crate) fn out<T>(self, p: *mut T, name: &str) -> FfiResult<Out<'a, T>> {
+        self.opt_out(p).ok_or_else(|| Failure::null(name))
+    }
+
+    /// An optional out-parameter (NULL gives `None`).
+    pub(crate) fn opt_out<T>(self, p: *mut T) -> Option<Out<'a, T>> {
+        // SAFETY: the token's contract: `p` is NULL or valid for a write of `T` (an
+        // out-parameter may be uninitialized, hence `MaybeUninit`).
+        unsafe { p.cast::<std::mem::MaybeUninit<T>>().as_mut() }.map(Out)
+    }
+
+    /// Lends `text` to C, writing its length to `len` when `len` is not NULL.
+    pub(crate) fn lend(self, text: &CText, len: *mut usize) -> *const c_char {
+        if let Some(out) = self.opt_out(len) {
+            out.set(text.len());
+        }
+        text.as_ptr()
+    }
+
+    /// Copies `bytes` into the caller's buffer of `cap` bytes at `buf` (which must be
+    /// non-NULL and at least `bytes.len()` long: checked by the caller).
+    pub(crate) fn copy_to(self, bytes: &[u8], buf: *mut u8, cap: usize) {
+        debug_assert!(!buf.is_null() && bytes.len() <= cap);
+        // SAFETY: the token's contract: `buf` is valid for `cap >= bytes.len()` bytes
+        // of writes; `bytes` is our own memory, so the ranges are disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+    }
+}
+
+/// Decodes a string argument's bytes (`MWS_INVALID_UTF8` naming `name`).
+pub(crate) fn utf8<'a>(bytes: &'a [u8], name: &str) -> FfiResult<&'a str> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        Failure::new(
+            mws_status::MWS_INVALID_UTF8,
+            format!("argument `{name}` is not valid UTF-8 (invalid byte at offset {})", e.valid_up_to()),
+        )
+    })
+}
+
+/// An owned, NUL-terminated copy of a Rust string, lent to C as `const char *` plus
+/// a length (which excludes the terminator, so an interior NUL stays visible through
+/// the length).
+#[derive(Debug)]
+pub(crate) struct CText(Box<[u8]>);
+
+impl CText {
+    pub(crate) fn new(s: &str) -> Self {
+        let mut v = Vec::with_capacity(s.len() + 1);
+        v.extend_from_slice(s.as_bytes());
+        v.push(0);
+        CText(v.into_boxed_slice())
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const c_char {
+        self.0.as_ptr() as *const c_char
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len() - 1
+    }
+}
