@@ -6,13 +6,15 @@
  *  - Every fallible function returns mws_status; MWS_OK (0) is success. Out-parameters
  *    are written only on success. mws_last_error_message() gives the detail of the last
  *    failed call on the calling thread.
- *  - Handles (mws_placement, mws_binding, mws_upload_plan, mws_store, mws_transaction,
- *    mws_writer, mws_receipts, mws_stored_manifest, mws_load_plan,
- *    mws_registration_lease) are created by the library and freed exactly once by the
+ *  - Handles (mws_placement, mws_placement_builder, mws_binding, mws_upload_plan,
+ *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
+ *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
+ *    mws_loader, mws_sink) are created by the library and freed exactly once by the
  *    caller with the matching *_free function; *_free(NULL) does nothing. A handle
  *    never borrows the handles it was made from (a transaction, a writer or a
- *    registration lease keeps its store alive); each type documents what it copies and
- *    which caller buffers must stay valid.
+ *    registration lease keeps its store alive; loaders and sinks keep their engine
+ *    alive); each type documents what it copies and which caller buffers must stay
+ *    valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
  *    handles may run concurrently on the same handles; a *_free must not race with any
  *    other use of its handle. Callbacks never unwind; each vtable states its threading.
@@ -180,6 +182,36 @@ typedef enum mws_decision {
 } mws_decision;
 
 /**
+ * How a live call released the allocation guards' pins (`mws_live_report`).
+ */
+typedef enum mws_guard_release {
+    /**
+     * The call pinned nothing.
+     */
+    MWS_GUARD_NOT_PINNED = 0,
+    /**
+     * Released `completed`.
+     */
+    MWS_GUARD_COMPLETED = 1,
+    /**
+     * Released `failed_drained` (a batch failed or was cancelled after submission).
+     */
+    MWS_GUARD_FAILED_DRAINED = 2,
+    /**
+     * Released `aborted` (failed before anything was submitted).
+     */
+    MWS_GUARD_ABORTED = 3,
+    /**
+     * Held by a pending transfer until it is drained (`pending_transfer_id`).
+     */
+    MWS_GUARD_PENDING = 4,
+    /**
+     * A release failed (the call's error says which).
+     */
+    MWS_GUARD_RELEASE_FAILED = 5,
+} mws_guard_release;
+
+/**
  * Which side of a transfer a registration lease pins (the `side` of
  * `mws_registration_lease_new`).
  */
@@ -311,6 +343,26 @@ typedef enum mws_status {
 } mws_status;
 
 /**
+ * The verdict of a live call for one target participant (`mws_target_outcome`).
+ */
+typedef enum mws_target_verdict {
+    /**
+     * The call's share of the target landed completely (the target may be
+     * activated at `generation` once every call writing it reports this).
+     */
+    MWS_TARGET_UPDATED = 0,
+    /**
+     * The call submitted nothing: the target still holds its previous contents.
+     */
+    MWS_TARGET_UNCHANGED = 1,
+    /**
+     * The call may have written part of its share: the target's bytes are undefined
+     * until a call completes under the same plan.
+     */
+    MWS_TARGET_TORN = 2,
+} mws_target_verdict;
+
+/**
  * How an allocation pin ends (the `state` passed to a guard's `release`).
  */
 typedef enum mws_terminal_state {
@@ -394,7 +446,8 @@ typedef struct mws_load_plan mws_load_plan;
  * Fills the buffers of one target participant, from a stored revision
  * (`mws_loader_load_stored`) or from a live source through an engine
  * (`mws_loader_load_live`), with a progress callback, a cancellation flag checked
- * between batches, and the statistics of the last call.
+ * between batches, the statistics of the last call and the report of the last live
+ * call.
  *
  * Created by `mws_loader_new`, freed by `mws_loader_free`. Thread safety: one call
  * at a time per loader (calls on one engine are serialized by the engine fence);
@@ -670,77 +723,6 @@ typedef struct mws_runtime_fragment {
 } mws_runtime_fragment;
 
 /**
- * `acquire` callback: pins the allocations of `count` runtime fragment ids
- * (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
- * `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
- * opaque token to `*token` (given back to `release`). It may write to `*observed` a
- * new binding handle (ownership passes to the library) describing the buffers as
- * observed under the pin; leaving it NULL means "exactly the binding that was
- * passed". The library checks the observed binding against the plan (lease,
- * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
- * return fails the call (`MWS_STORE`) before any I/O.
- */
-typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
-                                        const char *transfer_id,
-                                        const char *participant_id,
-                                        const char *const *fragment_ids,
-                                        size_t count,
-                                        struct mws_binding **observed,
-                                        uint64_t *token);
-
-/**
- * `release` callback: ends the pin `token` after I/O ended in `state` (an
- * `mws_terminal_state` value). Called exactly once per successful `acquire`. A
- * non-zero return is reported as `MWS_STORE`.
- */
-typedef int32_t (*mws_guard_release_fn)(void *ctx, uint64_t token, uint32_t state);
-
-/**
- * An allocation guard implemented by the caller: pins the buffers of a binding for
- * the duration of one upload or load (the framework must not free or reuse them
- * while pinned). Set `size = sizeof(mws_guard_vtable)` and
- * `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
- * the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
- */
-typedef struct mws_guard_vtable {
-    /**
-     * `sizeof(mws_guard_vtable)`.
-     */
-    uint32_t size;
-    /**
-     * `MWS_GUARD_VTABLE_VERSION`.
-     */
-    uint32_t version;
-    /**
-     * Pins (see `mws_guard_acquire_fn`).
-     */
-    mws_guard_acquire_fn acquire;
-    /**
-     * Unpins (see `mws_guard_release_fn`).
-     */
-    mws_guard_release_fn release;
-} mws_guard_vtable;
-
-/**
- * Fail-closed bounds on planning work. A zeroed field means the library default
- * (64Mi regions, 2^32 segments per region, 2^40 segments in all).
- */
-typedef struct mws_planning_limits {
-    /**
-     * Max transfer regions in a plan.
-     */
-    uint64_t max_transfer_regions;
-    /**
-     * Max segments of one region.
-     */
-    uint64_t max_segments_per_region;
-    /**
-     * Max segments over the plan.
-     */
-    uint64_t max_total_lowered_segments;
-} mws_planning_limits;
-
-/**
  * A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
  * for the duration of the callback it is passed to.
  */
@@ -831,6 +813,111 @@ typedef struct mws_transfer_engine_vtable {
      */
     void (*ticket_release)(void *ctx, uint64_t ticket);
 } mws_transfer_engine_vtable;
+
+/**
+ * What an engine still holds (`mws_transfer_engine_resources`).
+ */
+typedef struct mws_engine_resources {
+    /**
+     * 1 when the engine can list its registrations (then `registered_regions` and
+     * `registered_bytes` count every region registered with it now, whoever
+     * registered it); 0 when it cannot (a vtable engine), and both are 0.
+     */
+    uint32_t registrations_known;
+    /**
+     * Regions registered with the engine now.
+     */
+    uint64_t registered_regions;
+    /**
+     * Bytes of those regions.
+     */
+    uint64_t registered_bytes;
+    /**
+     * Pending transfers of the engine (completion unknown, or quarantined
+     * registrations): drain them with `mws_transfer_engine_drain`.
+     */
+    uint64_t pending_transfers;
+    /**
+     * Registrations the library made and still holds (quarantined in pending
+     * transfers).
+     */
+    uint64_t quarantined_registrations;
+    /**
+     * Allocation-guard pins held by pending transfers.
+     */
+    uint64_t pinned_tokens;
+} mws_engine_resources;
+
+/**
+ * `acquire` callback: pins the allocations of `count` runtime fragment ids
+ * (`fragment_ids`, sorted, distinct, borrowed for the call) of participant
+ * `participant_id`, for transfer `transfer_id`. Returns 0 on success and writes an
+ * opaque token to `*token` (given back to `release`). It may write to `*observed` a
+ * new binding handle (ownership passes to the library) describing the buffers as
+ * observed under the pin; leaving it NULL means "exactly the binding that was
+ * passed". The library checks the observed binding against the plan (lease,
+ * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
+ * return fails the call (`MWS_STORE`) before any I/O.
+ */
+typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
+                                        const char *transfer_id,
+                                        const char *participant_id,
+                                        const char *const *fragment_ids,
+                                        size_t count,
+                                        struct mws_binding **observed,
+                                        uint64_t *token);
+
+/**
+ * `release` callback: ends the pin `token` after I/O ended in `state` (an
+ * `mws_terminal_state` value). Called exactly once per successful `acquire`. A
+ * non-zero return is reported as `MWS_STORE`.
+ */
+typedef int32_t (*mws_guard_release_fn)(void *ctx, uint64_t token, uint32_t state);
+
+/**
+ * An allocation guard implemented by the caller: pins the buffers of a binding for
+ * the duration of one upload or load (the framework must not free or reuse them
+ * while pinned). Set `size = sizeof(mws_guard_vtable)` and
+ * `version = MWS_GUARD_VTABLE_VERSION`; both callbacks are required. Callbacks get
+ * the `guard_ctx` of `mws_io_args`, must be thread-safe and must not throw or unwind.
+ */
+typedef struct mws_guard_vtable {
+    /**
+     * `sizeof(mws_guard_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_GUARD_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Pins (see `mws_guard_acquire_fn`).
+     */
+    mws_guard_acquire_fn acquire;
+    /**
+     * Unpins (see `mws_guard_release_fn`).
+     */
+    mws_guard_release_fn release;
+} mws_guard_vtable;
+
+/**
+ * Fail-closed bounds on planning work. A zeroed field means the library default
+ * (64Mi regions, 2^32 segments per region, 2^40 segments in all).
+ */
+typedef struct mws_planning_limits {
+    /**
+     * Max transfer regions in a plan.
+     */
+    uint64_t max_transfer_regions;
+    /**
+     * Max segments of one region.
+     */
+    uint64_t max_segments_per_region;
+    /**
+     * Max segments over the plan.
+     */
+    uint64_t max_total_lowered_segments;
+} mws_planning_limits;
 
 /**
  * Executor limits (`mws_loader_new`, `mws_sink_new`); a NULL pointer means the
@@ -1043,6 +1130,58 @@ typedef struct mws_load_stats {
      */
     uint64_t staged_bytes;
 } mws_load_stats;
+
+/**
+ * One target participant of a live call's report. Strings are borrowed from the
+ * loader or sink until its next call or its free.
+ */
+typedef struct mws_target_outcome {
+    /**
+     * The target participant.
+     */
+    const char *participant_id;
+    /**
+     * The plan's weight generation.
+     */
+    uint64_t generation;
+    /**
+     * An `mws_target_verdict` value.
+     */
+    uint32_t verdict;
+} mws_target_outcome;
+
+/**
+ * What the last live call of a loader or sink did, successful or not
+ * (`mws_loader_last_report`, `mws_sink_last_report`). Pointers are borrowed from the
+ * handle until its next call or its free.
+ */
+typedef struct mws_live_report {
+    /**
+     * 1 when any batch was handed to the engine; 0 proves the call wrote nothing.
+     */
+    uint32_t submitted;
+    /**
+     * An `mws_guard_release` value.
+     */
+    uint32_t guard_release;
+    /**
+     * The pending transfer holding the call's resources (drain it with
+     * `mws_transfer_engine_drain`), or NULL.
+     */
+    const char *pending_transfer_id;
+    /**
+     * Number of entries of `targets`.
+     */
+    size_t n_targets;
+    /**
+     * The verdict per target participant the call writes (sorted by participant).
+     */
+    const struct mws_target_outcome *targets;
+    /**
+     * The call's statistics (zero on failure).
+     */
+    struct mws_transfer_stats stats;
+} mws_live_report;
 
 /**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
@@ -2086,6 +2225,112 @@ enum mws_status mws_binding_validate(const struct mws_placement *placement,
 void mws_binding_free(struct mws_binding *binding);
 
 /**
+ * Creates the embedded engine (memcpy between memory registered in this process;
+ * device memory is refused at registration). New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transfer_engine_new_local(struct mws_transfer_engine **out);
+
+/**
+ * Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
+ * copied; `ctx` and the callbacks must stay valid and thread-safe until the handle
+ * and every loader or sink made from it are freed. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size, a required callback is
+ * NULL), `MWS_UNSUPPORTED` (version).
+ *
+ * # Safety
+ * `vt` is NULL or a readable vtable of at least its `size`; `out` is NULL or valid
+ * for a pointer write.
+ */
+enum mws_status mws_transfer_engine_from_vtable(const struct mws_transfer_engine_vtable *vt,
+                                                void *ctx,
+                                                struct mws_transfer_engine **out);
+
+/**
+ * Registers `[address, address + len)` with the engine (the owner's
+ * pre-registration of a whole allocation). `memory_kind` is an `mws_memory_kind`
+ * value, `device` the ordinal for device memory.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (memory kind, zero length),
+ * `MWS_STORE` (the engine refused: overlap with a registered region, device memory
+ * without a copy path, or the engine's code).
+ *
+ * # Safety
+ * `engine` is NULL or live. The memory must stay valid for reads and writes until
+ * it is unregistered.
+ */
+enum mws_status mws_transfer_engine_register_memory(const struct mws_transfer_engine *engine,
+                                                    const void *address,
+                                                    uint64_t len,
+                                                    uint32_t memory_kind,
+                                                    uint32_t device);
+
+/**
+ * Unregisters the region registered at `address`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (the engine's code).
+ *
+ * # Safety
+ * `engine` is NULL or live.
+ */
+enum mws_status mws_transfer_engine_unregister_memory(const struct mws_transfer_engine *engine,
+                                                      const void *address);
+
+/**
+ * Frees an engine handle; NULL does nothing. Loaders and sinks made from it keep
+ * the engine alive.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_transfer_engine_free(struct mws_transfer_engine *engine);
+
+/**
+ * Number of pending transfers (completion unknown, or quarantined registrations)
+ * that block `engine`; 0 for NULL.
+ *
+ * # Safety
+ * `engine` is NULL or live.
+ */
+size_t mws_transfer_engine_pending_count(const struct mws_transfer_engine *engine);
+
+/**
+ * Writes what the engine still holds to `*out`: its registered regions (when it can
+ * list them), its pending transfers and the registrations and pins they hold. After
+ * every call returned and every pending transfer was drained, the library holds
+ * nothing: `pending_transfers`, `quarantined_registrations` and `pinned_tokens` are
+ * 0, and the registered regions are only the owners' own.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (the engine's identity cannot be read).
+ * Thread safety: may run at any time; a snapshot.
+ *
+ * # Safety
+ * `engine` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_engine_resources(const struct mws_transfer_engine *engine,
+                                              struct mws_engine_resources *out);
+
+/**
+ * Drains every pending transfer of `engine` once (`timeout_ms` each) and writes how
+ * many remain to `*remaining` (when not NULL). A transfer whose completion is still
+ * unknown stays pending; a restart-required one stays until the engine restarts.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (a drain failed: registration cleanup or
+ * release; the transfer stays pending).
+ *
+ * # Safety
+ * `engine` is NULL or live; `remaining` is NULL or valid for a write.
+ */
+enum mws_status mws_transfer_engine_drain(const struct mws_transfer_engine *engine,
+                                          uint64_t timeout_ms,
+                                          size_t *remaining);
+
+/**
  * Pins (through `guard`) and registers the buffers of `count` runtime fragments
  * (`fragment_ids`, NUL-terminated, borrowed for the call; duplicates are ignored) of
  * `binding` with `store`'s backend, once. `side` is an `mws_lease_side` value.
@@ -2230,71 +2475,6 @@ size_t mws_load_plan_participant_count(const struct mws_load_plan *plan);
 const char *mws_load_plan_participant(const struct mws_load_plan *plan, size_t index, size_t *len);
 
 /**
- * Creates the embedded engine (memcpy between memory registered in this process;
- * device memory is refused at registration). New handle in `*out`.
- *
- * Errors: `MWS_NULL_ARGUMENT`.
- *
- * # Safety
- * `out` is NULL or valid for a pointer write.
- */
-enum mws_status mws_transfer_engine_new_local(struct mws_transfer_engine **out);
-
-/**
- * Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
- * copied; `ctx` and the callbacks must stay valid and thread-safe until the handle
- * and every loader or sink made from it are freed. New handle in `*out`.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size, a required callback is
- * NULL), `MWS_UNSUPPORTED` (version).
- *
- * # Safety
- * `vt` is NULL or a readable vtable of at least its `size`; `out` is NULL or valid
- * for a pointer write.
- */
-enum mws_status mws_transfer_engine_from_vtable(const struct mws_transfer_engine_vtable *vt,
-                                                void *ctx,
-                                                struct mws_transfer_engine **out);
-
-/**
- * Registers `[address, address + len)` with the engine (the owner's
- * pre-registration of a whole allocation). `memory_kind` is an `mws_memory_kind`
- * value, `device` the ordinal for device memory.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (memory kind, zero length),
- * `MWS_STORE` (the engine refused: overlap with a registered region, device memory
- * without a copy path, or the engine's code).
- *
- * # Safety
- * The memory must stay valid for reads and writes until it is unregistered.
- */
-enum mws_status mws_transfer_engine_register_memory(const struct mws_transfer_engine *engine,
-                                                    const void *address,
-                                                    uint64_t len,
-                                                    uint32_t memory_kind,
-                                                    uint32_t device);
-
-/**
- * Unregisters the region registered at `address`.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (the engine's code).
- *
- * # Safety
- * `engine` is NULL or live.
- */
-enum mws_status mws_transfer_engine_unregister_memory(const struct mws_transfer_engine *engine,
-                                                      const void *address);
-
-/**
- * Frees an engine handle; NULL does nothing. Loaders and sinks made from it keep
- * the engine alive.
- *
- * # Safety
- * `engine` is NULL or a live handle not yet freed and not in use by another thread.
- */
-void mws_transfer_engine_free(struct mws_transfer_engine *engine);
-
-/**
  * Creates a loader on `engine` with `limits` (NULL: defaults). New handle in `*out`.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (limits), `MWS_STORE` (engine
@@ -2327,8 +2507,8 @@ enum mws_status mws_loader_set_progress(const struct mws_loader *loader,
                                         void *ctx);
 
 /**
- * Requests cancellation: the running (and every later) live load stops before its
- * next batch and fails (`MWS_STORE`, "cancelled"); completed batches stay written.
+ * Requests cancellation: the running (and every later) load stops before its next
+ * batch and fails (`MWS_STORE`, "cancelled"); completed batches stay written.
  * Reset with `mws_loader_reset_cancel`. NULL does nothing.
  *
  * # Safety
@@ -2351,7 +2531,7 @@ void mws_loader_reset_cancel(const struct mws_loader *loader);
  * registered with the engine by its owners for the given source bindings (passing
  * them asserts it); the local target buffers are registered for the call unless
  * `args.local_pre_registered`. Writes the call's statistics to `*stats` when not
- * NULL.
+ * NULL. Successful or not, the call's report is then `mws_loader_last_report`.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_INVALID_ARGUMENT`
  * (logical plan, contract errors), `MWS_LIMIT_EXCEEDED`, `MWS_STALE_BINDING`
@@ -2375,8 +2555,8 @@ enum mws_status mws_loader_load_live(const struct mws_loader *loader,
                                      struct mws_transfer_stats *stats);
 
 /**
- * Restores the part of `plan` that belongs to `binding` from `store` (delegates to
- * `mws_store_load`; same arguments, errors and safety), honouring the loader's
+ * Restores the part of `plan` that belongs to `binding` from `store` (as
+ * `mws_store_load`: same arguments, errors and safety), honouring the loader's
  * cancellation flag (checked before the call), its progress callback (unless `args`
  * sets one) and recording the statistics. `stats` may be NULL.
  *
@@ -2399,80 +2579,28 @@ enum mws_status mws_loader_load_stored(const struct mws_loader *loader,
 enum mws_status mws_loader_stats(const struct mws_loader *loader, struct mws_transfer_stats *out);
 
 /**
+ * Writes the report of the loader's last live call (`mws_loader_load_live`),
+ * successful or not, to `*out`: whether anything was submitted to the engine, how
+ * the guards' pins were released, the pending transfer (if any) and the verdict for
+ * the target participant. Its pointers are borrowed from the loader until its next
+ * call or its free.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no live call yet). Thread safety: not
+ * concurrently with a call on the same loader.
+ *
+ * # Safety
+ * `loader` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_loader_last_report(const struct mws_loader *loader,
+                                       struct mws_live_report *out);
+
+/**
  * Frees a loader; NULL does nothing.
  *
  * # Safety
  * `loader` is NULL or a live handle not yet freed and not in use by another thread.
  */
 void mws_loader_free(struct mws_loader *loader);
-
-/**
- * Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
- *
- * Errors: as `mws_loader_new`.
- *
- * # Safety
- * As `mws_loader_new`.
- */
-enum mws_status mws_sink_new(const struct mws_transfer_engine *engine,
-                             const struct mws_executor_limits *limits,
-                             struct mws_sink **out);
-
-/**
- * Pushes every operation of the local source executor of `plan` (a bound plan) from
- * the buffers of `source_binding` into the remote targets (sink mode,
- * `live-transfer.md` §5). The remote target memory must be registered with the
- * engine by its owners for the given target bindings (passing them asserts it); the
- * local source buffers are registered for the call unless
- * `args.local_pre_registered`. A source participant the plan does not read from
- * (an unselected DP replica) succeeds with zero statistics. `stats` may be NULL.
- *
- * Errors: as `mws_loader_load_live`.
- *
- * # Safety
- * As `mws_loader_load_live`, with the sides swapped.
- */
-enum mws_status mws_sink_execute(const struct mws_sink *sink,
-                                 const struct mws_transfer_plan *plan,
-                                 const struct mws_placement *source_placement,
-                                 const struct mws_binding *source_binding,
-                                 const struct mws_placement *target_placement,
-                                 const struct mws_binding *const *target_bindings,
-                                 size_t n_targets,
-                                 const struct mws_live_args *args,
-                                 struct mws_transfer_stats *stats);
-
-/**
- * Frees a sink; NULL does nothing.
- *
- * # Safety
- * `sink` is NULL or a live handle not yet freed and not in use by another thread.
- */
-void mws_sink_free(struct mws_sink *sink);
-
-/**
- * Number of pending transfers (completion unknown, or quarantined registrations)
- * that block `engine`; 0 for NULL.
- *
- * # Safety
- * `engine` is NULL or live.
- */
-size_t mws_transfer_engine_pending_count(const struct mws_transfer_engine *engine);
-
-/**
- * Drains every pending transfer of `engine` once (`timeout_ms` each) and writes how
- * many remain to `*remaining` (when not NULL). A transfer whose completion is still
- * unknown stays pending; a restart-required one stays until the engine restarts.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (a drain failed: registration cleanup or
- * release; the transfer stays pending).
- *
- * # Safety
- * `engine` is NULL or live; `remaining` is NULL or valid for a write.
- */
-enum mws_status mws_transfer_engine_drain(const struct mws_transfer_engine *engine,
-                                          uint64_t timeout_ms,
-                                          size_t *remaining);
 
 /**
  * Installs `callback` to receive every library log record of level `level` or more
@@ -2784,6 +2912,99 @@ enum mws_status mws_receipts_concat(const struct mws_receipts *const *list,
  */
 enum mws_status mws_receipts_from_plan(const struct mws_upload_plan *plan,
                                        struct mws_receipts **out);
+
+/**
+ * Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
+ *
+ * Errors: as `mws_loader_new`.
+ *
+ * # Safety
+ * As `mws_loader_new`.
+ */
+enum mws_status mws_sink_new(const struct mws_transfer_engine *engine,
+                             const struct mws_executor_limits *limits,
+                             struct mws_sink **out);
+
+/**
+ * Sets (or clears, with NULL) the progress callback of a sink (throttled
+ * `MWS_PROGRESS_TRANSFER` progress; items = engine operations). As
+ * `mws_loader_set_progress`.
+ *
+ * # Safety
+ * As `mws_loader_set_progress`.
+ */
+enum mws_status mws_sink_set_progress(const struct mws_sink *sink,
+                                      mws_progress_fn progress,
+                                      void *ctx);
+
+/**
+ * Requests cancellation of the running (and every later) execution, as
+ * `mws_loader_cancel`. NULL does nothing.
+ *
+ * # Safety
+ * `sink` is NULL or live.
+ */
+void mws_sink_cancel(const struct mws_sink *sink);
+
+/**
+ * Clears a cancellation request. NULL does nothing.
+ *
+ * # Safety
+ * `sink` is NULL or live.
+ */
+void mws_sink_reset_cancel(const struct mws_sink *sink);
+
+/**
+ * Pushes every operation of the local source executor of `plan` (a bound plan) from
+ * the buffers of `source_binding` into the remote targets (sink mode,
+ * `live-transfer.md` §5). The remote target memory must be registered with the
+ * engine by its owners for the given target bindings (passing them asserts it); the
+ * local source buffers are registered for the call unless
+ * `args.local_pre_registered`. A source participant the plan does not read from
+ * (an unselected DP replica) succeeds with zero statistics. `stats` may be NULL.
+ * Successful or not, the call's report is then `mws_sink_last_report`.
+ *
+ * Errors: as `mws_loader_load_live`.
+ *
+ * # Safety
+ * As `mws_loader_load_live`, with the sides swapped.
+ */
+enum mws_status mws_sink_execute(const struct mws_sink *sink,
+                                 const struct mws_transfer_plan *plan,
+                                 const struct mws_placement *source_placement,
+                                 const struct mws_binding *source_binding,
+                                 const struct mws_placement *target_placement,
+                                 const struct mws_binding *const *target_bindings,
+                                 size_t n_targets,
+                                 const struct mws_live_args *args,
+                                 struct mws_transfer_stats *stats);
+
+/**
+ * Writes the statistics of the sink's last successful call to `*out`.
+ *
+ * # Safety
+ * `sink` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_sink_stats(const struct mws_sink *sink, struct mws_transfer_stats *out);
+
+/**
+ * Writes the report of the sink's last call, successful or not, to `*out`: as
+ * `mws_loader_last_report`, with one verdict per target participant the call writes
+ * (each for this call's share: a target written by several sources is updated once
+ * every one of their calls reports `MWS_TARGET_UPDATED`).
+ *
+ * # Safety
+ * `sink` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_sink_last_report(const struct mws_sink *sink, struct mws_live_report *out);
+
+/**
+ * Frees a sink; NULL does nothing.
+ *
+ * # Safety
+ * `sink` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_sink_free(struct mws_sink *sink);
 
 /**
  * Opens an empty in-memory store (for tests and single-process use; the objects

@@ -71,8 +71,9 @@ fn sink_pushes_every_byte_with_progress_stats_and_a_report() {
     let mut bytes = 0;
     for b in &src.bindings {
         // SAFETY: both models' buffers outlive the call; nothing else touches them.
-        let report = unsafe { sink.execute(&plan, &src.placement, b, &dst.placement, &dst.bindings, &LiveArgs::default()) }
-            .unwrap();
+        let report =
+            unsafe { sink.execute(&plan, &src.placement, b, &dst.placement, &dst.bindings, &LiveArgs::default()) }
+                .unwrap();
         let planned = plan.executors(Side::Source).iter().find(|e| e.participant_id == b.participant_id());
         match planned {
             None => {
@@ -146,7 +147,8 @@ fn loader_pulls_every_byte_and_cancellation_before_a_call_writes_nothing() {
     for b in &dst.bindings {
         let args = LiveArgs { guard: Some(Arc::new(StaticGuard)), ..Default::default() };
         // SAFETY: as above.
-        let report = unsafe { loader.load_live(&plan, &src.placement, &src.bindings, &dst.placement, b, &args) }.unwrap();
+        let report =
+            unsafe { loader.load_live(&plan, &src.placement, &src.bindings, &dst.placement, b, &args) }.unwrap();
         assert!(report.submitted);
         assert_eq!(report.guard_release, GuardRelease::Completed);
         assert_eq!(report.targets.len(), 1);
@@ -189,7 +191,7 @@ fn cancellation_in_the_middle_of_a_call_reports_the_target_torn() {
     assert!(err.report.pending_transfer_id.is_none());
     assert_eq!(err.report.targets.len(), 1);
     assert!(matches!(err.report.targets[0].outcome, TargetOutcome::Torn { .. }), "{:?}", err.report.targets);
-    assert_eq!(loader.last_report(), Some(err.report.clone()));
+    assert_eq!(loader.last_report().as_ref(), Some(&*err.report));
     assert!(dst.verify().is_err(), "the target is not complete");
     assert!(dst.buffers.iter().any(|b| b.iter().any(|&x| x != 0xA5)), "part of it was written before the cancellation");
 

@@ -70,6 +70,13 @@ impl<'a> Caller<'a> {
         self.opt_handle(p).ok_or_else(|| Failure::null(name))
     }
 
+    /// Borrows a required handle argument for a call that modifies it.
+    pub(crate) fn handle_mut<T: Handle>(self, p: *mut T, name: &str) -> FfiResult<&'a mut T> {
+        // SAFETY: the token's contract: `p` is NULL or a live handle that no other
+        // thread uses during the call (the entry point documents it).
+        unsafe { p.as_mut() }.ok_or_else(|| Failure::null(name))
+    }
+
     /// Borrows an optional handle argument (NULL gives `None`).
     pub(crate) fn opt_handle<T: Handle>(self, p: *const T) -> Option<&'a T> {
         // SAFETY: the token's contract: `p` is NULL or a live handle for the call.
@@ -78,11 +85,7 @@ impl<'a> Caller<'a> {
 
     /// Borrows an array of `n` handles (`name[i]` names a NULL element).
     pub(crate) fn handles<T: Handle>(self, p: *const *const T, n: usize, name: &str) -> FfiResult<Vec<&'a T>> {
-        self.slice(p, n, name)?
-            .iter()
-            .enumerate()
-            .map(|(i, &h)| self.handle(h, &format!("{name}[{i}]")))
-            .collect()
+        self.slice(p, n, name)?.iter().enumerate().map(|(i, &h)| self.handle(h, &format!("{name}[{i}]"))).collect()
     }
 
     /// Takes a handle back from C and drops it; NULL does nothing.
@@ -151,6 +154,15 @@ impl<'a> Caller<'a> {
         // SAFETY: the token's contract: `p` is NULL or valid for a write of `T` (an
         // out-parameter may be uninitialized, hence `MaybeUninit`).
         unsafe { p.cast::<std::mem::MaybeUninit<T>>().as_mut() }.map(Out)
+    }
+
+    /// Reads a caller's versioned vtable of type `T` (`size` at least `T`'s, the
+    /// given `version`) and copies it (`MWS_INVALID_ARGUMENT` naming `name` when
+    /// NULL or too small, `MWS_UNSUPPORTED` for another version).
+    pub(crate) fn vtable<T: Copy>(self, p: *const T, name: &str, version: u32) -> mws::Result<T> {
+        // SAFETY: the token's contract: a non-NULL vtable argument is readable for its
+        // `size` field's bytes; `read_vtable` reads the header first.
+        unsafe { crate::callbacks::read_vtable(p, name, version) }
     }
 
     /// Lends `text` to C, writing its length to `len` when `len` is not NULL.

@@ -1,14 +1,63 @@
 //! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
 
-use crate::boundary::{mws_status, Failure};
-use crate::handles::{handle, mws_binding, mws_placement, Handle, Identity};
-use crate::strings::{check_out, slice_arg, str_arg, struct_arg, write_out};
-use mws::validate_runtime_binding;
-use mws::MemoryKind;
-use mws::RuntimeFragment;
-use mws::RuntimeFragmentSpec;
-use std::ffi::c_char;
-use std::ffi::c_void;
+use crate::args::{Caller, Handle};
+use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::placement::mws_placement;
+use mws::{
+    validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSpec,
+};
+use std::ffi::{c_char, c_void};
+
+/// A runtime binding under construction: the identity of one participant's binding
+/// plus the fragments added so far.
+///
+/// Created by `mws_binding_new`, filled with `mws_binding_add_fragment`, freed by
+/// `mws_binding_free`. The binding is checked as a whole (against its placement) by
+/// `mws_binding_validate` and `mws_upload_plan_new`.
+///
+/// The handle copies every string and array it is given. It does not dereference the
+/// buffer addresses; the caller keeps the buffers valid and stable for as long as
+/// operations that move bytes (a later upload) use them.
+///
+/// Thread safety: `mws_binding_add_fragment` modifies the handle and must not run
+/// concurrently with any other call on the same handle; functions taking a
+/// `const mws_binding *` may run concurrently with each other.
+pub struct mws_binding {
+    pub(crate) identity: Identity,
+    pub(crate) fragments: Vec<RuntimeFragment>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Identity {
+    pub(crate) resource_id: String,
+    pub(crate) revision: String,
+    pub(crate) placement_id: String,
+    pub(crate) placement_digest: String,
+    pub(crate) participant_id: String,
+    pub(crate) instance_id: String,
+    pub(crate) lease_id: String,
+    pub(crate) generation: u64,
+}
+
+impl mws_binding {
+    /// Builds the Rust binding (validates it as a whole).
+    pub(crate) fn build(&self) -> FfiResult<RuntimeBinding> {
+        let id = self.identity.clone();
+        Ok(RuntimeBinding::new(RuntimeBindingSpec {
+            resource_id: id.resource_id,
+            placement_id: id.placement_id,
+            placement_digest: id.placement_digest,
+            instance_id: id.instance_id,
+            generation: id.generation,
+            lease_id: id.lease_id,
+            revision: id.revision,
+            participant_id: id.participant_id,
+            fragments: self.fragments.clone(),
+        })?)
+    }
+}
+
+handle!(mws_binding);
 
 /// Kind of memory a runtime fragment lives in (values of
 /// `mws_runtime_fragment.memory_kind`).
@@ -106,30 +155,20 @@ pub unsafe extern "C" fn mws_binding_new(
     options: *const mws_binding_options,
     out: *mut *mut mws_binding,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `options` is NULL or points to a valid struct for the call (this function's contract).
-        let o = unsafe { struct_arg(options, "options") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let o = c.struct_ref(options, "options")?;
+        let out = c.out(out, "out")?;
         let identity = Identity {
-            // SAFETY: `o.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            resource_id: unsafe { str_arg(o.resource_id, "options->resource_id") }?.to_owned(),
-            // SAFETY: `o.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            revision: unsafe { str_arg(o.revision, "options->revision") }?.to_owned(),
-            // SAFETY: `o.placement_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            placement_id: unsafe { str_arg(o.placement_id, "options->placement_id") }?.to_owned(),
-            // SAFETY: `o.placement_digest` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            placement_digest: unsafe { str_arg(o.placement_digest, "options->placement_digest") }?.to_owned(),
-            // SAFETY: `o.participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            participant_id: unsafe { str_arg(o.participant_id, "options->participant_id") }?.to_owned(),
-            // SAFETY: `o.instance_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            instance_id: unsafe { str_arg(o.instance_id, "options->instance_id") }?.to_owned(),
-            // SAFETY: `o.lease_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            lease_id: unsafe { str_arg(o.lease_id, "options->lease_id") }?.to_owned(),
+            resource_id: c.str(o.resource_id, "options->resource_id")?.to_owned(),
+            revision: c.str(o.revision, "options->revision")?.to_owned(),
+            placement_id: c.str(o.placement_id, "options->placement_id")?.to_owned(),
+            placement_digest: c.str(o.placement_digest, "options->placement_digest")?.to_owned(),
+            participant_id: c.str(o.participant_id, "options->participant_id")?.to_owned(),
+            instance_id: c.str(o.instance_id, "options->instance_id")?.to_owned(),
+            lease_id: c.str(o.lease_id, "options->lease_id")?.to_owned(),
             generation: o.generation,
         };
-        let binding = mws_binding { identity, fragments: Vec::new() };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(binding)) };
+        out.set(mws_binding { identity, fragments: Vec::new() }.into_raw());
         Ok(())
     })
 }
@@ -151,36 +190,25 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
     binding: *mut mws_binding,
     fragment: *const mws_runtime_fragment,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        let b = unsafe { binding.as_mut() }.ok_or_else(|| Failure::null("binding"))?;
-        // SAFETY: `fragment` is NULL or points to a valid struct for the call (this function's contract).
-        let f = unsafe { struct_arg(fragment, "fragment") }?;
+    status_call!(|c| {
+        let b = c.handle_mut(binding, "binding")?;
+        let f = c.struct_ref(fragment, "fragment")?;
         let memory = match f.memory_kind {
             k if k == mws_memory_kind::MWS_MEMORY_HOST as u32 => MemoryKind::Host,
             k if k == mws_memory_kind::MWS_MEMORY_DEVICE as u32 => MemoryKind::Device(f.device_ordinal),
             k => return Err(Failure::invalid(format!("fragment->memory_kind {k} is not an mws_memory_kind value"))),
         };
         let spec = RuntimeFragmentSpec {
-            // SAFETY: `f.placement_fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            placement_fragment_id: unsafe { str_arg(f.placement_fragment_id, "fragment->placement_fragment_id") }?
-                .to_owned(),
-            // SAFETY: `f.fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            fragment_id: unsafe { str_arg(f.fragment_id, "fragment->fragment_id") }?.to_owned(),
+            placement_fragment_id: c.str(f.placement_fragment_id, "fragment->placement_fragment_id")?.to_owned(),
+            fragment_id: c.str(f.fragment_id, "fragment->fragment_id")?.to_owned(),
             address: f.address as usize as u64,
             nbytes: f.nbytes,
-            // SAFETY: `f.worker_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            worker_id: unsafe { str_arg(f.worker_id, "fragment->worker_id") }?.to_owned(),
-            // SAFETY: `f.endpoint` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            endpoint: unsafe { str_arg(f.endpoint, "fragment->endpoint") }?.to_owned(),
-            // SAFETY: `f.device` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            device: unsafe { str_arg(f.device, "fragment->device") }?.to_owned(),
+            worker_id: c.str(f.worker_id, "fragment->worker_id")?.to_owned(),
+            endpoint: c.str(f.endpoint, "fragment->endpoint")?.to_owned(),
+            device: c.str(f.device, "fragment->device")?.to_owned(),
             itemsize: f.itemsize,
-            // SAFETY: `f.local_shape` is NULL or valid for `f.local_shape_len` reads during the call (this function's contract).
-            local_shape: unsafe { slice_arg(f.local_shape, f.local_shape_len, "fragment->local_shape") }?.to_vec(),
-            // SAFETY: `f.strides_bytes` is NULL or valid for `f.strides_bytes_len` reads during the call (this function's contract).
-            strides_bytes: unsafe { slice_arg(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes") }?
-                .to_vec(),
+            local_shape: c.slice(f.local_shape, f.local_shape_len, "fragment->local_shape")?.to_vec(),
+            strides_bytes: c.slice(f.strides_bytes, f.strides_bytes_len, "fragment->strides_bytes")?.to_vec(),
             storage_address: f.storage_address as usize as u64,
             storage_nbytes: f.storage_nbytes,
             storage_offset_bytes: f.storage_offset_bytes,
@@ -198,8 +226,7 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
 /// `binding` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
-    // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(binding, "binding") }?.fragments.len()))
+    value_call!(0, |c| Ok(c.handle(binding, "binding")?.fragments.len()))
 }
 
 /// Checks that the binding is complete and consistent, and pairs with `placement`
@@ -217,11 +244,9 @@ pub unsafe extern "C" fn mws_binding_validate(
     placement: *const mws_placement,
     binding: *const mws_binding,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(placement, "placement") }?;
-        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(binding, "binding") }?.build()?;
+    status_call!(|c| {
+        let p = c.handle(placement, "placement")?;
+        let b = c.handle(binding, "binding")?.build()?;
         validate_runtime_binding(&p.inner, &b)?;
         Ok(())
     })
@@ -235,9 +260,23 @@ pub unsafe extern "C" fn mws_binding_validate(
 /// thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_free(binding: *mut mws_binding) {
-    value_call!((), || {
-        // SAFETY: `binding` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(binding) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(binding))
+}
+
+/// The runtime bindings of an array of `n` binding handles (`MWS_INVALID_BINDING`
+/// naming the handle when one is not a valid binding).
+pub(crate) fn bindings_arg(
+    c: Caller<'_>,
+    list: *const *const mws_binding,
+    n: usize,
+    name: &str,
+) -> FfiResult<Vec<RuntimeBinding>> {
+    c.handles(list, n, name)?
+        .into_iter()
+        .map(|b| {
+            b.build().map_err(|f| {
+                Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
+            })
+        })
+        .collect()
 }

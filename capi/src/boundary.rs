@@ -212,6 +212,7 @@ macro_rules! status_call {
             // SAFETY: used only in the body of an `unsafe extern "C"` entry point
             // whose `# Safety` section requires every pointer argument to be NULL or
             // valid as documented for the whole call: the token carries that promise.
+            #[allow(unused_variables)]
             let $c = unsafe { $crate::args::Caller::trusted() };
             $body
         })
@@ -229,6 +230,7 @@ macro_rules! value_call {
         $crate::boundary::value_call(function_name!(), $fallback, || {
             // SAFETY: as in `status_call!`: only in entry points whose `# Safety`
             // section covers every pointer argument.
+            #[allow(unused_variables)]
             let $c = unsafe { $crate::args::Caller::trusted() };
             $body
         })

@@ -2,20 +2,16 @@
 //! transfer id, registration lease), translated into `protocol::UploadArgs` /
 //! `protocol::LoadArgs`.
 
+use crate::args::Caller;
+use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
-use crate::handles::{mws_binding, mws_registration_lease};
-use crate::strings::opt_str_arg;
-use mws::protocol::guards::GuardProvider;
-use mws::protocol::guards::StaticGuard;
-use mws::protocol::RegistrationLease;
-use mws::protocol::UploadArgs;
-use mws::protocol::WeightStore;
-use mws::protocol::{Progress, ProgressFn};
+use crate::lease::mws_registration_lease;
+use mws::protocol::guards::{GuardProvider, StaticGuard};
+use mws::protocol::{LoadArgs, Progress, ProgressFn, UploadArgs, WeightStore};
 use mws::RuntimeBinding;
-use std::ffi::c_char;
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 /// Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
@@ -48,21 +44,6 @@ pub struct mws_io_args {
     pub progress_ctx: *mut c_void,
 }
 
-impl mws_io_args {
-    /// The defaults (what a zeroed struct or NULL means).
-    pub(crate) fn none() -> mws_io_args {
-        mws_io_args {
-            worker_id: std::ptr::null(),
-            transfer_id: std::ptr::null(),
-            guard: std::ptr::null(),
-            guard_ctx: std::ptr::null_mut(),
-            lease: std::ptr::null(),
-            progress: None,
-            progress_ctx: std::ptr::null_mut(),
-        }
-    }
-}
-
 /// What a call's `mws_io_args` says, decoded.
 pub(crate) struct IoArgs<'a> {
     pub(crate) worker_id: Option<&'a str>,
@@ -72,9 +53,9 @@ pub(crate) struct IoArgs<'a> {
     pub(crate) progress: Option<CProgress>,
 }
 
-pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
-    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-    let Some(a) = (unsafe { args.as_ref() }) else {
+/// Decodes `args` (NULL: the defaults).
+pub(crate) fn io_args<'a>(c: Caller<'a>, args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
+    let Some(a) = c.opt_struct(args) else {
         return Ok(IoArgs {
             worker_id: None,
             transfer_id: None,
@@ -84,38 +65,65 @@ pub(crate) unsafe fn io_args<'a>(args: *const mws_io_args) -> FfiResult<IoArgs<'
         });
     };
     let guard: Box<dyn GuardProvider> =
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(unsafe { CGuard::from_vtable(a.guard, a.guard_ctx) }?) };
+        if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, a.guard, a.guard_ctx)?) };
     Ok(IoArgs {
-        // SAFETY: `a.worker_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        worker_id: unsafe { opt_str_arg(a.worker_id, "args->worker_id") }?,
-        // SAFETY: `a.transfer_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        transfer_id: unsafe { opt_str_arg(a.transfer_id, "args->transfer_id") }?,
+        worker_id: c.opt_str(a.worker_id, "args->worker_id")?,
+        transfer_id: c.opt_str(a.transfer_id, "args->transfer_id")?,
         guard,
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        lease: unsafe { a.lease.as_ref() },
-        // SAFETY: the callback honours `mws_progress_fn` with its context for the call (this function's contract).
+        lease: c.opt_handle(a.lease),
+        // SAFETY: the entry point's contract: a callback set in `args` honours
+        // `mws_progress_fn` with its context for the call.
         progress: unsafe { CProgress::new(a.progress, a.progress_ctx) },
     })
 }
 
-/// `mws_store_upload` after the handle checks (shared with `mws_transaction_upload`).
-///
-/// # Safety
-/// As `mws_store_upload`.
-pub(crate) unsafe fn with_upload_args<T>(
+/// Runs `run` with the [`UploadArgs`] that `args` says for `binding` on `ws`
+/// (`mws_store_upload`, `mws_transaction_upload`).
+pub(crate) fn with_upload_args<T>(
+    c: Caller<'_>,
     ws: &Arc<WeightStore>,
     binding: &mws_binding,
     args: *const mws_io_args,
     run: impl FnOnce(&RuntimeBinding, UploadArgs<'_>) -> mws::Result<T>,
 ) -> FfiResult<T> {
-    // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
-    let a = unsafe { io_args(args) }?;
+    let a = io_args(c, args)?;
     let rb = source_binding(binding, "")?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let report = a.progress.map(|c| move |p: &Progress| c.report(p));
-    let ua = a.upload_args(lease.as_deref(), report.as_ref().map(|f| f as ProgressFn<'_>));
+    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
+    let ua = UploadArgs {
+        worker_id: a.worker_id,
+        guard: Some(&*a.guard),
+        transfer_id: a.transfer_id,
+        lease: lease.as_deref(),
+        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+    };
     Ok(run(&rb, ua)?)
+}
+
+/// Runs `run` with the [`LoadArgs`] that `args` says for `binding` on `ws`
+/// (`mws_store_load`, `mws_loader_load_stored`).
+pub(crate) fn with_load_args<T>(
+    c: Caller<'_>,
+    ws: &Arc<WeightStore>,
+    binding: &mws_binding,
+    args: *const mws_io_args,
+    run: impl FnOnce(&RuntimeBinding, LoadArgs<'_>) -> mws::Result<T>,
+) -> FfiResult<T> {
+    let a = io_args(c, args)?;
+    let rb = binding.build().map_err(|f| {
+        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
+    })?;
+    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
+    let la = LoadArgs {
+        worker_id: a.worker_id,
+        guard: Some(&*a.guard),
+        transfer_id: a.transfer_id,
+        skip_committed_check: false,
+        lease: lease.as_deref(),
+        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+    };
+    Ok(run(&rb, la)?)
 }
 
 /// The runtime binding of a source handle, or `MWS_INVALID_BINDING`
@@ -125,26 +133,4 @@ pub(crate) fn source_binding(binding: &mws_binding, at: &str) -> FfiResult<Runti
     binding.build().map_err(|f| {
         Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {at}{}", f.message))
     })
-}
-
-impl<'a> IoArgs<'a> {
-    /// The [`UploadArgs`] these arguments say, with `lease` (already checked against
-    /// the store) in place of `self.lease` and `progress` (a trampoline to
-    /// `self.progress` that the caller keeps alive for the call).
-    pub(crate) fn upload_args<'x>(
-        &'x self,
-        lease: Option<&'x RegistrationLease>,
-        progress: Option<ProgressFn<'x>>,
-    ) -> UploadArgs<'x>
-    where
-        'a: 'x,
-    {
-        UploadArgs {
-            worker_id: self.worker_id,
-            guard: Some(&*self.guard),
-            transfer_id: self.transfer_id,
-            lease,
-            progress,
-        }
-    }
 }

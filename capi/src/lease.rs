@@ -1,16 +1,63 @@
 //! `mws_registration_lease`: buffers pinned and registered once for many uploads or
 //! loads (`WeightStore::register_weight_buffers`).
 
+use crate::args::Handle;
+use crate::binding::mws_binding;
+use crate::boundary::FfiResult;
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
-use crate::handles::{handle, mws_binding, mws_registration_lease, mws_store, Handle};
-use crate::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
+use crate::store::mws_store;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
+use mws::protocol::guards::TerminalState;
+use mws::protocol::RegistrationLease;
+use mws::protocol::WeightStore;
 use parking_lot::RwLock;
+use parking_lot::RwLockReadGuard;
 use std::ffi::c_char;
 use std::ffi::c_int;
 use std::ffi::c_void;
+use std::sync::Arc;
+
+/// A registration lease: the buffers of some runtime fragments of one binding, pinned
+/// (allocation guard) and registered with the store's backend once, for any number of
+/// `mws_store_upload` / `mws_store_load` calls that pass it in `mws_io_args.lease`
+/// (those calls then neither pin nor register anything).
+///
+/// Created by `mws_registration_lease_new`, closed by `mws_registration_lease_close`
+/// (unregisters and releases the pin with a terminal state), freed by
+/// `mws_registration_lease_free` (which closes an open lease as
+/// `MWS_TERMINAL_ABORTED` first). The lease keeps its store's backend alive.
+///
+/// Thread safety: uploads and loads using one lease may run concurrently; a close
+/// waits until they returned.
+pub struct mws_registration_lease {
+    pub(crate) ws: Arc<WeightStore>,
+    pub(crate) inner: RwLock<RegistrationLease>,
+}
+
+impl mws_registration_lease {
+    /// The lease, read-locked for one call on `ws` (refused when it belongs to
+    /// another store; a closed lease is refused by the call itself).
+    pub(crate) fn for_store(&self, ws: &Arc<WeightStore>) -> FfiResult<RwLockReadGuard<'_, RegistrationLease>> {
+        if !Arc::ptr_eq(&self.ws, ws) {
+            return Err(Failure::invalid("the registration lease belongs to another store"));
+        }
+        Ok(self.inner.read())
+    }
+}
+
+impl Drop for mws_registration_lease {
+    fn drop(&mut self) {
+        let lease = self.inner.get_mut();
+        if !lease.is_closed() {
+            // Unregister failures quarantine the pin in the store (drainable there).
+            let _ = self.ws.close_registration_lease(lease, TerminalState::Aborted);
+        }
+    }
+}
+
+handle!(mws_registration_lease);
 
 /// Which side of a transfer a registration lease pins (the `side` of
 /// `mws_registration_lease_new`).
@@ -64,36 +111,28 @@ pub unsafe extern "C" fn mws_registration_lease_new(
     transfer_id: *const c_char,
     out: *mut *mut mws_registration_lease,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(binding, "binding") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let b = c.handle(binding, "binding")?;
+        let out = c.out(out, "out")?;
         let side = match side {
             x if x == mws_lease_side::MWS_LEASE_SOURCE as u32 => "source",
             x if x == mws_lease_side::MWS_LEASE_TARGET as u32 => "target",
             x => return Err(Failure::invalid(format!("invalid lease side: {x}"))),
         };
-        // SAFETY: `fragment_ids` is NULL or valid for `count` reads during the call (this function's contract).
-        let ptrs = unsafe { slice_arg(fragment_ids, count, "fragment_ids") }?;
-        let mut ids = Vec::with_capacity(ptrs.len());
-        for (i, p) in ptrs.iter().enumerate() {
-            // SAFETY: `*p` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            ids.push(unsafe { str_arg(*p, &format!("fragment_ids[{i}]")) }?.to_owned());
+        let mut ids = Vec::with_capacity(count);
+        for (i, &p) in c.slice(fragment_ids, count, "fragment_ids")?.iter().enumerate() {
+            ids.push(c.str(p, &format!("fragment_ids[{i}]"))?.to_owned());
         }
-        // SAFETY: `transfer_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let transfer_id = unsafe { opt_str_arg(transfer_id, "transfer_id") }?;
+        let transfer_id = c.opt_str(transfer_id, "transfer_id")?;
         let guard: Box<dyn GuardProvider> =
-            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-            if guard.is_null() { Box::new(StaticGuard) } else { Box::new(unsafe { CGuard::from_vtable(guard, guard_ctx) }?) };
+            if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, guard, guard_ctx)?) };
         let rb = b.build().map_err(|f| {
             Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
         })?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
         let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(h)) };
+        out.set(Handle::into_raw(h));
         Ok(())
     })
 }
@@ -112,9 +151,8 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
-        let l = unsafe { handle(lease, "lease") }?;
+    status_call!(|c| {
+        let l = c.handle(lease, "lease")?;
         let state = terminal_state(state)?;
         let mut inner = l.inner.write();
         Ok(l.ws.close_registration_lease(&mut inner, state)?)
@@ -128,8 +166,7 @@ pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registra
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
-    // SAFETY: `lease` is NULL or a live handle of this type (this function's contract).
-    value_call!(-1, || { Ok(c_int::from(unsafe { handle(lease, "lease") }?.inner.read().is_closed())) })
+    value_call!(-1, |c| Ok(c_int::from(c.handle(lease, "lease")?.inner.read().is_closed())))
 }
 
 /// Frees a lease handle. `NULL` does nothing. An open lease is closed first as
@@ -141,9 +178,5 @@ pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_regi
 /// `lease` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_free(lease: *mut mws_registration_lease) {
-    value_call!((), || {
-        // SAFETY: `lease` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(lease) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(lease))
 }

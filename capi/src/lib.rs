@@ -37,22 +37,24 @@
 extern crate mws;
 
 #[macro_use]
-pub(crate) mod boundary;
+mod boundary;
+#[macro_use]
+mod args;
 mod binding;
 pub mod callbacks;
-pub(crate) mod handles;
+mod engine;
 mod io_args;
 mod lease;
+mod live;
 mod load_plan;
 mod loader;
 mod log;
 mod placement;
 mod placement_builder;
-
 mod receipts;
+mod sink;
 mod store;
 mod stored_manifest;
-mod strings;
 mod transaction;
 mod transfer_plan;
 mod upload_plan;
@@ -64,17 +66,20 @@ pub use callbacks::copy_hook::*;
 pub use callbacks::engine::*;
 pub use callbacks::guard::*;
 pub use callbacks::log::mws_log_fn;
+pub use callbacks::progress::*;
 pub use callbacks::snapshot::*;
 pub use callbacks::store::*;
-pub use handles::*;
+pub use engine::*;
 pub use io_args::*;
 pub use lease::*;
+pub use live::*;
 pub use load_plan::*;
 pub use loader::*;
 pub use log::*;
 pub use placement::*;
 pub use placement_builder::*;
 pub use receipts::*;
+pub use sink::*;
 pub use store::*;
 pub use stored_manifest::*;
 pub use transaction::*;
@@ -88,14 +93,17 @@ pub use writer::*;
 #[cfg(test)]
 extern crate mws as mooncake_weight_store;
 #[cfg(test)]
-#[path = "../../tests/common/model.rs"]
-mod test_model;
+#[path = "../tests/boundary.rs"]
+mod boundary_tests;
 #[cfg(test)]
 #[path = "../tests/hostile_store.rs"]
 mod hostile_store_tests;
 #[cfg(test)]
 #[path = "../tests/log_callback.rs"]
 mod log_callback_tests;
+#[cfg(test)]
+#[path = "../../tests/common/model.rs"]
+mod test_model;
 #[cfg(test)]
 #[path = "../tests/vtable_contract.rs"]
 mod vtable_contract_tests;

@@ -1,13 +1,31 @@
 //! `mws_load_plan_*`: restore plans (a stored manifest planned into a target
 //! placement and bound to target bindings), planning limits and load statistics.
 
+use crate::args::Caller;
+use crate::args::{CText, Handle};
+use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure};
-use crate::handles::{handle, mws_binding, mws_load_plan, mws_placement, mws_stored_manifest, Handle};
-use crate::strings::{check_out, slice_arg, write_out, CText};
+use crate::placement::mws_placement;
+use crate::stored_manifest::mws_stored_manifest;
 use mws::plan::load::PlanningLimits;
 use mws::protocol::LoadPlan;
 use std::ffi::c_char;
 use std::sync::Arc;
+
+/// A restore plan: the transfer regions that move a stored manifest into the target
+/// buffers of the bound participants of a target placement.
+///
+/// Created by `mws_load_plan_new`, freed by `mws_load_plan_free`. Immutable: may be
+/// used from several threads at once (each participant's `mws_store_load` may run
+/// concurrently). It copies what it needs from the manifest, placement and bindings
+/// (which may be freed afterwards) but records the bindings' buffer addresses: the
+/// buffers must stay where they are until the loads ran.
+pub struct mws_load_plan {
+    pub(crate) inner: LoadPlan,
+    pub(crate) participants: Vec<CText>,
+}
+
+handle!(mws_load_plan);
 
 /// Fail-closed bounds on planning work. A zeroed field means the library default
 /// (64Mi regions, 2^32 segments per region, 2^40 segments in all).
@@ -67,37 +85,15 @@ pub unsafe extern "C" fn mws_load_plan_new(
     limits: *const mws_planning_limits,
     out: *mut *mut mws_load_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `manifest` is NULL or a live handle of this type (this function's contract).
-        let m = unsafe { handle(manifest, "manifest") }?;
-        // SAFETY: `target` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(target, "target") }?;
-        check_out(out, "out")?;
-        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
-        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
-        let mut built = Vec::with_capacity(handles.len());
-        for (i, b) in handles.iter().enumerate() {
-            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
-            built.push(b.build()?);
-        }
-        let mut l = PlanningLimits::default();
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        if let Some(c) = unsafe { limits.as_ref() } {
-            if c.max_transfer_regions != 0 {
-                l.max_transfer_regions = c.max_transfer_regions;
-            }
-            if c.max_segments_per_region != 0 {
-                l.max_segments_per_region = c.max_segments_per_region;
-            }
-            if c.max_total_lowered_segments != 0 {
-                l.max_total_lowered_segments = c.max_total_lowered_segments;
-            }
-        }
+    status_call!(|c| {
+        let m = c.handle(manifest, "manifest")?;
+        let t = c.handle(target, "target")?;
+        let out = c.out(out, "out")?;
+        let built = c.handles(bindings, count, "bindings")?.iter().map(|b| b.build()).collect::<Result<Vec<_>, _>>()?;
+        let l = planning_limits(c, limits);
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_load_plan { inner: plan, participants })) };
+        out.set(Handle::into_raw(mws_load_plan { inner: plan, participants }));
         Ok(())
     })
 }
@@ -108,11 +104,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
 /// `plan` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
-    value_call!((), || {
-        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(plan) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(plan))
 }
 
 /// Returns the number of transfer regions, or 0 (and the last error) if `plan` is
@@ -122,8 +114,7 @@ pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) -> usize {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.inner.regions().len()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.inner.regions().len()))
 }
 
 /// Returns the bytes the plan moves, or 0 (and the last error) if `plan` is NULL.
@@ -132,8 +123,7 @@ pub unsafe extern "C" fn mws_load_plan_region_count(plan: *const mws_load_plan) 
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -> u64 {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.inner.total_bytes()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.inner.total_bytes()))
 }
 
 /// Returns the number of target participants the plan loads (sorted ids via
@@ -143,8 +133,7 @@ pub unsafe extern "C" fn mws_load_plan_total_bytes(plan: *const mws_load_plan) -
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_participant_count(plan: *const mws_load_plan) -> usize {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.participants.len()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.participants.len()))
 }
 
 /// Returns target participant `index` (sorted order). Borrowed NUL-terminated string
@@ -159,17 +148,15 @@ pub unsafe extern "C" fn mws_load_plan_participant(
     index: usize,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), || {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
         let t = p.participants.get(index).ok_or_else(|| {
             Failure::invalid(format!(
                 "participant index {index} is out of range (the plan has {})",
                 p.participants.len()
             ))
         })?;
-        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
-        Ok(unsafe { t.lend(len) })
+        Ok(c.lend(t, len))
     })
 }
 
@@ -184,4 +171,20 @@ pub(crate) fn stats_out(s: mws::protocol::LoadStats) -> mws_load_stats {
         staged_regions: s.staged_regions,
         staged_bytes: s.staged_bytes,
     }
+}
+
+/// The planning limits `limits` says: NULL or a zeroed field means the library default.
+pub(crate) fn planning_limits(c: Caller<'_>, limits: *const mws_planning_limits) -> PlanningLimits {
+    let mut l = PlanningLimits::default();
+    if let Some(lim) = c.opt_struct(limits) {
+        let set = |field: &mut u64, v: u64| {
+            if v != 0 {
+                *field = v;
+            }
+        };
+        set(&mut l.max_transfer_regions, lim.max_transfer_regions);
+        set(&mut l.max_segments_per_region, lim.max_segments_per_region);
+        set(&mut l.max_total_lowered_segments, lim.max_total_lowered_segments);
+    }
+    l
 }

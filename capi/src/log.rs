@@ -42,7 +42,7 @@ pub unsafe extern "C" fn mws_set_log_callback(
     callback: Option<unsafe extern "C" fn(ctx: *mut c_void, level: i32, target: *const c_char, message: *const c_char)>,
     ctx: *mut c_void,
 ) -> mws_status {
-    status_call!(|| {
+    status_call!(|c| {
         let filter = level_filter(level)
             .ok_or_else(|| Failure::invalid(format!("log level must be 0 (off) to 5 (trace), got {level}")))?;
         set(filter, callback, ctx).map_err(|e| Failure::new(mws_status::MWS_UNSUPPORTED, e))

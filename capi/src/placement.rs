@@ -1,10 +1,70 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
-use crate::boundary::{mws_status, value_call, Failure, FfiResult};
-use crate::handles::{handle, lend_text, mws_placement, FragmentView, Handle};
-use crate::strings::{check_out, slice_arg, write_out};
+use crate::args::{CText, Handle};
+use crate::boundary::{mws_status, Failure, FfiResult};
 use mws::Placement;
 use std::ffi::c_char;
+
+/// A parsed and validated complete weight placement (address-free: tensors, topology,
+/// and which participant holds which fragment of which tensor).
+///
+/// Created by `mws_placement_from_json`, freed by `mws_placement_free`. Immutable: every
+/// function taking a `const mws_placement *` may be called from several threads at
+/// once. Strings returned by its accessors are owned by the handle and stay valid until
+/// it is freed.
+pub struct mws_placement {
+    pub(crate) inner: Placement,
+    pub(crate) json: CText,
+    pub(crate) placement_id: CText,
+    pub(crate) digest: CText,
+    pub(crate) topology_id: CText,
+    pub(crate) resource_id: CText,
+    pub(crate) revision: CText,
+    pub(crate) fragments: Vec<FragmentView>,
+}
+
+pub(crate) struct FragmentView {
+    pub(crate) placement_fragment_id: CText,
+    pub(crate) participant_id: CText,
+    pub(crate) tensor_id: CText,
+    pub(crate) global_offset: Vec<u64>,
+    pub(crate) local_shape: Vec<u64>,
+    pub(crate) nbytes: u64,
+    pub(crate) itemsize: u64,
+}
+
+impl mws_placement {
+    pub(crate) fn new(inner: Placement) -> Self {
+        let mut fragments = Vec::new();
+        for part in inner.parts() {
+            for f in part.fragments() {
+                // Tensors are sorted by id: a binary search, not a scan (n log n overall).
+                let itemsize = inner.tensor(f.tensor_id()).map_or(0, |t| t.itemsize());
+                fragments.push(FragmentView {
+                    placement_fragment_id: CText::new(f.placement_fragment_id()),
+                    participant_id: CText::new(part.participant_id()),
+                    tensor_id: CText::new(f.tensor_id()),
+                    global_offset: f.global_offset().to_vec(),
+                    local_shape: f.local_shape().to_vec(),
+                    nbytes: f.nbytes(),
+                    itemsize,
+                });
+            }
+        }
+        mws_placement {
+            json: CText::new(&inner.to_json()),
+            placement_id: CText::new(inner.placement_id()),
+            digest: CText::new(inner.digest()),
+            topology_id: CText::new(inner.topology().topology_id()),
+            resource_id: CText::new(inner.resource_id()),
+            revision: CText::new(inner.revision()),
+            fragments,
+            inner,
+        }
+    }
+}
+
+handle!(mws_placement);
 
 /// One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
 /// is borrowed from the placement handle and stays valid until it is freed.
@@ -50,16 +110,14 @@ pub unsafe extern "C" fn mws_placement_from_json(
     len: usize,
     out: *mut *mut mws_placement,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
-        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let bytes = c.slice(json as *const u8, len, "json")?;
         let placement = Placement::from_json(bytes)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_placement::new(placement))) };
+        out.set(Handle::into_raw(mws_placement::new(placement)));
         Ok(())
     })
 }
@@ -73,11 +131,7 @@ pub unsafe extern "C" fn mws_placement_from_json(
 /// no other thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
-    value_call!((), || {
-        // SAFETY: `placement` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(placement) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(placement))
 }
 
 /// Returns the canonical JSON of the placement (sorted keys, compact, ASCII only; the
@@ -91,8 +145,10 @@ pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.json) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.json, len))
+    })
 }
 
 /// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
@@ -102,8 +158,10 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.placement_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.placement_id, len))
+    })
 }
 
 /// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
@@ -113,8 +171,10 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.digest) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.digest, len))
+    })
 }
 
 /// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
@@ -124,8 +184,10 @@ pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, l
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.topology_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.topology_id, len))
+    })
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -135,8 +197,10 @@ pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.resource_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.resource_id, len))
+    })
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -145,8 +209,10 @@ pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), placement, "placement", len, |p| &p.revision) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(c.lend(&p.revision, len))
+    })
 }
 
 /// Returns the weight generation of the placement, or 0 (and sets the last error) if
@@ -156,17 +222,7 @@ pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement,
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_placement) -> u64 {
-    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(placement, "placement") }?.inner.weight_generation()))
-}
-
-pub(crate) unsafe fn count(
-    function: &'static str,
-    placement: *const mws_placement,
-    pick: impl FnOnce(&mws_placement) -> usize,
-) -> usize {
-    // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-    value_call(function, 0, || Ok(pick(unsafe { handle(placement, "placement") }?)))
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.inner.weight_generation()))
 }
 
 /// Returns the number of participants of the placement's topology, or 0 (and sets the
@@ -176,8 +232,10 @@ pub(crate) unsafe fn count(
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
-    unsafe { count(function_name!(), placement, |p| p.inner.topology().participants().len()) }
+    value_call!(0, |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(p.inner.topology().participants().len())
+    })
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -187,8 +245,10 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
-    unsafe { count(function_name!(), placement, |p| p.inner.tensors().len()) }
+    value_call!(0, |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(p.inner.tensors().len())
+    })
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -198,8 +258,10 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live.
-    unsafe { count(function_name!(), placement, |p| p.fragments.len()) }
+    value_call!(0, |c| {
+        let p = c.handle(placement, "placement")?;
+        Ok(p.fragments.len())
+    })
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.
@@ -218,27 +280,20 @@ pub unsafe extern "C" fn mws_placement_fragment(
     index: usize,
     out: *mut mws_placement_fragment_info,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(placement, "placement") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(placement, "placement")?;
+        let out = c.out(out, "out")?;
         let f = fragment_at(p, index)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe {
-            write_out(
-                out,
-                mws_placement_fragment_info {
-                    placement_fragment_id: f.placement_fragment_id.as_ptr(),
-                    participant_id: f.participant_id.as_ptr(),
-                    tensor_id: f.tensor_id.as_ptr(),
-                    ndim: f.local_shape.len(),
-                    global_offset: f.global_offset.as_ptr(),
-                    local_shape: f.local_shape.as_ptr(),
-                    nbytes: f.nbytes,
-                    itemsize: f.itemsize,
-                },
-            )
-        };
+        out.set(mws_placement_fragment_info {
+            placement_fragment_id: f.placement_fragment_id.as_ptr(),
+            participant_id: f.participant_id.as_ptr(),
+            tensor_id: f.tensor_id.as_ptr(),
+            ndim: f.local_shape.len(),
+            global_offset: f.global_offset.as_ptr(),
+            local_shape: f.local_shape.as_ptr(),
+            nbytes: f.nbytes,
+            itemsize: f.itemsize,
+        });
         Ok(())
     })
 }

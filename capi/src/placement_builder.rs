@@ -1,12 +1,26 @@
 //! `mws_placement_builder_*`: build a placement from parts in C (translates
 //! `model::PlacementBuilder`; every rule and identity is the library's).
 
+use crate::args::{CText, Handle};
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::handles::{handle, mws_placement, mws_placement_builder, Handle};
-use crate::strings::{check_out, opt_str_arg, slice_arg, str_arg, struct_arg, write_out, CText};
+use crate::placement::mws_placement;
 use mws::model::{AxisKind, BuilderFragment, ParallelAxis, ParallelRank, PlacementBuilder, PlacementBuilderSpec};
 use mws::TensorSpec;
 use std::ffi::c_char;
+
+/// A placement under construction (`mws_placement_builder_new`): participants,
+/// tensors and fragments added one call at a time, then `mws_placement_builder_build`.
+/// Mirrors `model::PlacementBuilder`.
+///
+/// Freed by `mws_placement_builder_free`. Thread safety: calls are serialized by a
+/// mutex; fragment ids it lends stay valid until it is freed.
+pub struct mws_placement_builder {
+    pub(crate) inner: parking_lot::Mutex<mws::model::PlacementBuilder>,
+    /// The ids returned by `mws_placement_builder_add_fragment` (boxed: stable).
+    pub(crate) ids: parking_lot::Mutex<Vec<CText>>,
+}
+
+handle!(mws_placement_builder);
 
 /// Identity and topology sizes of a placement to build (`mws_placement_builder_new`).
 #[repr(C)]
@@ -154,15 +168,6 @@ fn axis(a: &mws_parallel_axis) -> FfiResult<ParallelAxis> {
     })
 }
 
-/// Reads an optional `const uint64_t *`.
-///
-/// # Safety
-/// `p` is NULL or valid for a read of `u64`.
-unsafe fn opt_u64(p: *const u64) -> Option<u64> {
-    // SAFETY: the caller guarantees `p` is NULL or readable.
-    unsafe { p.as_ref() }.copied()
-}
-
 /// Starts a placement builder. No validation yet beyond the C arguments: sizes and ids
 /// are checked by `mws_placement_builder_build`. On success writes a new handle to
 /// `*out` (free it with `mws_placement_builder_free`).
@@ -178,18 +183,15 @@ pub unsafe extern "C" fn mws_placement_builder_new(
     options: *const mws_placement_builder_options,
     out: *mut *mut mws_placement_builder,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
-        // SAFETY: `options` is NULL or points to a valid struct for the call (this function's contract).
-        let o = unsafe { struct_arg(options, "options") }?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        let o = c.struct_ref(options, "options")?;
         let spec = PlacementBuilderSpec {
-            // SAFETY: `o.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            resource_id: unsafe { str_arg(o.resource_id, "options->resource_id") }?.to_string(),
-            // SAFETY: `o.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            revision: unsafe { str_arg(o.revision, "options->revision") }?.to_string(),
+            resource_id: c.str(o.resource_id, "options->resource_id")?.to_string(),
+            revision: c.str(o.revision, "options->revision")?.to_string(),
             weight_generation: o.weight_generation,
-            // SAFETY: `o.placement_set_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            placement_set_id: unsafe { opt_str_arg(o.placement_set_id, "options->placement_set_id") }?
+            placement_set_id: c
+                .opt_str(o.placement_set_id, "options->placement_set_id")?
                 .unwrap_or("placement")
                 .to_string(),
             tp_size: o.tp_size,
@@ -201,8 +203,7 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
             ids: parking_lot::Mutex::new(Vec::new()),
         };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(b)) };
+        out.set(Handle::into_raw(b));
         Ok(())
     })
 }
@@ -221,13 +222,10 @@ pub unsafe extern "C" fn mws_placement_builder_add_participant(
     participant_id: *const c_char,
     rank: *const mws_rank,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(builder, "builder") }?;
-        // SAFETY: `participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let id = unsafe { str_arg(participant_id, "participant_id") }?;
-        // SAFETY: `rank` is NULL or points to a valid struct for the call (this function's contract).
-        let r = unsafe { struct_arg(rank, "rank") }?;
+    status_call!(|c| {
+        let b = c.handle(builder, "builder")?;
+        let id = c.str(participant_id, "participant_id")?;
+        let r = c.struct_ref(rank, "rank")?;
         b.inner.lock().add_participant(id, ParallelRank::new(r.dp, r.pp, r.ep, r.tp))?;
         Ok(())
     })
@@ -247,32 +245,20 @@ pub unsafe extern "C" fn mws_placement_builder_add_tensor(
     builder: *const mws_placement_builder,
     spec: *const mws_tensor_spec,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(builder, "builder") }?;
-        // SAFETY: `spec` is NULL or points to a valid struct for the call (this function's contract).
-        let s = unsafe { struct_arg(spec, "spec") }?;
-        // SAFETY: `s.axes` is NULL or valid for `s.axis_count` reads during the call (this function's contract).
-        let axes = unsafe { slice_arg(s.axes, s.axis_count, "spec->axes") }?
-            .iter()
-            .map(axis)
-            .collect::<FfiResult<Vec<_>>>()?;
+    status_call!(|c| {
+        let b = c.handle(builder, "builder")?;
+        let s = c.struct_ref(spec, "spec")?;
+        let axes = c.slice(s.axes, s.axis_count, "spec->axes")?.iter().map(axis).collect::<FfiResult<Vec<_>>>()?;
         let t = TensorSpec {
-            // SAFETY: `s.tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            tensor_id: unsafe { str_arg(s.tensor_id, "spec->tensor_id") }?.to_string(),
-            // SAFETY: `s.global_shape` is NULL or valid for `s.ndim` reads during the call (this function's contract).
-            global_shape: unsafe { slice_arg(s.global_shape, s.ndim, "spec->global_shape") }?.to_vec(),
-            // SAFETY: `s.dtype` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            dtype: unsafe { str_arg(s.dtype, "spec->dtype") }?.to_string(),
+            tensor_id: c.str(s.tensor_id, "spec->tensor_id")?.to_string(),
+            global_shape: c.slice(s.global_shape, s.ndim, "spec->global_shape")?.to_vec(),
+            dtype: c.str(s.dtype, "spec->dtype")?.to_string(),
             itemsize: s.itemsize,
             shard_dims: Vec::new(),
-            // SAFETY: `s.layout_fingerprint` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            layout_fingerprint: unsafe { str_arg(s.layout_fingerprint, "spec->layout_fingerprint") }?.to_string(),
+            layout_fingerprint: c.str(s.layout_fingerprint, "spec->layout_fingerprint")?.to_string(),
             parallel_axes: axes,
-            // SAFETY: `s.layer_id` is NULL or readable (this function's contract).
-            layer_id: unsafe { opt_u64(s.layer_id) },
-            // SAFETY: `s.expert_id` is NULL or readable (this function's contract).
-            expert_id: unsafe { opt_u64(s.expert_id) },
+            layer_id: c.opt_struct(s.layer_id).copied(),
+            expert_id: c.opt_struct(s.expert_id).copied(),
         };
         b.inner.lock().add_tensor(t)?;
         Ok(())
@@ -297,31 +283,23 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
     id_out: *mut *const c_char,
     id_len: *mut usize,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(builder, "builder") }?;
-        // SAFETY: `spec` is NULL or points to a valid struct for the call (this function's contract).
-        let s = unsafe { struct_arg(spec, "spec") }?;
-        // SAFETY: `s.aliases` is NULL or valid for `s.alias_count` reads during the call (this function's contract).
-        let aliases = unsafe { slice_arg(s.aliases, s.alias_count, "spec->aliases") }?
+    status_call!(|c| {
+        let b = c.handle(builder, "builder")?;
+        let s = c.struct_ref(spec, "spec")?;
+        let aliases = c
+            .slice(s.aliases, s.alias_count, "spec->aliases")?
             .iter()
-            // SAFETY: `*a` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            .map(|a| unsafe { str_arg(*a, "spec->aliases[i]") }.map(str::to_string))
+            .map(|a| c.str(*a, "spec->aliases[i]").map(str::to_string))
             .collect::<FfiResult<Vec<_>>>()?;
         let f = BuilderFragment {
-            // SAFETY: `s.participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            participant_id: unsafe { str_arg(s.participant_id, "spec->participant_id") }?.to_string(),
-            // SAFETY: `s.tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            tensor_id: unsafe { str_arg(s.tensor_id, "spec->tensor_id") }?.to_string(),
-            // SAFETY: `s.global_offset` is NULL or valid for `s.ndim` reads during the call (this function's contract).
-            global_offset: unsafe { slice_arg(s.global_offset, s.ndim, "spec->global_offset") }?.to_vec(),
-            // SAFETY: `s.local_shape` is NULL or valid for `s.ndim` reads during the call (this function's contract).
-            local_shape: unsafe { slice_arg(s.local_shape, s.ndim, "spec->local_shape") }?.to_vec(),
-            // SAFETY: `s.pipeline_stage_id` is NULL or readable (this function's contract).
-            pipeline_stage_id: unsafe { opt_u64(s.pipeline_stage_id) },
+            participant_id: c.str(s.participant_id, "spec->participant_id")?.to_string(),
+            tensor_id: c.str(s.tensor_id, "spec->tensor_id")?.to_string(),
+            global_offset: c.slice(s.global_offset, s.ndim, "spec->global_offset")?.to_vec(),
+            local_shape: c.slice(s.local_shape, s.ndim, "spec->local_shape")?.to_vec(),
+            pipeline_stage_id: c.opt_struct(s.pipeline_stage_id).copied(),
             aliases,
-            // SAFETY: `s.placement_fragment_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            placement_fragment_id: unsafe { opt_str_arg(s.placement_fragment_id, "spec->placement_fragment_id") }?
+            placement_fragment_id: c
+                .opt_str(s.placement_fragment_id, "spec->placement_fragment_id")?
                 .map(str::to_string),
         };
         let mut inner = b.inner.lock();
@@ -329,9 +307,8 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
         let mut ids = b.ids.lock();
         ids.push(id);
         let text = ids.last().expect("just pushed");
-        if !id_out.is_null() {
-            // SAFETY: `id_out` was checked non-NULL and is valid for a write (this function's contract).
-            unsafe { write_out(id_out, text.lend(id_len)) };
+        if let Some(out) = c.opt_out(id_out) {
+            out.set(c.lend(text, id_len));
         }
         Ok(())
     })
@@ -351,13 +328,11 @@ pub unsafe extern "C" fn mws_placement_builder_build(
     builder: *const mws_placement_builder,
     out: *mut *mut mws_placement,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `builder` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(builder, "builder") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let b = c.handle(builder, "builder")?;
+        let out = c.out(out, "out")?;
         let p = b.inner.lock().build()?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_placement::new(p))) };
+        out.set(Handle::into_raw(mws_placement::new(p)));
         Ok(())
     })
 }
@@ -368,9 +343,5 @@ pub unsafe extern "C" fn mws_placement_builder_build(
 /// `builder` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_builder_free(builder: *mut mws_placement_builder) {
-    value_call!((), || {
-        // SAFETY: `builder` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(builder) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(builder))
 }

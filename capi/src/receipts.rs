@@ -1,11 +1,29 @@
 //! `mws_receipts_*`: upload receipts, their JSON transport between processes, and
 //! receipts rebuilt from a plan for recovery.
 
+use crate::args::{CText, Handle};
 use crate::boundary::{mws_status, Failure};
-use crate::handles::{handle, mws_receipts, mws_upload_plan, Handle};
-use crate::strings::{check_out, slice_arg, write_out, CText};
+use crate::upload_plan::mws_upload_plan;
 use mws::protocol::UploadReceipt;
 use std::ffi::c_char;
+use std::sync::OnceLock;
+
+/// Upload receipts: proof that stored fragments were written and are visible.
+/// Returned by `mws_store_upload` and `mws_writer_write_tensor`, decoded by
+/// `mws_receipts_from_json`, merged by `mws_receipts_concat`; freed by
+/// `mws_receipts_free`. Immutable: may be used from several threads at once.
+pub struct mws_receipts {
+    pub(crate) inner: Vec<UploadReceipt>,
+    pub(crate) json: OnceLock<CText>,
+}
+
+impl mws_receipts {
+    pub(crate) fn new(inner: Vec<UploadReceipt>) -> mws_receipts {
+        mws_receipts { inner, json: OnceLock::new() }
+    }
+}
+
+handle!(mws_receipts);
 
 /// Frees a receipts handle. `NULL` does nothing.
 ///
@@ -13,11 +31,7 @@ use std::ffi::c_char;
 /// `receipts` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
-    value_call!((), || {
-        // SAFETY: `receipts` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(receipts) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(receipts))
 }
 
 /// Returns the number of receipts, or 0 (and the last error) if `receipts` is NULL.
@@ -26,8 +40,7 @@ pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
 /// `receipts` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> usize {
-    // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(receipts, "receipts") }?.inner.len()))
+    value_call!(0, |c| Ok(c.handle(receipts, "receipts")?.inner.len()))
 }
 
 /// Encodes the receipts for transport (a rank sends them to the coordinator that
@@ -38,11 +51,9 @@ pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> us
 /// `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), || {
-        // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
-        let r = unsafe { handle(receipts, "receipts") }?;
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        Ok(unsafe { r.json.get_or_init(|| CText::new(&mws::protocol::receipts_to_json(&r.inner))).lend(len) })
+    value_call!(std::ptr::null(), |c| {
+        let r = c.handle(receipts, "receipts")?;
+        Ok(c.lend(r.json.get_or_init(|| CText::new(&mws::protocol::receipts_to_json(&r.inner))), len))
     })
 }
 
@@ -60,16 +71,14 @@ pub unsafe extern "C" fn mws_receipts_from_json(
     len: usize,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
-        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let bytes = c.slice(json as *const u8, len, "json")?;
         let r = mws::protocol::receipts_from_json(bytes)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(r))) };
+        out.set(Handle::into_raw(mws_receipts::new(r)));
         Ok(())
     })
 }
@@ -87,18 +96,13 @@ pub unsafe extern "C" fn mws_receipts_concat(
     count: usize,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
-        // SAFETY: `list` is NULL or valid for `count` reads during the call (this function's contract).
-        let items = unsafe { slice_arg(list, count, "list") }?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
         let mut all = Vec::new();
-        for (i, r) in items.iter().enumerate() {
-            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-            let r = unsafe { r.as_ref() }.ok_or_else(|| Failure::null(&format!("list[{i}]")))?;
+        for r in c.handles(list, count, "list")? {
             all.extend(r.inner.iter().cloned());
         }
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(all))) };
+        out.set(Handle::into_raw(mws_receipts::new(all)));
         Ok(())
     })
 }
@@ -114,12 +118,10 @@ pub unsafe extern "C" fn mws_receipts_from_plan(
     plan: *const mws_upload_plan,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner)))) };
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
+        out.set(Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner))));
         Ok(())
     })
 }

@@ -2,17 +2,18 @@
 //! object access, and the store's jobs: upload, commit, abort, finalize, decisions,
 //! restores (`mws_store_load`) and quarantined registrations.
 
+use crate::args::{CText, Caller, Handle};
+use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
 use crate::callbacks::store::{mws_store_vtable, store_from_vtable};
-use crate::handles::{
-    handle, mws_binding, mws_load_plan, mws_placement, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan,
-    Handle,
-};
-use crate::io_args::{io_args, mws_io_args, with_upload_args};
+use crate::io_args::{mws_io_args, with_load_args, with_upload_args};
+use crate::load_plan::mws_load_plan;
 use crate::load_plan::{mws_load_stats, stats_out};
-use crate::strings::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
-use mws::protocol::LoadArgs;
+use crate::placement::mws_placement;
+use crate::receipts::mws_receipts;
+use crate::stored_manifest::mws_stored_manifest;
+use crate::upload_plan::mws_upload_plan;
 use mws::protocol::StoreLimits;
 use mws::protocol::UploadReceipt;
 use mws::protocol::WeightStore;
@@ -28,6 +29,29 @@ use std::ffi::c_char;
 use std::ffi::c_int;
 use std::ffi::c_void;
 use std::sync::Arc;
+
+/// A weight store: an object store backend (memory, directory or caller vtable) plus
+/// the key prefix, limits and buffer-registration state of the weight protocol.
+///
+/// Created by `mws_store_open_memory`, `mws_store_open_dir`, `mws_store_from_vtable`
+/// or `mws_store_from_vtable_with_options`; freed by `mws_store_free`.
+///
+/// Thread safety: every function taking a `const mws_store *` may be called from
+/// several threads at once (uploads and loads of different participants run in
+/// parallel). Writers (`mws_writer`) keep the store alive: freeing the store while a
+/// writer lives is allowed; the backend is released when the last of them goes.
+pub struct mws_store {
+    pub(crate) ws: Arc<WeightStore>,
+    pub(crate) key_prefix: CText,
+}
+
+impl mws_store {
+    pub(crate) fn new(ws: WeightStore) -> mws_store {
+        mws_store { key_prefix: CText::new(ws.key_prefix()), ws: Arc::new(ws) }
+    }
+}
+
+handle!(mws_store);
 
 /// `mws_store_options.staging_bytes` value that turns restore staging off.
 pub const MWS_STAGING_OFF: u64 = u64::MAX;
@@ -85,15 +109,19 @@ pub(crate) struct StoreConfig {
     limits: StoreLimits,
 }
 
+/// Decodes `options` (NULL: the defaults); a copy hook only when `allow_hook`.
+///
+/// # Safety
+/// A copy hook in `options` honours `mws_copy_hook_vtable` with its context for as
+/// long as the store to be built lives.
 pub(crate) unsafe fn read_options(
+    c: Caller<'_>,
     options: *const mws_store_options,
     allow_hook: bool,
 ) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
     let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
-    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-    let Some(o) = (unsafe { options.as_ref() }) else { return Ok((config, None)) };
-    // SAFETY: `o.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
-    config.key_prefix = unsafe { opt_str_arg(o.key_prefix, "options->key_prefix") }?.map(str::to_owned);
+    let Some(o) = c.opt_struct(options) else { return Ok((config, None)) };
+    config.key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?.map(str::to_owned);
     if o.max_range_bytes != 0 {
         config.limits.max_range_bytes = o.max_range_bytes;
     }
@@ -124,7 +152,8 @@ pub(crate) unsafe fn read_options(
             "options->copy_hook is only for the embedded stores; a vtable store handles device memory in its callbacks",
         ));
     } else {
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        // SAFETY: this function's contract: the hook's callbacks honour
+        // `mws_copy_hook_vtable` with its context while the store lives.
         Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
     };
     Ok((config, hook))
@@ -156,17 +185,17 @@ pub unsafe extern "C" fn mws_store_open_memory(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let (config, hook) = unsafe { read_options(options, true) }?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        // SAFETY: this function's contract: a copy hook in `options` honours its vtable
+        // contract while the store lives.
+        let (config, hook) = unsafe { read_options(c, options, true) }?;
         let backend = match hook {
             Some(h) => MemoryStore::with_copy_hook(h),
             None => MemoryStore::new(),
         };
         let ws = configure(Arc::new(backend), config)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+        out.set(Handle::into_raw(mws_store::new(ws)));
         Ok(())
     })
 }
@@ -188,19 +217,18 @@ pub unsafe extern "C" fn mws_store_open_dir(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
-        // SAFETY: `path` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let path = unsafe { str_arg(path, "path") }?;
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let (config, hook) = unsafe { read_options(options, true) }?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        let path = c.str(path, "path")?;
+        // SAFETY: this function's contract: a copy hook in `options` honours its vtable
+        // contract while the store lives.
+        let (config, hook) = unsafe { read_options(c, options, true) }?;
         let dir = match hook {
             Some(h) => DirectoryStore::with_copy_hook(path, h)?,
             None => DirectoryStore::open(path)?,
         };
         let ws = configure(Arc::new(dir), config)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+        out.set(Handle::into_raw(mws_store::new(ws)));
         Ok(())
     })
 }
@@ -227,8 +255,8 @@ pub unsafe extern "C" fn mws_store_from_vtable(
     ctx: *mut c_void,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    status_call!(|| unsafe { from_vtable(vt, ctx, std::ptr::null(), out) })
+    // SAFETY: `from_vtable`'s contract is this function's.
+    status_call!(|c| unsafe { from_vtable(c, vt, ctx, std::ptr::null(), out) })
 }
 
 /// As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
@@ -243,29 +271,34 @@ pub unsafe extern "C" fn mws_store_from_vtable_with_options(
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> mws_status {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    status_call!(|| unsafe { from_vtable(vt, ctx, options, out) })
+    // SAFETY: `from_vtable`'s contract is this function's.
+    status_call!(|c| unsafe { from_vtable(c, vt, ctx, options, out) })
 }
 
-pub(crate) unsafe fn from_vtable(
+/// `mws_store_from_vtable(_with_options)` inside the boundary.
+///
+/// # Safety
+/// As `mws_store_from_vtable`.
+unsafe fn from_vtable(
+    c: Caller<'_>,
     vt: *const mws_store_vtable,
     ctx: *mut c_void,
     options: *const mws_store_options,
     out: *mut *mut mws_store,
 ) -> FfiResult<()> {
-    check_out(out, "out")?;
+    let out = c.out(out, "out")?;
     if vt.is_null() {
         return Err(Failure::null("vt"));
     }
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    let (config, _) = unsafe { read_options(options, false) }?;
+    // SAFETY: no copy hook is accepted here (`allow_hook` is false).
+    let (config, _) = unsafe { read_options(c, options, false) }?;
     // Validate the options before taking ownership of ctx (construction is last).
     config.limits.validate()?;
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+    // SAFETY: this function's contract: the vtable is readable for its size and its
+    // callbacks honour the contract while the store lives.
     let backend = unsafe { store_from_vtable(vt, ctx) }?;
     let ws = configure(Arc::new(backend), config)?;
-    // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-    unsafe { write_out(out, Handle::into_raw(mws_store::new(ws))) };
+    out.set(Handle::into_raw(mws_store::new(ws)));
     Ok(())
 }
 
@@ -277,11 +310,7 @@ pub(crate) unsafe fn from_vtable(
 /// `store` is NULL or a live handle not yet freed, and no other thread is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
-    value_call!((), || {
-        // SAFETY: `store` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(store) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(store))
 }
 
 /// Returns the key prefix of the store. Borrowed NUL-terminated string, valid while
@@ -292,8 +321,7 @@ pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
 /// `store` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_key_prefix(store: *const mws_store, len: *mut usize) -> *const c_char {
-    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-    value_call!(std::ptr::null(), || Ok(unsafe { handle(store, "store")?.key_prefix.lend(len) }))
+    value_call!(std::ptr::null(), |c| Ok(c.lend(&c.handle(store, "store")?.key_prefix, len)))
 }
 
 /// Raw access (tests, tools): copies object `key` into `buf`.
@@ -320,12 +348,10 @@ pub unsafe extern "C" fn mws_store_get(
     cap: usize,
     len: *mut usize,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let key = unsafe { str_arg(key, "key") }?;
-        check_out(len, "len")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let key = c.str(key, "key")?;
+        let len = c.out(len, "len")?;
         let backend = s.ws.backend();
         let too_small =
             |size: u64| Failure::invalid(format!("buffer of {cap} bytes is too small for {key} ({size} bytes)"));
@@ -334,8 +360,7 @@ pub unsafe extern "C" fn mws_store_get(
             let size = usize::try_from(size).map_err(|_| {
                 Error::new(ErrorKind::LimitExceeded, format!("object {key} holds {size} bytes, more than size_t holds"))
             })?;
-            // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
-            unsafe { write_out(len, size) };
+            len.set(size);
             return Ok(());
         }
         let bytes = match backend.get_limited(key, cap as u64) {
@@ -349,11 +374,8 @@ pub unsafe extern "C" fn mws_store_get(
         if cap < bytes.len() {
             return Err(too_small(bytes.len() as u64));
         }
-        // SAFETY: `buf` is valid for `cap` bytes of writes (this function's contract) and
-        // `bytes.len() <= cap` was checked; `bytes` is our own allocation.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
-        // SAFETY: `len` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(len, bytes.len()) };
+        c.copy_to(&bytes, buf, cap);
+        len.set(bytes.len());
         Ok(())
     })
 }
@@ -369,20 +391,18 @@ pub unsafe extern "C" fn mws_store_exists(
     key: *const c_char,
     present: *mut c_int,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let key = unsafe { str_arg(key, "key") }?;
-        check_out(present, "present")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let key = c.str(key, "key")?;
+        let present = c.out(present, "present")?;
         let p = s.ws.backend().exists(key)?;
-        // SAFETY: `present` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(present, c_int::from(p)) };
+        present.set(c_int::from(p));
         Ok(())
     })
 }
 
-pub(crate) unsafe fn raw_write(
+fn raw_write(
+    c: Caller<'_>,
     store: *const mws_store,
     key: *const c_char,
     value: *const u8,
@@ -390,14 +410,10 @@ pub(crate) unsafe fn raw_write(
     group_id: *const c_char,
     upsert: bool,
 ) -> FfiResult<()> {
-    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-    let s = unsafe { handle(store, "store") }?;
-    // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
-    let key = unsafe { str_arg(key, "key") }?;
-    // SAFETY: `value` is NULL or valid for `len` reads during the call (this function's contract).
-    let value = unsafe { slice_arg(value, len, "value") }?;
-    // SAFETY: `group_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-    let groups = [unsafe { opt_str_arg(group_id, "group_id") }?.unwrap_or("").to_owned()];
+    let s = c.handle(store, "store")?;
+    let key = c.str(key, "key")?;
+    let value = c.slice(value, len, "value")?;
+    let groups = [c.opt_str(group_id, "group_id")?.unwrap_or("").to_owned()];
     let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
     if upsert {
         s.ws.backend().upsert(key, value, &config)?;
@@ -424,8 +440,7 @@ pub unsafe extern "C" fn mws_store_put(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, false) })
+    status_call!(|c| raw_write(c, store, key, value, len, group_id, false))
 }
 
 /// Raw access: as `mws_store_put`, replacing any existing value.
@@ -440,8 +455,7 @@ pub unsafe extern "C" fn mws_store_upsert(
     len: usize,
     group_id: *const c_char,
 ) -> mws_status {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    status_call!(|| unsafe { raw_write(store, key, value, len, group_id, true) })
+    status_call!(|c| raw_write(c, store, key, value, len, group_id, true))
 }
 
 /// Raw access: removes object `key` (removing an absent key succeeds).
@@ -450,11 +464,9 @@ pub unsafe extern "C" fn mws_store_upsert(
 /// `store` is NULL or a live handle; `key` is NULL or NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `key` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let key = unsafe { str_arg(key, "key") }?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let key = c.str(key, "key")?;
         Ok(s.ws.backend().remove(key)?)
     })
 }
@@ -467,8 +479,7 @@ pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_store) -> usize {
-    // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || { Ok(unsafe { handle(store, "store") }?.ws.pending_registration_ids().len()) })
+    value_call!(0, |c| Ok(c.handle(store, "store")?.ws.pending_registration_ids().len()))
 }
 
 /// Retries the cleanup of every quarantined registration and releases their pins.
@@ -479,9 +490,8 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
         for id in s.ws.pending_registration_ids() {
             s.ws.drain_pending_registration(&id)?;
         }
@@ -519,20 +529,18 @@ pub unsafe extern "C" fn mws_store_upload(
     args: *const mws_io_args,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let pl = unsafe { handle(placement, "placement") }?;
-        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(binding, "binding") }?;
-        check_out(out, "out")?;
-        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
-        let receipts = unsafe { with_upload_args(&s.ws, b, args, |rb, ua| s.ws.upload(&p.inner, &pl.inner, rb, ua)) }?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(receipts))) };
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let pl = c.handle(placement, "placement")?;
+        let b = c.handle(binding, "binding")?;
+        let out = c.out(out, "out")?;
+        let receipts = with_upload_args(c, &s.ws, b, args, |rb, ua| {
+            // SAFETY: this function's contract: the source buffers stay valid and
+            // unchanged during the call.
+            unsafe { s.ws.upload(&p.inner, &pl.inner, rb, ua) }
+        })?;
+        out.set(Handle::into_raw(mws_receipts::new(receipts)));
         Ok(())
     })
 }
@@ -561,30 +569,19 @@ pub unsafe extern "C" fn mws_store_commit(
     decision_may_exist: *mut c_int,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
-            Some(r) => &r.inner,
-            None => &[],
-        };
-        if !decision_may_exist.is_null() {
-            // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-            unsafe { *decision_may_exist = 0 };
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
+        let r: &[UploadReceipt] = c.opt_handle(receipts).map_or(&[], |r| &r.inner);
+        let may_out = c.opt_out(decision_may_exist);
+        let mut may = false;
+        let result = s.ws.commit(&p.inner, r, Some(&mut || may = true));
+        if let Some(o) = may_out {
+            o.set(c_int::from(may));
         }
-        let mut flag = || {
-            if !decision_may_exist.is_null() {
-                // SAFETY: checked non-NULL; valid for writes per the contract.
-                unsafe { *decision_may_exist = 1 };
-            }
-        };
-        let m = s.ws.commit(&p.inner, r, Some(&mut flag))?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        let m = result?;
+        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -603,16 +600,10 @@ pub unsafe extern "C" fn mws_store_abort_upload(
     plan: *const mws_upload_plan,
     receipts: *const mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        let r: &[UploadReceipt] = match unsafe { receipts.as_ref() } {
-            Some(r) => &r.inner,
-            None => &[],
-        };
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let r: &[UploadReceipt] = c.opt_handle(receipts).map_or(&[], |r| &r.inner);
         Ok(s.ws.abort_upload(&p.inner, r)?)
     })
 }
@@ -630,11 +621,9 @@ pub unsafe extern "C" fn mws_store_finalize_upload(
     store: *const mws_store,
     plan: *const mws_upload_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
         Ok(s.ws.finalize(&p.inner)?)
     })
 }
@@ -664,12 +653,10 @@ pub unsafe extern "C" fn mws_store_read_decision(
     plan: *const mws_upload_plan,
     out: *mut mws_decision,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         let d = match s.ws.read_decision(&p.inner)? {
             None => mws_decision::MWS_DECISION_NONE,
             Some((_, digest)) if digest != p.inner.plan_digest() => {
@@ -678,8 +665,7 @@ pub unsafe extern "C" fn mws_store_read_decision(
             Some((Decision::Commit, _)) => mws_decision::MWS_DECISION_COMMIT,
             Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
         };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, d) };
+        out.set(d);
         Ok(())
     })
 }
@@ -711,33 +697,17 @@ pub unsafe extern "C" fn mws_store_load(
     args: *const mws_io_args,
     stats: *mut mws_load_stats,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(binding, "binding") }?;
-        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
-        let a = unsafe { io_args(args) }?;
-        let rb = b.build().map_err(|f| {
-            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let b = c.handle(binding, "binding")?;
+        let st = with_load_args(c, &s.ws, b, args, |rb, la| {
+            // SAFETY: this function's contract: the target buffers are valid for writes
+            // and untouched by anyone else during the call.
+            unsafe { s.ws.load(&p.inner, rb, la) }
         })?;
-        let lease = a.lease.map(|l| l.for_store(&s.ws)).transpose()?;
-        let report = a.progress.map(|c| move |p: &mws::protocol::Progress| c.report(p));
-        let la = LoadArgs {
-            worker_id: a.worker_id,
-            guard: Some(&*a.guard),
-            transfer_id: a.transfer_id,
-            skip_committed_check: false,
-            lease: lease.as_deref(),
-            progress: report.as_ref().map(|f| f as mws::protocol::ProgressFn<'_>),
-        };
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let st = unsafe { s.ws.load(&p.inner, &rb, la) }?;
-        if !stats.is_null() {
-            // SAFETY: `stats` was checked non-NULL and is valid for a write (this function's contract).
-            unsafe { write_out(stats, stats_out(st)) };
+        if let Some(out) = c.opt_out(stats) {
+            out.set(stats_out(st));
         }
         Ok(())
     })

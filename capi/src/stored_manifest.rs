@@ -1,12 +1,72 @@
 //! `mws_stored_manifest` (a published revision) and `mws_load_plan` + `mws_store_load`
 //! (the restore path).
 
+use crate::args::{CText, Handle};
 use crate::boundary::{mws_status, Failure};
-use crate::handles::{handle, lend_text, mws_store, mws_stored_manifest, Handle};
-use crate::strings::{check_out, slice_arg, str_arg, write_out};
+use crate::store::mws_store;
 use mws::StoredManifest;
 use std::ffi::c_char;
 use std::sync::Arc;
+
+pub(crate) struct StoredFragmentView {
+    pub(crate) fragment_id: CText,
+    pub(crate) tensor_id: CText,
+    pub(crate) object_key: CText,
+    pub(crate) object_offset: u64,
+    pub(crate) nbytes: u64,
+    pub(crate) global_offset: Vec<u64>,
+    pub(crate) local_shape: Vec<u64>,
+}
+
+/// A stored manifest: the published, immutable description of one weight revision
+/// (tensors, stored fragments, object keys).
+///
+/// Created by `mws_stored_manifest_from_store`, `mws_stored_manifest_from_json`,
+/// `mws_store_commit` and `mws_writer_commit`; freed by `mws_stored_manifest_free`.
+/// Immutable: may be used from several threads at once. Strings returned by its
+/// accessors are borrowed from the handle and valid until it is freed.
+pub struct mws_stored_manifest {
+    pub(crate) inner: Arc<StoredManifest>,
+    pub(crate) json: CText,
+    pub(crate) digest: CText,
+    pub(crate) key: CText,
+    pub(crate) group_id: CText,
+    pub(crate) namespace: CText,
+    pub(crate) resource_id: CText,
+    pub(crate) revision: CText,
+    pub(crate) fragments: Vec<StoredFragmentView>,
+}
+
+impl mws_stored_manifest {
+    pub(crate) fn new(inner: Arc<StoredManifest>) -> Self {
+        let fragments = inner
+            .fragments()
+            .iter()
+            .map(|f| StoredFragmentView {
+                fragment_id: CText::new(f.fragment_id()),
+                tensor_id: CText::new(f.tensor_id()),
+                object_key: CText::new(f.object_key()),
+                object_offset: f.object_offset(),
+                nbytes: f.nbytes(),
+                global_offset: f.global_offset().to_vec(),
+                local_shape: f.local_shape().to_vec(),
+            })
+            .collect();
+        mws_stored_manifest {
+            json: CText::new(&inner.to_json()),
+            digest: CText::new(inner.manifest_digest()),
+            key: CText::new(inner.manifest_key()),
+            group_id: CText::new(inner.group_id()),
+            namespace: CText::new(inner.namespace()),
+            resource_id: CText::new(inner.resource_id()),
+            revision: CText::new(inner.revision()),
+            fragments,
+            inner,
+        }
+    }
+}
+
+handle!(mws_stored_manifest);
 
 /// One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
 /// is borrowed from the manifest handle and valid until it is freed.
@@ -46,15 +106,12 @@ pub unsafe extern "C" fn mws_stored_manifest_from_store(
     manifest_key: *const c_char,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `manifest_key` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let key = unsafe { str_arg(manifest_key, "manifest_key") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let key = c.str(manifest_key, "manifest_key")?;
+        let out = c.out(out, "out")?;
         let m = s.ws.load_manifest(key)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -72,16 +129,14 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
     len: usize,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
-        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let bytes = c.slice(json as *const u8, len, "json")?;
         let m = StoredManifest::from_json(bytes)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -93,11 +148,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 /// `manifest` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_manifest) {
-    value_call!((), || {
-        // SAFETY: `manifest` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(manifest) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(manifest))
 }
 
 /// Returns the manifest JSON (the exact stored bytes its digest covers). Borrowed
@@ -108,8 +159,10 @@ pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_mani
 /// `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.json) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.json, len))
+    })
 }
 
 /// Returns the manifest digest (64 lowercase hex). Borrowed, as
@@ -119,8 +172,10 @@ pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manife
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.digest) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.digest, len))
+    })
 }
 
 /// Returns the key the manifest is stored at. Borrowed, as
@@ -130,8 +185,10 @@ pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifes
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.key) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.key, len))
+    })
 }
 
 /// Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -140,8 +197,10 @@ pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, 
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.group_id) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.group_id, len))
+    })
 }
 
 /// Returns the store namespace of the revision. Borrowed, as
@@ -154,8 +213,10 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.namespace) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.namespace, len))
+    })
 }
 
 /// Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
@@ -167,8 +228,10 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.resource_id) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.resource_id, len))
+    })
 }
 
 /// Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -177,8 +240,10 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), m, "manifest", len, |m| &m.revision) }
+    value_call!(std::ptr::null(), |c| {
+        let m = c.handle(m, "manifest")?;
+        Ok(c.lend(&m.revision, len))
+    })
 }
 
 /// Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
@@ -187,8 +252,7 @@ pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manif
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_stored_manifest) -> u64 {
-    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.inner.weight_generation()))
+    value_call!(0, |c| Ok(c.handle(m, "manifest")?.inner.weight_generation()))
 }
 
 /// Returns the number of tensors, or 0 (and the last error) if `manifest` is NULL.
@@ -197,8 +261,7 @@ pub unsafe extern "C" fn mws_stored_manifest_weight_generation(m: *const mws_sto
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_manifest) -> usize {
-    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.inner.tensors().len()))
+    value_call!(0, |c| Ok(c.handle(m, "manifest")?.inner.tensors().len()))
 }
 
 /// Returns the number of stored fragments, or 0 (and the last error) if `manifest`
@@ -208,8 +271,7 @@ pub unsafe extern "C" fn mws_stored_manifest_tensor_count(m: *const mws_stored_m
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored_manifest) -> usize {
-    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(m, "manifest") }?.fragments.len()))
+    value_call!(0, |c| Ok(c.handle(m, "manifest")?.fragments.len()))
 }
 
 /// Returns the sum of the stored fragments' sizes in bytes, or 0 (and the last
@@ -219,8 +281,7 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment_count(m: *const mws_stored
 /// `manifest` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_total_bytes(m: *const mws_stored_manifest) -> u64 {
-    // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || { Ok(unsafe { handle(m, "manifest") }?.fragments.iter().map(|f| f.nbytes).sum()) })
+    value_call!(0, |c| Ok(c.handle(m, "manifest")?.fragments.iter().map(|f| f.nbytes).sum()))
 }
 
 /// Describes stored fragment `index` (manifest order) into `*out`; pointers borrowed
@@ -236,32 +297,25 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
     index: usize,
     out: *mut mws_stored_fragment_info,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `m` is NULL or a live handle of this type (this function's contract).
-        let m = unsafe { handle(m, "manifest") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let m = c.handle(m, "manifest")?;
+        let out = c.out(out, "out")?;
         let f = m.fragments.get(index).ok_or_else(|| {
             Failure::invalid(format!(
                 "fragment index {index} is out of range (the manifest has {} fragments)",
                 m.fragments.len()
             ))
         })?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe {
-            write_out(
-                out,
-                mws_stored_fragment_info {
-                    fragment_id: f.fragment_id.as_ptr(),
-                    tensor_id: f.tensor_id.as_ptr(),
-                    object_key: f.object_key.as_ptr(),
-                    object_offset: f.object_offset,
-                    nbytes: f.nbytes,
-                    ndim: f.local_shape.len(),
-                    global_offset: f.global_offset.as_ptr(),
-                    local_shape: f.local_shape.as_ptr(),
-                },
-            )
-        };
+        out.set(mws_stored_fragment_info {
+            fragment_id: f.fragment_id.as_ptr(),
+            tensor_id: f.tensor_id.as_ptr(),
+            object_key: f.object_key.as_ptr(),
+            object_offset: f.object_offset,
+            nbytes: f.nbytes,
+            ndim: f.local_shape.len(),
+            global_offset: f.global_offset.as_ptr(),
+            local_shape: f.local_shape.as_ptr(),
+        });
         Ok(())
     })
 }

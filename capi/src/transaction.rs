@@ -1,16 +1,41 @@
 //! `mws_transaction`: an upload transaction bound to a store and an upload plan that
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
+use crate::args::Handle;
+use crate::binding::mws_binding;
 use crate::boundary::mws_status;
 use crate::boundary::Failure;
-use crate::handles::{
-    handle, mws_binding, mws_placement, mws_receipts, mws_registration_lease, mws_store, mws_stored_manifest,
-    mws_transaction, mws_upload_plan, Handle,
-};
 use crate::io_args::{io_args, mws_io_args, source_binding, with_upload_args};
-use crate::strings::{check_out, slice_arg, write_out};
-use mws::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadSource};
+use crate::lease::mws_registration_lease;
+use crate::placement::mws_placement;
+use crate::receipts::mws_receipts;
+use crate::store::mws_store;
+use crate::stored_manifest::mws_stored_manifest;
+use crate::upload_plan::mws_upload_plan;
+use mws::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadArgs, UploadSource};
 use std::ffi::c_int;
+
+/// An upload transaction: one upload plan in one store, uploaded participant by
+/// participant (`mws_transaction_upload`), with receipts collected in the handle
+/// (plus those of other processes, `mws_transaction_add_receipts`), then committed
+/// (`mws_transaction_commit`) or aborted (`mws_transaction_abort`).
+///
+/// Created by `mws_transaction_new`, freed by `mws_transaction_free`. The handle keeps
+/// the store alive and holds its own copy of the plan: both may be freed while it
+/// lives. Freeing it never aborts: recovery is explicit (see `mws_transaction_free`).
+///
+/// Thread safety: calls on one transaction are serialized internally (a mutex held
+/// for the whole call, I/O included), so it may be shared between threads, but
+/// uploads through one transaction never run in parallel. For parallel uploads, give
+/// each thread or process its own transaction over the same plan (or
+/// `mws_upload_plan_from_json` of it) and merge their receipts into the committing
+/// one. Guard callbacks run under that mutex and must not call into the same
+/// transaction.
+pub struct mws_transaction {
+    pub(crate) inner: Transaction,
+}
+
+handle!(mws_transaction);
 
 /// The state of an `mws_transaction` handle (`mws_transaction_get_state`).
 #[repr(C)]
@@ -42,15 +67,12 @@ pub unsafe extern "C" fn mws_transaction_new(
     plan: *const mws_upload_plan,
     out: *mut *mut mws_transaction,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(tx)) };
+        out.set(Handle::into_raw(tx));
         Ok(())
     })
 }
@@ -78,15 +100,15 @@ pub unsafe extern "C" fn mws_transaction_upload(
     binding: *const mws_binding,
     args: *const mws_io_args,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let pl = unsafe { handle(placement, "placement") }?;
-        // SAFETY: `binding` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(binding, "binding") }?;
-        // SAFETY: the io arguments and the binding's buffers satisfy this function's contract.
-        unsafe { with_upload_args(t.inner.store(), b, args, |rb, ua| t.inner.upload(&pl.inner, rb, ua)) }
+    status_call!(|c| {
+        let t = c.handle(tx as *const mws_transaction, "tx")?;
+        let pl = c.handle(placement, "placement")?;
+        let b = c.handle(binding, "binding")?;
+        with_upload_args(c, t.inner.store(), b, args, |rb, ua| {
+            // SAFETY: this function's contract: the source buffers stay valid and
+            // unchanged during the call.
+            unsafe { t.inner.upload(&pl.inner, rb, ua) }
+        })
     })
 }
 
@@ -126,21 +148,13 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
     leases: *const *const mws_registration_lease,
     args: *const mws_io_args,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let pl = unsafe { handle(placement, "placement") }?;
-        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
-        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
-        let lease_ptrs: &[*const mws_registration_lease] = if leases.is_null() {
-            &[]
-        } else {
-            // SAFETY: `leases` is valid for `count` reads during the call (this function's contract).
-            unsafe { slice_arg(leases, count, "leases") }?
-        };
-        // SAFETY: the io arguments are NULL or valid for the call (this function's contract).
-        let a = unsafe { io_args(args) }?;
+    status_call!(|c| {
+        let t = c.handle(tx as *const mws_transaction, "tx")?;
+        let pl = c.handle(placement, "placement")?;
+        let handles = c.handles(bindings, count, "bindings")?;
+        let lease_ptrs: &[*const mws_registration_lease] =
+            if leases.is_null() { &[] } else { c.slice(leases, count, "leases")? };
+        let a = io_args(c, args)?;
         if a.lease.is_some() {
             return Err(Failure::invalid(
                 "mws_transaction_upload_many takes one lease per binding (`leases`), not `args->lease`",
@@ -149,8 +163,6 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
         let ws = t.inner.store();
         let mut built = Vec::with_capacity(handles.len());
         for (i, b) in handles.iter().enumerate() {
-            // SAFETY: the pointer is NULL or a live handle for the call (this function's contract).
-            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
             built.push(source_binding(b, &format!("bindings[{i}]: "))?);
         }
         // One read lock per lease: the same lease twice would lock it twice (and can
@@ -160,21 +172,24 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
             return Err(Failure::invalid(format!("leases[{i}] repeats an earlier lease")));
         }
         let mut locked = Vec::with_capacity(lease_ptrs.len());
-        for p in lease_ptrs {
-            // SAFETY: each entry is NULL or a live handle for the call (this function's contract).
-            locked.push(match unsafe { p.as_ref() } {
-                Some(l) => Some(l.for_store(ws)?),
-                None => None,
-            });
+        for &p in lease_ptrs {
+            locked.push(c.opt_handle(p).map(|l| l.for_store(ws)).transpose()?);
         }
         let sources: Vec<UploadSource<'_>> = built
             .iter()
             .enumerate()
             .map(|(i, rb)| UploadSource { binding: rb, lease: locked.get(i).and_then(|l| l.as_deref()) })
             .collect();
-        let report = a.progress.map(|c| move |p: &Progress| c.report(p));
-        let ua = a.upload_args(None, report.as_ref().map(|f| f as ProgressFn<'_>));
-        // SAFETY: the bindings' buffers satisfy this function's contract.
+        let report = a.progress.map(|p| move |x: &Progress| p.report(x));
+        let ua = UploadArgs {
+            worker_id: a.worker_id,
+            guard: Some(&*a.guard),
+            transfer_id: a.transfer_id,
+            lease: None,
+            progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+        };
+        // SAFETY: this function's contract: the bindings' buffers stay valid and
+        // unchanged during the call.
         Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, ua) }?)
     })
 }
@@ -191,13 +206,11 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     tx: *const mws_transaction,
     out: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx, "tx") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let t = c.handle(tx, "tx")?;
+        let out = c.out(out, "out")?;
         let r = t.inner.receipts();
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_receipts::new(r))) };
+        out.set(Handle::into_raw(mws_receipts::new(r)));
         Ok(())
     })
 }
@@ -215,11 +228,9 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
     tx: *mut mws_transaction,
     receipts: *const mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
-        // SAFETY: `receipts` is NULL or a live handle of this type (this function's contract).
-        let r = unsafe { handle(receipts, "receipts") }?;
+    status_call!(|c| {
+        let t = c.handle(tx as *const mws_transaction, "tx")?;
+        let r = c.handle(receipts, "receipts")?;
         Ok(t.inner.add_receipts(&r.inner)?)
     })
 }
@@ -246,13 +257,11 @@ pub unsafe extern "C" fn mws_transaction_commit(
     tx: *mut mws_transaction,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let t = c.handle(tx as *const mws_transaction, "tx")?;
+        let out = c.out(out, "out")?;
         let m = t.inner.commit()?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(m))) };
+        out.set(Handle::into_raw(mws_stored_manifest::new(m)));
         Ok(())
     })
 }
@@ -266,8 +275,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mws_transaction) -> c_int {
-    // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || { Ok(c_int::from(unsafe { handle(tx, "tx") }?.inner.decision_may_exist())) })
+    value_call!(0, |c| Ok(c_int::from(c.handle(tx, "tx")?.inner.decision_may_exist())))
 }
 
 /// Returns the state of the handle (`mws_transaction_state` value), or
@@ -280,9 +288,8 @@ pub unsafe extern "C" fn mws_transaction_commit_decision_may_exist(tx: *const mw
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -> mws_transaction_state {
-    value_call!(mws_transaction_state::MWS_TRANSACTION_OPEN, || {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        Ok(match unsafe { handle(tx, "tx") }?.inner.state() {
+    value_call!(mws_transaction_state::MWS_TRANSACTION_OPEN, |c| {
+        Ok(match c.handle(tx, "tx")?.inner.state() {
             TransactionState::Open => mws_transaction_state::MWS_TRANSACTION_OPEN,
             TransactionState::Committed => mws_transaction_state::MWS_TRANSACTION_COMMITTED,
             TransactionState::Aborted => mws_transaction_state::MWS_TRANSACTION_ABORTED,
@@ -305,9 +312,8 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx as *const mws_transaction, "tx") }?;
+    status_call!(|c| {
+        let t = c.handle(tx as *const mws_transaction, "tx")?;
         Ok(t.inner.abort()?)
     })
 }
@@ -325,9 +331,8 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `tx` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(tx, "tx") }?;
+    status_call!(|c| {
+        let t = c.handle(tx, "tx")?;
         Ok(t.inner.finalize()?)
     })
 }
@@ -343,9 +348,5 @@ pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) ->
 /// `tx` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_free(tx: *mut mws_transaction) {
-    value_call!((), || {
-        // SAFETY: `tx` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(tx) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(tx))
 }

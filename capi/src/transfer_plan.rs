@@ -3,18 +3,16 @@
 //! outside executor (for example a serving engine's own Transfer Engine hook) can
 //! execute a plan itself.
 
+use crate::args::{CText, Handle};
+use crate::binding::{bindings_arg, mws_binding};
+use crate::placement::mws_placement;
 use std::ffi::c_char;
 use std::sync::{Arc, OnceLock};
 
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::handles::mws_placement;
-use crate::handles::{handle, mws_binding, Handle};
-use crate::load_plan::mws_planning_limits;
-use crate::strings::{check_out, opt_str_arg, slice_arg, write_out, CText};
-use mws::plan::load::PlanningLimits;
+use crate::load_plan::{mws_planning_limits, planning_limits};
 use mws::plan::transfer::LogicalTransferPlan;
 use mws::plan::transfer_bind::{Side, TransferPlan};
-use mws::runtime::RuntimeBinding;
 use std::collections::HashMap;
 
 /// A side of a transfer (`mws_transfer_plan_executor_count`, ...).
@@ -319,28 +317,6 @@ impl mws_transfer_plan {
     }
 }
 
-/// Builds the runtime bindings of an array of binding handles.
-///
-/// # Safety
-/// `list` points to `n` handles that are NULL or live.
-pub(crate) unsafe fn bindings_arg(
-    list: *const *const mws_binding,
-    n: usize,
-    name: &str,
-) -> FfiResult<Vec<RuntimeBinding>> {
-    // SAFETY: `list` is NULL or valid for `n` reads during the call (this function's contract).
-    let ptrs = unsafe { slice_arg(list, n, name) }?;
-    let mut out = Vec::with_capacity(ptrs.len());
-    for (i, &p) in ptrs.iter().enumerate() {
-        // SAFETY: `p` is NULL or a live handle of this type (this function's contract).
-        let b = unsafe { handle(p, &format!("{name}[{i}]")) }?;
-        out.push(b.build().map_err(|f| {
-            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
-        })?);
-    }
-    Ok(out)
-}
-
 /// Plans a live reshard of `source` into `target` (`plan_placement_transfer`), or
 /// into the one target participant `target_participant_id` when it is not NULL
 /// (`plan_placement_transfer_to_local_target`). `limits` NULL (or a zeroed field)
@@ -361,36 +337,19 @@ pub unsafe extern "C" fn mws_transfer_plan_new(
     limits: *const mws_planning_limits,
     out: *mut *mut mws_transfer_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `source` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(source, "source") }?;
-        // SAFETY: `target` is NULL or a live handle of this type (this function's contract).
-        let t = unsafe { handle(target, "target") }?;
-        check_out(out, "out")?;
-        // SAFETY: `target_participant_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let participant = unsafe { opt_str_arg(target_participant_id, "target_participant_id") }?;
-        // As for mws_load_plan_new: a zeroed field means the library default.
-        let mut l = PlanningLimits::default();
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        if let Some(c) = unsafe { limits.as_ref() } {
-            if c.max_transfer_regions != 0 {
-                l.max_transfer_regions = c.max_transfer_regions;
-            }
-            if c.max_segments_per_region != 0 {
-                l.max_segments_per_region = c.max_segments_per_region;
-            }
-            if c.max_total_lowered_segments != 0 {
-                l.max_total_lowered_segments = c.max_total_lowered_segments;
-            }
-        }
+    status_call!(|c| {
+        let s = c.handle(source, "source")?;
+        let t = c.handle(target, "target")?;
+        let out = c.out(out, "out")?;
+        let participant = c.opt_str(target_participant_id, "target_participant_id")?;
+        let l = planning_limits(c, limits);
         let limits = l;
         let (sp, tp) = (Arc::new(s.inner.clone()), Arc::new(t.inner.clone()));
         let logical = match participant {
             None => LogicalTransferPlan::plan(sp, tp, limits)?,
             Some(p) => LogicalTransferPlan::plan_local(sp, tp, Some(p), limits)?,
         };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_transfer_plan::new(logical, None))) };
+        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
         Ok(())
     })
 }
@@ -417,20 +376,16 @@ pub unsafe extern "C" fn mws_transfer_plan_bind(
     n_sources: usize,
     out: *mut *mut mws_transfer_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         if p.bound.is_some() {
             return Err(Failure::invalid("the transfer plan is already bound"));
         }
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let tb = unsafe { bindings_arg(target_bindings, n_targets, "target_bindings") }?;
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let sb = unsafe { bindings_arg(source_bindings, n_sources, "source_bindings") }?;
+        let tb = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
+        let sb = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
         let bound = TransferPlan::bind(&p.logical, &tb, &sb)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_transfer_plan::new(p.logical.clone(), Some(bound)))) };
+        out.set(Handle::into_raw(mws_transfer_plan::new(p.logical.clone(), Some(bound))));
         Ok(())
     })
 }
@@ -450,14 +405,12 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
     len: usize,
     out: *mut *mut mws_transfer_plan,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
-        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
-        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
-        let text = super::strings::utf8(bytes, "json")?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        let bytes = c.slice(json as *const u8, len, "json")?;
+        let text = crate::args::utf8(bytes, "json")?;
         let logical = LogicalTransferPlan::from_json(text)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_transfer_plan::new(logical, None))) };
+        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
         Ok(())
     })
 }
@@ -471,17 +424,15 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
 /// `plan` is NULL or live; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_to_json(plan: *const mws_transfer_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), || {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
         let text = p.json.get_or_init(|| {
             CText::new(&match &p.bound {
                 Some(b) => b.to_json(),
                 None => p.logical.to_json(),
             })
         });
-        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
-        Ok(unsafe { text.lend(len) })
+        Ok(c.lend(text, len))
     })
 }
 
@@ -491,8 +442,7 @@ pub unsafe extern "C" fn mws_transfer_plan_to_json(plan: *const mws_transfer_pla
 /// `plan` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_is_bound(plan: *const mws_transfer_plan) -> i32 {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(-1, || Ok(i32::from(unsafe { handle(plan, "plan") }?.bound.is_some())))
+    value_call!(-1, |c| Ok(i32::from(c.handle(plan, "plan")?.bound.is_some())))
 }
 
 /// Number of regions (= operations of a bound plan); 0 for NULL.
@@ -501,8 +451,7 @@ pub unsafe extern "C" fn mws_transfer_plan_is_bound(plan: *const mws_transfer_pl
 /// `plan` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_region_count(plan: *const mws_transfer_plan) -> usize {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.regions.len()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.regions.len()))
 }
 
 /// Bytes the plan moves; 0 for NULL.
@@ -511,8 +460,7 @@ pub unsafe extern "C" fn mws_transfer_plan_region_count(plan: *const mws_transfe
 /// `plan` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_total_bytes(plan: *const mws_transfer_plan) -> u64 {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.logical.total_bytes()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.logical.total_bytes()))
 }
 
 /// Writes region `index` to `*out` (pointers borrowed from the handle).
@@ -527,13 +475,11 @@ pub unsafe extern "C" fn mws_transfer_plan_region(
     index: usize,
     out: *mut mws_transfer_region_info,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         let r = p.regions.get(index).ok_or_else(|| Failure::invalid(format!("region index {index} out of range")))?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, *r) };
+        out.set(*r);
         Ok(())
     })
 }
@@ -551,15 +497,13 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
     index: usize,
     out: *mut mws_transfer_operation_info,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         p.bound()?;
         let o =
             p.operations.get(index).ok_or_else(|| Failure::invalid(format!("operation index {index} out of range")))?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, *o) };
+        out.set(*o);
         Ok(())
     })
 }
@@ -572,9 +516,8 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
 /// `plan` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_executor_count(plan: *const mws_transfer_plan, side: u32) -> usize {
-    value_call!(0, || {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
+    value_call!(0, |c| {
+        let p = c.handle(plan, "plan")?;
         let k = side_arg(side)? as usize;
         Ok(p.executors[k].len())
     })
@@ -593,16 +536,14 @@ pub unsafe extern "C" fn mws_transfer_plan_executor(
     index: usize,
     out: *mut mws_transfer_executor_info,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         let k = side_arg(side)? as usize;
         let e = p.executors[k]
             .get(index)
             .ok_or_else(|| Failure::invalid(format!("executor index {index} out of range")))?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, *e) };
+        out.set(*e);
         Ok(())
     })
 }
@@ -613,9 +554,5 @@ pub unsafe extern "C" fn mws_transfer_plan_executor(
 /// `plan` is NULL or a live handle not yet freed and not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_free(plan: *mut mws_transfer_plan) {
-    value_call!((), || {
-        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(plan) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(plan))
 }

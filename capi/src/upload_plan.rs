@@ -1,11 +1,91 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
+use crate::args::{CText, Caller, Handle};
+use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::handles::{handle, lend_text, mws_binding, mws_placement, mws_upload_plan, Handle};
-use crate::strings::{check_out, opt_str_arg, slice_arg, write_out, CText};
+use crate::placement::mws_placement;
 use mws::plan_upload;
+use mws::Decision;
 use mws::UploadOptions;
+use mws::UploadPlan;
 use std::ffi::c_char;
+
+pub(crate) struct OperationView {
+    pub(crate) participant_id: CText,
+    pub(crate) instance_id: CText,
+    pub(crate) lease_id: CText,
+    pub(crate) generation: u64,
+    pub(crate) fragment_id: CText,
+    pub(crate) worker_id: CText,
+    pub(crate) placement_fragment_id: CText,
+    pub(crate) target_fragment_id: CText,
+    pub(crate) object_key: CText,
+    pub(crate) nbytes: u64,
+}
+
+/// A planned upload: the stored manifest to commit, every key of the upload
+/// transaction, and the copy operations, in plan order.
+///
+/// Created by `mws_upload_plan_new`, freed by `mws_upload_plan_free`. Immutable: every
+/// function taking a `const mws_upload_plan *` may be called from several threads at
+/// once. It holds no runtime address in any string and does not borrow the placement
+/// or bindings it was planned from. Strings returned by its accessors are owned by the
+/// handle and stay valid until it is freed.
+pub struct mws_upload_plan {
+    pub(crate) inner: UploadPlan,
+    pub(crate) manifest_json: CText,
+    pub(crate) manifest_digest: CText,
+    pub(crate) manifest_key: CText,
+    pub(crate) group_id: CText,
+    pub(crate) control_key: CText,
+    pub(crate) transaction_group_id: CText,
+    pub(crate) transaction_id: CText,
+    pub(crate) source_placement_id: CText,
+    pub(crate) source_placement_digest: CText,
+    pub(crate) commit_record: CText,
+    pub(crate) operations: Vec<OperationView>,
+    /// Transport JSON (`mws_upload_plan_to_json`), built on first use.
+    pub(crate) transport_json: std::sync::OnceLock<CText>,
+}
+
+impl mws_upload_plan {
+    pub(crate) fn new(inner: UploadPlan) -> Self {
+        let operations = inner
+            .operations()
+            .iter()
+            .map(|op| OperationView {
+                participant_id: CText::new(op.source_participant_id()),
+                instance_id: CText::new(op.source_instance_id()),
+                lease_id: CText::new(op.source_lease_id()),
+                generation: op.source_generation(),
+                fragment_id: CText::new(op.source_snapshot().fragment_id()),
+                worker_id: CText::new(op.source_snapshot().worker_id()),
+                placement_fragment_id: CText::new(op.source_placement().placement_fragment_id()),
+                target_fragment_id: CText::new(op.target().fragment_id()),
+                object_key: CText::new(op.target().object_key()),
+                nbytes: op.target().nbytes(),
+            })
+            .collect();
+        let manifest = inner.manifest();
+        mws_upload_plan {
+            manifest_json: CText::new(&manifest.to_json()),
+            manifest_digest: CText::new(manifest.manifest_digest()),
+            manifest_key: CText::new(manifest.manifest_key()),
+            group_id: CText::new(manifest.group_id()),
+            control_key: CText::new(inner.control_key()),
+            transaction_group_id: CText::new(inner.transaction_group_id()),
+            transaction_id: CText::new(inner.transaction_id()),
+            source_placement_id: CText::new(inner.source_placement_id()),
+            source_placement_digest: CText::new(inner.source_placement_digest()),
+            commit_record: CText::new(&inner.decision_record(Decision::Commit)),
+            operations,
+            transport_json: std::sync::OnceLock::new(),
+            inner,
+        }
+    }
+}
+
+handle!(mws_upload_plan);
 
 /// Options of `mws_upload_plan_new`. Every field may be NULL; the strings are only read
 /// during the call.
@@ -49,22 +129,18 @@ pub struct mws_upload_operation {
     pub nbytes: u64,
 }
 
-pub(crate) unsafe fn options_from(options: *const mws_upload_options) -> FfiResult<UploadOptions> {
+/// The [`UploadOptions`] `options` says (NULL: the defaults).
+pub(crate) fn options_from(c: Caller<'_>, options: *const mws_upload_options) -> FfiResult<UploadOptions> {
     let mut o = UploadOptions::default();
-    // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-    if let Some(c) = unsafe { options.as_ref() } {
-        // SAFETY: `c.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        if let Some(ns) = unsafe { opt_str_arg(c.store_namespace, "options->store_namespace") }? {
+    if let Some(opts) = c.opt_struct(options) {
+        if let Some(ns) = c.opt_str(opts.store_namespace, "options->store_namespace")? {
             o.namespace = ns.to_owned();
         }
-        // SAFETY: `c.key_prefix` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        if let Some(prefix) = unsafe { opt_str_arg(c.key_prefix, "options->key_prefix") }? {
+        if let Some(prefix) = c.opt_str(opts.key_prefix, "options->key_prefix")? {
             o.key_prefix = prefix.to_owned();
         }
-        // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
-        // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
+        o.transaction_id = c.opt_str(opts.transaction_id, "options->transaction_id")?.map(str::to_owned);
+        o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
     }
     Ok(o)
 }
@@ -98,23 +174,13 @@ pub unsafe extern "C" fn mws_upload_plan_new(
     options: *const mws_upload_options,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `placement` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(placement, "placement") }?;
-        check_out(out, "out")?;
-        // SAFETY: `bindings` is NULL or valid for `count` reads during the call (this function's contract).
-        let handles = unsafe { slice_arg(bindings, count, "bindings") }?;
-        let mut built = Vec::with_capacity(handles.len());
-        for (i, b) in handles.iter().enumerate() {
-            // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-            let b = unsafe { b.as_ref() }.ok_or_else(|| Failure::null(&format!("bindings[{i}]")))?;
-            built.push(b.build()?);
-        }
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let options = unsafe { options_from(options) }?;
+    status_call!(|c| {
+        let p = c.handle(placement, "placement")?;
+        let out = c.out(out, "out")?;
+        let built = c.handles(bindings, count, "bindings")?.iter().map(|b| b.build()).collect::<Result<Vec<_>, _>>()?;
+        let options = options_from(c, options)?;
         let plan = plan_upload(&p.inner, &built, &options)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }
@@ -127,11 +193,7 @@ pub unsafe extern "C" fn mws_upload_plan_new(
 /// is using it.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
-    value_call!((), || {
-        // SAFETY: `plan` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(plan) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(plan))
 }
 
 /// Returns the stored manifest JSON (the exact bytes stored at the manifest key and
@@ -145,8 +207,10 @@ pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_json) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.manifest_json, len))
+    })
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -159,8 +223,10 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_digest) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.manifest_digest, len))
+    })
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -170,8 +236,10 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.manifest_key) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.manifest_key, len))
+    })
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -181,8 +249,10 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.group_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.group_id, len))
+    })
 }
 
 /// Returns the control key (where the commit/abort decision record is stored).
@@ -192,8 +262,10 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.control_key) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.control_key, len))
+    })
 }
 
 /// Returns the transaction group id (the group of the payload objects of this upload).
@@ -206,8 +278,10 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_group_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.transaction_group_id, len))
+    })
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -220,8 +294,10 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.transaction_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.transaction_id, len))
+    })
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -234,8 +310,10 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_id) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.source_placement_id, len))
+    })
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -248,8 +326,10 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.source_placement_digest) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.source_placement_digest, len))
+    })
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -259,8 +339,10 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    // SAFETY: forwards this accessor's contract: the handle is NULL or live, `len` is NULL or writable.
-    unsafe { lend_text(function_name!(), plan, "plan", len, |p| &p.commit_record) }
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
+        Ok(c.lend(&p.commit_record, len))
+    })
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -270,8 +352,7 @@ pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_p
 /// `plan` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_operation_count(plan: *const mws_upload_plan) -> usize {
-    // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-    value_call!(0, || Ok(unsafe { handle(plan, "plan") }?.operations.len()))
+    value_call!(0, |c| Ok(c.handle(plan, "plan")?.operations.len()))
 }
 
 /// Describes operation `index` (0 <= index < `mws_upload_plan_operation_count`, in plan
@@ -289,34 +370,27 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
     index: usize,
     out: *mut mws_upload_operation,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let p = c.handle(plan, "plan")?;
+        let out = c.out(out, "out")?;
         let op = p.operations.get(index).ok_or_else(|| {
             Failure::invalid(format!(
                 "operation index {index} is out of range (the plan has {} operations)",
                 p.operations.len()
             ))
         })?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe {
-            write_out(
-                out,
-                mws_upload_operation {
-                    source_participant_id: op.participant_id.as_ptr(),
-                    source_instance_id: op.instance_id.as_ptr(),
-                    source_lease_id: op.lease_id.as_ptr(),
-                    source_generation: op.generation,
-                    source_fragment_id: op.fragment_id.as_ptr(),
-                    source_worker_id: op.worker_id.as_ptr(),
-                    source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
-                    target_fragment_id: op.target_fragment_id.as_ptr(),
-                    object_key: op.object_key.as_ptr(),
-                    nbytes: op.nbytes,
-                },
-            )
-        };
+        out.set(mws_upload_operation {
+            source_participant_id: op.participant_id.as_ptr(),
+            source_instance_id: op.instance_id.as_ptr(),
+            source_lease_id: op.lease_id.as_ptr(),
+            source_generation: op.generation,
+            source_fragment_id: op.fragment_id.as_ptr(),
+            source_worker_id: op.worker_id.as_ptr(),
+            source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
+            target_fragment_id: op.target_fragment_id.as_ptr(),
+            object_key: op.object_key.as_ptr(),
+            nbytes: op.nbytes,
+        });
         Ok(())
     })
 }
@@ -335,12 +409,10 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), || {
-        // SAFETY: `plan` is NULL or a live handle of this type (this function's contract).
-        let p = unsafe { handle(plan, "plan") }?;
+    value_call!(std::ptr::null(), |c| {
+        let p = c.handle(plan, "plan")?;
         let text = p.transport_json.get_or_init(|| CText::new(&mws::plan_to_json(&p.inner)));
-        // SAFETY: `len` is NULL or valid for a write of `size_t` (this function's contract).
-        Ok(unsafe { text.lend(len) })
+        Ok(c.lend(text, len))
     })
 }
 
@@ -362,16 +434,14 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
     len: usize,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call!(|| {
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
         if json.is_null() {
             return Err(Failure::null("json"));
         }
-        // SAFETY: `json as *const u8` is NULL or valid for `len` reads during the call (this function's contract).
-        let bytes = unsafe { slice_arg(json as *const u8, len, "json") }?;
+        let bytes = c.slice(json as *const u8, len, "json")?;
         let plan = mws::plan_from_json(bytes)?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }

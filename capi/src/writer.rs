@@ -1,14 +1,17 @@
 //! `mws_writer`: the per-tensor snapshot writer over a caller's adapter vtable.
 
+use crate::args::Handle;
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::callbacks::snapshot::{
     mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
     MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
 };
-use crate::handles::{handle, mws_receipts, mws_store, mws_stored_manifest, mws_upload_plan, Handle};
-use crate::strings::{check_out, opt_str_arg, str_arg, struct_arg, write_out};
+use crate::receipts::mws_receipts;
+use crate::store::mws_store;
+use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_options;
+use crate::upload_plan::mws_upload_plan;
 use mws::protocol::SnapshotDescriptor;
 use mws::protocol::{SnapshotWriter, WeightStore};
 use mws::UploadOptions;
@@ -59,33 +62,14 @@ pub unsafe extern "C" fn mws_writer_new(
     options: *const mws_upload_options,
     out: *mut *mut mws_writer,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `store` is NULL or a live handle of this type (this function's contract).
-        let s = unsafe { handle(store, "store") }?;
-        // SAFETY: `descriptor` is NULL or points to a valid struct for the call (this function's contract).
-        let d = unsafe { struct_arg(descriptor, "descriptor") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let d = c.struct_ref(descriptor, "descriptor")?;
+        let out = c.out(out, "out")?;
         if adapter.is_null() {
             return Err(Failure::null("adapter"));
         }
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let size = unsafe { (adapter as *const u32).read_unaligned() };
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let version = unsafe { (adapter as *const u32).add(1).read_unaligned() };
-        if (size as usize) < std::mem::size_of::<mws_snapshot_adapter_vtable>() {
-            return Err(Failure::invalid(format!(
-                "mws_snapshot_adapter_vtable.size is {size}, expected at least {}",
-                std::mem::size_of::<mws_snapshot_adapter_vtable>()
-            )));
-        }
-        if version != MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION {
-            return Err(Failure::new(
-                mws_status::MWS_UNSUPPORTED,
-                format!("mws_snapshot_adapter_vtable.version is {version}, this library implements version {MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION}"),
-            ));
-        }
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let vt = unsafe { adapter.read_unaligned() };
+        let vt = c.vtable(adapter, "mws_snapshot_adapter_vtable", MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION)?;
         if vt.export_source.is_none() || vt.resolve_fragment_ids.is_none() {
             return Err(Failure::invalid(
                 "mws_snapshot_adapter_vtable is missing mandatory callbacks: export_source and resolve_fragment_ids are required",
@@ -95,32 +79,22 @@ pub unsafe extern "C" fn mws_writer_new(
             return Err(Failure::invalid("acquire_source and release_source must both be set or both be NULL"));
         }
         let descriptor = SnapshotDescriptor {
-            // SAFETY: `d.resource_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            resource_id: unsafe { str_arg(d.resource_id, "descriptor->resource_id") }?.to_owned(),
-            // SAFETY: `d.revision` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            revision: unsafe { str_arg(d.revision, "descriptor->revision") }?.to_owned(),
+            resource_id: c.str(d.resource_id, "descriptor->resource_id")?.to_owned(),
+            revision: c.str(d.revision, "descriptor->revision")?.to_owned(),
             weight_generation: d.weight_generation,
-            // SAFETY: `d.store_namespace` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            namespace: unsafe { opt_str_arg(d.store_namespace, "descriptor->store_namespace") }?
-                .unwrap_or("default")
-                .to_owned(),
+            namespace: c.opt_str(d.store_namespace, "descriptor->store_namespace")?.unwrap_or("default").to_owned(),
         };
         let mut o = UploadOptions::default();
-        // SAFETY: the pointer is NULL or valid for the call (this function's contract).
-        if let Some(c) = unsafe { options.as_ref() } {
-            // SAFETY: `c.transaction_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            o.transaction_id = unsafe { opt_str_arg(c.transaction_id, "options->transaction_id") }?.map(str::to_owned);
-            // SAFETY: `c.created_at` is NULL or a NUL-terminated string valid for the call (this function's contract).
-            o.created_at = unsafe { opt_str_arg(c.created_at, "options->created_at") }?.map(str::to_owned);
+        if let Some(opts) = c.opt_struct(options) {
+            o.transaction_id = c.opt_str(opts.transaction_id, "options->transaction_id")?.map(str::to_owned);
+            o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
         }
         let ws = s.ws.clone();
         let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: AdapterCtx(ctx) }, &o)?;
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
         let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws })) };
+        out.set(Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws }));
         Ok(())
     })
 }
@@ -145,15 +119,12 @@ pub unsafe extern "C" fn mws_writer_write_tensor(
     tensor: *mut c_void,
     receipts: *mut *mut mws_receipts,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
-        let w = unsafe { handle(writer, "writer") }?;
-        // SAFETY: `tensor_id` is NULL or a NUL-terminated string valid for the call (this function's contract).
-        let id = unsafe { str_arg(tensor_id, "tensor_id") }?;
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
+        let id = c.str(tensor_id, "tensor_id")?;
         let r = w.inner.lock().write_tensor(id, &CTensor(tensor))?;
-        if !receipts.is_null() {
-            // SAFETY: `receipts` was checked non-NULL and is valid for a write (this function's contract).
-            unsafe { write_out(receipts, Handle::into_raw(mws_receipts::new(r))) };
+        if let Some(out) = c.opt_out(receipts) {
+            out.set(Handle::into_raw(mws_receipts::new(r)));
         }
         Ok(())
     })
@@ -176,9 +147,8 @@ pub unsafe extern "C" fn mws_writer_set_progress(
     progress: mws_progress_fn,
     ctx: *mut c_void,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
-        let w = unsafe { handle(writer, "writer") }?;
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
         let report = unsafe { CProgress::new(progress, ctx) };
         w.inner.lock().set_progress(report.map(|c| {
@@ -200,13 +170,11 @@ pub unsafe extern "C" fn mws_writer_commit(
     writer: *const mws_writer,
     out: *mut *mut mws_stored_manifest,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
-        let w = unsafe { handle(writer, "writer") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
+        let out = c.out(out, "out")?;
         let m = w.inner.lock().commit()?;
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_stored_manifest::new(Arc::new(m)))) };
+        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
         Ok(())
     })
 }
@@ -219,9 +187,8 @@ pub unsafe extern "C" fn mws_writer_commit(
 /// `writer` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
-        let w = unsafe { handle(writer, "writer") }?;
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
         Ok(w.inner.lock().abort()?)
     })
 }
@@ -237,13 +204,11 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     writer: *const mws_writer,
     out: *mut *mut mws_upload_plan,
 ) -> mws_status {
-    status_call!(|| {
-        // SAFETY: `writer` is NULL or a live handle of this type (this function's contract).
-        let w = unsafe { handle(writer, "writer") }?;
-        check_out(out, "out")?;
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
+        let out = c.out(out, "out")?;
         let plan = w.inner.lock().plan().clone();
-        // SAFETY: `out` was checked non-NULL and is valid for a write (this function's contract).
-        unsafe { write_out(out, Handle::into_raw(mws_upload_plan::new(plan))) };
+        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
         Ok(())
     })
 }
@@ -255,9 +220,5 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
 /// `writer` is NULL or a live handle not yet freed, not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_free(writer: *mut mws_writer) {
-    value_call!((), || {
-        // SAFETY: `writer` is NULL or a live handle that is not used again (this function's contract).
-        unsafe { Handle::free(writer) };
-        Ok(())
-    })
+    value_call!((), |c| c.free(writer))
 }

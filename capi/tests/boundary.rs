@@ -11,10 +11,8 @@ fn header() -> &'static str {
 
 fn header_macro(name: &str) -> u64 {
     let prefix = format!("#define {name} ");
-    let line = header()
-        .lines()
-        .find(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("{name} missing from the header"));
+    let line =
+        header().lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing from the header"));
     line[prefix.len()..].trim().parse().expect("numeric macro")
 }
 
@@ -64,12 +62,25 @@ fn error_kinds_map_one_to_one() {
         assert_eq!(s as i32, k.status_code());
         assert!(!matches!(
             s,
-            mws_status::MWS_OK
-                | mws_status::MWS_NULL_ARGUMENT
-                | mws_status::MWS_PANIC
-                | mws_status::MWS_INVALID_UTF8
+            mws_status::MWS_OK | mws_status::MWS_NULL_ARGUMENT | mws_status::MWS_PANIC | mws_status::MWS_INVALID_UTF8
         ));
         // Status names are the kind names, upper-cased.
         assert_eq!(s.name().to_str().unwrap(), format!("MWS_{}", k.name().to_uppercase()));
+    }
+}
+
+#[test]
+fn header_preamble_lists_every_handle() {
+    let h = header();
+    let start = h.find(" *  - Handles (").expect("the preamble's handle list");
+    let list = &h[start..start + h[start..].find(')').unwrap()];
+    let handles: Vec<&str> = h
+        .lines()
+        .filter_map(|l| l.strip_prefix("typedef struct "))
+        .filter_map(|l| l.split_once(' ').filter(|(a, b)| b.trim_end_matches(';') == *a).map(|(a, _)| a))
+        .collect();
+    assert!(handles.len() >= 15, "{handles:?}");
+    for name in handles {
+        assert!(list.contains(name), "the header's preamble does not list the handle {name}");
     }
 }

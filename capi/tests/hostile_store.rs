@@ -11,7 +11,6 @@
 use crate::test_model as model;
 
 use crate::callbacks::store::store_from_vtable;
-use mws::store::remote::RemoteStore;
 use crate::{
     mws_bytes, mws_last_error_message, mws_put_item, mws_range_item, mws_status, mws_store, mws_store_free,
     mws_store_from_vtable, mws_store_get, mws_store_open_dir, mws_store_vtable, mws_stored_manifest,

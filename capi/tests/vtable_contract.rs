@@ -5,9 +5,9 @@
 //! can be overridden per callback.
 
 use crate::callbacks::store::store_from_vtable;
-use mws::store::remote::RemoteStore;
 use crate::{mws_bytes, mws_put_item, mws_range_item, mws_store_cost, mws_store_vtable, MWS_STORE_VTABLE_VERSION};
 use mws::runtime::MemoryRegion;
+use mws::store::remote::RemoteStore;
 use mws::store::{ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, WriteConfig};
 use mws::{ErrorKind, MemoryKind, Result};
 use parking_lot::Mutex;

@@ -20,9 +20,7 @@
 //! - the registered buffers, so that every range read names the registered view that
 //!   contains its destination.
 
-use super::{
-    alloc_failed, not_found, too_large, ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, WriteConfig,
-};
+use super::{alloc_failed, not_found, too_large, ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{MemoryKind, MemoryRegion};
 use parking_lot::RwLock;
@@ -606,7 +604,10 @@ impl ObjectStore for RemoteStore {
                     } else {
                         Err(Error::new(
                             ErrorKind::Integrity,
-                            format!("short read of {} at offset {}: {} of {} bytes", r.key, r.object_offset, n, r.dest.len),
+                            format!(
+                                "short read of {} at offset {}: {} of {} bytes",
+                                r.key, r.object_offset, n, r.dest.len
+                            ),
                         ))
                     }
                 })

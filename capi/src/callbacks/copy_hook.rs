@@ -1,8 +1,7 @@
 //! `mws_copy_hook_vtable`: a caller's device-memory copy functions (for example
 //! `cudaMemcpy`) as a `store::CopyHook` for the embedded stores.
 
-use crate::callbacks::store::read_vtable;
-use crate::callbacks::{memory_code, Ctx};
+use crate::callbacks::{memory_code, read_vtable, Ctx};
 use mws::error::Error;
 use mws::error::ErrorKind;
 use mws::error::Result;
@@ -59,7 +58,7 @@ impl CallbackCopyHook {
     /// # Safety
     /// As [`store_from_vtable`](super::store::store_from_vtable), for a [`mws_copy_hook_vtable`].
     pub unsafe fn new(vt: *const mws_copy_hook_vtable, ctx: *mut c_void) -> Result<Self> {
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
+        // SAFETY: forwarded contract: `vt` is NULL or readable for its size.
         let vt = unsafe { read_vtable(vt, "mws_copy_hook_vtable", MWS_COPY_HOOK_VTABLE_VERSION) }?;
         if vt.device_to_host.is_none() || vt.host_to_device.is_none() {
             return Err(Error::invalid(

@@ -1,8 +1,9 @@
 //! `mws_guard_vtable`: a framework's allocation guard (pin, release with a terminal
 //! state) as a `protocol::GuardProvider`.
 
-use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::handles::mws_binding;
+use crate::args::Caller;
+use crate::binding::mws_binding;
+use crate::boundary::{Failure, FfiResult};
 use mws::protocol::guards::weight_allocation_fence;
 use mws::protocol::guards::AllocationFence;
 use mws::protocol::guards::GuardProvider;
@@ -110,27 +111,9 @@ impl CGuard {
         }
     }
 
-    pub(crate) unsafe fn from_vtable(vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let size = unsafe { (vt as *const u32).read_unaligned() };
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let version = unsafe { (vt as *const u32).add(1).read_unaligned() };
-        if (size as usize) < std::mem::size_of::<mws_guard_vtable>() {
-            return Err(Failure::invalid(format!(
-                "mws_guard_vtable.size is {size}, expected at least {}",
-                std::mem::size_of::<mws_guard_vtable>()
-            )));
-        }
-        if version != MWS_GUARD_VTABLE_VERSION {
-            return Err(Failure::new(
-                mws_status::MWS_UNSUPPORTED,
-                format!(
-                    "mws_guard_vtable.version is {version}, this library implements version {MWS_GUARD_VTABLE_VERSION}"
-                ),
-            ));
-        }
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        let vt = unsafe { vt.read_unaligned() };
+    /// The guard of a caller's vtable (checked and copied) over `ctx`.
+    pub(crate) fn from_vtable(c: Caller<'_>, vt: *const mws_guard_vtable, ctx: *mut c_void) -> FfiResult<CGuard> {
+        let vt = c.vtable(vt, "mws_guard_vtable", MWS_GUARD_VTABLE_VERSION)?;
         CGuard::new(vt.acquire, vt.release, ctx)
     }
 }

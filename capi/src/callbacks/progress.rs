@@ -62,9 +62,9 @@ impl CProgress {
         f.map(|f| CProgress { f, ctx: Ctx(ctx) })
     }
 
-    /// The callback and its context, as C holds them.
-    pub(crate) fn raw(&self) -> (mws_progress_fn, *mut c_void) {
-        (Some(self.f), self.ctx.0)
+    /// The callback as a core progress callback (kept by a loader, sink or writer).
+    pub(crate) fn into_callback(self) -> mws::protocol::transfer::ProgressCallback {
+        std::sync::Arc::new(move |p: &Progress| self.report(p))
     }
 
     /// Hands `p` to the callback.

@@ -1,9 +1,10 @@
 //! `mws_snapshot_adapter_vtable`: a framework's snapshot adapter (export the source,
 //! resolve tensors to fragments, guards) as a `protocol::SnapshotAdapter`.
 
+use crate::args::Caller;
+use crate::binding::mws_binding;
 use crate::callbacks::guard::{mws_guard_acquire_fn, mws_guard_release_fn, CGuard};
-use crate::handles::{mws_binding, mws_placement};
-use crate::strings::utf8;
+use crate::placement::mws_placement;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
 use mws::protocol::SnapshotAdapter;
@@ -14,7 +15,6 @@ use mws::ErrorKind;
 use mws::RuntimeBinding;
 use std::ffi::c_char;
 use std::ffi::c_void;
-use std::ffi::CStr;
 use std::ffi::CString;
 use std::sync::Arc;
 
@@ -124,17 +124,16 @@ unsafe impl SnapshotAdapter for CAdapter {
         if code != 0 {
             return Err(adapter_err("export_source", code));
         }
-        // SAFETY: the callback returned 0, so `placement` is NULL or a live placement handle it keeps alive (the adapter contract).
-        let placement = unsafe { placement.as_ref() }
-            .ok_or_else(|| Error::invalid("snapshot adapter export_source returned a NULL placement"))?;
-        // SAFETY: on success the adapter contract makes (`bindings`, `count`) an array of binding handles valid while the writer lives.
-        let list = unsafe { crate::strings::slice_arg(bindings, count, "bindings") }
-            .map_err(|f| Error::invalid(format!("snapshot adapter export_source: {}", f.message)))?;
-        let mut built = Vec::with_capacity(list.len());
-        for (i, b) in list.iter().enumerate() {
-            // SAFETY: each element is NULL or a live binding handle (the adapter contract).
-            let b = unsafe { b.as_ref() }
-                .ok_or_else(|| Error::invalid(format!("snapshot adapter export_source returned a NULL binding {i}")))?;
+        // SAFETY: the callback returned 0: by the adapter contract, `placement` is NULL
+        // or a live placement handle and (`bindings`, `count`) an array of NULL or live
+        // binding handles, valid while the writer lives: the token's promise.
+        let c = unsafe { Caller::trusted() };
+        let bad = |f: crate::boundary::Failure| {
+            Error::invalid(format!("snapshot adapter export_source returned {}", f.message))
+        };
+        let placement = c.handle(placement, "placement").map_err(bad)?;
+        let mut built = Vec::with_capacity(count);
+        for b in c.handles(bindings, count, "bindings").map_err(bad)? {
             built.push(b.build().map_err(|f| Error::new(ErrorKind::InvalidBinding, f.message))?);
         }
         Ok(SnapshotSource { placement: Arc::new(placement.inner.clone()), bindings: built })
@@ -155,17 +154,16 @@ unsafe impl SnapshotAdapter for CAdapter {
         if code != 0 {
             return Err(adapter_err("resolve_fragment_ids", code));
         }
-        // SAFETY: on success (`ids`, `count`) is an array of NUL-terminated strings valid until the next call (the adapter contract).
-        let list = unsafe { crate::strings::slice_arg(ids, count, "ids") }
-            .map_err(|f| Error::invalid(format!("snapshot adapter resolve_fragment_ids: {}", f.message)))?;
-        let mut out = Vec::with_capacity(list.len());
-        for (i, p) in list.iter().enumerate() {
-            if p.is_null() {
-                return Err(Error::invalid(format!("snapshot adapter resolve_fragment_ids returned a NULL id {i}")));
-            }
-            // SAFETY: `*p` was checked non-NULL and is NUL-terminated (the adapter contract).
-            let bytes = unsafe { CStr::from_ptr(*p) }.to_bytes();
-            out.push(utf8(bytes, "fragment id").map_err(|f| Error::invalid(f.message))?.to_owned());
+        // SAFETY: the callback returned 0: by the adapter contract (`ids`, `count`) is an
+        // array of NULL or NUL-terminated strings valid until the next call: the token's
+        // promise.
+        let c = unsafe { Caller::trusted() };
+        let bad = |f: crate::boundary::Failure| {
+            Error::invalid(format!("snapshot adapter resolve_fragment_ids returned {}", f.message))
+        };
+        let mut out = Vec::with_capacity(count);
+        for (i, &p) in c.slice(ids, count, "ids").map_err(bad)?.iter().enumerate() {
+            out.push(c.str(p, &format!("ids[{i}]")).map_err(bad)?.to_owned());
         }
         Ok(out)
     }

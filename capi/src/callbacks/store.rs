@@ -8,8 +8,8 @@
 //! The callbacks are C functions: they must not unwind (a C++ exception escaping a
 //! callback is undefined behaviour) and must be thread-safe.
 
-use crate::callbacks::{memory_code, Ctx};
-use mws::error::{Error, ErrorKind, Result};
+use crate::callbacks::{memory_code, read_vtable_prefix, Ctx};
+use mws::error::{Error, Result};
 use mws::runtime::MemoryRegion;
 use mws::store::remote::{RemoteCalls, RemoteCapabilities, RemotePut, RemoteRange, RemoteStore};
 use mws::store::{RecordType, StoreCost};
@@ -231,60 +231,6 @@ struct ListSink<'a>(&'a mut dyn FnMut(Option<&[u8]>, u64) -> bool);
 /// the smallest `size` accepted. Fields after it are read only when `size` covers them.
 pub(crate) const STORE_VTABLE_MIN_SIZE: usize = std::mem::offset_of!(mws_store_vtable, batch_exists);
 
-/// Reads a caller's versioned vtable: checks `size` and `version` and copies the
-/// part this library knows.
-///
-/// # Safety
-/// `vt` points to at least 8 readable bytes and, when its `size` field says so, to
-/// `size_of::<T>()` readable bytes.
-pub(crate) unsafe fn read_vtable<T: Copy>(vt: *const T, name: &str, version: u32) -> Result<T> {
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    unsafe { read_vtable_prefix(vt, name, version, std::mem::size_of::<T>()) }
-}
-
-/// As [`read_vtable`], accepting any `size` of at least `min_size` (the byte offset of
-/// a field boundary of `T`): when `size` is smaller than `T`, only the fields `size`
-/// covers are read and the fields after them are zero (NULL callbacks).
-///
-/// # Safety
-/// As [`read_vtable`]; every field of `T` after `min_size` must be pointer-sized,
-/// pointer-aligned and valid when all-zero (optional callbacks): a `size` between
-/// `min_size` and `size_of::<T>()` copies the whole fields it covers, the rest are
-/// zero.
-pub(crate) unsafe fn read_vtable_prefix<T: Copy>(vt: *const T, name: &str, version: u32, min_size: usize) -> Result<T> {
-    if vt.is_null() {
-        return Err(Error::invalid(format!("{name} is NULL")));
-    }
-    let header = vt as *const u32;
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    let size = unsafe { header.read_unaligned() };
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    let ver = unsafe { header.add(1).read_unaligned() };
-    if (size as usize) < min_size {
-        return Err(Error::invalid(format!("{name}.size is {size}, expected at least {min_size}")));
-    }
-    if ver != version {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("{name}.version is {ver}, this library implements version {version}"),
-        ));
-    }
-    if (size as usize) >= std::mem::size_of::<T>() {
-        // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-        return Ok(unsafe { vt.read_unaligned() });
-    }
-    // A smaller (older) layout: copy the fields it covers whole (every optional field
-    // after the first layout is one pointer-sized `Option<fn>`), zero the rest.
-    let ptr = std::mem::size_of::<usize>();
-    let covered = min_size.max((size as usize) / ptr * ptr);
-    let mut out = std::mem::MaybeUninit::<T>::zeroed();
-    // SAFETY: the caller's vtable is readable for `size` >= `covered` bytes, and `out`
-    // is a `T` of more than `covered` bytes; all-zero optional fields are `None`.
-    unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, out.as_mut_ptr() as *mut u8, covered) };
-    // SAFETY: the arguments satisfy the callee's contract, which this function's `# Safety` section passes on to its caller.
-    Ok(unsafe { out.assume_init() })
-}
-
 pub(crate) fn record_code(r: RecordType) -> u32 {
     match r {
         RecordType::Payload => MWS_RECORD_PAYLOAD,
@@ -358,7 +304,14 @@ impl VtableCalls {
         // SAFETY: a checked vtable function over `ctx`; key, value and group point to
         // live bytes for the call.
         let code = unsafe {
-            f(self.ctx.0, mws_bytes::of(key), bytes_ptr(value), value.len() as u64, mws_bytes::of(group_id), record_code(record))
+            f(
+                self.ctx.0,
+                mws_bytes::of(key),
+                bytes_ptr(value),
+                value.len() as u64,
+                mws_bytes::of(group_id),
+                record_code(record),
+            )
         };
         code as i64
     }

@@ -135,7 +135,7 @@ pub struct LiveError {
     /// The error.
     pub error: TransferError,
     /// The call's report (`targets` say which targets may be torn).
-    pub report: LiveReport,
+    pub report: Box<LiveReport>,
 }
 
 impl std::fmt::Display for LiveError {
@@ -246,7 +246,7 @@ impl Front {
             }
             Err(error) => {
                 *self.last.lock() = Some(report.clone());
-                Err(LiveError { error, report })
+                Err(LiveError { error, report: Box::new(report) })
             }
         }
     }

@@ -15,9 +15,14 @@ pub mod scope;
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{
-    EngineResources, ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt,
+    EngineResources, ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor,
+    TransferReceipt,
 };
-pub use loader::{CancelToken, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink, TargetReport, TransferStats};
 pub use lease::{GuardProviders, MemoryRegistrationLease};
-pub use outcome::{call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
+pub use loader::{
+    CancelToken, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink, TargetReport, TransferStats,
+};
+pub use outcome::{
+    call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
+};
 pub use scope::{RegistrationScope, ScopeExit};

@@ -1,0 +1,189 @@
+//! `mws_sink`: a source worker pushes its part of a live transfer into the remote
+//! targets; wraps the core's `protocol::transfer::Sink`.
+
+use crate::args::Handle;
+use crate::binding::{bindings_arg, mws_binding};
+use crate::boundary::{mws_status, Failure};
+use crate::callbacks::progress::{mws_progress_fn, CProgress};
+use crate::engine::{mws_transfer_engine, transfer_failure};
+use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
+use crate::live::{stats_c, ReportView};
+use crate::placement::mws_placement;
+use crate::transfer_plan::mws_transfer_plan;
+use mws::protocol::transfer::Sink;
+use parking_lot::Mutex;
+use std::ffi::c_void;
+
+/// A source worker's executor of a live transfer: pushes its part of a bound plan
+/// into the remote targets (`mws_sink_execute`). Created by `mws_sink_new`, freed by
+/// `mws_sink_free`; threading as `mws_loader`.
+pub struct mws_sink {
+    inner: Sink,
+    report: Mutex<Option<ReportView>>,
+}
+
+handle!(mws_sink);
+
+/// Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
+///
+/// Errors: as `mws_loader_new`.
+///
+/// # Safety
+/// As `mws_loader_new`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_new(
+    engine: *const mws_transfer_engine,
+    limits: *const mws_executor_limits,
+    out: *mut *mut mws_sink,
+) -> mws_status {
+    status_call!(|c| {
+        let e = c.handle(engine, "engine")?;
+        let out = c.out(out, "out")?;
+        let inner = Sink::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
+        out.set(mws_sink { inner, report: Mutex::new(None) }.into_raw());
+        Ok(())
+    })
+}
+
+/// Sets (or clears, with NULL) the progress callback of a sink (throttled
+/// `MWS_PROGRESS_TRANSFER` progress; items = engine operations). As
+/// `mws_loader_set_progress`.
+///
+/// # Safety
+/// As `mws_loader_set_progress`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_set_progress(
+    sink: *const mws_sink,
+    progress: mws_progress_fn,
+    ctx: *mut c_void,
+) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(sink, "sink")?;
+        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
+        // `ctx` until it is replaced or the sink is freed.
+        let cb = unsafe { CProgress::new(progress, ctx) };
+        s.inner.set_progress(cb.map(CProgress::into_callback));
+        Ok(())
+    })
+}
+
+/// Requests cancellation of the running (and every later) execution, as
+/// `mws_loader_cancel`. NULL does nothing.
+///
+/// # Safety
+/// `sink` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_cancel(sink: *const mws_sink) {
+    value_call!((), |c| {
+        if let Some(s) = c.opt_handle(sink) {
+            s.inner.cancel_token().cancel();
+        }
+        Ok(())
+    })
+}
+
+/// Clears a cancellation request. NULL does nothing.
+///
+/// # Safety
+/// `sink` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_reset_cancel(sink: *const mws_sink) {
+    value_call!((), |c| {
+        if let Some(s) = c.opt_handle(sink) {
+            s.inner.cancel_token().reset();
+        }
+        Ok(())
+    })
+}
+
+/// Pushes every operation of the local source executor of `plan` (a bound plan) from
+/// the buffers of `source_binding` into the remote targets (sink mode,
+/// `live-transfer.md` §5). The remote target memory must be registered with the
+/// engine by its owners for the given target bindings (passing them asserts it); the
+/// local source buffers are registered for the call unless
+/// `args.local_pre_registered`. A source participant the plan does not read from
+/// (an unselected DP replica) succeeds with zero statistics. `stats` may be NULL.
+/// Successful or not, the call's report is then `mws_sink_last_report`.
+///
+/// Errors: as `mws_loader_load_live`.
+///
+/// # Safety
+/// As `mws_loader_load_live`, with the sides swapped.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mws_sink_execute(
+    sink: *const mws_sink,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_binding: *const mws_binding,
+    target_placement: *const mws_placement,
+    target_bindings: *const *const mws_binding,
+    n_targets: usize,
+    args: *const mws_live_args,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(sink, "sink")?;
+        let bound = c.handle(plan, "plan")?.bound()?;
+        let sp = c.handle(source_placement, "source_placement")?;
+        let tp = c.handle(target_placement, "target_placement")?;
+        let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
+        let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
+        let args = live_args(c, args)?;
+        // SAFETY: this function's contract: every buffer of the bindings stays valid
+        // for the call (and until a pending transfer is drained).
+        let result = unsafe { s.inner.execute(bound, &sp.inner, &source, &tp.inner, &targets, &args) };
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(transfer_failure(e.error))),
+        };
+        let st = stats_c(report.stats);
+        *s.report.lock() = Some(ReportView::new(report));
+        outcome?;
+        if let Some(out) = c.opt_out(stats) {
+            out.set(st);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the statistics of the sink's last successful call to `*out`.
+///
+/// # Safety
+/// `sink` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_stats(sink: *const mws_sink, out: *mut mws_transfer_stats) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(sink, "sink")?;
+        c.out(out, "out")?.set(stats_c(s.inner.stats()));
+        Ok(())
+    })
+}
+
+/// Writes the report of the sink's last call, successful or not, to `*out`: as
+/// `mws_loader_last_report`, with one verdict per target participant the call writes
+/// (each for this call's share: a target written by several sources is updated once
+/// every one of their calls reports `MWS_TARGET_UPDATED`).
+///
+/// # Safety
+/// `sink` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut mws_live_report) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(sink, "sink")?;
+        let out = c.out(out, "out")?;
+        let view = s.report.lock();
+        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no live call yet"))?;
+        out.set(view.c());
+        Ok(())
+    })
+}
+
+/// Frees a sink; NULL does nothing.
+///
+/// # Safety
+/// `sink` is NULL or a live handle not yet freed and not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_free(sink: *mut mws_sink) {
+    value_call!((), |c| c.free(sink))
+}
