@@ -81,12 +81,34 @@ int main() {
         // Sink mode: sources push into the pre-registered server buffers.
         register_all(engine, dst);
         mws::Sink sink(engine);
+        std::uint64_t sink_reports = 0;
+        sink.set_progress([&sink_reports](const mws_progress &p) {
+            sink_reports += p.phase == MWS_PROGRESS_TRANSFER && p.bytes_done <= p.bytes_total;
+        });
         std::uint64_t pushed = 0;
         for (const auto &b : src.bindings) {
             mws_transfer_stats s = sink.execute(plan, src.placement, b, dst.placement, dst.binding_ptrs());
             pushed += s.bytes;
+            mws::LiveReport r = sink.last_report();
+            require(r.stats.bytes == s.bytes && sink.stats().bytes == s.bytes, "report and stats of the call");
+            if (s.bytes == 0) {
+                require(!r.submitted && r.targets.empty() && r.guard_release == MWS_GUARD_NOT_PINNED,
+                        "an unselected replica's report");
+                continue;
+            }
+            require(r.submitted && r.guard_release == MWS_GUARD_COMPLETED && r.pending_transfer_id.empty(),
+                    "a completed push: submitted, pins released completed");
+            require(!r.targets.empty(), "a push names its targets");
+            for (const mws::TargetOutcome &t : r.targets)
+                require(t.verdict == MWS_TARGET_UPDATED && t.generation == 1 && !t.participant_id.empty(),
+                        "every target share updated");
         }
+        require(sink_reports > 0, "sink progress");
         unregister_all(engine, dst);
+        mws_engine_resources res = engine.resources();
+        require(res.registrations_known == 1 && res.registered_regions == 0 && res.pending_transfers == 0 &&
+                    res.quarantined_registrations == 0 && res.pinned_tokens == 0,
+                "the engine holds nothing after the pushes");
         require(pushed == plan.total_bytes(), "sink moved every planned byte");
         std::size_t checked = dst.verify();
         std::printf("sink mode:   %zu regions, %llu bytes pushed, %zu bytes verified\n", plan.region_count(),
@@ -131,8 +153,12 @@ int main() {
         } catch (const mws::Error &e) {
             refused = std::string(e.what()).find("cancelled") != std::string::npos;
         }
+        mws::LiveReport cancelled = loader.last_report();
         unregister_all(engine, src);
         require(refused, "cancellation");
+        require(!cancelled.submitted && cancelled.guard_release == MWS_GUARD_ABORTED, "nothing submitted, pins aborted");
+        require(cancelled.targets.size() == 1 && cancelled.targets[0].verdict == MWS_TARGET_UNCHANGED,
+                "the target is reported unchanged");
         require(engine.pending_count() == 0, "no pending transfer");
         std::printf("live reshard TP4xPP2xEP2xDP2 -> TP2xEP4: ok\n");
         return 0;

@@ -1340,6 +1340,37 @@ private:
     std::unique_ptr<mws_transfer_plan, detail::Deleter<mws_transfer_plan, mws_transfer_plan_free>> handle_;
 };
 
+/// The verdict of a live call for one target participant (mws_target_outcome, copied).
+struct TargetOutcome {
+    std::string participant_id;
+    std::uint64_t generation = 0;
+    mws_target_verdict verdict = MWS_TARGET_UNCHANGED;
+};
+
+/// What a live call did, successful or not (mws_live_report, copied): whether anything
+/// was submitted to the engine (false proves nothing was written), how the guards'
+/// pins were released, the pending transfer holding its resources (empty: none), the
+/// verdict per target participant it writes, and its statistics.
+struct LiveReport {
+    bool submitted = false;
+    mws_guard_release guard_release = MWS_GUARD_NOT_PINNED;
+    std::string pending_transfer_id;
+    std::vector<TargetOutcome> targets;
+    mws_transfer_stats stats{};
+
+    static LiveReport from(const mws_live_report &r) {
+        LiveReport out;
+        out.submitted = r.submitted != 0;
+        out.guard_release = static_cast<mws_guard_release>(r.guard_release);
+        if (r.pending_transfer_id != nullptr) out.pending_transfer_id = r.pending_transfer_id;
+        for (std::size_t i = 0; i < r.n_targets; ++i)
+            out.targets.push_back({r.targets[i].participant_id, r.targets[i].generation,
+                                   static_cast<mws_target_verdict>(r.targets[i].verdict)});
+        out.stats = r.stats;
+        return out;
+    }
+};
+
 /// A transfer engine (owns an mws_transfer_engine): the embedded LocalEngine or a
 /// caller's vtable (for example Mooncake's TransferEngine).
 /// Move-only (no release()); loaders and sinks keep it alive, so it may be destroyed
@@ -1393,6 +1424,15 @@ public:
         std::size_t remaining = 0;
         detail::check(mws_transfer_engine_drain(get(), timeout_ms, &remaining));
         return remaining;
+    }
+    /// What the engine still holds: its registered regions (when it can list them),
+    /// its pending transfers and the registrations and pins they hold
+    /// (mws_transfer_engine_resources). Throws mws::Error: MWS_NULL_ARGUMENT (empty
+    /// object), MWS_STORE (the engine identity cannot be read).
+    mws_engine_resources resources() const {
+        mws_engine_resources r{};
+        detail::check(mws_transfer_engine_resources(get(), &r));
+        return r;
     }
 
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
@@ -1483,6 +1523,14 @@ public:
         detail::check(mws_loader_stats(get(), &s));
         return s;
     }
+    /// The report of the last live load, successful or not (mws_loader_last_report),
+    /// copied. Throws mws::Error: MWS_NULL_ARGUMENT (empty object), MWS_NOT_FOUND (no
+    /// live load yet).
+    LiveReport last_report() const {
+        mws_live_report r{};
+        detail::check(mws_loader_last_report(get(), &r));
+        return LiveReport::from(r);
+    }
 
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_loader *get() const noexcept { return handle_.get(); }
@@ -1522,10 +1570,42 @@ public:
         return stats;
     }
 
+    /// Reports executions to `progress` (mws_sink_set_progress); an empty function
+    /// removes it. The Sink keeps the function. Not while an execution runs. Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object; the previous callback stays).
+    void set_progress(ProgressCallback progress) {
+        auto next = progress ? std::make_unique<ProgressCallback>(std::move(progress)) : nullptr;
+        detail::check(mws_sink_set_progress(get(), next ? &detail::progress_trampoline : nullptr, next.get()));
+        progress_ = std::move(next);
+    }
+    /// Requests cancellation of the running and every later execution
+    /// (mws_sink_cancel). Any thread, any time.
+    void cancel() const noexcept { mws_sink_cancel(get()); }
+    /// Clears a cancellation request (mws_sink_reset_cancel). Any thread.
+    void reset_cancel() const noexcept { mws_sink_reset_cancel(get()); }
+    /// The statistics of the sink's last successful call (mws_sink_stats). Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object).
+    mws_transfer_stats stats() const {
+        mws_transfer_stats s{};
+        detail::check(mws_sink_stats(get(), &s));
+        return s;
+    }
+    /// The report of the last execution, successful or not (mws_sink_last_report),
+    /// copied: one verdict per target participant it writes (for this call's share).
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (empty object), MWS_NOT_FOUND (no call
+    /// yet).
+    LiveReport last_report() const {
+        mws_live_report r{};
+        detail::check(mws_sink_last_report(get(), &r));
+        return LiveReport::from(r);
+    }
+
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_sink *get() const noexcept { return handle_.get(); }
 
 private:
+    // Declared before the handle: destroyed after it.
+    std::unique_ptr<ProgressCallback> progress_;
     std::unique_ptr<mws_sink, detail::Deleter<mws_sink, mws_sink_free>> handle_;
 };
 

@@ -12,7 +12,7 @@
 //!   in one process).
 //!
 //! A C process plugs in its own engine (for example Mooncake's `TransferEngine`)
-//! through `mws_transfer_engine_vtable` (`src/ffi/callbacks/engine.rs`).
+//! through `mws_transfer_engine_vtable` (`capi/src/callbacks/engine.rs`).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
