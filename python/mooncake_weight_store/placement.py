@@ -341,7 +341,7 @@ class Placement(OwnedHandle):
     _FREE = "mws_placement_free"
     _WHAT = "placement"
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: Optional[int]) -> None:
         super().__init__(handle)
         self._fragments: Optional[List[FragmentInfo]] = None
 

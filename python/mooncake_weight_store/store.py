@@ -43,7 +43,7 @@ from ctypes import c_int32, c_int64, c_void_p
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call, cstr
+from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
 from .errors import error_for_status
 from .progress import Progress, c_progress
 from .mooncake_backend import (
@@ -420,7 +420,7 @@ class LeaseSide(enum.IntEnum):
     TARGET = 1
 
 
-class RegistrationLease:
+class RegistrationLease(OwnedHandle):
     """Buffers of one binding pinned and registered once (``mws_registration_lease``)
     for any number of :meth:`Store.upload` / :meth:`Store.load` calls passed
     ``lease=``; those calls then pin and register nothing. Create it with
@@ -431,11 +431,18 @@ class RegistrationLease:
     touch the buffers). :meth:`close` is idempotent; a closed lease is refused
     (:class:`StaleBindingError`). Freeing an open lease (garbage collection) closes
     it as ``ABORTED``. The lease keeps its store, binding and guard alive.
+
+    :meth:`close` closes the lease (the handle stays, so :attr:`closed` can be read);
+    :meth:`free` frees the handle.
     """
+
+    _FREE = "mws_registration_lease_free"
+    _WHAT = "registration lease"
+    _GONE = "freed"
 
     def __init__(self, store: "Store", binding: "Binding", fragment_ids: Sequence[str], side: LeaseSide,
                  guard: Optional[Guard] = None, transfer_id: Optional[str] = None) -> None:
-        self._h: Optional[int] = None
+        super().__init__()
         self.store = store
         self.binding = binding
         self.side = LeaseSide(side)
@@ -447,13 +454,7 @@ class RegistrationLease:
         call("mws_registration_lease_new", store.handle, binding.handle, ids, len(self.fragment_ids),
              int(self.side), ctypes.addressof(self._guard_bridge.vtable) if self._guard_bridge else None, None,
              cstr(transfer_id, "transfer_id"), ctypes.byref(out))
-        self._h = out.value
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("registration lease is freed")
-        return self._h
+        self._adopt(out.value)
 
     @property
     def closed(self) -> bool:
@@ -467,25 +468,11 @@ class RegistrationLease:
 
     def free(self) -> None:
         """Frees the handle (closing an open lease as ``ABORTED``)."""
-        h, self._h = self._h, None
-        if h is not None:
-            LIB.fn("mws_registration_lease_free")(h)
+        self._free()
 
-    def __enter__(self) -> "RegistrationLease":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            if self._h is not None:
-                self.close(TerminalState.COMPLETED if exc_type is None else TerminalState.FAILED_DRAINED)
-        finally:
-            self.free()
-
-    def __del__(self) -> None:
-        try:
-            self.free()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
+        if self._h is not None:
+            self.close(TerminalState.COMPLETED if exc_type is None else TerminalState.FAILED_DRAINED)
 
     def __repr__(self) -> str:
         return (f"RegistrationLease({self.binding.participant_id!r}, {self.side.name.lower()}, "
@@ -511,7 +498,7 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
                                   verify_integrity=1 if verify_integrity else 0)
 
 
-class Store:
+class Store(OwnedHandle):
     """A weight store (``mws_store``): an object store backend plus the key prefix,
     limits and registration state of the weight protocol.
 
@@ -534,8 +521,11 @@ class Store:
     default because it costs +160% to +360% of a restore on the embedded stores).
     """
 
-    def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
-        self._h: Optional[int] = handle
+    _FREE = "mws_store_free"
+    _WHAT = "store"
+
+    def __init__(self, handle: Optional[int], bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
+        super().__init__(handle)
         self._bridge = bridge
         self.kind = kind
         #: the copy hook of an embedded store opened with one (device memory)
@@ -615,12 +605,6 @@ class Store:
         return cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
 
     @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("store is closed")
-        return self._h
-
-    @property
     def backend(self) -> Any:
         """The Python backend of a vtable store (else None)."""
         return self._bridge.backend if self._bridge else None
@@ -636,22 +620,10 @@ class Store:
 
     def close(self) -> None:
         """Frees the handle (the backend lives on while writers use it)."""
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_store_free")(h)
-            _bury()
+        self._free()
 
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _after_free(self) -> None:
+        _bury()  # bridges the library destroyed meanwhile (never from inside a callback)
 
     def __repr__(self) -> str:
         return f"Store({self.kind}{', closed' if self._h is None else ''})"

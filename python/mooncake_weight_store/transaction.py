@@ -48,6 +48,7 @@ class Transaction(OwnedHandle):
 
     _FREE = "mws_transaction_free"
     _WHAT = "transaction"
+    _FREE_ON_EXIT = False  # the outcome stays readable after the block
 
     def __init__(self, store: "Store", plan: "UploadPlan") -> None:
         out = c_void_p()
@@ -149,10 +150,7 @@ class Transaction(OwnedHandle):
     def decision(self) -> "Decision":
         return self.store.read_decision(self.plan)
 
-    def __enter__(self) -> "Transaction":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
         if exc_type is None:
             if self.state == "open":
                 self.commit()

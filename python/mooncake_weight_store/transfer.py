@@ -126,9 +126,8 @@ class TransferPlan(OwnedHandle):
     _FREE = "mws_transfer_plan_free"
     _WHAT = "transfer plan"
 
-    def __init__(self, handle: int, keep: Sequence[Any] = ()) -> None:
-        super().__init__(handle)
-        self._keep = list(keep)
+    def __init__(self, handle: Optional[int], keep: Sequence[Any] = ()) -> None:
+        super().__init__(handle, keep)
 
     @classmethod
     def plan(cls, source: Placement, target: Placement, target_participant_id: Optional[str] = None,
@@ -178,10 +177,6 @@ class TransferPlan(OwnedHandle):
     def executor_count(self, side: str) -> int:
         code = {"source": SIDE_SOURCE, "target": SIDE_TARGET}[side]
         return int(LIB.fn("mws_transfer_plan_executor_count")(self.handle, code))
-
-    def close(self) -> None:
-        super().close()
-        self._keep = []
 
 
 class TransferEngine(OwnedHandle):
@@ -235,7 +230,7 @@ class Loader(OwnedHandle):
         out = _p()
         call("mws_loader_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
-        self._engine = engine
+        self._engine = engine  # the engine's Python callbacks live as long as this object
         self._progress: Any = None
 
     def set_progress(self, fn: Optional[Any]) -> None:
@@ -278,7 +273,7 @@ class Sink(OwnedHandle):
         out = _p()
         call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
-        self._engine = engine
+        self._engine = engine  # the engine's Python callbacks live as long as this object
 
     def execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                 targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
