@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .errors import MwsError
+from .manifest import StoredManifest
+from .progress import c_progress
 from .receipts import Receipts
 from .upload_plan import UploadPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
-    from .manifest import StoredManifest
     from .placement import Placement
     from .store import Store
 
@@ -158,8 +159,6 @@ class Writer(OwnedHandle):
         :class:`~mooncake_weight_store.progress.Progress`, phase ``"upload"``, totals:
         every object of the plan); ``None`` removes it. Exceptions it raises are
         swallowed."""
-        from .progress import c_progress
-
         with self._lock:
             c_fn, keep = c_progress(fn)
             call("mws_writer_set_progress", self.handle, c_fn, None)
@@ -192,8 +191,6 @@ class Writer(OwnedHandle):
 
     def commit(self) -> "StoredManifest":
         """Publishes the manifest. Transaction errors leave the writer open (retry)."""
-        from .manifest import StoredManifest
-
         if self.committed and self.manifest is not None:
             return self.manifest
         out = ctypes.c_void_p()

@@ -123,3 +123,44 @@ def test_transaction_stays_readable_after_its_with_block():
         tx.close()
         with pytest.raises(ValueError, match="transaction is closed"):
             _ = tx.state
+
+
+# Concrete backends (and the third-party client they wrap) sit on top of the generic
+# bridges: nothing generic imports them, lazily or not (TYPE_CHECKING aside).
+CONCRETE = {"mooncake_backend", "te_backend"}
+
+
+def _runtime_imports(path):
+    """Module names (relative to the package, or absolute) every import of ``path``
+    can load, inside functions too; ``if TYPE_CHECKING:`` blocks are left out."""
+    names = set()
+
+    def walk(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", "")) \
+                    == "TYPE_CHECKING":
+                for c in child.orelse:
+                    walk(c)
+                continue
+            if isinstance(child, ast.Import):
+                names.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = ("." * child.level) + (child.module or "")
+                names.add(base)
+                names.update(f"{base}.{a.name}" if child.module else f"{base}{a.name}" for a in child.names)
+            walk(child)
+
+    walk(ast.parse(path.read_text(), str(path)))
+    return names
+
+
+def test_generic_modules_import_no_concrete_backend():
+    problems = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.stem in CONCRETE or path.stem == "__init__":
+            continue
+        for name in sorted(_runtime_imports(path)):
+            parts = name.lstrip(".").split(".")
+            if CONCRETE & set(parts) or parts[0] == "mooncake":
+                problems.append(f"{path.name} imports {name}")
+    assert not problems, "\n".join(problems)
