@@ -358,6 +358,39 @@ class mws_snapshot_adapter_vtable(Structure):
         ("release_source", GUARD_RELEASE_FN),
     ]
 
+# Transfer engine vtable (``mws_transfer_engine_vtable``, version 1): a caller's engine.
+
+_U64P = POINTER(c_uint64)
+ENGINE_ID_FN = CFUNCTYPE(c_uint64, c_void_p)
+ENGINE_REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_int32)
+ENGINE_UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
+ENGINE_BATCH_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, _U64P, _U64P, _U64P, c_size_t)
+ENGINE_SUBMIT_FN = CFUNCTYPE(c_int32, c_void_p, c_uint32, mws_bytes, _U64P, _U64P, _U64P, c_size_t, _U64P)
+ENGINE_TICKET_STATUS_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, POINTER(c_int32))
+ENGINE_TICKET_DRAIN_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, POINTER(c_int32))
+ENGINE_TICKET_RELEASE_FN = CFUNCTYPE(None, c_void_p, c_uint64)
+
+
+class mws_transfer_engine_vtable(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("get_engine_id", ENGINE_ID_FN),
+        ("register_memory", ENGINE_REGISTER_FN),
+        ("unregister_memory", ENGINE_UNREGISTER_FN),
+        ("batch_transfer_sync_write", ENGINE_BATCH_FN),
+        ("batch_transfer_sync_read", ENGINE_BATCH_FN),
+        ("submit_with_ticket", ENGINE_SUBMIT_FN),
+        ("ticket_status", ENGINE_TICKET_STATUS_FN),
+        ("ticket_drain", ENGINE_TICKET_DRAIN_FN),
+        ("ticket_release", ENGINE_TICKET_RELEASE_FN),
+    ]
+
+
+MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
+MWS_TRANSFER_READ = 0
+MWS_TRANSFER_WRITE = 1
+
 # --------------------------------------------------------------------------- prototypes
 
 _p = c_void_p  # opaque handle pointer

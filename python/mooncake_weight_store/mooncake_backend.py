@@ -114,7 +114,7 @@ class MooncakeStoreBackend:
         owns_store: bool = False,
         cost: Optional[Dict[str, int]] = None,
     ) -> None:
-        from mooncake.store import ObjectDataType, ReplicateConfig  # noqa: F401 (import check)
+        from mooncake.store import ObjectDataType, ReplicateConfig  # type: ignore  # noqa: F401 (import check)
 
         self._cost = dict(MOONCAKE_COST if cost is None else cost)
 
@@ -430,7 +430,7 @@ class MooncakeMaster:
     """
 
     def __init__(self, *, lease_ttl: str = "500ms", log_path: Optional[str] = None, extra: Sequence[str] = ()) -> None:
-        import mooncake
+        import mooncake  # type: ignore  # (no stubs)
 
         self.binary = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
         self.rpc_port = free_port()
