@@ -166,7 +166,8 @@ class EngineBridge:
         returned ``status`` (call it right after that call, on the same thread); when
         a callback failed since ``failures_before`` (:attr:`failures` read before the
         call), the backend's exception is named in the message and chained as
-        ``__cause__``."""
+        ``__cause__`` (with concurrent calls on one engine, the last exception of
+        any of them)."""
         if status == 0:
             return
         msg = _lib.last_error()
