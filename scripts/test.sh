@@ -20,9 +20,10 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 SECONDS=0
 step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
 
-step "module imports form no loop"
+step "module imports form no loop (core crate, C ABI crate, Python package)"
 python3 scripts/check_module_cycles.py src
 python3 scripts/check_module_cycles.py capi/src
+python3 scripts/check_module_cycles.py python/mooncake_weight_store
 step "documented code is tested code (README, C quick start, Python README)"
 python3 scripts/check_doc_examples.py
 step "rustfmt"

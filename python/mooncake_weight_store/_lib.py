@@ -34,7 +34,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 from .errors import MissingSymbolError, MwsError, Status, error_for_status
 
@@ -358,6 +358,39 @@ class mws_snapshot_adapter_vtable(Structure):
         ("release_source", GUARD_RELEASE_FN),
     ]
 
+# Transfer engine vtable (``mws_transfer_engine_vtable``, version 1): a caller's engine.
+
+_U64P = POINTER(c_uint64)
+ENGINE_ID_FN = CFUNCTYPE(c_uint64, c_void_p)
+ENGINE_REGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_int32)
+ENGINE_UNREGISTER_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
+ENGINE_BATCH_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, _U64P, _U64P, _U64P, c_size_t)
+ENGINE_SUBMIT_FN = CFUNCTYPE(c_int32, c_void_p, c_uint32, mws_bytes, _U64P, _U64P, _U64P, c_size_t, _U64P)
+ENGINE_TICKET_STATUS_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, POINTER(c_int32))
+ENGINE_TICKET_DRAIN_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, POINTER(c_int32))
+ENGINE_TICKET_RELEASE_FN = CFUNCTYPE(None, c_void_p, c_uint64)
+
+
+class mws_transfer_engine_vtable(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("get_engine_id", ENGINE_ID_FN),
+        ("register_memory", ENGINE_REGISTER_FN),
+        ("unregister_memory", ENGINE_UNREGISTER_FN),
+        ("batch_transfer_sync_write", ENGINE_BATCH_FN),
+        ("batch_transfer_sync_read", ENGINE_BATCH_FN),
+        ("submit_with_ticket", ENGINE_SUBMIT_FN),
+        ("ticket_status", ENGINE_TICKET_STATUS_FN),
+        ("ticket_drain", ENGINE_TICKET_DRAIN_FN),
+        ("ticket_release", ENGINE_TICKET_RELEASE_FN),
+    ]
+
+
+MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
+MWS_TRANSFER_READ = 0
+MWS_TRANSFER_WRITE = 1
+
 # --------------------------------------------------------------------------- prototypes
 
 _p = c_void_p  # opaque handle pointer
@@ -641,38 +674,94 @@ def borrowed_str(name: str, handle: Any) -> str:
     return ctypes.string_at(ptr, n.value).decode("utf-8")
 
 
+_Self = TypeVar("_Self", bound="OwnedHandle")
+
+
 class OwnedHandle:
     """A library handle this object owns: freed exactly once, by :meth:`close`, at
-    the end of a ``with`` block, or when the object is collected. Subclasses name
-    their free function (``_FREE``) and what they are (``_WHAT``, for messages)."""
+    the end of a ``with`` block, or when the object is collected.
+
+    Every class that owns a library handle derives from this one; the lifecycle is
+    written here only. Subclasses name their free function (``_FREE``) and what they
+    are (``_WHAT``, for messages), and extend the lifecycle through these hooks
+    instead of re-implementing it:
+
+    * ``keep`` (constructor) / :meth:`_keep_alive`: Python objects the C object
+      borrows from (bindings whose buffers a plan records, the engine of a loader,
+      ...); referenced until the handle is freed, released right after the free;
+    * :meth:`_on_exit`: what leaving a ``with`` block does before the free (commit
+      or abort a writer, close a lease with a terminal state); ``_FREE_ON_EXIT =
+      False`` keeps the handle after the block (a transaction stays readable);
+    * :meth:`_after_free`: releases what the object owns beside the handle once the
+      library no longer uses it (buffer exports, buried vtable bridges).
+
+    :meth:`close` is the public way to free (a subclass whose ``close`` means
+    something else, e.g. closing a lease, frees with :meth:`_free`);
+    ``__del__`` always frees with :meth:`_free` and never raises. A handle
+    created in two steps (``__init__`` first, the library call later) starts as
+    ``None`` and is set with :meth:`_adopt`.
+    """
 
     _FREE = ""
     _WHAT = "handle"
+    #: the word in "<what> is <gone>" once the handle was freed
+    _GONE = "closed"
+    _FREE_ON_EXIT = True
 
-    def __init__(self, handle: int) -> None:
-        self._h: Optional[int] = handle
+    def __init__(self, handle: Optional[int] = None, keep: Iterable[Any] = ()) -> None:
+        self._h: Optional[int] = handle or None
+        self._keep: List[Any] = list(keep)
+
+    def _adopt(self, handle: Optional[int]) -> None:
+        """Takes ownership of ``handle`` (created after ``__init__``)."""
+        self._h = handle or None
+
+    def _keep_alive(self, *objects: Any) -> None:
+        """References ``objects`` until the handle is freed."""
+        self._keep.extend(objects)
 
     @property
     def handle(self) -> int:
         if self._h is None:
-            raise ValueError(f"{self._WHAT} is closed")
+            raise ValueError(f"{self._WHAT} is {self._GONE}")
         return self._h
 
-    def close(self) -> None:
+    def _free(self) -> None:
+        """Frees the handle (once; later calls do nothing), then releases the kept
+        objects and runs :meth:`_after_free`."""
         h, self._h = self._h, None
-        if h:
-            LIB.fn(self._FREE)(h)
+        try:
+            if h:
+                LIB.fn(self._FREE)(h)
+        finally:
+            self._keep = []
+            if h:
+                self._after_free()
 
-    def __enter__(self) -> Any:
+    def _after_free(self) -> None:
+        """Hook: runs once, right after the handle was freed."""
+
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
+        """Hook: runs when a ``with`` block ends, before the free."""
+
+    def close(self) -> None:
+        """Frees the handle (idempotent)."""
+        self._free()
+
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self._on_exit(exc_type, exc)
+        finally:
+            if self._FREE_ON_EXIT:
+                self._free()
 
     def __del__(self) -> None:
         try:
-            self.close()
-        except Exception:
+            self._free()
+        except Exception:  # pragma: no cover - interpreter shutdown
             pass
 
     def _s(self, name: str) -> str:

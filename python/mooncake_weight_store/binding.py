@@ -7,7 +7,7 @@ import enum
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _lib
-from ._lib import LIB, call, cstr, u64_array
+from ._lib import LIB, OwnedHandle, call, cstr, u64_array
 from .buffers import BufferRef
 from .placement import FragmentInfo, Placement
 
@@ -24,7 +24,7 @@ class MemoryKind(enum.IntEnum):
 BufferLike = Any  # an object exporting a C-contiguous buffer
 
 
-class Binding:
+class Binding(OwnedHandle):
     """A runtime binding (``mws_binding``) of one participant of ``placement``.
 
     Fragments are added with :meth:`add` (from a Python buffer object: ``bytearray``,
@@ -35,6 +35,9 @@ class Binding:
 
     Not thread-safe for concurrent :meth:`add` calls; read-only use is thread-safe.
     """
+
+    _FREE = "mws_binding_free"
+    _WHAT = "binding"
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class Binding:
         worker_id: Optional[str] = None,
         endpoint: str = "localhost:0",
     ) -> None:
+        super().__init__()
         self.placement = placement
         self.participant_id = participant_id
         self.instance_id = instance_id or participant_id
@@ -60,7 +64,6 @@ class Binding:
         self.addresses: Dict[str, int] = {}
         #: placement fragment id -> runtime fragment id
         self.fragment_ids: Dict[str, str] = {}
-        self._h: Optional[int] = None
         opts = _lib.mws_binding_options(
             resource_id=cstr(placement.resource_id),
             revision=cstr(placement.revision),
@@ -73,13 +76,7 @@ class Binding:
         )
         out = ctypes.c_void_p()
         call("mws_binding_new", ctypes.byref(opts), ctypes.byref(out))
-        self._h = out.value
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("binding is closed")
-        return self._h
+        self._adopt(out.value)
 
     def fragment_infos(self) -> List[FragmentInfo]:
         """The placement fragments of this participant."""
@@ -211,26 +208,11 @@ class Binding:
         own). Raises :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
         call("mws_binding_validate", (placement or self.placement).handle, self.handle)
 
-    def close(self) -> None:
-        """Frees the handle and releases the buffer exports (idempotent)."""
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_binding_free")(h)
+    def _after_free(self) -> None:
+        """Releases the buffer exports (:meth:`close` frees the handle first)."""
         for r in self._refs:
             r.release()
         self._refs.clear()
-
-    def __enter__(self) -> "Binding":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"{self.fragment_count} fragments"

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Union, cast
 
 __all__ = ["Exchange", "LocalExchange", "ThreadExchange", "FileExchange", "TorchDistributedExchange",
            "ExchangeTimeout"]
@@ -100,7 +100,7 @@ class ThreadExchange(Exchange):
         return list(g.slots)
 
     def broadcast(self, text: Optional[str], root: int = 0) -> str:
-        out = self.all_gather(text if self.rank == root else "")
+        out = self.all_gather(cast(str, text) if self.rank == root else "")  # a None root is caught below
         value = out[root]
         if value is None:  # pragma: no cover - a root that passed None
             raise ValueError("broadcast root passed no value")
@@ -166,7 +166,7 @@ class TorchDistributedExchange(Exchange):
     ``all_gather_object`` and ``broadcast_object_list``."""
 
     def __init__(self, group: Any = None) -> None:
-        import torch.distributed as dist  # noqa: WPS433 - optional dependency
+        import torch.distributed as dist  # type: ignore  # noqa: WPS433 - optional dependency
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized (call init_process_group first)")

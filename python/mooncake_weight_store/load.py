@@ -7,10 +7,10 @@ import dataclasses
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call
+from ._lib import LIB, OwnedHandle, call
 from .binding import Binding
 from .manifest import StoredManifest
 from .placement import Placement
@@ -56,16 +56,19 @@ class LoadStats:
         return LoadStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
-class LoadPlan:
+class LoadPlan(OwnedHandle):
     """A restore plan (``mws_load_plan``); immutable and thread-safe.
 
     It records the bindings' buffer addresses: keep the buffers (and the
-    :class:`Binding` objects, which hold them) alive until the loads ran.
+    :class:`Binding` objects, which hold them) alive until the loads ran (the plan
+    references the bindings it was made with until it is closed).
     """
 
-    def __init__(self, handle: int, bindings: Sequence[Binding] = ()) -> None:
-        self._h: Optional[int] = handle
-        self._keep = list(bindings)
+    _FREE = "mws_load_plan_free"
+    _WHAT = "load plan"
+
+    def __init__(self, handle: Optional[int], bindings: Sequence[Binding] = ()) -> None:
+        super().__init__(handle, keep=bindings)
 
     @classmethod
     def new(
@@ -82,12 +85,6 @@ class LoadPlan:
         out = ctypes.c_void_p()
         call("mws_load_plan_new", manifest.handle, target.handle, arr, len(bindings), lim, ctypes.byref(out))
         return cls(out.value, bindings)
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("load plan is closed")
-        return self._h
 
     @property
     def region_count(self) -> int:
@@ -107,24 +104,6 @@ class LoadPlan:
                 _lib.check(int(_lib.Status.INVALID_ARGUMENT))
             out.append(ctypes.string_at(ptr, size.value).decode("utf-8"))
         return out
-
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_load_plan_free")(h)
-        self._keep = []
-
-    def __enter__(self) -> "LoadPlan":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         if self._h is None:

@@ -44,7 +44,21 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+# The store protocol's types and codes are the generic bridge's (store.py); this
+# module only maps them onto Mooncake's client. Re-exported for compatibility.
+from .store import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    NO_AVAILABLE_HANDLE,
+    OBJECT_HAS_LEASE,
+    OBJECT_NOT_FOUND,
+    OK,
+    PutItem,
+    RangeItem,
+    RecordType,
+)
 
 __all__ = [
     "OK",
@@ -59,43 +73,6 @@ __all__ = [
     "MooncakeMaster",
     "free_port",
 ]
-
-OK = 0
-NO_AVAILABLE_HANDLE = -200
-INVALID_PARAMS = -600
-OBJECT_NOT_FOUND = -704
-OBJECT_HAS_LEASE = -706
-INTERNAL_ERROR = -1
-
-
-class RecordType:
-    """``record_type`` values of the vtable (Mooncake ``ObjectDataType``)."""
-
-    PAYLOAD = 0  # WEIGHT
-    METADATA = 1  # METADATA
-
-
-class PutItem(NamedTuple):
-    """One ``batch_put_from`` item."""
-
-    key: str
-    group_id: str
-    address: int
-    len: int
-    memory_kind: int = 0
-    device_ordinal: int = 0
-
-
-class RangeItem(NamedTuple):
-    """One ``get_into_ranges`` item (flat form)."""
-
-    key: str
-    object_offset: int
-    dest_address: int
-    len: int
-    buffer_address: int
-    memory_kind: int = 0
-    device_ordinal: int = 0
 
 
 def free_port() -> int:
@@ -137,7 +114,7 @@ class MooncakeStoreBackend:
         owns_store: bool = False,
         cost: Optional[Dict[str, int]] = None,
     ) -> None:
-        from mooncake.store import ObjectDataType, ReplicateConfig  # noqa: F401 (import check)
+        from mooncake.store import ObjectDataType, ReplicateConfig  # type: ignore  # noqa: F401 (import check)
 
         self._cost = dict(MOONCAKE_COST if cost is None else cost)
 
@@ -453,7 +430,7 @@ class MooncakeMaster:
     """
 
     def __init__(self, *, lease_ttl: str = "500ms", log_path: Optional[str] = None, extra: Sequence[str] = ()) -> None:
-        import mooncake
+        import mooncake  # type: ignore  # (no stubs)
 
         self.binary = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
         self.rpc_port = free_port()

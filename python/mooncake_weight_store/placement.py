@@ -12,7 +12,7 @@ import ctypes
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
@@ -252,7 +252,7 @@ class PlacementBuilder(OwnedHandle):
         idp = ctypes.c_void_p()
         n = ctypes.c_size_t()
         call("mws_placement_builder_add_fragment", self.handle, ctypes.byref(c), ctypes.byref(idp), ctypes.byref(n))
-        fid = ctypes.string_at(idp.value, n.value).decode("utf-8")
+        fid = ctypes.string_at(cast(int, idp.value), n.value).decode("utf-8")
         self.fragment_ids.append(fid)
         return fid
 
@@ -341,7 +341,7 @@ class Placement(OwnedHandle):
     _FREE = "mws_placement_free"
     _WHAT = "placement"
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: Optional[int]) -> None:
         super().__init__(handle)
         self._fragments: Optional[List[FragmentInfo]] = None
 

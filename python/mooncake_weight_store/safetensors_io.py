@@ -86,8 +86,8 @@ class SafetensorsFile:
                 raise SafetensorsError(f"{self.path}: __metadata__ must map strings to strings")
             self.metadata: Dict[str, str] = dict(meta)
             self.tensors: Dict[str, _Entry] = {}
-            for name, e in header.items():
-                self.tensors[name] = self._entry(name, e)
+            for name, entry in header.items():
+                self.tensors[name] = self._entry(name, entry)
             spans = sorted((e.begin, e.end, e.name) for e in self.tensors.values() if e.end > e.begin)
             for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
                 if b1 < e0:
@@ -235,7 +235,7 @@ def export_safetensors(
     shards. Written to a temporary file beside ``path`` and renamed into place
     (atomic on POSIX). Returns name -> (safetensors dtype code, shape)."""
     own = isinstance(key, StoredManifest)
-    manifest = key if own else store.load_manifest(key)
+    manifest = key if isinstance(key, StoredManifest) else store.load_manifest(key)
     lay = layout or Layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")

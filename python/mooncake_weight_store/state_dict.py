@@ -34,7 +34,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .binding import Binding, MemoryKind
 from .errors import MwsError, Status
@@ -567,7 +567,7 @@ def save_state_dict(
         # 5. rank 0 commits (or aborts) and broadcasts the manifest
         if ex.rank == 0:
             try:
-                result = _commit_or_abort(store, plan, gathered, commit_retries)
+                result = _commit_or_abort(store, cast(UploadPlan, plan), gathered, commit_retries)
             except Exception as e:  # noqa: BLE001 - every rank must hear the outcome
                 result = {"error": f"commit failed: {type(e).__name__}: {e}"}
             out = ex.broadcast(json.dumps(result), root=0)
@@ -771,7 +771,8 @@ def _with_unbound_owner(sizes: Mapping[str, int], infos: Sequence[Dict[str, Any]
         out.append(info)
     rank = Rank(pp=extra)
     rep = [Replicated(k) for k in ("dp", "ep", "tp") if sizes[k] > 1]
-    axes = sorted([Ownership("pp"), *rep], key=lambda a: ("dp", "pp", "ep", "tp").index(a.kind))
+    owned: List[Any] = [Ownership("pp"), *rep]
+    axes = sorted(owned, key=lambda a: ("dp", "pp", "ep", "tp").index(a.kind))
     tensors = []
     for n in missing:
         d = stored[n]

@@ -40,35 +40,71 @@ import os
 import threading
 import traceback
 from ctypes import c_int32, c_int64, c_void_p
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from . import _lib
-from ._lib import LIB, borrowed_str, call, cstr
+from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
+from .device import attach_copy_hook, detach_failed
 from .errors import error_for_status
-from .progress import Progress, c_progress
-from .mooncake_backend import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    OBJECT_NOT_FOUND,
-    PutItem,
-    RangeItem,
-    RecordType,
-)
+from .guard import Guard, TerminalState, GuardBridge, io_args
+from .load import LoadPlan, LoadStats
+from .manifest import StoredManifest
+from .progress import Progress
+from .receipts import Receipts
+from .transaction import Transaction
+from .upload_plan import UploadPlan, plan_upload
+from .writer import Writer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
-    from .load import LoadPlan, LoadStats
-    from .manifest import StoredManifest
     from .placement import Placement
-    from .receipts import Receipts
-    from .transaction import Transaction
-    from .upload_plan import UploadPlan
-    from .writer import Writer
 
 __all__ = ["Store", "Decision", "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType",
-           "RegistrationLease", "LeaseSide"]
+           "RegistrationLease", "LeaseSide", "OK", "NO_AVAILABLE_HANDLE", "INVALID_PARAMS", "OBJECT_NOT_FOUND",
+           "OBJECT_HAS_LEASE", "INTERNAL_ERROR"]
 
 log = logging.getLogger("mooncake_weight_store.store")
+
+# -- the Python store protocol: return codes and item types ---------------------------
+# (Mooncake ``ErrorCode`` values; docs/STORE-VTABLE.md)
+
+OK = 0
+NO_AVAILABLE_HANDLE = -200
+INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
+OBJECT_HAS_LEASE = -706
+INTERNAL_ERROR = -1
+
+
+class RecordType:
+    """``record_type`` values of the vtable (Mooncake ``ObjectDataType``)."""
+
+    PAYLOAD = 0  # WEIGHT
+    METADATA = 1  # METADATA
+
+
+class PutItem(NamedTuple):
+    """One ``batch_put_from`` item."""
+
+    key: str
+    group_id: str
+    address: int
+    len: int
+    memory_kind: int = 0
+    device_ordinal: int = 0
+
+
+class RangeItem(NamedTuple):
+    """One ``get_into_ranges`` item (flat form)."""
+
+    key: str
+    object_offset: int
+    dest_address: int
+    len: int
+    buffer_address: int
+    memory_kind: int = 0
+    device_ordinal: int = 0
+
 
 
 # Bridges stay alive until the library calls `destroy` (the store may outlive the
@@ -346,73 +382,6 @@ class Decision(enum.IntEnum):
     ABORT = 2
 
 
-class TerminalState(enum.IntEnum):
-    """How I/O on pinned buffers ended (passed to a guard's ``release``)."""
-
-    ABORTED = 0
-    COMPLETED = 1
-    FAILED_DRAINED = 2
-
-
-class Guard:
-    """An allocation guard: pins a participant's buffers for one upload or load.
-
-    Subclass and override :meth:`acquire` (return an integer token) and
-    :meth:`release`. Exceptions are contained (the call fails with ``MWS_STORE``).
-    """
-
-    def acquire(self, transfer_id: str, participant_id: str, fragment_ids: List[str]) -> int:
-        return 0
-
-    def release(self, token: int, state: TerminalState) -> None:
-        pass
-
-
-class _GuardBridge:
-    def __init__(self, guard: Guard) -> None:
-        self.guard = guard
-        self.errors: List[str] = []
-        self.vtable = _lib.mws_guard_vtable(
-            size=ctypes.sizeof(_lib.mws_guard_vtable),
-            version=_lib.MWS_GUARD_VTABLE_VERSION,
-            acquire=_lib.GUARD_ACQUIRE_FN(self._acquire),
-            release=_lib.GUARD_RELEASE_FN(self._release),
-        )
-
-    def _acquire(self, ctx, transfer_id, participant_id, ids, count, observed, token):  # type: ignore[no-untyped-def]
-        try:
-            fids = [ids[i].decode("utf-8") for i in range(count)]
-            tok = self.guard.acquire(transfer_id.decode("utf-8"), participant_id.decode("utf-8"), fids)
-            token[0] = int(tok or 0) & ((1 << 64) - 1)
-            return 0
-        except BaseException as e:  # noqa: BLE001
-            self.errors.append(f"acquire: {type(e).__name__}: {e}")
-            return -1
-
-    def _release(self, ctx, token, state):  # type: ignore[no-untyped-def]
-        try:
-            self.guard.release(int(token), TerminalState(state))
-            return 0
-        except BaseException as e:  # noqa: BLE001
-            self.errors.append(f"release: {type(e).__name__}: {e}")
-            return -1
-
-
-def _io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],  # type: ignore[no-untyped-def]
-             lease: Optional["RegistrationLease"] = None, progress: Optional[Callable[[Progress], Any]] = None):
-    """``(mws_io_args, keep-alive)``; keep the second alive for the call."""
-    args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
-    bridge = None
-    if guard is not None:
-        bridge = _GuardBridge(guard)
-        args.guard = ctypes.pointer(bridge.vtable)
-    if lease is not None:
-        args.lease = lease.handle
-    c_fn, cb = c_progress(progress)
-    args.progress = c_fn
-    return args, (bridge, cb)
-
-
 class LeaseSide(enum.IntEnum):
     """``mws_lease_side``: which buffers a registration lease pins."""
 
@@ -420,7 +389,7 @@ class LeaseSide(enum.IntEnum):
     TARGET = 1
 
 
-class RegistrationLease:
+class RegistrationLease(OwnedHandle):
     """Buffers of one binding pinned and registered once (``mws_registration_lease``)
     for any number of :meth:`Store.upload` / :meth:`Store.load` calls passed
     ``lease=``; those calls then pin and register nothing. Create it with
@@ -431,29 +400,30 @@ class RegistrationLease:
     touch the buffers). :meth:`close` is idempotent; a closed lease is refused
     (:class:`StaleBindingError`). Freeing an open lease (garbage collection) closes
     it as ``ABORTED``. The lease keeps its store, binding and guard alive.
+
+    :meth:`close` closes the lease (the handle stays, so :attr:`closed` can be read);
+    :meth:`free` frees the handle.
     """
+
+    _FREE = "mws_registration_lease_free"
+    _WHAT = "registration lease"
+    _GONE = "freed"
 
     def __init__(self, store: "Store", binding: "Binding", fragment_ids: Sequence[str], side: LeaseSide,
                  guard: Optional[Guard] = None, transfer_id: Optional[str] = None) -> None:
-        self._h: Optional[int] = None
+        super().__init__()
         self.store = store
         self.binding = binding
         self.side = LeaseSide(side)
         self.fragment_ids = sorted(set(fragment_ids))
-        self._guard_bridge = _GuardBridge(guard) if guard is not None else None
+        self._guard_bridge = GuardBridge(guard) if guard is not None else None
         ids = (ctypes.c_char_p * max(1, len(self.fragment_ids)))(
             *[cstr(f, "fragment_id") for f in self.fragment_ids])
         out = c_void_p()
         call("mws_registration_lease_new", store.handle, binding.handle, ids, len(self.fragment_ids),
              int(self.side), ctypes.addressof(self._guard_bridge.vtable) if self._guard_bridge else None, None,
              cstr(transfer_id, "transfer_id"), ctypes.byref(out))
-        self._h = out.value
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("registration lease is freed")
-        return self._h
+        self._adopt(out.value)
 
     @property
     def closed(self) -> bool:
@@ -467,25 +437,11 @@ class RegistrationLease:
 
     def free(self) -> None:
         """Frees the handle (closing an open lease as ``ABORTED``)."""
-        h, self._h = self._h, None
-        if h is not None:
-            LIB.fn("mws_registration_lease_free")(h)
+        self._free()
 
-    def __enter__(self) -> "RegistrationLease":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            if self._h is not None:
-                self.close(TerminalState.COMPLETED if exc_type is None else TerminalState.FAILED_DRAINED)
-        finally:
-            self.free()
-
-    def __del__(self) -> None:
-        try:
-            self.free()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
+        if self._h is not None:
+            self.close(TerminalState.COMPLETED if exc_type is None else TerminalState.FAILED_DRAINED)
 
     def __repr__(self) -> str:
         return (f"RegistrationLease({self.binding.participant_id!r}, {self.side.name.lower()}, "
@@ -511,7 +467,7 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
                                   verify_integrity=1 if verify_integrity else 0)
 
 
-class Store:
+class Store(OwnedHandle):
     """A weight store (``mws_store``): an object store backend plus the key prefix,
     limits and registration state of the weight protocol.
 
@@ -534,8 +490,11 @@ class Store:
     default because it costs +160% to +360% of a restore on the embedded stores).
     """
 
-    def __init__(self, handle: int, bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
-        self._h: Optional[int] = handle
+    _FREE = "mws_store_free"
+    _WHAT = "store"
+
+    def __init__(self, handle: Optional[int], bridge: Optional[_VtableBridge] = None, kind: str = "") -> None:
+        super().__init__(handle)
         self._bridge = bridge
         self.kind = kind
         #: the copy hook of an embedded store opened with one (device memory)
@@ -571,8 +530,6 @@ class Store:
                        kind: str) -> "Store":
         bridge = None
         if copy_hook is not None:
-            from .device import attach_copy_hook
-
             opts = opts if opts is not None else _lib.mws_store_options()
             bridge = attach_copy_hook(opts, copy_hook)
         out = c_void_p()
@@ -580,8 +537,6 @@ class Store:
             call(fn, *args, ctypes.byref(opts) if opts else None, ctypes.byref(out))
         except BaseException:
             if bridge is not None:
-                from .device import detach_failed
-
                 detach_failed(bridge)
             raise
         store = cls(out.value, kind=kind)
@@ -615,12 +570,6 @@ class Store:
         return cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
 
     @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("store is closed")
-        return self._h
-
-    @property
     def backend(self) -> Any:
         """The Python backend of a vtable store (else None)."""
         return self._bridge.backend if self._bridge else None
@@ -636,22 +585,10 @@ class Store:
 
     def close(self) -> None:
         """Frees the handle (the backend lives on while writers use it)."""
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_store_free")(h)
-            _bury()
+        self._free()
 
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _after_free(self) -> None:
+        _bury()  # bridges the library destroyed meanwhile (never from inside a callback)
 
     def __repr__(self) -> str:
         return f"Store({self.kind}{', closed' if self._h is None else ''})"
@@ -724,9 +661,7 @@ class Store:
         (:meth:`UploadPlan.source_fragment_ids`); nothing is pinned or registered.
         ``progress``: called with :class:`~mooncake_weight_store.progress.Progress`
         reports (phase ``"upload"``, items = objects), see that module."""
-        from .receipts import Receipts
-
-        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
+        args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
         out = c_void_p()
         call("mws_store_upload", self.handle, plan.handle, placement.handle, binding.handle,
              ctypes.byref(args), ctypes.byref(out))
@@ -740,8 +675,6 @@ class Store:
         true, keep the plan and retry :meth:`commit` (or :meth:`finalize_upload`),
         never abort. :class:`ConflictError`: the transaction chose abort or lost to
         a conflicting revision (its payloads were removed)."""
-        from .manifest import StoredManifest
-
         may = ctypes.c_int(0)
         out = c_void_p()
         st = LIB.fn("mws_store_commit")(self.handle, plan.handle, receipts.handle if receipts else None,
@@ -768,24 +701,18 @@ class Store:
     def plan_upload(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "UploadPlan":
         """:func:`~mooncake_weight_store.upload_plan.plan_upload` with this store's
         key prefix (the plan's keys must live under the prefix the store uses)."""
-        from .upload_plan import plan_upload
-
         kw.setdefault("key_prefix", self.key_prefix)
         return plan_upload(placement, bindings, **kw)
 
     def transaction(self, plan: "UploadPlan") -> "Transaction":
         """A :class:`~mooncake_weight_store.transaction.Transaction` over ``plan``
         (context manager: commit on success, abort on error)."""
-        from .transaction import Transaction
-
         return Transaction(self, plan)
 
     # -- restore --------------------------------------------------------------------
 
     def load_manifest(self, manifest_key: str) -> "StoredManifest":
         """Reads and strictly validates the manifest at ``manifest_key``."""
-        from .manifest import StoredManifest
-
         out = c_void_p()
         call("mws_stored_manifest_from_store", self.handle, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
         return StoredManifest(out.value)
@@ -799,9 +726,7 @@ class Store:
         loaded; nothing is pinned or registered. ``progress``: called with
         :class:`~mooncake_weight_store.progress.Progress` reports (phase
         ``"restore"``, items = transfer regions)."""
-        from .load import LoadStats
-
-        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
+        args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
         st = _lib.mws_load_stats()
         call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
         del keep
@@ -812,8 +737,6 @@ class Store:
                 progress: Optional[Callable[[Progress], Any]] = None) -> "LoadStats":
         """Loads the manifest at ``manifest_key`` into every binding (convenience).
         ``progress`` sees one restore per binding."""
-        from .load import LoadPlan, LoadStats
-
         total = LoadStats()
         with self.load_manifest(manifest_key) as manifest, LoadPlan.new(manifest, placement, bindings) as lp:
             for b in bindings:
@@ -824,8 +747,6 @@ class Store:
 
     def begin_snapshot(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "Writer":
         """Starts a :class:`~mooncake_weight_store.writer.Writer` (see there)."""
-        from .writer import Writer
-
         return Writer(self, placement, bindings, **kw)
 
 

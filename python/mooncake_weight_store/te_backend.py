@@ -23,62 +23,37 @@ never does.
 * Identity: ``get_engine_ptr()``.
 
 Error mapping: a TE return code is passed to the library unchanged (0 ok, -1 failed
-or completion unknown, -3 not registered, -7 overlapping registration); a Python
-exception inside a callback never reaches C: it is recorded in
-:attr:`MooncakeTransferEngine.callback_errors` and reported as
-:data:`CALLBACK_FAILED`. A sub-batch failure stops the remaining sub-batches.
+or completion unknown, -3 not registered, -7 overlapping registration). A
+sub-batch failure stops the remaining sub-batches.
+
+This module holds only what is Mooncake-specific: :class:`MooncakeEngineBackend`
+maps the generic engine protocol (:mod:`mooncake_weight_store.engine_bridge`) onto
+TE's calls. The vtable thunks, the containment of Python exceptions (recorded in
+:attr:`MooncakeTransferEngine.callback_errors`, reported as :data:`CALLBACK_FAILED`,
+chained into the failing call's error) and their lifetime are the generic bridge's,
+the one behind :meth:`TransferEngine.from_backend
+<mooncake_weight_store.TransferEngine.from_backend>`.
 
 Threading: TE's calls are thread-safe; the library runs one submission per engine at
-a time. Lifetime: the vtable thunks live as long as this object, and loaders/sinks
-keep their engine object alive, so keep this object (or a loader/sink using it)
-alive while the library may call it; :meth:`close` frees the handle only.
+a time. Lifetime: loaders and sinks keep their engine object (and so its callbacks)
+alive; :meth:`close` frees the handle only.
 """
+
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
 import threading
-from ctypes import POINTER, Structure, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Any, List, Optional
+from typing import Any, Optional, Sequence
 
-from . import _lib
-from ._lib import call
+from .engine_bridge import CALLBACK_FAILED, ENGINE_VTABLE_VERSION, Direction, EngineBridge
 from .transfer import TransferEngine
 
-__all__ = ["MooncakeTransferEngine", "CALLBACK_FAILED", "TeError", "ENGINE_VTABLE_VERSION"]
+__all__ = ["MooncakeTransferEngine", "MooncakeEngineBackend", "CALLBACK_FAILED", "TeError",
+           "ENGINE_VTABLE_VERSION"]
 
-log = logging.getLogger(__name__)
-
-#: Returned to the library when a Python callback raised (distinct from TE's codes).
-CALLBACK_FAILED = -900
-#: ``MWS_TRANSFER_ENGINE_VTABLE_VERSION``.
-ENGINE_VTABLE_VERSION = 1
 #: The wheel's default ``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER``.
 PER_PEER_LIMIT = 1024
-
-_U64P = POINTER(c_uint64)
-ENGINE_ID_FN = ctypes.CFUNCTYPE(c_uint64, c_void_p)
-REGISTER_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, c_int32)
-UNREGISTER_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64)
-BATCH_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, _lib.mws_bytes, _U64P, _U64P, _U64P, c_size_t)
-
-
-class mws_transfer_engine_vtable(Structure):
-    _fields_ = [
-        ("size", c_uint32),
-        ("version", c_uint32),
-        ("get_engine_id", ENGINE_ID_FN),
-        ("register_memory", REGISTER_FN),
-        ("unregister_memory", UNREGISTER_FN),
-        ("batch_transfer_sync_write", BATCH_FN),
-        ("batch_transfer_sync_read", BATCH_FN),
-        ("submit_with_ticket", c_void_p),
-        ("ticket_status", c_void_p),
-        ("ticket_drain", c_void_p),
-        ("ticket_release", c_void_p),
-    ]
 
 
 class TeError(RuntimeError):
@@ -89,89 +64,46 @@ class TeError(RuntimeError):
         self.code = code
 
 
-def _clamp(rc: Any) -> int:
-    if isinstance(rc, bool) or not isinstance(rc, int):
-        raise TypeError(f"Transfer Engine returned {type(rc).__name__}, expected int")
-    return max(min(rc, 2**31 - 1), -(2**31))
+class MooncakeEngineBackend:
+    """The engine protocol over one ``mooncake.engine.TransferEngine`` ``te``:
+    identity ``get_engine_ptr()``, registration with TE's location names (``"*"``
+    host, ``"cuda:<n>"``), batches through the legacy synchronous
+    ``batch_transfer_sync_read`` / ``_write`` split into sub-batches of at most
+    ``max_batch_operations`` ranges (a sub-batch failure stops the rest). No
+    ticketed completion: the wheel's async ids are raw native pointers."""
 
-
-class _EngineBridge:
-    """The CFUNCTYPE thunks over one ``mooncake.engine.TransferEngine``."""
-
-    MAX_ERRORS = 64
-
-    def __init__(self, te: Any, max_batch_operations: int) -> None:
+    def __init__(self, te: Any, max_batch_operations: int = PER_PEER_LIMIT) -> None:
+        if isinstance(max_batch_operations, bool) or not isinstance(max_batch_operations, int) \
+                or max_batch_operations <= 0:
+            raise ValueError("max_batch_operations must be a positive int")
         self.te = te
         self.max_batch = max_batch_operations
-        self.errors: List[str] = []
         self.calls = 0  # TE batch calls made (sub-batches)
         self._lock = threading.Lock()
-        vt = mws_transfer_engine_vtable()
-        vt.size = ctypes.sizeof(mws_transfer_engine_vtable)
-        vt.version = ENGINE_VTABLE_VERSION
-        vt.get_engine_id = ENGINE_ID_FN(self._engine_id)
-        vt.register_memory = REGISTER_FN(self._register)
-        vt.unregister_memory = UNREGISTER_FN(self._unregister)
-        vt.batch_transfer_sync_write = BATCH_FN(self._write)
-        vt.batch_transfer_sync_read = BATCH_FN(self._read)
-        self.vtable = vt
 
-    def _fail(self, op: str, exc: BaseException) -> int:
-        msg = f"{op}: {type(exc).__name__}: {exc}"
-        with self._lock:
-            if len(self.errors) < self.MAX_ERRORS:
-                self.errors.append(msg)
-        log.warning("transfer engine callback failed: %s", msg)
-        return CALLBACK_FAILED
+    def engine_id(self) -> int:
+        return int(self.te.get_engine_ptr())
 
-    # -- callbacks: each catches everything ------------------------------------------
+    def register_memory(self, address: int, length: int, device: int) -> int:
+        location = "*" if device < 0 else f"cuda:{device}"
+        return self.te.register_memory(address, length, location)  # type: ignore[no-any-return]
 
-    def _engine_id(self, ctx):  # type: ignore[no-untyped-def]
-        try:
-            v = int(self.te.get_engine_ptr())
-            return v if 0 < v < 1 << 64 else 0
-        except BaseException as e:  # noqa: BLE001 - never unwind into C
-            self._fail("get_engine_ptr", e)
-            return 0  # refused by the library as an invalid identity
+    def unregister_memory(self, address: int) -> int:
+        return self.te.unregister_memory(address)  # type: ignore[no-any-return]
 
-    def _register(self, ctx, address, length, device):  # type: ignore[no-untyped-def]
-        try:
-            location = "*" if device < 0 else f"cuda:{device}"
-            return _clamp(self.te.register_memory(int(address), int(length), location))
-        except BaseException as e:  # noqa: BLE001
-            return self._fail("register_memory", e)
-
-    def _unregister(self, ctx, address):  # type: ignore[no-untyped-def]
-        try:
-            return _clamp(self.te.unregister_memory(int(address)))
-        except BaseException as e:  # noqa: BLE001
-            return self._fail("unregister_memory", e)
-
-    def _batch(self, fn: Any, op: str, endpoint: Any, local: Any, remote: Any, sizes: Any, n: int) -> int:
-        try:
-            if n == 0:
-                return 0
-            seg = ctypes.string_at(endpoint.ptr, endpoint.len).decode("utf-8") if endpoint.len else ""
-            # Addresses and lengths only (slicing a POINTER(c_uint64) copies n ints).
-            ls, rs, ss = local[:n], remote[:n], sizes[:n]
-            step = self.max_batch
-            for i in range(0, n, step):
-                rc = _clamp(fn(seg, ls[i:i + step], rs[i:i + step], ss[i:i + step]))
-                with self._lock:
-                    self.calls += 1
-                if rc != 0:
-                    return rc  # completion unknown for this sub-batch; stop here
-            return 0
-        except BaseException as e:  # noqa: BLE001
-            return self._fail(op, e)
-
-    def _write(self, ctx, endpoint, local, remote, sizes, n):  # type: ignore[no-untyped-def]
-        return self._batch(self.te.batch_transfer_sync_write, "batch_transfer_sync_write", endpoint, local, remote,
-                           sizes, n)
-
-    def _read(self, ctx, endpoint, local, remote, sizes, n):  # type: ignore[no-untyped-def]
-        return self._batch(self.te.batch_transfer_sync_read, "batch_transfer_sync_read", endpoint, local, remote,
-                           sizes, n)
+    def transfer_sync(self, direction: Direction, endpoint: str, local: Sequence[int], remote: Sequence[int],
+                      sizes: Sequence[int]) -> int:
+        fn = self.te.batch_transfer_sync_write if direction == Direction.WRITE else self.te.batch_transfer_sync_read
+        step = self.max_batch
+        for i in range(0, len(sizes), step):
+            rc = fn(endpoint, list(local[i:i + step]), list(remote[i:i + step]), list(sizes[i:i + step]))
+            if isinstance(rc, bool) or not isinstance(rc, int):
+                raise TypeError(f"Transfer Engine returned {type(rc).__name__}, expected int")
+            with self._lock:
+                self.calls += 1
+            if rc != 0:
+                return rc  # completion unknown for this sub-batch; stop here
+        return 0
 
 
 class MooncakeTransferEngine(TransferEngine):
@@ -193,7 +125,7 @@ class MooncakeTransferEngine(TransferEngine):
         if te is None:
             if hostname in ("127.0.0.1", "localhost"):
                 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-            from mooncake.engine import TransferEngine as _TE
+            from mooncake.engine import TransferEngine as _TE  # type: ignore  # (no stubs)
 
             te = _TE()
             rc = te.initialize(hostname, metadata_server, protocol, device_name)
@@ -204,10 +136,9 @@ class MooncakeTransferEngine(TransferEngine):
             else:
                 self._segment = hostname
         self.te = te
-        self._bridge = _EngineBridge(te, max_batch_operations)
-        out = c_void_p()
-        call("mws_transfer_engine_from_vtable", ctypes.byref(self._bridge.vtable), None, ctypes.byref(out))
-        super().__init__(out.value)
+        self._adapter = MooncakeEngineBackend(te, max_batch_operations)
+        bridge = EngineBridge(self._adapter)
+        super().__init__(bridge.open(), bridge)
 
     @property
     def segment(self) -> str:
@@ -222,12 +153,6 @@ class MooncakeTransferEngine(TransferEngine):
         return int(self.te.get_engine_ptr())
 
     @property
-    def callback_errors(self) -> List[str]:
-        """Exceptions raised inside callbacks (reported to the library as
-        :data:`CALLBACK_FAILED`), at most 64."""
-        return list(self._bridge.errors)
-
-    @property
     def te_calls(self) -> int:
         """How many TE batch calls (sub-batches) were made so far."""
-        return self._bridge.calls
+        return self._adapter.calls

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
 from .errors import MwsError, error_for_status
+from .guard import Guard, io_args
+from .manifest import StoredManifest
 from .receipts import Receipts
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
-    from .manifest import StoredManifest
     from .placement import Placement
-    from .store import Decision, Guard, RegistrationLease, Store
+    from .store import Decision, RegistrationLease, Store
     from .upload_plan import UploadPlan
 
 __all__ = ["Transaction"]
@@ -48,6 +49,7 @@ class Transaction(OwnedHandle):
 
     _FREE = "mws_transaction_free"
     _WHAT = "transaction"
+    _FREE_ON_EXIT = False  # the outcome stays readable after the block
 
     def __init__(self, store: "Store", plan: "UploadPlan") -> None:
         out = c_void_p()
@@ -58,21 +60,19 @@ class Transaction(OwnedHandle):
         self.manifest: Optional["StoredManifest"] = None
 
     def upload(self, placement: "Placement", binding: "Binding", *, worker_id: Optional[str] = None,
-               transfer_id: Optional[str] = None, guard: Optional["Guard"] = None,
+               transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
                lease: Optional["RegistrationLease"] = None, progress: Optional[Any] = None) -> None:
         """Uploads one participant (as :meth:`Store.upload`, including
         ``progress``) and keeps its receipts in the transaction (:meth:`receipts`).
         Raises :class:`ConflictError` once committed or aborted."""
-        from .store import _io_args
-
-        args, keep = _io_args(worker_id, transfer_id, guard, lease, progress)
+        args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
         call("mws_transaction_upload", self.handle, placement.handle, binding.handle, ctypes.byref(args))
         del keep
 
     def upload_many(self, placement: "Placement", bindings: Sequence["Binding"], *,
                     leases: Optional[Sequence[Optional["RegistrationLease"]]] = None,
                     worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
-                    guard: Optional["Guard"] = None, progress: Optional[Any] = None) -> None:
+                    guard: Optional[Guard] = None, progress: Optional[Any] = None) -> None:
         """Uploads several participants of this process in one call
         (``mws_transaction_upload_many``): the same checks, errors and receipts as one
         :meth:`upload` per binding in order, but every check of every binding runs
@@ -83,8 +83,6 @@ class Transaction(OwnedHandle):
         pinned through ``guard`` and registered for the call). ``worker_id``,
         ``transfer_id``, ``guard`` and ``progress`` apply to every binding. Raises
         :class:`ValueError` when ``leases`` has another length than ``bindings``."""
-        from .store import _io_args
-
         bindings = list(bindings)
         n = len(bindings)
         if leases is not None and len(leases) != n:
@@ -93,7 +91,7 @@ class Transaction(OwnedHandle):
         c_leases = None
         if leases is not None:
             c_leases = (c_void_p * max(n, 1))(*[(lease.handle if lease is not None else None) for lease in leases])
-        args, keep = _io_args(worker_id, transfer_id, guard, None, progress)
+        args, keep = io_args(worker_id, transfer_id, guard, None, progress)
         call("mws_transaction_upload_many", self.handle, placement.handle, c_bindings, n, c_leases,
              ctypes.byref(args))
         del keep
@@ -113,8 +111,6 @@ class Transaction(OwnedHandle):
         """Commits with every receipt held; idempotent once committed. On failure the
         raised :class:`MwsError` has ``decision_may_exist`` (see
         :attr:`decision_may_exist`)."""
-        from .manifest import StoredManifest
-
         if self.manifest is not None:
             return self.manifest
         out = c_void_p()
@@ -149,10 +145,7 @@ class Transaction(OwnedHandle):
     def decision(self) -> "Decision":
         return self.store.read_decision(self.plan)
 
-    def __enter__(self) -> "Transaction":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
         if exc_type is None:
             if self.state == "open":
                 self.commit()

@@ -1,7 +1,8 @@
 """Live weight transfer (placement -> placement, no store in between) over the C ABI:
 ``TransferPlan`` (``mws_transfer_plan``), ``TransferEngine`` (the embedded
-in-process engine), ``Loader`` (a target participant pulls its part) and ``Sink`` (a
-source participant pushes its part).
+in-process engine, or any Python engine through :meth:`TransferEngine.from_backend`),
+``Loader`` (a target participant pulls its part) and ``Sink`` (a source participant
+pushes its part).
 
 Threading: plans are immutable and may be shared; a loader or sink runs one call at
 a time (calls on one engine are serialized by the library's engine fence, a second
@@ -16,13 +17,15 @@ from __future__ import annotations
 import ctypes
 from ctypes import POINTER, Structure, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
+from .engine_bridge import EngineBridge
 from .load import PlanningLimits
 from .placement import Placement
+from .progress import c_progress
 
 __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats"]
 
@@ -63,6 +66,7 @@ _lib.register_prototypes({
     "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
     "mws_transfer_plan_free": (None, [_p]),
     "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
+    "mws_transfer_engine_from_vtable": (c_int, [POINTER(_lib.mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
     "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
     "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),
     "mws_transfer_engine_pending_count": (c_size_t, [_p]),
@@ -83,7 +87,6 @@ _lib.register_prototypes({
     # pointers as void* since this module does not wrap them at a higher level yet.
     "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
     "mws_loader_stats": (c_int, [_p, c_void_p]),
-    "mws_transfer_engine_from_vtable": (c_int, [c_void_p, c_void_p, POINTER(_p)]),
     "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
@@ -126,9 +129,8 @@ class TransferPlan(OwnedHandle):
     _FREE = "mws_transfer_plan_free"
     _WHAT = "transfer plan"
 
-    def __init__(self, handle: int, keep: Sequence[Any] = ()) -> None:
-        super().__init__(handle)
-        self._keep = list(keep)
+    def __init__(self, handle: Optional[int], keep: Sequence[Any] = ()) -> None:
+        super().__init__(handle, keep)
 
     @classmethod
     def plan(cls, source: Placement, target: Placement, target_participant_id: Optional[str] = None,
@@ -179,16 +181,21 @@ class TransferPlan(OwnedHandle):
         code = {"source": SIDE_SOURCE, "target": SIDE_TARGET}[side]
         return int(LIB.fn("mws_transfer_plan_executor_count")(self.handle, code))
 
-    def close(self) -> None:
-        super().close()
-        self._keep = []
-
 
 class TransferEngine(OwnedHandle):
-    """A transfer engine; :meth:`local` is the embedded in-process engine."""
+    """A transfer engine: :meth:`local` is the embedded in-process engine,
+    :meth:`from_backend` any Python object implementing the engine protocol
+    (:mod:`mooncake_weight_store.engine_bridge`), e.g. Mooncake's Transfer Engine
+    through :class:`~mooncake_weight_store.te_backend.MooncakeTransferEngine`."""
 
     _FREE = "mws_transfer_engine_free"
     _WHAT = "transfer engine"
+
+    def __init__(self, handle: Optional[int], bridge: Optional[EngineBridge] = None) -> None:
+        super().__init__(handle)
+        # Not a kept object: loaders and sinks made from this engine may still call
+        # the bridge after the handle is freed; they hold this object.
+        self._bridge = bridge
 
     @classmethod
     def local(cls) -> "TransferEngine":
@@ -196,12 +203,44 @@ class TransferEngine(OwnedHandle):
         call("mws_transfer_engine_new_local", ctypes.byref(out))
         return cls(out.value)
 
+    @classmethod
+    def from_backend(cls, backend: Any) -> "TransferEngine":
+        """Plugs a Python object implementing the engine protocol (``engine_id``,
+        ``register_memory``, ``unregister_memory``, ``transfer_sync``; optional
+        ``submit`` / ``ticket_status`` / ``ticket_wait`` / ``ticket_release``, see
+        :mod:`~mooncake_weight_store.engine_bridge`) into the library through the C
+        engine vtable. Raises ``TypeError`` when a required method is missing. An
+        exception inside the backend never reaches C: it fails the library call,
+        whose :class:`MwsError` names it and chains it as ``__cause__``; it is also
+        listed in :attr:`callback_errors`."""
+        bridge = EngineBridge(backend)
+        return TransferEngine(bridge.open(), bridge)
+
+    @property
+    def backend(self) -> Any:
+        """The Python backend of an engine made by :meth:`from_backend` (else None)."""
+        return self._bridge.backend if self._bridge else None
+
+    @property
+    def callback_errors(self) -> List[str]:
+        """Exceptions raised inside the backend's callbacks (at most 64; empty for
+        the embedded engine)."""
+        return list(self._bridge.errors) if self._bridge else []
+
+    def _call(self, name: str, *args: Any) -> None:
+        """``call(name, *args)``, naming the backend's exception on failure."""
+        if self._bridge is None:
+            call(name, *args)
+            return
+        before = self._bridge.failures
+        self._bridge.check(LIB.fn(name)(*args), before)
+
     def register_memory(self, address: int, nbytes: int) -> None:
         """The owner's registration of host memory (valid until unregistered)."""
-        call("mws_transfer_engine_register_memory", self.handle, address, nbytes, 0, 0)
+        self._call("mws_transfer_engine_register_memory", self.handle, address, nbytes, 0, 0)
 
     def unregister_memory(self, address: int) -> None:
-        call("mws_transfer_engine_unregister_memory", self.handle, address)
+        self._call("mws_transfer_engine_unregister_memory", self.handle, address)
 
     def register_binding(self, binding: Binding) -> None:
         """Registers every buffer of ``binding`` (its owner's pre-registration)."""
@@ -219,7 +258,7 @@ class TransferEngine(OwnedHandle):
     def drain(self, timeout_ms: int = 1000) -> int:
         """Drains every pending transfer once; returns how many remain."""
         n = c_size_t(0)
-        call("mws_transfer_engine_drain", self.handle, timeout_ms, ctypes.byref(n))
+        self._call("mws_transfer_engine_drain", self.handle, timeout_ms, ctypes.byref(n))
         return int(n.value)
 
 
@@ -233,9 +272,9 @@ class Loader(OwnedHandle):
         """``coalesce=False`` submits one engine operation per planned segment
         (default: adjacent segments are merged; the bytes moved are the same)."""
         out = _p()
-        call("mws_loader_new", engine.handle, _limits(coalesce), ctypes.byref(out))
+        engine._call("mws_loader_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
-        self._engine = engine
+        self._engine = engine  # the engine's Python callbacks live as long as this object
         self._progress: Any = None
 
     def set_progress(self, fn: Optional[Any]) -> None:
@@ -243,8 +282,6 @@ class Loader(OwnedHandle):
         stored loads (phase ``"restore"``) to ``fn``, a callable taking a
         :class:`~mooncake_weight_store.progress.Progress` (throttled; exceptions are
         swallowed); ``None`` removes it."""
-        from .progress import c_progress
-
         c_fn, keep = c_progress(fn)
         call("mws_loader_set_progress", self.handle, c_fn, None)
         self._progress = keep
@@ -262,8 +299,8 @@ class Loader(OwnedHandle):
         ``local``'s buffers (the sources' memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
-        call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources), len(sources),
-             target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
+        self._engine._call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources),
+                           len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
         return _stats(st)
 
 
@@ -276,9 +313,9 @@ class Sink(OwnedHandle):
     def __init__(self, engine: TransferEngine, *, coalesce: bool = True) -> None:
         """``coalesce`` as for :class:`Loader`."""
         out = _p()
-        call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
+        engine._call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
-        self._engine = engine
+        self._engine = engine  # the engine's Python callbacks live as long as this object
 
     def execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                 targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
@@ -287,6 +324,6 @@ class Sink(OwnedHandle):
         the targets (whose memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
-        call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle, target.handle,
-             _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
+        self._engine._call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle,
+                           target.handle, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
         return _stats(st)

@@ -37,7 +37,7 @@ class UploadPlan(OwnedHandle):
     _FREE = "mws_upload_plan_free"
     _WHAT = "upload plan"
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: Optional[int]) -> None:
         super().__init__(handle)
         self._ops: Optional[List[UploadOperation]] = None
 

@@ -10,14 +10,15 @@ import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from . import _lib
-from ._lib import LIB, call, cstr
+from ._lib import LIB, OwnedHandle, call, cstr
 from .errors import MwsError
+from .manifest import StoredManifest
+from .progress import c_progress
 from .receipts import Receipts
 from .upload_plan import UploadPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
-    from .manifest import StoredManifest
     from .placement import Placement
     from .store import Store
 
@@ -26,7 +27,7 @@ __all__ = ["Writer"]
 Resolver = Callable[[str, Any], Sequence[str]]
 
 
-class Writer:
+class Writer(OwnedHandle):
     """A snapshot in progress (``mws_writer``) of ``placement`` from ``bindings``
     into ``store``.
 
@@ -42,6 +43,10 @@ class Writer:
     the call. The writer keeps the store and the bindings' buffers alive.
     """
 
+    _FREE = "mws_writer_free"
+    _WHAT = "writer"
+    _GONE = "freed"
+
     def __init__(
         self,
         store: "Store",
@@ -56,6 +61,7 @@ class Writer:
         revision: Optional[str] = None,
         weight_generation: Optional[int] = None,
     ) -> None:
+        super().__init__()
         self.store = store
         self.placement = placement
         self.bindings = list(bindings)
@@ -71,7 +77,6 @@ class Writer:
         self.manifest: Optional["StoredManifest"] = None
         self.committed = False
         self.closed = False
-        self._h: Optional[int] = None
 
         vt = _lib.mws_snapshot_adapter_vtable()
         vt.size = ctypes.sizeof(_lib.mws_snapshot_adapter_vtable)
@@ -92,7 +97,7 @@ class Writer:
         call("mws_writer_new", store.handle, ctypes.byref(desc), ctypes.byref(vt), None, ctypes.byref(opts),
              ctypes.byref(out))
         self._export_keep = None
-        self._h = out.value
+        self._adopt(out.value)
         _ = self.plan  # fetched now: stays readable after the writer is freed
 
     # -- adapter callbacks ------------------------------------------------------------
@@ -132,12 +137,6 @@ class Writer:
     # -- API ----------------------------------------------------------------------------
 
     @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise ValueError("writer is freed")
-        return self._h
-
-    @property
     def plan(self) -> UploadPlan:
         """The writer's upload plan (still available after :meth:`close`)."""
         if self._plan is None:
@@ -160,8 +159,6 @@ class Writer:
         :class:`~mooncake_weight_store.progress.Progress`, phase ``"upload"``, totals:
         every object of the plan); ``None`` removes it. Exceptions it raises are
         swallowed."""
-        from .progress import c_progress
-
         with self._lock:
             c_fn, keep = c_progress(fn)
             call("mws_writer_set_progress", self.handle, c_fn, None)
@@ -194,8 +191,6 @@ class Writer:
 
     def commit(self) -> "StoredManifest":
         """Publishes the manifest. Transaction errors leave the writer open (retry)."""
-        from .manifest import StoredManifest
-
         if self.committed and self.manifest is not None:
             return self.manifest
         out = ctypes.c_void_p()
@@ -212,32 +207,20 @@ class Writer:
 
     def close(self) -> None:
         """Frees the writer (an open writer is aborted, best effort)."""
-        h, self._h = self._h, None
-        if h:
-            LIB.fn("mws_writer_free")(h)
+        self._free()
 
-    def __enter__(self) -> "Writer":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            if exc_type is None:
-                if not self.committed:
-                    self.commit()
-            elif not self.closed:
-                try:
-                    self.abort()
-                except MwsError as e:
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(f"writer abort during cleanup failed: {e}")
-        finally:
-            self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _on_exit(self, exc_type: Any, exc: Any) -> None:
+        """A ``with`` block's end: commit if not committed; on an exception, abort
+        (a failed abort is added to the exception as a note)."""
+        if exc_type is None:
+            if not self.committed:
+                self.commit()
+        elif not self.closed:
+            try:
+                self.abort()
+            except MwsError as e:
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"writer abort during cleanup failed: {e}")
 
     def __repr__(self) -> str:
         state = "committed" if self.committed else ("closed" if self.closed else "open")

@@ -1,0 +1,94 @@
+"""Allocation guards and the arguments of one upload or load (``mws_io_args``).
+
+A :class:`Guard` pins a participant's buffers for the duration of one call; the
+library calls it through ``mws_guard_vtable``. :func:`io_args` builds the
+``mws_io_args`` that :class:`~mooncake_weight_store.store.Store`,
+:class:`~mooncake_weight_store.transaction.Transaction` and registration leases pass
+with every call. This module sits below ``store``, ``transaction`` and ``writer``
+(none of them imports another to build its arguments).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Any, Callable, List, Optional, Tuple
+
+from . import _lib
+from ._lib import OwnedHandle, cstr
+from .progress import Progress, c_progress
+
+__all__ = ["Guard", "TerminalState", "io_args"]
+
+
+class TerminalState(enum.IntEnum):
+    """How I/O on pinned buffers ended (passed to a guard's ``release``)."""
+
+    ABORTED = 0
+    COMPLETED = 1
+    FAILED_DRAINED = 2
+
+
+class Guard:
+    """An allocation guard: pins a participant's buffers for one upload or load.
+
+    Subclass and override :meth:`acquire` (return an integer token) and
+    :meth:`release`. Exceptions are contained (the call fails with ``MWS_STORE``).
+    """
+
+    def acquire(self, transfer_id: str, participant_id: str, fragment_ids: List[str]) -> int:
+        return 0
+
+    def release(self, token: int, state: TerminalState) -> None:
+        pass
+
+
+class GuardBridge:
+    """The ``mws_guard_vtable`` thunks over one :class:`Guard` (exceptions are kept
+    in :attr:`errors` and fail the call; none reaches C)."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.errors: List[str] = []
+        self.vtable = _lib.mws_guard_vtable(
+            size=ctypes.sizeof(_lib.mws_guard_vtable),
+            version=_lib.MWS_GUARD_VTABLE_VERSION,
+            acquire=_lib.GUARD_ACQUIRE_FN(self._acquire),
+            release=_lib.GUARD_RELEASE_FN(self._release),
+        )
+
+    def _acquire(self, ctx, transfer_id, participant_id, ids, count, observed, token):  # type: ignore[no-untyped-def]
+        try:
+            fids = [ids[i].decode("utf-8") for i in range(count)]
+            tok = self.guard.acquire(transfer_id.decode("utf-8"), participant_id.decode("utf-8"), fids)
+            token[0] = int(tok or 0) & ((1 << 64) - 1)
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            self.errors.append(f"acquire: {type(e).__name__}: {e}")
+            return -1
+
+    def _release(self, ctx, token, state):  # type: ignore[no-untyped-def]
+        try:
+            self.guard.release(int(token), TerminalState(state))
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            self.errors.append(f"release: {type(e).__name__}: {e}")
+            return -1
+
+
+def io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],
+            lease: Optional["OwnedHandle"] = None,
+            progress: Optional[Callable[[Progress], Any]] = None) -> Tuple[_lib.mws_io_args, Any]:
+    """``(mws_io_args, keep-alive)`` of one upload or load (``lease``: a
+    :class:`~mooncake_weight_store.store.RegistrationLease`); keep the second alive
+    for the call."""
+    args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
+    bridge = None
+    if guard is not None:
+        bridge = GuardBridge(guard)
+        args.guard = ctypes.pointer(bridge.vtable)
+    if lease is not None:
+        args.lease = lease.handle
+    c_fn, cb = c_progress(progress)
+    args.progress = c_fn
+    return args, (bridge, cb)
