@@ -36,7 +36,8 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
-from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
+from .transfer import (EngineResources, LiveReport, Loader, Sink, TargetOutcome, TransferEngine, TransferPlan,
+                       TransferStats)
 from .writer import Writer
 from .logs import set_log_callback
 from .progress import Progress, ProgressBar
@@ -131,6 +132,9 @@ __all__ = [
     "TransferPlan",
     "TransferEngine",
     "TransferStats",
+    "LiveReport",
+    "TargetOutcome",
+    "EngineResources",
     "Loader",
     "Sink",
 ]

@@ -27,7 +27,8 @@ from .load import PlanningLimits
 from .placement import Placement
 from .progress import c_progress
 
-__all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats"]
+__all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", "LiveReport", "TargetOutcome",
+           "EngineResources"]
 
 _p = c_void_p
 
@@ -55,6 +56,21 @@ class mws_live_args(Structure):
                 ("guard", c_void_p), ("guard_ctx", c_void_p)]
 
 
+class mws_target_outcome(Structure):
+    _fields_ = [("participant_id", ctypes.c_char_p), ("generation", c_uint64), ("verdict", c_uint32)]
+
+
+class mws_live_report(Structure):
+    _fields_ = [("submitted", c_uint32), ("guard_release", c_uint32), ("pending_transfer_id", ctypes.c_char_p),
+                ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
+
+
+class mws_engine_resources(Structure):
+    _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
+                ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
+                ("pinned_tokens", c_uint64)]
+
+
 _lib.register_prototypes({
     "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), POINTER(_p)]),
     "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
@@ -78,15 +94,22 @@ _lib.register_prototypes({
     "mws_loader_reset_cancel": (None, [_p]),
     "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
                                      POINTER(mws_transfer_stats)]),
+    "mws_loader_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_loader_free": (None, [_p]),
     "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
     "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
                                  POINTER(mws_transfer_stats)]),
+    "mws_sink_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
+    "mws_sink_cancel": (None, [_p]),
+    "mws_sink_reset_cancel": (None, [_p]),
+    "mws_sink_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
+    "mws_sink_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_sink_free": (None, [_p]),
+    "mws_transfer_engine_resources": (c_int, [_p, POINTER(mws_engine_resources)]),
     # Declared for completeness (the header check requires every function); struct
     # pointers as void* since this module does not wrap them at a higher level yet.
     "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
-    "mws_loader_stats": (c_int, [_p, c_void_p]),
+    "mws_loader_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
     "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
@@ -111,6 +134,70 @@ class TransferStats:
 
 def _stats(s: mws_transfer_stats) -> TransferStats:
     return TransferStats(s.bytes, s.regions, s.operations, s.receipts, s.engine_operations)
+
+
+_VERDICTS = {0: "updated", 1: "unchanged", 2: "torn"}
+_GUARD_RELEASES = {0: "not_pinned", 1: "completed", 2: "failed_drained", 3: "aborted", 4: "pending",
+                   5: "release_failed"}
+
+
+@dataclass(frozen=True)
+class TargetOutcome:
+    """The verdict of one live call for one target participant it writes:
+    ``"updated"`` (the call's share landed completely; the participant may serve
+    ``generation`` once every call writing it says so), ``"unchanged"`` (the call
+    submitted nothing: the previous contents stand) or ``"torn"`` (part of the share
+    may have been written: the bytes are undefined until a call completes)."""
+
+    participant_id: str
+    generation: int
+    verdict: str
+
+
+@dataclass(frozen=True)
+class LiveReport:
+    """What a live call did, successful or not: whether anything was submitted to the
+    engine (``False`` proves nothing was written), how the allocation guards' pins
+    were released (``"completed"``, ``"failed_drained"``, ``"aborted"``,
+    ``"pending"`` (held by ``pending_transfer_id`` until a drain), ``"not_pinned"``,
+    ``"release_failed"``), the verdict per target participant and the statistics."""
+
+    submitted: bool
+    guard_release: str
+    pending_transfer_id: Optional[str]
+    targets: tuple
+    stats: TransferStats
+
+    def verdicts(self) -> dict:
+        """``{participant_id: verdict}``."""
+        return {t.participant_id: t.verdict for t in self.targets}
+
+
+@dataclass(frozen=True)
+class EngineResources:
+    """What an engine still holds: its registered regions (``None`` when the engine
+    cannot list them), its pending transfers, and the registrations and pins they
+    hold (quarantined). After every call returned and every pending transfer was
+    drained, the library holds nothing."""
+
+    registered_regions: Optional[int]
+    registered_bytes: Optional[int]
+    pending_transfers: int
+    quarantined_registrations: int
+    pinned_tokens: int
+
+
+def _report(fn: str, handle: int) -> Optional[LiveReport]:
+    r = mws_live_report()
+    st = LIB.fn(fn)(handle, ctypes.byref(r))
+    if st != 0:
+        return None  # no live call yet (MWS_NOT_FOUND)
+    targets = tuple(TargetOutcome(r.targets[i].participant_id.decode("utf-8"), int(r.targets[i].generation),
+                                  _VERDICTS.get(r.targets[i].verdict, str(r.targets[i].verdict)))
+                    for i in range(r.n_targets))
+    pending = r.pending_transfer_id.decode("utf-8") if r.pending_transfer_id else None
+    return LiveReport(bool(r.submitted), _GUARD_RELEASES.get(r.guard_release, str(r.guard_release)), pending,
+                      targets, _stats(r.stats))
 
 
 def _handles(bindings: Sequence[Binding]) -> Any:
@@ -261,6 +348,17 @@ class TransferEngine(OwnedHandle):
         self._call("mws_transfer_engine_drain", self.handle, timeout_ms, ctypes.byref(n))
         return int(n.value)
 
+    def resources(self) -> EngineResources:
+        """What the engine still holds (``mws_transfer_engine_resources``): proves that
+        nothing leaked once ``pending_transfers`` is 0 and the registered regions are
+        only the owners' own."""
+        r = mws_engine_resources()
+        call("mws_transfer_engine_resources", self.handle, ctypes.byref(r))
+        known = bool(r.registrations_known)
+        return EngineResources(int(r.registered_regions) if known else None,
+                               int(r.registered_bytes) if known else None, int(r.pending_transfers),
+                               int(r.quarantined_registrations), int(r.pinned_tokens))
+
 
 class Loader(OwnedHandle):
     """Fills one target participant's buffers from live sources (reader mode)."""
@@ -299,8 +397,24 @@ class Loader(OwnedHandle):
         ``local``'s buffers (the sources' memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
-        self._engine._call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources),
-                           len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
+        try:
+            self._engine._call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources),
+                               len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
+        except _lib.MwsError as e:
+            e.report = self.last_report()  # type: ignore[attr-defined]
+            raise
+        return _stats(st)
+
+    def last_report(self) -> Optional[LiveReport]:
+        """The report of the last live load, successful or not (``None`` before the
+        first); a failed :meth:`load_live` also attaches it to its exception as
+        ``.report``."""
+        return _report("mws_loader_last_report", self.handle)
+
+    def stats(self) -> TransferStats:
+        """The statistics of the last successful call."""
+        st = mws_transfer_stats()
+        call("mws_loader_stats", self.handle, ctypes.byref(st))
         return _stats(st)
 
 
@@ -316,6 +430,7 @@ class Sink(OwnedHandle):
         engine._call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
         self._engine = engine  # the engine's Python callbacks live as long as this object
+        self._progress: Any = None
 
     def execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                 targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
@@ -324,6 +439,36 @@ class Sink(OwnedHandle):
         the targets (whose memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
-        self._engine._call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle,
-                           target.handle, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
+        try:
+            self._engine._call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle,
+                               target.handle, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
+        except _lib.MwsError as e:
+            e.report = self.last_report()  # type: ignore[attr-defined]
+            raise
         return _stats(st)
+
+    def last_report(self) -> Optional[LiveReport]:
+        """The report of the last execution, successful or not (``None`` before the
+        first): one verdict per target participant it writes, for this call's share
+        (a target written by several sources is updated once all their calls say
+        so); a failed :meth:`execute` also attaches it to its exception as ``.report``."""
+        return _report("mws_sink_last_report", self.handle)
+
+    def stats(self) -> TransferStats:
+        """The statistics of the last successful call."""
+        st = mws_transfer_stats()
+        call("mws_sink_stats", self.handle, ctypes.byref(st))
+        return _stats(st)
+
+    def set_progress(self, fn: Optional[Any]) -> None:
+        """Reports executions (phase ``"transfer"``) to ``fn`` as
+        :meth:`Loader.set_progress` does; ``None`` removes it."""
+        c_fn, keep = c_progress(fn)
+        call("mws_sink_set_progress", self.handle, c_fn, None)
+        self._progress = keep
+
+    def cancel(self) -> None:
+        LIB.fn("mws_sink_cancel")(self.handle)
+
+    def reset_cancel(self) -> None:
+        LIB.fn("mws_sink_reset_cancel")(self.handle)

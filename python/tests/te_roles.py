@@ -144,6 +144,9 @@ class Role:
             plan = self.bound if cmd.get("use_bound") else self.logical.bind(self.bindings, self.peer_bindings)
             moved, ops = 0, 0
             calls_before = self.engine.te_calls
+            # The verdict per target participant, from the loader's reports (a target
+            # whose call never ran keeps its previous contents: unchanged).
+            verdicts = {b.participant_id: "unchanged" for b in self.bindings}
             try:
                 with mws.Loader(self.engine) as loader:
                     if cmd.get("pause_after_first_batch"):
@@ -159,16 +162,25 @@ class Role:
 
                         loader.set_progress(progress)
                     for b in self.bindings:
-                        st = loader.load_live(plan, self.peer_placement, self.peer_bindings, self.model.placement,
-                                              b, local_pre_registered=True)
+                        try:
+                            st = loader.load_live(plan, self.peer_placement, self.peer_bindings,
+                                                  self.model.placement, b, local_pre_registered=True)
+                        finally:
+                            report = loader.last_report()
+                            if report is not None:
+                                verdicts.update(report.verdicts())
                         moved, ops = moved + st.bytes, ops + st.operations
             except mws.MwsError as e:
+                r = getattr(e, "report", None)
                 return {"outcome": "failed", "generation": self.model.spec.generation, "reason": str(e),
-                        "updated": [], "te_calls": self.engine.te_calls, "calls_in_pull": self.engine.te_calls -
-                        calls_before, "pending": self.engine.pending_count}
+                        "verdicts": verdicts, "updated": [p for p, v in verdicts.items() if v == "updated"],
+                        "submitted": bool(r and r.submitted), "guard_release": r.guard_release if r else None,
+                        "pending_transfer_id": r.pending_transfer_id if r else None,
+                        "te_calls": self.engine.te_calls, "calls_in_pull": self.engine.te_calls - calls_before,
+                        "pending": self.engine.pending_count}
             return {"outcome": "ok", "generation": self.model.spec.generation, "bytes": moved, "operations": ops,
-                    "bad": self.verify(), "te_calls": self.engine.te_calls,
-                    "updated": [b.participant_id for b in self.bindings]}
+                    "bad": self.verify(), "te_calls": self.engine.te_calls, "verdicts": verdicts,
+                    "updated": [p for p, v in verdicts.items() if v == "updated"]}
         if op == "push":  # trainer: sink mode, every source participant
             logical = mws.TransferPlan.from_json(cmd["plan"])
             plan = logical.bind(self.peer_bindings, self.bindings)

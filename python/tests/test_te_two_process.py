@@ -125,6 +125,7 @@ def test_acc_te_weight_sync_generations_reader_then_sink(pair):
         assert pulled["outcome"] == "ok" and pulled["generation"] == gen
         assert pulled["bytes"] == plan["bytes"]
         assert pulled["bad"] == []
+        assert pulled["verdicts"] and set(pulled["verdicts"].values()) == {"updated"}, pulled["verdicts"]
         # then the trainer pushes with the sink into freshly poisoned targets
         server.ask(op="reset")
         assert server.ask(op="verify")["bad"], "reset must poison the targets"
@@ -194,6 +195,14 @@ def test_acc_te_trainer_killed_mid_transfer(pair):
     failed = server._read()
     assert failed["outcome"] == "failed" and failed["generation"] == 1, failed
     assert failed["updated"] == []
+    # The per-target verdicts of the interrupted pull, read from the loader's report:
+    # the target whose call was cut is torn (something was submitted; its pins are held
+    # by the pending transfer), the ones never pulled are unchanged, none is updated.
+    verdicts = failed["verdicts"]
+    assert sorted(verdicts.values()).count("torn") == 1, verdicts
+    assert set(verdicts.values()) <= {"torn", "unchanged"}, verdicts
+    assert failed["submitted"] is True
+    assert failed["guard_release"] == "pending" and failed["pending_transfer_id"], failed
     assert failed["calls_in_pull"] >= 2  # the dead peer was really called
     assert "restart" in failed["reason"], failed  # the wheel's legacy batches: completion unknown
     assert len(server.ask(op="verify")["bad"]) > 0  # not all landed; and none reported updated
