@@ -56,6 +56,15 @@ fn a_store_with_a_user_file_inside_is_refused_even_with_reuse() {
     let e = StoreDir::prepare(&dir, true).unwrap_err();
     assert!(e.contains("not a directory store made by this library"), "{e}");
     assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"keep me");
+    // The library itself applies the same rule (issue 29): a directory with foreign
+    // entries is not opened as a store, and nothing in it changes.
+    let refused = DirectoryStore::open(&dir).err().expect("a store root with a user file is refused");
+    assert_eq!(refused.kind(), mooncake_weight_store::ErrorKind::InvalidArgument);
+    assert!(
+        refused.message().contains("(notes.txt)") && refused.message().contains("nothing was changed"),
+        "{refused}"
+    );
+    std::fs::remove_file(dir.join("notes.txt")).unwrap();
     assert_eq!(DirectoryStore::open(&dir).unwrap().get("weights/a/b").unwrap(), b"earlier run");
     // Nor does cleanup remove anything once a foreign file is there.
     let d = StoreDir::prepare(&t.0.join("fresh"), false).unwrap();

@@ -16,6 +16,7 @@ interfaces, buffer protocol).
 from ._lib import library_path, version
 from .binding import Binding, MemoryKind
 from .buffers import BufferRef, HostBuffer
+from . import errors as _errors
 from .errors import *  # noqa: F401,F403
 from .errors import MwsError, Status
 from .placement import (
@@ -43,11 +44,12 @@ from .logs import set_log_callback
 from .progress import Progress, ProgressBar
 from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
                       UnsupportedDTypeError, dtype_name, tensor_view)
-from .device import CopyHook, CudaCopyHook, DeviceUnavailableError, cuda_available, cuda_copy_hook
+from .device import CopyHook, CudaCopyHook, CudaError, DeviceUnavailableError, cuda_available, cuda_copy_hook
 from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
 from .state_dict import (COLWISE, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
                          save_state_dict, split)
-from .safetensors_io import Layout, SafetensorsError, SafetensorsFile, export_safetensors, import_safetensors
+from .safetensors_io import (INDEX_NAME, METADATA_TENSOR, Layout, SafetensorsError, SafetensorsFile,
+                             export_safetensors, import_safetensors)
 
 __version__ = "0.2.0"
 
@@ -106,6 +108,7 @@ __all__ = [
     "CopyHook",
     "CudaCopyHook",
     "DeviceUnavailableError",
+    "CudaError",
     "cuda_available",
     "cuda_copy_hook",
     "Exchange",
@@ -127,6 +130,8 @@ __all__ = [
     "SafetensorsError",
     "SafetensorsFile",
     "import_safetensors",
+    "INDEX_NAME",
+    "METADATA_TENSOR",
     "export_safetensors",
     # live transfer
     "TransferPlan",
@@ -138,3 +143,6 @@ __all__ = [
     "Loader",
     "Sink",
 ]
+
+# Every error class (each an MwsError subclass) is exported by name.
+__all__ += [_n for _n in _errors.__all__ if _n not in __all__]

@@ -36,7 +36,8 @@ from ctypes import (
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
-from .errors import MissingSymbolError, MwsError, Status, error_for_status
+from .errors import (ArgumentError, LibraryNotFoundError, MissingSymbolError, MwsError, OutOfRangeError, Status,
+                     error_for_status)
 
 LIB_NAME = "libmooncake_weight_store.so"
 SONAME = "libmooncake_weight_store.so.0"
@@ -44,7 +45,74 @@ SONAME = "libmooncake_weight_store.so.0"
 # --------------------------------------------------------------------------- structs
 
 
-class mws_binding_options(Structure):
+# --------------------------------------------------------------------------- integers
+# ctypes silently wraps an out-of-range Python int into a C integer (-1 becomes
+# 2**64 - 1 for a uint64_t). Every integer that crosses into the library is checked
+# here instead: the C structs derive from ``CStruct`` (fields checked when set) and
+# every function bound by ``LIB.fn`` checks its integer arguments.
+
+
+def _int_range(ctype: Any) -> Optional[Tuple[int, int]]:
+    """The value range of a ctypes integer type, ``None`` for any other type."""
+    if not (isinstance(ctype, type) and issubclass(ctype, ctypes._SimpleCData)) or ctype._type_ not in "bBhHiIlLqQ":
+        return None
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype(-1).value < 0:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def check_int(value: Any, ctype: Any, what: str) -> None:
+    """Raises :class:`InvalidArgumentError` when ``value`` is an int outside the range of
+    the C integer type ``ctype`` (other values are left to ctypes)."""
+    rng = _int_range(ctype)
+    if rng is None or isinstance(value, bool) or not isinstance(value, int):
+        return
+    lo, hi = rng
+    if not lo <= value <= hi:
+        raise error_for_status(Status.INVALID_ARGUMENT, f"{what} must be an integer in [{lo}, {hi}], got {value}",
+                               "MWS_INVALID_ARGUMENT")
+
+
+class CStruct(Structure):
+    """A C struct of the library: integer fields are range-checked when set (in the
+    constructor or by assignment) instead of wrapped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        fields = [(f[0], f[1]) for f in self._fields_]
+        for (name, ctype), value in zip(fields, args):
+            check_int(value, ctype, f"{type(self).__name__}.{name}")
+        types = dict(fields)
+        for name, value in kwargs.items():
+            if name in types:
+                check_int(value, types[name], f"{type(self).__name__}.{name}")
+        super().__init__(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        for f in self._fields_:
+            if f[0] == name:
+                check_int(value, f[1], f"{type(self).__name__}.{name}")
+                break
+        super().__setattr__(name, value)
+
+
+def _checked(name: str, f: Any) -> Any:
+    """``f`` with its integer arguments range-checked against its argtypes."""
+    ranges = [(i, t) for i, t in enumerate(f.argtypes or ()) if _int_range(t) is not None]
+    if not ranges:
+        return f
+
+    def call_checked(*args: Any) -> Any:
+        for i, t in ranges:
+            if i < len(args):
+                check_int(args[i], t, f"{name} argument {i + 1}")
+        return f(*args)
+
+    call_checked.__name__ = name
+    return call_checked
+
+
+class mws_binding_options(CStruct):
     _fields_ = [
         ("resource_id", c_char_p),
         ("revision", c_char_p),
@@ -57,7 +125,7 @@ class mws_binding_options(Structure):
     ]
 
 
-class mws_runtime_fragment(Structure):
+class mws_runtime_fragment(CStruct):
     _fields_ = [
         ("placement_fragment_id", c_char_p),
         ("fragment_id", c_char_p),
@@ -79,7 +147,7 @@ class mws_runtime_fragment(Structure):
     ]
 
 
-class mws_placement_fragment_info(Structure):
+class mws_placement_fragment_info(CStruct):
     _fields_ = [
         ("placement_fragment_id", c_char_p),
         ("participant_id", c_char_p),
@@ -92,7 +160,7 @@ class mws_placement_fragment_info(Structure):
     ]
 
 
-class mws_placement_builder_options(Structure):
+class mws_placement_builder_options(CStruct):
     _fields_ = [
         ("resource_id", c_char_p),
         ("revision", c_char_p),
@@ -105,15 +173,15 @@ class mws_placement_builder_options(Structure):
     ]
 
 
-class mws_rank(Structure):
+class mws_rank(CStruct):
     _fields_ = [("dp", c_uint64), ("pp", c_uint64), ("ep", c_uint64), ("tp", c_uint64)]
 
 
-class mws_parallel_axis(Structure):
+class mws_parallel_axis(CStruct):
     _fields_ = [("kind", c_uint32), ("semantics", c_uint32), ("dim", c_uint64)]
 
 
-class mws_tensor_spec(Structure):
+class mws_tensor_spec(CStruct):
     _fields_ = [
         ("tensor_id", c_char_p),
         ("global_shape", POINTER(c_uint64)),
@@ -128,7 +196,7 @@ class mws_tensor_spec(Structure):
     ]
 
 
-class mws_fragment_spec(Structure):
+class mws_fragment_spec(CStruct):
     _fields_ = [
         ("participant_id", c_char_p),
         ("tensor_id", c_char_p),
@@ -142,7 +210,7 @@ class mws_fragment_spec(Structure):
     ]
 
 
-class mws_upload_options(Structure):
+class mws_upload_options(CStruct):
     _fields_ = [
         ("store_namespace", c_char_p),
         ("key_prefix", c_char_p),
@@ -151,7 +219,7 @@ class mws_upload_options(Structure):
     ]
 
 
-class mws_upload_operation(Structure):
+class mws_upload_operation(CStruct):
     _fields_ = [
         ("source_participant_id", c_char_p),
         ("source_instance_id", c_char_p),
@@ -169,11 +237,11 @@ class mws_upload_operation(Structure):
 # Store vtable (docs/STORE-VTABLE.md, version 1).
 
 
-class mws_bytes(Structure):
+class mws_bytes(CStruct):
     _fields_ = [("ptr", c_void_p), ("len", c_size_t)]
 
 
-class mws_put_item(Structure):
+class mws_put_item(CStruct):
     _fields_ = [
         ("key", mws_bytes),
         ("group_id", mws_bytes),
@@ -184,7 +252,7 @@ class mws_put_item(Structure):
     ]
 
 
-class mws_range_item(Structure):
+class mws_range_item(CStruct):
     _fields_ = [
         ("key", mws_bytes),
         ("object_offset", c_uint64),
@@ -212,14 +280,14 @@ LIST_EMIT_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, c_uint64)
 LIST_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, LIST_EMIT_FN, c_void_p)
 
 
-class mws_store_cost(Structure):
+class mws_store_cost(CStruct):
     _fields_ = [("per_request_ns", c_uint64), ("per_range_ns", c_uint64), ("bytes_per_second", c_uint64)]
 
 
 GET_COST_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_store_cost))
 
 
-class mws_store_vtable(Structure):
+class mws_store_vtable(CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
@@ -247,7 +315,7 @@ MWS_GUARD_VTABLE_VERSION = 1
 MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
 
 
-class mws_store_options(Structure):
+class mws_store_options(CStruct):
     _fields_ = [
         ("key_prefix", c_char_p),
         ("max_range_bytes", c_uint64),
@@ -261,7 +329,7 @@ class mws_store_options(Structure):
     ]
 
 
-class mws_stored_fragment_info(Structure):
+class mws_stored_fragment_info(CStruct):
     _fields_ = [
         ("fragment_id", c_char_p),
         ("tensor_id", c_char_p),
@@ -274,7 +342,7 @@ class mws_stored_fragment_info(Structure):
     ]
 
 
-class mws_planning_limits(Structure):
+class mws_planning_limits(CStruct):
     _fields_ = [
         ("max_transfer_regions", c_uint64),
         ("max_segments_per_region", c_uint64),
@@ -287,7 +355,7 @@ GUARD_ACQUIRE_FN = CFUNCTYPE(c_int32, c_void_p, c_char_p, c_char_p, POINTER(c_ch
 GUARD_RELEASE_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32)
 
 
-class mws_guard_vtable(Structure):
+class mws_guard_vtable(CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
@@ -296,7 +364,7 @@ class mws_guard_vtable(Structure):
     ]
 
 
-class mws_progress(Structure):
+class mws_progress(CStruct):
     _fields_ = [
         ("phase", c_int),
         ("bytes_done", c_uint64),
@@ -309,7 +377,7 @@ class mws_progress(Structure):
 PROGRESS_FN = CFUNCTYPE(None, c_void_p, POINTER(mws_progress))
 
 
-class mws_io_args(Structure):
+class mws_io_args(CStruct):
     _fields_ = [
         ("worker_id", c_char_p),
         ("transfer_id", c_char_p),
@@ -321,7 +389,7 @@ class mws_io_args(Structure):
     ]
 
 
-class mws_load_stats(Structure):
+class mws_load_stats(CStruct):
     _fields_ = [
         ("regions", c_uint64),
         ("ranges", c_uint64),
@@ -334,7 +402,7 @@ class mws_load_stats(Structure):
     ]
 
 
-class mws_snapshot_descriptor(Structure):
+class mws_snapshot_descriptor(CStruct):
     _fields_ = [
         ("resource_id", c_char_p),
         ("revision", c_char_p),
@@ -348,7 +416,7 @@ EXPORT_SOURCE_FN = CFUNCTYPE(c_int32, c_void_p, POINTER(mws_snapshot_descriptor)
 RESOLVE_IDS_FN = CFUNCTYPE(c_int32, c_void_p, c_char_p, c_void_p, POINTER(POINTER(c_char_p)), POINTER(c_size_t))
 
 
-class mws_snapshot_adapter_vtable(Structure):
+class mws_snapshot_adapter_vtable(CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
@@ -371,7 +439,7 @@ ENGINE_TICKET_DRAIN_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, POINTE
 ENGINE_TICKET_RELEASE_FN = CFUNCTYPE(None, c_void_p, c_uint64)
 
 
-class mws_transfer_engine_vtable(Structure):
+class mws_transfer_engine_vtable(CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
@@ -596,7 +664,7 @@ class _Library:
                 continue
             self.path = cand
             return cdll
-        raise OSError(
+        raise LibraryNotFoundError(
             "cannot load libmooncake_weight_store (set MWS_LIBRARY to the .so, or MWS_PREFIX "
             "to a CMake install prefix; build it with `cargo build --release`). Tried: "
             + "; ".join(errors)
@@ -629,6 +697,7 @@ class _Library:
         if proto is None:
             raise MissingSymbolError(name + " (no Python prototype)", self.path)
         f.restype, f.argtypes = proto
+        f = _checked(name, f)
         self._funcs[name] = f
         return f
 
@@ -723,7 +792,7 @@ class OwnedHandle:
     @property
     def handle(self) -> int:
         if self._h is None:
-            raise ValueError(f"{self._WHAT} is {self._GONE}")
+            raise ArgumentError(f"{self._WHAT} is {self._GONE}")
         return self._h
 
     def _free(self) -> None:
@@ -774,10 +843,10 @@ def cstr(s: Optional[str], what: str = "string") -> Optional[bytes]:
     if s is None:
         return None
     if not isinstance(s, str):
-        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
+        raise ArgumentError(f"{what} must be a str, not {type(s).__name__}")
     b = s.encode("utf-8", "surrogatepass")
     if b"\0" in b:
-        raise ValueError(f"{what} must not contain a NUL character")
+        raise ArgumentError(f"{what} must not contain a NUL character")
     return b
 
 
@@ -785,9 +854,9 @@ def u64_array(values: Sequence[int], what: str) -> Any:
     vals = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{what} must contain integers")
+            raise ArgumentError(f"{what} must contain integers")
         if v < 0 or v >= 1 << 64:
-            raise ValueError(f"{what} values must fit in an unsigned 64-bit integer")
+            raise ArgumentError(f"{what} values must fit in an unsigned 64-bit integer")
         vals.append(v)
     return (c_uint64 * len(vals))(*vals)
 

@@ -6,6 +6,7 @@ import ctypes
 import enum
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from .errors import ArgumentError
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr, u64_array
 from .buffers import BufferRef
@@ -138,12 +139,12 @@ class Binding(OwnedHandle):
         """
         info = self._infos.get(placement_fragment_id)
         if isinstance(address, bool) or not isinstance(address, int):
-            raise TypeError("address must be an int")
+            raise ArgumentError("address must be an int")
         if address < 0 or address >= 1 << 64:
-            raise ValueError("address must fit in an unsigned 64-bit integer")
+            raise ArgumentError("address must fit in an unsigned 64-bit integer")
         if nbytes is None:
             if info is None:
-                raise ValueError(f"nbytes is required for unknown fragment {placement_fragment_id!r}")
+                raise ArgumentError(f"nbytes is required for unknown fragment {placement_fragment_id!r}")
             nbytes = info.nbytes
         shape = tuple(local_shape) if local_shape is not None else (info.local_shape if info else (nbytes,))
         isz = itemsize if itemsize is not None else (info.itemsize if info else 1)
@@ -166,11 +167,11 @@ class Binding(OwnedHandle):
                         ("storage_nbytes", storage_nbytes), ("storage_offset_bytes", storage_offset_bytes),
                         ("memory_kind", memory_kind), ("device_ordinal", device_ordinal)):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int")
+                raise ArgumentError(f"{name} must be an int")
             if v < 0 or v >= 1 << 64:
-                raise ValueError(f"{name} must fit in an unsigned 64-bit integer")
+                raise ArgumentError(f"{name} must fit in an unsigned 64-bit integer")
         if int(memory_kind) >= 1 << 32 or device_ordinal >= 1 << 32:
-            raise ValueError("memory_kind and device_ordinal must fit in 32 bits")
+            raise ArgumentError("memory_kind and device_ordinal must fit in 32 bits")
         runtime_id = fragment_id or f"{self.instance_id}:{placement_fragment_id}"
         frag = _lib.mws_runtime_fragment(
             placement_fragment_id=cstr(placement_fragment_id, "placement_fragment_id"),

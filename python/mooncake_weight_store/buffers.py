@@ -12,6 +12,8 @@ import ctypes
 from ctypes import POINTER, Structure, c_char_p, c_int, c_ssize_t, c_void_p, py_object
 from typing import Any, Optional
 
+from .errors import ArgumentError
+
 __all__ = ["BufferRef", "HostBuffer"]
 
 PyBUF_SIMPLE = 0
@@ -108,7 +110,7 @@ class HostBuffer:
     def __init__(self, nbytes: int, fill: Optional[bytes] = None) -> None:
         if fill is not None:
             if len(fill) != nbytes:
-                raise ValueError("fill must have exactly nbytes bytes")
+                raise ArgumentError("fill must have exactly nbytes bytes")
             self.data = bytearray(fill)
         else:
             self.data = bytearray(nbytes)

@@ -25,6 +25,10 @@ import threading
 from ctypes import CFUNCTYPE, POINTER, Structure, c_int, c_int32, c_uint32, c_uint64, c_void_p
 from typing import Any, Dict, List, Optional
 
+from .errors import ArgumentError
+from . import _lib
+from . import errors as _errors
+
 __all__ = [
     "CopyHook",
     "CudaCopyHook",
@@ -42,7 +46,7 @@ H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 
 
-class mws_copy_hook_vtable(Structure):
+class mws_copy_hook_vtable(_lib.CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
@@ -52,8 +56,17 @@ class mws_copy_hook_vtable(Structure):
     ]
 
 
-class DeviceUnavailableError(RuntimeError):
-    """Device memory was given but no way to reach it exists (no CUDA runtime)."""
+class DeviceUnavailableError(_errors.LocalError, RuntimeError):
+    """Device memory was given but no way to reach it exists (no CUDA runtime);
+    status ``UNSUPPORTED``."""
+
+    default_status = _errors.Status.UNSUPPORTED
+
+
+class CudaError(_errors.LocalError, RuntimeError):
+    """A CUDA runtime or driver call failed (status ``IO``; also a ``RuntimeError``)."""
+
+    default_status = _errors.Status.IO
 
 
 class CopyHook:
@@ -114,7 +127,7 @@ _HOOK_IDS = itertools.count(1)
 class _HookBridge:
     def __init__(self, hook: CopyHook) -> None:
         if not isinstance(hook, CopyHook):
-            raise TypeError(f"copy_hook must be a CopyHook, not {type(hook).__name__}")
+            raise ArgumentError(f"copy_hook must be a CopyHook, not {type(hook).__name__}")
         self.hook = hook
         self.ctx_id = next(_HOOK_IDS)
         self.vtable = mws_copy_hook_vtable(
@@ -219,11 +232,11 @@ class _Cuda:
         if rc != 0:
             assert self.rt is not None
             msg = self.rt.cudaGetErrorString(rc)
-            raise RuntimeError(f"{what}: CUDA error {rc} ({msg.decode() if msg else '?'})")
+            raise CudaError(f"{what}: CUDA error {rc} ({msg.decode() if msg else '?'})")
 
     def _drv_check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise RuntimeError(f"{what}: CUDA driver error {rc}")
+            raise CudaError(f"{what}: CUDA driver error {rc}")
 
     def _drv_copy(self, fn: str, dst: int, src: int, n: int, ordinal: int) -> None:
         """A cuMemcpy in ``ordinal``'s primary context; the thread's context is restored."""

@@ -71,7 +71,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 from . import _lib
 from ._lib import call
-from .errors import error_for_status
+from .errors import ArgumentError, error_for_status
 
 __all__ = ["EngineBridge", "Direction", "TicketStatus", "CALLBACK_FAILED", "ENGINE_VTABLE_VERSION",
            "MemmoveEngine", "TicketedMemmoveEngine"]
@@ -105,7 +105,7 @@ class TicketStatus(enum.IntEnum):
 
 def _int(rc: Any, what: str) -> int:
     if isinstance(rc, bool) or not isinstance(rc, int):
-        raise TypeError(f"{what} returned {type(rc).__name__}, expected int")
+        raise ArgumentError(f"{what} returned {type(rc).__name__}, expected int")
     return rc
 
 
@@ -125,7 +125,7 @@ class EngineBridge:
         if tickets and len(tickets) != len(_TICKETS):
             missing += [n for n in _TICKETS if n not in tickets]
         if missing:
-            raise TypeError(f"engine backend {type(backend).__name__} lacks: {', '.join(missing)}")
+            raise ArgumentError(f"engine backend {type(backend).__name__} lacks: {', '.join(missing)}")
         self.backend = backend
         self.errors: List[str] = []
         #: the last exception a callback raised (cleared when a call reports it)
@@ -198,7 +198,7 @@ class EngineBridge:
         try:
             v = _int(self.backend.engine_id(), "engine_id")
             if not 0 < v < 1 << 64:
-                raise ValueError(f"engine_id returned {v}, expected 1 .. 2**64-1")
+                raise ArgumentError(f"engine_id returned {v}, expected 1 .. 2**64-1")
             return v
         except BaseException as e:  # noqa: BLE001 - never unwind into C
             self._fail("engine_id", e)

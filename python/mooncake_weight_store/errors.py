@@ -29,6 +29,10 @@ __all__ = [
     "LocalIOError",
     "IntegrityError",
     "MissingSymbolError",
+    "LocalError",
+    "ArgumentError",
+    "OutOfRangeError",
+    "LibraryNotFoundError",
     "error_for_status",
 ]
 
@@ -82,6 +86,45 @@ class MwsError(Exception):
 
     def __reduce__(self):  # picklable across processes (multiprocessing)
         return (type(self), (int(self.status), self.message, self.status_name))
+
+
+class LocalError(MwsError):
+    """An error raised by the Python layer itself (not returned by a C call), with the
+    status a C call would have returned for it: ``status`` is the class's default, or
+    the status of the library error it wraps (then also its ``__cause__``).
+
+    Construct it with a message: ``StateDictError("...")``, or
+    ``StateDictError("...", status=Status.CONFLICT)``."""
+
+    default_status: int = Status.INVALID_ARGUMENT
+
+    def __init__(self, message: str = "", status: Optional[int] = None, status_name: Optional[str] = None) -> None:
+        super().__init__(self.default_status if status is None else status, message, status_name)
+        # The text is the message alone, as a plain Python exception's would be.
+        Exception.__init__(self, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):  # picklable across processes (multiprocessing)
+        return (type(self), (self.message, int(self.status), self.status_name))
+
+
+class ArgumentError(LocalError, ValueError, TypeError):
+    """A Python argument of the wrong type or value, caught before any C call (status
+    ``INVALID_ARGUMENT``; also a ``ValueError`` and a ``TypeError``)."""
+
+
+class OutOfRangeError(LocalError, IndexError):
+    """An index past the end of a sequence (status ``INVALID_ARGUMENT``; also an
+    ``IndexError``)."""
+
+
+class LibraryNotFoundError(LocalError, OSError):
+    """The shared library could not be loaded (status ``UNSUPPORTED``; also an
+    ``OSError``)."""
+
+    default_status = Status.UNSUPPORTED
 
 
 class NullArgumentError(MwsError, ValueError):

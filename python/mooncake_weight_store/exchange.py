@@ -25,12 +25,17 @@ import uuid
 from pathlib import Path
 from typing import Any, List, Optional, Union, cast
 
+from .errors import ArgumentError, LocalError, Status
+
 __all__ = ["Exchange", "LocalExchange", "ThreadExchange", "FileExchange", "TorchDistributedExchange",
            "ExchangeTimeout"]
 
 
-class ExchangeTimeout(TimeoutError):
-    """A collective did not complete in time (a rank died or never called it)."""
+class ExchangeTimeout(LocalError, TimeoutError):
+    """A collective did not complete in time (a rank died or never called it); status
+    ``STORE`` (retryable once every rank is back)."""
+
+    default_status = Status.STORE
 
 
 class Exchange:
@@ -57,7 +62,7 @@ class LocalExchange(Exchange):
 
     def broadcast(self, text: Optional[str], root: int = 0) -> str:
         if root != 0 or text is None:
-            raise ValueError("a one-rank broadcast needs root 0 and a value")
+            raise ArgumentError("a one-rank broadcast needs root 0 and a value")
         return text
 
 
@@ -88,7 +93,7 @@ class ThreadExchange(Exchange):
     @classmethod
     def group(cls, n: int, timeout: float = 120.0) -> List["ThreadExchange"]:
         if n < 1:
-            raise ValueError("a group needs at least one rank")
+            raise ArgumentError("a group needs at least one rank")
         g = _ThreadGroup(n, timeout)
         return [cls(g, r) for r in range(n)]
 
@@ -103,7 +108,7 @@ class ThreadExchange(Exchange):
         out = self.all_gather(cast(str, text) if self.rank == root else "")  # a None root is caught below
         value = out[root]
         if value is None:  # pragma: no cover - a root that passed None
-            raise ValueError("broadcast root passed no value")
+            raise ArgumentError("broadcast root passed no value")
         return value
 
 
@@ -119,7 +124,7 @@ class FileExchange(Exchange):
     def __init__(self, directory: Union[str, "os.PathLike[str]"], rank: int, world_size: int, *,
                  timeout: float = 120.0, poll: float = 0.002) -> None:
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+            raise ArgumentError(f"rank {rank} out of range for world_size {world_size}")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = rank, world_size
@@ -155,7 +160,7 @@ class FileExchange(Exchange):
         self._round += 1
         if self.rank == root:
             if text is None:
-                raise ValueError("broadcast root passed no value")
+                raise ArgumentError("broadcast root passed no value")
             self._write(k, "b", text)
             return text
         return self._read(k, "b", time.monotonic() + self.timeout)
@@ -169,7 +174,7 @@ class TorchDistributedExchange(Exchange):
         import torch.distributed as dist  # type: ignore  # noqa: WPS433 - optional dependency
 
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized (call init_process_group first)")
+            raise ArgumentError("torch.distributed is not initialized (call init_process_group first)")
         self._dist = dist
         self._group = group
         self.rank = dist.get_rank(group)

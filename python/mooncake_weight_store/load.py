@@ -9,6 +9,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from .errors import ArgumentError
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
 from .binding import Binding
@@ -30,7 +31,7 @@ class PlanningLimits:
         for name in ("max_transfer_regions", "max_segments_per_region", "max_total_lowered_segments"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
-                raise ValueError(f"{name} must be an unsigned 64-bit integer")
+                raise ArgumentError(f"{name} must be an unsigned 64-bit integer")
         return _lib.mws_planning_limits(self.max_transfer_regions, self.max_segments_per_region,
                                         self.max_total_lowered_segments)
 

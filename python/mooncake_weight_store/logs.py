@@ -17,6 +17,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
+from .errors import ArgumentError
 from . import _lib
 
 OFF, ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4, 5
@@ -41,7 +42,7 @@ def set_log_callback(fn: Optional[Callable[[int, str, str], None]] = _to_logging
     previous callback (which is never called again once this returns)."""
     global _installed
     if level not in range(0, 6):
-        raise ValueError(f"log level must be 0..5, got {level}")
+        raise ArgumentError(f"log level must be 0..5, got {level}")
     with _lock:
         if fn is None or level == OFF:
             _lib.call("mws_set_log_callback", OFF, LOG_FN(), None)

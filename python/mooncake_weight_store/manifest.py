@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple, Union
 
+from .errors import ArgumentError, OutOfRangeError
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
 
@@ -76,9 +77,9 @@ class StoredManifest(OwnedHandle):
 
     def fragment(self, index: int) -> StoredFragment:
         if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError("index must be an int")
+            raise ArgumentError("index must be an int")
         if index < 0:
-            raise IndexError(index)
+            raise OutOfRangeError(index)
         info = _lib.mws_stored_fragment_info()
         call("mws_stored_manifest_fragment", self.handle, index, ctypes.byref(info))
         nd = info.ndim

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
+from .errors import ArgumentError, OutOfRangeError
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
 
@@ -129,7 +130,7 @@ _AXIS_KIND_CODES = {"dp": 0, "pp": 1, "ep": 2, "tp": 3}
 
 def _axis_struct(a: Axis) -> "_lib.mws_parallel_axis":
     if a.kind not in _AXIS_KIND_CODES:
-        raise ValueError(f"unsupported parallel axis kind: {a.kind}")
+        raise ArgumentError(f"unsupported parallel axis kind: {a.kind}")
     semantics = 0 if isinstance(a, Split) else 1 if isinstance(a, Replicated) else 2
     return _lib.mws_parallel_axis(_AXIS_KIND_CODES[a.kind], semantics, a.dim if isinstance(a, Split) else 0)
 
@@ -240,7 +241,7 @@ class PlacementBuilder(OwnedHandle):
         """Adds one fragment (box) held by ``participant_id``; returns its
         ``placement_fragment_id`` (the library's canonical id when not given)."""
         if len(global_offset) != len(local_shape):
-            raise ValueError("global_offset and local_shape differ in length")
+            raise ArgumentError("global_offset and local_shape differ in length")
         off, shape = _u64_array(global_offset), _u64_array(local_shape)
         names = [_lib.cstr(a, "alias") for a in aliases]
         alias_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
@@ -279,7 +280,7 @@ class PlacementBuilder(OwnedHandle):
                     size = self.sizes[ax.kind]
                     n = spec.global_shape[ax.dim]
                     if n % size:
-                        raise ValueError(f"{tensor_id}: dim {ax.dim} ({n}) not divisible by {ax.kind}={size}")
+                        raise ArgumentError(f"{tensor_id}: dim {ax.dim} ({n}) not divisible by {ax.kind}={size}")
                     shape[ax.dim] = n // size
                     off[ax.dim] = rank.get(ax.kind) * (n // size)
             fid = f"{pid}/{tensor_id}#0" if explicit_ids else None
@@ -418,9 +419,9 @@ class Placement(OwnedHandle):
     def fragment(self, index: int) -> FragmentInfo:
         """Fragment ``index`` (raises :class:`InvalidArgumentError` out of range)."""
         if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError("index must be an int")
+            raise ArgumentError("index must be an int")
         if index < 0:
-            raise IndexError(index)
+            raise OutOfRangeError(index)
         info = _lib.mws_placement_fragment_info()
         call("mws_placement_fragment", self.handle, index, ctypes.byref(info))
         return self.fragments()[index]

@@ -27,20 +27,21 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .buffers import BufferRef
+from .errors import ArgumentError, LocalError
 from .manifest import StoredManifest
-from .state_dict import (Parallel, Sharding, StateDictError, _box_from_global, load_state_dict, resolve_shard,
-                         save_state_dict)
+from .state_dict import (Parallel, Sharding, StateDictError, _box_from_global, is_scalar, load_state_dict,
+                         resolve_shard, save_state_dict)
 from .tensors import DTYPES, TensorView, _SAFETENSORS
 
 __all__ = ["SafetensorsError", "SafetensorsFile", "Layout", "import_safetensors", "export_safetensors",
-           "SAFETENSORS_FINGERPRINT"]
+           "SAFETENSORS_FINGERPRINT", "METADATA_TENSOR", "INDEX_NAME"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 SAFETENSORS_FINGERPRINT = "mws:safetensors:v1"
 MAX_HEADER = 100 << 20  # the safetensors limit
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(LocalError, ValueError):
     """A malformed or unsupported ``.safetensors`` file."""
 
 
@@ -157,6 +158,51 @@ class SafetensorsFile:
         self.close()
 
 
+#: The revision tensor that keeps the checkpoint's ``__metadata__`` (UTF-8 JSON as
+#: uint8; safetensors reserves the name, so no real tensor has it).
+METADATA_TENSOR = "__metadata__"
+METADATA_FINGERPRINT = "mws:metadata:safetensors:v1"
+#: The index file of a sharded Hugging Face checkpoint.
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def _checkpoint_files(paths: Union[PathLike, Iterable[PathLike]]) -> Tuple[List[Path], Optional[Dict[str, Any]]]:
+    """The ``.safetensors`` files of ``paths`` (files, directories, or a sharded
+    checkpoint's index) and the index (``None`` without one). A directory holding an
+    index is read through it; the index's weight map is checked against the files."""
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not given:
+        raise SafetensorsError("no checkpoint path given (pass a .safetensors file, a directory or an index)")
+    files: List[Path] = []
+    index: Optional[Dict[str, Any]] = None
+    for p in map(Path, given):
+        if not p.exists():
+            raise SafetensorsError(f"{p}: no such file or directory")
+        if p.is_dir() and (p / INDEX_NAME).is_file():
+            p = p / INDEX_NAME
+        if p.name.endswith(".index.json"):
+            try:
+                index = json.loads(p.read_text("utf-8"))
+                weight_map = index["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise ArgumentError("weight_map is not an object")
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SafetensorsError(f"{p}: not a safetensors index ({e})") from None
+            for name in sorted(set(weight_map.values())):
+                files.append(p.parent / name)
+            index["_dir"] = str(p.parent)
+        elif p.is_dir():
+            found = sorted(p.glob("*.safetensors"))
+            if not found:
+                raise SafetensorsError(f"{p}: the directory holds no .safetensors file")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SafetensorsError(f"{p}: not a regular file or a directory")
+    return files, index
+
+
 def import_safetensors(
     store: Any,
     paths: Union[PathLike, Iterable[PathLike]],
@@ -168,23 +214,23 @@ def import_safetensors(
     fingerprint: str = SAFETENSORS_FINGERPRINT,
     **save_kw: Any,
 ) -> StoredManifest:
-    """Writes revision ``revision`` of ``resource_id`` from one or more
-    ``.safetensors`` files (a sharded Hugging Face checkpoint: pass every
-    ``model-0000N-of-0000M.safetensors``, or the directory holding them).
+    """Writes revision ``revision`` of ``resource_id`` from a ``.safetensors`` file, a
+    sharded Hugging Face checkpoint (its directory, or its
+    ``model.safetensors.index.json``: every shard named by the index's weight map,
+    and every tensor checked to be in the shard the index names), or a list of files.
 
-    Every tensor is stored whole (one fragment); restore it into any layout with
-    :func:`~mooncake_weight_store.state_dict.load_state_dict`. ``names`` selects
+    Every tensor is stored whole (one fragment), read in place from the memory-mapped
+    files (never copied in Python, never the model twice in memory); restore it into
+    any layout with :func:`~mooncake_weight_store.state_dict.load_state_dict`. A 0-d
+    tensor keeps its shape ``()``. The files' ``__metadata__`` is kept in the revision
+    (as the tensor ``__metadata__``) for :func:`export_safetensors`. ``names`` selects
     tensors (default: all). A name in two files is an error. Further keywords go to
     :func:`~mooncake_weight_store.state_dict.save_state_dict` (``namespace``,
     ``created_at``, ...). Returns the committed manifest."""
-    files: List[Path] = []
-    for p in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths)):
-        p = Path(p)
-        files.extend(sorted(p.glob("*.safetensors")) if p.is_dir() else [p])
-    if not files:
-        raise SafetensorsError(f"no .safetensors files in {paths!r}")
+    files, index = _checkpoint_files(paths)
     opened: List[SafetensorsFile] = []
     views: Dict[str, TensorView] = {}
+    meta_bytes: Optional[Any] = None
     try:
         where: Dict[str, Path] = {}
         for f in files:
@@ -194,6 +240,12 @@ def import_safetensors(
                 if name in where:
                     raise SafetensorsError(f"tensor {name!r} is in both {where[name]} and {f}")
                 where[name] = f
+        if index is not None:
+            for name, file in index["weight_map"].items():
+                if name not in where:
+                    raise SafetensorsError(f"the index names {name!r} in {file}, which does not hold it")
+                if where[name].name != file:
+                    raise SafetensorsError(f"the index names {name!r} in {file}, it is in {where[name].name}")
         wanted = set(names) if names is not None else None
         if wanted is not None:
             missing = sorted(wanted - set(where))
@@ -203,13 +255,34 @@ def import_safetensors(
             for name in sf.tensors:
                 if wanted is None or name in wanted:
                     views[name] = sf.view(name)
+        meta = {"metadata": _common_metadata([sf.metadata for sf in opened]),
+                "files": {sf.path.name: sf.metadata for sf in opened}}
+        if index is not None:
+            meta["index_metadata"] = index.get("metadata", {})
+        if any(sf.metadata for sf in opened) or index is not None:
+            import numpy as np
+
+            meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8).copy()
+            views[METADATA_TENSOR] = meta_bytes
+        fingerprints = {METADATA_TENSOR: METADATA_FINGERPRINT} if METADATA_TENSOR in views else None
         return save_state_dict(store, views, resource_id=resource_id, revision=revision, generation=generation,
-                               fingerprint=fingerprint, **save_kw)
+                               fingerprint=fingerprint, fingerprints=fingerprints, **save_kw)
     finally:
-        for v in views.values():
-            v.release()
+        for n, v in views.items():
+            if n != METADATA_TENSOR:
+                v.release()
         for sf in opened:
             sf.close()
+
+
+def _common_metadata(maps: Sequence[Mapping[str, str]]) -> Dict[str, str]:
+    """The metadata entries every file has with the same value."""
+    if not maps:
+        return {}
+    common = dict(maps[0])
+    for m in maps[1:]:
+        common = {k: v for k, v in common.items() if m.get(k) == v}
+    return common
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,33 +294,21 @@ class Layout:
     sharding: Sharding = None
 
 
-def export_safetensors(
-    store: Any,
-    key: Union[str, StoredManifest],
-    path: PathLike,
-    *,
-    layout: Optional[Layout] = None,
-    names: Optional[Iterable[str]] = None,
-    metadata: Optional[Mapping[str, str]] = None,
-) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-    """Writes the revision at manifest ``key`` (``names``: a subset) to the
-    ``.safetensors`` file ``path``: whole tensors, or with ``layout`` one rank's
-    shards. Written to a temporary file beside ``path`` and renamed into place
-    (atomic on POSIX). Returns name -> (safetensors dtype code, shape)."""
-    own = isinstance(key, StoredManifest)
-    manifest = key if isinstance(key, StoredManifest) else store.load_manifest(key)
-    lay = layout or Layout()
-    path = Path(path)
+#: The safetensors package's data order: by dtype (this rank first), then by name.
+_SAFETENSORS_DTYPE_RANK = {code: i for i, code in enumerate(
+    ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+     "F64", "I64", "U64"])}
+
+
+def _write_safetensors(store: Any, manifest: StoredManifest, path: Path, wanted: Sequence[str],
+                       stored: Mapping[str, Mapping[str, Any]], lay: "Layout",
+                       metadata: Optional[Mapping[str, str]]) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """Writes ``wanted`` of the revision to one file as the safetensors package does
+    (data ordered by dtype, then name, so every tensor sits at a multiple of its item
+    size; the header padded with spaces to 8 bytes); returns name -> (code, shape)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        stored = {t["tensor_id"]: t for t in manifest.wire()["tensors"]}
-        wanted = sorted(stored if names is None else set(names))
-        unknown = [n for n in wanted if n not in stored]
-        if unknown:
-            raise StateDictError(f"not in the revision: {', '.join(unknown)}")
-        entries: Dict[str, Any] = {}
-        offset = 0
-        shapes: Dict[str, Tuple[int, ...]] = {}
+        items = []
         for n in wanted:
             d = stored[n]
             info = DTYPES.get(d["dtype"])
@@ -255,15 +316,20 @@ def export_safetensors(
                 raise SafetensorsError(f"tensor {n!r}: dtype {d['dtype']!r} has no safetensors code")
             _, local = _box_from_global(n, resolve_shard(lay.sharding, n), tuple(d["global_shape"]),
                                         lay.parallel.sizes, lay.parallel.rank)
-            nbytes = math.prod(local) * info.itemsize
-            entries[n] = {"dtype": info.safetensors, "shape": list(local), "data_offsets": [offset, offset + nbytes]}
-            shapes[n] = local
-            offset += nbytes
+            shape = () if is_scalar(d) and local == (1,) else local
+            items.append((n, info, local, shape))
+        items.sort(key=lambda it: (-_SAFETENSORS_DTYPE_RANK.get(it[1].safetensors, -1), it[0]))
         header: Dict[str, Any] = {}
         if metadata:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
                 raise SafetensorsError("metadata must map strings to strings")
             header["__metadata__"] = dict(metadata)
+        offset = 0
+        entries: Dict[str, Any] = {}
+        for n, info, local, shape in items:
+            nbytes = math.prod(local) * info.itemsize
+            entries[n] = {"dtype": info.safetensors, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
         header.update(entries)
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)
@@ -279,9 +345,9 @@ def export_safetensors(
                 ref = BufferRef(mm, writable=True)
                 views: Dict[str, TensorView] = {}
                 try:
-                    for n in wanted:
+                    for n, _, local, _ in items:
                         views[n] = TensorView(address=ref.address + data_start + entries[n]["data_offsets"][0],
-                                              shape=shapes[n], dtype=stored[n]["dtype"], readonly=False,
+                                              shape=local, dtype=stored[n]["dtype"], readonly=False,
                                               source="safetensors")
                     load_state_dict(store, manifest, into=views, sharding=lay.sharding, parallel=lay.parallel)
                     mm.flush()
@@ -292,9 +358,97 @@ def export_safetensors(
                     mm.close()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        return {n: (entries[n]["dtype"], shapes[n]) for n in wanted}
+        return {n: (entries[n]["dtype"], tuple(entries[n]["shape"])) for n, _, _, _ in items}
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _stored_metadata(store: Any, manifest: StoredManifest, stored: Mapping[str, Any]) -> Dict[str, Any]:
+    """The checkpoint metadata an import kept in the revision (empty when none)."""
+    if METADATA_TENSOR not in stored:
+        return {}
+    got = load_state_dict(store, manifest, names=[METADATA_TENSOR])[METADATA_TENSOR]
+    try:
+        meta = json.loads(bytes(got).decode("utf-8"))
+        return meta if isinstance(meta, dict) else {}
+    except (UnicodeDecodeError, ValueError):
+        return {}
+
+
+def export_safetensors(
+    store: Any,
+    key: Union[str, StoredManifest],
+    path: PathLike,
+    *,
+    layout: Optional[Layout] = None,
+    names: Optional[Iterable[str]] = None,
+    metadata: Optional[Mapping[str, str]] = None,
+    max_shard_bytes: Optional[int] = None,
+) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """Writes the revision at manifest ``key`` (``names``: a subset) as safetensors:
+    whole tensors, or with ``layout`` one rank's shards, written as the safetensors
+    package writes them (data ordered by dtype then name, each tensor aligned to its
+    item size; 0-d tensors with shape ``()``). ``metadata`` is the file's
+    ``__metadata__`` (default: what :func:`import_safetensors` kept, if anything).
+
+    ``path`` names a ``.safetensors`` file, or, with ``max_shard_bytes`` (or when
+    ``path`` is a directory), a sharded Hugging Face checkpoint: the directory gets
+    ``model-0000K-of-0000N.safetensors`` shards of at most ``max_shard_bytes`` of data
+    each (a larger tensor gets a shard of its own) and ``model.safetensors.index.json``
+    (``metadata.total_size`` and the ``weight_map``). One file is written at a time,
+    from the store straight into the memory-mapped file (never the model twice in
+    memory), each to a temporary name and renamed into place. Returns name ->
+    (safetensors dtype code, shape)."""
+    own = isinstance(key, StoredManifest)
+    manifest = key if isinstance(key, StoredManifest) else store.load_manifest(key)
+    lay = layout or Layout()
+    path = Path(path)
+    try:
+        stored = {t["tensor_id"]: t for t in manifest.wire()["tensors"]}
+        wanted = sorted((n for n in stored if n != METADATA_TENSOR) if names is None else set(names))
+        unknown = [n for n in wanted if n not in stored]
+        if unknown:
+            raise StateDictError(f"not in the revision: {', '.join(unknown)}")
+        kept = _stored_metadata(store, manifest, stored) if metadata is None else {}
+        meta = dict(metadata) if metadata is not None else dict(kept.get("metadata", {}))
+        sharded = max_shard_bytes is not None or path.is_dir()
+        if not sharded:
+            if not path.parent.is_dir():
+                raise SafetensorsError(f"{path}: the directory {path.parent} does not exist")
+            return _write_safetensors(store, manifest, path, wanted, stored, lay, meta)
+        if not path.is_dir():
+            raise SafetensorsError(f"{path}: a sharded export needs an existing directory")
+        limit = max_shard_bytes if max_shard_bytes is not None else 5 << 30
+        if limit <= 0:
+            raise SafetensorsError(f"max_shard_bytes must be positive, got {limit}")
+        sizes = {}
+        for n in wanted:
+            d = stored[n]
+            _, local = _box_from_global(n, resolve_shard(lay.sharding, n), tuple(d["global_shape"]),
+                                        lay.parallel.sizes, lay.parallel.rank)
+            sizes[n] = math.prod(local) * DTYPES[d["dtype"]].itemsize
+        shards: List[List[str]] = [[]]
+        used = 0
+        for n in wanted:
+            if shards[-1] and used + sizes[n] > limit:
+                shards.append([])
+                used = 0
+            shards[-1].append(n)
+            used += sizes[n]
+        out: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
+        weight_map: Dict[str, str] = {}
+        for k, group in enumerate(shards, 1):
+            name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            out.update(_write_safetensors(store, manifest, path / name, group, stored, lay, meta))
+            weight_map.update({n: name for n in group})
+        index_meta = dict(kept.get("index_metadata", {}))
+        index_meta["total_size"] = sum(sizes.values())
+        index = {"metadata": index_meta, "weight_map": dict(sorted(weight_map.items()))}
+        tmp = path / f".{INDEX_NAME}.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(index, indent=2) + "\n", "utf-8")
+        os.replace(tmp, path / INDEX_NAME)
+        return out
+    finally:
         if not own:
             manifest.close()

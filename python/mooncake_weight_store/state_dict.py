@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .binding import Binding, MemoryKind
-from .errors import MwsError, Status
+from .errors import ArgumentError, LocalError, MwsError, Status
 from .exchange import Exchange, LocalExchange
 from .load import LoadPlan, LoadStats
 from .manifest import StoredManifest
@@ -61,9 +61,24 @@ __all__ = [
 ]
 
 DEFAULT_FINGERPRINT = "mws:state-dict:v1"
+#: Appended to the layout fingerprint of a 0-d tensor: a placement shape has at least
+#: one dimension, so a scalar is stored as shape ``(1,)`` and restored as ``()``.
+SCALAR_SUFFIX = ":0d"
 
 
-class StateDictError(ValueError):
+#: The layout fingerprints of tensors that hold metadata, not weights (the
+#: checkpoint metadata ``import_safetensors`` keeps): ``load_state_dict`` leaves them
+#: out unless they are named.
+METADATA_FINGERPRINT_PREFIX = "mws:metadata:"
+
+
+def is_scalar(stored: Mapping[str, Any]) -> bool:
+    """True for a stored tensor (a manifest's wire tensor) that was saved from a 0-d
+    tensor."""
+    return str(stored.get("layout_fingerprint", "")).endswith(SCALAR_SUFFIX) and list(stored["global_shape"]) == [1]
+
+
+class StateDictError(LocalError, ValueError):
     """A state dict, sharding or layout that cannot be saved or loaded as given (or a
     failure on another rank, whose message it carries)."""
 
@@ -89,9 +104,9 @@ class Parallel:
             r, s = getattr(self, f"{k}_rank"), getattr(self, f"{k}_size")
             for n, v in ((f"{k}_rank", r), (f"{k}_size", s)):
                 if isinstance(v, bool) or not isinstance(v, int):
-                    raise TypeError(f"{n} must be an int")
+                    raise ArgumentError(f"{n} must be an int")
             if s < 1 or not 0 <= r < s:
-                raise ValueError(f"{k}_rank {r} out of range for {k}_size {s}")
+                raise ArgumentError(f"{k}_rank {r} out of range for {k}_size {s}")
 
     @property
     def rank(self) -> Rank:
@@ -130,13 +145,13 @@ class Shard:
         for n in ("dim", "ep_dim", "expert_id", "layer_id"):
             v = getattr(self, n)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"Shard.{n} must be a non-negative int or None")
+                raise ArgumentError(f"Shard.{n} must be a non-negative int or None")
         if self.ep_dim not in (None, 0):
-            raise ValueError("Shard.ep_dim must be 0: EP splits the leading (expert) dimension")
+            raise ArgumentError("Shard.ep_dim must be 0: EP splits the leading (expert) dimension")
         if self.ep_dim is not None and self.expert_id is not None:
-            raise ValueError("Shard: a per-expert tensor (expert_id) cannot also be split over EP (ep_dim)")
+            raise ArgumentError("Shard: a per-expert tensor (expert_id) cannot also be split over EP (ep_dim)")
         if self.ep_dim is not None and self.dim == self.ep_dim:
-            raise ValueError("Shard: TP and EP cannot split the same dimension")
+            raise ArgumentError("Shard: TP and EP cannot split the same dimension")
         if self.global_shape is not None:
             object.__setattr__(self, "global_shape", tuple(int(x) for x in self.global_shape))
         if self.offset is not None:
@@ -167,15 +182,15 @@ def _as_shard(value: ShardLike, name: str) -> Shard:
     if isinstance(value, Shard):
         return value
     if isinstance(value, bool):
-        raise TypeError(f"sharding for {name!r}: a bool is not a shard description")
+        raise ArgumentError(f"sharding for {name!r}: a bool is not a shard description")
     if isinstance(value, int):
         return Shard(dim=value)
     if isinstance(value, str):
         s = _NAMED.get(value.lower())
         if s is None:
-            raise ValueError(f"sharding for {name!r}: unknown shorthand {value!r} (use {', '.join(_NAMED)})")
+            raise ArgumentError(f"sharding for {name!r}: unknown shorthand {value!r} (use {', '.join(_NAMED)})")
         return s
-    raise TypeError(f"sharding for {name!r}: expected a Shard, an int dim, a shorthand string or None, "
+    raise ArgumentError(f"sharding for {name!r}: expected a Shard, an int dim, a shorthand string or None, "
                     f"not {type(value).__name__}")
 
 
@@ -465,6 +480,7 @@ def save_state_dict(
     parallel: Optional[Parallel] = None,
     exchange: Optional[Exchange] = None,
     fingerprint: str = DEFAULT_FINGERPRINT,
+    fingerprints: Optional[Mapping[str, str]] = None,
     namespace: Optional[str] = None,
     transaction_id: Optional[str] = None,
     created_at: Optional[str] = None,
@@ -481,9 +497,14 @@ def save_state_dict(
     own ``state_dict``, ``parallel`` and its own ``store`` handle onto the same
     backend. Tensors are read in place (no copy here) and must not change until the
     call returns. On any rank's failure the upload is aborted and every rank raises
-    :class:`StateDictError` naming the failing rank(s). ``progress``: a callable that
+    :class:`StateDictError` naming the failing rank(s) (an :class:`MwsError`: its
+    ``status`` is the library's, e.g. ``Status.CONFLICT`` when the revision exists
+    with other content, and ``__cause__`` the local exception). Re-saving a revision
+    that is already committed with the same tensors (same shapes, dtypes and bytes) is
+    a no-op that returns the stored manifest. ``progress``: a callable that
     receives this rank's upload :class:`~mooncake_weight_store.progress.Progress`
-    (for example :class:`~mooncake_weight_store.progress.ProgressBar`).
+    (for example :class:`~mooncake_weight_store.progress.ProgressBar`). ``fingerprint`` is
+    the layout fingerprint of every tensor, ``fingerprints`` overrides it per name.
     """
     ex = exchange or LocalExchange()
     par = parallel or Parallel()
@@ -505,7 +526,9 @@ def save_state_dict(
                 shard = resolve_shard(sharding, name, state_dict[name])
                 local = _shape(v)
                 glob, off = _box_from_local(name, shard, local, par.sizes, par.rank)
-                entries.append(_entry(name, v, glob, off, local, _axes(shard, par.sizes), shard, fingerprint,
+                fp = (fingerprints or {}).get(name, fingerprint)
+                fp = fp + SCALAR_SUFFIX if not v.shape else fp
+                entries.append(_entry(name, v, glob, off, local, _axes(shard, par.sizes), shard, fp,
                                       aliases.get(name, ())))
             me = {"participant_id": pid, "rank": par.rank.to_wire(), "sizes": par.sizes,
                   "instance_id": f"{pid}:{uuid.uuid4().hex[:16]}", "tensors": entries}
@@ -565,19 +588,18 @@ def save_state_dict(
             msg, upload_error = _err(e), e
         gathered = [json.loads(t) for t in ex.all_gather(msg)]
         # 5. rank 0 commits (or aborts) and broadcasts the manifest
+        commit_error: Optional[BaseException] = None
         if ex.rank == 0:
             try:
-                result = _commit_or_abort(store, cast(UploadPlan, plan), gathered, commit_retries)
+                result, commit_error = _commit_or_abort(store, cast(UploadPlan, plan), gathered, commit_retries)
             except Exception as e:  # noqa: BLE001 - every rank must hear the outcome
-                result = {"error": f"commit failed: {type(e).__name__}: {e}"}
+                result, commit_error = _error_result(f"commit failed: {type(e).__name__}: {e}", e), e
             out = ex.broadcast(json.dumps(result), root=0)
         else:
             out = ex.broadcast(None, root=0)
         res = json.loads(out)
         if "error" in res:
-            if upload_error is not None:
-                raise StateDictError(res["error"]) from upload_error
-            raise StateDictError(res["error"])
+            raise StateDictError(res["error"], status=res.get("status")) from (upload_error or commit_error)
         return StoredManifest.from_json(res["ok"])
     finally:
         if binding is not None:
@@ -587,8 +609,24 @@ def save_state_dict(
         _release(views, state_dict)
 
 
+#: How the library's commit says that the revision it lost to holds the same tensors
+#: (`protocol::integrity::ContentMatch::Same`, every 1 MiB block's CRC-32C equal).
+SAME_CONTENT = "the stored revision has the same content"
+
+
+def _error_result(message: str, error: Optional[BaseException]) -> Dict[str, Any]:
+    """A failed outcome shared with every rank: the message and, when the failure is
+    a library error, its status (``StateDictError.status`` on every rank)."""
+    out: Dict[str, Any] = {"error": message}
+    if isinstance(error, MwsError):
+        out["status"] = int(error.status)
+    return out
+
+
 def _commit_or_abort(store: Any, plan: UploadPlan, gathered: Sequence[Mapping[str, Any]],
-                     retries: int) -> Dict[str, str]:
+                     retries: int) -> Tuple[Dict[str, Any], Optional[BaseException]]:
+    """Rank 0's commit (or abort): the outcome shared with every rank, and the local
+    exception it came from (``None`` on success)."""
     bad = [(r, g["error"]) for r, g in enumerate(gathered) if "error" in g]
     parts = [Receipts.from_json(g["ok"]) for g in gathered if "ok" in g]
     try:
@@ -600,7 +638,7 @@ def _commit_or_abort(store: Any, plan: UploadPlan, gathered: Sequence[Mapping[st
                 if rs is not None:
                     rs.close()
             return {"error": "upload failed on rank(s) " + "; ".join(f"{r}: {m}" for r, m in bad) +
-                             " (the upload was aborted)"}
+                             " (the upload was aborted)"}, None
         rs = Receipts.concat(parts)
         try:
             for attempt in range(retries + 1):
@@ -608,25 +646,37 @@ def _commit_or_abort(store: Any, plan: UploadPlan, gathered: Sequence[Mapping[st
                     m = store.commit(plan, rs)
                     text = m.to_json()
                     m.close()
-                    return {"ok": text}
+                    return {"ok": text}, None
                 except MwsError as e:
                     may = bool(getattr(e, "decision_may_exist", False))
                     if e.status == Status.STORE and attempt < retries:
                         time.sleep(0.05 * (attempt + 1))
                         continue
+                    if e.status == Status.CONFLICT and SAME_CONTENT in e.message:
+                        # The revision is already committed with exactly these tensors:
+                        # re-saving it is a no-op that returns the stored manifest (this
+                        # upload's payloads were removed; nothing else changed).
+                        stored = store.load_manifest(plan.manifest_key)
+                        text = stored.to_json()
+                        stored.close()
+                        return {"ok": text}, None
                     if not may and e.status != Status.CONFLICT:
                         try:
                             store.abort_upload(plan, rs)
                         except MwsError:
                             pass
-                    return {"error": f"commit failed: {e.status_name}: {e.message}"
-                                     + (" (the commit decision may exist: retry finalize_upload)" if may else "")}
+                    # A lost race (CONFLICT) is final: the hint to retry applies only
+                    # when the commit's own outcome is unknown.
+                    hint = may and e.status != Status.CONFLICT
+                    return _error_result(f"commit failed: {e.status_name}: {e.message}" +
+                                         (" (the commit decision may exist: retry finalize_upload)" if hint else ""),
+                                         e), e
         finally:
             rs.close()
     finally:
         for p in parts:
             p.close()
-    return {"error": "commit failed"}  # pragma: no cover - loop always returns
+    return {"error": "commit failed"}, None  # pragma: no cover - loop always returns
 
 
 # --------------------------------------------------------------------------- load
@@ -658,7 +708,8 @@ def _load_targets(store: Any, manifest: StoredManifest, into: Optional[Mapping[s
     elif names is not None:
         wanted = list(names)
     else:
-        wanted = sorted(stored)
+        wanted = sorted(n for n, d in stored.items()
+                        if not str(d.get("layout_fingerprint", "")).startswith(METADATA_FINGERPRINT_PREFIX))
     unknown = [n for n in wanted if n not in stored]
     if unknown:
         raise StateDictError(f"not in revision {manifest.revision!r} of {manifest.resource_id!r}: "
@@ -671,7 +722,8 @@ def _load_targets(store: Any, manifest: StoredManifest, into: Optional[Mapping[s
         for n in wanted:
             glob = tuple(stored[n]["global_shape"])
             _, local = _box_from_global(n, shards[n], glob, par.sizes, par.rank)
-            out[n] = np.empty(local, dtype=_numpy_dtype(stored[n]["dtype"]))
+            shape = () if is_scalar(stored[n]) and local == (1,) else local
+            out[n] = np.empty(shape, dtype=_numpy_dtype(stored[n]["dtype"]))
         targets: Mapping[str, Any] = out
     else:
         targets = into
@@ -707,7 +759,8 @@ def load_state_dict(
     shape is this rank's box under ``sharding``/``parallel``; filled in place and
     returned. Without ``into``, numpy arrays are allocated for ``names`` (default:
     every stored tensor); bfloat16/float8 use ``ml_dtypes`` when importable, else
-    unsigned integers of the same width. 0-d tensors come back with shape ``(1,)``.
+    unsigned integers of the same width. A 0-d tensor (saved with shape ``()``) comes back
+    with shape ``()``.
 
     The target layout may differ in every way from the saved one. Without an
     ``exchange`` the other TP/EP ranks' boxes are derived by symmetry (even splits);

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 from . import _lib
 from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
 from .device import attach_copy_hook, detach_failed
-from .errors import error_for_status
+from .errors import ArgumentError, error_for_status
 from .guard import Guard, TerminalState, GuardBridge, io_args
 from .load import LoadPlan, LoadStats
 from .manifest import StoredManifest
@@ -128,7 +128,7 @@ def _key(b: _lib.mws_bytes) -> str:
 
 def _int_result(rc: Any) -> int:
     if isinstance(rc, bool) or not isinstance(rc, int):
-        raise TypeError(f"store callback returned {type(rc).__name__}, expected int")
+        raise ArgumentError(f"store callback returned {type(rc).__name__}, expected int")
     return rc
 
 
@@ -155,7 +155,7 @@ class _VtableBridge:
                                   ("batch_put_from", getattr(b, "batch_put_from", None)),
                                   ("get_into_ranges", getattr(b, "get_into_ranges", None))) if not callable(f)]
         if missing:
-            raise TypeError(f"store backend {type(b).__name__} lacks: {', '.join(missing)}")
+            raise ArgumentError(f"store backend {type(b).__name__} lacks: {', '.join(missing)}")
         self._get_size, self._get_into, self._exists = get_size, get_into, exists
 
         vt = _lib.mws_store_vtable()
@@ -240,7 +240,7 @@ class _VtableBridge:
         try:
             rc = _int_result(self._get_into(_key(key), buf or 0, int(cap)))
             if rc > cap:
-                raise ValueError(f"get_into reported {rc} bytes for a {cap}-byte buffer")
+                raise ArgumentError(f"get_into reported {rc} bytes for a {cap}-byte buffer")
             return rc
         except BaseException as e:  # noqa: BLE001
             return self._fail("get_into", e)
@@ -259,7 +259,7 @@ class _VtableBridge:
             f = getattr(self.backend, self._batch_exists_name)
             rcs = list(f([_key(keys[i]) for i in range(n)]))
             if len(rcs) != n:
-                raise ValueError(f"batch_exists returned {len(rcs)} results for {n} keys")
+                raise ArgumentError(f"batch_exists returned {len(rcs)} results for {n} keys")
             vals = [_int_result(int(rc) if isinstance(rc, bool) else rc) for rc in rcs]
             for i, rc in enumerate(vals):
                 results[i] = max(min(rc, 2**31 - 1), -(2**31))
@@ -271,12 +271,12 @@ class _VtableBridge:
         try:
             rcs = list(self.backend.batch_get_size([_key(keys[i]) for i in range(n)]))
             if len(rcs) != n:
-                raise ValueError(f"batch_get_size returned {len(rcs)} results for {n} keys")
+                raise ArgumentError(f"batch_get_size returned {len(rcs)} results for {n} keys")
             vals = [_int_result(rc) for rc in rcs]
             for rc in vals:
                 # i64::MIN is the library's "no result" marker; beyond int64 ctypes would wrap.
                 if not -(2**63) < rc < 2**63:
-                    raise ValueError(f"batch_get_size returned {rc}, outside int64")
+                    raise ArgumentError(f"batch_get_size returned {rc}, outside int64")
             for i, rc in enumerate(vals):
                 sizes[i] = rc
             return 0
@@ -321,7 +321,7 @@ class _VtableBridge:
             ]
             rcs = list(self.backend.batch_put_from(batch, int(rt)))
             if len(rcs) != n:
-                raise ValueError(f"batch_put_from returned {len(rcs)} results for {n} items")
+                raise ArgumentError(f"batch_put_from returned {len(rcs)} results for {n} items")
             vals = [_int_result(rc) for rc in rcs]
             for i, rc in enumerate(vals):
                 results[i] = max(min(rc, 2**31 - 1), -(2**31))
@@ -338,7 +338,7 @@ class _VtableBridge:
             ]
             rcs = list(self.backend.get_into_ranges(batch))
             if len(rcs) != n:
-                raise ValueError(f"get_into_ranges returned {len(rcs)} results for {n} items")
+                raise ArgumentError(f"get_into_ranges returned {len(rcs)} results for {n} items")
             vals = [_int_result(rc) for rc in rcs]
             for i, rc in enumerate(vals):
                 results[i] = rc
@@ -459,7 +459,7 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
                     ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes or 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= (1 << 64) - 1:
-            raise ValueError(f"{name} must be an unsigned 64-bit integer")
+            raise ArgumentError(f"{name} must be an unsigned 64-bit integer")
     c_staging = 0 if staging_bytes is None else (_lib.MWS_STAGING_OFF if staging_bytes == 0 else staging_bytes)
     return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
                                   max_ranges_per_request=max_ranges_per_request,

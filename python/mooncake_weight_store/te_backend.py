@@ -47,6 +47,7 @@ import threading
 from typing import Any, Optional, Sequence
 
 from .engine_bridge import CALLBACK_FAILED, ENGINE_VTABLE_VERSION, Direction, EngineBridge
+from .errors import ArgumentError, LocalError, Status
 from .transfer import TransferEngine
 
 __all__ = ["MooncakeTransferEngine", "MooncakeEngineBackend", "CALLBACK_FAILED", "TeError",
@@ -56,12 +57,19 @@ __all__ = ["MooncakeTransferEngine", "MooncakeEngineBackend", "CALLBACK_FAILED",
 PER_PEER_LIMIT = 1024
 
 
-class TeError(RuntimeError):
-    """Transfer Engine initialisation or a direct call failed (``code`` is TE's)."""
+class TeError(LocalError, RuntimeError):
+    """Transfer Engine initialisation or a direct call failed (``code`` is TE's);
+    status ``STORE``."""
+
+    default_status = Status.STORE
 
     def __init__(self, what: str, code: int) -> None:
         super().__init__(f"{what} returned {code}")
+        self.what = what
         self.code = code
+
+    def __reduce__(self):  # picklable: rebuilt from (what, code)
+        return (type(self), (self.what, self.code))
 
 
 class MooncakeEngineBackend:
@@ -75,7 +83,7 @@ class MooncakeEngineBackend:
     def __init__(self, te: Any, max_batch_operations: int = PER_PEER_LIMIT) -> None:
         if isinstance(max_batch_operations, bool) or not isinstance(max_batch_operations, int) \
                 or max_batch_operations <= 0:
-            raise ValueError("max_batch_operations must be a positive int")
+            raise ArgumentError("max_batch_operations must be a positive int")
         self.te = te
         self.max_batch = max_batch_operations
         self.calls = 0  # TE batch calls made (sub-batches)
@@ -98,7 +106,7 @@ class MooncakeEngineBackend:
         for i in range(0, len(sizes), step):
             rc = fn(endpoint, list(local[i:i + step]), list(remote[i:i + step]), list(sizes[i:i + step]))
             if isinstance(rc, bool) or not isinstance(rc, int):
-                raise TypeError(f"Transfer Engine returned {type(rc).__name__}, expected int")
+                raise ArgumentError(f"Transfer Engine returned {type(rc).__name__}, expected int")
             with self._lock:
                 self.calls += 1
             if rc != 0:
@@ -120,7 +128,7 @@ class MooncakeTransferEngine(TransferEngine):
                  max_batch_operations: int = PER_PEER_LIMIT) -> None:
         if isinstance(max_batch_operations, bool) or not isinstance(max_batch_operations, int) \
                 or max_batch_operations <= 0:
-            raise ValueError("max_batch_operations must be a positive int")
+            raise ArgumentError("max_batch_operations must be a positive int")
         self._segment: Optional[str] = None
         if te is None:
             if hostname in ("127.0.0.1", "localhost"):
@@ -145,7 +153,7 @@ class MooncakeTransferEngine(TransferEngine):
         """The segment name peers pass as ``endpoint`` (known when this object
         initialised TE; otherwise pass it yourself)."""
         if self._segment is None:
-            raise ValueError("segment unknown: the TransferEngine was initialised by its owner")
+            raise ArgumentError("segment unknown: the TransferEngine was initialised by its owner")
         return self._segment
 
     @property

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .binding import MemoryKind
+from .errors import ArgumentError, LocalError, Status
 from .buffers import BufferRef
 
 __all__ = [
@@ -60,8 +61,9 @@ __all__ = [
 # --------------------------------------------------------------------------- errors
 
 
-class TensorError(ValueError):
-    """A tensor source that cannot be used as it is (a ``ValueError``)."""
+class TensorError(LocalError, ValueError):
+    """A tensor source that cannot be used as it is (an :class:`MwsError` with status
+    ``INVALID_ARGUMENT``, and a ``ValueError``)."""
 
 
 class NonContiguousError(TensorError):
@@ -69,11 +71,17 @@ class NonContiguousError(TensorError):
 
 
 class UnsupportedDTypeError(TensorError):
-    """A dtype that has no name in :data:`DTYPES` (or no safetensors code)."""
+    """A dtype that has no name in :data:`DTYPES` (or no safetensors code), or whose
+    bytes cannot be stored as they are (strings, objects); status ``UNSUPPORTED``."""
+
+    default_status = Status.UNSUPPORTED
 
 
 class UnsupportedDeviceError(TensorError):
-    """Memory on a device this library cannot reach (not host, not CUDA)."""
+    """Memory on a device this library cannot reach (not host, not CUDA); status
+    ``UNSUPPORTED``."""
+
+    default_status = Status.UNSUPPORTED
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -159,10 +167,10 @@ def _normalize_name(text: str) -> Optional[str]:
     low = s.lower()
     if low in DTYPES:
         return low
-    if len(low) > 2 and low[0] in "<=|>":  # a numpy typestr
-        if low[0] == ">" and sys.byteorder == "little" and low[2:] not in ("1",):
+    if len(s) > 2 and s[0] in "<=|>":  # a numpy typestr: its kind letter is case-sensitive
+        if s[0] == ">" and sys.byteorder == "little" and s[2:] not in ("1",):
             return None  # big-endian data: not this machine's layout
-        return _TYPESTR.get(low[1:])
+        return _TYPESTR.get(s[1:])  # "<U2" (unicode) is not "<u2" (uint16)
     return _ALIASES.get(low)
 
 
@@ -474,10 +482,22 @@ def _call_deleter(deleter: Optional[int], ptr: int) -> None:
 # --------------------------------------------------------------------------- array interfaces
 
 
+#: Array-interface kinds whose bytes a tensor dtype can name ("V": raw, named by the
+#: object's own dtype, e.g. ml_dtypes' bfloat16).
+_NUMERIC_KINDS = frozenset("biufcV")
+_KIND_NAMES = {"U": "unicode strings", "S": "byte strings", "O": "Python objects", "M": "datetimes",
+               "m": "timedeltas"}
+
+
 def _typestr_dtype(typestr: str, what: str) -> Tuple[Optional[str], int]:
-    if not isinstance(typestr, str) or len(typestr) < 3:
+    if not isinstance(typestr, str) or len(typestr) < 2:
         raise TensorError(f"{what}: malformed typestr {typestr!r}")
     order, kind, size = typestr[0], typestr[1], typestr[2:]
+    if kind not in _NUMERIC_KINDS:
+        # Strings ("U": UCS-4, the number counts characters; "S": bytes), objects,
+        # dates: no tensor dtype names their bytes, so they are refused, never guessed.
+        raise UnsupportedDTypeError(f"{what}: dtype {typestr!r} ({_KIND_NAMES.get(kind, 'kind ' + repr(kind))}) "
+                                    "cannot be stored as a tensor; convert it to a numeric dtype first")
     if not size.isdigit():
         raise TensorError(f"{what}: malformed typestr {typestr!r}")
     itemsize = int(size)
@@ -486,7 +506,7 @@ def _typestr_dtype(typestr: str, what: str) -> Tuple[Optional[str], int]:
                                     "little-endian first")
     if kind == "V":
         return None, itemsize
-    return _TYPESTR.get(f"{kind.lower()}{itemsize}"), itemsize
+    return _TYPESTR.get(f"{kind}{itemsize}"), itemsize
 
 
 def _from_array_interface(obj: Any, iface: Dict[str, Any], writable: bool, dtype: Optional[Any], what: str,
@@ -529,7 +549,7 @@ def _from_buffer(obj: Any, writable: bool, dtype: Optional[Any], what: str) -> T
     try:
         mv = memoryview(obj)
     except TypeError:
-        raise TypeError(f"{what} is not a tensor: it has no __dlpack__, __cuda_array_interface__, "
+        raise ArgumentError(f"{what} is not a tensor: it has no __dlpack__, __cuda_array_interface__, "
                         "__array_interface__ or buffer protocol") from None
     with mv:
         fmt = mv.format or "B"

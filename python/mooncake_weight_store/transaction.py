@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
-from .errors import MwsError, error_for_status
+from .errors import ArgumentError, MwsError, error_for_status
 from .guard import Guard, io_args
 from .manifest import StoredManifest
 from .receipts import Receipts
@@ -86,7 +86,7 @@ class Transaction(OwnedHandle):
         bindings = list(bindings)
         n = len(bindings)
         if leases is not None and len(leases) != n:
-            raise ValueError(f"leases has {len(leases)} entries for {n} bindings")
+            raise ArgumentError(f"leases has {len(leases)} entries for {n} bindings")
         c_bindings = (c_void_p * max(n, 1))(*[b.handle for b in bindings])
         c_leases = None
         if leases is not None:

@@ -33,12 +33,12 @@ __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", 
 _p = c_void_p
 
 
-class mws_transfer_stats(Structure):
+class mws_transfer_stats(_lib.CStruct):
     _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
                 ("engine_operations", c_uint64)]
 
 
-class mws_executor_limits(Structure):
+class mws_executor_limits(_lib.CStruct):
     _fields_ = [("max_batch_operations", c_uint64), ("max_region_segments", c_uint64),
                 ("max_total_lowered_segments", c_uint64), ("max_completion_drain_attempts", c_uint32),
                 ("completion_drain_timeout_ms", c_uint64), ("no_coalescing", c_uint32)]
@@ -51,21 +51,21 @@ def _limits(coalesce: bool) -> Any:
     return ctypes.byref(mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
 
 
-class mws_live_args(Structure):
+class mws_live_args(_lib.CStruct):
     _fields_ = [("worker_id", ctypes.c_char_p), ("transfer_id", ctypes.c_char_p), ("local_pre_registered", c_int32),
                 ("guard", c_void_p), ("guard_ctx", c_void_p)]
 
 
-class mws_target_outcome(Structure):
+class mws_target_outcome(_lib.CStruct):
     _fields_ = [("participant_id", ctypes.c_char_p), ("generation", c_uint64), ("verdict", c_uint32)]
 
 
-class mws_live_report(Structure):
+class mws_live_report(_lib.CStruct):
     _fields_ = [("submitted", c_uint32), ("guard_release", c_uint32), ("pending_transfer_id", ctypes.c_char_p),
                 ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
 
 
-class mws_engine_resources(Structure):
+class mws_engine_resources(_lib.CStruct):
     _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
                 ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
                 ("pinned_tokens", c_uint64)]

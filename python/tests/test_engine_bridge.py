@@ -201,7 +201,7 @@ def test_registration_codes_identity_and_contract():
     with pytest.raises(mws.StoreError) as ei:
         engine.unregister_memory(a)
     assert isinstance(ei.value.__cause__, TypeError)
-    assert engine.callback_errors == ["unregister_memory: TypeError: unregister_memory returned str, expected int"]
+    assert engine.callback_errors == ["unregister_memory: ArgumentError: unregister_memory returned str, expected int"]
 
     class NoIdentity(MemmoveEngine):
         def engine_id(self):

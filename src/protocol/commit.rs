@@ -245,7 +245,8 @@ fn resolve(
         unreferenced(receipts.iter().map(|r| r.object_key.as_str()), Some(&persisted)),
         Some(&persisted),
     );
-    let mut msg = format!("conflicting weight revision: {}", plan.manifest().manifest_key());
+    let same = super::integrity::compare_content(ws, plan, receipts, &persisted);
+    let mut msg = format!("conflicting weight revision: {}; {}", plan.manifest().manifest_key(), same.clause());
     if !failures.is_empty() {
         msg.push_str(&format!("; cleanup failed: {}", failures_text(&failures)));
     }

@@ -178,6 +178,75 @@ fn record_of(plan: &UploadPlan, receipts: &[UploadReceipt]) -> Option<IntegrityR
     Some(IntegrityRecord { plan_digest: plan.plan_digest().to_string(), objects })
 }
 
+/// How a stored revision's content compares with an upload's (a commit that lost to
+/// it says which, so that a caller knows whether re-saving changed anything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContentMatch {
+    /// Same tensors, same fragments, and every 1 MiB block's CRC-32C equal.
+    Same,
+    /// The tensors, the fragments or some block's checksum differ (the reason).
+    Different(String),
+    /// Not comparable (the reason: a revision without an integrity record, say).
+    Unknown(String),
+}
+
+impl ContentMatch {
+    /// The clause a conflict message ends with.
+    pub fn clause(&self) -> String {
+        match self {
+            ContentMatch::Same => {
+                "the stored revision has the same content (same tensors and fragments, every block's CRC-32C equal); \
+                 nothing was changed"
+                    .into()
+            }
+            ContentMatch::Different(why) => format!("the stored revision has different content ({why})"),
+            ContentMatch::Unknown(why) => format!("the stored revision's content was not compared ({why})"),
+        }
+    }
+}
+
+/// Compares the content of `persisted` with what `plan` uploaded (`receipts` carry
+/// its checksums): tensors, the fragments' tensor boxes, then the checksums of the
+/// fragments' payloads read from `persisted`'s integrity record.
+pub(crate) fn compare_content(
+    ws: &WeightStore,
+    plan: &UploadPlan,
+    receipts: &[UploadReceipt],
+    persisted: &StoredManifest,
+) -> ContentMatch {
+    let ours = plan.manifest();
+    if ours.tensors() != persisted.tensors() {
+        return ContentMatch::Different("other tensors".into());
+    }
+    // Fragments by (tensor, box): the transaction-specific fields (keys, ids) differ.
+    let key = |f: &crate::model::StoredFragment| {
+        (f.tensor_id().to_string(), f.global_offset().to_vec(), f.local_shape().to_vec())
+    };
+    let mut a: Vec<_> = ours.fragments().iter().map(|f| (key(f), f.object_key().to_string())).collect();
+    let mut b: Vec<_> = persisted.fragments().iter().map(|f| (key(f), f.object_key().to_string())).collect();
+    a.sort();
+    b.sort();
+    if a.len() != b.len() || a.iter().zip(&b).any(|(x, y)| x.0 != y.0) {
+        return ContentMatch::Different("the fragments differ".into());
+    }
+    let Some(mine) = record_of(plan, receipts) else {
+        return ContentMatch::Unknown("this upload has no checksums".into());
+    };
+    let theirs = match read_record(&*ws.store, persisted, ws.limits.max_metadata_bytes) {
+        Ok(Some(r)) => r,
+        Ok(None) => return ContentMatch::Unknown("the stored revision has no integrity record".into()),
+        Err(e) => return ContentMatch::Unknown(format!("its integrity record cannot be read: {}", e.message())),
+    };
+    for ((k, ours_key), (_, their_key)) in a.iter().zip(&b) {
+        match (mine.objects.get(ours_key), theirs.objects.get(their_key)) {
+            (Some(x), Some(y)) if x.nbytes == y.nbytes && x.blocks == y.blocks => {}
+            (Some(_), Some(_)) => return ContentMatch::Different(format!("the bytes of {} differ", k.0)),
+            _ => return ContentMatch::Unknown(format!("no checksums for a fragment of {}", k.0)),
+        }
+    }
+    ContentMatch::Same
+}
+
 /// Writes the transaction's integrity record (create-only) before the commit
 /// decision is claimed. Nothing is written when a receipt lacks checksums (the
 /// revision is then unverified, like one the reference wrote). A record already

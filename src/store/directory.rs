@@ -204,7 +204,16 @@ impl DirectoryStore {
     /// left alone (see [`DirectoryStore::clean_temp`]); several stores, in one or
     /// more processes, may share a root.
     ///
-    /// Errors: [`ErrorKind::Io`] `cannot open directory store <root>: <detail>`.
+    /// One rule for every surface (Rust, C, C++, Python, the `mws` CLI and the
+    /// examples): a missing or empty directory becomes a store, a store's root (only
+    /// `objects/`, `tmp/` and the marker, a store of an older build without the
+    /// marker included) is opened, and anything else is refused untouched: a
+    /// directory store never adopts a directory that holds other data (`lost+found`
+    /// included).
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] `refusing to open <root> as a directory
+    /// store: it holds entries a store of this library never makes (<names>); nothing
+    /// was changed`; [`ErrorKind::Io`] `cannot open directory store <root>: <detail>`.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let given = root.as_ref();
         let ctx =
@@ -213,6 +222,24 @@ impl DirectoryStore {
         // Absolute, so a later change of the working directory does not matter.
         let root = fs::canonicalize(given).map_err(ctx)?;
         let root_dir = Dir::open_path(&root).map_err(ctx)?;
+        let foreign: Vec<String> = root_dir
+            .names()
+            .map_err(ctx)?
+            .into_iter()
+            .filter(|n| !matches!(n.to_bytes(), b"objects" | b"tmp") && n.to_bytes() != STORE_MARKER.as_bytes())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        if !foreign.is_empty() {
+            let mut names: Vec<&str> = foreign.iter().map(String::as_str).take(5).collect();
+            names.sort_unstable();
+            let more = if foreign.len() > 5 { format!(" and {} more", foreign.len() - 5) } else { String::new() };
+            return Err(Error::invalid(format!(
+                "refusing to open {} as a directory store: it holds entries a store of this library never makes \
+                 ({}{more}); nothing was changed (pass a missing or empty directory, or a store's root)",
+                given.display(),
+                names.join(", ")
+            )));
+        }
         let objects_dir = open_subdir(&root_dir, "objects").map_err(ctx)?;
         let tmp_dir = open_subdir(&root_dir, "tmp").map_err(ctx)?;
         root_dir.sync().map_err(ctx)?;
