@@ -58,7 +58,7 @@ fn a_store_with_a_user_file_inside_is_refused_even_with_reuse() {
     assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"keep me");
     // The library itself applies the same rule (issue 29): a directory with foreign
     // entries is not opened as a store, and nothing in it changes.
-    let refused = DirectoryStore::open(&dir).err().expect("a store root with a user file is refused");
+    let Err(refused) = DirectoryStore::open(&dir) else { panic!("a store root with a user file is refused") };
     assert_eq!(refused.kind(), mooncake_weight_store::ErrorKind::InvalidArgument);
     assert!(
         refused.message().contains("(notes.txt)") && refused.message().contains("nothing was changed"),
