@@ -79,6 +79,9 @@ grep -q '^build snapshot_restore_cpp' build/ci-demo-configure/build.ninja || { e
 if grep -q 'mws_gtest' build/ci-demo-configure/build.ninja; then echo "tests configured with MWS_BUILD_TESTS=OFF" >&2; exit 1; fi
 echo "demo configuration OK"
 
+step "README install commands (release build into a scratch prefix, no debug info)"
+bash scripts/check_install_commands.sh
+
 step "workflow: asan (C/C++ tests under AddressSanitizer + UBSan)"
 if [ ${#conformance_args[@]} -gt 0 ]; then cmake --preset asan "${conformance_args[@]}" >/dev/null; fi
 cmake --workflow --preset asan

@@ -27,6 +27,11 @@ foreach(f include/mooncake_weight_store.h include/mooncake_weight_store.hpp
   endif()
 endforeach()
 
+# Installed binaries carry no debug info (MWS_INSTALL_STRIP, on by default).
+foreach(f lib/libmooncake_weight_store.so.0 lib/libmooncake_weight_store.a bin/mws)
+  run(sh -c "! readelf -S '${prefix}/${f}' | grep -q '[.]debug_info'")
+endforeach()
+
 # The consumer is built without the parent's flags (no sanitizers): it checks packaging.
 set(ENV{PKG_CONFIG_PATH} "${prefix}/lib/pkgconfig")
 set(ENV{CFLAGS} "")

@@ -41,4 +41,7 @@ step "build (cargo --release + the demo)"
 cmake --build "$build_dir" --target mws_example_snapshot_restore_cpp
 step "run ${build_dir}/snapshot_restore_cpp $*"
 "$build_dir/snapshot_restore_cpp" "$@"
+# The operator CLI was built beside the library (cmake --install puts it in bin/).
+mws_cli="$(cd "$build_dir/bin" && pwd)/mws"
+[ -x "$mws_cli" ] && echo "the operator CLI is $mws_cli (for a kept store: $mws_cli --dir PATH ls)"
 step "done"

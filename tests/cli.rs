@@ -168,7 +168,8 @@ fn acc_123_gc_is_safe_against_a_concurrent_writer() {
     unsafe { tx3.upload(&src3.placement, &src3.bindings[0], args) }.unwrap();
     let (rc, out, _) = mws(&d.0, &["gc", "--dry-run", "--older-than", "0s"]);
     assert_eq!(rc, 0);
-    assert!(out.contains("would remove") && out.contains("(dry run)"), "{out}");
+    assert!(out.contains("would remove") && out.contains("(dry run: nothing was changed)"), "{out}");
+    assert!(out.contains("would abort an abandoned upload"), "a dry run speaks in the conditional: {out}");
     assert!(ws.backend().exists(plan3.operations()[0].target().object_key()).unwrap(), "dry run changes nothing");
     let (rc, out, _) = mws(&d.0, &["gc", "--older-than", "0s"]);
     assert_eq!(rc, 0, "{out}");
@@ -186,5 +187,51 @@ fn acc_123_gc_is_safe_against_a_concurrent_writer() {
     }
     let (_, ls, _) = mws(&d.0, &["ls"]);
     assert_eq!(ls.matches("committed").count(), 4, "{ls}");
-    assert!(ls.contains("aborted"), "{ls}");
+    // The cleaned transaction leaves the listing (its decision record stays) and a
+    // second gc does not report it again (issue 29).
+    assert!(!ls.contains("aborted") && ls.contains("(1 cleaned transaction(s) not shown"), "{ls}");
+    let (rc, out, _) = mws(&d.0, &["gc", "--older-than", "0s"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("0 action(s)") && out.contains("1 transaction(s) already cleaned"), "{out}");
+    assert!(!out.contains("removed the payloads"), "{out}");
+}
+
+#[test]
+fn json_on_every_command_and_clear_answers_for_empty_results() {
+    let d = tmp("json");
+    let (_store, _ws, m) = committed(&d.0);
+    let json = |args: &[&str]| -> (i32, serde_json::Value) {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let (rc, out, err) = mws(&d.0, &a);
+        (rc, serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out} {err}")))
+    };
+    let (rc, v) = json(&["ls"]);
+    assert_eq!(rc, 0);
+    assert_eq!(v["revisions"][0]["manifest_key"], m.manifest_key());
+    assert_eq!(v["revisions"][0]["weight_generation"], 1);
+    let (rc, v) = json(&["inspect", m.manifest_key()]);
+    assert_eq!((rc, v["manifest_digest"].as_str()), (0, Some(m.manifest_digest())));
+    let (rc, v) = json(&["verify", m.group_id()]);
+    assert_eq!(rc, 0);
+    assert_eq!((v["ok"].as_bool(), v["integrity_record"].as_bool()), (Some(true), Some(true)));
+    let (rc, v) = json(&["gc", "--dry-run"]);
+    assert_eq!(rc, 0);
+    assert_eq!(v["dry_run"], true);
+    assert!(v["actions"].as_array().unwrap().is_empty());
+    let target = build_placement("target", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs(), 1);
+    let tpath = d.0.with_extension("json-target.json");
+    std::fs::write(&tpath, target.to_json()).unwrap();
+    let (rc, v) = json(&["plan", m.manifest_key(), "--target", tpath.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&tpath);
+    assert_eq!(rc, 0);
+    assert_eq!(v["participants"].as_array().unwrap().len(), target.parts().len());
+    // A failure is JSON too, with the exit status.
+    let (rc, v) = json(&["inspect", "weights/default/nothing/here/1"]);
+    assert_eq!(rc, 2);
+    assert!(v["error"].as_str().unwrap().contains("nothing/here"), "{v}");
+    // A prefix that matches nothing says so.
+    let (rc, out, _) = mws(&d.0, &["ls", "--prefix", "weights/default/nope"]);
+    assert_eq!(rc, 0);
+    assert_eq!(out.trim(), "no key of this store starts with \"weights/default/nope\"");
 }

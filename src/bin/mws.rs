@@ -22,6 +22,7 @@ Examples:
   mws --dir /var/lib/weights ls
   mws --dir /var/lib/weights inspect weights/default/my-model/rev-1/1/manifest
   mws --dir /var/lib/weights inspect weights/default/my-model/rev-1/1 --json | jq .tensors
+  mws --dir /var/lib/weights ls --json | jq '.revisions[].manifest_key'
   mws --dir /var/lib/weights verify weights/default/my-model/rev-1/1
   mws --dir /var/lib/weights gc --dry-run --older-than 2h
   mws --dir /var/lib/weights plan weights/default/my-model/rev-1/1 --target serving-placement.json
@@ -42,6 +43,9 @@ struct Cli {
     /// Largest manifest or decision record read, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_METADATA_BYTES)]
     max_metadata_bytes: u64,
+    /// Machine-readable output (one JSON document on stdout), for every command.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,9 +62,6 @@ enum Command {
     Inspect {
         /// Manifest key or group id.
         key: String,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
     },
     /// Checks every payload: present, right size, every 1 MiB block's CRC-32C.
     Verify {
@@ -132,9 +133,14 @@ impl Bar {
     fn new(total: u64) -> Bar {
         Bar { total, on: std::io::stderr().is_terminal() && total >= 64 << 20, last: std::time::Instant::now() }
     }
-    fn update(&mut self, done: u64) {
+    /// Draws the bar at `done` (throttled to every 100 ms); the 100% line is drawn
+    /// once, however often the end is reported.
+    fn update(&mut self, done: u64) -> bool {
         if !self.on || (done < self.total && self.last.elapsed().as_millis() < 100) {
-            return;
+            return false;
+        }
+        if done >= self.total {
+            self.on = false; // the final line: nothing is drawn after it
         }
         self.last = std::time::Instant::now();
         let f = done as f64 / self.total.max(1) as f64;
@@ -152,6 +158,7 @@ impl Bar {
             eprintln!();
         }
         let _ = std::io::stderr().flush();
+        true
     }
 }
 
@@ -196,8 +203,47 @@ fn read_manifest(store: &dyn ObjectStore, key: &str) -> Result<StoredManifest, F
 
 fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
     let s = survey(store, prefix, cli.max_metadata_bytes)?;
+    let cleaned: usize = s.groups.iter().map(|g| g.transactions.iter().filter(|t| t.is_cleaned()).count()).sum();
+    if cli.json {
+        let groups: Vec<serde_json::Value> = s
+            .groups
+            .iter()
+            .map(|g| {
+                let txs: Vec<serde_json::Value> = g
+                    .transactions
+                    .iter()
+                    .filter(|t| !t.is_cleaned())
+                    .map(|t| {
+                        serde_json::json!({"id": t.id, "state": t.state.as_str(), "payloads": t.payloads.len(),
+                                           "payload_bytes": t.payload_bytes(), "integrity": t.integrity_key.is_some()})
+                    })
+                    .collect();
+                let m = g.manifest.as_ref().map(|m| {
+                    serde_json::json!({"manifest_key": m.manifest_key(), "namespace": m.namespace(),
+                        "resource_id": m.resource_id(), "revision": m.revision(),
+                        "weight_generation": m.weight_generation(), "created_at": m.created_at(),
+                        "tensors": m.tensors().len(), "fragments": m.fragments().len(),
+                        "bytes": m.fragments().iter().map(|f| f.nbytes()).sum::<u64>()})
+                });
+                serde_json::json!({"group_id": g.group_id, "revision": m, "manifest_error": g.manifest_error,
+                                   "transactions": txs})
+            })
+            .collect();
+        let revisions: Vec<&serde_json::Value> =
+            groups.iter().filter_map(|g| g.get("revision").filter(|r| !r.is_null())).collect();
+        let other: Vec<serde_json::Value> =
+            s.other.iter().map(|(k, n)| serde_json::json!({"key": k, "bytes": n})).collect();
+        let v = serde_json::json!({"prefix": prefix, "revisions": revisions, "groups": groups, "other": other,
+                                   "cleaned_transactions": cleaned});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
     if s.groups.is_empty() && s.other.is_empty() {
-        println!("(empty store)");
+        if prefix.is_empty() {
+            println!("(empty store)");
+        } else {
+            println!("no key of this store starts with {prefix:?}");
+        }
     }
     for g in &s.groups {
         match (&g.manifest, &g.manifest_error) {
@@ -217,7 +263,7 @@ fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
             (None, Some(e)) => println!("{}  INVALID MANIFEST: {e}", g.group_id),
             (None, None) => println!("{}  (no manifest)", g.group_id),
         }
-        for t in &g.transactions {
+        for t in g.transactions.iter().filter(|t| !t.is_cleaned()) {
             println!(
                 "  tx {}  {:<14} {:>5} payloads {:>10}{}",
                 t.id,
@@ -228,6 +274,9 @@ fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
             );
         }
     }
+    if cleaned > 0 {
+        println!("({cleaned} cleaned transaction(s) not shown: gc removed their payloads, their decisions stay)");
+    }
     if !s.other.is_empty() {
         println!("other keys ({}):", s.other.len());
         for (k, n) in &s.other {
@@ -237,7 +286,8 @@ fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
     Ok(0)
 }
 
-fn inspect(store: &DirectoryStore, key: &str, json: bool) -> Result<u8, Fail> {
+fn inspect(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
+    let json = cli.json;
     let m = read_manifest(store, key)?;
     let record =
         mooncake_weight_store::protocol::integrity::read_record(store, &m, DEFAULT_MAX_METADATA_BYTES).ok().flatten();
@@ -297,9 +347,23 @@ fn inspect(store: &DirectoryStore, key: &str, json: bool) -> Result<u8, Fail> {
 fn verify(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
     let m = read_manifest(store, key)?;
     let total: u64 = m.fragments().iter().map(|f| f.nbytes()).sum();
-    let mut bar = Bar::new(total);
-    let r = verify_revision(store, &m, cli.max_metadata_bytes, &mut |done| bar.update(done))?;
+    let mut bar = Bar::new(if cli.json { 0 } else { total });
+    let r = verify_revision(store, &m, cli.max_metadata_bytes, &mut |done| {
+        bar.update(done);
+    })?;
     bar.update(total);
+    if cli.json {
+        let problems: Vec<serde_json::Value> = r
+            .problems
+            .iter()
+            .map(|p| serde_json::json!({"fragment_id": p.fragment_id, "kind": p.kind.name(), "message": p.message}))
+            .collect();
+        let v = serde_json::json!({"manifest_key": m.manifest_key(), "ok": r.problems.is_empty(),
+            "integrity_record": r.has_record, "objects": r.objects, "bytes_verified": r.bytes_verified,
+            "problems": problems});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(if r.problems.is_empty() { 0 } else { 1 });
+    }
     if !r.has_record {
         println!("note: {} has no integrity record; only presence and sizes were checked", m.manifest_key());
     }
@@ -320,6 +384,30 @@ fn run_gc(cli: &Cli, store: &DirectoryStore, dry_run: bool, older_than: u64, pre
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mtime = |k: &str| store.object_mtime(k);
     let r = gc(store, &s, &GcOptions { dry_run, older_than_secs: older_than, mtime: &mtime, now_secs: now });
+    let temps =
+        if dry_run { 0 } else { store.clean_temp_older_than(std::time::Duration::from_secs(older_than.max(3600)))? };
+    let freed: u64 = r.actions.iter().map(|a| a.bytes).sum();
+    if cli.json {
+        let actions: Vec<serde_json::Value> = r
+            .actions
+            .iter()
+            .map(|a| {
+                serde_json::json!({"group_id": a.group_id, "transaction_id": a.transaction_id, "what": a.what,
+                                   "removed": a.removed, "bytes": a.bytes})
+            })
+            .collect();
+        let kept: Vec<serde_json::Value> = r
+            .kept
+            .iter()
+            .map(|(g, t, why)| serde_json::json!({"group_id": g, "transaction_id": t, "why": why}))
+            .collect();
+        let failures: Vec<serde_json::Value> =
+            r.failures.iter().map(|(k, e)| serde_json::json!({"key": k, "error": e})).collect();
+        let v = serde_json::json!({"dry_run": dry_run, "actions": actions, "kept": kept, "failures": failures,
+            "already_cleaned": r.already_cleaned, "bytes": freed, "stale_temporary_files_removed": temps});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(if r.failures.is_empty() { 0 } else { 1 });
+    }
     let verb = if dry_run { "would remove" } else { "removed" };
     for a in &r.actions {
         println!(
@@ -337,27 +425,24 @@ fn run_gc(cli: &Cli, store: &DirectoryStore, dry_run: bool, older_than: u64, pre
     for (g, t, why) in &r.kept {
         println!("{g} tx {t}: kept: {why}");
     }
-    if !dry_run {
-        let temps = store.clean_temp_older_than(std::time::Duration::from_secs(older_than.max(3600)))?;
-        if temps > 0 {
-            println!("removed {temps} stale temporary files");
-        }
+    if temps > 0 {
+        println!("removed {temps} stale temporary files");
     }
     for (k, e) in &r.failures {
         println!("FAIL {k}: {e}");
     }
-    let freed: u64 = r.actions.iter().map(|a| a.bytes).sum();
-    println!(
-        "{} action(s), {} {}{}",
-        r.actions.len(),
-        human(freed),
-        if dry_run { "to free" } else { "freed" },
-        if dry_run { " (dry run)" } else { "" }
-    );
+    if r.already_cleaned > 0 {
+        println!("{} transaction(s) already cleaned by an earlier run", r.already_cleaned);
+    }
+    if dry_run {
+        println!("{} action(s) would free {} (dry run: nothing was changed)", r.actions.len(), human(freed));
+    } else {
+        println!("{} action(s), {} freed", r.actions.len(), human(freed));
+    }
     Ok(if r.failures.is_empty() { 0 } else { 1 })
 }
 
-fn plan(store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u8, Fail> {
+fn plan(cli: &Cli, store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u8, Fail> {
     let m = Arc::new(read_manifest(store, key)?);
     let bytes = std::fs::read(target)
         .map_err(|e| Fail(2, format!("cannot read target placement {}: {e}", target.display())))?;
@@ -365,8 +450,6 @@ fn plan(store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u
         .map_err(|e| Fail(2, format!("invalid target placement {}: {}", target.display(), e.message())))?;
     let p = LogicalLoadPlan::plan(m.clone(), Arc::new(placement), PlanningLimits::default())
         .map_err(|e| Fail(2, format!("cannot plan a restore into {}: {}", target.display(), e.message())))?;
-    println!("restore of {} into {}", m.manifest_key(), target.display());
-    println!("{} regions, {} segments, {}", p.regions().len(), p.total_segments(), human(p.total_bytes()));
     let mut per_participant: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     // target fragment -> (participant, [(stored fragment, bytes)])
     let mut feeds: BTreeMap<(&str, &str), BTreeMap<&str, u64>> = BTreeMap::new();
@@ -382,6 +465,27 @@ fn plan(store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u
             .entry(p.source_of(r).fragment_id())
             .or_default() += r.total_bytes();
     }
+    if cli.json {
+        let parts: Vec<serde_json::Value> = per_participant
+            .iter()
+            .map(|(part, (n, b))| serde_json::json!({"participant_id": part, "regions": n, "bytes": b}))
+            .collect();
+        let feeds: Vec<serde_json::Value> = feeds
+            .iter()
+            .map(|((part, tf), srcs)| {
+                let from: Vec<serde_json::Value> =
+                    srcs.iter().map(|(s, b)| serde_json::json!({"stored_fragment": s, "bytes": b})).collect();
+                serde_json::json!({"participant_id": part, "target_fragment": tf, "from": from})
+            })
+            .collect();
+        let v = serde_json::json!({"manifest_key": m.manifest_key(), "target": target.display().to_string(),
+            "regions": p.regions().len(), "segments": p.total_segments(), "bytes": p.total_bytes(),
+            "participants": parts, "target_fragments": feeds});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("restore of {} into {}", m.manifest_key(), target.display());
+    println!("{} regions, {} segments, {}", p.regions().len(), p.total_segments(), human(p.total_bytes()));
     println!("per target participant:");
     for (part, (n, b)) in &per_participant {
         println!("  {part}: {n} regions, {}", human(*b));
@@ -407,16 +511,34 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = open(&cli).and_then(|store| match &cli.command {
         Command::Ls { prefix } => ls(&cli, &store, prefix),
-        Command::Inspect { key, json } => inspect(&store, key, *json),
+        Command::Inspect { key } => inspect(&cli, &store, key),
         Command::Verify { key } => verify(&cli, &store, key),
         Command::Gc { dry_run, older_than, prefix } => run_gc(&cli, &store, *dry_run, *older_than, prefix),
-        Command::Plan { key, target } => plan(&store, key, target),
+        Command::Plan { key, target } => plan(&cli, &store, key, target),
     });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(Fail(code, msg)) => {
-            eprintln!("mws: error: {msg}");
+            if cli.json {
+                println!("{}", serde_json::json!({"error": msg, "exit_status": code}));
+            } else {
+                eprintln!("mws: error: {msg}");
+            }
             ExitCode::from(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bar;
+
+    #[test]
+    fn the_final_progress_line_is_drawn_once() {
+        let mut bar = Bar { total: 100, on: true, last: std::time::Instant::now() };
+        assert!(!bar.update(50), "throttled: less than 100 ms after the start");
+        assert!(bar.update(100), "the end is drawn");
+        assert!(!bar.update(100), "and never again (the verify callback and the caller both report the end)");
+        assert!(!bar.update(100));
     }
 }

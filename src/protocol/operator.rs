@@ -87,6 +87,15 @@ impl TxReport {
     pub fn payload_bytes(&self) -> u64 {
         self.payloads.iter().map(|p| p.1).sum()
     }
+
+    /// True for an aborted or lost transaction whose payloads and integrity record
+    /// are gone (what `gc` leaves): only its decision record stays, which is never
+    /// removed. Listings leave it out and `gc` has nothing more to do for it.
+    pub fn is_cleaned(&self) -> bool {
+        matches!(self.state, TxState::Aborted | TxState::Lost)
+            && self.payloads.is_empty()
+            && self.integrity_key.is_none()
+    }
 }
 
 /// One group (`<prefix>/<ns>/<resource>/<revision>/<generation>`).
@@ -260,8 +269,11 @@ pub struct GcAction {
 /// What [`gc`] did.
 #[derive(Clone, Debug, Default)]
 pub struct GcReport {
-    /// Actions taken (or planned).
+    /// Actions taken (or planned in a dry run, then worded in the conditional).
     pub actions: Vec<GcAction>,
+    /// Aborted or lost transactions an earlier run already cleaned
+    /// ([`TxReport::is_cleaned`]): nothing to do, not reported again.
+    pub already_cleaned: usize,
     /// Transactions left alone, with why.
     pub kept: Vec<(String, String, String)>,
     /// Failures (key, error); gc goes on after one.
@@ -306,6 +318,10 @@ pub fn gc(store: &dyn ObjectStore, survey: &Survey, opts: &GcOptions<'_>) -> GcR
         let referenced: BTreeSet<&str> =
             g.manifest.iter().flat_map(|m| m.fragments().iter().map(|f| f.object_key())).collect();
         for t in &g.transactions {
+            if t.is_cleaned() {
+                report.already_cleaned += 1;
+                continue;
+            }
             let keep = |why: &str, report: &mut GcReport| {
                 report.kept.push((g.group_id.clone(), t.id.clone(), why.to_string()));
             };
@@ -332,7 +348,12 @@ pub fn gc(store: &dyn ObjectStore, survey: &Survey, opts: &GcOptions<'_>) -> GcR
                         report.actions.push(GcAction {
                             group_id: g.group_id.clone(),
                             transaction_id: t.id.clone(),
-                            what: "recorded the commit decision of the published revision".into(),
+                            what: if opts.dry_run {
+                                "would record the commit decision of the published revision"
+                            } else {
+                                "recorded the commit decision of the published revision"
+                            }
+                            .into(),
                             removed: Vec::new(),
                             bytes: 0,
                         });
@@ -349,7 +370,9 @@ pub fn gc(store: &dyn ObjectStore, survey: &Survey, opts: &GcOptions<'_>) -> GcR
                     keep("decision record does not decode", &mut report);
                     continue;
                 }
+                TxState::Aborted if opts.dry_run => "would remove the payloads of an aborted upload",
                 TxState::Aborted => "removed the payloads of an aborted upload",
+                TxState::Lost if opts.dry_run => "would remove the payloads of an upload that lost to another revision",
                 TxState::Lost => "removed the payloads of an upload that lost to another revision",
                 TxState::Undecided => {
                     let keys: Vec<&str> = t
@@ -403,7 +426,11 @@ pub fn gc(store: &dyn ObjectStore, survey: &Survey, opts: &GcOptions<'_>) -> GcR
                             }
                         }
                     }
-                    "aborted an abandoned upload (no decision, older than --older-than) and removed its payloads"
+                    if opts.dry_run {
+                        "would abort an abandoned upload (no decision, older than --older-than) and remove its payloads"
+                    } else {
+                        "aborted an abandoned upload (no decision, older than --older-than) and removed its payloads"
+                    }
                 }
             };
             let victims = garbage();
