@@ -8,6 +8,7 @@ pub mod completion;
 pub mod error;
 pub mod executor;
 pub mod lease;
+pub mod notify;
 pub mod outcome;
 pub mod scope;
 
@@ -15,5 +16,6 @@ pub use completion::COMPLETION_UNKNOWN_RESTART_REQUIRED;
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{ExecutionStats, ExecutorLimits, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt};
 pub use lease::{GuardProviders, MemoryRegistrationLease};
+pub use notify::{execute_sink_notified, NotifiedSink, NotifyAcceptor, NotifyError, NotifyKind, NotifyRefusal};
 pub use outcome::{calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
 pub use scope::{RegistrationScope, ScopeExit};
