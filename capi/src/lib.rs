@@ -12,7 +12,7 @@
 //! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
 //!   (`placement_builder`),
 //!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
-//!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
+//!   (`upload_plan`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
 //!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
@@ -46,6 +46,7 @@ mod lease;
 mod load_plan;
 mod loader;
 mod log;
+mod notify;
 mod placement;
 mod placement_builder;
 
@@ -72,6 +73,7 @@ pub use lease::*;
 pub use load_plan::*;
 pub use loader::*;
 pub use log::*;
+pub use notify::*;
 pub use placement::*;
 pub use placement_builder::*;
 pub use receipts::*;
@@ -88,14 +90,14 @@ pub use writer::*;
 #[cfg(test)]
 extern crate mws as mooncake_weight_store;
 #[cfg(test)]
-#[path = "../../tests/common/model.rs"]
-mod test_model;
-#[cfg(test)]
 #[path = "../tests/hostile_store.rs"]
 mod hostile_store_tests;
 #[cfg(test)]
 #[path = "../tests/log_callback.rs"]
 mod log_callback_tests;
+#[cfg(test)]
+#[path = "../../tests/common/model.rs"]
+mod test_model;
 #[cfg(test)]
 #[path = "../tests/vtable_contract.rs"]
 mod vtable_contract_tests;

@@ -118,7 +118,7 @@ fn limits_arg(l: *const mws_executor_limits) -> ExecutorLimits {
     }
 }
 
-fn transfer_failure(e: TransferError) -> Failure {
+pub(crate) fn transfer_failure(e: TransferError) -> Failure {
     let mut msg = e.message.clone();
     if let Some(id) = &e.pending_transfer_id {
         if !msg.contains(id.as_str()) {
@@ -253,11 +253,11 @@ pub unsafe extern "C" fn mws_transfer_engine_free(engine: *mut mws_transfer_engi
 }
 
 /// State shared by loaders and sinks.
-struct Executor {
-    exec: TransferExecutor,
-    cancel: AtomicBool,
+pub(crate) struct Executor {
+    pub(crate) exec: TransferExecutor,
+    pub(crate) cancel: AtomicBool,
     progress: Mutex<Option<CProgress>>,
-    stats: Mutex<mws_transfer_stats>,
+    pub(crate) stats: Mutex<mws_transfer_stats>,
 }
 
 impl Executor {
@@ -271,7 +271,7 @@ impl Executor {
         })
     }
 
-    fn record(
+    pub(crate) fn record(
         &self,
         plan: &mws_transfer_plan,
         side: Side,
@@ -296,14 +296,14 @@ impl Executor {
     }
 }
 
-struct LiveCall {
-    guards: GuardProviders,
-    worker: Option<String>,
-    transfer_id: Option<String>,
-    pre_registered: bool,
+pub(crate) struct LiveCall {
+    pub(crate) guards: GuardProviders,
+    pub(crate) worker: Option<String>,
+    pub(crate) transfer_id: Option<String>,
+    pub(crate) pre_registered: bool,
 }
 
-unsafe fn live_args(args: *const mws_live_args) -> FfiResult<LiveCall> {
+pub(crate) unsafe fn live_args(args: *const mws_live_args) -> FfiResult<LiveCall> {
     // SAFETY: the pointer is NULL or valid for the call (this function's contract).
     let Some(a) = (unsafe { args.as_ref() }) else {
         return Ok(LiveCall {
@@ -328,7 +328,7 @@ unsafe fn live_args(args: *const mws_live_args) -> FfiResult<LiveCall> {
 
 /// Evidence for remote memory that its owners registered for their bindings' current
 /// generation (the caller asserts it by passing the bindings).
-fn leases_of(bindings: &[RuntimeBinding]) -> Vec<MemoryRegistrationLease> {
+pub(crate) fn leases_of(bindings: &[RuntimeBinding]) -> Vec<MemoryRegistrationLease> {
     bindings
         .iter()
         .flat_map(|b| {
@@ -355,7 +355,7 @@ impl Handle for mws_loader {}
 /// into the remote targets (`mws_sink_execute`). Created by `mws_sink_new`, freed by
 /// `mws_sink_free`; threading as `mws_loader`.
 pub struct mws_sink {
-    inner: Executor,
+    pub(crate) inner: Executor,
 }
 
 impl Handle for mws_sink {}

@@ -37,6 +37,7 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import Loader, Sink, TransferEngine, TransferPlan, TransferStats
+from .notify import NotifyAcceptor, TargetOutcome
 from .writer import Writer
 from .logs import set_log_callback
 from .progress import Progress, ProgressBar
@@ -131,6 +132,8 @@ __all__ = [
     "TransferPlan",
     "TransferEngine",
     "TransferStats",
+    "NotifyAcceptor",
+    "TargetOutcome",
     "Loader",
     "Sink",
 ]
