@@ -641,6 +641,15 @@ std::string handle(Role &r, const std::string &line) {
         return "{\"plan\":" + q(std::string(logical.to_json())) + ",\"regions\":" + num(logical.region_count()) +
                ",\"bytes\":" + num(logical.total_bytes()) + "}";
     }
+    if (op == "placement_for") {  // a placement of this model for a process of another language
+        bool trainer = get_str(c, "role") == "trainer";
+        std::vector<TensorDef> defs =
+            model_tensors(get_u64(c, "layers", 2), get_u64(c, "hidden", 256), get_u64(c, "experts", 2));
+        return "{\"placement\":" +
+               q(placement_json(trainer ? "trainer" : "serving", trainer ? Layout{4, 1, 1, 2} : Layout{2, 1, 2, 1},
+                                defs, get_u64(c, "generation", 1))) +
+               "}";
+    }
     if (op == "bind") {
         r.kept = std::make_unique<mws::TransferPlan>(call_plan(r, c, get_str(c, "side", "server") == "server"));
         return "{}";

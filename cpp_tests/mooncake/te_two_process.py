@@ -33,8 +33,9 @@ MODEL = {"layers": 2, "hidden": 256, "experts": 2}
 class Child:
     """One role process: JSON lines in and out, bounded waits, stopped by PID."""
 
-    def __init__(self, name: str, argv: list, logdir: str, env: dict | None = None) -> None:
+    def __init__(self, name: str, argv: list, logdir: str, env: dict | None = None, kind: str = "cpp") -> None:
         self.name = name
+        self.kind = kind
         e = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1", GLOG_minloglevel="2")
         if env:
             e.update(env)
@@ -117,7 +118,7 @@ class Run:
     def py(self, name: str) -> Child:
         py = os.environ.get("MWS_MOONCAKE_PYTHON") or sys.executable
         env = {"PYTHONPATH": os.path.join(os.environ["MWS_REPO"], "python")}
-        c = Child(name, [py, os.path.join(HERE, "py_role.py")], self.tmp, env)
+        c = Child(name, [py, os.path.join(HERE, "py_role.py")], self.tmp, env, kind="py")
         self.children.append(c)
         return c
 
@@ -136,8 +137,12 @@ def check(ok: bool, what: str) -> None:
 
 
 def setup(trainer: Child, server: Child, gen: int) -> dict:
-    t = trainer.call("setup", role="trainer", generation=gen, **MODEL)
-    s = server.call("setup", role="server", generation=gen, **MODEL)
+    extra = {"trainer": {}, "server": {}}
+    for child, role, other in ((trainer, "trainer", server), (server, "server", trainer)):
+        if child.kind == "py":  # the Python role takes the model's placement from the C++ side
+            extra[role]["placement"] = other.call("placement_for", role=role, generation=gen, **MODEL)["placement"]
+    t = trainer.call("setup", role="trainer", generation=gen, **MODEL, **extra["trainer"])
+    s = server.call("setup", role="server", generation=gen, **MODEL, **extra["server"])
     trainer.call("peer", placement=s["placement"], bindings=s["bindings"])
     server.call("peer", placement=t["placement"], bindings=t["bindings"])
     plan = server.call("plan")
