@@ -355,9 +355,10 @@ struct Role {
     }
 };
 
-mws::mooncake_te::Options adapter_options(bool tickets) {
+mws::mooncake_te::Options adapter_options(bool tickets, bool staging = true) {
     mws::mooncake_te::Options o;
     o.tickets = tickets;
+    if (!staging) o.staging_bytes = 0;
     o.host_location = "cpu:0";
     const char *q_env = std::getenv("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER");
     if (q_env != nullptr) o.queue_limit = std::strtoull(q_env, nullptr, 10);
@@ -369,7 +370,8 @@ std::string counters_json(const mws::mooncake_te::Counters &c) {
     return "{\"engine_calls\":" + num(c.engine_calls) + ",\"native_batches\":" + num(c.native_batches) +
            ",\"largest_batch\":" + num(c.largest_batch) + ",\"requests\":" + num(c.requests) +
            ",\"submit_errors\":" + num(c.submit_errors) + ",\"peak_in_flight\":" + num(c.peak_in_flight) +
-           ",\"notifies\":" + num(c.notifies) + ",\"registrations\":" + num(c.registrations) + "}";
+           ",\"notifies\":" + num(c.notifies) + ",\"registrations\":" + num(c.registrations) +
+           ",\"staged_runs\":" + num(c.staged_runs) + ",\"staged_ranges\":" + num(c.staged_ranges) + "}";
 }
 
 struct Session {
@@ -378,7 +380,8 @@ struct Session {
     Hook hook;
     mws::TransferEngine engine{nullptr};
 
-    Session(Role &role, bool tickets, bool pause) : r(role), adapter(role.te, adapter_options(tickets)) {
+    Session(Role &role, bool tickets, bool pause, bool staging = true)
+        : r(role), adapter(role.te, adapter_options(tickets, staging)) {
         hook.inner = adapter.vtable();
         hook.inner_ctx = adapter.ctx();
         hook.pause = pause;
@@ -429,7 +432,9 @@ std::string pull(Role &r, const std::string &text, const mj_value *c) {
     (void)text;
     bool tickets = get_bool(c, "tickets");
     std::string stale = get_str(c, "stale");
-    auto s = std::make_unique<Session>(r, tickets, get_bool(c, "pause"));
+    // The split case checks the per-peer queue limit: staged reads would merge the rows.
+    auto s = std::make_unique<Session>(r, tickets, get_bool(c, "pause"),
+                                       !get_bool(c, "split") && !get_bool(c, "no_staging"));
     const mws::TransferPlan *plan_ptr = nullptr;
     std::unique_ptr<mws::TransferPlan> fresh;
     if (get_bool(c, "use_kept")) {

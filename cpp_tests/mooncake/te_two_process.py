@@ -194,7 +194,12 @@ def case_two_process(run: Run) -> None:
     for gen, (pull_tickets, push_tickets) in zip((1, 2, 3), modes):
         print(f"generation {gen}", flush=True)
         p = setup(trainer, server, gen)
-        pull(server, p, pull_tickets)
+        r = pull(server, p, pull_tickets)
+        c = r["counters"]
+        check(c["staged_runs"] > 0 and c["staged_ranges"] > c["staged_runs"],
+              f"column-split rows read as remote runs through the staging pool: {c['staged_ranges']} ranges in "
+              f"{c['staged_runs']} requests ({r['engine_operations']} engine operations planned)")
+        pull(server, p, pull_tickets, no_staging=True)
         push(trainer, server, p, push_tickets)
     # A plan over the per-peer queue limit: one executor batch per endpoint (max_batch_operations
     # far above 1024, no coalescing), split by the adapter into native batches of at most 1024.

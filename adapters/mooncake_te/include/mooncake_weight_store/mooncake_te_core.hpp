@@ -32,6 +32,11 @@
 //                        (failed-drained); -2 still running / cannot tell.
 //                        Released while running: the native batch is kept (never
 //                        freed while a task may run) and freed once terminal.
+//   staged reads         READ ranges contiguous on the remote side but not locally (the
+//                        rows of a column split pulled by its target): one request per
+//                        remote run into a registered staging pool, copied to the local
+//                        ranges once the run COMPLETED (Options::staging_bytes; a failed
+//                        staged ticket is re-read once without staging)
 //   send_notify          sendNotifyByName(endpoint, {name, message}) (synchronous: 0
 //                        once the peer acknowledged it)
 // Only COMPLETED and FAILED (and the stand-in's INVALID) are terminal: Mooncake's
@@ -44,6 +49,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <new>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,6 +92,14 @@ struct Options {
     std::chrono::milliseconds batch_timeout{30000};
     /// registerLocalMemory location for host memory ("*": Mooncake's wildcard).
     std::string host_location = "*";
+    /// Staged reads: a READ batch whose consecutive ranges are contiguous on the
+    /// remote side but not locally (a resharded column split pulled by its target) is
+    /// read as one request per remote run into an adapter-owned registered staging
+    /// buffer of this size, then copied to the local ranges when the run completed
+    /// (never on failure). 0 disables it. Host memory only.
+    std::size_t staging_bytes = 64u << 20;
+    /// Longest remote run read as one request (bytes).
+    std::size_t staging_run_bytes = 1u << 20;
 };
 
 /// What the adapter did (cumulative).
@@ -97,6 +112,9 @@ struct Counters {
     std::uint64_t peak_in_flight = 0;   ///< most requests in flight to one peer
     std::uint64_t notifies = 0;         ///< notifications delivered
     std::uint64_t registrations = 0;    ///< registerLocalMemory calls that succeeded
+    std::uint64_t staged_runs = 0;      ///< staged read requests (remote runs)
+    std::uint64_t staged_ranges = 0;    ///< ranges those runs replaced
+    std::uint64_t unstaged_retries = 0; ///< tickets re-run without staging after a staged run failed
 };
 
 /// Process-wide identity of native engine objects (see get_engine_id above).
@@ -150,14 +168,15 @@ public:
     /// registered and the library left (only when no batch is still in flight).
     ~TeCore() {
         std::lock_guard<std::mutex> g(mu_);
-        for (auto &t : tickets_) {
-            if (t.second.cur) zombies_.push_back(std::move(*t.second.cur));
-        }
+        for (auto &t : tickets_) drop(t.second);
         tickets_.clear();
         reap();
         if (zombies_.empty()) {
             for (auto &r : regs_) guarded_int([&] { return engine_->unregisterLocalMemory(ptr(r.first)); });
             regs_.clear();
+            if (pool_registered_) guarded_int([&] { return engine_->unregisterLocalMemory(pool_.get()); });
+        } else {
+            pool_.release();  // a running batch may still write into it: never freed
         }
         EngineIdentity::release(engine_);
     }
@@ -326,7 +345,7 @@ public:
             std::lock_guard<std::mutex> g(s.mu_);
             auto it = s.tickets_.find(ticket);
             if (it == s.tickets_.end()) return std::int32_t{kErrUnknownTicket};
-            if (it->second.cur) s.retire(std::move(*it->second.cur));
+            s.drop(it->second);
             s.tickets_.erase(it);
             s.reap();
             return std::int32_t{kOk};
@@ -359,19 +378,36 @@ public:
 private:
     using Clock = std::chrono::steady_clock;
 
+    struct Range {
+        std::uint64_t local, remote, len;
+    };
+
     struct Chunk {
         BatchID id{};
         SegmentHandle segment{};
+        std::size_t from = 0;           ///< index of its first request in the ticket
         std::vector<Request> requests;  ///< kept alive until freed (the engine refers to them)
+        bool holds_pool = false;        ///< released while running with the staging pool reserved
+    };
+    /// One local range a staged run is copied to: `len` bytes at `stage_off` of the pool.
+    struct Piece {
+        std::uint64_t local;
+        std::size_t stage_off;
+        std::size_t len;
     };
     struct Ticket {
         OpCode op{};
         SegmentHandle segment{};
         std::vector<Request> all;
+        std::vector<std::vector<Piece>> copies;  ///< per request: staged pieces (empty: direct)
+        std::vector<Range> ranges;               ///< the caller's ranges (for an unstaged re-run)
         std::size_t next = 0;
         std::optional<Chunk> cur;
         bool failed = false;
         bool ever_submitted = false;
+        bool holds_pool = false;
+        bool staged = false;
+        bool retried_unstaged = false;
         std::int32_t error = 0;
     };
 
@@ -422,16 +458,104 @@ private:
         if (!segment(std::string(endpoint.ptr, endpoint.len), seg)) return kErrSegment;
         t.op = op;
         t.segment = seg;
-        t.all.resize(n);
-        for (std::size_t i = 0; i < n; ++i) {
-            Request &r = t.all[i];
-            r.opcode = op;
-            r.source = ptr(local[i]);
-            r.target_id = seg;
-            r.target_offset = remote[i];  // RAM segments: the remote virtual address
-            r.length = static_cast<std::size_t>(sizes[i]);
-        }
+        t.ranges.resize(n);
+        for (std::size_t i = 0; i < n; ++i) t.ranges[i] = Range{local[i], remote[i], sizes[i]};
+        build_requests(t, op == Api::kRead && reserve_pool(t));
         return kOk;
+    }
+
+    /// The staging pool for ticket `t` (under mu_): false when staging is off, the
+    /// pool is in use, or it cannot be registered.
+    bool reserve_pool(Ticket &t) {
+        if (options_.staging_bytes == 0 || pool_busy_) return false;
+        if (!pool_) {
+            pool_.reset(new (std::nothrow) unsigned char[options_.staging_bytes]);
+            if (!pool_) return false;
+        }
+        if (!pool_registered_) {
+            counters_.engine_calls += 1;
+            if (engine_->registerLocalMemory(pool_.get(), options_.staging_bytes, options_.host_location) != 0) {
+                return false;
+            }
+            pool_registered_ = true;
+        }
+        pool_busy_ = true;
+        t.holds_pool = true;
+        return true;
+    }
+    void release_pool(bool &holds) {
+        if (holds) {
+            holds = false;
+            pool_busy_ = false;
+        }
+    }
+
+    /// The ticket's native requests from its ranges: with `stage`, remote-contiguous
+    /// runs of READ ranges whose local sides are not contiguous become one request into
+    /// the staging pool (see Options::staging_bytes).
+    void build_requests(Ticket &t, bool stage) {
+        t.all.clear();
+        t.copies.clear();
+        t.staged = false;
+        std::size_t pool_off = 0;
+        const std::size_t n = t.ranges.size();
+        auto direct = [&](const Range &r) {
+            Request q{};
+            q.opcode = t.op;
+            q.source = ptr(r.local);
+            q.target_id = t.segment;
+            q.target_offset = r.remote;  // RAM segments: the remote virtual address
+            q.length = static_cast<std::size_t>(r.len);
+            t.all.push_back(q);
+            t.copies.emplace_back();
+        };
+        for (std::size_t i = 0; i < n;) {
+            std::size_t j = i + 1, bytes = static_cast<std::size_t>(t.ranges[i].len);
+            bool local_contiguous = true;
+            if (stage) {
+                while (j < n && t.ranges[j].remote == t.ranges[j - 1].remote + t.ranges[j - 1].len &&
+                       bytes + t.ranges[j].len <= options_.staging_run_bytes &&
+                       pool_off + bytes + t.ranges[j].len <= options_.staging_bytes) {
+                    local_contiguous &= t.ranges[j].local == t.ranges[j - 1].local + t.ranges[j - 1].len;
+                    bytes += static_cast<std::size_t>(t.ranges[j].len);
+                    ++j;
+                }
+            }
+            if (j - i < 2 || local_contiguous) {
+                // One range, or a run contiguous on both sides (the library merges those
+                // already): direct requests.
+                for (std::size_t k = i; k < j; ++k) direct(t.ranges[k]);
+                i = j;
+                continue;
+            }
+            Request q{};
+            q.opcode = t.op;
+            q.source = pool_.get() + pool_off;
+            q.target_id = t.segment;
+            q.target_offset = t.ranges[i].remote;
+            q.length = bytes;
+            std::vector<Piece> pieces;
+            std::size_t off = pool_off;
+            for (std::size_t k = i; k < j; ++k) {
+                pieces.push_back(Piece{t.ranges[k].local, off, static_cast<std::size_t>(t.ranges[k].len)});
+                off += static_cast<std::size_t>(t.ranges[k].len);
+            }
+            t.all.push_back(q);
+            t.copies.push_back(std::move(pieces));
+            counters_.staged_runs += 1;
+            counters_.staged_ranges += j - i;
+            t.staged = true;
+            pool_off += bytes;
+            i = j;
+        }
+        if (!t.staged) release_pool(t.holds_pool);
+    }
+
+    /// A completed chunk: copies its staged runs to their local ranges.
+    void land(const Ticket &t, const Chunk &c) {
+        for (std::size_t k = 0; k < c.requests.size(); ++k) {
+            for (const Piece &p : t.copies[c.from + k]) std::memcpy(ptr(p.local), pool_.get() + p.stage_off, p.len);
+        }
     }
 
     /// OK / FAILED / UNKNOWN of one native batch (under mu_): every task polled once.
@@ -469,13 +593,28 @@ private:
 
     /// A batch nobody waits for any more: freed now if terminal, else later (reap()).
     void retire(Chunk c) {
-        if (poll(c) != kUnknown && free_chunk(c)) return;
+        if (poll(c) != kUnknown && free_chunk(c)) {
+            release_pool(c.holds_pool);
+            return;
+        }
         zombies_.push_back(std::move(c));
+    }
+
+    /// A ticket nobody waits for any more (under mu_).
+    void drop(Ticket &t) {
+        if (t.cur) {
+            t.cur->holds_pool = t.holds_pool;
+            t.holds_pool = false;
+            retire(std::move(*t.cur));
+            t.cur.reset();
+        }
+        release_pool(t.holds_pool);
     }
 
     void reap() {
         for (auto it = zombies_.begin(); it != zombies_.end();) {
             if (poll(*it) != kUnknown && free_chunk(*it)) {
+                release_pool(it->holds_pool);
                 it = zombies_.erase(it);
             } else {
                 ++it;
@@ -491,14 +630,34 @@ private:
             if (t.cur) {
                 std::int32_t s = poll(*t.cur);
                 if (s == kUnknown) return kUnknown;
+                if (s == kOk) land(t, *t.cur);
                 if (!free_chunk(*t.cur)) {
+                    t.cur->holds_pool = t.holds_pool;  // the pool stays reserved until it is freed
+                    t.holds_pool = false;
                     zombies_.push_back(std::move(*t.cur));
                 }
                 t.cur.reset();
                 if (s == kFailed) t.failed = true;
             }
-            if (t.failed) return kFailed;
-            if (t.next == t.all.size()) return kOk;
+            if (t.failed && t.staged && !t.retried_unstaged && t.holds_pool) {
+                // A staged run failed (for example a run across two remote registrations):
+                // read every range again, one request each (reads are idempotent).
+                t.retried_unstaged = true;
+                counters_.unstaged_retries += 1;
+                release_pool(t.holds_pool);
+                build_requests(t, false);
+                t.next = 0;
+                t.failed = false;
+                t.error = 0;
+            }
+            if (t.failed) {
+                release_pool(t.holds_pool);
+                return kFailed;
+            }
+            if (t.next == t.all.size()) {
+                release_pool(t.holds_pool);
+                return kOk;
+            }
             std::size_t k = std::min(options_.queue_limit, t.all.size() - t.next);
             std::size_t &busy = in_flight_[t.segment];
             if (busy + k > options_.queue_limit) return kUnknown;  // wait for room at this peer
@@ -512,6 +671,7 @@ private:
             Chunk c;
             c.id = id;
             c.segment = t.segment;
+            c.from = t.next;
             c.requests.assign(t.all.begin() + static_cast<std::ptrdiff_t>(t.next),
                               t.all.begin() + static_cast<std::ptrdiff_t>(t.next + k));
             counters_.native_batches += 1;
@@ -550,7 +710,7 @@ private:
                 if (st == kOk) return kOk;
                 if (st == kFailed) return t.error != 0 ? t.error : kFailed;
                 if (Clock::now() >= deadline) {
-                    if (t.cur) zombies_.push_back(std::move(*t.cur));  // never freed while running
+                    drop(t);  // never freed while running
                     return kErrTimeout;
                 }
             }
@@ -567,6 +727,9 @@ private:
     std::vector<Chunk> zombies_;
     std::map<SegmentHandle, std::size_t> in_flight_;
     std::map<std::uint64_t, std::uint64_t> regs_;  ///< address -> length, registered by this adapter
+    std::unique_ptr<unsigned char[]> pool_;       ///< the staging pool (Options::staging_bytes)
+    bool pool_registered_ = false;
+    bool pool_busy_ = false;  ///< reserved by one ticket (or a released batch still running)
     std::uint64_t next_ticket_ = 1;
     Counters counters_;
     std::string last_error_;
