@@ -32,6 +32,7 @@
 //                        (failed-drained); -2 still running / cannot tell.
 //                        Released while running: the native batch is kept (never
 //                        freed while a task may run) and freed once terminal.
+//   large ranges         split into pieces of Options::max_request_bytes (every lane busy)
 //   staged reads         READ ranges contiguous on the remote side but not locally (the
 //                        rows of a column split pulled by its target): one request per
 //                        remote run into a registered staging pool, copied to the local
@@ -100,6 +101,11 @@ struct Options {
     std::size_t staging_bytes = 64u << 20;
     /// Longest remote run read as one request (bytes).
     std::size_t staging_run_bytes = 1u << 20;
+    /// Direct requests longer than this are split into pieces of this size, so that
+    /// a batch of a few large ranges keeps every lane of the transport busy (Mooncake's
+    /// TCP transport: MC_TCP_LANES_PER_PEER connections, one request each at a time).
+    /// 0: never split.
+    std::size_t max_request_bytes = 1u << 20;
 };
 
 /// What the adapter did (cumulative).
@@ -386,6 +392,8 @@ private:
         BatchID id{};
         SegmentHandle segment{};
         std::size_t from = 0;           ///< index of its first request in the ticket
+        std::size_t polled = 0;         ///< tasks [0, polled) are known terminal
+        bool any_failed = false;        ///< one of them FAILED
         std::vector<Request> requests;  ///< kept alive until freed (the engine refers to them)
         bool holds_pool = false;        ///< released while running with the staging pool reserved
     };
@@ -500,14 +508,17 @@ private:
         std::size_t pool_off = 0;
         const std::size_t n = t.ranges.size();
         auto direct = [&](const Range &r) {
-            Request q{};
-            q.opcode = t.op;
-            q.source = ptr(r.local);
-            q.target_id = t.segment;
-            q.target_offset = r.remote;  // RAM segments: the remote virtual address
-            q.length = static_cast<std::size_t>(r.len);
-            t.all.push_back(q);
-            t.copies.emplace_back();
+            const std::uint64_t piece = options_.max_request_bytes == 0 ? r.len : options_.max_request_bytes;
+            for (std::uint64_t off = 0; off < r.len; off += piece) {
+                Request q{};
+                q.opcode = t.op;
+                q.source = ptr(r.local + off);
+                q.target_id = t.segment;
+                q.target_offset = r.remote + off;  // RAM segments: the remote virtual address
+                q.length = static_cast<std::size_t>(std::min(piece, r.len - off));
+                t.all.push_back(q);
+                t.copies.emplace_back();
+            }
         };
         for (std::size_t i = 0; i < n;) {
             std::size_t j = i + 1, bytes = static_cast<std::size_t>(t.ranges[i].len);
@@ -558,25 +569,26 @@ private:
         }
     }
 
-    /// OK / FAILED / UNKNOWN of one native batch (under mu_): every task polled once.
-    std::int32_t poll(const Chunk &c) {
-        bool pending = false, failed = false;
-        for (std::size_t task = 0; task < c.requests.size(); ++task) {
+    /// OK / FAILED / UNKNOWN of one native batch (under mu_). Tasks are polled in
+    /// order from the first one not known terminal, stopping at the first running one
+    /// (a terminal status never changes), so a poll costs O(1) while the batch runs.
+    std::int32_t poll(Chunk &c) {
+        for (; c.polled < c.requests.size(); ++c.polled) {
             typename Api::TransferStatus st{};
             counters_.engine_calls += 1;
-            typename Api::Status rc = engine_->getTransferStatus(c.id, task, st);
+            typename Api::Status rc = engine_->getTransferStatus(c.id, c.polled, st);
             if (!rc.ok()) {
                 note(rc);
                 return kUnknown;
             }
             if (Api::completed(st)) continue;
             if (Api::failed(st)) {
-                failed = true;
-            } else {
-                pending = true;
+                c.any_failed = true;
+                continue;
             }
+            return kUnknown;
         }
-        return pending ? kUnknown : failed ? kFailed : kOk;
+        return c.any_failed ? kFailed : kOk;
     }
 
     /// Frees a terminal batch; false (kept) when the engine refuses.
