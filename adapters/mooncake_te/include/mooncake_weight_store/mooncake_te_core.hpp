@@ -234,6 +234,11 @@ public:
         std::lock_guard<std::mutex> g(mu_);
         return tickets_.size();
     }
+    /// The staging pool's address and size (nullptr before the first staged read).
+    std::pair<const void *, std::size_t> staging_pool() const {
+        std::lock_guard<std::mutex> g(mu_);
+        return {pool_.get(), pool_ ? options_.staging_bytes : 0};
+    }
     /// The last engine error text (a Mooncake Status message), empty when none.
     std::string last_error() const {
         std::lock_guard<std::mutex> g(mu_);
