@@ -96,6 +96,9 @@ mod hostile_store_tests;
 #[path = "../tests/log_callback.rs"]
 mod log_callback_tests;
 #[cfg(test)]
+#[path = "../tests/notify_abi.rs"]
+mod notify_abi_tests;
+#[cfg(test)]
 #[path = "../../tests/common/model.rs"]
 mod test_model;
 #[cfg(test)]
