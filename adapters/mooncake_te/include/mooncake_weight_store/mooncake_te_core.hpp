@@ -17,13 +17,14 @@
 //   unregister_memory    unregisterLocalMemory(addr) only for a region this adapter
 //                        registered; any other address: kErrNotOurs, no engine call
 //                        (memory the serving engine registered itself is never touched)
-//   batch_transfer_sync  openSegment(endpoint) (cached), then chunks of at most
-//   _read / _write       `queue_limit` requests (the per-peer queue of Mooncake's TCP
-//                        transport), each allocateBatchID(k) -> submitTransfer ->
-//                        getTransferStatus per task until every task is terminal ->
-//                        freeBatchID; a chunk is submitted only when the peer's queue has
-//                        room for it (counting every batch of this adapter in flight to
-//                        that peer). 0 only when every task COMPLETED.
+//   batch_transfer_sync  openSegment(endpoint) (cached), then native batches of
+//   _read / _write       `chunk_requests` requests, each allocateBatchID(k) ->
+//                        submitTransfer -> getTransferStatus (tasks in order) until every
+//                        task is terminal -> freeBatchID; a batch is submitted as soon as
+//                        the peer has room for it: at most `queue_limit` requests in
+//                        flight per peer (the per-peer queue of Mooncake's TCP transport),
+//                        counting every batch of this adapter. 0 only when every task
+//                        COMPLETED.
 //   submit_with_ticket   the same chunks, advanced by ticket_status / ticket_drain;
 //   ticket_status/_drain the ticket id is the adapter's own counter, never a native
 //   ticket_release       BatchID: an unknown or released ticket is kErrUnknownTicket,
@@ -55,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <deque>
 #include <optional>
 #include <string>
 #include <thread>
@@ -106,6 +108,13 @@ struct Options {
     /// TCP transport: MC_TCP_LANES_PER_PEER connections, one request each at a time).
     /// 0: never split.
     std::size_t max_request_bytes = 1u << 20;
+    /// Requests per native batch. A ticket larger than queue_limit is submitted as
+    /// chunks of this size, a new one as soon as the peer's queue has room for it, so
+    /// the queue stays full across chunk boundaries (with a library batch bound
+    /// `max_batch_operations` well above queue_limit, one call keeps the peer busy
+    /// without the pause a batch-by-batch submission has at each batch's end).
+    /// 0: queue_limit.
+    std::size_t chunk_requests = 256;
 };
 
 /// What the adapter did (cumulative).
@@ -226,7 +235,7 @@ public:
         std::lock_guard<std::mutex> g(mu_);
         reap();
         std::size_t n = zombies_.size();
-        for (auto &t : tickets_) n += t.second.cur ? 1 : 0;
+        for (auto &t : tickets_) n += t.second.inflight.size();
         return n;
     }
     /// Tickets issued and not released.
@@ -415,7 +424,7 @@ private:
         std::vector<std::vector<Piece>> copies;  ///< per request: staged pieces (empty: direct)
         std::vector<Range> ranges;               ///< the caller's ranges (for an unstaged re-run)
         std::size_t next = 0;
-        std::optional<Chunk> cur;
+        std::deque<Chunk> inflight;  ///< submitted chunks, oldest first
         bool failed = false;
         bool ever_submitted = false;
         bool holds_pool = false;
@@ -480,7 +489,7 @@ private:
     /// The staging pool for ticket `t` (under mu_): false when staging is off, the
     /// pool is in use, or it cannot be registered.
     bool reserve_pool(Ticket &t) {
-        if (options_.staging_bytes == 0 || pool_busy_) return false;
+        if (options_.staging_bytes == 0 || pool_holders_ != 0) return false;
         if (!pool_) {
             pool_.reset(new (std::nothrow) unsigned char[options_.staging_bytes]);
             if (!pool_) return false;
@@ -492,14 +501,14 @@ private:
             }
             pool_registered_ = true;
         }
-        pool_busy_ = true;
+        pool_holders_ = 1;
         t.holds_pool = true;
         return true;
     }
     void release_pool(bool &holds) {
         if (holds) {
             holds = false;
-            pool_busy_ = false;
+            pool_holders_ -= 1;
         }
     }
 
@@ -617,13 +626,21 @@ private:
         zombies_.push_back(std::move(c));
     }
 
+    /// A chunk of `t` that goes to the zombies: it keeps a reservation of the pool
+    /// while it may still write into it.
+    void orphan(Ticket &t, Chunk &c) {
+        if (t.holds_pool) {
+            c.holds_pool = true;
+            pool_holders_ += 1;
+        }
+    }
+
     /// A ticket nobody waits for any more (under mu_).
     void drop(Ticket &t) {
-        if (t.cur) {
-            t.cur->holds_pool = t.holds_pool;
-            t.holds_pool = false;
-            retire(std::move(*t.cur));
-            t.cur.reset();
+        while (!t.inflight.empty()) {
+            orphan(t, t.inflight.front());
+            retire(std::move(t.inflight.front()));
+            t.inflight.pop_front();
         }
         release_pool(t.holds_pool);
     }
@@ -639,75 +656,91 @@ private:
         }
     }
 
-    /// Moves a ticket on (under mu_): polls its chunk; when terminal frees it and
-    /// submits the next one (when the peer has room). OK / FAILED / UNKNOWN.
+    /// Moves a ticket on (under mu_): retires its oldest chunks that are terminal
+    /// (copying staged runs of completed ones), then submits further chunks of
+    /// Options::chunk_requests while the peer has room (at most queue_limit requests
+    /// in flight per peer, across tickets): the queue stays full across chunk
+    /// boundaries. OK / FAILED (only once nothing of the ticket is in flight) / UNKNOWN.
     std::int32_t advance(Ticket &t) {
         if (!zombies_.empty()) reap();
         for (;;) {
-            if (t.cur) {
-                std::int32_t s = poll(*t.cur);
-                if (s == kUnknown) return kUnknown;
-                if (s == kOk) land(t, *t.cur);
-                if (!free_chunk(*t.cur)) {
-                    t.cur->holds_pool = t.holds_pool;  // the pool stays reserved until it is freed
-                    t.holds_pool = false;
-                    zombies_.push_back(std::move(*t.cur));
+            while (!t.inflight.empty()) {
+                Chunk &c = t.inflight.front();
+                std::int32_t s = poll(c);
+                if (s == kUnknown) break;
+                if (s == kOk) land(t, c);
+                if (!free_chunk(c)) {
+                    orphan(t, c);  // the pool stays reserved until it is freed
+                    zombies_.push_back(std::move(c));
                 }
-                t.cur.reset();
+                t.inflight.pop_front();
                 if (s == kFailed) t.failed = true;
             }
-            if (t.failed && t.staged && !t.retried_unstaged && t.holds_pool) {
-                // A staged run failed (for example a run across two remote registrations):
-                // read every range again, one request each (reads are idempotent).
-                t.retried_unstaged = true;
-                counters_.unstaged_retries += 1;
-                release_pool(t.holds_pool);
-                build_requests(t, false);
-                t.next = 0;
-                t.failed = false;
-                t.error = 0;
-            }
             if (t.failed) {
+                if (!t.inflight.empty()) return kUnknown;  // failed-drained only once drained
+                if (t.staged && !t.retried_unstaged && t.holds_pool) {
+                    // A staged run failed (for example a run across two remote
+                    // registrations): read every range again, one request each (reads
+                    // are idempotent).
+                    t.retried_unstaged = true;
+                    counters_.unstaged_retries += 1;
+                    release_pool(t.holds_pool);
+                    build_requests(t, false);
+                    t.next = 0;
+                    t.failed = false;
+                    t.error = 0;
+                    continue;
+                }
                 release_pool(t.holds_pool);
                 return kFailed;
             }
             if (t.next == t.all.size()) {
+                if (!t.inflight.empty()) return kUnknown;
                 release_pool(t.holds_pool);
                 return kOk;
             }
-            std::size_t k = std::min(options_.queue_limit, t.all.size() - t.next);
-            std::size_t &busy = in_flight_[t.segment];
-            if (busy + k > options_.queue_limit) return kUnknown;  // wait for room at this peer
-            counters_.engine_calls += 1;
-            BatchID id = engine_->allocateBatchID(k);
-            if (id == Api::kInvalidBatch) {
-                t.failed = true;
-                t.error = kErrAllocate;
-                return kFailed;
+            const std::size_t chunk = std::max<std::size_t>(
+                1, std::min(options_.queue_limit, options_.chunk_requests == 0 ? options_.queue_limit
+                                                                               : options_.chunk_requests));
+            bool submitted = false;
+            while (t.next < t.all.size() && !t.failed) {
+                std::size_t k = std::min(chunk, t.all.size() - t.next);
+                std::size_t &busy = in_flight_[t.segment];
+                if (busy + k > options_.queue_limit) break;  // wait for room at this peer
+                counters_.engine_calls += 1;
+                BatchID id = engine_->allocateBatchID(k);
+                if (id == Api::kInvalidBatch) {
+                    t.failed = true;
+                    t.error = kErrAllocate;
+                    break;
+                }
+                Chunk c;
+                c.id = id;
+                c.segment = t.segment;
+                c.from = t.next;
+                c.requests.assign(t.all.begin() + static_cast<std::ptrdiff_t>(t.next),
+                                  t.all.begin() + static_cast<std::ptrdiff_t>(t.next + k));
+                counters_.native_batches += 1;
+                counters_.engine_calls += 1;
+                counters_.requests += k;
+                counters_.largest_batch = std::max<std::uint64_t>(counters_.largest_batch, k);
+                typename Api::Status st = engine_->submitTransfer(c.id, c.requests);
+                busy += k;
+                counters_.peak_in_flight = std::max<std::uint64_t>(counters_.peak_in_flight, busy);
+                t.ever_submitted = true;
+                t.next += k;
+                if (!st.ok()) {
+                    // Part of it may have been admitted: poll it to terminal before reporting.
+                    note(st);
+                    counters_.submit_errors += 1;
+                    t.failed = true;
+                    t.error = Api::status_code(st);
+                }
+                t.inflight.push_back(std::move(c));
+                submitted = true;
             }
-            Chunk c;
-            c.id = id;
-            c.segment = t.segment;
-            c.from = t.next;
-            c.requests.assign(t.all.begin() + static_cast<std::ptrdiff_t>(t.next),
-                              t.all.begin() + static_cast<std::ptrdiff_t>(t.next + k));
-            counters_.native_batches += 1;
-            counters_.engine_calls += 1;
-            counters_.requests += k;
-            counters_.largest_batch = std::max<std::uint64_t>(counters_.largest_batch, k);
-            typename Api::Status st = engine_->submitTransfer(c.id, c.requests);
-            busy += k;
-            counters_.peak_in_flight = std::max<std::uint64_t>(counters_.peak_in_flight, busy);
-            t.ever_submitted = true;
-            t.next += k;
-            if (!st.ok()) {
-                // Part of it may have been admitted: poll it to terminal before reporting.
-                note(st);
-                counters_.submit_errors += 1;
-                t.failed = true;
-                t.error = Api::status_code(st);
-            }
-            t.cur = std::move(c);
+            if (t.failed && t.inflight.empty()) continue;  // nothing was submitted: report now
+            if (!submitted || !t.inflight.empty()) return kUnknown;
         }
     }
 
@@ -746,7 +779,9 @@ private:
     std::map<std::uint64_t, std::uint64_t> regs_;  ///< address -> length, registered by this adapter
     std::unique_ptr<unsigned char[]> pool_;       ///< the staging pool (Options::staging_bytes)
     bool pool_registered_ = false;
-    bool pool_busy_ = false;  ///< reserved by one ticket (or a released batch still running)
+    /// Reservations of the pool: its ticket, or the released batches that may still
+    /// write into it. Free when 0.
+    std::size_t pool_holders_ = 0;
     std::uint64_t next_ticket_ = 1;
     Counters counters_;
     std::string last_error_;
