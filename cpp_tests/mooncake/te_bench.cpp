@@ -20,8 +20,9 @@
 //        keeps up to 1024 requests in flight to the peer (no pause at batch ends),
 //        reads remote-contiguous runs through its staging pool, and splits ranges over
 //        1 MiB.
-// Each figure is the best of --repeat runs (default 3) after a warm-up; every byte
-// is verified after each of our runs. Prints a table (GB/s, microseconds per engine
+// raw and ours alternate, --repeat times (default 5) after a warm-up; the table gives
+// the best run of each, the `*_median_ratio` figures the ratio of the medians; every
+// byte is verified after each of our runs. Prints a table (GB/s, microseconds per engine
 // request and per planned segment) and ends with `figure: NAME = VALUE` lines.
 //
 //   mws_te_bench [--hidden 1024] [--layers 4] [--repeat 3]
@@ -177,8 +178,14 @@ Model make(const std::string &set, const Layout &l, const std::vector<TensorDef>
 }
 
 struct Figure {
-    double seconds = 1e30;
+    double seconds = 1e30;  ///< best
+    std::vector<double> all;
     std::uint64_t requests = 0;
+    double median() const {
+        std::vector<double> v = all;
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0 : v[v.size() / 2];
+    }
 };
 
 struct Row {
@@ -198,7 +205,7 @@ double timed(F &&f) {
 
 int main(int argc, char **argv) {
     std::uint64_t hidden = 1024, layers = 4;
-    int repeat = 3;
+    int repeat = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string a = argv[i];
         if (a == "--hidden") hidden = std::strtoull(argv[i + 1], nullptr, 10);
@@ -232,7 +239,10 @@ int main(int argc, char **argv) {
                     double secs = timed([&] {
                         raw(read ? dst.te : src.te, read ? src.segment : dst.segment, ranges, read);
                     });
-                    if (r >= 0) row.raw.seconds = std::min(row.raw.seconds, secs);
+                    if (r >= 0) {
+                        row.raw.seconds = std::min(row.raw.seconds, secs);
+                        row.raw.all.push_back(secs);
+                    }
                     row.raw.requests = ranges.size();
                     for (auto &b : t.m->buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
                     std::uint64_t ops = 0;
@@ -254,7 +264,10 @@ int main(int argc, char **argv) {
                         }
                     });
                     t.m->verify();  // throws on any differing byte
-                    if (r >= 0) row.ours.seconds = std::min(row.ours.seconds, secs);
+                    if (r >= 0) {
+                        row.ours.seconds = std::min(row.ours.seconds, secs);
+                        row.ours.all.push_back(secs);
+                    }
                     row.ours.requests = (read ? dst_adapter : src_adapter).counters().requests - native_before;
                     row.engine_operations = ops;
                 }
@@ -284,6 +297,7 @@ int main(int argc, char **argv) {
             figures.emplace_back(key + "_raw_gbps", raw_gbs);
             figures.emplace_back(key + "_ours_gbps", ours_gbs);
             figures.emplace_back(key + "_ratio", ours_gbs / raw_gbs);
+            figures.emplace_back(key + "_median_ratio", r.raw.median() / r.ours.median());
         }
         std::printf("\n");
         for (const auto &f : figures) std::printf("figure: %s = %.3f\n", f.first.c_str(), f.second);
