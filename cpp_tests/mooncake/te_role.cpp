@@ -167,6 +167,28 @@ struct Hook {
     }
 };
 
+// ---- a counting allocation guard (pins) --------------------------------------------
+std::atomic<long> g_pins_held{0};
+std::atomic<std::uint64_t> g_pins_total{0};
+int32_t pin(void *, const char *, const char *, const char *const *, size_t, mws_binding **, std::uint64_t *token) {
+    *token = ++g_pins_total;
+    g_pins_held += 1;
+    return 0;
+}
+int32_t unpin(void *, std::uint64_t, uint32_t) {
+    g_pins_held -= 1;
+    return 0;
+}
+mws_guard_vtable counting_guard() {
+    mws_guard_vtable g{};
+    g.size = sizeof g;
+    g.version = MWS_GUARD_VTABLE_VERSION;
+    g.acquire = &pin;
+    g.release = &unpin;
+    return g;
+}
+const mws_guard_vtable g_guard = counting_guard();
+
 // ---- the process ------------------------------------------------------------------
 std::string salted(const std::string &content_id, std::uint64_t generation) {
     return content_id + "#gen" + std::to_string(generation);
@@ -389,7 +411,9 @@ struct Session {
         engine = mws::TransferEngine::from_vtable(vt, &hook);
     }
     std::string state() {
-        return "\"registered\":" + num(adapter.registered_regions()) + ",\"pending\":" + num(engine.pending_count()) +
+        return "\"registered\":" + num(adapter.registered_regions()) + ",\"pins_held\":" +
+               std::to_string(g_pins_held.load()) + ",\"pins_taken\":" + num(g_pins_total.load()) +
+               ",\"pending\":" + num(engine.pending_count()) +
                ",\"in_flight\":" + num(adapter.batches_in_flight()) + ",\"open_tickets\":" +
                num(adapter.open_tickets()) + ",\"counters\":" + counters_json(adapter.counters());
     }
@@ -448,6 +472,7 @@ std::string pull(Role &r, const std::string &text, const mj_value *c) {
     mws::Loader loader(s->engine, &limits);
     mws_live_args args{};
     args.local_pre_registered = 1;
+    args.guard = &g_guard;  // counts pins: none may be left held after a call
     std::uint64_t calls_before = s->adapter.counters().engine_calls;
     std::vector<mws::Binding> releases;
     if (stale == "lease") releases = re_leased(r);
@@ -495,6 +520,7 @@ std::string push(Role &r, const mj_value *c) {
     mws::Sink sink(s->engine, &limits);
     mws_live_args args{};
     args.local_pre_registered = 1;
+    args.guard = &g_guard;  // counts pins: none may be left held after a call
     std::uint64_t calls_before = s->adapter.counters().engine_calls;
     std::uint64_t bytes = 0, ops = 0, eops = 0;
     std::string failed;

@@ -151,10 +151,10 @@ def setup(trainer: Child, server: Child, gen: int) -> dict:
 
 def clean(state: dict, who: str) -> None:
     check(state["registered"] == 0 and state["pending"] == 0 and state["in_flight"] == 0
-          and state["open_tickets"] == 0,
-          f"{who}: nothing left registered by the library, pending, in flight or ticketed "
-          f"(registered {state['registered']}, pending {state['pending']}, in flight {state['in_flight']}, "
-          f"tickets {state['open_tickets']})")
+          and state["open_tickets"] == 0 and state["pins_held"] == 0 and state["pins_taken"] > 0,
+          f"{who}: nothing left registered by the library, pinned, pending, in flight or ticketed "
+          f"(registered {state['registered']}, pins held {state['pins_held']} of {state['pins_taken']} taken, "
+          f"pending {state['pending']}, in flight {state['in_flight']}, tickets {state['open_tickets']})")
 
 
 def all_good(verify: dict) -> bool:
