@@ -92,7 +92,9 @@ struct Notification {
 /// The notify poll of a serving engine: drains `te.getNotifies()` once, hands every
 /// message of this library (name == mws::notify_name()) to `on_weight_store_message`,
 /// and returns the others (getNotifies drains everything: the caller processes its
-/// own). Exceptions of the callback propagate after the poll.
+/// own). The callback should not throw: if it does, the remaining messages are still
+/// handed to it and the first exception is rethrown after the poll (the foreign
+/// notifications of that poll are then lost). Thread safety: as te.getNotifies.
 std::vector<Notification> poll_notifies(::mooncake::TransferEngine &te,
                                         const std::function<void(std::string_view message)> &on_weight_store_message);
 
