@@ -1,49 +1,29 @@
 // mooncake_te_vtable.cpp: how a C++ process that runs Mooncake's Transfer Engine
-// (`mooncake::TransferEngine`, mooncake-transfer-engine/include/transfer_engine.h) plugs
-// it into the live-transfer executors through mws_transfer_engine_from_vtable. The
-// mapping (TeVtable<Engine>):
+// (`mooncake::TransferEngine`) plugs it into the live-transfer executors through the
+// engine vtable, built and run everywhere against an in-process STAND-IN of that
+// engine (no Mooncake needed). The mapping itself is the adapter library's
+// (adapters/mooncake_te/include/mooncake_weight_store/mooncake_te_core.hpp, TeCore<Api>),
+// which the real adapter mooncake_weight_store::mooncake_te instantiates with
+// Mooncake's own types and this program with the stand-in's; see that header for the
+// call-by-call mapping. On the real engine the same code runs in cpp_tests/mooncake
+// (ctest label `mooncake`, two processes; .ci/mooncake.sh).
 //
-//   get_engine_id             the engine object's address (stable per engine, as the
-//                             wheel's get_engine_ptr)
-//   register_memory           registerLocalMemory(addr, len, "*" | "cuda:<ordinal>")
-//   unregister_memory         unregisterLocalMemory(addr)
-//   batch_transfer_sync_read  openSegment(endpoint) (cached per endpoint), then per chunk
-//   batch_transfer_sync_write of at most `queue_limit` requests (the TCP transport queues
-//                             at most 1024 transfers per peer):
-//                             allocateBatchID(k) -> submitTransfer(TransferRequest{READ |
-//                             WRITE, local address, segment, remote address, length}) ->
-//                             getTransferStatus(batch, task) polled until every task is
-//                             terminal -> freeBatchID. 0 only when every task COMPLETED.
-//   submit_with_ticket        the same requests, submitted chunk by chunk as the previous
-//   ticket_status/_drain      chunk completes; the ticket id is ours (a counter), never a
-//   ticket_release            native BatchID, so an unknown or released ticket is an
-//                             error code, never a native call on a freed batch. Status:
-//                             0 every task completed; -1 a task failed and none is still
-//                             pending (failed-drained); -2 still running / cannot tell.
+// standin::TransferEngine has the same method names, signatures and observable
+// semantics as mooncake::TransferEngine as far as the adapter depends on them
+// (segments by name, registrations checked on both sides as RDMA does, a per-peer
+// queue of 1024 transfers with partial admission past it, status polling, unknown
+// batch id -> error status, freeBatchID refused while tasks are pending,
+// sendNotifyByName / getNotifies), so the mapping is tested here under valgrind and
+// ASan (ctest int.example_mooncake_te_vtable and leak.mws_example_mooncake_te_vtable).
 //
-// Every callback catches everything (nothing unwinds into the library) and takes the
-// adapter's mutex (the vtable contract asks for thread-safe callbacks).
-//
-// Two engines:
-//   - MWS_HAVE_MOONCAKE (cmake -DMWS_WITH_MOONCAKE=ON, only when CMake finds Mooncake's
-//     transfer_engine.h and libtransfer_engine): TeVtable<mooncake::TransferEngine>; the
-//     program then only checks that the adapter compiles and links against the real
-//     engine and registers a buffer (a real two-process run needs a peer: see
-//     docs/mooncake/LIVE-TRANSFER-ON-TE.md).
-//   - otherwise: standin::TransferEngine, an in-process class with the same method
-//     names, signatures and observable semantics (segments by name, registrations
-//     checked on both sides as RDMA does, a per-peer queue of 1024 transfers with
-//     partial admission past it, status polling, unknown batch id -> error status,
-//     freeBatchID refused while tasks are pending), so that the mapping itself is built
-//     and tested everywhere (ctest int.example_mooncake_te_vtable).
-//
-// The stand-in program: a trainer in TP4 x DP2 and a server in TP2 x EP2, one engine
-// per participant (one process per rank in real life), plans the live reshard, pulls
-// (reader) and pushes (sink) through the adapter, legacy batches and tickets, and
-// verifies every target byte each time; it checks that a batch larger than the
-// queue limit is split by the adapter (and fails when the adapter does not split),
-// and that an engine failure fails the call with nothing pending, no registration
-// left behind, and a clean retry.
+// The program: a trainer in TP4 x DP2 and a server in TP2 x EP2, one engine per
+// participant, plans the live reshard, pulls (reader: staged reads of the column-split
+// rows, and without staging) and pushes (sink, notified: the server accepts through
+// getNotifies) through the adapter, legacy batches and tickets, and verifies every
+// target byte each time; it checks that a batch larger than the queue limit is split
+// by the adapter (and fails when the adapter does not split), that an engine failure
+// fails the call with nothing pending and no registration left behind (and that a
+// failed staged read is re-read unstaged), and that unknown ids are errors.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -58,326 +38,45 @@
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
+#include "mooncake_weight_store/mooncake_te_core.hpp"
 #include "support/mws_model.hpp"
-
-#ifdef MWS_HAVE_MOONCAKE
-#include "transfer_engine.h"
-#endif
 
 namespace mcte {
 
-// ---- the adapter -----------------------------------------------------------------
-
-/// The engine vtable over an engine described by `Api` (the types and status
-/// predicates of mooncake::TransferEngine, or of the stand-in below). The adapter
-/// borrows the engine (which must outlive it); the caller keeps the adapter alive as
-/// long as every mws::TransferEngine made by `open` and every loader and sink on it.
+/// The adapter over an engine described by `Api`: TeCore plus `open(with_tickets)`
+/// (a library engine with or without the ticketed entries).
 template <class Api>
-class TeVtable {
+class TeVtable : public mws::mooncake_te::TeCore<Api> {
 public:
-    using Engine = typename Api::Engine;
-    using Request = typename Api::Request;
-    using BatchID = typename Api::BatchID;
-    using SegmentHandle = typename Api::SegmentHandle;
-    using OpCode = decltype(Request{}.opcode);
-
-    explicit TeVtable(Engine &engine, std::size_t queue_limit = 1024) : engine_(&engine), queue_limit_(queue_limit) {}
-    TeVtable(const TeVtable &) = delete;
-    TeVtable &operator=(const TeVtable &) = delete;
-    ~TeVtable() {
-        // Release what the library did not (tickets are released by the library; this
-        // covers native batches that were still pending when their ticket went).
-        std::lock_guard<std::mutex> g(mu_);
-        for (auto &t : tickets_) free_if_done(t.second.batch, t.second.submitted_in_chunk);
-        for (auto &z : zombies_) free_if_done(z.first, z.second);
-    }
-
-    /// The vtable; `with_tickets` also sets the ticketed entries (async batches).
-    static mws_transfer_engine_vtable vtable(bool with_tickets) {
-        mws_transfer_engine_vtable vt{};
-        vt.size = sizeof vt;
-        vt.version = MWS_TRANSFER_ENGINE_VTABLE_VERSION;
-        vt.get_engine_id = &get_engine_id;
-        vt.register_memory = &register_memory;
-        vt.unregister_memory = &unregister_memory;
-        vt.batch_transfer_sync_write = &sync_write;
-        vt.batch_transfer_sync_read = &sync_read;
-        if (with_tickets) {
-            vt.submit_with_ticket = &submit_with_ticket;
-            vt.ticket_status = &ticket_status;
-            vt.ticket_drain = &ticket_drain;
-            vt.ticket_release = &ticket_release;
+    using Core = mws::mooncake_te::TeCore<Api>;
+    explicit TeVtable(typename Api::Engine &engine, mws::mooncake_te::Options options = {})
+        : Core(engine, std::move(options)) {}
+    mws_transfer_engine_vtable vtable_with(bool with_tickets) const {
+        mws_transfer_engine_vtable vt = Core::vtable();
+        if (!with_tickets) {
+            vt.submit_with_ticket = nullptr;
+            vt.ticket_status = nullptr;
+            vt.ticket_drain = nullptr;
+            vt.ticket_release = nullptr;
         }
         return vt;
     }
-
-    /// A library engine over this adapter.
-    mws::TransferEngine open(bool with_tickets) { return mws::TransferEngine::from_vtable(vtable(with_tickets), this); }
-
-    /// Native batches submitted so far (chunks), and the largest one.
-    std::size_t native_batches() const { return native_batches_; }
-    std::size_t largest_native_batch() const { return largest_; }
-    /// Polling deadline of one native batch (the engine's own timeout applies as well).
-    std::chrono::milliseconds batch_timeout{30000};
-
-private:
-    enum : int32_t { OK = 0, FAILED = -1, UNKNOWN = -2 };
-    using Clock = std::chrono::steady_clock;
-
-    struct Ticket {
-        OpCode opcode;
-        SegmentHandle segment;
-        std::vector<Request> requests;
-        std::size_t next = 0;               ///< first request not yet submitted
-        BatchID batch{};                    ///< the current chunk's native batch
-        std::size_t submitted_in_chunk = 0;  ///< its size (0: none outstanding)
-        bool failed = false;                ///< a task failed or a submission failed
-    };
-
-    static TeVtable &self(void *ctx) { return *static_cast<TeVtable *>(ctx); }
-
-    template <class F, class R>
-    static R guarded(F &&f, R on_error) noexcept {
-        try {
-            return f();
-        } catch (...) {
-            return on_error;
-        }
+    mws::TransferEngine open(bool with_tickets) {
+        return mws::TransferEngine::from_vtable(vtable_with(with_tickets), this->ctx());
     }
-
-    static uint64_t get_engine_id(void *ctx) noexcept {
-        return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(self(ctx).engine_));
-    }
-
-    static int32_t register_memory(void *ctx, uint64_t address, uint64_t len, int32_t device) noexcept {
-        return guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            std::string location = device < 0 ? std::string("*") : "cuda:" + std::to_string(device);
-            return static_cast<int32_t>(
-                s.engine_->registerLocalMemory(reinterpret_cast<void *>(static_cast<uintptr_t>(address)),
-                                               static_cast<size_t>(len), location));
-        }, int32_t{FAILED});
-    }
-
-    static int32_t unregister_memory(void *ctx, uint64_t address) noexcept {
-        return guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            return static_cast<int32_t>(
-                s.engine_->unregisterLocalMemory(reinterpret_cast<void *>(static_cast<uintptr_t>(address))));
-        }, int32_t{FAILED});
-    }
-
-    /// openSegment once per endpoint; false when the engine refuses it.
-    bool segment(const std::string &endpoint, SegmentHandle &out) {
-        auto it = segments_.find(endpoint);
-        if (it != segments_.end()) {
-            out = it->second;
-            return true;
-        }
-        SegmentHandle h = engine_->openSegment(endpoint);
-        if (static_cast<long long>(h) < 0) return false;
-        segments_.emplace(endpoint, h);
-        out = h;
-        return true;
-    }
-
-    std::vector<Request> requests(OpCode op, SegmentHandle seg, const uint64_t *local,
-                                                   const uint64_t *remote, const uint64_t *sizes, size_t n) {
-        std::vector<Request> v(n);
-        for (size_t i = 0; i < n; ++i) {
-            v[i].opcode = op;
-            v[i].source = reinterpret_cast<void *>(static_cast<uintptr_t>(local[i]));
-            v[i].target_id = seg;
-            v[i].target_offset = remote[i];  // RAM segments: the remote virtual address
-            v[i].length = static_cast<size_t>(sizes[i]);
-        }
-        return v;
-    }
-
-    /// Submits requests[from, from + k) as one native batch; false if nothing was
-    /// submitted (`batch` unset) or the submission was refused (`batch` set: tasks may
-    /// have been admitted in part; poll them before freeing).
-    bool submit_chunk(const std::vector<Request> &all, std::size_t from, std::size_t k,
-                      BatchID &batch, bool &allocated) {
-        allocated = false;
-        batch = engine_->allocateBatchID(k);
-        if (batch == Api::kInvalidBatch) return false;
-        allocated = true;
-        native_batches_ += 1;
-        largest_ = std::max(largest_, k);
-        std::vector<Request> chunk(all.begin() + static_cast<std::ptrdiff_t>(from),
-                                                    all.begin() + static_cast<std::ptrdiff_t>(from + k));
-        return engine_->submitTransfer(batch, chunk).ok();
-    }
-
-    /// Polls every task of a native batch once: OK (all completed), FAILED (all terminal,
-    /// one failed), UNKNOWN (some pending, or the status cannot be read).
-    int32_t poll(BatchID batch, std::size_t k) {
-        bool pending = false, failed = false;
-        for (std::size_t t = 0; t < k; ++t) {
-            typename Api::TransferStatus st{};
-            if (!engine_->getTransferStatus(batch, t, st).ok()) return UNKNOWN;
-            if (Api::completed(st)) continue;
-            if (Api::failed(st)) {
-                failed = true;
-            } else {
-                pending = true;
-            }
-        }
-        return pending ? UNKNOWN : failed ? FAILED : OK;
-    }
-
-    /// Frees a native batch whose tasks are all terminal; false (kept) otherwise.
-    bool free_if_done(BatchID batch, std::size_t k) {
-        if (k == 0) return true;
-        if (poll(batch, k) == UNKNOWN) return false;
-        return engine_->freeBatchID(batch).ok();
-    }
-
-    /// Waits (polling) until every task of the batch is terminal or the deadline passes.
-    int32_t wait(BatchID batch, std::size_t k, Clock::time_point deadline) {
-        for (;;) {
-            int32_t s = poll(batch, k);
-            if (s != UNKNOWN || Clock::now() >= deadline) return s;
-        }
-    }
-
-    int32_t sync(OpCode op, mws_bytes endpoint, const uint64_t *local, const uint64_t *remote, const uint64_t *sizes,
-                 size_t n) {
-        std::lock_guard<std::mutex> g(mu_);
-        SegmentHandle seg{};
-        if (!segment(std::string(endpoint.ptr, endpoint.len), seg)) return FAILED;
-        std::vector<Request> all = requests(op, seg, local, remote, sizes, n);
-        for (std::size_t from = 0; from < n; from += queue_limit_) {
-            std::size_t k = std::min(queue_limit_, n - from);
-            BatchID batch{};
-            bool allocated = false;
-            bool ok = submit_chunk(all, from, k, batch, allocated);
-            if (!allocated) return FAILED;
-            int32_t s = wait(batch, k, Clock::now() + batch_timeout);
-            if (s == UNKNOWN) {
-                zombies_.emplace_back(batch, k);  // cannot be freed while tasks run
-                return FAILED;                   // the library treats it as completion unknown
-            }
-            engine_->freeBatchID(batch);
-            if (!ok || s != OK) return FAILED;
-        }
-        return OK;
-    }
-
-    static int32_t sync_read(void *ctx, mws_bytes endpoint, const uint64_t *local, const uint64_t *remote,
-                             const uint64_t *sizes, size_t n) noexcept {
-        return guarded([&] { return self(ctx).sync(Api::kRead, endpoint, local, remote, sizes, n); },
-                       int32_t{FAILED});
-    }
-    static int32_t sync_write(void *ctx, mws_bytes endpoint, const uint64_t *local, const uint64_t *remote,
-                              const uint64_t *sizes, size_t n) noexcept {
-        return guarded([&] { return self(ctx).sync(Api::kWrite, endpoint, local, remote, sizes, n); },
-                       int32_t{FAILED});
-    }
-
-    /// Moves a ticket on: polls its chunk; when it completed, frees it and submits the
-    /// next one. Returns the ticket's status (OK / FAILED / UNKNOWN).
-    int32_t advance(Ticket &t) {
-        for (;;) {
-            if (t.submitted_in_chunk != 0) {
-                int32_t s = poll(t.batch, t.submitted_in_chunk);
-                if (s == UNKNOWN) return UNKNOWN;
-                engine_->freeBatchID(t.batch);
-                t.submitted_in_chunk = 0;
-                if (s == FAILED) t.failed = true;
-            }
-            if (t.failed) return FAILED;
-            if (t.next == t.requests.size()) return OK;
-            std::size_t k = std::min(queue_limit_, t.requests.size() - t.next);
-            bool allocated = false;
-            bool ok = submit_chunk(t.requests, t.next, k, t.batch, allocated);
-            if (!allocated) {
-                t.failed = true;
-                return FAILED;
-            }
-            t.submitted_in_chunk = k;
-            t.next += k;
-            if (!ok) t.failed = true;  // poll the admitted part before reporting
-        }
-    }
-
-    static int32_t submit_with_ticket(void *ctx, uint32_t direction, mws_bytes endpoint, const uint64_t *local,
-                                      const uint64_t *remote, const uint64_t *sizes, size_t n,
-                                      uint64_t *ticket) noexcept {
-        return guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            SegmentHandle seg{};
-            if (ticket == nullptr || !s.segment(std::string(endpoint.ptr, endpoint.len), seg)) return int32_t{FAILED};
-            OpCode op = direction == MWS_TRANSFER_READ ? Api::kRead : Api::kWrite;
-            Ticket t{op, seg, s.requests(op, seg, local, remote, sizes, n)};
-            std::size_t k = std::min(s.queue_limit_, n);
-            bool allocated = false;
-            bool ok = s.submit_chunk(t.requests, 0, k, t.batch, allocated);
-            if (!allocated) return int32_t{FAILED};  // nothing submitted, no ticket
-            t.submitted_in_chunk = k;
-            t.next = k;
-            if (!ok) t.failed = true;
-            uint64_t id = s.next_ticket_++;
-            s.tickets_.emplace(id, std::move(t));
-            *ticket = id;
-            return int32_t{OK};
-        }, int32_t{FAILED});
-    }
-
-    static int32_t ticket_status(void *ctx, uint64_t ticket, int32_t *status) noexcept {
-        return guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            auto it = s.tickets_.find(ticket);
-            if (it == s.tickets_.end() || status == nullptr) return int32_t{FAILED};  // unknown ticket: an error
-            *status = s.advance(it->second);
-            return int32_t{OK};
-        }, int32_t{FAILED});
-    }
-
-    static int32_t ticket_drain(void *ctx, uint64_t ticket, uint64_t timeout_ms, int32_t *status) noexcept {
-        return guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            auto it = s.tickets_.find(ticket);
-            if (it == s.tickets_.end() || status == nullptr) return int32_t{FAILED};
-            Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-            int32_t st = s.advance(it->second);
-            while (st == UNKNOWN && Clock::now() < deadline) st = s.advance(it->second);
-            *status = st;
-            return int32_t{OK};
-        }, int32_t{FAILED});
-    }
-
-    static void ticket_release(void *ctx, uint64_t ticket) noexcept {
-        guarded([&] {
-            TeVtable &s = self(ctx);
-            std::lock_guard<std::mutex> g(s.mu_);
-            auto it = s.tickets_.find(ticket);
-            if (it == s.tickets_.end()) return 0;
-            Ticket &t = it->second;
-            if (t.submitted_in_chunk != 0 && !s.free_if_done(t.batch, t.submitted_in_chunk)) {
-                s.zombies_.emplace_back(t.batch, t.submitted_in_chunk);
-            }
-            s.tickets_.erase(it);
-            return 0;
-        }, 0);
-    }
-
-    Engine *engine_;
-    std::size_t queue_limit_;
-    std::mutex mu_;
-    std::map<std::string, SegmentHandle> segments_;
-    std::map<uint64_t, Ticket> tickets_;
-    std::vector<std::pair<BatchID, std::size_t>> zombies_;  ///< native batches still running
-    uint64_t next_ticket_ = 1;
-    std::size_t native_batches_ = 0, largest_ = 0;
+    std::size_t native_batches() const { return this->counters().native_batches; }
+    std::size_t largest_native_batch() const { return this->counters().largest_batch; }
 };
 
+/// Options without staged reads or request splitting: one native request per library
+/// operation (the split and failure checks count requests).
+inline mws::mooncake_te::Options plain_options(std::size_t queue_limit = 1024) {
+    mws::mooncake_te::Options o;
+    o.queue_limit = queue_limit;
+    o.staging_bytes = 0;
+    o.max_request_bytes = 0;
+    return o;
+}
 
 // ---- the stand-in ------------------------------------------------------------------
 
@@ -409,6 +108,11 @@ struct TransferRequest {
 
 enum TransferStatusEnum { WAITING, PENDING, INVALID, CANCELED, COMPLETED, TIMEOUT, FAILED };
 
+struct NotifyDesc {
+    std::string name;
+    std::string notify_msg;
+};
+
 struct TransferStatus {
     TransferStatusEnum s;
     size_t transferred_bytes;
@@ -424,8 +128,8 @@ struct Fabric {
 };
 
 /// In-process stand-in of mooncake::TransferEngine: the same calls, with the
-/// observable semantics the adapter depends on. A task runs when it is polled for the
-/// second time (the first poll reports PENDING), so status polling is exercised.
+/// observable semantics the adapter depends on. A batch's tasks run at its second
+/// status poll (the first poll reports them PENDING), so status polling is exercised.
 class TransferEngine {
 public:
     explicit TransferEngine(Fabric &fabric, std::size_t queue_limit = 1024) : fabric_(&fabric), limit_(queue_limit) {}
@@ -520,8 +224,15 @@ public:
         if (it == batches_.end() || task_id >= it->second.tasks.size()) {
             return Status::Error("getTransferStatus: unknown batch or task");
         }
-        Task &t = it->second.tasks[task_id];
-        if (t.state == PENDING && ++t.polls >= 2) run(t);
+        // The batch progresses in the background of status polls: the first poll of a
+        // batch reports its tasks pending, later polls find them run (in order).
+        Batch &batch = it->second;
+        if (++batch.polls >= 2) {
+            for (Task &p : batch.tasks) {
+                if (p.state == PENDING) run(p);
+            }
+        }
+        Task &t = batch.tasks[task_id];
         status = TransferStatus{t.state, t.state == COMPLETED ? t.req.length : 0};
         return Status::OK();
     }
@@ -538,11 +249,33 @@ public:
         return Status::OK();
     }
 
+    /// Delivers a notification to the engine published as `remote_agent`: 0, or -200
+    /// (ERR_METADATA) for an unknown segment (as the real engine).
+    int sendNotifyByName(std::string remote_agent, NotifyDesc notify_msg) {
+        std::lock_guard<std::mutex> g(fabric_->mu);
+        auto peer = fabric_->segments.find(remote_agent);
+        if (peer == fabric_->segments.end()) return -200;
+        peer->second->notifies_.push_back(std::move(notify_msg));
+        return 0;
+    }
+    /// Moves every received notification to `out` (as the real engine: drains).
+    int getNotifies(std::vector<NotifyDesc> &out) {
+        std::lock_guard<std::mutex> g(fabric_->mu);
+        for (auto &n : notifies_) out.push_back(std::move(n));
+        notifies_.clear();
+        return 0;
+    }
+
     // Test hooks.
     /// The `n`-th task that runs from now on fails without moving bytes (n = 0: the next).
     void fail_task_after(long long n) {
         std::lock_guard<std::mutex> g(fabric_->mu);
         fail_countdown_ = n;
+    }
+    /// The next task whose local buffer starts inside [begin, begin + n) fails.
+    void fail_next_local_in(const void *begin, std::size_t n) {
+        std::lock_guard<std::mutex> g(fabric_->mu);
+        fail_local_ = {reinterpret_cast<uintptr_t>(begin), n};
     }
     std::size_t registration_count() {
         std::lock_guard<std::mutex> g(fabric_->mu);
@@ -561,6 +294,7 @@ private:
         int polls;
     };
     struct Batch {
+        int polls = 0;
         std::size_t capacity = 0;
         std::vector<Task> tasks;
     };
@@ -579,6 +313,10 @@ private:
         auto local = reinterpret_cast<uintptr_t>(t.req.source);
         bool fail = fail_countdown_ == 0;
         if (fail_countdown_ >= 0) fail_countdown_ -= 1;
+        if (fail_local_.second != 0 && local - fail_local_.first < fail_local_.second) {
+            fail = true;
+            fail_local_ = {0, 0};
+        }
         // Both sides must be registered (RDMA checks both; TCP only the remote one).
         if (fail || peer == fabric_->segments.end() || !registered(local, t.req.length) ||
             !peer->second->registered(static_cast<uintptr_t>(t.req.target_offset), t.req.length)) {
@@ -603,6 +341,8 @@ private:
     std::map<BatchID, Batch> batches_;
     uint64_t next_batch_ = 1;
     long long fail_countdown_ = -1;
+    std::pair<uintptr_t, std::size_t> fail_local_{0, 0};
+    std::vector<NotifyDesc> notifies_;
 };
 
 }  // namespace standin
@@ -619,32 +359,15 @@ struct StandInApi {
     static constexpr Request::OpCode kWrite = Request::WRITE;
     static bool completed(const TransferStatus &s) { return s.s == standin::COMPLETED; }
     static bool failed(const TransferStatus &s) {
-        return s.s == standin::FAILED || s.s == standin::TIMEOUT || s.s == standin::INVALID ||
-               s.s == standin::CANCELED;
+        return s.s == standin::FAILED || s.s == standin::INVALID || s.s == standin::CANCELED;
     }
+    using Status = standin::Status;
+    using NotifyDesc = standin::NotifyDesc;
+    static bool invalid_segment(SegmentHandle h) { return h < 0; }
+    static std::int32_t status_code(const Status &) { return mws::mooncake_te::kErrStatusBase - 1; }
+    static std::string status_text(const Status &s) { return s.ToString(); }
 };
 
-#ifdef MWS_HAVE_MOONCAKE
-/// Mooncake's own types for TeVtable (transfer_engine.h / transport.h).
-struct MooncakeApi {
-    using Engine = mooncake::TransferEngine;
-    using Request = mooncake::TransferRequest;
-    using BatchID = mooncake::BatchID;
-    using SegmentHandle = mooncake::SegmentHandle;
-    using TransferStatus = mooncake::TransferStatus;
-    static constexpr BatchID kInvalidBatch = mooncake::INVALID_BATCH_ID;
-    static constexpr Request::OpCode kRead = Request::READ;
-    static constexpr Request::OpCode kWrite = Request::WRITE;
-    static bool completed(const TransferStatus &s) { return s.s == mooncake::TransferStatusEnum::COMPLETED; }
-    // The cancelled state is spelt differently across Mooncake versions; it is not
-    // reported by the TCP and RDMA transports, so it stays "not terminal" here and a
-    // batch in it ends by the adapter's batch_timeout (completion unknown).
-    static bool failed(const TransferStatus &s) {
-        return s.s == mooncake::TransferStatusEnum::FAILED || s.s == mooncake::TransferStatusEnum::TIMEOUT ||
-               s.s == mooncake::TransferStatusEnum::INVALID;
-    }
-};
-#endif
 
 }  // namespace mcte
 
@@ -656,7 +379,6 @@ void require(bool ok, const std::string &what) {
     if (!ok) throw std::runtime_error("check failed: " + what);
 }
 
-#ifndef MWS_HAVE_MOONCAKE
 using Adapter = mcte::TeVtable<mcte::StandInApi>;
 
 /// One instance (trainer or server): a model, one stand-in engine and adapter per
@@ -674,7 +396,7 @@ struct Instance {
         for (const auto &b : model.buffers) {
             auto e = std::make_unique<mcte::standin::TransferEngine>(fabric);
             require(e->init("P2PHANDSHAKE", prefix + b.first + ":17000") == 0, "engine init");
-            adapters[b.first] = std::make_unique<Adapter>(*e);
+            adapters[b.first] = std::make_unique<Adapter>(*e, mcte::plain_options());
             engines[b.first] = std::move(e);
         }
     }
@@ -815,7 +537,7 @@ int run_stand_in() {
         dst.reset();
         src.register_all();
         const std::string p0 = dst.model.buffers.begin()->first;
-        Adapter unsplit(*dst.engines[p0], std::size_t{1} << 20);
+        Adapter unsplit(*dst.engines[p0], mcte::plain_options(std::size_t{1} << 20));
         mws::TransferEngine engine = unsplit.open(true);
         mws::Loader loader(engine, &big);
         bool failed = false;
@@ -864,15 +586,102 @@ int run_stand_in() {
                     static_cast<unsigned long long>(ok.bytes));
     }
 
+    // Staged reads: the column-split rows of each source fragment are contiguous on the
+    // source side, so each run is read as one request into the adapter's registered
+    // staging pool and copied to the strided target rows; a failed staged run is read
+    // again without staging.
+    {
+        std::uint64_t runs = 0, ranges = 0, retries = 0;
+        std::size_t verified = 0, verified_after_failure = 0;
+        src.register_all();
+        for (const auto &b : dst.model.buffers) {
+            Adapter staged(*dst.engines[b.first]);  // default options: staging on
+            mws::TransferEngine engine = staged.open(true);
+            mws::Loader loader(engine);
+            for (int round = 0; round < 2; ++round) {
+                dst.reset();
+                if (round == 1) {
+                    // The next staged run fails: the ticket is read again unstaged.
+                    auto pool = staged.staging_pool();
+                    require(pool.first != nullptr, "the first round staged");
+                    dst.engines[b.first]->fail_next_local_in(pool.first, pool.second);
+                }
+                std::uint64_t moved = loader.load_live(plan, src.model.placement, src.model.binding_ptrs(),
+                                                       dst.model.placement, dst.binding(b.first))
+                                          .bytes;
+                require(moved > 0 && engine.pending_count() == 0, "staged pull, nothing pending");
+                for (const View &v : dst.model.views) {
+                    if (v.participant != b.first) continue;
+                    std::vector<unsigned char> want(v.nbytes);
+                    expected_bytes(dst.model.content_ids.at(v.tensor), dst.model.global_shapes.at(v.tensor),
+                                   v.itemsize, v.goffset.data(), v.shape.data(), v.shape.size(), want.data());
+                    require(std::memcmp(dst.model.buffers.at(b.first).data() + v.offset, want.data(), v.nbytes) == 0,
+                            "staged target bytes");
+                    (round == 0 ? verified : verified_after_failure) += v.nbytes;
+                }
+            }
+            mws::mooncake_te::Counters c = staged.counters();
+            runs += c.staged_runs;
+            ranges += c.staged_ranges;
+            retries += c.unstaged_retries;
+        }
+        src.unregister_all();
+        require(verified == total && verified_after_failure == total, "every byte, both rounds");
+        require(runs > 0 && ranges > runs, "staged reads moved the rows in fewer requests");
+        require(retries == dst.model.buffers.size(), "each failed staged read was re-read unstaged");
+        require(dst.registrations() == 0, "the staging pools are unregistered with their adapters");
+        std::printf("staged reads: %llu ranges in %llu requests; a failed staged run re-read unstaged %llu times; "
+                    "%zu + %zu bytes verified\n",
+                    static_cast<unsigned long long>(ranges), static_cast<unsigned long long>(runs),
+                    static_cast<unsigned long long>(retries), verified, verified_after_failure);
+    }
+
+    // The notify hook: each source pushes with mws_sink_execute_notified; each target
+    // learns what landed only through its engine's getNotifies and its acceptor.
+    {
+        const std::string key = "a shared key of at least 16 bytes";
+        dst.reset();
+        dst.register_all();
+        for (const auto &b : src.model.buffers) {
+            mws::TransferEngine engine = src.adapters[b.first]->open(true);
+            mws::Sink sink(engine);
+            mws::sink_execute_notified(sink, key, plan, src.model.placement, src.binding(b.first), dst.model.placement,
+                                       dst.model.binding_ptrs());
+        }
+        std::size_t accepted = 0;
+        for (const auto &b : dst.model.buffers) {
+            mws::NotifyAcceptor acceptor(plan, b.first, key);
+            std::vector<mcte::standin::NotifyDesc> got;
+            dst.engines[b.first]->getNotifies(got);
+            for (const auto &n : got) {
+                require(n.name == mws::notify_name(), "notify name");
+                std::string why;
+                require(acceptor.accept(n.notify_msg, nullptr, &why) == MWS_NOTIFY_ACCEPTED, "accepted: " + why);
+                ++accepted;
+                std::string replay_why;
+                require(acceptor.accept(n.notify_msg, nullptr, &replay_why) == MWS_NOTIFY_REPLAYED, "replay refused");
+            }
+            mws_notify_outcome o = acceptor.outcome();
+            require(o.verdict == MWS_TARGET_UPDATED && o.generation == 1, "target updated through the notify hook");
+        }
+        dst.unregister_all();
+        std::printf("notified push: %zu notifications accepted, every target updated, %zu bytes verified\n", accepted,
+                    dst.model.verify());
+    }
+
     // Unknown ids are errors, never crashes: a ticket the adapter never issued, and a
     // native batch id the engine never allocated.
     {
         Adapter &a = *dst.adapters.begin()->second;
-        mws_transfer_engine_vtable vt = Adapter::vtable(true);
+        mws_transfer_engine_vtable vt = a.vtable_with(true);
         std::int32_t status = 0;
-        require(vt.ticket_status(&a, 987654321, &status) != 0, "unknown ticket -> error");
-        require(vt.ticket_drain(&a, 987654321, 10, &status) != 0, "unknown ticket drain -> error");
-        vt.ticket_release(&a, 987654321);
+        require(vt.ticket_status(a.ctx(), 987654321, &status) == mws::mooncake_te::kErrUnknownTicket,
+                "unknown ticket -> error");
+        require(vt.ticket_drain(a.ctx(), 987654321, 10, &status) == mws::mooncake_te::kErrUnknownTicket,
+                "unknown ticket drain -> error");
+        vt.ticket_release(a.ctx(), 987654321);
+        require(vt.unregister_memory(a.ctx(), 0x1000) == mws::mooncake_te::kErrNotOurs,
+                "memory the adapter did not register is never unregistered");
         mcte::standin::TransferStatus st{};
         require(!dst.engines.begin()->second->getTransferStatus(42, 0, st).ok(), "unknown batch id -> error status");
         require(!dst.engines.begin()->second->freeBatchID(42).ok(), "unknown batch id -> error on free");
@@ -882,62 +691,14 @@ int run_stand_in() {
                 static_cast<unsigned long long>(total));
     return 0;
 }
-#else
-/// With the real engine: initialise it, register two buffers, move 4 MiB from one to
-/// the other through the adapter (a loopback read from this engine's own segment) and
-/// compare. The two-process live transfer on the real engine is the Python path's
-/// test (python/tests/test_te_two_process.py).
-int run_real(int argc, char **argv) {
-    if (argc < 2) {
-        std::fprintf(stderr, "usage: %s METADATA (P2PHANDSHAKE or http://host:port/metadata) [LOCAL_NAME]\n", argv[0]);
-        return 2;
-    }
-    mooncake::TransferEngine engine(false);
-    const std::string local = argc > 2 ? argv[2] : "127.0.0.1";
-    if (engine.init(argv[1], local) != 0) {
-        std::fprintf(stderr, "TransferEngine::init failed\n");
-        return 1;
-    }
-    if (engine.installTransport("tcp", nullptr) == nullptr) {
-        std::fprintf(stderr, "installTransport(tcp) failed\n");
-        return 1;
-    }
-    mcte::TeVtable<mcte::MooncakeApi> adapter(engine);
-    mws::TransferEngine mws_engine = adapter.open(true);
-    std::vector<unsigned char> a(4u << 20), b(4u << 20, 0);
-    for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<unsigned char>(i * 131 + 7);
-    mws_engine.register_memory(a.data(), a.size());
-    mws_engine.register_memory(b.data(), b.size());
-    mws_transfer_engine_vtable vt = decltype(adapter)::vtable(false);
-    const std::string segment = engine.getLocalIpAndPort();
-    std::vector<std::uint64_t> local_addrs, remote_addrs, sizes;
-    for (std::size_t off = 0; off < a.size(); off += 64u << 10) {
-        local_addrs.push_back(reinterpret_cast<std::uintptr_t>(b.data() + off));
-        remote_addrs.push_back(reinterpret_cast<std::uintptr_t>(a.data() + off));
-        sizes.push_back(64u << 10);
-    }
-    int32_t rc = vt.batch_transfer_sync_read(&adapter, mws_bytes{segment.data(), segment.size()}, local_addrs.data(),
-                                             remote_addrs.data(), sizes.data(), sizes.size());
-    mws_engine.unregister_memory(b.data());
-    mws_engine.unregister_memory(a.data());
-    require(rc == 0 && a == b, "loopback read through the adapter");
-    std::printf("Mooncake TransferEngine (%s): loopback read of %zu bytes through the adapter: bytes verified: OK\n",
-                segment.c_str(), a.size());
-    return 0;
-}
-#endif
 
 }  // namespace
 
 int main(int argc, char **argv) {
     try {
-#ifdef MWS_HAVE_MOONCAKE
-        return run_real(argc, argv);
-#else
         (void)argc;
         (void)argv;
         return run_stand_in();
-#endif
     } catch (const std::exception &e) {
         std::fprintf(stderr, "mooncake_te_vtable: %s\n", e.what());
         return 1;

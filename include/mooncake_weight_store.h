@@ -9,7 +9,7 @@
  *  - Handles (mws_placement, mws_placement_builder, mws_binding, mws_upload_plan,
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
- *    mws_loader, mws_sink) are created by the library and freed exactly once by the
+ *    mws_loader, mws_sink, mws_notify_acceptor) are created by the library and freed exactly once by the
  *    caller with the matching *_free function; *_free(NULL) does nothing. A handle
  *    never borrows the handles it was made from (a transaction, a writer or a
  *    registration lease keeps its store alive; loaders and sinks keep their engine
@@ -117,6 +117,48 @@
  * Everything.
  */
 #define MWS_LOG_TRACE 5
+
+/**
+ * `*verdict` of `mws_notify_acceptor_accept`: accepted and recorded.
+ */
+#define MWS_NOTIFY_ACCEPTED 0
+
+/**
+ * Refused: not a message of this format, unsupported version, bad header or body.
+ */
+#define MWS_NOTIFY_MALFORMED 1
+
+/**
+ * Refused: shorter than its header says.
+ */
+#define MWS_NOTIFY_TRUNCATED 2
+
+/**
+ * Refused: bad authenticator (no key, another key, corrupted), or claims the plan
+ * does not make (a writer that does not write this target, other ranges, `done`
+ * without `begin`).
+ */
+#define MWS_NOTIFY_FORGED 3
+
+/**
+ * Refused: already accepted (same kind, writer and transfer id).
+ */
+#define MWS_NOTIFY_REPLAYED 4
+
+/**
+ * Refused: an older generation, or a superseded transfer of the same writer.
+ */
+#define MWS_NOTIFY_STALE 5
+
+/**
+ * Refused: another plan at the same generation, or a later generation.
+ */
+#define MWS_NOTIFY_OTHER_PLAN 6
+
+/**
+ * Refused: addressed to another target participant.
+ */
+#define MWS_NOTIFY_MISROUTED 7
 
 /**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
@@ -454,6 +496,14 @@ typedef struct mws_load_plan mws_load_plan;
  * `mws_loader_cancel` may be called from any thread at any time.
  */
 typedef struct mws_loader mws_loader;
+
+/**
+ * The target side of the notify hook for one participant under one bound plan
+ * (hence one generation). Created by `mws_notify_acceptor_new`, freed by
+ * `mws_notify_acceptor_free`. Thread safety: every function may be called from any
+ * thread, concurrently (calls are serialized inside).
+ */
+typedef struct mws_notify_acceptor mws_notify_acceptor;
 
 /**
  * A parsed and validated complete weight placement (address-free: tensors, topology,
@@ -812,6 +862,18 @@ typedef struct mws_transfer_engine_vtable {
      * Optional. Called once when the library no longer tracks a ticket.
      */
     void (*ticket_release)(void *ctx, uint64_t ticket);
+    /**
+     * Optional, appended in 0.2 (a vtable whose `size` ends before this field is
+     * accepted and has no notify support). Delivers `message` under the notify
+     * `name` to the engine at `endpoint` (Mooncake: `sendNotifyByName(endpoint,
+     * {name, message})`); returns 0 once the peer acknowledged it, else an engine
+     * code. The three views are valid only during the call. Needed by
+     * `mws_sink_execute_notified`.
+     */
+    int32_t (*send_notify)(void *ctx,
+                           struct mws_bytes endpoint,
+                           struct mws_bytes name,
+                           struct mws_bytes message);
 } mws_transfer_engine_vtable;
 
 /**
@@ -1182,6 +1244,29 @@ typedef struct mws_live_report {
      */
     struct mws_transfer_stats stats;
 } mws_live_report;
+
+/**
+ * A participant's outcome for the acceptor's generation, from the notifications
+ * accepted so far.
+ */
+typedef struct mws_notify_outcome {
+    /**
+     * An `mws_target_verdict` value: `MWS_TARGET_UNCHANGED` (no writer announced
+     * anything: the previous contents stand), `MWS_TARGET_UPDATED` (every writer the
+     * plan routes into the participant reported its call done: it may serve
+     * `generation`) or `MWS_TARGET_TORN` (a writer began and has not reported done:
+     * the bytes are undefined).
+     */
+    uint32_t verdict;
+    /**
+     * The acceptor's generation (the plan's weight generation).
+     */
+    uint64_t generation;
+    /**
+     * Torn: the writers (source executors) whose calls are incomplete; else 0.
+     */
+    uint64_t incomplete;
+} mws_notify_outcome;
 
 /**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
@@ -2629,6 +2714,77 @@ enum mws_status mws_set_log_callback(int32_t level,
                                      void *ctx);
 
 /**
+ * The notify name (Mooncake's `NotifyDesc::name`) of this library's messages: a
+ * static NUL-terminated string. A notify poll hands messages with exactly this name
+ * to `mws_notify_acceptor_accept`. Never fails; any thread.
+ */
+const char *mws_notify_name(void);
+
+/**
+ * Creates an acceptor for `target_participant` under `plan` (a bound plan: the one
+ * the target bound for the generation it is about to serve). `key`/`key_len`: NULL
+ * and 0 for unkeyed messages (each carries a SHA-256 of its body), or the key
+ * shared with the sinks (at least 16 bytes; HMAC-SHA256; copied). New handle in
+ * `*out`; its outcome starts `MWS_TARGET_UNCHANGED`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (a logical
+ * plan, a key shorter than 16 bytes, a participant that is not a target of the
+ * plan). Thread safety: any thread.
+ *
+ * # Safety
+ * `plan` is NULL or live; `target_participant` is NULL or NUL-terminated; `key` is
+ * NULL or points to `key_len` bytes; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_notify_acceptor_new(const struct mws_transfer_plan *plan,
+                                        const char *target_participant,
+                                        const uint8_t *key,
+                                        size_t key_len,
+                                        struct mws_notify_acceptor **out);
+
+/**
+ * Checks one received notification (`message`, `len` bytes: the `notify_msg` of a
+ * `NotifyDesc` whose name is `mws_notify_name()`) against the acceptor's plan,
+ * generation and participant, and records it when accepted. Writes the verdict
+ * (`MWS_NOTIFY_*`) to `*verdict` and the outcome after the call to `*outcome` (both
+ * optional, written on success and on refusal). A refused message changes nothing.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`; refusals: `MWS_INVALID_ARGUMENT` (malformed,
+ * truncated, misrouted), `MWS_INTEGRITY` (forged), `MWS_CONFLICT` (replayed),
+ * `MWS_STALE_BINDING` (stale, other plan); the message says exactly why. Thread
+ * safety: any thread; concurrent calls are serialized.
+ *
+ * # Safety
+ * `acceptor` is NULL or live; `message` is NULL or points to `len` bytes;
+ * `verdict` and `outcome` are NULL or valid for a write.
+ */
+enum mws_status mws_notify_acceptor_accept(const struct mws_notify_acceptor *acceptor,
+                                           const uint8_t *message,
+                                           size_t len,
+                                           uint32_t *verdict,
+                                           struct mws_notify_outcome *outcome);
+
+/**
+ * Writes the participant's outcome from the messages accepted so far to `*out`
+ * (`MWS_TARGET_UPDATED` only once every writer the plan routes into it reported
+ * done for its latest transfer).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *acceptor,
+                                            struct mws_notify_outcome *out);
+
+/**
+ * Frees an acceptor; NULL does nothing.
+ *
+ * # Safety
+ * `acceptor` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_notify_acceptor_free(struct mws_notify_acceptor *acceptor);
+
+/**
  * Parses and validates a placement from its JSON wire form.
  *
  * `json` points to `len` bytes of UTF-8 JSON (no NUL terminator needed; the bytes are
@@ -2978,6 +3134,36 @@ enum mws_status mws_sink_execute(const struct mws_sink *sink,
                                  size_t n_targets,
                                  const struct mws_live_args *args,
                                  struct mws_transfer_stats *stats);
+
+/**
+ * `mws_sink_execute` with the notify hook: after the stale-lease and
+ * stale-generation checks (no engine call), sends `begin` to every endpoint of every
+ * target participant the local source executor writes (through the engine's
+ * `send_notify`), runs the sink call, and sends `done` to the same endpoints when
+ * it returned normally. `key`/`key_len`: NULL and 0, or the key shared with the
+ * targets' acceptors (at least 16 bytes). The transfer id is `args->transfer_id` or
+ * a fresh one. Other arguments, `stats` and the report as `mws_sink_execute`.
+ *
+ * Errors: as `mws_sink_execute`; `MWS_STALE_BINDING` before any engine call;
+ * `MWS_UNSUPPORTED` when the engine's vtable has no `send_notify` (before any
+ * transfer); `MWS_STORE` when a `begin` could not be delivered (nothing was
+ * written) or a `done` could not be delivered (the bytes landed; that target stays
+ * Torn until a later call completes). Thread safety: as `mws_sink_execute`.
+ *
+ * # Safety
+ * As `mws_sink_execute`; `key` is NULL or points to `key_len` bytes.
+ */
+enum mws_status mws_sink_execute_notified(const struct mws_sink *sink,
+                                          const uint8_t *key,
+                                          size_t key_len,
+                                          const struct mws_transfer_plan *plan,
+                                          const struct mws_placement *source_placement,
+                                          const struct mws_binding *source_binding,
+                                          const struct mws_placement *target_placement,
+                                          const struct mws_binding *const *target_bindings,
+                                          size_t n_targets,
+                                          const struct mws_live_args *args,
+                                          struct mws_transfer_stats *stats);
 
 /**
  * Writes the statistics of the sink's last successful call to `*out`.

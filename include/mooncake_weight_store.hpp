@@ -1609,6 +1609,80 @@ private:
     std::unique_ptr<mws_sink, detail::Deleter<mws_sink, mws_sink_free>> handle_;
 };
 
+// ---------------------------------------------------------------------------------
+// The notify hook (issue 27): a sink tells each target, through the transfer engine's
+// own notify channel, what landed; the target checks it against its own bound plan.
+// See docs/mooncake/LIVE-TRANSFER-ON-TE.md, "The notify hook".
+// ---------------------------------------------------------------------------------
+
+/// The notify name of this library's messages (mws_notify_name()): a serving
+/// engine's notify poll hands messages with exactly this name to
+/// NotifyAcceptor::accept. Does not throw; any thread.
+inline std::string_view notify_name() { return mws_notify_name(); }
+
+/// Sink::execute with the notify hook (mws_sink_execute_notified): stale checks (no
+/// engine call), `begin` to every target endpoint the local executor writes, the sink
+/// call, `done` to the same endpoints. `key` empty: unkeyed; else the key shared with
+/// the targets' acceptors (at least 16 bytes). Throws mws::Error: as Sink::execute;
+/// MWS_STALE_BINDING before any engine call, MWS_UNSUPPORTED when the engine cannot
+/// notify, MWS_STORE when a begin (nothing written) or a done (bytes landed, target
+/// stays torn) could not be delivered.
+inline mws_transfer_stats sink_execute_notified(const Sink &sink, std::string_view key, const TransferPlan &plan,
+                                                const Placement &source, const Binding &local,
+                                                const Placement &target, const std::vector<const Binding *> &targets,
+                                                const mws_live_args *args = nullptr) {
+    std::vector<const mws_binding *> t;
+    for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
+    mws_transfer_stats stats{};
+    detail::check(mws_sink_execute_notified(sink.get(), reinterpret_cast<const std::uint8_t *>(key.data()),
+                                            key.size(), plan.get(), source.get(), local.get(), target.get(),
+                                            t.data(), t.size(), args, &stats));
+    return stats;
+}
+
+/// The target side of the notify hook for one participant under one bound plan
+/// (owns an mws_notify_acceptor). Move-only. Thread safety: every member may run on
+/// several threads at once (serialized inside).
+class NotifyAcceptor {
+public:
+    /// An acceptor for `participant` under the bound `plan` (mws_notify_acceptor_new;
+    /// `key` empty: unkeyed, else at least 16 bytes, copied). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (logical plan, short key, not a target participant).
+    NotifyAcceptor(const TransferPlan &plan, const std::string &participant, std::string_view key = {}) {
+        mws_notify_acceptor *out = nullptr;
+        detail::check(mws_notify_acceptor_new(plan.get(), participant.c_str(),
+                                              key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()),
+                                              key.size(), &out));
+        handle_.reset(out);
+    }
+
+    /// Checks one received message (mws_notify_acceptor_accept). Returns the verdict
+    /// (MWS_NOTIFY_ACCEPTED or the refusal); never throws on a refusal (the reason is
+    /// in `*why` when given). `outcome`, when given, receives the outcome after it.
+    std::uint32_t accept(std::string_view message, mws_notify_outcome *outcome = nullptr,
+                         std::string *why = nullptr) const {
+        std::uint32_t verdict = MWS_NOTIFY_ACCEPTED;
+        mws_status s = mws_notify_acceptor_accept(get(), reinterpret_cast<const std::uint8_t *>(message.data()),
+                                                  message.size(), &verdict, outcome);
+        if (s == MWS_NULL_ARGUMENT || s == MWS_PANIC) detail::check(s);
+        if (s != MWS_OK && why != nullptr) *why = mws_last_error_message();
+        return verdict;
+    }
+
+    /// The outcome from the messages accepted so far (mws_notify_acceptor_outcome).
+    mws_notify_outcome outcome() const {
+        mws_notify_outcome o{};
+        detail::check(mws_notify_acceptor_outcome(get(), &o));
+        return o;
+    }
+
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
+    const mws_notify_acceptor *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_notify_acceptor, detail::Deleter<mws_notify_acceptor, mws_notify_acceptor_free>> handle_;
+};
+
 }  // namespace mws
 
 

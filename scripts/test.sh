@@ -10,7 +10,10 @@
 #   Python: the wheel (library inside), installed into a fresh venv, its tests
 #   (binding, state dicts, safetensors, Mooncake Store backend against a real
 #   mooncake_master on loopback) and examples (installs libibverbs1; the venv gets
-#   the pinned Mooncake wheel, pytest, numpy, ml-dtypes, safetensors).
+#   the pinned Mooncake wheel, pytest, numpy, ml-dtypes, safetensors);
+#   C++ on the real Mooncake Transfer Engine: the adapter and the ctest label
+#   `mooncake` (.ci/mooncake.sh; needs Mooncake's headers from ../shared, skipped
+#   with one line without them).
 # The conformance fixtures are vendored in tests/fixtures/conformance (override with
 # MWS_CONFORMANCE_DIR); when an upstream copy sits beside the repository in
 # ../shared/conformance, the conformance runner also runs on it, so new cases show up.
@@ -46,4 +49,6 @@ step "C/C++: header, symbols, ctest (dev + valgrind, asan)"
 bash .ci/cpp.sh
 step "Python: wheel, fresh venv, tests against a live Mooncake master, examples"
 bash .ci/python.sh
+step "C++ on the real Mooncake Transfer Engine (ctest label mooncake; skipped without ../shared)"
+bash .ci/mooncake.sh
 step "all tests passed in ${SECONDS}s"

@@ -12,7 +12,7 @@
 //! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
 //!   (`placement_builder`),
 //!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
-//!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
+//!   (`upload_plan`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
 //!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
@@ -49,6 +49,7 @@ mod live;
 mod load_plan;
 mod loader;
 mod log;
+mod notify;
 mod placement;
 mod placement_builder;
 mod receipts;
@@ -76,6 +77,7 @@ pub use live::*;
 pub use load_plan::*;
 pub use loader::*;
 pub use log::*;
+pub use notify::*;
 pub use placement::*;
 pub use placement_builder::*;
 pub use receipts::*;
@@ -101,6 +103,9 @@ mod hostile_store_tests;
 #[cfg(test)]
 #[path = "../tests/log_callback.rs"]
 mod log_callback_tests;
+#[cfg(test)]
+#[path = "../tests/notify_abi.rs"]
+mod notify_abi_tests;
 #[cfg(test)]
 #[path = "../../tests/common/model.rs"]
 mod test_model;

@@ -1,16 +1,20 @@
 //! `mws_sink`: a source worker pushes its part of a live transfer into the remote
 //! targets; wraps the core's `protocol::transfer::Sink`.
 
-use crate::args::Handle;
+use crate::args::{Caller, Handle};
 use crate::binding::{bindings_arg, mws_binding};
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::engine::{mws_transfer_engine, transfer_failure};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
 use crate::live::{stats_c, ReportView};
+use crate::notify::key_arg;
 use crate::placement::mws_placement;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::Sink;
+use mws::plan::transfer_bind::TransferPlan;
+use mws::protocol::transfer::{LiveArgs, LiveError, LiveReport, Sink};
+use mws::runtime::RuntimeBinding;
+use mws::Placement;
 use parking_lot::Mutex;
 use std::ffi::c_void;
 
@@ -123,27 +127,116 @@ pub unsafe extern "C" fn mws_sink_execute(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        let s = c.handle(sink, "sink")?;
-        let bound = c.handle(plan, "plan")?.bound()?;
-        let sp = c.handle(source_placement, "source_placement")?;
-        let tp = c.handle(target_placement, "target_placement")?;
-        let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
-        let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
-        let args = live_args(c, args)?;
-        // SAFETY: this function's contract: every buffer of the bindings stays valid
-        // for the call (and until a pending transfer is drained).
-        let result = unsafe { s.inner.execute(bound, &sp.inner, &source, &tp.inner, &targets, &args) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(transfer_failure(e.error))),
-        };
-        let st = stats_c(report.stats);
-        *s.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(st);
-        }
-        Ok(())
+        execute(
+            c,
+            sink,
+            plan,
+            source_placement,
+            source_binding,
+            target_placement,
+            target_bindings,
+            n_targets,
+            args,
+            stats,
+            |s, call| {
+                // SAFETY: this function's contract: every buffer of the bindings stays
+                // valid for the call (and until a pending transfer is drained).
+                unsafe { s.execute(call.0, call.1, call.2, call.3, call.4, call.5) }
+            },
+        )
+    })
+}
+
+/// The arguments of one sink call, translated: plan, source placement and binding,
+/// target placement and bindings, live arguments.
+type SinkCall<'a> =
+    (&'a TransferPlan, &'a Placement, &'a RuntimeBinding, &'a Placement, &'a [RuntimeBinding], &'a LiveArgs<'a>);
+
+/// `mws_sink_execute` and `mws_sink_execute_notified`: translates the arguments, runs
+/// `run`, keeps the report and writes the statistics.
+#[allow(clippy::too_many_arguments)]
+fn execute(
+    c: Caller<'_>,
+    sink: *const mws_sink,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_binding: *const mws_binding,
+    target_placement: *const mws_placement,
+    target_bindings: *const *const mws_binding,
+    n_targets: usize,
+    args: *const mws_live_args,
+    stats: *mut mws_transfer_stats,
+    run: impl FnOnce(&Sink, SinkCall<'_>) -> Result<LiveReport, LiveError>,
+) -> FfiResult<()> {
+    let s = c.handle(sink, "sink")?;
+    let bound = c.handle(plan, "plan")?.bound()?;
+    let sp = c.handle(source_placement, "source_placement")?;
+    let tp = c.handle(target_placement, "target_placement")?;
+    let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
+    let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
+    let args = live_args(c, args)?;
+    let (report, outcome) = match run(&s.inner, (bound, &sp.inner, &source, &tp.inner, &targets, &args)) {
+        Ok(r) => (r, Ok(())),
+        Err(e) => (*e.report, Err(transfer_failure(e.error))),
+    };
+    let st = stats_c(report.stats);
+    *s.report.lock() = Some(ReportView::new(report));
+    outcome?;
+    if let Some(out) = c.opt_out(stats) {
+        out.set(st);
+    }
+    Ok(())
+}
+
+/// `mws_sink_execute` with the notify hook: after the stale-lease and
+/// stale-generation checks (no engine call), sends `begin` to every endpoint of every
+/// target participant the local source executor writes (through the engine's
+/// `send_notify`), runs the sink call, and sends `done` to the same endpoints when
+/// it returned normally. `key`/`key_len`: NULL and 0, or the key shared with the
+/// targets' acceptors (at least 16 bytes). The transfer id is `args->transfer_id` or
+/// a fresh one. Other arguments, `stats` and the report as `mws_sink_execute`.
+///
+/// Errors: as `mws_sink_execute`; `MWS_STALE_BINDING` before any engine call;
+/// `MWS_UNSUPPORTED` when the engine's vtable has no `send_notify` (before any
+/// transfer); `MWS_STORE` when a `begin` could not be delivered (nothing was
+/// written) or a `done` could not be delivered (the bytes landed; that target stays
+/// Torn until a later call completes). Thread safety: as `mws_sink_execute`.
+///
+/// # Safety
+/// As `mws_sink_execute`; `key` is NULL or points to `key_len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mws_sink_execute_notified(
+    sink: *const mws_sink,
+    key: *const u8,
+    key_len: usize,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_binding: *const mws_binding,
+    target_placement: *const mws_placement,
+    target_bindings: *const *const mws_binding,
+    n_targets: usize,
+    args: *const mws_live_args,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let key = key_arg(c, key, key_len)?;
+        execute(
+            c,
+            sink,
+            plan,
+            source_placement,
+            source_binding,
+            target_placement,
+            target_bindings,
+            n_targets,
+            args,
+            stats,
+            |s, call| {
+                // SAFETY: this function's contract, as `mws_sink_execute`'s.
+                unsafe { s.execute_notified(key, call.0, call.1, call.2, call.3, call.4, call.5) }
+            },
+        )
     })
 }
 

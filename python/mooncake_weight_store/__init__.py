@@ -39,6 +39,7 @@ from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import (EngineResources, LiveReport, Loader, Sink, TargetOutcome, TransferEngine, TransferPlan,
                        TransferStats)
+from .notify import NotifyAcceptor, NotifyOutcome
 from .writer import Writer
 from .logs import set_log_callback
 from .progress import Progress, ProgressBar
@@ -140,6 +141,8 @@ __all__ = [
     "LiveReport",
     "TargetOutcome",
     "EngineResources",
+    "NotifyAcceptor",
+    "NotifyOutcome",
     "Loader",
     "Sink",
 ]

@@ -122,3 +122,23 @@ def test_an_interrupted_pull_reports_its_target_torn_and_what_stays_held():
     for b in live.sb:
         engine2.unregister_binding(b)
     assert engine2.resources().pending_transfers == 0
+
+
+def test_notify_acceptor_refuses_what_it_cannot_check_and_changes_nothing():
+    """The target side of the notify hook from Python (the sink side needs an engine
+    with a notify channel: C/C++ only). A refusal is a verdict, never an exception,
+    and leaves the outcome as it was."""
+    live = Live()
+    target = live.dst.participant_ids[0]
+    with mws.NotifyAcceptor(live.plan, target, key=b"k" * 16) as acc:
+        assert acc.outcome() == mws.NotifyOutcome("unchanged", 1, 0)
+        verdict, outcome, why = acc.accept(b"not a notification")
+        assert verdict == "malformed" and why and outcome == mws.NotifyOutcome("unchanged", 1, 0)
+        verdict, _, why = acc.accept(b"MWS-NOTIFY/1 hmac-sha256 " + b"0" * 64 + b" 99\n{}")
+        assert verdict in ("truncated", "malformed") and why
+        assert acc.outcome().verdict == "unchanged"
+    with pytest.raises(mws.InvalidArgumentError, match="16 bytes"):
+        mws.NotifyAcceptor(live.plan, target, key=b"short")
+    with pytest.raises(mws.InvalidArgumentError, match="not a target participant"):
+        mws.NotifyAcceptor(live.plan, "no-such-participant")
+    assert mws.notify.notify_name()

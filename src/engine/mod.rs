@@ -161,6 +161,16 @@ pub trait TransferEngine: Send + Sync {
     fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
         None
     }
+
+    /// Delivers a notification to the engine at `endpoint` (Mooncake's
+    /// `sendNotifyByName(endpoint, {name, message})`): returns 0 once the peer
+    /// acknowledged it, or a non-zero engine code. `None` = the engine cannot send
+    /// notifications (the default). Used by the notify hook
+    /// ([`crate::protocol::transfer::notify`]); never called with an empty endpoint.
+    fn send_notify(&self, endpoint: &str, name: &str, message: &[u8]) -> Option<EngineResult<i32>> {
+        let _ = (endpoint, name, message);
+        None
+    }
 }
 
 /// One range of a batch as a scatter call sees it (local and remote sides in the

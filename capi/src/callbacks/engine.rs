@@ -100,7 +100,19 @@ pub struct mws_transfer_engine_vtable {
         Option<unsafe extern "C" fn(ctx: *mut c_void, ticket: u64, timeout_ms: u64, status: *mut i32) -> i32>,
     /// Optional. Called once when the library no longer tracks a ticket.
     pub ticket_release: Option<unsafe extern "C" fn(ctx: *mut c_void, ticket: u64)>,
+    /// Optional, appended in 0.2 (a vtable whose `size` ends before this field is
+    /// accepted and has no notify support). Delivers `message` under the notify
+    /// `name` to the engine at `endpoint` (Mooncake: `sendNotifyByName(endpoint,
+    /// {name, message})`); returns 0 once the peer acknowledged it, else an engine
+    /// code. The three views are valid only during the call. Needed by
+    /// `mws_sink_execute_notified`.
+    pub send_notify:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, endpoint: mws_bytes, name: mws_bytes, message: mws_bytes) -> i32>,
 }
+
+/// `size` of a version-1 vtable without the appended `send_notify` field: the
+/// smallest `size` accepted.
+const VTABLE_V1_SIZE: usize = std::mem::offset_of!(mws_transfer_engine_vtable, send_notify);
 
 #[derive(Clone, Copy)]
 struct Ctx(*mut c_void);
@@ -122,7 +134,9 @@ impl std::fmt::Debug for CallbackEngine {
 }
 
 impl CallbackEngine {
-    /// Copies and checks the vtable: `size` at least `sizeof`, `version` equal to
+    /// Copies and checks the vtable: `size` at least the version-1 size (the fields
+    /// up to `ticket_release`; fields appended later and not covered by `size` are
+    /// NULL), `version` equal to
     /// [`MWS_TRANSFER_ENGINE_VTABLE_VERSION`] (`Unsupported` otherwise), the required
     /// callbacks present (`mws_transfer_engine_vtable.<name> is NULL`).
     ///
@@ -137,11 +151,8 @@ impl CallbackEngine {
         // SAFETY: `vt` points to at least the two header fields (caller contract).
         let (size, version) =
             unsafe { ((vt as *const u32).read_unaligned(), (vt as *const u32).add(1).read_unaligned()) };
-        if (size as usize) < std::mem::size_of::<mws_transfer_engine_vtable>() {
-            return Err(Error::invalid(format!(
-                "{NAME}.size is {size}, expected at least {}",
-                std::mem::size_of::<mws_transfer_engine_vtable>()
-            )));
+        if (size as usize) < VTABLE_V1_SIZE {
+            return Err(Error::invalid(format!("{NAME}.size is {size}, expected at least {VTABLE_V1_SIZE}")));
         }
         if version != MWS_TRANSFER_ENGINE_VTABLE_VERSION {
             return Err(Error::new(
@@ -151,8 +162,27 @@ impl CallbackEngine {
                 ),
             ));
         }
-        // SAFETY: `size` covers the whole struct (checked above).
-        let v = unsafe { vt.read_unaligned() };
+        // Copy the caller's `size` bytes (at most our struct); fields beyond stay NULL.
+        let mut v = mws_transfer_engine_vtable {
+            size,
+            version,
+            get_engine_id: None,
+            register_memory: None,
+            unregister_memory: None,
+            batch_transfer_sync_write: None,
+            batch_transfer_sync_read: None,
+            submit_with_ticket: None,
+            ticket_status: None,
+            ticket_drain: None,
+            ticket_release: None,
+            send_notify: None,
+        };
+        let n = (size as usize).min(std::mem::size_of::<mws_transfer_engine_vtable>());
+        // SAFETY: the caller's vtable is readable for `size` bytes (contract) and `n`
+        // is at most that and at most our struct; every field is a nullable function
+        // pointer or an integer, for which any bit pattern copied from a valid C
+        // struct of the same layout is valid.
+        unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, &mut v as *mut _ as *mut u8, n) };
         let missing = [
             ("get_engine_id", v.get_engine_id.is_none()),
             ("register_memory", v.register_memory.is_none()),
@@ -262,5 +292,12 @@ impl TransferEngine for CallbackEngine {
             return Some(Err(EngineCallError::failed(format!("submit_with_ticket failed: {rc}"))));
         }
         Some(Ok(Box::new(CallbackTicket { vt: self.vt, ctx: self.ctx, id })))
+    }
+
+    fn send_notify(&self, endpoint: &str, name: &str, message: &[u8]) -> Option<EngineResult<i32>> {
+        let f = self.vt.send_notify?;
+        let view = |b: &[u8]| mws_bytes { ptr: b.as_ptr() as *const std::ffi::c_char, len: b.len() };
+        // SAFETY: vtable contract; the three views outlive the call.
+        Some(Ok(unsafe { f(self.ctx.0, view(endpoint.as_bytes()), view(name.as_bytes()), view(message)) }))
     }
 }

@@ -457,6 +457,69 @@ impl Sink {
         target_bindings: &[RuntimeBinding],
         args: &LiveArgs<'_>,
     ) -> std::result::Result<LiveReport, LiveError> {
+        self.run(plan, source_binding, target_bindings, args, |sink| {
+            // SAFETY: forwarded contract (this function's `# Safety`).
+            unsafe {
+                self.front.exec.execute_sink(
+                    plan,
+                    source_placement,
+                    source_binding,
+                    target_placement,
+                    target_bindings,
+                    sink,
+                )
+            }
+        })
+    }
+
+    /// [`Sink::execute`] with the notify hook ([`super::notify::execute_sink_notified`]):
+    /// `begin` to every target endpoint the local executor writes before the call,
+    /// `done` after it returned. `key`: `None` (unkeyed) or the key shared with the
+    /// targets' acceptors (at least 16 bytes). Errors: those of
+    /// [`super::notify::execute_sink_notified`], each with the call's report (a `done`
+    /// that could not be delivered leaves its targets torn).
+    ///
+    /// # Safety
+    /// As [`TransferExecutor::execute_sink`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn execute_notified(
+        &self,
+        key: Option<&[u8]>,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_binding: &RuntimeBinding,
+        target_placement: &Placement,
+        target_bindings: &[RuntimeBinding],
+        args: &LiveArgs<'_>,
+    ) -> std::result::Result<LiveReport, LiveError> {
+        self.run(plan, source_binding, target_bindings, args, |sink| {
+            // SAFETY: forwarded contract (this function's `# Safety`).
+            unsafe {
+                super::notify::execute_sink_notified(
+                    &self.front.exec,
+                    key,
+                    plan,
+                    source_placement,
+                    source_binding,
+                    target_placement,
+                    target_bindings,
+                    sink,
+                )
+            }
+            .map(|n| n.receipts)
+        })
+    }
+
+    /// One sink call: the executor arguments (registrations, guards, cancellation,
+    /// progress, statistics) for `call`, then the report.
+    fn run(
+        &self,
+        plan: &TransferPlan,
+        source_binding: &RuntimeBinding,
+        target_bindings: &[RuntimeBinding],
+        args: &LiveArgs<'_>,
+        call: impl FnOnce(&SinkArgs<'_>) -> TransferResult<Vec<TransferReceipt>>,
+    ) -> std::result::Result<LiveReport, LiveError> {
         let f = &self.front;
         let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
         let target_leases = registrations_of(&targets);
@@ -476,10 +539,7 @@ impl Sink {
             progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
             stats: Some(&exec_stats),
         };
-        // SAFETY: forwarded contract (this function's `# Safety`).
-        let result = unsafe {
-            f.exec.execute_sink(plan, source_placement, source_binding, target_placement, target_bindings, &sink)
-        };
+        let result = call(&sink);
         f.finish(plan, Side::Source, source_binding, args.worker_id, &exec_stats, result)
     }
 }

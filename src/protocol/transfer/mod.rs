@@ -9,6 +9,7 @@ pub mod error;
 pub mod executor;
 pub mod lease;
 pub mod loader;
+pub mod notify;
 pub mod outcome;
 pub mod scope;
 
@@ -22,6 +23,7 @@ pub use lease::{GuardProviders, MemoryRegistrationLease};
 pub use loader::{
     CancelToken, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink, TargetReport, TransferStats,
 };
+pub use notify::{execute_sink_notified, NotifiedSink, NotifyAcceptor, NotifyError, NotifyKind, NotifyRefusal};
 pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };

@@ -1,0 +1,97 @@
+"""The notify hook (issue 27) over the C ABI: :class:`NotifyAcceptor` (the target
+side: checks each notification its engine's notify poll received against its own
+bound plan and generation, and keeps the per-target outcome) and the prototypes of
+``mws_sink_execute_notified`` (used from C/C++ sinks; the Python Mooncake backend
+has no notify channel: the wheel's binding does not expose ``sendNotifyByName``).
+
+Ownership: an acceptor owns its handle (``close()`` / ``with``). Threading: an
+acceptor may be shared between threads (calls are serialized inside).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from . import _lib
+from ._lib import LIB, OwnedHandle, call, cstr
+from .transfer import _VERDICTS, TransferPlan, mws_live_args, mws_transfer_stats
+
+__all__ = ["NotifyAcceptor", "NotifyOutcome", "notify_name", "VERDICTS"]
+
+_p = c_void_p
+
+#: ``mws_notify_acceptor_accept`` verdicts, by number.
+VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "replayed", 5: "stale",
+            6: "other_plan", 7: "misrouted"}
+
+
+class mws_notify_outcome(_lib.CStruct):
+    _fields_ = [("verdict", c_uint32), ("generation", c_uint64), ("incomplete", c_uint64)]
+
+
+_lib.register_prototypes({
+    "mws_notify_name": (c_char_p, []),
+    "mws_notify_acceptor_new": (c_int, [_p, c_char_p, c_void_p, c_size_t, POINTER(_p)]),
+    "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),
+    "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
+    "mws_notify_acceptor_free": (None, [_p]),
+    "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
+                                          POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
+})
+
+
+@dataclass(frozen=True)
+class NotifyOutcome:
+    """A target participant's outcome from the notifications accepted so far:
+    ``verdict`` ``"unchanged"`` (no writer announced anything), ``"updated"`` (every
+    writer the plan routes into it reported done: it may serve ``generation``) or
+    ``"torn"`` (a writer began and has not reported done; ``incomplete`` counts
+    them)."""
+
+    verdict: str
+    generation: int
+    incomplete: int
+
+
+def _outcome(o: mws_notify_outcome) -> NotifyOutcome:
+    return NotifyOutcome(_VERDICTS.get(o.verdict, str(o.verdict)), o.generation, o.incomplete)
+
+
+def notify_name() -> str:
+    """The notify name of this library's messages (``mws_notify_name``)."""
+    return LIB.fn("mws_notify_name")().decode()
+
+
+class NotifyAcceptor(OwnedHandle):
+    """The target side of the notify hook for one participant of a bound plan."""
+
+    _FREE = "mws_notify_acceptor_free"
+    _WHAT = "notify acceptor"
+
+    def __init__(self, plan: TransferPlan, participant: str, key: Optional[bytes] = None) -> None:
+        """``key``: None (unkeyed) or the key shared with the sinks (>= 16 bytes).
+        Raises :class:`~mooncake_weight_store.InvalidArgumentError` for a logical
+        plan, a short key or a participant that is not a target of the plan."""
+        out = _p()
+        k = bytes(key) if key else None
+        call("mws_notify_acceptor_new", plan.handle, cstr(participant, "participant"), k, len(k) if k else 0,
+             ctypes.byref(out))
+        super().__init__(out.value)
+
+    def accept(self, message: bytes) -> Tuple[str, NotifyOutcome, str]:
+        """Checks one received message: ``(verdict, outcome, why)``; a refusal is a
+        verdict other than ``accepted`` (never raised) and changes nothing."""
+        v = c_uint32(0)
+        o = mws_notify_outcome()
+        st = LIB.fn("mws_notify_acceptor_accept")(self.handle, bytes(message), len(message), ctypes.byref(v),
+                                                   ctypes.byref(o))
+        why = _lib.last_error() if st != 0 else ""
+        return VERDICTS.get(v.value, str(v.value)), _outcome(o), why
+
+    def outcome(self) -> NotifyOutcome:
+        o = mws_notify_outcome()
+        call("mws_notify_acceptor_outcome", self.handle, ctypes.byref(o))
+        return _outcome(o)
