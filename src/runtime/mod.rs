@@ -193,6 +193,18 @@ impl RuntimeFragment {
     pub(crate) fn spec_ptr(&self) -> *const RuntimeFragmentSpec {
         Arc::as_ptr(&self.spec)
     }
+    /// Prefetches the strings and shapes the binding checks read behind the shared
+    /// record (which should be in cache already: see [`Self::spec_ptr`]).
+    #[inline]
+    pub(crate) fn prefetch_heap(&self) {
+        let s = &*self.spec;
+        crate::model::prefetch(s.placement_fragment_id.as_ptr());
+        crate::model::prefetch(s.fragment_id.as_ptr());
+        crate::model::prefetch(s.worker_id.as_ptr());
+        crate::model::prefetch(s.device.as_ptr());
+        crate::model::prefetch(s.local_shape.as_ptr());
+        crate::model::prefetch(s.strides_bytes.as_ptr());
+    }
     /// Normalized byte strides.
     pub fn strides_bytes(&self) -> &[u64] {
         &self.spec.strides_bytes
@@ -593,8 +605,14 @@ fn check_binding_hashing<'a>(
     let mut space_of: HashMap<(&str, &str), u32> = HashMap::default();
     let mut last: Option<((&str, &str), u32)> = None;
     for (i, (p, r)) in pf.iter().zip(bf).enumerate() {
-        if let Some(next) = bf.get(i + crate::model::PREFETCH_AHEAD) {
+        // Two levels ahead: the runtime records, then (once they are near) what they
+        // and the placement fragments point to.
+        if let Some(next) = bf.get(i + 2 * crate::model::PREFETCH_AHEAD) {
             crate::model::prefetch(next.spec_ptr());
+        }
+        if let Some(next) = bf.get(i + crate::model::PREFETCH_AHEAD) {
+            next.prefetch_heap();
+            pf[i + crate::model::PREFETCH_AHEAD].prefetch_heap();
         }
         if p.placement_fragment_id() != r.placement_fragment_id() {
             return Err(membership_error(part, binding).expect("a differing id is unknown or missing"));
