@@ -953,3 +953,93 @@ fn build_executors(
     out.sort_by_key(|e| e.rank.order_key());
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Placement;
+    use crate::plan::upload::tests::fixture_binding;
+
+    /// The parallel paths (par.rs) give the same logical plans, bound plans and
+    /// errors as a sequential run: every transfer fixture, planned and bound with 1,
+    /// 2, 3 and 8 workers per stage.
+    #[test]
+    fn worker_count_changes_no_transfer_plan_or_error() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/transfer");
+        let mut bound = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let inputs = &fixture["inputs"];
+            let placement = |k: &str| {
+                let text = match &inputs[k] {
+                    serde_json::Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                };
+                Placement::from_json(text.as_bytes()).map(Arc::new)
+            };
+            let l = &inputs["planning_limits"];
+            let get = |k: &str, d: u64| l.get(k).map_or(d, |v| v.as_i64().map_or(0, |x| x.max(0) as u64));
+            let limits = PlanningLimits {
+                max_transfer_regions: get("max_transfer_regions", 1_000_000),
+                max_segments_per_region: get("max_segments_per_region", 1_000_000),
+                max_total_lowered_segments: get("max_total_lowered_segments", 10_000_000),
+            };
+            type Outcome = (LogicalTransferPlan, Option<(TransferPlan, Vec<Vec<ExecutorTransferPlan>>)>);
+            let run = |workers: usize| -> Result<Outcome> {
+                crate::par::with_workers(Some(workers), || {
+                    let (source, target) = (placement("source_placement")?, placement("target_placement")?);
+                    let logical = match inputs.get("target_participant_id").and_then(|p| p.as_str()) {
+                        Some(p) => LogicalTransferPlan::plan_local(source, target, Some(p), limits)?,
+                        None => LogicalTransferPlan::plan(source, target, limits)?,
+                    };
+                    let Some(sb) = inputs.get("source_bindings").and_then(|b| b.as_array()) else {
+                        return Ok((logical, None));
+                    };
+                    let sb = sb.iter().map(fixture_binding).collect::<Result<Vec<_>>>()?;
+                    let tb = inputs["target_bindings"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(fixture_binding)
+                        .collect::<Result<Vec<_>>>()?;
+                    let plan = TransferPlan::bind(&logical, &tb, &sb)?;
+                    let executors = vec![plan.executors(Side::Source).to_vec(), plan.executors(Side::Target).to_vec()];
+                    Ok((logical, Some((plan, executors))))
+                })
+            };
+            let sequential = run(1);
+            bound += usize::from(matches!(&sequential, Ok((_, Some(_)))));
+            for workers in [2, 3, 8] {
+                match (&sequential, &run(workers)) {
+                    (Ok(a), Ok(b)) => {
+                        let name = path.display();
+                        assert_eq!(a.0.regions(), b.0.regions(), "{name}: {workers} workers");
+                        assert_eq!(a.0.source_executors(), b.0.source_executors(), "{name}: {workers} workers");
+                        assert_eq!(a.0.target_executors(), b.0.target_executors(), "{name}: {workers} workers");
+                        match (&a.1, &b.1) {
+                            (Some((pa, ea)), Some((pb, eb))) => {
+                                assert!(pa == pb, "{name}: {workers} workers");
+                                assert_eq!(ea, eb, "{name}: {workers} workers");
+                                let ops = |p: &TransferPlan| {
+                                    (0..p.regions().len()).map(|i| p.operation(i)).collect::<Vec<_>>()
+                                };
+                                assert_eq!(ops(pa), ops(pb), "{name}: {workers} workers");
+                            }
+                            (None, None) => {}
+                            _ => panic!("{name}: bound differs"),
+                        }
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", path.display()),
+                    (a, b) => {
+                        panic!("{}: sequential {:?} but {workers} workers {:?}", path.display(), a.is_ok(), b.is_ok())
+                    }
+                }
+            }
+        }
+        assert!(bound >= 5, "the bound transfer fixtures were found and bound ({bound})");
+    }
+}
