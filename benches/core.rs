@@ -605,7 +605,13 @@ fn run_child(file: &WorkloadFile, w: &Workload, reps: usize) -> i32 {
         rss as f64 / (1024.0 * 1024.0),
         rss as f64 / n_frags as f64
     );
-    // Machine-readable line for the parent.
+    // Machine-readable lines for the parent: each stage's speedup over the
+    // reference, then the summary.
+    for (key, _) in STAGES {
+        if let (Some(r), Some(t)) = (reference_seconds(&w.name, key), best(key)) {
+            let _ = writeln!(out, "@@R {key} {}", r / t);
+        }
+    }
     let _ = writeln!(out, "@@ {} {} {} {} {}", w.name, n_frags, rss_reference_stages, rss, c.failed);
     print!("{out}");
     let _ = std::io::stdout().flush();
@@ -697,6 +703,8 @@ fn main() {
 
     let exe = std::env::current_exe().unwrap_or_else(|e| die("current_exe", e));
     let mut summary: Vec<(String, u64, u64, u64, usize)> = Vec::new();
+    // (workload, stage, speedup over the reference) from the children.
+    let mut speedups: Vec<(String, String, f64)> = Vec::new();
     let mut failures = 0usize;
     for w in selected {
         let t0 = Instant::now();
@@ -711,7 +719,11 @@ fn main() {
         let mut got_result = false;
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap_or_default();
-            if let Some(rest) = line.strip_prefix("@@ ") {
+            if let Some(rest) = line.strip_prefix("@@R ") {
+                if let Some((key, x)) = rest.split_once(' ') {
+                    speedups.push((w.name.clone(), key.to_string(), x.parse().unwrap_or(0.0)));
+                }
+            } else if let Some(rest) = line.strip_prefix("@@ ") {
                 let f: Vec<&str> = rest.split_whitespace().collect();
                 if f.len() == 5 {
                     let n = f[1].parse().unwrap_or(0);
@@ -751,6 +763,14 @@ fn main() {
             *whole as f64 / (1024.0 * 1024.0),
             if *failed == 0 { "all OK".to_string() } else { format!("{failed} MISMATCH") }
         );
+    }
+    // Headline figures (issue 28): each stage's speedup over the reference at the
+    // largest workload of the run (w1m-moe with --all; the 100x target is there).
+    if let Some((last, _, _)) = speedups.last().cloned() {
+        println!("\nfigures: speedup over the reference (reference seconds / ours, best of runs) at {last}");
+        for (_, key, x) in speedups.iter().filter(|(w, _, _)| *w == last) {
+            println!("figure: core_{key}_vs_reference = {x:.1}");
+        }
     }
     if failures > 0 {
         eprintln!("core benchmark: {failures} workload(s) failed or mismatched");

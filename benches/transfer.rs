@@ -7,7 +7,11 @@
 //!    of the same number of bytes. Target: >= 0.7x memcpy. Every byte is verified
 //!    after each mode (not timed).
 //! 2. Placement -> placement planning and binding at the scale of a core-benchmark
-//!    workload, next to the manifest -> placement load planning of the same target.
+//!    workload, next to the manifest -> placement load planning of the same target,
+//!    and the peak RSS of the transfer planning and binding. With `--workload
+//!    w1m-moe`: `figure: transfer_vs_load_planning_w1m` ((planning + binding) / load
+//!    planning; target <= 1.2) and `figure: transfer_planning_rss_bytes_per_fragment_w1m`
+//!    (target <= 1536).
 //!
 //! ```text
 //! cargo bench --bench transfer                         # 1 GiB reshard + w100k-moe planning
@@ -24,6 +28,7 @@ mod workloads;
 use model::*;
 use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::{MemoryRegion, TransferEngine};
+use mooncake_weight_store::plan::bound_load::LoadPlan;
 use mooncake_weight_store::plan::load::{LogicalLoadPlan, PlanningLimits};
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::TransferPlan;
@@ -259,10 +264,13 @@ fn prefixed(bindings: Vec<RuntimeBinding>, prefix: &str) -> Vec<RuntimeBinding> 
         .collect()
 }
 
+/// Best wall time of `reps` runs of `f` and the last result. The previous result is
+/// dropped before each run, so at most one is alive (what the peak RSS sees).
 fn best<T>(reps: usize, mut f: impl FnMut() -> T) -> (f64, T) {
     let mut best = f64::MAX;
     let mut out = None;
     for _ in 0..reps {
+        drop(out.take());
         let t = Instant::now();
         let v = f();
         best = best.min(t.elapsed().as_secs_f64());
@@ -271,6 +279,31 @@ fn best<T>(reps: usize, mut f: impl FnMut() -> T) -> (f64, T) {
     (best, out.expect("reps >= 1"))
 }
 
+/// Peak resident memory from now on: returns freed heap to the system
+/// (`malloc_trim`), then resets the kernel's high-water mark to the current RSS
+/// (`/proc/self/clear_refs`, value 5). False where that is not possible.
+fn reset_peak_rss() -> bool {
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The kernel's high-water mark of this process's RSS (`VmHWM`), bytes.
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Placement -> placement planning and binding next to the load planning of the
+/// same target (issue 28 item 4): best of `reps` each, the peak RSS of the transfer
+/// planning and binding with their inputs alive (both placements and both sides'
+/// bindings), per source placement fragment. At w1m-moe the figures
+/// `transfer_vs_load_planning_w1m` ((transfer planning + binding) / load planning)
+/// and `transfer_planning_rss_bytes_per_fragment_w1m` are printed.
 fn planning(name: &str, reps: usize) {
     let path = workloads::default_path();
     let file = workloads::WorkloadFile::load(&path).unwrap_or_else(|e| die("workloads", e));
@@ -283,34 +316,77 @@ fn planning(name: &str, reps: usize) {
     );
     let sb = prefixed(workloads::bindings(&src).unwrap_or_else(|e| die("source bindings", e)), "src-");
     let tb = prefixed(workloads::bindings(&dst).unwrap_or_else(|e| die("target bindings", e)), "dst-");
-    let upload = plan_upload(&src, &sb, &workloads::upload_options()).unwrap_or_else(|e| die("plan_upload", e));
-    let manifest = Arc::new(upload.manifest().clone());
-    drop(upload);
     println!(
         "planning workload {name}: {} source fragments, {} target fragments",
         src.fragment_count(),
         dst.fragment_count()
     );
+    // The load side: the stored manifest of the same source, planned into the target.
+    let upload = plan_upload(&src, &sb, &workloads::upload_options()).unwrap_or_else(|e| die("plan_upload", e));
+    let manifest = Arc::new(upload.manifest().clone());
+    drop(upload);
     let (load_s, load) = best(reps, || {
         LogicalLoadPlan::plan(manifest.clone(), dst.clone(), PlanningLimits::default())
             .unwrap_or_else(|e| die("load plan", e))
     });
+    let load_regions = load.regions().len();
+    let mut load_bind_s = f64::MAX;
+    for _ in 0..reps {
+        let logical = load.clone(); // not timed: LoadPlan::bind takes the plan by value
+        let t = Instant::now();
+        let bound = LoadPlan::bind(logical, &tb).unwrap_or_else(|e| die("load bind", e));
+        load_bind_s = load_bind_s.min(t.elapsed().as_secs_f64());
+        drop(bound);
+    }
+    drop((load, manifest));
     let (plan_s, logical) = best(reps, || {
         LogicalTransferPlan::plan(src.clone(), dst.clone(), PlanningLimits::default())
             .unwrap_or_else(|e| die("transfer plan", e))
     });
     let (bind_s, bound) = best(reps, || TransferPlan::bind(&logical, &tb, &sb).unwrap_or_else(|e| die("bind", e)));
-    println!("load planning (manifest -> placement)    {load_s:>8.3} s  {} regions", load.regions().len());
-    println!(
-        "transfer planning (placement -> placement) {plan_s:>6.3} s  {} regions | ratio to load planning {:.2}x",
+    let (logical_regions, source_execs, target_execs) = (
         logical.regions().len(),
+        bound.executors(mooncake_weight_store::plan::transfer_bind::Side::Source).len(),
+        bound.executors(mooncake_weight_store::plan::transfer_bind::Side::Target).len(),
+    );
+    drop((bound, logical));
+    // The peak RSS of one more planning and binding, untimed, from a heap trimmed
+    // to what is live (the timed runs above reuse the heap the earlier stages freed,
+    // as the load planning did; trimming before them would charge the transfer
+    // alone for faulting fresh pages).
+    let rss_reset = reset_peak_rss();
+    let logical = LogicalTransferPlan::plan(src.clone(), dst.clone(), PlanningLimits::default())
+        .unwrap_or_else(|e| die("transfer plan", e));
+    let bound = TransferPlan::bind(&logical, &tb, &sb).unwrap_or_else(|e| die("bind", e));
+    let rss = peak_rss_bytes();
+    let per_fragment = rss as f64 / src.fragment_count() as f64;
+    let ratio = (plan_s + bind_s) / load_s;
+    println!("load planning (manifest -> placement)      {load_s:>8.3} s  {load_regions} regions");
+    println!("  + binding to the target bindings          {load_bind_s:>8.3} s  (LoadPlan::bind, for reference)");
+    drop((bound, logical));
+    println!(
+        "transfer planning (placement -> placement) {plan_s:>8.3} s  {logical_regions} regions | ratio to load planning {:.2}x",
         plan_s / load_s
     );
     println!(
-        "binding (both sides, executor plans)     {bind_s:>8.3} s  {} source + {} target executors",
-        bound.executors(mooncake_weight_store::plan::transfer_bind::Side::Source).len(),
-        bound.executors(mooncake_weight_store::plan::transfer_bind::Side::Target).len()
+        "binding (both sides, executor plans)       {bind_s:>8.3} s  {source_execs} source + {target_execs} target executors"
     );
+    println!(
+        "transfer planning + binding                {:>8.3} s  ratio to load planning {ratio:.2}x (target <= 1.2x); \
+         to load planning + binding {:.2}x",
+        plan_s + bind_s,
+        (plan_s + bind_s) / (load_s + load_bind_s)
+    );
+    println!(
+        "peak RSS during transfer planning + binding {:.1} MiB = {per_fragment:.0} B per source fragment \
+         (inputs included; target <= 1536){}",
+        rss as f64 / (1u64 << 20) as f64,
+        if rss_reset { "" } else { " [high-water mark not resettable: whole process]" }
+    );
+    if name == "w1m-moe" {
+        println!("figure: transfer_vs_load_planning_w1m = {ratio:.3}");
+        println!("figure: transfer_planning_rss_bytes_per_fragment_w1m = {per_fragment:.0}");
+    }
 }
 
 fn main() {

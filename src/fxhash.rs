@@ -79,6 +79,40 @@ fn hash_of<K: std::hash::Hash + ?Sized>(key: &K) -> u64 {
     h.finish()
 }
 
+/// The Fx hash of a string (as `Hash for str` feeds it).
+#[inline]
+pub(crate) fn hash_str(s: &str) -> u64 {
+    hash_of(s)
+}
+
+/// Whether two of the hashes in `runs` are equal; each run must be sorted. False
+/// proves the hashed keys distinct.
+pub(crate) fn has_repeated_hash_runs(runs: &[Vec<u64>]) -> bool {
+    debug_assert!(runs.iter().all(|r| r.is_sorted()));
+    if runs.iter().any(|r| r.windows(2).any(|w| w[0] == w[1])) {
+        return true;
+    }
+    // Merge walk: the smallest head of all runs, compared with the last taken.
+    let mut heads = vec![0usize; runs.len()];
+    let mut last: Option<u64> = None;
+    loop {
+        let mut best: Option<(u64, usize)> = None;
+        for (k, r) in runs.iter().enumerate() {
+            if let Some(&h) = r.get(heads[k]) {
+                if best.is_none_or(|(b, _)| h < b) {
+                    best = Some((h, k));
+                }
+            }
+        }
+        let Some((h, k)) = best else { return false };
+        if last == Some(h) {
+            return true;
+        }
+        last = Some(h);
+        heads[k] += 1;
+    }
+}
+
 /// Whether two of the keys `key(0)`, ..., `key(n - 1)` are equal (see
 /// [`equal_key_groups`]). No errors; pure.
 pub(crate) fn has_duplicate<K: std::hash::Hash + Ord>(n: usize, key: impl Fn(usize) -> K) -> bool {

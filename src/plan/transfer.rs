@@ -112,11 +112,21 @@ struct PlacementGroups<'a> {
     complete: Vec<u64>,
     members: HashMap<(&'a str, u64), Vec<u32>>,
     sources: &'a [SourceBox<'a>],
-    indexes: HashMap<(&'a str, u64), SourceIndex>,
+    /// One index per group, built on first use.
+    indexes: Vec<SourceIndex>,
+    /// Position in `indexes` per group.
+    positions: HashMap<(&'a str, u64), u32>,
+    /// Checked (target tensor, target dp), the tensor by the address of its interned
+    /// id: (itemsize, position). Later fragments skip the checks and the string maps.
+    checked: HashMap<(u64, u64), (u64, u32)>,
 }
 
 impl SourceGroups for PlacementGroups<'_> {
     fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
+        let checked_key = (crate::model::id_key(t.tensor_id_arc()), t.rank().dp);
+        if let Some(&(itemsize, pos)) = self.checked.get(&checked_key) {
+            return Ok((itemsize, &self.indexes[pos as usize]));
+        }
         let tid = t.tensor_id();
         let &(s_desc, t_desc) =
             self.tensors.get(tid).ok_or_else(|| Error::invalid(format!("missing source tensor: {tid}")))?;
@@ -134,9 +144,17 @@ impl SourceGroups for PlacementGroups<'_> {
         let Some((&key, group)) = self.members.get_key_value(&(s_desc.tensor_id(), dp)) else {
             return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
         };
-        let sources = self.sources;
-        let index = self.indexes.entry(key).or_insert_with(|| SourceIndex::build(sources, group));
-        Ok((t_desc.itemsize(), index))
+        let pos = match self.positions.get(&key) {
+            Some(&pos) => pos,
+            None => {
+                self.indexes.push(SourceIndex::build(self.sources, group));
+                let pos = (self.indexes.len() - 1) as u32;
+                self.positions.insert(key, pos);
+                pos
+            }
+        };
+        self.checked.insert(checked_key, (t_desc.itemsize(), pos));
+        Ok((t_desc.itemsize(), &self.indexes[pos as usize]))
     }
 }
 
@@ -158,29 +176,41 @@ fn select_sources<'a>(
         &source.parts()[p as usize].fragments()[f as usize]
     };
     let tensors = source.tensors();
-    let by_id: HashMap<&str, usize> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i)).collect();
-    let tensor_index = |id: &str| by_id[id];
-    // (tensor index, group dp, owner, source index)
-    let mut keyed: Vec<(u32, u64, [u64; 4], u32)> = (0..flat.len() as u32)
-        .map(|i| {
-            let f = frag(i);
-            let ti = tensor_index(f.tensor_id());
-            let t = &*tensors[ti];
-            let dp = if is_dp_owned(t) { ANY_DP } else { f.rank().dp };
-            (ti as u32, dp, owner_of(t, f.rank()), i)
-        })
-        .collect();
-    keyed.sort_unstable_by(|a, b| {
-        (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)).then_with(|| {
-            let (fa, fb) = (frag(a.3), frag(b.3));
-            (fa.global_offset(), fa.local_shape(), fa.rank().order_key(), fa.placement_fragment_id()).cmp(&(
-                fb.global_offset(),
-                fb.local_shape(),
-                fb.rank().order_key(),
-                fb.placement_fragment_id(),
-            ))
-        })
-    });
+    // Fragments carry their descriptor's interned id: its address finds the tensor;
+    // the id itself is the fallback.
+    let by_ptr: HashMap<u64, u32> =
+        tensors.iter().enumerate().map(|(i, t)| (crate::model::id_key(t.tensor_id_arc()), i as u32)).collect();
+    let by_id: HashMap<&str, u32> = tensors.iter().enumerate().map(|(i, t)| (t.tensor_id(), i as u32)).collect();
+    let tensor_index = |f: &PlacementFragment| match by_ptr.get(&crate::model::id_key(f.tensor_id_arc())) {
+        Some(&i) if tensors[i as usize].tensor_id() == f.tensor_id() => i,
+        _ => by_id[f.tensor_id()],
+    };
+    // (tensor index, group dp, owner, source index), on several threads for many
+    // fragments, then grouped by tensor by a counting sort.
+    let workers = crate::par::workers(flat.len());
+    let unsorted: Vec<(u32, u64, [u64; 4], u32)> = crate::par::try_map(flat.len(), workers, |i| {
+        let f = frag(i as u32);
+        let ti = tensor_index(f);
+        let t = &*tensors[ti as usize];
+        let dp = if is_dp_owned(t) { ANY_DP } else { f.rank().dp };
+        Ok::<_, ()>((ti, dp, owner_of(t, f.rank()), i as u32))
+    })
+    .unwrap_or_default();
+    let mut start = vec![0u32; tensors.len() + 1];
+    for e in &unsorted {
+        start[e.0 as usize + 1] += 1;
+    }
+    for k in 1..start.len() {
+        start[k] += start[k - 1];
+    }
+    let mut keyed: Vec<(u32, u64, [u64; 4], u32)> = vec![(0, 0, [0; 4], 0); unsorted.len()];
+    let mut next = start.clone();
+    for e in unsorted {
+        let slot = &mut next[e.0 as usize];
+        keyed[*slot as usize] = e;
+        *slot += 1;
+    }
+    drop(next);
     let single_dp = source.topology().dp_size() <= 1;
     let needs_check =
         |t: &TensorDescriptor| !single_dp && t.axis(AxisKind::Dp) != Some(&ParallelAxis::Replicated(AxisKind::Dp));
@@ -190,54 +220,80 @@ fn select_sources<'a>(
         let boxes: Vec<BoxRef<'_>> = list.iter().map(|&i| frag(i).as_box()).collect();
         geometry::boxes_exactly_cover(whole, &boxes, HIGH_DIM_COMPARISON_BUDGET)
     };
-    let mut members: HashMap<(&str, u64), Vec<u32>> = HashMap::default();
-    // (tensor, dp) groups that are incomplete (then the dp is not a complete replica).
-    let mut incomplete: BTreeSet<u64> = BTreeSet::new();
-    let mut dps: BTreeSet<u64> = BTreeSet::new();
-    let mut i = 0;
-    while i < keyed.len() {
-        let (ti, dp) = (keyed[i].0, keyed[i].1);
-        let t = &*tensors[ti as usize];
-        let mut chosen: Option<Vec<u32>> = None;
-        let mut owners = 0usize;
-        while i < keyed.len() && keyed[i].0 == ti && keyed[i].1 == dp {
-            let owner = keyed[i].2;
-            let mut list: Vec<u32> = Vec::new();
-            while i < keyed.len() && keyed[i].0 == ti && keyed[i].1 == dp && keyed[i].2 == owner {
-                let f = frag(keyed[i].3);
-                let dup = list.last().is_some_and(|&l| {
-                    let g = frag(l);
-                    g.global_offset() == f.global_offset() && g.local_shape() == f.local_shape()
-                });
-                if !dup {
-                    list.push(keyed[i].3);
+    // Per tensor (on several threads; the first error in tensor order): its groups
+    // in dp order, each with the chosen owner's fragments (sorted by (owner, box,
+    // rank, id): the lowest owner, one fragment per distinct box) and whether some
+    // owner of the group is incomplete.
+    let per_tensor = crate::par::try_map(tensors.len(), workers, |k| {
+        let mut run = keyed[start[k] as usize..start[k + 1] as usize].to_vec();
+        run.sort_unstable_by(|a, b| {
+            (a.1, a.2).cmp(&(b.1, b.2)).then_with(|| {
+                let (fa, fb) = (frag(a.3), frag(b.3));
+                (fa.global_offset(), fa.local_shape(), fa.rank().order_key(), fa.placement_fragment_id()).cmp(&(
+                    fb.global_offset(),
+                    fb.local_shape(),
+                    fb.rank().order_key(),
+                    fb.placement_fragment_id(),
+                ))
+            })
+        });
+        let t = &*tensors[k];
+        let mut groups: Vec<(u64, Vec<u32>, bool)> = Vec::new();
+        let mut i = 0;
+        while i < run.len() {
+            let dp = run[i].1;
+            let mut chosen: Option<Vec<u32>> = None;
+            let mut owners = 0usize;
+            let mut incomplete = false;
+            while i < run.len() && run[i].1 == dp {
+                let owner = run[i].2;
+                let mut list: Vec<u32> = Vec::new();
+                while i < run.len() && run[i].1 == dp && run[i].2 == owner {
+                    let f = frag(run[i].3);
+                    let dup = list.last().is_some_and(|&l| {
+                        let g = frag(l);
+                        g.global_offset() == f.global_offset() && g.local_shape() == f.local_shape()
+                    });
+                    if !dup {
+                        list.push(run[i].3);
+                    }
+                    i += 1;
                 }
-                i += 1;
-            }
-            owners += 1;
-            let complete = if dp == ANY_DP || needs_check(t) { cover(t, &list)? } else { true };
-            if dp == ANY_DP {
-                if !complete {
+                owners += 1;
+                let complete = if dp == ANY_DP || needs_check(t) { cover(t, &list)? } else { true };
+                if dp == ANY_DP && !complete {
                     return invalid(format!(
                         "DP-owned source tensor has no complete declared owner: {}",
                         t.tensor_id()
                     ));
                 }
-            } else if !complete {
-                incomplete.insert(dp);
+                incomplete |= !complete;
+                if chosen.is_none() {
+                    chosen = Some(list);
+                }
             }
-            if chosen.is_none() {
-                chosen = Some(list);
-            }
-        }
-        if dp == ANY_DP {
-            if owners > 1 {
+            if dp == ANY_DP && owners > 1 {
                 return invalid(format!("DP-owned source tensor has ambiguous declared owners: {}", t.tensor_id()));
             }
-        } else {
-            dps.insert(dp);
+            groups.push((dp, chosen.expect("a group has an owner"), incomplete));
         }
-        members.insert((t.tensor_id(), dp), chosen.expect("a group has an owner"));
+        Ok(groups)
+    })?;
+    drop(keyed);
+    let mut members: HashMap<(&str, u64), Vec<u32>> = crate::fxhash::map_with_capacity(tensors.len());
+    // (tensor, dp) groups that are incomplete (then the dp is not a complete replica).
+    let mut incomplete: BTreeSet<u64> = BTreeSet::new();
+    let mut dps: BTreeSet<u64> = BTreeSet::new();
+    for (t, groups) in tensors.iter().zip(per_tensor) {
+        for (dp, chosen, partial) in groups {
+            if dp != ANY_DP {
+                dps.insert(dp);
+                if partial {
+                    incomplete.insert(dp);
+                }
+            }
+            members.insert((t.tensor_id(), dp), chosen);
+        }
     }
     // A complete replica holds every non-DP-owned tensor, each owner complete.
     let replicated: Vec<&str> = tensors.iter().filter(|t| !is_dp_owned(t)).map(|t| t.tensor_id()).collect();
@@ -292,6 +348,28 @@ fn source_parts(source: &Placement, target: &Placement, parts: &[u32]) -> (Vec<u
     (chosen, Some(r))
 }
 
+/// The tensor ids of `p`, sorted.
+fn sorted_ids(p: &Placement) -> Vec<&str> {
+    let ids: Vec<&str> = p.tensors().iter().map(|t| t.tensor_id()).collect();
+    debug_assert!(ids.is_sorted());
+    ids
+}
+
+/// The ids of sorted `a` that sorted `b` lacks, in order.
+fn difference<'a>(a: &[&'a str], b: &[&str]) -> Vec<&'a str> {
+    let mut j = 0;
+    let mut out = Vec::new();
+    for &x in a {
+        while j < b.len() && b[j] < x {
+            j += 1;
+        }
+        if b.get(j) != Some(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
 fn check_identity(source: &Placement, target: &Placement) -> Result<()> {
     if source.resource_id() != target.resource_id() {
         return invalid("source and target resource_id differ");
@@ -314,11 +392,26 @@ fn rank_text(r: ParallelRank) -> String {
 /// Executors of one side: parts with fragments whose index appears in
 /// `part_of_region`, sorted by rank; a rank shared by two parts with fragments fails
 /// `duplicate <side> placement executor rank: <rank>`.
+/// The placement fragment ids of each of `parts` (indexed by part; `None` for
+/// the others), what an executor of the part lists.
+fn fragment_ids(placement: &Placement, parts: &[u32]) -> Vec<Option<Vec<String>>> {
+    let mut out = vec![None; placement.parts().len()];
+    for &p in parts {
+        out[p as usize] = Some(
+            placement.parts()[p as usize].fragments().iter().map(|f| f.placement_fragment_id().to_string()).collect(),
+        );
+    }
+    out
+}
+
+/// Executors of one side (see the function below); `ids`: the fragment ids of
+/// some parts, computed beforehand (taken from here when a part has an executor).
 fn build_executors(
     placement: &Placement,
     part_of_region: impl Iterator<Item = u32>,
     only: Option<u32>,
     side: &str,
+    ids: Vec<Option<Vec<String>>>,
 ) -> Result<Vec<PlacementExecutorPlan>> {
     let mut ranks: HashMap<(u64, u64, u64, u64), u32> = HashMap::default();
     for (i, part) in placement.parts().iter().enumerate() {
@@ -329,27 +422,32 @@ fn build_executors(
             return invalid(format!("duplicate {side} placement executor rank: {}", rank_text(part.rank())));
         }
     }
-    let mut ops: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut ops: Vec<Vec<u32>> = vec![Vec::new(); placement.parts().len()];
     for (i, p) in part_of_region.enumerate() {
-        ops.entry(p).or_default().push(i as u32);
+        ops[p as usize].push(i as u32);
     }
-    let mut out: Vec<PlacementExecutorPlan> = ops
-        .into_iter()
-        .map(|(p, operation_indices)| {
-            let part = &placement.parts()[p as usize];
-            PlacementExecutorPlan {
-                part: p,
-                participant_id: part.participant_id().to_string(),
-                rank: part.rank(),
-                placement_fragment_ids: part
-                    .fragments()
-                    .iter()
-                    .map(|f| f.placement_fragment_id().to_string())
-                    .collect(),
-                operation_indices,
-            }
-        })
+    // One executor per part with regions; their fragment ids are copied on several
+    // threads for many fragments.
+    type Pending = std::sync::Mutex<(Vec<u32>, Option<Vec<String>>)>;
+    let used: Vec<(u32, Pending)> = (0..ops.len() as u32)
+        .zip(ops.into_iter().zip(ids))
+        .filter(|(_, (ops, _))| !ops.is_empty())
+        .map(|(p, pending)| (p, std::sync::Mutex::new(pending)))
         .collect();
+    let total: usize = used.iter().map(|&(p, _)| placement.parts()[p as usize].fragments().len()).sum();
+    let mut out = crate::par::try_map(used.len(), crate::par::workers(total), |k| {
+        let (p, pending) = &used[k];
+        let part = &placement.parts()[*p as usize];
+        let (operation_indices, ids) = std::mem::take(&mut *pending.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok::<_, Error>(PlacementExecutorPlan {
+            part: *p,
+            participant_id: part.participant_id().to_string(),
+            rank: part.rank(),
+            placement_fragment_ids: ids
+                .unwrap_or_else(|| part.fragments().iter().map(|f| f.placement_fragment_id().to_string()).collect()),
+            operation_indices,
+        })
+    })?;
     out.sort_by_key(|e| e.rank.order_key());
     Ok(out)
 }
@@ -368,13 +466,13 @@ impl LogicalTransferPlan {
     pub fn plan(source: Arc<Placement>, target: Arc<Placement>, limits: PlanningLimits) -> Result<Self> {
         limits.validate()?;
         check_identity(&source, &target)?;
-        let source_ids: BTreeSet<&str> = source.tensors().iter().map(|t| t.tensor_id()).collect();
-        let target_ids: BTreeSet<&str> = target.tensors().iter().map(|t| t.tensor_id()).collect();
-        let missing: Vec<&str> = source_ids.difference(&target_ids).copied().collect();
+        // Both tensor lists are sorted by (unique) id: the differences are a merge.
+        let (source_ids, target_ids) = (sorted_ids(&source), sorted_ids(&target));
+        let missing = difference(&source_ids, &target_ids);
         if !missing.is_empty() {
             return invalid(format!("target manifests are missing tensors: {}", missing.join(", ")));
         }
-        let unknown: Vec<&str> = target_ids.difference(&source_ids).copied().collect();
+        let unknown = difference(&target_ids, &source_ids);
         if !unknown.is_empty() {
             return invalid(format!("target manifests contain unknown tensors: {}", unknown.join(", ")));
         }
@@ -453,19 +551,56 @@ impl LogicalTransferPlan {
         let (complete, members) = select_sources(&source, &flat)?;
         let complete = routed.unwrap_or(complete);
         let targets = sorted_targets(&target, parts);
-        let tensors: HashMap<&str, (&TensorDescriptor, &TensorDescriptor)> = target
-            .tensors()
-            .iter()
-            .filter_map(|t| source.tensor(t.tensor_id()).map(|s| (t.tensor_id(), (s, &**t))))
-            .collect();
-        let mut groups = PlacementGroups { tensors, complete, members, sources: &boxes, indexes: HashMap::default() };
-        let core = plan_regions(&target, &targets, &boxes, &mut groups, limits)?;
+        // Both tensor lists are sorted by id: pairs by a merge.
+        let mut tensors: HashMap<&str, (&TensorDescriptor, &TensorDescriptor)> =
+            crate::fxhash::map_with_capacity(target.tensors().len());
+        let mut j = 0;
+        for t in target.tensors() {
+            let s = source.tensors();
+            while j < s.len() && s[j].tensor_id() < t.tensor_id() {
+                j += 1;
+            }
+            if let Some(s) = s.get(j).filter(|s| s.tensor_id() == t.tensor_id()) {
+                tensors.insert(t.tensor_id(), (&**s, &**t));
+            }
+        }
+        let mut groups = PlacementGroups {
+            tensors,
+            complete,
+            members,
+            sources: &boxes,
+            indexes: Vec::new(),
+            positions: HashMap::default(),
+            checked: HashMap::default(),
+        };
+        // The executors list every fragment id of their parts: for many fragments,
+        // those of the parts that may have executors are copied on the second core
+        // while this one plans the regions.
+        let ids_beside = crate::par::workers(targets.len() + flat.len()) > 1;
+        let (core, (target_ids, source_ids)) = crate::par::join(
+            ids_beside,
+            || plan_regions(&target, &targets, &boxes, &mut groups, limits),
+            || {
+                if ids_beside {
+                    (fragment_ids(&target, parts), fragment_ids(&source, &source_parts))
+                } else {
+                    (vec![None; target.parts().len()], vec![None; source.parts().len()])
+                }
+            },
+        );
+        let core = core?;
         drop(groups);
         drop(boxes);
         let only = if local_target.is_some() { Some(parts[0]) } else { None };
-        let target_executors = build_executors(&target, core.regions.iter().map(|r| r.target_part), only, "target")?;
-        let source_executors =
-            build_executors(&source, core.regions.iter().map(|r| flat[r.source as usize].0), None, "source")?;
+        let target_executors =
+            build_executors(&target, core.regions.iter().map(|r| r.target_part), only, "target", target_ids)?;
+        let source_executors = build_executors(
+            &source,
+            core.regions.iter().map(|r| flat[r.source as usize].0),
+            None,
+            "source",
+            source_ids,
+        )?;
         Ok(LogicalTransferPlan {
             inner: Arc::new(Inner {
                 source,

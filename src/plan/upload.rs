@@ -714,7 +714,7 @@ pub fn plan_upload<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -740,7 +740,7 @@ mod tests {
     }
 
     /// A runtime binding in the conformance fixtures' JSON form.
-    fn fixture_binding(b: &serde_json::Value) -> Result<RuntimeBinding> {
+    pub(crate) fn fixture_binding(b: &serde_json::Value) -> Result<RuntimeBinding> {
         use crate::runtime::{MemoryKind, RuntimeBindingSpec, RuntimeFragmentSpec};
         let text = |v: &serde_json::Value, k: &str| v[k].as_str().expect("string field").to_string();
         let int = |v: &serde_json::Value, k: &str| v[k].as_u64().expect("integer field");

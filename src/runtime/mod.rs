@@ -13,9 +13,11 @@ use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::SharedBox;
 use crate::json::{self, Profile};
 use crate::model::{
-    canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, TensorDescriptor,
+    canonical_strides, is_hex64, non_empty, sha256_hex, Placement, PlacementFragment, PlacementPart, TensorDescriptor,
 };
 use std::collections::BTreeMap;
+#[cfg(test)]
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// Where a runtime buffer lives.
@@ -191,6 +193,18 @@ impl RuntimeFragment {
     pub(crate) fn spec_ptr(&self) -> *const RuntimeFragmentSpec {
         Arc::as_ptr(&self.spec)
     }
+    /// Prefetches the strings and shapes the binding checks read behind the shared
+    /// record (which should be in cache already: see [`Self::spec_ptr`]).
+    #[inline]
+    pub(crate) fn prefetch_heap(&self) {
+        let s = &*self.spec;
+        crate::model::prefetch(s.placement_fragment_id.as_ptr());
+        crate::model::prefetch(s.fragment_id.as_ptr());
+        crate::model::prefetch(s.worker_id.as_ptr());
+        crate::model::prefetch(s.device.as_ptr());
+        crate::model::prefetch(s.local_shape.as_ptr());
+        crate::model::prefetch(s.strides_bytes.as_ptr());
+    }
     /// Normalized byte strides.
     pub fn strides_bytes(&self) -> &[u64] {
         &self.spec.strides_bytes
@@ -254,7 +268,9 @@ pub struct RuntimeBinding {
     lease_id: String,
     revision: String,
     participant_id: String,
-    fragments: Vec<RuntimeFragment>,
+    /// Shared: plans keep the bindings they were bound to, and a clone is a
+    /// reference count, not one per fragment.
+    fragments: Arc<[RuntimeFragment]>,
 }
 
 impl RuntimeBinding {
@@ -288,7 +304,7 @@ impl RuntimeBinding {
             lease_id: spec.lease_id,
             revision: spec.revision,
             participant_id: spec.participant_id,
-            fragments,
+            fragments: fragments.into(),
         })
     }
 
@@ -480,11 +496,11 @@ struct Bound<'a> {
 /// identity, exact fragment membership of the participant's part, sizes, shapes,
 /// item size, canonical strides and address ranges. Contract errors.
 pub fn validate_runtime_binding(placement: &Placement, binding: &RuntimeBinding) -> Result<()> {
-    let bound = pair_binding(placement, binding)?;
-    check_address_ranges(&binding.instance_id, &bound)
+    check_binding(placement, binding, &mut Vec::new()).map(drop)
 }
 
-fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Result<Vec<Bound<'a>>> {
+/// The identity checks of [`pair_binding`] and the binding's part.
+fn binding_part<'a>(placement: &'a Placement, binding: &RuntimeBinding) -> Result<&'a PlacementPart> {
     if placement.resource_id() != binding.resource_id {
         return invalid("placement and runtime binding resource_id differ");
     }
@@ -497,28 +513,205 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
     if placement.revision() != binding.revision {
         return invalid("placement and runtime binding revision differ");
     }
-    let part = placement
+    placement
         .part(&binding.participant_id)
-        .ok_or_else(|| Error::invalid(format!("unknown runtime binding participant: {}", binding.participant_id)))?;
-    // Both lists are sorted by placement fragment id: membership is a merge.
-    let (pf, bf) = (part.fragments(), &binding.fragments);
-    let same =
-        pf.len() == bf.len() && pf.iter().zip(bf).all(|(p, r)| p.placement_fragment_id() == r.placement_fragment_id());
-    if !same {
-        if let Some(f) = bf.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
-            return invalid(format!("unknown placement fragment in runtime binding: {}", f.placement_fragment_id()));
+        .ok_or_else(|| Error::invalid(format!("unknown runtime binding participant: {}", binding.participant_id)))
+}
+
+/// The membership error of a binding whose fragments are not its part's (the
+/// first unknown one, else the first missing one).
+fn membership_error(part: &PlacementPart, binding: &RuntimeBinding) -> Option<Error> {
+    if let Some(f) = binding.fragments.iter().find(|f| part.fragment(f.placement_fragment_id()).is_none()) {
+        return Some(Error::invalid(format!(
+            "unknown placement fragment in runtime binding: {}",
+            f.placement_fragment_id()
+        )));
+    }
+    part.fragments().iter().find(|p| binding.fragment_for(p.placement_fragment_id()).is_none()).map(|p| {
+        Error::invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()))
+    })
+}
+
+/// The per-fragment checks of [`pair_binding`], in its order.
+fn check_fragment(p: &PlacementFragment, r: &RuntimeFragment, t: &TensorDescriptor) -> Result<()> {
+    let pfid = p.placement_fragment_id();
+    if r.nbytes() != p.nbytes() {
+        return invalid(format!("runtime binding byte size does not match placement: {pfid}"));
+    }
+    if r.local_shape() != p.local_shape() {
+        return invalid(format!("runtime binding local_shape does not match placement: {pfid}"));
+    }
+    if r.itemsize() != t.itemsize() {
+        return invalid(format!("runtime binding itemsize does not match placement: {pfid}"));
+    }
+    if !is_canonical(r.strides_bytes(), p.local_shape(), t.itemsize()) {
+        return invalid(format!("runtime binding stride does not describe a canonical contiguous view: {pfid}"));
+    }
+    Ok(())
+}
+
+/// `validate_runtime_binding` in one pass over the fragments (what [`pair_binding`]
+/// then [`check_address_ranges`] check, with the same first error), appending the
+/// Fx hash of every runtime fragment id to `hashes` (all of them, whatever the
+/// outcome).
+fn check_binding<'a>(
+    placement: &Placement,
+    binding: &'a RuntimeBinding,
+    hashes: &mut Vec<u64>,
+) -> Result<BindingSpaces<'a>> {
+    let before = hashes.len();
+    let out = check_binding_hashing(placement, binding, hashes);
+    if out.is_err() {
+        hashes.truncate(before);
+        hashes.extend(binding.fragments.iter().map(|f| crate::fxhash::hash_str(f.fragment_id())));
+    }
+    out
+}
+
+/// The address spaces of one binding's fragments, as [`check_binding`] found them.
+#[derive(Debug, Default)]
+pub(crate) struct BindingSpaces<'a> {
+    /// `(worker_id, device)` of each space, in the order of their first fragment.
+    pub keys: Vec<(&'a str, &'a str)>,
+    /// The space of each fragment (index into `keys`).
+    pub of_fragment: Vec<u32>,
+}
+
+/// One runtime view of [`check_binding`]'s range pass.
+struct View {
+    address: u64,
+    end: u64,
+    storage: u64,
+    storage_nbytes: u64,
+    /// Index of its `(worker_id, device)` space, in first-appearance order.
+    space: u32,
+}
+
+fn check_binding_hashing<'a>(
+    placement: &Placement,
+    binding: &'a RuntimeBinding,
+    hashes: &mut Vec<u64>,
+) -> Result<BindingSpaces<'a>> {
+    let part = binding_part(placement, binding)?;
+    let (pf, bf) = (part.fragments(), &binding.fragments[..]);
+    if pf.len() != bf.len() {
+        return Err(membership_error(part, binding).expect("different lengths differ in membership"));
+    }
+    let tensor_of = tensor_lookup(part);
+    // Membership comes first: a fragment's own error counts only once every id matched.
+    let mut first_error: Option<Error> = None;
+    let mut views: Vec<View> = Vec::with_capacity(bf.len());
+    let mut spaces: Vec<(&str, &str)> = Vec::new();
+    let mut space_of: HashMap<(&str, &str), u32> = HashMap::default();
+    let mut last: Option<((&str, &str), u32)> = None;
+    for (i, (p, r)) in pf.iter().zip(bf).enumerate() {
+        // Two levels ahead: the runtime records, then (once they are near) what they
+        // and the placement fragments point to.
+        if let Some(next) = bf.get(i + 2 * crate::model::PREFETCH_AHEAD) {
+            crate::model::prefetch(next.spec_ptr());
         }
-        if let Some(p) = pf.iter().find(|p| binding.fragment_for(p.placement_fragment_id()).is_none()) {
-            return invalid(format!("missing placement fragment in runtime binding: {}", p.placement_fragment_id()));
+        if let Some(next) = bf.get(i + crate::model::PREFETCH_AHEAD) {
+            next.prefetch_heap();
+            pf[i + crate::model::PREFETCH_AHEAD].prefetch_heap();
+        }
+        if p.placement_fragment_id() != r.placement_fragment_id() {
+            return Err(membership_error(part, binding).expect("a differing id is unknown or missing"));
+        }
+        if first_error.is_none() {
+            first_error = check_fragment(p, r, tensor_of(p)).err();
+        }
+        hashes.push(crate::fxhash::hash_str(r.fragment_id()));
+        let key = (r.worker_id(), r.device());
+        let space = match last {
+            Some((k, s)) if k == key => s,
+            _ => *space_of.entry(key).or_insert_with(|| {
+                spaces.push(key);
+                (spaces.len() - 1) as u32
+            }),
+        };
+        last = Some((key, space));
+        views.push(View {
+            address: r.address(),
+            end: r.address() + r.nbytes(),
+            storage: r.storage_address(),
+            storage_nbytes: r.storage_nbytes(),
+            space,
+        });
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    // The address-range rule (see `check_address_ranges`), space after space.
+    let space_text = |s: u32| {
+        let (worker, device) = spaces[s as usize];
+        crate::pyrepr::repr(&(binding.instance_id.as_str(), worker, device))
+    };
+    let sorted_by = |key: &dyn Fn(&View) -> u64| -> Vec<u32> {
+        let mut order: Vec<u32> = (0..views.len() as u32).collect();
+        let k = |i: u32| (views[i as usize].space, key(&views[i as usize]), i);
+        if !order.windows(2).all(|w| k(w[0]) <= k(w[1])) {
+            order.sort_unstable_by_key(|&i| k(i));
+        }
+        order
+    };
+    let by_address = sorted_by(&|v| v.address);
+    let by_storage = sorted_by(&|v| v.storage);
+    let bound =
+        |i: u32| Bound { runtime: &bf[i as usize], placement: &pf[i as usize], tensor: tensor_of(&pf[i as usize]) };
+    let (mut a, mut s) = (0, 0);
+    let mut active: Vec<u32> = Vec::new();
+    for space in 0..spaces.len() as u32 {
+        // Views: any overlap must be an exact declared alias.
+        active.clear();
+        while let Some(&cur) = by_address.get(a).filter(|&&i| views[i as usize].space == space) {
+            a += 1;
+            let c = &views[cur as usize];
+            active.retain(|&e| views[e as usize].end > c.address);
+            for &earlier in &active {
+                if !exact_alias(&bound(earlier), &bound(cur)) {
+                    return invalid(format!(
+                        "runtime binding address ranges overlap: {} and {} in {}",
+                        bf[earlier as usize].fragment_id(),
+                        bf[cur as usize].fragment_id(),
+                        space_text(space)
+                    ));
+                }
+            }
+            active.push(cur);
+        }
+        // Storage allocations: overlapping ones must be identical.
+        let mut open: Option<(u64, u64, u32)> = None; // (start, size, fragment index)
+        while let Some(&cur) = by_storage.get(s).filter(|&&i| views[i as usize].space == space) {
+            s += 1;
+            let v = &views[cur as usize];
+            if let Some((p_start, p_size, p)) = open {
+                if p_start + p_size > v.storage {
+                    if (p_start, p_size) == (v.storage, v.storage_nbytes) {
+                        continue;
+                    }
+                    return invalid(format!(
+                        "runtime binding storage allocation ranges overlap: {} and {} in {}",
+                        bf[p as usize].fragment_id(),
+                        bf[cur as usize].fragment_id(),
+                        space_text(space)
+                    ));
+                }
+            }
+            open = Some((v.storage, v.storage_nbytes, cur));
         }
     }
+    Ok(BindingSpaces { keys: spaces, of_fragment: views.iter().map(|v| v.space).collect() })
+}
+
+/// The tensor descriptor of a fragment of `part`.
+fn tensor_lookup<'a>(part: &'a PlacementPart) -> impl Fn(&PlacementFragment) -> &'a TensorDescriptor + 'a {
     // A part's fragments carry its descriptors' own (interned) tensor ids: the
     // address finds the descriptor; the part's tensors are sorted by id, so a
     // binary search is the fallback.
     let part_tensors = part.tensors();
     let by_ptr: crate::fxhash::FxHashMap<u64, &TensorDescriptor> =
         part_tensors.iter().map(|t| (crate::model::id_key(t.tensor_id_arc()), &**t)).collect();
-    let tensor_of = |p: &PlacementFragment| -> &TensorDescriptor {
+    move |p: &PlacementFragment| -> &'a TensorDescriptor {
         match by_ptr.get(&crate::model::id_key(p.tensor_id_arc())) {
             Some(t) => t,
             None => {
@@ -528,23 +721,28 @@ fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Re
                 &part_tensors[i]
             }
         }
-    };
+    }
+}
+
+/// Pairs every fragment of `binding` with its placement fragment and tensor
+/// (`validate_runtime_binding` without the address ranges, for several bindings of
+/// one instance).
+fn pair_binding<'a>(placement: &'a Placement, binding: &'a RuntimeBinding) -> Result<Vec<Bound<'a>>> {
+    let part = binding_part(placement, binding)?;
+    // Both lists are sorted by placement fragment id: membership is a merge.
+    let (pf, bf) = (part.fragments(), &binding.fragments[..]);
+    let same =
+        pf.len() == bf.len() && pf.iter().zip(bf).all(|(p, r)| p.placement_fragment_id() == r.placement_fragment_id());
+    if !same {
+        if let Some(e) = membership_error(part, binding) {
+            return Err(e);
+        }
+    }
+    let tensor_of = tensor_lookup(part);
     let mut bound = Vec::with_capacity(pf.len());
     for (p, r) in pf.iter().zip(bf) {
         let t = tensor_of(p);
-        let pfid = p.placement_fragment_id();
-        if r.nbytes() != p.nbytes() {
-            return invalid(format!("runtime binding byte size does not match placement: {pfid}"));
-        }
-        if r.local_shape() != p.local_shape() {
-            return invalid(format!("runtime binding local_shape does not match placement: {pfid}"));
-        }
-        if r.itemsize() != t.itemsize() {
-            return invalid(format!("runtime binding itemsize does not match placement: {pfid}"));
-        }
-        if !is_canonical(r.strides_bytes(), p.local_shape(), t.itemsize()) {
-            return invalid(format!("runtime binding stride does not describe a canonical contiguous view: {pfid}"));
-        }
+        check_fragment(p, r, t)?;
         bound.push(Bound { runtime: r, placement: p, tensor: t });
     }
     Ok(bound)
@@ -585,16 +783,23 @@ fn exact_alias(a: &Bound<'_>, b: &Bound<'_>) -> bool {
 fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
     let mut space_of: HashMap<(&str, &str), usize> = HashMap::default();
     let mut spaces: Vec<((&str, &str), Vec<&Bound<'_>>)> = Vec::new();
+    // Consecutive fragments almost always share their space: compare with the last
+    // key before hashing.
+    let mut last: Option<((&str, &str), usize)> = None;
     for b in bound {
         let key = (b.runtime.worker_id(), b.runtime.device());
-        let s = *space_of.entry(key).or_insert_with(|| {
-            spaces.push((key, Vec::new()));
-            spaces.len() - 1
-        });
+        let s = match last {
+            Some((k, s)) if k == key => s,
+            _ => *space_of.entry(key).or_insert_with(|| {
+                spaces.push((key, Vec::new()));
+                spaces.len() - 1
+            }),
+        };
+        last = Some((key, s));
         spaces[s].1.push(b);
     }
     for ((worker, device), in_order) in spaces {
-        let space = crate::pyrepr::repr(&(instance_id, worker, device));
+        let space = || crate::pyrepr::repr(&(instance_id, worker, device));
         let mut list = in_order.clone();
         list.sort_by_key(|b| b.runtime.address());
         let mut active: Vec<&Bound<'_>> = Vec::new();
@@ -604,9 +809,10 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
             for earlier in &active {
                 if !exact_alias(earlier, cur) {
                     return invalid(format!(
-                        "runtime binding address ranges overlap: {} and {} in {space}",
+                        "runtime binding address ranges overlap: {} and {} in {}",
                         earlier.runtime.fragment_id(),
-                        cur.runtime.fragment_id()
+                        cur.runtime.fragment_id(),
+                        space()
                     ));
                 }
             }
@@ -628,7 +834,8 @@ fn check_address_ranges(instance_id: &str, bound: &[Bound<'_>]) -> Result<()> {
                         continue;
                     }
                     return invalid(format!(
-                        "runtime binding storage allocation ranges overlap: {p_id} and {id} in {space}"
+                        "runtime binding storage allocation ranges overlap: {p_id} and {id} in {}",
+                        space()
                     ));
                 }
             }
@@ -661,21 +868,119 @@ pub fn validate_binding_subset(placement: &Placement, bindings: &[RuntimeBinding
     if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
         return invalid("duplicate runtime binding participant");
     }
-    let mut by_instance: BTreeMap<&str, Vec<Bound<'_>>> = BTreeMap::new();
-    let mut ids: HashSet<&str> = HashSet::default();
-    for b in bindings {
-        let bound = pair_binding(placement, b)?;
-        check_address_ranges(&b.instance_id, &bound)?;
-        for f in &b.fragments {
-            if !ids.insert(f.fragment_id()) {
-                return invalid(format!("duplicate runtime fragment_id across participants: {}", f.fragment_id()));
+    // The reference checks binding after binding: its own pairing and ranges, then
+    // its runtime fragment ids against the earlier bindings'. The first failure in
+    // that order is the first binding that fails its own checks, unless a repeated
+    // id shows up in an earlier binding (or in that binding itself, once its own
+    // checks passed).
+    let checks = check_bindings(placement, bindings);
+    let failed = checks.first_error.as_ref().map_or(bindings.len(), |(k, _)| *k);
+    if checks.may_repeat_ids {
+        if let Some((j, id)) = first_repeated_fragment_id(bindings) {
+            if j < failed {
+                return invalid(format!("duplicate runtime fragment_id across participants: {id}"));
             }
         }
-        by_instance.entry(b.instance_id()).or_default().extend(bound);
     }
-    for (instance, bound) in &by_instance {
-        check_address_ranges(instance, bound)?;
+    if let Some((_, e)) = checks.first_error {
+        return Err(e);
     }
+    check_shared_instances(placement, bindings)
+}
+
+/// What [`check_bindings`] found.
+pub(crate) struct BindingChecks<'a> {
+    /// The first binding (in order) that failed its own pairing or address ranges,
+    /// with its error.
+    pub first_error: Option<(usize, Error)>,
+    /// Whether two runtime fragment ids of the bindings may be equal: false proves
+    /// them all distinct (their hashes are); true asks for an exact look
+    /// ([`first_repeated_fragment_id`]).
+    pub may_repeat_ids: bool,
+    /// The spaces of each binding (empty for a binding that failed).
+    pub spaces: Vec<BindingSpaces<'a>>,
+}
+
+/// Every binding paired with `placement` and its address ranges checked on its own
+/// (`validate_runtime_binding`), on several threads for many fragments, and the
+/// runtime fragment ids of all bindings screened for repeats by their hashes. Pure.
+pub(crate) fn check_bindings<'a>(placement: &Placement, bindings: &'a [RuntimeBinding]) -> BindingChecks<'a> {
+    let total: usize = bindings.iter().map(|b| b.fragments.len()).sum();
+    let workers = crate::par::workers(total).min(bindings.len()).max(1);
+    // Contiguous runs of bindings with about as many fragments each.
+    let mut bounds = vec![0usize];
+    let mut seen = 0usize;
+    for (i, b) in bindings.iter().enumerate() {
+        seen += b.fragments.len();
+        if bounds.len() < workers && seen * workers >= total * bounds.len() && i + 1 < bindings.len() {
+            bounds.push(i + 1);
+        }
+    }
+    bounds.push(bindings.len());
+    let runs = crate::par::try_map(bounds.len() - 1, bounds.len() - 1, |k| {
+        let mut hashes = Vec::with_capacity(bindings[bounds[k]..bounds[k + 1]].iter().map(|b| b.fragments.len()).sum());
+        let mut first_error = None;
+        let mut spaces = Vec::with_capacity(bounds[k + 1] - bounds[k]);
+        for (i, b) in bindings.iter().enumerate().take(bounds[k + 1]).skip(bounds[k]) {
+            match check_binding(placement, b, &mut hashes) {
+                Ok(s) => spaces.push(s),
+                Err(e) => {
+                    first_error.get_or_insert((i, e));
+                    spaces.push(BindingSpaces::default());
+                }
+            }
+        }
+        hashes.sort_unstable();
+        Ok::<_, ()>((hashes, first_error, spaces))
+    })
+    .unwrap_or_default();
+    let mut first_error = None;
+    let mut sorted = Vec::with_capacity(runs.len());
+    let mut spaces = Vec::with_capacity(bindings.len());
+    for (hashes, e, s) in runs {
+        if first_error.is_none() {
+            first_error = e;
+        }
+        sorted.push(hashes);
+        spaces.extend(s);
+    }
+    BindingChecks { first_error, may_repeat_ids: crate::fxhash::has_repeated_hash_runs(&sorted), spaces }
+}
+
+/// The first runtime fragment id (in binding order, then fragment order) that an
+/// earlier fragment of `bindings` already has, with its binding's index.
+pub(crate) fn first_repeated_fragment_id(bindings: &[RuntimeBinding]) -> Option<(usize, &str)> {
+    let n: usize = bindings.iter().map(|b| b.fragments.len()).sum();
+    let mut ids: HashSet<&str> = crate::fxhash::set_with_capacity(n);
+    for (j, b) in bindings.iter().enumerate() {
+        for f in b.fragments.iter() {
+            if !ids.insert(f.fragment_id()) {
+                return Some((j, f.fragment_id()));
+            }
+        }
+    }
+    None
+}
+
+/// The address-range rule over all bindings of each instance that holds several
+/// (instances in sorted order, each over its bindings' fragments in binding order).
+/// An instance with one binding is that binding's own rule, already checked by
+/// [`check_bindings`]. Every binding must pair with `placement`.
+pub(crate) fn check_shared_instances(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
+    let mut by_instance: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, b) in bindings.iter().enumerate() {
+        by_instance.entry(b.instance_id()).or_default().push(i);
+    }
+    let shared: Vec<(&str, Vec<usize>)> = by_instance.into_iter().filter(|(_, list)| list.len() > 1).collect();
+    let fragments: usize = shared.iter().flat_map(|(_, l)| l).map(|&i| bindings[i].fragments.len()).sum();
+    crate::par::try_map(shared.len(), crate::par::workers(fragments).min(shared.len()), |k| {
+        let (instance, list) = &shared[k];
+        let mut bound = Vec::new();
+        for &i in list {
+            bound.extend(pair_binding(placement, &bindings[i])?);
+        }
+        check_address_ranges(instance, &bound)
+    })?;
     Ok(())
 }
 
@@ -700,4 +1005,270 @@ pub fn pair_bindings(placement: &Placement, bindings: &[RuntimeBinding], label: 
             .map_err(|e| store_err(format!("invalid {label} runtime binding: {}", e.message())))
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        FlatPlacementSpec, ParallelAxis, ParallelRank, ParallelTopology, PlacementFragmentSpec, TensorSpec,
+        TopologyParticipant, TopologySpec,
+    };
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn one_in(&mut self, n: u64) -> bool {
+            self.below(n) == 0
+        }
+    }
+
+    /// Two participants (TP 2, every tensor replicated): tensor `a` (8, 4) in four
+    /// row fragments, tied `e` / `h` (4, 4), `c` (16,) of four-byte items.
+    fn placement() -> Placement {
+        let axes = vec![ParallelAxis::Replicated(crate::model::AxisKind::Tp)];
+        let spec = |id: &str, shape: &[u64], itemsize: u64| TensorSpec {
+            tensor_id: id.into(),
+            global_shape: shape.to_vec(),
+            dtype: if itemsize == 2 { "bfloat16" } else { "float32" }.into(),
+            itemsize,
+            shard_dims: vec![],
+            layout_fingerprint: "fp:test".into(),
+            parallel_axes: axes.clone(),
+            layer_id: None,
+            expert_id: None,
+        };
+        let tensors: Vec<TensorDescriptor> =
+            [spec("a", &[8, 4], 2), spec("c", &[16], 4), spec("e", &[4, 4], 2), spec("h", &[4, 4], 2)]
+                .into_iter()
+                .map(|s| TensorDescriptor::new(s).unwrap())
+                .collect();
+        let mut fragments = Vec::new();
+        for tp in 0..2 {
+            let rank = ParallelRank { tp, ..Default::default() };
+            let frag = |tensor: &str, offset: &[u64], shape: &[u64], itemsize: u64, aliases: &[&str]| {
+                PlacementFragment::new(PlacementFragmentSpec {
+                    tensor_id: tensor.into(),
+                    global_offset: offset.to_vec(),
+                    local_shape: shape.to_vec(),
+                    nbytes: shape.iter().product::<u64>() * itemsize,
+                    rank,
+                    pipeline_stage_id: None,
+                    aliases: aliases.iter().map(|s| s.to_string()).collect(),
+                    placement_fragment_id: None,
+                })
+                .unwrap()
+            };
+            for row in 0..4 {
+                fragments.push(frag("a", &[2 * row, 0], &[2, 4], 2, &[]));
+            }
+            fragments.push(frag("c", &[0], &[16], 4, &[]));
+            fragments.push(frag("e", &[0, 0], &[4, 4], 2, &["e", "h"]));
+            fragments.push(frag("h", &[0, 0], &[4, 4], 2, &["e", "h"]));
+        }
+        let topology = ParallelTopology::new(TopologySpec {
+            tp_size: 2,
+            pp_size: 1,
+            ep_size: 1,
+            dp_size: 1,
+            participants: (0..2)
+                .map(|tp| TopologyParticipant {
+                    participant_id: format!("w{tp}"),
+                    rank: ParallelRank { tp, ..Default::default() },
+                })
+                .collect(),
+            topology_id: None,
+        })
+        .unwrap();
+        Placement::from_fragments(FlatPlacementSpec {
+            resource_id: "r".into(),
+            revision: "rev".into(),
+            weight_generation: 1,
+            placement_set_id: "set".into(),
+            topology,
+            tensors,
+            fragments,
+        })
+        .unwrap()
+    }
+
+    /// A binding of `participant`, mutated at random (overlapping views and
+    /// allocations, spaces, sizes, shapes, strides, membership, identity).
+    /// `calm`: every mutation 20 times rarer, and views and allocations disjoint.
+    fn binding(p: &Placement, participant: &str, rng: &mut Rng, ids: &mut u64, calm: bool) -> RuntimeBinding {
+        let part = p.part(participant).unwrap();
+        let k = if calm { 20 } else { 1 };
+        let mut rng = Rng2(rng, k);
+        let mut fragments = Vec::new();
+        for f in part.fragments() {
+            if rng.one_in(40) {
+                continue; // missing
+            }
+            let itemsize = p.tensor(f.tensor_id()).unwrap().itemsize();
+            let address = if calm {
+                0x1000 + 256 * *ids
+            } else {
+                0x1000 + 64 * rng.below(12) + if rng.one_in(4) { 16 } else { 0 }
+            };
+            let offset = [0, 0, 16][rng.below(3) as usize].min(address - 1);
+            let mut nbytes = f.nbytes();
+            if rng.one_in(30) {
+                nbytes += 2;
+            }
+            let mut shape = f.local_shape().to_vec();
+            if rng.one_in(30) {
+                shape[0] += 1;
+            }
+            let mut strides = canonical_strides(f.local_shape(), itemsize);
+            if rng.one_in(30) {
+                strides[0] += itemsize;
+            }
+            *ids += 1;
+            let spec = RuntimeFragmentSpec {
+                placement_fragment_id: if rng.one_in(50) {
+                    format!("unknown-{ids}")
+                } else {
+                    f.placement_fragment_id().into()
+                },
+                fragment_id: format!(
+                    "rt-{}",
+                    if rng.0.one_in(25) { ids.saturating_sub(1 + rng.below(9)) } else { *ids }
+                ),
+                address,
+                nbytes,
+                worker_id: ["w0", "w1"][rng.below(2) as usize].into(),
+                endpoint: "e:1".into(),
+                device: ["cuda:0", "cuda:1"][rng.below(2) as usize].into(),
+                itemsize: if rng.one_in(40) { itemsize + 1 } else { itemsize },
+                local_shape: shape,
+                strides_bytes: strides,
+                storage_address: address - offset,
+                storage_nbytes: nbytes + offset + [0, 32][rng.below(2) as usize],
+                storage_offset_bytes: offset,
+                memory: MemoryKind::Host,
+            };
+            fragments.push(RuntimeFragment::new(spec).unwrap());
+        }
+        let mut spec = RuntimeBindingSpec {
+            resource_id: "r".into(),
+            placement_id: p.placement_id().into(),
+            placement_digest: p.digest().into(),
+            instance_id: format!("i{}", rng.below(2)),
+            generation: 1,
+            lease_id: "l".into(),
+            revision: "rev".into(),
+            participant_id: participant.into(),
+            fragments,
+        };
+        if rng.one_in(60) {
+            spec.revision = "other".into();
+        }
+        // A fragment id repeated inside one binding is refused here; draw again.
+        RuntimeBinding::new(spec.clone()).unwrap_or_else(|_| {
+            for (k, f) in spec.fragments.iter_mut().enumerate() {
+                let mut s = (*f.spec).clone();
+                s.fragment_id = format!("{}-{k}", s.fragment_id);
+                *f = RuntimeFragment::new(s).unwrap();
+            }
+            RuntimeBinding::new(spec).unwrap()
+        })
+    }
+
+    /// `Rng` with every `one_in(n)` made `one_in(n * k)`.
+    struct Rng2<'r>(&'r mut Rng, u64);
+    impl Rng2<'_> {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0.below(n)
+        }
+        fn one_in(&mut self, n: u64) -> bool {
+            self.0.one_in(n * self.1)
+        }
+    }
+
+    fn message<T>(r: Result<T>) -> std::result::Result<(), String> {
+        r.map(|_| ()).map_err(|e| e.message().to_string())
+    }
+
+    /// The one-pass check names the same first error as pairing then ranges, and
+    /// hashes every fragment id whatever the outcome.
+    #[test]
+    fn check_binding_matches_pairing_then_ranges() {
+        let p = placement();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let (mut ids, mut failed) = (0, 0);
+        for _ in 0..4000 {
+            let b = binding(&p, ["w0", "w1"][rng.below(2) as usize], &mut rng, &mut ids, false);
+            let oracle = message(pair_binding(&p, &b).and_then(|bound| check_address_ranges(&b.instance_id, &bound)));
+            let mut hashes = vec![7];
+            let got = message(check_binding(&p, &b, &mut hashes));
+            assert_eq!(got, oracle, "{b:?}");
+            let expected: Vec<u64> = std::iter::once(7)
+                .chain(b.fragments.iter().map(|f| crate::fxhash::hash_str(f.fragment_id())))
+                .collect();
+            assert_eq!(hashes, expected);
+            failed += usize::from(oracle.is_err());
+        }
+        // Both outcomes are well represented.
+        assert!(failed > 400 && failed < 3600, "{failed} of 4000 failed");
+    }
+
+    /// `validate_binding_subset` as the reference runs it: binding after binding
+    /// (pairing, ranges, then ids against the earlier bindings'), then each
+    /// instance's ranges over all its bindings.
+    fn subset_oracle(placement: &Placement, bindings: &[RuntimeBinding]) -> Result<()> {
+        let mut participants = HashSet::default();
+        if !bindings.iter().all(|b| participants.insert(b.participant_id())) {
+            return invalid("duplicate runtime binding participant");
+        }
+        let mut by_instance: BTreeMap<&str, Vec<Bound<'_>>> = BTreeMap::new();
+        let mut ids: HashSet<&str> = HashSet::default();
+        for b in bindings {
+            let bound = pair_binding(placement, b)?;
+            check_address_ranges(&b.instance_id, &bound)?;
+            for f in b.fragments.iter() {
+                if !ids.insert(f.fragment_id()) {
+                    return invalid(format!("duplicate runtime fragment_id across participants: {}", f.fragment_id()));
+                }
+            }
+            by_instance.entry(b.instance_id()).or_default().extend(bound);
+        }
+        for (instance, bound) in &by_instance {
+            check_address_ranges(instance, bound)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn binding_subset_reports_the_sequential_first_error() {
+        let p = placement();
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut ids = 0;
+        let mut outcomes = BTreeSet::new();
+        for round in 0..3000 {
+            let n = 1 + rng.below(3) as usize;
+            let bindings: Vec<RuntimeBinding> = (0..n)
+                .map(|k| binding(&p, ["w0", "w1"][(k + round) % 2], &mut rng, &mut ids, round % 3 != 0))
+                .collect();
+            let oracle = message(subset_oracle(&p, &bindings));
+            for workers in [None, Some(1), Some(2), Some(3)] {
+                let got = crate::par::with_workers(workers, || message(validate_binding_subset(&p, &bindings)));
+                assert_eq!(got, oracle, "workers {workers:?}: {bindings:?}");
+            }
+            outcomes.insert(oracle.err().map(|m| m.split(':').next().unwrap_or_default().to_string()));
+        }
+        // Every kind of outcome showed up, the repeated ids and shared instances included.
+        for needle in ["duplicate runtime fragment_id across participants", "duplicate runtime binding participant"] {
+            assert!(outcomes.contains(&Some(needle.to_string())), "{outcomes:?}");
+        }
+        assert!(outcomes.contains(&None));
+        assert!(outcomes.len() > 8, "{outcomes:?}");
+    }
 }
