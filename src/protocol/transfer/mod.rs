@@ -10,6 +10,7 @@ pub mod executor;
 pub mod lease;
 pub mod loader;
 pub mod outcome;
+pub mod prepared;
 pub mod scope;
 
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
@@ -25,4 +26,5 @@ pub use loader::{
 pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };
+pub use prepared::{LeaseRotation, PreparedTransfer, StepArgs};
 pub use scope::{RegistrationScope, ScopeExit};
