@@ -2279,6 +2279,19 @@ enum mws_status mws_binding_add_fragment(struct mws_binding *binding,
                                          const struct mws_runtime_fragment *fragment);
 
 /**
+ * Copies a binding (its identity and every fragment) into a new handle in `*out`:
+ * for example the binding an allocation guard hands over as observed under its pin
+ * (`mws_guard_acquire_fn` takes ownership of it) while the caller keeps its own.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `binding` is NULL or live and not modified concurrently; `out` is NULL or valid for
+ * a pointer write.
+ */
+enum mws_status mws_binding_clone(const struct mws_binding *binding, struct mws_binding **out);
+
+/**
  * Returns the number of fragments added to the binding, or 0 (and sets the last
  * error) if `binding` is NULL.
  *

@@ -36,8 +36,8 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
-from .transfer import (EngineResources, LiveReport, Loader, Sink, TargetOutcome, TransferEngine, TransferPlan,
-                       TransferStats)
+from .transfer import (EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo, PreparedTransfer, Sink,
+                       TargetOutcome, TransferEngine, TransferPlan, TransferStats)
 from .writer import Writer
 from .logs import set_log_callback
 from .progress import Progress, ProgressBar
@@ -137,4 +137,7 @@ __all__ = [
     "EngineResources",
     "Loader",
     "Sink",
+    "PreparedTransfer",
+    "PreparedInfo",
+    "LeaseRotation",
 ]

@@ -429,6 +429,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_binding_new": (c_int, [POINTER(mws_binding_options), POINTER(_p)]),
     "mws_binding_add_fragment": (c_int, [_p, POINTER(mws_runtime_fragment)]),
     "mws_binding_fragment_count": (c_size_t, [_p]),
+    "mws_binding_clone": (c_int, [_p, POINTER(_p)]),
     "mws_binding_validate": (c_int, [_p, _p]),
     "mws_binding_free": (None, [_p]),
     # upload plan
