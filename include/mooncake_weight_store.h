@@ -477,13 +477,16 @@ typedef struct mws_placement mws_placement;
 typedef struct mws_placement_builder mws_placement_builder;
 
 /**
- * A live transfer prepared once for many steps: the checks of one call, its lowered
- * engine batches and its own memory registration are kept, and each
- * `mws_prepared_transfer_step` moves one weight generation after the freshness
- * checks (engine identity, rotated leases, one pin per binding through the guard;
- * an observed binding that differs is refused with "prepare the transfer again").
+ * A transfer prepared once for many steps. Live (`mws_sink_prepare`,
+ * `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
+ * its own memory registration are kept, and each `mws_prepared_transfer_step` moves
+ * one weight generation after the freshness checks (engine identity, rotated leases,
+ * one pin per binding through the guard; an observed binding that differs is refused
+ * with "prepare the transfer again"). Stored (`mws_loader_prepare_stored`): each step
+ * restores the revision / weight generation it names, of the prepared layout.
  *
- * Created by `mws_sink_prepare` or `mws_loader_prepare_live`, freed by
+ * Created by `mws_sink_prepare`, `mws_loader_prepare_live` or
+ * `mws_loader_prepare_stored`, freed by
  * `mws_prepared_transfer_free` (which unregisters the memory the preparation
  * registered). Steps report through the sink's or loader's cancellation flag and
  * progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
@@ -1457,6 +1460,11 @@ typedef struct mws_step_args {
      * Transfer id handed to the guard (NULL: a fresh random id).
      */
     const char *transfer_id;
+    /**
+     * The revision a stored restore's step reads (NULL: the prepared one). Must be
+     * NULL for a live transfer.
+     */
+    const char *revision;
 } mws_step_args;
 
 /**
@@ -1468,7 +1476,7 @@ typedef struct mws_prepared_info {
      */
     uint32_t empty;
     /**
-     * Engine batches one step submits.
+     * Engine batches one step submits (0 for a stored restore).
      */
     uint64_t batches;
     /**
@@ -2683,6 +2691,34 @@ enum mws_status mws_loader_prepare_live(const struct mws_loader *loader,
                                         struct mws_prepared_transfer **out);
 
 /**
+ * Prepares restores of `binding`'s part of `plan`'s layout from `store`, one revision
+ * or weight generation per `mws_prepared_transfer_step` (`args.weight_generation`,
+ * `args.revision`; NULL: the plan's revision): each step reads that revision's
+ * manifest (refused with "prepare the transfer again" unless it holds the prepared
+ * layout: the same tensors and stored fragments), attests the same placement and
+ * binding for its identity, plans this participant's part and restores it as
+ * `mws_store_load` does (committed-manifest check, pin, registration, reads). `plan`
+ * is a load plan of that layout (for example the first revision's) and `binding` one
+ * of its bindings. Only `worker_id` and the guard of `args` are used (NULL: the
+ * defaults); the guard and its context are kept until the prepared transfer is freed,
+ * as is the store. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING` (`binding`
+ * is not one of the plan's).
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid; `out` is NULL or valid for a
+ * pointer write; the guard callbacks honour their contract until the prepared
+ * transfer is freed.
+ */
+enum mws_status mws_loader_prepare_stored(const struct mws_loader *loader,
+                                          const struct mws_store *store,
+                                          const struct mws_load_plan *plan,
+                                          const struct mws_binding *binding,
+                                          const struct mws_live_args *args,
+                                          struct mws_prepared_transfer **out);
+
+/**
  * Restores the part of `plan` that belongs to `binding` from `store` (as
  * `mws_store_load`: same arguments, errors and safety), honouring the loader's
  * cancellation flag (checked before the call), its progress callback (unless `args`
@@ -2981,11 +3017,14 @@ enum mws_status mws_placement_builder_build(const struct mws_placement_builder *
 void mws_placement_builder_free(struct mws_placement_builder *builder);
 
 /**
- * Moves one weight generation through the prepared transfer: checks that the engine
- * did not restart, applies the rotated leases, pins every prepared binding through
- * the guard (the static guard, and a C guard that reports no observed binding, vouch
- * for it in O(1); an observed binding is compared with the prepared one), then runs
- * the prepared batches and releases the pins. Writes the step's statistics to
+ * Moves one weight generation through the prepared transfer. Live: checks that the
+ * engine did not restart, applies the rotated leases, pins every prepared binding
+ * through the guard (the static guard, and a C guard that reports no observed
+ * binding, vouch for it in O(1); an observed binding is compared with the prepared
+ * one), then runs the prepared batches and releases the pins. Stored: restores
+ * revision `args->revision` (NULL: the prepared one), generation
+ * `args->weight_generation` (see `mws_loader_prepare_stored`; no report, no lease
+ * rotation). Writes the step's statistics to
  * `*stats` when not NULL; successful or not, the step's report is then
  * `mws_prepared_transfer_last_report` (each target updated to
  * `args->weight_generation`, or unchanged when the step failed before any batch).
@@ -2996,7 +3035,9 @@ void mws_placement_builder_free(struct mws_placement_builder *builder);
  * generation or other addresses, or freed buffers, or the registrations are held by
  * a pending transfer), `MWS_INVALID_ARGUMENT` (a rotation names no prepared binding;
  * guard failures), `MWS_STORE` (closed, cancellation, engine failures, completion
- * unknown: the message names the pending transfer; see `mws_transfer_engine_drain`).
+ * unknown: the message names the pending transfer; see `mws_transfer_engine_drain`);
+ * stored: `MWS_NOT_FOUND` (nothing committed at that revision / generation) and the
+ * errors of `mws_store_load`.
  *
  * # Safety
  * `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid entries;

@@ -1491,7 +1491,20 @@ public:
         std::vector<mws_lease_rotation> l;
         for (const LeaseRotation &r : leases)
             l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.generation});
-        mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id};
+        mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
+        mws_transfer_stats stats{};
+        detail::check(mws_prepared_transfer_step(get(), &args, &stats));
+        return stats;
+    }
+    /// The target buffers must be valid and untouched by anyone else for the step.
+    /// Restores revision `revision` (nullptr: the prepared one), weight generation
+    /// `weight_generation`, of a prepared restore (Loader::prepare_stored;
+    /// mws_prepared_transfer_step). Throws mws::Error: MWS_NOT_FOUND (nothing committed
+    /// there), MWS_STALE_BINDING (another layout, freed or moved buffers: "prepare the
+    /// transfer again"), and the errors of Store::load.
+    mws_transfer_stats restore(std::uint64_t weight_generation, const char *revision = nullptr,
+                               const char *transfer_id = nullptr) const {
+        mws_step_args args{weight_generation, nullptr, 0, transfer_id, revision};
         mws_transfer_stats stats{};
         detail::check(mws_prepared_transfer_step(get(), &args, &stats));
         return stats;
@@ -1599,6 +1612,18 @@ public:
         mws_prepared_transfer *out = nullptr;
         detail::check(mws_loader_prepare_live(get(), plan.get(), source.get(), s.data(), s.size(), target.get(),
                                               local.get(), args, &out));
+        return PreparedTransfer(out);
+    }
+
+    /// `store` and a guard in `args` are kept until the returned object is destroyed.
+    /// Prepares restores of `local`'s part of `plan`'s layout from `store`, one revision
+    /// or weight generation per PreparedTransfer::restore (mws_loader_prepare_stored;
+    /// only `worker_id` and the guard of `args` are used). Throws mws::Error:
+    /// MWS_INVALID_BINDING, MWS_STALE_BINDING (`local` is not one of the plan's bindings).
+    PreparedTransfer prepare_stored(const Store &store, const LoadPlan &plan, const Binding &local,
+                                    const mws_live_args *args = nullptr) const {
+        mws_prepared_transfer *out = nullptr;
+        detail::check(mws_loader_prepare_stored(get(), store.get(), plan.get(), local.get(), args, &out));
         return PreparedTransfer(out);
     }
 

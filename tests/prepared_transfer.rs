@@ -589,3 +589,78 @@ fn a_closed_transfer_refuses_steps_and_cancellation_stops_a_step() {
     assert_eq!(e.error.message, "prepared transfer is closed");
     assert_eq!(engine.registered_regions().unwrap().len(), src.buffers.len(), "the target registration is gone");
 }
+
+/// The stored source: a server prepared once restores, step after step, the weight
+/// generation a trainer committed (same layout, new bytes), given only that
+/// generation; a generation of another layout, one never committed, and freed
+/// buffers are refused before any byte moves.
+#[test]
+fn stored_source_restores_every_generation_prepared_once() {
+    use mooncake_weight_store::protocol::WeightStore;
+    use mooncake_weight_store::store::memory::MemoryStore;
+    let defs = model_tensors(2, 32, 0);
+    let ws = Arc::new(WeightStore::new(Arc::new(MemoryStore::new())));
+    let trainer = |generation: u64, flip: bool| {
+        let layout = Layout { tp: 2, pp: 1, ep: 1, dp: 1 };
+        let mut m = HostModel::new(build_placement("trainer", layout, &defs, generation), true, "trainer", 1);
+        if flip {
+            next_generation(&mut m);
+        }
+        m.snapshot_into(&ws).unwrap()
+    };
+    let first = Arc::new(trainer(1, false));
+    let mut dst =
+        HostModel::new(build_placement("serving", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "s", 1);
+    let plan = ws.plan_load(first, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let loader = Loader::new(Arc::new(LocalEngine::new()), ExecutorLimits::default()).unwrap();
+    let guard = Arc::new(ObservingGuard::default());
+    let args = StoredPrepareArgs { guard: Some(Arc::new(GuardRef(guard.clone()))), ..Default::default() };
+    let p = loader.prepare_stored(ws.clone(), &plan, &dst.bindings[0], args).unwrap();
+    let step = |g: u64| StoredStepArgs { weight_generation: g, ..Default::default() };
+    // SAFETY: dst's buffers outlive the prepared restore; nobody else touches them.
+    let s = unsafe { p.step(&step(1)) }.unwrap();
+    assert_eq!(s.bytes, plan.total_bytes());
+    verify_masked(&dst, 0);
+    for g in [2u64, 3] {
+        trainer(g, g == 2);
+        reset(&mut dst);
+        // SAFETY: as above.
+        let s = unsafe { p.step(&step(g)) }.unwrap();
+        assert_eq!(s.bytes, plan.total_bytes());
+        verify_masked(&dst, if g == 2 { 0xFF } else { 0 });
+        assert_eq!(loader.stats().bytes, s.bytes);
+    }
+    // Never committed.
+    reset(&mut dst);
+    // SAFETY: as above.
+    let e = unsafe { p.step(&step(9)) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(untouched(&dst));
+    // Another layout under the same resource: a revision of a bigger model.
+    let other = model_tensors(3, 32, 0);
+    let mut m =
+        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &other, 4), true, "t", 1);
+    next_generation(&mut m);
+    m.snapshot_into(&ws).unwrap();
+    // SAFETY: as above.
+    let e = unsafe { p.step(&step(4)) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleBinding);
+    assert!(e.message().contains("holds another layout") && e.message().ends_with("prepare the transfer again"), "{e}");
+    assert!(untouched(&dst));
+    // Freed buffers, as the guard observes them.
+    guard.freed.lock().push(key(&dst.bindings[0]));
+    // SAFETY: as above.
+    let e = unsafe { p.step(&step(3)) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleBinding);
+    assert!(e.message().contains("allocation was freed") && e.message().ends_with("prepare the transfer again"), "{e}");
+    assert!(untouched(&dst));
+    guard.freed.lock().clear();
+    // Cancellation before a step.
+    loader.cancel_token().cancel();
+    // SAFETY: as above.
+    assert!(unsafe { p.step(&step(3)) }.unwrap_err().message().contains("cancelled"));
+    loader.cancel_token().reset();
+    // SAFETY: as above.
+    unsafe { p.step(&step(3)) }.unwrap();
+    verify_masked(&dst, 0);
+}

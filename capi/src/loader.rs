@@ -15,7 +15,7 @@ use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::Loader;
+use mws::protocol::transfer::{Loader, StoredPrepareArgs};
 use parking_lot::Mutex;
 use std::ffi::c_void;
 
@@ -214,6 +214,48 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }
             .map_err(transfer_failure)?;
         out.set(mws_prepared_transfer::new(p).into_raw());
+        Ok(())
+    })
+}
+
+/// Prepares restores of `binding`'s part of `plan`'s layout from `store`, one revision
+/// or weight generation per `mws_prepared_transfer_step` (`args.weight_generation`,
+/// `args.revision`; NULL: the plan's revision): each step reads that revision's
+/// manifest (refused with "prepare the transfer again" unless it holds the prepared
+/// layout: the same tensors and stored fragments), attests the same placement and
+/// binding for its identity, plans this participant's part and restores it as
+/// `mws_store_load` does (committed-manifest check, pin, registration, reads). `plan`
+/// is a load plan of that layout (for example the first revision's) and `binding` one
+/// of its bindings. Only `worker_id` and the guard of `args` are used (NULL: the
+/// defaults); the guard and its context are kept until the prepared transfer is freed,
+/// as is the store. New handle in `*out`.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING` (`binding`
+/// is not one of the plan's).
+///
+/// # Safety
+/// Handles are NULL or live; `args` is NULL or valid; `out` is NULL or valid for a
+/// pointer write; the guard callbacks honour their contract until the prepared
+/// transfer is freed.
+#[no_mangle]
+pub unsafe extern "C" fn mws_loader_prepare_stored(
+    loader: *const mws_loader,
+    store: *const mws_store,
+    plan: *const mws_load_plan,
+    binding: *const mws_binding,
+    args: *const mws_live_args,
+    out: *mut *mut mws_prepared_transfer,
+) -> mws_status {
+    status_call!(|c| {
+        let l = c.handle(loader, "loader")?;
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let b = bindings_arg(c, &binding, 1, "binding")?.remove(0);
+        let a = live_args(c, args)?;
+        let out = c.out(out, "out")?;
+        let args = StoredPrepareArgs { worker_id: a.worker_id.map(str::to_string), guard: a.guard };
+        let prepared = l.inner.prepare_stored(s.ws.clone(), &p.inner, &b, args)?;
+        out.set(mws_prepared_transfer::stored(prepared).into_raw());
         Ok(())
     })
 }

@@ -6,32 +6,44 @@ use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::engine::transfer_failure;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
-use mws::protocol::transfer::{LeaseRotation, PreparedTransfer, StepArgs};
+use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs};
 use parking_lot::Mutex;
 use std::ffi::c_char;
 
-/// A live transfer prepared once for many steps: the checks of one call, its lowered
-/// engine batches and its own memory registration are kept, and each
-/// `mws_prepared_transfer_step` moves one weight generation after the freshness
-/// checks (engine identity, rotated leases, one pin per binding through the guard;
-/// an observed binding that differs is refused with "prepare the transfer again").
+/// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
+/// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
+/// its own memory registration are kept, and each `mws_prepared_transfer_step` moves
+/// one weight generation after the freshness checks (engine identity, rotated leases,
+/// one pin per binding through the guard; an observed binding that differs is refused
+/// with "prepare the transfer again"). Stored (`mws_loader_prepare_stored`): each step
+/// restores the revision / weight generation it names, of the prepared layout.
 ///
-/// Created by `mws_sink_prepare` or `mws_loader_prepare_live`, freed by
+/// Created by `mws_sink_prepare`, `mws_loader_prepare_live` or
+/// `mws_loader_prepare_stored`, freed by
 /// `mws_prepared_transfer_free` (which unregisters the memory the preparation
 /// registered). Steps report through the sink's or loader's cancellation flag and
 /// progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
 /// steps of one prepared transfer run one at a time (a concurrent one waits); the
 /// handle may be used from any thread.
 pub struct mws_prepared_transfer {
-    pub(crate) inner: PreparedTransfer,
+    inner: Prepared,
     report: Mutex<Option<ReportView>>,
+}
+
+/// A live transfer or a stored restore.
+enum Prepared {
+    Live(PreparedTransfer),
+    Stored(Box<PreparedRestore>),
 }
 
 handle!(mws_prepared_transfer);
 
 impl mws_prepared_transfer {
     pub(crate) fn new(inner: PreparedTransfer) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner, report: Mutex::new(None) }
+        mws_prepared_transfer { inner: Prepared::Live(inner), report: Mutex::new(None) }
+    }
+    pub(crate) fn stored(inner: PreparedRestore) -> mws_prepared_transfer {
+        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: Mutex::new(None) }
     }
 }
 
@@ -65,6 +77,9 @@ pub struct mws_step_args {
     pub n_leases: usize,
     /// Transfer id handed to the guard (NULL: a fresh random id).
     pub transfer_id: *const c_char,
+    /// The revision a stored restore's step reads (NULL: the prepared one). Must be
+    /// NULL for a live transfer.
+    pub revision: *const c_char,
 }
 
 /// What a prepared transfer holds (`mws_prepared_transfer_info`).
@@ -73,7 +88,7 @@ pub struct mws_step_args {
 pub struct mws_prepared_info {
     /// 1 when a step has nothing to do (an unplanned participant, no local operations).
     pub empty: u32,
-    /// Engine batches one step submits.
+    /// Engine batches one step submits (0 for a stored restore).
     pub batches: u64,
     /// Bindings one step pins.
     pub pinned_bindings: u64,
@@ -102,11 +117,14 @@ fn step_args<'a>(
     })
 }
 
-/// Moves one weight generation through the prepared transfer: checks that the engine
-/// did not restart, applies the rotated leases, pins every prepared binding through
-/// the guard (the static guard, and a C guard that reports no observed binding, vouch
-/// for it in O(1); an observed binding is compared with the prepared one), then runs
-/// the prepared batches and releases the pins. Writes the step's statistics to
+/// Moves one weight generation through the prepared transfer. Live: checks that the
+/// engine did not restart, applies the rotated leases, pins every prepared binding
+/// through the guard (the static guard, and a C guard that reports no observed
+/// binding, vouch for it in O(1); an observed binding is compared with the prepared
+/// one), then runs the prepared batches and releases the pins. Stored: restores
+/// revision `args->revision` (NULL: the prepared one), generation
+/// `args->weight_generation` (see `mws_loader_prepare_stored`; no report, no lease
+/// rotation). Writes the step's statistics to
 /// `*stats` when not NULL; successful or not, the step's report is then
 /// `mws_prepared_transfer_last_report` (each target updated to
 /// `args->weight_generation`, or unchanged when the step failed before any batch).
@@ -117,7 +135,9 @@ fn step_args<'a>(
 /// generation or other addresses, or freed buffers, or the registrations are held by
 /// a pending transfer), `MWS_INVALID_ARGUMENT` (a rotation names no prepared binding;
 /// guard failures), `MWS_STORE` (closed, cancellation, engine failures, completion
-/// unknown: the message names the pending transfer; see `mws_transfer_engine_drain`).
+/// unknown: the message names the pending transfer; see `mws_transfer_engine_drain`);
+/// stored: `MWS_NOT_FOUND` (nothing committed at that revision / generation) and the
+/// errors of `mws_store_load`.
 ///
 /// # Safety
 /// `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid entries;
@@ -133,11 +153,40 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
     status_call!(|c| {
         let p = c.handle(prepared, "prepared")?;
         let a = c.struct_ref(args, "args")?;
+        let live = match &p.inner {
+            Prepared::Live(live) => live,
+            Prepared::Stored(stored) => {
+                if a.n_leases != 0 {
+                    return Err(Failure::invalid("a prepared restore takes no lease rotation"));
+                }
+                let args = StoredStepArgs {
+                    revision: c.opt_str(a.revision, "args.revision")?,
+                    weight_generation: a.weight_generation,
+                    transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+                };
+                // SAFETY: this function's contract: the prepared target buffers are
+                // valid for writes and untouched by anyone else during the step.
+                let s = unsafe { stored.step(&args) }?;
+                if let Some(out) = c.opt_out(stats) {
+                    out.set(mws_transfer_stats {
+                        bytes: s.bytes,
+                        regions: s.regions,
+                        operations: s.ranges,
+                        receipts: s.requests,
+                        engine_operations: s.ranges,
+                    });
+                }
+                return Ok(());
+            }
+        };
+        if !a.revision.is_null() {
+            return Err(Failure::invalid("a live step takes no revision"));
+        }
         let mut leases = Vec::new();
         let args = step_args(c, a, &mut leases)?;
         // SAFETY: this function's contract: every prepared buffer is valid and pinned
         // for the step (and until a pending transfer is drained).
-        let result = unsafe { p.inner.step(&args) };
+        let result = unsafe { live.step(&args) };
         let (report, outcome) = match result {
             Ok(r) => (r, Ok(())),
             Err(e) => (*e.report, Err(transfer_failure(e.error))),
@@ -171,7 +220,9 @@ pub unsafe extern "C" fn mws_prepared_transfer_last_report(
         let p = c.handle(prepared, "prepared")?;
         let out = c.out(out, "out")?;
         let view = p.report.lock();
-        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no step yet"))?;
+        let view = view.as_ref().ok_or_else(|| {
+            Failure::new(mws_status::MWS_NOT_FOUND, "no live step yet (a prepared restore has no live report)")
+        })?;
         out.set(view.c());
         Ok(())
     })
@@ -190,13 +241,21 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
     out: *mut mws_prepared_info,
 ) -> mws_status {
     status_call!(|c| {
-        let p = &c.handle(prepared, "prepared")?.inner;
-        c.out(out, "out")?.set(mws_prepared_info {
-            empty: u32::from(p.is_empty()),
-            batches: p.batch_count() as u64,
-            pinned_bindings: p.pinned_bindings() as u64,
-            bytes: p.total_bytes(),
-        });
+        let info = match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => mws_prepared_info {
+                empty: u32::from(p.is_empty()),
+                batches: p.batch_count() as u64,
+                pinned_bindings: p.pinned_bindings() as u64,
+                bytes: p.total_bytes(),
+            },
+            Prepared::Stored(p) => mws_prepared_info {
+                empty: u32::from(p.total_bytes() == 0),
+                batches: 0,
+                pinned_bindings: 1,
+                bytes: p.total_bytes(),
+            },
+        };
+        c.out(out, "out")?.set(info);
         Ok(())
     })
 }
@@ -214,8 +273,10 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
 #[no_mangle]
 pub unsafe extern "C" fn mws_prepared_transfer_close(prepared: *const mws_prepared_transfer) -> mws_status {
     status_call!(|c| {
-        let p = c.handle(prepared, "prepared")?;
-        p.inner.close().map_err(transfer_failure)
+        match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => p.close().map_err(transfer_failure),
+            Prepared::Stored(_) => Ok(()),
+        }
     })
 }
 

@@ -73,7 +73,7 @@ class mws_lease_rotation(Structure):
 
 class mws_step_args(Structure):
     _fields_ = [("weight_generation", c_uint64), ("leases", POINTER(mws_lease_rotation)), ("n_leases", c_size_t),
-                ("transfer_id", ctypes.c_char_p)]
+                ("transfer_id", ctypes.c_char_p), ("revision", ctypes.c_char_p)]
 
 
 class mws_prepared_info(Structure):
@@ -129,6 +129,7 @@ _lib.register_prototypes({
     "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
     "mws_prepared_transfer_close": (c_int, [_p]),
     "mws_prepared_transfer_free": (None, [_p]),
+    "mws_loader_prepare_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_live_args), POINTER(_p)]),
     # Declared for completeness (the header check requires every function); struct
     # pointers as void* since this module does not wrap them at a higher level yet.
     "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
@@ -276,14 +277,16 @@ class PreparedTransfer(OwnedHandle):
         self._engine = engine
 
     def step(self, generation: int, *, leases: Sequence[LeaseRotation] = (),
-             transfer_id: Optional[str] = None) -> TransferStats:
+             transfer_id: Optional[str] = None, revision: Optional[str] = None) -> TransferStats:
         """Moves weight generation ``generation`` (``leases``: rotated since the last
-        step, kept for later steps). Returns the step's statistics; a failed step
-        attaches its report to the exception as ``.report``."""
+        step, kept for later steps; ``revision``: for a prepared restore, the revision
+        to read, default the prepared one). Returns the step's statistics; a failed
+        live step attaches its report to the exception as ``.report``."""
         arr = (mws_lease_rotation * len(leases))(*[
             mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
                                cstr(r.lease_id, "lease_id"), int(r.generation)) for r in leases])
-        args = mws_step_args(int(generation), arr if leases else None, len(leases), cstr(transfer_id, "transfer_id"))
+        args = mws_step_args(int(generation), arr if leases else None, len(leases), cstr(transfer_id, "transfer_id"),
+                             cstr(revision, "revision"))
         st = mws_transfer_stats()
         try:
             self._engine._call("mws_prepared_transfer_step", self.handle, ctypes.byref(args), ctypes.byref(st))
@@ -508,6 +511,22 @@ class Loader(OwnedHandle):
             e.report = self.last_report()  # type: ignore[attr-defined]
             raise
         return _stats(st)
+
+    def prepare_stored(self, store: Any, plan: Any, local: Binding, *, worker_id: Optional[str] = None,
+                       guard: Optional[Guard] = None) -> PreparedTransfer:
+        """Prepares restores of ``local``'s part of ``plan``'s layout (a
+        :class:`~mooncake_weight_store.load.LoadPlan` of ``store``, e.g. the first
+        revision's) for many steps: each :meth:`PreparedTransfer.step` restores the
+        revision (default: the plan's) and weight generation it names, refused with
+        :class:`~mooncake_weight_store.errors.StaleBindingError` ("prepare the transfer
+        again") when that revision holds another layout or the guard reports the
+        buffers freed or moved."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(False, worker_id, None, bridge)
+        out = _p()
+        call("mws_loader_prepare_stored", self.handle, store.handle, plan.handle, local.handle, ctypes.byref(args),
+             ctypes.byref(out))
+        return PreparedTransfer(out.value, self._engine, [self, store, plan, local, bridge])
 
     def prepare_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
                      local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,

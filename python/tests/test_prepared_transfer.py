@@ -221,3 +221,66 @@ def test_registrations_held_by_a_pending_transfer_are_refused():
         p.step(3)
     assert live.untouched()
     assert engine.pending_count == 1
+
+
+def test_stored_source_restores_every_generation_prepared_once():
+    """A server prepared once restores, step after step, the weight generation a
+    trainer committed (same layout, new bytes), given only that generation."""
+    store = mws.Store.memory()
+
+    def spec(gen: int, layers: int = 2) -> ModelSpec:
+        return ModelSpec(layers=layers, generation=gen, seed=f"gen-{gen}")
+
+    def commit(gen: int, layers: int = 2):
+        src = Model(spec(gen, layers), "tp", tp=2, dp=1, placement_set_id="trainer")
+        bufs = {p: src.source_buffers(p) for p in src.participant_ids}
+        bindings = [src.bind(p, bufs[p]) for p in src.participant_ids]
+        with store.begin_snapshot(src.placement, bindings) as w:
+            w.write_all()
+        return w.manifest
+
+    first = commit(1)
+    dst = Model(spec(1), "ep", tp=2, dp=1, ep=2, placement_set_id="serving")
+    dbufs = {p: dst.target_buffers(p) for p in dst.participant_ids}
+    tb = [dst.bind(p, dbufs[p]) for p in dst.participant_ids]
+    local = tb[0]
+    plan = mws.LoadPlan.new(first, dst.placement, tb)
+    guard = ObservingGuard()
+    loader = mws.Loader(mws.TransferEngine.local())
+    p = loader.prepare_stored(store, plan, local, guard=guard)
+    assert p.info.bytes > 0 and p.info.batches == 0
+
+    def bad(gen: int) -> list:
+        m = Model(spec(gen), "ep", tp=2, dp=1, ep=2, placement_set_id="serving")
+        return [f.placement_fragment_id for f in m.placement.participant_fragments(local.participant_id)
+                if bytes(dbufs[local.participant_id][f.placement_fragment_id]) != bytes(m.expected(f))]
+
+    def untouched() -> bool:
+        return all(set(bytes(b)) <= {0xA5} for b in dbufs[local.participant_id].values())
+
+    def reset() -> None:
+        for b in dbufs[local.participant_id].values():
+            b[:] = b"\xa5" * len(b)
+
+    assert p.step(1).bytes == p.info.bytes and bad(1) == []
+    for gen in (2, 3):
+        commit(gen)
+        reset()
+        assert p.step(gen).bytes == p.info.bytes
+        assert bad(gen) == [], gen
+    reset()
+    with pytest.raises(mws.NotFoundError):
+        p.step(9)  # never committed
+    commit(4, layers=3)  # another layout under the same resource and revision
+    with pytest.raises(mws.StaleBindingError, match="holds another layout.*prepare the transfer again"):
+        p.step(4)
+    guard.observe = {local.instance_id: _freed}
+    with pytest.raises(mws.StaleBindingError, match="freed or moved.*prepare the transfer again"):
+        p.step(3)
+    assert untouched()
+    guard.observe = {}
+    p.step(3)
+    assert bad(3) == []
+    with pytest.raises(mws.MwsError, match="no lease rotation"):
+        p.step(3, leases=[mws.LeaseRotation(local.instance_id, local.participant_id, "l", 1)])
+    p.close()

@@ -395,6 +395,20 @@ impl RuntimeBinding {
         Ok(RuntimeBinding { lease_id: lease_id.to_string(), generation, ..self.clone() })
     }
 
+    /// The same binding attesting `placement` (its id, digest, resource and revision
+    /// replaced; the runtime fences and every fragment shared, O(1) in fragments): the
+    /// same memory holding the same layout for another revision or weight generation
+    /// (a prepared restore's step). Validate it against `placement` before use.
+    pub fn attesting(&self, placement: &Placement) -> RuntimeBinding {
+        RuntimeBinding {
+            resource_id: placement.resource_id().to_string(),
+            placement_id: placement.placement_id().to_string(),
+            placement_digest: placement.digest().to_string(),
+            revision: placement.revision().to_string(),
+            ..self.clone()
+        }
+    }
+
     /// True when `self` and `other` share one fragment list (one is a clone of the
     /// other, or both of a third): their fragments are then equal without a walk.
     pub fn shares_fragments(&self, other: &RuntimeBinding) -> bool {
