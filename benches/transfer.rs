@@ -1,11 +1,14 @@
-//! Live-transfer benchmark (a benchmark, not a test), two parts measured in the same
+//! Live-transfer benchmark (a benchmark, not a test), three parts measured in the same
 //! run against their references:
 //!
 //! 1. A live reshard of the io benchmark's model (default 1 GiB; trainer TP4 x PP2 x
 //!    EP2 x DP2 -> server TP2 x EP4) through the embedded `LocalEngine`, sink mode
 //!    (sources push) and reader mode (targets pull), against a single-thread memcpy
-//!    of the same number of bytes. Target: >= 0.7x memcpy. Every byte is verified
-//!    after each mode (not timed).
+//!    of the same number of bytes: the plain calls with default options (one copy
+//!    thread, batches of 1024; target >= 0.9x memcpy) and with two copy threads
+//!    (batches of 65536; target >= 1.4x), each followed by the same calls prepared
+//!    once and stepped (printed for comparison). Every byte is verified after each
+//!    mode (not timed).
 //! 2. Steps of a prepared transfer (`PreparedTransfer::step`, 100 steps with tiny
 //!    tensors so that the bytes do not hide the fixed cost) beside a fresh plan +
 //!    bind + execute of the same step: one 1,000-fragment binding pair, and every
