@@ -1,23 +1,33 @@
-//! Live-transfer benchmark (a benchmark, not a test), two parts measured in the same
+//! Live-transfer benchmark (a benchmark, not a test), three parts measured in the same
 //! run against their references:
 //!
 //! 1. A live reshard of the io benchmark's model (default 1 GiB; trainer TP4 x PP2 x
 //!    EP2 x DP2 -> server TP2 x EP4) through the embedded `LocalEngine`, sink mode
 //!    (sources push) and reader mode (targets pull), against a single-thread memcpy
-//!    of the same number of bytes. Target: >= 0.7x memcpy. Every byte is verified
-//!    after each mode (not timed).
-//! 2. Placement -> placement planning and binding at the scale of a core-benchmark
+//!    of the same number of bytes: the plain calls with default options (one copy
+//!    thread, batches of 1024; target >= 0.9x memcpy) and with two copy threads
+//!    (batches of 65536; target >= 1.4x), each followed by the same calls prepared
+//!    once and stepped (printed for comparison). Every byte is verified after each
+//!    mode (not timed).
+//! 2. Steps of a prepared transfer (`PreparedTransfer::step`, 100 steps with tiny
+//!    tensors so that the bytes do not hide the fixed cost) beside a fresh plan +
+//!    bind + execute of the same step: one 1,000-fragment binding pair, and every
+//!    executor of the w100k-moe layouts. Targets: <= 1 ms and <= 50 ms per step.
+//! 3. Placement -> placement planning and binding at the scale of a core-benchmark
 //!    workload, next to the manifest -> placement load planning of the same target,
 //!    and the peak RSS of the transfer planning and binding. With `--workload
 //!    w1m-moe`: `figure: transfer_vs_load_planning_w1m` ((planning + binding) / load
 //!    planning; target <= 1.2) and `figure: transfer_planning_rss_bytes_per_fragment_w1m`
 //!    (target <= 1536).
 //!
+//! The default run ends with one `figure: NAME = VALUE` line per headline figure.
+//!
 //! ```text
-//! cargo bench --bench transfer                         # 1 GiB reshard + w100k-moe planning
+//! cargo bench --bench transfer                         # 1 GiB reshard + steps + w100k-moe planning
 //! cargo bench --bench transfer -- --size-mib 256       # smaller model
 //! cargo bench --bench transfer -- --workload w1m-moe   # planning at 1.1M fragments (GiBs)
-//! cargo bench --bench transfer -- --skip-reshard | --skip-planning
+//! cargo bench --bench transfer -- --skip-reshard | --skip-steps | --skip-planning
+//! cargo bench --bench transfer -- --steps N            # steps per measurement (default 100)
 //! ```
 
 #[path = "../tests/common/model.rs"]
@@ -127,6 +137,51 @@ fn reader_once(
     t.elapsed().as_secs_f64()
 }
 
+/// Every executor of `plan` prepared once (the owners' side already registered),
+/// then the best of 3 full steps (each moving every byte).
+fn prepared_steps(
+    engine: &Arc<LocalEngine>,
+    limits: ExecutorLimits,
+    plan: &TransferPlan,
+    src: &HostModel,
+    dst: &HostModel,
+    sink_mode: bool,
+) -> f64 {
+    let args = LiveArgs { local_pre_registered: false, ..Default::default() };
+    let prepared: Vec<PreparedTransfer> = if sink_mode {
+        let sink = Sink::new(engine.clone(), limits).unwrap_or_else(|e| die("sink", e));
+        src.bindings
+            .iter()
+            .map(|b| {
+                // SAFETY: both models' buffers outlive the prepared transfers.
+                unsafe { sink.prepare(plan, &src.placement, b, &dst.placement, &dst.bindings, &args) }
+                    .unwrap_or_else(|e| die("prepare sink", e))
+            })
+            .collect()
+    } else {
+        let loader = Loader::new(engine.clone(), limits).unwrap_or_else(|e| die("loader", e));
+        dst.bindings
+            .iter()
+            .map(|b| {
+                // SAFETY: as above.
+                unsafe { loader.prepare_live(plan, &src.placement, &src.bindings, &dst.placement, b, &args) }
+                    .unwrap_or_else(|e| die("prepare reader", e))
+            })
+            .collect()
+    };
+    let mut best = f64::MAX;
+    for g in 0..3u64 {
+        let t = Instant::now();
+        for p in &prepared {
+            // SAFETY: as above.
+            unsafe { p.step(&StepArgs { weight_generation: 2 + g, ..Default::default() }) }
+                .unwrap_or_else(|e| die("step", e));
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
 fn direct_copy(plan: &TransferPlan) -> f64 {
     use mooncake_weight_store::plan::transfer_bind::Side;
     let t = Instant::now();
@@ -149,7 +204,7 @@ fn direct_copy(plan: &TransferPlan) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn reshard(size_mib: u64) {
+fn reshard(size_mib: u64, figures: &mut Vec<(String, f64)>) {
     let hidden = 1024;
     let layers = (size_mib << 20).div_ceil(16 * hidden * hidden * 2).max(1);
     let defs = model_tensors(layers, hidden, 8);
@@ -185,17 +240,19 @@ fn reshard(size_mib: u64) {
         gb(direct),
         memcpy / direct
     );
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    for (label, engine, limits) in [
-        ("1 thread, batches of 1024", LocalEngine::new(), ExecutorLimits::default()),
+    for (label, tag, engine, limits) in [
+        ("default options (1 copy thread, batches of 1024)", "1t", LocalEngine::new(), ExecutorLimits::default()),
         (
-            "threaded, batches of 65536",
-            LocalEngine::with_threads(threads, 0),
+            "2 copy threads, batches of 65536",
+            "2t",
+            LocalEngine::with_threads(2, 0),
             ExecutorLimits { max_batch_operations: 65536, ..Default::default() },
         ),
     ] {
-        println!("LocalEngine {label} ({} copy threads):", if label.starts_with('1') { 1 } else { threads });
-        engine_modes(Arc::new(engine), limits, &plan, &src, &mut dst, memcpy, bytes);
+        println!("LocalEngine {label}:");
+        let (sink, reader) = engine_modes(Arc::new(engine), limits, &plan, &src, &mut dst, memcpy, bytes);
+        figures.push((format!("live_sink_vs_memcpy_{tag}"), sink));
+        figures.push((format!("live_reader_vs_memcpy_{tag}"), reader));
     }
 }
 
@@ -207,7 +264,7 @@ fn engine_modes(
     dst: &mut HostModel,
     memcpy: f64,
     bytes: u64,
-) {
+) -> (f64, f64) {
     let plan = plan.clone();
     let gb = |s: f64| bytes as f64 / s / 1e9;
     for buf in &mut dst.buffers {
@@ -219,12 +276,19 @@ fn engine_modes(
     register_all(&engine, dst);
     let leases = leases_of(dst);
     let sink = (0..3).map(|_| sink_once(&ex, &plan, src, dst, &leases)).fold(f64::MAX, f64::min);
-    unregister_all(&engine, dst);
     dst.verify().unwrap_or_else(|e| die("sink verify", e));
     println!(
         "  sink   (sources push)                 {sink:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
         gb(sink),
         memcpy / sink
+    );
+    let step = prepared_steps(&engine, limits, &plan, src, dst, true);
+    unregister_all(&engine, dst);
+    dst.verify().unwrap_or_else(|e| die("prepared sink verify", e));
+    println!(
+        "  sink,   prepared steps                {step:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        gb(step),
+        memcpy / step
     );
     for buf in &mut dst.buffers {
         buf.fill(0xA5);
@@ -233,13 +297,203 @@ fn engine_modes(
     register_all(&engine, src);
     let leases = leases_of(src);
     let read = (0..3).map(|_| reader_once(&ex, &plan, src, dst, &leases)).fold(f64::MAX, f64::min);
-    unregister_all(&engine, src);
     dst.verify().unwrap_or_else(|e| die("reader verify", e));
     println!(
         "  reader (targets pull)                 {read:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
         gb(read),
         memcpy / read
     );
+    for buf in &mut dst.buffers {
+        buf.fill(0xA5);
+    }
+    let step = prepared_steps(&engine, limits, &plan, src, dst, false);
+    unregister_all(&engine, src);
+    dst.verify().unwrap_or_else(|e| die("prepared reader verify", e));
+    println!(
+        "  reader, prepared steps                {step:>7.3} s {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        gb(step),
+        memcpy / step
+    );
+    (memcpy / sink, memcpy / read)
+}
+
+// ---------------------------------------------------------------------------
+// Steps of a prepared transfer: prepare once, then each step moves a new weight
+// generation; beside it, a fresh plan + bind + execute of the same step.
+// ---------------------------------------------------------------------------
+
+/// Per-step times of one mode: (prepared step ms, fresh plan + bind + execute ms,
+/// preparation s).
+struct StepTimes {
+    step_ms: f64,
+    fresh_ms: f64,
+    prepare_s: f64,
+}
+
+/// Registers every allocation of `m` (the owner's pre-registration); returns the
+/// addresses to unregister.
+fn register_model(engine: &LocalEngine, m: &HostModel) -> Vec<u64> {
+    register_all(engine, m);
+    m.buffers.iter().map(|b| b.as_ptr() as u64).collect()
+}
+
+/// `steps` steps of every executor of `plan` in one mode, prepared once, and `fresh`
+/// runs of a fresh plan + bind + execute of the same step (best of them).
+fn step_mode(
+    sink_mode: bool,
+    src: &HostModel,
+    dst: &mut HostModel,
+    logical: &LogicalTransferPlan,
+    steps: usize,
+    fresh: usize,
+) -> StepTimes {
+    let engine = Arc::new(LocalEngine::new());
+    let owned = register_model(&engine, if sink_mode { &*dst } else { src });
+    for buf in &mut dst.buffers {
+        buf.fill(0xA5);
+    }
+    let args = LiveArgs::default();
+    let sink = Sink::new(engine.clone(), ExecutorLimits::default()).unwrap_or_else(|e| die("sink", e));
+    let loader = Loader::new(engine.clone(), ExecutorLimits::default()).unwrap_or_else(|e| die("loader", e));
+    // Fresh: plan, bind and execute every call of the step.
+    let mut fresh_s = if fresh == 0 { f64::NAN } else { f64::MAX };
+    for _ in 0..fresh {
+        let t = Instant::now();
+        let lp = LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default())
+            .unwrap_or_else(|e| die("plan", e));
+        let plan = TransferPlan::bind(&lp, &dst.bindings, &src.bindings).unwrap_or_else(|e| die("bind", e));
+        if sink_mode {
+            for b in &src.bindings {
+                // SAFETY: both models' buffers outlive the call and nobody else touches them.
+                unsafe { sink.execute(&plan, &src.placement, b, &dst.placement, &dst.bindings, &args) }
+                    .unwrap_or_else(|e| die("fresh sink", e));
+            }
+        } else {
+            for b in &dst.bindings {
+                // SAFETY: as above.
+                unsafe { loader.load_live(&plan, &src.placement, &src.bindings, &dst.placement, b, &args) }
+                    .unwrap_or_else(|e| die("fresh reader", e));
+            }
+        }
+        fresh_s = fresh_s.min(t.elapsed().as_secs_f64());
+    }
+    let plan = TransferPlan::bind(logical, &dst.bindings, &src.bindings).unwrap_or_else(|e| die("bind", e));
+    let t = Instant::now();
+    let prepared: Vec<PreparedTransfer> = if sink_mode {
+        src.bindings
+            .iter()
+            .map(|b| {
+                // SAFETY: both models' buffers outlive every step.
+                unsafe { sink.prepare(&plan, &src.placement, b, &dst.placement, &dst.bindings, &args) }
+                    .unwrap_or_else(|e| die("prepare sink", e))
+            })
+            .collect()
+    } else {
+        dst.bindings
+            .iter()
+            .map(|b| {
+                // SAFETY: as above.
+                unsafe { loader.prepare_live(&plan, &src.placement, &src.bindings, &dst.placement, b, &args) }
+                    .unwrap_or_else(|e| die("prepare reader", e))
+            })
+            .collect()
+    };
+    let prepare_s = t.elapsed().as_secs_f64();
+    for buf in &mut dst.buffers {
+        buf.fill(0xA5);
+    }
+    let t = Instant::now();
+    for g in 0..steps {
+        let args = StepArgs { weight_generation: 2 + g as u64, ..Default::default() };
+        for p in &prepared {
+            // SAFETY: as above.
+            unsafe { p.step(&args) }.unwrap_or_else(|e| die("step", e));
+        }
+    }
+    let step_s = t.elapsed().as_secs_f64() / steps.max(1) as f64;
+    dst.verify().unwrap_or_else(|e| die("steps verify", e));
+    drop(prepared);
+    for a in owned {
+        assert_eq!(engine.unregister_memory(a).unwrap_or_else(|e| die("unregister", e)), 0);
+    }
+    StepTimes { step_ms: step_s * 1e3, fresh_ms: fresh_s * 1e3, prepare_s }
+}
+
+/// Both modes of one layout; returns (worst prepared step ms, sink fresh ms).
+fn step_layouts(label: &str, src: &HostModel, dst: &mut HostModel, steps: usize, fresh: usize) -> (f64, f64) {
+    let t = Instant::now();
+    let logical = LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default())
+        .unwrap_or_else(|e| die("plan", e));
+    let plan_s = t.elapsed().as_secs_f64();
+    let sf = |m: &HostModel| m.bindings.iter().map(|b| b.fragments().len()).sum::<usize>();
+    println!(
+        "steps, {label}: {} source + {} target bindings, {} + {} fragments, {} regions, {} segments, {} bytes per step (plan {:.3} s)",
+        src.bindings.len(),
+        dst.bindings.len(),
+        sf(src),
+        sf(dst),
+        logical.regions().len(),
+        logical.total_segments(),
+        logical.total_bytes(),
+        plan_s
+    );
+    let mut worst = 0f64;
+    let mut fresh_sink = 0f64;
+    let modes = match std::env::var("MWS_BENCH_STEP_MODES").as_deref() {
+        Ok("sink") => vec![true],
+        Ok("reader") => vec![false],
+        _ => vec![true, false],
+    };
+    for sink_mode in modes {
+        let s = step_mode(sink_mode, src, dst, &logical, steps, fresh);
+        println!(
+            "  {}: prepared step {:>9.3} ms | fresh plan+bind+execute {:>9.3} ms ({:.0}x) | prepare {:.3} s",
+            if sink_mode { "sink  " } else { "reader" },
+            s.step_ms,
+            s.fresh_ms,
+            s.fresh_ms / s.step_ms,
+            s.prepare_s
+        );
+        worst = worst.max(s.step_ms);
+        if sink_mode {
+            fresh_sink = s.fresh_ms;
+        }
+    }
+    (worst, fresh_sink)
+}
+
+/// One 1,000-fragment binding pair (1,001 tiny tensors, one participant per side).
+fn steps_1k(steps: usize, figures: &mut Vec<(String, f64)>) {
+    let defs = model_tensors(200, 8, 0);
+    let one = Layout { tp: 1, pp: 1, ep: 1, dp: 1 };
+    let src = HostModel::new(build_placement("trainer", one, &defs, 1), true, "trainer", 1);
+    let mut dst = HostModel::new(build_placement("serving", one, &defs, 1), false, "serving", 1);
+    let (step, fresh) = step_layouts("one 1,000-fragment binding pair", &src, &mut dst, steps, 10);
+    figures.push(("step_overhead_ms_1k".into(), step));
+    figures.push(("fresh_step_ms_1k".into(), fresh));
+}
+
+/// Every executor of a core-benchmark workload's layouts with tiny tensors (same
+/// fragments, participants and reshard; a few bytes per fragment).
+fn steps_workload(name: &str, steps: usize, fresh: usize, figures: &mut Vec<(String, f64)>) {
+    let path = workloads::default_path();
+    let mut file = workloads::WorkloadFile::load(&path).unwrap_or_else(|e| die("workloads", e));
+    let mut w = file.find(name).unwrap_or_else(|| die("workload", format!("unknown workload {name}"))).clone();
+    for (k, v) in [("hidden", 16), ("intermediate", 16), ("vocab", 64), ("moe_intermediate", 8), ("head_dim", 8)] {
+        if let Some(x) = w.params.get_mut(k) {
+            *x = v;
+        }
+    }
+    file.rules.head_dim = 8;
+    let build = |sizes, set: String, fill, instance| {
+        let p = workloads::build_placement(&file, &w, sizes, set).unwrap_or_else(|e| die("placement", e));
+        HostModel::new(p, fill, instance, 1)
+    };
+    let src = build(w.source, w.source_set_id(), true, "trainer");
+    let mut dst = build(w.target, w.target_set_id(), false, "serving");
+    let (step, _) = step_layouts(&format!("{name} with tiny tensors"), &src, &mut dst, steps, fresh);
+    let tag = name.split('-').next().unwrap_or(name);
+    figures.push((format!("step_overhead_ms_{tag}"), step));
 }
 
 /// `workloads::bindings` with instance ids prefixed (so source and target
@@ -396,10 +650,31 @@ fn main() {
     let size_mib: u64 = arg("--size-mib").map(|s| s.parse().expect("--size-mib N")).unwrap_or(1024);
     let workload = arg("--workload").unwrap_or_else(|| "w100k-moe".into());
     let reps: usize = arg("--reps").map(|s| s.parse().expect("--reps N")).unwrap_or(3);
+    let steps: usize = arg("--steps").map(|s| s.parse().expect("--steps N")).unwrap_or(100);
+    let mut figures: Vec<(String, f64)> = Vec::new();
     if !has("--skip-reshard") {
-        reshard(size_mib);
+        reshard(size_mib, &mut figures);
+    }
+    if !has("--skip-steps") {
+        steps_1k(steps, &mut figures);
+        let fresh: usize = arg("--fresh-w100k").map(|s| s.parse().expect("--fresh-w100k N")).unwrap_or(1);
+        steps_workload("w100k-moe", steps, fresh, &mut figures);
     }
     if !has("--skip-planning") {
         planning(&workload, reps.max(1));
+    }
+    // The issue's order, then any other figure.
+    let order = [
+        "step_overhead_ms_1k",
+        "step_overhead_ms_w100k",
+        "fresh_step_ms_1k",
+        "live_sink_vs_memcpy_1t",
+        "live_reader_vs_memcpy_1t",
+        "live_sink_vs_memcpy_2t",
+        "live_reader_vs_memcpy_2t",
+    ];
+    figures.sort_by_key(|(name, _)| order.iter().position(|o| o == name).unwrap_or(order.len()));
+    for (name, value) in &figures {
+        println!("figure: {name} = {value:.3}");
     }
 }

@@ -9,12 +9,12 @@
  *  - Handles (mws_placement, mws_placement_builder, mws_binding, mws_upload_plan,
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
- *    mws_loader, mws_sink, mws_notify_acceptor) are created by the library and freed exactly once by the
- *    caller with the matching *_free function; *_free(NULL) does nothing. A handle
- *    never borrows the handles it was made from (a transaction, a writer or a
- *    registration lease keeps its store alive; loaders and sinks keep their engine
- *    alive); each type documents what it copies and which caller buffers must stay
- *    valid.
+ *    mws_loader, mws_sink, mws_prepared_transfer, mws_notify_acceptor) are created by
+ *    the library and freed exactly once by the caller with the matching *_free
+ *    function; *_free(NULL) does nothing. A handle never borrows the handles it was
+ *    made from (a transaction, a writer or a registration lease keeps its store alive;
+ *    loaders, sinks and prepared transfers keep their engine alive); each type
+ *    documents what it copies and which caller buffers must stay valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
  *    handles may run concurrently on the same handles; a *_free must not race with any
  *    other use of its handle. Callbacks never unwind; each vtable states its threading.
@@ -527,6 +527,25 @@ typedef struct mws_placement mws_placement;
 typedef struct mws_placement_builder mws_placement_builder;
 
 /**
+ * A transfer prepared once for many steps. Live (`mws_sink_prepare`,
+ * `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
+ * its own memory registration are kept, and each `mws_prepared_transfer_step` moves
+ * one weight generation after the freshness checks (engine identity, rotated leases,
+ * one pin per binding through the guard; an observed binding that differs is refused
+ * with "prepare the transfer again"). Stored (`mws_loader_prepare_stored`): each step
+ * restores the revision / weight generation it names, of the prepared layout.
+ *
+ * Created by `mws_sink_prepare`, `mws_loader_prepare_live` or
+ * `mws_loader_prepare_stored`, freed by
+ * `mws_prepared_transfer_free` (which unregisters the memory the preparation
+ * registered). Steps report through the sink's or loader's cancellation flag and
+ * progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
+ * steps of one prepared transfer run one at a time (a concurrent one waits); the
+ * handle may be used from any thread.
+ */
+typedef struct mws_prepared_transfer mws_prepared_transfer;
+
+/**
  * Upload receipts: proof that stored fragments were written and are visible.
  * Returned by `mws_store_upload` and `mws_writer_write_tensor`, decoded by
  * `mws_receipts_from_json`, merged by `mws_receipts_concat`; freed by
@@ -918,8 +937,10 @@ typedef struct mws_engine_resources {
  * new binding handle (ownership passes to the library) describing the buffers as
  * observed under the pin; leaving it NULL means "exactly the binding that was
  * passed". The library checks the observed binding against the plan (lease,
- * generation, addresses) and releases the pin as aborted if it differs. Any non-zero
- * return fails the call (`MWS_STORE`) before any I/O.
+ * generation, addresses) and releases the pin as aborted if it differs. Return
+ * `MWS_STALE_BINDING` when the buffers were freed or moved (the call fails
+ * `MWS_STALE_BINDING`; a prepared transfer's step asks to be prepared again); any
+ * other non-zero return fails the call (`MWS_STORE`). Either way before any I/O.
  */
 typedef int32_t (*mws_guard_acquire_fn)(void *ctx,
                                         const char *transfer_id,
@@ -1477,6 +1498,81 @@ typedef struct mws_fragment_spec {
      */
     const char *placement_fragment_id;
 } mws_fragment_spec;
+
+/**
+ * A runtime lease of one prepared binding that rotated: its owner moved the lease
+ * fence on (`lease_id`, `generation`) while the buffers stayed where they were
+ * prepared (and, when pre-registered, re-registered them for the new lease). Strings
+ * are only read during the call.
+ */
+typedef struct mws_lease_rotation {
+    /**
+     * The binding's instance (as prepared).
+     */
+    const char *instance_id;
+    /**
+     * The binding's participant.
+     */
+    const char *participant_id;
+    /**
+     * The new lease id (non-empty).
+     */
+    const char *lease_id;
+    /**
+     * The new runtime generation.
+     */
+    uint64_t generation;
+} mws_lease_rotation;
+
+/**
+ * The arguments of one step (`mws_prepared_transfer_step`).
+ */
+typedef struct mws_step_args {
+    /**
+     * The weight generation the step moves (its report's targets are updated to it).
+     */
+    uint64_t weight_generation;
+    /**
+     * `n_leases` leases rotated since the previous step (NULL when 0); each holds
+     * for the later steps too.
+     */
+    const struct mws_lease_rotation *leases;
+    /**
+     * Number of entries of `leases`.
+     */
+    size_t n_leases;
+    /**
+     * Transfer id handed to the guard (NULL: a fresh random id).
+     */
+    const char *transfer_id;
+    /**
+     * The revision a stored restore's step reads (NULL: the prepared one). Must be
+     * NULL for a live transfer.
+     */
+    const char *revision;
+} mws_step_args;
+
+/**
+ * What a prepared transfer holds (`mws_prepared_transfer_info`).
+ */
+typedef struct mws_prepared_info {
+    /**
+     * 1 when a step has nothing to do (an unplanned participant, no local operations).
+     */
+    uint32_t empty;
+    /**
+     * Engine batches one step submits (0 for a stored restore).
+     */
+    uint64_t batches;
+    /**
+     * Bindings one step pins.
+     */
+    uint64_t pinned_bindings;
+    /**
+     * Bytes one step moves.
+     */
+    uint64_t bytes;
+} mws_prepared_info;
 
 /**
  * Device <-> host copies for the embedded stores (memory, directory), which cannot
@@ -2276,6 +2372,19 @@ enum mws_status mws_binding_add_fragment(struct mws_binding *binding,
                                          const struct mws_runtime_fragment *fragment);
 
 /**
+ * Copies a binding (its identity and every fragment) into a new handle in `*out`:
+ * for example the binding an allocation guard hands over as observed under its pin
+ * (`mws_guard_acquire_fn` takes ownership of it) while the caller keeps its own.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `binding` is NULL or live and not modified concurrently; `out` is NULL or valid for
+ * a pointer write.
+ */
+enum mws_status mws_binding_clone(const struct mws_binding *binding, struct mws_binding **out);
+
+/**
  * Returns the number of fragments added to the binding, or 0 (and sets the last
  * error) if `binding` is NULL.
  *
@@ -2640,6 +2749,61 @@ enum mws_status mws_loader_load_live(const struct mws_loader *loader,
                                      struct mws_transfer_stats *stats);
 
 /**
+ * Prepares `mws_loader_load_live` with these arguments for many steps: runs every
+ * check of the call under the guard's pins, lowers the local target executor's
+ * operations into engine batches and, unless `args.local_pre_registered`, registers
+ * the local target allocations until the prepared transfer is closed or freed. Each
+ * `mws_prepared_transfer_step` then pulls one weight generation (through this
+ * loader's cancellation flag and progress callback). New handle in `*out`; the
+ * guard of `args` (with its `guard_ctx`) is kept and must stay valid until the
+ * prepared transfer is freed.
+ *
+ * Errors: as `mws_loader_load_live` before its first batch (nothing is submitted).
+ *
+ * # Safety
+ * As `mws_loader_load_live` for the preparation; in addition the local target
+ * buffers stay valid and at their addresses until the prepared transfer is freed,
+ * and the guard callbacks honour their contract until then.
+ */
+enum mws_status mws_loader_prepare_live(const struct mws_loader *loader,
+                                        const struct mws_transfer_plan *plan,
+                                        const struct mws_placement *source_placement,
+                                        const struct mws_binding *const *source_bindings,
+                                        size_t n_sources,
+                                        const struct mws_placement *target_placement,
+                                        const struct mws_binding *target_binding,
+                                        const struct mws_live_args *args,
+                                        struct mws_prepared_transfer **out);
+
+/**
+ * Prepares restores of `binding`'s part of `plan`'s layout from `store`, one revision
+ * or weight generation per `mws_prepared_transfer_step` (`args.weight_generation`,
+ * `args.revision`; NULL: the plan's revision): each step reads that revision's
+ * manifest (refused with "prepare the transfer again" unless it holds the prepared
+ * layout: the same tensors and stored fragments), attests the same placement and
+ * binding for its identity, plans this participant's part and restores it as
+ * `mws_store_load` does (committed-manifest check, pin, registration, reads). `plan`
+ * is a load plan of that layout (for example the first revision's) and `binding` one
+ * of its bindings. Only `worker_id` and the guard of `args` are used (NULL: the
+ * defaults); the guard and its context are kept until the prepared transfer is freed,
+ * as is the store. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING` (`binding`
+ * is not one of the plan's).
+ *
+ * # Safety
+ * Handles are NULL or live; `args` is NULL or valid; `out` is NULL or valid for a
+ * pointer write; the guard callbacks honour their contract until the prepared
+ * transfer is freed.
+ */
+enum mws_status mws_loader_prepare_stored(const struct mws_loader *loader,
+                                          const struct mws_store *store,
+                                          const struct mws_load_plan *plan,
+                                          const struct mws_binding *binding,
+                                          const struct mws_live_args *args,
+                                          struct mws_prepared_transfer **out);
+
+/**
  * Restores the part of `plan` that belongs to `binding` from `store` (as
  * `mws_store_load`: same arguments, errors and safety), honouring the loader's
  * cancellation flag (checked before the call), its progress callback (unless `args`
@@ -2680,7 +2844,8 @@ enum mws_status mws_loader_last_report(const struct mws_loader *loader,
                                        struct mws_live_report *out);
 
 /**
- * Frees a loader; NULL does nothing.
+ * Frees a loader; NULL does nothing. Its prepared transfers stay usable (their steps
+ * then report no progress).
  *
  * # Safety
  * `loader` is NULL or a live handle not yet freed and not in use by another thread.
@@ -3008,6 +3173,89 @@ enum mws_status mws_placement_builder_build(const struct mws_placement_builder *
 void mws_placement_builder_free(struct mws_placement_builder *builder);
 
 /**
+ * Moves one weight generation through the prepared transfer. Live: checks that the
+ * engine did not restart, applies the rotated leases, pins every prepared binding
+ * through the guard (the static guard, and a C guard that reports no observed
+ * binding, vouch for it in O(1); an observed binding is compared with the prepared
+ * one), then runs the prepared batches and releases the pins. Stored: restores
+ * revision `args->revision` (NULL: the prepared one), generation
+ * `args->weight_generation` (see `mws_loader_prepare_stored`; no report, no lease
+ * rotation). Writes the step's statistics to
+ * `*stats` when not NULL; successful or not, the step's report is then
+ * `mws_prepared_transfer_last_report` (each target updated to
+ * `args->weight_generation`, or unchanged when the step failed before any batch).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STALE_BINDING` ("prepared transfer is stale:
+ * ...; prepare the transfer again": the engine restarted, a participant runs as
+ * another instance, the guard observed another placement, instance, lease,
+ * generation or other addresses, or freed buffers, or the registrations are held by
+ * a pending transfer), `MWS_INVALID_ARGUMENT` (a rotation names no prepared binding;
+ * guard failures), `MWS_STORE` (closed, cancellation, engine failures, completion
+ * unknown: the message names the pending transfer; see `mws_transfer_engine_drain`);
+ * stored: `MWS_NOT_FOUND` (nothing committed at that revision / generation) and the
+ * errors of `mws_store_load`.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid entries;
+ * `stats` is NULL or valid for a write. Every buffer of the prepared bindings, local
+ * and remote, is valid at its prepared address for the step (and, when completion is
+ * unknown, until the pending transfer is drained), and the guard pins it.
+ */
+enum mws_status mws_prepared_transfer_step(const struct mws_prepared_transfer *prepared,
+                                           const struct mws_step_args *args,
+                                           struct mws_transfer_stats *stats);
+
+/**
+ * Writes the report of the last step, successful or not, to `*out` (as
+ * `mws_sink_last_report`; each target's generation is the step's weight
+ * generation). Its pointers are borrowed from the prepared transfer until its next
+ * step or its free.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no step yet). Thread safety: not
+ * concurrently with a step of the same prepared transfer.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_prepared_transfer_last_report(const struct mws_prepared_transfer *prepared,
+                                                  struct mws_live_report *out);
+
+/**
+ * Writes what the prepared transfer holds to `*out`: whether its steps have nothing
+ * to do, the batches and bindings of one step, and its bytes.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_prepared_transfer_info(const struct mws_prepared_transfer *prepared,
+                                           struct mws_prepared_info *out);
+
+/**
+ * Closes the prepared transfer: unregisters the memory its preparation registered
+ * (unless a pending transfer took it over, or the engine restarted) and refuses later
+ * steps (`MWS_STORE`, "prepared transfer is closed"). Idempotent;
+ * `mws_prepared_transfer_free` closes too but cannot report a failure.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (an unregistration failed: the addresses
+ * are quarantined in a pending transfer that blocks the engine until drained).
+ *
+ * # Safety
+ * `prepared` is NULL or live.
+ */
+enum mws_status mws_prepared_transfer_close(const struct mws_prepared_transfer *prepared);
+
+/**
+ * Frees a prepared transfer (closing it first, as `mws_prepared_transfer_close`,
+ * ignoring a failure); NULL does nothing.
+ *
+ * # Safety
+ * `prepared` is NULL or a live handle not yet freed and not in use by another thread.
+ */
+void mws_prepared_transfer_free(struct mws_prepared_transfer *prepared);
+
+/**
  * Frees a receipts handle. `NULL` does nothing.
  *
  * # Safety
@@ -3166,6 +3414,34 @@ enum mws_status mws_sink_execute_notified(const struct mws_sink *sink,
                                           struct mws_transfer_stats *stats);
 
 /**
+ * Prepares `mws_sink_execute` with these arguments for many steps: runs every check
+ * of the call under the guard's pins, lowers the local source executor's operations
+ * into engine batches and, unless `args.local_pre_registered`, registers the local
+ * source allocations until the prepared transfer is closed or freed. Each
+ * `mws_prepared_transfer_step` then pushes one weight generation (through this
+ * sink's cancellation flag and progress callback). A source participant the plan
+ * does not read from prepares a transfer whose steps do nothing. New handle in
+ * `*out`; the guard of `args` (with its `guard_ctx`) is kept and must stay valid
+ * until the prepared transfer is freed.
+ *
+ * Errors: as `mws_sink_execute` before its first batch (nothing is submitted).
+ *
+ * # Safety
+ * As `mws_sink_execute` for the preparation; in addition the local source buffers
+ * stay valid and at their addresses until the prepared transfer is freed, and the
+ * guard callbacks honour their contract until then.
+ */
+enum mws_status mws_sink_prepare(const struct mws_sink *sink,
+                                 const struct mws_transfer_plan *plan,
+                                 const struct mws_placement *source_placement,
+                                 const struct mws_binding *source_binding,
+                                 const struct mws_placement *target_placement,
+                                 const struct mws_binding *const *target_bindings,
+                                 size_t n_targets,
+                                 const struct mws_live_args *args,
+                                 struct mws_prepared_transfer **out);
+
+/**
  * Writes the statistics of the sink's last successful call to `*out`.
  *
  * # Safety
@@ -3185,7 +3461,8 @@ enum mws_status mws_sink_stats(const struct mws_sink *sink, struct mws_transfer_
 enum mws_status mws_sink_last_report(const struct mws_sink *sink, struct mws_live_report *out);
 
 /**
- * Frees a sink; NULL does nothing.
+ * Frees a sink; NULL does nothing. Its prepared transfers stay usable (their steps
+ * then report no progress).
  *
  * # Safety
  * `sink` is NULL or a live handle not yet freed and not in use by another thread.

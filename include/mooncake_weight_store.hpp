@@ -1342,8 +1342,11 @@ private:
 
 /// The verdict of a live call for one target participant (mws_target_outcome, copied).
 struct TargetOutcome {
+    /// The target participant.
     std::string participant_id;
+    /// The weight generation of the call (or step).
     std::uint64_t generation = 0;
+    /// Updated, unchanged or torn.
     mws_target_verdict verdict = MWS_TARGET_UNCHANGED;
 };
 
@@ -1352,12 +1355,18 @@ struct TargetOutcome {
 /// pins were released, the pending transfer holding its resources (empty: none), the
 /// verdict per target participant it writes, and its statistics.
 struct LiveReport {
+    /// Whether any batch was handed to the engine.
     bool submitted = false;
+    /// How the guards' pins were released.
     mws_guard_release guard_release = MWS_GUARD_NOT_PINNED;
+    /// The pending transfer holding the call's resources (empty: none).
     std::string pending_transfer_id;
+    /// The verdict per target participant the call writes.
     std::vector<TargetOutcome> targets;
+    /// The call's statistics (zero on failure).
     mws_transfer_stats stats{};
 
+    /// The copy of a C report.
     static LiveReport from(const mws_live_report &r) {
         LiveReport out;
         out.submitted = r.submitted != 0;
@@ -1442,6 +1451,91 @@ private:
     std::unique_ptr<mws_transfer_engine, detail::Deleter<mws_transfer_engine, mws_transfer_engine_free>> handle_;
 };
 
+/// A rotated runtime lease of one prepared binding (the strings of an
+/// mws_lease_rotation): its owner moved the lease on while the buffers stayed where
+/// they were prepared.
+struct LeaseRotation {
+    /// The binding's instance (as prepared).
+    std::string instance_id;
+    /// The binding's participant.
+    std::string participant_id;
+    /// The new lease id.
+    std::string lease_id;
+    /// The new runtime generation.
+    std::uint64_t generation = 0;
+};
+
+/// A live transfer prepared once for many steps (owns an mws_prepared_transfer), made
+/// by Sink::prepare or Loader::prepare_live: each step() moves one weight generation
+/// through the prepared batches after the freshness checks. Move-only; keeps its
+/// engine alive; its steps go through the sink's or loader's cancellation flag and
+/// progress callback while that object lives. Destroying it unregisters the memory
+/// the preparation registered.
+class PreparedTransfer {
+public:
+    /// Takes ownership of a prepared transfer handle (nullptr: an empty object).
+    explicit PreparedTransfer(mws_prepared_transfer *raw) noexcept : handle_(raw) {}
+
+    /// Every prepared buffer, local and remote, must be valid at its prepared address
+    /// for the step (and, when completion is unknown, until the pending transfer is
+    /// drained). Moves one weight generation (mws_prepared_transfer_step; `leases`:
+    /// rotated since the last step, kept for later steps; `transfer_id` nullptr: a
+    /// fresh one). Returns the step's statistics. Throws mws::Error:
+    /// MWS_STALE_BINDING ("prepared transfer is stale: ...; prepare the transfer
+    /// again": engine restart, new instance, another placement, lease, generation,
+    /// moved or freed buffers, registrations held by a pending transfer),
+    /// MWS_INVALID_ARGUMENT (a rotation names no prepared binding), MWS_STORE (closed,
+    /// cancelled, engine failures, completion unknown).
+    mws_transfer_stats step(std::uint64_t weight_generation, const std::vector<LeaseRotation> &leases = {},
+                            const char *transfer_id = nullptr) const {
+        std::vector<mws_lease_rotation> l;
+        for (const LeaseRotation &r : leases)
+            l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.generation});
+        mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
+        mws_transfer_stats stats{};
+        detail::check(mws_prepared_transfer_step(get(), &args, &stats));
+        return stats;
+    }
+    /// The target buffers must be valid and untouched by anyone else for the step.
+    /// Restores revision `revision` (nullptr: the prepared one), weight generation
+    /// `weight_generation`, of a prepared restore (Loader::prepare_stored;
+    /// mws_prepared_transfer_step). Throws mws::Error: MWS_NOT_FOUND (nothing committed
+    /// there), MWS_STALE_BINDING (another layout, freed or moved buffers: "prepare the
+    /// transfer again"), and the errors of Store::load.
+    mws_transfer_stats restore(std::uint64_t weight_generation, const char *revision = nullptr,
+                               const char *transfer_id = nullptr) const {
+        mws_step_args args{weight_generation, nullptr, 0, transfer_id, revision};
+        mws_transfer_stats stats{};
+        detail::check(mws_prepared_transfer_step(get(), &args, &stats));
+        return stats;
+    }
+    /// The report of the last step, successful or not
+    /// (mws_prepared_transfer_last_report), copied. Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty object), MWS_NOT_FOUND (no step yet).
+    LiveReport last_report() const {
+        mws_live_report r{};
+        detail::check(mws_prepared_transfer_last_report(get(), &r));
+        return LiveReport::from(r);
+    }
+    /// What one step does: nothing (empty), its batches, pinned bindings and bytes
+    /// (mws_prepared_transfer_info). Throws mws::Error: MWS_NULL_ARGUMENT (empty object).
+    mws_prepared_info info() const {
+        mws_prepared_info i{};
+        detail::check(mws_prepared_transfer_info(get(), &i));
+        return i;
+    }
+    /// Unregisters the memory the preparation registered and refuses later steps
+    /// (mws_prepared_transfer_close; idempotent). Throws mws::Error: MWS_STORE (an
+    /// unregistration failed and is quarantined in a pending transfer).
+    void close() const { detail::check(mws_prepared_transfer_close(get())); }
+
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
+    const mws_prepared_transfer *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_prepared_transfer, detail::Deleter<mws_prepared_transfer, mws_prepared_transfer_free>> handle_;
+};
+
 /// Fills the buffers of one target participant from a live source (reader mode) or
 /// from a stored revision (owns an mws_loader). One call at a time; cancel() from
 /// any thread.
@@ -1502,6 +1596,35 @@ public:
         detail::check(mws_loader_load_live(get(), plan.get(), source.get(), s.data(), s.size(), target.get(),
                                            local.get(), args, &stats));
         return stats;
+    }
+
+    /// The local target buffers must stay valid at their addresses until the returned
+    /// object is destroyed (they are registered with the engine until then, unless
+    /// `args->local_pre_registered`); a guard in `args` must stay valid as long.
+    /// Prepares load_live with these arguments for many steps
+    /// (mws_loader_prepare_live): every check of the call under the pins, its batches
+    /// lowered once. Throws mws::Error: as load_live before its first batch.
+    PreparedTransfer prepare_live(const TransferPlan &plan, const Placement &source,
+                                  const std::vector<const Binding *> &sources, const Placement &target,
+                                  const Binding &local, const mws_live_args *args = nullptr) const {
+        std::vector<const mws_binding *> s;
+        for (const Binding *b : sources) s.push_back(b != nullptr ? b->get() : nullptr);
+        mws_prepared_transfer *out = nullptr;
+        detail::check(mws_loader_prepare_live(get(), plan.get(), source.get(), s.data(), s.size(), target.get(),
+                                              local.get(), args, &out));
+        return PreparedTransfer(out);
+    }
+
+    /// `store` and a guard in `args` are kept until the returned object is destroyed.
+    /// Prepares restores of `local`'s part of `plan`'s layout from `store`, one revision
+    /// or weight generation per PreparedTransfer::restore (mws_loader_prepare_stored;
+    /// only `worker_id` and the guard of `args` are used). Throws mws::Error:
+    /// MWS_INVALID_BINDING, MWS_STALE_BINDING (`local` is not one of the plan's bindings).
+    PreparedTransfer prepare_stored(const Store &store, const LoadPlan &plan, const Binding &local,
+                                    const mws_live_args *args = nullptr) const {
+        mws_prepared_transfer *out = nullptr;
+        detail::check(mws_loader_prepare_stored(get(), store.get(), plan.get(), local.get(), args, &out));
+        return PreparedTransfer(out);
     }
 
     /// Restores the part of `plan` that belongs to `local` from `store`, as
@@ -1568,6 +1691,24 @@ public:
         detail::check(mws_sink_execute(get(), plan.get(), source.get(), local.get(), target.get(), t.data(), t.size(),
                                        args, &stats));
         return stats;
+    }
+
+    /// The local source buffers must stay valid at their addresses until the returned
+    /// object is destroyed (they are registered with the engine until then, unless
+    /// `args->local_pre_registered`); a guard in `args` must stay valid as long.
+    /// Prepares execute with these arguments for many steps (mws_sink_prepare): every
+    /// check of the call under the pins, its batches lowered once; a source the plan
+    /// does not read from prepares steps that do nothing. Throws mws::Error: as
+    /// execute before its first batch.
+    PreparedTransfer prepare(const TransferPlan &plan, const Placement &source, const Binding &local,
+                             const Placement &target, const std::vector<const Binding *> &targets,
+                             const mws_live_args *args = nullptr) const {
+        std::vector<const mws_binding *> t;
+        for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
+        mws_prepared_transfer *out = nullptr;
+        detail::check(mws_sink_prepare(get(), plan.get(), source.get(), local.get(), target.get(), t.data(), t.size(),
+                                       args, &out));
+        return PreparedTransfer(out);
     }
 
     /// Reports executions to `progress` (mws_sink_set_progress); an empty function

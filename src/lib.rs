@@ -26,6 +26,7 @@
 // Index maps keyed by tuples of borrowed ids read best spelled out in place.
 #![allow(clippy::type_complexity)]
 
+pub(crate) mod copy;
 pub mod engine;
 pub mod error;
 pub(crate) mod fxhash;

@@ -219,6 +219,25 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
     })
 }
 
+/// Copies a binding (its identity and every fragment) into a new handle in `*out`:
+/// for example the binding an allocation guard hands over as observed under its pin
+/// (`mws_guard_acquire_fn` takes ownership of it) while the caller keeps its own.
+///
+/// Errors: `MWS_NULL_ARGUMENT`.
+///
+/// # Safety
+/// `binding` is NULL or live and not modified concurrently; `out` is NULL or valid for
+/// a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_binding_clone(binding: *const mws_binding, out: *mut *mut mws_binding) -> mws_status {
+    status_call!(|c| {
+        let b = c.handle(binding, "binding")?;
+        let out = c.out(out, "out")?;
+        out.set(mws_binding { identity: b.identity.clone(), fragments: b.fragments.clone() }.into_raw());
+        Ok(())
+    })
+}
+
 /// Returns the number of fragments added to the binding, or 0 (and sets the last
 /// error) if `binding` is NULL.
 ///

@@ -12,9 +12,10 @@ use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws
 use crate::live::{stats_c, ReportView};
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
+use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::Loader;
+use mws::protocol::transfer::{Loader, StoredPrepareArgs};
 use parking_lot::Mutex;
 use std::ffi::c_void;
 
@@ -171,6 +172,94 @@ pub unsafe extern "C" fn mws_loader_load_live(
     })
 }
 
+/// Prepares `mws_loader_load_live` with these arguments for many steps: runs every
+/// check of the call under the guard's pins, lowers the local target executor's
+/// operations into engine batches and, unless `args.local_pre_registered`, registers
+/// the local target allocations until the prepared transfer is closed or freed. Each
+/// `mws_prepared_transfer_step` then pulls one weight generation (through this
+/// loader's cancellation flag and progress callback). New handle in `*out`; the
+/// guard of `args` (with its `guard_ctx`) is kept and must stay valid until the
+/// prepared transfer is freed.
+///
+/// Errors: as `mws_loader_load_live` before its first batch (nothing is submitted).
+///
+/// # Safety
+/// As `mws_loader_load_live` for the preparation; in addition the local target
+/// buffers stay valid and at their addresses until the prepared transfer is freed,
+/// and the guard callbacks honour their contract until then.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mws_loader_prepare_live(
+    loader: *const mws_loader,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_bindings: *const *const mws_binding,
+    n_sources: usize,
+    target_placement: *const mws_placement,
+    target_binding: *const mws_binding,
+    args: *const mws_live_args,
+    out: *mut *mut mws_prepared_transfer,
+) -> mws_status {
+    status_call!(|c| {
+        let l = c.handle(loader, "loader")?;
+        let bound = c.handle(plan, "plan")?.bound()?;
+        let sp = c.handle(source_placement, "source_placement")?;
+        let tp = c.handle(target_placement, "target_placement")?;
+        let sources = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
+        let target = bindings_arg(c, &target_binding, 1, "target_binding")?.remove(0);
+        let args = live_args(c, args)?;
+        let out = c.out(out, "out")?;
+        // SAFETY: this function's contract: the buffers stay valid (the local ones
+        // until the prepared transfer is freed).
+        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }
+            .map_err(transfer_failure)?;
+        out.set(mws_prepared_transfer::new(p).into_raw());
+        Ok(())
+    })
+}
+
+/// Prepares restores of `binding`'s part of `plan`'s layout from `store`, one revision
+/// or weight generation per `mws_prepared_transfer_step` (`args.weight_generation`,
+/// `args.revision`; NULL: the plan's revision): each step reads that revision's
+/// manifest (refused with "prepare the transfer again" unless it holds the prepared
+/// layout: the same tensors and stored fragments), attests the same placement and
+/// binding for its identity, plans this participant's part and restores it as
+/// `mws_store_load` does (committed-manifest check, pin, registration, reads). `plan`
+/// is a load plan of that layout (for example the first revision's) and `binding` one
+/// of its bindings. Only `worker_id` and the guard of `args` are used (NULL: the
+/// defaults); the guard and its context are kept until the prepared transfer is freed,
+/// as is the store. New handle in `*out`.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING` (`binding`
+/// is not one of the plan's).
+///
+/// # Safety
+/// Handles are NULL or live; `args` is NULL or valid; `out` is NULL or valid for a
+/// pointer write; the guard callbacks honour their contract until the prepared
+/// transfer is freed.
+#[no_mangle]
+pub unsafe extern "C" fn mws_loader_prepare_stored(
+    loader: *const mws_loader,
+    store: *const mws_store,
+    plan: *const mws_load_plan,
+    binding: *const mws_binding,
+    args: *const mws_live_args,
+    out: *mut *mut mws_prepared_transfer,
+) -> mws_status {
+    status_call!(|c| {
+        let l = c.handle(loader, "loader")?;
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let b = bindings_arg(c, &binding, 1, "binding")?.remove(0);
+        let a = live_args(c, args)?;
+        let out = c.out(out, "out")?;
+        let args = StoredPrepareArgs { worker_id: a.worker_id.map(str::to_string), guard: a.guard };
+        let prepared = l.inner.prepare_stored(s.ws.clone(), &p.inner, &b, args)?;
+        out.set(mws_prepared_transfer::stored(prepared).into_raw());
+        Ok(())
+    })
+}
+
 /// Restores the part of `plan` that belongs to `binding` from `store` (as
 /// `mws_store_load`: same arguments, errors and safety), honouring the loader's
 /// cancellation flag (checked before the call), its progress callback (unless `args`
@@ -240,11 +329,19 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
     })
 }
 
-/// Frees a loader; NULL does nothing.
+/// Frees a loader; NULL does nothing. Its prepared transfers stay usable (their steps
+/// then report no progress).
 ///
 /// # Safety
 /// `loader` is NULL or a live handle not yet freed and not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_free(loader: *mut mws_loader) {
-    value_call!((), |c| c.free(loader))
+    value_call!((), |c| {
+        // Prepared transfers may outlive the loader: they must not call a progress
+        // callback whose context the caller frees with it.
+        if let Some(x) = c.opt_handle(loader) {
+            x.inner.set_progress(None);
+        }
+        c.free(loader)
+    })
 }

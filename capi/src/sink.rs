@@ -10,6 +10,7 @@ use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws
 use crate::live::{stats_c, ReportView};
 use crate::notify::key_arg;
 use crate::placement::mws_placement;
+use crate::prepared::mws_prepared_transfer;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::plan::transfer_bind::TransferPlan;
 use mws::protocol::transfer::{LiveArgs, LiveError, LiveReport, Sink};
@@ -240,6 +241,53 @@ pub unsafe extern "C" fn mws_sink_execute_notified(
     })
 }
 
+/// Prepares `mws_sink_execute` with these arguments for many steps: runs every check
+/// of the call under the guard's pins, lowers the local source executor's operations
+/// into engine batches and, unless `args.local_pre_registered`, registers the local
+/// source allocations until the prepared transfer is closed or freed. Each
+/// `mws_prepared_transfer_step` then pushes one weight generation (through this
+/// sink's cancellation flag and progress callback). A source participant the plan
+/// does not read from prepares a transfer whose steps do nothing. New handle in
+/// `*out`; the guard of `args` (with its `guard_ctx`) is kept and must stay valid
+/// until the prepared transfer is freed.
+///
+/// Errors: as `mws_sink_execute` before its first batch (nothing is submitted).
+///
+/// # Safety
+/// As `mws_sink_execute` for the preparation; in addition the local source buffers
+/// stay valid and at their addresses until the prepared transfer is freed, and the
+/// guard callbacks honour their contract until then.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mws_sink_prepare(
+    sink: *const mws_sink,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_binding: *const mws_binding,
+    target_placement: *const mws_placement,
+    target_bindings: *const *const mws_binding,
+    n_targets: usize,
+    args: *const mws_live_args,
+    out: *mut *mut mws_prepared_transfer,
+) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(sink, "sink")?;
+        let bound = c.handle(plan, "plan")?.bound()?;
+        let sp = c.handle(source_placement, "source_placement")?;
+        let tp = c.handle(target_placement, "target_placement")?;
+        let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
+        let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
+        let args = live_args(c, args)?;
+        let out = c.out(out, "out")?;
+        // SAFETY: this function's contract: the buffers stay valid (the local ones
+        // until the prepared transfer is freed).
+        let p = unsafe { s.inner.prepare(bound, &sp.inner, &source, &tp.inner, &targets, &args) }
+            .map_err(transfer_failure)?;
+        out.set(mws_prepared_transfer::new(p).into_raw());
+        Ok(())
+    })
+}
+
 /// Writes the statistics of the sink's last successful call to `*out`.
 ///
 /// # Safety
@@ -272,11 +320,19 @@ pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut m
     })
 }
 
-/// Frees a sink; NULL does nothing.
+/// Frees a sink; NULL does nothing. Its prepared transfers stay usable (their steps
+/// then report no progress).
 ///
 /// # Safety
 /// `sink` is NULL or a live handle not yet freed and not in use by another thread.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_free(sink: *mut mws_sink) {
-    value_call!((), |c| c.free(sink))
+    value_call!((), |c| {
+        // Prepared transfers may outlive the sink: they must not call a progress
+        // callback whose context the caller frees with it.
+        if let Some(x) = c.opt_handle(sink) {
+            x.inner.set_progress(None);
+        }
+        c.free(sink)
+    })
 }

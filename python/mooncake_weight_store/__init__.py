@@ -37,8 +37,8 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
-from .transfer import (EngineResources, LiveReport, Loader, Sink, TargetOutcome, TransferEngine, TransferPlan,
-                       TransferStats)
+from .transfer import (EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo, PreparedTransfer, Sink,
+                       TargetOutcome, TransferEngine, TransferPlan, TransferStats)
 from .notify import NotifyAcceptor, NotifyOutcome
 from .writer import Writer
 from .logs import set_log_callback
@@ -145,6 +145,9 @@ __all__ = [
     "NotifyOutcome",
     "Loader",
     "Sink",
+    "PreparedTransfer",
+    "PreparedInfo",
+    "LeaseRotation",
 ]
 
 # Every error class (each an MwsError subclass) is exported by name.

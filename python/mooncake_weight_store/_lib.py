@@ -437,6 +437,7 @@ ENGINE_SUBMIT_FN = CFUNCTYPE(c_int32, c_void_p, c_uint32, mws_bytes, _U64P, _U64
 ENGINE_TICKET_STATUS_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, POINTER(c_int32))
 ENGINE_TICKET_DRAIN_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64, POINTER(c_int32))
 ENGINE_TICKET_RELEASE_FN = CFUNCTYPE(None, c_void_p, c_uint64)
+ENGINE_SEND_NOTIFY_FN = CFUNCTYPE(c_int32, c_void_p, mws_bytes, mws_bytes, mws_bytes)
 
 
 class mws_transfer_engine_vtable(CStruct):
@@ -452,6 +453,7 @@ class mws_transfer_engine_vtable(CStruct):
         ("ticket_status", ENGINE_TICKET_STATUS_FN),
         ("ticket_drain", ENGINE_TICKET_DRAIN_FN),
         ("ticket_release", ENGINE_TICKET_RELEASE_FN),
+        ("send_notify", ENGINE_SEND_NOTIFY_FN),
     ]
 
 
@@ -497,6 +499,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_binding_new": (c_int, [POINTER(mws_binding_options), POINTER(_p)]),
     "mws_binding_add_fragment": (c_int, [_p, POINTER(mws_runtime_fragment)]),
     "mws_binding_fragment_count": (c_size_t, [_p]),
+    "mws_binding_clone": (c_int, [_p, POINTER(_p)]),
     "mws_binding_validate": (c_int, [_p, _p]),
     "mws_binding_free": (None, [_p]),
     # upload plan

@@ -43,6 +43,14 @@ so a failed batch can be known to have failed (drained) instead of unknown.
 ``ticket_release(ticket)``                             the library no longer tracks it
 ====================================================  =====================================
 
+Optional, the notify channel (``Sink.execute_notified``, the notify hook):
+
+====================================================  =====================================
+``send_notify(endpoint, name, message) -> int``        delivers ``message`` (``bytes``) under
+                                                       the notify ``name`` to the engine at
+                                                       ``endpoint``; 0 once the peer has it
+====================================================  =====================================
+
 Error mapping: a callback never lets an exception reach C. A raising method is
 recorded (:attr:`EngineBridge.errors`, at most 64 lines, and
 :attr:`EngineBridge.last_exception`) and reported to the library as
@@ -148,6 +156,8 @@ class EngineBridge:
             vt.ticket_drain = _lib.ENGINE_TICKET_DRAIN_FN(self._ticket_wait)
         if callable(getattr(backend, "ticket_release", None)):
             vt.ticket_release = _lib.ENGINE_TICKET_RELEASE_FN(self._ticket_release)
+        if callable(getattr(backend, "send_notify", None)):
+            vt.send_notify = _lib.ENGINE_SEND_NOTIFY_FN(self._send_notify)
         self.vtable = vt  # the struct references every thunk: they live as long as the bridge
 
     @property
@@ -267,6 +277,14 @@ class EngineBridge:
             self.backend.ticket_release(int(ticket))
         except BaseException as e:  # noqa: BLE001
             self._fail("ticket_release", e)
+
+    def _send_notify(self, ctx, endpoint, name, message):  # type: ignore[no-untyped-def]
+        try:
+            view = lambda b: ctypes.string_at(b.ptr, b.len) if b.len else b""  # noqa: E731
+            return _i32(self.backend.send_notify(view(endpoint).decode("utf-8"), view(name).decode("utf-8"),
+                                                 view(message)), "send_notify")
+        except BaseException as e:  # noqa: BLE001
+            return self._fail("send_notify", e)
 
 
 class MemmoveEngine:

@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from . import _lib
 from ._lib import OwnedHandle, cstr
+from .errors import StaleBindingError, Status
 from .progress import Progress, c_progress
 
 __all__ = ["Guard", "TerminalState", "io_args"]
@@ -30,13 +31,20 @@ class TerminalState(enum.IntEnum):
 
 
 class Guard:
-    """An allocation guard: pins a participant's buffers for one upload or load.
+    """An allocation guard: pins a participant's buffers for one upload, load, live
+    call or step of a prepared transfer.
 
-    Subclass and override :meth:`acquire` (return an integer token) and
-    :meth:`release`. Exceptions are contained (the call fails with ``MWS_STORE``).
+    Subclass and override :meth:`acquire` and :meth:`release`. ``acquire`` returns an
+    integer token, or ``(token, observed)`` where ``observed`` is a
+    :class:`~mooncake_weight_store.binding.Binding` describing the buffers as observed
+    under the pin (the library compares a copy of it with the binding it expects and
+    refuses the call, releasing the pin as aborted, if they differ); raising
+    :class:`~mooncake_weight_store.errors.StaleBindingError` says the buffers were freed
+    or moved (the call fails with that error; a prepared transfer asks to be prepared
+    again). Any other exception is contained (the call fails with ``MWS_STORE``).
     """
 
-    def acquire(self, transfer_id: str, participant_id: str, fragment_ids: List[str]) -> int:
+    def acquire(self, transfer_id: str, participant_id: str, fragment_ids: List[str]) -> Any:
         return 0
 
     def release(self, token: int, state: TerminalState) -> None:
@@ -61,8 +69,19 @@ class GuardBridge:
         try:
             fids = [ids[i].decode("utf-8") for i in range(count)]
             tok = self.guard.acquire(transfer_id.decode("utf-8"), participant_id.decode("utf-8"), fids)
+            seen = None
+            if isinstance(tok, tuple):
+                tok, seen = tok
+            if seen is not None:
+                # The library takes ownership of what it is given: a copy.
+                copy = ctypes.c_void_p()
+                _lib.call("mws_binding_clone", seen.handle, ctypes.byref(copy))
+                observed[0] = copy.value
             token[0] = int(tok or 0) & ((1 << 64) - 1)
             return 0
+        except StaleBindingError as e:
+            self.errors.append(f"acquire: {type(e).__name__}: {e}")
+            return int(Status.STALE_BINDING)
         except BaseException as e:  # noqa: BLE001
             self.errors.append(f"acquire: {type(e).__name__}: {e}")
             return -1

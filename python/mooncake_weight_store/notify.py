@@ -1,8 +1,9 @@
-"""The notify hook (issue 27) over the C ABI: :class:`NotifyAcceptor` (the target
-side: checks each notification its engine's notify poll received against its own
-bound plan and generation, and keeps the per-target outcome) and the prototypes of
-``mws_sink_execute_notified`` (used from C/C++ sinks; the Python Mooncake backend
-has no notify channel: the wheel's binding does not expose ``sendNotifyByName``).
+"""The notify hook (issue 27) over the C ABI, target side: :class:`NotifyAcceptor`
+checks each notification its engine's notify poll received against its own bound
+plan and generation, and keeps the per-target outcome. The sink side is
+:meth:`Sink.execute_notified <mooncake_weight_store.Sink.execute_notified>`, over an
+engine backend with ``send_notify`` (the Python Mooncake backend has none: the
+wheel's binding does not expose ``sendNotifyByName``).
 
 Ownership: an acceptor owns its handle (``close()`` / ``with``). Threading: an
 acceptor may be shared between threads (calls are serialized inside).
@@ -17,7 +18,7 @@ from typing import Optional, Tuple
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
-from .transfer import _VERDICTS, TransferPlan, mws_live_args, mws_transfer_stats
+from .transfer import _VERDICTS, TransferPlan
 
 __all__ = ["NotifyAcceptor", "NotifyOutcome", "notify_name", "VERDICTS"]
 
@@ -38,8 +39,6 @@ _lib.register_prototypes({
     "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),
     "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
     "mws_notify_acceptor_free": (None, [_p]),
-    "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
-                                          POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
 })
 
 

@@ -15,7 +15,7 @@ buffers) alive while the plan is executed.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, Structure, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -23,12 +23,13 @@ from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
 from .engine_bridge import EngineBridge
+from .guard import Guard, GuardBridge
 from .load import PlanningLimits
 from .placement import Placement
 from .progress import c_progress
 
 __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", "LiveReport", "TargetOutcome",
-           "EngineResources"]
+           "EngineResources", "PreparedTransfer", "LeaseRotation", "PreparedInfo"]
 
 _p = c_void_p
 
@@ -65,6 +66,20 @@ class mws_live_report(_lib.CStruct):
                 ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
 
 
+class mws_lease_rotation(_lib.CStruct):
+    _fields_ = [("instance_id", ctypes.c_char_p), ("participant_id", ctypes.c_char_p), ("lease_id", ctypes.c_char_p),
+                ("generation", c_uint64)]
+
+
+class mws_step_args(_lib.CStruct):
+    _fields_ = [("weight_generation", c_uint64), ("leases", POINTER(mws_lease_rotation)), ("n_leases", c_size_t),
+                ("transfer_id", ctypes.c_char_p), ("revision", ctypes.c_char_p)]
+
+
+class mws_prepared_info(_lib.CStruct):
+    _fields_ = [("empty", c_uint32), ("batches", c_uint64), ("pinned_bindings", c_uint64), ("bytes", c_uint64)]
+
+
 class mws_engine_resources(_lib.CStruct):
     _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
                 ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
@@ -99,6 +114,8 @@ _lib.register_prototypes({
     "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
     "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
                                  POINTER(mws_transfer_stats)]),
+    "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
+                                          POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
     "mws_sink_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
     "mws_sink_cancel": (None, [_p]),
     "mws_sink_reset_cancel": (None, [_p]),
@@ -106,6 +123,15 @@ _lib.register_prototypes({
     "mws_sink_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_sink_free": (None, [_p]),
     "mws_transfer_engine_resources": (c_int, [_p, POINTER(mws_engine_resources)]),
+    "mws_sink_prepare": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args), POINTER(_p)]),
+    "mws_loader_prepare_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
+                                        POINTER(_p)]),
+    "mws_prepared_transfer_step": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_transfer_stats)]),
+    "mws_prepared_transfer_last_report": (c_int, [_p, POINTER(mws_live_report)]),
+    "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
+    "mws_prepared_transfer_close": (c_int, [_p]),
+    "mws_prepared_transfer_free": (None, [_p]),
+    "mws_loader_prepare_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_live_args), POINTER(_p)]),
     # Declared for completeness (the header check requires every function); struct
     # pointers as void* since this module does not wrap them at a higher level yet.
     "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
@@ -204,9 +230,92 @@ def _handles(bindings: Sequence[Binding]) -> Any:
     return (_p * len(bindings))(*[b.handle for b in bindings])
 
 
-def _args(pre_registered: bool, worker_id: Optional[str], transfer_id: Optional[str]) -> mws_live_args:
+def _args(pre_registered: bool, worker_id: Optional[str], transfer_id: Optional[str],
+          bridge: Optional[GuardBridge] = None) -> mws_live_args:
+    guard = ctypes.addressof(bridge.vtable) if bridge is not None else None
     return mws_live_args(cstr(worker_id, "worker_id"), cstr(transfer_id, "transfer_id"), 1 if pre_registered else 0,
-                         None, None)
+                         guard, None)
+
+
+@dataclass(frozen=True)
+class LeaseRotation:
+    """A runtime lease of one prepared binding that rotated (``mws_lease_rotation``):
+    its owner moved the lease on while the buffers stayed where they were prepared."""
+
+    instance_id: str
+    participant_id: str
+    lease_id: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class PreparedInfo:
+    """What one step of a prepared transfer does (``mws_prepared_info``)."""
+
+    empty: bool
+    batches: int
+    pinned_bindings: int
+    bytes: int
+
+
+class PreparedTransfer(OwnedHandle):
+    """A live transfer prepared once (:meth:`Sink.prepare`, :meth:`Loader.prepare_live`)
+    and stepped many times (``mws_prepared_transfer``): each :meth:`step` moves one
+    weight generation through the batches lowered at preparation, after the
+    freshness checks (engine identity, rotated leases, one pin per binding through the
+    guard). Stale prepared state is refused with
+    :class:`~mooncake_weight_store.errors.StaleBindingError` ("prepare the transfer
+    again") before any byte moves.
+
+    Keeps the plan, placements, bindings (their buffers), guard and engine alive;
+    :meth:`close` (or ``with``) unregisters the memory the preparation registered.
+    Steps run one at a time."""
+
+    _FREE = "mws_prepared_transfer_free"
+    _WHAT = "prepared transfer"
+
+    def __init__(self, handle: Optional[int], engine: "TransferEngine", keep: Sequence[Any] = ()) -> None:
+        super().__init__(handle, keep)
+        self._engine = engine
+
+    def step(self, generation: int, *, leases: Sequence[LeaseRotation] = (),
+             transfer_id: Optional[str] = None, revision: Optional[str] = None) -> TransferStats:
+        """Moves weight generation ``generation`` (``leases``: rotated since the last
+        step, kept for later steps; ``revision``: for a prepared restore, the revision
+        to read, default the prepared one). Returns the step's statistics; a failed
+        live step attaches its report to the exception as ``.report``."""
+        arr = (mws_lease_rotation * len(leases))(*[
+            mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
+                               cstr(r.lease_id, "lease_id"), int(r.generation)) for r in leases])
+        args = mws_step_args(int(generation), arr if leases else None, len(leases), cstr(transfer_id, "transfer_id"),
+                             cstr(revision, "revision"))
+        st = mws_transfer_stats()
+        try:
+            self._engine._call("mws_prepared_transfer_step", self.handle, ctypes.byref(args), ctypes.byref(st))
+        except _lib.MwsError as e:
+            e.report = self.last_report()  # type: ignore[attr-defined]
+            raise
+        return _stats(st)
+
+    def last_report(self) -> Optional[LiveReport]:
+        """The report of the last step, successful or not (``None`` before the first)."""
+        return _report("mws_prepared_transfer_last_report", self.handle)
+
+    @property
+    def info(self) -> PreparedInfo:
+        i = mws_prepared_info()
+        call("mws_prepared_transfer_info", self.handle, ctypes.byref(i))
+        return PreparedInfo(bool(i.empty), int(i.batches), int(i.pinned_bindings), int(i.bytes))
+
+    def close(self) -> None:
+        """Unregisters the memory the preparation registered, then frees the handle
+        (raises when an unregistration failed; the handle is freed anyway)."""
+        if self._h is None:
+            return
+        try:
+            self._engine._call("mws_prepared_transfer_close", self.handle)
+        finally:
+            self._free()
 
 
 class TransferPlan(OwnedHandle):
@@ -405,6 +514,37 @@ class Loader(OwnedHandle):
             raise
         return _stats(st)
 
+    def prepare_stored(self, store: Any, plan: Any, local: Binding, *, worker_id: Optional[str] = None,
+                       guard: Optional[Guard] = None) -> PreparedTransfer:
+        """Prepares restores of ``local``'s part of ``plan``'s layout (a
+        :class:`~mooncake_weight_store.load.LoadPlan` of ``store``, e.g. the first
+        revision's) for many steps: each :meth:`PreparedTransfer.step` restores the
+        revision (default: the plan's) and weight generation it names, refused with
+        :class:`~mooncake_weight_store.errors.StaleBindingError` ("prepare the transfer
+        again") when that revision holds another layout or the guard reports the
+        buffers freed or moved."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(False, worker_id, None, bridge)
+        out = _p()
+        call("mws_loader_prepare_stored", self.handle, store.handle, plan.handle, local.handle, ctypes.byref(args),
+             ctypes.byref(out))
+        return PreparedTransfer(out.value, self._engine, [self, store, plan, local, bridge])
+
+    def prepare_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
+                     local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                     transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> PreparedTransfer:
+        """Prepares :meth:`load_live` with these arguments for many steps: every check
+        of the call under the guard's pins, its batches lowered once, the local buffers
+        registered (unless ``local_pre_registered``) until the prepared transfer is
+        closed. ``guard``: pins the buffers at preparation and at every step (default:
+        the caller keeps every buffer valid and in place)."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(local_pre_registered, worker_id, transfer_id, bridge)
+        out = _p()
+        self._engine._call("mws_loader_prepare_live", self.handle, plan.handle, source.handle, _handles(sources),
+                           len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(out))
+        return PreparedTransfer(out.value, self._engine, [self, plan, source, target, local, *sources, bridge])
+
     def last_report(self) -> Optional[LiveReport]:
         """The report of the last live load, successful or not (``None`` before the
         first); a failed :meth:`load_live` also attaches it to its exception as
@@ -446,6 +586,41 @@ class Sink(OwnedHandle):
             e.report = self.last_report()  # type: ignore[attr-defined]
             raise
         return _stats(st)
+
+    def execute_notified(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
+                         targets: Sequence[Binding], *, key: Optional[bytes] = None,
+                         local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                         transfer_id: Optional[str] = None) -> TransferStats:
+        """:meth:`execute` with the notify hook: ``begin`` to every endpoint of every
+        target participant the local executor writes before the call, ``done`` after
+        it returned, through the engine's ``send_notify`` (the engine backend's
+        optional method; :class:`UnsupportedError` without it, before any transfer).
+        Each target checks them with a :class:`~mooncake_weight_store.NotifyAcceptor`
+        sharing ``key`` (None: unkeyed, else at least 16 bytes)."""
+        args = _args(local_pre_registered, worker_id, transfer_id)
+        st = mws_transfer_stats()
+        k = bytes(key) if key else None
+        try:
+            self._engine._call("mws_sink_execute_notified", self.handle, k, len(k) if k else 0, plan.handle,
+                               source.handle, local.handle, target.handle, _handles(targets), len(targets),
+                               ctypes.byref(args), ctypes.byref(st))
+        except _lib.MwsError as e:
+            e.report = self.last_report()  # type: ignore[attr-defined]
+            raise
+        return _stats(st)
+
+    def prepare(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
+                targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> PreparedTransfer:
+        """Prepares :meth:`execute` with these arguments for many steps (as
+        :meth:`Loader.prepare_live`; a source the plan does not read from prepares
+        steps that do nothing)."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(local_pre_registered, worker_id, transfer_id, bridge)
+        out = _p()
+        self._engine._call("mws_sink_prepare", self.handle, plan.handle, source.handle, local.handle, target.handle,
+                           _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(out))
+        return PreparedTransfer(out.value, self._engine, [self, plan, source, target, local, *targets, bridge])
 
     def last_report(self) -> Optional[LiveReport]:
         """The report of the last execution, successful or not (``None`` before the

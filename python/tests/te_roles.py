@@ -49,6 +49,34 @@ def binding_from_wire(placement: mws.Placement, w: dict) -> mws.Binding:
     return b
 
 
+class ObservingGuard(mws.Guard):
+    """Pins nothing itself; reports for one instance what the driver makes it observe
+    (a binding the library compares, or freed buffers)."""
+
+    def __init__(self) -> None:
+        self.observe = {}
+        self.acquires = 0
+
+    def acquire(self, transfer_id, participant_id, fragment_ids):
+        self.acquires += 1
+        seen = self.observe.get(fragment_ids[0].split(":")[0])
+        return self.acquires if seen is None else (self.acquires, seen())
+
+    def release(self, token, state):
+        pass
+
+
+def observed(b: mws.Binding, placement=None, instance=None, lease=None, generation=None, shift=0) -> mws.Binding:
+    """`b` as a guard may observe it (same runtime fragment ids)."""
+    o = mws.Binding(placement or b.placement, b.participant_id, instance_id=instance or b.instance_id,
+                    lease_id=lease or b.lease_id, generation=b.generation if generation is None else generation,
+                    endpoint=b.endpoint)
+    sizes = {f.placement_fragment_id: f.nbytes for f in b.placement.participant_fragments(b.participant_id)}
+    for pfid, addr in b.addresses.items():
+        o.add_address(pfid, addr + shift, sizes[pfid], fragment_id=b.fragment_ids[pfid])
+    return o
+
+
 class Role:
     def __init__(self, role: str) -> None:
         self.role = role
@@ -63,6 +91,8 @@ class Role:
         self.logical = None
         self.bound = None
         self.retired = []
+        self.prepared = []
+        self.guard = ObservingGuard()
 
     # -- local side ------------------------------------------------------------------
 
@@ -113,6 +143,80 @@ class Role:
                 if ctypes.string_at(self.arena_addr + o, n) != bytes(m.expected(f)):
                     bad.append(f.placement_fragment_id)
         return bad
+
+    def verify_generation(self, gen: int) -> list:
+        """Fragments whose bytes differ from generation `gen` of the model (same layout)."""
+        m = model_for(self.role, gen, self.model.spec.layers)
+        bad = []
+        for p in m.participant_ids:
+            for f in m.placement.participant_fragments(p):
+                o, n = self.layout[f.placement_fragment_id]
+                if ctypes.string_at(self.arena_addr + o, n) != bytes(m.expected(f)):
+                    bad.append(f.placement_fragment_id)
+        return bad
+
+    def refill(self, gen: int) -> None:
+        """The trainer's weights of generation `gen`, written in place (same layout)."""
+        m = model_for(self.role, gen, self.model.spec.layers)
+        for p in m.participant_ids:
+            for f in m.placement.participant_fragments(p):
+                o, n = self.layout[f.placement_fragment_id]
+                ctypes.memmove(self.arena_addr + o, bytes(m.expected(f)), n)
+
+    def untouched(self) -> bool:
+        return all(set(ctypes.string_at(self.arena_addr + o, n)) <= {0xFF} for o, n in self.layout.values())
+
+    def step_all(self, gen: int) -> dict:
+        moved, verdicts = 0, {}
+        for p in self.prepared:
+            moved += p.step(gen).bytes
+            verdicts.update(p.last_report().verdicts())
+        return {"bytes": moved, "verdicts": verdicts, "te_calls": self.engine.te_calls}
+
+    def stale_step(self, case: str, gen: int) -> dict:
+        """One step of the first prepared reader under a stale observation (`case`);
+        what it raised, and whether anything moved."""
+        local = self.bindings[0]
+        other = model_for(self.role, self.model.spec.generation, self.model.spec.layers)
+        restarted = None
+        if case == "another placement":
+            other = Model(other.spec, "ep", tp=2, dp=1, ep=2, placement_set_id="serving-b")
+            self.guard.observe = {local.instance_id: lambda: observed(local, placement=other.placement)}
+        elif case == "a new instance":
+            self.guard.observe = {local.instance_id: lambda: observed(local, instance="serving-restarted")}
+        elif case == "another lease":
+            self.guard.observe = {local.instance_id: lambda: observed(local, lease="lease-2", generation=2)}
+        elif case == "moved buffers":
+            self.guard.observe = {local.instance_id: lambda: observed(local, shift=4096)}
+        elif case == "freed buffers":
+            def freed():
+                raise mws.StaleBindingError(10, "the buffers were freed")
+            self.guard.observe = {local.instance_id: freed}
+        elif case == "an engine restart":  # a fresh TE behind the same handle: a new identity
+            from mooncake.engine import TransferEngine as _TE  # type: ignore
+
+            restarted = _TE()
+            assert restarted.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+            restarted, self.engine._adapter.te = self.engine._adapter.te, restarted
+        self.reset_targets()
+        calls = self.engine.te_calls
+        leases = []
+        if case == "a rotation under another instance":
+            leases = [mws.LeaseRotation("serving-x", local.participant_id, "lease-3", 3)]
+        try:
+            self.prepared[0].step(gen, leases=leases)
+            reply = {"refusal": None}
+        except mws.MwsError as e:
+            r = e.report
+            reply = {"refusal": str(e), "status": int(e.status), "submitted": r.submitted,
+                     "verdicts": r.verdicts()}
+        finally:
+            self.guard.observe = {}
+            if restarted is not None:
+                self.retired.append(self.engine._adapter.te)
+                self.engine._adapter.te = restarted
+        reply.update(te_calls=self.engine.te_calls - calls, untouched=self.untouched())
+        return reply
 
     def reset_targets(self) -> None:
         for o, n in self.layout.values():
@@ -194,6 +298,33 @@ class Role:
             except mws.MwsError as e:
                 return {"outcome": "failed", "reason": str(e)}
             return {"outcome": "ok", "bytes": moved, "operations": ops, "te_calls": self.engine.te_calls}
+        if op == "prepare_pull":  # server: one prepared reader per target participant
+            plan = self.logical.bind(self.bindings, self.peer_bindings)
+            loader = mws.Loader(self.engine)
+            self.prepared = [loader.prepare_live(plan, self.peer_placement, self.peer_bindings, self.model.placement,
+                                                 b, local_pre_registered=True, guard=self.guard)
+                             for b in self.bindings]
+            return {"prepared": len(self.prepared), "pinned": [p.info.pinned_bindings for p in self.prepared]}
+        if op == "prepare_push":  # trainer: one prepared sink per source participant
+            plan = mws.TransferPlan.from_json(cmd["plan"]).bind(self.peer_bindings, self.bindings)
+            sink = mws.Sink(self.engine)
+            self.prepared = [sink.prepare(plan, self.model.placement, b, self.peer_placement, self.peer_bindings,
+                                          local_pre_registered=True) for b in self.bindings]
+            return {"prepared": len(self.prepared), "empty": sum(p.info.empty for p in self.prepared)}
+        if op == "step":  # every prepared transfer, one generation
+            return self.step_all(cmd["generation"])
+        if op == "stale_step":
+            return self.stale_step(cmd["case"], cmd["generation"])
+        if op == "close_prepared":
+            for p in self.prepared:
+                p.close()
+            self.prepared = []
+            return {"pending": self.engine.pending_count}
+        if op == "refill":
+            self.refill(cmd["generation"])
+            return {}
+        if op == "verify_generation":
+            return {"bad": self.verify_generation(cmd["generation"])}
         if op == "pending":
             return {"pending": self.engine.pending_count}
         if op == "drain":

@@ -142,3 +142,51 @@ def test_notify_acceptor_refuses_what_it_cannot_check_and_changes_nothing():
     with pytest.raises(mws.InvalidArgumentError, match="not a target participant"):
         mws.NotifyAcceptor(live.plan, "no-such-participant")
     assert mws.notify.notify_name()
+
+
+class NotifyingEngine(MemmoveEngine):
+    """The embedded test engine with a notify channel: every notification is kept
+    per endpoint, as a peer's notify poll would hand them over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inbox: dict = {}
+
+    def send_notify(self, endpoint, name, message):
+        self.inbox.setdefault(endpoint, []).append((name, bytes(message)))
+        return 0
+
+
+def test_push_with_the_notify_hook_tells_each_target_what_landed():
+    live = Live()
+    backend = NotifyingEngine()
+    engine = mws.TransferEngine.from_backend(backend)
+    key = b"shared-secret-0123456789"
+    for b in live.tb:
+        engine.register_binding(b)
+    with mws.Sink(engine) as sink:
+        for b in live.sb:
+            sink.execute_notified(live.plan, live.src.placement, b, live.dst.placement, live.tb, key=key)
+    for b in live.tb:
+        engine.unregister_binding(b)
+        assert live.bad(b.participant_id) == []
+    every = [(e, n, m) for e, msgs in backend.inbox.items() for n, m in msgs]
+    assert every and {n for _, n, _ in every} == {mws.notify.notify_name()}
+    for b in live.tb:
+        with mws.NotifyAcceptor(live.plan, b.participant_id, key=key) as acc:
+            verdicts = [acc.accept(m)[0] for _, _, m in every]
+            # This participant's messages are accepted, every other one misrouted.
+            assert "accepted" in verdicts and set(verdicts) <= {"accepted", "misrouted"}
+            assert acc.outcome() == mws.NotifyOutcome("updated", 1, 0)
+            accepted = [m for (_, _, m), v in zip(every, verdicts) if v == "accepted"]
+            assert acc.accept(accepted[0])[0] == "replayed"
+            forged = bytearray(accepted[-1])
+            forged[-2] ^= 1
+            assert acc.accept(bytes(forged))[0] in ("forged", "malformed")
+            assert acc.outcome().verdict == "updated"
+    # Without a notify channel the call is refused before anything moves.
+    plain = mws.TransferEngine.from_backend(MemmoveEngine())
+    with mws.Sink(plain) as sink:
+        with pytest.raises(mws.UnsupportedError, match="send_notify") as e:
+            sink.execute_notified(live.plan, live.src.placement, live.sb[0], live.dst.placement, live.tb, key=key)
+        assert not e.value.report.submitted and set(e.value.report.verdicts().values()) <= {"unchanged"}

@@ -136,6 +136,48 @@ def test_acc_te_weight_sync_generations_reader_then_sink(pair):
         assert k.ask(op="quit")["errors"] == []
 
 
+STALE_CASES = ["another placement", "a new instance", "another lease", "moved buffers", "freed buffers",
+               "a rotation under another instance", "an engine restart"]
+
+
+def test_acc_te_prepared_steps_every_generation_and_every_staleness(pair):
+    """Weight sync on the real Transfer Engine, prepared once: the server prepares
+    one reader per target participant (the trainer's segment and bindings known once),
+    the trainer prepares one sink per source participant; then each step moves a new
+    generation written in place into the trainer's buffers, verified on the server.
+    Then each stale observation of a prepared reader is refused before any TE call."""
+    trainer, server = pair
+    plan = _connect(trainer, server, 1)
+    pulled = server.ask(op="prepare_pull")
+    assert pulled["prepared"] >= 1
+    pushed = trainer.ask(op="prepare_push", plan=plan["plan"])
+    assert pushed["prepared"] > pushed["empty"] > 0  # the unselected DP replica does nothing
+    for gen in (2, 3, 4):
+        trainer.ask(op="refill", generation=gen)
+        server.ask(op="reset")
+        step = server.ask(op="step", generation=gen)  # the server pulls
+        assert step["bytes"] == plan["bytes"] and set(step["verdicts"].values()) == {"updated"}, step
+        assert server.ask(op="verify_generation", generation=gen)["bad"] == []
+        server.ask(op="reset")
+        step = trainer.ask(op="step", generation=gen)  # the trainer pushes
+        assert step["bytes"] == plan["bytes"] and set(step["verdicts"].values()) == {"updated"}, step
+        assert server.ask(op="verify_generation", generation=gen)["bad"] == []
+    for case in STALE_CASES:
+        r = server.ask(op="stale_step", case=case, generation=5)
+        assert r["refusal"] and "prepare the transfer again" in r["refusal"], (case, r)
+        assert r["status"] == 10, (case, r)  # MWS_STALE_BINDING
+        assert r["te_calls"] == 0 and r["untouched"] and not r["submitted"], (case, r)
+        assert set(r["verdicts"].values()) == {"unchanged"}, (case, r)
+    # back to normal: the same prepared readers step again
+    server.ask(op="reset")
+    trainer.ask(op="refill", generation=5)
+    assert set(server.ask(op="step", generation=5)["verdicts"].values()) == {"updated"}
+    assert server.ask(op="verify_generation", generation=5)["bad"] == []
+    for k in (trainer, server):
+        assert k.ask(op="close_prepared")["pending"] == 0
+        assert k.ask(op="quit")["errors"] == []
+
+
 def test_acc_te_plan_over_per_peer_limit_is_split(pair):
     """Enough layers that one target participant pulls more than 1,024 operations
     from one peer: the batches are split to the limit and every byte lands."""

@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use crate::copy::{copy_fence, copy_streaming};
 use crate::runtime::CopyHook;
 use crate::runtime::MemoryKind;
 use parking_lot::RwLock;
@@ -147,24 +148,18 @@ impl LocalEngine {
                         // SAFETY: both ranges lie inside regions registered with this
                         // engine, which `register_memory`'s contract keeps valid until
                         // unregistered; overlapping ranges take the memmove path.
-                        unsafe {
-                            if src < dst + n && dst < src + n {
-                                std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
-                            } else {
-                                // The libc memcpy picks its own strategy (non-temporal
-                                // stores for very long copies).
-                                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
-                            }
-                        }
+                        unsafe { copy_segment(src, dst, n) };
                         true
                     }
                     (s, d) => self.copy_device(src, s, dst, d, n),
                 };
                 if !ok {
+                    copy_fence();
                     return CompletionStatus::FailedDrained;
                 }
             }
         }
+        copy_fence();
         CompletionStatus::Completed
     }
 
@@ -194,7 +189,27 @@ impl LocalEngine {
 /// Host batches at least this large may be copied by several threads.
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 
-/// Copies one host range (segments in order; memmove when source and target overlap).
+/// Copies one host segment: the streaming memcpy the embedded stores' restore path
+/// uses ([`crate::copy`]: the target is written once and not read back soon), or a
+/// memmove when source and target overlap. Callers issue [`copy_fence`] before they
+/// report the batch complete.
+///
+/// # Safety
+/// `[src, src + n)` is valid for reads and `[dst, dst + n)` for writes (registered
+/// host memory).
+#[inline]
+unsafe fn copy_segment(src: u64, dst: u64, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if src < dst + n && dst < src + n {
+            std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
+        } else {
+            copy_streaming(dst as *mut u8, src as *const u8, n as usize);
+        }
+    }
+}
+
+/// Copies one host range (segments in order).
 ///
 /// # Safety
 /// Both allocations of `r` are registered host memory (valid for the copy).
@@ -204,13 +219,7 @@ unsafe fn copy_range(r: &crate::engine::TransferBatchRange) {
             (r.source_base_address + r.source_offsets[i], r.target_base_address + r.target_offsets[i], r.sizes[i]);
         // SAFETY: the caller's contract; a validated range keeps every segment inside
         // both allocations.
-        unsafe {
-            if src < dst + n && dst < src + n {
-                std::ptr::copy(src as *const u8, dst as *mut u8, n as usize);
-            } else {
-                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n as usize);
-            }
-        }
+        unsafe { copy_segment(src, dst, n) };
     }
 }
 
@@ -263,12 +272,15 @@ fn copy_parallel(batch: &TransferBatch, threads: usize) -> CompletionStatus {
                     // regions by `run`; groups never share target bytes.
                     unsafe { copy_range(&ranges[i]) };
                 }
+                // Each thread orders its own non-temporal stores.
+                copy_fence();
             });
         }
         for &i in &buckets[0].1 {
             // SAFETY: as above.
             unsafe { copy_range(&ranges[i]) };
         }
+        copy_fence();
     });
     CompletionStatus::Completed
 }

@@ -744,6 +744,10 @@ impl TransferPlan {
                 return Err(mismatch());
             }
             let planned_binding = &self.bindings(side)[e.binding as usize];
+            if binding.shares_fragments(planned_binding) {
+                // One fragment list (the binding the plan was bound to, or a clone).
+                continue;
+            }
             for &fi in &e.fragments {
                 let pf = &planned_binding.fragments()[fi as usize];
                 match binding.fragment_for(pf.placement_fragment_id()) {

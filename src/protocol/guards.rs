@@ -3,8 +3,9 @@
 //! library re-checks the binding it observes under that pin.
 
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::runtime::{fence_binding_digest, RuntimeBinding, RuntimeFragment};
-use std::collections::BTreeSet;
+use crate::runtime::{fence_binding_digest, RuntimeBinding};
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
 
 /// How a pin ends (`TerminalTransferState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,20 +65,35 @@ pub fn weight_allocation_fence(
     required_ids: &[String],
     token_id: &str,
 ) -> Result<AllocationFence> {
-    let ids: BTreeSet<&str> = required_ids.iter().map(String::as_str).collect();
-    if ids.is_empty() {
+    if required_ids.is_empty() {
         return invalid("allocation fence fragment_ids are invalid");
     }
     if token_id.is_empty() {
         return invalid("allocation fence token_id must be non-empty");
     }
-    let frags: Vec<&RuntimeFragment> = binding.fragments().iter().filter(|f| ids.contains(f.fragment_id())).collect();
-    if frags.len() != ids.len() {
-        let have: BTreeSet<&str> = frags.iter().map(|f| f.fragment_id()).collect();
-        let missing: Vec<&str> = ids.difference(&have).copied().collect();
-        return invalid(format!("runtime binding is missing guarded fragments: {}", missing.join(", ")));
+    let ids: std::borrow::Cow<'_, [String]> = if required_ids.windows(2).all(|w| w[0] < w[1]) {
+        required_ids.into()
+    } else {
+        let mut v = required_ids.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v.into()
+    };
+    if binding.has_exactly_fragment_ids(&ids) {
+        // Every fragment (the common case: a participant's pins cover its binding):
+        // the binding's digest, computed once per binding.
+        return Ok(fence_header(binding, binding.fence_digest_all().into(), ids.into_owned(), token_id));
     }
-    Ok(AllocationFence {
+    let frags = binding.fragments_with_ids(&ids).map_err(|missing| {
+        Error::invalid(format!("runtime binding is missing guarded fragments: {}", missing.join(", ")))
+    })?;
+    let digest = binding.fence_digest_subset(&ids, || fence_binding_digest(&frags));
+    drop(frags);
+    Ok(fence_header(binding, digest, ids.into_owned(), token_id))
+}
+
+fn fence_header(binding: &RuntimeBinding, digest: String, ids: Vec<String>, token_id: &str) -> AllocationFence {
+    AllocationFence {
         resource_id: binding.resource_id().into(),
         revision: binding.revision().into(),
         placement_id: binding.placement_id().into(),
@@ -86,10 +102,30 @@ pub fn weight_allocation_fence(
         participant_id: binding.participant_id().into(),
         runtime_lease_id: binding.lease_id().into(),
         runtime_generation: binding.generation(),
-        binding_digest: fence_binding_digest(&frags),
-        fragment_ids: ids.iter().map(|s| s.to_string()).collect(),
+        binding_digest: digest,
+        fragment_ids: ids,
         token_id: token_id.into(),
-    })
+    }
+}
+
+/// Whether `fence` is `weight_allocation_fence(binding, ids, &fence.token_id)`,
+/// compared field by field without building one when `ids` are every fragment of
+/// `binding` (sorted, distinct).
+fn fence_matches(fence: &AllocationFence, binding: &RuntimeBinding, ids: &[String]) -> Result<bool> {
+    if !binding.has_exactly_fragment_ids(ids) {
+        return Ok(*fence == weight_allocation_fence(binding, ids, &fence.token_id)?);
+    }
+    Ok(fence.resource_id == binding.resource_id()
+        && fence.revision == binding.revision()
+        && fence.placement_id == binding.placement_id()
+        && fence.placement_digest == binding.placement_digest()
+        && fence.instance_id == binding.instance_id()
+        && fence.participant_id == binding.participant_id()
+        && fence.runtime_lease_id == binding.lease_id()
+        && fence.runtime_generation == binding.generation()
+        && fence.binding_digest == binding.fence_digest_all()
+        && fence.fragment_ids == ids
+        && !fence.token_id.is_empty())
 }
 
 /// A framework pin on runtime allocations. Released exactly once.
@@ -111,6 +147,161 @@ pub trait GuardProvider: Send + Sync {
         expected: &RuntimeBinding,
         required_ids: &[String],
     ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)>;
+
+    /// Pins the allocations of `pin` for one step of a prepared transfer
+    /// (`protocol::transfer::PreparedTransfer`): the same binding and fragment ids
+    /// every step (with any rotated lease). A prepared transfer calls this for each of
+    /// its bindings at every step, so a provider that can vouch that the allocations
+    /// are exactly `pin.binding()` answers [`Observed::Unchanged`] at a cost that does
+    /// not grow with the fragments ([`StaticGuard`] does, and so does the C ABI's
+    /// guard when it reports no observed binding). The default calls
+    /// [`Self::acquire`] and reports the binding it returned
+    /// ([`Observed::Binding`]), which the caller then checks fragment by fragment as
+    /// [`acquire_pin`] does.
+    fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> Result<(Observed, Box<dyn LifetimeToken>)> {
+        let (fresh, token) = self.acquire(transfer.id(), pin.binding(), pin.required_ids())?;
+        Ok((Observed::Binding(fresh), token))
+    }
+}
+
+/// The transfer id of one step of a prepared transfer, shared by the tokens of all
+/// its pins (a clone is a reference count).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepTransfer(Arc<str>);
+
+impl StepTransfer {
+    /// The step's transfer id.
+    pub fn new(id: &str) -> StepTransfer {
+        StepTransfer(id.into())
+    }
+    /// The id.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a guard observed when it pinned one binding of a prepared transfer for one
+/// step ([`GuardProvider::acquire_step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// Exactly the expected binding: the guard vouches for it and nothing is compared.
+    Unchanged,
+    /// The binding as observed under the pin: checked against the expected one like
+    /// [`acquire_pin`] checks a fresh binding (fence, identity, lease, generation and
+    /// every required fragment).
+    Binding(RuntimeBinding),
+}
+
+struct StepPinInner {
+    binding: RuntimeBinding,
+    ids: Arc<[String]>,
+    digest: Arc<str>,
+    cache: Arc<OnceLock<Box<dyn Any + Send + Sync>>>,
+}
+
+/// One binding's pin request in a prepared transfer, made once and repeated at every
+/// step: the expected binding (as prepared, with any rotated lease), its sorted
+/// required fragment ids, and the fence digest of those fragments (computed once:
+/// it does not depend on the lease). Clones share everything. `Send + Sync`.
+#[derive(Clone)]
+pub struct StepPin {
+    inner: Arc<StepPinInner>,
+}
+
+impl std::fmt::Debug for StepPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepPin")
+            .field("participant_id", &self.inner.binding.participant_id())
+            .field("instance_id", &self.inner.binding.instance_id())
+            .field("fragments", &self.inner.ids.len())
+            .finish()
+    }
+}
+
+impl StepPin {
+    /// The pin of `required_ids` (sorted and de-duplicated here) of `binding`.
+    /// Errors: those of [`weight_allocation_fence`] (`allocation fence fragment_ids
+    /// are invalid`, `runtime binding is missing guarded fragments: <ids>`).
+    pub fn new(binding: RuntimeBinding, required_ids: &[String]) -> Result<StepPin> {
+        let mut ids: Vec<String> = required_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let fence = weight_allocation_fence(&binding, &ids, "prepared")?;
+        Ok(StepPin {
+            inner: Arc::new(StepPinInner {
+                binding,
+                ids: ids.into(),
+                digest: fence.binding_digest.into(),
+                cache: Arc::default(),
+            }),
+        })
+    }
+    /// The binding the step expects (as prepared, with any rotated lease).
+    pub fn binding(&self) -> &RuntimeBinding {
+        &self.inner.binding
+    }
+    /// The pinned runtime fragment ids, sorted and distinct.
+    pub fn required_ids(&self) -> &[String] {
+        &self.inner.ids
+    }
+    /// The same pin under a rotated lease (O(1) in fragments; ids, digest and cache
+    /// shared). Errors: `lease_id must be a non-empty string`.
+    pub fn with_lease(&self, lease_id: &str, generation: u64) -> Result<StepPin> {
+        let i = &self.inner;
+        Ok(StepPin {
+            inner: Arc::new(StepPinInner {
+                binding: i.binding.with_lease(lease_id, generation)?,
+                ids: i.ids.clone(),
+                digest: i.digest.clone(),
+                cache: i.cache.clone(),
+            }),
+        })
+    }
+    /// The fence of this pin for `token_id` (no digest is computed; the ids are
+    /// copied).
+    pub fn fence(&self, token_id: &str) -> AllocationFence {
+        let b = &self.inner.binding;
+        AllocationFence {
+            resource_id: b.resource_id().into(),
+            revision: b.revision().into(),
+            placement_id: b.placement_id().into(),
+            placement_digest: b.placement_digest().into(),
+            instance_id: b.instance_id().into(),
+            participant_id: b.participant_id().into(),
+            runtime_lease_id: b.lease_id().into(),
+            runtime_generation: b.generation(),
+            binding_digest: self.inner.digest.to_string(),
+            fragment_ids: self.inner.ids.to_vec(),
+            token_id: token_id.into(),
+        }
+    }
+    /// A fence of this pin for the token id `<prefix><transfer id>`, made on first
+    /// use (what a step token returns from [`LifetimeToken::fence`] without copying
+    /// the ids, or even formatting its id, every step).
+    pub fn lazy_fence(&self, prefix: &'static str, transfer: &StepTransfer) -> LazyFence {
+        LazyFence { pin: self.clone(), prefix, transfer: transfer.clone(), cell: OnceLock::new() }
+    }
+    /// A slot where a guard implementation may keep its own form of the ids (for
+    /// example C strings), built on its first step and shared by every clone and
+    /// rotation of the pin.
+    pub fn cache(&self) -> &OnceLock<Box<dyn Any + Send + Sync>> {
+        &self.inner.cache
+    }
+}
+
+/// A step pin's fence, made on first use ([`StepPin::lazy_fence`]).
+pub struct LazyFence {
+    pin: StepPin,
+    prefix: &'static str,
+    transfer: StepTransfer,
+    cell: OnceLock<Box<AllocationFence>>,
+}
+
+impl LazyFence {
+    /// The fence.
+    pub fn get(&self) -> &AllocationFence {
+        self.cell.get_or_init(|| Box::new(self.pin.fence(&format!("{}{}", self.prefix, self.transfer.id()))))
+    }
 }
 
 /// A guard provider for buffers that the caller keeps alive and unchanged for the
@@ -130,7 +321,22 @@ impl LifetimeToken for StaticToken {
     }
 }
 
+struct StaticStepToken(LazyFence);
+
+impl LifetimeToken for StaticStepToken {
+    fn fence(&self) -> &AllocationFence {
+        self.0.get()
+    }
+    fn release(&mut self, _state: TerminalState) -> Result<()> {
+        Ok(())
+    }
+}
+
 impl GuardProvider for StaticGuard {
+    fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> Result<(Observed, Box<dyn LifetimeToken>)> {
+        Ok((Observed::Unchanged, Box::new(StaticStepToken(pin.lazy_fence("static-", transfer)))))
+    }
+
     fn acquire(
         &self,
         transfer_id: &str,
@@ -152,74 +358,19 @@ pub fn acquire_pin(
     expected: &RuntimeBinding,
     required_ids: &[String],
 ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
-    let mut ids: Vec<String> = required_ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids: std::borrow::Cow<'_, [String]> = if required_ids.windows(2).all(|w| w[0] < w[1]) {
+        required_ids.into()
+    } else {
+        let mut ids = required_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into()
+    };
     if ids.is_empty() {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("{side} allocation guard requires fragments")));
     }
     let (fresh, mut token) = provider.acquire(transfer_id, expected, &ids)?;
-    let check = (|| {
-        let fence = weight_allocation_fence(&fresh, &ids, &token.fence().token_id)?;
-        if *token.fence() != fence {
-            return Err(Error::new(
-                ErrorKind::StaleBinding,
-                format!("{side} allocation guard fence differs from binding"),
-            ));
-        }
-        let stale = |field: &str| {
-            Err(Error::new(ErrorKind::StaleBinding, format!("acquired runtime binding {field} differs from plan")))
-        };
-        if fresh.resource_id() != expected.resource_id() {
-            return stale("resource_id");
-        }
-        if fresh.revision() != expected.revision() {
-            return stale("revision");
-        }
-        if fresh.placement_id() != expected.placement_id() {
-            return stale("placement_id");
-        }
-        if fresh.placement_digest() != expected.placement_digest() {
-            return stale("placement_digest");
-        }
-        if fresh.instance_id() != expected.instance_id() {
-            return stale("instance_id");
-        }
-        if fresh.participant_id() != expected.participant_id() {
-            return stale("participant_id");
-        }
-        if fresh.generation() != expected.generation() {
-            return stale("generation");
-        }
-        if fresh.lease_id() != expected.lease_id() {
-            return stale("lease_id");
-        }
-        // Indexed by fragment id once (a scan per id was quadratic).
-        let fresh_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
-            fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
-        let expected_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
-            expected.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
-        for id in &ids {
-            let a = fresh_by_id.get(id.as_str()).copied();
-            let b = expected_by_id.get(id.as_str()).copied();
-            match (a, b) {
-                (Some(a), Some(b)) if a == b => {}
-                (Some(_), Some(_)) => {
-                    return Err(Error::new(
-                        ErrorKind::StaleBinding,
-                        "acquired runtime binding address differs from plan",
-                    ))
-                }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::StaleBinding,
-                        "acquired runtime binding fragments differ from plan",
-                    ))
-                }
-            }
-        }
-        Ok(())
-    })();
+    let check = check_fresh(side, expected, &ids, &fresh, &*token);
     match check {
         Ok(()) => Ok((fresh, token)),
         Err(e) => {
@@ -227,4 +378,93 @@ pub fn acquire_pin(
             Err(e)
         }
     }
+}
+
+/// Pins one binding of a prepared transfer for one step through `provider`
+/// ([`GuardProvider::acquire_step`]); a binding the guard observed instead of
+/// vouching for the expected one is checked as [`acquire_pin`] checks a fresh
+/// binding ([`check_fresh`]), and on a failed check the token is released
+/// `aborted`. Errors: the provider's, and [`check_fresh`]'s
+/// ([`ErrorKind::StaleBinding`]).
+pub fn acquire_step_pin(
+    provider: &dyn GuardProvider,
+    side: &str,
+    transfer: &StepTransfer,
+    pin: &StepPin,
+) -> Result<Box<dyn LifetimeToken>> {
+    let (observed, mut token) = provider.acquire_step(transfer, pin)?;
+    match observed {
+        Observed::Unchanged => Ok(token),
+        Observed::Binding(fresh) => match check_fresh(side, pin.binding(), pin.required_ids(), &fresh, &*token) {
+            Ok(()) => Ok(token),
+            Err(e) => {
+                let _ = token.release(TerminalState::Aborted);
+                Err(e)
+            }
+        },
+    }
+}
+
+/// The checks of [`acquire_pin`] on a binding observed under a pin: the token's
+/// fence is the fence of `fresh`, and `fresh` has `expected`'s identity, lease,
+/// generation and required fragments. Errors: [`ErrorKind::StaleBinding`]
+/// (`<side> allocation guard fence differs from binding`, `acquired runtime binding
+/// <field> differs from plan`, `... address differs from plan`, `... fragments differ
+/// from plan`) and the fence rules.
+pub fn check_fresh(
+    side: &str,
+    expected: &RuntimeBinding,
+    ids: &[String],
+    fresh: &RuntimeBinding,
+    token: &dyn LifetimeToken,
+) -> Result<()> {
+    if !fence_matches(token.fence(), fresh, ids)? {
+        return Err(Error::new(ErrorKind::StaleBinding, format!("{side} allocation guard fence differs from binding")));
+    }
+    let stale = |field: &str| {
+        Err(Error::new(ErrorKind::StaleBinding, format!("acquired runtime binding {field} differs from plan")))
+    };
+    if fresh.resource_id() != expected.resource_id() {
+        return stale("resource_id");
+    }
+    if fresh.revision() != expected.revision() {
+        return stale("revision");
+    }
+    if fresh.placement_id() != expected.placement_id() {
+        return stale("placement_id");
+    }
+    if fresh.placement_digest() != expected.placement_digest() {
+        return stale("placement_digest");
+    }
+    if fresh.instance_id() != expected.instance_id() {
+        return stale("instance_id");
+    }
+    if fresh.participant_id() != expected.participant_id() {
+        return stale("participant_id");
+    }
+    if fresh.generation() != expected.generation() {
+        return stale("generation");
+    }
+    if fresh.lease_id() != expected.lease_id() {
+        return stale("lease_id");
+    }
+    // Indexed by fragment id once (a scan per id was quadratic).
+    let fresh_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+        fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+    let expected_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+        expected.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+    for id in ids {
+        let a = fresh_by_id.get(id.as_str()).copied();
+        let b = expected_by_id.get(id.as_str()).copied();
+        match (a, b) {
+            (Some(a), Some(b)) if a == b => {}
+            (Some(_), Some(_)) => {
+                return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding address differs from plan"))
+            }
+            _ => {
+                return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding fragments differ from plan"))
+            }
+        }
+    }
+    Ok(())
 }

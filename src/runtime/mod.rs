@@ -268,9 +268,41 @@ pub struct RuntimeBinding {
     lease_id: String,
     revision: String,
     participant_id: String,
-    /// Shared: plans keep the bindings they were bound to, and a clone is a
-    /// reference count, not one per fragment.
-    fragments: Arc<[RuntimeFragment]>,
+    /// Shared: a clone (a plan's kept binding, a guard's observation, a prepared
+    /// transfer's expected binding) is a reference count, and two clones compare
+    /// equal without walking their fragments.
+    fragments: Arc<FragmentList>,
+}
+
+/// The fragments of a binding, with what is derived from them alone, computed once
+/// and shared by every clone.
+#[derive(Debug)]
+struct FragmentList {
+    items: Box<[RuntimeFragment]>,
+    /// [`fence_binding_digest`] of every fragment.
+    fence_digest: std::sync::OnceLock<String>,
+    /// Indices of `items` in runtime fragment id order.
+    by_fragment_id: std::sync::OnceLock<Box<[u32]>>,
+    /// [`fence_binding_digest`] of a few id subsets (a plan pins the same subset of
+    /// a binding at every call): (sorted ids, digest), most recent last.
+    subset_digests: parking_lot::Mutex<Vec<(Box<[String]>, String)>>,
+}
+
+/// Subset digests kept per fragment list.
+const SUBSET_DIGESTS: usize = 4;
+
+impl PartialEq for FragmentList {
+    fn eq(&self, o: &Self) -> bool {
+        self.items == o.items
+    }
+}
+impl Eq for FragmentList {}
+
+impl std::ops::Deref for FragmentList {
+    type Target = [RuntimeFragment];
+    fn deref(&self) -> &[RuntimeFragment] {
+        &self.items
+    }
 }
 
 impl RuntimeBinding {
@@ -304,8 +336,104 @@ impl RuntimeBinding {
             lease_id: spec.lease_id,
             revision: spec.revision,
             participant_id: spec.participant_id,
-            fragments: fragments.into(),
+            fragments: Arc::new(FragmentList {
+                items: fragments.into(),
+                fence_digest: Default::default(),
+                by_fragment_id: Default::default(),
+                subset_digests: Default::default(),
+            }),
         })
+    }
+
+    /// Indices of the fragments in runtime fragment id order (computed once per
+    /// fragment list).
+    fn fragment_id_order(&self) -> &[u32] {
+        let items = &self.fragments.items;
+        self.fragments.by_fragment_id.get_or_init(|| {
+            let mut v: Vec<u32> = (0..items.len() as u32).collect();
+            v.sort_unstable_by(|&a, &b| items[a as usize].fragment_id().cmp(items[b as usize].fragment_id()));
+            v.into()
+        })
+    }
+
+    /// True when `ids` are exactly the runtime fragment ids of the binding, sorted
+    /// and distinct (no allocation).
+    pub fn has_exactly_fragment_ids(&self, ids: &[String]) -> bool {
+        let items = &self.fragments.items;
+        ids.len() == items.len()
+            && self.fragment_id_order().iter().zip(ids).all(|(&i, id)| items[i as usize].fragment_id() == id)
+    }
+
+    /// The fragments with runtime ids `sorted_ids` (sorted and distinct), in that
+    /// order, found by one merge; `Err` lists the ids the binding lacks (sorted).
+    pub fn fragments_with_ids<'a>(
+        &self,
+        sorted_ids: &'a [String],
+    ) -> std::result::Result<Vec<&RuntimeFragment>, Vec<&'a str>> {
+        let items = &self.fragments.items;
+        let order = self.fragment_id_order();
+        let mut found = Vec::with_capacity(sorted_ids.len());
+        let mut missing = Vec::new();
+        let mut k = 0;
+        for id in sorted_ids {
+            while k < order.len() && items[order[k] as usize].fragment_id() < id.as_str() {
+                k += 1;
+            }
+            match order.get(k).map(|&i| &items[i as usize]) {
+                Some(f) if f.fragment_id() == id => found.push(f),
+                _ => missing.push(id.as_str()),
+            }
+        }
+        if missing.is_empty() {
+            Ok(found)
+        } else {
+            Err(missing)
+        }
+    }
+
+    /// The [`fence_binding_digest`] of the fragments `sorted_ids` (`compute`s it on a
+    /// miss): the last few subsets' digests are kept with the fragment list.
+    pub fn fence_digest_subset(&self, sorted_ids: &[String], compute: impl FnOnce() -> String) -> String {
+        let cache = &self.fragments.subset_digests;
+        if let Some((_, d)) = cache.lock().iter().find(|(ids, _)| **ids == *sorted_ids) {
+            return d.clone();
+        }
+        let d = compute();
+        let mut c = cache.lock();
+        if c.len() == SUBSET_DIGESTS {
+            c.remove(0);
+        }
+        c.push((sorted_ids.into(), d.clone()));
+        d
+    }
+
+    /// The same binding under another runtime lease: `lease_id` and `generation`
+    /// replaced, every fragment shared (O(1) in fragments). For a framework whose
+    /// lease rotates while its buffers stay where they are (a prepared transfer's
+    /// lease rotation). Errors: `lease_id must be a non-empty string`.
+    pub fn with_lease(&self, lease_id: &str, generation: u64) -> Result<RuntimeBinding> {
+        non_empty(lease_id, "lease_id")?;
+        Ok(RuntimeBinding { lease_id: lease_id.to_string(), generation, ..self.clone() })
+    }
+
+    /// The same binding attesting `placement` (its id, digest, resource and revision
+    /// replaced; the runtime fences and every fragment shared, O(1) in fragments): the
+    /// same memory holding the same layout for another revision or weight generation
+    /// (a prepared restore's step). Validate it against `placement` before use.
+    pub fn attesting(&self, placement: &Placement) -> RuntimeBinding {
+        RuntimeBinding {
+            resource_id: placement.resource_id().to_string(),
+            placement_id: placement.placement_id().to_string(),
+            placement_digest: placement.digest().to_string(),
+            revision: placement.revision().to_string(),
+            ..self.clone()
+        }
+    }
+
+    /// True when `self` and `other` share one fragment list (one is a clone of the
+    /// other, or both of a third): their fragments are then equal without a walk.
+    pub fn shares_fragments(&self, other: &RuntimeBinding) -> bool {
+        Arc::ptr_eq(&self.fragments, &other.fragments)
     }
 
     /// Resource kind (always `model_weight`).
@@ -346,14 +474,24 @@ impl RuntimeBinding {
     }
     /// Fragments sorted by placement fragment id.
     pub fn fragments(&self) -> &[RuntimeFragment] {
-        &self.fragments
+        &self.fragments.items
+    }
+    /// [`fence_binding_digest`] of every fragment of the binding, computed on first
+    /// use and kept (shared by every clone: a binding pinned at every call is
+    /// digested once).
+    pub fn fence_digest_all(&self) -> &str {
+        self.fragments.fence_digest.get_or_init(|| {
+            let all: Vec<&RuntimeFragment> = self.fragments.items.iter().collect();
+            fence_binding_digest(&all)
+        })
     }
     /// The runtime fragment that holds `placement_fragment_id`.
     pub fn fragment_for(&self, placement_fragment_id: &str) -> Option<&RuntimeFragment> {
-        self.fragments
+        let items = &self.fragments.items;
+        items
             .binary_search_by(|f| f.spec.placement_fragment_id.as_str().cmp(placement_fragment_id))
             .ok()
-            .map(|i| &self.fragments[i])
+            .map(|i| &items[i])
     }
 }
 

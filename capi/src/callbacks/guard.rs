@@ -3,12 +3,13 @@
 
 use crate::args::Caller;
 use crate::binding::mws_binding;
-use crate::boundary::{Failure, FfiResult};
+use crate::boundary::{mws_status, Failure, FfiResult};
 use mws::protocol::guards::weight_allocation_fence;
 use mws::protocol::guards::AllocationFence;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::LifetimeToken;
 use mws::protocol::guards::TerminalState;
+use mws::protocol::guards::{LazyFence, Observed, StepPin, StepTransfer};
 use mws::Error;
 use mws::ErrorKind;
 use mws::RuntimeBinding;
@@ -38,8 +39,10 @@ pub const MWS_GUARD_VTABLE_VERSION: u32 = 1;
 /// new binding handle (ownership passes to the library) describing the buffers as
 /// observed under the pin; leaving it NULL means "exactly the binding that was
 /// passed". The library checks the observed binding against the plan (lease,
-/// generation, addresses) and releases the pin as aborted if it differs. Any non-zero
-/// return fails the call (`MWS_STORE`) before any I/O.
+/// generation, addresses) and releases the pin as aborted if it differs. Return
+/// `MWS_STALE_BINDING` when the buffers were freed or moved (the call fails
+/// `MWS_STALE_BINDING`; a prepared transfer's step asks to be prepared again); any
+/// other non-zero return fails the call (`MWS_STORE`). Either way before any I/O.
 pub type mws_guard_acquire_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -118,8 +121,15 @@ impl CGuard {
     }
 }
 
+/// The fence a C token covers: computed at its pin, or (a prepared transfer's step
+/// pin that the guard vouched for) made on first use.
+pub(crate) enum CFence {
+    Now(AllocationFence),
+    Lazy(LazyFence),
+}
+
 pub(crate) struct CToken {
-    pub(crate) fence: AllocationFence,
+    pub(crate) fence: CFence,
     pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
     pub(crate) ctx: GuardCtx,
     pub(crate) token: u64,
@@ -127,7 +137,10 @@ pub(crate) struct CToken {
 
 impl LifetimeToken for CToken {
     fn fence(&self) -> &AllocationFence {
-        &self.fence
+        match &self.fence {
+            CFence::Now(f) => f,
+            CFence::Lazy(f) => f.get(),
+        }
     }
     fn release(&mut self, state: TerminalState) -> mws::Result<()> {
         // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
@@ -172,7 +185,7 @@ impl GuardProvider for CGuard {
         // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
         let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
         if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}")));
+            return Err(acquire_failed(code));
         }
         let abort = |e: Error| {
             // SAFETY: as for `release` above, with the token `acquire` just issued.
@@ -187,7 +200,87 @@ impl GuardProvider for CGuard {
         };
         let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
             .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        Ok((fresh, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })))
+        Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
+    }
+
+    fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> mws::Result<(Observed, Box<dyn LifetimeToken>)> {
+        // The C strings of the participant and ids: built on the pin's first step and
+        // kept with it (a step pins in O(1) of its fragments).
+        let cached = pin.cache().get_or_init(|| match CIds::new(pin) {
+            Ok(ids) => Box::new(ids),
+            Err(e) => Box::new(e),
+        });
+        let ids = match (cached.downcast_ref::<CIds>(), cached.downcast_ref::<Error>()) {
+            (Some(ids), _) => ids,
+            (None, Some(e)) => return Err(e.clone()),
+            // Another guard type's cache: build them for this call.
+            (None, None) => &CIds::new(pin)?,
+        };
+        let tid = c_string(transfer.id(), "transfer id")?;
+        let mut observed: *mut mws_binding = std::ptr::null_mut();
+        let mut token: u64 = 0;
+        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings the pin's cache keeps alive for the call.
+        let code = unsafe {
+            (self.acquire)(
+                self.ctx.0,
+                tid.as_ptr(),
+                ids.participant.as_ptr(),
+                ids.ptrs.as_ptr().cast(),
+                ids.ptrs.len(),
+                &mut observed,
+                &mut token,
+            )
+        };
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
+        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
+        if code != 0 {
+            return Err(acquire_failed(code));
+        }
+        let abort = |e: Error| {
+            // SAFETY: as for `release` above, with the token `acquire` just issued.
+            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
+            e
+        };
+        let Some(b) = observed else {
+            let fence = CFence::Lazy(pin.lazy_fence("c-", transfer));
+            return Ok((Observed::Unchanged, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })));
+        };
+        let fresh = b.build().map_err(|f| {
+            abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
+        })?;
+        let fence = weight_allocation_fence(&fresh, pin.required_ids(), &format!("c-{}", transfer.id()))
+            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
+        let token = CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token };
+        Ok((Observed::Binding(fresh), Box::new(token)))
+    }
+}
+
+/// A step pin's participant and fragment ids as C strings, with the pointer array
+/// `acquire` takes.
+struct CIds {
+    participant: CString,
+    _ids: Vec<CString>,
+    /// Pointers into `_ids` (as addresses: the array is immutable once built).
+    ptrs: Vec<usize>,
+}
+
+impl CIds {
+    fn new(pin: &StepPin) -> mws::Result<CIds> {
+        let participant = c_string(pin.binding().participant_id(), "participant id")?;
+        let ids: Vec<CString> =
+            pin.required_ids().iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
+        let ptrs = ids.iter().map(|c| c.as_ptr() as usize).collect();
+        Ok(CIds { participant, _ids: ids, ptrs })
+    }
+}
+
+/// The error of a failed `acquire`: `MWS_STALE_BINDING` says the allocations are gone
+/// or changed (a stale binding); any other code is a guard failure.
+fn acquire_failed(code: i32) -> Error {
+    if code == mws_status::MWS_STALE_BINDING as i32 {
+        Error::new(ErrorKind::StaleBinding, "allocation guard reports the buffers freed or moved (MWS_STALE_BINDING)")
+    } else {
+        Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}"))
     }
 }
 

@@ -21,9 +21,11 @@ use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::lease::{registration_map, validate_registration, GuardProviders, MemoryRegistrationLease};
 use crate::engine::{Direction, MemoryRegion, TransferBatch, TransferBatchRange, TransferEngine};
 use crate::error::{Error, ErrorKind};
+use crate::fxhash::FxHashMap;
 use crate::model::Placement;
-use crate::plan::transfer_bind::{Side, TransferPlan};
+use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::protocol::guards::{acquire_pin, LifetimeToken, TerminalState};
+use crate::protocol::guards::{GuardProvider, StepPin};
 use crate::protocol::progress::{ProgressFn, ProgressPhase, Reporter};
 use crate::runtime::{validate_runtime_binding, RuntimeBinding, RuntimeFragment};
 use std::any::Any;
@@ -223,6 +225,12 @@ pub struct SinkArgs<'a> {
     pub progress: Option<ProgressFn<'a>>,
     /// Receives what the call submitted to the engine (optional).
     pub stats: Option<&'a ExecutionStats>,
+    /// The owners' registration evidence is the bindings themselves: every fragment
+    /// of the target bindings (and, when pre-registered, of the source binding) is
+    /// registered for its binding's generation and lease, as
+    /// [`Sink`](super::Sink) asserts for its callers. The registration leases are then
+    /// neither needed nor read.
+    pub registrations_from_bindings: bool,
 }
 
 /// Options of [`TransferExecutor::execute_reader`] (`MooncakeTransferEngineReader.execute`).
@@ -252,15 +260,47 @@ pub struct ReaderArgs<'a> {
     pub progress: Option<ProgressFn<'a>>,
     /// Receives what the call submitted to the engine (optional).
     pub stats: Option<&'a ExecutionStats>,
+    /// The owners' registration evidence is the bindings themselves (as
+    /// [`SinkArgs::registrations_from_bindings`], sides swapped; what
+    /// [`Loader`](super::Loader) asserts).
+    pub registrations_from_bindings: bool,
+}
+
+/// The registration evidence of one side: the owners' leases by fragment id, or
+/// `None` when it is the bindings themselves.
+fn evidence<'a>(
+    from_bindings: bool,
+    leases: Option<&'a [MemoryRegistrationLease]>,
+    label: &str,
+) -> std::result::Result<Option<HashMap<&'a str, &'a MemoryRegistrationLease>>, Error> {
+    if from_bindings {
+        return Ok(None);
+    }
+    registration_map(leases, label).map(Some)
+}
+
+/// `validate_registration` against `evidence` (nothing to check when the evidence is
+/// the bindings).
+fn check_evidence(
+    f: &RuntimeFragment,
+    evidence: &Option<HashMap<&str, &MemoryRegistrationLease>>,
+    label: &str,
+    generation: u64,
+    lease_id: &str,
+) -> std::result::Result<(), String> {
+    match evidence {
+        Some(map) => validate_registration(f, map, label, generation, lease_id),
+        None => Ok(()),
+    }
 }
 
 /// A live-transfer executor on one engine (sink and reader share it). Cheap; any
 /// number may exist per engine: every fence is keyed by the engine identity.
 #[derive(Clone)]
 pub struct TransferExecutor {
-    engine: Arc<dyn TransferEngine>,
-    identity: u64,
-    limits: ExecutorLimits,
+    pub(super) engine: Arc<dyn TransferEngine>,
+    pub(super) identity: u64,
+    pub(super) limits: ExecutorLimits,
 }
 
 impl std::fmt::Debug for TransferExecutor {
@@ -297,7 +337,16 @@ fn manifest_pair_with(
     validate: bool,
 ) -> TransferResult<()> {
     let s = side.as_str();
-    if validate {
+    // A binding the plan was bound to (its participant's kept binding, or a clone of
+    // it) paired with the plan's own placement (same digest: same content) was
+    // validated by the binding; the check is pure.
+    let bound = || {
+        placement.digest() == plan.placement(side).digest()
+            && plan.executors(side).iter().any(|e| {
+                e.participant_id == binding.participant_id() && plan.bindings(side)[e.binding as usize] == *binding
+            })
+    };
+    if validate && !bound() {
         validate_runtime_binding(placement, binding).map_err(|e| {
             te(format!("invalid {s} runtime binding: {}", e.message())).with_error_kind(ErrorKind::InvalidBinding)
         })?;
@@ -326,14 +375,14 @@ struct LocalOp<'a> {
 }
 
 /// Pins of one execution, released once.
-struct Pins<'s> {
-    tokens: Vec<Box<dyn LifetimeToken>>,
+pub(super) struct Pins<'s> {
+    pub(super) tokens: Vec<Box<dyn LifetimeToken>>,
     /// Where the release is recorded (the call's stats).
-    stats: Option<&'s ExecutionStats>,
+    pub(super) stats: Option<&'s ExecutionStats>,
 }
 
 impl Pins<'_> {
-    fn release(&mut self, state: TerminalState) -> Option<String> {
+    pub(super) fn release(&mut self, state: TerminalState) -> Option<String> {
         let mut err = None;
         let pinned = !self.tokens.is_empty();
         while let Some(mut t) = self.tokens.pop() {
@@ -351,12 +400,12 @@ impl Pins<'_> {
         self.record(outcome);
         err
     }
-    fn record(&self, r: GuardRelease) {
+    pub(super) fn record(&self, r: GuardRelease) {
         if let Some(s) = self.stats {
             s.set_guard_release(r);
         }
     }
-    fn abort<T>(&mut self, e: TransferError) -> TransferResult<T> {
+    pub(super) fn abort<T>(&mut self, e: TransferError) -> TransferResult<T> {
         self.release(TerminalState::Aborted);
         Err(e)
     }
@@ -429,6 +478,7 @@ impl TransferExecutor {
 
     /// Pins the planned bindings of one side (§9): required ids per
     /// `(instance, participant)` are the union of that key's executors' fragment ids.
+    #[allow(clippy::too_many_arguments)]
     fn pin_side(
         &self,
         plan: &TransferPlan,
@@ -437,20 +487,20 @@ impl TransferExecutor {
         providers: &GuardProviders,
         transfer_id: &str,
         pins: &mut Pins<'_>,
+        mut record: Option<&mut Vec<PinSpec>>,
     ) -> TransferResult<Vec<RuntimeBinding>> {
         let s = side.as_str();
-        let mut required: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+        // The executors of each (instance, participant): their fragment ids (sorted
+        // per executor) are that key's required ids.
+        let mut required: BTreeMap<(&str, &str), Vec<&ExecutorTransferPlan>> = BTreeMap::new();
         for e in plan.executors(side) {
-            required
-                .entry((e.instance_id.as_str(), e.participant_id.as_str()))
-                .or_default()
-                .extend(e.fragment_ids.iter().map(String::as_str));
+            required.entry((e.instance_id.as_str(), e.participant_id.as_str())).or_default().push(e);
         }
         let mut sorted: Vec<&RuntimeBinding> = bindings.to_vec();
         sorted.sort_by(|a, b| (a.instance_id(), a.participant_id()).cmp(&(b.instance_id(), b.participant_id())));
         let mut fresh = Vec::new();
         for b in sorted {
-            let Some(ids) = required.get(&(b.instance_id(), b.participant_id())) else { continue };
+            let Some(execs) = required.get(&(b.instance_id(), b.participant_id())) else { continue };
             let Some(provider) = providers.get(b.instance_id(), b.participant_id()) else {
                 return pins.abort(contract(format!(
                     "missing {s} allocation guard provider: ({}, {})",
@@ -458,10 +508,25 @@ impl TransferExecutor {
                     b.participant_id()
                 )));
             };
-            let ids: Vec<String> = ids.iter().map(|x| x.to_string()).collect();
+            let ids: std::borrow::Cow<'_, [String]> = match execs.as_slice() {
+                [one] => one.fragment_ids.as_slice().into(),
+                many => {
+                    let mut v: Vec<String> = many.iter().flat_map(|e| e.fragment_ids.iter().cloned()).collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    v.into()
+                }
+            };
             match acquire_pin(provider, s, transfer_id, b, &ids) {
                 Ok((binding, token)) => {
                     pins.tokens.push(token);
+                    if let Some(record) = record.as_deref_mut() {
+                        let provider = providers.get_arc(b.instance_id(), b.participant_id()).expect("found above");
+                        match StepPin::new(binding.clone(), &ids) {
+                            Ok(pin) => record.push(PinSpec { side, pin, provider: provider.clone() }),
+                            Err(e) => return pins.abort(TransferError::contract(e)),
+                        }
+                    }
                     fresh.push(binding);
                 }
                 Err(e) => return pins.abort(TransferError::contract(e)),
@@ -493,6 +558,28 @@ impl TransferExecutor {
         target_bindings: &[RuntimeBinding],
         args: &SinkArgs<'_>,
     ) -> TransferResult<Vec<TransferReceipt>> {
+        // SAFETY: forwarded contract (this function's `# Safety`).
+        unsafe { self.sink_impl(plan, source_placement, source_binding, target_placement, target_bindings, args, None) }
+    }
+
+    /// [`Self::execute_sink`], or with `prepare` its preparation: every check of the
+    /// call under its pins, then, instead of running, the lowered batches, the pins
+    /// to repeat and the own registrations (made here) go to `prepare`.
+    ///
+    /// # Safety
+    /// As [`Self::execute_sink`]; with `prepare`, the local allocations it registers
+    /// stay valid until they are unregistered.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn sink_impl(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_binding: &RuntimeBinding,
+        target_placement: &Placement,
+        target_bindings: &[RuntimeBinding],
+        args: &SinkArgs<'_>,
+        prepare: Option<&mut PrepareOut>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
         // Preflight.
         if args.source_registrations.is_some() && !args.source_pre_registered {
             return Err(te("source registration leases require source_pre_registered=True"));
@@ -517,10 +604,19 @@ impl TransferExecutor {
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
-        let fresh_source =
-            self.pin_side(plan, Side::Source, &[source_binding], source_guards, &transfer_id, &mut pins)?;
+        let mut record = prepare.as_ref().map(|_| Vec::new());
+        let fresh_source = self.pin_side(
+            plan,
+            Side::Source,
+            &[source_binding],
+            source_guards,
+            &transfer_id,
+            &mut pins,
+            record.as_mut(),
+        )?;
         let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
-        let fresh_targets = self.pin_side(plan, Side::Target, &targets, target_guards, &transfer_id, &mut pins)?;
+        let fresh_targets =
+            self.pin_side(plan, Side::Target, &targets, target_guards, &transfer_id, &mut pins, record.as_mut())?;
         if fresh_source.len() != 1 {
             return pins.abort(te("source allocation guards did not acquire one local binding"));
         }
@@ -549,7 +645,7 @@ impl TransferExecutor {
                 }
             }
             let mut keys = BTreeSet::new();
-            let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
+            let mut current: FxHashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = FxHashMap::default();
             let texecs = plan.executors(Side::Target);
             for t in &fresh_targets {
                 manifest_pair_with(plan, target_placement, t, Side::Target, !target_bindings.contains(t))?;
@@ -578,7 +674,8 @@ impl TransferExecutor {
             if local.operation_indices.is_empty() {
                 return Ok(None);
             }
-            let leases = registration_map(args.target_registrations, "target").map_err(TransferError::engine_from)?;
+            let leases = evidence(args.registrations_from_bindings, args.target_registrations, "target")
+                .map_err(TransferError::engine_from)?;
             let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(local.operation_indices.len());
             for &i in &local.operation_indices {
                 let i = i as usize;
@@ -603,7 +700,7 @@ impl TransferExecutor {
                     return Err(te(format!("target endpoint is empty: {}", cur_tgt.fragment_id())));
                 }
                 self.check_operation(plan, i, cur_src, cur_tgt)?;
-                validate_registration(cur_tgt, &leases, "target", tb.generation(), tb.lease_id())
+                check_evidence(cur_tgt, &leases, "target", tb.generation(), tb.lease_id())
                     .map_err(TransferError::stale)?;
                 ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
             }
@@ -622,12 +719,12 @@ impl TransferExecutor {
         }
         // Own registrations, or the owner's evidence.
         let own = if args.source_pre_registered {
-            let leases = match registration_map(args.source_registrations, "source") {
+            let leases = match evidence(args.registrations_from_bindings, args.source_registrations, "source") {
                 Ok(l) => l,
                 Err(e) => return pins.abort(TransferError::engine_from(e)),
             };
             for op in &ops {
-                if let Err(m) = validate_registration(op.source, &leases, "source", src.generation(), src.lease_id()) {
+                if let Err(m) = check_evidence(op.source, &leases, "source", src.generation(), src.lease_id()) {
                     return pins.abort(TransferError::stale(m));
                 }
             }
@@ -641,6 +738,12 @@ impl TransferExecutor {
         let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
         for op in ops {
             groups.entry(op.target.endpoint()).or_default().push(op);
+        }
+        if let Some(out) = prepare {
+            out.pins = record.unwrap_or_default();
+            let r = self.prepare_finish(plan, Direction::Write, &worker, groups, own, pins, out);
+            drop(reservation);
+            return r.map(|()| Vec::new());
         }
         let resources: Vec<Box<dyn Any + Send>> =
             vec![Box::new(plan.clone()), Box::new(fresh_source.clone()), Box::new(fresh_targets.clone())];
@@ -667,6 +770,27 @@ impl TransferExecutor {
         target_binding: &RuntimeBinding,
         args: &ReaderArgs<'_>,
     ) -> TransferResult<Vec<TransferReceipt>> {
+        // SAFETY: forwarded contract (this function's `# Safety`).
+        unsafe {
+            self.reader_impl(plan, source_placement, source_bindings, target_placement, target_binding, args, None)
+        }
+    }
+
+    /// [`Self::execute_reader`], or its preparation (as [`Self::sink_impl`]).
+    ///
+    /// # Safety
+    /// As [`Self::sink_impl`], with the sides swapped.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn reader_impl(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_bindings: &[RuntimeBinding],
+        target_placement: &Placement,
+        target_binding: &RuntimeBinding,
+        args: &ReaderArgs<'_>,
+        prepare: Option<&mut PrepareOut>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
         if args.target_registrations.is_some() && !args.target_pre_registered {
             return Err(te("target_registrations require target_pre_registered=True"));
         }
@@ -688,17 +812,26 @@ impl TransferExecutor {
             args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
         let target_guards =
             args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
-        let source_leases =
-            registration_map(args.source_registrations, "source").map_err(TransferError::engine_from)?;
+        let source_leases = evidence(args.registrations_from_bindings, args.source_registrations, "source")
+            .map_err(TransferError::engine_from)?;
         self.check_engine_identity()?;
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
+        let mut record = prepare.as_ref().map(|_| Vec::new());
         let sources: Vec<&RuntimeBinding> = source_bindings.iter().collect();
-        let fresh_sources = self.pin_side(plan, Side::Source, &sources, source_guards, &transfer_id, &mut pins)?;
-        let fresh_target =
-            self.pin_side(plan, Side::Target, &[target_binding], target_guards, &transfer_id, &mut pins)?;
+        let fresh_sources =
+            self.pin_side(plan, Side::Source, &sources, source_guards, &transfer_id, &mut pins, record.as_mut())?;
+        let fresh_target = self.pin_side(
+            plan,
+            Side::Target,
+            &[target_binding],
+            target_guards,
+            &transfer_id,
+            &mut pins,
+            record.as_mut(),
+        )?;
         if fresh_target.len() != 1 {
             return pins.abort(te("target allocation guards did not acquire one local binding"));
         }
@@ -717,7 +850,7 @@ impl TransferExecutor {
             let local = &execs[local[0]];
             let sexecs = plan.executors(Side::Source);
             let mut keys = BTreeSet::new();
-            let mut current: HashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = HashMap::new();
+            let mut current: FxHashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = FxHashMap::default();
             for s in &fresh_sources {
                 manifest_pair_with(plan, source_placement, s, Side::Source, !source_bindings.contains(s))?;
                 let mine =
@@ -743,7 +876,10 @@ impl TransferExecutor {
                 return Err(te("source executor set is incomplete"));
             }
             let target_leases = if args.target_pre_registered {
-                Some(registration_map(args.target_registrations, "target").map_err(TransferError::engine_from)?)
+                Some(
+                    evidence(args.registrations_from_bindings, args.target_registrations, "target")
+                        .map_err(TransferError::engine_from)?,
+                )
             } else {
                 None
             };
@@ -760,7 +896,7 @@ impl TransferExecutor {
                         )))
                     }
                 };
-                validate_registration(cur_src, &source_leases, "source", sb.generation(), sb.lease_id())
+                check_evidence(cur_src, &source_leases, "source", sb.generation(), sb.lease_id())
                     .map_err(TransferError::stale)?;
                 let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
                 let cur_tgt = match tgt.fragment_for(planned_tgt.placement_fragment_id()) {
@@ -773,7 +909,7 @@ impl TransferExecutor {
                     }
                 };
                 if let Some(leases) = &target_leases {
-                    validate_registration(cur_tgt, leases, "target", tgt.generation(), tgt.lease_id())
+                    check_evidence(cur_tgt, leases, "target", tgt.generation(), tgt.lease_id())
                         .map_err(TransferError::stale)?;
                 }
                 if cur_src.endpoint().is_empty() {
@@ -806,6 +942,12 @@ impl TransferExecutor {
         let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
         for op in ops {
             groups.entry(op.source.endpoint()).or_default().push(op);
+        }
+        if let Some(out) = prepare {
+            out.pins = record.unwrap_or_default();
+            let r = self.prepare_finish(plan, Direction::Read, &worker, groups, own, pins, out);
+            drop(reservation);
+            return r.map(|()| Vec::new());
         }
         let resources: Vec<Box<dyn Any + Send>> =
             vec![Box::new(plan.clone()), Box::new(fresh_sources.clone()), Box::new(fresh_target.clone())];
@@ -903,10 +1045,7 @@ impl TransferExecutor {
                 let mut receipts = Vec::new();
                 let mut result = Ok(());
                 for (endpoint, ops) in groups.iter_mut() {
-                    ops.sort_by_key(|o| {
-                        let r = &plan.regions()[o.index];
-                        (o.target.address() + r.target_base_offset, o.source.address() + r.source_base_offset)
-                    });
+                    sort_ops(plan, ops);
                     let mut lower = Lowering {
                         exec: self,
                         endpoint,
@@ -920,6 +1059,7 @@ impl TransferExecutor {
                         hooks,
                         progress: &mut progress,
                         submitted: &mut submitted,
+                        collect: None,
                     };
                     for op in ops.iter() {
                         lower.push_operation(plan, op);
@@ -994,6 +1134,146 @@ impl TransferExecutor {
     }
 }
 
+/// Sorts one endpoint's operations as §5 step 14 says: by `(target address +
+/// target offset, source address + source offset)`.
+fn sort_ops(plan: &TransferPlan, ops: &mut [LocalOp<'_>]) {
+    ops.sort_by_key(|o| {
+        let r = &plan.regions()[o.index];
+        (o.target.address() + r.target_base_offset, o.source.address() + r.source_base_offset)
+    });
+}
+
+/// One binding a prepared transfer pins at every step: its side, the pin (binding
+/// as observed at preparation, required ids, fence digest) and its guard.
+#[derive(Clone)]
+pub(crate) struct PinSpec {
+    pub side: Side,
+    pub pin: StepPin,
+    pub provider: Arc<dyn GuardProvider>,
+}
+
+/// One remote endpoint of a prepared transfer: its batches, lowered once, each with
+/// its planned segments, and the receipt they predict.
+pub(crate) struct PreparedEndpoint {
+    pub endpoint: String,
+    pub batches: Vec<(TransferBatch, u64)>,
+    pub operation_count: u64,
+    pub nbytes: u64,
+}
+
+/// What a preparation keeps (`super::prepared`): empty when the call has nothing to
+/// do (an unplanned participant, no local operations).
+#[derive(Default)]
+pub(crate) struct PrepareOut {
+    /// The bindings to pin at every step, in the call's pinning order.
+    pub pins: Vec<PinSpec>,
+    /// The local executor's worker (`None`: nothing to do).
+    pub worker: Option<String>,
+    /// Per remote endpoint (sorted), the lowered batches.
+    pub endpoints: Vec<PreparedEndpoint>,
+    /// The allocations registered by the preparation (unregistered when the
+    /// prepared transfer is closed).
+    pub registered: Vec<u64>,
+    /// Plan operations executed per step.
+    pub regions: u64,
+}
+
+impl TransferExecutor {
+    /// Ends a preparation under its pins: lowers each endpoint's operations into
+    /// batches exactly as [`Self::run`] would submit them, registers the own
+    /// allocations, then releases the pins `aborted` (nothing was submitted).
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_finish(
+        &self,
+        plan: &TransferPlan,
+        direction: Direction,
+        worker: &str,
+        mut groups: BTreeMap<&str, Vec<LocalOp<'_>>>,
+        own: Vec<(MemoryRegion, String)>,
+        mut pins: Pins<'_>,
+        out: &mut PrepareOut,
+    ) -> TransferResult<()> {
+        let mut endpoints = Vec::with_capacity(groups.len());
+        let mut regions = 0u64;
+        for (endpoint, ops) in groups.iter_mut() {
+            sort_ops(plan, ops);
+            regions += ops.len() as u64;
+            let mut batches = Vec::new();
+            let mut progress = Reporter::start(None, ProgressPhase::Transfer, 0, 0);
+            let mut submitted = false;
+            let mut lower = Lowering {
+                exec: self,
+                endpoint,
+                direction,
+                ranges: Vec::new(),
+                count: 0,
+                planned: 0,
+                operation_count: 0,
+                nbytes: 0,
+                stop: None,
+                hooks: Hooks::default(),
+                progress: &mut progress,
+                submitted: &mut submitted,
+                collect: Some(&mut batches),
+            };
+            for op in ops.iter() {
+                lower.push_operation(plan, op);
+                if lower.stop.is_some() {
+                    break;
+                }
+            }
+            if lower.stop.is_none() {
+                lower.flush();
+            }
+            let (operation_count, nbytes) = (lower.operation_count, lower.nbytes);
+            match lower.stop.take() {
+                None => {}
+                Some(Stop::Error(e)) => return pins.abort(e),
+                Some(Stop::Unknown { .. }) => return pins.abort(te("a preparation submits nothing")),
+            }
+            endpoints.push(PreparedEndpoint { endpoint: endpoint.to_string(), batches, operation_count, nbytes });
+        }
+        let label = if direction == Direction::Write { "source" } else { "target" };
+        let mut registered: Vec<u64> = Vec::with_capacity(own.len());
+        for (region, id) in &own {
+            // SAFETY: the caller of the preparation keeps its local allocations valid
+            // until the prepared transfer unregisters them (its `# Safety`).
+            let err = match unsafe { self.engine.register_memory(*region) } {
+                Ok(0) => {
+                    registered.push(region.address);
+                    continue;
+                }
+                Ok(code) => te(format!("{label} register_memory failed for {id}: {code}")),
+                Err(e) => te(format!("{label} register_memory failed for {id}: {}", e.message)),
+            };
+            let (failed, failures) = unregister_all(&*self.engine, &registered);
+            if failed.is_empty() {
+                return pins.abort(err);
+            }
+            pins.record(GuardRelease::Pending);
+            let handoff =
+                Handoff { registrations: Vec::new(), tokens: std::mem::take(&mut pins.tokens), resources: Vec::new() };
+            let id = quarantine_cleanup(self.identity, &self.engine, failed, TerminalState::Aborted, handoff);
+            let mut e = cleanup_error(label, &failures, id, self.identity);
+            e.cause = Some(err.message);
+            return Err(e);
+        }
+        if let Some(m) = pins.release(TerminalState::Aborted) {
+            let (failed, _) = unregister_all(&*self.engine, &registered);
+            if !failed.is_empty() {
+                let handoff = Handoff { registrations: Vec::new(), tokens: Vec::new(), resources: Vec::new() };
+                quarantine_cleanup(self.identity, &self.engine, failed, TerminalState::Aborted, handoff);
+            }
+            return Err(te(format!("allocation lifetime release failed: {m}")));
+        }
+        out.worker = Some(worker.to_string());
+        out.endpoints = endpoints;
+        out.registered = registered;
+        out.regions = regions;
+        Ok(())
+    }
+}
+
 /// Own registrations of the used fragments (§7.1 step 1): whole allocations
 /// (`storage_address`, `storage_nbytes`) in first-seen order, each once; the same
 /// base with another size fails `<label> allocation capacity mismatch: <fragment id>`.
@@ -1019,7 +1299,7 @@ fn allocations<'a>(
     Ok(out)
 }
 
-enum Stop {
+pub(super) enum Stop {
     Error(TransferError),
     Unknown {
         ticket: Option<Box<dyn crate::engine::TransferTicket>>,
@@ -1029,11 +1309,11 @@ enum Stop {
 }
 
 /// The caller's hooks of one execution.
-#[derive(Clone, Copy)]
-struct Hooks<'a> {
-    cancel: Option<&'a AtomicBool>,
-    progress: Option<ProgressFn<'a>>,
-    stats: Option<&'a ExecutionStats>,
+#[derive(Clone, Copy, Default)]
+pub(super) struct Hooks<'a> {
+    pub(super) cancel: Option<&'a AtomicBool>,
+    pub(super) progress: Option<ProgressFn<'a>>,
+    pub(super) stats: Option<&'a ExecutionStats>,
 }
 
 /// Streams the segments of one endpoint's operations into batches (§6.2), merging
@@ -1054,6 +1334,9 @@ struct Lowering<'e, 'x, 'p> {
     hooks: Hooks<'x>,
     progress: &'x mut Reporter<'p>,
     submitted: &'x mut bool,
+    /// Preparing: full batches are kept here (with their planned segments) instead
+    /// of being submitted.
+    collect: Option<&'x mut Vec<(TransferBatch, u64)>>,
 }
 
 impl Lowering<'_, '_, '_> {
@@ -1136,6 +1419,17 @@ impl Lowering<'_, '_, '_> {
         }
         self.count = 0;
         let planned = std::mem::take(&mut self.planned);
+        if let Some(out) = self.collect.as_deref_mut() {
+            match TransferBatch::from_ranges(self.endpoint, self.direction, std::mem::take(&mut self.ranges)) {
+                Ok(b) => {
+                    self.operation_count += planned;
+                    self.nbytes += b.nbytes();
+                    out.push((b, planned));
+                }
+                Err(e) => self.stop = Some(Stop::Error(TransferError::contract(e))),
+            }
+            return;
+        }
         if self.hooks.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             self.stop = Some(Stop::Error(te("transfer was cancelled before a batch was submitted")));
             return;

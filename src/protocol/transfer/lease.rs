@@ -179,6 +179,10 @@ impl GuardProviders {
     }
     /// The provider of a key.
     pub fn get(&self, instance_id: &str, participant_id: &str) -> Option<&dyn GuardProvider> {
-        self.by_key.get(&(instance_id.to_string(), participant_id.to_string())).or(self.fallback.as_ref()).map(|p| &**p)
+        self.get_arc(instance_id, participant_id).map(|p| &**p)
+    }
+    /// The provider of a key, shared (a prepared transfer keeps it for its steps).
+    pub(crate) fn get_arc(&self, instance_id: &str, participant_id: &str) -> Option<&Arc<dyn GuardProvider>> {
+        self.by_key.get(&(instance_id.to_string(), participant_id.to_string())).or(self.fallback.as_ref())
     }
 }

@@ -17,7 +17,7 @@ use super::error::{TransferError, TransferResult};
 use super::executor::{
     ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt,
 };
-use super::lease::{GuardProviders, MemoryRegistrationLease};
+use super::lease::GuardProviders;
 use super::outcome::{call_outcomes, CallRecord, TargetOutcome, TransferMode};
 use crate::engine::TransferEngine;
 use crate::error::{Error, ErrorKind, Result};
@@ -37,7 +37,7 @@ use std::sync::Arc;
 /// fails; completed batches stay written) and refuses later calls until
 /// [`CancelToken::reset`]. Thread-safe.
 #[derive(Clone, Debug, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
+pub struct CancelToken(pub(super) Arc<AtomicBool>);
 
 impl CancelToken {
     /// A token that is not cancelled.
@@ -152,13 +152,13 @@ impl From<LiveError> for Error {
     }
 }
 
-/// State shared by [`Loader`] and [`Sink`].
-struct Front {
-    exec: TransferExecutor,
-    cancel: CancelToken,
-    progress: Mutex<Option<ProgressCallback>>,
-    stats: Mutex<TransferStats>,
-    last: Mutex<Option<LiveReport>>,
+/// State shared by [`Loader`] and [`Sink`] (and the transfers they prepare).
+pub(super) struct Front {
+    pub(super) exec: TransferExecutor,
+    pub(super) cancel: CancelToken,
+    pub(super) progress: Mutex<Option<ProgressCallback>>,
+    pub(super) stats: Mutex<TransferStats>,
+    pub(super) last: Mutex<Option<LiveReport>>,
 }
 
 impl std::fmt::Debug for Front {
@@ -251,20 +251,9 @@ impl Front {
         }
     }
 
-    fn guards(args: &LiveArgs<'_>) -> GuardProviders {
+    pub(super) fn guards(args: &LiveArgs<'_>) -> GuardProviders {
         GuardProviders::all(args.guard.clone().unwrap_or_else(|| Arc::new(StaticGuard)))
     }
-}
-
-/// Evidence that the owners registered the memory of `bindings` for their current
-/// generation and lease (a caller passing the bindings asserts it).
-fn registrations_of(bindings: &[&RuntimeBinding]) -> Vec<MemoryRegistrationLease> {
-    bindings
-        .iter()
-        .flat_map(|b| {
-            b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
-        })
-        .collect()
 }
 
 /// Fills the buffers of one target participant from a live source through an engine
@@ -275,14 +264,14 @@ fn registrations_of(bindings: &[&RuntimeBinding]) -> Vec<MemoryRegistrationLease
 /// refused); [`Loader::cancel_token`] may be used from any thread.
 #[derive(Debug)]
 pub struct Loader {
-    front: Front,
+    pub(super) front: Arc<Front>,
 }
 
 impl Loader {
     /// A loader on `engine` with `limits`. Errors: limit validation (contract), the
     /// engine's identity cannot be resolved (engine error).
     pub fn new(engine: Arc<dyn TransferEngine>, limits: ExecutorLimits) -> TransferResult<Loader> {
-        Ok(Loader { front: Front::new(engine, limits)? })
+        Ok(Loader { front: Arc::new(Front::new(engine, limits)?) })
     }
 
     /// The executor (engine identity, limits, pending transfers).
@@ -335,9 +324,6 @@ impl Loader {
         args: &LiveArgs<'_>,
     ) -> std::result::Result<LiveReport, LiveError> {
         let f = &self.front;
-        let sources: Vec<&RuntimeBinding> = source_bindings.iter().collect();
-        let source_leases = registrations_of(&sources);
-        let target_leases = registrations_of(&[target_binding]);
         let guards = Front::guards(args);
         let progress = f.progress.lock().clone();
         let exec_stats = ExecutionStats::default();
@@ -345,15 +331,16 @@ impl Loader {
         let reader = ReaderArgs {
             target_worker_id: args.worker_id,
             source_pre_registered: true,
-            source_registrations: Some(&source_leases),
+            source_registrations: None,
             target_pre_registered: args.local_pre_registered,
-            target_registrations: args.local_pre_registered.then_some(target_leases.as_slice()),
+            target_registrations: None,
             source_guards: Some(&guards),
             target_guards: Some(&guards),
             transfer_id: args.transfer_id,
             cancel: Some(cancel),
             progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
             stats: Some(&exec_stats),
+            registrations_from_bindings: true,
         };
         // SAFETY: forwarded contract (this function's `# Safety`).
         let result = unsafe {
@@ -403,13 +390,13 @@ impl Loader {
 /// Thread safety: as [`Loader`].
 #[derive(Debug)]
 pub struct Sink {
-    front: Front,
+    pub(super) front: Arc<Front>,
 }
 
 impl Sink {
     /// A sink on `engine` with `limits`; errors as [`Loader::new`].
     pub fn new(engine: Arc<dyn TransferEngine>, limits: ExecutorLimits) -> TransferResult<Sink> {
-        Ok(Sink { front: Front::new(engine, limits)? })
+        Ok(Sink { front: Arc::new(Front::new(engine, limits)?) })
     }
 
     /// The executor (engine identity, limits, pending transfers).
@@ -457,7 +444,7 @@ impl Sink {
         target_bindings: &[RuntimeBinding],
         args: &LiveArgs<'_>,
     ) -> std::result::Result<LiveReport, LiveError> {
-        self.run(plan, source_binding, target_bindings, args, |sink| {
+        self.run(plan, source_binding, args, |sink| {
             // SAFETY: forwarded contract (this function's `# Safety`).
             unsafe {
                 self.front.exec.execute_sink(
@@ -492,7 +479,7 @@ impl Sink {
         target_bindings: &[RuntimeBinding],
         args: &LiveArgs<'_>,
     ) -> std::result::Result<LiveReport, LiveError> {
-        self.run(plan, source_binding, target_bindings, args, |sink| {
+        self.run(plan, source_binding, args, |sink| {
             // SAFETY: forwarded contract (this function's `# Safety`).
             unsafe {
                 super::notify::execute_sink_notified(
@@ -516,28 +503,25 @@ impl Sink {
         &self,
         plan: &TransferPlan,
         source_binding: &RuntimeBinding,
-        target_bindings: &[RuntimeBinding],
         args: &LiveArgs<'_>,
         call: impl FnOnce(&SinkArgs<'_>) -> TransferResult<Vec<TransferReceipt>>,
     ) -> std::result::Result<LiveReport, LiveError> {
         let f = &self.front;
-        let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
-        let target_leases = registrations_of(&targets);
-        let source_leases = registrations_of(&[source_binding]);
         let guards = Front::guards(args);
         let progress = f.progress.lock().clone();
         let exec_stats = ExecutionStats::default();
         let sink = SinkArgs {
             source_worker_id: args.worker_id,
-            target_registrations: Some(&target_leases),
+            target_registrations: None,
             source_pre_registered: args.local_pre_registered,
-            source_registrations: args.local_pre_registered.then_some(source_leases.as_slice()),
+            source_registrations: None,
             source_guards: Some(&guards),
             target_guards: Some(&guards),
             transfer_id: args.transfer_id,
             cancel: Some(&f.cancel.0),
             progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
             stats: Some(&exec_stats),
+            registrations_from_bindings: true,
         };
         let result = call(&sink);
         f.finish(plan, Side::Source, source_binding, args.worker_id, &exec_stats, result)

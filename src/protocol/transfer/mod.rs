@@ -11,6 +11,8 @@ pub mod lease;
 pub mod loader;
 pub mod notify;
 pub mod outcome;
+pub mod prepared;
+pub mod prepared_stored;
 pub mod scope;
 
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
@@ -27,4 +29,6 @@ pub use notify::{execute_sink_notified, NotifiedSink, NotifyAcceptor, NotifyErro
 pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };
+pub use prepared::{LeaseRotation, PreparedTransfer, StepArgs};
+pub use prepared_stored::{PreparedRestore, StoredPrepareArgs, StoredStepArgs};
 pub use scope::{RegistrationScope, ScopeExit};

@@ -1,0 +1,291 @@
+//! `mws_prepared_transfer`: a live transfer prepared once (`mws_sink_prepare`,
+//! `mws_loader_prepare_live`) and stepped many times, one weight generation per step;
+//! wraps the core's `protocol::transfer::PreparedTransfer`.
+
+use crate::args::Caller;
+use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::engine::transfer_failure;
+use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
+use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs};
+use parking_lot::Mutex;
+use std::ffi::c_char;
+
+/// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
+/// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
+/// its own memory registration are kept, and each `mws_prepared_transfer_step` moves
+/// one weight generation after the freshness checks (engine identity, rotated leases,
+/// one pin per binding through the guard; an observed binding that differs is refused
+/// with "prepare the transfer again"). Stored (`mws_loader_prepare_stored`): each step
+/// restores the revision / weight generation it names, of the prepared layout.
+///
+/// Created by `mws_sink_prepare`, `mws_loader_prepare_live` or
+/// `mws_loader_prepare_stored`, freed by
+/// `mws_prepared_transfer_free` (which unregisters the memory the preparation
+/// registered). Steps report through the sink's or loader's cancellation flag and
+/// progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
+/// steps of one prepared transfer run one at a time (a concurrent one waits); the
+/// handle may be used from any thread.
+pub struct mws_prepared_transfer {
+    inner: Prepared,
+    report: Mutex<Option<ReportView>>,
+}
+
+/// A live transfer or a stored restore.
+enum Prepared {
+    Live(PreparedTransfer),
+    Stored(Box<PreparedRestore>),
+}
+
+handle!(mws_prepared_transfer);
+
+impl mws_prepared_transfer {
+    pub(crate) fn new(inner: PreparedTransfer) -> mws_prepared_transfer {
+        mws_prepared_transfer { inner: Prepared::Live(inner), report: Mutex::new(None) }
+    }
+    pub(crate) fn stored(inner: PreparedRestore) -> mws_prepared_transfer {
+        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: Mutex::new(None) }
+    }
+}
+
+/// A runtime lease of one prepared binding that rotated: its owner moved the lease
+/// fence on (`lease_id`, `generation`) while the buffers stayed where they were
+/// prepared (and, when pre-registered, re-registered them for the new lease). Strings
+/// are only read during the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_lease_rotation {
+    /// The binding's instance (as prepared).
+    pub instance_id: *const c_char,
+    /// The binding's participant.
+    pub participant_id: *const c_char,
+    /// The new lease id (non-empty).
+    pub lease_id: *const c_char,
+    /// The new runtime generation.
+    pub generation: u64,
+}
+
+/// The arguments of one step (`mws_prepared_transfer_step`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_step_args {
+    /// The weight generation the step moves (its report's targets are updated to it).
+    pub weight_generation: u64,
+    /// `n_leases` leases rotated since the previous step (NULL when 0); each holds
+    /// for the later steps too.
+    pub leases: *const mws_lease_rotation,
+    /// Number of entries of `leases`.
+    pub n_leases: usize,
+    /// Transfer id handed to the guard (NULL: a fresh random id).
+    pub transfer_id: *const c_char,
+    /// The revision a stored restore's step reads (NULL: the prepared one). Must be
+    /// NULL for a live transfer.
+    pub revision: *const c_char,
+}
+
+/// What a prepared transfer holds (`mws_prepared_transfer_info`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct mws_prepared_info {
+    /// 1 when a step has nothing to do (an unplanned participant, no local operations).
+    pub empty: u32,
+    /// Engine batches one step submits (0 for a stored restore).
+    pub batches: u64,
+    /// Bindings one step pins.
+    pub pinned_bindings: u64,
+    /// Bytes one step moves.
+    pub bytes: u64,
+}
+
+fn step_args<'a>(
+    c: Caller<'a>,
+    a: &'a mws_step_args,
+    leases: &'a mut Vec<LeaseRotation<'a>>,
+) -> FfiResult<StepArgs<'a>> {
+    let list = if a.n_leases == 0 { &[][..] } else { c.slice(a.leases, a.n_leases, "args.leases")? };
+    for (i, l) in list.iter().enumerate() {
+        leases.push(LeaseRotation {
+            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
+            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
+            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
+            generation: l.generation,
+        });
+    }
+    Ok(StepArgs {
+        weight_generation: a.weight_generation,
+        leases,
+        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+    })
+}
+
+/// Moves one weight generation through the prepared transfer. Live: checks that the
+/// engine did not restart, applies the rotated leases, pins every prepared binding
+/// through the guard (the static guard, and a C guard that reports no observed
+/// binding, vouch for it in O(1); an observed binding is compared with the prepared
+/// one), then runs the prepared batches and releases the pins. Stored: restores
+/// revision `args->revision` (NULL: the prepared one), generation
+/// `args->weight_generation` (see `mws_loader_prepare_stored`; no report, no lease
+/// rotation). Writes the step's statistics to
+/// `*stats` when not NULL; successful or not, the step's report is then
+/// `mws_prepared_transfer_last_report` (each target updated to
+/// `args->weight_generation`, or unchanged when the step failed before any batch).
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_STALE_BINDING` ("prepared transfer is stale:
+/// ...; prepare the transfer again": the engine restarted, a participant runs as
+/// another instance, the guard observed another placement, instance, lease,
+/// generation or other addresses, or freed buffers, or the registrations are held by
+/// a pending transfer), `MWS_INVALID_ARGUMENT` (a rotation names no prepared binding;
+/// guard failures), `MWS_STORE` (closed, cancellation, engine failures, completion
+/// unknown: the message names the pending transfer; see `mws_transfer_engine_drain`);
+/// stored: `MWS_NOT_FOUND` (nothing committed at that revision / generation) and the
+/// errors of `mws_store_load`.
+///
+/// # Safety
+/// `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid entries;
+/// `stats` is NULL or valid for a write. Every buffer of the prepared bindings, local
+/// and remote, is valid at its prepared address for the step (and, when completion is
+/// unknown, until the pending transfer is drained), and the guard pins it.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_step(
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let p = c.handle(prepared, "prepared")?;
+        let a = c.struct_ref(args, "args")?;
+        let live = match &p.inner {
+            Prepared::Live(live) => live,
+            Prepared::Stored(stored) => {
+                if a.n_leases != 0 {
+                    return Err(Failure::invalid("a prepared restore takes no lease rotation"));
+                }
+                let args = StoredStepArgs {
+                    revision: c.opt_str(a.revision, "args.revision")?,
+                    weight_generation: a.weight_generation,
+                    transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+                };
+                // SAFETY: this function's contract: the prepared target buffers are
+                // valid for writes and untouched by anyone else during the step.
+                let s = unsafe { stored.step(&args) }?;
+                if let Some(out) = c.opt_out(stats) {
+                    out.set(mws_transfer_stats {
+                        bytes: s.bytes,
+                        regions: s.regions,
+                        operations: s.ranges,
+                        receipts: s.requests,
+                        engine_operations: s.ranges,
+                    });
+                }
+                return Ok(());
+            }
+        };
+        if !a.revision.is_null() {
+            return Err(Failure::invalid("a live step takes no revision"));
+        }
+        let mut leases = Vec::new();
+        let args = step_args(c, a, &mut leases)?;
+        // SAFETY: this function's contract: every prepared buffer is valid and pinned
+        // for the step (and until a pending transfer is drained).
+        let result = unsafe { live.step(&args) };
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(transfer_failure(e.error))),
+        };
+        let st = stats_c(report.stats);
+        *p.report.lock() = Some(ReportView::new(report));
+        outcome?;
+        if let Some(out) = c.opt_out(stats) {
+            out.set(st);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the report of the last step, successful or not, to `*out` (as
+/// `mws_sink_last_report`; each target's generation is the step's weight
+/// generation). Its pointers are borrowed from the prepared transfer until its next
+/// step or its free.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no step yet). Thread safety: not
+/// concurrently with a step of the same prepared transfer.
+///
+/// # Safety
+/// `prepared` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_last_report(
+    prepared: *const mws_prepared_transfer,
+    out: *mut mws_live_report,
+) -> mws_status {
+    status_call!(|c| {
+        let p = c.handle(prepared, "prepared")?;
+        let out = c.out(out, "out")?;
+        let view = p.report.lock();
+        let view = view.as_ref().ok_or_else(|| {
+            Failure::new(mws_status::MWS_NOT_FOUND, "no live step yet (a prepared restore has no live report)")
+        })?;
+        out.set(view.c());
+        Ok(())
+    })
+}
+
+/// Writes what the prepared transfer holds to `*out`: whether its steps have nothing
+/// to do, the batches and bindings of one step, and its bytes.
+///
+/// Errors: `MWS_NULL_ARGUMENT`.
+///
+/// # Safety
+/// `prepared` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_info(
+    prepared: *const mws_prepared_transfer,
+    out: *mut mws_prepared_info,
+) -> mws_status {
+    status_call!(|c| {
+        let info = match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => mws_prepared_info {
+                empty: u32::from(p.is_empty()),
+                batches: p.batch_count() as u64,
+                pinned_bindings: p.pinned_bindings() as u64,
+                bytes: p.total_bytes(),
+            },
+            Prepared::Stored(p) => mws_prepared_info {
+                empty: u32::from(p.total_bytes() == 0),
+                batches: 0,
+                pinned_bindings: 1,
+                bytes: p.total_bytes(),
+            },
+        };
+        c.out(out, "out")?.set(info);
+        Ok(())
+    })
+}
+
+/// Closes the prepared transfer: unregisters the memory its preparation registered
+/// (unless a pending transfer took it over, or the engine restarted) and refuses later
+/// steps (`MWS_STORE`, "prepared transfer is closed"). Idempotent;
+/// `mws_prepared_transfer_free` closes too but cannot report a failure.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_STORE` (an unregistration failed: the addresses
+/// are quarantined in a pending transfer that blocks the engine until drained).
+///
+/// # Safety
+/// `prepared` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_close(prepared: *const mws_prepared_transfer) -> mws_status {
+    status_call!(|c| {
+        match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => p.close().map_err(transfer_failure),
+            Prepared::Stored(_) => Ok(()),
+        }
+    })
+}
+
+/// Frees a prepared transfer (closing it first, as `mws_prepared_transfer_close`,
+/// ignoring a failure); NULL does nothing.
+///
+/// # Safety
+/// `prepared` is NULL or a live handle not yet freed and not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_free(prepared: *mut mws_prepared_transfer) {
+    value_call!((), |c| c.free(prepared))
+}
