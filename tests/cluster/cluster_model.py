@@ -6,9 +6,9 @@ every process can produce the exact bytes of any fragment of any generation chea
 (numpy) and check every target byte.
 
 Element ``i`` (row-major linear index) of tensor ``t`` in generation ``g`` is the
-16-bit value ``mix(i, seed(g, t))``; a fragment's bytes are its box, row-major,
-little-endian. Two generations differ in (almost) every element, so a target that
-kept old bytes is told apart from an updated one.
+top 16 bits of ``i * M + seed(g, t)`` (32-bit); a fragment's bytes are its box,
+row-major, little-endian. Two generations differ in (almost) every element, so a
+target that kept old bytes is told apart from an updated one.
 """
 
 from __future__ import annotations
@@ -22,21 +22,15 @@ import numpy as np
 from mooncake_weight_store.placement import Split, TensorSpec
 from mooncake_weight_store.testing import Model, ModelSpec
 
-__all__ = ["ClusterModel", "layout_of", "ROLES"]
+__all__ = ["ClusterModel", "BulkSpec", "ROLES"]
 
 #: role -> (layout, tp, dp, ep, placement set id)
 ROLES = {
     "trainer": ("tp", 4, 2, 1, "trainer"),
     "server": ("ep", 2, 1, 2, "serving"),
-    # another layout for the store restore: TP4 on the serving hosts, one replica
-    "restore-tp4": ("tp", 4, 1, 1, "restore-tp4"),
 }
 
 _M1 = np.uint32(0x9E3779B1)
-
-
-def layout_of(role: str):
-    return ROLES[role]
 
 
 @dataclasses.dataclass(frozen=True)
