@@ -306,6 +306,26 @@ typedef enum mws_progress_phase {
 } mws_progress_phase;
 
 /**
+ * Which complete source DP replica each target participant reads
+ * (`mws_transfer_plan_new_routed`).
+ */
+typedef enum mws_source_routing {
+    /**
+     * The reference's routing: a target participant of DP rank `d` reads complete
+     * source replica `R[d mod len(R)]` (a target with one DP replica reads everything
+     * from one source replica). What `mws_transfer_plan_new` does.
+     */
+    MWS_SOURCE_ROUTING_TARGET_DP = 0,
+    /**
+     * A target participant reads `R[i mod len(R)]`, `i` its rank's index in the
+     * target grid (dp, pp, ep, tp order): the targets of one DP replica spread over
+     * every complete source replica. Deterministic; not in the reference (plans
+     * differ from the reference's whenever there are two or more complete replicas).
+     */
+    MWS_SOURCE_ROUTING_SPREAD_TARGETS = 1,
+} mws_source_routing;
+
+/**
  * Result of every fallible `mws_` function. `MWS_OK` (0) is success.
  *
  * The values are stable: they are never renumbered or reused, and new ones are only
@@ -4126,6 +4146,27 @@ enum mws_status mws_transfer_plan_new(const struct mws_placement *source,
                                       const char *target_participant_id,
                                       const struct mws_planning_limits *limits,
                                       struct mws_transfer_plan **out);
+
+/**
+ * As `mws_transfer_plan_new`, with the source replica routing `routing` (a
+ * `mws_source_routing` value). `MWS_SOURCE_ROUTING_TARGET_DP` gives exactly what
+ * `mws_transfer_plan_new` gives; `MWS_SOURCE_ROUTING_SPREAD_TARGETS` spreads the
+ * target participants over the complete source DP replicas. The routing travels with
+ * the plan's JSON (`"source_routing"`, present only when not the reference's), so
+ * `mws_transfer_plan_from_json` re-plans with it.
+ *
+ * Errors: those of `mws_transfer_plan_new`; `MWS_INVALID_ARGUMENT` for an unknown
+ * `routing`.
+ *
+ * # Safety
+ * As `mws_transfer_plan_new`.
+ */
+enum mws_status mws_transfer_plan_new_routed(const struct mws_placement *source,
+                                             const struct mws_placement *target,
+                                             const char *target_participant_id,
+                                             const struct mws_planning_limits *limits,
+                                             uint32_t routing,
+                                             struct mws_transfer_plan **out);
 
 /**
  * Binds the logical plan `plan` to `n_targets` target and `n_sources` source

@@ -14,6 +14,12 @@
 #   C++ on the real Mooncake Transfer Engine: the adapter and the ctest label
 #   `mooncake` (.ci/mooncake.sh; needs Mooncake's headers from ../shared, skipped
 #   with one line without them).
+#   Cluster: scripts/cluster-test.sh with that venv: 4 emulated hosts (network
+#   namespaces, 1 Gbit/s links), live transfer across hosts, a store snapshot and
+#   restore across hosts, link cuts, host and master crashes (3 trials per kind;
+#   MWS_CLUSTER_TRIALS=20 for the long run). Mandatory when run as root
+#   (MWS_REQUIRE_CLUSTER=1, as .ci/run sets); otherwise skipped with one line
+#   when network namespaces cannot be created.
 # The conformance fixtures are vendored in tests/fixtures/conformance (override with
 # MWS_CONFORMANCE_DIR); when an upstream copy sits beside the repository in
 # ../shared/conformance, the conformance runner also runs on it, so new cases show up.
@@ -22,6 +28,12 @@ cd "$(dirname "$0")/.."
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 SECONDS=0
 step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
+# The venv of the Python step, reused by the cluster step (one wheel build).
+PY_TMP=$(mktemp -d "${TMPDIR:-/tmp}/mws-test.XXXXXX")
+trap 'rm -rf "$PY_TMP"' EXIT
+if [ -z "${MWS_REQUIRE_CLUSTER:-}" ] && [ "$(id -u)" -eq 0 ]; then
+  export MWS_REQUIRE_CLUSTER=1
+fi
 
 step "module imports form no loop (core crate, C ABI crate, Python package)"
 python3 scripts/check_module_cycles.py src
@@ -48,7 +60,9 @@ bash .ci/fuzz.sh
 step "C/C++: header, symbols, ctest (dev + valgrind, asan)"
 bash .ci/cpp.sh
 step "Python: wheel, fresh venv, tests against a live Mooncake master, examples"
-bash .ci/python.sh
+MWS_VENV="$PY_TMP/venv" bash .ci/python.sh
 step "C++ on the real Mooncake Transfer Engine (ctest label mooncake; skipped without ../shared)"
-bash .ci/mooncake.sh
+MWS_MOONCAKE_VENV="$PY_TMP/venv" bash .ci/mooncake.sh
+step "cluster: 4 emulated hosts (network namespaces), live transfer, store, faults"
+MWS_VENV="$PY_TMP/venv" bash scripts/cluster-test.sh
 step "all tests passed in ${SECONDS}s"

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::load_plan::{mws_planning_limits, planning_limits};
-use mws::plan::transfer::LogicalTransferPlan;
+use mws::plan::transfer::{LogicalTransferPlan, SourceRouting};
 use mws::plan::transfer_bind::{Side, TransferPlan};
 use std::collections::HashMap;
 
@@ -23,6 +23,30 @@ pub enum mws_transfer_side {
     MWS_SIDE_SOURCE = 0,
     /// The running instance that receives them.
     MWS_SIDE_TARGET = 1,
+}
+
+/// Which complete source DP replica each target participant reads
+/// (`mws_transfer_plan_new_routed`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mws_source_routing {
+    /// The reference's routing: a target participant of DP rank `d` reads complete
+    /// source replica `R[d mod len(R)]` (a target with one DP replica reads everything
+    /// from one source replica). What `mws_transfer_plan_new` does.
+    MWS_SOURCE_ROUTING_TARGET_DP = 0,
+    /// A target participant reads `R[i mod len(R)]`, `i` its rank's index in the
+    /// target grid (dp, pp, ep, tp order): the targets of one DP replica spread over
+    /// every complete source replica. Deterministic; not in the reference (plans
+    /// differ from the reference's whenever there are two or more complete replicas).
+    MWS_SOURCE_ROUTING_SPREAD_TARGETS = 1,
+}
+
+fn routing_arg(routing: u32) -> FfiResult<SourceRouting> {
+    match routing {
+        x if x == mws_source_routing::MWS_SOURCE_ROUTING_TARGET_DP as u32 => Ok(SourceRouting::TargetDp),
+        x if x == mws_source_routing::MWS_SOURCE_ROUTING_SPREAD_TARGETS as u32 => Ok(SourceRouting::SpreadTargets),
+        x => Err(Failure::invalid(format!("invalid source routing: {x}"))),
+    }
 }
 
 fn side_arg(side: u32) -> FfiResult<Side> {
@@ -348,6 +372,44 @@ pub unsafe extern "C" fn mws_transfer_plan_new(
         let logical = match participant {
             None => LogicalTransferPlan::plan(sp, tp, limits)?,
             Some(p) => LogicalTransferPlan::plan_local(sp, tp, Some(p), limits)?,
+        };
+        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
+        Ok(())
+    })
+}
+
+/// As `mws_transfer_plan_new`, with the source replica routing `routing` (a
+/// `mws_source_routing` value). `MWS_SOURCE_ROUTING_TARGET_DP` gives exactly what
+/// `mws_transfer_plan_new` gives; `MWS_SOURCE_ROUTING_SPREAD_TARGETS` spreads the
+/// target participants over the complete source DP replicas. The routing travels with
+/// the plan's JSON (`"source_routing"`, present only when not the reference's), so
+/// `mws_transfer_plan_from_json` re-plans with it.
+///
+/// Errors: those of `mws_transfer_plan_new`; `MWS_INVALID_ARGUMENT` for an unknown
+/// `routing`.
+///
+/// # Safety
+/// As `mws_transfer_plan_new`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_transfer_plan_new_routed(
+    source: *const mws_placement,
+    target: *const mws_placement,
+    target_participant_id: *const c_char,
+    limits: *const mws_planning_limits,
+    routing: u32,
+    out: *mut *mut mws_transfer_plan,
+) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(source, "source")?;
+        let t = c.handle(target, "target")?;
+        let out = c.out(out, "out")?;
+        let participant = c.opt_str(target_participant_id, "target_participant_id")?;
+        let routing = routing_arg(routing)?;
+        let limits = planning_limits(c, limits);
+        let (sp, tp) = (Arc::new(s.inner.clone()), Arc::new(t.inner.clone()));
+        let logical = match participant {
+            None => LogicalTransferPlan::plan_routed(sp, tp, limits, routing)?,
+            Some(p) => LogicalTransferPlan::plan_local_routed(sp, tp, Some(p), limits, routing)?,
         };
         out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
         Ok(())

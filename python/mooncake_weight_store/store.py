@@ -546,11 +546,15 @@ class Store(OwnedHandle):
     @classmethod
     def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                     max_region_segments: int = 0, staging_bytes: Optional[int] = None) -> "Store":
+                     max_region_segments: int = 0, staging_bytes: Optional[int] = None,
+                     verify_integrity: bool = False) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
-        ``backend.close()`` when the library destroys the store."""
-        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes)
+        ``backend.close()`` when the library destroys the store. ``verify_integrity``:
+        as for the embedded stores (restores check what they read against the
+        revision's integrity record)."""
+        opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
+                        verify_integrity)
         _bury()
         bridge = _VtableBridge(backend)
         bridge.close_backend = close_backend  # type: ignore[attr-defined]

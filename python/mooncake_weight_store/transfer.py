@@ -15,6 +15,7 @@ buffers) alive while the plan is executed.
 from __future__ import annotations
 
 import ctypes
+import json
 from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
@@ -88,6 +89,8 @@ class mws_engine_resources(_lib.CStruct):
 
 _lib.register_prototypes({
     "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), POINTER(_p)]),
+    "mws_transfer_plan_new_routed": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), c_uint32,
+                                             POINTER(_p)]),
     "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
     "mws_transfer_plan_from_json": (c_int, [ctypes.c_char_p, c_size_t, POINTER(_p)]),
     "mws_transfer_plan_to_json": (c_void_p, [_p, POINTER(c_size_t)]),
@@ -143,6 +146,9 @@ _lib.register_prototypes({
 
 SIDE_SOURCE = 0
 SIDE_TARGET = 1
+
+#: ``mws_source_routing``: which complete source DP replica a target participant reads.
+SOURCE_ROUTINGS = {"target_dp": 0, "spread_targets": 1}
 
 
 @dataclass(frozen=True)
@@ -330,13 +336,27 @@ class TransferPlan(OwnedHandle):
 
     @classmethod
     def plan(cls, source: Placement, target: Placement, target_participant_id: Optional[str] = None,
-             limits: Optional[PlanningLimits] = None) -> "TransferPlan":
+             limits: Optional[PlanningLimits] = None, *, source_routing: str = "target_dp") -> "TransferPlan":
         """Plans ``source`` -> every participant of ``target`` (or only
-        ``target_participant_id``). Pure: no I/O."""
+        ``target_participant_id``). Pure: no I/O.
+
+        ``source_routing``: which complete source DP replica each target participant
+        reads. ``"target_dp"`` (default, the reference's): DP rank ``d`` of the target
+        reads replica ``d mod R``, so a target with one DP replica reads everything
+        from one source replica. ``"spread_targets"``: target participant ``i`` (its
+        index in the target grid, dp-pp-ep-tp order) reads replica ``i mod R``,
+        spreading the load over the hosts of every complete replica (not the
+        reference's plan; it travels in :meth:`to_json`)."""
+        if source_routing not in SOURCE_ROUTINGS:
+            raise ValueError(f"source_routing must be one of {sorted(SOURCE_ROUTINGS)}, got {source_routing!r}")
         lim = ctypes.byref(limits.to_c()) if limits is not None else None
         out = _p()
-        call("mws_transfer_plan_new", source.handle, target.handle, cstr(target_participant_id), lim,
-             ctypes.byref(out))
+        if source_routing == "target_dp":
+            call("mws_transfer_plan_new", source.handle, target.handle, cstr(target_participant_id), lim,
+                 ctypes.byref(out))
+        else:
+            call("mws_transfer_plan_new_routed", source.handle, target.handle, cstr(target_participant_id), lim,
+                 SOURCE_ROUTINGS[source_routing], ctypes.byref(out))
         return cls(out.value)
 
     @classmethod
@@ -360,6 +380,13 @@ class TransferPlan(OwnedHandle):
         if not ptr:
             _lib.check(int(_lib.Status.NULL_ARGUMENT))
         return ctypes.string_at(ptr, n.value).decode("utf-8")
+
+    @property
+    def source_routing(self) -> str:
+        """The source replica routing of the plan (``"target_dp"`` or
+        ``"spread_targets"``)."""
+        doc = json.loads(self.to_json())
+        return str((doc.get("logical", doc)).get("source_routing", "target_dp"))
 
     @property
     def is_bound(self) -> bool:

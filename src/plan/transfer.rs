@@ -4,6 +4,9 @@
 //! mode). It shares the N-D core (`plan::core`) with the load planner; only the
 //! sources differ: the placement fragments of the complete source DP replica that
 //! each target DP replica reads (`R[d mod len(R)]`), one fragment per distinct box.
+//! [`SourceRouting::SpreadTargets`] (not in the reference, off by default) routes per
+//! target participant instead, so that the targets of one DP replica read from every
+//! complete source replica.
 //!
 //! Pure: no I/O, no addresses, no per-element work.
 
@@ -31,6 +34,59 @@ pub struct PlacementExecutorPlan {
     /// Derived: ascending indices of the regions whose fragment on this side
     /// belongs to the part.
     pub operation_indices: Vec<u32>,
+}
+
+/// Which complete source DP replica a target participant reads (live transfer).
+///
+/// `R` is the sorted list of complete source DP ranks. Both choices are deterministic
+/// functions of the placements; every target byte has exactly one source either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SourceRouting {
+    /// The reference's routing (`load-path.md` §3.7): a target participant of DP rank
+    /// `d` reads `R[d mod len(R)]`. A target with one DP replica therefore reads every
+    /// byte from source replica `R[0]`, whatever the number of source replicas.
+    #[default]
+    TargetDp,
+    /// A target participant reads `R[i mod len(R)]`, where `i` is its rank's index in
+    /// the target grid in the canonical order `((dp * pp + pp_rank) * ep + ep_rank) *
+    /// tp + tp_rank`: consecutive target ranks read from consecutive source
+    /// replicas, so the load is spread over the hosts of every complete replica.
+    /// Not part of the reference: plans differ from its plans (and from the
+    /// conformance fixtures) whenever there are two or more complete source replicas.
+    SpreadTargets,
+}
+
+impl SourceRouting {
+    /// The name used in plan JSON, the C ABI and Python (`"target_dp"`,
+    /// `"spread_targets"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceRouting::TargetDp => "target_dp",
+            SourceRouting::SpreadTargets => "spread_targets",
+        }
+    }
+
+    /// The routing named `name` (see [`Self::name`]).
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "target_dp" => Ok(SourceRouting::TargetDp),
+            "spread_targets" => Ok(SourceRouting::SpreadTargets),
+            _ => invalid(format!("unknown source routing: {name}")),
+        }
+    }
+
+    /// The routing key of a target rank in `target` (indexes `R` modulo its length).
+    fn key(self, target: &Placement, r: ParallelRank) -> u64 {
+        match self {
+            SourceRouting::TargetDp => r.dp,
+            SourceRouting::SpreadTargets => {
+                let t = target.topology();
+                let i = r.dp.wrapping_mul(t.pp_size()).wrapping_add(r.pp);
+                let i = i.wrapping_mul(t.ep_size()).wrapping_add(r.ep);
+                i.wrapping_mul(t.tp_size()).wrapping_add(r.tp)
+            }
+        }
+    }
 }
 
 /// One pipeline route: regions grouped by (source pp, source stage, target pp,
@@ -63,6 +119,7 @@ struct Inner {
     source: Arc<Placement>,
     target: Arc<Placement>,
     limits: PlanningLimits,
+    routing: SourceRouting,
     local_target: Option<String>,
     /// Source index (`TransferRegion::source`) -> (part, fragment) in `source`.
     sources: Vec<(u32, u32)>,
@@ -79,6 +136,7 @@ impl PartialEq for LogicalTransferPlan {
             || (self.inner.source == o.inner.source
                 && self.inner.target == o.inner.target
                 && self.inner.limits == o.inner.limits
+                && self.inner.routing == o.inner.routing
                 && self.inner.local_target == o.inner.local_target
                 && self.inner.regions == o.inner.regions)
     }
@@ -109,6 +167,8 @@ const ANY_DP: u64 = u64::MAX;
 struct PlacementGroups<'a> {
     /// Tensor id -> (source descriptor, target descriptor), built once.
     tensors: HashMap<&'a str, (&'a TensorDescriptor, &'a TensorDescriptor)>,
+    target: &'a Placement,
+    routing: SourceRouting,
     complete: Vec<u64>,
     members: HashMap<(&'a str, u64), Vec<u32>>,
     sources: &'a [SourceBox<'a>],
@@ -116,14 +176,16 @@ struct PlacementGroups<'a> {
     indexes: Vec<SourceIndex>,
     /// Position in `indexes` per group.
     positions: HashMap<(&'a str, u64), u32>,
-    /// Checked (target tensor, target dp), the tensor by the address of its interned
-    /// id: (itemsize, position). Later fragments skip the checks and the string maps.
+    /// Checked (target tensor, routing key), the tensor by the address of its
+    /// interned id: (itemsize, position). Later fragments skip the checks and the string maps.
     checked: HashMap<(u64, u64), (u64, u32)>,
 }
 
 impl SourceGroups for PlacementGroups<'_> {
     fn group(&mut self, t: &PlacementFragment) -> Result<(u64, &SourceIndex)> {
-        let checked_key = (crate::model::id_key(t.tensor_id_arc()), t.rank().dp);
+        // Keyed by the routing key: the targets that share it read the same group.
+        let route = self.routing.key(self.target, t.rank());
+        let checked_key = (crate::model::id_key(t.tensor_id_arc()), route);
         if let Some(&(itemsize, pos)) = self.checked.get(&checked_key) {
             return Ok((itemsize, &self.indexes[pos as usize]));
         }
@@ -136,11 +198,8 @@ impl SourceGroups for PlacementGroups<'_> {
         if !s_desc.is_compatible_with(t_desc) {
             return invalid(format!("tensor descriptor mismatch: {tid}"));
         }
-        let dp = if is_dp_owned(s_desc) {
-            ANY_DP
-        } else {
-            self.complete[(t.rank().dp % self.complete.len() as u64) as usize]
-        };
+        let dp =
+            if is_dp_owned(s_desc) { ANY_DP } else { self.complete[(route % self.complete.len() as u64) as usize] };
         let Some((&key, group)) = self.members.get_key_value(&(s_desc.tensor_id(), dp)) else {
             return invalid(format!("target fragment is not fully covered: {}", t.placement_fragment_id()));
         };
@@ -315,10 +374,15 @@ fn select_sources<'a>(
 /// tensor is replicated on DP (or that has one DP rank) holds a complete replica in
 /// every DP rank (`data-model.md` §9.6: each (owner, replica) cover is exact and every
 /// owner exists in every DP rank). Then `R` is every DP rank, and only the ranks the
-/// planned targets route to (`R[d mod len(R)]`), plus the parts that hold DP-owned
-/// tensors, can be sources: the other replicas are never read. Otherwise every part
-/// is examined and `R` comes from the fragments.
-fn source_parts(source: &Placement, target: &Placement, parts: &[u32]) -> (Vec<u32>, Option<Vec<u64>>) {
+/// planned targets route to (`R[key mod len(R)]`, [`SourceRouting`]), plus the parts
+/// that hold DP-owned tensors, can be sources: the other replicas are never read.
+/// Otherwise every part is examined and `R` comes from the fragments.
+fn source_parts(
+    source: &Placement,
+    target: &Placement,
+    parts: &[u32],
+    routing: SourceRouting,
+) -> (Vec<u32>, Option<Vec<u64>>) {
     let all: Vec<u32> = (0..source.parts().len() as u32).collect();
     let topo = source.topology();
     let grid = topo.world_size() as u64
@@ -335,8 +399,10 @@ fn source_parts(source: &Placement, target: &Placement, parts: &[u32]) -> (Vec<u
     if r.is_empty() {
         return (all, None);
     }
-    let needed: BTreeSet<u64> =
-        parts.iter().map(|&p| r[(target.parts()[p as usize].rank().dp % r.len() as u64) as usize]).collect();
+    let needed: BTreeSet<u64> = parts
+        .iter()
+        .map(|&p| r[(routing.key(target, target.parts()[p as usize].rank()) % r.len() as u64) as usize])
+        .collect();
     let any_dp_owned = source.tensors().iter().any(|t| is_dp_owned(t));
     let chosen = all
         .into_iter()
@@ -464,6 +530,17 @@ impl LogicalTransferPlan {
     /// descriptors (`layout mismatch for tensor <id>`, `tensor descriptor mismatch: <id>`);
     /// source replicas; coverage; limits while planning.
     pub fn plan(source: Arc<Placement>, target: Arc<Placement>, limits: PlanningLimits) -> Result<Self> {
+        Self::plan_routed(source, target, limits, SourceRouting::TargetDp)
+    }
+
+    /// [`Self::plan`] with the source replica routing `routing` (the reference's is
+    /// [`SourceRouting::TargetDp`]).
+    pub fn plan_routed(
+        source: Arc<Placement>,
+        target: Arc<Placement>,
+        limits: PlanningLimits,
+        routing: SourceRouting,
+    ) -> Result<Self> {
         limits.validate()?;
         check_identity(&source, &target)?;
         // Both tensor lists are sorted by (unique) id: the differences are a merge.
@@ -477,7 +554,7 @@ impl LogicalTransferPlan {
             return invalid(format!("target manifests contain unknown tensors: {}", unknown.join(", ")));
         }
         let parts: Vec<u32> = (0..target.parts().len() as u32).collect();
-        Self::plan_core(source, target, limits, &parts, None)
+        Self::plan_core(source, target, limits, routing, &parts, None)
     }
 
     /// `plan_placement_transfer_to_local_target`: plans only `participant` of
@@ -491,6 +568,17 @@ impl LogicalTransferPlan {
         target: Arc<Placement>,
         participant: Option<&str>,
         limits: PlanningLimits,
+    ) -> Result<Self> {
+        Self::plan_local_routed(source, target, participant, limits, SourceRouting::TargetDp)
+    }
+
+    /// [`Self::plan_local`] with the source replica routing `routing`.
+    pub fn plan_local_routed(
+        source: Arc<Placement>,
+        target: Arc<Placement>,
+        participant: Option<&str>,
+        limits: PlanningLimits,
+        routing: SourceRouting,
     ) -> Result<Self> {
         limits.validate()?;
         let index = match participant {
@@ -516,7 +604,7 @@ impl LogicalTransferPlan {
             return invalid("local target manifest has no fragments");
         }
         let local = part.participant_id().to_string();
-        let plan = Self::plan_core(source, target, limits, &[index as u32], Some(local))?;
+        let plan = Self::plan_core(source, target, limits, routing, &[index as u32], Some(local))?;
         if plan.inner.target_executors.len() != 1 {
             return invalid("local target placement must describe exactly one executor");
         }
@@ -527,10 +615,11 @@ impl LogicalTransferPlan {
         source: Arc<Placement>,
         target: Arc<Placement>,
         limits: PlanningLimits,
+        routing: SourceRouting,
         parts: &[u32],
         local_target: Option<String>,
     ) -> Result<Self> {
-        let (source_parts, routed) = source_parts(&source, &target, parts);
+        let (source_parts, routed) = source_parts(&source, &target, parts, routing);
         let flat: Vec<(u32, u32)> = source_parts
             .iter()
             .flat_map(|&p| (0..source.parts()[p as usize].fragments().len() as u32).map(move |f| (p, f)))
@@ -566,6 +655,8 @@ impl LogicalTransferPlan {
         }
         let mut groups = PlacementGroups {
             tensors,
+            target: &target,
+            routing,
             complete,
             members,
             sources: &boxes,
@@ -606,6 +697,7 @@ impl LogicalTransferPlan {
                 source,
                 target,
                 limits,
+                routing,
                 local_target,
                 sources: flat,
                 regions: core.regions,
@@ -636,6 +728,10 @@ impl LogicalTransferPlan {
     /// The limits the plan was made under.
     pub fn limits(&self) -> PlanningLimits {
         self.inner.limits
+    }
+    /// The source replica routing the plan was made with.
+    pub fn routing(&self) -> SourceRouting {
+        self.inner.routing
     }
     /// The local target participant (reader mode), if any.
     pub fn local_target(&self) -> Option<&str> {

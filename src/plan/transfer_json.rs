@@ -7,7 +7,7 @@
 //! bindings) and requires the shipped content to equal the recomputed one.
 
 use super::region::{PlanningLimits, TransferRegion};
-use super::transfer::{LogicalTransferPlan, PlacementExecutorPlan};
+use super::transfer::{LogicalTransferPlan, PlacementExecutorPlan, SourceRouting};
 use super::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::error::{invalid, Error, Result};
 use crate::model::{ParallelRank, Placement, PlacementFragment};
@@ -83,7 +83,7 @@ fn placement_value(p: &Placement) -> Value {
 }
 
 pub(crate) fn logical_value(plan: &LogicalTransferPlan) -> Value {
-    json!({
+    let mut v = json!({
         "schema": LOGICAL_SCHEMA,
         "version": 1,
         "source_placement": placement_value(plan.source()),
@@ -96,7 +96,13 @@ pub(crate) fn logical_value(plan: &LogicalTransferPlan) -> Value {
         "regions": plan.regions().iter().map(|r| region_json(plan, r)).collect::<Vec<_>>(),
         "source_executors": plan.source_executors().iter().map(placement_executor_json).collect::<Vec<_>>(),
         "target_executors": plan.target_executors().iter().map(placement_executor_json).collect::<Vec<_>>(),
-    })
+    });
+    // Only a non-reference routing is written, so that reference plans keep the
+    // reference's document.
+    if plan.routing() != SourceRouting::TargetDp {
+        v["source_routing"] = json!(plan.routing().name());
+    }
+    v
 }
 
 pub(crate) fn logical_to_json(plan: &LogicalTransferPlan) -> String {
@@ -126,9 +132,14 @@ fn logical_from_value(v: &Value) -> Result<LogicalTransferPlan> {
         max_segments_per_region: u64_field(l, "max_segments_per_region")?,
         max_total_lowered_segments: u64_field(l, "max_total_lowered_segments")?,
     };
+    let routing = match &v["source_routing"] {
+        Value::Null => SourceRouting::TargetDp,
+        Value::String(name) if name != "target_dp" => SourceRouting::from_name(name)?,
+        _ => return invalid("transfer plan field source_routing must be absent or \"spread_targets\""),
+    };
     let plan = match &v["target_participant_id"] {
-        Value::Null => LogicalTransferPlan::plan(source, target, limits)?,
-        Value::String(p) => LogicalTransferPlan::plan_local(source, target, Some(p), limits)?,
+        Value::Null => LogicalTransferPlan::plan_routed(source, target, limits, routing)?,
+        Value::String(p) => LogicalTransferPlan::plan_local_routed(source, target, Some(p), limits, routing)?,
         _ => return invalid("transfer plan field target_participant_id must be a string or null"),
     };
     if logical_value(&plan) != *v {

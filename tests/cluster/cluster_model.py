@@ -1,0 +1,95 @@
+"""The model of the cluster tests: the package's test transformer
+(:mod:`mooncake_weight_store.testing`: embedding, fused QKV, output projection, norm,
+stacked experts) in the trainer layout (TP4 x DP2) and the serving layout
+(TP2 x EP2), with bytes computed from coordinates instead of a random stream, so that
+every process can produce the exact bytes of any fragment of any generation cheaply
+(numpy) and check every target byte.
+
+Element ``i`` (row-major linear index) of tensor ``t`` in generation ``g`` is the
+top 16 bits of ``i * M + seed(g, t)`` (32-bit); a fragment's bytes are its box,
+row-major, little-endian. Two generations differ in (almost) every element, so a
+target that kept old bytes is told apart from an updated one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Dict, List
+
+import numpy as np
+
+from mooncake_weight_store.placement import Split, TensorSpec
+from mooncake_weight_store.testing import Model, ModelSpec
+
+__all__ = ["ClusterModel", "BulkSpec", "ROLES"]
+
+#: role -> (layout, tp, dp, ep, placement set id)
+ROLES = {
+    "trainer": ("tp", 4, 2, 1, "trainer"),
+    "server": ("ep", 2, 1, 2, "serving"),
+}
+
+_M1 = np.uint32(0x9E3779B1)
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkSpec(ModelSpec):
+    """The test model with the output projection split on dim 0 instead of dim 1.
+    Split on dim 1 (row-parallel, as in Megatron), a TP4 -> TP2 reshard moves it as
+    ``hidden`` rows of ``hidden / 4`` elements per source: 512 B ranges at hidden 1024,
+    which cost a Transfer Engine round trip each. Split on dim 0, every range of the
+    model is a block of whole rows (64 KiB or more), so a transfer is bound by the
+    links, not by the per-range cost."""
+
+    def tensors(self, layout: str) -> List[TensorSpec]:
+        out = []
+        for t in super().tensors(layout):
+            if t.tensor_id.endswith("o_proj.weight"):
+                t = dataclasses.replace(t, parallel_axes=tuple(
+                    Split("tp", 0) if isinstance(a, Split) and a.kind == "tp" else a for a in t.parallel_axes))
+            out.append(t)
+        return out
+
+
+class ClusterModel(Model):
+    """One layout of the cluster model for generation ``generation``."""
+
+    def __init__(self, role: str, generation: int, *, layers: int, hidden: int, experts: int,
+                 revision: str = "step-1", bulk: bool = False) -> None:
+        layout, tp, dp, ep, set_id = ROLES[role]
+        spec = (BulkSpec if bulk else ModelSpec)(hidden=hidden, layers=layers, experts=experts, generation=generation,
+                         seed=f"gen-{generation}", revision=revision, resource_id="cluster-model")
+        super().__init__(spec, layout, tp=tp, dp=dp, ep=ep, placement_set_id=set_id)
+        self.role = role
+        self.generation = generation
+        self._seeds: Dict[str, np.uint64] = {}
+
+    def _seed(self, tensor_id: str) -> np.uint32:
+        s = self._seeds.get(tensor_id)
+        if s is None:
+            s = self._seeds[tensor_id] = np.uint32(zlib.crc32(f"{self.spec.seed}/{tensor_id}".encode()))
+        return s
+
+    def expected(self, fragment) -> np.ndarray:  # type: ignore[override]
+        """The fragment's bytes (a uint8 array, row-major): element ``i`` is the top
+        16 bits of ``i * M + seed(generation, tensor)`` (32-bit), so a copy from a
+        wrong offset, tensor or generation differs almost everywhere."""
+        t = self.tensors[fragment.tensor_id]
+        shape, off, glob = fragment.local_shape, fragment.global_offset, t.global_shape
+        nd = len(glob)
+        strides = [1] * nd
+        for d in range(nd - 2, -1, -1):
+            strides[d] = strides[d + 1] * glob[d + 1]
+        idx = np.empty(tuple(shape), dtype=np.uint32)
+        idx[...] = np.uint32(0)
+        with np.errstate(over="ignore"):
+            for d in range(nd):
+                ax = ((np.arange(shape[d], dtype=np.uint64) + off[d]) * strides[d]).astype(np.uint32)
+                view = [1] * nd
+                view[d] = shape[d]
+                idx += ax.reshape(view)
+            idx *= _M1
+            idx += self._seed(t.tensor_id)
+        # the high halves of the little-endian 32-bit words
+        return np.ascontiguousarray(idx.reshape(-1).view("<u2")[1::2]).view(np.uint8)
