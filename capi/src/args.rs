@@ -35,6 +35,45 @@ macro_rules! handle {
     };
 }
 
+/// The panic boundary of an entry point that returns `mws_status`:
+/// `status_call!(|c| { ... })` runs the body (an `FfiResult<()>`) with `c`, the
+/// call's [`Caller`] token, catches any panic and records the
+/// message of a failure, prefixed with the entry point's name. `status_call!(|| ...)`
+/// is the form for entry points without pointer arguments.
+macro_rules! status_call {
+    (|$c:ident| $body:expr) => {
+        $crate::boundary::status_call(function_name!(), || {
+            // SAFETY: used only in the body of an `unsafe extern "C"` entry point
+            // whose `# Safety` section requires every pointer argument to be NULL or
+            // valid as documented for the whole call: the token carries that promise.
+            #[allow(unused_variables)]
+            let $c = unsafe { $crate::args::Caller::trusted() };
+            $body
+        })
+    };
+    (|| $body:expr) => {
+        $crate::boundary::status_call(function_name!(), || $body)
+    };
+}
+
+/// The panic boundary of an entry point that returns a value:
+/// `value_call!(fallback, |c| { ... })` returns `fallback` (NULL, 0) on failure; the
+/// token as for [`status_call!`].
+macro_rules! value_call {
+    ($fallback:expr, |$c:ident| $body:expr) => {
+        $crate::boundary::value_call(function_name!(), $fallback, || {
+            // SAFETY: as in `status_call!`: only in entry points whose `# Safety`
+            // section covers every pointer argument.
+            #[allow(unused_variables)]
+            let $c = unsafe { $crate::args::Caller::trusted() };
+            $body
+        })
+    };
+    ($fallback:expr, || $body:expr) => {
+        $crate::boundary::value_call(function_name!(), $fallback, || $body)
+    };
+}
+
 /// The proof that an entry point's caller upheld its `# Safety` contract: every
 /// pointer argument is NULL or points to what the documentation says (a live handle
 /// of the named type not freed during the call, a NUL-terminated string, `len`

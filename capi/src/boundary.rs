@@ -201,45 +201,6 @@ macro_rules! function_name {
     }};
 }
 
-/// The panic boundary of an entry point that returns `mws_status`:
-/// `status_call!(|c| { ... })` runs the body (an `FfiResult<()>`) with `c`, the
-/// call's [`Caller`](crate::args::Caller) token, catches any panic and records the
-/// message of a failure, prefixed with the entry point's name. `status_call!(|| ...)`
-/// is the form for entry points without pointer arguments.
-macro_rules! status_call {
-    (|$c:ident| $body:expr) => {
-        $crate::boundary::status_call(function_name!(), || {
-            // SAFETY: used only in the body of an `unsafe extern "C"` entry point
-            // whose `# Safety` section requires every pointer argument to be NULL or
-            // valid as documented for the whole call: the token carries that promise.
-            #[allow(unused_variables)]
-            let $c = unsafe { $crate::args::Caller::trusted() };
-            $body
-        })
-    };
-    (|| $body:expr) => {
-        $crate::boundary::status_call(function_name!(), || $body)
-    };
-}
-
-/// The panic boundary of an entry point that returns a value:
-/// `value_call!(fallback, |c| { ... })` returns `fallback` (NULL, 0) on failure; the
-/// token as for [`status_call!`].
-macro_rules! value_call {
-    ($fallback:expr, |$c:ident| $body:expr) => {
-        $crate::boundary::value_call(function_name!(), $fallback, || {
-            // SAFETY: as in `status_call!`: only in entry points whose `# Safety`
-            // section covers every pointer argument.
-            #[allow(unused_variables)]
-            let $c = unsafe { $crate::args::Caller::trusted() };
-            $body
-        })
-    };
-    ($fallback:expr, || $body:expr) => {
-        $crate::boundary::value_call(function_name!(), $fallback, || $body)
-    };
-}
-
 /// Boundary for entry points that return `mws_status`.
 pub(crate) fn status_call(function: &'static str, body: impl FnOnce() -> FfiResult<()>) -> mws_status {
     match run(function, body) {
@@ -264,7 +225,7 @@ pub(crate) fn value_call<T>(function: &'static str, fallback: T, body: impl FnOn
 pub extern "C" fn mws_status_name(status: c_int) -> *const c_char {
     // SAFETY: literal with exactly one, trailing NUL.
     let unknown: &'static CStr = c"MWS_UNKNOWN_STATUS";
-    value_call!(unknown.as_ptr(), || {
+    value_call(function_name!(), unknown.as_ptr(), || {
         let name = mws_status::ALL.iter().find(|s| **s as c_int == status).map_or(unknown, |s| s.name());
         Ok(name.as_ptr())
     })
@@ -313,7 +274,7 @@ pub extern "C" fn mws_version() -> *const c_char {
 /// Thread safety: may be called from any thread.
 #[no_mangle]
 pub extern "C" fn mws_test_panic() -> mws_status {
-    status_call!(|| {
+    status_call(function_name!(), || {
         panic!("mws_test_panic: deliberate panic for tests");
     })
 }
