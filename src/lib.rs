@@ -27,6 +27,7 @@
 #![allow(clippy::type_complexity)]
 
 pub(crate) mod copy;
+pub(crate) mod crc;
 pub mod engine;
 pub mod error;
 pub(crate) mod fxhash;

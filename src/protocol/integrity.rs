@@ -24,16 +24,16 @@
 
 use super::receipt::UploadReceipt;
 use super::state::WeightStore;
+use crate::crc::Combiner;
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::StoredManifest;
-use crate::plan::bound_load::LoadPlan;
+use crate::model::{StoredFragment, StoredManifest};
 use crate::plan::integrity::{
     block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord, ObjectChecksums, BLOCK_BYTES,
 };
 use crate::plan::upload::UploadPlan;
 use crate::runtime::MemoryRegion;
 use crate::runtime::{MemoryKind, RuntimeFragment};
-use crate::store::{ObjectStore, RangeRead, RecordType, WriteConfig};
+use crate::store::{ObjectStore, RangeCrc, RangeRead, RecordType, WriteConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -307,6 +307,19 @@ pub fn read_record(
     Ok(Some(record))
 }
 
+/// How integrity errors name a payload: its tensor, the stored fragment's box (offset
+/// and shape in the tensor), the fragment id and the object key.
+pub(crate) fn describe(f: &StoredFragment) -> String {
+    format!(
+        "payload of tensor {} (box offset {:?} shape {:?}, fragment {}, object {})",
+        f.tensor_id(),
+        f.global_offset(),
+        f.local_shape(),
+        f.fragment_id(),
+        f.object_key()
+    )
+}
+
 /// The verification state of one restore.
 pub(crate) struct Verifier {
     record: IntegrityRecord,
@@ -352,7 +365,17 @@ fn read_span(store: &dyn ObjectStore, key: &str, start: u64, buf: &mut [u8], max
     Ok(())
 }
 
-fn check_blocks(sums: &ObjectChecksums, key: &str, first: u64, span_start: u64, buf: &[u8]) -> Result<()> {
+/// The error of block `b` of a payload whose checksum is `got` where the record says
+/// `want`.
+fn block_mismatch(what: &str, sums: &ObjectChecksums, b: u64, got: u32, want: u32) -> Error {
+    let (s, e) = block_range(b, sums.nbytes);
+    integrity_err(format!(
+        "{what} fails its integrity check: block {b} (bytes {s}..{e}) has CRC-32C {got:08x}, the integrity record \
+         says {want:08x}"
+    ))
+}
+
+fn check_blocks(what: &str, sums: &ObjectChecksums, first: u64, span_start: u64, buf: &[u8]) -> Result<()> {
     let mut b = first;
     let mut off = 0usize;
     while off < buf.len() {
@@ -361,11 +384,7 @@ fn check_blocks(sums: &ObjectChecksums, key: &str, first: u64, span_start: u64, 
         let got = crc32c::crc32c(&buf[off..off + n]);
         let want = sums.blocks[b as usize];
         if got != want {
-            return Err(integrity_err(format!(
-                "payload of fragment {} (object {key}) fails its integrity check: block {b} (bytes {s}..{e}) has \
-                 CRC-32C {got:08x}, the integrity record says {want:08x}",
-                sums.fragment_id
-            )));
+            return Err(block_mismatch(what, sums, b, got, want));
         }
         debug_assert_eq!(s, span_start + off as u64);
         off += n;
@@ -374,152 +393,423 @@ fn check_blocks(sums: &ObjectChecksums, key: &str, first: u64, span_start: u64, 
     Ok(())
 }
 
-fn sums_for<'r>(record: &'r IntegrityRecord, key: &str, fragment_id: &str) -> Result<&'r ObjectChecksums> {
-    record.objects.get(key).ok_or_else(|| {
-        integrity_err(format!("payload of fragment {fragment_id} (object {key}) has no entry in the integrity record"))
-    })
+fn sums_for<'r>(record: &'r IntegrityRecord, key: &str, what: &str) -> Result<&'r ObjectChecksums> {
+    record.objects.get(key).ok_or_else(|| integrity_err(format!("{what} has no entry in the integrity record")))
 }
 
-impl Verifier {
-    /// Verifies what a restore read (see the module documentation). `ops` are the
-    /// executed region indices of `plan`.
-    ///
-    /// # Safety
-    /// Every host target fragment of `ops` must be valid for reads (the restore has
-    /// just written it) and not written by anyone else during the call.
-    pub(crate) unsafe fn verify_restore(
-        &self,
-        store: &dyn ObjectStore,
-        plan: &LoadPlan,
-        ops: &[usize],
-        max_range: u64,
-        max_segments: u64,
+/// What the reads of one verified restore delivered, per object: the CRC-32C runs the
+/// store's checked reads returned ([`ObjectStore::get_into_ranges_checked`]), and the
+/// blocks delivered without checksums (device targets through a store that cannot sum
+/// device memory), which are verified by reading them again.
+#[derive(Default)]
+pub(crate) struct Delivered {
+    by_key: BTreeMap<String, Touched>,
+}
+
+#[derive(Default)]
+struct Touched {
+    runs: Vec<RangeCrc>,
+    unsummed: BTreeSet<u64>,
+}
+
+impl Delivered {
+    /// Records one checked read item of `key` that delivered `bytes`: its runs must
+    /// cover exactly that many bytes (the store contract); without runs, the object
+    /// ranges `ranges` calls back are re-read at the end.
+    pub(crate) fn add(
+        &mut self,
+        key: &str,
+        bytes: u64,
+        crcs: Option<Vec<RangeCrc>>,
+        ranges: impl FnOnce(&mut dyn FnMut(u64, u64)) -> Result<()>,
     ) -> Result<()> {
-        let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for &i in ops {
-            by_key.entry(plan.logical().source_of(&plan.regions()[i]).object_key()).or_default().push(i);
+        if !self.by_key.contains_key(key) {
+            self.by_key.insert(key.to_string(), Touched::default());
         }
-        let mut scratch: Vec<u8> = Vec::new();
-        let mut registered: Option<u64> = None;
-        let result = (|| -> Result<u64> {
-            let mut verified = 0u64;
-            for (key, regions) in &by_key {
-                let fid = plan.logical().source_of(&plan.regions()[regions[0]]).fragment_id();
-                let sums = sums_for(&self.record, key, fid)?;
-                let size = store.object_size(key)?;
-                if size != sums.nbytes {
-                    return Err(integrity_err(format!(
-                        "payload of fragment {fid} (object {key}) holds {size} bytes, the integrity record says {}",
-                        sums.nbytes
-                    )));
+        let t = self.by_key.get_mut(key).expect("inserted above");
+        match crcs {
+            Some(runs) => {
+                let summed: u64 = runs.iter().map(|r| r.len).sum();
+                if summed != bytes {
+                    return Err(Error::new(
+                        ErrorKind::Store,
+                        format!("checked read of {key} returned checksums of {summed} bytes, it delivered {bytes}"),
+                    ));
                 }
-                // Blocks touched by any segment of any region of this object.
-                let mut blocks = BTreeSet::new();
-                for &i in regions {
-                    let r = &plan.regions()[i];
-                    let base = plan.logical().source_of(r).object_offset();
-                    let mut last = u64::MAX;
-                    r.for_each_segment(max_segments, |so, _, n| {
-                        if n == 0 {
-                            return;
-                        }
-                        let (a, z) = ((base + so) / BLOCK_BYTES, (base + so + n - 1) / BLOCK_BYTES);
-                        for b in a..=z {
-                            if b != last {
-                                blocks.insert(b);
-                                last = b;
-                            }
-                        }
-                    })?;
-                }
-                // Runs of consecutive blocks, at most SCRATCH_BYTES each.
-                let blocks: Vec<u64> = blocks.into_iter().collect();
-                let per_run = (SCRATCH_BYTES / BLOCK_BYTES) as usize;
-                let mut k = 0;
-                while k < blocks.len() {
-                    let mut j = k + 1;
-                    while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && j - k < per_run {
-                        j += 1;
-                    }
-                    let (start, _) = block_range(blocks[k], sums.nbytes);
-                    let (_, end) = block_range(blocks[j - 1], sums.nbytes);
-                    if scratch.len() < (end - start) as usize {
-                        if let Some(a) = registered.take() {
-                            store.unregister_buffer(a)?;
-                        }
-                        scratch = vec![0u8; SCRATCH_BYTES as usize];
-                        let region = MemoryRegion {
-                            address: scratch.as_ptr() as u64,
-                            len: SCRATCH_BYTES,
-                            kind: MemoryKind::Host,
-                        };
-                        store.register_buffer(region)?;
-                        registered = Some(region.address);
-                    }
-                    let buf = &mut scratch[..(end - start) as usize];
-                    read_span(store, key, start, buf, max_range)?;
-                    check_blocks(sums, key, blocks[k], start, buf)?;
-                    // SAFETY: forwarded from this function's contract.
-                    unsafe { compare_delivered(plan, regions, start, end, buf, max_segments) }?;
-                    verified += end - start;
-                    k = j;
-                }
+                t.runs.extend(runs);
             }
-            Ok(verified)
-        })();
-        if let Some(a) = registered {
-            let _ = store.unregister_buffer(a);
+            None => {
+                let mut last = u64::MAX;
+                ranges(&mut |start, len| {
+                    if len == 0 {
+                        return;
+                    }
+                    for b in start / BLOCK_BYTES..=(start + len - 1) / BLOCK_BYTES {
+                        if b != last {
+                            t.unsummed.insert(b);
+                            last = b;
+                        }
+                    }
+                })?;
+            }
         }
-        let verified = result?;
-        log::debug!("restore of {}: verified {verified} stored bytes", plan.manifest().manifest_key());
         Ok(())
     }
 }
 
-/// Compares the bytes the regions delivered into host targets within the object
-/// span `[start, end)` with `verified` (that span's verified bytes).
-///
-/// # Safety
-/// As [`Verifier::verify_restore`].
-unsafe fn compare_delivered(
-    plan: &LoadPlan,
-    regions: &[usize],
-    start: u64,
-    end: u64,
-    verified: &[u8],
-    max_segments: u64,
-) -> Result<()> {
-    for &i in regions {
-        let r = &plan.regions()[i];
-        let t = plan.target_fragment(i);
-        if t.memory() != MemoryKind::Host {
-            continue;
-        }
-        let s = plan.logical().source_of(r);
-        let base = s.object_offset();
-        let mut bad = false;
-        r.for_each_segment(max_segments, |so, to, n| {
-            let (a, z) = ((base + so).max(start), (base + so + n).min(end));
-            if bad || a >= z {
-                return;
+/// What a verification did (added to the restore's statistics).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Verified {
+    /// Bytes of the blocks checked against the record.
+    pub(crate) bytes: u64,
+    /// Bytes read only for the check: the gaps of partly read blocks and re-read blocks.
+    pub(crate) extra_bytes: u64,
+}
+
+/// How one block is completed after the restore's reads.
+enum Completion {
+    /// Read the gaps (object ranges) between the delivered runs, with their checksums.
+    Gaps(Vec<(u64, u64)>),
+    /// Read the whole block again, check it, and check every delivered run against it.
+    Reread,
+}
+
+/// One block to complete: the object, the block, its delivered runs (sorted).
+struct Pending<'k> {
+    key: &'k str,
+    block: u64,
+    runs: Vec<RangeCrc>,
+    how: Completion,
+}
+
+/// Modeled cost of summing bytes already in memory (the re-read's checks of runs).
+const CRC_BYTES_PER_SECOND: u128 = 10_000_000_000;
+
+/// Limits of the reads the verification adds.
+pub(crate) struct CheckLimits {
+    pub(crate) max_range_bytes: u64,
+    pub(crate) max_ranges_per_request: usize,
+}
+
+impl Verifier {
+    /// Verifies what a restore delivered against the record: for every block the
+    /// restore touched, the checksums of the delivered runs are combined (CRC-32C
+    /// combine) into the block's checksum and compared with the record. A block only
+    /// partly delivered is completed by reading just its gaps (with their checksums),
+    /// or, when that costs more by the store's cost model (many short gaps through a
+    /// store that pays per range), by reading the block again. Blocks delivered
+    /// without checksums, or by runs that overlap, are read again and checked whole,
+    /// and every delivered run is checked against the verified block.
+    ///
+    /// `sizes`: every object's size, as the store reported it before the reads;
+    /// `names`: how errors name an object's payload ([`describe`]).
+    pub(crate) fn check(
+        &self,
+        store: &dyn ObjectStore,
+        delivered: Delivered,
+        sizes: &BTreeMap<&str, u64>,
+        names: &dyn Fn(&str) -> String,
+        limits: &CheckLimits,
+    ) -> Result<Verified> {
+        let mut verified = Verified::default();
+        let cost = store.cost();
+        let mut combiner = Combiner::default();
+        let mut pending: Vec<Pending<'_>> = Vec::new();
+        let mut by_key = delivered.by_key;
+        for (key, touched) in by_key.iter_mut() {
+            let key = key.as_str();
+            let sums = sums_for(&self.record, key, &names(key))?;
+            let size = sizes.get(key).copied().unwrap_or(sums.nbytes);
+            if size != sums.nbytes {
+                return Err(integrity_err(format!(
+                    "{} holds {size} bytes, the integrity record says {}",
+                    names(key),
+                    sums.nbytes
+                )));
             }
-            let dst_off = to + (a - base - so);
-            // SAFETY: the segment lies inside the target fragment (checked by the
-            // planner), which the caller guarantees readable.
-            let got = unsafe { std::slice::from_raw_parts((t.address() + dst_off) as *const u8, (z - a) as usize) };
-            bad = got != &verified[(a - start) as usize..(z - start) as usize];
-        })?;
-        if bad {
-            return Err(integrity_err(format!(
-                "payload of fragment {} (object {}): bytes restored into target fragment {} differ from the verified \
-                 payload",
-                s.fragment_id(),
-                s.object_key(),
-                t.fragment_id()
-            )));
+            let mut runs = std::mem::take(&mut touched.runs);
+            for r in &runs {
+                let last = r.object_offset.checked_add(r.len).filter(|&e| r.len > 0 && e <= sums.nbytes);
+                match last {
+                    Some(e) if r.object_offset / BLOCK_BYTES == (e - 1) / BLOCK_BYTES => {}
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::Store,
+                            format!(
+                                "checked read of {key} returned a checksum of bytes {}..+{} that is not inside one \
+                                 {BLOCK_BYTES}-byte block of the object",
+                                r.object_offset, r.len
+                            ),
+                        ))
+                    }
+                }
+            }
+            runs.sort_unstable_by_key(|r| (r.object_offset, r.len));
+            let mut blocks: BTreeMap<u64, Vec<RangeCrc>> = BTreeMap::new();
+            for r in runs {
+                blocks.entry(r.object_offset / BLOCK_BYTES).or_default().push(r);
+            }
+            for &b in &touched.unsummed {
+                blocks.entry(b).or_default();
+            }
+            for (b, mut runs) in blocks {
+                let (start, end) = block_range(b, sums.nbytes);
+                verified.bytes += end - start;
+                // The same bytes delivered twice (to two targets) must have the same sum.
+                let mut dup = None;
+                runs.dedup_by(|x, kept| {
+                    let same = x.object_offset == kept.object_offset && x.len == kept.len;
+                    if same && x.crc != kept.crc {
+                        dup = Some(*x);
+                    }
+                    same
+                });
+                if let Some(r) = dup {
+                    return Err(integrity_err(format!(
+                        "{}: bytes {}..{} were delivered twice with different contents",
+                        names(key),
+                        r.object_offset,
+                        r.object_offset + r.len
+                    )));
+                }
+                let overlapping = runs.windows(2).any(|w| w[1].object_offset < w[0].object_offset + w[0].len);
+                if touched.unsummed.contains(&b) || overlapping {
+                    pending.push(Pending { key, block: b, runs, how: Completion::Reread });
+                    continue;
+                }
+                let mut gaps = Vec::new();
+                let mut at = start;
+                for r in &runs {
+                    if r.object_offset > at {
+                        gaps.push((at, r.object_offset - at));
+                    }
+                    at = r.object_offset + r.len;
+                }
+                if at < end {
+                    gaps.push((at, end - at));
+                }
+                if gaps.is_empty() {
+                    let got = runs.iter().fold(0, |c, r| combiner.combine(c, r.crc, r.len));
+                    let want = sums.blocks[b as usize];
+                    if got != want {
+                        return Err(block_mismatch(&names(key), sums, b, got, want));
+                    }
+                    continue;
+                }
+                let gap_bytes: u64 = gaps.iter().map(|g| g.1).sum();
+                let pieces = |n: u64| n.div_ceil(limits.max_range_bytes) as u128;
+                let gap_ns = gaps.iter().map(|g| pieces(g.1)).sum::<u128>() * cost.per_range_ns as u128
+                    + gap_bytes as u128 * 1_000_000_000 / cost.bytes_per_second.max(1) as u128;
+                let delivered_bytes = (end - start - gap_bytes) as u128;
+                let reread_ns = pieces(end - start) * cost.per_range_ns as u128
+                    + (end - start) as u128 * 1_000_000_000 / cost.bytes_per_second.max(1) as u128
+                    + delivered_bytes * 1_000_000_000 / CRC_BYTES_PER_SECOND;
+                let how = if gap_ns <= reread_ns { Completion::Gaps(gaps) } else { Completion::Reread };
+                pending.push(Pending { key, block: b, runs, how });
+            }
         }
+        if pending.is_empty() {
+            return Ok(verified);
+        }
+        self.complete(store, &pending, names, limits, &mut combiner, &mut verified)?;
+        Ok(verified)
     }
-    Ok(())
+
+    /// Reads what `pending` blocks need (gaps or whole blocks) into one registered
+    /// scratch buffer, in batches of at most [`SCRATCH_BYTES`] and
+    /// `max_ranges_per_request` ranges, and checks each block.
+    fn complete(
+        &self,
+        store: &dyn ObjectStore,
+        pending: &[Pending<'_>],
+        names: &dyn Fn(&str) -> String,
+        limits: &CheckLimits,
+        combiner: &mut Combiner,
+        verified: &mut Verified,
+    ) -> Result<()> {
+        // The object ranges each block reads.
+        let wants = |p: &Pending<'_>| -> Vec<(u64, u64)> {
+            match &p.how {
+                Completion::Gaps(g) => g.clone(),
+                Completion::Reread => {
+                    let sums = &self.record.objects[p.key];
+                    let (s, e) = block_range(p.block, sums.nbytes);
+                    vec![(s, e - s)]
+                }
+            }
+        };
+        let need: u64 = pending.iter().flat_map(|p| wants(p)).map(|w| w.1).sum();
+        let cap = need.min(SCRATCH_BYTES).max(BLOCK_BYTES.min(need));
+        let mut scratch: Vec<u8> = Vec::new();
+        scratch
+            .try_reserve_exact(cap as usize)
+            .map_err(|_| crate::store::alloc_failed("the integrity check's scratch buffer", cap))?;
+        scratch.resize(cap as usize, 0);
+        let region = MemoryRegion { address: scratch.as_ptr() as u64, len: cap, kind: MemoryKind::Host };
+        store.register_buffer(region).map_err(|e| {
+            Error::new(e.kind(), format!("register_buffer failed for the integrity check's buffer: {}", e.message()))
+        })?;
+        let result = (|| -> Result<()> {
+            let mut k = 0;
+            while k < pending.len() {
+                // One batch: whole blocks' wants, within the buffer and the range limit.
+                let mut batch: Vec<(usize, Vec<(u64, u64)>, u64)> = Vec::new(); // (pending index, wants, offset)
+                let (mut used, mut ranges) = (0u64, 0usize);
+                while k < pending.len() {
+                    let w = wants(&pending[k]);
+                    let bytes: u64 = w.iter().map(|x| x.1).sum();
+                    let n: usize = w.iter().map(|x| x.1.div_ceil(limits.max_range_bytes) as usize).sum();
+                    if !batch.is_empty() && (used + bytes > cap || ranges + n > limits.max_ranges_per_request) {
+                        break;
+                    }
+                    batch.push((k, w, used));
+                    used += bytes;
+                    ranges += n;
+                    k += 1;
+                }
+                // SAFETY: `scratch` is ours, registered, and every read lands inside it.
+                let got = unsafe { self.read_batch(store, pending, &batch, &scratch, limits) }?;
+                verified.extra_bytes += used;
+                for ((i, w, off), crcs) in batch.iter().zip(got) {
+                    let p = &pending[*i];
+                    let bytes: u64 = w.iter().map(|x| x.1).sum();
+                    let buf = &scratch[*off as usize..(*off + bytes) as usize];
+                    self.check_completed(p, w, buf, crcs, &names(p.key), combiner)?;
+                }
+            }
+            Ok(())
+        })();
+        let _ = store.unregister_buffer(region.address);
+        result
+    }
+
+    /// Reads the wants of one batch into `scratch` (each block's ranges back to back
+    /// from its offset) with checked reads; returns per block the checksum of each of
+    /// its wanted ranges.
+    ///
+    /// # Safety
+    /// `scratch` is registered with the store, ours, and large enough for the batch.
+    unsafe fn read_batch(
+        &self,
+        store: &dyn ObjectStore,
+        pending: &[Pending<'_>],
+        batch: &[(usize, Vec<(u64, u64)>, u64)],
+        scratch: &[u8],
+        limits: &CheckLimits,
+    ) -> Result<Vec<Vec<u32>>> {
+        let base = scratch.as_ptr() as u64;
+        let mut reads: Vec<RangeRead<'_>> = Vec::new();
+        let mut owner: Vec<(usize, usize)> = Vec::new(); // (batch index, want index)
+        for (bi, (i, wants, off)) in batch.iter().enumerate() {
+            let mut at = *off;
+            for (wi, &(start, len)) in wants.iter().enumerate() {
+                let mut c = 0;
+                while c < len {
+                    let n = limits.max_range_bytes.min(len - c);
+                    reads.push(RangeRead {
+                        key: pending[*i].key,
+                        object_offset: start + c,
+                        dest: MemoryRegion { address: base + at, len: n, kind: MemoryKind::Host },
+                    });
+                    owner.push((bi, wi));
+                    at += n;
+                    c += n;
+                }
+            }
+        }
+        // SAFETY: every destination lies inside `scratch` (the caller's contract), which
+        // nobody else touches during the call.
+        let results = unsafe { store.get_into_ranges_checked(&reads, BLOCK_BYTES) };
+        if results.len() != reads.len() {
+            return Err(Error::new(ErrorKind::Store, "get_into_ranges returned invalid range count"));
+        }
+        let mut out: Vec<Vec<Option<u32>>> = batch.iter().map(|(_, w, _)| vec![None; w.len()]).collect();
+        let mut combiner = Combiner::default();
+        for ((r, res), &(bi, wi)) in reads.iter().zip(results).zip(&owner) {
+            let what = || pending[batch[bi].0].key;
+            let checked = match res {
+                Ok(c) if c.bytes == r.dest.len => c,
+                Ok(c) => {
+                    return Err(integrity_err(format!(
+                        "short read of {} for its integrity check: expected {}, got {}",
+                        what(),
+                        r.dest.len,
+                        c.bytes
+                    )))
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        e.kind(),
+                        format!("read of {} for its integrity check failed: {}", what(), e.message()),
+                    ))
+                }
+            };
+            // The checksum of this piece: the store's runs, or the landed bytes.
+            let crc = match checked.crcs {
+                Some(runs) if runs.iter().map(|x| x.len).sum::<u64>() == r.dest.len => {
+                    runs.iter().fold(0, |c, x| combiner.combine(c, x.crc, x.len))
+                }
+                _ => {
+                    let off = (r.dest.address - base) as usize;
+                    crc32c::crc32c(&scratch[off..off + r.dest.len as usize])
+                }
+            };
+            let slot = &mut out[bi][wi];
+            *slot = Some(match *slot {
+                None => crc,
+                Some(prev) => combiner.combine(prev, crc, r.dest.len),
+            });
+        }
+        Ok(out.into_iter().map(|v| v.into_iter().map(|c| c.unwrap_or(0)).collect()).collect())
+    }
+
+    /// Checks one completed block: gaps and runs combined in object order, or the
+    /// re-read block and every delivered run against it.
+    fn check_completed(
+        &self,
+        p: &Pending<'_>,
+        wants: &[(u64, u64)],
+        buf: &[u8],
+        crcs: Vec<u32>,
+        what: &str,
+        combiner: &mut Combiner,
+    ) -> Result<()> {
+        let sums = &self.record.objects[p.key];
+        let want = sums.blocks[p.block as usize];
+        match &p.how {
+            Completion::Gaps(_) => {
+                let mut pieces: Vec<(u64, u64, u32)> = p.runs.iter().map(|r| (r.object_offset, r.len, r.crc)).collect();
+                pieces.extend(wants.iter().zip(&crcs).map(|(&(s, n), &c)| (s, n, c)));
+                pieces.sort_unstable_by_key(|x| x.0);
+                let got = pieces.iter().fold(0, |c, &(_, n, x)| combiner.combine(c, x, n));
+                if got != want {
+                    return Err(block_mismatch(what, sums, p.block, got, want));
+                }
+            }
+            Completion::Reread => {
+                let (start, _) = block_range(p.block, sums.nbytes);
+                let got = crcs.first().copied().unwrap_or(0);
+                if got != want {
+                    return Err(block_mismatch(what, sums, p.block, got, want));
+                }
+                for r in &p.runs {
+                    let at = (r.object_offset - start) as usize;
+                    let local = crc32c::crc32c(&buf[at..at + r.len as usize]);
+                    if local != r.crc {
+                        return Err(integrity_err(format!(
+                            "{what} fails its integrity check: bytes {}..{} delivered to the target have CRC-32C \
+                             {:08x}, the verified block {} holds {local:08x} there",
+                            r.object_offset,
+                            r.object_offset + r.len,
+                            r.crc,
+                            p.block
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One problem [`verify_revision`] found.
@@ -574,15 +864,17 @@ pub fn verify_revision(
         Err(e) => return Err(e),
     };
     report.has_record = record.is_some();
-    let mut sizes: BTreeMap<&str, (u64, &str)> = BTreeMap::new();
+    let mut sizes: BTreeMap<&str, (u64, &StoredFragment)> = BTreeMap::new();
     for f in manifest.fragments() {
-        let e = sizes.entry(f.object_key()).or_insert((0, f.fragment_id()));
+        let e = sizes.entry(f.object_key()).or_insert((0, f));
         e.0 = e.0.max(f.object_offset() + f.nbytes());
     }
     let mut scratch = Vec::new();
     let mut done = 0u64;
-    for (key, (needed, fid)) in sizes {
+    for (key, (needed, frag)) in sizes {
         report.objects += 1;
+        let fid = frag.fragment_id();
+        let what = describe(frag);
         let problem = |kind, message: String| Problem {
             fragment_id: fid.to_string(),
             object_key: key.to_string(),
@@ -592,21 +884,18 @@ pub fn verify_revision(
         let size = match store.object_size(key) {
             Ok(s) => s,
             Err(e) => {
-                report
-                    .problems
-                    .push(problem(e.kind(), format!("payload of fragment {fid} (object {key}): {}", e.message())));
+                report.problems.push(problem(e.kind(), format!("{what}: {}", e.message())));
                 continue;
             }
         };
         if size != needed {
-            report.problems.push(problem(
-                ErrorKind::Integrity,
-                format!("payload of fragment {fid} (object {key}) holds {size} bytes, the manifest says {needed}"),
-            ));
+            report
+                .problems
+                .push(problem(ErrorKind::Integrity, format!("{what} holds {size} bytes, the manifest says {needed}")));
             continue;
         }
         let Some(record) = &record else { continue };
-        let sums = match sums_for(record, key, fid) {
+        let sums = match sums_for(record, key, &what) {
             Ok(s) => s,
             Err(e) => {
                 report.problems.push(problem(e.kind(), e.message().to_string()));
@@ -616,10 +905,7 @@ pub fn verify_revision(
         if sums.nbytes != size {
             report.problems.push(problem(
                 ErrorKind::Integrity,
-                format!(
-                    "payload of fragment {fid} (object {key}) holds {size} bytes, the integrity record says {}",
-                    sums.nbytes
-                ),
+                format!("{what} holds {size} bytes, the integrity record says {}", sums.nbytes),
             ));
             continue;
         }
@@ -628,7 +914,7 @@ pub fn verify_revision(
             let end = (start + SCRATCH_BYTES).min(size);
             scratch.resize((end - start) as usize, 0);
             let r = read_span(store, key, start, &mut scratch, 64 << 20)
-                .and_then(|()| check_blocks(sums, key, start / BLOCK_BYTES, start, &scratch));
+                .and_then(|()| check_blocks(&what, sums, start / BLOCK_BYTES, start, &scratch));
             done += end - start;
             progress(done);
             if let Err(e) = r {

@@ -7,9 +7,11 @@ use super::progress::{ProgressPhase, Reporter};
 use super::registration::{registration_requests, RegistrationLease};
 use super::state::WeightStore;
 
+use super::integrity::{CheckLimits, Delivered};
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::model::StoredManifest;
+use crate::model::{StoredFragment, StoredManifest};
 use crate::plan::bound_load::LoadPlan;
+use crate::plan::integrity::BLOCK_BYTES;
 use crate::plan::load::TransferRegion;
 use crate::runtime::MemoryRegion;
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
@@ -143,6 +145,15 @@ pub struct LoadStats {
     /// Bytes read into staging buffers (the staged regions' spans: their rows plus
     /// the gaps between them).
     pub staged_bytes: u64,
+    /// Bytes of the stored 1 MiB blocks checked against the revision's integrity
+    /// record (0 when the restore was not verified: verification off, or a revision
+    /// without a record).
+    pub verified_bytes: u64,
+    /// Bytes read only to complete that check: the parts of blocks this restore did
+    /// not read itself (the gaps of partly read blocks), and blocks read again
+    /// (delivered to device memory by a store that cannot sum it, or by overlapping
+    /// reads).
+    pub verify_read_bytes: u64,
 }
 
 struct PendingRange {
@@ -276,15 +287,27 @@ pub(crate) unsafe fn load(
     if sizes.len() != keys.len() {
         return Err(store_err(ErrorKind::Store, "object_sizes returned invalid result count"));
     }
+    // How integrity errors name an object: its stored fragment (tensor, box, ids).
+    let mut fragment_of: BTreeMap<&str, &StoredFragment> = BTreeMap::new();
+    for &i in &ops {
+        let src = plan.logical().source_of(&plan.regions()[i]);
+        fragment_of.entry(src.object_key()).or_insert(src);
+    }
+    let name = |key: &str| match fragment_of.get(key) {
+        Some(f) => super::integrity::describe(f),
+        None => format!("payload of object {key}"),
+    };
+    let mut object_sizes: BTreeMap<&str, u64> = BTreeMap::new();
     for ((key, end), size) in needed.iter().zip(sizes) {
         let size =
             size.map_err(|e| store_err(e.kind(), format!("get_into_ranges failed for {key}: {}", e.message())))?;
         if size < *end {
             return Err(store_err(
                 ErrorKind::Integrity,
-                format!("get_into_ranges failed for {key}: object holds {size} bytes, the manifest needs {end}"),
+                format!("get_into_ranges failed for {key}: {} holds {size} bytes, the manifest needs {end}", name(key)),
             ));
         }
+        object_sizes.insert(key, size);
     }
     let verifier = super::integrity::prepare(ws, plan.manifest())?;
     // Group by target runtime fragment (sorted by runtime id).
@@ -332,6 +355,7 @@ pub(crate) unsafe fn load(
     let mut stats = Tally {
         stats: LoadStats::default(),
         progress: Reporter::start(args.progress, ProgressPhase::Restore, total_bytes, ops.len() as u64),
+        delivered: verifier.as_ref().map(|_| Delivered::default()),
     };
     let body = |io_started: &mut bool| {
         *io_started = true;
@@ -349,11 +373,17 @@ pub(crate) unsafe fn load(
             stats.direct_regions = stats.regions;
             r
         };
-        let checked = match &verifier {
-            // SAFETY: the target views are valid and ours for the call (this function's `# Safety`).
-            Some(v) if read.is_ok() => unsafe {
-                v.verify_restore(&*ws.store, plan, &ops, options.max_range_bytes, options.max_region_segments)
-            },
+        let checked = match (&verifier, stats.delivered.take()) {
+            (Some(v), Some(delivered)) if read.is_ok() => {
+                let limits = CheckLimits {
+                    max_range_bytes: options.max_range_bytes,
+                    max_ranges_per_request: options.max_ranges_per_request,
+                };
+                v.check(&*ws.store, delivered, &object_sizes, &name, &limits).map(|done| {
+                    stats.verified_bytes = done.bytes;
+                    stats.verify_read_bytes = done.extra_bytes;
+                })
+            }
             _ => read,
         };
         if checked.is_ok() {
@@ -411,6 +441,8 @@ pub(crate) unsafe fn load(
 struct Tally<'p> {
     stats: LoadStats,
     progress: Reporter<'p>,
+    /// What the reads delivered, with checksums, when the restore is verified.
+    delivered: Option<Delivered>,
 }
 
 impl Tally<'_> {
@@ -432,6 +464,56 @@ impl std::ops::DerefMut for Tally<'_> {
     }
 }
 
+/// `get_into_strided`, or its checked form when the restore is verified.
+///
+/// # Safety
+/// As [`ObjectStore::get_into_strided`].
+unsafe fn checked_strided(
+    store: &dyn ObjectStore,
+    reads: &[StridedRead<'_>],
+    checked: bool,
+) -> Vec<Result<crate::store::CheckedRead>> {
+    if checked {
+        // SAFETY: the caller's contract.
+        unsafe { store.get_into_strided_checked(reads, BLOCK_BYTES) }
+    } else {
+        // SAFETY: the caller's contract.
+        let results = unsafe { store.get_into_strided(reads) };
+        results.into_iter().map(|r| r.map(|bytes| crate::store::CheckedRead { bytes, crcs: None })).collect()
+    }
+}
+
+/// `get_into_ranges`, or its checked form when the restore is verified: then every
+/// delivered range's checksums go to `stats.delivered` (per-item results unchanged).
+///
+/// # Safety
+/// As [`ObjectStore::get_into_ranges`].
+unsafe fn checked_ranges(store: &dyn ObjectStore, reads: &[RangeRead<'_>], stats: &mut Tally<'_>) -> Vec<Result<u64>> {
+    let Some(delivered) = &mut stats.delivered else {
+        // SAFETY: the caller's contract.
+        return unsafe { store.get_into_ranges(reads) };
+    };
+    // SAFETY: the caller's contract.
+    let results = unsafe { store.get_into_ranges_checked(reads, BLOCK_BYTES) };
+    if results.len() != reads.len() {
+        return results.into_iter().map(|r| r.map(|c| c.bytes)).collect();
+    }
+    results
+        .into_iter()
+        .zip(reads)
+        .map(|(res, r)| {
+            let c = res?;
+            if c.bytes == r.dest.len {
+                delivered.add(r.key, c.bytes, c.crcs, |f| {
+                    f(r.object_offset, r.dest.len);
+                    Ok(())
+                })?;
+            }
+            Ok(c.bytes)
+        })
+        .collect()
+}
+
 /// Regions handed to a backend with native strided reads per call (at least; the
 /// regions of one target are never split across calls).
 const STRIDED_BATCH: usize = 256;
@@ -451,12 +533,23 @@ unsafe fn read_strided(
             return Ok(());
         }
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        let results = unsafe { store.get_into_strided(reads) };
+        let results = unsafe { checked_strided(store, reads, stats.delivered.is_some()) };
         stats.requests += 1;
         if results.len() != reads.len() {
             return Err(store_err(ErrorKind::Store, "get_into_strided returned invalid result count"));
         }
         for (r, res) in reads.iter().zip(results) {
+            let res = res.and_then(|c| {
+                if let Some(d) = &mut stats.delivered {
+                    d.add(r.key, c.bytes, c.crcs, |f| {
+                        r.for_each_segment(|s, _, n| {
+                            f(s, n);
+                            Ok(())
+                        })
+                    })?;
+                }
+                Ok(c.bytes)
+            });
             match res {
                 Ok(n) if n == r.total_bytes() => {
                     stats.ranges += r.segment_count();
@@ -632,7 +725,7 @@ unsafe fn flush_staged(
         }
     }
     // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-    let results = unsafe { store.get_into_ranges(&reads) };
+    let results = unsafe { checked_ranges(store, &reads, stats) };
     stats.requests += 1;
     if results.len() != reads.len() {
         return Err(store_err(ErrorKind::Store, "get_into_ranges returned invalid range count"));
@@ -769,7 +862,7 @@ unsafe fn flush(
         .map(|p| RangeRead { key: keys[p.key_index as usize], object_offset: p.object_offset, dest: p.dest })
         .collect();
     // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-    let results = unsafe { store.get_into_ranges(&reads) };
+    let results = unsafe { checked_ranges(store, &reads, stats) };
     stats.requests += 1;
     if results.len() != reads.len() {
         return Err(store_err(ErrorKind::Store, "get_into_ranges returned invalid range count"));

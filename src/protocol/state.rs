@@ -39,13 +39,19 @@ pub struct StoreLimits {
     /// [`crate::ErrorKind::LimitExceeded`] before it is read or allocated.
     pub max_metadata_bytes: u64,
     /// Verify restored payloads against the revision's integrity record when it has
-    /// one (`protocol::integrity`: every touched 1 MiB block re-read and checked
-    /// with CRC-32C, delivered bytes compared); a corrupted, truncated or swapped
-    /// payload then fails with [`crate::ErrorKind::Integrity`] naming the fragment.
-    /// Default: false, because it costs more than 10% of a restore (measured by
-    /// `cargo bench --bench io`: +160% to +360% on the memory and directory stores,
-    /// where a restore runs near memcpy speed). `mws verify` checks a revision
-    /// offline at any time. Snapshots write the record regardless.
+    /// one (default: true). The check is fused with the copy: the store's checked
+    /// reads ([`crate::store::ObjectStore::get_into_ranges_checked`]) return the
+    /// CRC-32C of every range they deliver, computed while the bytes are copied; the
+    /// restore combines them into the checksum of every 1 MiB block it touched and
+    /// compares it with the record (`protocol::integrity`). Blocks the restore reads
+    /// only in part are completed by reading just their gaps. A corrupted, truncated
+    /// or swapped payload fails with [`crate::ErrorKind::Integrity`] naming the tensor,
+    /// the stored fragment's box, the fragment id and the object key. Cost on the
+    /// embedded stores: see `docs/INTEGRITY.md` (`cargo bench --bench io`,
+    /// `figure: restore_verified_vs_unverified`). A revision without a record (one the
+    /// reference wrote, or an older one) restores unverified. `false` skips the check
+    /// (the reference's behaviour); `mws verify` checks a revision offline at any time.
+    /// Snapshots write the record regardless.
     pub verify_integrity: bool,
 }
 
@@ -57,7 +63,7 @@ impl Default for StoreLimits {
             max_region_segments: 1 << 32,
             staging_bytes: DEFAULT_STAGING_BYTES,
             max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
-            verify_integrity: false,
+            verify_integrity: true,
         }
     }
 }

@@ -87,12 +87,13 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 
 use super::dirfd::{c_name, kind_of, mtime_secs, Dir, EntryKind};
-use super::kernels::run_parallel_on;
+use super::kernels::{run_parallel_on, CrcRuns};
 use super::memory::{
     already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
 };
 use super::{
-    alloc_failed, not_found, too_large, validate_key, ObjectStore, PutFrom, RangeRead, StridedRead, WriteConfig,
+    alloc_failed, not_found, too_large, validate_key, CheckedRead, ObjectStore, PutFrom, RangeRead, StridedRead,
+    WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
@@ -660,7 +661,24 @@ impl DirectoryStore {
         }
     }
 
-    unsafe fn read_one(&self, r: &RangeRead<'_>, cache: &mut ReadCache) -> Result<u64> {
+    /// One range; with `span`, also the CRC-32C of what it delivered.
+    unsafe fn read_one(&self, r: &RangeRead<'_>, cache: &mut ReadCache, span: Option<u64>) -> Result<CheckedRead> {
+        let mut sums = span.map(CrcRuns::new);
+        // SAFETY: forwarded from this function's contract.
+        let bytes = unsafe { self.read_one_into(r, cache, sums.as_mut()) }?;
+        Ok(CheckedRead { bytes, crcs: sums.map(CrcRuns::finish) })
+    }
+
+    /// One range, summing what it delivers into `sums` when given: host reads `pread`
+    /// in pieces of [`PREAD_CRC_BYTES`] and sum each piece from the destination right
+    /// after it landed (still in cache); device reads sum the bounce buffer before it
+    /// goes to the copy hook.
+    unsafe fn read_one_into(
+        &self,
+        r: &RangeRead<'_>,
+        cache: &mut ReadCache,
+        mut sums: Option<&mut CrcRuns>,
+    ) -> Result<u64> {
         if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
             return Err(device_unsupported(r.key));
         }
@@ -678,7 +696,16 @@ impl DirectoryStore {
                 if len > 0 {
                     // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
                     let dst = unsafe { std::slice::from_raw_parts_mut(host_ptr_mut(&r.dest, r.key)?, len) };
-                    file.read_exact_at(dst, r.object_offset).map_err(short)?;
+                    match sums {
+                        None => file.read_exact_at(dst, r.object_offset).map_err(short)?,
+                        Some(sums) => {
+                            for (k, piece) in dst.chunks_mut(PREAD_CRC_BYTES).enumerate() {
+                                let at = r.object_offset + (k * PREAD_CRC_BYTES) as u64;
+                                file.read_exact_at(piece, at).map_err(short)?;
+                                sums.account(at, piece);
+                            }
+                        }
+                    }
                 }
             }
             MemoryKind::Device(_) => {
@@ -691,6 +718,9 @@ impl DirectoryStore {
                     let dst = MemoryRegion { address: r.dest.address + off as u64, len: n as u64, kind: r.dest.kind };
                     hook.host_to_device(&buf[..n], dst)
                         .map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
+                    if let Some(sums) = sums.as_deref_mut() {
+                        sums.account(r.object_offset + off as u64, &buf[..n]);
+                    }
                     off += n;
                 }
             }
@@ -698,6 +728,9 @@ impl DirectoryStore {
         Ok(len as u64)
     }
 }
+
+/// Piece of a checked host `pread` summed right after it landed (fits in L2).
+const PREAD_CRC_BYTES: usize = 256 << 10;
 
 /// Single-segment host reads shorter than this use `pread`; longer ones and every
 /// strided read are copied from a read-only mapping (one user-space streaming copy
@@ -774,15 +807,23 @@ impl DirectoryStore {
     /// (its own result), then the host reads that passed are copied merged by
     /// destination ([`super::kernels::copy_merged`]). Device reads and short single-segment
     /// reads go one by one ([`DirectoryStore::read_strided`]).
-    unsafe fn read_group(&self, reads: &[StridedRead<'_>], cache: &mut ReadCache) -> Vec<Result<u64>> {
-        let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
+    /// With `span`, every item also returns the CRC-32C of what it delivered (summed
+    /// from the mappings as the kernels copy, or from the destination after each
+    /// `pread` piece).
+    unsafe fn read_group(
+        &self,
+        reads: &[StridedRead<'_>],
+        cache: &mut ReadCache,
+        span: Option<u64>,
+    ) -> Vec<Result<CheckedRead>> {
+        let mut results: Vec<Result<CheckedRead>> = Vec::with_capacity(reads.len());
         let mut maps: Vec<(usize, Mapping, u64)> = Vec::new(); // (read index, mapping, its object offset)
         let mut base: *mut u8 = std::ptr::null_mut();
         for (i, r) in reads.iter().enumerate() {
             let direct = r.segment_count() <= 1 && (cache.concurrent || r.total_bytes() < MAP_MIN_BYTES);
             if r.dest.kind != MemoryKind::Host || direct {
                 // SAFETY: forwarded from this function's contract.
-                results.push(unsafe { self.read_strided(r, cache) });
+                results.push(unsafe { self.read_strided(r, cache, span) });
                 continue;
             }
             let checked = (|| {
@@ -807,7 +848,7 @@ impl DirectoryStore {
                     let end = r.object_offset + r.reach_src().expect("checked by check_bounds");
                     maps.push((i, Self::map_range(file, r.key, start, end)?, start));
                 }
-                Ok(r.total_bytes())
+                Ok(CheckedRead { bytes: r.total_bytes(), crcs: span.map(|_| Vec::new()) })
             })();
             results.push(checked);
         }
@@ -820,10 +861,16 @@ impl DirectoryStore {
                     src_origin: *start,
                 })
                 .collect();
+            let mut sums: Option<Vec<CrcRuns>> = span.map(|s| maps.iter().map(|_| CrcRuns::new(s)).collect());
             // SAFETY: every part passed `check_bounds` against its object's size and the
             // shared destination view (valid and ours: this function's contract); each
-            // mapping covers the object bytes its read touches.
-            unsafe { super::kernels::copy_merged(base, &parts) };
+            // mapping covers the object bytes its read touches and outlives the sums.
+            unsafe { super::kernels::copy_merged(base, &parts, sums.as_deref_mut()) };
+            for (runs, (i, _, _)) in sums.into_iter().flatten().zip(&maps) {
+                if let Ok(c) = &mut results[*i] {
+                    c.crcs = Some(runs.finish());
+                }
+            }
         }
         results
     }
@@ -831,8 +878,14 @@ impl DirectoryStore {
     /// One strided read segment by segment through [`DirectoryStore::read_one`]
     /// (`pread`, or the copy hook for device memory): for device destinations and
     /// short single-segment reads.
-    unsafe fn read_strided(&self, r: &StridedRead<'_>, cache: &mut ReadCache) -> Result<u64> {
+    unsafe fn read_strided(
+        &self,
+        r: &StridedRead<'_>,
+        cache: &mut ReadCache,
+        span: Option<u64>,
+    ) -> Result<CheckedRead> {
         let mut total = 0;
+        let mut sums = span.map(CrcRuns::new);
         r.for_each_segment(|s, d, n| {
             let range = RangeRead {
                 key: r.key,
@@ -840,10 +893,42 @@ impl DirectoryStore {
                 dest: MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind },
             };
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            total += unsafe { self.read_one(&range, cache) }?;
+            total += unsafe { self.read_one_into(&range, cache, sums.as_mut()) }?;
             Ok(())
         })?;
-        Ok(total)
+        Ok(CheckedRead { bytes: total, crcs: sums.map(CrcRuns::finish) })
+    }
+
+    unsafe fn strided(&self, reads: &[StridedRead<'_>], span: Option<u64>) -> Vec<Result<CheckedRead>> {
+        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
+        let mut results: Vec<Result<CheckedRead>> = (0..reads.len()).map(|_| Ok(CheckedRead::default())).collect();
+        let groups = super::kernels::dest_groups(reads);
+        let concurrent = super::kernels::parallel_workers(groups.len(), bytes, self.threads.get()) > 1;
+        let done =
+            run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, cache: &mut ReadCache| {
+                cache.concurrent = concurrent;
+                // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
+                unsafe { self.read_group(&reads[groups[g].clone()], cache, span) }
+            });
+        for (g, rs) in done {
+            for (i, r) in groups[g].clone().zip(rs) {
+                results[i] = r;
+            }
+        }
+        results
+    }
+
+    unsafe fn ranges(&self, ranges: &[RangeRead<'_>], span: Option<u64>) -> Vec<Result<CheckedRead>> {
+        let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
+        let mut results: Vec<Result<CheckedRead>> = (0..ranges.len()).map(|_| Ok(CheckedRead::default())).collect();
+        // SAFETY: as above, for `read_one`'s ranges.
+        let done = run_parallel_on((0..ranges.len()).collect(), bytes, self.threads.get(), |i, cache| unsafe {
+            self.read_one(&ranges[i], cache, span)
+        });
+        for (i, r) in done {
+            results[i] = r;
+        }
+        results
     }
 }
 
@@ -940,22 +1025,15 @@ impl ObjectStore for DirectoryStore {
     }
 
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
-        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
-        let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        let groups = super::kernels::dest_groups(reads);
-        let concurrent = super::kernels::parallel_workers(groups.len(), bytes, self.threads.get()) > 1;
-        let done =
-            run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, cache: &mut ReadCache| {
-                cache.concurrent = concurrent;
-                // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
-                unsafe { self.read_group(&reads[groups[g].clone()], cache) }
-            });
-        for (g, rs) in done {
-            for (i, r) in groups[g].clone().zip(rs) {
-                results[i] = r;
-            }
-        }
-        results
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.strided(reads, None) }.into_iter().map(|r| r.map(|c| c.bytes)).collect()
+    }
+
+    /// Sums the mapped source bytes as the copy kernels copy them, `pread` pieces
+    /// right after they landed, device bounce buffers before the copy hook.
+    unsafe fn get_into_strided_checked(&self, reads: &[StridedRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.strided(reads, Some(crc_span)) }
     }
 
     fn put(&self, key: &str, value: &[u8], _config: &WriteConfig<'_>) -> Result<()> {
@@ -1009,16 +1087,13 @@ impl ObjectStore for DirectoryStore {
     }
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        let bytes: u64 = ranges.iter().map(|r| r.dest.len).sum();
-        let mut results: Vec<Result<u64>> = (0..ranges.len()).map(|_| Ok(0)).collect();
-        // SAFETY: as above, for `read_one`'s ranges.
-        let done = run_parallel_on((0..ranges.len()).collect(), bytes, self.threads.get(), |i, cache| unsafe {
-            self.read_one(&ranges[i], cache)
-        });
-        for (i, r) in done {
-            results[i] = r;
-        }
-        results
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.ranges(ranges, None) }.into_iter().map(|r| r.map(|c| c.bytes)).collect()
+    }
+
+    unsafe fn get_into_ranges_checked(&self, ranges: &[RangeRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.ranges(ranges, Some(crc_span)) }
     }
 }
 

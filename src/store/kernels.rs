@@ -7,6 +7,7 @@
 //! contract itself is `store/mod.rs`.
 
 use super::StridedRead;
+pub(crate) use crate::copy::CrcRuns;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Below this many bytes in a batch, items run sequentially on the calling thread.
@@ -156,25 +157,43 @@ impl<'r> Cursor<'r> {
 /// are canonical contiguous views), so the order changes no byte. Issues
 /// [`copy_fence`] at the end.
 ///
+/// With `sums` (one [`CrcRuns`] per part), every copy also sums its source bytes
+/// (verified restores, [`super::ObjectStore::get_into_strided_checked`]).
+///
 /// # Safety
 /// Every part must have passed [`StridedRead::check_bounds`] against its object and
 /// its destination view (`dst` is that view's first byte, valid for writes of
 /// `dest.len` bytes and not accessed by anyone else); each part's `src` must be valid
-/// for reads of the object bytes the read touches; sources and destination disjoint.
-pub(crate) unsafe fn copy_merged(dst: *mut u8, parts: &[MappedRead<'_, '_>]) {
-    for chunk in parts.chunks(MERGE_WAYS) {
+/// for reads of the object bytes the read touches, until `sums` are finished;
+/// sources and destination disjoint.
+pub(crate) unsafe fn copy_merged(dst: *mut u8, parts: &[MappedRead<'_, '_>], mut sums: Option<&mut [CrcRuns]>) {
+    // One segment: `n` bytes of object offset `obj` (at `src`) to destination offset `d`.
+    let mut copy = |p: usize, d: u64, src: *const u8, obj: u64, n: u64| {
+        // SAFETY: the read was checked against its object and the view (this
+        // function's contract), so both ranges lie inside them.
+        unsafe {
+            match sums.as_deref_mut() {
+                Some(s) => s[p].copy(dst.add(d as usize), src, obj, n as usize),
+                None => copy_for_restore(dst.add(d as usize), src, n as usize),
+            }
+        }
+    };
+    for (c, chunk) in parts.chunks(MERGE_WAYS).enumerate() {
+        let first = c * MERGE_WAYS;
         if let [one] = chunk {
             let (r, src, origin) = (one.read, one.src, one.src_origin);
             let _ = r.for_each_segment(|s, d, n| {
-                // SAFETY: the read was checked against its object and the view (this
-                // function's contract), so both ranges lie inside them.
-                unsafe { copy_for_restore(dst.add(d as usize), src.add((s - origin) as usize), n as usize) };
+                // SAFETY: `s - origin` lies inside the checked source bytes.
+                copy(first, d, unsafe { src.add((s - origin) as usize) }, s, n);
                 Ok(())
             });
             continue;
         }
-        let mut heads: Vec<(Cursor<'_>, *const u8, usize)> =
-            chunk.iter().map(|m| (Cursor::new(m), m.src, m.read.inner_bytes as usize)).collect();
+        let mut heads: Vec<(Cursor<'_>, *const u8, u64, usize, u64)> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (Cursor::new(m), m.src, m.src_origin, first + i, m.read.inner_bytes))
+            .collect();
         while !heads.is_empty() {
             let mut k = 0;
             for (i, h) in heads.iter().enumerate().skip(1) {
@@ -182,10 +201,10 @@ pub(crate) unsafe fn copy_merged(dst: *mut u8, parts: &[MappedRead<'_, '_>]) {
                     k = i;
                 }
             }
-            let (c, src, n) = &mut heads[k];
+            let (c, src, origin, p, n) = &mut heads[k];
             // SAFETY: as above: the current segment of a checked read lies inside its
             // source bytes and inside the destination view.
-            unsafe { copy_for_restore(dst.add(c.d as usize), src.add(c.s as usize), *n) };
+            copy(*p, c.d, unsafe { src.add(c.s as usize) }, c.s + *origin, *n);
             if !c.advance() {
                 heads.swap_remove(k);
             }

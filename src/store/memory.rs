@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::kernels::run_parallel_on;
-use super::{not_found, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
+use super::kernels::{run_parallel_on, CrcRuns};
+use super::{not_found, CheckedRead, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
 use crate::runtime::{CopyHook, MemoryRegion};
@@ -143,27 +143,40 @@ impl MemoryStore {
         self.insert_new(item.key, value, group_id, record_type)
     }
 
-    unsafe fn read_one(&self, r: &RangeRead<'_>) -> Result<u64> {
+    /// One range; with `span`, also the CRC-32C of the bytes delivered (summed from
+    /// the value as it is copied, or as it is handed to the copy hook).
+    unsafe fn read_one(&self, r: &RangeRead<'_>, span: Option<u64>) -> Result<CheckedRead> {
         if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
             return Err(device_unsupported(r.key));
         }
         let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
         let (start, len) = check_range(r, value.len() as u64)?;
         let src = &value[start..start + len];
+        let mut sums = span.map(CrcRuns::new);
         match r.dest.kind {
             MemoryKind::Host => {
                 if len > 0 {
                     let dst = host_ptr_mut(&r.dest, r.key)?;
-                    // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+                    match &mut sums {
+                        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above; `value` outlives `sums`.
+                        Some(s) => unsafe {
+                            s.copy(dst, src.as_ptr(), r.object_offset, len);
+                            super::kernels::copy_fence();
+                        },
+                        // SAFETY: as above.
+                        None => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) },
+                    }
                 }
             }
             MemoryKind::Device(_) => {
                 let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
                 hook.host_to_device(src, r.dest).map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
+                if let Some(s) = &mut sums {
+                    s.account(r.object_offset, src);
+                }
             }
         }
-        Ok(len as u64)
+        Ok(CheckedRead { bytes: len as u64, crcs: sums.map(CrcRuns::finish) })
     }
 }
 
@@ -172,15 +185,16 @@ impl MemoryStore {
     /// [`super::kernels::dest_groups`]): each read is looked up and checked on its own (its
     /// own result), then the host reads that passed are copied merged by destination
     /// ([`super::kernels::copy_merged`]); device reads go one by one through the hook.
-    unsafe fn read_group(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
-        let mut results: Vec<Result<u64>> = Vec::with_capacity(reads.len());
+    /// With `span`, every item also returns the CRC-32C of what it delivered.
+    unsafe fn read_group(&self, reads: &[StridedRead<'_>], span: Option<u64>) -> Vec<Result<CheckedRead>> {
+        let mut results: Vec<Result<CheckedRead>> = Vec::with_capacity(reads.len());
         let mut values: Vec<Arc<[u8]>> = Vec::new();
         let mut merged: Vec<(usize, usize)> = Vec::new(); // (read index, value index)
         let mut base: *mut u8 = std::ptr::null_mut();
         for (i, r) in reads.iter().enumerate() {
             if r.dest.kind != MemoryKind::Host {
                 // SAFETY: forwarded from this function's contract.
-                results.push(unsafe { self.read_strided(r) });
+                results.push(unsafe { self.read_strided(r, span) });
                 continue;
             }
             let checked = (|| {
@@ -191,7 +205,7 @@ impl MemoryStore {
                     merged.push((i, values.len()));
                     values.push(value);
                 }
-                Ok(r.total_bytes())
+                Ok(CheckedRead { bytes: r.total_bytes(), crcs: span.map(|_| Vec::new()) })
             })();
             results.push(checked);
         }
@@ -200,29 +214,37 @@ impl MemoryStore {
                 .iter()
                 .map(|&(i, v)| super::kernels::MappedRead { read: &reads[i], src: values[v].as_ptr(), src_origin: 0 })
                 .collect();
+            let mut sums: Option<Vec<CrcRuns>> = span.map(|s| merged.iter().map(|_| CrcRuns::new(s)).collect());
             // SAFETY: every part passed `check_bounds` against its value and the shared
-            // destination view, which this function's caller guarantees valid and ours.
-            unsafe { super::kernels::copy_merged(base, &parts) };
+            // destination view, which this function's caller guarantees valid and ours;
+            // `values` outlive the sums.
+            unsafe { super::kernels::copy_merged(base, &parts, sums.as_deref_mut()) };
+            for (runs, &(i, _)) in sums.into_iter().flatten().zip(&merged) {
+                if let Ok(c) = &mut results[i] {
+                    c.crcs = Some(runs.finish());
+                }
+            }
         }
         results
     }
 
-    unsafe fn read_strided(&self, r: &StridedRead<'_>) -> Result<u64> {
+    unsafe fn read_strided(&self, r: &StridedRead<'_>, span: Option<u64>) -> Result<CheckedRead> {
         let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
         r.check_bounds(value.len() as u64)?;
+        let mut sums = span.map(CrcRuns::new);
         match r.dest.kind {
             MemoryKind::Host => {
                 if r.total_bytes() > 0 {
                     let base = host_ptr_mut(&r.dest, r.key)?;
                     r.for_each_segment(|s, d, n| {
                         // Bounds were checked for the whole region above.
-                        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+                        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above; `value` outlives `sums`.
                         unsafe {
-                            super::kernels::copy_for_restore(
-                                base.add(d as usize),
-                                value.as_ptr().add(s as usize),
-                                n as usize,
-                            )
+                            let (dst, src) = (base.add(d as usize), value.as_ptr().add(s as usize));
+                            match &mut sums {
+                                Some(sums) => sums.copy(dst, src, s, n as usize),
+                                None => super::kernels::copy_for_restore(dst, src, n as usize),
+                            }
                         };
                         Ok(())
                     })?;
@@ -233,11 +255,32 @@ impl MemoryStore {
                 let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
                 r.for_each_segment(|s, d, n| {
                     let dest = MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind };
-                    hook.host_to_device(&value[s as usize..(s + n) as usize], dest)
+                    let bytes = &value[s as usize..(s + n) as usize];
+                    hook.host_to_device(bytes, dest)?;
+                    if let Some(sums) = &mut sums {
+                        sums.account(s, bytes);
+                    }
+                    Ok(())
                 })?;
             }
         }
-        Ok(r.total_bytes())
+        Ok(CheckedRead { bytes: r.total_bytes(), crcs: sums.map(CrcRuns::finish) })
+    }
+
+    unsafe fn strided(&self, reads: &[StridedRead<'_>], span: Option<u64>) -> Vec<Result<CheckedRead>> {
+        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
+        let groups = super::kernels::dest_groups(reads);
+        let mut results: Vec<Result<CheckedRead>> = (0..reads.len()).map(|_| Ok(CheckedRead::default())).collect();
+        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
+        let done = run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, _: &mut ()| unsafe {
+            self.read_group(&reads[groups[g].clone()], span)
+        });
+        for (g, rs) in done {
+            for (i, r) in groups[g].clone().zip(rs) {
+                results[i] = r;
+            }
+        }
+        results
     }
 }
 
@@ -282,19 +325,15 @@ impl ObjectStore for MemoryStore {
     }
 
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
-        let bytes: u64 = reads.iter().map(|r| r.total_bytes()).sum();
-        let groups = super::kernels::dest_groups(reads);
-        let mut results: Vec<Result<u64>> = (0..reads.len()).map(|_| Ok(0)).collect();
-        // SAFETY: this function's caller guarantees every destination region valid and exclusively ours for the call (its `# Safety`), which is `read_group`'s contract.
-        let done = run_parallel_on((0..groups.len()).collect(), bytes, self.threads.get(), |g, _: &mut ()| unsafe {
-            self.read_group(&reads[groups[g].clone()])
-        });
-        for (g, rs) in done {
-            for (i, r) in groups[g].clone().zip(rs) {
-                results[i] = r;
-            }
-        }
-        results
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.strided(reads, None) }.into_iter().map(|r| r.map(|c| c.bytes)).collect()
+    }
+
+    /// Sums the source bytes as the copy kernels copy them (or as they are handed to
+    /// the copy hook).
+    unsafe fn get_into_strided_checked(&self, reads: &[StridedRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.strided(reads, Some(crc_span)) }
     }
 
     fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
@@ -350,7 +389,12 @@ impl ObjectStore for MemoryStore {
 
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        ranges.iter().map(|r| unsafe { self.read_one(r) }).collect()
+        ranges.iter().map(|r| unsafe { self.read_one(r, None) }.map(|c| c.bytes)).collect()
+    }
+
+    unsafe fn get_into_ranges_checked(&self, ranges: &[RangeRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: forwarded from this function's contract.
+        ranges.iter().map(|r| unsafe { self.read_one(r, Some(crc_span)) }).collect()
     }
 }
 

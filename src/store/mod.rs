@@ -21,6 +21,7 @@ pub(crate) mod kernels;
 pub mod memory;
 pub mod remote;
 
+pub use crate::crc::RangeCrc;
 pub use kernels::io_threads;
 
 /// The kind of object a write creates (Mooncake's `ReplicateConfig.data_type`).
@@ -174,6 +175,40 @@ impl StridedRead<'_> {
     }
 }
 
+/// One item's result of a checked read ([`ObjectStore::get_into_ranges_checked`],
+/// [`ObjectStore::get_into_strided_checked`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckedRead {
+    /// Bytes copied (what the unchecked read returns).
+    pub bytes: u64,
+    /// The CRC-32C of the object bytes the item delivered, as runs over object offsets
+    /// in delivery order: every delivered byte is in exactly one run (a byte that two
+    /// segments of a strided read deliver, in one run per delivery), and no run crosses
+    /// a multiple of the call's `crc_span`. `None` when the store could not sum them
+    /// (device memory through the default implementations).
+    pub crcs: Option<Vec<RangeCrc>>,
+}
+
+/// The runs of the host bytes delivered into `dest` at `dest_offset` for object
+/// bytes `[object_offset, +len)` (the default implementations' read-back).
+///
+/// # Safety
+/// `dest` is host memory valid for reads of its bytes that the read just wrote.
+unsafe fn sum_delivered(
+    runs: &mut crate::copy::CrcRuns,
+    dest: &MemoryRegion,
+    dest_offset: u64,
+    object_offset: u64,
+    len: u64,
+) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract; the segment lies inside `dest` (the read succeeded).
+    let bytes = unsafe { std::slice::from_raw_parts((dest.address + dest_offset) as usize as *const u8, len as usize) };
+    runs.account(object_offset, bytes);
+}
+
 /// What moving bytes through a backend costs, as the restore planner models it:
 /// a request of `r` ranges and `b` bytes costs about
 /// `per_request_ns + r * per_range_ns + b / bytes_per_second`. The planner uses it to
@@ -295,6 +330,67 @@ pub trait ObjectStore: Send + Sync {
     /// Every `dest` region must be valid for writes of `len` bytes, and not accessed
     /// by anyone else, for the duration of the call.
     unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>>;
+
+    /// As [`ObjectStore::get_into_ranges`], and per successful item the CRC-32C of the
+    /// object bytes it delivered ([`CheckedRead`]; runs split at multiples of
+    /// `crc_span` object bytes). Verified restores use it: the checksums are compared
+    /// with the integrity record's block checksums.
+    ///
+    /// The default implementation reads the host destination back after
+    /// [`ObjectStore::get_into_ranges`] returns (one extra pass over the delivered
+    /// bytes at CRC-32C speed, serial with the reads), and cannot sum device memory
+    /// (`crcs: None`). The embedded backends compute the checksums while they copy.
+    ///
+    /// # Safety
+    /// As [`ObjectStore::get_into_ranges`]; besides, host destinations stay readable
+    /// for the duration of the call.
+    unsafe fn get_into_ranges_checked(&self, ranges: &[RangeRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: this function's contract is `get_into_ranges`'s.
+        let results = unsafe { self.get_into_ranges(ranges) };
+        results
+            .into_iter()
+            .zip(ranges)
+            .map(|(res, r)| {
+                let bytes = res?;
+                if r.dest.kind != MemoryKind::Host || bytes != r.dest.len {
+                    return Ok(CheckedRead { bytes, crcs: None });
+                }
+                let mut runs = crate::copy::CrcRuns::new(crc_span);
+                // SAFETY: the read just wrote `dest` (host, readable: this function's contract).
+                unsafe { sum_delivered(&mut runs, &r.dest, 0, r.object_offset, bytes) };
+                Ok(CheckedRead { bytes, crcs: Some(runs.finish()) })
+            })
+            .collect()
+    }
+
+    /// As [`ObjectStore::get_into_strided`], and per successful item the CRC-32C of the
+    /// object bytes it delivered (see [`ObjectStore::get_into_ranges_checked`]; the
+    /// default reads host destinations back segment by segment after the call).
+    ///
+    /// # Safety
+    /// As [`ObjectStore::get_into_strided`]; besides, host destinations stay readable
+    /// for the duration of the call.
+    unsafe fn get_into_strided_checked(&self, reads: &[StridedRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
+        // SAFETY: this function's contract is `get_into_strided`'s.
+        let results = unsafe { self.get_into_strided(reads) };
+        results
+            .into_iter()
+            .zip(reads)
+            .map(|(res, r)| {
+                let bytes = res?;
+                if r.dest.kind != MemoryKind::Host || bytes != r.total_bytes() {
+                    return Ok(CheckedRead { bytes, crcs: None });
+                }
+                let mut runs = crate::copy::CrcRuns::new(crc_span);
+                r.for_each_segment(|s, d, n| {
+                    // SAFETY: the read just wrote every segment of `dest` (host, readable).
+                    unsafe { sum_delivered(&mut runs, &r.dest, d, s, n) };
+                    Ok(())
+                })?;
+                Ok(CheckedRead { bytes, crcs: Some(runs.finish()) })
+            })
+            .collect()
+    }
 
     /// The backend's cost model (see [`StoreCost`]). The default is
     /// [`StoreCost::REMOTE`]; embedded backends report [`StoreCost::LOCAL`].
