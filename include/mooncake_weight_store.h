@@ -166,6 +166,21 @@
 #define MWS_STAGING_OFF UINT64_MAX
 
 /**
+ * `mws_store_options.verify_integrity`: the default, which verifies restores.
+ */
+#define MWS_VERIFY_DEFAULT 0
+
+/**
+ * `mws_store_options.verify_integrity`: verify restores (as the default).
+ */
+#define MWS_VERIFY_ON 1
+
+/**
+ * `mws_store_options.verify_integrity`: do not verify restores.
+ */
+#define MWS_VERIFY_OFF 2
+
+/**
  * The kind of a parallel axis (`mws_parallel_axis.kind`).
  */
 typedef enum mws_axis_kind {
@@ -1688,14 +1703,17 @@ typedef struct mws_store_options {
      */
     uint64_t max_metadata_bytes;
     /**
-     * 1: restores (`mws_store_load`) verify what they read against the revision's
-     * integrity record (CRC-32C of every 1 MiB block, written by every snapshot of
-     * this library); a corrupted, truncated or swapped payload fails with
-     * `MWS_INTEGRITY` naming the fragment. 0 (the default): off, because it re-reads
-     * every touched block (+160% to +360% restore time on the embedded stores, see
-     * README "Integrity"). Other values are `MWS_INVALID_ARGUMENT`. Revisions without
-     * a record (the reference's) load unverified either way. Added at the end of the
-     * struct (rebuild against this header; zeroed = default).
+     * Whether restores (`mws_store_load`, loaders over this store) verify what they
+     * read against the revision's integrity record (CRC-32C of every 1 MiB block,
+     * written by every snapshot of this library): `MWS_VERIFY_DEFAULT` (0, a zeroed
+     * struct) and `MWS_VERIFY_ON` (1) verify, `MWS_VERIFY_OFF` (2) does not. Other
+     * values are `MWS_INVALID_ARGUMENT`. The check is fused with the copy (the
+     * checksums are computed as the bytes are copied; see docs/INTEGRITY.md for its
+     * cost); a corrupted, truncated or swapped payload fails with `MWS_INTEGRITY`
+     * naming the tensor, the stored fragment's box, the fragment id and the object
+     * key. Revisions without a record (the reference's, older ones) load unverified
+     * either way. Until 0.2 this field was a boolean with 0 = off; its layout is
+     * unchanged and 1 still means on.
      */
     uint32_t verify_integrity;
 } mws_store_options;

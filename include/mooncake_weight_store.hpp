@@ -572,9 +572,10 @@ struct StoreOptions {
     std::uint64_t staging_bytes = 0;
     /// Largest manifest or decision record read back; 0 = default (256 MiB).
     std::uint64_t max_metadata_bytes = 0;
-    /// Verify restores against the revision's integrity record (off by default;
-    /// see mws_store_options::verify_integrity).
-    bool verify_integrity = false;
+    /// Verify restores against the revision's integrity record (on by default; the
+    /// check is fused with the copy; false opts out). Revisions without a record
+    /// restore unverified. See mws_store_options::verify_integrity.
+    bool verify_integrity = true;
 
     /// The C options; key_prefix points into this object, which must outlive their
     /// use and not change meanwhile.
@@ -588,7 +589,7 @@ struct StoreOptions {
         o.copy_hook_ctx = copy_hook_ctx;
         o.staging_bytes = staging_bytes;
         o.max_metadata_bytes = max_metadata_bytes;
-        o.verify_integrity = verify_integrity ? 1u : 0u;
+        o.verify_integrity = verify_integrity ? MWS_VERIFY_ON : MWS_VERIFY_OFF;
         return o;
     }
 };

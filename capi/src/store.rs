@@ -47,6 +47,13 @@ handle!(mws_store);
 /// `mws_store_options.staging_bytes` value that turns restore staging off.
 pub const MWS_STAGING_OFF: u64 = u64::MAX;
 
+/// `mws_store_options.verify_integrity`: the default, which verifies restores.
+pub const MWS_VERIFY_DEFAULT: u32 = 0;
+/// `mws_store_options.verify_integrity`: verify restores (as the default).
+pub const MWS_VERIFY_ON: u32 = 1;
+/// `mws_store_options.verify_integrity`: do not verify restores.
+pub const MWS_VERIFY_OFF: u32 = 2;
+
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
 #[repr(C)]
@@ -83,14 +90,17 @@ pub struct mws_store_options {
     /// object fails with `MWS_LIMIT_EXCEEDED` before it is read or allocated. Added at
     /// the end of the struct in 0.1 (rebuild against this header; zeroed = default).
     pub max_metadata_bytes: u64,
-    /// 1: restores (`mws_store_load`) verify what they read against the revision's
-    /// integrity record (CRC-32C of every 1 MiB block, written by every snapshot of
-    /// this library); a corrupted, truncated or swapped payload fails with
-    /// `MWS_INTEGRITY` naming the fragment. 0 (the default): off, because it re-reads
-    /// every touched block (+160% to +360% restore time on the embedded stores, see
-    /// README "Integrity"). Other values are `MWS_INVALID_ARGUMENT`. Revisions without
-    /// a record (the reference's) load unverified either way. Added at the end of the
-    /// struct (rebuild against this header; zeroed = default).
+    /// Whether restores (`mws_store_load`, loaders over this store) verify what they
+    /// read against the revision's integrity record (CRC-32C of every 1 MiB block,
+    /// written by every snapshot of this library): `MWS_VERIFY_DEFAULT` (0, a zeroed
+    /// struct) and `MWS_VERIFY_ON` (1) verify, `MWS_VERIFY_OFF` (2) does not. Other
+    /// values are `MWS_INVALID_ARGUMENT`. The check is fused with the copy (the
+    /// checksums are computed as the bytes are copied; see docs/INTEGRITY.md for its
+    /// cost); a corrupted, truncated or swapped payload fails with `MWS_INTEGRITY`
+    /// naming the tensor, the stored fragment's box, the fragment id and the object
+    /// key. Revisions without a record (the reference's, older ones) load unverified
+    /// either way. Until 0.2 this field was a boolean with 0 = off; its layout is
+    /// unchanged and 1 still means on.
     pub verify_integrity: u32,
 }
 
@@ -132,9 +142,14 @@ pub(crate) unsafe fn read_options(
         config.limits.max_metadata_bytes = o.max_metadata_bytes;
     }
     config.limits.verify_integrity = match o.verify_integrity {
-        0 => false,
-        1 => true,
-        v => return Err(Failure::invalid(format!("options->verify_integrity must be 0 or 1, got {v}"))),
+        MWS_VERIFY_DEFAULT | MWS_VERIFY_ON => true,
+        MWS_VERIFY_OFF => false,
+        v => {
+            return Err(Failure::invalid(format!(
+                "options->verify_integrity must be MWS_VERIFY_DEFAULT (0), MWS_VERIFY_ON (1) or MWS_VERIFY_OFF (2), \
+                 got {v}"
+            )))
+        }
     };
     let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
         None

@@ -450,11 +450,14 @@ class RegistrationLease(OwnedHandle):
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
              max_region_segments: int, staging_bytes: Optional[int] = None,
-             verify_integrity: bool = False) -> Optional[_lib.mws_store_options]:
+             verify_integrity: bool = True) -> Optional[_lib.mws_store_options]:
     """``staging_bytes``: None = the library's default (64 MiB, chosen per region by
-    the store's cost model), 0 = never stage, N = a staging budget of N bytes."""
-    if key_prefix is None and staging_bytes is None and not (
-            max_range_bytes or max_ranges_per_request or max_region_segments or verify_integrity):
+    the store's cost model), 0 = never stage, N = a staging budget of N bytes.
+    ``verify_integrity``: True = the library's default (verify), False = off."""
+    if not isinstance(verify_integrity, bool):
+        raise ArgumentError("verify_integrity must be True or False")
+    if key_prefix is None and staging_bytes is None and verify_integrity and not (
+            max_range_bytes or max_ranges_per_request or max_region_segments):
         return None
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
                     ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes or 0)):
@@ -464,7 +467,8 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
     return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
                                   max_ranges_per_request=max_ranges_per_request,
                                   max_region_segments=max_region_segments, staging_bytes=c_staging,
-                                  verify_integrity=1 if verify_integrity else 0)
+                                  verify_integrity=_lib.MWS_VERIFY_ON if verify_integrity
+                                  else _lib.MWS_VERIFY_OFF)
 
 
 class Store(OwnedHandle):
@@ -485,9 +489,11 @@ class Store(OwnedHandle):
     stores such as Mooncake — a region of many short rows is read as one span into a
     registered staging buffer and scattered locally when the store's cost model (the
     backend's optional ``cost()``) says that is cheaper; host targets only; ``verify_integrity``
-    (default False: restores check what they read against the revision's CRC-32C
-    integrity record and fail with :class:`IntegrityError` naming the fragment; off by
-    default because it costs +160% to +360% of a restore on the embedded stores).
+    (default True: restores check what they read against the revision's CRC-32C
+    integrity record, computed as the bytes are copied, and fail with
+    :class:`IntegrityError` naming the tensor, the stored fragment's box, the fragment
+    id and the object key; False opts out; revisions without a record restore
+    unverified; cost: ``docs/INTEGRITY.md``).
     """
 
     _FREE = "mws_store_free"
@@ -505,7 +511,7 @@ class Store(OwnedHandle):
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
                max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-               copy_hook: Any = None, verify_integrity: bool = False) -> "Store":
+               copy_hook: Any = None, verify_integrity: bool = True) -> "Store":
         """An in-memory store (single process; objects live as long as the store).
         ``copy_hook``: a :class:`~mooncake_weight_store.device.CopyHook` for device
         memory (see :mod:`mooncake_weight_store.device`)."""
@@ -517,7 +523,7 @@ class Store(OwnedHandle):
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                   max_region_segments: int = 0, staging_bytes: Optional[int] = None, copy_hook: Any = None,
-                  verify_integrity: bool = False) -> "Store":
+                  verify_integrity: bool = True) -> "Store":
         """The crash-safe directory store rooted at ``path`` (``copy_hook``: as
         :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
@@ -547,12 +553,14 @@ class Store(OwnedHandle):
     def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                      max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-                     verify_integrity: bool = False) -> "Store":
+                     verify_integrity: bool = True) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
         ``backend.close()`` when the library destroys the store. ``verify_integrity``:
-        as for the embedded stores (restores check what they read against the
-        revision's integrity record)."""
+        as for the embedded stores (default True: restores check what they read
+        against the revision's integrity record; through a Python backend the
+        checksums are computed from the host destination after each request, and
+        blocks delivered to device memory are read again into host memory)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
                         verify_integrity)
         _bury()
