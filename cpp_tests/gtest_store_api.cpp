@@ -400,3 +400,53 @@ TEST(StoreOptions, StagingBytesRestoresTheSameBytes) {
     ASSERT_EQ(mws_store_open_memory(&zero, &s), MWS_OK);
     mws_store_free(s);
 }
+
+TEST(StoreOptions, RestoresVerifyIntegrityByDefaultAndCanOptOut) {
+    // Issue 29: a zeroed mws_store_options (MWS_VERIFY_DEFAULT) and a default
+    // mws::StoreOptions verify restores; a changed payload fails with MWS_INTEGRITY
+    // naming the tensor and its box; MWS_VERIFY_OFF (verify_integrity = false)
+    // restores it without error; other values are refused.
+    auto *map = new MapStore();
+    {
+        mws::Store store = mws::Store::from_vtable(MapStore::vtable(), map);
+        const auto &defs = dense_model();
+        HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+        std::string key(snapshot(store, src).key());
+        mws::StoredManifest m = store.load_manifest(key);
+        mws_stored_fragment_info f = m.fragment(0);
+        std::string object(f.object_key, std::strlen(f.object_key));
+        std::string tensor(f.tensor_id, std::strlen(f.tensor_id));
+        {
+            std::lock_guard<std::mutex> g(map->mu);
+            map->objects[object][3] ^= 0x01;
+        }
+        HostModel dst(placement_json("dst", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+        try {
+            restore(store, store.load_manifest(key), dst);
+            FAIL() << "a default restore of a corrupted payload succeeded";
+        } catch (const mws::Error &e) {
+            EXPECT_EQ(e.status(), MWS_INTEGRITY) << e.what();
+            EXPECT_NE(std::string(e.what()).find("payload of tensor " + tensor + " (box offset ["), std::string::npos)
+                << e.what();
+        }
+        mws::StoreOptions off;
+        off.verify_integrity = false;
+        mws::Store unverified = mws::Store::from_vtable(MapStore::vtable(), map, off);
+        HostModel dst2(placement_json("dst", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+        mws_load_stats st = restore(unverified, unverified.load_manifest(key), dst2);
+        EXPECT_GT(st.bytes, 0u);
+    }
+    EXPECT_EQ(map->destroyed, 2);
+    delete map;
+    mws_store_options o{};
+    mws_store *s = nullptr;
+    o.verify_integrity = MWS_VERIFY_OFF;
+    ASSERT_EQ(mws_store_open_memory(&o, &s), MWS_OK);
+    mws_store_free(s);
+    o.verify_integrity = MWS_VERIFY_ON;
+    ASSERT_EQ(mws_store_open_memory(&o, &s), MWS_OK);
+    mws_store_free(s);
+    o.verify_integrity = 3;
+    EXPECT_EQ(mws_store_open_memory(&o, &s), MWS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("MWS_VERIFY_OFF"), std::string::npos);
+}

@@ -269,6 +269,8 @@ pub(crate) struct CrcRuns {
     crc: u32,
     folded: u64,
     pending: *const u8,
+    /// The first multiple of `span` after `start`: the open run ends there at most.
+    limit: u64,
 }
 
 impl CrcRuns {
@@ -283,6 +285,7 @@ impl CrcRuns {
             crc: 0,
             folded: 0,
             pending: std::ptr::null(),
+            limit: 0,
         }
     }
 
@@ -323,8 +326,17 @@ impl CrcRuns {
             }
         } else {
             self.close();
-            *self =
-                CrcRuns { open: true, start: at, end: at, crc: 0, folded: at, pending: src, ..std::mem::take(self) };
+            let limit = (at / self.span).saturating_add(1).saturating_mul(self.span);
+            *self = CrcRuns {
+                open: true,
+                start: at,
+                end: at,
+                crc: 0,
+                folded: at,
+                pending: src,
+                limit,
+                ..std::mem::take(self)
+            };
         }
     }
 
@@ -334,7 +346,24 @@ impl CrcRuns {
     /// # Safety
     /// As [`copy_streaming`]; besides, the source bytes stay valid and unchanged until
     /// [`CrcRuns::finish`] (short pieces are summed after later copies).
+    #[inline]
     pub(crate) unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, object_offset: u64, n: usize) {
+        // Fast path (the rows of a reshard): a short piece that extends the open run
+        // inside its span; no division, summed later with the window.
+        if n < FUSED_MIN
+            && self.open
+            && object_offset == self.end
+            && object_offset + n as u64 <= self.limit
+            && src == self.pending.wrapping_add((self.end - self.folded) as usize)
+        {
+            // SAFETY: the caller's contract.
+            unsafe { copy_streaming(dst, src, n) };
+            self.end += n as u64;
+            if self.end - self.folded >= CRC_WINDOW {
+                self.fold();
+            }
+            return;
+        }
         pieces(self.span, object_offset, n as u64, |o, done, len| {
             let (len, done) = (len as usize, done as usize);
             // SAFETY: `done + len <= n`: inside the caller's ranges.

@@ -9,21 +9,29 @@
 //!   (create-only, metadata, in the revision's group) before the commit decision is
 //!   claimed, when every receipt carries checksums. Abort, finalize and lost races
 //!   remove it like the transaction's payloads (`removable_key`).
-//! - Restore: `prepare` reads the record once (none: the revision loads
-//!   unverified, as the reference wrote it); `Verifier::verify_restore` runs after
-//!   the reads, inside the pin scope. For every block a restore touched, fully or
-//!   partly (strided reshards read only parts of blocks), it reads the whole block
-//!   from the store again into a host scratch buffer, checks its CRC-32C against
-//!   the record, then compares every byte delivered into host target buffers with
-//!   the verified block. A partly read block is therefore verified whole, and what
-//!   landed in the target is proven equal to verified bytes. Device targets get the
-//!   stored blocks verified (their delivered bytes are not read back).
-//!   Failures are [`ErrorKind::Integrity`] and name the fragment id and the object.
+//! - Restore (on by default, [`super::StoreLimits::verify_integrity`]): `prepare`
+//!   reads the record once (none: the revision loads unverified, as the reference
+//!   wrote it). The restore's reads are the store's checked reads
+//!   ([`ObjectStore::get_into_ranges_checked`] / `get_into_strided_checked`): each
+//!   returns the CRC-32C of the object bytes it delivered, as runs that never cross a
+//!   1 MiB block, computed while the bytes are copied (embedded stores) or from the
+//!   host destination right after the read (the contract's default, e.g. remote
+//!   stores). They are collected in [`Delivered`]; `Verifier::check` then runs inside
+//!   the pin scope: per touched block, the runs are combined (CRC-32C combine) into
+//!   the block's checksum and compared with the record. A block this participant
+//!   read only in part (strided reshards read parts of rows) is completed by reading
+//!   just its gaps, with their checksums, or, when the store's cost model says one
+//!   read of the block is cheaper than a range per gap, by reading the block again.
+//!   Blocks delivered without checksums (device memory through a store that cannot
+//!   sum it) or by overlapping reads are read again whole into host memory,
+//!   checked, and every delivered run is checked against them. Failures are
+//!   [`ErrorKind::Integrity`] and name the tensor, the stored fragment's box, the
+//!   fragment id and the object ([`describe`]).
 //! - Operators: [`verify_revision`] checks every object of a committed revision
 //!   (presence, size, every block) and returns a list of problems (`mws verify`).
 
 use super::receipt::UploadReceipt;
-use super::state::WeightStore;
+use super::state::{StagingPool, WeightStore};
 use crate::crc::Combiner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{StoredFragment, StoredManifest};
@@ -506,6 +514,7 @@ impl Verifier {
     pub(crate) fn check(
         &self,
         store: &dyn ObjectStore,
+        pool: &StagingPool,
         delivered: Delivered,
         sizes: &BTreeMap<&str, u64>,
         names: &dyn Fn(&str) -> String,
@@ -611,16 +620,19 @@ impl Verifier {
         if pending.is_empty() {
             return Ok(verified);
         }
-        self.complete(store, &pending, names, limits, &mut combiner, &mut verified)?;
+        self.complete(store, pool, &pending, names, limits, &mut combiner, &mut verified)?;
         Ok(verified)
     }
 
-    /// Reads what `pending` blocks need (gaps or whole blocks) into one registered
-    /// scratch buffer, in batches of at most [`SCRATCH_BYTES`] and
-    /// `max_ranges_per_request` ranges, and checks each block.
+    /// Reads what `pending` blocks need (gaps or whole blocks) into a registered
+    /// buffer of the weight store's staging pool (registered once per weight store
+    /// and reused, like the restores' staging buffers), in batches of at most
+    /// [`SCRATCH_BYTES`] and `max_ranges_per_request` ranges, and checks each block.
+    #[allow(clippy::too_many_arguments)]
     fn complete(
         &self,
         store: &dyn ObjectStore,
+        pool: &StagingPool,
         pending: &[Pending<'_>],
         names: &dyn Fn(&str) -> String,
         limits: &CheckLimits,
@@ -639,16 +651,11 @@ impl Verifier {
             }
         };
         let need: u64 = pending.iter().flat_map(|p| wants(p)).map(|w| w.1).sum();
-        let cap = need.min(SCRATCH_BYTES).max(BLOCK_BYTES.min(need));
-        let mut scratch: Vec<u8> = Vec::new();
-        scratch
-            .try_reserve_exact(cap as usize)
-            .map_err(|_| crate::store::alloc_failed("the integrity check's scratch buffer", cap))?;
-        scratch.resize(cap as usize, 0);
-        let region = MemoryRegion { address: scratch.as_ptr() as u64, len: cap, kind: MemoryKind::Host };
-        store.register_buffer(region).map_err(|e| {
-            Error::new(e.kind(), format!("register_buffer failed for the integrity check's buffer: {}", e.message()))
-        })?;
+        // Powers of two from 1 MiB to SCRATCH_BYTES: few sizes ever enter the pool.
+        let cap = need.next_power_of_two().clamp(BLOCK_BYTES, SCRATCH_BYTES);
+        let buffer = pool.take(store, cap)?;
+        let region = buffer.region();
+        let cap = region.len;
         let result = (|| -> Result<()> {
             let mut k = 0;
             while k < pending.len() {
@@ -667,9 +674,13 @@ impl Verifier {
                     ranges += n;
                     k += 1;
                 }
-                // SAFETY: `scratch` is ours, registered, and every read lands inside it.
-                let got = unsafe { self.read_batch(store, pending, &batch, &scratch, limits) }?;
+                // SAFETY: the pool lent us this registered buffer alone until
+                // `give_back`; every read lands inside it.
+                let got = unsafe { self.read_batch(store, pending, &batch, region, limits) }?;
                 verified.extra_bytes += used;
+                // SAFETY: as above; the store wrote it and returned: `region.len` bytes of
+                // plain heap memory, read only from here on.
+                let scratch = unsafe { std::slice::from_raw_parts(region.address as *const u8, region.len as usize) };
                 for ((i, w, off), crcs) in batch.iter().zip(got) {
                     let p = &pending[*i];
                     let bytes: u64 = w.iter().map(|x| x.1).sum();
@@ -679,7 +690,7 @@ impl Verifier {
             }
             Ok(())
         })();
-        let _ = store.unregister_buffer(region.address);
+        pool.give_back(buffer);
         result
     }
 
@@ -688,16 +699,17 @@ impl Verifier {
     /// its wanted ranges.
     ///
     /// # Safety
-    /// `scratch` is registered with the store, ours, and large enough for the batch.
+    /// `scratch` is host memory registered with the store, ours alone for the call,
+    /// and large enough for the batch.
     unsafe fn read_batch(
         &self,
         store: &dyn ObjectStore,
         pending: &[Pending<'_>],
         batch: &[(usize, Vec<(u64, u64)>, u64)],
-        scratch: &[u8],
+        scratch: MemoryRegion,
         limits: &CheckLimits,
     ) -> Result<Vec<Vec<u32>>> {
-        let base = scratch.as_ptr() as u64;
+        let base = scratch.address;
         let mut reads: Vec<RangeRead<'_>> = Vec::new();
         let mut owner: Vec<(usize, usize)> = Vec::new(); // (batch index, want index)
         for (bi, (i, wants, off)) in batch.iter().enumerate() {
@@ -750,8 +762,11 @@ impl Verifier {
                     runs.iter().fold(0, |c, x| combiner.combine(c, x.crc, x.len))
                 }
                 _ => {
-                    let off = (r.dest.address - base) as usize;
-                    crc32c::crc32c(&scratch[off..off + r.dest.len as usize])
+                    // SAFETY: the store filled this range of the scratch buffer (ours,
+                    // this function's contract) and returned.
+                    let landed =
+                        unsafe { std::slice::from_raw_parts(r.dest.address as *const u8, r.dest.len as usize) };
+                    crc32c::crc32c(landed)
                 }
             };
             let slot = &mut out[bi][wi];

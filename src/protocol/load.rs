@@ -379,7 +379,7 @@ pub(crate) unsafe fn load(
                     max_range_bytes: options.max_range_bytes,
                     max_ranges_per_request: options.max_ranges_per_request,
                 };
-                v.check(&*ws.store, delivered, &object_sizes, &name, &limits).map(|done| {
+                v.check(&*ws.store, &ws.staging, delivered, &object_sizes, &name, &limits).map(|done| {
                     stats.verified_bytes = done.bytes;
                     stats.verify_read_bytes = done.extra_bytes;
                 })

@@ -820,7 +820,8 @@ impl DirectoryStore {
         let mut maps: Vec<(usize, Mapping, u64)> = Vec::new(); // (read index, mapping, its object offset)
         let mut base: *mut u8 = std::ptr::null_mut();
         for (i, r) in reads.iter().enumerate() {
-            let direct = r.segment_count() <= 1 && (cache.concurrent || r.total_bytes() < MAP_MIN_BYTES);
+            let exp_map = span.is_some() && std::env::var_os("MWS_EXP_MAP_CHECKED").is_some();
+            let direct = r.segment_count() <= 1 && ((cache.concurrent && !exp_map) || r.total_bytes() < MAP_MIN_BYTES);
             if r.dest.kind != MemoryKind::Host || direct {
                 // SAFETY: forwarded from this function's contract.
                 results.push(unsafe { self.read_strided(r, cache, span) });
