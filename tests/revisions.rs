@@ -124,7 +124,7 @@ fn invalid_manifests_and_arguments_are_named() {
     mem.put("weights/default/m/fake/1/manifest", other.to_json().as_bytes(), &CFG).unwrap();
     let e = ws.revisions("default", "m").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidManifest);
-    assert!(e.message().contains("\"m\"") && e.message().contains("weights/default/m/fake/1/manifest"), "{e}");
+    assert!(e.message().contains("'m'") && e.message().contains("weights/default/m/fake/1/manifest"), "{e}");
     mem.remove("weights/default/m/fake/1/manifest").unwrap();
 
     // A manifest that does not decode.
@@ -144,7 +144,7 @@ fn a_store_that_cannot_list_says_so_and_names_the_resource() {
     let ws = WeightStore::new(fake_store::FakeStore::new());
     let e = ws.revisions("default", "my-model").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported);
-    assert!(e.message().contains("\"my-model\"") && e.message().contains("manifest key"), "{e}");
+    assert!(e.message().contains("'my-model'") && e.message().contains("manifest key"), "{e}");
     assert_eq!(ws.latest_revision("default", "my-model").unwrap_err().kind(), ErrorKind::Unsupported);
 }
 

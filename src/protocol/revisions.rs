@@ -40,6 +40,7 @@ use super::state::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::keys::resource_key_prefix;
 use crate::model::{KeyLayout, StoredManifest};
+use crate::pyrepr::repr;
 
 /// One committed revision of a resource (see the module documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,8 +108,10 @@ fn parse_rest(rest: &str) -> Option<u64> {
     generation.parse().ok()
 }
 
+/// The prefix of every error message: the resource asked for, quoted as Python's
+/// `repr` quotes it (the bindings' messages quote names that way).
 fn context(resource_id: &str, e: &Error) -> String {
-    format!("cannot list the revisions of {resource_id:?}: {}", e.message())
+    format!("cannot list the revisions of {}: {}", repr(resource_id), e.message())
 }
 
 /// The manifest keys under the resource's prefix.
@@ -126,7 +129,7 @@ fn candidates(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Ve
     });
     if let Err(e) = listed {
         let hint = if e.kind() == ErrorKind::Unsupported {
-            " (a store that cannot list its keys, such as Mooncake Store, holds revisions that are loaded by manifest key)"
+            "; revisions in such a store (Mooncake Store) are loaded by their manifest key"
         } else {
             ""
         };
@@ -154,13 +157,14 @@ fn read(ws: &WeightStore, namespace: &str, resource_id: &str, c: &Candidate) -> 
         return Err(Error::new(
             ErrorKind::InvalidManifest,
             format!(
-                "cannot list the revisions of {resource_id:?}: the manifest at {} describes revision {:?} \
-                 (generation {}) of {:?} in namespace {:?}, which belongs at another key",
+                "cannot list the revisions of {}: the manifest at {} describes revision {} (generation {}) of {} \
+                 in namespace {}, which belongs at another key",
+                repr(resource_id),
                 c.key,
-                m.revision(),
+                repr(m.revision()),
                 m.weight_generation(),
-                m.resource_id(),
-                m.namespace()
+                repr(m.resource_id()),
+                repr(m.namespace())
             ),
         ));
     }
