@@ -529,6 +529,14 @@ def save_state_dict(
     receives this rank's upload :class:`~mooncake_weight_store.progress.Progress`
     (for example :class:`~mooncake_weight_store.progress.ProgressBar`). ``fingerprint`` is
     the layout fingerprint of every tensor, ``fingerprints`` overrides it per name.
+
+    Refused before anything is written (:class:`StateDictError`, message naming what
+    was passed): a ``state_dict`` that is not a mapping, an empty one (``{}``; with an
+    exchange, when every rank's is empty), and a zero-size tensor (a dimension of 0:
+    the store format has none; the message names the tensor and its shape). Thread
+    safety: concurrent saves of different revisions are fine; the tensors are only
+    read. The returned manifest is the caller's (close it or let it be collected).
+    List what was saved with :meth:`Store.revisions` / :meth:`Store.latest`.
     """
     ex = exchange or LocalExchange()
     par = parallel or Parallel()
