@@ -666,11 +666,11 @@ fn a_regular_file_where_the_store_root_belongs_is_named() {
     let t = TempDir::new("root-is-a-file");
     let file = t.0.join("weights.bin");
     std::fs::write(&file, b"not a store").unwrap();
-    let e = DirectoryStore::open(&file).err().expect("a file is not a store root");
+    let Err(e) = DirectoryStore::open(&file) else { panic!("a file is not a store root") };
     assert_eq!(e.kind(), ErrorKind::Io);
     assert!(e.message().contains(&format!("{}: it is a file, not a directory", file.display())), "{e}");
     let below = file.join("store");
-    let e = DirectoryStore::open(&below).err().expect("nothing can be created below a file");
+    let Err(e) = DirectoryStore::open(&below) else { panic!("nothing can be created below a file") };
     assert_eq!(e.kind(), ErrorKind::Io);
     assert!(e.message().contains(&below.display().to_string()), "{e}");
     assert!(e.message().contains(&format!("{} is a file, not a directory", file.display())), "{e}");
