@@ -317,6 +317,91 @@ done:
     free(buf1);
 }
 
+/* mws_revision_list: the committed revisions of a resource, without a hand-built key.
+ * A plan's manifest published with a raw put stands for a commit (a listing reads
+ * manifests only). */
+static void test_revisions(void) {
+    mws_placement *p = parse_sample();
+    unsigned char *buf0 = (unsigned char *)calloc(1, 32);
+    unsigned char *buf1 = (unsigned char *)calloc(1, 32);
+    mws_binding *b[2] = {NULL, NULL};
+    const mws_binding *set[2];
+    mws_upload_options opt;
+    mws_upload_plan *plan = NULL;
+    mws_store *store = NULL;
+    mws_revision_list *list = NULL;
+    mws_revision_list *none = NULL;
+    mws_revision_info info;
+    const char *json;
+    size_t len = 0;
+    if (p == NULL || buf0 == NULL || buf1 == NULL) {
+        goto done;
+    }
+    CHECK_STATUS(sample_bind(p, MWS_SAMPLE_P0, 1, buf0, 32, &b[0]), MWS_OK);
+    CHECK_STATUS(sample_bind(p, MWS_SAMPLE_P1, 1, buf1, 32, &b[1]), MWS_OK);
+    set[0] = b[0];
+    set[1] = b[1];
+    memset(&opt, 0, sizeof opt);
+    opt.transaction_id = MWS_SAMPLE_TRANSACTION_ID;
+    opt.created_at = MWS_SAMPLE_CREATED_AT;
+    CHECK_STATUS(mws_upload_plan_new(p, set, 2, &opt, &plan), MWS_OK);
+    CHECK_STATUS(mws_store_open_memory(NULL, &store), MWS_OK);
+    if (plan == NULL || store == NULL) {
+        goto done;
+    }
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, "fixture-model", &none), MWS_OK);
+    CHECK(mws_revision_list_count(none) == 0);
+    mws_revision_list_free(none);
+    none = NULL;
+    json = mws_upload_plan_manifest_json(plan, &len);
+    CHECK_STATUS(mws_store_put(store, mws_upload_plan_manifest_key(plan, NULL), (const uint8_t *)json, len, NULL),
+                 MWS_OK);
+
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, "fixture-model", &list), MWS_OK);
+    CHECK(mws_revision_list_count(list) == 1);
+    CHECK_STATUS(mws_revision_list_get(list, 0, &info), MWS_OK);
+    CHECK(strcmp(info.revision, "rev-1") == 0);
+    CHECK(info.weight_generation == 1);
+    CHECK(strcmp(info.manifest_key, "weights/default/fixture-model/rev-1/1/manifest") == 0);
+    CHECK(strcmp(info.manifest_digest, MWS_SAMPLE_MANIFEST_DIGEST) == 0);
+    CHECK(strcmp(info.created_at, MWS_SAMPLE_CREATED_AT) == 0);
+    CHECK_STATUS(mws_revision_list_get(list, 1, &info), MWS_INVALID_ARGUMENT);
+    CHECK(has_message("mws_revision_list_get"));
+    mws_revision_list_free(list);
+    list = NULL;
+
+    CHECK_STATUS(mws_revision_list_latest_from_store(store, "default", "fixture-model", &list), MWS_OK);
+    CHECK(mws_revision_list_count(list) == 1);
+    /* Another namespace, another resource: nothing. */
+    CHECK_STATUS(mws_revision_list_latest_from_store(store, "other", "fixture-model", &none), MWS_OK);
+    CHECK(mws_revision_list_count(none) == 0);
+    mws_revision_list_free(none);
+    none = NULL;
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, "fixture", &none), MWS_OK);
+    CHECK(mws_revision_list_count(none) == 0);
+    mws_revision_list_free(none);
+    none = NULL;
+
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, "", &none), MWS_INVALID_ARGUMENT);
+    CHECK(strstr(mws_last_error_message(), "resource_id") != NULL);
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, NULL, &none), MWS_NULL_ARGUMENT);
+    CHECK_STATUS(mws_revision_list_from_store(NULL, NULL, "fixture-model", &none), MWS_NULL_ARGUMENT);
+    CHECK_STATUS(mws_revision_list_from_store(store, NULL, "fixture-model", NULL), MWS_NULL_ARGUMENT);
+    CHECK(none == NULL);
+    CHECK(mws_revision_list_count(NULL) == 0);
+    CHECK_STATUS(mws_revision_list_get(NULL, 0, &info), MWS_NULL_ARGUMENT);
+    mws_revision_list_free(NULL);
+done:
+    mws_revision_list_free(list);
+    mws_store_free(store);
+    mws_upload_plan_free(plan);
+    mws_binding_free(b[0]);
+    mws_binding_free(b[1]);
+    mws_placement_free(p);
+    free(buf0);
+    free(buf1);
+}
+
 /* mws_set_log_callback: records of the installed level reach the callback (an
  * upload plan logs its size at MWS_LOG_INFO); a stricter level and removal stop them. */
 typedef struct {
@@ -387,6 +472,7 @@ int main(void) {
     test_placement_invalid();
     test_binding();
     test_plan_upload();
+    test_revisions();
     test_log_callback();
     printf("c_api_test (%s): %d checks, %d failures\n",
 #ifdef __cplusplus

@@ -113,3 +113,36 @@ TEST(CxxWrapper, VersionAndStatusName) {
                                   std::to_string(MWS_VERSION_PATCH));
     EXPECT_EQ(mws::status_name(MWS_CONFLICT), "MWS_CONFLICT");
 }
+
+TEST(CxxWrapper, RevisionsAndLatestWithoutHandBuiltKeys) {
+    auto p = mws::Placement::from_json(MWS_SAMPLE_PLACEMENT_JSON);
+    std::vector<unsigned char> buffers(64);
+    auto bindings = bind_all(p, buffers.data());
+    mws::UploadOptions o;
+    o.transaction_id = MWS_SAMPLE_TRANSACTION_ID;
+    o.created_at = MWS_SAMPLE_CREATED_AT;
+    auto plan = mws::plan_upload(p, bindings, o);
+    mws::Store store = mws::Store::open_memory();
+    EXPECT_TRUE(store.revisions("fixture-model").empty());
+    EXPECT_FALSE(store.latest("fixture-model").has_value());
+    // A published manifest is what a listing reads (a commit publishes it).
+    store.upsert(std::string(plan.manifest_key()), plan.manifest_json());
+    auto all = store.revisions("fixture-model");
+    ASSERT_EQ(all.size(), 1u);
+    EXPECT_EQ(all[0].revision, "rev-1");
+    EXPECT_EQ(all[0].weight_generation, 1u);
+    EXPECT_EQ(all[0].manifest_key, plan.manifest_key());
+    EXPECT_EQ(all[0].manifest_digest, MWS_SAMPLE_MANIFEST_DIGEST);
+    EXPECT_EQ(all[0].created_at, MWS_SAMPLE_CREATED_AT);
+    auto latest = store.latest("fixture-model", std::string("default"));
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(store.load_manifest(latest->manifest_key).digest(), MWS_SAMPLE_MANIFEST_DIGEST);
+    EXPECT_TRUE(store.revisions("fixture-model", std::string("other")).empty());
+    try {
+        store.revisions("");
+        FAIL() << "expected mws::Error";
+    } catch (const mws::Error &e) {
+        EXPECT_EQ(e.status(), MWS_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(e.what()).find("resource_id"), std::string::npos);
+    }
+}

@@ -605,6 +605,16 @@ typedef struct mws_receipts mws_receipts;
 typedef struct mws_registration_lease mws_registration_lease;
 
 /**
+ * Committed revisions of one resource, oldest first: ordered by weight generation,
+ * then `created_at`, then revision name (code-point order), so the newest is the
+ * last. Created by `mws_revision_list_from_store` (every revision) or
+ * `mws_revision_list_latest_from_store` (the newest only); freed by
+ * `mws_revision_list_free`. Immutable: may be used from several threads at once.
+ * A snapshot of the store at the call: revisions committed later are not in it.
+ */
+typedef struct mws_revision_list mws_revision_list;
+
+/**
  * A source worker's executor of a live transfer: pushes its part of a bound plan
  * into the remote targets (`mws_sink_execute`). Created by `mws_sink_new`, freed by
  * `mws_sink_free`; threading as `mws_loader`.
@@ -1608,6 +1618,35 @@ typedef struct mws_prepared_info {
      */
     uint64_t bytes;
 } mws_prepared_info;
+
+/**
+ * One committed revision, as returned by `mws_revision_list_get`. Every pointer is
+ * a NUL-terminated string borrowed from the list and valid until it is freed.
+ */
+typedef struct mws_revision_info {
+    /**
+     * Revision name.
+     */
+    const char *revision;
+    /**
+     * Weight generation.
+     */
+    uint64_t weight_generation;
+    /**
+     * Key of its published manifest (pass it to `mws_stored_manifest_from_store`).
+     */
+    const char *manifest_key;
+    /**
+     * Its manifest digest (64 lowercase hex).
+     */
+    const char *manifest_digest;
+    /**
+     * The manifest's `created_at`: when the upload was planned, UTC
+     * `YYYY-MM-DDTHH:MM:SSZ` when this library planned it (opaque text when another
+     * writer did). The store keeps no commit time; the commit follows this time.
+     */
+    const char *created_at;
+} mws_revision_info;
 
 /**
  * Device <-> host copies for the embedded stores (memory, directory), which cannot
@@ -3354,6 +3393,81 @@ enum mws_status mws_receipts_concat(const struct mws_receipts *const *list,
  */
 enum mws_status mws_receipts_from_plan(const struct mws_upload_plan *plan,
                                        struct mws_receipts **out);
+
+/**
+ * Lists every committed revision of `resource_id` in namespace `store_namespace`
+ * (NULL means `"default"`, the namespace uploads default to) under the store's key
+ * prefix: each key `<prefix>/<ns>/<resource>/<revision>/<generation>/manifest` whose
+ * manifest decodes strictly as that revision (a published manifest is a committed
+ * revision; keys of other layouts are skipped). Reads every manifest of the
+ * resource. New handle in `*out` (free with `mws_revision_list_free`); an empty list
+ * when the resource has no revision.
+ *
+ * Errors (each message names `resource_id`): `MWS_NULL_ARGUMENT`,
+ * `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (empty namespace or resource id),
+ * `MWS_UNSUPPORTED` (the store cannot list its keys: a vtable store without `list`,
+ * such as Mooncake Store; load by manifest key there), `MWS_INVALID_MANIFEST` (a
+ * manifest that does not decode, or that describes another revision than its key;
+ * the message names the key), `MWS_LIMIT_EXCEEDED` (a manifest above
+ * `max_metadata_bytes`), `MWS_STORE` / `MWS_IO`.
+ *
+ * Thread safety: any number of calls may run at once, also beside uploads and
+ * commits (a revision committed meanwhile may or may not be listed).
+ *
+ * # Safety
+ * `store` is NULL or a live handle; `store_namespace` and `resource_id` are NULL or
+ * NUL-terminated; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_revision_list_from_store(const struct mws_store *store,
+                                             const char *store_namespace,
+                                             const char *resource_id,
+                                             struct mws_revision_list **out);
+
+/**
+ * As `mws_revision_list_from_store`, keeping only the newest revision: a list of
+ * one element, or an empty list when the resource has no revision. The newest has
+ * the highest weight generation; among equal generations the greatest `created_at`,
+ * then the greatest revision name (code-point order) wins. Reads only the
+ * manifests of the highest generation. Errors and thread safety as
+ * `mws_revision_list_from_store`.
+ *
+ * # Safety
+ * As `mws_revision_list_from_store`.
+ */
+enum mws_status mws_revision_list_latest_from_store(const struct mws_store *store,
+                                                    const char *store_namespace,
+                                                    const char *resource_id,
+                                                    struct mws_revision_list **out);
+
+/**
+ * Frees a revision list. `NULL` does nothing. Strings borrowed from it become
+ * invalid.
+ *
+ * # Safety
+ * `list` is NULL or a live handle not yet freed, not in use by another thread.
+ */
+void mws_revision_list_free(struct mws_revision_list *list);
+
+/**
+ * Returns the number of revisions, or 0 (and the last error) if `list` is NULL.
+ *
+ * # Safety
+ * `list` is NULL or a live handle.
+ */
+size_t mws_revision_list_count(const struct mws_revision_list *list);
+
+/**
+ * Describes revision `index` (0 is the oldest, `count - 1` the newest) into `*out`;
+ * pointers borrowed from `list`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range).
+ *
+ * # Safety
+ * `list` is NULL or a live handle; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_revision_list_get(const struct mws_revision_list *list,
+                                      size_t index,
+                                      struct mws_revision_info *out);
 
 /**
  * Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.

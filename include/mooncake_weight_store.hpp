@@ -795,6 +795,41 @@ private:
     std::unique_ptr<mws_load_plan, detail::Deleter<mws_load_plan, mws_load_plan_free>> handle_;
 };
 
+/// One committed revision of a resource (Store::revisions, Store::latest): a copy of
+/// an mws_revision_info, valid on its own (nothing borrowed). An ordinary value.
+struct RevisionInfo {
+    /// Revision name.
+    std::string revision;
+    /// Weight generation.
+    std::uint64_t weight_generation = 0;
+    /// Key of its published manifest (pass it to Store::load_manifest).
+    std::string manifest_key;
+    /// Its manifest digest (64 lowercase hex).
+    std::string manifest_digest;
+    /// The manifest's created_at: when the upload was planned (UTC
+    /// YYYY-MM-DDTHH:MM:SSZ from this library's planner; the store keeps no commit time).
+    std::string created_at;
+};
+
+namespace detail {
+
+/// Copies every entry of `list` (owned here, freed on return or throw).
+inline std::vector<RevisionInfo> take_revisions(mws_revision_list *list) {
+    std::unique_ptr<mws_revision_list, Deleter<mws_revision_list, mws_revision_list_free>> owned(list);
+    std::vector<RevisionInfo> out;
+    std::size_t n = mws_revision_list_count(owned.get());
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        mws_revision_info info{};
+        check(mws_revision_list_get(owned.get(), i, &info));
+        out.push_back(RevisionInfo{info.revision, info.weight_generation, info.manifest_key, info.manifest_digest,
+                                   info.created_at});
+    }
+    return out;
+}
+
+}  // namespace detail
+
 /// A weight store over a backend (owns an mws_store).
 /// Move-only: an object store backend (memory, directory or caller vtable) plus the
 /// key prefix, limits and buffer-registration state of the weight protocol.
@@ -935,6 +970,37 @@ public:
         mws_stored_manifest *out = nullptr;
         detail::check(mws_stored_manifest_from_store(get(), key.c_str(), &out));
         return StoredManifest(out);
+    }
+    /// Every committed revision of `resource_id` in `store_namespace` (std::nullopt:
+    /// "default", the namespace uploads default to) under this store's key prefix,
+    /// oldest first: by weight generation, then created_at, then revision name, so the
+    /// newest is the last; empty when there is none (mws_revision_list_from_store;
+    /// reads every manifest of the resource). Throws mws::Error: MWS_INVALID_ARGUMENT
+    /// (empty namespace or resource id), MWS_UNSUPPORTED (the store cannot list its
+    /// keys, such as a Mooncake vtable store: load by manifest key there),
+    /// MWS_INVALID_MANIFEST (a manifest that does not decode or lies at another
+    /// revision's key), MWS_LIMIT_EXCEEDED, MWS_STORE / MWS_IO. May run beside any
+    /// other call.
+    std::vector<RevisionInfo> revisions(const std::string &resource_id,
+                                        const std::optional<std::string> &store_namespace = std::nullopt) const {
+        mws_revision_list *list = nullptr;
+        detail::check(mws_revision_list_from_store(get(), detail::c_str_or_null(store_namespace),
+                                                   resource_id.c_str(), &list));
+        return detail::take_revisions(list);
+    }
+    /// The newest committed revision of `resource_id` (the last of revisions():
+    /// highest weight generation, then latest created_at, then greatest revision
+    /// name), or std::nullopt when there is none
+    /// (mws_revision_list_latest_from_store; reads only the manifests of the highest
+    /// generation). Throws mws::Error: as revisions().
+    std::optional<RevisionInfo> latest(const std::string &resource_id,
+                                       const std::optional<std::string> &store_namespace = std::nullopt) const {
+        mws_revision_list *list = nullptr;
+        detail::check(mws_revision_list_latest_from_store(get(), detail::c_str_or_null(store_namespace),
+                                                          resource_id.c_str(), &list));
+        std::vector<RevisionInfo> all = detail::take_revisions(list);
+        if (all.empty()) return std::nullopt;
+        return all.back();
     }
     /// Restores the part of `plan` that belongs to `binding`'s participant (one worker
     /// when `args.worker_id` is set) and returns what moved (mws_store_load). Every

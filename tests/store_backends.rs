@@ -658,3 +658,21 @@ fn embedded_stores_support_device_memory_exactly_with_a_copy_hook() {
     assert!(memory(None).store.supports_memory(MemoryKind::Host));
     assert!(directory(None).store.supports_memory(MemoryKind::Host));
 }
+
+/// Issue 29: a path that is a regular file (or lies below one) cannot be a store root;
+/// the error names the path given and says what is in the way, and nothing is created.
+#[test]
+fn a_regular_file_where_the_store_root_belongs_is_named() {
+    let t = TempDir::new("root-is-a-file");
+    let file = t.0.join("weights.bin");
+    std::fs::write(&file, b"not a store").unwrap();
+    let Err(e) = DirectoryStore::open(&file) else { panic!("a file is not a store root") };
+    assert_eq!(e.kind(), ErrorKind::Io);
+    assert!(e.message().contains(&format!("{}: it is a file, not a directory", file.display())), "{e}");
+    let below = file.join("store");
+    let Err(e) = DirectoryStore::open(&below) else { panic!("nothing can be created below a file") };
+    assert_eq!(e.kind(), ErrorKind::Io);
+    assert!(e.message().contains(&below.display().to_string()), "{e}");
+    assert!(e.message().contains(&format!("{} is a file, not a directory", file.display())), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a store", "the file is left alone");
+}

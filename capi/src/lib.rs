@@ -12,7 +12,8 @@
 //! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
 //!   (`placement_builder`),
 //!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
-//!   (`upload_plan`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`), `mws_receipts_*` (`receipts`), `mws_store_*` (`store`),
+//!   (`upload_plan`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`), `mws_receipts_*` (`receipts`), `mws_revision_list_*`
+//!   (`revision_list`), `mws_store_*` (`store`),
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
 //!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
@@ -54,6 +55,7 @@ mod placement;
 mod placement_builder;
 mod prepared;
 mod receipts;
+mod revision_list;
 mod sink;
 mod store;
 mod store_jobs;
@@ -84,6 +86,7 @@ pub use placement::*;
 pub use placement_builder::*;
 pub use prepared::*;
 pub use receipts::*;
+pub use revision_list::*;
 pub use sink::*;
 pub use store::*;
 pub use store_jobs::*;

@@ -30,10 +30,16 @@ manifest = mws.save_state_dict(store, state_dict, resource_id="tiny-llm", revisi
                                progress=mws.ProgressBar("save"))
 print("saved", manifest.key, f"({manifest.fragment_count} fragments)")
 
+# The server finds the newest revision in the store (no key is built by hand);
+# load_state_dict(store, "latest", resource_id="tiny-llm", ...) does the same.
+latest = store.latest("tiny-llm")
+assert latest is not None and latest.manifest_key == manifest.key
+print("newest revision:", latest.revision, "generation", latest.weight_generation)
+
 # A TP=2 server: each rank restores only its own shards (fresh numpy arrays here, or
 # in place with into=model.state_dict()).
 for rank in range(2):
-    shards = mws.load_state_dict(store, manifest.key, sharding=sharding,
+    shards = mws.load_state_dict(store, latest, sharding=sharding,
                                  parallel=mws.Parallel(tp_rank=rank, tp_size=2))
     q = state_dict["layers.0.self_attn.q_proj.weight"]
     o = state_dict["layers.0.self_attn.o_proj.weight"]

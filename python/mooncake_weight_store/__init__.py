@@ -32,6 +32,7 @@ from .placement import (
 )
 from .load import LoadPlan, LoadStats, PlanningLimits
 from .manifest import StoredFragment, StoredManifest
+from .revisions import RevisionInfo
 from .receipts import Receipts
 from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem, RecordType, RegistrationLease, Store,
                     TerminalState)
@@ -47,7 +48,7 @@ from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView
                       UnsupportedDTypeError, dtype_name, tensor_view)
 from .device import CopyHook, CudaCopyHook, CudaError, DeviceUnavailableError, cuda_available, cuda_copy_hook
 from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
-from .state_dict import (COLWISE, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
+from .state_dict import (COLWISE, LATEST, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
                          save_state_dict, split)
 from .safetensors_io import (INDEX_NAME, METADATA_TENSOR, Layout, SafetensorsError, SafetensorsFile,
                              export_safetensors, import_safetensors)
@@ -88,6 +89,7 @@ __all__ = [
     "PlanningLimits",
     "StoredFragment",
     "StoredManifest",
+    "RevisionInfo",
     "Receipts",
     "Decision",
     "Guard",
@@ -127,6 +129,7 @@ __all__ = [
     "StateDictError",
     "save_state_dict",
     "load_state_dict",
+    "LATEST",
     "Layout",
     "SafetensorsError",
     "SafetensorsFile",

@@ -34,7 +34,8 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from types import TracebackType
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from .errors import (ArgumentError, LibraryNotFoundError, MissingSymbolError, MwsError, OutOfRangeError, Status,
                      error_for_status)
@@ -54,7 +55,8 @@ SONAME = "libmooncake_weight_store.so.0"
 
 def _int_range(ctype: Any) -> Optional[Tuple[int, int]]:
     """The value range of a ctypes integer type, ``None`` for any other type."""
-    if not (isinstance(ctype, type) and issubclass(ctype, ctypes._SimpleCData)) or ctype._type_ not in "bBhHiIlLqQ":
+    if not (isinstance(ctype, type) and issubclass(ctype, ctypes._SimpleCData)) or \
+            getattr(ctype, "_type_", "-") not in "bBhHiIlLqQ":
         return None
     bits = 8 * ctypes.sizeof(ctype)
     if ctype(-1).value < 0:
@@ -345,6 +347,16 @@ class mws_stored_fragment_info(CStruct):
     ]
 
 
+class mws_revision_info(CStruct):
+    _fields_ = [
+        ("revision", c_char_p),
+        ("weight_generation", c_uint64),
+        ("manifest_key", c_char_p),
+        ("manifest_digest", c_char_p),
+        ("created_at", c_char_p),
+    ]
+
+
 class mws_planning_limits(CStruct):
     _fields_ = [
         ("max_transfer_regions", c_uint64),
@@ -583,6 +595,12 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_stored_manifest_fragment_count": (c_size_t, [_p]),
     "mws_stored_manifest_total_bytes": (c_uint64, [_p]),
     "mws_stored_manifest_fragment": (c_int, [_p, c_size_t, POINTER(mws_stored_fragment_info)]),
+    # revision lists
+    "mws_revision_list_from_store": (c_int, [_p, c_char_p, c_char_p, POINTER(_p)]),
+    "mws_revision_list_latest_from_store": (c_int, [_p, c_char_p, c_char_p, POINTER(_p)]),
+    "mws_revision_list_free": (None, [_p]),
+    "mws_revision_list_count": (c_size_t, [_p]),
+    "mws_revision_list_get": (c_int, [_p, c_size_t, POINTER(mws_revision_info)]),
     # load
     "mws_load_plan_new": (c_int, [_p, _p, POINTER(_p), c_size_t, POINTER(mws_planning_limits), POINTER(_p)]),
     "mws_load_plan_free": (None, [_p]),
@@ -783,15 +801,15 @@ class OwnedHandle:
     _GONE = "closed"
     _FREE_ON_EXIT = True
 
-    def __init__(self, handle: Optional[int] = None, keep: Iterable[Any] = ()) -> None:
+    def __init__(self, handle: Optional[int] = None, keep: Iterable[object] = ()) -> None:
         self._h: Optional[int] = handle or None
-        self._keep: List[Any] = list(keep)
+        self._keep: List[object] = list(keep)
 
     def _adopt(self, handle: Optional[int]) -> None:
         """Takes ownership of ``handle`` (created after ``__init__``)."""
         self._h = handle or None
 
-    def _keep_alive(self, *objects: Any) -> None:
+    def _keep_alive(self, *objects: object) -> None:
         """References ``objects`` until the handle is freed."""
         self._keep.extend(objects)
 
@@ -826,7 +844,8 @@ class OwnedHandle:
     def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         try:
             self._on_exit(exc_type, exc)
         finally:

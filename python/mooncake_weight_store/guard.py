@@ -97,7 +97,7 @@ class GuardBridge:
 
 def io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],
             lease: Optional["OwnedHandle"] = None,
-            progress: Optional[Callable[[Progress], Any]] = None) -> Tuple[_lib.mws_io_args, Any]:
+            progress: Optional[Callable[[Progress], object]] = None) -> Tuple[_lib.mws_io_args, Any]:
     """``(mws_io_args, keep-alive)`` of one upload or load (``lease``: a
     :class:`~mooncake_weight_store.store.RegistrationLease`); keep the second alive
     for the call."""

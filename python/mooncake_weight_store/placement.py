@@ -421,7 +421,7 @@ class Placement(OwnedHandle):
         if isinstance(index, bool) or not isinstance(index, int):
             raise ArgumentError("index must be an int")
         if index < 0:
-            raise OutOfRangeError(index)
+            raise OutOfRangeError(f"fragment index {index} is out of range")
         info = _lib.mws_placement_fragment_info()
         call("mws_placement_fragment", self.handle, index, ctypes.byref(info))
         return self.fragments()[index]

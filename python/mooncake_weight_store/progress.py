@@ -68,7 +68,7 @@ class ProgressCallback:
         self.c_fn = _lib.PROGRESS_FN(trampoline)
 
 
-def c_progress(fn: Optional[Callable[[Progress], Any]]) -> "tuple[Any, Optional[ProgressCallback]]":
+def c_progress(fn: Optional[Callable[[Progress], object]]) -> "tuple[Any, Optional[ProgressCallback]]":
     """``(ctypes function, keep-alive)`` for ``fn``; a NULL function for ``None``."""
     if fn is None:
         return _lib.PROGRESS_FN(), None

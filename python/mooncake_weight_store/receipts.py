@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import ctypes
 import json
-from typing import Any, Iterable, List, Union
+from typing import TYPE_CHECKING, Iterable, List, TypedDict, Union, cast
 
 from ._lib import LIB, OwnedHandle, borrowed_str, call
 
-__all__ = ["Receipts"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .upload_plan import UploadPlan
+
+__all__ = ["Receipts", "ReceiptWire"]
+
+
+class _ReceiptRequired(TypedDict):
+    fragment_id: str
+    object_key: str
+    worker_id: str
+
+
+class ReceiptWire(_ReceiptRequired, total=False):
+    """One receipt as :meth:`Receipts.items` returns it; ``block_crc32c`` (the
+    CRC-32C of each 1 MiB block, 8 hex digits each) when the upload computed it."""
+
+    block_crc32c: str
 
 
 class Receipts(OwnedHandle):
@@ -37,7 +53,7 @@ class Receipts(OwnedHandle):
         return cls(out.value)
 
     @classmethod
-    def for_plan(cls, plan: Any) -> "Receipts":
+    def for_plan(cls, plan: "UploadPlan") -> "Receipts":
         """The receipts of every operation of ``plan`` (to retry a commit after a
         coordinator crash)."""
         out = ctypes.c_void_p()
@@ -47,10 +63,10 @@ class Receipts(OwnedHandle):
     def to_json(self) -> str:
         return borrowed_str("mws_receipts_to_json", self.handle)
 
-    def items(self) -> List[Any]:
+    def items(self) -> List[ReceiptWire]:
         """The receipts as dicts (``fragment_id``, ``object_key``, ``worker_id``)."""
         doc = json.loads(self.to_json())
-        return list(doc["receipts"]) if isinstance(doc, dict) else list(doc)
+        return cast(List[ReceiptWire], list(doc["receipts"]) if isinstance(doc, dict) else list(doc))
 
     def __len__(self) -> int:
         return int(LIB.fn("mws_receipts_count")(self.handle))

@@ -24,13 +24,13 @@ import struct
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .buffers import BufferRef
 from .errors import ArgumentError, LocalError
 from .manifest import StoredManifest
-from .state_dict import (Parallel, Sharding, StateDictError, _box_from_global, is_scalar, load_state_dict,
-                         resolve_shard, save_state_dict)
+from .state_dict import (Parallel, RevisionKey, Sharding, StateDictError, _box_from_global, _manifest_key,
+                         _open_revision, is_scalar, load_state_dict, resolve_shard, save_state_dict)
 from .tensors import DTYPES, TensorView, _SAFETENSORS
 
 __all__ = ["SafetensorsError", "SafetensorsFile", "Layout", "import_safetensors", "export_safetensors",
@@ -64,15 +64,24 @@ class SafetensorsFile:
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "rb")
+        try:
+            self._f = open(self.path, "rb")
+        except IsADirectoryError:
+            raise SafetensorsError(f"{self.path}: is a directory, not a .safetensors file (import_safetensors "
+                                   "takes a checkpoint directory)") from None
+        except FileNotFoundError:
+            raise SafetensorsError(f"{self.path}: no such file") from None
+        except OSError as e:
+            raise SafetensorsError(f"{self.path}: cannot open: {e.strerror or e}") from None
         try:
             size = os.fstat(self._f.fileno()).st_size
             head = self._f.read(8)
             if len(head) != 8:
-                raise SafetensorsError(f"{self.path}: too short for a safetensors file ({size} bytes)")
+                raise SafetensorsError(f"{self.path}: not a safetensors file (too short: {size} bytes)")
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER or 8 + n > size:
-                raise SafetensorsError(f"{self.path}: header length {n} is invalid for a {size}-byte file")
+                raise SafetensorsError(f"{self.path}: not a safetensors file (header length {n} is invalid for a "
+                                       f"{size}-byte file)")
             try:
                 header = json.loads(self._f.read(n).decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -177,7 +186,9 @@ def _checkpoint_files(paths: Union[PathLike, Iterable[PathLike]]) -> Tuple[List[
     index: Optional[Dict[str, Any]] = None
     for p in map(Path, given):
         if not p.exists():
-            raise SafetensorsError(f"{p}: no such file or directory")
+            blocker = _not_a_directory(p.parent)
+            raise SafetensorsError(f"{p}: no such file or directory" +
+                                   (f" ({blocker} is a regular file, not a directory)" if blocker else ""))
         if p.is_dir() and (p / INDEX_NAME).is_file():
             p = p / INDEX_NAME
         if p.name.endswith(".index.json"):
@@ -230,7 +241,6 @@ def import_safetensors(
     files, index = _checkpoint_files(paths)
     opened: List[SafetensorsFile] = []
     views: Dict[str, TensorView] = {}
-    meta_bytes: Optional[Any] = None
     try:
         where: Dict[str, Path] = {}
         for f in files:
@@ -259,18 +269,18 @@ def import_safetensors(
                 "files": {sf.path.name: sf.metadata for sf in opened}}
         if index is not None:
             meta["index_metadata"] = index.get("metadata", {})
+        state_dict: Dict[str, object] = dict(views)
         if any(sf.metadata for sf in opened) or index is not None:
             import numpy as np
 
-            meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8).copy()
-            views[METADATA_TENSOR] = meta_bytes
-        fingerprints = {METADATA_TENSOR: METADATA_FINGERPRINT} if METADATA_TENSOR in views else None
-        return save_state_dict(store, views, resource_id=resource_id, revision=revision, generation=generation,
-                               fingerprint=fingerprint, fingerprints=fingerprints, **save_kw)
+            state_dict[METADATA_TENSOR] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"),
+                                                        dtype=np.uint8).copy()
+        fingerprints = {METADATA_TENSOR: METADATA_FINGERPRINT} if METADATA_TENSOR in state_dict else None
+        return save_state_dict(store, state_dict, resource_id=resource_id, revision=revision,
+                               generation=generation, fingerprint=fingerprint, fingerprints=fingerprints, **save_kw)
     finally:
-        for n, v in views.items():
-            if n != METADATA_TENSOR:
-                v.release()
+        for v in views.values():
+            v.release()
         for sf in opened:
             sf.close()
 
@@ -318,7 +328,7 @@ def _write_safetensors(store: Any, manifest: StoredManifest, path: Path, wanted:
                                         lay.parallel.sizes, lay.parallel.rank)
             shape = () if is_scalar(d) and local == (1,) else local
             items.append((n, info, local, shape))
-        items.sort(key=lambda it: (-_SAFETENSORS_DTYPE_RANK.get(it[1].safetensors, -1), it[0]))
+        items.sort(key=lambda it: (-_SAFETENSORS_DTYPE_RANK.get(it[1].safetensors or "", -1), it[0]))
         header: Dict[str, Any] = {}
         if metadata:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
@@ -376,17 +386,41 @@ def _stored_metadata(store: Any, manifest: StoredManifest, stored: Mapping[str, 
         return {}
 
 
+def _not_a_directory(p: Path) -> Optional[Path]:
+    """``p`` or its nearest existing ancestor when that is not a directory."""
+    for q in (p, *p.parents):
+        if q.exists():
+            return None if q.is_dir() else q
+    return None
+
+
+def _export_dir_error(given: Path, directory: Path, what: str) -> SafetensorsError:
+    """Why ``directory`` cannot be the directory an export to ``given`` needs; the
+    message starts with ``given``, the path the caller passed."""
+    blocker = _not_a_directory(directory)
+    where = "it" if directory == given else f"the directory {directory}"
+    if blocker == directory:
+        why = f"{where} is a regular file, not a directory"
+    elif blocker is not None:
+        why = f"{where} cannot exist: {blocker} is a regular file, not a directory"
+    else:
+        why = f"{where} does not exist (create it first)"
+    return SafetensorsError(f"{given}: {why}; {what}")
+
+
 def export_safetensors(
     store: Any,
-    key: Union[str, StoredManifest],
+    key: RevisionKey,
     path: PathLike,
     *,
+    resource_id: Optional[str] = None,
+    namespace: Optional[str] = None,
     layout: Optional[Layout] = None,
     names: Optional[Iterable[str]] = None,
     metadata: Optional[Mapping[str, str]] = None,
     max_shard_bytes: Optional[int] = None,
 ) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-    """Writes the revision at manifest ``key`` (``names``: a subset) as safetensors:
+    """Writes the revision ``key`` names (``names``: a subset) as safetensors:
     whole tensors, or with ``layout`` one rank's shards, written as the safetensors
     package writes them (data ordered by dtype then name, each tensor aligned to its
     item size; 0-d tensors with shape ``()``). ``metadata`` is the file's
@@ -399,11 +433,22 @@ def export_safetensors(
     (``metadata.total_size`` and the ``weight_map``). One file is written at a time,
     from the store straight into the memory-mapped file (never the model twice in
     memory), each to a temporary name and renamed into place. Returns name ->
-    (safetensors dtype code, shape)."""
-    own = isinstance(key, StoredManifest)
-    manifest = key if isinstance(key, StoredManifest) else store.load_manifest(key)
-    lay = layout or Layout()
+    (safetensors dtype code, shape).
+
+    ``key`` is what :func:`~mooncake_weight_store.state_dict.load_state_dict` takes:
+    a manifest key, a :class:`~mooncake_weight_store.revisions.RevisionInfo`, a
+    :class:`StoredManifest`, or ``"latest"`` with ``resource_id=`` (and
+    ``namespace=``). A missing directory (the file's, or a sharded export's) is not
+    created, and a regular file where a directory belongs is refused; both raise
+    :class:`SafetensorsError` naming ``path`` before anything is read."""
     path = Path(path)
+    lay = layout or Layout()
+    if max_shard_bytes is not None or path.is_dir():
+        if not path.is_dir():
+            raise _export_dir_error(path, path, "a sharded export writes its shards into an existing directory")
+    elif not path.parent.is_dir():
+        raise _export_dir_error(path, path.parent, "the exported file is written there")
+    manifest, own = _open_revision(store, key, _manifest_key(store, key, resource_id, namespace))
     try:
         stored = {t["tensor_id"]: t for t in manifest.wire()["tensors"]}
         wanted = sorted((n for n in stored if n != METADATA_TENSOR) if names is None else set(names))
@@ -414,11 +459,7 @@ def export_safetensors(
         meta = dict(metadata) if metadata is not None else dict(kept.get("metadata", {}))
         sharded = max_shard_bytes is not None or path.is_dir()
         if not sharded:
-            if not path.parent.is_dir():
-                raise SafetensorsError(f"{path}: the directory {path.parent} does not exist")
             return _write_safetensors(store, manifest, path, wanted, stored, lay, meta)
-        if not path.is_dir():
-            raise SafetensorsError(f"{path}: a sharded export needs an existing directory")
         limit = max_shard_bytes if max_shard_bytes is not None else 5 << 30
         if limit <= 0:
             raise SafetensorsError(f"max_shard_bytes must be positive, got {limit}")
@@ -450,5 +491,5 @@ def export_safetensors(
         os.replace(tmp, path / INDEX_NAME)
         return out
     finally:
-        if not own:
+        if own:
             manifest.close()

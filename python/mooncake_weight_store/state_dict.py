@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .binding import Binding, MemoryKind
-from .errors import ArgumentError, LocalError, MwsError, Status
+from .errors import ArgumentError, LocalError, MwsError, NotFoundError, Status
 from .exchange import Exchange, LocalExchange
 from .load import LoadPlan, LoadStats
 from .manifest import StoredManifest
 from .placement import Ownership, Placement, PlacementBuilder, Rank, Replicated, Split, TensorSpec
 from .receipts import Receipts
+from .revisions import DEFAULT_NAMESPACE, RevisionInfo
 from .tensors import DTYPES, TensorView, tensor_view
 from .upload_plan import UploadPlan
 
@@ -58,12 +59,26 @@ __all__ = [
     "load_state_dict",
     "StateDictError",
     "DEFAULT_FINGERPRINT",
+    "LATEST",
+    "RevisionKey",
 ]
 
 DEFAULT_FINGERPRINT = "mws:state-dict:v1"
 #: Appended to the layout fingerprint of a 0-d tensor: a placement shape has at least
 #: one dimension, so a scalar is stored as shape ``(1,)`` and restored as ``()``.
 SCALAR_SUFFIX = ":0d"
+
+
+#: ``key`` of :func:`load_state_dict` (and ``export_safetensors``) that names the
+#: newest committed revision of ``resource_id`` (:meth:`Store.latest`). No manifest
+#: key can be ``"latest"`` (they all end in ``/manifest``).
+LATEST = "latest"
+
+#: What names a revision to load: a manifest key, :data:`LATEST` (with
+#: ``resource_id=``), a :class:`~mooncake_weight_store.revisions.RevisionInfo` (from
+#: :meth:`Store.revisions` / :meth:`Store.latest`) or an open
+#: :class:`~mooncake_weight_store.manifest.StoredManifest`.
+RevisionKey = Union[str, RevisionInfo, StoredManifest]
 
 
 #: The layout fingerprints of tensors that hold metadata, not weights (the
@@ -418,8 +433,12 @@ def _views(state_dict: Mapping[str, Any], writable: bool) -> Dict[str, TensorVie
                 raise StateDictError(f"state dict keys must be non-empty strings, not {name!r}")
             views[name] = tensor_view(t, writable=writable, name=name)
             if views[name].nbytes == 0:
-                raise StateDictError(f"tensor {name!r} is empty (shape {views[name].shape}); a stored tensor "
-                                     "needs at least one element")
+                # The store format has no zero-size tensor: every extent of a
+                # tensor's global shape and of a fragment is at least 1
+                # (docs/spec/data-model.md), and the reference refuses it too.
+                raise StateDictError(f"tensor {name!r} is empty (shape {views[name].shape}): a stored tensor needs "
+                                     "at least one element (every dimension at least 1); leave it out of the state "
+                                     "dict")
     except BaseException:
         _release(views, state_dict)
         raise
@@ -469,6 +488,11 @@ def _broadcast_checked(ex: Exchange, text: Optional[str], what: str) -> Any:
 # --------------------------------------------------------------------------- save
 
 
+def _empty_message(state_dict: Mapping[str, Any], resource_id: str, revision: str) -> str:
+    return (f"the state dict is empty ({dict(state_dict)!r}): nothing to save as revision {revision!r} of "
+            f"{resource_id!r} (a revision holds at least one tensor)")
+
+
 def save_state_dict(
     store: Any,
     state_dict: Mapping[str, Any],
@@ -505,9 +529,22 @@ def save_state_dict(
     receives this rank's upload :class:`~mooncake_weight_store.progress.Progress`
     (for example :class:`~mooncake_weight_store.progress.ProgressBar`). ``fingerprint`` is
     the layout fingerprint of every tensor, ``fingerprints`` overrides it per name.
+
+    Refused before anything is written (:class:`StateDictError`, message naming what
+    was passed): a ``state_dict`` that is not a mapping, an empty one (``{}``; with an
+    exchange, when every rank's is empty), and a zero-size tensor (a dimension of 0:
+    the store format has none; the message names the tensor and its shape). Thread
+    safety: concurrent saves of different revisions are fine; the tensors are only
+    read. The returned manifest is the caller's (close it or let it be collected).
+    List what was saved with :meth:`Store.revisions` / :meth:`Store.latest`.
     """
     ex = exchange or LocalExchange()
     par = parallel or Parallel()
+    if not isinstance(state_dict, Mapping):
+        raise StateDictError(f"state_dict must be a mapping of tensor names to tensors, not "
+                             f"{type(state_dict).__name__}")
+    if ex.world_size == 1 and len(state_dict) == 0:
+        raise StateDictError(_empty_message(state_dict, resource_id, revision))
     if par.world_size < ex.world_size:
         raise StateDictError(f"parallel sizes give {par.world_size} ranks, the exchange has {ex.world_size}")
     pid = par.participant_id
@@ -538,6 +575,9 @@ def save_state_dict(
                 raise
             msg, local_error = _err(e), e
         infos = _gather_or_raise(ex, msg, "describing the state dict", local_error)
+        if not any(i["tensors"] for i in infos):
+            raise StateDictError(_empty_message(state_dict, resource_id, revision) +
+                                 f" on every one of the {len(infos)} ranks")
         if len({json.dumps(i["sizes"], sort_keys=True) for i in infos}) != 1:
             raise StateDictError("ranks disagree on the parallel sizes: " +
                                  ", ".join(f"{i['participant_id']}={i['sizes']}" for i in infos))
@@ -740,11 +780,56 @@ def _load_targets(store: Any, manifest: StoredManifest, into: Optional[Mapping[s
     return stored, views, out, shards
 
 
+def _manifest_key(store: Any, key: RevisionKey, resource_id: Optional[str],
+                  namespace: Optional[str]) -> Union[str, StoredManifest]:
+    """The manifest key (or the open manifest) that ``key`` names (see
+    :data:`RevisionKey`); :data:`LATEST` is resolved here (one listing)."""
+    if isinstance(key, StoredManifest):
+        if resource_id is not None or namespace is not None:
+            raise ArgumentError(f"resource_id= and namespace= only go with key={LATEST!r}, not with a StoredManifest")
+        return key
+    if isinstance(key, RevisionInfo):
+        if resource_id is not None or namespace is not None:
+            raise ArgumentError(f"resource_id= and namespace= only go with key={LATEST!r}, not with a RevisionInfo")
+        return key.manifest_key
+    if not isinstance(key, str):
+        raise ArgumentError(f"key must be a manifest key, {LATEST!r}, a RevisionInfo or a StoredManifest, "
+                            f"not {type(key).__name__} ({key!r})")
+    if key != LATEST:
+        if resource_id is not None or namespace is not None:
+            raise ArgumentError(f"resource_id= and namespace= only go with key={LATEST!r}; {key!r} is a manifest key")
+        return key
+    if resource_id is None:
+        raise ArgumentError(f"key={LATEST!r} needs resource_id= (the model whose newest revision to load)")
+    info = store.latest(resource_id, namespace=namespace)
+    if info is None:
+        ns = DEFAULT_NAMESPACE if namespace is None else namespace
+        raise NotFoundError(int(Status.NOT_FOUND), f"no committed revision of {resource_id!r} in namespace {ns!r} "
+                            f"under key prefix {store.key_prefix!r} (key={LATEST!r})", "MWS_NOT_FOUND")
+    return str(info.manifest_key)
+
+
+def _open_revision(store: Any, key: RevisionKey, resolved: Union[str, StoredManifest]) -> Tuple[StoredManifest, bool]:
+    """(the manifest, whether the caller must close it) of a resolved key; a
+    :class:`RevisionInfo` must still describe the manifest at its key."""
+    if isinstance(resolved, StoredManifest):
+        return resolved, False
+    manifest: StoredManifest = store.load_manifest(resolved)
+    if isinstance(key, RevisionInfo) and manifest.digest != key.manifest_digest:
+        digest = manifest.digest
+        manifest.close()
+        raise StateDictError(f"the manifest at {resolved} has digest {digest}, not {key.manifest_digest} as "
+                             "listed: the revision was replaced since it was listed", status=Status.CONFLICT)
+    return manifest, True
+
+
 def load_state_dict(
     store: Any,
-    key: Union[str, StoredManifest],
+    key: RevisionKey,
     into: Optional[Mapping[str, Any]] = None,
     *,
+    resource_id: Optional[str] = None,
+    namespace: Optional[str] = None,
     sharding: Sharding = None,
     parallel: Optional[Parallel] = None,
     exchange: Optional[Exchange] = None,
@@ -752,7 +837,19 @@ def load_state_dict(
     stats: Optional[List[LoadStats]] = None,
     progress: Optional[Callable[[Any], Any]] = None,
 ) -> Dict[str, Any]:
-    """Loads the revision at manifest ``key`` into this rank's shards.
+    """Loads a revision into this rank's shards.
+
+    ``key`` names the revision: its manifest key (``StoredManifest.key``), a
+    :class:`~mooncake_weight_store.revisions.RevisionInfo` from
+    :meth:`Store.revisions` / :meth:`Store.latest`, an open :class:`StoredManifest`
+    (borrowed, not closed), or :data:`LATEST` (``"latest"``) with ``resource_id=``
+    (and ``namespace=``, default ``"default"``): the newest committed revision of
+    that model (highest weight generation, see :meth:`Store.latest`); a store that
+    cannot list its keys (Mooncake) raises :class:`UnsupportedError` for it, a model
+    without a revision :class:`NotFoundError` naming it. With an ``exchange``, rank 0
+    resolves :data:`LATEST` and every rank loads that revision; without one each rank
+    resolves it on its own (resolve once with :meth:`Store.latest` and pass the
+    ``RevisionInfo`` when revisions may be committed meanwhile).
 
     ``into``: name -> preallocated writable tensor (any
     :func:`~mooncake_weight_store.tensors.tensor_view` source, host or device) whose
@@ -770,14 +867,26 @@ def load_state_dict(
     """
     par = parallel or Parallel()
     ex = exchange if exchange is not None and exchange.world_size > 1 else None
-    own = isinstance(key, StoredManifest)
-    manifest: Optional[StoredManifest] = key if own else None  # type: ignore[assignment]
+    if isinstance(key, str) and key == LATEST and ex is not None:
+        # One rank resolves "latest", so that every rank loads the same revision.
+        if ex.rank == 0:
+            try:
+                resolved: Union[str, StoredManifest] = _manifest_key(store, key, resource_id, namespace)
+            except Exception as e:  # noqa: BLE001 - every rank must hear the outcome
+                ex.broadcast(_err(e), root=0)
+                raise
+            _broadcast_checked(ex, _ok(resolved), f"resolving key={LATEST!r}")
+        else:
+            resolved = str(_broadcast_checked(ex, None, f"resolving key={LATEST!r}"))
+    else:
+        resolved = _manifest_key(store, key, resource_id, namespace)
+    manifest: Optional[StoredManifest] = None
+    own = False
     views: Dict[str, TensorView] = {}
     binding: Optional[Binding] = None
     try:
         try:
-            if manifest is None:
-                manifest = store.load_manifest(key)
+            manifest, own = _open_revision(store, key, resolved)
             stored, views, out, shards = _load_targets(store, manifest, into, names, sharding, par)
         except Exception as e:  # noqa: BLE001 - a collective load tells the other ranks
             if ex is not None:
@@ -795,7 +904,7 @@ def load_state_dict(
         if binding is not None:
             binding.close()
         _release(views, into)
-        if not own and manifest is not None:
+        if own and manifest is not None:
             manifest.close()
 
 

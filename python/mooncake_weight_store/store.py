@@ -40,26 +40,28 @@ import os
 import threading
 import traceback
 from ctypes import c_int32, c_int64, c_void_p
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
-from .device import attach_copy_hook, detach_failed
+from .device import CopyHook, attach_copy_hook, detach_failed
 from .errors import ArgumentError, error_for_status
 from .guard import Guard, TerminalState, GuardBridge, io_args
 from .load import LoadPlan, LoadStats
 from .manifest import StoredManifest
 from .progress import Progress
 from .receipts import Receipts
+from .revisions import RevisionInfo, read_revisions
 from .transaction import Transaction
 from .upload_plan import UploadPlan, plan_upload
-from .writer import Writer
+from .writer import Resolver, Writer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .binding import Binding
     from .placement import Placement
 
-__all__ = ["Store", "Decision", "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType",
+__all__ = ["Store", "RevisionInfo", "Decision",
+           "TerminalState", "Guard", "DictBackend", "PutItem", "RangeItem", "RecordType",
            "RegistrationLease", "LeaseSide", "OK", "NO_AVAILABLE_HANDLE", "INVALID_PARAMS", "OBJECT_NOT_FOUND",
            "OBJECT_HAS_LEASE", "INTERNAL_ERROR"]
 
@@ -504,14 +506,14 @@ class Store(OwnedHandle):
         self._bridge = bridge
         self.kind = kind
         #: the copy hook of an embedded store opened with one (device memory)
-        self.copy_hook: Any = None
+        self.copy_hook: Optional[CopyHook] = None
 
     # -- opening --------------------------------------------------------------------
 
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
                max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-               copy_hook: Any = None, verify_integrity: bool = True) -> "Store":
+               copy_hook: Optional[CopyHook] = None, verify_integrity: bool = True) -> "Store":
         """An in-memory store (single process; objects live as long as the store).
         ``copy_hook``: a :class:`~mooncake_weight_store.device.CopyHook` for device
         memory (see :mod:`mooncake_weight_store.device`)."""
@@ -522,8 +524,8 @@ class Store(OwnedHandle):
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
-                  max_region_segments: int = 0, staging_bytes: Optional[int] = None, copy_hook: Any = None,
-                  verify_integrity: bool = True) -> "Store":
+                  max_region_segments: int = 0, staging_bytes: Optional[int] = None,
+                  copy_hook: Optional[CopyHook] = None, verify_integrity: bool = True) -> "Store":
         """The crash-safe directory store rooted at ``path`` (``copy_hook``: as
         :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
@@ -532,8 +534,8 @@ class Store(OwnedHandle):
                                   "directory")
 
     @classmethod
-    def _open_embedded(cls, fn: str, args: tuple, opts: Optional[_lib.mws_store_options], copy_hook: Any,
-                       kind: str) -> "Store":
+    def _open_embedded(cls, fn: str, args: Tuple[object, ...], opts: Optional[_lib.mws_store_options],
+                       copy_hook: Optional[CopyHook], kind: str) -> "Store":
         bridge = None
         if copy_hook is not None:
             opts = opts if opts is not None else _lib.mws_store_options()
@@ -550,7 +552,7 @@ class Store(OwnedHandle):
         return store
 
     @classmethod
-    def from_backend(cls, backend: Any, *, close_backend: bool = False, key_prefix: Optional[str] = None,
+    def from_backend(cls, backend: object, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                      max_region_segments: int = 0, staging_bytes: Optional[int] = None,
                      verify_integrity: bool = True) -> "Store":
@@ -582,8 +584,8 @@ class Store(OwnedHandle):
         return cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
 
     @property
-    def backend(self) -> Any:
-        """The Python backend of a vtable store (else None)."""
+    def backend(self) -> Optional[object]:
+        """The Python backend of a vtable store (:meth:`from_backend`), else None."""
         return self._bridge.backend if self._bridge else None
 
     @property
@@ -593,6 +595,7 @@ class Store(OwnedHandle):
 
     @property
     def key_prefix(self) -> str:
+        """The key prefix of every key the store writes (default ``"weights"``)."""
         return borrowed_str("mws_store_key_prefix", self.handle)
 
     def close(self) -> None:
@@ -666,7 +669,7 @@ class Store(OwnedHandle):
     def upload(self, plan: "UploadPlan", placement: "Placement", binding: "Binding", *,
                worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
                guard: Optional[Guard] = None, lease: Optional[RegistrationLease] = None,
-               progress: Optional[Callable[[Progress], Any]] = None) -> "Receipts":
+               progress: Optional[Callable[[Progress], object]] = None) -> "Receipts":
         """Uploads ``binding``'s participant's payloads for ``plan``; returns its
         receipts. Never deletes payloads on failure (use :meth:`abort_upload`).
         ``lease``: a source lease of this store covering exactly the fragments read
@@ -710,16 +713,64 @@ class Store(OwnedHandle):
         call("mws_store_read_decision", self.handle, plan.handle, ctypes.byref(out))
         return Decision(out.value)
 
-    def plan_upload(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "UploadPlan":
+    def plan_upload(self, placement: "Placement", bindings: Sequence["Binding"], *,
+                    namespace: Optional[str] = None, key_prefix: Optional[str] = None,
+                    transaction_id: Optional[str] = None, created_at: Optional[str] = None) -> "UploadPlan":
         """:func:`~mooncake_weight_store.upload_plan.plan_upload` with this store's
-        key prefix (the plan's keys must live under the prefix the store uses)."""
-        kw.setdefault("key_prefix", self.key_prefix)
-        return plan_upload(placement, bindings, **kw)
+        key prefix (the plan's keys must live under the prefix the store uses; a
+        ``key_prefix`` given here overrides it)."""
+        return plan_upload(placement, bindings, namespace=namespace,
+                           key_prefix=self.key_prefix if key_prefix is None else key_prefix,
+                           transaction_id=transaction_id, created_at=created_at)
 
     def transaction(self, plan: "UploadPlan") -> "Transaction":
         """A :class:`~mooncake_weight_store.transaction.Transaction` over ``plan``
         (context manager: commit on success, abort on error)."""
         return Transaction(self, plan)
+
+    # -- revisions ------------------------------------------------------------------
+
+    def revisions(self, resource_id: str, *, namespace: Optional[str] = None) -> List[RevisionInfo]:
+        """Every committed revision of ``resource_id`` in ``namespace`` (None:
+        ``"default"``, the namespace :func:`save_state_dict` and :meth:`plan_upload`
+        use by default) under this store's key prefix, oldest first; ``[]`` when there
+        is none. Ordered by weight generation, then ``created_at``, then revision name
+        (code-point order): the last is the newest (:meth:`latest`).
+
+        A revision is listed once its manifest is published (committed); the
+        library finds the manifests by listing the store's keys and reads every one
+        of them, so no key is built by hand. Each item is a
+        :class:`~mooncake_weight_store.revisions.RevisionInfo`: pass it (or its
+        ``manifest_key``) to :func:`load_state_dict`, :func:`export_safetensors` or
+        :meth:`load_manifest`.
+
+        Raises (each message names ``resource_id``):
+        :class:`~mooncake_weight_store.errors.UnsupportedError` when the store
+        cannot list its keys (a backend without ``list``, such as
+        :class:`~mooncake_weight_store.mooncake_backend.MooncakeStoreBackend`: load
+        by manifest key there); :class:`~mooncake_weight_store.errors.ArgumentError`
+        / :class:`~mooncake_weight_store.errors.InvalidArgumentError` for a
+        ``resource_id`` or ``namespace`` that is not a non-empty str;
+        :class:`~mooncake_weight_store.errors.InvalidManifestError` for a manifest
+        that does not decode or lies at another revision's key (the message names the
+        key; ``mws ls`` shows the store); backend errors
+        (:class:`~mooncake_weight_store.errors.StoreError`, ...).
+
+        Thread-safe: may run beside uploads and commits (a revision committed
+        meanwhile may or may not be listed). The result owns no handle.
+        """
+        return read_revisions(self.handle, _name(resource_id, "resource_id"),
+                              None if namespace is None else _name(namespace, "namespace"), latest=False)
+
+    def latest(self, resource_id: str, *, namespace: Optional[str] = None) -> Optional[RevisionInfo]:
+        """The newest committed revision of ``resource_id`` (the last of
+        :meth:`revisions`: the highest weight generation; among equal generations
+        the latest ``created_at``, then the greatest revision name), or None when
+        there is none. Reads only the manifests of the highest generation. Raises and
+        thread safety as :meth:`revisions`."""
+        found = read_revisions(self.handle, _name(resource_id, "resource_id"),
+                               None if namespace is None else _name(namespace, "namespace"), latest=True)
+        return found[-1] if found else None
 
     # -- restore --------------------------------------------------------------------
 
@@ -732,7 +783,7 @@ class Store(OwnedHandle):
     def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,
              transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
              lease: Optional[RegistrationLease] = None,
-             progress: Optional[Callable[[Progress], Any]] = None) -> "LoadStats":
+             progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
         """Loads ``binding``'s participant's part of ``plan`` into its buffers.
         ``lease``: a target lease of this store covering exactly the fragments
         loaded; nothing is pinned or registered. ``progress``: called with
@@ -746,7 +797,7 @@ class Store(OwnedHandle):
                          int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
 
     def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"], *,
-                progress: Optional[Callable[[Progress], Any]] = None) -> "LoadStats":
+                progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
         """Loads the manifest at ``manifest_key`` into every binding (convenience).
         ``progress`` sees one restore per binding."""
         total = LoadStats()
@@ -757,9 +808,23 @@ class Store(OwnedHandle):
 
     # -- snapshot writer ------------------------------------------------------------
 
-    def begin_snapshot(self, placement: "Placement", bindings: Sequence["Binding"], **kw: Any) -> "Writer":
-        """Starts a :class:`~mooncake_weight_store.writer.Writer` (see there)."""
-        return Writer(self, placement, bindings, **kw)
+    def begin_snapshot(self, placement: "Placement", bindings: Sequence["Binding"], *,
+                       resolver: Optional[Resolver] = None, namespace: Optional[str] = None,
+                       transaction_id: Optional[str] = None, created_at: Optional[str] = None,
+                       resource_id: Optional[str] = None, revision: Optional[str] = None,
+                       weight_generation: Optional[int] = None) -> "Writer":
+        """Starts a :class:`~mooncake_weight_store.writer.Writer` (see there for the
+        keywords)."""
+        return Writer(self, placement, bindings, resolver=resolver, namespace=namespace,
+                      transaction_id=transaction_id, created_at=created_at, resource_id=resource_id,
+                      revision=revision, weight_generation=weight_generation)
+
+
+def _name(value: object, what: str) -> str:
+    """``value`` when it is a str (the library checks it is non-empty)."""
+    if not isinstance(value, str):
+        raise ArgumentError(f"{what} must be a str, not {type(value).__name__} ({value!r})")
+    return value
 
 
 class DictBackend:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import c_void_p
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call
 from .errors import ArgumentError, MwsError, error_for_status
 from .guard import Guard, io_args
 from .manifest import StoredManifest
+from .progress import Progress
 from .receipts import Receipts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +62,8 @@ class Transaction(OwnedHandle):
 
     def upload(self, placement: "Placement", binding: "Binding", *, worker_id: Optional[str] = None,
                transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
-               lease: Optional["RegistrationLease"] = None, progress: Optional[Any] = None) -> None:
+               lease: Optional["RegistrationLease"] = None,
+               progress: Optional[Callable[[Progress], object]] = None) -> None:
         """Uploads one participant (as :meth:`Store.upload`, including
         ``progress``) and keeps its receipts in the transaction (:meth:`receipts`).
         Raises :class:`ConflictError` once committed or aborted."""
@@ -72,7 +74,7 @@ class Transaction(OwnedHandle):
     def upload_many(self, placement: "Placement", bindings: Sequence["Binding"], *,
                     leases: Optional[Sequence[Optional["RegistrationLease"]]] = None,
                     worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
-                    guard: Optional[Guard] = None, progress: Optional[Any] = None) -> None:
+                    guard: Optional[Guard] = None, progress: Optional[Callable[[Progress], object]] = None) -> None:
         """Uploads several participants of this process in one call
         (``mws_transaction_upload_many``): the same checks, errors and receipts as one
         :meth:`upload` per binding in order, but every check of every binding runs

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence, cast
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
+from .manifest import ManifestWire
 from .placement import Placement
 
 __all__ = ["UploadOperation", "UploadPlan", "plan_upload"]
@@ -41,16 +42,55 @@ class UploadPlan(OwnedHandle):
         super().__init__(handle)
         self._ops: Optional[List[UploadOperation]] = None
 
-    manifest_json = property(lambda self: self._s("mws_upload_plan_manifest_json"), doc="Stored manifest JSON (exact bytes).")
-    manifest_digest = property(lambda self: self._s("mws_upload_plan_manifest_digest"))
-    manifest_key = property(lambda self: self._s("mws_upload_plan_manifest_key"))
-    group_id = property(lambda self: self._s("mws_upload_plan_group_id"))
-    control_key = property(lambda self: self._s("mws_upload_plan_control_key"))
-    transaction_group_id = property(lambda self: self._s("mws_upload_plan_transaction_group_id"))
-    transaction_id = property(lambda self: self._s("mws_upload_plan_transaction_id"))
-    source_placement_id = property(lambda self: self._s("mws_upload_plan_source_placement_id"))
-    source_placement_digest = property(lambda self: self._s("mws_upload_plan_source_placement_digest"))
-    commit_record = property(lambda self: self._s("mws_upload_plan_commit_record"))
+    @property
+    def manifest_json(self) -> str:
+        """The stored manifest JSON: the exact bytes stored at the manifest key."""
+        return self._s("mws_upload_plan_manifest_json")
+
+    @property
+    def manifest_digest(self) -> str:
+        """The manifest digest (SHA-256 hex of :attr:`manifest_json`)."""
+        return self._s("mws_upload_plan_manifest_digest")
+
+    @property
+    def manifest_key(self) -> str:
+        """The key the manifest is published at."""
+        return self._s("mws_upload_plan_manifest_key")
+
+    @property
+    def group_id(self) -> str:
+        """The group id of the revision (``<prefix>/<ns>/<resource>/<revision>/<generation>``)."""
+        return self._s("mws_upload_plan_group_id")
+
+    @property
+    def control_key(self) -> str:
+        """The key of the transaction's decision record."""
+        return self._s("mws_upload_plan_control_key")
+
+    @property
+    def transaction_group_id(self) -> str:
+        """The group id of the transaction (``<group>/transactions/<id>``)."""
+        return self._s("mws_upload_plan_transaction_group_id")
+
+    @property
+    def transaction_id(self) -> str:
+        """The transaction id (32 hex)."""
+        return self._s("mws_upload_plan_transaction_id")
+
+    @property
+    def source_placement_id(self) -> str:
+        """``placement_id`` of the placement the plan was made from."""
+        return self._s("mws_upload_plan_source_placement_id")
+
+    @property
+    def source_placement_digest(self) -> str:
+        """``digest`` of the placement the plan was made from."""
+        return self._s("mws_upload_plan_source_placement_digest")
+
+    @property
+    def commit_record(self) -> str:
+        """The decision record a commit of this plan writes."""
+        return self._s("mws_upload_plan_commit_record")
 
     def to_json(self) -> str:
         """Transport JSON of the plan, for the processes of one job (it holds the
@@ -65,8 +105,9 @@ class UploadPlan(OwnedHandle):
         call("mws_upload_plan_from_json", data, len(data), ctypes.byref(out))
         return cls(out.value)
 
-    def manifest(self) -> Dict[str, Any]:
-        return json.loads(self.manifest_json)
+    def manifest(self) -> ManifestWire:
+        """The stored manifest the plan publishes, decoded (a new dict on every call)."""
+        return cast(ManifestWire, json.loads(self.manifest_json))
 
     def operations(self) -> List[UploadOperation]:
         """The copy operations, in plan order."""

@@ -13,7 +13,7 @@ from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .errors import MwsError
 from .manifest import StoredManifest
-from .progress import c_progress
+from .progress import Progress, c_progress
 from .receipts import Receipts
 from .upload_plan import UploadPlan
 
@@ -24,7 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Writer"]
 
-Resolver = Callable[[str, Any], Sequence[str]]
+#: ``resolver(tensor_id, tensor) -> placement fragment ids`` (``tensor``: what was
+#: passed to :meth:`Writer.write_tensor`).
+Resolver = Callable[[str, object], Sequence[str]]
 
 
 class Writer(OwnedHandle):
@@ -154,7 +156,7 @@ class Writer(OwnedHandle):
         """Every tensor the plan uploads (sorted)."""
         return sorted({self._frag_tensor[op.source_placement_fragment_id] for op in self.plan.operations()})
 
-    def set_progress(self, fn: Optional[Callable[[Any], Any]]) -> None:
+    def set_progress(self, fn: Optional[Callable[[Progress], object]]) -> None:
         """From now on, reports the snapshot's uploads to ``fn`` (a callable taking a
         :class:`~mooncake_weight_store.progress.Progress`, phase ``"upload"``, totals:
         every object of the plan); ``None`` removes it. Exceptions it raises are
@@ -164,7 +166,7 @@ class Writer(OwnedHandle):
             call("mws_writer_set_progress", self.handle, c_fn, None)
             self._progress = keep
 
-    def write_tensor(self, tensor_id: str, tensor: Any = None) -> Receipts:
+    def write_tensor(self, tensor_id: str, tensor: object = None) -> Receipts:
         """Marks ``tensor_id`` written (``tensor`` is handed to the resolver) and
         uploads every participant that is now complete; returns those receipts."""
         with self._lock:

@@ -204,3 +204,231 @@ def test_every_error_class_is_an_mws_error_exported_by_name():
         mws._lib.cstr(3)
     with pytest.raises(ValueError):
         mws._lib.cstr("a\0b")
+
+
+# -- issue 29: revisions without hand-built keys ----------------------------------------
+
+
+def _save(store, revision, generation, value, *, namespace=None, created_at=None, resource_id="m"):
+    sd = {"w": np.full((2, 3), value, dtype=np.float32)}
+    return mws.save_state_dict(store, sd, resource_id=resource_id, revision=revision, generation=generation,
+                               namespace=namespace, created_at=created_at)
+
+
+def test_store_lists_revisions_and_finds_the_newest(tmp_path):
+    store = mws.Store.directory(tmp_path / "store")
+    assert store.revisions("m") == [] and store.latest("m") is None
+    first = _save(store, "step-1", 1, 1.0, created_at="2026-01-01T00:00:00Z")
+    _save(store, "step-2", 1, 2.0, created_at="2026-01-02T00:00:00Z")
+    _save(store, "b", 2, 4.0, created_at="2026-01-01T00:00:00Z")
+    _save(store, "a", 2, 3.0, created_at="2026-01-01T00:00:00Z")
+    _save(store, "other-ns", 9, 9.0, namespace="prod")
+    _save(store, "other-model", 9, 9.0, resource_id="mx")
+
+    revs = store.revisions("m")
+    assert all(isinstance(r, mws.RevisionInfo) for r in revs)
+    # Generation first, then created_at, then the revision name (code-point order).
+    assert [(r.revision, r.weight_generation) for r in revs] == [("step-1", 1), ("step-2", 1), ("a", 2), ("b", 2)]
+    r0 = revs[0]
+    assert (r0.namespace, r0.resource_id, r0.manifest_key, r0.manifest_digest, r0.created_at) == \
+        ("default", "m", first.key, first.digest, "2026-01-01T00:00:00Z")
+    latest = store.latest("m")
+    assert latest == revs[-1] and latest.revision == "b"
+    # Namespaces and key prefixes are respected.
+    assert [r.revision for r in store.revisions("m", namespace="prod")] == ["other-ns"]
+    assert [r.revision for r in store.revisions("mx")] == ["other-model"]
+    other_prefix = mws.Store.directory(tmp_path / "store", key_prefix="ckpt")
+    assert other_prefix.revisions("m") == [] and other_prefix.latest("m") is None
+    _save(other_prefix, "elsewhere", 1, 5.0)
+    assert [r.revision for r in other_prefix.revisions("m")] == ["elsewhere"]
+    assert [r.revision for r in store.revisions("m")] == ["step-1", "step-2", "a", "b"]
+
+    # The state-dict API takes "latest" (or a RevisionInfo) instead of a key.
+    got = mws.load_state_dict(store, mws.LATEST, resource_id="m")
+    assert (got["w"] == 4.0).all()
+    assert (mws.load_state_dict(store, revs[1])["w"] == 2.0).all()
+    assert (mws.load_state_dict(store, "latest", resource_id="m", namespace="prod")["w"] == 9.0).all()
+    out = tmp_path / "latest.safetensors"
+    mws.export_safetensors(store, "latest", out, resource_id="m")
+    assert (safetensors_numpy.load_file(str(out))["w"] == 4.0).all()
+
+
+def test_latest_resolution_errors_name_what_was_asked():
+    store = mws.Store.memory()
+    with pytest.raises(mws.NotFoundError, match=r"no committed revision of 'ghost' in namespace 'default'"):
+        mws.load_state_dict(store, "latest", resource_id="ghost")
+    with pytest.raises(mws.ArgumentError, match="needs resource_id="):
+        mws.load_state_dict(store, "latest")
+    m = _save(store, "v", 1, 1.0)
+    with pytest.raises(mws.ArgumentError, match="only go with key='latest'"):
+        mws.load_state_dict(store, m.key, resource_id="m")
+    with pytest.raises(mws.ArgumentError, match="resource_id must be a str, not NoneType"):
+        store.revisions(None)
+    with pytest.raises(mws.InvalidArgumentError, match="resource_id must be a non-empty string"):
+        store.revisions("")
+    # A backend that cannot list its keys (Mooncake Store's client cannot) says so.
+    listless = mws.Store.from_backend(mws.DictBackend())
+    with pytest.raises(mws.UnsupportedError, match=r"cannot list the revisions of 'm'.*manifest key"):
+        listless.revisions("m")
+    with pytest.raises(mws.UnsupportedError):
+        mws.load_state_dict(listless, "latest", resource_id="m")
+
+
+def test_every_rank_loads_the_revision_rank_0_resolved_as_latest():
+    import threading
+
+    store = mws.Store.memory()
+    _save(store, "v1", 1, 1.0)
+    exs = mws.ThreadExchange.group(2, timeout=60)
+    out = [None, None]
+
+    class NoLatest:
+        """Rank 1's view of the store: it must take rank 0's answer."""
+
+        def __getattr__(self, name):
+            if name == "latest":
+                raise AssertionError("only rank 0 resolves 'latest'")
+            return getattr(store, name)
+
+    def rank(r):
+        try:
+            out[r] = mws.load_state_dict(store if r == 0 else NoLatest(), "latest", resource_id="m", exchange=exs[r],
+                                         parallel=mws.Parallel(tp_rank=r, tp_size=2), sharding={"w": 0})
+        except BaseException as e:  # noqa: BLE001
+            out[r] = e
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert all(isinstance(o, dict) for o in out), out
+    assert [o["w"].shape for o in out] == [(1, 3), (1, 3)]
+    assert all((o["w"] == 1.0).all() for o in out)
+
+
+# -- issue 29: typed Store and StoredManifest (no Any) ----------------------------------
+
+
+def _mentions_any(t) -> bool:
+    import typing
+
+    return t is typing.Any or any(_mentions_any(a) for a in typing.get_args(t))
+
+
+def test_store_and_manifest_signatures_are_typed_without_any():
+    import inspect
+    import typing
+
+    from mooncake_weight_store import binding, placement, store as store_mod
+
+    names = dict(vars(mws))
+    names.update({"Binding": binding.Binding, "Placement": placement.Placement, "Decision": store_mod.Decision})
+    seen, problems = set(), []
+
+    def classes_in(t):
+        if isinstance(t, type) and t.__module__.startswith("mooncake_weight_store"):
+            yield t
+        for a in typing.get_args(t):
+            yield from classes_in(a)
+
+    def check(cls):
+        if cls in seen:
+            return
+        seen.add(cls)
+        for name, member in inspect.getmembers(cls):
+            if name.startswith("_") and name not in ("__init__", "__enter__", "__exit__"):
+                continue
+            raw = inspect.getattr_static(cls, name, None)
+            fn = member.fget if isinstance(member, property) else getattr(raw, "__func__", member)
+            if not callable(fn):
+                continue
+            hints = typing.get_type_hints(fn, localns=names)
+            if isinstance(member, property) and "return" not in hints:
+                problems.append(f"{cls.__name__}.{name}: property without a return type")
+            for arg, t in hints.items():
+                if _mentions_any(t):
+                    problems.append(f"{cls.__name__}.{name} ({arg}): {t}")
+                if arg == "return":
+                    for c in classes_in(t):
+                        check(c)
+
+    for cls in (mws.Store, mws.StoredManifest):
+        check(cls)
+    assert {mws.RevisionInfo, mws.StoredFragment, mws.UploadPlan, mws.Writer, mws.Receipts} <= seen
+    assert not problems, "\n".join(problems)
+    hints = typing.get_type_hints(mws.RevisionInfo)
+    assert hints["weight_generation"] is int and hints["manifest_key"] is str
+    assert typing.get_type_hints(mws.Store.latest, localns=names)["return"] == typing.Optional[mws.RevisionInfo]
+
+
+# -- issue 29: zero-size tensors are refused at save time, by name ------------------------
+
+
+def test_zero_size_tensors_are_refused_naming_the_tensor(tmp_path):
+    store = mws.Store.memory()
+    sd = {"ok": np.ones(3, dtype=np.float32), "empty.bias": np.zeros((0, 4), dtype=np.float32)}
+    with pytest.raises(mws.StateDictError, match=r"tensor 'empty.bias' is empty \(shape \(0, 4\)\).*at least 1"):
+        mws.save_state_dict(store, sd, resource_id="r", revision="v", generation=1)
+    assert store.revisions("r") == [], "nothing was committed"
+    # safetensors: the file's zero-size tensor is named with the file; names= leaves it out.
+    src = tmp_path / "with-empty.safetensors"
+    safetensors_numpy.save_file(sd, str(src))
+    with pytest.raises(mws.SafetensorsError, match=r"with-empty.safetensors: tensor 'empty.bias' is empty"):
+        mws.import_safetensors(store, src, resource_id="r", revision="v", generation=1)
+    m = mws.import_safetensors(store, src, resource_id="r", revision="v", generation=1, names=["ok"])
+    assert [t["tensor_id"] for t in m.wire()["tensors"]] == ["ok"]
+
+
+# -- issue 29: messages that name what the user passed -------------------------------------
+
+
+def test_an_empty_state_dict_is_refused_by_name():
+    with pytest.raises(mws.StateDictError, match=r"the state dict is empty \(\{\}\): nothing to save as revision "
+                                                 r"'v' of 'r'"):
+        mws.save_state_dict(mws.Store.memory(), {}, resource_id="r", revision="v", generation=1)
+    with pytest.raises(mws.StateDictError, match="must be a mapping"):
+        mws.save_state_dict(mws.Store.memory(), [np.ones(2)], resource_id="r", revision="v", generation=1)
+
+
+def test_a_regular_file_where_a_store_directory_belongs_is_named(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("127.0.0.1 localhost\n")
+    with pytest.raises(mws.MwsError, match=rf"{f}: it is a file, not a directory") as ei:
+        mws.Store.directory(f)
+    assert isinstance(ei.value, mws.LocalIOError)
+    with pytest.raises(mws.LocalIOError, match=rf"{f / 'store'}: {f} is a file, not a directory"):
+        mws.Store.directory(f / "store")
+    assert f.read_text() == "127.0.0.1 localhost\n"
+
+
+def test_safetensors_paths_of_the_wrong_kind_are_named(tmp_path):
+    store = mws.Store.memory()
+    m = _save(store, "v", 1, 1.0)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a checkpoint")
+    missing = tmp_path / "missing"
+    cases = [
+        # (call, the path that must be in the message, what it says)
+        (lambda: mws.export_safetensors(store, m, missing / "x.safetensors"), missing / "x.safetensors",
+         "does not exist"),
+        (lambda: mws.export_safetensors(store, m, a_file / "x.safetensors"), a_file / "x.safetensors",
+         "is a regular file, not a directory"),
+        (lambda: mws.export_safetensors(store, m, missing, max_shard_bytes=64), missing, "does not exist"),
+        (lambda: mws.export_safetensors(store, m, a_file, max_shard_bytes=64), a_file,
+         "is a regular file, not a directory"),
+        (lambda: mws.import_safetensors(store, a_file, resource_id="r", revision="v", generation=1), a_file,
+         "not a safetensors file"),
+        (lambda: mws.import_safetensors(store, missing, resource_id="r", revision="v", generation=1), missing,
+         "no such file or directory"),
+        (lambda: mws.import_safetensors(store, a_file / "x.safetensors", resource_id="r", revision="v",
+                                        generation=1), a_file / "x.safetensors", "is a regular file"),
+        (lambda: mws.SafetensorsFile(tmp_path), tmp_path, "is a directory, not a .safetensors file"),
+        (lambda: mws.SafetensorsFile(missing), missing, "no such file"),
+    ]
+    for call, path, says in cases:
+        with pytest.raises(mws.MwsError) as ei:
+            call()
+        assert str(path) in str(ei.value) and says in str(ei.value), (path, str(ei.value))
+    assert not missing.exists(), "a missing export directory is not created"
+    assert a_file.read_text() == "not a checkpoint"

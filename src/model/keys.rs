@@ -53,6 +53,21 @@ pub fn stored_fragment_id(tensor_id: &str, global_offset: &[u64], local_shape: &
     hex
 }
 
+/// The key prefix every revision of one resource shares:
+/// `<prefix>/<enc(ns)>/<enc(resource)>/` (with the trailing `/`, so that a listing of
+/// it never reaches a resource whose id merely starts with `resource_id`). Same
+/// rules and errors as [`KeyLayout::new`].
+pub fn resource_key_prefix(key_prefix: &str, namespace: &str, resource_id: &str) -> Result<String> {
+    if namespace.is_empty() {
+        return invalid("namespace must be a non-empty string");
+    }
+    let prefix = key_prefix.trim_matches('/');
+    if prefix.is_empty() {
+        return invalid("key_prefix must contain a non-empty path segment");
+    }
+    Ok(format!("{prefix}/{}/{}/", encode_key_segment(namespace), encode_key_segment(resource_id)))
+}
+
 /// The key layout of one weight generation: `<prefix>/<enc(ns)>/<enc(resource)>/
 /// <enc(revision)>/<generation>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,21 +87,11 @@ impl KeyLayout {
         revision: &str,
         weight_generation: u64,
     ) -> Result<Self> {
-        if namespace.is_empty() {
-            return invalid("namespace must be a non-empty string");
-        }
-        let prefix = key_prefix.trim_matches('/');
-        if prefix.is_empty() {
-            return invalid("key_prefix must contain a non-empty path segment");
-        }
-        Ok(KeyLayout {
-            group_id: format!(
-                "{prefix}/{}/{}/{}/{weight_generation}",
-                encode_key_segment(namespace),
-                encode_key_segment(resource_id),
-                encode_key_segment(revision)
-            ),
-        })
+        let mut group_id = resource_key_prefix(key_prefix, namespace, resource_id)?;
+        group_id.push_str(&encode_key_segment(revision));
+        group_id.push('/');
+        crate::json::write_u64(&mut group_id, weight_generation);
+        Ok(KeyLayout { group_id })
     }
 
     /// The group id (base key).
@@ -154,6 +159,10 @@ mod tests {
         assert_eq!(
             k.control_key("fedcba9876543210fedcba9876543210"),
             "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/step-42%2B%C3%BC/3/transactions/fedcba9876543210fedcba9876543210/decision"
+        );
+        assert_eq!(
+            resource_key_prefix("/ckpt/weights/", "prod/eu", "Qwen3.5 0.8B").unwrap(),
+            "ckpt/weights/prod%2Feu/Qwen3.5%200.8B/"
         );
         assert!(KeyLayout::new("///", "n", "r", "v", 1).is_err());
         assert!(KeyLayout::new("w", "", "r", "v", 1).is_err());

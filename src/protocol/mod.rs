@@ -9,6 +9,8 @@
 //!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.
 //! - [`load`]: restores (ranged or strided reads into target buffers).
 //! - [`progress`]: throttled progress reports of long calls.
+//! - [`revisions`]: the committed revisions of a resource and the newest one
+//!   (listable stores).
 //! - [`operator`]: survey and garbage collection of a listable store (`mws`).
 //! - [`integrity`]: payload checksums: computed at upload, written before commit,
 //!   verified at restore and by operators.
@@ -23,6 +25,7 @@ pub mod operator;
 pub mod progress;
 pub mod receipt;
 pub mod registration;
+pub mod revisions;
 pub mod state;
 pub mod transaction;
 pub mod transfer;
@@ -36,6 +39,7 @@ pub use load::{load_manifest, LoadArgs, LoadOptions, LoadStats};
 pub use progress::{Progress, ProgressFn, ProgressPhase, PROGRESS_INTERVAL};
 pub use receipt::{receipts_from_json, receipts_to_json, UploadReceipt};
 pub use registration::RegistrationLease;
+pub use revisions::RevisionInfo;
 pub use state::StoreLimits;
 pub use transaction::{Transaction, TransactionState};
 pub use upload::{UploadArgs, UploadSource};

@@ -180,6 +180,22 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The path itself, or its nearest existing ancestor, when that is not a directory
+/// (a regular file, a device, ...): a store root can then neither be opened nor
+/// created. `None` when the nearest existing one is a directory (or nothing exists).
+fn file_in_the_way(given: &Path) -> Option<&Path> {
+    let mut at = Some(given);
+    while let Some(p) = at.filter(|p| !p.as_os_str().is_empty()) {
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => return None,
+            Ok(_) => return Some(p),
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => at = p.parent(),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
 /// Opens (creating if needed) the subdirectory `name` of `root`, refusing a link.
 fn open_subdir(root: &Dir, name: &str) -> io::Result<Dir> {
     let c = c_name(name)?;
@@ -214,11 +230,27 @@ impl DirectoryStore {
     ///
     /// Errors: [`ErrorKind::InvalidArgument`] `refusing to open <root> as a directory
     /// store: it holds entries a store of this library never makes (<names>); nothing
-    /// was changed`; [`ErrorKind::Io`] `cannot open directory store <root>: <detail>`.
+    /// was changed`; [`ErrorKind::Io`] `cannot open directory store <root>: <detail>`
+    /// (`it is a file, not a directory` when `root`, or `<ancestor> is a file, not a
+    /// directory` when an ancestor of it, is a regular file).
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let given = root.as_ref();
         let ctx =
             |e: io::Error| Error::new(ErrorKind::Io, format!("cannot open directory store {}: {e}", given.display()));
+        if let Some(file) = file_in_the_way(given) {
+            let what = if file == given {
+                "it is a file, not a directory".to_string()
+            } else {
+                format!("{} is a file, not a directory", file.display())
+            };
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "cannot open directory store {}: {what} (pass a directory, or a path to create one)",
+                    given.display()
+                ),
+            ));
+        }
         fs::create_dir_all(given).map_err(ctx)?;
         // Absolute, so a later change of the working directory does not matter.
         let root = fs::canonicalize(given).map_err(ctx)?;

@@ -1,0 +1,238 @@
+//! The committed revisions of a resource, found in a store that can list its keys
+//! ([`crate::store::ObjectStore::list`]), so that no caller builds manifest keys by
+//! hand.
+//!
+//! # What counts as a committed revision
+//!
+//! Every key `<prefix>/<enc(ns)>/<enc(resource)>/<enc(revision)>/<generation>/manifest`
+//! under this store's key prefix (`wire-format.md` §5, [`KeyLayout`]) whose object
+//! decodes strictly as a stored manifest of exactly that namespace, resource,
+//! revision and generation. The protocol publishes a manifest (create-only) only
+//! after its commit decision was claimed, so a published manifest is a committed
+//! revision; decision records, payloads and integrity records are not read. Keys that
+//! follow another layout under the resource's prefix (payloads, decisions, foreign
+//! objects, a generation that is not canonical decimal) are not revisions and are
+//! skipped; a manifest removed between the listing and its read is skipped too (a
+//! listing is not a snapshot).
+//!
+//! # Which revision is the newest
+//!
+//! The one with the highest `weight_generation`; among revisions of the same
+//! generation, the one with the greatest `created_at` (compared as strings: the
+//! planner writes UTC `YYYY-MM-DDTHH:MM:SSZ`, which sorts chronologically), then the
+//! greatest `revision` in code-point order. `(weight_generation, created_at,
+//! revision)` is a total order over the revisions of a resource (two manifests of one
+//! revision and generation share a key), so the answer never depends on the listing
+//! order. [`revisions`] returns them in that order, oldest first: the newest is the
+//! last.
+//!
+//! # Errors
+//!
+//! [`ErrorKind::Unsupported`] for a store that cannot list its keys (Mooncake Store:
+//! load by manifest key there), [`ErrorKind::InvalidArgument`] for an empty resource
+//! id or namespace, [`ErrorKind::InvalidManifest`] for a manifest that does not decode
+//! or describes another revision than its key says (the message names the key; `mws
+//! ls` shows the store), and the backend's errors. Each message names the resource
+//! asked for.
+
+use super::load::load_manifest_limited;
+use super::state::WeightStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::keys::resource_key_prefix;
+use crate::model::{KeyLayout, StoredManifest};
+use crate::pyrepr::repr;
+
+/// One committed revision of a resource (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevisionInfo {
+    /// Store namespace.
+    pub namespace: String,
+    /// Resource id.
+    pub resource_id: String,
+    /// Revision name.
+    pub revision: String,
+    /// Weight generation.
+    pub weight_generation: u64,
+    /// Key of the published manifest (what [`WeightStore::load_manifest`] takes).
+    pub manifest_key: String,
+    /// `manifest_digest` of the manifest (64 lowercase hex).
+    pub manifest_digest: String,
+    /// The manifest's `created_at`: when the upload was planned (UTC
+    /// `YYYY-MM-DDTHH:MM:SSZ` from this library's planner; opaque when another
+    /// writer chose it). The commit follows it; the store keeps no commit time.
+    pub created_at: String,
+}
+
+impl RevisionInfo {
+    /// The revision a manifest describes.
+    pub fn of(m: &StoredManifest) -> RevisionInfo {
+        RevisionInfo {
+            namespace: m.namespace().to_string(),
+            resource_id: m.resource_id().to_string(),
+            revision: m.revision().to_string(),
+            weight_generation: m.weight_generation(),
+            manifest_key: m.manifest_key().to_string(),
+            manifest_digest: m.manifest_digest().to_string(),
+            created_at: m.created_at().to_string(),
+        }
+    }
+
+    /// The key that orders revisions from oldest to newest:
+    /// `(weight_generation, created_at, revision)`.
+    pub fn newness(&self) -> (u64, &str, &str) {
+        (self.weight_generation, &self.created_at, &self.revision)
+    }
+}
+
+/// A manifest key found by the listing, with the generation its key names.
+struct Candidate {
+    key: String,
+    weight_generation: u64,
+}
+
+/// Parses `<enc(revision)>/<generation>/manifest` (the rest of a key after the
+/// resource's prefix). The generation must be canonical decimal (what the planner
+/// writes), else the key is not a revision's.
+fn parse_rest(rest: &str) -> Option<u64> {
+    let mut parts = rest.split('/');
+    let (revision, generation, leaf) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || revision.is_empty() || leaf != "manifest" {
+        return None;
+    }
+    if generation.is_empty() || !generation.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if generation.len() > 1 && generation.starts_with('0') {
+        return None;
+    }
+    generation.parse().ok()
+}
+
+/// The prefix of every error message: the resource asked for, quoted as Python's
+/// `repr` quotes it (the bindings' messages quote names that way).
+fn context(resource_id: &str, e: &Error) -> String {
+    format!("cannot list the revisions of {}: {}", repr(resource_id), e.message())
+}
+
+/// The manifest keys under the resource's prefix.
+fn candidates(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Vec<Candidate>> {
+    if resource_id.is_empty() {
+        return Err(Error::invalid("resource_id must be a non-empty string"));
+    }
+    let prefix = resource_key_prefix(&ws.key_prefix, namespace, resource_id)?;
+    let mut out = Vec::new();
+    let listed = ws.store.list(&prefix, &mut |key, _| {
+        if let Some(g) = key.strip_prefix(prefix.as_str()).and_then(parse_rest) {
+            out.push(Candidate { key: key.to_string(), weight_generation: g });
+        }
+        true
+    });
+    if let Err(e) = listed {
+        let hint = if e.kind() == ErrorKind::Unsupported {
+            "; revisions in such a store (Mooncake Store) are loaded by their manifest key"
+        } else {
+            ""
+        };
+        return Err(Error::new(e.kind(), format!("{}{hint}", context(resource_id, &e))));
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out.dedup_by(|a, b| a.key == b.key);
+    Ok(out)
+}
+
+/// Reads one candidate: `None` when it vanished since the listing.
+fn read(ws: &WeightStore, namespace: &str, resource_id: &str, c: &Candidate) -> Result<Option<RevisionInfo>> {
+    let m = match load_manifest_limited(&*ws.store, &c.key, ws.limits.max_metadata_bytes) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::new(e.kind(), context(resource_id, &e))),
+    };
+    let own_key = KeyLayout::new(&ws.key_prefix, m.namespace(), m.resource_id(), m.revision(), m.weight_generation())
+        .map(|k| k.manifest_key());
+    if m.namespace() != namespace
+        || m.resource_id() != resource_id
+        || m.weight_generation() != c.weight_generation
+        || own_key.as_deref().ok() != Some(c.key.as_str())
+    {
+        return Err(Error::new(
+            ErrorKind::InvalidManifest,
+            format!(
+                "cannot list the revisions of {}: the manifest at {} describes revision {} (generation {}) of {} \
+                 in namespace {}, which belongs at another key",
+                repr(resource_id),
+                c.key,
+                repr(m.revision()),
+                m.weight_generation(),
+                repr(m.resource_id()),
+                repr(m.namespace())
+            ),
+        ));
+    }
+    Ok(Some(RevisionInfo::of(&m)))
+}
+
+/// Every committed revision of `resource_id` in `namespace`, oldest first (the order
+/// of [`RevisionInfo::newness`]); empty when there is none. Reads every manifest
+/// (each bounded by `max_metadata_bytes`). Errors: see the module documentation.
+pub fn revisions(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
+    let mut out = Vec::new();
+    for c in candidates(ws, namespace, resource_id)? {
+        if let Some(info) = read(ws, namespace, resource_id, &c)? {
+            out.push(info);
+        }
+    }
+    out.sort_by(|a, b| a.newness().cmp(&b.newness()));
+    Ok(out)
+}
+
+/// The newest committed revision of `resource_id` in `namespace` (the last of
+/// [`revisions`]), or `None` when there is none. Reads only the manifests of the
+/// highest generation that still has one. Errors: as [`revisions`], for the
+/// manifests it reads.
+pub fn latest(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Option<RevisionInfo>> {
+    let mut all = candidates(ws, namespace, resource_id)?;
+    all.sort_by(|a, b| b.weight_generation.cmp(&a.weight_generation).then_with(|| a.key.cmp(&b.key)));
+    let mut i = 0;
+    while i < all.len() {
+        let generation = all[i].weight_generation;
+        let mut best: Option<RevisionInfo> = None;
+        while i < all.len() && all[i].weight_generation == generation {
+            if let Some(info) = read(ws, namespace, resource_id, &all[i])? {
+                if best.as_ref().is_none_or(|b| info.newness() > b.newness()) {
+                    best = Some(info);
+                }
+            }
+            i += 1;
+        }
+        if best.is_some() {
+            return Ok(best);
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rest;
+
+    #[test]
+    fn only_canonical_revision_manifest_keys_are_candidates() {
+        assert_eq!(parse_rest("step-42/7/manifest"), Some(7));
+        assert_eq!(parse_rest("v%2F1/0/manifest"), Some(0));
+        assert_eq!(parse_rest("v/18446744073709551615/manifest"), Some(u64::MAX));
+        for bad in [
+            "v/07/manifest",
+            "v/18446744073709551616/manifest",
+            "v/-1/manifest",
+            "v/1/manifest/x",
+            "v/1",
+            "/1/manifest",
+            "v/1/payload/tx/f",
+            "v/1/transactions/tx/decision",
+            "v//manifest",
+            "v/+1/manifest",
+        ] {
+            assert_eq!(parse_rest(bad), None, "{bad}");
+        }
+    }
+}
