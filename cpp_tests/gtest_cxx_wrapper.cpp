@@ -113,3 +113,14 @@ TEST(CxxWrapper, VersionAndStatusName) {
                                   std::to_string(MWS_VERSION_PATCH));
     EXPECT_EQ(mws::status_name(MWS_CONFLICT), "MWS_CONFLICT");
 }
+
+// The prefix and its length come from one C call: the length must be read after it
+// (the arguments of one call are evaluated in an unspecified order).
+TEST(CxxWrapper, StoreKeyPrefix) {
+    EXPECT_EQ(mws::Store::open_memory().key_prefix(), "weights");
+    mws::StoreOptions o;
+    o.key_prefix = "/ckpt/llm/";
+    EXPECT_EQ(mws::Store::open_memory(o).key_prefix(), "ckpt/llm");
+    mws::Store empty(nullptr);
+    EXPECT_THROW((void)empty.key_prefix(), mws::Error);
+}

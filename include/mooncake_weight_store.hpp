@@ -841,7 +841,8 @@ public:
     /// The key prefix of every key the store writes (mws_store_key_prefix). Borrowed.
     std::string_view key_prefix() const {
         std::size_t len = 0;
-        return detail::view(mws_store_key_prefix(get(), &len), len);
+        const char *p = mws_store_key_prefix(get(), &len);  // before `len` is read
+        return detail::view(p, len);
     }
 
     /// Raw access: the whole object.
