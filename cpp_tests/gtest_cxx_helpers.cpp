@@ -1,7 +1,8 @@
 // GoogleTest suites (label api) for the C++ wrapper's helpers of issue 29: placement
-// grids and even shards (PlacementBuilder::add_grid / shard) and fragment boxes
-// (FragmentInfo, Placement::fragments / participants). Each helper with good and bad
-// input.
+// grids and even shards (PlacementBuilder::add_grid / shard), fragment boxes
+// (FragmentInfo, Placement::fragments / participants), host bindings with defaults
+// (Binding(placement, participant), Binding::add, HostBuffers) and the one-call
+// snapshot and restore (Store::snapshot / restore). Each helper with good and bad input.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,7 +12,10 @@
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
+#include "support/stores.hpp"
 
+static_assert(!std::is_copy_constructible_v<mws::HostBuffers>, "HostBuffers owns bindings");
+static_assert(std::is_nothrow_move_constructible_v<mws::Binding>, "bindings move without throwing");
 static_assert(std::is_move_constructible_v<mws::PlacementBuilder>, "builders move");
 
 namespace {
@@ -46,6 +50,23 @@ mws::Placement tp_layout(const std::string &name, std::uint64_t tp, std::uint64_
     b.add_grid(name);
     b.shard(tensor("w", {8, 6}, {mws::Axis::split(MWS_AXIS_TP, dim)}));
     return b.build();
+}
+
+unsigned char value(const mws::FragmentInfo &f, std::uint64_t n) {
+    std::vector<std::uint64_t> ij = f.global_position(n / f.itemsize);
+    return static_cast<unsigned char>(ij[0] * 31 + ij[1] * 7 + n % f.itemsize);
+}
+
+void fill(const mws::HostBuffers &h) {
+    for (const auto &buf : h.buffers())
+        for (std::size_t n = 0; n < buf.size; ++n) buf.data[n] = value(buf.fragment, n);
+}
+
+std::size_t mismatches(const mws::HostBuffers &h) {
+    std::size_t wrong = 0;
+    for (const auto &buf : h.buffers())
+        for (std::size_t n = 0; n < buf.size; ++n) wrong += buf.data[n] != value(buf.fragment, n);
+    return wrong;
 }
 
 }  // namespace
@@ -216,4 +237,173 @@ TEST(Helpers, FragmentBoxesAndGlobalPositions) {
     mws::Placement empty(nullptr);
     expect_error([&] { empty.fragments(); }, MWS_NULL_ARGUMENT, "Placement::fragments: empty object");
     expect_error([&] { empty.participants(); }, MWS_NULL_ARGUMENT, "empty object");
+}
+
+// ---- Binding(placement, participant) and Binding::add --------------------------------
+
+TEST(Helpers, BindingAddUsesThePlacementAndOneMachineDefaults) {
+    mws::Placement p = tp_layout("trainer", 2, 0);  // [8, 6] in two [4, 6] row blocks
+    std::vector<unsigned char> a(48), b(64);        // a larger buffer is fine
+    std::vector<mws::Binding> bindings;
+    bindings.emplace_back(p, "trainer-d0-p0-e0-t0").add("trainer-d0-p0-e0-t0/w#0", a.data(), a.size());
+    bindings.emplace_back(p, "trainer-d0-p0-e0-t1", "lease-7").add("trainer-d0-p0-e0-t1/w#0", b.data(), b.size());
+    for (const mws::Binding &x : bindings) {
+        EXPECT_EQ(x.fragment_count(), 1u);
+        x.validate(p);
+    }
+    mws::UploadPlan plan = mws::plan_upload(p, bindings);
+    ASSERT_EQ(plan.operation_count(), 2u);
+    mws::UploadOperation op = plan.operation(1);
+    EXPECT_EQ(op.source_participant_id, "trainer-d0-p0-e0-t1");
+    EXPECT_EQ(op.source_instance_id, "trainer-d0-p0-e0-t1");
+    EXPECT_EQ(op.source_lease_id, "lease-7");
+    EXPECT_EQ(op.source_generation, 1u);
+    EXPECT_EQ(op.source_fragment_id, "trainer-d0-p0-e0-t1:trainer-d0-p0-e0-t1/w#0");
+    EXPECT_EQ(op.source_worker_id, "worker-0");
+    EXPECT_EQ(op.nbytes, 48u);
+    EXPECT_NE(plan.to_json().find("\"endpoint\":\"localhost\""), std::string::npos);
+    EXPECT_NE(plan.to_json().find("\"device\":\"cpu\""), std::string::npos);
+}
+
+TEST(Helpers, BindingAddRefusesBadInputAndLeavesTheBindingUnchanged) {
+    mws::Placement p = tp_layout("trainer", 2, 0);
+    const std::string mine = "trainer-d0-p0-e0-t0/w#0";
+    std::vector<unsigned char> buf(48);
+    expect_error([&] { mws::Binding(p, "ghost"); }, MWS_INVALID_ARGUMENT,
+                 "no fragment is held by participant 'ghost'");
+    expect_error([&] { mws::Binding(mws::Placement(nullptr), "x"); }, MWS_NULL_ARGUMENT, "empty object");
+
+    mws::Binding b(p, "trainer-d0-p0-e0-t0");
+    expect_error([&] { b.add("trainer-d0-p0-e0-t1/w#0", buf.data(), 48); }, MWS_INVALID_ARGUMENT,
+                 "fragment 'trainer-d0-p0-e0-t1/w#0' is not held by participant 'trainer-d0-p0-e0-t0'");
+    expect_error([&] { b.add(mine, nullptr, 48); }, MWS_INVALID_ARGUMENT, "the address is null");
+    expect_error([&] { b.add(mine, buf.data(), 47); }, MWS_INVALID_ARGUMENT,
+                 "fragment 'trainer-d0-p0-e0-t0/w#0' needs 48 bytes, the buffer has 47");
+    // A buffer that would wrap around the address space: refused by the library.
+    expect_error([&] { b.add(mine, reinterpret_cast<void *>(UINTPTR_MAX - 15), 48); }, MWS_INVALID_ARGUMENT, "");
+    EXPECT_EQ(b.fragment_count(), 0u);
+    b.add(mine, buf.data(), buf.size());
+    expect_error([&] { b.add(mine, buf.data(), buf.size()); }, MWS_INVALID_ARGUMENT, "is already bound");
+    EXPECT_EQ(b.fragment_count(), 1u);
+
+    mws::BindingOptions o = mws::BindingOptions::for_placement(p);
+    o.participant_id = o.instance_id = "trainer-d0-p0-e0-t0";
+    o.lease_id = "lease-1";
+    mws::Binding plain(o);
+    expect_error([&] { plain.add(mine, buf.data(), 48); }, MWS_INVALID_ARGUMENT, "not made from a placement");
+    mws::Binding moved = std::move(b);
+    expect_error([&] { b.add(mine, buf.data(), 48); }, MWS_NULL_ARGUMENT, "empty object");  // NOLINT
+    mws_binding *raw = moved.release();
+    expect_error([&] { moved.add(mine, buf.data(), 48); }, MWS_NULL_ARGUMENT, "empty object");
+    mws_binding_free(raw);
+}
+
+// ---- HostBuffers -------------------------------------------------------------------
+
+TEST(Helpers, HostBuffersBindEveryFragmentAndSurviveMoves) {
+    mws::PlacementBuilder pb("m", "r", 1, "set", /*tp*/ 2);
+    pb.add_grid("g");
+    pb.shard(tensor("a", {4, 2}, {mws::Axis::split(MWS_AXIS_TP, 0)}));
+    pb.shard(tensor("b", {3}, {mws::Axis::replicated(MWS_AXIS_TP)}, 4));
+    mws::Placement p = pb.build();
+    mws::HostBuffers h(p);
+    ASSERT_EQ(h.buffers().size(), 4u);
+    ASSERT_EQ(h.bindings().size(), 2u);
+    std::vector<mws::FragmentInfo> all = p.fragments();
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        const mws::HostBuffers::Buffer &buf = h.buffers()[i];
+        EXPECT_EQ(buf.fragment.placement_fragment_id, all[i].placement_fragment_id);
+        EXPECT_EQ(buf.size, all[i].nbytes);
+        for (std::size_t n = 0; n < buf.size; ++n) EXPECT_EQ(buf.data[n], 0) << "zeroed";
+    }
+    for (const mws::Binding &b : h.bindings()) {
+        EXPECT_EQ(b.fragment_count(), 2u);
+        b.validate(p);
+    }
+    unsigned char *first = h.buffers()[0].data;
+    mws::HostBuffers moved = std::move(h);
+    EXPECT_EQ(moved.buffers()[0].data, first);
+    mws::UploadPlan plan = mws::plan_upload(p, moved.bindings());
+    EXPECT_EQ(plan.operation_count(), 3u);  // both halves of a, one replica of b
+    expect_error([] { mws::HostBuffers(mws::Placement(nullptr)); }, MWS_NULL_ARGUMENT, "empty object");
+}
+
+// ---- Store::snapshot / restore -----------------------------------------------------
+
+TEST(Helpers, SnapshotAndRestoreRoundTripAcrossLayouts) {
+    mws::StoreOptions so;
+    so.key_prefix = "ckpt";
+    mws::Store store = mws::Store::open_memory(so);
+    mws::Placement trainer = tp_layout("trainer", 2, 0);
+    mws::HostBuffers src(trainer);
+    fill(src);
+    int reports = 0;
+    mws::IoArgs args;
+    args.progress = [&](const mws_progress &) { ++reports; };
+    mws::StoredManifest manifest = store.snapshot(trainer, src.bindings(), args);
+    EXPECT_GT(reports, 0);
+    EXPECT_EQ(manifest.key().substr(0, 5), "ckpt/");  // the store's prefix, not the default
+
+    mws::Placement server = tp_layout("server", 3, 1);
+    mws::HostBuffers dst(server);
+    mws_load_stats stats = store.restore(manifest, server, dst.bindings());
+    EXPECT_EQ(stats.bytes, 8u * 6 * 2);
+    EXPECT_EQ(mismatches(dst), 0u);
+
+    mws::HostBuffers again(server);
+    store.restore(std::string(manifest.key()), server, again.bindings());
+    EXPECT_EQ(mismatches(again), 0u);
+    // A subset of the participants restores only theirs.
+    std::vector<mws::Binding> one;
+    one.emplace_back(server, "server-d0-p0-e0-t1");
+    std::vector<unsigned char> mid(32);  // [8, 2] bfloat16
+    one.back().add("server-d0-p0-e0-t1/w#0", mid.data(), mid.size());
+    EXPECT_EQ(store.restore(manifest, server, one).bytes, 32u);
+    const mws::FragmentInfo box = server.fragments("server-d0-p0-e0-t1")[0];
+    for (std::size_t n = 0; n < mid.size(); ++n) EXPECT_EQ(mid[n], value(box, n));
+}
+
+TEST(Helpers, SnapshotAndRestoreErrors) {
+    mws::Store store = mws::Store::open_memory();
+    mws::Placement trainer = tp_layout("trainer", 2, 0);
+    mws::HostBuffers src(trainer);
+    // Bindings that do not cover the placement: refused before any transaction.
+    std::vector<mws::Binding> half;
+    half.emplace_back(trainer, "trainer-d0-p0-e0-t0");
+    std::vector<unsigned char> buf(48);
+    half.back().add("trainer-d0-p0-e0-t0/w#0", buf.data(), buf.size());
+    EXPECT_THROW(store.snapshot(trainer, half), mws::Error);
+    expect_error([&] { store.restore("weights/nothing/here/manifest", trainer, src.bindings()); }, MWS_NOT_FOUND, "");
+
+    mws::StoredManifest manifest = store.snapshot(trainer, src.bindings());
+    // Bindings of another placement: refused by the load plan, buffers untouched.
+    mws::Placement server = tp_layout("server", 3, 1);
+    mws::HostBuffers dst(server);
+    for (const auto &b : dst.buffers()) std::memset(b.data, 0xAB, b.size);
+    EXPECT_THROW(store.restore(manifest, trainer, dst.bindings()), mws::Error);
+    for (const auto &b : dst.buffers())
+        for (std::size_t n = 0; n < b.size; ++n) ASSERT_EQ(b.data[n], 0xAB);
+    mws::Store empty(nullptr);
+    EXPECT_THROW(empty.snapshot(trainer, src.bindings()), mws::Error);
+}
+
+// A backend whose payload puts fail: the snapshot's upload fails before the commit
+// decision can exist, so it is aborted: no manifest, and no payload left behind.
+TEST(Helpers, FailedSnapshotIsAborted) {
+    mwstest::MapStore map;
+    mws_store_vtable vt = mwstest::MapStore::vtable();
+    vt.batch_put_from = [](void *, const mws_put_item *, size_t n, uint32_t, int32_t *results) -> int32_t {
+        for (size_t i = 0; i < n; ++i) results[i] = -600;
+        return 0;
+    };
+    mws::Store store = mws::Store::from_vtable(vt, &map);
+    mws::Placement trainer = tp_layout("trainer", 2, 0);
+    mws::HostBuffers src(trainer);
+    EXPECT_THROW(store.snapshot(trainer, src.bindings()), mws::Error);
+    std::lock_guard<std::mutex> g(map.mu);
+    EXPECT_EQ(map.objects.size(), 1u);  // the abort decision
+    for (const auto &kv : map.objects) {
+        EXPECT_EQ(kv.first.find("manifest"), std::string::npos) << kv.first;
+        EXPECT_NE(kv.second.find("abort"), std::string::npos) << kv.first << ": only the abort decision stays";
+    }
 }

@@ -24,11 +24,12 @@
  *    end when the owning object is destroyed or its released handle is freed). Input
  *    strings and arrays are only read during the call unless a member says otherwise.
  *  - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
- *    StoredManifest, LoadPlan, TransferPlan and TransferEngine may be used from
- *    several threads at once (const members); Binding::add_fragment must not race
- *    with other calls on the same Binding; PlacementBuilder, Writer and Transaction
- *    serialize their calls internally; a Loader or Sink runs one call at a time. No
- *    object may be moved, assigned, released or destroyed while another thread uses it.
+ *    StoredManifest, LoadPlan, TransferPlan, TransferEngine and HostBuffers may be
+ *    used from several threads at once (const members); Binding::add_fragment and
+ *    Binding::add must not race with other calls on the same Binding;
+ *    PlacementBuilder, Writer and Transaction serialize their calls internally; a
+ *    Loader or Sink runs one call at a time. No object may be moved, assigned,
+ *    released or destroyed while another thread uses it.
  *  - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
  *    throw. Catch everything inside them and return a non-zero code. ProgressCallback
  *    functions may throw: the wrapper swallows the exception.
@@ -164,7 +165,7 @@ struct FragmentInfo {
         return n;
     }
 
-    /// The canonical row-major byte strides of the box (of its contiguous buffer).
+    /// The canonical row-major byte strides of the box (what Binding::add binds).
     /// Throws only std::bad_alloc.
     std::vector<std::uint64_t> strides_bytes() const {
         std::vector<std::uint64_t> st(local_shape.size());
@@ -659,10 +660,20 @@ struct BindingOptions {
 /// A runtime binding of one participant (owns an mws_binding).
 /// Move-only. It copies what it is given and never dereferences buffer addresses:
 /// the caller keeps the buffers valid and stable while operations that move bytes use
-/// them. Thread safety: add_fragment must not run concurrently with any other use of
-/// the same Binding; the const members may run concurrently with each other.
+/// them. Thread safety: add_fragment and add must not run concurrently with any other
+/// use of the same Binding; the const members may run concurrently with each other.
 class Binding {
 public:
+    /// Creates an empty binding of `participant_id` of `placement`, for Binding::add
+    /// (mws_binding_new): resource id, revision, placement id, digest and generation
+    /// from the placement, instance id = `participant_id`, lease id `lease_id`. It
+    /// copies the geometry of the participant's fragments (it does not borrow the
+    /// placement). Throws mws::Error: MWS_NULL_ARGUMENT (empty placement),
+    /// MWS_INVALID_ARGUMENT (the placement has no fragment held by `participant_id`),
+    /// MWS_INVALID_UTF8; std::bad_alloc.
+    Binding(const Placement &placement, const std::string &participant_id, const std::string &lease_id = "lease-1")
+        : Binding(placement, participant_id, lease_id, placement.fragments(participant_id)) {}
+
     /// Creates an empty binding with identity `o` (mws_binding_new; strings copied).
     /// Throws mws::Error: MWS_INVALID_UTF8.
     explicit Binding(const BindingOptions &o) {
@@ -691,6 +702,64 @@ public:
     /// unknown memory kind). Must not race with any other use of this Binding.
     void add_fragment(const mws_runtime_fragment &fragment) {
         detail::check(mws_binding_add_fragment(handle_.get(), &fragment));
+        if (layout_ && fragment.placement_fragment_id != nullptr)
+            layout_->bound[fragment.placement_fragment_id] = true;
+    }
+
+    /// Binds placement fragment `placement_fragment_id` of this participant to the
+    /// host buffer at `address`, which holds `size` bytes (at least the fragment's
+    /// nbytes): its contiguous row-major bytes, as Python's Binding.add. Everything
+    /// else comes from the placement or a default for one machine and host memory:
+    /// shape, item size and canonical strides from the fragment; runtime fragment id
+    /// `"<participant>:<placement_fragment_id>"`, worker "worker-0", endpoint
+    /// "localhost", device "cpu", MWS_MEMORY_HOST, storage = [address, address +
+    /// size). Use add_fragment to set any of them. Only for a Binding made with
+    /// Binding(placement, participant_id). The buffer is borrowed: it must stay valid
+    /// (writable, for a restore) while uploads and loads use this binding. Returns
+    /// `*this`. Throws mws::Error: MWS_NULL_ARGUMENT (empty object),
+    /// MWS_INVALID_ARGUMENT (a Binding not made from a placement; a fragment this
+    /// participant does not hold; a null address; `size` below the fragment's nbytes;
+    /// a fragment bound twice; what mws_binding_add_fragment refuses, e.g. a buffer
+    /// that wraps around the address space); std::bad_alloc. On failure the binding is
+    /// unchanged. Must not race with any other use of this Binding.
+    Binding &add(const std::string &placement_fragment_id, void *address, std::uint64_t size) {
+        if (!handle_) throw Error(MWS_NULL_ARGUMENT, "Binding::add: empty object");
+        if (!layout_)
+            throw Error(MWS_INVALID_ARGUMENT, "Binding::add: this binding was not made from a placement "
+                                              "(use Binding(placement, participant_id), or add_fragment)");
+        const std::string where = "Binding::add: fragment '" + placement_fragment_id + "'";
+        auto it = layout_->fragments.find(placement_fragment_id);
+        if (it == layout_->fragments.end())
+            throw Error(MWS_INVALID_ARGUMENT, where + " is not held by participant '" + layout_->participant_id + "'");
+        const FragmentInfo &f = it->second;
+        if (address == nullptr) throw Error(MWS_INVALID_ARGUMENT, where + ": the address is null");
+        if (size < f.nbytes)
+            throw Error(MWS_INVALID_ARGUMENT, where + " needs " + std::to_string(f.nbytes) + " bytes, the buffer has " +
+                                                  std::to_string(size));
+        if (layout_->bound.count(placement_fragment_id) != 0)
+            throw Error(MWS_INVALID_ARGUMENT, where + " is already bound");
+        const std::vector<std::uint64_t> strides = f.strides_bytes();
+        const std::string fragment_id = layout_->participant_id + ":" + placement_fragment_id;
+        mws_runtime_fragment c{};
+        c.placement_fragment_id = placement_fragment_id.c_str();
+        c.fragment_id = fragment_id.c_str();
+        c.address = address;
+        c.nbytes = f.nbytes;
+        c.worker_id = "worker-0";
+        c.endpoint = "localhost";
+        c.device = "cpu";
+        c.itemsize = f.itemsize;
+        c.local_shape = f.local_shape.data();
+        c.local_shape_len = f.local_shape.size();
+        c.strides_bytes = strides.data();
+        c.strides_bytes_len = strides.size();
+        c.storage_address = address;
+        c.storage_nbytes = size;
+        c.storage_offset_bytes = 0;
+        c.memory_kind = MWS_MEMORY_HOST;
+        detail::check(mws_binding_add_fragment(handle_.get(), &c));
+        layout_->bound[placement_fragment_id] = true;
+        return *this;
     }
 
     /// Fragments added so far (mws_binding_fragment_count); 0 when empty.
@@ -705,10 +774,102 @@ public:
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_binding *get() const noexcept { return handle_.get(); }
     /// Gives up ownership: the caller frees the result with mws_binding_free.
-    mws_binding *release() noexcept { return handle_.release(); }
+    mws_binding *release() noexcept {
+        layout_.reset();
+        return handle_.release();
+    }
 
 private:
+    friend class HostBuffers;
+
+    // The participant's fragments (from the placement), for add().
+    struct Layout {
+        std::string participant_id;
+        std::map<std::string, FragmentInfo> fragments;  // by placement fragment id
+        std::map<std::string, bool> bound;              // placement fragment ids bound so far
+    };
+
+    Binding(const Placement &placement, const std::string &participant_id, const std::string &lease_id,
+            std::vector<FragmentInfo> fragments)
+        : Binding([&] {
+              BindingOptions o = BindingOptions::for_placement(placement);
+              o.participant_id = o.instance_id = participant_id;
+              o.lease_id = lease_id;
+              return o;
+          }()) {
+        layout_ = std::make_unique<Layout>();
+        layout_->participant_id = participant_id;
+        for (FragmentInfo &f : fragments) {
+            std::string id = f.placement_fragment_id;
+            layout_->fragments.emplace(std::move(id), std::move(f));
+        }
+    }
+
     std::unique_ptr<mws_binding, detail::Deleter<mws_binding, mws_binding_free>> handle_;
+    std::unique_ptr<Layout> layout_;
+};
+
+/// Host memory for every fragment of a placement, bound, for one machine: one zeroed
+/// buffer per fragment, owned here, and one Binding per participant that holds
+/// fragments (Binding(placement, participant) and Binding::add, with its defaults).
+/// For programs and tests that snapshot from or restore into fresh host memory; to
+/// lend your own buffers, use Binding::add. Move-only; moving keeps every buffer at its
+/// address, so the bindings stay valid. Thread safety: the const members may run on
+/// several threads at once; writing the bytes is the caller's to order with the
+/// uploads and loads that use them (the data pointers write through a const object).
+class HostBuffers {
+public:
+    /// One fragment's buffer.
+    struct Buffer {
+        FragmentInfo fragment;  ///< The placement fragment it holds.
+        unsigned char *data;    ///< Its fragment.nbytes bytes, owned by the HostBuffers.
+        std::size_t size;       ///< fragment.nbytes.
+    };
+
+    /// Allocates and binds every fragment of `placement` (all participants; lease id
+    /// `lease_id`). Does not borrow the placement. Throws mws::Error: MWS_NULL_ARGUMENT
+    /// (empty placement), MWS_INVALID_UTF8, MWS_LIMIT_EXCEEDED (a fragment larger than
+    /// the address space); std::bad_alloc.
+    explicit HostBuffers(const Placement &placement, const std::string &lease_id = "lease-1") {
+        std::vector<FragmentInfo> all = placement.fragments();
+        buffers_.reserve(all.size());
+        for (std::size_t i = 0; i < all.size();) {  // canonical order: grouped by participant
+            std::size_t end = i;
+            while (end < all.size() && all[end].participant_id == all[i].participant_id) ++end;
+            std::vector<FragmentInfo> mine(all.begin() + static_cast<std::ptrdiff_t>(i),
+                                           all.begin() + static_cast<std::ptrdiff_t>(end));
+            Binding &b = bindings_.emplace_back(Binding(placement, all[i].participant_id, lease_id, mine));
+            for (FragmentInfo &f : mine) {
+                const auto n = static_cast<std::size_t>(f.nbytes);
+                if (static_cast<std::uint64_t>(n) != f.nbytes)
+                    throw Error(MWS_LIMIT_EXCEEDED, "HostBuffers: fragment '" + f.placement_fragment_id +
+                                                        "' does not fit in the address space");
+                storage_.push_back(std::make_unique<unsigned char[]>(n));  // zeroed
+                b.add(f.placement_fragment_id, storage_.back().get(), f.nbytes);
+                buffers_.push_back(Buffer{std::move(f), storage_.back().get(), n});
+            }
+            i = end;
+        }
+    }
+
+    HostBuffers(const HostBuffers &) = delete;
+    HostBuffers &operator=(const HostBuffers &) = delete;
+    /// Moves the buffers (they keep their addresses) and the bindings.
+    HostBuffers(HostBuffers &&) noexcept = default;
+    /// Frees this object's buffers and bindings, then takes `other`'s.
+    HostBuffers &operator=(HostBuffers &&) noexcept = default;
+
+    /// One buffer per fragment, in canonical order (participant id, then placement
+    /// fragment id). Valid while this object lives (moves included). Does not throw.
+    const std::vector<Buffer> &buffers() const noexcept { return buffers_; }
+    /// One binding per participant that holds fragments, sorted by participant id: pass
+    /// them to Store::snapshot, Store::restore, plan_upload... Does not throw.
+    const std::vector<Binding> &bindings() const noexcept { return bindings_; }
+
+private:
+    std::vector<std::unique_ptr<unsigned char[]>> storage_;
+    std::vector<Buffer> buffers_;
+    std::vector<Binding> bindings_;  // destroyed first: they point into storage_
 };
 
 /// Options of plan_upload; an empty optional means the library default.
@@ -1256,6 +1417,55 @@ public:
         return stats;
     }
 
+    /// Snapshots `placement` from `bindings` (every participant, all lent by this
+    /// process) in one call: plans the upload (plan_upload; the store's key prefix
+    /// unless `options.key_prefix` is set), uploads every binding through one
+    /// Transaction (upload_many with `args`, whose `lease` must be nullptr) and
+    /// commits; returns the published manifest. The buffers as for Store::upload. When
+    /// a step fails before the commit decision may exist, the upload is aborted (its
+    /// payloads removed, best effort) and the error rethrown; after that point the
+    /// commit is retried once, and if that fails too its error is thrown and the
+    /// transaction is left for recovery (use plan_upload and Transaction when you need
+    /// to drive recovery yourself). Throws mws::Error: those of plan_upload,
+    /// Transaction::upload_many and Transaction::commit; std::bad_alloc. Snapshots of
+    /// different revisions may run concurrently.
+    StoredManifest snapshot(const Placement &placement, const std::vector<Binding> &bindings, const IoArgs &args = {},
+                            const UploadOptions &options = {}) const;
+
+    /// Restores `manifest` into `bindings` (participants of `placement`, all or some,
+    /// lent by this process): plans the load (LoadPlan::plan) and loads each binding in
+    /// turn (Store::load with `args`; a progress callback sees one restore per
+    /// binding). Returns the sum of the load statistics. The buffers as for
+    /// Store::load; a refused plan leaves them untouched, a load that fails leaves the
+    /// bindings before it restored. Throws mws::Error: those of LoadPlan::plan and
+    /// Store::load; std::bad_alloc. May run concurrently with other const members.
+    mws_load_stats restore(const StoredManifest &manifest, const Placement &placement,
+                           const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
+        std::vector<const Binding *> ptrs;
+        ptrs.reserve(bindings.size());
+        for (const Binding &b : bindings) ptrs.push_back(&b);
+        const LoadPlan plan = LoadPlan::plan(manifest, placement, ptrs);
+        mws_load_stats total{};
+        for (const Binding &b : bindings) {
+            const mws_load_stats s = load(plan, b, args);
+            total.regions += s.regions;
+            total.ranges += s.ranges;
+            total.requests += s.requests;
+            total.bytes += s.bytes;
+            total.strided_regions += s.strided_regions;
+            total.direct_regions += s.direct_regions;
+            total.staged_regions += s.staged_regions;
+            total.staged_bytes += s.staged_bytes;
+        }
+        return total;
+    }
+    /// restore() of the manifest stored at `manifest_key` (load_manifest, then the
+    /// overload above). Throws mws::Error: those of load_manifest and restore.
+    mws_load_stats restore(const std::string &manifest_key, const Placement &placement,
+                           const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
+        return restore(load_manifest(manifest_key), placement, bindings, args);
+    }
+
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_store *get() const noexcept { return handle_.get(); }
     /// Gives up ownership: the caller frees the result with mws_store_free.
@@ -1441,6 +1651,31 @@ public:
 private:
     std::unique_ptr<mws_transaction, detail::Deleter<mws_transaction, mws_transaction_free>> handle_;
 };
+
+inline StoredManifest Store::snapshot(const Placement &placement, const std::vector<Binding> &bindings,
+                                      const IoArgs &args, const UploadOptions &options) const {
+    UploadOptions o = options;
+    if (!o.key_prefix) o.key_prefix = std::string(key_prefix());
+    const UploadPlan plan = plan_upload(placement, bindings, o);
+    Transaction tx = Transaction::begin(*this, plan);
+    std::vector<const Binding *> ptrs;
+    ptrs.reserve(bindings.size());
+    for (const Binding &b : bindings) ptrs.push_back(&b);
+    try {
+        tx.upload_many(placement, ptrs, {}, args);
+        return tx.commit();
+    } catch (...) {
+        if (!tx.commit_decision_may_exist()) {
+            try {
+                tx.abort();
+            } catch (const Error &) {
+                // best effort: the original error is the one to report
+            }
+            throw;
+        }
+    }
+    return tx.commit();  // the commit decision may exist: retry once, never abort
+}
 
 /// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).
 /// One upload plan written tensor by tensor; each participant is uploaded once all its
