@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -199,6 +200,24 @@ TEST(Helpers, ShardRefusesBadInputBeforeAddingAnything) {
     zero.add_participant("p", mws_rank{});
     zero.add_tensor(tensor("w", {4}, {mws::Axis::split(MWS_AXIS_TP, 0)}));
     expect_error([&] { zero.shard("w"); }, MWS_INVALID_ARGUMENT, "tp_size is 0");
+}
+
+// The builder's record and the library's builder stay in step when several threads
+// add participants at once; shard then sees every one of them.
+TEST(Helpers, BuilderMembersFromSeveralThreads) {
+    mws::PlacementBuilder b("m", "r", 1, "set", /*tp*/ 64);
+    b.add_tensor(tensor("w", {64, 2}, {mws::Axis::split(MWS_AXIS_TP, 0)}));
+    std::vector<std::thread> threads;
+    for (std::uint64_t t = 0; t < 4; ++t)
+        threads.emplace_back([&b, t] {
+            for (std::uint64_t i = 0; i < 16; ++i)
+                b.add_participant("p" + std::to_string(t * 16 + i), mws_rank{0, 0, 0, t * 16 + i});
+        });
+    for (std::thread &t : threads) t.join();
+    EXPECT_EQ(b.shard("w").size(), 64u);
+    mws::Placement p = b.build();
+    EXPECT_EQ(p.participants().size(), 64u);
+    EXPECT_EQ(p.fragments("p17")[0].global_offset, (std::vector<std::uint64_t>{17, 0}));
 }
 
 // ---- FragmentInfo, Placement::fragments / participants -------------------------------
