@@ -146,3 +146,14 @@ TEST(CxxWrapper, RevisionsAndLatestWithoutHandBuiltKeys) {
         EXPECT_NE(std::string(e.what()).find("resource_id"), std::string::npos);
     }
 }
+
+// The prefix and its length come from one C call: the length must be read after it
+// (the arguments of one call are evaluated in an unspecified order).
+TEST(CxxWrapper, StoreKeyPrefix) {
+    EXPECT_EQ(mws::Store::open_memory().key_prefix(), "weights");
+    mws::StoreOptions o;
+    o.key_prefix = "/ckpt/llm/";
+    EXPECT_EQ(mws::Store::open_memory(o).key_prefix(), "ckpt/llm");
+    mws::Store empty(nullptr);
+    EXPECT_THROW((void)empty.key_prefix(), mws::Error);
+}

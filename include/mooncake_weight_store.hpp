@@ -24,11 +24,12 @@
  *    end when the owning object is destroyed or its released handle is freed). Input
  *    strings and arrays are only read during the call unless a member says otherwise.
  *  - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
- *    StoredManifest, LoadPlan, TransferPlan and TransferEngine may be used from
- *    several threads at once (const members); Binding::add_fragment must not race
- *    with other calls on the same Binding; PlacementBuilder, Writer and Transaction
- *    serialize their calls internally; a Loader or Sink runs one call at a time. No
- *    object may be moved, assigned, released or destroyed while another thread uses it.
+ *    StoredManifest, LoadPlan, TransferPlan, TransferEngine and HostBuffers may be
+ *    used from several threads at once (const members); Binding::add_fragment and
+ *    Binding::add must not race with other calls on the same Binding;
+ *    PlacementBuilder, Writer and Transaction serialize their calls internally; a
+ *    Loader or Sink runs one call at a time. No object may be moved, assigned,
+ *    released or destroyed while another thread uses it.
  *  - Callbacks (store vtable, guards, adapters) are C function pointers: they must not
  *    throw. Catch everything inside them and return a non-zero code. ProgressCallback
  *    functions may throw: the wrapper swallows the exception.
@@ -39,8 +40,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -121,6 +125,80 @@ inline std::string_view version() { return mws_version(); }
 /// "MWS_UNKNOWN_STATUS" for a value that is not a status. Does not throw; any thread.
 inline std::string_view status_name(mws_status status) { return mws_status_name(static_cast<int>(status)); }
 
+/// One fragment of a placement, copied out of it (Placement::fragments): which
+/// participant holds which box of which tensor. A plain value that owns its strings and
+/// arrays (it does not borrow the placement); copy it and read it from any thread.
+struct FragmentInfo {
+    std::string placement_fragment_id;         ///< The fragment's wire id.
+    std::string participant_id;                ///< The participant that holds it.
+    std::string tensor_id;                     ///< The tensor it is a box of.
+    std::vector<std::uint64_t> global_offset;  ///< Offset of the box in the tensor, in elements.
+    std::vector<std::uint64_t> local_shape;    ///< Shape of the box, in elements.
+    std::uint64_t nbytes = 0;                  ///< Bytes of its contiguous row-major buffer.
+    std::uint64_t itemsize = 0;                ///< Bytes per element.
+
+    /// Copies a borrowed mws_placement_fragment_info (from mws_placement_fragment).
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (a NULL string, or NULL arrays with ndim >
+    /// 0); std::bad_alloc.
+    static FragmentInfo from(const mws_placement_fragment_info &info) {
+        if (info.placement_fragment_id == nullptr || info.participant_id == nullptr || info.tensor_id == nullptr ||
+            (info.ndim > 0 && (info.global_offset == nullptr || info.local_shape == nullptr)))
+            throw Error(MWS_NULL_ARGUMENT, "FragmentInfo::from: the fragment info has a NULL field");
+        FragmentInfo f;
+        f.placement_fragment_id = info.placement_fragment_id;
+        f.participant_id = info.participant_id;
+        f.tensor_id = info.tensor_id;
+        if (info.ndim > 0) {
+            f.global_offset.assign(info.global_offset, info.global_offset + info.ndim);
+            f.local_shape.assign(info.local_shape, info.local_shape + info.ndim);
+        }
+        f.nbytes = info.nbytes;
+        f.itemsize = info.itemsize;
+        return f;
+    }
+
+    /// Elements of the box (the product of local_shape; 1 for a scalar). Does not
+    /// throw (a placement's boxes are validated, so the product fits).
+    std::uint64_t element_count() const noexcept {
+        std::uint64_t n = 1;
+        for (std::uint64_t d : local_shape) n *= d;
+        return n;
+    }
+
+    /// The canonical row-major byte strides of the box (what Binding::add binds).
+    /// Throws only std::bad_alloc.
+    std::vector<std::uint64_t> strides_bytes() const {
+        std::vector<std::uint64_t> st(local_shape.size());
+        std::uint64_t acc = itemsize;
+        for (std::size_t d = local_shape.size(); d-- > 0;) {
+            st[d] = acc;
+            acc *= local_shape[d];
+        }
+        return st;
+    }
+
+    /// The position in the whole tensor (global coordinates, one per dimension) of
+    /// element `element` of the box, counted in row-major order of its buffer (byte n
+    /// of the buffer belongs to element n / itemsize). Lets a caller fill or check a
+    /// buffer whatever the layout. Throws mws::Error: MWS_INVALID_ARGUMENT (`element`
+    /// >= element_count()); std::bad_alloc.
+    std::vector<std::uint64_t> global_position(std::uint64_t element) const {
+        if (global_offset.size() != local_shape.size())
+            throw Error(MWS_INVALID_ARGUMENT, "FragmentInfo::global_position: global_offset and local_shape of '" +
+                                                  placement_fragment_id + "' differ in length");
+        if (element >= element_count())
+            throw Error(MWS_INVALID_ARGUMENT, "FragmentInfo::global_position: element " + std::to_string(element) +
+                                                  " is outside fragment '" + placement_fragment_id + "' (" +
+                                                  std::to_string(element_count()) + " elements)");
+        std::vector<std::uint64_t> pos(local_shape.size());
+        for (std::size_t d = local_shape.size(); d-- > 0;) {
+            pos[d] = global_offset[d] + element % local_shape[d];
+            element /= local_shape[d];
+        }
+        return pos;
+    }
+};
+
 /// A parsed, validated, immutable complete placement (owns an mws_placement).
 /// Move-only. Thread safety: every const member may run on several threads at once.
 /// Nothing made from it (bindings, plans) borrows it.
@@ -171,6 +249,42 @@ public:
         return info;
     }
 
+    /// Every fragment, copied, in canonical order (participant id, then placement
+    /// fragment id; mws_placement_fragment for each). Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty object); std::bad_alloc. Any thread.
+    std::vector<FragmentInfo> fragments() const {
+        if (get() == nullptr) throw Error(MWS_NULL_ARGUMENT, "Placement::fragments: empty object");
+        std::vector<FragmentInfo> out;
+        const std::size_t n = fragment_count();
+        out.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) out.push_back(FragmentInfo::from(fragment(i)));
+        return out;
+    }
+
+    /// The fragments held by `participant_id`, copied, in canonical order: the boxes a
+    /// binding of that participant binds. Throws mws::Error: MWS_NULL_ARGUMENT (empty
+    /// object), MWS_INVALID_ARGUMENT (no fragment is held by `participant_id`: an
+    /// unknown participant, or one that holds nothing); std::bad_alloc. Any thread.
+    std::vector<FragmentInfo> fragments(const std::string &participant_id) const {
+        std::vector<FragmentInfo> out;
+        for (FragmentInfo &f : fragments())
+            if (f.participant_id == participant_id) out.push_back(std::move(f));
+        if (out.empty())
+            throw Error(MWS_INVALID_ARGUMENT,
+                        "Placement::fragments: no fragment is held by participant '" + participant_id + "'");
+        return out;
+    }
+
+    /// The participants that hold at least one fragment, sorted, each once (a
+    /// participant of the topology that holds nothing is not listed). Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object); std::bad_alloc. Any thread.
+    std::vector<std::string> participants() const {
+        std::vector<std::string> out;
+        for (FragmentInfo &f : fragments())
+            if (out.empty() || out.back() != f.participant_id) out.push_back(std::move(f.participant_id));
+        return out;
+    }
+
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_placement *get() const noexcept { return handle_.get(); }
     /// Gives up ownership: the caller frees the result with mws_placement_free.
@@ -209,8 +323,8 @@ struct TensorSpec {
     std::uint64_t itemsize = 1;                 ///< Bytes per element (>= 1).
     std::string layout_fingerprint;             ///< Framework layout identity (required, non-empty).
     std::vector<Axis> axes;                     ///< Axes, any order.
-    std::optional<std::uint64_t> layer_id;      ///< Optional layer id.
-    std::optional<std::uint64_t> expert_id;     ///< Optional expert id.
+    std::optional<std::uint64_t> layer_id = std::nullopt;   ///< Optional layer id.
+    std::optional<std::uint64_t> expert_id = std::nullopt;  ///< Optional expert id.
 };
 
 /// A fragment for PlacementBuilder::add_fragment (byte size and rank are derived; see
@@ -226,11 +340,12 @@ struct FragmentSpec {
 };
 
 /// Builds a placement one participant, tensor and fragment at a time
-/// (mws_placement_builder); ids and canonical JSON come from the library. Not
-/// copyable; calls on one builder are serialized by the library.
-/// Move-only; owns an mws_placement_builder. Thread safety: its members may be called
-/// from several threads (the library serializes them). Fragment ids it returns are
-/// owned by the builder.
+/// (mws_placement_builder); ids and canonical JSON come from the library.
+/// Move-only; owns an mws_placement_builder. It also remembers the topology sizes and
+/// the participants and tensors added through it, for add_grid and shard. Thread
+/// safety: its members may be called from several threads (the library serializes
+/// them, and this object's own record is behind a mutex). Fragment ids that
+/// add_fragment returns are owned by the builder.
 class PlacementBuilder {
 public:
     /// Starts a builder (mws_placement_builder_new) with the identity and the topology
@@ -239,7 +354,8 @@ public:
     /// Throws mws::Error: MWS_INVALID_UTF8.
     PlacementBuilder(const std::string &resource_id, const std::string &revision, std::uint64_t weight_generation,
                      const std::string &placement_set_id, std::uint64_t tp_size = 1, std::uint64_t pp_size = 1,
-                     std::uint64_t ep_size = 1, std::uint64_t dp_size = 1) {
+                     std::uint64_t ep_size = 1, std::uint64_t dp_size = 1)
+        : state_(std::make_unique<State>()) {
         mws_placement_builder_options o{};
         o.resource_id = resource_id.c_str();
         o.revision = revision.c_str();
@@ -252,20 +368,158 @@ public:
         mws_placement_builder *raw = nullptr;
         detail::check(mws_placement_builder_new(&o, &raw));
         handle_.reset(raw);
+        state_->sizes[MWS_AXIS_DP] = dp_size;
+        state_->sizes[MWS_AXIS_PP] = pp_size;
+        state_->sizes[MWS_AXIS_EP] = ep_size;
+        state_->sizes[MWS_AXIS_TP] = tp_size;
     }
 
     /// Adds a topology participant with `rank` (mws_placement_builder_add_participant);
-    /// returns `*this`. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT
-    /// (duplicate participant, empty id).
+    /// returns `*this`. Throws mws::Error: MWS_NULL_ARGUMENT (empty object),
+    /// MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (duplicate participant, empty id).
     PlacementBuilder &add_participant(const std::string &participant_id, mws_rank rank) {
-        detail::check(mws_placement_builder_add_participant(handle_.get(), participant_id.c_str(), &rank));
+        std::lock_guard<std::mutex> lock(state("add_participant").mutex);
+        add_participant_locked(participant_id, rank);
         return *this;
     }
 
+    /// Adds one participant per point of the tp x pp x ep x dp grid of the sizes given
+    /// to the constructor, named `"<name>-d<dp>-p<pp>-e<ep>-t<tp>"` (as Python's
+    /// PlacementBuilder.add_grid), and returns their ids in rank order (dp slowest, tp
+    /// fastest): `add_grid("rank")` with tp_size 2 gives `rank-d0-p0-e0-t0`,
+    /// `rank-d0-p0-e0-t1`. Throws mws::Error: MWS_NULL_ARGUMENT (empty object),
+    /// MWS_INVALID_ARGUMENT (a size is 0, the grid has more than 2^32 points, a name
+    /// is taken; participants added before the failing one stay), MWS_INVALID_UTF8;
+    /// std::bad_alloc.
+    std::vector<std::string> add_grid(const std::string &name = "rank") {
+        State &st = state("add_grid");
+        std::lock_guard<std::mutex> lock(st.mutex);
+        std::uint64_t points = 1;
+        static const char *const kinds[4] = {"dp", "pp", "ep", "tp"};
+        for (int k = 0; k < 4; ++k) {
+            if (st.sizes[k] == 0)
+                throw Error(MWS_INVALID_ARGUMENT,
+                            std::string("add_grid: ") + kinds[k] + "_size is 0 (each size must be >= 1)");
+            if (st.sizes[k] > (std::uint64_t{1} << 32) / points)
+                throw Error(MWS_INVALID_ARGUMENT, "add_grid: the grid has more than 2^32 points");
+            points *= st.sizes[k];
+        }
+        std::vector<std::string> ids;
+        ids.reserve(static_cast<std::size_t>(points));
+        const std::uint64_t *n = st.sizes;
+        for (std::uint64_t dp = 0; dp < n[MWS_AXIS_DP]; ++dp)
+            for (std::uint64_t pp = 0; pp < n[MWS_AXIS_PP]; ++pp)
+                for (std::uint64_t ep = 0; ep < n[MWS_AXIS_EP]; ++ep)
+                    for (std::uint64_t tp = 0; tp < n[MWS_AXIS_TP]; ++tp) {
+                        std::string id = name + "-d" + std::to_string(dp) + "-p" + std::to_string(pp) + "-e" +
+                                         std::to_string(ep) + "-t" + std::to_string(tp);
+                        add_participant_locked(id, mws_rank{dp, pp, ep, tp});
+                        ids.push_back(std::move(id));
+                    }
+        return ids;
+    }
+
     /// Adds a tensor descriptor, validated at once (mws_placement_builder_add_tensor);
-    /// returns `*this`. Throws mws::Error: MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (the
-    /// placement contract's tensor rules, duplicate tensor, unknown axis value).
+    /// returns `*this`. Throws mws::Error: MWS_NULL_ARGUMENT (empty object),
+    /// MWS_INVALID_UTF8, MWS_INVALID_ARGUMENT (the placement contract's tensor rules,
+    /// duplicate tensor, unknown axis value).
     PlacementBuilder &add_tensor(const TensorSpec &t) {
+        std::lock_guard<std::mutex> lock(state("add_tensor").mutex);
+        add_tensor_locked(t);
+        return *this;
+    }
+
+    /// Adds a fragment; returns its placement_fragment_id (owned by the builder).
+    /// (mws_placement_builder_add_fragment.) The view stays valid until the builder's
+    /// handle is freed. Throws mws::Error: MWS_INVALID_ARGUMENT when global_offset and
+    /// local_shape differ in length (checked here, before the library is called), or
+    /// for an unknown participant or tensor, or the fragment's geometry and id rules;
+    /// MWS_INVALID_UTF8; MWS_NULL_ARGUMENT (empty object).
+    std::string_view add_fragment(const FragmentSpec &f) {
+        std::lock_guard<std::mutex> lock(state("add_fragment").mutex);
+        return add_fragment_locked(f);
+    }
+
+    /// Adds the even-split fragment of tensor `tensor_id` (added with add_tensor) for
+    /// every participant added so far, in the order they were added (as Python's
+    /// PlacementBuilder.shard): along each split axis of kind k over dimension d, the
+    /// participant with coordinate c on k gets elements [c*n/size, (c+1)*n/size) of d,
+    /// where n is the tensor's extent along d and size the builder's k size; every
+    /// other dimension is whole (replicated axes: each participant holds its copy).
+    /// The fragments get the explicit ids `"<participant>/<tensor_id>#0"` (Python's
+    /// too, so both build the same placement). Returns the ids in participant order.
+    /// Everything is checked before the first fragment is added. Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty object); MWS_INVALID_ARGUMENT: unknown tensor, no
+    /// participants yet, an extent not divisible by its axis size, a participant
+    /// coordinate >= its axis size, an ownership axis of size > 1 (say which
+    /// participants own the tensor with the other overload), a fragment id added
+    /// before (a tensor sharded twice), or a fragment the library refuses (fragments
+    /// added before it stay); MWS_INVALID_UTF8; std::bad_alloc.
+    std::vector<std::string> shard(const std::string &tensor_id) {
+        State &st = state("shard");
+        std::lock_guard<std::mutex> lock(st.mutex);
+        return shard_locked(tensor_id, st.participant_order, true);
+    }
+
+    /// shard(tensor_id) for the listed participants only (those that own the tensor,
+    /// for ownership axes), in the order given. Throws mws::Error: as shard(tensor_id),
+    /// but ownership axes are allowed; MWS_INVALID_ARGUMENT also for an empty list, an
+    /// unknown participant, or a participant listed twice.
+    std::vector<std::string> shard(const std::string &tensor_id, const std::vector<std::string> &participant_ids) {
+        State &st = state("shard");
+        std::lock_guard<std::mutex> lock(st.mutex);
+        return shard_locked(tensor_id, participant_ids, false);
+    }
+
+    /// add_tensor(t), then shard(t.tensor_id): declares a tensor and adds its
+    /// even-split fragment for every participant. Throws mws::Error: those of
+    /// add_tensor and shard(tensor_id) (when sharding fails, the tensor stays added).
+    std::vector<std::string> shard(const TensorSpec &t) {
+        State &st = state("shard");
+        std::lock_guard<std::mutex> lock(st.mutex);
+        add_tensor_locked(t);
+        return shard_locked(t.tensor_id, st.participant_order, true);
+    }
+
+    /// Validates and builds the placement (the builder stays usable).
+    /// (mws_placement_builder_build; the result owns a new handle and does not borrow
+    /// the builder.) Throws mws::Error: MWS_INVALID_ARGUMENT (topology, coverage,
+    /// axes, aliases, unreferenced tensors), MWS_NULL_ARGUMENT (empty object).
+    Placement build() const {
+        mws_placement *raw = nullptr;
+        detail::check(mws_placement_builder_build(handle_.get(), &raw));
+        return Placement(raw);
+    }
+
+private:
+    struct Tensor {
+        std::vector<std::uint64_t> shape;
+        std::vector<Axis> axes;
+    };
+    // What add_grid and shard need, kept in step with the library's builder (each
+    // entry is recorded once the library accepted it).
+    struct State {
+        std::mutex mutex;
+        std::uint64_t sizes[4] = {1, 1, 1, 1};  // by mws_axis_kind
+        std::vector<std::string> participant_order;
+        std::map<std::string, mws_rank> participants;
+        std::map<std::string, Tensor> tensors;
+        std::set<std::string> fragment_ids;  // placement fragment ids added
+    };
+
+    State &state(const char *what) const {
+        if (!state_ || !handle_)
+            throw Error(MWS_NULL_ARGUMENT, std::string("PlacementBuilder::") + what + ": empty object (moved from)");
+        return *state_;
+    }
+
+    void add_participant_locked(const std::string &participant_id, mws_rank rank) {
+        detail::check(mws_placement_builder_add_participant(handle_.get(), participant_id.c_str(), &rank));
+        state_->participant_order.push_back(participant_id);
+        state_->participants[participant_id] = rank;
+    }
+
+    void add_tensor_locked(const TensorSpec &t) {
         std::vector<mws_parallel_axis> axes;
         for (const Axis &a : t.axes)
             axes.push_back({static_cast<std::uint32_t>(a.kind), static_cast<std::uint32_t>(a.semantics), a.dim});
@@ -281,16 +535,10 @@ public:
         c.layer_id = t.layer_id ? &*t.layer_id : nullptr;
         c.expert_id = t.expert_id ? &*t.expert_id : nullptr;
         detail::check(mws_placement_builder_add_tensor(handle_.get(), &c));
-        return *this;
+        state_->tensors[t.tensor_id] = Tensor{t.global_shape, t.axes};
     }
 
-    /// Adds a fragment; returns its placement_fragment_id (owned by the builder).
-    /// (mws_placement_builder_add_fragment.) The view stays valid until the builder's
-    /// handle is freed. Throws mws::Error: MWS_INVALID_ARGUMENT when global_offset and
-    /// local_shape differ in length (checked here, before the library is called), or
-    /// for an unknown participant or tensor, or the fragment's geometry and id rules;
-    /// MWS_INVALID_UTF8.
-    std::string_view add_fragment(const FragmentSpec &f) {
+    std::string_view add_fragment_locked(const FragmentSpec &f) {
         if (f.global_offset.size() != f.local_shape.size())
             throw Error(MWS_INVALID_ARGUMENT, "global_offset and local_shape differ in length");
         std::vector<const char *> aliases;
@@ -308,20 +556,77 @@ public:
         const char *id = nullptr;
         std::size_t len = 0;
         detail::check(mws_placement_builder_add_fragment(handle_.get(), &c, &id, &len));
-        return detail::view(id, len);
+        std::string_view added = detail::view(id, len);
+        state_->fragment_ids.emplace(added);
+        return added;
     }
 
-    /// Validates and builds the placement (the builder stays usable).
-    /// (mws_placement_builder_build; the result owns a new handle and does not borrow
-    /// the builder.) Throws mws::Error: MWS_INVALID_ARGUMENT (topology, coverage,
-    /// axes, aliases, unreferenced tensors).
-    Placement build() const {
-        mws_placement *raw = nullptr;
-        detail::check(mws_placement_builder_build(handle_.get(), &raw));
-        return Placement(raw);
+    std::vector<std::string> shard_locked(const std::string &tensor_id, const std::vector<std::string> &participant_ids,
+                                          bool every_participant) {
+        static const char *const kinds[4] = {"dp", "pp", "ep", "tp"};
+        const std::string what = "shard: tensor '" + tensor_id + "': ";
+        auto t = state_->tensors.find(tensor_id);
+        if (t == state_->tensors.end())
+            throw Error(MWS_INVALID_ARGUMENT,
+                        "shard: unknown tensor '" + tensor_id + "' (add it with add_tensor first)");
+        const Tensor &tensor = t->second;
+        if (participant_ids.empty())
+            throw Error(MWS_INVALID_ARGUMENT, what + (every_participant ? "the builder has no participants yet "
+                                                                          "(add them with add_grid or add_participant)"
+                                                                        : "the participant list is empty"));
+        for (const Axis &a : tensor.axes) {
+            const auto k = static_cast<std::size_t>(a.kind);
+            if (k < 4 && state_->sizes[k] == 0)
+                throw Error(MWS_INVALID_ARGUMENT, what + kinds[k] + "_size is 0 (each size must be >= 1)");
+            if (k < 4 && every_participant && a.semantics == MWS_AXIS_OWNERSHIP && state_->sizes[k] > 1)
+                throw Error(MWS_INVALID_ARGUMENT, what + "it has an ownership axis (" + kinds[k] + ", size " +
+                                                      std::to_string(state_->sizes[k]) +
+                                                      "): list the participants that own it");
+            if (k < 4 && a.semantics == MWS_AXIS_SPLIT && a.dim < tensor.shape.size() &&
+                tensor.shape[a.dim] % state_->sizes[k] != 0)
+                throw Error(MWS_INVALID_ARGUMENT, what + "dimension " + std::to_string(a.dim) + " (" +
+                                                      std::to_string(tensor.shape[a.dim]) + ") is not divisible by " +
+                                                      kinds[k] + "_size " + std::to_string(state_->sizes[k]));
+        }
+        std::vector<FragmentSpec> specs;
+        std::map<std::string, bool> seen;
+        for (const std::string &pid : participant_ids) {
+            auto p = state_->participants.find(pid);
+            if (p == state_->participants.end())
+                throw Error(MWS_INVALID_ARGUMENT,
+                            what + "unknown participant '" + pid + "' (add it with add_grid or add_participant)");
+            if (seen[pid]) throw Error(MWS_INVALID_ARGUMENT, what + "participant '" + pid + "' is listed twice");
+            seen[pid] = true;
+            const std::uint64_t coord[4] = {p->second.dp, p->second.pp, p->second.ep, p->second.tp};
+            FragmentSpec f;
+            f.participant_id = pid;
+            f.tensor_id = tensor_id;
+            f.global_offset.assign(tensor.shape.size(), 0);
+            f.local_shape = tensor.shape;
+            for (const Axis &a : tensor.axes) {
+                const auto k = static_cast<std::size_t>(a.kind);
+                if (k >= 4 || a.semantics != MWS_AXIS_SPLIT || a.dim >= tensor.shape.size()) continue;
+                if (coord[k] >= state_->sizes[k])
+                    throw Error(MWS_INVALID_ARGUMENT, what + "participant '" + pid + "' has " + kinds[k] + " rank " +
+                                                          std::to_string(coord[k]) + ", not below " + kinds[k] +
+                                                          "_size " + std::to_string(state_->sizes[k]));
+                f.local_shape[a.dim] = tensor.shape[a.dim] / state_->sizes[k];
+                f.global_offset[a.dim] = coord[k] * f.local_shape[a.dim];
+            }
+            f.placement_fragment_id = pid + "/" + tensor_id + "#0";
+            if (state_->fragment_ids.count(*f.placement_fragment_id) != 0)
+                throw Error(MWS_INVALID_ARGUMENT, what + "fragment '" + *f.placement_fragment_id +
+                                                      "' was added before (shard each tensor once)");
+            specs.push_back(std::move(f));
+        }
+        std::vector<std::string> ids;
+        ids.reserve(specs.size());
+        for (const FragmentSpec &f : specs) ids.emplace_back(add_fragment_locked(f));
+        return ids;
     }
 
-private:
+    // Declared before the handle: the record goes after the library's builder.
+    std::unique_ptr<State> state_;
     std::unique_ptr<mws_placement_builder, detail::Deleter<mws_placement_builder, mws_placement_builder_free>> handle_;
 };
 
@@ -355,10 +660,20 @@ struct BindingOptions {
 /// A runtime binding of one participant (owns an mws_binding).
 /// Move-only. It copies what it is given and never dereferences buffer addresses:
 /// the caller keeps the buffers valid and stable while operations that move bytes use
-/// them. Thread safety: add_fragment must not run concurrently with any other use of
-/// the same Binding; the const members may run concurrently with each other.
+/// them. Thread safety: add_fragment and add must not run concurrently with any other
+/// use of the same Binding; the const members may run concurrently with each other.
 class Binding {
 public:
+    /// Creates an empty binding of `participant_id` of `placement`, for Binding::add
+    /// (mws_binding_new): resource id, revision, placement id, digest and generation
+    /// from the placement, instance id = `participant_id`, lease id `lease_id`. It
+    /// copies the geometry of the participant's fragments (it does not borrow the
+    /// placement). Throws mws::Error: MWS_NULL_ARGUMENT (empty placement),
+    /// MWS_INVALID_ARGUMENT (the placement has no fragment held by `participant_id`),
+    /// MWS_INVALID_UTF8; std::bad_alloc.
+    Binding(const Placement &placement, const std::string &participant_id, const std::string &lease_id = "lease-1")
+        : Binding(placement, participant_id, lease_id, placement.fragments(participant_id)) {}
+
     /// Creates an empty binding with identity `o` (mws_binding_new; strings copied).
     /// Throws mws::Error: MWS_INVALID_UTF8.
     explicit Binding(const BindingOptions &o) {
@@ -387,6 +702,64 @@ public:
     /// unknown memory kind). Must not race with any other use of this Binding.
     void add_fragment(const mws_runtime_fragment &fragment) {
         detail::check(mws_binding_add_fragment(handle_.get(), &fragment));
+        if (layout_ && fragment.placement_fragment_id != nullptr)
+            layout_->bound[fragment.placement_fragment_id] = true;
+    }
+
+    /// Binds placement fragment `placement_fragment_id` of this participant to the
+    /// host buffer at `address`, which holds `size` bytes (at least the fragment's
+    /// nbytes): its contiguous row-major bytes, as Python's Binding.add. Everything
+    /// else comes from the placement or a default for one machine and host memory:
+    /// shape, item size and canonical strides from the fragment; runtime fragment id
+    /// `"<participant>:<placement_fragment_id>"`, worker "worker-0", endpoint
+    /// "localhost", device "cpu", MWS_MEMORY_HOST, storage = [address, address +
+    /// size). Use add_fragment to set any of them. Only for a Binding made with
+    /// Binding(placement, participant_id). The buffer is borrowed: it must stay valid
+    /// (writable, for a restore) while uploads and loads use this binding. Returns
+    /// `*this`. Throws mws::Error: MWS_NULL_ARGUMENT (empty object),
+    /// MWS_INVALID_ARGUMENT (a Binding not made from a placement; a fragment this
+    /// participant does not hold; a null address; `size` below the fragment's nbytes;
+    /// a fragment bound twice; what mws_binding_add_fragment refuses, e.g. a buffer
+    /// that wraps around the address space); std::bad_alloc. On failure the binding is
+    /// unchanged. Must not race with any other use of this Binding.
+    Binding &add(const std::string &placement_fragment_id, void *address, std::uint64_t size) {
+        if (!handle_) throw Error(MWS_NULL_ARGUMENT, "Binding::add: empty object");
+        if (!layout_)
+            throw Error(MWS_INVALID_ARGUMENT, "Binding::add: this binding was not made from a placement "
+                                              "(use Binding(placement, participant_id), or add_fragment)");
+        const std::string where = "Binding::add: fragment '" + placement_fragment_id + "'";
+        auto it = layout_->fragments.find(placement_fragment_id);
+        if (it == layout_->fragments.end())
+            throw Error(MWS_INVALID_ARGUMENT, where + " is not held by participant '" + layout_->participant_id + "'");
+        const FragmentInfo &f = it->second;
+        if (address == nullptr) throw Error(MWS_INVALID_ARGUMENT, where + ": the address is null");
+        if (size < f.nbytes)
+            throw Error(MWS_INVALID_ARGUMENT, where + " needs " + std::to_string(f.nbytes) + " bytes, the buffer has " +
+                                                  std::to_string(size));
+        if (layout_->bound.count(placement_fragment_id) != 0)
+            throw Error(MWS_INVALID_ARGUMENT, where + " is already bound");
+        const std::vector<std::uint64_t> strides = f.strides_bytes();
+        const std::string fragment_id = layout_->participant_id + ":" + placement_fragment_id;
+        mws_runtime_fragment c{};
+        c.placement_fragment_id = placement_fragment_id.c_str();
+        c.fragment_id = fragment_id.c_str();
+        c.address = address;
+        c.nbytes = f.nbytes;
+        c.worker_id = "worker-0";
+        c.endpoint = "localhost";
+        c.device = "cpu";
+        c.itemsize = f.itemsize;
+        c.local_shape = f.local_shape.data();
+        c.local_shape_len = f.local_shape.size();
+        c.strides_bytes = strides.data();
+        c.strides_bytes_len = strides.size();
+        c.storage_address = address;
+        c.storage_nbytes = size;
+        c.storage_offset_bytes = 0;
+        c.memory_kind = MWS_MEMORY_HOST;
+        detail::check(mws_binding_add_fragment(handle_.get(), &c));
+        layout_->bound[placement_fragment_id] = true;
+        return *this;
     }
 
     /// Fragments added so far (mws_binding_fragment_count); 0 when empty.
@@ -401,10 +774,102 @@ public:
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_binding *get() const noexcept { return handle_.get(); }
     /// Gives up ownership: the caller frees the result with mws_binding_free.
-    mws_binding *release() noexcept { return handle_.release(); }
+    mws_binding *release() noexcept {
+        layout_.reset();
+        return handle_.release();
+    }
 
 private:
+    friend class HostBuffers;
+
+    // The participant's fragments (from the placement), for add().
+    struct Layout {
+        std::string participant_id;
+        std::map<std::string, FragmentInfo> fragments;  // by placement fragment id
+        std::map<std::string, bool> bound;              // placement fragment ids bound so far
+    };
+
+    Binding(const Placement &placement, const std::string &participant_id, const std::string &lease_id,
+            std::vector<FragmentInfo> fragments)
+        : Binding([&] {
+              BindingOptions o = BindingOptions::for_placement(placement);
+              o.participant_id = o.instance_id = participant_id;
+              o.lease_id = lease_id;
+              return o;
+          }()) {
+        layout_ = std::make_unique<Layout>();
+        layout_->participant_id = participant_id;
+        for (FragmentInfo &f : fragments) {
+            std::string id = f.placement_fragment_id;
+            layout_->fragments.emplace(std::move(id), std::move(f));
+        }
+    }
+
     std::unique_ptr<mws_binding, detail::Deleter<mws_binding, mws_binding_free>> handle_;
+    std::unique_ptr<Layout> layout_;
+};
+
+/// Host memory for every fragment of a placement, bound, for one machine: one zeroed
+/// buffer per fragment, owned here, and one Binding per participant that holds
+/// fragments (Binding(placement, participant) and Binding::add, with its defaults).
+/// For programs and tests that snapshot from or restore into fresh host memory; to
+/// lend your own buffers, use Binding::add. Move-only; moving keeps every buffer at its
+/// address, so the bindings stay valid. Thread safety: the const members may run on
+/// several threads at once; writing the bytes is the caller's to order with the
+/// uploads and loads that use them (the data pointers write through a const object).
+class HostBuffers {
+public:
+    /// One fragment's buffer.
+    struct Buffer {
+        FragmentInfo fragment;  ///< The placement fragment it holds.
+        unsigned char *data;    ///< Its fragment.nbytes bytes, owned by the HostBuffers.
+        std::size_t size;       ///< fragment.nbytes.
+    };
+
+    /// Allocates and binds every fragment of `placement` (all participants; lease id
+    /// `lease_id`). Does not borrow the placement. Throws mws::Error: MWS_NULL_ARGUMENT
+    /// (empty placement), MWS_INVALID_UTF8, MWS_LIMIT_EXCEEDED (a fragment larger than
+    /// the address space); std::bad_alloc.
+    explicit HostBuffers(const Placement &placement, const std::string &lease_id = "lease-1") {
+        std::vector<FragmentInfo> all = placement.fragments();
+        buffers_.reserve(all.size());
+        for (std::size_t i = 0; i < all.size();) {  // canonical order: grouped by participant
+            std::size_t end = i;
+            while (end < all.size() && all[end].participant_id == all[i].participant_id) ++end;
+            std::vector<FragmentInfo> mine(all.begin() + static_cast<std::ptrdiff_t>(i),
+                                           all.begin() + static_cast<std::ptrdiff_t>(end));
+            Binding &b = bindings_.emplace_back(Binding(placement, all[i].participant_id, lease_id, mine));
+            for (FragmentInfo &f : mine) {
+                const auto n = static_cast<std::size_t>(f.nbytes);
+                if (static_cast<std::uint64_t>(n) != f.nbytes)
+                    throw Error(MWS_LIMIT_EXCEEDED, "HostBuffers: fragment '" + f.placement_fragment_id +
+                                                        "' does not fit in the address space");
+                storage_.push_back(std::make_unique<unsigned char[]>(n));  // zeroed
+                b.add(f.placement_fragment_id, storage_.back().get(), f.nbytes);
+                buffers_.push_back(Buffer{std::move(f), storage_.back().get(), n});
+            }
+            i = end;
+        }
+    }
+
+    HostBuffers(const HostBuffers &) = delete;
+    HostBuffers &operator=(const HostBuffers &) = delete;
+    /// Moves the buffers (they keep their addresses) and the bindings.
+    HostBuffers(HostBuffers &&) noexcept = default;
+    /// Frees this object's buffers and bindings, then takes `other`'s.
+    HostBuffers &operator=(HostBuffers &&) noexcept = default;
+
+    /// One buffer per fragment, in canonical order (participant id, then placement
+    /// fragment id). Valid while this object lives (moves included). Does not throw.
+    const std::vector<Buffer> &buffers() const noexcept { return buffers_; }
+    /// One binding per participant that holds fragments, sorted by participant id: pass
+    /// them to Store::snapshot, Store::restore, plan_upload... Does not throw.
+    const std::vector<Binding> &bindings() const noexcept { return bindings_; }
+
+private:
+    std::vector<std::unique_ptr<unsigned char[]>> storage_;
+    std::vector<Buffer> buffers_;
+    std::vector<Binding> bindings_;  // destroyed first: they point into storage_
 };
 
 /// Options of plan_upload; an empty optional means the library default.
@@ -877,7 +1342,8 @@ public:
     /// The key prefix of every key the store writes (mws_store_key_prefix). Borrowed.
     std::string_view key_prefix() const {
         std::size_t len = 0;
-        return detail::view(mws_store_key_prefix(get(), &len), len);
+        const char *p = mws_store_key_prefix(get(), &len);  // before `len` is read
+        return detail::view(p, len);
     }
 
     /// Raw access: the whole object.
@@ -1016,6 +1482,55 @@ public:
         mws_load_stats stats{};
         detail::check(mws_store_load(get(), plan.get(), binding.get(), &a, &stats));
         return stats;
+    }
+
+    /// Snapshots `placement` from `bindings` (every participant, all lent by this
+    /// process) in one call: plans the upload (plan_upload; the store's key prefix
+    /// unless `options.key_prefix` is set), uploads every binding through one
+    /// Transaction (upload_many with `args`, whose `lease` must be nullptr) and
+    /// commits; returns the published manifest. The buffers as for Store::upload. When
+    /// a step fails before the commit decision may exist, the upload is aborted (its
+    /// payloads removed, best effort) and the error rethrown; after that point the
+    /// commit is retried once, and if that fails too its error is thrown and the
+    /// transaction is left for recovery (use plan_upload and Transaction when you need
+    /// to drive recovery yourself). Throws mws::Error: those of plan_upload,
+    /// Transaction::upload_many and Transaction::commit; std::bad_alloc. Snapshots of
+    /// different revisions may run concurrently.
+    StoredManifest snapshot(const Placement &placement, const std::vector<Binding> &bindings, const IoArgs &args = {},
+                            const UploadOptions &options = {}) const;
+
+    /// Restores `manifest` into `bindings` (participants of `placement`, all or some,
+    /// lent by this process): plans the load (LoadPlan::plan) and loads each binding in
+    /// turn (Store::load with `args`; a progress callback sees one restore per
+    /// binding). Returns the sum of the load statistics. The buffers as for
+    /// Store::load; a refused plan leaves them untouched, a load that fails leaves the
+    /// bindings before it restored. Throws mws::Error: those of LoadPlan::plan and
+    /// Store::load; std::bad_alloc. May run concurrently with other const members.
+    mws_load_stats restore(const StoredManifest &manifest, const Placement &placement,
+                           const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
+        std::vector<const Binding *> ptrs;
+        ptrs.reserve(bindings.size());
+        for (const Binding &b : bindings) ptrs.push_back(&b);
+        const LoadPlan plan = LoadPlan::plan(manifest, placement, ptrs);
+        mws_load_stats total{};
+        for (const Binding &b : bindings) {
+            const mws_load_stats s = load(plan, b, args);
+            total.regions += s.regions;
+            total.ranges += s.ranges;
+            total.requests += s.requests;
+            total.bytes += s.bytes;
+            total.strided_regions += s.strided_regions;
+            total.direct_regions += s.direct_regions;
+            total.staged_regions += s.staged_regions;
+            total.staged_bytes += s.staged_bytes;
+        }
+        return total;
+    }
+    /// restore() of the manifest stored at `manifest_key` (load_manifest, then the
+    /// overload above). Throws mws::Error: those of load_manifest and restore.
+    mws_load_stats restore(const std::string &manifest_key, const Placement &placement,
+                           const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
+        return restore(load_manifest(manifest_key), placement, bindings, args);
     }
 
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
@@ -1203,6 +1718,31 @@ public:
 private:
     std::unique_ptr<mws_transaction, detail::Deleter<mws_transaction, mws_transaction_free>> handle_;
 };
+
+inline StoredManifest Store::snapshot(const Placement &placement, const std::vector<Binding> &bindings,
+                                      const IoArgs &args, const UploadOptions &options) const {
+    UploadOptions o = options;
+    if (!o.key_prefix) o.key_prefix = std::string(key_prefix());
+    const UploadPlan plan = plan_upload(placement, bindings, o);
+    Transaction tx = Transaction::begin(*this, plan);
+    std::vector<const Binding *> ptrs;
+    ptrs.reserve(bindings.size());
+    for (const Binding &b : bindings) ptrs.push_back(&b);
+    try {
+        tx.upload_many(placement, ptrs, {}, args);
+        return tx.commit();
+    } catch (...) {
+        if (!tx.commit_decision_may_exist()) {
+            try {
+                tx.abort();
+            } catch (const Error &) {
+                // best effort: the original error is the one to report
+            }
+            throw;
+        }
+    }
+    return tx.commit();  // the commit decision may exist: retry once, never abort
+}
 
 /// A snapshot in progress (owns an mws_writer; destroying an open Writer aborts it).
 /// One upload plan written tensor by tensor; each participant is uploaded once all its

@@ -10,8 +10,16 @@ C++, Rust or Python must be directly preceded by one of:
     <!-- excerpt: PATH -->   every line of the block occurs in PATH, in order
                              (indentation aside; a line "..." skips any lines)
 
-so no documented snippet can drift from code that is tested. Exit 1 with a list of
-what differs. Run from anywhere: paths are relative to the repository root.
+so no documented snippet can drift from code that is tested.
+
+Some documented examples also have a size budget (BUDGETS: issue 29, the README's C++
+example in at most 30 lines of user code). User code is what is left once comments
+(`//` to the end of the line, `/* ... */`), blank lines and `#include` lines are taken
+out; a line that holds any code counts once. `--count PATH` prints that number for a
+file.
+
+Exit 1 with a list of what differs or is over budget. Run from anywhere: paths are
+relative to the repository root.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", "docs/C-QUICKSTART.md", "python/README.md"]
 CHECKED = {"c", "cpp", "c++", "rust", "python", "py"}
 MARK = re.compile(r"^<!-- (example|excerpt): (\S+) -->$")
+# Lines of user code (user_code_lines) allowed in a documented example.
+BUDGETS = {"examples/quickstart.cpp": 30}
+CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
 FENCE = re.compile(r"^```(\S*)\s*$")
 
 
@@ -46,6 +57,21 @@ def blocks(text: str):
         mark = MARK.match(lines[prev]) if prev >= 0 and start - prev <= 2 else None
         yield start + 1, lang, lines[start + 1:j], mark
         i = j + 1
+
+
+def user_code_lines(text: str) -> list:
+    """The lines of C/C++ `text` that hold user code: comments removed (string and
+    character literals are kept whole, so a "//" inside one is code), then blank lines
+    and `#include` lines dropped."""
+    def blank_comment(m: "re.Match[str]") -> str:
+        t = m.group(0)
+        if t.startswith("//"):
+            return ""
+        if t.startswith("/*"):
+            return "\n" * t.count("\n")  # keep the line structure
+        return t
+    stripped = CODE.sub(blank_comment, text)
+    return [line for line in stripped.split("\n") if line.strip() and not line.strip().startswith("#include")]
 
 
 def excerpt_ok(body: list, source: list) -> str:
@@ -90,6 +116,12 @@ def main() -> int:
                 if miss:
                     errors.append(f"{where}: this line is not in {mark.group(2)} (in order): {miss.strip()!r}")
             checked += 1
+    for path, budget in BUDGETS.items():
+        n = len(user_code_lines((ROOT / path).read_text(encoding="utf-8")))
+        print(f"{path}: {n} lines of user code (budget {budget})")
+        if n > budget:
+            errors.append(f"{path}: {n} lines of user code, over its budget of {budget} "
+                          f"(comments, blank lines and #include lines do not count)")
     for e in errors:
         print(e, file=sys.stderr)
     print(f"{checked} documented code blocks checked against tested files, {len(errors)} problems")
@@ -97,4 +129,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--count":
+        print(len(user_code_lines(Path(sys.argv[2]).read_text(encoding="utf-8"))))
+        sys.exit(0)
     sys.exit(main())
