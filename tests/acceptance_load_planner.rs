@@ -26,7 +26,7 @@ use fake_store::*;
 use model::HostModel;
 use mooncake_weight_store::geometry::BoxRef;
 use mooncake_weight_store::plan::load::{LogicalLoadPlan, PlanningLimits, TransferRegion};
-use mooncake_weight_store::protocol::{LoadArgs, LoadPlan, LoadStats, StaticGuard, WeightStore};
+use mooncake_weight_store::protocol::{LoadArgs, LoadPlan, LoadStats, StaticGuard, StoreLimits, WeightStore};
 use mooncake_weight_store::store::memory::MemoryStore;
 use mooncake_weight_store::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -268,7 +268,26 @@ fn acc_176_load_expands_strided_ranges_in_bounded_requests() {
         let t = tensor("w", &[5, 8], 1, &[split(Tp, 1)]);
         grid_placement(&ids, (1, 1, 1, n), &[t], &|_, _| true)
     };
-    let rt = roundtrip(mk(2), mk(4), &|f| ws_limited(f, 2, 64 << 20));
+    // Verification on (the default): its extra reads obey the same request bound, and
+    // they are whole-block re-reads of the partly read source objects (the fake store's
+    // cost model prefers one range per block to one per gap).
+    let verified = roundtrip(mk(2), mk(4), &|f| ws_limited(f, 2, 64 << 20));
+    let calls = verified.fake.range_calls();
+    assert!(calls.iter().all(|c| c.len() <= 2));
+    assert!(calls.len() > 12, "verification read nothing: {calls:?}");
+    assert!(verified.stats.verified_bytes > 0);
+    // Verification off: exactly the reference's requests.
+    let rt = roundtrip(mk(2), mk(4), &|f| {
+        WeightStore::new(f.clone())
+            .with_limits(StoreLimits {
+                max_range_bytes: 64 << 20,
+                max_ranges_per_request: 2,
+                staging_bytes: 0,
+                verify_integrity: false,
+                ..StoreLimits::default()
+            })
+            .unwrap()
+    });
     let calls = rt.fake.range_calls();
     assert!(calls.iter().all(|c| c.len() <= 2));
     // 4 targets × 5 rows of 2 columns, 2 ranges per call: 3 calls per target.

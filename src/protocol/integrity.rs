@@ -650,7 +650,7 @@ impl Verifier {
                 }
             }
         };
-        let need: u64 = pending.iter().flat_map(|p| wants(p)).map(|w| w.1).sum();
+        let need: u64 = pending.iter().flat_map(&wants).map(|w| w.1).sum();
         // Powers of two from 1 MiB to SCRATCH_BYTES: few sizes ever enter the pool.
         let cap = need.next_power_of_two().clamp(BLOCK_BYTES, SCRATCH_BYTES);
         let buffer = pool.take(store, cap)?;

@@ -562,6 +562,8 @@ pub fn load_all(
         total.ranges += s.ranges;
         total.requests += s.requests;
         total.bytes += s.bytes;
+        total.verified_bytes += s.verified_bytes;
+        total.verify_read_bytes += s.verify_read_bytes;
     }
     Ok(total)
 }

@@ -469,7 +469,7 @@ fn send_all(
             None => {
                 return Err(TransferError::contract(Error::new(
                     ErrorKind::Unsupported,
-                    "the transfer engine cannot send notifications (mws_transfer_engine_vtable.send_notify is NULL)",
+                    "the transfer engine cannot send notifications (its send_notify is not provided: the C vtable's field is NULL, or the Rust engine does not override it)",
                 )))
             }
             Some(Ok(0)) => delivered.push(NotifyDelivery {
