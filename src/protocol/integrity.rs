@@ -16,7 +16,7 @@
 //!   returns the CRC-32C of the object bytes it delivered, as runs that never cross a
 //!   1 MiB block, computed while the bytes are copied (embedded stores) or from the
 //!   host destination right after the read (the contract's default, e.g. remote
-//!   stores). They are collected in [`Delivered`]; `Verifier::check` then runs inside
+//!   stores). They are collected in `Delivered`; `Verifier::check` then runs inside
 //!   the pin scope: per touched block, the runs are combined (CRC-32C combine) into
 //!   the block's checksum and compared with the record. A block this participant
 //!   read only in part (strided reshards read parts of rows) is completed by reading
@@ -26,7 +26,7 @@
 //!   sum it) or by overlapping reads are read again whole into host memory,
 //!   checked, and every delivered run is checked against them. Failures are
 //!   [`ErrorKind::Integrity`] and name the tensor, the stored fragment's box, the
-//!   fragment id and the object ([`describe`]).
+//!   fragment id and the object (`describe`).
 //! - Operators: [`verify_revision`] checks every object of a committed revision
 //!   (presence, size, every block) and returns a list of problems (`mws verify`).
 
