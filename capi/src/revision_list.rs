@@ -5,7 +5,7 @@
 use crate::args::{CText, Caller, Handle};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::store::mws_store;
-use mws::protocol::RevisionInfo;
+use mws::protocol::{RevisionInfo, WeightStore};
 use std::ffi::c_char;
 
 /// The namespace of `store_namespace` NULL (the one uploads default to).
@@ -76,6 +76,23 @@ fn names<'a>(
     Ok((ns, c.str(resource_id, "resource_id")?))
 }
 
+/// The body of both listing entry points: reads the arguments, asks the core with
+/// `list`, and stores the new list handle in `*out`.
+fn fill(
+    c: Caller<'_>,
+    store: *const mws_store,
+    store_namespace: *const c_char,
+    resource_id: *const c_char,
+    out: *mut *mut mws_revision_list,
+    list: impl FnOnce(&WeightStore, &str, &str) -> mws::Result<Vec<RevisionInfo>>,
+) -> FfiResult<()> {
+    let s = c.handle(store, "store")?;
+    let (ns, resource_id) = names(c, store_namespace, resource_id)?;
+    let out = c.out(out, "out")?;
+    out.set(Handle::into_raw(mws_revision_list::new(list(&s.ws, ns, resource_id)?)));
+    Ok(())
+}
+
 /// Lists every committed revision of `resource_id` in namespace `store_namespace`
 /// (NULL means `"default"`, the namespace uploads default to) under the store's key
 /// prefix: each key `<prefix>/<ns>/<resource>/<revision>/<generation>/manifest` whose
@@ -105,14 +122,7 @@ pub unsafe extern "C" fn mws_revision_list_from_store(
     resource_id: *const c_char,
     out: *mut *mut mws_revision_list,
 ) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(store, "store")?;
-        let (ns, resource_id) = names(c, store_namespace, resource_id)?;
-        let out = c.out(out, "out")?;
-        let list = s.ws.revisions(ns, resource_id)?;
-        out.set(Handle::into_raw(mws_revision_list::new(list)));
-        Ok(())
-    })
+    status_call!(|c| fill(c, store, store_namespace, resource_id, out, |ws, ns, id| ws.revisions(ns, id)))
 }
 
 /// As `mws_revision_list_from_store`, keeping only the newest revision: a list of
@@ -131,14 +141,9 @@ pub unsafe extern "C" fn mws_revision_list_latest_from_store(
     resource_id: *const c_char,
     out: *mut *mut mws_revision_list,
 ) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(store, "store")?;
-        let (ns, resource_id) = names(c, store_namespace, resource_id)?;
-        let out = c.out(out, "out")?;
-        let latest = s.ws.latest_revision(ns, resource_id)?;
-        out.set(Handle::into_raw(mws_revision_list::new(latest.into_iter().collect())));
-        Ok(())
-    })
+    status_call!(|c| fill(c, store, store_namespace, resource_id, out, |ws, ns, id| {
+        Ok(ws.latest_revision(ns, id)?.into_iter().collect())
+    }))
 }
 
 /// Frees a revision list. `NULL` does nothing. Strings borrowed from it become
