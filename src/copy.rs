@@ -162,7 +162,7 @@ pub(crate) unsafe fn copy_streaming_crc(dst: *mut u8, src: *const u8, n: usize, 
     // SAFETY: the caller's contract.
     unsafe { copy_streaming(dst, src, n) };
     // SAFETY: `src` is valid for `n` bytes of reads (the caller's contract).
-    crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(src, n) })
+    crate::crc::crc32c_append(crc, unsafe { std::slice::from_raw_parts(src, n) })
 }
 
 /// [`copy_streaming_crc`] for `n >= STREAM_MIN` on a CPU with SSE 4.2.
@@ -176,13 +176,20 @@ unsafe fn copy_streaming_crc_x86(dst: *mut u8, src: *const u8, n: usize, mut crc
     // SAFETY: head < 64 <= n: inside the caller's valid, disjoint ranges.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     // SAFETY: as above.
-    crc = crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(src, head) });
+    crc = crate::crc::crc32c_append(crc, unsafe { std::slice::from_raw_parts(src, head) });
     // SAFETY: as above; the destination is now 64-byte aligned.
     let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
     let mut left = n - head;
     if left >= STREAM_BLOCK {
-        // SAFETY: `left` bytes from `s` / `d` lie inside the caller's ranges; `d` is aligned.
-        let (done, c) = unsafe { stream_blocks_crc(d, s, left, crc) };
+        // SAFETY: `left` bytes from `s` / `d` lie inside the caller's ranges; `d` is
+        // 64-byte aligned; the 512-bit kernel only where the CPU has its features.
+        let (done, c) = unsafe {
+            if crate::crc::clmul::available() {
+                stream_blocks_clmul(d, s, left, crc)
+            } else {
+                stream_blocks_crc(d, s, left, crc)
+            }
+        };
         crc = c;
         // SAFETY: `done <= left`.
         unsafe { (d, s) = (d.add(done), s.add(done)) };
@@ -191,7 +198,7 @@ unsafe fn copy_streaming_crc_x86(dst: *mut u8, src: *const u8, n: usize, mut crc
     // SAFETY: as above.
     unsafe { stream_lines(d, s, left) };
     // SAFETY: `s..s+left` is the rest of the caller's source range.
-    crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(s, left) })
+    crate::crc::crc32c_append(crc, unsafe { std::slice::from_raw_parts(s, left) })
 }
 
 /// [`stream_blocks`] that also sums the source: returns the bytes copied and
@@ -241,6 +248,81 @@ unsafe fn stream_blocks_crc(dst: *mut u8, src: *const u8, n: usize, mut crc: u32
         }
     }
     (blocks * STREAM_BLOCK, crc)
+}
+
+/// [`stream_blocks_crc`] on 512-bit registers: each 128-byte piece is loaded into
+/// two registers, streamed to the destination from them, and folded into its page's
+/// two accumulators by carry-less multiplication ([`crate::crc::clmul`]): no second
+/// read of the source and a few instructions per 64 bytes, so the copy keeps the
+/// memory parallelism it has without the checksum. Page `k`'s accumulators run
+/// through page `k` of every block (the fold from one block's page to the next
+/// block's skips the three other pages); after the last block the four pages are
+/// folded into one lane and reduced to the checksum.
+///
+/// # Safety
+/// As [`stream_blocks`], with `dst` 64-byte aligned; the CPU has the features of
+/// [`crate::crc::clmul::available`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn stream_blocks_clmul(dst: *mut u8, src: *const u8, n: usize, crc: u32) -> (usize, u32) {
+    use crate::crc::clmul::{finish, fold512, fold_constants, initial, k512, lanes_to_one};
+    use std::arch::x86_64::{
+        __m512i, _mm512_loadu_si512, _mm512_setzero_si512, _mm512_stream_si512, _mm512_xor_si512, _mm_prefetch,
+        _MM_HINT_T0,
+    };
+    let blocks = n / STREAM_BLOCK;
+    if blocks == 0 {
+        return (0, crc);
+    }
+    // Fold distances (bits): to the next piece of the page; from a page's last piece
+    // to its first piece in the next block; from the first register of a piece to the
+    // second; from one page to the next.
+    let k_piece = k512(const { fold_constants(8 * 128) });
+    let k_block = k512(const { fold_constants(8 * (STREAM_BLOCK - STREAM_PAGE + 128) as u64) });
+    let k_half = k512(const { fold_constants(8 * 64) });
+    let k_page = k512(const { fold_constants(8 * STREAM_PAGE as u64) });
+    let mut acc = [[_mm512_setzero_si512(); 2]; 4];
+    // Copies the 128 bytes at `at` and folds them into `a` by the distance of `k`.
+    let piece = |a: &mut [__m512i; 2], at: usize, k: __m512i| {
+        // SAFETY: every call below passes `at + 128 <= blocks * STREAM_BLOCK <= n`,
+        // inside both ranges (this function's contract); `dst + at` is 64-byte aligned
+        // since `dst` is and `at` is a multiple of 128; the prefetch (one block ahead,
+        // computed with `wrapping_add`) is only a hint; the features are enabled on
+        // this function.
+        unsafe {
+            let s = src.add(at);
+            let d = dst.add(at);
+            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(STREAM_BLOCK) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(STREAM_BLOCK + 64) as *const i8);
+            let v0: __m512i = _mm512_loadu_si512(s.cast());
+            let v1: __m512i = _mm512_loadu_si512(s.add(64).cast());
+            _mm512_stream_si512(d.cast(), v0);
+            _mm512_stream_si512(d.add(64).cast(), v1);
+            *a = [fold512(a[0], k, v0), fold512(a[1], k, v1)];
+        }
+    };
+    for b in 0..blocks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            piece(a, b * STREAM_BLOCK + k * STREAM_PAGE, k_block);
+        }
+        if b == 0 {
+            // The initial register enters the message's first bytes (the zero
+            // accumulators folded above stayed zero).
+            acc[0][0] = _mm512_xor_si512(acc[0][0], initial(crc));
+        }
+        let mut off = 128;
+        while off < STREAM_PAGE {
+            for (k, a) in acc.iter_mut().enumerate() {
+                piece(a, b * STREAM_BLOCK + k * STREAM_PAGE + off, k_piece);
+            }
+            off += 128;
+        }
+    }
+    let mut z = _mm512_setzero_si512();
+    for a in acc {
+        z = fold512(z, k_page, fold512(a[0], k_half, a[1]));
+    }
+    (blocks * STREAM_BLOCK, finish(lanes_to_one(z)))
 }
 
 /// Contiguous source bytes summed at once when they were copied in short pieces (the
@@ -296,7 +378,7 @@ impl CrcRuns {
             // SAFETY: `[pending, pending + n)` are source bytes copied by `copy`, whose
             // contract keeps them valid and unchanged until `finish`.
             let bytes = unsafe { std::slice::from_raw_parts(self.pending, n) };
-            self.crc = crc32c::crc32c_append(self.crc, bytes);
+            self.crc = crate::crc::crc32c_append(self.crc, bytes);
             // SAFETY: one past the bytes just summed (inside or at the end of them).
             self.pending = unsafe { self.pending.add(n) };
             self.folded = self.end;
@@ -318,7 +400,7 @@ impl CrcRuns {
     fn continue_at(&mut self, at: u64, src: *const u8) {
         let contiguous = self.open
             && at == self.end
-            && at % self.span != 0
+            && !at.is_multiple_of(self.span)
             && (self.end == self.folded || src == self.pending.wrapping_add((self.end - self.folded) as usize));
         if contiguous {
             if self.end == self.folded {
@@ -394,7 +476,7 @@ impl CrcRuns {
         pieces(self.span, object_offset, bytes.len() as u64, |o, done, len| {
             self.continue_at(o, std::ptr::null());
             self.fold();
-            self.crc = crc32c::crc32c_append(self.crc, &bytes[done as usize..(done + len) as usize]);
+            self.crc = crate::crc::crc32c_append(self.crc, &bytes[done as usize..(done + len) as usize]);
             self.end += len;
             self.folded = self.end;
         });
@@ -457,6 +539,42 @@ mod tests {
                 assert!(dst[..da].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote before the range");
                 assert_eq!(&dst[da..da + n], &src[sa..sa + n], "n {n} da {da} sa {sa}");
                 assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote past the range");
+            }
+        }
+    }
+
+    /// Both block kernels (the CRC-instruction one, and the carry-less-multiplication
+    /// one where the CPU has it) copy whole blocks and return the crate's checksum,
+    /// whichever one `copy_streaming_crc` picks on this machine.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn both_block_kernels_copy_and_sum_whole_blocks() {
+        use super::{stream_blocks_clmul, stream_blocks_crc, STREAM_BLOCK};
+        let src: Vec<u8> =
+            (0..5 * STREAM_BLOCK as u32 + 99).map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8).collect();
+        let mut dst = vec![0u8; src.len() + 64];
+        let a = (64 - (dst.as_ptr() as usize & 63)) & 63;
+        for &(n, sa, crc) in
+            &[(STREAM_BLOCK, 0usize, 0u32), (3 * STREAM_BLOCK + 5, 7, 0x1234_5678), (5 * STREAM_BLOCK, 99, u32::MAX)]
+        {
+            let want = crc32c::crc32c_append(crc, &src[sa..sa + n / STREAM_BLOCK * STREAM_BLOCK]);
+            let run = |f: unsafe fn(*mut u8, *const u8, usize, u32) -> (usize, u32), dst: &mut Vec<u8>| {
+                dst.fill(0);
+                // SAFETY: `sa + n <= src.len()`, `a + n <= dst.len()`, `dst + a` is
+                // 64-byte aligned; distinct vectors; the CPU features are checked by the
+                // callers below.
+                let (done, got) = unsafe { f(dst.as_mut_ptr().add(a), src.as_ptr().add(sa), n, crc) };
+                copy_fence();
+                assert_eq!(done, n / STREAM_BLOCK * STREAM_BLOCK);
+                assert_eq!(got, want, "n {n} sa {sa}");
+                assert_eq!(&dst[a..a + done], &src[sa..sa + done]);
+                assert!(dst[a + done..].iter().all(|&b| b == 0), "wrote past the blocks");
+            };
+            if std::arch::is_x86_feature_detected!("sse4.2") {
+                run(stream_blocks_crc, &mut dst);
+            }
+            if crate::crc::clmul::available() {
+                run(stream_blocks_clmul, &mut dst);
             }
         }
     }

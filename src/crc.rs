@@ -10,7 +10,32 @@
 //! for the standard (pre- and post-inverted) CRC, so appending `|B|` bytes is one
 //! multiplication modulo `P` by a power of `x` that depends only on `|B|`.
 //!
+//! [`crc32c_append`] / [`crc32c`] are the crate's checksum entry points: by carry-less
+//! multiplication ([`clmul`]) where the CPU has AVX-512 with VPCLMULQDQ, by the
+//! `crc32c` crate (the CRC instruction) elsewhere.
+//!
 //! Nothing here knows stores or plans: checksums and lengths.
+
+pub(crate) mod clmul;
+
+/// `crc32c(A ‖ data)` from `crc = crc32c(A)`: the CRC-32C of more bytes, appended.
+#[inline]
+pub(crate) fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if data.len() >= clmul::STEP && clmul::available() {
+            // SAFETY: the CPU features were detected.
+            return unsafe { clmul::append(crc, data) };
+        }
+    }
+    crc32c::crc32c_append(crc, data)
+}
+
+/// The CRC-32C of `data`.
+#[inline]
+pub(crate) fn crc32c(data: &[u8]) -> u32 {
+    crc32c_append(0, data)
+}
 
 /// The CRC-32C polynomial, reflected.
 const POLY: u32 = 0x82F6_3B78;

@@ -169,7 +169,7 @@ fn shared_child(root: &Path, index: usize) {
     let receipts = UploadReceipt::all_for(&plan);
     std::fs::write(root.join(format!("ready-{index}")), b"").unwrap();
     wait_for_go(root);
-    let commit = index % 2 == 0;
+    let commit = index.is_multiple_of(2);
     let mut last = String::new();
     for _ in 0..RETRIES {
         let r = if commit {

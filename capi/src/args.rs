@@ -161,7 +161,7 @@ impl<'a> Caller<'a> {
         if p.is_null() {
             return Err(Failure::null(name));
         }
-        if (p as usize) % std::mem::align_of::<T>() != 0 {
+        if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Failure::invalid(format!("argument `{name}` is not suitably aligned")));
         }
         match len.checked_mul(std::mem::size_of::<T>()) {

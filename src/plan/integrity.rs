@@ -77,7 +77,7 @@ pub fn manifest_integrity_key(manifest: &StoredManifest) -> Option<String> {
 
 /// CRC-32C of each [`BLOCK_BYTES`] block of `bytes`.
 pub fn block_checksums(bytes: &[u8]) -> Vec<u32> {
-    bytes.chunks(BLOCK_BYTES as usize).map(crc32c::crc32c).collect()
+    bytes.chunks(BLOCK_BYTES as usize).map(crate::crc::crc32c).collect()
 }
 
 /// Number of blocks of an object of `nbytes` bytes.

@@ -124,7 +124,7 @@ impl<'a> SourceChecksums<'a> {
             let block = unsafe {
                 std::slice::from_raw_parts((f.address() as *const u8).add(start as usize), (end - start) as usize)
             };
-            self.sums[k].store(crc32c::crc32c(block), Ordering::Relaxed);
+            self.sums[k].store(crate::crc::crc32c(block), Ordering::Relaxed);
             self.done.fetch_add(1, Ordering::Release);
         }
     }
@@ -389,7 +389,7 @@ fn check_blocks(what: &str, sums: &ObjectChecksums, first: u64, span_start: u64,
     while off < buf.len() {
         let (s, e) = block_range(b, sums.nbytes);
         let n = (e - s) as usize;
-        let got = crc32c::crc32c(&buf[off..off + n]);
+        let got = crate::crc::crc32c(&buf[off..off + n]);
         let want = sums.blocks[b as usize];
         if got != want {
             return Err(block_mismatch(what, sums, b, got, want));
@@ -766,7 +766,7 @@ impl Verifier {
                     // this function's contract) and returned.
                     let landed =
                         unsafe { std::slice::from_raw_parts(r.dest.address as *const u8, r.dest.len as usize) };
-                    crc32c::crc32c(landed)
+                    crate::crc::crc32c(landed)
                 }
             };
             let slot = &mut out[bi][wi];
@@ -809,7 +809,7 @@ impl Verifier {
                 }
                 for r in &p.runs {
                     let at = (r.object_offset - start) as usize;
-                    let local = crc32c::crc32c(&buf[at..at + r.len as usize]);
+                    let local = crate::crc::crc32c(&buf[at..at + r.len as usize]);
                     if local != r.crc {
                         return Err(integrity_err(format!(
                             "{what} fails its integrity check: bytes {}..{} delivered to the target have CRC-32C \
