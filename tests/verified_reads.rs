@@ -543,3 +543,34 @@ fn a_revision_without_a_record_restores_unverified() {
     dst.verify().unwrap();
     assert_eq!((stats.verified_bytes, stats.verify_read_bytes), (0, 0));
 }
+
+/// A weight store decodes a revision's integrity record once for many restores, but
+/// reads it every time: a record that changed between two restores through the same
+/// weight store is the one the second restore checks against (here one block
+/// checksum altered: the restore fails naming it), and a record removed since leaves
+/// the next restore unverified.
+#[test]
+fn every_restore_checks_the_record_as_it_is_now() {
+    use mooncake_weight_store::plan::integrity::IntegrityRecord;
+    let mem = Arc::new(MemoryStore::new());
+    let (ws, m) = snapshot(mem.clone());
+    let key = manifest_integrity_key(&m).unwrap();
+    for _ in 0..2 {
+        let (stats, dst) = restore(&ws, &m, TP4, None, MemoryKind::Host).unwrap();
+        dst.verify().unwrap();
+        assert!(stats.verified_bytes > 0);
+    }
+    let mut record = IntegrityRecord::from_json(&mem.get(&key).unwrap()).unwrap();
+    let frag = fragment(&m, UP).clone();
+    record.objects.get_mut(frag.object_key()).unwrap().blocks[1] ^= 1;
+    let config = WriteConfig { group_ids: &[], record_type: RecordType::Metadata };
+    mem.upsert(&key, record.to_json().as_bytes(), &config).unwrap();
+    let e = restore(&ws, &m, TP4, None, MemoryKind::Host).err().expect("the altered record is checked");
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
+    assert!(e.message().contains(&names(&frag)), "{e}");
+    assert!(e.message().contains("fails its integrity check: block 1 "), "{e}");
+    mem.remove(&key).unwrap();
+    let (stats, dst) = restore(&ws, &m, TP4, None, MemoryKind::Host).unwrap();
+    dst.verify().unwrap();
+    assert_eq!((stats.verified_bytes, stats.verify_read_bytes), (0, 0), "no record: unverified");
+}

@@ -44,6 +44,7 @@ use crate::runtime::{MemoryKind, RuntimeFragment};
 use crate::store::{ObjectStore, RangeCrc, RangeRead, RecordType, WriteConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Scratch bytes re-read per verification step (whole blocks).
 const SCRATCH_BYTES: u64 = 64 << 20;
@@ -301,18 +302,55 @@ pub fn read_record(
     manifest: &StoredManifest,
     max_bytes: u64,
 ) -> Result<Option<IntegrityRecord>> {
+    Ok(read_record_with(store, manifest, max_bytes, |key, bytes| decode_record(key, bytes))?
+        .map(|r| Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone())))
+}
+
+/// [`read_record`], decoding the record's bytes with `decode` (a cache may answer).
+fn read_record_with(
+    store: &dyn ObjectStore,
+    manifest: &StoredManifest,
+    max_bytes: u64,
+    decode: impl FnOnce(&str, Vec<u8>) -> Result<Arc<IntegrityRecord>>,
+) -> Result<Option<Arc<IntegrityRecord>>> {
     let Some(key) = manifest_integrity_key(manifest) else { return Ok(None) };
     let bytes = match store.get_limited(&key, max_bytes) {
         Ok(b) => b,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::new(e.kind(), format!("integrity record get failed: {key}: {}", e.message()))),
     };
-    let record = IntegrityRecord::from_json(&bytes)
-        .map_err(|e| integrity_err(format!("integrity record {key} is corrupt: {}", e.message())))?;
+    let record = decode(&key, bytes)?;
     if record.plan_digest != manifest.manifest_digest() {
         return Err(integrity_err(format!("integrity record {key} belongs to another revision")));
     }
     Ok(Some(record))
+}
+
+fn decode_record(key: &str, bytes: Vec<u8>) -> Result<Arc<IntegrityRecord>> {
+    IntegrityRecord::from_json(&bytes)
+        .map(Arc::new)
+        .map_err(|e| integrity_err(format!("integrity record {key} is corrupt: {}", e.message())))
+}
+
+/// The last integrity record a weight store decoded, with its key and its exact
+/// bytes: a restore of many participants of one revision (one load call each) reads
+/// the record every time (it may have changed: nothing is trusted across calls) but
+/// decodes it once, reusing the decoded record only when the bytes just read are
+/// identical to the ones it was decoded from.
+#[derive(Default)]
+pub(crate) struct RecordCache(parking_lot::Mutex<Option<(String, Vec<u8>, Arc<IntegrityRecord>)>>);
+
+impl RecordCache {
+    fn decode(&self, key: &str, bytes: Vec<u8>) -> Result<Arc<IntegrityRecord>> {
+        if let Some((k, b, r)) = &*self.0.lock() {
+            if k == key && *b == bytes {
+                return Ok(r.clone());
+            }
+        }
+        let record = decode_record(key, bytes.clone())?;
+        *self.0.lock() = Some((key.to_string(), bytes, record.clone()));
+        Ok(record)
+    }
 }
 
 /// How integrity errors name a payload: its tensor, the stored fragment's box (offset
@@ -330,7 +368,7 @@ pub(crate) fn describe(f: &StoredFragment) -> String {
 
 /// The verification state of one restore.
 pub(crate) struct Verifier {
-    record: IntegrityRecord,
+    record: Arc<IntegrityRecord>,
 }
 
 /// The verifier of a restore of `manifest`, or `None` when verification is off
@@ -339,7 +377,10 @@ pub(crate) fn prepare(ws: &WeightStore, manifest: &StoredManifest) -> Result<Opt
     if !ws.limits.verify_integrity {
         return Ok(None);
     }
-    Ok(read_record(&*ws.store, manifest, ws.limits.max_metadata_bytes)?.map(|record| Verifier { record }))
+    let record = read_record_with(&*ws.store, manifest, ws.limits.max_metadata_bytes, |key, bytes| {
+        ws.integrity_records.decode(key, bytes)
+    })?;
+    Ok(record.map(|record| Verifier { record }))
 }
 
 /// Reads `[start, end)` of `key` into `buf` through the store (in `max_range`

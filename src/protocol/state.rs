@@ -95,6 +95,9 @@ pub struct WeightStore {
     pub(crate) registrar: Registrar,
     /// Staging buffers of restores, registered with the backend once and reused.
     pub(crate) staging: StagingPool,
+    /// The integrity record verified restores decoded last (see
+    /// `integrity::RecordCache`).
+    pub(crate) integrity_records: super::integrity::RecordCache,
 }
 
 impl Drop for WeightStore {

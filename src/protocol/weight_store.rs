@@ -37,6 +37,7 @@ impl WeightStore {
             limits: StoreLimits::default(),
             registrar: Default::default(),
             staging: Default::default(),
+            integrity_records: Default::default(),
         }
     }
 
