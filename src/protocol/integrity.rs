@@ -302,7 +302,7 @@ pub fn read_record(
     manifest: &StoredManifest,
     max_bytes: u64,
 ) -> Result<Option<IntegrityRecord>> {
-    Ok(read_record_with(store, manifest, max_bytes, |key, bytes| decode_record(key, bytes))?
+    Ok(read_record_with(store, manifest, max_bytes, decode_record)?
         .map(|r| Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone())))
 }
 
