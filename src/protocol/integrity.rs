@@ -10,9 +10,10 @@
 //!   claimed, when every receipt carries checksums. Abort, finalize and lost races
 //!   remove it like the transaction's payloads (`removable_key`).
 //! - Restore (on by default, [`super::StoreLimits::verify_integrity`]): `prepare`
-//!   reads the record once (none: the revision loads unverified, as the reference
-//!   wrote it). The restore's reads are the store's checked reads
-//!   ([`ObjectStore::get_into_ranges_checked`] / `get_into_strided_checked`): each
+//!   reads the record once per load call (none: the revision loads unverified, as
+//!   the reference wrote it); the weight store keeps the last decoded record and
+//!   reuses it while the bytes read are identical (`RecordCache`). The restore's
+//!   reads are the store's checked reads ([`ObjectStore::get_into_ranges_checked`] / `get_into_strided_checked`): each
 //!   returns the CRC-32C of the object bytes it delivered, as runs that never cross a
 //!   1 MiB block, computed while the bytes are copied (embedded stores) or from the
 //!   host destination right after the read (the contract's default, e.g. remote
