@@ -11,6 +11,8 @@
 //! the `// SAFETY:` comments of an entry point to what is specific to it.
 
 use crate::boundary::{mws_status, Failure, FfiResult};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
 
@@ -56,6 +58,20 @@ macro_rules! status_call {
     };
 }
 
+/// The body of an entry point that lends a string of a handle:
+/// `text_call!(handle, "name", len, |h| text)` borrows the handle argument `handle`
+/// (`MWS_NULL_ARGUMENT` naming `name`) as `h`, and returns the NUL-terminated string
+/// `text` (a [`CText`] the handle owns, often from its [`Texts`]), writing its length
+/// to `*len` when `len` is not NULL; NULL (and the last error) on failure.
+macro_rules! text_call {
+    ($handle:expr, $name:literal, $len:expr, |$h:ident| $text:expr) => {
+        value_call!(std::ptr::null(), |c| {
+            let $h = c.handle($handle, $name)?;
+            Ok(c.lend($text, $len))
+        })
+    };
+}
+
 /// The panic boundary of an entry point that returns a value:
 /// `value_call!(fallback, |c| { ... })` returns `fallback` (NULL, 0) on failure; the
 /// token as for [`status_call!`].
@@ -91,6 +107,15 @@ impl<T> Out<'_, T> {
     /// Writes the value.
     pub(crate) fn set(self, value: T) {
         self.0.write(value);
+    }
+}
+
+impl<T: Handle> Out<'_, *mut T> {
+    /// Hands a new handle to C (the caller owns it from now on and frees it with the
+    /// type's `*_free`): the last step of a constructor, whose success it returns.
+    pub(crate) fn give(self, handle: T) -> FfiResult<()> {
+        self.set(handle.into_raw());
+        Ok(())
     }
 }
 
@@ -150,6 +175,15 @@ impl<'a> Caller<'a> {
         // SAFETY: the token's contract: a non-NULL string argument is NUL-terminated
         // and valid for the call.
         utf8(unsafe { CStr::from_ptr(p) }.to_bytes(), name).map(Some)
+    }
+
+    /// Reads a required (pointer, length) byte array, such as a JSON document: NULL is
+    /// `MWS_NULL_ARGUMENT` even when `len` is 0.
+    pub(crate) fn bytes(self, p: *const c_char, len: usize, name: &str) -> FfiResult<&'a [u8]> {
+        if p.is_null() {
+            return Err(Failure::null(name));
+        }
+        self.slice(p as *const u8, len, name)
     }
 
     /// Reads a (pointer, count) array argument: a count of 0 gives an empty slice
@@ -252,5 +286,50 @@ impl CText {
 
     pub(crate) fn len(&self) -> usize {
         self.0.len() - 1
+    }
+}
+
+/// The strings a handle lends to C, interned: each distinct string is copied once,
+/// NUL-terminated, when it is first asked for, and stays at its address until the
+/// handle (which owns this table) is freed, so every pointer lent from it stays valid
+/// that long. Thread-safe (a mutex around the table).
+#[derive(Debug, Default)]
+pub(crate) struct Texts(Mutex<HashMap<Box<str>, Box<CText>>>);
+
+impl Texts {
+    /// The interned copy of `s`.
+    pub(crate) fn get(&self, s: &str) -> &CText {
+        let mut table = self.0.lock();
+        if !table.contains_key(s) {
+            table.insert(s.into(), Box::new(CText::new(s)));
+        }
+        let text: *const CText = &*table[s];
+        // SAFETY: entries are only ever added, never removed or replaced, so the boxed
+        // text stays at its address, unchanged, for as long as `self` lives.
+        unsafe { &*text }
+    }
+
+    /// The interned copy of `s` as a C string pointer (for the C structs a handle lends).
+    pub(crate) fn ptr(&self, s: &str) -> *const c_char {
+        self.get(s).as_ptr()
+    }
+}
+
+/// The C structs a handle lends (`*_fragment`, `*_operation`, ... accessors), built once
+/// when the handle is made: their pointers point into the same handle (its [`Texts`]
+/// and the core value it holds), which is immutable while it lives.
+#[derive(Debug)]
+pub(crate) struct Lent<T>(pub(crate) Vec<T>);
+
+// SAFETY: the raw pointers inside point into data owned by the same handle, immutable
+// after construction; the structs are only read.
+unsafe impl<T> Send for Lent<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T> Sync for Lent<T> {}
+
+impl<T> std::ops::Deref for Lent<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.0
     }
 }
