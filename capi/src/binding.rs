@@ -1,6 +1,6 @@
 //! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::placement::mws_placement;
 use mws::{
@@ -168,8 +168,7 @@ pub unsafe extern "C" fn mws_binding_new(
             lease_id: c.str(o.lease_id, "options->lease_id")?.to_owned(),
             generation: o.generation,
         };
-        out.set(mws_binding { identity, fragments: Vec::new() }.into_raw());
-        Ok(())
+        out.give(mws_binding { identity, fragments: Vec::new() })
     })
 }
 
@@ -233,8 +232,7 @@ pub unsafe extern "C" fn mws_binding_clone(binding: *const mws_binding, out: *mu
     status_call!(|c| {
         let b = c.handle(binding, "binding")?;
         let out = c.out(out, "out")?;
-        out.set(mws_binding { identity: b.identity.clone(), fragments: b.fragments.clone() }.into_raw());
-        Ok(())
+        out.give(mws_binding { identity: b.identity.clone(), fragments: b.fragments.clone() })
     })
 }
 

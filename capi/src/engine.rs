@@ -2,7 +2,6 @@
 //! a caller's `mws_transfer_engine_vtable`), its memory registrations, its pending
 //! transfers, and what it still holds (`mws_transfer_engine_resources`).
 
-use crate::args::Handle;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
 use mws::engine::local::LocalEngine;
@@ -74,8 +73,7 @@ fn engine_identity(e: &mws_transfer_engine) -> FfiResult<u64> {
 pub unsafe extern "C" fn mws_transfer_engine_new_local(out: *mut *mut mws_transfer_engine) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        out.set(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }.into_raw());
-        Ok(())
+        out.give(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) })
     })
 }
 
@@ -101,8 +99,7 @@ pub unsafe extern "C" fn mws_transfer_engine_from_vtable(
         // SAFETY: this function's contract: the vtable's callbacks honour it with `ctx`
         // for as long as the engine lives.
         let engine = unsafe { CallbackEngine::new(vt, ctx) }?;
-        out.set(mws_transfer_engine { engine }.into_raw());
-        Ok(())
+        out.give(mws_transfer_engine { engine })
     })
 }
 

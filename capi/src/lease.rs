@@ -1,7 +1,6 @@
 //! `mws_registration_lease`: buffers pinned and registered once for many uploads or
 //! loads (`WeightStore::register_weight_buffers`).
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
 use crate::boundary::FfiResult;
 use crate::boundary::{mws_status, Failure};
@@ -132,8 +131,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         })?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
         let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        out.set(Handle::into_raw(h));
-        Ok(())
+        out.give(h)
     })
 }
 

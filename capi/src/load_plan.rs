@@ -1,8 +1,8 @@
 //! `mws_load_plan_*`: restore plans (a stored manifest planned into a target
 //! placement and bound to target bindings), planning limits and load statistics.
 
+use crate::args::CText;
 use crate::args::Caller;
-use crate::args::{CText, Handle};
 use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure};
 use crate::placement::mws_placement;
@@ -93,8 +93,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
         let l = planning_limits(c, limits);
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        out.set(Handle::into_raw(mws_load_plan { inner: plan, participants }));
-        Ok(())
+        out.give(mws_load_plan { inner: plan, participants })
     })
 }
 

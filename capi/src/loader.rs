@@ -2,7 +2,6 @@
 //! through an engine (`mws_loader_load_live`) or from a stored revision
 //! (`mws_loader_load_stored`); wraps the core's `protocol::transfer::Loader`.
 
-use crate::args::Handle;
 use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
@@ -53,8 +52,7 @@ pub unsafe extern "C" fn mws_loader_new(
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
         let inner = Loader::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
-        out.set(mws_loader { inner, report: Mutex::new(None) }.into_raw());
-        Ok(())
+        out.give(mws_loader { inner, report: Mutex::new(None) })
     })
 }
 
@@ -213,8 +211,7 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         // until the prepared transfer is freed).
         let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }
             .map_err(transfer_failure)?;
-        out.set(mws_prepared_transfer::new(p).into_raw());
-        Ok(())
+        out.give(mws_prepared_transfer::new(p))
     })
 }
 
@@ -255,8 +252,7 @@ pub unsafe extern "C" fn mws_loader_prepare_stored(
         let out = c.out(out, "out")?;
         let args = StoredPrepareArgs { worker_id: a.worker_id.map(str::to_string), guard: a.guard };
         let prepared = l.inner.prepare_stored(s.ws.clone(), &p.inner, &b, args)?;
-        out.set(mws_prepared_transfer::stored(prepared).into_raw());
-        Ok(())
+        out.give(mws_prepared_transfer::stored(prepared))
     })
 }
 

@@ -11,7 +11,7 @@
 //! plan of the generation it is about to serve; serve generation G only once
 //! `mws_notify_acceptor_outcome` says `MWS_TARGET_UPDATED` with generation G.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::live::mws_target_verdict;
 use crate::transfer_plan::mws_transfer_plan;
@@ -126,8 +126,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_new(
         let out = c.out(out, "out")?;
         let key = key_arg(c, key, key_len)?;
         let acceptor = NotifyAcceptor::new(bound, participant, key)?;
-        out.set(mws_notify_acceptor { inner: Mutex::new(acceptor) }.into_raw());
-        Ok(())
+        out.give(mws_notify_acceptor { inner: Mutex::new(acceptor) })
     })
 }
 

@@ -1,7 +1,7 @@
 //! `mws_placement_builder_*`: build a placement from parts in C (translates
 //! `model::PlacementBuilder`; every rule and identity is the library's).
 
-use crate::args::{CText, Handle};
+use crate::args::CText;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::placement::mws_placement;
 use mws::model::{AxisKind, BuilderFragment, ParallelAxis, ParallelRank, PlacementBuilder, PlacementBuilderSpec};
@@ -203,8 +203,7 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
             ids: parking_lot::Mutex::new(Vec::new()),
         };
-        out.set(Handle::into_raw(b));
-        Ok(())
+        out.give(b)
     })
 }
 
@@ -332,8 +331,7 @@ pub unsafe extern "C" fn mws_placement_builder_build(
         let b = c.handle(builder, "builder")?;
         let out = c.out(out, "out")?;
         let p = b.inner.lock().build()?;
-        out.set(Handle::into_raw(mws_placement::new(p)));
-        Ok(())
+        out.give(mws_placement::new(p))
     })
 }
 

@@ -1,7 +1,7 @@
 //! `mws_sink`: a source worker pushes its part of a live transfer into the remote
 //! targets; wraps the core's `protocol::transfer::Sink`.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
@@ -45,8 +45,7 @@ pub unsafe extern "C" fn mws_sink_new(
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
         let inner = Sink::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
-        out.set(mws_sink { inner, report: Mutex::new(None) }.into_raw());
-        Ok(())
+        out.give(mws_sink { inner, report: Mutex::new(None) })
     })
 }
 
@@ -283,8 +282,7 @@ pub unsafe extern "C" fn mws_sink_prepare(
         // until the prepared transfer is freed).
         let p = unsafe { s.inner.prepare(bound, &sp.inner, &source, &tp.inner, &targets, &args) }
             .map_err(transfer_failure)?;
-        out.set(mws_prepared_transfer::new(p).into_raw());
-        Ok(())
+        out.give(mws_prepared_transfer::new(p))
     })
 }
 

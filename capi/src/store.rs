@@ -3,7 +3,7 @@
 //! abort, finalize, decisions, restores), which take other objects, are in
 //! `store_jobs.rs`.
 
-use crate::args::{CText, Caller, Handle};
+use crate::args::{CText, Caller};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
 use crate::callbacks::store::{mws_store_vtable, store_from_vtable};
@@ -201,8 +201,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
             None => MemoryStore::new(),
         };
         let ws = configure(Arc::new(backend), config)?;
-        out.set(Handle::into_raw(mws_store::new(ws)));
-        Ok(())
+        out.give(mws_store::new(ws))
     })
 }
 
@@ -234,8 +233,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
             None => DirectoryStore::open(path)?,
         };
         let ws = configure(Arc::new(dir), config)?;
-        out.set(Handle::into_raw(mws_store::new(ws)));
-        Ok(())
+        out.give(mws_store::new(ws))
     })
 }
 
@@ -304,8 +302,7 @@ unsafe fn from_vtable(
     // callbacks honour the contract while the store lives.
     let backend = unsafe { store_from_vtable(vt, ctx) }?;
     let ws = configure(Arc::new(backend), config)?;
-    out.set(Handle::into_raw(mws_store::new(ws)));
-    Ok(())
+    out.give(mws_store::new(ws))
 }
 
 /// Frees a store handle. `NULL` does nothing. The backend (and a vtable store's

@@ -3,7 +3,6 @@
 //! receipts, manifests, per-call arguments), which in turn only name the store
 //! (`store.rs`): the object itself is a leaf, the jobs sit above everything they use.
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure};
 use crate::io_args::{mws_io_args, with_load_args, with_upload_args};
@@ -60,8 +59,7 @@ pub unsafe extern "C" fn mws_store_upload(
             // unchanged during the call.
             unsafe { s.ws.upload(&p.inner, &pl.inner, rb, ua) }
         })?;
-        out.set(Handle::into_raw(mws_receipts::new(receipts)));
-        Ok(())
+        out.give(mws_receipts::new(receipts))
     })
 }
 
@@ -101,8 +99,7 @@ pub unsafe extern "C" fn mws_store_commit(
             o.set(c_int::from(may));
         }
         let m = result?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        out.give(mws_stored_manifest::new(Arc::new(m)))
     })
 }
 

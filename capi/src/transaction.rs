@@ -1,7 +1,6 @@
 //! `mws_transaction`: an upload transaction bound to a store and an upload plan that
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
 use crate::boundary::mws_status;
 use crate::boundary::Failure;
@@ -72,8 +71,7 @@ pub unsafe extern "C" fn mws_transaction_new(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        out.set(Handle::into_raw(tx));
-        Ok(())
+        out.give(tx)
     })
 }
 
@@ -210,8 +208,7 @@ pub unsafe extern "C" fn mws_transaction_receipts(
         let t = c.handle(tx, "tx")?;
         let out = c.out(out, "out")?;
         let r = t.inner.receipts();
-        out.set(Handle::into_raw(mws_receipts::new(r)));
-        Ok(())
+        out.give(mws_receipts::new(r))
     })
 }
 
@@ -261,8 +258,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
         let t = c.handle(tx as *const mws_transaction, "tx")?;
         let out = c.out(out, "out")?;
         let m = t.inner.commit()?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(m)));
-        Ok(())
+        out.give(mws_stored_manifest::new(m))
     })
 }
 

@@ -94,8 +94,7 @@ pub unsafe extern "C" fn mws_writer_new(
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
         let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
-        out.set(Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws }));
-        Ok(())
+        out.give(mws_writer { inner: Mutex::new(w), _store: ws })
     })
 }
 
@@ -174,8 +173,7 @@ pub unsafe extern "C" fn mws_writer_commit(
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
         let m = w.inner.lock().commit()?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        out.give(mws_stored_manifest::new(Arc::new(m)))
     })
 }
 
@@ -208,8 +206,7 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
         let plan = w.inner.lock().plan().clone();
-        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
-        Ok(())
+        out.give(mws_upload_plan::new(plan))
     })
 }
 
