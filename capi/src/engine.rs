@@ -7,7 +7,6 @@ use crate::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
 use mws::engine::local::LocalEngine;
 use mws::engine::TransferEngine;
 use mws::protocol::transfer::completion::{drain_pending_transfer, pending_transfer_ids, pending_transfers};
-use mws::protocol::transfer::TransferError;
 use mws::runtime::{MemoryKind, MemoryRegion};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -44,18 +43,6 @@ pub struct mws_engine_resources {
     pub quarantined_registrations: u64,
     /// Allocation-guard pins held by pending transfers.
     pub pinned_tokens: u64,
-}
-
-/// The C error of a live-transfer failure: its kind, and the pending transfer id
-/// appended when the message does not name it.
-pub(crate) fn transfer_failure(e: TransferError) -> Failure {
-    let mut msg = e.message.clone();
-    if let Some(id) = &e.pending_transfer_id {
-        if !msg.contains(id.as_str()) {
-            msg.push_str(&format!(" (pending transfer {id})"));
-        }
-    }
-    Failure::new(mws_status::from_kind(e.error_kind), msg)
 }
 
 fn engine_identity(e: &mws_transfer_engine) -> FfiResult<u64> {
@@ -245,6 +232,6 @@ pub unsafe extern "C" fn mws_transfer_engine_drain(
         if let Some(out) = c.opt_out(remaining) {
             out.set(pending_transfer_ids(id).len());
         }
-        first_err.map_or(Ok(()), |err| Err(transfer_failure(err)))
+        first_err.map_or(Ok(()), |err| Err(err.into()))
     })
 }

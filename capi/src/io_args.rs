@@ -4,7 +4,7 @@
 
 use crate::args::Caller;
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::FfiResult;
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::lease::mws_registration_lease;
@@ -110,9 +110,7 @@ pub(crate) fn with_load_args<T>(
     run: impl FnOnce(&RuntimeBinding, LoadArgs<'_>) -> mws::Result<T>,
 ) -> FfiResult<T> {
     let a = io_args(c, args)?;
-    let rb = binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
-    })?;
+    let rb = binding.build_as("invalid target runtime binding: ")?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
     let report = a.progress.map(|p| move |x: &Progress| p.report(x));
     let la = LoadArgs {
@@ -130,7 +128,5 @@ pub(crate) fn with_load_args<T>(
 /// (`invalid source runtime binding: {at}...`; `at` names the handle in a list, e.g.
 /// `"bindings[3]: "`, or is empty).
 pub(crate) fn source_binding(binding: &mws_binding, at: &str) -> FfiResult<RuntimeBinding> {
-    binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {at}{}", f.message))
-    })
+    binding.build_as(&format!("invalid source runtime binding: {at}"))
 }

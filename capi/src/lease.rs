@@ -126,9 +126,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         let transfer_id = c.opt_str(transfer_id, "transfer_id")?;
         let guard: Box<dyn GuardProvider> =
             if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, guard, guard_ctx)?) };
-        let rb = b.build().map_err(|f| {
-            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
-        })?;
+        let rb = b.build_as("invalid runtime binding: ")?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
         let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
         out.give(h)

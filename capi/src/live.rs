@@ -3,10 +3,13 @@
 //! (`mws_live_report`: submitted, guard release, per-target verdicts).
 
 use crate::args::{CText, Caller};
-use crate::boundary::FfiResult;
+use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use mws::protocol::guards::GuardProvider;
-use mws::protocol::transfer::{ExecutorLimits, GuardRelease, LiveArgs, LiveReport, TargetOutcome, TransferStats};
+use mws::protocol::transfer::{
+    ExecutorLimits, GuardRelease, LiveArgs, LiveError, LiveReport, TargetOutcome, TransferStats,
+};
+use parking_lot::Mutex;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
@@ -134,6 +137,40 @@ pub struct mws_live_report {
     pub targets: *const mws_target_outcome,
     /// The call's statistics (zero on failure).
     pub stats: mws_transfer_stats,
+}
+
+/// The report of the last live call of a loader, sink or prepared transfer
+/// (`*_last_report`), kept in C form.
+#[derive(Default)]
+pub(crate) struct LastReport(Mutex<Option<ReportView>>);
+
+impl LastReport {
+    /// Ends a live call: keeps its report (successful or not) and, on success, writes
+    /// its statistics to `*stats` when `stats` is not NULL.
+    pub(crate) fn keep(
+        &self,
+        c: Caller<'_>,
+        result: Result<LiveReport, LiveError>,
+        stats: *mut mws_transfer_stats,
+    ) -> FfiResult<()> {
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(e.error)),
+        };
+        let st = stats_c(report.stats);
+        *self.0.lock() = Some(ReportView::new(report));
+        outcome?;
+        if let Some(out) = c.opt_out(stats) {
+            out.set(st);
+        }
+        Ok(())
+    }
+
+    /// The last report, or `MWS_NOT_FOUND` with `missing` before the first call.
+    pub(crate) fn get(&self, missing: &str) -> FfiResult<mws_live_report> {
+        let view = self.0.lock();
+        Ok(view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, missing))?.c())
+    }
 }
 
 /// The C view of a [`LiveReport`], owned by the loader or sink that made it.

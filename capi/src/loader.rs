@@ -3,19 +3,18 @@
 //! (`mws_loader_load_stored`); wraps the core's `protocol::transfer::Loader`.
 
 use crate::binding::{bindings_arg, mws_binding};
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
-use crate::engine::{mws_transfer_engine, transfer_failure};
+use crate::engine::mws_transfer_engine;
 use crate::io_args::{mws_io_args, with_load_args};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
-use crate::live::{stats_c, ReportView};
+use crate::live::{stats_c, LastReport};
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::protocol::transfer::{Loader, StoredPrepareArgs};
-use parking_lot::Mutex;
 use std::ffi::c_void;
 
 /// Fills the buffers of one target participant, from a stored revision
@@ -29,7 +28,7 @@ use std::ffi::c_void;
 /// `mws_loader_cancel` may be called from any thread at any time.
 pub struct mws_loader {
     inner: Loader,
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 handle!(mws_loader);
@@ -51,8 +50,8 @@ pub unsafe extern "C" fn mws_loader_new(
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
-        let inner = Loader::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
-        out.give(mws_loader { inner, report: Mutex::new(None) })
+        let inner = Loader::new(e.engine.clone(), limits_arg(c, limits))?;
+        out.give(mws_loader { inner, report: LastReport::default() })
     })
 }
 
@@ -156,17 +155,7 @@ pub unsafe extern "C" fn mws_loader_load_live(
         // SAFETY: this function's contract: every buffer of the bindings stays valid
         // for the call (and until a pending transfer is drained).
         let result = unsafe { l.inner.load_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(transfer_failure(e.error))),
-        };
-        let s = stats_c(report.stats);
-        *l.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(s);
-        }
-        Ok(())
+        l.report.keep(c, result, stats)
     })
 }
 
@@ -209,8 +198,7 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         let out = c.out(out, "out")?;
         // SAFETY: this function's contract: the buffers stay valid (the local ones
         // until the prepared transfer is freed).
-        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }
-            .map_err(transfer_failure)?;
+        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }?;
         out.give(mws_prepared_transfer::new(p))
     })
 }
@@ -318,9 +306,7 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
     status_call!(|c| {
         let l = c.handle(loader, "loader")?;
         let out = c.out(out, "out")?;
-        let view = l.report.lock();
-        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no live call yet"))?;
-        out.set(view.c());
+        out.set(l.report.get("no live call yet")?);
         Ok(())
     })
 }

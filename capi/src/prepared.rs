@@ -4,10 +4,10 @@
 
 use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::engine::transfer_failure;
-use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
-use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs};
-use parking_lot::Mutex;
+use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
+use mws::protocol::transfer::{
+    LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs, TransferStats,
+};
 use std::ffi::c_char;
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
@@ -27,7 +27,7 @@ use std::ffi::c_char;
 /// handle may be used from any thread.
 pub struct mws_prepared_transfer {
     inner: Prepared,
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 /// A live transfer or a stored restore.
@@ -40,10 +40,10 @@ handle!(mws_prepared_transfer);
 
 impl mws_prepared_transfer {
     pub(crate) fn new(inner: PreparedTransfer) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner: Prepared::Live(inner), report: Mutex::new(None) }
+        mws_prepared_transfer { inner: Prepared::Live(inner), report: LastReport::default() }
     }
     pub(crate) fn stored(inner: PreparedRestore) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: Mutex::new(None) }
+        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: LastReport::default() }
     }
 }
 
@@ -168,13 +168,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
                 // valid for writes and untouched by anyone else during the step.
                 let s = unsafe { stored.step(&args) }?;
                 if let Some(out) = c.opt_out(stats) {
-                    out.set(mws_transfer_stats {
-                        bytes: s.bytes,
-                        regions: s.regions,
-                        operations: s.ranges,
-                        receipts: s.requests,
-                        engine_operations: s.ranges,
-                    });
+                    out.set(stats_c(TransferStats::from(&s)));
                 }
                 return Ok(());
             }
@@ -187,17 +181,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
         // SAFETY: this function's contract: every prepared buffer is valid and pinned
         // for the step (and until a pending transfer is drained).
         let result = unsafe { live.step(&args) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(transfer_failure(e.error))),
-        };
-        let st = stats_c(report.stats);
-        *p.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(st);
-        }
-        Ok(())
+        p.report.keep(c, result, stats)
     })
 }
 
@@ -219,11 +203,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_last_report(
     status_call!(|c| {
         let p = c.handle(prepared, "prepared")?;
         let out = c.out(out, "out")?;
-        let view = p.report.lock();
-        let view = view.as_ref().ok_or_else(|| {
-            Failure::new(mws_status::MWS_NOT_FOUND, "no live step yet (a prepared restore has no live report)")
-        })?;
-        out.set(view.c());
+        out.set(p.report.get("no live step yet (a prepared restore has no live report)")?);
         Ok(())
     })
 }
@@ -274,7 +254,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
 pub unsafe extern "C" fn mws_prepared_transfer_close(prepared: *const mws_prepared_transfer) -> mws_status {
     status_call!(|c| {
         match &c.handle(prepared, "prepared")?.inner {
-            Prepared::Live(p) => p.close().map_err(transfer_failure),
+            Prepared::Live(p) => Ok(p.close()?),
             Prepared::Stored(_) => Ok(()),
         }
     })

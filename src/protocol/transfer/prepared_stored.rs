@@ -249,13 +249,7 @@ impl PreparedRestore {
                 e
             }
         })?;
-        *self.front.stats.lock() = TransferStats {
-            bytes: s.bytes,
-            regions: s.regions,
-            operations: s.ranges,
-            receipts: s.requests,
-            engine_operations: s.ranges,
-        };
+        *self.front.stats.lock() = TransferStats::from(&s);
         Ok(s)
     }
 }
