@@ -169,8 +169,10 @@ fn acc_152_lease_close_failure_quarantines_until_drained() {
     let err = unsafe { ws.upload(&plan, &src.placement, binding, args) }.unwrap_err();
     assert!(err.message().contains("blocked by pending registration"), "{err}");
     assert!(ws.drain_pending_registration(&pending[0]).is_err());
+    assert!(ws.drain_pending_registrations().is_err());
+    assert_eq!(ws.pending_registration_ids(), pending);
     backend.fail_unregister.store(false, Ordering::SeqCst);
-    ws.drain_pending_registration(&pending[0]).unwrap();
+    ws.drain_pending_registrations().unwrap();
     // (The blocked upload failed before acquiring any pin.)
     assert_eq!(*guard.released.lock(), vec![TerminalState::Completed]);
     assert!(ws.pending_registration_ids().is_empty());

@@ -5,8 +5,8 @@
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
 use mws::engine::local::LocalEngine;
-use mws::engine::TransferEngine;
-use mws::protocol::transfer::completion::{drain_pending_transfer, pending_transfer_ids, pending_transfers};
+use mws::engine::{EngineResult, TransferEngine};
+use mws::protocol::transfer::completion::{drain_pending_transfers, pending_transfer_ids, pending_transfers};
 use mws::runtime::{MemoryKind, MemoryRegion};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -47,6 +47,16 @@ pub struct mws_engine_resources {
 
 fn engine_identity(e: &mws_transfer_engine) -> FfiResult<u64> {
     e.engine.identity().map_err(|m| Failure::new(mws_status::MWS_STORE, m))
+}
+
+/// The outcome of an engine call `what` that returns a code: 0 is success, another
+/// code or an error is `MWS_STORE` (`<what> failed: <code or error>`).
+fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
+    match result {
+        Ok(0) => Ok(()),
+        Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("{what} failed: {code}"))),
+        Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("{what} failed: {err}"))),
+    }
 }
 
 /// Creates the embedded engine (memcpy between memory registered in this process;
@@ -124,11 +134,7 @@ pub unsafe extern "C" fn mws_transfer_engine_register_memory(
         };
         let region = MemoryRegion { address: address as u64, len, kind };
         // SAFETY: this function's contract: the memory stays valid until unregistered.
-        match unsafe { e.engine.register_memory(region) } {
-            Ok(0) => Ok(()),
-            Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("register_memory failed: {code}"))),
-            Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("register_memory failed: {err}"))),
-        }
+        engine_code("register_memory", unsafe { e.engine.register_memory(region) })
     })
 }
 
@@ -145,11 +151,7 @@ pub unsafe extern "C" fn mws_transfer_engine_unregister_memory(
 ) -> mws_status {
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
-        match e.engine.unregister_memory(address as u64) {
-            Ok(0) => Ok(()),
-            Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("unregister_memory failed: {code}"))),
-            Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("unregister_memory failed: {err}"))),
-        }
+        engine_code("unregister_memory", e.engine.unregister_memory(address as u64))
     })
 }
 
@@ -223,15 +225,10 @@ pub unsafe extern "C" fn mws_transfer_engine_drain(
 ) -> mws_status {
     status_call!(|c| {
         let id = engine_identity(c.handle(engine, "engine")?)?;
-        let mut first_err = None;
-        for p in pending_transfer_ids(id) {
-            if let Err(err) = drain_pending_transfer(id, &p, timeout_ms) {
-                first_err.get_or_insert(err);
-            }
-        }
+        let drained = drain_pending_transfers(id, timeout_ms);
         if let Some(out) = c.opt_out(remaining) {
             out.set(pending_transfer_ids(id).len());
         }
-        first_err.map_or(Ok(()), |err| Err(err.into()))
+        Ok(drained?)
     })
 }

@@ -12,9 +12,9 @@ use mws::protocol::WeightStore;
 use mws::runtime::CopyHook;
 use mws::store::directory::DirectoryStore;
 use mws::store::memory::MemoryStore;
-use mws::store::ObjectStore;
 use mws::store::RecordType;
 use mws::store::WriteConfig;
+use mws::store::{get_for_buffer, ObjectStore};
 use mws::{Error, ErrorKind};
 use std::ffi::c_char;
 use std::ffi::c_int;
@@ -356,8 +356,6 @@ pub unsafe extern "C" fn mws_store_get(
         let key = c.str(key, "key")?;
         let len = c.out(len, "len")?;
         let backend = s.ws.backend();
-        let too_small =
-            |size: u64| Failure::invalid(format!("buffer of {cap} bytes is too small for {key} ({size} bytes)"));
         if buf.is_null() {
             let size = backend.object_size(key)?;
             let size = usize::try_from(size).map_err(|_| {
@@ -366,17 +364,7 @@ pub unsafe extern "C" fn mws_store_get(
             len.set(size);
             return Ok(());
         }
-        let bytes = match backend.get_limited(key, cap as u64) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == ErrorKind::LimitExceeded => match backend.object_size(key) {
-                Ok(size) if size > cap as u64 => return Err(too_small(size)),
-                _ => return Err(e.into()),
-            },
-            Err(e) => return Err(e.into()),
-        };
-        if cap < bytes.len() {
-            return Err(too_small(bytes.len() as u64));
-        }
+        let bytes = get_for_buffer(&**backend, key, cap as u64)?;
         c.copy_to(&bytes, buf, cap);
         len.set(bytes.len());
         Ok(())
@@ -495,9 +483,6 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
     status_call!(|c| {
         let s = c.handle(store, "store")?;
-        for id in s.ws.pending_registration_ids() {
-            s.ws.drain_pending_registration(&id)?;
-        }
-        Ok(())
+        Ok(s.ws.drain_pending_registrations()?)
     })
 }

@@ -4,7 +4,7 @@
 //! (`store.rs`): the object itself is a leaf, the jobs sit above everything they use.
 
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::io_args::{mws_io_args, with_load_args, with_upload_args};
 use crate::load_plan::mws_load_plan;
 use crate::load_plan::{mws_load_stats, stats_out};
@@ -174,13 +174,10 @@ pub unsafe extern "C" fn mws_store_read_decision(
         let s = c.handle(store, "store")?;
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        let d = match s.ws.read_decision(&p.inner)? {
+        let d = match s.ws.current_decision(&p.inner)? {
             None => mws_decision::MWS_DECISION_NONE,
-            Some((_, digest)) if digest != p.inner.plan_digest() => {
-                return Err(Failure::new(mws_status::MWS_CONFLICT, "upload decision belongs to another plan"))
-            }
-            Some((Decision::Commit, _)) => mws_decision::MWS_DECISION_COMMIT,
-            Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
+            Some(Decision::Commit) => mws_decision::MWS_DECISION_COMMIT,
+            Some(Decision::Abort) => mws_decision::MWS_DECISION_ABORT,
         };
         out.set(d);
         Ok(())

@@ -4,9 +4,9 @@ use crate::args::Handle;
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::callbacks::snapshot::{
-    mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
-    MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
+    mws_snapshot_adapter_vtable, mws_snapshot_descriptor, CAdapter, CTensor, MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
 };
+use crate::callbacks::Ctx;
 use crate::receipts::mws_receipts;
 use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
@@ -90,7 +90,7 @@ pub unsafe extern "C" fn mws_writer_new(
             o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
         }
         let ws = s.ws.clone();
-        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: AdapterCtx(ctx) }, &o)?;
+        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: Ctx(ctx) }, &o)?;
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
         let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };

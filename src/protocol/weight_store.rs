@@ -351,4 +351,14 @@ impl WeightStore {
     pub fn drain_pending_registration(&self, id: &str) -> Result<()> {
         self.registrar.drain(&*self.store, id)
     }
+
+    /// Retries the cleanup of every quarantined registration (in id order) and
+    /// releases their pins, stopping at the first failure (that entry and the later
+    /// ones stay quarantined).
+    pub fn drain_pending_registrations(&self) -> Result<()> {
+        for id in self.pending_registration_ids() {
+            self.drain_pending_registration(&id)?;
+        }
+        Ok(())
+    }
 }

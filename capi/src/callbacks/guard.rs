@@ -4,6 +4,7 @@
 use crate::args::Caller;
 use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::callbacks::Ctx;
 use mws::protocol::guards::weight_allocation_fence;
 use mws::protocol::guards::AllocationFence;
 use mws::protocol::guards::GuardProvider;
@@ -78,15 +79,6 @@ pub struct mws_guard_vtable {
     pub release: mws_guard_release_fn,
 }
 
-#[derive(Clone, Copy)]
-pub(crate) struct GuardCtx(pub(crate) *mut c_void);
-
-// SAFETY: the guard contract requires thread-safe callbacks over `ctx`.
-unsafe impl Send for GuardCtx {}
-
-// SAFETY: as for `Send`: the guard contract requires thread-safe callbacks over `ctx`.
-unsafe impl Sync for GuardCtx {}
-
 /// A [`GuardProvider`] over C callbacks.
 pub(crate) struct CGuard {
     pub(crate) acquire: unsafe extern "C" fn(
@@ -99,7 +91,7 @@ pub(crate) struct CGuard {
         *mut u64,
     ) -> i32,
     pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: GuardCtx,
+    pub(crate) ctx: Ctx,
 }
 
 impl CGuard {
@@ -109,7 +101,7 @@ impl CGuard {
         ctx: *mut c_void,
     ) -> FfiResult<CGuard> {
         match (acquire, release) {
-            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: GuardCtx(ctx) }),
+            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: Ctx(ctx) }),
             _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
         }
     }
@@ -131,7 +123,7 @@ pub(crate) enum CFence {
 pub(crate) struct CToken {
     pub(crate) fence: CFence,
     pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: GuardCtx,
+    pub(crate) ctx: Ctx,
     pub(crate) token: u64,
 }
 
@@ -164,6 +156,73 @@ pub(crate) fn c_string(s: &str, what: &str) -> mws::Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
 }
 
+impl CGuard {
+    /// Calls `acquire` with the fragment ids at the addresses `ids` (C strings that
+    /// outlive the call): the observed binding it may hand over (ours whatever the
+    /// code) and the token of the pin.
+    fn pin(
+        &self,
+        tid: &CString,
+        participant: *const c_char,
+        ids: &[usize],
+    ) -> mws::Result<(Option<Box<mws_binding>>, u64)> {
+        let mut observed: *mut mws_binding = std::ptr::null_mut();
+        let mut token: u64 = 0;
+        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
+        let code = unsafe {
+            (self.acquire)(
+                self.ctx.0,
+                tid.as_ptr(),
+                participant,
+                ids.as_ptr().cast(),
+                ids.len(),
+                &mut observed,
+                &mut token,
+            )
+        };
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
+        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
+        if code != 0 {
+            return Err(acquire_failed(code));
+        }
+        Ok((observed, token))
+    }
+
+    /// The lifetime token of pin `token` over `fresh` (the binding as observed under
+    /// the pin), with the fence of `required_ids`; when `fresh` is an error or the
+    /// fence cannot be made, the pin is released as aborted and the error returned.
+    fn token(
+        &self,
+        token: u64,
+        fresh: mws::Result<RuntimeBinding>,
+        required_ids: &[String],
+        transfer_id: &str,
+    ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
+        let fenced = fresh.and_then(|fresh| {
+            let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
+                .map_err(|e| e.with_kind(ErrorKind::StaleBinding))?;
+            Ok((fresh, fence))
+        });
+        match fenced {
+            Ok((fresh, fence)) => {
+                let token = CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token };
+                Ok((fresh, Box::new(token)))
+            }
+            Err(e) => {
+                // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
+                let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A binding handed over by `acquire` as observed under the pin (`MWS_STALE_BINDING`
+/// when it does not build).
+fn observed_binding(b: &mws_binding) -> mws::Result<RuntimeBinding> {
+    b.build().map_err(|f| Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
+}
+
 impl GuardProvider for CGuard {
     fn acquire(
         &self,
@@ -174,33 +233,10 @@ impl GuardProvider for CGuard {
         let tid = c_string(transfer_id, "transfer id")?;
         let pid = c_string(expected.participant_id(), "participant id")?;
         let ids: Vec<CString> = required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
-        let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
-        let mut observed: *mut mws_binding = std::ptr::null_mut();
-        let mut token: u64 = 0;
-        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
-        let code = unsafe {
-            (self.acquire)(self.ctx.0, tid.as_ptr(), pid.as_ptr(), ptrs.as_ptr(), ptrs.len(), &mut observed, &mut token)
-        };
-        // The observed binding (if any) is ours from now on, whatever happens.
-        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
-        if code != 0 {
-            return Err(acquire_failed(code));
-        }
-        let abort = |e: Error| {
-            // SAFETY: as for `release` above, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-            e
-        };
-        let fresh = match observed {
-            None => expected.clone(),
-            Some(b) => b.build().map_err(|f| {
-                abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
-            })?,
-        };
-        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
-            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
+        let ptrs: Vec<usize> = ids.iter().map(|c| c.as_ptr() as usize).collect();
+        let (observed, token) = self.pin(&tid, pid.as_ptr(), &ptrs)?;
+        let fresh = observed.map_or_else(|| Ok(expected.clone()), |b| observed_binding(&b));
+        self.token(token, fresh, required_ids, transfer_id)
     }
 
     fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> mws::Result<(Observed, Box<dyn LifetimeToken>)> {
@@ -217,41 +253,14 @@ impl GuardProvider for CGuard {
             (None, None) => &CIds::new(pin)?,
         };
         let tid = c_string(transfer.id(), "transfer id")?;
-        let mut observed: *mut mws_binding = std::ptr::null_mut();
-        let mut token: u64 = 0;
-        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings the pin's cache keeps alive for the call.
-        let code = unsafe {
-            (self.acquire)(
-                self.ctx.0,
-                tid.as_ptr(),
-                ids.participant.as_ptr(),
-                ids.ptrs.as_ptr().cast(),
-                ids.ptrs.len(),
-                &mut observed,
-                &mut token,
-            )
-        };
-        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
-        if code != 0 {
-            return Err(acquire_failed(code));
-        }
-        let abort = |e: Error| {
-            // SAFETY: as for `release` above, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-            e
-        };
+        // The pointers of the pin's cache stay alive for the call.
+        let (observed, token) = self.pin(&tid, ids.participant.as_ptr(), &ids.ptrs)?;
         let Some(b) = observed else {
             let fence = CFence::Lazy(pin.lazy_fence("c-", transfer));
             return Ok((Observed::Unchanged, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })));
         };
-        let fresh = b.build().map_err(|f| {
-            abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
-        })?;
-        let fence = weight_allocation_fence(&fresh, pin.required_ids(), &format!("c-{}", transfer.id()))
-            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        let token = CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token };
-        Ok((Observed::Binding(fresh), Box::new(token)))
+        let (fresh, token) = self.token(token, observed_binding(&b), pin.required_ids(), transfer.id())?;
+        Ok((Observed::Binding(fresh), token))
     }
 }
 

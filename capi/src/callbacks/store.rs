@@ -38,10 +38,14 @@ pub struct mws_bytes {
 }
 
 impl mws_bytes {
+    /// A view of `s` (for the duration of one callback).
     pub(crate) fn of(s: &str) -> mws_bytes {
-        // A dangling-but-non-NULL pointer for empty strings keeps `ptr` non-NULL.
-        let ptr = if s.is_empty() { c"".as_ptr().cast::<u8>() } else { s.as_ptr() };
-        mws_bytes { ptr: ptr as *const std::ffi::c_char, len: s.len() }
+        mws_bytes::of_bytes(s.as_bytes())
+    }
+
+    /// A view of `b`; never NULL (a static empty string when `b` is empty).
+    pub(crate) fn of_bytes(b: &[u8]) -> mws_bytes {
+        mws_bytes { ptr: bytes_ptr(b) as *const std::ffi::c_char, len: b.len() }
     }
 }
 
