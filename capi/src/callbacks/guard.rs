@@ -157,29 +157,15 @@ pub(crate) fn c_string(s: &str, what: &str) -> mws::Result<CString> {
 }
 
 impl CGuard {
-    /// Calls `acquire` with the fragment ids at the addresses `ids` (C strings that
-    /// outlive the call): the observed binding it may hand over (ours whatever the
-    /// code) and the token of the pin.
-    fn pin(
-        &self,
-        tid: &CString,
-        participant: *const c_char,
-        ids: &[usize],
-    ) -> mws::Result<(Option<Box<mws_binding>>, u64)> {
+    /// Calls `acquire` for transfer `tid` with the participant and fragment ids of
+    /// `ids`: the observed binding it may hand over (ours whatever the code) and the
+    /// token of the pin.
+    fn pin(&self, tid: &CString, ids: &CIds) -> mws::Result<(Option<Box<mws_binding>>, u64)> {
         let mut observed: *mut mws_binding = std::ptr::null_mut();
         let mut token: u64 = 0;
+        let (pid, list, n) = (ids.participant.as_ptr(), ids.ptrs.as_ptr().cast(), ids.ptrs.len());
         // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
-        let code = unsafe {
-            (self.acquire)(
-                self.ctx.0,
-                tid.as_ptr(),
-                participant,
-                ids.as_ptr().cast(),
-                ids.len(),
-                &mut observed,
-                &mut token,
-            )
-        };
+        let code = unsafe { (self.acquire)(self.ctx.0, tid.as_ptr(), pid, list, n, &mut observed, &mut token) };
         // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
         let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
         if code != 0 {
@@ -198,22 +184,15 @@ impl CGuard {
         required_ids: &[String],
         transfer_id: &str,
     ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
-        let fenced = fresh.and_then(|fresh| {
-            let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
-                .map_err(|e| e.with_kind(ErrorKind::StaleBinding))?;
-            Ok((fresh, fence))
+        let fenced = fresh.and_then(|b| {
+            let fence = weight_allocation_fence(&b, required_ids, &format!("c-{transfer_id}"));
+            Ok((fence.map_err(|e| e.with_kind(ErrorKind::StaleBinding))?, b))
         });
-        match fenced {
-            Ok((fresh, fence)) => {
-                let token = CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token };
-                Ok((fresh, Box::new(token)))
-            }
-            Err(e) => {
-                // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
-                let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-                Err(e)
-            }
-        }
+        let (fence, fresh) = fenced.inspect_err(|_| {
+            // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
+            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
+        })?;
+        Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
     }
 }
 
@@ -231,10 +210,7 @@ impl GuardProvider for CGuard {
         required_ids: &[String],
     ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
         let tid = c_string(transfer_id, "transfer id")?;
-        let pid = c_string(expected.participant_id(), "participant id")?;
-        let ids: Vec<CString> = required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
-        let ptrs: Vec<usize> = ids.iter().map(|c| c.as_ptr() as usize).collect();
-        let (observed, token) = self.pin(&tid, pid.as_ptr(), &ptrs)?;
+        let (observed, token) = self.pin(&tid, &CIds::new(expected.participant_id(), required_ids)?)?;
         let fresh = observed.map_or_else(|| Ok(expected.clone()), |b| observed_binding(&b));
         self.token(token, fresh, required_ids, transfer_id)
     }
@@ -242,7 +218,8 @@ impl GuardProvider for CGuard {
     fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> mws::Result<(Observed, Box<dyn LifetimeToken>)> {
         // The C strings of the participant and ids: built on the pin's first step and
         // kept with it (a step pins in O(1) of its fragments).
-        let cached = pin.cache().get_or_init(|| match CIds::new(pin) {
+        let of_pin = || CIds::new(pin.binding().participant_id(), pin.required_ids());
+        let cached = pin.cache().get_or_init(|| match of_pin() {
             Ok(ids) => Box::new(ids),
             Err(e) => Box::new(e),
         });
@@ -250,11 +227,9 @@ impl GuardProvider for CGuard {
             (Some(ids), _) => ids,
             (None, Some(e)) => return Err(e.clone()),
             // Another guard type's cache: build them for this call.
-            (None, None) => &CIds::new(pin)?,
+            (None, None) => &of_pin()?,
         };
-        let tid = c_string(transfer.id(), "transfer id")?;
-        // The pointers of the pin's cache stay alive for the call.
-        let (observed, token) = self.pin(&tid, ids.participant.as_ptr(), &ids.ptrs)?;
+        let (observed, token) = self.pin(&c_string(transfer.id(), "transfer id")?, ids)?;
         let Some(b) = observed else {
             let fence = CFence::Lazy(pin.lazy_fence("c-", transfer));
             return Ok((Observed::Unchanged, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })));
@@ -264,8 +239,8 @@ impl GuardProvider for CGuard {
     }
 }
 
-/// A step pin's participant and fragment ids as C strings, with the pointer array
-/// `acquire` takes.
+/// A participant and its fragment ids as C strings, with the pointer array `acquire`
+/// takes (kept by a step pin in its cache).
 struct CIds {
     participant: CString,
     _ids: Vec<CString>,
@@ -274,10 +249,9 @@ struct CIds {
 }
 
 impl CIds {
-    fn new(pin: &StepPin) -> mws::Result<CIds> {
-        let participant = c_string(pin.binding().participant_id(), "participant id")?;
-        let ids: Vec<CString> =
-            pin.required_ids().iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
+    fn new(participant: &str, ids: &[String]) -> mws::Result<CIds> {
+        let participant = c_string(participant, "participant id")?;
+        let ids: Vec<CString> = ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
         let ptrs = ids.iter().map(|c| c.as_ptr() as usize).collect();
         Ok(CIds { participant, _ids: ids, ptrs })
     }
