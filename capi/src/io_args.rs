@@ -9,7 +9,8 @@ use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::lease::mws_registration_lease;
 use mws::protocol::guards::{GuardProvider, StaticGuard};
-use mws::protocol::{LoadArgs, Progress, ProgressFn, UploadArgs, WeightStore};
+use mws::protocol::transfer::ProgressCallback;
+use mws::protocol::{LoadArgs, ProgressFn, RegistrationLease, UploadArgs, WeightStore};
 use mws::RuntimeBinding;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -50,7 +51,21 @@ pub(crate) struct IoArgs<'a> {
     pub(crate) transfer_id: Option<&'a str>,
     pub(crate) guard: Box<dyn GuardProvider>,
     pub(crate) lease: Option<&'a mws_registration_lease>,
-    pub(crate) progress: Option<CProgress>,
+    pub(crate) progress: Option<ProgressCallback>,
+}
+
+impl IoArgs<'_> {
+    /// The [`UploadArgs`] of these arguments with `lease` (the call's locked lease).
+    pub(crate) fn upload<'a>(&'a self, lease: Option<&'a RegistrationLease>) -> UploadArgs<'a> {
+        let progress = self.progress.as_deref().map(|f| f as ProgressFn<'_>);
+        UploadArgs {
+            worker_id: self.worker_id,
+            guard: Some(&*self.guard),
+            transfer_id: self.transfer_id,
+            lease,
+            progress,
+        }
+    }
 }
 
 /// Decodes `args` (NULL: the defaults).
@@ -73,7 +88,7 @@ pub(crate) fn io_args<'a>(c: Caller<'a>, args: *const mws_io_args) -> FfiResult<
         lease: c.opt_handle(a.lease),
         // SAFETY: the entry point's contract: a callback set in `args` honours
         // `mws_progress_fn` with its context for the call.
-        progress: unsafe { CProgress::new(a.progress, a.progress_ctx) },
+        progress: unsafe { CProgress::new(a.progress, a.progress_ctx) }.map(CProgress::into_callback),
     })
 }
 
@@ -89,15 +104,7 @@ pub(crate) fn with_upload_args<T>(
     let a = io_args(c, args)?;
     let rb = source_binding(binding, "")?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
-    let ua = UploadArgs {
-        worker_id: a.worker_id,
-        guard: Some(&*a.guard),
-        transfer_id: a.transfer_id,
-        lease: lease.as_deref(),
-        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-    };
-    Ok(run(&rb, ua)?)
+    Ok(run(&rb, a.upload(lease.as_deref()))?)
 }
 
 /// Runs `run` with the [`LoadArgs`] that `args` says for `binding` on `ws`
@@ -112,14 +119,13 @@ pub(crate) fn with_load_args<T>(
     let a = io_args(c, args)?;
     let rb = binding.build_as("invalid target runtime binding: ")?;
     let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
     let la = LoadArgs {
         worker_id: a.worker_id,
         guard: Some(&*a.guard),
         transfer_id: a.transfer_id,
         skip_committed_check: false,
         lease: lease.as_deref(),
-        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+        progress: a.progress.as_deref().map(|f| f as ProgressFn<'_>),
     };
     Ok(run(&rb, la)?)
 }

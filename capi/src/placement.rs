@@ -189,10 +189,7 @@ pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.inner.topology().participants().len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.inner.topology().participants().len()))
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -202,10 +199,7 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.inner.tensors().len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.inner.tensors().len()))
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -215,10 +209,7 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.fragments.len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.fragments.len()))
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.

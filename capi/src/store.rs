@@ -105,9 +105,21 @@ pub struct mws_store_options {
 }
 
 /// What the caller asked for in `mws_store_options`, validated.
-pub(crate) struct StoreConfig {
-    key_prefix: Option<String>,
+pub(crate) struct StoreConfig<'a> {
+    key_prefix: Option<&'a str>,
     limits: StoreLimits,
+}
+
+impl StoreConfig<'_> {
+    /// The store over `backend` with these options.
+    fn open(self, backend: Arc<dyn ObjectStore>) -> FfiResult<mws_store> {
+        let ws = WeightStore::new(backend);
+        let ws = match self.key_prefix {
+            Some(prefix) => ws.with_key_prefix(prefix),
+            None => ws,
+        };
+        Ok(mws_store::new(ws.with_limits(self.limits)?))
+    }
 }
 
 /// Decodes `options` (NULL: the defaults); a copy hook only when `allow_hook`.
@@ -115,33 +127,17 @@ pub(crate) struct StoreConfig {
 /// # Safety
 /// A copy hook in `options` honours `mws_copy_hook_vtable` with its context for as
 /// long as the store to be built lives.
-pub(crate) unsafe fn read_options(
-    c: Caller<'_>,
+pub(crate) unsafe fn read_options<'a>(
+    c: Caller<'a>,
     options: *const mws_store_options,
     allow_hook: bool,
-) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
-    let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
-    let Some(o) = c.opt_struct(options) else { return Ok((config, None)) };
-    config.key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?.map(str::to_owned);
-    if o.max_range_bytes != 0 {
-        config.limits.max_range_bytes = o.max_range_bytes;
-    }
-    if o.max_ranges_per_request != 0 {
-        config.limits.max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
-            .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
-    }
-    if o.max_region_segments != 0 {
-        config.limits.max_region_segments = o.max_region_segments;
-    }
-    match o.staging_bytes {
-        0 => {}
-        MWS_STAGING_OFF => config.limits.staging_bytes = 0,
-        n => config.limits.staging_bytes = n,
-    }
-    if o.max_metadata_bytes != 0 {
-        config.limits.max_metadata_bytes = o.max_metadata_bytes;
-    }
-    config.limits.verify_integrity = match o.verify_integrity {
+) -> FfiResult<(StoreConfig<'a>, Option<Arc<dyn CopyHook>>)> {
+    let d = StoreLimits::default();
+    let Some(o) = c.opt_struct(options) else { return Ok((StoreConfig { key_prefix: None, limits: d }, None)) };
+    let key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?;
+    let max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
+        .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
+    let verify_integrity = match o.verify_integrity {
         MWS_VERIFY_DEFAULT | MWS_VERIFY_ON => true,
         MWS_VERIFY_OFF => false,
         v => {
@@ -150,6 +146,20 @@ pub(crate) unsafe fn read_options(
                  got {v}"
             )))
         }
+    };
+    // A zeroed field means the default.
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    let limits = StoreLimits {
+        max_range_bytes: or(o.max_range_bytes, d.max_range_bytes),
+        max_ranges_per_request: if max_ranges_per_request == 0 {
+            d.max_ranges_per_request
+        } else {
+            max_ranges_per_request
+        },
+        max_region_segments: or(o.max_region_segments, d.max_region_segments),
+        staging_bytes: if o.staging_bytes == MWS_STAGING_OFF { 0 } else { or(o.staging_bytes, d.staging_bytes) },
+        max_metadata_bytes: or(o.max_metadata_bytes, d.max_metadata_bytes),
+        verify_integrity,
     };
     let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
         None
@@ -162,15 +172,7 @@ pub(crate) unsafe fn read_options(
         // `mws_copy_hook_vtable` with its context while the store lives.
         Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
     };
-    Ok((config, hook))
-}
-
-pub(crate) fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<WeightStore> {
-    let mut ws = WeightStore::new(backend);
-    if let Some(prefix) = &config.key_prefix {
-        ws = ws.with_key_prefix(prefix);
-    }
-    Ok(ws.with_limits(config.limits)?)
+    Ok((StoreConfig { key_prefix, limits }, hook))
 }
 
 /// Opens an empty in-memory store (for tests and single-process use; the objects
@@ -200,8 +202,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
             Some(h) => MemoryStore::with_copy_hook(h),
             None => MemoryStore::new(),
         };
-        let ws = configure(Arc::new(backend), config)?;
-        out.give(mws_store::new(ws))
+        out.give(config.open(Arc::new(backend))?)
     })
 }
 
@@ -232,8 +233,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
             Some(h) => DirectoryStore::with_copy_hook(path, h)?,
             None => DirectoryStore::open(path)?,
         };
-        let ws = configure(Arc::new(dir), config)?;
-        out.give(mws_store::new(ws))
+        out.give(config.open(Arc::new(dir))?)
     })
 }
 
@@ -301,8 +301,7 @@ unsafe fn from_vtable(
     // SAFETY: this function's contract: the vtable is readable for its size and its
     // callbacks honour the contract while the store lives.
     let backend = unsafe { store_from_vtable(vt, ctx) }?;
-    let ws = configure(Arc::new(backend), config)?;
-    out.give(mws_store::new(ws))
+    out.give(config.open(Arc::new(backend))?)
 }
 
 /// Frees a store handle. `NULL` does nothing. The backend (and a vtable store's

@@ -11,7 +11,7 @@ use crate::receipts::mws_receipts;
 use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_plan;
-use mws::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadArgs, UploadSource};
+use mws::protocol::{Transaction, TransactionState, UploadSource};
 use std::ffi::c_int;
 
 /// An upload transaction: one upload plan in one store, uploaded participant by
@@ -178,17 +178,9 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
             .enumerate()
             .map(|(i, rb)| UploadSource { binding: rb, lease: locked.get(i).and_then(|l| l.as_deref()) })
             .collect();
-        let report = a.progress.map(|p| move |x: &Progress| p.report(x));
-        let ua = UploadArgs {
-            worker_id: a.worker_id,
-            guard: Some(&*a.guard),
-            transfer_id: a.transfer_id,
-            lease: None,
-            progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-        };
         // SAFETY: this function's contract: the bindings' buffers stay valid and
         // unchanged during the call.
-        Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, ua) }?)
+        Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, a.upload(None)) }?)
     })
 }
 

@@ -12,7 +12,7 @@ use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_options;
 use crate::upload_plan::mws_upload_plan;
-use mws::protocol::SnapshotDescriptor;
+use mws::protocol::{Progress, SnapshotDescriptor};
 use mws::protocol::{SnapshotWriter, WeightStore};
 use mws::UploadOptions;
 use parking_lot::Mutex;
@@ -150,10 +150,7 @@ pub unsafe extern "C" fn mws_writer_set_progress(
         let w = c.handle(writer, "writer")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
         let report = unsafe { CProgress::new(progress, ctx) };
-        w.inner.lock().set_progress(report.map(|c| {
-            Box::new(move |p: &mws::protocol::Progress| c.report(p))
-                as Box<dyn Fn(&mws::protocol::Progress) + Send + Sync>
-        }));
+        w.inner.lock().set_progress(report.map(|c| Box::new(move |p: &Progress| c.report(p)) as _));
         Ok(())
     })
 }
