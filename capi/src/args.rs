@@ -110,12 +110,31 @@ impl<T> Out<'_, T> {
     }
 }
 
-impl<T: Handle> Out<'_, *mut T> {
-    /// Hands a new handle to C (the caller owns it from now on and frees it with the
-    /// type's `*_free`): the last step of a constructor, whose success it returns.
-    pub(crate) fn give(self, handle: T) -> FfiResult<()> {
-        self.set(handle.into_raw());
+impl<T> Out<'_, T> {
+    /// Writes `value` (a `T`, or for an out-parameter of type `H *` a new handle `H`,
+    /// which C owns from then on and frees with the type's `*_free`) as the last step
+    /// of a call, whose success it returns.
+    pub(crate) fn give(self, value: impl Given<T>) -> FfiResult<()> {
+        self.set(value.given());
         Ok(())
+    }
+}
+
+/// What an out-parameter of type `T` is given ([`Out::give`]): a `T` itself, or a new
+/// handle when `T` is a handle pointer.
+pub(crate) trait Given<T> {
+    fn given(self) -> T;
+}
+
+impl<T: Copy> Given<T> for T {
+    fn given(self) -> T {
+        self
+    }
+}
+
+impl<H: Handle> Given<*mut H> for H {
+    fn given(self) -> *mut H {
+        self.into_raw()
     }
 }
 

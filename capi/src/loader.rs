@@ -285,8 +285,7 @@ pub unsafe extern "C" fn mws_loader_load_stored(
 pub unsafe extern "C" fn mws_loader_stats(loader: *const mws_loader, out: *mut mws_transfer_stats) -> mws_status {
     status_call!(|c| {
         let l = c.handle(loader, "loader")?;
-        c.out(out, "out")?.set(stats_c(l.inner.stats()));
-        Ok(())
+        c.out(out, "out")?.give(stats_c(l.inner.stats()))
     })
 }
 
@@ -306,8 +305,7 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
     status_call!(|c| {
         let l = c.handle(loader, "loader")?;
         let out = c.out(out, "out")?;
-        out.set(l.report.get("no live call yet")?);
-        Ok(())
+        out.give(l.report.get("no live call yet")?)
     })
 }
 

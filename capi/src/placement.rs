@@ -237,7 +237,6 @@ pub unsafe extern "C" fn mws_placement_fragment(
                 p.fragments.len()
             ))
         })?;
-        out.set(*f);
-        Ok(())
+        out.give(*f)
     })
 }

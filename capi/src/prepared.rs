@@ -203,8 +203,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_last_report(
     status_call!(|c| {
         let p = c.handle(prepared, "prepared")?;
         let out = c.out(out, "out")?;
-        out.set(p.report.get("no live step yet (a prepared restore has no live report)")?);
-        Ok(())
+        out.give(p.report.get("no live step yet (a prepared restore has no live report)")?)
     })
 }
 
@@ -235,8 +234,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
                 bytes: p.total_bytes(),
             },
         };
-        c.out(out, "out")?.set(info);
-        Ok(())
+        c.out(out, "out")?.give(info)
     })
 }
 

@@ -177,7 +177,6 @@ pub unsafe extern "C" fn mws_revision_list_get(
         let r = l.items.get(index).ok_or_else(|| {
             Failure::invalid(format!("revision index {index} is out of range (the list has {})", l.items.len()))
         })?;
-        out.set(*r);
-        Ok(())
+        out.give(*r)
     })
 }

@@ -261,8 +261,7 @@ pub unsafe extern "C" fn mws_sink_prepare(
 pub unsafe extern "C" fn mws_sink_stats(sink: *const mws_sink, out: *mut mws_transfer_stats) -> mws_status {
     status_call!(|c| {
         let s = c.handle(sink, "sink")?;
-        c.out(out, "out")?.set(stats_c(s.inner.stats()));
-        Ok(())
+        c.out(out, "out")?.give(stats_c(s.inner.stats()))
     })
 }
 
@@ -278,8 +277,7 @@ pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut m
     status_call!(|c| {
         let s = c.handle(sink, "sink")?;
         let out = c.out(out, "out")?;
-        out.set(s.report.get("no live call yet")?);
-        Ok(())
+        out.give(s.report.get("no live call yet")?)
     })
 }
 

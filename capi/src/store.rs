@@ -365,8 +365,7 @@ pub unsafe extern "C" fn mws_store_get(
         }
         let bytes = get_for_buffer(&**backend, key, cap as u64)?;
         c.copy_to(&bytes, buf, cap);
-        len.set(bytes.len());
-        Ok(())
+        len.give(bytes.len())
     })
 }
 
@@ -386,8 +385,7 @@ pub unsafe extern "C" fn mws_store_exists(
         let key = c.str(key, "key")?;
         let present = c.out(present, "present")?;
         let p = s.ws.backend().exists(key)?;
-        present.set(c_int::from(p));
-        Ok(())
+        present.give(c_int::from(p))
     })
 }
 

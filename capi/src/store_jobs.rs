@@ -179,8 +179,7 @@ pub unsafe extern "C" fn mws_store_read_decision(
             Some(Decision::Commit) => mws_decision::MWS_DECISION_COMMIT,
             Some(Decision::Abort) => mws_decision::MWS_DECISION_ABORT,
         };
-        out.set(d);
-        Ok(())
+        out.give(d)
     })
 }
 

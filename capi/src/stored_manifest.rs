@@ -256,7 +256,6 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
                 m.fragments.len()
             ))
         })?;
-        out.set(*f);
-        Ok(())
+        out.give(*f)
     })
 }

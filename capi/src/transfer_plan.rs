@@ -493,8 +493,7 @@ pub unsafe extern "C" fn mws_transfer_plan_region(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let r = p.regions.get(index).ok_or_else(|| Failure::invalid(format!("region index {index} out of range")))?;
-        out.set(*r);
-        Ok(())
+        out.give(*r)
     })
 }
 
@@ -517,8 +516,7 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
         p.bound()?;
         let o =
             p.operations.get(index).ok_or_else(|| Failure::invalid(format!("operation index {index} out of range")))?;
-        out.set(*o);
-        Ok(())
+        out.give(*o)
     })
 }
 
@@ -557,8 +555,7 @@ pub unsafe extern "C" fn mws_transfer_plan_executor(
         let e = p.executors[k]
             .get(index)
             .ok_or_else(|| Failure::invalid(format!("executor index {index} out of range")))?;
-        out.set(*e);
-        Ok(())
+        out.give(*e)
     })
 }
 

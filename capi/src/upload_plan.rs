@@ -324,8 +324,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
                 p.operations.len()
             ))
         })?;
-        out.set(*op);
-        Ok(())
+        out.give(*op)
     })
 }
 
