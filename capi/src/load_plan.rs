@@ -174,16 +174,12 @@ pub(crate) fn stats_out(s: mws::protocol::LoadStats) -> mws_load_stats {
 
 /// The planning limits `limits` says: NULL or a zeroed field means the library default.
 pub(crate) fn planning_limits(c: Caller<'_>, limits: *const mws_planning_limits) -> PlanningLimits {
-    let mut l = PlanningLimits::default();
-    if let Some(lim) = c.opt_struct(limits) {
-        let set = |field: &mut u64, v: u64| {
-            if v != 0 {
-                *field = v;
-            }
-        };
-        set(&mut l.max_transfer_regions, lim.max_transfer_regions);
-        set(&mut l.max_segments_per_region, lim.max_segments_per_region);
-        set(&mut l.max_total_lowered_segments, lim.max_total_lowered_segments);
+    let d = PlanningLimits::default();
+    let Some(l) = c.opt_struct(limits) else { return d };
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    PlanningLimits {
+        max_transfer_regions: or(l.max_transfer_regions, d.max_transfer_regions),
+        max_segments_per_region: or(l.max_segments_per_region, d.max_segments_per_region),
+        max_total_lowered_segments: or(l.max_total_lowered_segments, d.max_total_lowered_segments),
     }
-    l
 }

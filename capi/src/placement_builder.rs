@@ -1,7 +1,7 @@
 //! `mws_placement_builder_*`: build a placement from parts in C (translates
 //! `model::PlacementBuilder`; every rule and identity is the library's).
 
-use crate::args::CText;
+use crate::args::Texts;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::placement::mws_placement;
 use mws::model::{AxisKind, BuilderFragment, ParallelAxis, ParallelRank, PlacementBuilder, PlacementBuilderSpec};
@@ -16,8 +16,8 @@ use std::ffi::c_char;
 /// mutex; fragment ids it lends stay valid until it is freed.
 pub struct mws_placement_builder {
     pub(crate) inner: parking_lot::Mutex<mws::model::PlacementBuilder>,
-    /// The ids returned by `mws_placement_builder_add_fragment` (boxed: stable).
-    pub(crate) ids: parking_lot::Mutex<Vec<CText>>,
+    /// The ids returned by `mws_placement_builder_add_fragment`.
+    ids: Texts,
 }
 
 handle!(mws_placement_builder);
@@ -199,11 +199,10 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             ep_size: o.ep_size,
             dp_size: o.dp_size,
         };
-        let b = mws_placement_builder {
+        out.give(mws_placement_builder {
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
-            ids: parking_lot::Mutex::new(Vec::new()),
-        };
-        out.give(b)
+            ids: Texts::default(),
+        })
     })
 }
 
@@ -301,13 +300,9 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
                 .opt_str(s.placement_fragment_id, "spec->placement_fragment_id")?
                 .map(str::to_string),
         };
-        let mut inner = b.inner.lock();
-        let id = CText::new(inner.add_fragment(f)?);
-        let mut ids = b.ids.lock();
-        ids.push(id);
-        let text = ids.last().expect("just pushed");
+        let id = b.ids.get(b.inner.lock().add_fragment(f)?);
         if let Some(out) = c.opt_out(id_out) {
-            out.set(c.lend(text, id_len));
+            out.set(c.lend(id, id_len));
         }
         Ok(())
     })

@@ -60,16 +60,6 @@ pub struct mws_revision_info {
     pub created_at: *const c_char,
 }
 
-/// Reads `store_namespace` (NULL: `"default"`) and `resource_id`.
-fn names<'a>(
-    c: Caller<'a>,
-    store_namespace: *const c_char,
-    resource_id: *const c_char,
-) -> FfiResult<(&'a str, &'a str)> {
-    let ns = c.opt_str(store_namespace, "store_namespace")?.unwrap_or(DEFAULT_NAMESPACE);
-    Ok((ns, c.str(resource_id, "resource_id")?))
-}
-
 /// The body of both listing entry points: reads the arguments, asks the core with
 /// `list`, and stores the new list handle in `*out`.
 fn fill(
@@ -81,7 +71,8 @@ fn fill(
     list: impl FnOnce(&WeightStore, &str, &str) -> mws::Result<Vec<RevisionInfo>>,
 ) -> FfiResult<()> {
     let s = c.handle(store, "store")?;
-    let (ns, resource_id) = names(c, store_namespace, resource_id)?;
+    let ns = c.opt_str(store_namespace, "store_namespace")?.unwrap_or(DEFAULT_NAMESPACE);
+    let resource_id = c.str(resource_id, "resource_id")?;
     let out = c.out(out, "out")?;
     out.give(mws_revision_list::new(list(&s.ws, ns, resource_id)?))
 }
