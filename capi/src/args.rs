@@ -248,6 +248,14 @@ impl<'a> Caller<'a> {
         unsafe { p.cast::<std::mem::MaybeUninit<T>>().as_mut() }.map(Out)
     }
 
+    /// Writes `value` to an optional out-parameter; nothing when it is NULL (never give
+    /// a new handle this way: it would leak).
+    pub(crate) fn opt_set<T>(self, p: *mut T, value: T) {
+        if let Some(out) = self.opt_out(p) {
+            out.set(value);
+        }
+    }
+
     /// Reads a caller's versioned vtable of type `T` (`size` at least `T`'s, the
     /// given `version`) and copies it (`MWS_INVALID_ARGUMENT` naming `name` when
     /// NULL or too small, `MWS_UNSUPPORTED` for another version).
@@ -259,9 +267,7 @@ impl<'a> Caller<'a> {
 
     /// Lends `text` to C, writing its length to `len` when `len` is not NULL.
     pub(crate) fn lend(self, text: &CText, len: *mut usize) -> *const c_char {
-        if let Some(out) = self.opt_out(len) {
-            out.set(text.len());
-        }
+        self.opt_set(len, text.len());
         text.as_ptr()
     }
 

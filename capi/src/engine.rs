@@ -226,9 +226,7 @@ pub unsafe extern "C" fn mws_transfer_engine_drain(
     status_call!(|c| {
         let id = engine_identity(c.handle(engine, "engine")?)?;
         let drained = drain_pending_transfers(id, timeout_ms);
-        if let Some(out) = c.opt_out(remaining) {
-            out.set(pending_transfer_ids(id).len());
-        }
+        c.opt_set(remaining, pending_transfer_ids(id).len());
         Ok(drained?)
     })
 }

@@ -98,7 +98,6 @@ pub enum mws_lease_side {
 /// or NUL-terminated; `guard` is NULL or a valid vtable; `out` is NULL or valid for a
 /// pointer write. The fragments' buffers must stay valid until the lease is closed.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_registration_lease_new(
     store: *const mws_store,
     binding: *const mws_binding,

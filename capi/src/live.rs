@@ -160,9 +160,7 @@ impl LastReport {
         let st = stats_c(report.stats);
         *self.0.lock() = Some(ReportView::new(report));
         outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(st);
-        }
+        c.opt_set(stats, st);
         Ok(())
     }
 

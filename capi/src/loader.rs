@@ -132,7 +132,6 @@ pub unsafe extern "C" fn mws_loader_reset_cancel(loader: *const mws_loader) {
 /// buffer of the bindings stays valid for the call (and, when completion is unknown,
 /// until the pending transfer is drained).
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_loader_load_live(
     loader: *const mws_loader,
     plan: *const mws_transfer_plan,
@@ -175,7 +174,6 @@ pub unsafe extern "C" fn mws_loader_load_live(
 /// buffers stay valid and at their addresses until the prepared transfer is freed,
 /// and the guard callbacks honour their contract until then.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_loader_prepare_live(
     loader: *const mws_loader,
     plan: *const mws_transfer_plan,
@@ -270,9 +268,7 @@ pub unsafe extern "C" fn mws_loader_load_stored(
             // are valid for writes and untouched by anyone else during the call.
             unsafe { l.inner.load_stored(&s.ws, &p.inner, rb, la) }
         })?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(stats_out(st));
-        }
+        c.opt_set(stats, stats_out(st));
         Ok(())
     })
 }

@@ -160,12 +160,8 @@ pub unsafe extern "C" fn mws_notify_acceptor_accept(
             Ok(_) => (MWS_NOTIFY_ACCEPTED, Ok(())),
             Err(e) => (e.refusal as u32, Err(Failure::from(mws::Error::from(e)))),
         };
-        if let Some(out) = c.opt_out(verdict) {
-            out.set(v);
-        }
-        if let Some(out) = c.opt_out(outcome) {
-            out.set(o);
-        }
+        c.opt_set(verdict, v);
+        c.opt_set(outcome, o);
         r
     })
 }

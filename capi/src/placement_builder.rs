@@ -301,6 +301,7 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
                 .map(str::to_string),
         };
         let id = b.ids.get(b.inner.lock().add_fragment(f)?);
+        // The length is written only with the id.
         if let Some(out) = c.opt_out(id_out) {
             out.set(c.lend(id, id_len));
         }

@@ -167,9 +167,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
                 // SAFETY: this function's contract: the prepared target buffers are
                 // valid for writes and untouched by anyone else during the step.
                 let s = unsafe { stored.step(&args) }?;
-                if let Some(out) = c.opt_out(stats) {
-                    out.set(stats_c(TransferStats::from(&s)));
-                }
+                c.opt_set(stats, stats_c(TransferStats::from(&s)));
                 return Ok(());
             }
         };

@@ -112,7 +112,6 @@ pub unsafe extern "C" fn mws_sink_reset_cancel(sink: *const mws_sink) {
 /// # Safety
 /// As `mws_loader_load_live`, with the sides swapped.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_execute(
     sink: *const mws_sink,
     plan: *const mws_transfer_plan,
@@ -187,7 +186,6 @@ fn with_sink_call(
 /// # Safety
 /// As `mws_sink_execute`; `key` is NULL or points to `key_len` bytes.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_execute_notified(
     sink: *const mws_sink,
     key: *const u8,
@@ -229,7 +227,6 @@ pub unsafe extern "C" fn mws_sink_execute_notified(
 /// stay valid and at their addresses until the prepared transfer is freed, and the
 /// guard callbacks honour their contract until then.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_prepare(
     sink: *const mws_sink,
     plan: *const mws_transfer_plan,

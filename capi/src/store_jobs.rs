@@ -219,9 +219,7 @@ pub unsafe extern "C" fn mws_store_load(
             // and untouched by anyone else during the call.
             unsafe { s.ws.load(&p.inner, rb, la) }
         })?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(stats_out(st));
-        }
+        c.opt_set(stats, stats_out(st));
         Ok(())
     })
 }
