@@ -4,7 +4,7 @@
 use crate::binding::mws_binding;
 use crate::boundary::FfiResult;
 use crate::boundary::{mws_status, Failure};
-use crate::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
+use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::store::mws_store;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
@@ -148,7 +148,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
     status_call!(|c| {
         let l = c.handle(lease, "lease")?;
-        let state = terminal_state(state)?;
+        let state = TerminalState::from_code(state)?;
         let mut inner = l.inner.write();
         Ok(l.ws.close_registration_lease(&mut inner, state)?)
     })

@@ -6,9 +6,7 @@ use crate::args::{Caller, Texts};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use mws::protocol::guards::GuardProvider;
-use mws::protocol::transfer::{
-    ExecutorLimits, GuardRelease, LiveArgs, LiveError, LiveReport, TargetOutcome, TransferStats,
-};
+use mws::protocol::transfer::{ExecutorLimits, LiveArgs, LiveError, LiveReport, TargetOutcome, TransferStats};
 use parking_lot::Mutex;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -194,17 +192,10 @@ impl ReportView {
                 verdict: verdict(&t.outcome) as u32,
             })
             .collect();
-        let guard = match report.guard_release {
-            GuardRelease::NotPinned => mws_guard_release::MWS_GUARD_NOT_PINNED,
-            GuardRelease::Completed => mws_guard_release::MWS_GUARD_COMPLETED,
-            GuardRelease::FailedDrained => mws_guard_release::MWS_GUARD_FAILED_DRAINED,
-            GuardRelease::Aborted => mws_guard_release::MWS_GUARD_ABORTED,
-            GuardRelease::Pending => mws_guard_release::MWS_GUARD_PENDING,
-            GuardRelease::ReleaseFailed => mws_guard_release::MWS_GUARD_RELEASE_FAILED,
-        };
         let c = mws_live_report {
             submitted: u32::from(report.submitted),
-            guard_release: guard as u32,
+            // The core numbers its guard releases as `mws_guard_release` does (tested).
+            guard_release: report.guard_release as u32,
             pending_transfer_id: report.pending_transfer_id.as_deref().map_or(std::ptr::null(), |id| texts.ptr(id)),
             n_targets: targets.len(),
             targets: if targets.is_empty() { std::ptr::null() } else { targets.as_ptr() },

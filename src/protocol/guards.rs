@@ -7,18 +7,34 @@ use crate::runtime::{fence_binding_digest, RuntimeBinding};
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-/// How a pin ends (`TerminalTransferState`).
+/// How a pin ends (`TerminalTransferState`). The discriminants are the states'
+/// numbers ([`TerminalState::code`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TerminalState {
     /// No I/O was submitted (or registration failed before I/O).
-    Aborted,
+    Aborted = 0,
     /// All I/O finished successfully.
-    Completed,
+    Completed = 1,
     /// I/O was submitted and failed; no submitted I/O can still touch the memory.
-    FailedDrained,
+    FailedDrained = 2,
 }
 
 impl TerminalState {
+    /// The state's number: 0 aborted, 1 completed, 2 failed-drained (how the C ABI,
+    /// `mws_terminal_state`, and the guards behind it carry a state).
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The state numbered `code` ([`TerminalState::code`]); `invalid terminal state:
+    /// <code>` ([`ErrorKind::InvalidArgument`]) for any other number.
+    pub fn from_code(code: u32) -> Result<TerminalState> {
+        let all = [TerminalState::Aborted, TerminalState::Completed, TerminalState::FailedDrained];
+        all.into_iter()
+            .find(|s| s.code() == code)
+            .ok_or_else(|| Error::invalid(format!("invalid terminal state: {code}")))
+    }
+
     /// `aborted`, `completed` or `failed_drained`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -467,4 +483,21 @@ pub fn check_fresh(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_round_trip_through_their_numbers() {
+        for (code, state) in
+            [(0, TerminalState::Aborted), (1, TerminalState::Completed), (2, TerminalState::FailedDrained)]
+        {
+            assert_eq!(state.code(), code);
+            assert_eq!(TerminalState::from_code(code).unwrap(), state);
+        }
+        let e = TerminalState::from_code(3).unwrap_err();
+        assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidArgument, "invalid terminal state: 3"));
+    }
 }

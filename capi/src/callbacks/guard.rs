@@ -136,19 +136,11 @@ impl LifetimeToken for CToken {
     }
     fn release(&mut self, state: TerminalState) -> mws::Result<()> {
         // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
-        let code = unsafe { (self.release)(self.ctx.0, self.token, terminal_code(state)) };
+        let code = unsafe { (self.release)(self.ctx.0, self.token, state.code()) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
         }
         Ok(())
-    }
-}
-
-pub(crate) fn terminal_code(state: TerminalState) -> u32 {
-    match state {
-        TerminalState::Aborted => mws_terminal_state::MWS_TERMINAL_ABORTED as u32,
-        TerminalState::Completed => mws_terminal_state::MWS_TERMINAL_COMPLETED as u32,
-        TerminalState::FailedDrained => mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32,
     }
 }
 
@@ -190,7 +182,7 @@ impl CGuard {
         });
         let (fence, fresh) = fenced.inspect_err(|_| {
             // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
+            let _ = unsafe { (self.release)(self.ctx.0, token, TerminalState::Aborted.code()) };
         })?;
         Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
     }
@@ -264,14 +256,5 @@ fn acquire_failed(code: i32) -> Error {
         Error::new(ErrorKind::StaleBinding, "allocation guard reports the buffers freed or moved (MWS_STALE_BINDING)")
     } else {
         Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}"))
-    }
-}
-
-pub(crate) fn terminal_state(code: u32) -> FfiResult<TerminalState> {
-    match code {
-        c if c == mws_terminal_state::MWS_TERMINAL_ABORTED as u32 => Ok(TerminalState::Aborted),
-        c if c == mws_terminal_state::MWS_TERMINAL_COMPLETED as u32 => Ok(TerminalState::Completed),
-        c if c == mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32 => Ok(TerminalState::FailedDrained),
-        c => Err(Failure::invalid(format!("invalid terminal state: {c}"))),
     }
 }
