@@ -68,10 +68,7 @@ fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
 /// `out` is NULL or valid for a pointer write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_engine_new_local(out: *mut *mut mws_transfer_engine) -> mws_status {
-    status_call!(|c| {
-        let out = c.out(out, "out")?;
-        out.give(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) })
-    })
+    status_call!(|c| c.out(out, "out")?.give(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }))
 }
 
 /// Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is

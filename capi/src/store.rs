@@ -198,10 +198,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
         // SAFETY: this function's contract: a copy hook in `options` honours its vtable
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let backend = match hook {
-            Some(h) => MemoryStore::with_copy_hook(h),
-            None => MemoryStore::new(),
-        };
+        let backend = hook.map_or_else(MemoryStore::new, MemoryStore::with_copy_hook);
         out.give(config.open(Arc::new(backend))?)
     })
 }
@@ -229,10 +226,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
         // SAFETY: this function's contract: a copy hook in `options` honours its vtable
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let dir = match hook {
-            Some(h) => DirectoryStore::with_copy_hook(path, h)?,
-            None => DirectoryStore::open(path)?,
-        };
+        let dir = hook.map_or_else(|| DirectoryStore::open(path), |h| DirectoryStore::with_copy_hook(path, h))?;
         out.give(config.open(Arc::new(dir))?)
     })
 }
@@ -403,12 +397,8 @@ fn raw_write(
     let value = c.slice(value, len, "value")?;
     let groups = [c.opt_str(group_id, "group_id")?.unwrap_or("").to_owned()];
     let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
-    if upsert {
-        s.ws.backend().upsert(key, value, &config)?;
-    } else {
-        s.ws.backend().put(key, value, &config)?;
-    }
-    Ok(())
+    let backend = s.ws.backend();
+    Ok(if upsert { backend.upsert(key, value, &config) } else { backend.put(key, value, &config) }?)
 }
 
 /// Raw access (tests, tools): create-only write of `len` bytes at `value` as object
@@ -478,8 +468,5 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(store, "store")?;
-        Ok(s.ws.drain_pending_registrations()?)
-    })
+    status_call!(|c| Ok(c.handle(store, "store")?.ws.drain_pending_registrations()?))
 }

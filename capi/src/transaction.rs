@@ -300,10 +300,7 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
-    status_call!(|c| {
-        let t = c.handle(tx as *const mws_transaction, "tx")?;
-        Ok(t.inner.abort()?)
-    })
+    status_call!(|c| Ok(c.handle(tx as *const mws_transaction, "tx")?.inner.abort()?))
 }
 
 /// Idempotent recovery (`mws_store_finalize_upload` of the plan): brings the store
@@ -319,10 +316,7 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
-    status_call!(|c| {
-        let t = c.handle(tx, "tx")?;
-        Ok(t.inner.finalize()?)
-    })
+    status_call!(|c| Ok(c.handle(tx, "tx")?.inner.finalize()?))
 }
 
 /// Frees a transaction. `NULL` does nothing. It does NOT abort an open transaction:

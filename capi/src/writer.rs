@@ -182,10 +182,7 @@ pub unsafe extern "C" fn mws_writer_commit(
 /// `writer` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
-    status_call!(|c| {
-        let w = c.handle(writer, "writer")?;
-        Ok(w.inner.lock().abort()?)
-    })
+    status_call!(|c| Ok(c.handle(writer, "writer")?.inner.lock().abort()?))
 }
 
 /// Copies the writer's upload plan into a new handle in `*out` (free with
