@@ -179,3 +179,35 @@ fn acc_152_lease_close_failure_quarantines_until_drained() {
     assert!(backend.registered.lock().is_empty());
     ws.close_registration_lease(&mut lease, TerminalState::Completed).unwrap();
 }
+
+#[test]
+fn shared_lease_is_refused_by_another_store_and_closed_when_dropped() {
+    let defs = model_tensors(1, 16, 0);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let backend = Arc::new(Tracking::default());
+    let ws = Arc::new(WeightStore::new(backend.clone()));
+    let guard = Recording::default();
+    let binding = &src.bindings[0];
+    let ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    let lease =
+        SharedLease::new(ws.clone(), ws.register_weight_buffers(binding, &ids, &guard, "source", None).unwrap());
+    assert!(!backend.registered.lock().is_empty());
+    assert!(lease.for_store(&ws).is_ok());
+    let other = Arc::new(WeightStore::new(Arc::new(memory::MemoryStore::new())));
+    let err = lease.for_store(&other).err().unwrap();
+    assert_eq!(
+        (err.kind(), err.message()),
+        (ErrorKind::InvalidArgument, "the registration lease belongs to another store")
+    );
+    assert!(!lease.is_closed());
+    drop(lease);
+    assert!(backend.registered.lock().is_empty(), "dropping an open lease closes it");
+    assert_eq!(*guard.released.lock(), vec![TerminalState::Aborted]);
+    let closed =
+        SharedLease::new(ws.clone(), ws.register_weight_buffers(binding, &ids, &guard, "source", None).unwrap());
+    closed.close(TerminalState::Completed).unwrap();
+    assert!(closed.is_closed());
+    drop(closed);
+    assert_eq!(*guard.released.lock(), vec![TerminalState::Aborted, TerminalState::Completed]);
+}

@@ -103,7 +103,7 @@ pub(crate) fn with_upload_args<T>(
 ) -> FfiResult<T> {
     let a = io_args(c, args)?;
     let rb = source_binding(binding, "")?;
-    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let lease = a.lease.map(|l| l.inner.for_store(ws)).transpose()?;
     Ok(run(&rb, a.upload(lease.as_deref()))?)
 }
 
@@ -118,7 +118,7 @@ pub(crate) fn with_load_args<T>(
 ) -> FfiResult<T> {
     let a = io_args(c, args)?;
     let rb = binding.build_as("invalid target runtime binding: ")?;
-    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
+    let lease = a.lease.map(|l| l.inner.for_store(ws)).transpose()?;
     let la = LoadArgs {
         worker_id: a.worker_id,
         guard: Some(&*a.guard),

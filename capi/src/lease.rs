@@ -2,21 +2,16 @@
 //! loads (`WeightStore::register_weight_buffers`).
 
 use crate::binding::mws_binding;
-use crate::boundary::FfiResult;
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::store::mws_store;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
 use mws::protocol::guards::TerminalState;
-use mws::protocol::RegistrationLease;
-use mws::protocol::WeightStore;
-use parking_lot::RwLock;
-use parking_lot::RwLockReadGuard;
+use mws::protocol::SharedLease;
 use std::ffi::c_char;
 use std::ffi::c_int;
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// A registration lease: the buffers of some runtime fragments of one binding, pinned
 /// (allocation guard) and registered with the store's backend once, for any number of
@@ -31,29 +26,7 @@ use std::sync::Arc;
 /// Thread safety: uploads and loads using one lease may run concurrently; a close
 /// waits until they returned.
 pub struct mws_registration_lease {
-    pub(crate) ws: Arc<WeightStore>,
-    pub(crate) inner: RwLock<RegistrationLease>,
-}
-
-impl mws_registration_lease {
-    /// The lease, read-locked for one call on `ws` (refused when it belongs to
-    /// another store; a closed lease is refused by the call itself).
-    pub(crate) fn for_store(&self, ws: &Arc<WeightStore>) -> FfiResult<RwLockReadGuard<'_, RegistrationLease>> {
-        if !Arc::ptr_eq(&self.ws, ws) {
-            return Err(Failure::invalid("the registration lease belongs to another store"));
-        }
-        Ok(self.inner.read())
-    }
-}
-
-impl Drop for mws_registration_lease {
-    fn drop(&mut self) {
-        let lease = self.inner.get_mut();
-        if !lease.is_closed() {
-            // Unregister failures quarantine the pin in the store (drainable there).
-            let _ = self.ws.close_registration_lease(lease, TerminalState::Aborted);
-        }
-    }
+    pub(crate) inner: SharedLease,
 }
 
 handle!(mws_registration_lease);
@@ -127,8 +100,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
             if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, guard, guard_ctx)?) };
         let rb = b.build_as("invalid runtime binding: ")?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
-        let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        out.give(h)
+        out.give(mws_registration_lease { inner: SharedLease::new(s.ws.clone(), lease) })
     })
 }
 
@@ -148,9 +120,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
     status_call!(|c| {
         let l = c.handle(lease, "lease")?;
-        let state = TerminalState::from_code(state)?;
-        let mut inner = l.inner.write();
-        Ok(l.ws.close_registration_lease(&mut inner, state)?)
+        Ok(l.inner.close(TerminalState::from_code(state)?)?)
     })
 }
 
@@ -161,7 +131,7 @@ pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registra
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
-    value_call!(-1, |c| Ok(c_int::from(c.handle(lease, "lease")?.inner.read().is_closed())))
+    value_call!(-1, |c| Ok(c_int::from(c.handle(lease, "lease")?.inner.is_closed())))
 }
 
 /// Frees a lease handle. `NULL` does nothing. An open lease is closed first as

@@ -285,9 +285,7 @@ unsafe fn from_vtable(
     out: *mut *mut mws_store,
 ) -> FfiResult<()> {
     let out = c.out(out, "out")?;
-    if vt.is_null() {
-        return Err(Failure::null("vt"));
-    }
+    c.struct_ref(vt, "vt")?;
     // SAFETY: no copy hook is accepted here (`allow_hook` is false).
     let (config, _) = unsafe { read_options(c, options, false) }?;
     // Validate the options before taking ownership of ctx (construction is last).

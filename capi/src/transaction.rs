@@ -171,7 +171,7 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
         }
         let mut locked = Vec::with_capacity(lease_ptrs.len());
         for &p in lease_ptrs {
-            locked.push(c.opt_handle(p).map(|l| l.for_store(ws)).transpose()?);
+            locked.push(c.opt_handle(p).map(|l| l.inner.for_store(ws)).transpose()?);
         }
         let sources: Vec<UploadSource<'_>> = built
             .iter()

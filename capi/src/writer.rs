@@ -66,9 +66,7 @@ pub unsafe extern "C" fn mws_writer_new(
         let s = c.handle(store, "store")?;
         let d = c.struct_ref(descriptor, "descriptor")?;
         let out = c.out(out, "out")?;
-        if adapter.is_null() {
-            return Err(Failure::null("adapter"));
-        }
+        c.struct_ref(adapter, "adapter")?;
         let vt = c.vtable(adapter, "mws_snapshot_adapter_vtable", MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION)?;
         if vt.export_source.is_none() || vt.resolve_fragment_ids.is_none() {
             return Err(Failure::invalid(

@@ -238,12 +238,11 @@ impl TransferEngine for CallbackEngine {
             Direction::Read => MWS_TRANSFER_READ,
             Direction::Write => MWS_TRANSFER_WRITE,
         };
-        let (l, r, s) = (batch.local_addresses(), batch.remote_addresses(), batch.sizes());
+        let (e, l, r, s) =
+            (mws_bytes::of(batch.endpoint()), batch.local_addresses(), batch.remote_addresses(), batch.sizes());
         let mut id = 0u64;
         // SAFETY: vtable contract; the lists hold `len` values each and outlive the call.
-        let rc = unsafe {
-            f(self.ctx.0, dir, mws_bytes::of(batch.endpoint()), l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len(), &mut id)
-        };
+        let rc = unsafe { f(self.ctx.0, dir, e, l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len(), &mut id) };
         if rc != 0 || id == 0 {
             return Some(Err(EngineCallError::failed(format!("submit_with_ticket failed: {rc}"))));
         }

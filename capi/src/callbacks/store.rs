@@ -305,19 +305,10 @@ fn bytes_ptr(value: &[u8]) -> *const u8 {
 impl VtableCalls {
     fn write(&self, upsert: bool, key: &str, value: &[u8], group_id: &str, record: RecordType) -> i64 {
         let f = if upsert { self.vt.upsert } else { self.vt.put }.expect("checked at construction");
+        let (key, group) = (mws_bytes::of(key), mws_bytes::of(group_id));
         // SAFETY: a checked vtable function over `ctx`; key, value and group point to
         // live bytes for the call.
-        let code = unsafe {
-            f(
-                self.ctx.0,
-                mws_bytes::of(key),
-                bytes_ptr(value),
-                value.len() as u64,
-                mws_bytes::of(group_id),
-                record_code(record),
-            )
-        };
-        code as i64
+        i64::from(unsafe { f(self.ctx.0, key, bytes_ptr(value), value.len() as u64, group, record_code(record)) })
     }
 }
 
