@@ -118,10 +118,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
-    status_call!(|c| {
-        let l = c.handle(lease, "lease")?;
-        Ok(l.inner.close(TerminalState::from_code(state)?)?)
-    })
+    status_call!(|c| Ok(c.handle(lease, "lease")?.inner.close(TerminalState::from_code(state)?)?))
 }
 
 /// Returns 1 if `lease` is closed, 0 if open, -1 (and the last error) if `lease` is

@@ -77,8 +77,7 @@ pub unsafe extern "C" fn mws_loader_set_progress(
         let l = c.handle(loader, "loader")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
         // `ctx` until it is replaced or the loader is freed.
-        let cb = unsafe { CProgress::new(progress, ctx) };
-        l.inner.set_progress(cb.map(CProgress::into_callback));
+        l.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
         Ok(())
     })
 }

@@ -92,8 +92,7 @@ pub unsafe extern "C" fn mws_placement_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        let placement = Placement::from_json(c.bytes(json, len, "json")?)?;
-        out.give(mws_placement::new(placement))
+        out.give(mws_placement::new(Placement::from_json(c.bytes(json, len, "json")?)?))
     })
 }
 

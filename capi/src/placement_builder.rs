@@ -326,8 +326,7 @@ pub unsafe extern "C" fn mws_placement_builder_build(
     status_call!(|c| {
         let b = c.handle(builder, "builder")?;
         let out = c.out(out, "out")?;
-        let p = b.inner.lock().build()?;
-        out.give(mws_placement::new(p))
+        out.give(mws_placement::new(b.inner.lock().build()?))
     })
 }
 

@@ -63,8 +63,7 @@ pub unsafe extern "C" fn mws_sink_set_progress(
         let s = c.handle(sink, "sink")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
         // `ctx` until it is replaced or the sink is freed.
-        let cb = unsafe { CProgress::new(progress, ctx) };
-        s.inner.set_progress(cb.map(CProgress::into_callback));
+        s.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
         Ok(())
     })
 }

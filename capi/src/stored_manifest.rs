@@ -107,8 +107,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        let m = StoredManifest::from_json(c.bytes(json, len, "json")?)?;
-        out.give(mws_stored_manifest::new(Arc::new(m)))
+        out.give(mws_stored_manifest::new(Arc::new(StoredManifest::from_json(c.bytes(json, len, "json")?)?)))
     })
 }
 

@@ -199,8 +199,7 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     status_call!(|c| {
         let t = c.handle(tx, "tx")?;
         let out = c.out(out, "out")?;
-        let r = t.inner.receipts();
-        out.give(mws_receipts::new(r))
+        out.give(mws_receipts::new(t.inner.receipts()))
     })
 }
 
@@ -249,8 +248,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
     status_call!(|c| {
         let t = c.handle(tx as *const mws_transaction, "tx")?;
         let out = c.out(out, "out")?;
-        let m = t.inner.commit()?;
-        out.give(mws_stored_manifest::new(m))
+        out.give(mws_stored_manifest::new(t.inner.commit()?))
     })
 }
 

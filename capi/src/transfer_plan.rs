@@ -530,8 +530,7 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
 pub unsafe extern "C" fn mws_transfer_plan_executor_count(plan: *const mws_transfer_plan, side: u32) -> usize {
     value_call!(0, |c| {
         let p = c.handle(plan, "plan")?;
-        let k = side_arg(side)? as usize;
-        Ok(p.executors[k].len())
+        Ok(p.executors[side_arg(side)? as usize].len())
     })
 }
 

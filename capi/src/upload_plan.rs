@@ -365,7 +365,6 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        let plan = mws::plan_from_json(c.bytes(json, len, "json")?)?;
-        out.give(mws_upload_plan::new(plan))
+        out.give(mws_upload_plan::new(mws::plan_from_json(c.bytes(json, len, "json")?)?))
     })
 }

@@ -167,8 +167,7 @@ pub unsafe extern "C" fn mws_writer_commit(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        let m = w.inner.lock().commit()?;
-        out.give(mws_stored_manifest::new(Arc::new(m)))
+        out.give(mws_stored_manifest::new(Arc::new(w.inner.lock().commit()?)))
     })
 }
 
@@ -197,8 +196,7 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        let plan = w.inner.lock().plan().clone();
-        out.give(mws_upload_plan::new(plan))
+        out.give(mws_upload_plan::new(w.inner.lock().plan().clone()))
     })
 }
 
