@@ -218,21 +218,12 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
     out: *mut mws_prepared_info,
 ) -> mws_status {
     status_call!(|c| {
-        let info = match &c.handle(prepared, "prepared")?.inner {
-            Prepared::Live(p) => mws_prepared_info {
-                empty: u32::from(p.is_empty()),
-                batches: p.batch_count() as u64,
-                pinned_bindings: p.pinned_bindings() as u64,
-                bytes: p.total_bytes(),
-            },
-            Prepared::Stored(p) => mws_prepared_info {
-                empty: u32::from(p.total_bytes() == 0),
-                batches: 0,
-                pinned_bindings: 1,
-                bytes: p.total_bytes(),
-            },
+        let i = match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => p.info(),
+            Prepared::Stored(p) => p.info(),
         };
-        c.out(out, "out")?.give(info)
+        let (empty, batches, pinned_bindings, bytes) = (u32::from(i.empty), i.batches, i.pinned_bindings, i.bytes);
+        c.out(out, "out")?.give(mws_prepared_info { empty, batches, pinned_bindings, bytes })
     })
 }
 

@@ -106,18 +106,14 @@ pub struct mws_upload_operation {
 
 /// The [`UploadOptions`] `options` says (NULL: the defaults).
 pub(crate) fn options_from(c: Caller<'_>, options: *const mws_upload_options) -> FfiResult<UploadOptions> {
-    let mut o = UploadOptions::default();
-    if let Some(opts) = c.opt_struct(options) {
-        if let Some(ns) = c.opt_str(opts.store_namespace, "options->store_namespace")? {
-            o.namespace = ns.to_owned();
-        }
-        if let Some(prefix) = c.opt_str(opts.key_prefix, "options->key_prefix")? {
-            o.key_prefix = prefix.to_owned();
-        }
-        o.transaction_id = c.opt_str(opts.transaction_id, "options->transaction_id")?.map(str::to_owned);
-        o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
-    }
-    Ok(o)
+    let d = UploadOptions::default();
+    let Some(o) = c.opt_struct(options) else { return Ok(d) };
+    Ok(UploadOptions {
+        namespace: c.opt_str(o.store_namespace, "options->store_namespace")?.map_or(d.namespace, str::to_owned),
+        key_prefix: c.opt_str(o.key_prefix, "options->key_prefix")?.map_or(d.key_prefix, str::to_owned),
+        transaction_id: c.opt_str(o.transaction_id, "options->transaction_id")?.map(str::to_owned),
+        created_at: c.opt_str(o.created_at, "options->created_at")?.map(str::to_owned),
+    })
 }
 
 /// Plans an upload of `placement` from `count` runtime bindings (one per participant
