@@ -108,9 +108,7 @@ impl<T> Out<'_, T> {
     pub(crate) fn set(self, value: T) {
         self.0.write(value);
     }
-}
 
-impl<T> Out<'_, T> {
     /// Writes `value` (a `T`, or for an out-parameter of type `H *` a new handle `H`,
     /// which C owns from then on and frees with the type's `*_free`) as the last step
     /// of a call, whose success it returns.

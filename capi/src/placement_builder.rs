@@ -148,14 +148,10 @@ pub struct mws_fragment_spec {
     pub placement_fragment_id: *const c_char,
 }
 
+/// The axis kind of an `mws_axis_kind` value (the table is in the C enum's order).
 fn axis_kind(code: u32) -> FfiResult<AxisKind> {
-    Ok(match code {
-        0 => AxisKind::Dp,
-        1 => AxisKind::Pp,
-        2 => AxisKind::Ep,
-        3 => AxisKind::Tp,
-        _ => return Err(Failure::invalid(format!("unknown mws_axis_kind value {code}"))),
-    })
+    let kinds = [AxisKind::Dp, AxisKind::Pp, AxisKind::Ep, AxisKind::Tp];
+    kinds.get(code as usize).copied().ok_or_else(|| Failure::invalid(format!("unknown mws_axis_kind value {code}")))
 }
 
 fn axis(a: &mws_parallel_axis) -> FfiResult<ParallelAxis> {

@@ -442,8 +442,7 @@ pub unsafe extern "C" fn mws_store_upsert(
 pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
     status_call!(|c| {
         let s = c.handle(store, "store")?;
-        let key = c.str(key, "key")?;
-        Ok(s.ws.backend().remove(key)?)
+        Ok(s.ws.backend().remove(c.str(key, "key")?)?)
     })
 }
 

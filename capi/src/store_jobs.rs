@@ -140,8 +140,7 @@ pub unsafe extern "C" fn mws_store_finalize_upload(
 ) -> mws_status {
     status_call!(|c| {
         let s = c.handle(store, "store")?;
-        let p = c.handle(plan, "plan")?;
-        Ok(s.ws.finalize(&p.inner)?)
+        Ok(s.ws.finalize(&c.handle(plan, "plan")?.inner)?)
     })
 }
 

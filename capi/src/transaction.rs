@@ -218,8 +218,7 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
 ) -> mws_status {
     status_call!(|c| {
         let t = c.handle(tx as *const mws_transaction, "tx")?;
-        let r = c.handle(receipts, "receipts")?;
-        Ok(t.inner.add_receipts(&r.inner)?)
+        Ok(t.inner.add_receipts(&c.handle(receipts, "receipts")?.inner)?)
     })
 }
 

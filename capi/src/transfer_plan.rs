@@ -42,20 +42,16 @@ pub enum mws_source_routing {
     MWS_SOURCE_ROUTING_SPREAD_TARGETS = 1,
 }
 
+/// The routing of an `mws_source_routing` value (the table is in the C enum's order).
 fn routing_arg(routing: u32) -> FfiResult<SourceRouting> {
-    match routing {
-        x if x == mws_source_routing::MWS_SOURCE_ROUTING_TARGET_DP as u32 => Ok(SourceRouting::TargetDp),
-        x if x == mws_source_routing::MWS_SOURCE_ROUTING_SPREAD_TARGETS as u32 => Ok(SourceRouting::SpreadTargets),
-        x => Err(Failure::invalid(format!("invalid source routing: {x}"))),
-    }
+    let all = [SourceRouting::TargetDp, SourceRouting::SpreadTargets];
+    all.get(routing as usize).copied().ok_or_else(|| Failure::invalid(format!("invalid source routing: {routing}")))
 }
 
+/// The side of an `mws_transfer_side` value (the table is in the C enum's order).
 fn side_arg(side: u32) -> FfiResult<Side> {
-    match side {
-        x if x == mws_transfer_side::MWS_SIDE_SOURCE as u32 => Ok(Side::Source),
-        x if x == mws_transfer_side::MWS_SIDE_TARGET as u32 => Ok(Side::Target),
-        x => Err(Failure::invalid(format!("invalid executor side: {x}"))),
-    }
+    let all = [Side::Source, Side::Target];
+    all.get(side as usize).copied().ok_or_else(|| Failure::invalid(format!("invalid executor side: {side}")))
 }
 
 /// One logical region (`mws_transfer_plan_region`). Strings and arrays are borrowed
@@ -427,8 +423,7 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let text = crate::args::utf8(bytes, "json")?;
+        let text = crate::args::utf8(c.slice(json as *const u8, len, "json")?, "json")?;
         out.give(mws_transfer_plan::new(LogicalTransferPlan::from_json(text)?, None))
     })
 }
