@@ -25,30 +25,14 @@ pub(crate) unsafe fn sink(f: mws_log_fn, ctx: *mut c_void) -> LogSink {
         let ctx = ctx;
         let clean = |t: &str| CString::new(t.replace('\0', "\u{FFFD}")).unwrap_or_default();
         let (target, message) = (clean(target), clean(message));
+        // `log::Level` numbers its levels as the `MWS_LOG_*` codes (error 1 .. trace 5).
         // SAFETY: this function's contract; both strings live for the call.
-        unsafe { f(ctx.0, level_code(level), target.as_ptr(), message.as_ptr()) };
+        unsafe { f(ctx.0, level as i32, target.as_ptr(), message.as_ptr()) };
     })
 }
 
-fn level_code(l: log::Level) -> i32 {
-    match l {
-        log::Level::Error => 1,
-        log::Level::Warn => 2,
-        log::Level::Info => 3,
-        log::Level::Debug => 4,
-        log::Level::Trace => 5,
-    }
-}
-
-/// `MWS_LOG_*` code to a filter (`0` off .. `5` trace); `None` when out of range.
+/// `MWS_LOG_*` code to a filter (`0` off .. `5` trace, the order of
+/// `log::LevelFilter::iter`); `None` when out of range.
 pub(crate) fn level_filter(code: i32) -> Option<log::LevelFilter> {
-    Some(match code {
-        0 => log::LevelFilter::Off,
-        1 => log::LevelFilter::Error,
-        2 => log::LevelFilter::Warn,
-        3 => log::LevelFilter::Info,
-        4 => log::LevelFilter::Debug,
-        5 => log::LevelFilter::Trace,
-        _ => return None,
-    })
+    usize::try_from(code).ok().and_then(|i| log::LevelFilter::iter().nth(i))
 }
