@@ -86,11 +86,9 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         let s = c.handle(store, "store")?;
         let b = c.handle(binding, "binding")?;
         let out = c.out(out, "out")?;
-        let side = match side {
-            x if x == mws_lease_side::MWS_LEASE_SOURCE as u32 => "source",
-            x if x == mws_lease_side::MWS_LEASE_TARGET as u32 => "target",
-            x => return Err(Failure::invalid(format!("invalid lease side: {x}"))),
-        };
+        // The core's names of the sides, in the order of `mws_lease_side`.
+        let sides = ["source", "target"];
+        let side = *sides.get(side as usize).ok_or_else(|| Failure::invalid(format!("invalid lease side: {side}")))?;
         let mut ids = Vec::with_capacity(count);
         for (i, &p) in c.slice(fragment_ids, count, "fragment_ids")?.iter().enumerate() {
             ids.push(c.str(p, &format!("fragment_ids[{i}]"))?.to_owned());

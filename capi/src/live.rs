@@ -226,16 +226,14 @@ pub(crate) fn stats_c(s: TransferStats) -> mws_transfer_stats {
 
 /// The executor limits `l` says (NULL: the defaults).
 pub(crate) fn limits_arg(c: Caller<'_>, l: *const mws_executor_limits) -> ExecutorLimits {
-    match c.opt_struct(l) {
-        None => ExecutorLimits::default(),
-        Some(l) => ExecutorLimits {
-            max_batch_operations: l.max_batch_operations,
-            max_region_segments: l.max_region_segments,
-            max_total_lowered_segments: l.max_total_lowered_segments,
-            max_completion_drain_attempts: l.max_completion_drain_attempts,
-            completion_drain_timeout_ms: l.completion_drain_timeout_ms,
-            coalesce_adjacent: l.no_coalescing == 0,
-        },
+    let Some(l) = c.opt_struct(l) else { return ExecutorLimits::default() };
+    ExecutorLimits {
+        max_batch_operations: l.max_batch_operations,
+        max_region_segments: l.max_region_segments,
+        max_total_lowered_segments: l.max_total_lowered_segments,
+        max_completion_drain_attempts: l.max_completion_drain_attempts,
+        completion_drain_timeout_ms: l.completion_drain_timeout_ms,
+        coalesce_adjacent: l.no_coalescing == 0,
     }
 }
 

@@ -79,19 +79,11 @@ pub struct mws_guard_vtable {
     pub release: mws_guard_release_fn,
 }
 
-/// A [`GuardProvider`] over C callbacks.
+/// A [`GuardProvider`] over C callbacks (both checked present at construction).
 pub(crate) struct CGuard {
-    pub(crate) acquire: unsafe extern "C" fn(
-        *mut c_void,
-        *const c_char,
-        *const c_char,
-        *const *const c_char,
-        usize,
-        *mut *mut mws_binding,
-        *mut u64,
-    ) -> i32,
-    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: Ctx,
+    acquire: mws_guard_acquire_fn,
+    release: mws_guard_release_fn,
+    ctx: Ctx,
 }
 
 impl CGuard {
@@ -100,10 +92,10 @@ impl CGuard {
         release: mws_guard_release_fn,
         ctx: *mut c_void,
     ) -> FfiResult<CGuard> {
-        match (acquire, release) {
-            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: Ctx(ctx) }),
-            _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
+        if acquire.is_none() || release.is_none() {
+            return Err(Failure::invalid("an allocation guard needs both acquire and release callbacks"));
         }
+        Ok(CGuard { acquire, release, ctx: Ctx(ctx) })
     }
 
     /// The guard of a caller's vtable (checked and copied) over `ctx`.
@@ -121,10 +113,10 @@ pub(crate) enum CFence {
 }
 
 pub(crate) struct CToken {
-    pub(crate) fence: CFence,
-    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: Ctx,
-    pub(crate) token: u64,
+    fence: CFence,
+    release: mws_guard_release_fn,
+    ctx: Ctx,
+    token: u64,
 }
 
 impl LifetimeToken for CToken {
@@ -136,7 +128,7 @@ impl LifetimeToken for CToken {
     }
     fn release(&mut self, state: TerminalState) -> mws::Result<()> {
         // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
-        let code = unsafe { (self.release)(self.ctx.0, self.token, state.code()) };
+        let code = unsafe { self.release.expect("checked at construction")(self.ctx.0, self.token, state.code()) };
         if code != 0 {
             return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
         }
@@ -156,8 +148,9 @@ impl CGuard {
         let mut observed: *mut mws_binding = std::ptr::null_mut();
         let mut token: u64 = 0;
         let (pid, list, n) = (ids.participant.as_ptr(), ids.ptrs.as_ptr().cast(), ids.ptrs.len());
+        let acquire = self.acquire.expect("checked at construction");
         // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
-        let code = unsafe { (self.acquire)(self.ctx.0, tid.as_ptr(), pid, list, n, &mut observed, &mut token) };
+        let code = unsafe { acquire(self.ctx.0, tid.as_ptr(), pid, list, n, &mut observed, &mut token) };
         // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
         let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
         if code != 0 {
@@ -182,7 +175,9 @@ impl CGuard {
         });
         let (fence, fresh) = fenced.inspect_err(|_| {
             // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, TerminalState::Aborted.code()) };
+            let _ = unsafe {
+                self.release.expect("checked at construction")(self.ctx.0, token, TerminalState::Aborted.code())
+            };
         })?;
         Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
     }
