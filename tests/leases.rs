@@ -211,3 +211,34 @@ fn shared_lease_is_refused_by_another_store_and_closed_when_dropped() {
     drop(closed);
     assert_eq!(*guard.released.lock(), vec![TerminalState::Aborted, TerminalState::Completed]);
 }
+
+#[test]
+fn release_token_checks_the_observed_binding_and_aborts_a_failed_pin() {
+    use mooncake_weight_store::protocol::guards::{ReleaseFn, ReleaseToken};
+    let defs = model_tensors(1, 16, 0);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let binding = &src.bindings[0];
+    let ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    let released: Arc<Mutex<Vec<TerminalState>>> = Arc::default();
+    let release = || -> ReleaseFn {
+        let r = released.clone();
+        Box::new(move |state| {
+            r.lock().push(state);
+            Ok(())
+        })
+    };
+    let (fresh, mut token) = ReleaseToken::checked(Ok(binding.clone()), &ids, "c-t1", release()).unwrap();
+    assert_eq!(&fresh, binding);
+    assert_eq!(*token.fence(), weight_allocation_fence(binding, &ids, "c-t1").unwrap());
+    assert!(released.lock().is_empty());
+    token.release(TerminalState::Completed).unwrap();
+    assert_eq!(*released.lock(), vec![TerminalState::Completed]);
+    // An observed binding without the guarded fragments: stale, and the pin is released.
+    let missing = vec!["no-such-fragment".to_string()];
+    let err = ReleaseToken::checked(Ok(binding.clone()), &missing, "c-t2", release()).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::StaleBinding);
+    let err = ReleaseToken::checked(Err(Error::invalid("observed binding is invalid")), &ids, "c-t3", release());
+    assert_eq!(err.err().unwrap().message(), "observed binding is invalid");
+    assert_eq!(*released.lock(), vec![TerminalState::Completed, TerminalState::Aborted, TerminalState::Aborted]);
+}

@@ -320,6 +320,63 @@ impl LazyFence {
     }
 }
 
+/// How a pin ends, for [`ReleaseToken`]: called once, with the terminal state.
+pub type ReleaseFn = Box<dyn FnMut(TerminalState) -> Result<()> + Send>;
+
+/// The lifetime token of a guard implemented outside Rust, whose pin ends by calling
+/// a release function (the C ABI's `mws_guard_vtable`): its fence is computed when it
+/// is made ([`ReleaseToken::checked`]) or on first use ([`ReleaseToken::lazy`]).
+pub struct ReleaseToken {
+    fence: TokenFence,
+    release: ReleaseFn,
+}
+
+enum TokenFence {
+    Now(AllocationFence),
+    Lazy(LazyFence),
+}
+
+impl ReleaseToken {
+    /// The token of a pin whose guard observed `fresh`, covering `required_ids` with
+    /// the fence of `token_id`. When `fresh` is an error, or the fence cannot be made
+    /// ([`weight_allocation_fence`]; [`ErrorKind::StaleBinding`]: the observed binding
+    /// misses guarded fragments), the pin is released at once as
+    /// [`TerminalState::Aborted`] and the error returned.
+    pub fn checked(
+        fresh: Result<RuntimeBinding>,
+        required_ids: &[String],
+        token_id: &str,
+        mut release: ReleaseFn,
+    ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
+        let fenced = fresh.and_then(|b| {
+            let fence = weight_allocation_fence(&b, required_ids, token_id);
+            Ok((fence.map_err(|e| e.with_kind(ErrorKind::StaleBinding))?, b))
+        });
+        let (fence, fresh) = fenced.inspect_err(|_| {
+            let _ = release(TerminalState::Aborted);
+        })?;
+        Ok((fresh, Box::new(ReleaseToken { fence: TokenFence::Now(fence), release })))
+    }
+
+    /// The token of a step pin its guard vouched for (the binding is exactly the
+    /// pin's): its fence is `fence`, made on first use.
+    pub fn lazy(fence: LazyFence, release: ReleaseFn) -> Box<dyn LifetimeToken> {
+        Box::new(ReleaseToken { fence: TokenFence::Lazy(fence), release })
+    }
+}
+
+impl LifetimeToken for ReleaseToken {
+    fn fence(&self) -> &AllocationFence {
+        match &self.fence {
+            TokenFence::Now(f) => f,
+            TokenFence::Lazy(f) => f.get(),
+        }
+    }
+    fn release(&mut self, state: TerminalState) -> Result<()> {
+        (self.release)(state)
+    }
+}
+
 /// A guard provider for buffers that the caller keeps alive and unchanged for the
 /// whole call (for example plain host buffers owned by the caller's stack frame):
 /// it reports the expected binding unchanged and its token's release does nothing.

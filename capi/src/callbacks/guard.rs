@@ -5,12 +5,9 @@ use crate::args::Caller;
 use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::Ctx;
-use mws::protocol::guards::weight_allocation_fence;
-use mws::protocol::guards::AllocationFence;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::LifetimeToken;
-use mws::protocol::guards::TerminalState;
-use mws::protocol::guards::{LazyFence, Observed, StepPin, StepTransfer};
+use mws::protocol::guards::{Observed, ReleaseFn, ReleaseToken, StepPin, StepTransfer};
 use mws::Error;
 use mws::ErrorKind;
 use mws::RuntimeBinding;
@@ -105,37 +102,6 @@ impl CGuard {
     }
 }
 
-/// The fence a C token covers: computed at its pin, or (a prepared transfer's step
-/// pin that the guard vouched for) made on first use.
-pub(crate) enum CFence {
-    Now(AllocationFence),
-    Lazy(LazyFence),
-}
-
-pub(crate) struct CToken {
-    fence: CFence,
-    release: mws_guard_release_fn,
-    ctx: Ctx,
-    token: u64,
-}
-
-impl LifetimeToken for CToken {
-    fn fence(&self) -> &AllocationFence {
-        match &self.fence {
-            CFence::Now(f) => f,
-            CFence::Lazy(f) => f.get(),
-        }
-    }
-    fn release(&mut self, state: TerminalState) -> mws::Result<()> {
-        // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
-        let code = unsafe { self.release.expect("checked at construction")(self.ctx.0, self.token, state.code()) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
-        }
-        Ok(())
-    }
-}
-
 pub(crate) fn c_string(s: &str, what: &str) -> mws::Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
 }
@@ -159,27 +125,22 @@ impl CGuard {
         Ok((observed, token))
     }
 
-    /// The lifetime token of pin `token` over `fresh` (the binding as observed under
-    /// the pin), with the fence of `required_ids`; when `fresh` is an error or the
-    /// fence cannot be made, the pin is released as aborted and the error returned.
-    fn token(
-        &self,
-        token: u64,
-        fresh: mws::Result<RuntimeBinding>,
-        required_ids: &[String],
-        transfer_id: &str,
-    ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
-        let fenced = fresh.and_then(|b| {
-            let fence = weight_allocation_fence(&b, required_ids, &format!("c-{transfer_id}"));
-            Ok((fence.map_err(|e| e.with_kind(ErrorKind::StaleBinding))?, b))
-        });
-        let (fence, fresh) = fenced.inspect_err(|_| {
-            // SAFETY: as for `CToken::release`, with the token `acquire` just issued.
-            let _ = unsafe {
-                self.release.expect("checked at construction")(self.ctx.0, token, TerminalState::Aborted.code())
-            };
-        })?;
-        Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
+    /// How pin `token` ends: the vtable's `release` with the caller's `ctx`
+    /// (`MWS_STORE` for a non-zero return).
+    fn release(&self, token: u64) -> ReleaseFn {
+        let (release, ctx) = (self.release.expect("checked at construction"), self.ctx);
+        Box::new(move |state| {
+            let ctx = ctx;
+            // SAFETY: the guard vtable's checked `release` callback over the caller's `ctx`, with the token `acquire` issued.
+            let code = unsafe { release(ctx.0, token, state.code()) };
+            if code != 0 {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!("allocation guard release failed: error code {code}"),
+                ));
+            }
+            Ok(())
+        })
     }
 }
 
@@ -199,7 +160,7 @@ impl GuardProvider for CGuard {
         let tid = c_string(transfer_id, "transfer id")?;
         let (observed, token) = self.pin(&tid, &CIds::new(expected.participant_id(), required_ids)?)?;
         let fresh = observed.map_or_else(|| Ok(expected.clone()), |b| observed_binding(&b));
-        self.token(token, fresh, required_ids, transfer_id)
+        ReleaseToken::checked(fresh, required_ids, &format!("c-{transfer_id}"), self.release(token))
     }
 
     fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> mws::Result<(Observed, Box<dyn LifetimeToken>)> {
@@ -218,10 +179,11 @@ impl GuardProvider for CGuard {
         };
         let (observed, token) = self.pin(&c_string(transfer.id(), "transfer id")?, ids)?;
         let Some(b) = observed else {
-            let fence = CFence::Lazy(pin.lazy_fence("c-", transfer));
-            return Ok((Observed::Unchanged, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })));
+            return Ok((Observed::Unchanged, ReleaseToken::lazy(pin.lazy_fence("c-", transfer), self.release(token))));
         };
-        let (fresh, token) = self.token(token, observed_binding(&b), pin.required_ids(), transfer.id())?;
+        let token_id = format!("c-{}", transfer.id());
+        let (fresh, token) =
+            ReleaseToken::checked(observed_binding(&b), pin.required_ids(), &token_id, self.release(token))?;
         Ok((Observed::Binding(fresh), token))
     }
 }
