@@ -279,6 +279,20 @@ impl<'a> Caller<'a> {
     }
 }
 
+/// Element `index` of what a handle lends, or `MWS_INVALID_ARGUMENT`
+/// `<item> index <index> is out of range (the <has(len)>)`, e.g. `fragment index 7 is
+/// out of range (the placement has 3 fragments)`.
+pub(crate) fn at<'a, T>(
+    items: &'a [T],
+    index: usize,
+    item: &str,
+    has: impl FnOnce(usize) -> String,
+) -> FfiResult<&'a T> {
+    items
+        .get(index)
+        .ok_or_else(|| Failure::invalid(format!("{item} index {index} is out of range (the {})", has(items.len()))))
+}
+
 /// Decodes a string argument's bytes (`MWS_INVALID_UTF8` naming `name`).
 pub(crate) fn utf8<'a>(bytes: &'a [u8], name: &str) -> FfiResult<&'a str> {
     std::str::from_utf8(bytes).map_err(|e| {

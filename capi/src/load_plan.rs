@@ -1,10 +1,10 @@
 //! `mws_load_plan_*`: restore plans (a stored manifest planned into a target
 //! placement and bound to target bindings), planning limits and load statistics.
 
-use crate::args::CText;
 use crate::args::Caller;
+use crate::args::{at, CText};
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::placement::mws_placement;
 use crate::stored_manifest::mws_stored_manifest;
 use mws::plan::load::PlanningLimits;
@@ -149,12 +149,7 @@ pub unsafe extern "C" fn mws_load_plan_participant(
 ) -> *const c_char {
     value_call!(std::ptr::null(), |c| {
         let p = c.handle(plan, "plan")?;
-        let t = p.participants.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "participant index {index} is out of range (the plan has {})",
-                p.participants.len()
-            ))
-        })?;
+        let t = at(&p.participants, index, "participant", |n| format!("plan has {n}"))?;
         Ok(c.lend(t, len))
     })
 }

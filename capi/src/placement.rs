@@ -1,7 +1,7 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
-use crate::args::{CText, Lent, Texts};
-use crate::boundary::{mws_status, Failure};
+use crate::args::{at, CText, Lent, Texts};
+use crate::boundary::mws_status;
 use mws::Placement;
 use std::ffi::c_char;
 use std::sync::OnceLock;
@@ -230,12 +230,7 @@ pub unsafe extern "C" fn mws_placement_fragment(
     status_call!(|c| {
         let p = c.handle(placement, "placement")?;
         let out = c.out(out, "out")?;
-        let f = p.fragments.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "fragment index {index} is out of range (the placement has {} fragments)",
-                p.fragments.len()
-            ))
-        })?;
+        let f = at(&p.fragments, index, "fragment", |n| format!("placement has {n} fragments"))?;
         out.give(*f)
     })
 }

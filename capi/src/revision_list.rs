@@ -2,8 +2,8 @@
 //! (`WeightStore::revisions` / `WeightStore::latest_revision`), so that C callers
 //! never build manifest keys by hand.
 
-use crate::args::{Caller, Lent, Texts};
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::args::{at, Caller, Lent, Texts};
+use crate::boundary::{mws_status, FfiResult};
 use crate::store::mws_store;
 use mws::protocol::{RevisionInfo, WeightStore};
 use std::ffi::c_char;
@@ -165,9 +165,7 @@ pub unsafe extern "C" fn mws_revision_list_get(
     status_call!(|c| {
         let l = c.handle(list, "list")?;
         let out = c.out(out, "out")?;
-        let r = l.items.get(index).ok_or_else(|| {
-            Failure::invalid(format!("revision index {index} is out of range (the list has {})", l.items.len()))
-        })?;
+        let r = at(&l.items, index, "revision", |n| format!("list has {n}"))?;
         out.give(*r)
     })
 }

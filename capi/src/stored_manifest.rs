@@ -1,8 +1,8 @@
 //! `mws_stored_manifest` (a published revision) and `mws_load_plan` + `mws_store_load`
 //! (the restore path).
 
-use crate::args::{CText, Lent, Texts};
-use crate::boundary::{mws_status, Failure};
+use crate::args::{at, CText, Lent, Texts};
+use crate::boundary::mws_status;
 use crate::store::mws_store;
 use mws::StoredManifest;
 use std::ffi::c_char;
@@ -249,12 +249,7 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
     status_call!(|c| {
         let m = c.handle(m, "manifest")?;
         let out = c.out(out, "out")?;
-        let f = m.fragments.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "fragment index {index} is out of range (the manifest has {} fragments)",
-                m.fragments.len()
-            ))
-        })?;
+        let f = at(&m.fragments, index, "fragment", |n| format!("manifest has {n} fragments"))?;
         out.give(*f)
     })
 }

@@ -1,8 +1,8 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
-use crate::args::{CText, Caller, Lent, Texts};
+use crate::args::{at, CText, Caller, Lent, Texts};
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::{mws_status, FfiResult};
 use crate::placement::mws_placement;
 use mws::plan_upload;
 use mws::Decision;
@@ -314,12 +314,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
     status_call!(|c| {
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        let op = p.operations.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "operation index {index} is out of range (the plan has {} operations)",
-                p.operations.len()
-            ))
-        })?;
+        let op = at(&p.operations, index, "operation", |n| format!("plan has {n} operations"))?;
         out.give(*op)
     })
 }
