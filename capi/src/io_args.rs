@@ -71,13 +71,8 @@ impl IoArgs<'_> {
 /// Decodes `args` (NULL: the defaults).
 pub(crate) fn io_args<'a>(c: Caller<'a>, args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
     let Some(a) = c.opt_struct(args) else {
-        return Ok(IoArgs {
-            worker_id: None,
-            transfer_id: None,
-            guard: Box::new(StaticGuard),
-            lease: None,
-            progress: None,
-        });
+        let guard = Box::new(StaticGuard);
+        return Ok(IoArgs { worker_id: None, transfer_id: None, guard, lease: None, progress: None });
     };
     let guard: Box<dyn GuardProvider> =
         if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, a.guard, a.guard_ctx)?) };
