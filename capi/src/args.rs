@@ -40,8 +40,7 @@ macro_rules! handle {
 /// The panic boundary of an entry point that returns `mws_status`:
 /// `status_call!(|c| { ... })` runs the body (an `FfiResult<()>`) with `c`, the
 /// call's [`Caller`] token, catches any panic and records the
-/// message of a failure, prefixed with the entry point's name. `status_call!(|| ...)`
-/// is the form for entry points without pointer arguments.
+/// message of a failure, prefixed with the entry point's name.
 macro_rules! status_call {
     (|$c:ident| $body:expr) => {
         $crate::boundary::status_call(function_name!(), || {
@@ -52,9 +51,6 @@ macro_rules! status_call {
             let $c = unsafe { $crate::args::Caller::trusted() };
             $body
         })
-    };
-    (|| $body:expr) => {
-        $crate::boundary::status_call(function_name!(), || $body)
     };
 }
 
@@ -84,9 +80,6 @@ macro_rules! value_call {
             let $c = unsafe { $crate::args::Caller::trusted() };
             $body
         })
-    };
-    ($fallback:expr, || $body:expr) => {
-        $crate::boundary::value_call(function_name!(), $fallback, || $body)
     };
 }
 
