@@ -2,8 +2,7 @@
 //! `mws_loader_prepare_live`) and stepped many times, one weight generation per step;
 //! wraps the core's `protocol::transfer::PreparedTransfer`.
 
-use crate::args::Caller;
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::{mws_status, Failure};
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
 use mws::protocol::transfer::{
     LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs, TransferStats,
@@ -96,27 +95,6 @@ pub struct mws_prepared_info {
     pub bytes: u64,
 }
 
-fn step_args<'a>(
-    c: Caller<'a>,
-    a: &'a mws_step_args,
-    leases: &'a mut Vec<LeaseRotation<'a>>,
-) -> FfiResult<StepArgs<'a>> {
-    let list = if a.n_leases == 0 { &[][..] } else { c.slice(a.leases, a.n_leases, "args.leases")? };
-    for (i, l) in list.iter().enumerate() {
-        leases.push(LeaseRotation {
-            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
-            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
-            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
-            generation: l.generation,
-        });
-    }
-    Ok(StepArgs {
-        weight_generation: a.weight_generation,
-        leases,
-        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-    })
-}
-
 /// Moves one weight generation through the prepared transfer. Live: checks that the
 /// engine did not restart, applies the rotated leases, pins every prepared binding
 /// through the guard (the static guard, and a C guard that reports no observed
@@ -175,7 +153,16 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
             return Err(Failure::invalid("a live step takes no revision"));
         }
         let mut leases = Vec::new();
-        let args = step_args(c, a, &mut leases)?;
+        for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
+            leases.push(LeaseRotation {
+                instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
+                participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
+                lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
+                generation: l.generation,
+            });
+        }
+        let transfer_id = c.opt_str(a.transfer_id, "args.transfer_id")?;
+        let args = StepArgs { weight_generation: a.weight_generation, leases: &leases, transfer_id };
         // SAFETY: this function's contract: every prepared buffer is valid and pinned
         // for the step (and until a pending transfer is drained).
         let result = unsafe { live.step(&args) };
