@@ -102,30 +102,18 @@ impl<T> Out<'_, T> {
         self.0.write(value);
     }
 
-    /// Writes `value` (a `T`, or for an out-parameter of type `H *` a new handle `H`,
-    /// which C owns from then on and frees with the type's `*_free`) as the last step
-    /// of a call, whose success it returns.
-    pub(crate) fn give(self, value: impl Given<T>) -> FfiResult<()> {
-        self.set(value.given());
+    /// Writes `value` as the last step of a call, whose success it returns.
+    pub(crate) fn give(self, value: T) -> FfiResult<()> {
+        self.set(value);
         Ok(())
     }
 }
 
-/// What an out-parameter of type `T` is given ([`Out::give`]): a `T` itself, or a new
-/// handle when `T` is a handle pointer.
-pub(crate) trait Given<T> {
-    fn given(self) -> T;
-}
-
-impl<T: Copy> Given<T> for T {
-    fn given(self) -> T {
-        self
-    }
-}
-
-impl<H: Handle> Given<*mut H> for H {
-    fn given(self) -> *mut H {
-        self.into_raw()
+impl<H: Handle> Out<'_, *mut H> {
+    /// Hands a new handle to C (which owns it from then on and frees it with the
+    /// type's `*_free`) as the last step of a constructor, whose success it returns.
+    pub(crate) fn give_handle(self, handle: H) -> FfiResult<()> {
+        self.give(handle.into_raw())
     }
 }
 

@@ -152,7 +152,7 @@ pub unsafe extern "C" fn mws_binding_new(
             generation: o.generation,
             fragments: Vec::new(),
         };
-        out.give(mws_binding { spec })
+        out.give_handle(mws_binding { spec })
     })
 }
 
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn mws_binding_clone(binding: *const mws_binding, out: *mu
     status_call!(|c| {
         let b = c.handle(binding, "binding")?;
         let out = c.out(out, "out")?;
-        out.give(mws_binding { spec: b.spec.clone() })
+        out.give_handle(mws_binding { spec: b.spec.clone() })
     })
 }
 

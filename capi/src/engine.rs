@@ -68,7 +68,7 @@ fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
 /// `out` is NULL or valid for a pointer write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_engine_new_local(out: *mut *mut mws_transfer_engine) -> mws_status {
-    status_call!(|c| c.out(out, "out")?.give(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }))
+    status_call!(|c| c.out(out, "out")?.give_handle(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }))
 }
 
 /// Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
@@ -93,7 +93,7 @@ pub unsafe extern "C" fn mws_transfer_engine_from_vtable(
         // SAFETY: this function's contract: the vtable's callbacks honour it with `ctx`
         // for as long as the engine lives.
         let engine = unsafe { CallbackEngine::new(vt, ctx) }?;
-        out.give(mws_transfer_engine { engine })
+        out.give_handle(mws_transfer_engine { engine })
     })
 }
 

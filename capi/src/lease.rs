@@ -98,7 +98,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
             if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, guard, guard_ctx)?) };
         let rb = b.build_as("invalid runtime binding: ")?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
-        out.give(mws_registration_lease { inner: SharedLease::new(s.ws.clone(), lease) })
+        out.give_handle(mws_registration_lease { inner: SharedLease::new(s.ws.clone(), lease) })
     })
 }
 

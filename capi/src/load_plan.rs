@@ -93,7 +93,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
         let l = planning_limits(c, limits);
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        out.give(mws_load_plan { inner: plan, participants })
+        out.give_handle(mws_load_plan { inner: plan, participants })
     })
 }
 

@@ -51,7 +51,7 @@ pub unsafe extern "C" fn mws_loader_new(
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
         let inner = Loader::new(e.engine.clone(), limits_arg(c, limits))?;
-        out.give(mws_loader { inner, report: LastReport::default() })
+        out.give_handle(mws_loader { inner, report: LastReport::default() })
     })
 }
 
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         // SAFETY: this function's contract: the buffers stay valid (the local ones
         // until the prepared transfer is freed).
         let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }?;
-        out.give(mws_prepared_transfer::new(p))
+        out.give_handle(mws_prepared_transfer::new(p))
     })
 }
 
@@ -237,7 +237,7 @@ pub unsafe extern "C" fn mws_loader_prepare_stored(
         let out = c.out(out, "out")?;
         let args = StoredPrepareArgs { worker_id: a.worker_id.map(str::to_string), guard: a.guard };
         let prepared = l.inner.prepare_stored(s.ws.clone(), &p.inner, &b, args)?;
-        out.give(mws_prepared_transfer::stored(prepared))
+        out.give_handle(mws_prepared_transfer::stored(prepared))
     })
 }
 

@@ -124,7 +124,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_new(
         let out = c.out(out, "out")?;
         let key = key_arg(c, key, key_len)?;
         let acceptor = NotifyAcceptor::new(bound, participant, key)?;
-        out.give(mws_notify_acceptor { inner: Mutex::new(acceptor) })
+        out.give_handle(mws_notify_acceptor { inner: Mutex::new(acceptor) })
     })
 }
 

@@ -92,7 +92,7 @@ pub unsafe extern "C" fn mws_placement_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        out.give(mws_placement::new(Placement::from_json(c.bytes(json, len, "json")?)?))
+        out.give_handle(mws_placement::new(Placement::from_json(c.bytes(json, len, "json")?)?))
     })
 }
 

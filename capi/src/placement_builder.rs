@@ -195,7 +195,7 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             ep_size: o.ep_size,
             dp_size: o.dp_size,
         };
-        out.give(mws_placement_builder {
+        out.give_handle(mws_placement_builder {
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
             ids: Texts::default(),
         })
@@ -322,7 +322,7 @@ pub unsafe extern "C" fn mws_placement_builder_build(
     status_call!(|c| {
         let b = c.handle(builder, "builder")?;
         let out = c.out(out, "out")?;
-        out.give(mws_placement::new(b.inner.lock().build()?))
+        out.give_handle(mws_placement::new(b.inner.lock().build()?))
     })
 }
 

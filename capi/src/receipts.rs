@@ -70,7 +70,7 @@ pub unsafe extern "C" fn mws_receipts_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        out.give(mws_receipts::new(mws::protocol::receipts_from_json(c.bytes(json, len, "json")?)?))
+        out.give_handle(mws_receipts::new(mws::protocol::receipts_from_json(c.bytes(json, len, "json")?)?))
     })
 }
 
@@ -93,7 +93,7 @@ pub unsafe extern "C" fn mws_receipts_concat(
         for r in c.handles(list, count, "list")? {
             all.extend(r.inner.iter().cloned());
         }
-        out.give(mws_receipts::new(all))
+        out.give_handle(mws_receipts::new(all))
     })
 }
 
@@ -111,6 +111,6 @@ pub unsafe extern "C" fn mws_receipts_from_plan(
     status_call!(|c| {
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        out.give(mws_receipts::new(UploadReceipt::all_for(&p.inner)))
+        out.give_handle(mws_receipts::new(UploadReceipt::all_for(&p.inner)))
     })
 }

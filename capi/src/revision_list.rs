@@ -74,7 +74,7 @@ fn fill(
     let ns = c.opt_str(store_namespace, "store_namespace")?.unwrap_or(DEFAULT_NAMESPACE);
     let resource_id = c.str(resource_id, "resource_id")?;
     let out = c.out(out, "out")?;
-    out.give(mws_revision_list::new(list(&s.ws, ns, resource_id)?))
+    out.give_handle(mws_revision_list::new(list(&s.ws, ns, resource_id)?))
 }
 
 /// Lists every committed revision of `resource_id` in namespace `store_namespace`

@@ -43,7 +43,8 @@ pub unsafe extern "C" fn mws_sink_new(
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
-        out.give(mws_sink { inner: Sink::new(e.engine.clone(), limits_arg(c, limits))?, report: LastReport::default() })
+        let inner = Sink::new(e.engine.clone(), limits_arg(c, limits))?;
+        out.give_handle(mws_sink { inner, report: LastReport::default() })
     })
 }
 
@@ -244,7 +245,7 @@ pub unsafe extern "C" fn mws_sink_prepare(
             // SAFETY: this function's contract: the buffers stay valid (the local ones
             // until the prepared transfer is freed).
             let p = unsafe { s.inner.prepare(call.0, call.1, call.2, call.3, call.4, call.5) }?;
-            out.give(mws_prepared_transfer::new(p))
+            out.give_handle(mws_prepared_transfer::new(p))
         })
     })
 }

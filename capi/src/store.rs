@@ -199,7 +199,7 @@ pub unsafe extern "C" fn mws_store_open_memory(
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
         let backend = hook.map_or_else(MemoryStore::new, MemoryStore::with_copy_hook);
-        out.give(config.open(Arc::new(backend))?)
+        out.give_handle(config.open(Arc::new(backend))?)
     })
 }
 
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn mws_store_open_dir(
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
         let dir = hook.map_or_else(|| DirectoryStore::open(path), |h| DirectoryStore::with_copy_hook(path, h))?;
-        out.give(config.open(Arc::new(dir))?)
+        out.give_handle(config.open(Arc::new(dir))?)
     })
 }
 
@@ -293,7 +293,7 @@ unsafe fn from_vtable(
     // SAFETY: this function's contract: the vtable is readable for its size and its
     // callbacks honour the contract while the store lives.
     let backend = unsafe { store_from_vtable(vt, ctx) }?;
-    out.give(config.open(Arc::new(backend))?)
+    out.give_handle(config.open(Arc::new(backend))?)
 }
 
 /// Frees a store handle. `NULL` does nothing. The backend (and a vtable store's

@@ -59,7 +59,7 @@ pub unsafe extern "C" fn mws_store_upload(
             // unchanged during the call.
             unsafe { s.ws.upload(&p.inner, &pl.inner, rb, ua) }
         })?;
-        out.give(mws_receipts::new(receipts))
+        out.give_handle(mws_receipts::new(receipts))
     })
 }
 
@@ -99,7 +99,7 @@ pub unsafe extern "C" fn mws_store_commit(
             o.set(c_int::from(may));
         }
         let m = result?;
-        out.give(mws_stored_manifest::new(Arc::new(m)))
+        out.give_handle(mws_stored_manifest::new(Arc::new(m)))
     })
 }
 

@@ -88,7 +88,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_store(
         let s = c.handle(store, "store")?;
         let key = c.str(manifest_key, "manifest_key")?;
         let out = c.out(out, "out")?;
-        out.give(mws_stored_manifest::new(Arc::new(s.ws.load_manifest(key)?)))
+        out.give_handle(mws_stored_manifest::new(Arc::new(s.ws.load_manifest(key)?)))
     })
 }
 
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        out.give(mws_stored_manifest::new(Arc::new(StoredManifest::from_json(c.bytes(json, len, "json")?)?)))
+        out.give_handle(mws_stored_manifest::new(Arc::new(StoredManifest::from_json(c.bytes(json, len, "json")?)?)))
     })
 }
 

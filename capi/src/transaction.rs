@@ -71,7 +71,7 @@ pub unsafe extern "C" fn mws_transaction_new(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        out.give(tx)
+        out.give_handle(tx)
     })
 }
 
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     status_call!(|c| {
         let t = c.handle(tx, "tx")?;
         let out = c.out(out, "out")?;
-        out.give(mws_receipts::new(t.inner.receipts()))
+        out.give_handle(mws_receipts::new(t.inner.receipts()))
     })
 }
 
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
     status_call!(|c| {
         let t = c.handle(tx as *const mws_transaction, "tx")?;
         let out = c.out(out, "out")?;
-        out.give(mws_stored_manifest::new(t.inner.commit()?))
+        out.give_handle(mws_stored_manifest::new(t.inner.commit()?))
     })
 }
 

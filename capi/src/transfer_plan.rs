@@ -368,7 +368,7 @@ fn plan(
         None => LogicalTransferPlan::plan_routed(sp, tp, limits, routing)?,
         Some(p) => LogicalTransferPlan::plan_local_routed(sp, tp, Some(p), limits, routing)?,
     };
-    out.give(mws_transfer_plan::new(logical, None))
+    out.give_handle(mws_transfer_plan::new(logical, None))
 }
 
 /// Binds the logical plan `plan` to `n_targets` target and `n_sources` source
@@ -402,7 +402,7 @@ pub unsafe extern "C" fn mws_transfer_plan_bind(
         let tb = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
         let sb = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
         let bound = TransferPlan::bind(&p.logical, &tb, &sb)?;
-        out.give(mws_transfer_plan::new(p.logical.clone(), Some(bound)))
+        out.give_handle(mws_transfer_plan::new(p.logical.clone(), Some(bound)))
     })
 }
 
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
     status_call!(|c| {
         let out = c.out(out, "out")?;
         let text = crate::args::utf8(c.slice(json as *const u8, len, "json")?, "json")?;
-        out.give(mws_transfer_plan::new(LogicalTransferPlan::from_json(text)?, None))
+        out.give_handle(mws_transfer_plan::new(LogicalTransferPlan::from_json(text)?, None))
     })
 }
 

@@ -150,7 +150,7 @@ pub unsafe extern "C" fn mws_upload_plan_new(
         let out = c.out(out, "out")?;
         let built = c.handles(bindings, count, "bindings")?.iter().map(|b| b.build()).collect::<Result<Vec<_>, _>>()?;
         let options = options_from(c, options)?;
-        out.give(mws_upload_plan::new(plan_upload(&p.inner, &built, &options)?))
+        out.give_handle(mws_upload_plan::new(plan_upload(&p.inner, &built, &options)?))
     })
 }
 
@@ -356,6 +356,6 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        out.give(mws_upload_plan::new(mws::plan_from_json(c.bytes(json, len, "json")?)?))
+        out.give_handle(mws_upload_plan::new(mws::plan_from_json(c.bytes(json, len, "json")?)?))
     })
 }

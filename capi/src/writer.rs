@@ -92,7 +92,7 @@ pub unsafe extern "C" fn mws_writer_new(
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
         let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
-        out.give(mws_writer { inner: Mutex::new(w), _store: ws })
+        out.give_handle(mws_writer { inner: Mutex::new(w), _store: ws })
     })
 }
 
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn mws_writer_commit(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        out.give(mws_stored_manifest::new(Arc::new(w.inner.lock().commit()?)))
+        out.give_handle(mws_stored_manifest::new(Arc::new(w.inner.lock().commit()?)))
     })
 }
 
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        out.give(mws_upload_plan::new(w.inner.lock().plan().clone()))
+        out.give_handle(mws_upload_plan::new(w.inner.lock().plan().clone()))
     })
 }
 
