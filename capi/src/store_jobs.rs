@@ -92,14 +92,10 @@ pub unsafe extern "C" fn mws_store_commit(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let r: &[UploadReceipt] = c.opt_handle(receipts).map_or(&[], |r| &r.inner);
-        let may_out = c.opt_out(decision_may_exist);
         let mut may = false;
         let result = s.ws.commit(&p.inner, r, Some(&mut || may = true));
-        if let Some(o) = may_out {
-            o.set(c_int::from(may));
-        }
-        let m = result?;
-        out.give_handle(mws_stored_manifest::new(Arc::new(m)))
+        c.opt_set(decision_may_exist, c_int::from(may));
+        out.give_handle(mws_stored_manifest::new(Arc::new(result?)))
     })
 }
 
