@@ -18,6 +18,8 @@
 //! - [`protocol`]: everything that does I/O — the weight store's API, upload,
 //!   commit/abort/finalize, the transaction state machine, restores, the snapshot
 //!   writer, guards and registration;
+//! - [`logging`]: the library's log records for a host that installs a sink at run
+//!   time (the C ABI's log callback);
 //!
 //! Pure layers (model, geometry, plan) do no I/O. Every value type is immutable and
 //! validated at construction: a value that exists is valid. All types are
@@ -33,6 +35,7 @@ pub mod error;
 pub(crate) mod fxhash;
 pub mod geometry;
 pub mod json;
+pub mod logging;
 pub(crate) mod mem;
 pub mod model;
 pub(crate) mod par;

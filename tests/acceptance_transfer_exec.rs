@@ -15,6 +15,7 @@ use mooncake_weight_store::engine::{CompletionStatus, Direction, TransferBatch, 
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::TransferPlan;
+use mooncake_weight_store::protocol::transfer::completion::drain_pending_transfers;
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::*;
 use std::sync::Arc;
@@ -977,7 +978,7 @@ fn acc_353_moved_storage_is_a_snapshot_mismatch() {
 fn acc_354_failed_unregistration_is_quarantined_until_a_drain_succeeds() {
     let live = Live::tp(2, 4);
     let engine = FakeEngine::legacy();
-    engine.unregister.lock().extend([Step::Code(-7), Step::Code(-8)]);
+    engine.unregister.lock().extend([Step::Code(-7), Step::Code(-8), Step::Code(-9)]);
     let ex = exec(&engine);
     let e = live.sink(&ex, 0).unwrap_err();
     assert_eq!(e.kind, TransferErrorKind::RegistrationCleanupPending);
@@ -988,10 +989,15 @@ fn acc_354_failed_unregistration_is_quarantined_until_a_drain_succeeds() {
     let d = ex.drain_pending_transfer(&id, 1000).unwrap_err();
     assert!(d.message.contains("registration cleanup failed"));
     assert_eq!(ex.pending_transfer_ids(), vec![id.clone()]);
+    // Draining every pending transfer of the engine reports the same failure.
+    let all = drain_pending_transfers(ex.engine_identity(), 1000).unwrap_err();
+    assert!(all.message.contains("registration cleanup failed"), "{}", all.message);
+    assert_eq!(ex.pending_transfer_ids(), vec![id.clone()]);
     assert!(live.releases().is_empty());
     assert_eq!(ex.drain_pending_transfer(&id, 1000).unwrap(), "COMPLETED");
     assert!(ex.pending_transfer_ids().is_empty());
-    assert_eq!(engine.unregisters(), vec![0x10000; 3]);
+    drain_pending_transfers(ex.engine_identity(), 1000).unwrap();
+    assert_eq!(engine.unregisters(), vec![0x10000; 4]);
     assert!(!live.releases().is_empty() && live.releases().iter().all(|r| r.1 == "completed"));
 }
 

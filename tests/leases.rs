@@ -169,11 +169,76 @@ fn acc_152_lease_close_failure_quarantines_until_drained() {
     let err = unsafe { ws.upload(&plan, &src.placement, binding, args) }.unwrap_err();
     assert!(err.message().contains("blocked by pending registration"), "{err}");
     assert!(ws.drain_pending_registration(&pending[0]).is_err());
+    assert!(ws.drain_pending_registrations().is_err());
+    assert_eq!(ws.pending_registration_ids(), pending);
     backend.fail_unregister.store(false, Ordering::SeqCst);
-    ws.drain_pending_registration(&pending[0]).unwrap();
+    ws.drain_pending_registrations().unwrap();
     // (The blocked upload failed before acquiring any pin.)
     assert_eq!(*guard.released.lock(), vec![TerminalState::Completed]);
     assert!(ws.pending_registration_ids().is_empty());
     assert!(backend.registered.lock().is_empty());
     ws.close_registration_lease(&mut lease, TerminalState::Completed).unwrap();
+}
+
+#[test]
+fn shared_lease_is_refused_by_another_store_and_closed_when_dropped() {
+    let defs = model_tensors(1, 16, 0);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let backend = Arc::new(Tracking::default());
+    let ws = Arc::new(WeightStore::new(backend.clone()));
+    let guard = Recording::default();
+    let binding = &src.bindings[0];
+    let ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    let lease =
+        SharedLease::new(ws.clone(), ws.register_weight_buffers(binding, &ids, &guard, "source", None).unwrap());
+    assert!(!backend.registered.lock().is_empty());
+    assert!(lease.for_store(&ws).is_ok());
+    let other = Arc::new(WeightStore::new(Arc::new(memory::MemoryStore::new())));
+    let err = lease.for_store(&other).err().unwrap();
+    assert_eq!(
+        (err.kind(), err.message()),
+        (ErrorKind::InvalidArgument, "the registration lease belongs to another store")
+    );
+    assert!(!lease.is_closed());
+    drop(lease);
+    assert!(backend.registered.lock().is_empty(), "dropping an open lease closes it");
+    assert_eq!(*guard.released.lock(), vec![TerminalState::Aborted]);
+    let closed =
+        SharedLease::new(ws.clone(), ws.register_weight_buffers(binding, &ids, &guard, "source", None).unwrap());
+    closed.close(TerminalState::Completed).unwrap();
+    assert!(closed.is_closed());
+    drop(closed);
+    assert_eq!(*guard.released.lock(), vec![TerminalState::Aborted, TerminalState::Completed]);
+}
+
+#[test]
+fn release_token_checks_the_observed_binding_and_aborts_a_failed_pin() {
+    use mooncake_weight_store::protocol::guards::{ReleaseFn, ReleaseToken};
+    let defs = model_tensors(1, 16, 0);
+    let src =
+        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let binding = &src.bindings[0];
+    let ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    let released: Arc<Mutex<Vec<TerminalState>>> = Arc::default();
+    let release = || -> ReleaseFn {
+        let r = released.clone();
+        Box::new(move |state| {
+            r.lock().push(state);
+            Ok(())
+        })
+    };
+    let (fresh, mut token) = ReleaseToken::checked(Ok(binding.clone()), &ids, "c-t1", release()).unwrap();
+    assert_eq!(&fresh, binding);
+    assert_eq!(*token.fence(), weight_allocation_fence(binding, &ids, "c-t1").unwrap());
+    assert!(released.lock().is_empty());
+    token.release(TerminalState::Completed).unwrap();
+    assert_eq!(*released.lock(), vec![TerminalState::Completed]);
+    // An observed binding without the guarded fragments: stale, and the pin is released.
+    let missing = vec!["no-such-fragment".to_string()];
+    let err = ReleaseToken::checked(Ok(binding.clone()), &missing, "c-t2", release()).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::StaleBinding);
+    let err = ReleaseToken::checked(Err(Error::invalid("observed binding is invalid")), &ids, "c-t3", release());
+    assert_eq!(err.err().unwrap().message(), "observed binding is invalid");
+    assert_eq!(*released.lock(), vec![TerminalState::Completed, TerminalState::Aborted, TerminalState::Aborted]);
 }

@@ -149,6 +149,9 @@ fn sink_prepared_once_moves_every_generation() {
             .unwrap();
         let planned = plan.executors(Side::Source).iter().any(|e| e.participant_id == b.participant_id());
         assert_eq!(p.is_empty(), !planned, "an unselected DP replica prepares a transfer with nothing to do");
+        let info = p.info();
+        assert_eq!((info.empty, info.bytes), (p.is_empty(), p.total_bytes()));
+        assert_eq!((info.batches, info.pinned_bindings), (p.batch_count() as u64, p.pinned_bindings() as u64));
         prepared.push(p);
     }
     assert!(untouched(&dst), "preparing moves no byte");
@@ -616,6 +619,8 @@ fn stored_source_restores_every_generation_prepared_once() {
     let guard = Arc::new(ObservingGuard::default());
     let args = StoredPrepareArgs { guard: Some(Arc::new(GuardRef(guard.clone()))), ..Default::default() };
     let p = loader.prepare_stored(ws.clone(), &plan, &dst.bindings[0], args).unwrap();
+    let want = PreparedInfo { empty: false, batches: 0, pinned_bindings: 1, bytes: plan.total_bytes() };
+    assert_eq!(p.info(), want);
     let step = |g: u64| StoredStepArgs { weight_generation: g, ..Default::default() };
     // SAFETY: dst's buffers outlive the prepared restore; nobody else touches them.
     let s = unsafe { p.step(&step(1)) }.unwrap();

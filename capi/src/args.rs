@@ -11,6 +11,8 @@
 //! the `// SAFETY:` comments of an entry point to what is specific to it.
 
 use crate::boundary::{mws_status, Failure, FfiResult};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
 
@@ -38,8 +40,7 @@ macro_rules! handle {
 /// The panic boundary of an entry point that returns `mws_status`:
 /// `status_call!(|c| { ... })` runs the body (an `FfiResult<()>`) with `c`, the
 /// call's [`Caller`] token, catches any panic and records the
-/// message of a failure, prefixed with the entry point's name. `status_call!(|| ...)`
-/// is the form for entry points without pointer arguments.
+/// message of a failure, prefixed with the entry point's name.
 macro_rules! status_call {
     (|$c:ident| $body:expr) => {
         $crate::boundary::status_call(function_name!(), || {
@@ -51,8 +52,19 @@ macro_rules! status_call {
             $body
         })
     };
-    (|| $body:expr) => {
-        $crate::boundary::status_call(function_name!(), || $body)
+}
+
+/// The body of an entry point that lends a string of a handle:
+/// `text_call!(handle, "name", len, |h| text)` borrows the handle argument `handle`
+/// (`MWS_NULL_ARGUMENT` naming `name`) as `h`, and returns the NUL-terminated string
+/// `text` (a [`CText`] the handle owns, often from its [`Texts`]), writing its length
+/// to `*len` when `len` is not NULL; NULL (and the last error) on failure.
+macro_rules! text_call {
+    ($handle:expr, $name:literal, $len:expr, |$h:ident| $text:expr) => {
+        value_call!(std::ptr::null(), |c| {
+            let $h = c.handle($handle, $name)?;
+            Ok(c.lend($text, $len))
+        })
     };
 }
 
@@ -68,9 +80,6 @@ macro_rules! value_call {
             let $c = unsafe { $crate::args::Caller::trusted() };
             $body
         })
-    };
-    ($fallback:expr, || $body:expr) => {
-        $crate::boundary::value_call(function_name!(), $fallback, || $body)
     };
 }
 
@@ -91,6 +100,20 @@ impl<T> Out<'_, T> {
     /// Writes the value.
     pub(crate) fn set(self, value: T) {
         self.0.write(value);
+    }
+
+    /// Writes `value` as the last step of a call, whose success it returns.
+    pub(crate) fn give(self, value: T) -> FfiResult<()> {
+        self.set(value);
+        Ok(())
+    }
+}
+
+impl<H: Handle> Out<'_, *mut H> {
+    /// Hands a new handle to C (which owns it from then on and frees it with the
+    /// type's `*_free`) as the last step of a constructor, whose success it returns.
+    pub(crate) fn give_handle(self, handle: H) -> FfiResult<()> {
+        self.give(handle.into_raw())
     }
 }
 
@@ -152,6 +175,15 @@ impl<'a> Caller<'a> {
         utf8(unsafe { CStr::from_ptr(p) }.to_bytes(), name).map(Some)
     }
 
+    /// Reads a required (pointer, length) byte array, such as a JSON document: NULL is
+    /// `MWS_NULL_ARGUMENT` even when `len` is 0.
+    pub(crate) fn bytes(self, p: *const c_char, len: usize, name: &str) -> FfiResult<&'a [u8]> {
+        if p.is_null() {
+            return Err(Failure::null(name));
+        }
+        self.slice(p as *const u8, len, name)
+    }
+
     /// Reads a (pointer, count) array argument: a count of 0 gives an empty slice
     /// whatever the pointer; otherwise the pointer must be non-NULL and aligned.
     pub(crate) fn slice<T>(self, p: *const T, len: usize, name: &str) -> FfiResult<&'a [T]> {
@@ -195,6 +227,14 @@ impl<'a> Caller<'a> {
         unsafe { p.cast::<std::mem::MaybeUninit<T>>().as_mut() }.map(Out)
     }
 
+    /// Writes `value` to an optional out-parameter; nothing when it is NULL (never give
+    /// a new handle this way: it would leak).
+    pub(crate) fn opt_set<T>(self, p: *mut T, value: T) {
+        if let Some(out) = self.opt_out(p) {
+            out.set(value);
+        }
+    }
+
     /// Reads a caller's versioned vtable of type `T` (`size` at least `T`'s, the
     /// given `version`) and copies it (`MWS_INVALID_ARGUMENT` naming `name` when
     /// NULL or too small, `MWS_UNSUPPORTED` for another version).
@@ -206,9 +246,7 @@ impl<'a> Caller<'a> {
 
     /// Lends `text` to C, writing its length to `len` when `len` is not NULL.
     pub(crate) fn lend(self, text: &CText, len: *mut usize) -> *const c_char {
-        if let Some(out) = self.opt_out(len) {
-            out.set(text.len());
-        }
+        self.opt_set(len, text.len());
         text.as_ptr()
     }
 
@@ -220,6 +258,20 @@ impl<'a> Caller<'a> {
         // of writes; `bytes` is our own memory, so the ranges are disjoint.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
     }
+}
+
+/// Element `index` of what a handle lends, or `MWS_INVALID_ARGUMENT`
+/// `<item> index <index> is out of range (the <has(len)>)`, e.g. `fragment index 7 is
+/// out of range (the placement has 3 fragments)`.
+pub(crate) fn at<'a, T>(
+    items: &'a [T],
+    index: usize,
+    item: &str,
+    has: impl FnOnce(usize) -> String,
+) -> FfiResult<&'a T> {
+    items
+        .get(index)
+        .ok_or_else(|| Failure::invalid(format!("{item} index {index} is out of range (the {})", has(items.len()))))
 }
 
 /// Decodes a string argument's bytes (`MWS_INVALID_UTF8` naming `name`).
@@ -252,5 +304,50 @@ impl CText {
 
     pub(crate) fn len(&self) -> usize {
         self.0.len() - 1
+    }
+}
+
+/// The strings a handle lends to C, interned: each distinct string is copied once,
+/// NUL-terminated, when it is first asked for, and stays at its address until the
+/// handle (which owns this table) is freed, so every pointer lent from it stays valid
+/// that long. Thread-safe (a mutex around the table).
+#[derive(Debug, Default)]
+pub(crate) struct Texts(Mutex<HashMap<Box<str>, Box<CText>>>);
+
+impl Texts {
+    /// The interned copy of `s`.
+    pub(crate) fn get(&self, s: &str) -> &CText {
+        let mut table = self.0.lock();
+        if !table.contains_key(s) {
+            table.insert(s.into(), Box::new(CText::new(s)));
+        }
+        let text: *const CText = &*table[s];
+        // SAFETY: entries are only ever added, never removed or replaced, so the boxed
+        // text stays at its address, unchanged, for as long as `self` lives.
+        unsafe { &*text }
+    }
+
+    /// The interned copy of `s` as a C string pointer (for the C structs a handle lends).
+    pub(crate) fn ptr(&self, s: &str) -> *const c_char {
+        self.get(s).as_ptr()
+    }
+}
+
+/// The C structs a handle lends (`*_fragment`, `*_operation`, ... accessors), built once
+/// when the handle is made: their pointers point into the same handle (its [`Texts`]
+/// and the core value it holds), which is immutable while it lives.
+#[derive(Debug)]
+pub(crate) struct Lent<T>(pub(crate) Vec<T>);
+
+// SAFETY: the raw pointers inside point into data owned by the same handle, immutable
+// after construction; the structs are only read.
+unsafe impl<T> Send for Lent<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T> Sync for Lent<T> {}
+
+impl<T> std::ops::Deref for Lent<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.0
     }
 }

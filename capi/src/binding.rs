@@ -1,6 +1,6 @@
 //! `mws_binding`: a runtime binding (live buffers of one participant) built from C.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::placement::mws_placement;
 use mws::{
@@ -23,37 +23,20 @@ use std::ffi::{c_char, c_void};
 /// concurrently with any other call on the same handle; functions taking a
 /// `const mws_binding *` may run concurrently with each other.
 pub struct mws_binding {
-    pub(crate) identity: Identity,
-    pub(crate) fragments: Vec<RuntimeFragment>,
-}
-
-#[derive(Clone)]
-pub(crate) struct Identity {
-    pub(crate) resource_id: String,
-    pub(crate) revision: String,
-    pub(crate) placement_id: String,
-    pub(crate) placement_digest: String,
-    pub(crate) participant_id: String,
-    pub(crate) instance_id: String,
-    pub(crate) lease_id: String,
-    pub(crate) generation: u64,
+    /// The identity and the fragments added so far (validated as a whole by `build`).
+    pub(crate) spec: RuntimeBindingSpec,
 }
 
 impl mws_binding {
     /// Builds the Rust binding (validates it as a whole).
     pub(crate) fn build(&self) -> FfiResult<RuntimeBinding> {
-        let id = self.identity.clone();
-        Ok(RuntimeBinding::new(RuntimeBindingSpec {
-            resource_id: id.resource_id,
-            placement_id: id.placement_id,
-            placement_digest: id.placement_digest,
-            instance_id: id.instance_id,
-            generation: id.generation,
-            lease_id: id.lease_id,
-            revision: id.revision,
-            participant_id: id.participant_id,
-            fragments: self.fragments.clone(),
-        })?)
+        Ok(RuntimeBinding::new(self.spec.clone())?)
+    }
+
+    /// As [`mws_binding::build`], failing with `MWS_INVALID_BINDING` and the reason
+    /// after `prefix` (which names the binding, e.g. `invalid source runtime binding: `).
+    pub(crate) fn build_as(&self, prefix: &str) -> FfiResult<RuntimeBinding> {
+        self.build().map_err(|f| Failure::new(mws_status::MWS_INVALID_BINDING, format!("{prefix}{}", f.message)))
     }
 }
 
@@ -158,7 +141,7 @@ pub unsafe extern "C" fn mws_binding_new(
     status_call!(|c| {
         let o = c.struct_ref(options, "options")?;
         let out = c.out(out, "out")?;
-        let identity = Identity {
+        let spec = RuntimeBindingSpec {
             resource_id: c.str(o.resource_id, "options->resource_id")?.to_owned(),
             revision: c.str(o.revision, "options->revision")?.to_owned(),
             placement_id: c.str(o.placement_id, "options->placement_id")?.to_owned(),
@@ -167,9 +150,9 @@ pub unsafe extern "C" fn mws_binding_new(
             instance_id: c.str(o.instance_id, "options->instance_id")?.to_owned(),
             lease_id: c.str(o.lease_id, "options->lease_id")?.to_owned(),
             generation: o.generation,
+            fragments: Vec::new(),
         };
-        out.set(mws_binding { identity, fragments: Vec::new() }.into_raw());
-        Ok(())
+        out.give_handle(mws_binding { spec })
     })
 }
 
@@ -214,7 +197,7 @@ pub unsafe extern "C" fn mws_binding_add_fragment(
             storage_offset_bytes: f.storage_offset_bytes,
             memory,
         };
-        b.fragments.push(RuntimeFragment::new(spec)?);
+        b.spec.fragments.push(RuntimeFragment::new(spec)?);
         Ok(())
     })
 }
@@ -233,8 +216,7 @@ pub unsafe extern "C" fn mws_binding_clone(binding: *const mws_binding, out: *mu
     status_call!(|c| {
         let b = c.handle(binding, "binding")?;
         let out = c.out(out, "out")?;
-        out.set(mws_binding { identity: b.identity.clone(), fragments: b.fragments.clone() }.into_raw());
-        Ok(())
+        out.give_handle(mws_binding { spec: b.spec.clone() })
     })
 }
 
@@ -245,7 +227,7 @@ pub unsafe extern "C" fn mws_binding_clone(binding: *const mws_binding, out: *mu
 /// `binding` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_fragment_count(binding: *const mws_binding) -> usize {
-    value_call!(0, |c| Ok(c.handle(binding, "binding")?.fragments.len()))
+    value_call!(0, |c| Ok(c.handle(binding, "binding")?.spec.fragments.len()))
 }
 
 /// Checks that the binding is complete and consistent, and pairs with `placement`
@@ -290,12 +272,5 @@ pub(crate) fn bindings_arg(
     n: usize,
     name: &str,
 ) -> FfiResult<Vec<RuntimeBinding>> {
-    c.handles(list, n, name)?
-        .into_iter()
-        .map(|b| {
-            b.build().map_err(|f| {
-                Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
-            })
-        })
-        .collect()
+    c.handles(list, n, name)?.into_iter().map(|b| b.build_as("invalid runtime binding: ")).collect()
 }

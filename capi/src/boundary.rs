@@ -1,5 +1,6 @@
 //! Status codes, the thread-local last error, the panic boundary and the version.
 
+use mws::protocol::transfer::TransferError;
 use mws::{Error, ErrorKind};
 use std::any::Any;
 use std::cell::RefCell;
@@ -128,6 +129,14 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         Failure::new(mws_status::from_kind(e.kind()), e.message())
+    }
+}
+
+impl From<TransferError> for Failure {
+    /// A live-transfer failure as the core reports it to C: its kind, and the message
+    /// naming the pending transfer when the call left one.
+    fn from(e: TransferError) -> Self {
+        e.into_reported().into()
     }
 }
 

@@ -2,13 +2,11 @@
 //! a caller's `mws_transfer_engine_vtable`), its memory registrations, its pending
 //! transfers, and what it still holds (`mws_transfer_engine_resources`).
 
-use crate::args::Handle;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
 use mws::engine::local::LocalEngine;
-use mws::engine::TransferEngine;
-use mws::protocol::transfer::completion::{drain_pending_transfer, pending_transfer_ids, pending_transfers};
-use mws::protocol::transfer::TransferError;
+use mws::engine::{EngineResult, TransferEngine};
+use mws::protocol::transfer::completion::{drain_pending_transfers, pending_transfer_ids, pending_transfers};
 use mws::runtime::{MemoryKind, MemoryRegion};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -47,20 +45,18 @@ pub struct mws_engine_resources {
     pub pinned_tokens: u64,
 }
 
-/// The C error of a live-transfer failure: its kind, and the pending transfer id
-/// appended when the message does not name it.
-pub(crate) fn transfer_failure(e: TransferError) -> Failure {
-    let mut msg = e.message.clone();
-    if let Some(id) = &e.pending_transfer_id {
-        if !msg.contains(id.as_str()) {
-            msg.push_str(&format!(" (pending transfer {id})"));
-        }
-    }
-    Failure::new(mws_status::from_kind(e.error_kind), msg)
-}
-
 fn engine_identity(e: &mws_transfer_engine) -> FfiResult<u64> {
     e.engine.identity().map_err(|m| Failure::new(mws_status::MWS_STORE, m))
+}
+
+/// The outcome of an engine call `what` that returns a code: 0 is success, another
+/// code or an error is `MWS_STORE` (`<what> failed: <code or error>`).
+fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
+    match result {
+        Ok(0) => Ok(()),
+        Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("{what} failed: {code}"))),
+        Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("{what} failed: {err}"))),
+    }
 }
 
 /// Creates the embedded engine (memcpy between memory registered in this process;
@@ -72,11 +68,7 @@ fn engine_identity(e: &mws_transfer_engine) -> FfiResult<u64> {
 /// `out` is NULL or valid for a pointer write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_engine_new_local(out: *mut *mut mws_transfer_engine) -> mws_status {
-    status_call!(|c| {
-        let out = c.out(out, "out")?;
-        out.set(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }.into_raw());
-        Ok(())
-    })
+    status_call!(|c| c.out(out, "out")?.give_handle(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }))
 }
 
 /// Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
@@ -101,8 +93,7 @@ pub unsafe extern "C" fn mws_transfer_engine_from_vtable(
         // SAFETY: this function's contract: the vtable's callbacks honour it with `ctx`
         // for as long as the engine lives.
         let engine = unsafe { CallbackEngine::new(vt, ctx) }?;
-        out.set(mws_transfer_engine { engine }.into_raw());
-        Ok(())
+        out.give_handle(mws_transfer_engine { engine })
     })
 }
 
@@ -140,11 +131,7 @@ pub unsafe extern "C" fn mws_transfer_engine_register_memory(
         };
         let region = MemoryRegion { address: address as u64, len, kind };
         // SAFETY: this function's contract: the memory stays valid until unregistered.
-        match unsafe { e.engine.register_memory(region) } {
-            Ok(0) => Ok(()),
-            Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("register_memory failed: {code}"))),
-            Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("register_memory failed: {err}"))),
-        }
+        engine_code("register_memory", unsafe { e.engine.register_memory(region) })
     })
 }
 
@@ -161,11 +148,7 @@ pub unsafe extern "C" fn mws_transfer_engine_unregister_memory(
 ) -> mws_status {
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
-        match e.engine.unregister_memory(address as u64) {
-            Ok(0) => Ok(()),
-            Ok(code) => Err(Failure::new(mws_status::MWS_STORE, format!("unregister_memory failed: {code}"))),
-            Err(err) => Err(Failure::new(mws_status::MWS_STORE, format!("unregister_memory failed: {err}"))),
-        }
+        engine_code("unregister_memory", e.engine.unregister_memory(address as u64))
     })
 }
 
@@ -239,15 +222,8 @@ pub unsafe extern "C" fn mws_transfer_engine_drain(
 ) -> mws_status {
     status_call!(|c| {
         let id = engine_identity(c.handle(engine, "engine")?)?;
-        let mut first_err = None;
-        for p in pending_transfer_ids(id) {
-            if let Err(err) = drain_pending_transfer(id, &p, timeout_ms) {
-                first_err.get_or_insert(err);
-            }
-        }
-        if let Some(out) = c.opt_out(remaining) {
-            out.set(pending_transfer_ids(id).len());
-        }
-        first_err.map_or(Ok(()), |err| Err(transfer_failure(err)))
+        let drained = drain_pending_transfers(id, timeout_ms);
+        c.opt_set(remaining, pending_transfer_ids(id).len());
+        Ok(drained?)
     })
 }

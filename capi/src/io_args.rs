@@ -4,12 +4,13 @@
 
 use crate::args::Caller;
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::FfiResult;
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::lease::mws_registration_lease;
 use mws::protocol::guards::{GuardProvider, StaticGuard};
-use mws::protocol::{LoadArgs, Progress, ProgressFn, UploadArgs, WeightStore};
+use mws::protocol::transfer::ProgressCallback;
+use mws::protocol::{LoadArgs, ProgressFn, RegistrationLease, UploadArgs, WeightStore};
 use mws::RuntimeBinding;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -50,19 +51,28 @@ pub(crate) struct IoArgs<'a> {
     pub(crate) transfer_id: Option<&'a str>,
     pub(crate) guard: Box<dyn GuardProvider>,
     pub(crate) lease: Option<&'a mws_registration_lease>,
-    pub(crate) progress: Option<CProgress>,
+    pub(crate) progress: Option<ProgressCallback>,
+}
+
+impl IoArgs<'_> {
+    /// The [`UploadArgs`] of these arguments with `lease` (the call's locked lease).
+    pub(crate) fn upload<'a>(&'a self, lease: Option<&'a RegistrationLease>) -> UploadArgs<'a> {
+        let progress = self.progress.as_deref().map(|f| f as ProgressFn<'_>);
+        UploadArgs {
+            worker_id: self.worker_id,
+            guard: Some(&*self.guard),
+            transfer_id: self.transfer_id,
+            lease,
+            progress,
+        }
+    }
 }
 
 /// Decodes `args` (NULL: the defaults).
 pub(crate) fn io_args<'a>(c: Caller<'a>, args: *const mws_io_args) -> FfiResult<IoArgs<'a>> {
     let Some(a) = c.opt_struct(args) else {
-        return Ok(IoArgs {
-            worker_id: None,
-            transfer_id: None,
-            guard: Box::new(StaticGuard),
-            lease: None,
-            progress: None,
-        });
+        let guard = Box::new(StaticGuard);
+        return Ok(IoArgs { worker_id: None, transfer_id: None, guard, lease: None, progress: None });
     };
     let guard: Box<dyn GuardProvider> =
         if a.guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, a.guard, a.guard_ctx)?) };
@@ -73,7 +83,7 @@ pub(crate) fn io_args<'a>(c: Caller<'a>, args: *const mws_io_args) -> FfiResult<
         lease: c.opt_handle(a.lease),
         // SAFETY: the entry point's contract: a callback set in `args` honours
         // `mws_progress_fn` with its context for the call.
-        progress: unsafe { CProgress::new(a.progress, a.progress_ctx) },
+        progress: unsafe { CProgress::new(a.progress, a.progress_ctx) }.map(CProgress::into_callback),
     })
 }
 
@@ -88,16 +98,8 @@ pub(crate) fn with_upload_args<T>(
 ) -> FfiResult<T> {
     let a = io_args(c, args)?;
     let rb = source_binding(binding, "")?;
-    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
-    let ua = UploadArgs {
-        worker_id: a.worker_id,
-        guard: Some(&*a.guard),
-        transfer_id: a.transfer_id,
-        lease: lease.as_deref(),
-        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-    };
-    Ok(run(&rb, ua)?)
+    let lease = a.lease.map(|l| l.inner.for_store(ws)).transpose()?;
+    Ok(run(&rb, a.upload(lease.as_deref()))?)
 }
 
 /// Runs `run` with the [`LoadArgs`] that `args` says for `binding` on `ws`
@@ -110,18 +112,15 @@ pub(crate) fn with_load_args<T>(
     run: impl FnOnce(&RuntimeBinding, LoadArgs<'_>) -> mws::Result<T>,
 ) -> FfiResult<T> {
     let a = io_args(c, args)?;
-    let rb = binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid target runtime binding: {}", f.message))
-    })?;
-    let lease = a.lease.map(|l| l.for_store(ws)).transpose()?;
-    let report = a.progress.map(|p| move |x: &Progress| p.report(x));
+    let rb = binding.build_as("invalid target runtime binding: ")?;
+    let lease = a.lease.map(|l| l.inner.for_store(ws)).transpose()?;
     let la = LoadArgs {
         worker_id: a.worker_id,
         guard: Some(&*a.guard),
         transfer_id: a.transfer_id,
         skip_committed_check: false,
         lease: lease.as_deref(),
-        progress: report.as_ref().map(|f| f as ProgressFn<'_>),
+        progress: a.progress.as_deref().map(|f| f as ProgressFn<'_>),
     };
     Ok(run(&rb, la)?)
 }
@@ -130,7 +129,5 @@ pub(crate) fn with_load_args<T>(
 /// (`invalid source runtime binding: {at}...`; `at` names the handle in a list, e.g.
 /// `"bindings[3]: "`, or is empty).
 pub(crate) fn source_binding(binding: &mws_binding, at: &str) -> FfiResult<RuntimeBinding> {
-    binding.build().map_err(|f| {
-        Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid source runtime binding: {at}{}", f.message))
-    })
+    binding.build_as(&format!("invalid source runtime binding: {at}"))
 }

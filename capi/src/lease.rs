@@ -1,23 +1,17 @@
 //! `mws_registration_lease`: buffers pinned and registered once for many uploads or
 //! loads (`WeightStore::register_weight_buffers`).
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
-use crate::boundary::FfiResult;
 use crate::boundary::{mws_status, Failure};
-use crate::callbacks::guard::{mws_guard_vtable, terminal_state, CGuard};
+use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::store::mws_store;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
 use mws::protocol::guards::TerminalState;
-use mws::protocol::RegistrationLease;
-use mws::protocol::WeightStore;
-use parking_lot::RwLock;
-use parking_lot::RwLockReadGuard;
+use mws::protocol::SharedLease;
 use std::ffi::c_char;
 use std::ffi::c_int;
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// A registration lease: the buffers of some runtime fragments of one binding, pinned
 /// (allocation guard) and registered with the store's backend once, for any number of
@@ -32,29 +26,7 @@ use std::sync::Arc;
 /// Thread safety: uploads and loads using one lease may run concurrently; a close
 /// waits until they returned.
 pub struct mws_registration_lease {
-    pub(crate) ws: Arc<WeightStore>,
-    pub(crate) inner: RwLock<RegistrationLease>,
-}
-
-impl mws_registration_lease {
-    /// The lease, read-locked for one call on `ws` (refused when it belongs to
-    /// another store; a closed lease is refused by the call itself).
-    pub(crate) fn for_store(&self, ws: &Arc<WeightStore>) -> FfiResult<RwLockReadGuard<'_, RegistrationLease>> {
-        if !Arc::ptr_eq(&self.ws, ws) {
-            return Err(Failure::invalid("the registration lease belongs to another store"));
-        }
-        Ok(self.inner.read())
-    }
-}
-
-impl Drop for mws_registration_lease {
-    fn drop(&mut self) {
-        let lease = self.inner.get_mut();
-        if !lease.is_closed() {
-            // Unregister failures quarantine the pin in the store (drainable there).
-            let _ = self.ws.close_registration_lease(lease, TerminalState::Aborted);
-        }
-    }
+    pub(crate) inner: SharedLease,
 }
 
 handle!(mws_registration_lease);
@@ -99,7 +71,6 @@ pub enum mws_lease_side {
 /// or NUL-terminated; `guard` is NULL or a valid vtable; `out` is NULL or valid for a
 /// pointer write. The fragments' buffers must stay valid until the lease is closed.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_registration_lease_new(
     store: *const mws_store,
     binding: *const mws_binding,
@@ -115,11 +86,9 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         let s = c.handle(store, "store")?;
         let b = c.handle(binding, "binding")?;
         let out = c.out(out, "out")?;
-        let side = match side {
-            x if x == mws_lease_side::MWS_LEASE_SOURCE as u32 => "source",
-            x if x == mws_lease_side::MWS_LEASE_TARGET as u32 => "target",
-            x => return Err(Failure::invalid(format!("invalid lease side: {x}"))),
-        };
+        // The core's names of the sides, in the order of `mws_lease_side`.
+        let sides = ["source", "target"];
+        let side = *sides.get(side as usize).ok_or_else(|| Failure::invalid(format!("invalid lease side: {side}")))?;
         let mut ids = Vec::with_capacity(count);
         for (i, &p) in c.slice(fragment_ids, count, "fragment_ids")?.iter().enumerate() {
             ids.push(c.str(p, &format!("fragment_ids[{i}]"))?.to_owned());
@@ -127,13 +96,9 @@ pub unsafe extern "C" fn mws_registration_lease_new(
         let transfer_id = c.opt_str(transfer_id, "transfer_id")?;
         let guard: Box<dyn GuardProvider> =
             if guard.is_null() { Box::new(StaticGuard) } else { Box::new(CGuard::from_vtable(c, guard, guard_ctx)?) };
-        let rb = b.build().map_err(|f| {
-            Failure::new(mws_status::MWS_INVALID_BINDING, format!("invalid runtime binding: {}", f.message))
-        })?;
+        let rb = b.build_as("invalid runtime binding: ")?;
         let lease = s.ws.register_weight_buffers(&rb, &ids, &*guard, side, transfer_id)?;
-        let h = mws_registration_lease { ws: s.ws.clone(), inner: RwLock::new(lease) };
-        out.set(Handle::into_raw(h));
-        Ok(())
+        out.give_handle(mws_registration_lease { inner: SharedLease::new(s.ws.clone(), lease) })
     })
 }
 
@@ -151,12 +116,7 @@ pub unsafe extern "C" fn mws_registration_lease_new(
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registration_lease, state: u32) -> mws_status {
-    status_call!(|c| {
-        let l = c.handle(lease, "lease")?;
-        let state = terminal_state(state)?;
-        let mut inner = l.inner.write();
-        Ok(l.ws.close_registration_lease(&mut inner, state)?)
-    })
+    status_call!(|c| Ok(c.handle(lease, "lease")?.inner.close(TerminalState::from_code(state)?)?))
 }
 
 /// Returns 1 if `lease` is closed, 0 if open, -1 (and the last error) if `lease` is
@@ -166,7 +126,7 @@ pub unsafe extern "C" fn mws_registration_lease_close(lease: *const mws_registra
 /// `lease` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_registration_lease) -> c_int {
-    value_call!(-1, |c| Ok(c_int::from(c.handle(lease, "lease")?.inner.read().is_closed())))
+    value_call!(-1, |c| Ok(c_int::from(c.handle(lease, "lease")?.inner.is_closed())))
 }
 
 /// Frees a lease handle. `NULL` does nothing. An open lease is closed first as

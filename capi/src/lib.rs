@@ -34,6 +34,8 @@
 //!   (NULL pointers, UTF-8, (pointer, length) pairs, enum values).
 
 #![allow(non_camel_case_types)]
+// Entry points take their arguments flat, as C passes them.
+#![allow(clippy::too_many_arguments)]
 
 extern crate mws;
 

@@ -2,11 +2,12 @@
 //! executor limits, live arguments, statistics, and the report of the last call
 //! (`mws_live_report`: submitted, guard release, per-target verdicts).
 
-use crate::args::{CText, Caller};
-use crate::boundary::FfiResult;
+use crate::args::{Caller, Texts};
+use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use mws::protocol::guards::GuardProvider;
-use mws::protocol::transfer::{ExecutorLimits, GuardRelease, LiveArgs, LiveReport, TargetOutcome, TransferStats};
+use mws::protocol::transfer::{ExecutorLimits, LiveArgs, LiveError, LiveReport, TargetOutcome, TransferStats};
+use parking_lot::Mutex;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
@@ -136,57 +137,80 @@ pub struct mws_live_report {
     pub stats: mws_transfer_stats,
 }
 
-/// The C view of a [`LiveReport`], owned by the loader or sink that made it.
-pub(crate) struct ReportView {
-    _ids: Vec<CText>,
-    pending: Option<CText>,
-    targets: Vec<mws_target_outcome>,
-    report: LiveReport,
+/// The report of the last live call of a loader, sink or prepared transfer
+/// (`*_last_report`), kept in C form.
+#[derive(Default)]
+pub(crate) struct LastReport(Mutex<Option<ReportView>>);
+
+impl LastReport {
+    /// Ends a live call: keeps its report (successful or not) and, on success, writes
+    /// its statistics to `*stats` when `stats` is not NULL.
+    pub(crate) fn keep(
+        &self,
+        c: Caller<'_>,
+        result: Result<LiveReport, LiveError>,
+        stats: *mut mws_transfer_stats,
+    ) -> FfiResult<()> {
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(e.error)),
+        };
+        let st = stats_c(report.stats);
+        *self.0.lock() = Some(ReportView::new(report));
+        outcome?;
+        c.opt_set(stats, st);
+        Ok(())
+    }
+
+    /// The last report, or `MWS_NOT_FOUND` with `missing` before the first call.
+    pub(crate) fn get(&self, missing: &str) -> FfiResult<mws_live_report> {
+        let view = self.0.lock();
+        Ok(view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, missing))?.c)
+    }
 }
 
-// SAFETY: the raw pointers in `targets` point into `_ids`, owned by the same value and
-// never mutated; the view is only read after it is built.
+/// The C view of a [`LiveReport`], owned by the loader or sink that made it.
+pub(crate) struct ReportView {
+    _texts: Texts,
+    _targets: Vec<mws_target_outcome>,
+    c: mws_live_report,
+}
+
+// SAFETY: the raw pointers in `c` point into `_texts` and `_targets`, owned by the same
+// value and never mutated; the view is only read after it is built.
 unsafe impl Send for ReportView {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for ReportView {}
 
 impl ReportView {
     pub(crate) fn new(report: LiveReport) -> ReportView {
-        let ids: Vec<CText> = report.targets.iter().map(|t| CText::new(&t.participant_id)).collect();
-        let targets = report
-            .targets
-            .iter()
-            .zip(&ids)
-            .map(|(t, id)| mws_target_outcome {
-                participant_id: id.as_ptr(),
+        let texts = Texts::default();
+        let targets: Vec<_> = (report.targets.iter())
+            .map(|t| mws_target_outcome {
+                participant_id: texts.ptr(&t.participant_id),
                 generation: t.generation,
-                verdict: match t.outcome {
-                    TargetOutcome::Updated { .. } => mws_target_verdict::MWS_TARGET_UPDATED,
-                    TargetOutcome::Unchanged => mws_target_verdict::MWS_TARGET_UNCHANGED,
-                    TargetOutcome::Torn { .. } => mws_target_verdict::MWS_TARGET_TORN,
-                } as u32,
+                verdict: verdict(&t.outcome) as u32,
             })
             .collect();
-        ReportView { pending: report.pending_transfer_id.as_deref().map(CText::new), _ids: ids, targets, report }
-    }
-
-    pub(crate) fn c(&self) -> mws_live_report {
-        let guard = match self.report.guard_release {
-            GuardRelease::NotPinned => mws_guard_release::MWS_GUARD_NOT_PINNED,
-            GuardRelease::Completed => mws_guard_release::MWS_GUARD_COMPLETED,
-            GuardRelease::FailedDrained => mws_guard_release::MWS_GUARD_FAILED_DRAINED,
-            GuardRelease::Aborted => mws_guard_release::MWS_GUARD_ABORTED,
-            GuardRelease::Pending => mws_guard_release::MWS_GUARD_PENDING,
-            GuardRelease::ReleaseFailed => mws_guard_release::MWS_GUARD_RELEASE_FAILED,
+        let c = mws_live_report {
+            submitted: u32::from(report.submitted),
+            // The core numbers its guard releases as `mws_guard_release` does (tested).
+            guard_release: report.guard_release as u32,
+            pending_transfer_id: report.pending_transfer_id.as_deref().map_or(std::ptr::null(), |id| texts.ptr(id)),
+            n_targets: targets.len(),
+            targets: if targets.is_empty() { std::ptr::null() } else { targets.as_ptr() },
+            stats: stats_c(report.stats),
         };
-        mws_live_report {
-            submitted: u32::from(self.report.submitted),
-            guard_release: guard as u32,
-            pending_transfer_id: self.pending.as_ref().map_or(std::ptr::null(), CText::as_ptr),
-            n_targets: self.targets.len(),
-            targets: if self.targets.is_empty() { std::ptr::null() } else { self.targets.as_ptr() },
-            stats: stats_c(self.report.stats),
-        }
+        ReportView { _texts: texts, _targets: targets, c }
+    }
+}
+
+/// The verdict of a target outcome (`mws_target_outcome`, `mws_notify_outcome`).
+pub(crate) fn verdict(o: &TargetOutcome) -> mws_target_verdict {
+    match o {
+        TargetOutcome::Updated { .. } => mws_target_verdict::MWS_TARGET_UPDATED,
+        TargetOutcome::Unchanged => mws_target_verdict::MWS_TARGET_UNCHANGED,
+        TargetOutcome::Torn { .. } => mws_target_verdict::MWS_TARGET_TORN,
     }
 }
 
@@ -202,16 +226,14 @@ pub(crate) fn stats_c(s: TransferStats) -> mws_transfer_stats {
 
 /// The executor limits `l` says (NULL: the defaults).
 pub(crate) fn limits_arg(c: Caller<'_>, l: *const mws_executor_limits) -> ExecutorLimits {
-    match c.opt_struct(l) {
-        None => ExecutorLimits::default(),
-        Some(l) => ExecutorLimits {
-            max_batch_operations: l.max_batch_operations,
-            max_region_segments: l.max_region_segments,
-            max_total_lowered_segments: l.max_total_lowered_segments,
-            max_completion_drain_attempts: l.max_completion_drain_attempts,
-            completion_drain_timeout_ms: l.completion_drain_timeout_ms,
-            coalesce_adjacent: l.no_coalescing == 0,
-        },
+    let Some(l) = c.opt_struct(l) else { return ExecutorLimits::default() };
+    ExecutorLimits {
+        max_batch_operations: l.max_batch_operations,
+        max_region_segments: l.max_region_segments,
+        max_total_lowered_segments: l.max_total_lowered_segments,
+        max_completion_drain_attempts: l.max_completion_drain_attempts,
+        completion_drain_timeout_ms: l.completion_drain_timeout_ms,
+        coalesce_adjacent: l.no_coalescing == 0,
     }
 }
 

@@ -2,9 +2,9 @@
 //! placement and bound to target bindings), planning limits and load statistics.
 
 use crate::args::Caller;
-use crate::args::{CText, Handle};
+use crate::args::{at, CText};
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::placement::mws_placement;
 use crate::stored_manifest::mws_stored_manifest;
 use mws::plan::load::PlanningLimits;
@@ -93,8 +93,7 @@ pub unsafe extern "C" fn mws_load_plan_new(
         let l = planning_limits(c, limits);
         let plan = LoadPlan::plan(m.inner.clone(), Arc::new(t.inner.clone()), &built, l)?;
         let participants = plan.participants().into_iter().map(CText::new).collect();
-        out.set(Handle::into_raw(mws_load_plan { inner: plan, participants }));
-        Ok(())
+        out.give_handle(mws_load_plan { inner: plan, participants })
     })
 }
 
@@ -150,12 +149,7 @@ pub unsafe extern "C" fn mws_load_plan_participant(
 ) -> *const c_char {
     value_call!(std::ptr::null(), |c| {
         let p = c.handle(plan, "plan")?;
-        let t = p.participants.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "participant index {index} is out of range (the plan has {})",
-                p.participants.len()
-            ))
-        })?;
+        let t = at(&p.participants, index, "participant", |n| format!("plan has {n}"))?;
         Ok(c.lend(t, len))
     })
 }
@@ -175,16 +169,12 @@ pub(crate) fn stats_out(s: mws::protocol::LoadStats) -> mws_load_stats {
 
 /// The planning limits `limits` says: NULL or a zeroed field means the library default.
 pub(crate) fn planning_limits(c: Caller<'_>, limits: *const mws_planning_limits) -> PlanningLimits {
-    let mut l = PlanningLimits::default();
-    if let Some(lim) = c.opt_struct(limits) {
-        let set = |field: &mut u64, v: u64| {
-            if v != 0 {
-                *field = v;
-            }
-        };
-        set(&mut l.max_transfer_regions, lim.max_transfer_regions);
-        set(&mut l.max_segments_per_region, lim.max_segments_per_region);
-        set(&mut l.max_total_lowered_segments, lim.max_total_lowered_segments);
+    let d = PlanningLimits::default();
+    let Some(l) = c.opt_struct(limits) else { return d };
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    PlanningLimits {
+        max_transfer_regions: or(l.max_transfer_regions, d.max_transfer_regions),
+        max_segments_per_region: or(l.max_segments_per_region, d.max_segments_per_region),
+        max_total_lowered_segments: or(l.max_total_lowered_segments, d.max_total_lowered_segments),
     }
-    l
 }

@@ -2,21 +2,19 @@
 //! through an engine (`mws_loader_load_live`) or from a stored revision
 //! (`mws_loader_load_stored`); wraps the core's `protocol::transfer::Loader`.
 
-use crate::args::Handle;
 use crate::binding::{bindings_arg, mws_binding};
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
-use crate::engine::{mws_transfer_engine, transfer_failure};
+use crate::engine::mws_transfer_engine;
 use crate::io_args::{mws_io_args, with_load_args};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
-use crate::live::{stats_c, ReportView};
+use crate::live::{stats_c, LastReport};
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::protocol::transfer::{Loader, StoredPrepareArgs};
-use parking_lot::Mutex;
 use std::ffi::c_void;
 
 /// Fills the buffers of one target participant, from a stored revision
@@ -30,7 +28,7 @@ use std::ffi::c_void;
 /// `mws_loader_cancel` may be called from any thread at any time.
 pub struct mws_loader {
     inner: Loader,
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 handle!(mws_loader);
@@ -52,9 +50,8 @@ pub unsafe extern "C" fn mws_loader_new(
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
-        let inner = Loader::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
-        out.set(mws_loader { inner, report: Mutex::new(None) }.into_raw());
-        Ok(())
+        let inner = Loader::new(e.engine.clone(), limits_arg(c, limits))?;
+        out.give_handle(mws_loader { inner, report: LastReport::default() })
     })
 }
 
@@ -80,8 +77,7 @@ pub unsafe extern "C" fn mws_loader_set_progress(
         let l = c.handle(loader, "loader")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
         // `ctx` until it is replaced or the loader is freed.
-        let cb = unsafe { CProgress::new(progress, ctx) };
-        l.inner.set_progress(cb.map(CProgress::into_callback));
+        l.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
         Ok(())
     })
 }
@@ -135,7 +131,6 @@ pub unsafe extern "C" fn mws_loader_reset_cancel(loader: *const mws_loader) {
 /// buffer of the bindings stays valid for the call (and, when completion is unknown,
 /// until the pending transfer is drained).
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_loader_load_live(
     loader: *const mws_loader,
     plan: *const mws_transfer_plan,
@@ -158,17 +153,7 @@ pub unsafe extern "C" fn mws_loader_load_live(
         // SAFETY: this function's contract: every buffer of the bindings stays valid
         // for the call (and until a pending transfer is drained).
         let result = unsafe { l.inner.load_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(transfer_failure(e.error))),
-        };
-        let s = stats_c(report.stats);
-        *l.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(s);
-        }
-        Ok(())
+        l.report.keep(c, result, stats)
     })
 }
 
@@ -188,7 +173,6 @@ pub unsafe extern "C" fn mws_loader_load_live(
 /// buffers stay valid and at their addresses until the prepared transfer is freed,
 /// and the guard callbacks honour their contract until then.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_loader_prepare_live(
     loader: *const mws_loader,
     plan: *const mws_transfer_plan,
@@ -211,10 +195,8 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         let out = c.out(out, "out")?;
         // SAFETY: this function's contract: the buffers stay valid (the local ones
         // until the prepared transfer is freed).
-        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }
-            .map_err(transfer_failure)?;
-        out.set(mws_prepared_transfer::new(p).into_raw());
-        Ok(())
+        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }?;
+        out.give_handle(mws_prepared_transfer::new(p))
     })
 }
 
@@ -255,8 +237,7 @@ pub unsafe extern "C" fn mws_loader_prepare_stored(
         let out = c.out(out, "out")?;
         let args = StoredPrepareArgs { worker_id: a.worker_id.map(str::to_string), guard: a.guard };
         let prepared = l.inner.prepare_stored(s.ws.clone(), &p.inner, &b, args)?;
-        out.set(mws_prepared_transfer::stored(prepared).into_raw());
-        Ok(())
+        out.give_handle(mws_prepared_transfer::stored(prepared))
     })
 }
 
@@ -286,9 +267,7 @@ pub unsafe extern "C" fn mws_loader_load_stored(
             // are valid for writes and untouched by anyone else during the call.
             unsafe { l.inner.load_stored(&s.ws, &p.inner, rb, la) }
         })?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(stats_out(st));
-        }
+        c.opt_set(stats, stats_out(st));
         Ok(())
     })
 }
@@ -301,8 +280,7 @@ pub unsafe extern "C" fn mws_loader_load_stored(
 pub unsafe extern "C" fn mws_loader_stats(loader: *const mws_loader, out: *mut mws_transfer_stats) -> mws_status {
     status_call!(|c| {
         let l = c.handle(loader, "loader")?;
-        c.out(out, "out")?.set(stats_c(l.inner.stats()));
-        Ok(())
+        c.out(out, "out")?.give(stats_c(l.inner.stats()))
     })
 }
 
@@ -322,10 +300,7 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
     status_call!(|c| {
         let l = c.handle(loader, "loader")?;
         let out = c.out(out, "out")?;
-        let view = l.report.lock();
-        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no live call yet"))?;
-        out.set(view.c());
-        Ok(())
+        out.give(l.report.get("no live call yet")?)
     })
 }
 

@@ -2,7 +2,8 @@
 //! C, C++ or Python logger.
 
 use crate::boundary::{mws_status, Failure};
-use crate::callbacks::log::{level_filter, set};
+use crate::callbacks::log::{level_filter, sink};
+use mws::logging::set_log_sink;
 use std::ffi::{c_char, c_void};
 
 /// Log levels of `mws_set_log_callback` (a record is delivered when its level is at
@@ -45,6 +46,8 @@ pub unsafe extern "C" fn mws_set_log_callback(
     status_call!(|c| {
         let filter = level_filter(level)
             .ok_or_else(|| Failure::invalid(format!("log level must be 0 (off) to 5 (trace), got {level}")))?;
-        set(filter, callback, ctx).map_err(|e| Failure::new(mws_status::MWS_UNSUPPORTED, e))
+        // SAFETY: this function's contract: the callback honours `mws_log_fn` with `ctx`
+        // while it stays installed.
+        Ok(set_log_sink(filter, callback.map(|f| unsafe { sink(f, ctx) }))?)
     })
 }

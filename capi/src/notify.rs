@@ -11,9 +11,9 @@
 //! plan of the generation it is about to serve; serve generation G only once
 //! `mws_notify_acceptor_outcome` says `MWS_TARGET_UPDATED` with generation G.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::live::mws_target_verdict;
+use crate::live::verdict;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::protocol::transfer::notify::{NotifyAcceptor, NOTIFY_NAME};
 use mws::protocol::transfer::TargetOutcome;
@@ -57,14 +57,12 @@ pub struct mws_notify_outcome {
 }
 
 fn outcome_c(o: &TargetOutcome, generation: u64) -> mws_notify_outcome {
-    let (verdict, generation, incomplete) = match o {
-        TargetOutcome::Unchanged => (mws_target_verdict::MWS_TARGET_UNCHANGED, generation, 0),
-        TargetOutcome::Updated { generation } => (mws_target_verdict::MWS_TARGET_UPDATED, *generation, 0),
-        TargetOutcome::Torn { incomplete } => {
-            (mws_target_verdict::MWS_TARGET_TORN, generation, incomplete.len() as u64)
-        }
+    let (generation, incomplete) = match o {
+        TargetOutcome::Unchanged => (generation, 0),
+        TargetOutcome::Updated { generation } => (*generation, 0),
+        TargetOutcome::Torn { incomplete } => (generation, incomplete.len() as u64),
     };
-    mws_notify_outcome { verdict: verdict as u32, generation, incomplete }
+    mws_notify_outcome { verdict: verdict(o) as u32, generation, incomplete }
 }
 
 /// The target side of the notify hook for one participant under one bound plan
@@ -126,8 +124,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_new(
         let out = c.out(out, "out")?;
         let key = key_arg(c, key, key_len)?;
         let acceptor = NotifyAcceptor::new(bound, participant, key)?;
-        out.set(mws_notify_acceptor { inner: Mutex::new(acceptor) }.into_raw());
-        Ok(())
+        out.give_handle(mws_notify_acceptor { inner: Mutex::new(acceptor) })
     })
 }
 
@@ -163,12 +160,8 @@ pub unsafe extern "C" fn mws_notify_acceptor_accept(
             Ok(_) => (MWS_NOTIFY_ACCEPTED, Ok(())),
             Err(e) => (e.refusal as u32, Err(Failure::from(mws::Error::from(e)))),
         };
-        if let Some(out) = c.opt_out(verdict) {
-            out.set(v);
-        }
-        if let Some(out) = c.opt_out(outcome) {
-            out.set(o);
-        }
+        c.opt_set(verdict, v);
+        c.opt_set(outcome, o);
         r
     })
 }
@@ -190,8 +183,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_outcome(
         let a = c.handle(acceptor, "acceptor")?;
         let out = c.out(out, "out")?;
         let acc = a.inner.lock();
-        out.set(outcome_c(&acc.outcome(), acc.generation()));
-        Ok(())
+        out.give(outcome_c(&acc.outcome(), acc.generation()))
     })
 }
 

@@ -1,9 +1,10 @@
 //! `mws_placement`: a parsed, validated, immutable complete placement.
 
-use crate::args::{CText, Handle};
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::args::{at, CText, Lent, Texts};
+use crate::boundary::mws_status;
 use mws::Placement;
 use std::ffi::c_char;
+use std::sync::OnceLock;
 
 /// A parsed and validated complete weight placement (address-free: tensors, topology,
 /// and which participant holds which fragment of which tensor).
@@ -14,53 +15,31 @@ use std::ffi::c_char;
 /// it is freed.
 pub struct mws_placement {
     pub(crate) inner: Placement,
-    pub(crate) json: CText,
-    pub(crate) placement_id: CText,
-    pub(crate) digest: CText,
-    pub(crate) topology_id: CText,
-    pub(crate) resource_id: CText,
-    pub(crate) revision: CText,
-    pub(crate) fragments: Vec<FragmentView>,
-}
-
-pub(crate) struct FragmentView {
-    pub(crate) placement_fragment_id: CText,
-    pub(crate) participant_id: CText,
-    pub(crate) tensor_id: CText,
-    pub(crate) global_offset: Vec<u64>,
-    pub(crate) local_shape: Vec<u64>,
-    pub(crate) nbytes: u64,
-    pub(crate) itemsize: u64,
+    json: OnceLock<CText>,
+    texts: Texts,
+    fragments: Lent<mws_placement_fragment_info>,
 }
 
 impl mws_placement {
     pub(crate) fn new(inner: Placement) -> Self {
+        let texts = Texts::default();
         let mut fragments = Vec::new();
         for part in inner.parts() {
             for f in part.fragments() {
-                // Tensors are sorted by id: a binary search, not a scan (n log n overall).
-                let itemsize = inner.tensor(f.tensor_id()).map_or(0, |t| t.itemsize());
-                fragments.push(FragmentView {
-                    placement_fragment_id: CText::new(f.placement_fragment_id()),
-                    participant_id: CText::new(part.participant_id()),
-                    tensor_id: CText::new(f.tensor_id()),
-                    global_offset: f.global_offset().to_vec(),
-                    local_shape: f.local_shape().to_vec(),
+                fragments.push(mws_placement_fragment_info {
+                    placement_fragment_id: texts.ptr(f.placement_fragment_id()),
+                    participant_id: texts.ptr(part.participant_id()),
+                    tensor_id: texts.ptr(f.tensor_id()),
+                    ndim: f.local_shape().len(),
+                    global_offset: f.global_offset().as_ptr(),
+                    local_shape: f.local_shape().as_ptr(),
                     nbytes: f.nbytes(),
-                    itemsize,
+                    // Tensors are sorted by id: a binary search, not a scan (n log n overall).
+                    itemsize: inner.tensor(f.tensor_id()).map_or(0, |t| t.itemsize()),
                 });
             }
         }
-        mws_placement {
-            json: CText::new(&inner.to_json()),
-            placement_id: CText::new(inner.placement_id()),
-            digest: CText::new(inner.digest()),
-            topology_id: CText::new(inner.topology().topology_id()),
-            resource_id: CText::new(inner.resource_id()),
-            revision: CText::new(inner.revision()),
-            fragments,
-            inner,
-        }
+        mws_placement { json: OnceLock::new(), texts, fragments: Lent(fragments), inner }
     }
 }
 
@@ -69,6 +48,7 @@ handle!(mws_placement);
 /// One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
 /// is borrowed from the placement handle and stays valid until it is freed.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct mws_placement_fragment_info {
     /// The fragment's wire `placement_fragment_id` (NUL-terminated).
     pub placement_fragment_id: *const c_char,
@@ -112,13 +92,7 @@ pub unsafe extern "C" fn mws_placement_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        if json.is_null() {
-            return Err(Failure::null("json"));
-        }
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let placement = Placement::from_json(bytes)?;
-        out.set(Handle::into_raw(mws_placement::new(placement)));
-        Ok(())
+        out.give_handle(mws_placement::new(Placement::from_json(c.bytes(json, len, "json")?)?))
     })
 }
 
@@ -145,10 +119,7 @@ pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
 /// `placement` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.json, len))
-    })
+    text_call!(placement, "placement", len, |p| p.json.get_or_init(|| CText::new(&p.inner.to_json())))
 }
 
 /// Returns the placement id (`"sha256:<hex>"`). Borrowed string, as
@@ -158,10 +129,7 @@ pub unsafe extern "C" fn mws_placement_to_json(placement: *const mws_placement, 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.placement_id, len))
-    })
+    text_call!(placement, "placement", len, |p| p.texts.get(p.inner.placement_id()))
 }
 
 /// Returns the placement digest (64 lowercase hex characters, no prefix). Borrowed
@@ -171,10 +139,7 @@ pub unsafe extern "C" fn mws_placement_id(placement: *const mws_placement, len: 
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.digest, len))
-    })
+    text_call!(placement, "placement", len, |p| p.texts.get(p.inner.digest()))
 }
 
 /// Returns the topology id (`"sha256:<hex>"`). Borrowed string, as
@@ -184,10 +149,7 @@ pub unsafe extern "C" fn mws_placement_digest(placement: *const mws_placement, l
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.topology_id, len))
-    })
+    text_call!(placement, "placement", len, |p| p.texts.get(p.inner.topology().topology_id()))
 }
 
 /// Returns the resource id of the placement. Borrowed string, as
@@ -197,10 +159,7 @@ pub unsafe extern "C" fn mws_placement_topology_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.resource_id, len))
-    })
+    text_call!(placement, "placement", len, |p| p.texts.get(p.inner.resource_id()))
 }
 
 /// Returns the revision of the placement. Borrowed string, as `mws_placement_to_json`.
@@ -209,10 +168,7 @@ pub unsafe extern "C" fn mws_placement_resource_id(placement: *const mws_placeme
 /// As `mws_placement_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_revision(placement: *const mws_placement, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(c.lend(&p.revision, len))
-    })
+    text_call!(placement, "placement", len, |p| p.texts.get(p.inner.revision()))
 }
 
 /// Returns the weight generation of the placement, or 0 (and sets the last error) if
@@ -232,10 +188,7 @@ pub unsafe extern "C" fn mws_placement_weight_generation(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.inner.topology().participants().len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.inner.topology().participants().len()))
 }
 
 /// Returns the number of tensors of the placement, or 0 (and sets the last error) if
@@ -245,10 +198,7 @@ pub unsafe extern "C" fn mws_placement_participant_count(placement: *const mws_p
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.inner.tensors().len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.inner.tensors().len()))
 }
 
 /// Returns the number of fragments of the placement, over all its parts, or 0 (and sets
@@ -258,10 +208,7 @@ pub unsafe extern "C" fn mws_placement_tensor_count(placement: *const mws_placem
 /// `placement` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_fragment_count(placement: *const mws_placement) -> usize {
-    value_call!(0, |c| {
-        let p = c.handle(placement, "placement")?;
-        Ok(p.fragments.len())
-    })
+    value_call!(0, |c| Ok(c.handle(placement, "placement")?.fragments.len()))
 }
 
 /// Describes fragment `index` (0 <= index < `mws_placement_fragment_count`) into `*out`.
@@ -283,26 +230,7 @@ pub unsafe extern "C" fn mws_placement_fragment(
     status_call!(|c| {
         let p = c.handle(placement, "placement")?;
         let out = c.out(out, "out")?;
-        let f = fragment_at(p, index)?;
-        out.set(mws_placement_fragment_info {
-            placement_fragment_id: f.placement_fragment_id.as_ptr(),
-            participant_id: f.participant_id.as_ptr(),
-            tensor_id: f.tensor_id.as_ptr(),
-            ndim: f.local_shape.len(),
-            global_offset: f.global_offset.as_ptr(),
-            local_shape: f.local_shape.as_ptr(),
-            nbytes: f.nbytes,
-            itemsize: f.itemsize,
-        });
-        Ok(())
-    })
-}
-
-pub(crate) fn fragment_at(p: &mws_placement, index: usize) -> FfiResult<&FragmentView> {
-    p.fragments.get(index).ok_or_else(|| {
-        Failure::invalid(format!(
-            "fragment index {index} is out of range (the placement has {} fragments)",
-            p.fragments.len()
-        ))
+        let f = at(&p.fragments, index, "fragment", |n| format!("placement has {n} fragments"))?;
+        out.give(*f)
     })
 }

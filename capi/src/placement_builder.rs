@@ -1,7 +1,7 @@
 //! `mws_placement_builder_*`: build a placement from parts in C (translates
 //! `model::PlacementBuilder`; every rule and identity is the library's).
 
-use crate::args::{CText, Handle};
+use crate::args::Texts;
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::placement::mws_placement;
 use mws::model::{AxisKind, BuilderFragment, ParallelAxis, ParallelRank, PlacementBuilder, PlacementBuilderSpec};
@@ -16,8 +16,8 @@ use std::ffi::c_char;
 /// mutex; fragment ids it lends stay valid until it is freed.
 pub struct mws_placement_builder {
     pub(crate) inner: parking_lot::Mutex<mws::model::PlacementBuilder>,
-    /// The ids returned by `mws_placement_builder_add_fragment` (boxed: stable).
-    pub(crate) ids: parking_lot::Mutex<Vec<CText>>,
+    /// The ids returned by `mws_placement_builder_add_fragment`.
+    ids: Texts,
 }
 
 handle!(mws_placement_builder);
@@ -148,14 +148,10 @@ pub struct mws_fragment_spec {
     pub placement_fragment_id: *const c_char,
 }
 
+/// The axis kind of an `mws_axis_kind` value (the table is in the C enum's order).
 fn axis_kind(code: u32) -> FfiResult<AxisKind> {
-    Ok(match code {
-        0 => AxisKind::Dp,
-        1 => AxisKind::Pp,
-        2 => AxisKind::Ep,
-        3 => AxisKind::Tp,
-        _ => return Err(Failure::invalid(format!("unknown mws_axis_kind value {code}"))),
-    })
+    let kinds = [AxisKind::Dp, AxisKind::Pp, AxisKind::Ep, AxisKind::Tp];
+    kinds.get(code as usize).copied().ok_or_else(|| Failure::invalid(format!("unknown mws_axis_kind value {code}")))
 }
 
 fn axis(a: &mws_parallel_axis) -> FfiResult<ParallelAxis> {
@@ -199,12 +195,10 @@ pub unsafe extern "C" fn mws_placement_builder_new(
             ep_size: o.ep_size,
             dp_size: o.dp_size,
         };
-        let b = mws_placement_builder {
+        out.give_handle(mws_placement_builder {
             inner: parking_lot::Mutex::new(PlacementBuilder::new(spec)),
-            ids: parking_lot::Mutex::new(Vec::new()),
-        };
-        out.set(Handle::into_raw(b));
-        Ok(())
+            ids: Texts::default(),
+        })
     })
 }
 
@@ -302,13 +296,10 @@ pub unsafe extern "C" fn mws_placement_builder_add_fragment(
                 .opt_str(s.placement_fragment_id, "spec->placement_fragment_id")?
                 .map(str::to_string),
         };
-        let mut inner = b.inner.lock();
-        let id = CText::new(inner.add_fragment(f)?);
-        let mut ids = b.ids.lock();
-        ids.push(id);
-        let text = ids.last().expect("just pushed");
+        let id = b.ids.get(b.inner.lock().add_fragment(f)?);
+        // The length is written only with the id.
         if let Some(out) = c.opt_out(id_out) {
-            out.set(c.lend(text, id_len));
+            out.set(c.lend(id, id_len));
         }
         Ok(())
     })
@@ -331,9 +322,7 @@ pub unsafe extern "C" fn mws_placement_builder_build(
     status_call!(|c| {
         let b = c.handle(builder, "builder")?;
         let out = c.out(out, "out")?;
-        let p = b.inner.lock().build()?;
-        out.set(Handle::into_raw(mws_placement::new(p)));
-        Ok(())
+        out.give_handle(mws_placement::new(b.inner.lock().build()?))
     })
 }
 

@@ -2,12 +2,11 @@
 //! `mws_loader_prepare_live`) and stepped many times, one weight generation per step;
 //! wraps the core's `protocol::transfer::PreparedTransfer`.
 
-use crate::args::Caller;
-use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::engine::transfer_failure;
-use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
-use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs};
-use parking_lot::Mutex;
+use crate::boundary::{mws_status, Failure};
+use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
+use mws::protocol::transfer::{
+    LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs, TransferStats,
+};
 use std::ffi::c_char;
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
@@ -27,7 +26,7 @@ use std::ffi::c_char;
 /// handle may be used from any thread.
 pub struct mws_prepared_transfer {
     inner: Prepared,
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 /// A live transfer or a stored restore.
@@ -40,10 +39,10 @@ handle!(mws_prepared_transfer);
 
 impl mws_prepared_transfer {
     pub(crate) fn new(inner: PreparedTransfer) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner: Prepared::Live(inner), report: Mutex::new(None) }
+        mws_prepared_transfer { inner: Prepared::Live(inner), report: LastReport::default() }
     }
     pub(crate) fn stored(inner: PreparedRestore) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: Mutex::new(None) }
+        mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: LastReport::default() }
     }
 }
 
@@ -96,27 +95,6 @@ pub struct mws_prepared_info {
     pub bytes: u64,
 }
 
-fn step_args<'a>(
-    c: Caller<'a>,
-    a: &'a mws_step_args,
-    leases: &'a mut Vec<LeaseRotation<'a>>,
-) -> FfiResult<StepArgs<'a>> {
-    let list = if a.n_leases == 0 { &[][..] } else { c.slice(a.leases, a.n_leases, "args.leases")? };
-    for (i, l) in list.iter().enumerate() {
-        leases.push(LeaseRotation {
-            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
-            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
-            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
-            generation: l.generation,
-        });
-    }
-    Ok(StepArgs {
-        weight_generation: a.weight_generation,
-        leases,
-        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-    })
-}
-
 /// Moves one weight generation through the prepared transfer. Live: checks that the
 /// engine did not restart, applies the rotated leases, pins every prepared binding
 /// through the guard (the static guard, and a C guard that reports no observed
@@ -167,15 +145,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
                 // SAFETY: this function's contract: the prepared target buffers are
                 // valid for writes and untouched by anyone else during the step.
                 let s = unsafe { stored.step(&args) }?;
-                if let Some(out) = c.opt_out(stats) {
-                    out.set(mws_transfer_stats {
-                        bytes: s.bytes,
-                        regions: s.regions,
-                        operations: s.ranges,
-                        receipts: s.requests,
-                        engine_operations: s.ranges,
-                    });
-                }
+                c.opt_set(stats, stats_c(TransferStats::from(&s)));
                 return Ok(());
             }
         };
@@ -183,21 +153,20 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
             return Err(Failure::invalid("a live step takes no revision"));
         }
         let mut leases = Vec::new();
-        let args = step_args(c, a, &mut leases)?;
+        for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
+            leases.push(LeaseRotation {
+                instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
+                participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
+                lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
+                generation: l.generation,
+            });
+        }
+        let transfer_id = c.opt_str(a.transfer_id, "args.transfer_id")?;
+        let args = StepArgs { weight_generation: a.weight_generation, leases: &leases, transfer_id };
         // SAFETY: this function's contract: every prepared buffer is valid and pinned
         // for the step (and until a pending transfer is drained).
         let result = unsafe { live.step(&args) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(transfer_failure(e.error))),
-        };
-        let st = stats_c(report.stats);
-        *p.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(st);
-        }
-        Ok(())
+        p.report.keep(c, result, stats)
     })
 }
 
@@ -219,12 +188,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_last_report(
     status_call!(|c| {
         let p = c.handle(prepared, "prepared")?;
         let out = c.out(out, "out")?;
-        let view = p.report.lock();
-        let view = view.as_ref().ok_or_else(|| {
-            Failure::new(mws_status::MWS_NOT_FOUND, "no live step yet (a prepared restore has no live report)")
-        })?;
-        out.set(view.c());
-        Ok(())
+        out.give(p.report.get("no live step yet (a prepared restore has no live report)")?)
     })
 }
 
@@ -241,22 +205,12 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
     out: *mut mws_prepared_info,
 ) -> mws_status {
     status_call!(|c| {
-        let info = match &c.handle(prepared, "prepared")?.inner {
-            Prepared::Live(p) => mws_prepared_info {
-                empty: u32::from(p.is_empty()),
-                batches: p.batch_count() as u64,
-                pinned_bindings: p.pinned_bindings() as u64,
-                bytes: p.total_bytes(),
-            },
-            Prepared::Stored(p) => mws_prepared_info {
-                empty: u32::from(p.total_bytes() == 0),
-                batches: 0,
-                pinned_bindings: 1,
-                bytes: p.total_bytes(),
-            },
+        let i = match &c.handle(prepared, "prepared")?.inner {
+            Prepared::Live(p) => p.info(),
+            Prepared::Stored(p) => p.info(),
         };
-        c.out(out, "out")?.set(info);
-        Ok(())
+        let (empty, batches, pinned_bindings, bytes) = (u32::from(i.empty), i.batches, i.pinned_bindings, i.bytes);
+        c.out(out, "out")?.give(mws_prepared_info { empty, batches, pinned_bindings, bytes })
     })
 }
 
@@ -274,7 +228,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_info(
 pub unsafe extern "C" fn mws_prepared_transfer_close(prepared: *const mws_prepared_transfer) -> mws_status {
     status_call!(|c| {
         match &c.handle(prepared, "prepared")?.inner {
-            Prepared::Live(p) => p.close().map_err(transfer_failure),
+            Prepared::Live(p) => Ok(p.close()?),
             Prepared::Stored(_) => Ok(()),
         }
     })

@@ -1,10 +1,10 @@
 //! `mws_receipts_*`: upload receipts, their JSON transport between processes, and
 //! receipts rebuilt from a plan for recovery.
 
-use crate::args::{CText, Handle};
-use crate::boundary::{mws_status, Failure};
+use crate::args::CText;
+use crate::boundary::mws_status;
 use crate::upload_plan::mws_upload_plan;
-use mws::protocol::UploadReceipt;
+use mws::protocol::{receipts_to_json, UploadReceipt};
 use std::ffi::c_char;
 use std::sync::OnceLock;
 
@@ -51,10 +51,7 @@ pub unsafe extern "C" fn mws_receipts_count(receipts: *const mws_receipts) -> us
 /// `receipts` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_to_json(receipts: *const mws_receipts, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let r = c.handle(receipts, "receipts")?;
-        Ok(c.lend(r.json.get_or_init(|| CText::new(&mws::protocol::receipts_to_json(&r.inner))), len))
-    })
+    text_call!(receipts, "receipts", len, |r| r.json.get_or_init(|| CText::new(&receipts_to_json(&r.inner))))
 }
 
 /// Decodes receipts sent by `mws_receipts_to_json` (strict; their validity for a plan
@@ -73,13 +70,7 @@ pub unsafe extern "C" fn mws_receipts_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        if json.is_null() {
-            return Err(Failure::null("json"));
-        }
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let r = mws::protocol::receipts_from_json(bytes)?;
-        out.set(Handle::into_raw(mws_receipts::new(r)));
-        Ok(())
+        out.give_handle(mws_receipts::new(mws::protocol::receipts_from_json(c.bytes(json, len, "json")?)?))
     })
 }
 
@@ -102,8 +93,7 @@ pub unsafe extern "C" fn mws_receipts_concat(
         for r in c.handles(list, count, "list")? {
             all.extend(r.inner.iter().cloned());
         }
-        out.set(Handle::into_raw(mws_receipts::new(all)));
-        Ok(())
+        out.give_handle(mws_receipts::new(all))
     })
 }
 
@@ -121,7 +111,6 @@ pub unsafe extern "C" fn mws_receipts_from_plan(
     status_call!(|c| {
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        out.set(Handle::into_raw(mws_receipts::new(UploadReceipt::all_for(&p.inner))));
-        Ok(())
+        out.give_handle(mws_receipts::new(UploadReceipt::all_for(&p.inner)))
     })
 }

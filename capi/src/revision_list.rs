@@ -2,22 +2,14 @@
 //! (`WeightStore::revisions` / `WeightStore::latest_revision`), so that C callers
 //! never build manifest keys by hand.
 
-use crate::args::{CText, Caller, Handle};
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::args::{at, Caller, Lent, Texts};
+use crate::boundary::{mws_status, FfiResult};
 use crate::store::mws_store;
 use mws::protocol::{RevisionInfo, WeightStore};
 use std::ffi::c_char;
 
 /// The namespace of `store_namespace` NULL (the one uploads default to).
 const DEFAULT_NAMESPACE: &str = "default";
-
-struct RevisionView {
-    revision: CText,
-    weight_generation: u64,
-    manifest_key: CText,
-    manifest_digest: CText,
-    created_at: CText,
-}
 
 /// Committed revisions of one resource, oldest first: ordered by weight generation,
 /// then `created_at`, then revision name (code-point order), so the newest is the
@@ -26,23 +18,24 @@ struct RevisionView {
 /// `mws_revision_list_free`. Immutable: may be used from several threads at once.
 /// A snapshot of the store at the call: revisions committed later are not in it.
 pub struct mws_revision_list {
-    items: Vec<RevisionView>,
+    _texts: Texts,
+    items: Lent<mws_revision_info>,
 }
 
 impl mws_revision_list {
     fn new(items: Vec<RevisionInfo>) -> mws_revision_list {
-        mws_revision_list {
-            items: items
-                .into_iter()
-                .map(|r| RevisionView {
-                    revision: CText::new(&r.revision),
-                    weight_generation: r.weight_generation,
-                    manifest_key: CText::new(&r.manifest_key),
-                    manifest_digest: CText::new(&r.manifest_digest),
-                    created_at: CText::new(&r.created_at),
-                })
-                .collect(),
-        }
+        let texts = Texts::default();
+        let items = items
+            .iter()
+            .map(|r| mws_revision_info {
+                revision: texts.ptr(&r.revision),
+                weight_generation: r.weight_generation,
+                manifest_key: texts.ptr(&r.manifest_key),
+                manifest_digest: texts.ptr(&r.manifest_digest),
+                created_at: texts.ptr(&r.created_at),
+            })
+            .collect();
+        mws_revision_list { _texts: texts, items: Lent(items) }
     }
 }
 
@@ -51,6 +44,7 @@ handle!(mws_revision_list);
 /// One committed revision, as returned by `mws_revision_list_get`. Every pointer is
 /// a NUL-terminated string borrowed from the list and valid until it is freed.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct mws_revision_info {
     /// Revision name.
     pub revision: *const c_char,
@@ -66,16 +60,6 @@ pub struct mws_revision_info {
     pub created_at: *const c_char,
 }
 
-/// Reads `store_namespace` (NULL: `"default"`) and `resource_id`.
-fn names<'a>(
-    c: Caller<'a>,
-    store_namespace: *const c_char,
-    resource_id: *const c_char,
-) -> FfiResult<(&'a str, &'a str)> {
-    let ns = c.opt_str(store_namespace, "store_namespace")?.unwrap_or(DEFAULT_NAMESPACE);
-    Ok((ns, c.str(resource_id, "resource_id")?))
-}
-
 /// The body of both listing entry points: reads the arguments, asks the core with
 /// `list`, and stores the new list handle in `*out`.
 fn fill(
@@ -87,10 +71,10 @@ fn fill(
     list: impl FnOnce(&WeightStore, &str, &str) -> mws::Result<Vec<RevisionInfo>>,
 ) -> FfiResult<()> {
     let s = c.handle(store, "store")?;
-    let (ns, resource_id) = names(c, store_namespace, resource_id)?;
+    let ns = c.opt_str(store_namespace, "store_namespace")?.unwrap_or(DEFAULT_NAMESPACE);
+    let resource_id = c.str(resource_id, "resource_id")?;
     let out = c.out(out, "out")?;
-    out.set(Handle::into_raw(mws_revision_list::new(list(&s.ws, ns, resource_id)?)));
-    Ok(())
+    out.give_handle(mws_revision_list::new(list(&s.ws, ns, resource_id)?))
 }
 
 /// Lists every committed revision of `resource_id` in namespace `store_namespace`
@@ -181,16 +165,7 @@ pub unsafe extern "C" fn mws_revision_list_get(
     status_call!(|c| {
         let l = c.handle(list, "list")?;
         let out = c.out(out, "out")?;
-        let r = l.items.get(index).ok_or_else(|| {
-            Failure::invalid(format!("revision index {index} is out of range (the list has {})", l.items.len()))
-        })?;
-        out.set(mws_revision_info {
-            revision: r.revision.as_ptr(),
-            weight_generation: r.weight_generation,
-            manifest_key: r.manifest_key.as_ptr(),
-            manifest_digest: r.manifest_digest.as_ptr(),
-            created_at: r.created_at.as_ptr(),
-        });
-        Ok(())
+        let r = at(&l.items, index, "revision", |n| format!("list has {n}"))?;
+        out.give(*r)
     })
 }

@@ -1,22 +1,21 @@
 //! `mws_sink`: a source worker pushes its part of a live transfer into the remote
 //! targets; wraps the core's `protocol::transfer::Sink`.
 
-use crate::args::{Caller, Handle};
+use crate::args::Caller;
 use crate::binding::{bindings_arg, mws_binding};
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::{mws_status, FfiResult};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
-use crate::engine::{mws_transfer_engine, transfer_failure};
+use crate::engine::mws_transfer_engine;
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
-use crate::live::{stats_c, ReportView};
+use crate::live::{stats_c, LastReport};
 use crate::notify::key_arg;
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::plan::transfer_bind::TransferPlan;
-use mws::protocol::transfer::{LiveArgs, LiveError, LiveReport, Sink};
+use mws::protocol::transfer::{LiveArgs, Sink};
 use mws::runtime::RuntimeBinding;
 use mws::Placement;
-use parking_lot::Mutex;
 use std::ffi::c_void;
 
 /// A source worker's executor of a live transfer: pushes its part of a bound plan
@@ -24,7 +23,7 @@ use std::ffi::c_void;
 /// `mws_sink_free`; threading as `mws_loader`.
 pub struct mws_sink {
     inner: Sink,
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 handle!(mws_sink);
@@ -44,9 +43,8 @@ pub unsafe extern "C" fn mws_sink_new(
     status_call!(|c| {
         let e = c.handle(engine, "engine")?;
         let out = c.out(out, "out")?;
-        let inner = Sink::new(e.engine.clone(), limits_arg(c, limits)).map_err(transfer_failure)?;
-        out.set(mws_sink { inner, report: Mutex::new(None) }.into_raw());
-        Ok(())
+        let inner = Sink::new(e.engine.clone(), limits_arg(c, limits))?;
+        out.give_handle(mws_sink { inner, report: LastReport::default() })
     })
 }
 
@@ -66,8 +64,7 @@ pub unsafe extern "C" fn mws_sink_set_progress(
         let s = c.handle(sink, "sink")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
         // `ctx` until it is replaced or the sink is freed.
-        let cb = unsafe { CProgress::new(progress, ctx) };
-        s.inner.set_progress(cb.map(CProgress::into_callback));
+        s.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
         Ok(())
     })
 }
@@ -115,7 +112,6 @@ pub unsafe extern "C" fn mws_sink_reset_cancel(sink: *const mws_sink) {
 /// # Safety
 /// As `mws_loader_load_live`, with the sides swapped.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_execute(
     sink: *const mws_sink,
     plan: *const mws_transfer_plan,
@@ -128,37 +124,19 @@ pub unsafe extern "C" fn mws_sink_execute(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        execute(
-            c,
-            sink,
-            plan,
-            source_placement,
-            source_binding,
-            target_placement,
-            target_bindings,
-            n_targets,
-            args,
-            stats,
-            |s, call| {
-                // SAFETY: this function's contract: every buffer of the bindings stays
-                // valid for the call (and until a pending transfer is drained).
-                unsafe { s.execute(call.0, call.1, call.2, call.3, call.4, call.5) }
-            },
-        )
+        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        with_sink_call(c, sink, a, |s, call| {
+            // SAFETY: this function's contract: every buffer of the bindings stays
+            // valid for the call (and until a pending transfer is drained).
+            let result = unsafe { s.inner.execute(call.0, call.1, call.2, call.3, call.4, call.5) };
+            s.report.keep(c, result, stats)
+        })
     })
 }
 
-/// The arguments of one sink call, translated: plan, source placement and binding,
-/// target placement and bindings, live arguments.
-type SinkCall<'a> =
-    (&'a TransferPlan, &'a Placement, &'a RuntimeBinding, &'a Placement, &'a [RuntimeBinding], &'a LiveArgs<'a>);
-
-/// `mws_sink_execute` and `mws_sink_execute_notified`: translates the arguments, runs
-/// `run`, keeps the report and writes the statistics.
-#[allow(clippy::too_many_arguments)]
-fn execute(
-    c: Caller<'_>,
-    sink: *const mws_sink,
+/// The pointer arguments of a sink call after the sink (`mws_sink_execute`,
+/// `mws_sink_execute_notified`, `mws_sink_prepare`), as C passed them.
+struct SinkArgs {
     plan: *const mws_transfer_plan,
     source_placement: *const mws_placement,
     source_binding: *const mws_binding,
@@ -166,27 +144,29 @@ fn execute(
     target_bindings: *const *const mws_binding,
     n_targets: usize,
     args: *const mws_live_args,
-    stats: *mut mws_transfer_stats,
-    run: impl FnOnce(&Sink, SinkCall<'_>) -> Result<LiveReport, LiveError>,
+}
+
+/// The arguments of one sink call, translated: plan, source placement and binding,
+/// target placement and bindings, live arguments.
+type SinkCall<'a> =
+    (&'a TransferPlan, &'a Placement, &'a RuntimeBinding, &'a Placement, &'a [RuntimeBinding], &'a LiveArgs<'a>);
+
+/// The body of every sink call: translates the arguments (sink, plan, placements,
+/// bindings, live arguments, in this order) and runs `run` with them.
+fn with_sink_call(
+    c: Caller<'_>,
+    sink: *const mws_sink,
+    a: SinkArgs,
+    run: impl FnOnce(&mws_sink, SinkCall<'_>) -> FfiResult<()>,
 ) -> FfiResult<()> {
     let s = c.handle(sink, "sink")?;
-    let bound = c.handle(plan, "plan")?.bound()?;
-    let sp = c.handle(source_placement, "source_placement")?;
-    let tp = c.handle(target_placement, "target_placement")?;
-    let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
-    let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
-    let args = live_args(c, args)?;
-    let (report, outcome) = match run(&s.inner, (bound, &sp.inner, &source, &tp.inner, &targets, &args)) {
-        Ok(r) => (r, Ok(())),
-        Err(e) => (*e.report, Err(transfer_failure(e.error))),
-    };
-    let st = stats_c(report.stats);
-    *s.report.lock() = Some(ReportView::new(report));
-    outcome?;
-    if let Some(out) = c.opt_out(stats) {
-        out.set(st);
-    }
-    Ok(())
+    let bound = c.handle(a.plan, "plan")?.bound()?;
+    let sp = c.handle(a.source_placement, "source_placement")?;
+    let tp = c.handle(a.target_placement, "target_placement")?;
+    let source = bindings_arg(c, &a.source_binding, 1, "source_binding")?.remove(0);
+    let targets = bindings_arg(c, a.target_bindings, a.n_targets, "target_bindings")?;
+    let args = live_args(c, a.args)?;
+    run(s, (bound, &sp.inner, &source, &tp.inner, &targets, &args))
 }
 
 /// `mws_sink_execute` with the notify hook: after the stale-lease and
@@ -206,7 +186,6 @@ fn execute(
 /// # Safety
 /// As `mws_sink_execute`; `key` is NULL or points to `key_len` bytes.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_execute_notified(
     sink: *const mws_sink,
     key: *const u8,
@@ -222,22 +201,12 @@ pub unsafe extern "C" fn mws_sink_execute_notified(
 ) -> mws_status {
     status_call!(|c| {
         let key = key_arg(c, key, key_len)?;
-        execute(
-            c,
-            sink,
-            plan,
-            source_placement,
-            source_binding,
-            target_placement,
-            target_bindings,
-            n_targets,
-            args,
-            stats,
-            |s, call| {
-                // SAFETY: this function's contract, as `mws_sink_execute`'s.
-                unsafe { s.execute_notified(key, call.0, call.1, call.2, call.3, call.4, call.5) }
-            },
-        )
+        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        with_sink_call(c, sink, a, |s, call| {
+            // SAFETY: this function's contract, as `mws_sink_execute`'s.
+            let result = unsafe { s.inner.execute_notified(key, call.0, call.1, call.2, call.3, call.4, call.5) };
+            s.report.keep(c, result, stats)
+        })
     })
 }
 
@@ -258,7 +227,6 @@ pub unsafe extern "C" fn mws_sink_execute_notified(
 /// stay valid and at their addresses until the prepared transfer is freed, and the
 /// guard callbacks honour their contract until then.
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mws_sink_prepare(
     sink: *const mws_sink,
     plan: *const mws_transfer_plan,
@@ -271,20 +239,14 @@ pub unsafe extern "C" fn mws_sink_prepare(
     out: *mut *mut mws_prepared_transfer,
 ) -> mws_status {
     status_call!(|c| {
-        let s = c.handle(sink, "sink")?;
-        let bound = c.handle(plan, "plan")?.bound()?;
-        let sp = c.handle(source_placement, "source_placement")?;
-        let tp = c.handle(target_placement, "target_placement")?;
-        let source = bindings_arg(c, &source_binding, 1, "source_binding")?.remove(0);
-        let targets = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
-        let args = live_args(c, args)?;
-        let out = c.out(out, "out")?;
-        // SAFETY: this function's contract: the buffers stay valid (the local ones
-        // until the prepared transfer is freed).
-        let p = unsafe { s.inner.prepare(bound, &sp.inner, &source, &tp.inner, &targets, &args) }
-            .map_err(transfer_failure)?;
-        out.set(mws_prepared_transfer::new(p).into_raw());
-        Ok(())
+        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        with_sink_call(c, sink, a, |s, call| {
+            let out = c.out(out, "out")?;
+            // SAFETY: this function's contract: the buffers stay valid (the local ones
+            // until the prepared transfer is freed).
+            let p = unsafe { s.inner.prepare(call.0, call.1, call.2, call.3, call.4, call.5) }?;
+            out.give_handle(mws_prepared_transfer::new(p))
+        })
     })
 }
 
@@ -296,8 +258,7 @@ pub unsafe extern "C" fn mws_sink_prepare(
 pub unsafe extern "C" fn mws_sink_stats(sink: *const mws_sink, out: *mut mws_transfer_stats) -> mws_status {
     status_call!(|c| {
         let s = c.handle(sink, "sink")?;
-        c.out(out, "out")?.set(stats_c(s.inner.stats()));
-        Ok(())
+        c.out(out, "out")?.give(stats_c(s.inner.stats()))
     })
 }
 
@@ -313,10 +274,7 @@ pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut m
     status_call!(|c| {
         let s = c.handle(sink, "sink")?;
         let out = c.out(out, "out")?;
-        let view = s.report.lock();
-        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no live call yet"))?;
-        out.set(view.c());
-        Ok(())
+        out.give(s.report.get("no live call yet")?)
     })
 }
 

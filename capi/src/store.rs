@@ -3,7 +3,7 @@
 //! abort, finalize, decisions, restores), which take other objects, are in
 //! `store_jobs.rs`.
 
-use crate::args::{CText, Caller, Handle};
+use crate::args::{CText, Caller};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
 use crate::callbacks::store::{mws_store_vtable, store_from_vtable};
@@ -12,9 +12,9 @@ use mws::protocol::WeightStore;
 use mws::runtime::CopyHook;
 use mws::store::directory::DirectoryStore;
 use mws::store::memory::MemoryStore;
-use mws::store::ObjectStore;
 use mws::store::RecordType;
 use mws::store::WriteConfig;
+use mws::store::{get_for_buffer, ObjectStore};
 use mws::{Error, ErrorKind};
 use std::ffi::c_char;
 use std::ffi::c_int;
@@ -105,9 +105,21 @@ pub struct mws_store_options {
 }
 
 /// What the caller asked for in `mws_store_options`, validated.
-pub(crate) struct StoreConfig {
-    key_prefix: Option<String>,
+pub(crate) struct StoreConfig<'a> {
+    key_prefix: Option<&'a str>,
     limits: StoreLimits,
+}
+
+impl StoreConfig<'_> {
+    /// The store over `backend` with these options.
+    fn open(self, backend: Arc<dyn ObjectStore>) -> FfiResult<mws_store> {
+        let ws = WeightStore::new(backend);
+        let ws = match self.key_prefix {
+            Some(prefix) => ws.with_key_prefix(prefix),
+            None => ws,
+        };
+        Ok(mws_store::new(ws.with_limits(self.limits)?))
+    }
 }
 
 /// Decodes `options` (NULL: the defaults); a copy hook only when `allow_hook`.
@@ -115,33 +127,17 @@ pub(crate) struct StoreConfig {
 /// # Safety
 /// A copy hook in `options` honours `mws_copy_hook_vtable` with its context for as
 /// long as the store to be built lives.
-pub(crate) unsafe fn read_options(
-    c: Caller<'_>,
+pub(crate) unsafe fn read_options<'a>(
+    c: Caller<'a>,
     options: *const mws_store_options,
     allow_hook: bool,
-) -> FfiResult<(StoreConfig, Option<Arc<dyn CopyHook>>)> {
-    let mut config = StoreConfig { key_prefix: None, limits: StoreLimits::default() };
-    let Some(o) = c.opt_struct(options) else { return Ok((config, None)) };
-    config.key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?.map(str::to_owned);
-    if o.max_range_bytes != 0 {
-        config.limits.max_range_bytes = o.max_range_bytes;
-    }
-    if o.max_ranges_per_request != 0 {
-        config.limits.max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
-            .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
-    }
-    if o.max_region_segments != 0 {
-        config.limits.max_region_segments = o.max_region_segments;
-    }
-    match o.staging_bytes {
-        0 => {}
-        MWS_STAGING_OFF => config.limits.staging_bytes = 0,
-        n => config.limits.staging_bytes = n,
-    }
-    if o.max_metadata_bytes != 0 {
-        config.limits.max_metadata_bytes = o.max_metadata_bytes;
-    }
-    config.limits.verify_integrity = match o.verify_integrity {
+) -> FfiResult<(StoreConfig<'a>, Option<Arc<dyn CopyHook>>)> {
+    let d = StoreLimits::default();
+    let Some(o) = c.opt_struct(options) else { return Ok((StoreConfig { key_prefix: None, limits: d }, None)) };
+    let key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?;
+    let max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
+        .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
+    let verify_integrity = match o.verify_integrity {
         MWS_VERIFY_DEFAULT | MWS_VERIFY_ON => true,
         MWS_VERIFY_OFF => false,
         v => {
@@ -150,6 +146,20 @@ pub(crate) unsafe fn read_options(
                  got {v}"
             )))
         }
+    };
+    // A zeroed field means the default.
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    let limits = StoreLimits {
+        max_range_bytes: or(o.max_range_bytes, d.max_range_bytes),
+        max_ranges_per_request: if max_ranges_per_request == 0 {
+            d.max_ranges_per_request
+        } else {
+            max_ranges_per_request
+        },
+        max_region_segments: or(o.max_region_segments, d.max_region_segments),
+        staging_bytes: if o.staging_bytes == MWS_STAGING_OFF { 0 } else { or(o.staging_bytes, d.staging_bytes) },
+        max_metadata_bytes: or(o.max_metadata_bytes, d.max_metadata_bytes),
+        verify_integrity,
     };
     let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
         None
@@ -162,15 +172,7 @@ pub(crate) unsafe fn read_options(
         // `mws_copy_hook_vtable` with its context while the store lives.
         Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
     };
-    Ok((config, hook))
-}
-
-pub(crate) fn configure(backend: Arc<dyn ObjectStore>, config: StoreConfig) -> FfiResult<WeightStore> {
-    let mut ws = WeightStore::new(backend);
-    if let Some(prefix) = &config.key_prefix {
-        ws = ws.with_key_prefix(prefix);
-    }
-    Ok(ws.with_limits(config.limits)?)
+    Ok((StoreConfig { key_prefix, limits }, hook))
 }
 
 /// Opens an empty in-memory store (for tests and single-process use; the objects
@@ -196,13 +198,8 @@ pub unsafe extern "C" fn mws_store_open_memory(
         // SAFETY: this function's contract: a copy hook in `options` honours its vtable
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let backend = match hook {
-            Some(h) => MemoryStore::with_copy_hook(h),
-            None => MemoryStore::new(),
-        };
-        let ws = configure(Arc::new(backend), config)?;
-        out.set(Handle::into_raw(mws_store::new(ws)));
-        Ok(())
+        let backend = hook.map_or_else(MemoryStore::new, MemoryStore::with_copy_hook);
+        out.give_handle(config.open(Arc::new(backend))?)
     })
 }
 
@@ -229,13 +226,8 @@ pub unsafe extern "C" fn mws_store_open_dir(
         // SAFETY: this function's contract: a copy hook in `options` honours its vtable
         // contract while the store lives.
         let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let dir = match hook {
-            Some(h) => DirectoryStore::with_copy_hook(path, h)?,
-            None => DirectoryStore::open(path)?,
-        };
-        let ws = configure(Arc::new(dir), config)?;
-        out.set(Handle::into_raw(mws_store::new(ws)));
-        Ok(())
+        let dir = hook.map_or_else(|| DirectoryStore::open(path), |h| DirectoryStore::with_copy_hook(path, h))?;
+        out.give_handle(config.open(Arc::new(dir))?)
     })
 }
 
@@ -293,9 +285,7 @@ unsafe fn from_vtable(
     out: *mut *mut mws_store,
 ) -> FfiResult<()> {
     let out = c.out(out, "out")?;
-    if vt.is_null() {
-        return Err(Failure::null("vt"));
-    }
+    c.struct_ref(vt, "vt")?;
     // SAFETY: no copy hook is accepted here (`allow_hook` is false).
     let (config, _) = unsafe { read_options(c, options, false) }?;
     // Validate the options before taking ownership of ctx (construction is last).
@@ -303,9 +293,7 @@ unsafe fn from_vtable(
     // SAFETY: this function's contract: the vtable is readable for its size and its
     // callbacks honour the contract while the store lives.
     let backend = unsafe { store_from_vtable(vt, ctx) }?;
-    let ws = configure(Arc::new(backend), config)?;
-    out.set(Handle::into_raw(mws_store::new(ws)));
-    Ok(())
+    out.give_handle(config.open(Arc::new(backend))?)
 }
 
 /// Frees a store handle. `NULL` does nothing. The backend (and a vtable store's
@@ -359,8 +347,6 @@ pub unsafe extern "C" fn mws_store_get(
         let key = c.str(key, "key")?;
         let len = c.out(len, "len")?;
         let backend = s.ws.backend();
-        let too_small =
-            |size: u64| Failure::invalid(format!("buffer of {cap} bytes is too small for {key} ({size} bytes)"));
         if buf.is_null() {
             let size = backend.object_size(key)?;
             let size = usize::try_from(size).map_err(|_| {
@@ -369,20 +355,9 @@ pub unsafe extern "C" fn mws_store_get(
             len.set(size);
             return Ok(());
         }
-        let bytes = match backend.get_limited(key, cap as u64) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == ErrorKind::LimitExceeded => match backend.object_size(key) {
-                Ok(size) if size > cap as u64 => return Err(too_small(size)),
-                _ => return Err(e.into()),
-            },
-            Err(e) => return Err(e.into()),
-        };
-        if cap < bytes.len() {
-            return Err(too_small(bytes.len() as u64));
-        }
+        let bytes = get_for_buffer(&**backend, key, cap as u64)?;
         c.copy_to(&bytes, buf, cap);
-        len.set(bytes.len());
-        Ok(())
+        len.give(bytes.len())
     })
 }
 
@@ -402,8 +377,7 @@ pub unsafe extern "C" fn mws_store_exists(
         let key = c.str(key, "key")?;
         let present = c.out(present, "present")?;
         let p = s.ws.backend().exists(key)?;
-        present.set(c_int::from(p));
-        Ok(())
+        present.give(c_int::from(p))
     })
 }
 
@@ -421,12 +395,8 @@ fn raw_write(
     let value = c.slice(value, len, "value")?;
     let groups = [c.opt_str(group_id, "group_id")?.unwrap_or("").to_owned()];
     let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
-    if upsert {
-        s.ws.backend().upsert(key, value, &config)?;
-    } else {
-        s.ws.backend().put(key, value, &config)?;
-    }
-    Ok(())
+    let backend = s.ws.backend();
+    Ok(if upsert { backend.upsert(key, value, &config) } else { backend.put(key, value, &config) }?)
 }
 
 /// Raw access (tests, tools): create-only write of `len` bytes at `value` as object
@@ -472,8 +442,7 @@ pub unsafe extern "C" fn mws_store_upsert(
 pub unsafe extern "C" fn mws_store_remove(store: *const mws_store, key: *const c_char) -> mws_status {
     status_call!(|c| {
         let s = c.handle(store, "store")?;
-        let key = c.str(key, "key")?;
-        Ok(s.ws.backend().remove(key)?)
+        Ok(s.ws.backend().remove(c.str(key, "key")?)?)
     })
 }
 
@@ -496,11 +465,5 @@ pub unsafe extern "C" fn mws_store_pending_registration_count(store: *const mws_
 /// `store` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_drain_pending_registrations(store: *const mws_store) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(store, "store")?;
-        for id in s.ws.pending_registration_ids() {
-            s.ws.drain_pending_registration(&id)?;
-        }
-        Ok(())
-    })
+    status_call!(|c| Ok(c.handle(store, "store")?.ws.drain_pending_registrations()?))
 }

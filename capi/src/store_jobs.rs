@@ -3,9 +3,8 @@
 //! receipts, manifests, per-call arguments), which in turn only name the store
 //! (`store.rs`): the object itself is a leaf, the jobs sit above everything they use.
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::io_args::{mws_io_args, with_load_args, with_upload_args};
 use crate::load_plan::mws_load_plan;
 use crate::load_plan::{mws_load_stats, stats_out};
@@ -60,8 +59,7 @@ pub unsafe extern "C" fn mws_store_upload(
             // unchanged during the call.
             unsafe { s.ws.upload(&p.inner, &pl.inner, rb, ua) }
         })?;
-        out.set(Handle::into_raw(mws_receipts::new(receipts)));
-        Ok(())
+        out.give_handle(mws_receipts::new(receipts))
     })
 }
 
@@ -94,15 +92,10 @@ pub unsafe extern "C" fn mws_store_commit(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let r: &[UploadReceipt] = c.opt_handle(receipts).map_or(&[], |r| &r.inner);
-        let may_out = c.opt_out(decision_may_exist);
         let mut may = false;
         let result = s.ws.commit(&p.inner, r, Some(&mut || may = true));
-        if let Some(o) = may_out {
-            o.set(c_int::from(may));
-        }
-        let m = result?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        c.opt_set(decision_may_exist, c_int::from(may));
+        out.give_handle(mws_stored_manifest::new(Arc::new(result?)))
     })
 }
 
@@ -143,8 +136,7 @@ pub unsafe extern "C" fn mws_store_finalize_upload(
 ) -> mws_status {
     status_call!(|c| {
         let s = c.handle(store, "store")?;
-        let p = c.handle(plan, "plan")?;
-        Ok(s.ws.finalize(&p.inner)?)
+        Ok(s.ws.finalize(&c.handle(plan, "plan")?.inner)?)
     })
 }
 
@@ -177,16 +169,12 @@ pub unsafe extern "C" fn mws_store_read_decision(
         let s = c.handle(store, "store")?;
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        let d = match s.ws.read_decision(&p.inner)? {
+        let d = match s.ws.current_decision(&p.inner)? {
             None => mws_decision::MWS_DECISION_NONE,
-            Some((_, digest)) if digest != p.inner.plan_digest() => {
-                return Err(Failure::new(mws_status::MWS_CONFLICT, "upload decision belongs to another plan"))
-            }
-            Some((Decision::Commit, _)) => mws_decision::MWS_DECISION_COMMIT,
-            Some((Decision::Abort, _)) => mws_decision::MWS_DECISION_ABORT,
+            Some(Decision::Commit) => mws_decision::MWS_DECISION_COMMIT,
+            Some(Decision::Abort) => mws_decision::MWS_DECISION_ABORT,
         };
-        out.set(d);
-        Ok(())
+        out.give(d)
     })
 }
 
@@ -226,9 +214,7 @@ pub unsafe extern "C" fn mws_store_load(
             // and untouched by anyone else during the call.
             unsafe { s.ws.load(&p.inner, rb, la) }
         })?;
-        if let Some(out) = c.opt_out(stats) {
-            out.set(stats_out(st));
-        }
+        c.opt_set(stats, stats_out(st));
         Ok(())
     })
 }

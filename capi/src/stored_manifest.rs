@@ -1,22 +1,12 @@
 //! `mws_stored_manifest` (a published revision) and `mws_load_plan` + `mws_store_load`
 //! (the restore path).
 
-use crate::args::{CText, Handle};
-use crate::boundary::{mws_status, Failure};
+use crate::args::{at, CText, Lent, Texts};
+use crate::boundary::mws_status;
 use crate::store::mws_store;
 use mws::StoredManifest;
 use std::ffi::c_char;
-use std::sync::Arc;
-
-pub(crate) struct StoredFragmentView {
-    pub(crate) fragment_id: CText,
-    pub(crate) tensor_id: CText,
-    pub(crate) object_key: CText,
-    pub(crate) object_offset: u64,
-    pub(crate) nbytes: u64,
-    pub(crate) global_offset: Vec<u64>,
-    pub(crate) local_shape: Vec<u64>,
-}
+use std::sync::{Arc, OnceLock};
 
 /// A stored manifest: the published, immutable description of one weight revision
 /// (tensors, stored fragments, object keys).
@@ -27,42 +17,29 @@ pub(crate) struct StoredFragmentView {
 /// accessors are borrowed from the handle and valid until it is freed.
 pub struct mws_stored_manifest {
     pub(crate) inner: Arc<StoredManifest>,
-    pub(crate) json: CText,
-    pub(crate) digest: CText,
-    pub(crate) key: CText,
-    pub(crate) group_id: CText,
-    pub(crate) namespace: CText,
-    pub(crate) resource_id: CText,
-    pub(crate) revision: CText,
-    pub(crate) fragments: Vec<StoredFragmentView>,
+    json: OnceLock<CText>,
+    texts: Texts,
+    fragments: Lent<mws_stored_fragment_info>,
 }
 
 impl mws_stored_manifest {
     pub(crate) fn new(inner: Arc<StoredManifest>) -> Self {
+        let texts = Texts::default();
         let fragments = inner
             .fragments()
             .iter()
-            .map(|f| StoredFragmentView {
-                fragment_id: CText::new(f.fragment_id()),
-                tensor_id: CText::new(f.tensor_id()),
-                object_key: CText::new(f.object_key()),
+            .map(|f| mws_stored_fragment_info {
+                fragment_id: texts.ptr(f.fragment_id()),
+                tensor_id: texts.ptr(f.tensor_id()),
+                object_key: texts.ptr(f.object_key()),
                 object_offset: f.object_offset(),
                 nbytes: f.nbytes(),
-                global_offset: f.global_offset().to_vec(),
-                local_shape: f.local_shape().to_vec(),
+                ndim: f.local_shape().len(),
+                global_offset: f.global_offset().as_ptr(),
+                local_shape: f.local_shape().as_ptr(),
             })
             .collect();
-        mws_stored_manifest {
-            json: CText::new(&inner.to_json()),
-            digest: CText::new(inner.manifest_digest()),
-            key: CText::new(inner.manifest_key()),
-            group_id: CText::new(inner.group_id()),
-            namespace: CText::new(inner.namespace()),
-            resource_id: CText::new(inner.resource_id()),
-            revision: CText::new(inner.revision()),
-            fragments,
-            inner,
-        }
+        mws_stored_manifest { json: OnceLock::new(), texts, fragments: Lent(fragments), inner }
     }
 }
 
@@ -71,6 +48,7 @@ handle!(mws_stored_manifest);
 /// One stored fragment, as returned by `mws_stored_manifest_fragment`. Every pointer
 /// is borrowed from the manifest handle and valid until it is freed.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct mws_stored_fragment_info {
     /// Stored fragment id.
     pub fragment_id: *const c_char,
@@ -110,9 +88,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_store(
         let s = c.handle(store, "store")?;
         let key = c.str(manifest_key, "manifest_key")?;
         let out = c.out(out, "out")?;
-        let m = s.ws.load_manifest(key)?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        out.give_handle(mws_stored_manifest::new(Arc::new(s.ws.load_manifest(key)?)))
     })
 }
 
@@ -131,13 +107,7 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        if json.is_null() {
-            return Err(Failure::null("json"));
-        }
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let m = StoredManifest::from_json(bytes)?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        out.give_handle(mws_stored_manifest::new(Arc::new(StoredManifest::from_json(c.bytes(json, len, "json")?)?)))
     })
 }
 
@@ -159,10 +129,7 @@ pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_mani
 /// `manifest` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.json, len))
-    })
+    text_call!(m, "manifest", len, |m| m.json.get_or_init(|| CText::new(&m.inner.to_json())))
 }
 
 /// Returns the manifest digest (64 lowercase hex). Borrowed, as
@@ -172,10 +139,7 @@ pub unsafe extern "C" fn mws_stored_manifest_to_json(m: *const mws_stored_manife
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.digest, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.manifest_digest()))
 }
 
 /// Returns the key the manifest is stored at. Borrowed, as
@@ -185,10 +149,7 @@ pub unsafe extern "C" fn mws_stored_manifest_digest(m: *const mws_stored_manifes
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.key, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.manifest_key()))
 }
 
 /// Returns the group id of the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -197,10 +158,7 @@ pub unsafe extern "C" fn mws_stored_manifest_key(m: *const mws_stored_manifest, 
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_group_id(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.group_id, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.group_id()))
 }
 
 /// Returns the store namespace of the revision. Borrowed, as
@@ -213,10 +171,7 @@ pub unsafe extern "C" fn mws_stored_manifest_namespace(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.namespace, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.namespace()))
 }
 
 /// Returns the resource id. Borrowed, as `mws_stored_manifest_to_json`.
@@ -228,10 +183,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
     m: *const mws_stored_manifest,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.resource_id, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.resource_id()))
 }
 
 /// Returns the revision. Borrowed, as `mws_stored_manifest_to_json`.
@@ -240,10 +192,7 @@ pub unsafe extern "C" fn mws_stored_manifest_resource_id(
 /// As `mws_stored_manifest_to_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_revision(m: *const mws_stored_manifest, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let m = c.handle(m, "manifest")?;
-        Ok(c.lend(&m.revision, len))
-    })
+    text_call!(m, "manifest", len, |m| m.texts.get(m.inner.revision()))
 }
 
 /// Returns the weight generation, or 0 (and the last error) if `manifest` is NULL.
@@ -300,22 +249,7 @@ pub unsafe extern "C" fn mws_stored_manifest_fragment(
     status_call!(|c| {
         let m = c.handle(m, "manifest")?;
         let out = c.out(out, "out")?;
-        let f = m.fragments.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "fragment index {index} is out of range (the manifest has {} fragments)",
-                m.fragments.len()
-            ))
-        })?;
-        out.set(mws_stored_fragment_info {
-            fragment_id: f.fragment_id.as_ptr(),
-            tensor_id: f.tensor_id.as_ptr(),
-            object_key: f.object_key.as_ptr(),
-            object_offset: f.object_offset,
-            nbytes: f.nbytes,
-            ndim: f.local_shape.len(),
-            global_offset: f.global_offset.as_ptr(),
-            local_shape: f.local_shape.as_ptr(),
-        });
-        Ok(())
+        let f = at(&m.fragments, index, "fragment", |n| format!("manifest has {n} fragments"))?;
+        out.give(*f)
     })
 }

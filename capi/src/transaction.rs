@@ -1,7 +1,6 @@
 //! `mws_transaction`: an upload transaction bound to a store and an upload plan that
 //! collects receipts (translates `WeightStore::upload/commit/abort_upload/finalize`).
 
-use crate::args::Handle;
 use crate::binding::mws_binding;
 use crate::boundary::mws_status;
 use crate::boundary::Failure;
@@ -12,7 +11,7 @@ use crate::receipts::mws_receipts;
 use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_plan;
-use mws::protocol::{Progress, ProgressFn, Transaction, TransactionState, UploadArgs, UploadSource};
+use mws::protocol::{Transaction, TransactionState, UploadSource};
 use std::ffi::c_int;
 
 /// An upload transaction: one upload plan in one store, uploaded participant by
@@ -72,8 +71,7 @@ pub unsafe extern "C" fn mws_transaction_new(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let tx = mws_transaction { inner: Transaction::new(s.ws.clone(), p.inner.clone()) };
-        out.set(Handle::into_raw(tx));
-        Ok(())
+        out.give_handle(tx)
     })
 }
 
@@ -173,24 +171,16 @@ pub unsafe extern "C" fn mws_transaction_upload_many(
         }
         let mut locked = Vec::with_capacity(lease_ptrs.len());
         for &p in lease_ptrs {
-            locked.push(c.opt_handle(p).map(|l| l.for_store(ws)).transpose()?);
+            locked.push(c.opt_handle(p).map(|l| l.inner.for_store(ws)).transpose()?);
         }
         let sources: Vec<UploadSource<'_>> = built
             .iter()
             .enumerate()
             .map(|(i, rb)| UploadSource { binding: rb, lease: locked.get(i).and_then(|l| l.as_deref()) })
             .collect();
-        let report = a.progress.map(|p| move |x: &Progress| p.report(x));
-        let ua = UploadArgs {
-            worker_id: a.worker_id,
-            guard: Some(&*a.guard),
-            transfer_id: a.transfer_id,
-            lease: None,
-            progress: report.as_ref().map(|f| f as ProgressFn<'_>),
-        };
         // SAFETY: this function's contract: the bindings' buffers stay valid and
         // unchanged during the call.
-        Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, ua) }?)
+        Ok(unsafe { t.inner.upload_many(&pl.inner, &sources, a.upload(None)) }?)
     })
 }
 
@@ -209,9 +199,7 @@ pub unsafe extern "C" fn mws_transaction_receipts(
     status_call!(|c| {
         let t = c.handle(tx, "tx")?;
         let out = c.out(out, "out")?;
-        let r = t.inner.receipts();
-        out.set(Handle::into_raw(mws_receipts::new(r)));
-        Ok(())
+        out.give_handle(mws_receipts::new(t.inner.receipts()))
     })
 }
 
@@ -230,8 +218,7 @@ pub unsafe extern "C" fn mws_transaction_add_receipts(
 ) -> mws_status {
     status_call!(|c| {
         let t = c.handle(tx as *const mws_transaction, "tx")?;
-        let r = c.handle(receipts, "receipts")?;
-        Ok(t.inner.add_receipts(&r.inner)?)
+        Ok(t.inner.add_receipts(&c.handle(receipts, "receipts")?.inner)?)
     })
 }
 
@@ -260,9 +247,7 @@ pub unsafe extern "C" fn mws_transaction_commit(
     status_call!(|c| {
         let t = c.handle(tx as *const mws_transaction, "tx")?;
         let out = c.out(out, "out")?;
-        let m = t.inner.commit()?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(m)));
-        Ok(())
+        out.give_handle(mws_stored_manifest::new(t.inner.commit()?))
     })
 }
 
@@ -312,10 +297,7 @@ pub unsafe extern "C" fn mws_transaction_get_state(tx: *const mws_transaction) -
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_status {
-    status_call!(|c| {
-        let t = c.handle(tx as *const mws_transaction, "tx")?;
-        Ok(t.inner.abort()?)
-    })
+    status_call!(|c| Ok(c.handle(tx as *const mws_transaction, "tx")?.inner.abort()?))
 }
 
 /// Idempotent recovery (`mws_store_finalize_upload` of the plan): brings the store
@@ -331,10 +313,7 @@ pub unsafe extern "C" fn mws_transaction_abort(tx: *mut mws_transaction) -> mws_
 /// `tx` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) -> mws_status {
-    status_call!(|c| {
-        let t = c.handle(tx, "tx")?;
-        Ok(t.inner.finalize()?)
-    })
+    status_call!(|c| Ok(c.handle(tx, "tx")?.inner.finalize()?))
 }
 
 /// Frees a transaction. `NULL` does nothing. It does NOT abort an open transaction:

@@ -3,7 +3,7 @@
 //! outside executor (for example a serving engine's own Transfer Engine hook) can
 //! execute a plan itself.
 
-use crate::args::{CText, Handle};
+use crate::args::{CText, Caller, Lent, Texts};
 use crate::binding::{bindings_arg, mws_binding};
 use crate::placement::mws_placement;
 use std::ffi::c_char;
@@ -11,9 +11,10 @@ use std::sync::{Arc, OnceLock};
 
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::load_plan::{mws_planning_limits, planning_limits};
+use mws::model::ParallelRank;
+use mws::plan::region::TransferRegion;
 use mws::plan::transfer::{LogicalTransferPlan, SourceRouting};
-use mws::plan::transfer_bind::{Side, TransferPlan};
-use std::collections::HashMap;
+use mws::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 
 /// A side of a transfer (`mws_transfer_plan_executor_count`, ...).
 #[repr(C)]
@@ -41,20 +42,16 @@ pub enum mws_source_routing {
     MWS_SOURCE_ROUTING_SPREAD_TARGETS = 1,
 }
 
+/// The routing of an `mws_source_routing` value (the table is in the C enum's order).
 fn routing_arg(routing: u32) -> FfiResult<SourceRouting> {
-    match routing {
-        x if x == mws_source_routing::MWS_SOURCE_ROUTING_TARGET_DP as u32 => Ok(SourceRouting::TargetDp),
-        x if x == mws_source_routing::MWS_SOURCE_ROUTING_SPREAD_TARGETS as u32 => Ok(SourceRouting::SpreadTargets),
-        x => Err(Failure::invalid(format!("invalid source routing: {x}"))),
-    }
+    let all = [SourceRouting::TargetDp, SourceRouting::SpreadTargets];
+    all.get(routing as usize).copied().ok_or_else(|| Failure::invalid(format!("invalid source routing: {routing}")))
 }
 
+/// The side of an `mws_transfer_side` value (the table is in the C enum's order).
 fn side_arg(side: u32) -> FfiResult<Side> {
-    match side {
-        x if x == mws_transfer_side::MWS_SIDE_SOURCE as u32 => Ok(Side::Source),
-        x if x == mws_transfer_side::MWS_SIDE_TARGET as u32 => Ok(Side::Target),
-        x => Err(Failure::invalid(format!("invalid executor side: {x}"))),
-    }
+    let all = [Side::Source, Side::Target];
+    all.get(side as usize).copied().ok_or_else(|| Failure::invalid(format!("invalid executor side: {side}")))
 }
 
 /// One logical region (`mws_transfer_plan_region`). Strings and arrays are borrowed
@@ -175,24 +172,6 @@ pub struct mws_transfer_executor_info {
     pub operation_count: usize,
 }
 
-/// Interned NUL-terminated strings lent by a plan handle.
-#[derive(Default, Debug)]
-struct Strings {
-    index: HashMap<String, usize>,
-    texts: Vec<CText>,
-}
-
-impl Strings {
-    fn get(&mut self, s: &str) -> *const c_char {
-        if let Some(&i) = self.index.get(s) {
-            return self.texts[i].as_ptr();
-        }
-        self.texts.push(CText::new(s));
-        self.index.insert(s.to_string(), self.texts.len() - 1);
-        self.texts.last().expect("pushed").as_ptr()
-    }
-}
-
 /// A live-transfer plan: logical (address-free) or bound to runtime bindings.
 ///
 /// Created by `mws_transfer_plan_new`, `mws_transfer_plan_from_json` or
@@ -205,31 +184,23 @@ impl Strings {
 pub struct mws_transfer_plan {
     pub(crate) logical: LogicalTransferPlan,
     pub(crate) bound: Option<TransferPlan>,
-    regions: Vec<mws_transfer_region_info>,
-    operations: Vec<mws_transfer_operation_info>,
-    executors: [Vec<mws_transfer_executor_info>; 2],
-    _indices: Vec<Box<[u32]>>,
-    _strings: Strings,
+    regions: Lent<mws_transfer_region_info>,
+    operations: Lent<mws_transfer_operation_info>,
+    executors: [Lent<mws_transfer_executor_info>; 2],
+    _texts: Texts,
     json: OnceLock<CText>,
 }
 
-impl Handle for mws_transfer_plan {}
+handle!(mws_transfer_plan);
 
-// SAFETY: the raw pointers point into data owned by the handle (`_strings`,
-// `_indices`, the plans' regions), which is immutable after construction.
-unsafe impl Send for mws_transfer_plan {}
-// SAFETY: as above.
-unsafe impl Sync for mws_transfer_plan {}
-
-fn region_info(s: &mut Strings, l: &LogicalTransferPlan, i: usize) -> mws_transfer_region_info {
-    let r = &l.regions()[i];
+fn region_info(s: &Texts, l: &LogicalTransferPlan, r: &TransferRegion) -> mws_transfer_region_info {
     let arr = |v: &Vec<u64>| if v.is_empty() { std::ptr::null() } else { v.as_ptr() };
     mws_transfer_region_info {
-        tensor_id: s.get(l.target_of(r).tensor_id()),
-        source_participant_id: s.get(l.source_participant_of(r)),
-        source_placement_fragment_id: s.get(l.source_of(r).placement_fragment_id()),
-        target_participant_id: s.get(l.target_participant_of(r)),
-        target_placement_fragment_id: s.get(l.target_of(r).placement_fragment_id()),
+        tensor_id: s.ptr(l.target_of(r).tensor_id()),
+        source_participant_id: s.ptr(l.source_participant_of(r)),
+        source_placement_fragment_id: s.ptr(l.source_of(r).placement_fragment_id()),
+        target_participant_id: s.ptr(l.target_participant_of(r)),
+        target_placement_fragment_id: s.ptr(l.target_of(r).placement_fragment_id()),
         source_base_offset: r.source_base_offset,
         target_base_offset: r.target_base_offset,
         inner_bytes: r.inner_bytes,
@@ -242,20 +213,20 @@ fn region_info(s: &mut Strings, l: &LogicalTransferPlan, i: usize) -> mws_transf
     }
 }
 
-fn endpoint_info(s: &mut Strings, p: &TransferPlan, i: usize, side: Side) -> mws_transfer_endpoint_info {
+fn endpoint_info(s: &Texts, p: &TransferPlan, i: usize, side: Side) -> mws_transfer_endpoint_info {
     let (b, f) = p.operation_fragment(i, side);
     let r = &p.regions()[i];
     let off = if side == Side::Source { r.source_base_offset } else { r.target_base_offset };
     mws_transfer_endpoint_info {
-        participant_id: s.get(b.participant_id()),
-        instance_id: s.get(b.instance_id()),
-        lease_id: s.get(b.lease_id()),
+        participant_id: s.ptr(b.participant_id()),
+        instance_id: s.ptr(b.instance_id()),
+        lease_id: s.ptr(b.lease_id()),
         generation: b.generation(),
-        worker_id: s.get(f.worker_id()),
-        endpoint: s.get(f.endpoint()),
-        device: s.get(f.device()),
-        fragment_id: s.get(f.fragment_id()),
-        placement_fragment_id: s.get(f.placement_fragment_id()),
+        worker_id: s.ptr(f.worker_id()),
+        endpoint: s.ptr(f.endpoint()),
+        device: s.ptr(f.device()),
+        fragment_id: s.ptr(f.fragment_id()),
+        placement_fragment_id: s.ptr(f.placement_fragment_id()),
         address: f.address(),
         address_offset: off,
         storage_address: f.storage_address(),
@@ -264,75 +235,62 @@ fn endpoint_info(s: &mut Strings, p: &TransferPlan, i: usize, side: Side) -> mws
     }
 }
 
+/// One executor: `bound` (instance, lease, worker, generation) for a bound plan's.
+fn executor_info(
+    s: &Texts,
+    participant_id: &str,
+    rank: ParallelRank,
+    operation_indices: &[u32],
+    bound: Option<&ExecutorTransferPlan>,
+) -> mws_transfer_executor_info {
+    let text = |f: fn(&ExecutorTransferPlan) -> &str| bound.map_or(std::ptr::null(), |e| s.ptr(f(e)));
+    mws_transfer_executor_info {
+        participant_id: s.ptr(participant_id),
+        instance_id: text(|e| &e.instance_id),
+        lease_id: text(|e| &e.runtime_lease_id),
+        worker_id: text(|e| &e.worker_id),
+        generation: bound.map_or(0, |e| e.generation),
+        dp: rank.dp,
+        pp: rank.pp,
+        ep: rank.ep,
+        tp: rank.tp,
+        operation_indices: operation_indices.as_ptr(),
+        operation_count: operation_indices.len(),
+    }
+}
+
 impl mws_transfer_plan {
     pub(crate) fn new(logical: LogicalTransferPlan, bound: Option<TransferPlan>) -> mws_transfer_plan {
-        let mut s = Strings::default();
-        let regions: Vec<_> = (0..logical.regions().len()).map(|i| region_info(&mut s, &logical, i)).collect();
-        let mut indices: Vec<Box<[u32]>> = Vec::new();
-        let mut executors: [Vec<mws_transfer_executor_info>; 2] = [Vec::new(), Vec::new()];
-        let mut operations = Vec::new();
-        let null = std::ptr::null();
-        match &bound {
-            None => {
-                for (k, list) in [logical.source_executors(), logical.target_executors()].into_iter().enumerate() {
-                    for e in list {
-                        let ops: Box<[u32]> = e.operation_indices.clone().into_boxed_slice();
-                        executors[k].push(mws_transfer_executor_info {
-                            participant_id: s.get(&e.participant_id),
-                            instance_id: null,
-                            lease_id: null,
-                            worker_id: null,
-                            generation: 0,
-                            dp: e.rank.dp,
-                            pp: e.rank.pp,
-                            ep: e.rank.ep,
-                            tp: e.rank.tp,
-                            operation_indices: ops.as_ptr(),
-                            operation_count: ops.len(),
-                        });
-                        indices.push(ops);
-                    }
+        let s = Texts::default();
+        let regions: Vec<_> = logical.regions().iter().map(|r| region_info(&s, &logical, r)).collect();
+        let executors = [Side::Source, Side::Target].map(|side| {
+            Lent(match &bound {
+                None => {
+                    let list =
+                        if side == Side::Source { logical.source_executors() } else { logical.target_executors() };
+                    list.iter()
+                        .map(|e| executor_info(&s, &e.participant_id, e.rank, &e.operation_indices, None))
+                        .collect()
                 }
-            }
-            Some(p) => {
-                for (k, side) in [Side::Source, Side::Target].into_iter().enumerate() {
-                    for e in p.executors(side) {
-                        let ops: Box<[u32]> = e.operation_indices.clone().into_boxed_slice();
-                        executors[k].push(mws_transfer_executor_info {
-                            participant_id: s.get(&e.participant_id),
-                            instance_id: s.get(&e.instance_id),
-                            lease_id: s.get(&e.runtime_lease_id),
-                            worker_id: s.get(&e.worker_id),
-                            generation: e.generation,
-                            dp: e.rank.dp,
-                            pp: e.rank.pp,
-                            ep: e.rank.ep,
-                            tp: e.rank.tp,
-                            operation_indices: ops.as_ptr(),
-                            operation_count: ops.len(),
-                        });
-                        indices.push(ops);
-                    }
-                }
-                for (i, region) in regions.iter().enumerate() {
-                    operations.push(mws_transfer_operation_info {
-                        region: *region,
-                        source: endpoint_info(&mut s, p, i, Side::Source),
-                        target: endpoint_info(&mut s, p, i, Side::Target),
-                    });
-                }
-            }
-        }
-        mws_transfer_plan {
-            logical,
-            bound,
-            regions,
-            operations,
-            executors,
-            _indices: indices,
-            _strings: s,
-            json: OnceLock::new(),
-        }
+                Some(p) => p
+                    .executors(side)
+                    .iter()
+                    .map(|e| executor_info(&s, &e.participant_id, e.rank, &e.operation_indices, Some(e)))
+                    .collect(),
+            })
+        });
+        let operations = match &bound {
+            None => Vec::new(),
+            Some(p) => (regions.iter().enumerate())
+                .map(|(i, region)| mws_transfer_operation_info {
+                    region: *region,
+                    source: endpoint_info(&s, p, i, Side::Source),
+                    target: endpoint_info(&s, p, i, Side::Target),
+                })
+                .collect(),
+        };
+        let (regions, operations) = (Lent(regions), Lent(operations));
+        mws_transfer_plan { logical, bound, regions, operations, executors, _texts: s, json: OnceLock::new() }
     }
 
     /// The bound plan, or `MWS_INVALID_ARGUMENT` for a logical one.
@@ -361,21 +319,7 @@ pub unsafe extern "C" fn mws_transfer_plan_new(
     limits: *const mws_planning_limits,
     out: *mut *mut mws_transfer_plan,
 ) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(source, "source")?;
-        let t = c.handle(target, "target")?;
-        let out = c.out(out, "out")?;
-        let participant = c.opt_str(target_participant_id, "target_participant_id")?;
-        let l = planning_limits(c, limits);
-        let limits = l;
-        let (sp, tp) = (Arc::new(s.inner.clone()), Arc::new(t.inner.clone()));
-        let logical = match participant {
-            None => LogicalTransferPlan::plan(sp, tp, limits)?,
-            Some(p) => LogicalTransferPlan::plan_local(sp, tp, Some(p), limits)?,
-        };
-        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
-        Ok(())
-    })
+    status_call!(|c| plan(c, source, target, target_participant_id, limits, Ok(SourceRouting::TargetDp), out))
 }
 
 /// As `mws_transfer_plan_new`, with the source replica routing `routing` (a
@@ -399,21 +343,32 @@ pub unsafe extern "C" fn mws_transfer_plan_new_routed(
     routing: u32,
     out: *mut *mut mws_transfer_plan,
 ) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(source, "source")?;
-        let t = c.handle(target, "target")?;
-        let out = c.out(out, "out")?;
-        let participant = c.opt_str(target_participant_id, "target_participant_id")?;
-        let routing = routing_arg(routing)?;
-        let limits = planning_limits(c, limits);
-        let (sp, tp) = (Arc::new(s.inner.clone()), Arc::new(t.inner.clone()));
-        let logical = match participant {
-            None => LogicalTransferPlan::plan_routed(sp, tp, limits, routing)?,
-            Some(p) => LogicalTransferPlan::plan_local_routed(sp, tp, Some(p), limits, routing)?,
-        };
-        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
-        Ok(())
-    })
+    status_call!(|c| plan(c, source, target, target_participant_id, limits, routing_arg(routing), out))
+}
+
+/// `mws_transfer_plan_new(_routed)` inside the boundary (`routing`: the routing
+/// argument, checked after the handles, `out` and the participant).
+fn plan(
+    c: Caller<'_>,
+    source: *const mws_placement,
+    target: *const mws_placement,
+    target_participant_id: *const c_char,
+    limits: *const mws_planning_limits,
+    routing: FfiResult<SourceRouting>,
+    out: *mut *mut mws_transfer_plan,
+) -> FfiResult<()> {
+    let s = c.handle(source, "source")?;
+    let t = c.handle(target, "target")?;
+    let out = c.out(out, "out")?;
+    let participant = c.opt_str(target_participant_id, "target_participant_id")?;
+    let routing = routing?;
+    let limits = planning_limits(c, limits);
+    let (sp, tp) = (Arc::new(s.inner.clone()), Arc::new(t.inner.clone()));
+    let logical = match participant {
+        None => LogicalTransferPlan::plan_routed(sp, tp, limits, routing)?,
+        Some(p) => LogicalTransferPlan::plan_local_routed(sp, tp, Some(p), limits, routing)?,
+    };
+    out.give_handle(mws_transfer_plan::new(logical, None))
 }
 
 /// Binds the logical plan `plan` to `n_targets` target and `n_sources` source
@@ -447,8 +402,7 @@ pub unsafe extern "C" fn mws_transfer_plan_bind(
         let tb = bindings_arg(c, target_bindings, n_targets, "target_bindings")?;
         let sb = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
         let bound = TransferPlan::bind(&p.logical, &tb, &sb)?;
-        out.set(Handle::into_raw(mws_transfer_plan::new(p.logical.clone(), Some(bound))));
-        Ok(())
+        out.give_handle(mws_transfer_plan::new(p.logical.clone(), Some(bound)))
     })
 }
 
@@ -469,11 +423,8 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let text = crate::args::utf8(bytes, "json")?;
-        let logical = LogicalTransferPlan::from_json(text)?;
-        out.set(Handle::into_raw(mws_transfer_plan::new(logical, None)));
-        Ok(())
+        let text = crate::args::utf8(c.slice(json as *const u8, len, "json")?, "json")?;
+        out.give_handle(mws_transfer_plan::new(LogicalTransferPlan::from_json(text)?, None))
     })
 }
 
@@ -486,16 +437,12 @@ pub unsafe extern "C" fn mws_transfer_plan_from_json(
 /// `plan` is NULL or live; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_to_json(plan: *const mws_transfer_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        let text = p.json.get_or_init(|| {
-            CText::new(&match &p.bound {
-                Some(b) => b.to_json(),
-                None => p.logical.to_json(),
-            })
-        });
-        Ok(c.lend(text, len))
-    })
+    text_call!(plan, "plan", len, |p| p.json.get_or_init(|| {
+        CText::new(&match &p.bound {
+            Some(b) => b.to_json(),
+            None => p.logical.to_json(),
+        })
+    }))
 }
 
 /// 1 for a bound plan, 0 for a logical one, -1 (and the last error) for NULL.
@@ -541,8 +488,7 @@ pub unsafe extern "C" fn mws_transfer_plan_region(
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
         let r = p.regions.get(index).ok_or_else(|| Failure::invalid(format!("region index {index} out of range")))?;
-        out.set(*r);
-        Ok(())
+        out.give(*r)
     })
 }
 
@@ -565,8 +511,7 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
         p.bound()?;
         let o =
             p.operations.get(index).ok_or_else(|| Failure::invalid(format!("operation index {index} out of range")))?;
-        out.set(*o);
-        Ok(())
+        out.give(*o)
     })
 }
 
@@ -580,8 +525,7 @@ pub unsafe extern "C" fn mws_transfer_plan_operation(
 pub unsafe extern "C" fn mws_transfer_plan_executor_count(plan: *const mws_transfer_plan, side: u32) -> usize {
     value_call!(0, |c| {
         let p = c.handle(plan, "plan")?;
-        let k = side_arg(side)? as usize;
-        Ok(p.executors[k].len())
+        Ok(p.executors[side_arg(side)? as usize].len())
     })
 }
 
@@ -605,8 +549,7 @@ pub unsafe extern "C" fn mws_transfer_plan_executor(
         let e = p.executors[k]
             .get(index)
             .ok_or_else(|| Failure::invalid(format!("executor index {index} out of range")))?;
-        out.set(*e);
-        Ok(())
+        out.give(*e)
     })
 }
 

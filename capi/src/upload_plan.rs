@@ -1,27 +1,15 @@
 //! `mws_upload_plan`: a planned upload (stored manifest, keys, operations).
 
-use crate::args::{CText, Caller, Handle};
+use crate::args::{at, CText, Caller, Lent, Texts};
 use crate::binding::mws_binding;
-use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::boundary::{mws_status, FfiResult};
 use crate::placement::mws_placement;
 use mws::plan_upload;
 use mws::Decision;
 use mws::UploadOptions;
 use mws::UploadPlan;
 use std::ffi::c_char;
-
-pub(crate) struct OperationView {
-    pub(crate) participant_id: CText,
-    pub(crate) instance_id: CText,
-    pub(crate) lease_id: CText,
-    pub(crate) generation: u64,
-    pub(crate) fragment_id: CText,
-    pub(crate) worker_id: CText,
-    pub(crate) placement_fragment_id: CText,
-    pub(crate) target_fragment_id: CText,
-    pub(crate) object_key: CText,
-    pub(crate) nbytes: u64,
-}
+use std::sync::OnceLock;
 
 /// A planned upload: the stored manifest to commit, every key of the upload
 /// transaction, and the copy operations, in plan order.
@@ -33,53 +21,39 @@ pub(crate) struct OperationView {
 /// handle and stay valid until it is freed.
 pub struct mws_upload_plan {
     pub(crate) inner: UploadPlan,
-    pub(crate) manifest_json: CText,
-    pub(crate) manifest_digest: CText,
-    pub(crate) manifest_key: CText,
-    pub(crate) group_id: CText,
-    pub(crate) control_key: CText,
-    pub(crate) transaction_group_id: CText,
-    pub(crate) transaction_id: CText,
-    pub(crate) source_placement_id: CText,
-    pub(crate) source_placement_digest: CText,
-    pub(crate) commit_record: CText,
-    pub(crate) operations: Vec<OperationView>,
+    manifest_json: OnceLock<CText>,
+    commit_record: OnceLock<CText>,
     /// Transport JSON (`mws_upload_plan_to_json`), built on first use.
-    pub(crate) transport_json: std::sync::OnceLock<CText>,
+    transport_json: OnceLock<CText>,
+    texts: Texts,
+    operations: Lent<mws_upload_operation>,
 }
 
 impl mws_upload_plan {
     pub(crate) fn new(inner: UploadPlan) -> Self {
+        let texts = Texts::default();
         let operations = inner
             .operations()
             .iter()
-            .map(|op| OperationView {
-                participant_id: CText::new(op.source_participant_id()),
-                instance_id: CText::new(op.source_instance_id()),
-                lease_id: CText::new(op.source_lease_id()),
-                generation: op.source_generation(),
-                fragment_id: CText::new(op.source_snapshot().fragment_id()),
-                worker_id: CText::new(op.source_snapshot().worker_id()),
-                placement_fragment_id: CText::new(op.source_placement().placement_fragment_id()),
-                target_fragment_id: CText::new(op.target().fragment_id()),
-                object_key: CText::new(op.target().object_key()),
+            .map(|op| mws_upload_operation {
+                source_participant_id: texts.ptr(op.source_participant_id()),
+                source_instance_id: texts.ptr(op.source_instance_id()),
+                source_lease_id: texts.ptr(op.source_lease_id()),
+                source_generation: op.source_generation(),
+                source_fragment_id: texts.ptr(op.source_snapshot().fragment_id()),
+                source_worker_id: texts.ptr(op.source_snapshot().worker_id()),
+                source_placement_fragment_id: texts.ptr(op.source_placement().placement_fragment_id()),
+                target_fragment_id: texts.ptr(op.target().fragment_id()),
+                object_key: texts.ptr(op.target().object_key()),
                 nbytes: op.target().nbytes(),
             })
             .collect();
-        let manifest = inner.manifest();
         mws_upload_plan {
-            manifest_json: CText::new(&manifest.to_json()),
-            manifest_digest: CText::new(manifest.manifest_digest()),
-            manifest_key: CText::new(manifest.manifest_key()),
-            group_id: CText::new(manifest.group_id()),
-            control_key: CText::new(inner.control_key()),
-            transaction_group_id: CText::new(inner.transaction_group_id()),
-            transaction_id: CText::new(inner.transaction_id()),
-            source_placement_id: CText::new(inner.source_placement_id()),
-            source_placement_digest: CText::new(inner.source_placement_digest()),
-            commit_record: CText::new(&inner.decision_record(Decision::Commit)),
-            operations,
-            transport_json: std::sync::OnceLock::new(),
+            manifest_json: OnceLock::new(),
+            commit_record: OnceLock::new(),
+            transport_json: OnceLock::new(),
+            texts,
+            operations: Lent(operations),
             inner,
         }
     }
@@ -106,6 +80,7 @@ pub struct mws_upload_options {
 /// as returned by `mws_upload_plan_operation`. Every string is NUL-terminated, borrowed
 /// from the plan handle and valid until it is freed.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct mws_upload_operation {
     /// The participant whose binding lends the source buffer.
     pub source_participant_id: *const c_char,
@@ -131,18 +106,14 @@ pub struct mws_upload_operation {
 
 /// The [`UploadOptions`] `options` says (NULL: the defaults).
 pub(crate) fn options_from(c: Caller<'_>, options: *const mws_upload_options) -> FfiResult<UploadOptions> {
-    let mut o = UploadOptions::default();
-    if let Some(opts) = c.opt_struct(options) {
-        if let Some(ns) = c.opt_str(opts.store_namespace, "options->store_namespace")? {
-            o.namespace = ns.to_owned();
-        }
-        if let Some(prefix) = c.opt_str(opts.key_prefix, "options->key_prefix")? {
-            o.key_prefix = prefix.to_owned();
-        }
-        o.transaction_id = c.opt_str(opts.transaction_id, "options->transaction_id")?.map(str::to_owned);
-        o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
-    }
-    Ok(o)
+    let d = UploadOptions::default();
+    let Some(o) = c.opt_struct(options) else { return Ok(d) };
+    Ok(UploadOptions {
+        namespace: c.opt_str(o.store_namespace, "options->store_namespace")?.map_or(d.namespace, str::to_owned),
+        key_prefix: c.opt_str(o.key_prefix, "options->key_prefix")?.map_or(d.key_prefix, str::to_owned),
+        transaction_id: c.opt_str(o.transaction_id, "options->transaction_id")?.map(str::to_owned),
+        created_at: c.opt_str(o.created_at, "options->created_at")?.map(str::to_owned),
+    })
 }
 
 /// Plans an upload of `placement` from `count` runtime bindings (one per participant
@@ -179,9 +150,7 @@ pub unsafe extern "C" fn mws_upload_plan_new(
         let out = c.out(out, "out")?;
         let built = c.handles(bindings, count, "bindings")?.iter().map(|b| b.build()).collect::<Result<Vec<_>, _>>()?;
         let options = options_from(c, options)?;
-        let plan = plan_upload(&p.inner, &built, &options)?;
-        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
-        Ok(())
+        out.give_handle(mws_upload_plan::new(plan_upload(&p.inner, &built, &options)?))
     })
 }
 
@@ -207,10 +176,7 @@ pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.manifest_json, len))
-    })
+    text_call!(plan, "plan", len, |p| p.manifest_json.get_or_init(|| CText::new(&p.inner.manifest().to_json())))
 }
 
 /// Returns the manifest digest (sha256 hex of the manifest JSON). Borrowed string, as
@@ -223,10 +189,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.manifest_digest, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.manifest().manifest_digest()))
 }
 
 /// Returns the key the manifest is stored at. Borrowed string, as
@@ -236,10 +199,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.manifest_key, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.manifest().manifest_key()))
 }
 
 /// Returns the group id of the stored revision (the key base). Borrowed string, as
@@ -249,10 +209,7 @@ pub unsafe extern "C" fn mws_upload_plan_manifest_key(plan: *const mws_upload_pl
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.group_id, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.manifest().group_id()))
 }
 
 /// Returns the control key (where the commit/abort decision record is stored).
@@ -262,10 +219,7 @@ pub unsafe extern "C" fn mws_upload_plan_group_id(plan: *const mws_upload_plan, 
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_control_key(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.control_key, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.control_key()))
 }
 
 /// Returns the transaction group id (the group of the payload objects of this upload).
@@ -278,10 +232,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_group_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.transaction_group_id, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.transaction_group_id()))
 }
 
 /// Returns the upload transaction id. Borrowed string, as
@@ -294,10 +245,7 @@ pub unsafe extern "C" fn mws_upload_plan_transaction_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.transaction_id, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.transaction_id()))
 }
 
 /// Returns the id of the placement the plan was made from. Borrowed string, as
@@ -310,10 +258,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_id(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.source_placement_id, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.source_placement_id()))
 }
 
 /// Returns the digest of the placement the plan was made from. Borrowed string, as
@@ -326,10 +271,7 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
     plan: *const mws_upload_plan,
     len: *mut usize,
 ) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.source_placement_digest, len))
-    })
+    text_call!(plan, "plan", len, |p| p.texts.get(p.inner.source_placement_digest()))
 }
 
 /// Returns the exact bytes of the commit decision record to store at the control key.
@@ -339,10 +281,9 @@ pub unsafe extern "C" fn mws_upload_plan_source_placement_digest(
 /// As `mws_upload_plan_manifest_json`.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_commit_record(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        Ok(c.lend(&p.commit_record, len))
-    })
+    text_call!(plan, "plan", len, |p| p
+        .commit_record
+        .get_or_init(|| CText::new(&p.inner.decision_record(Decision::Commit))))
 }
 
 /// Returns the number of operations of the plan, or 0 (and sets the last error) if
@@ -373,25 +314,8 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
     status_call!(|c| {
         let p = c.handle(plan, "plan")?;
         let out = c.out(out, "out")?;
-        let op = p.operations.get(index).ok_or_else(|| {
-            Failure::invalid(format!(
-                "operation index {index} is out of range (the plan has {} operations)",
-                p.operations.len()
-            ))
-        })?;
-        out.set(mws_upload_operation {
-            source_participant_id: op.participant_id.as_ptr(),
-            source_instance_id: op.instance_id.as_ptr(),
-            source_lease_id: op.lease_id.as_ptr(),
-            source_generation: op.generation,
-            source_fragment_id: op.fragment_id.as_ptr(),
-            source_worker_id: op.worker_id.as_ptr(),
-            source_placement_fragment_id: op.placement_fragment_id.as_ptr(),
-            target_fragment_id: op.target_fragment_id.as_ptr(),
-            object_key: op.object_key.as_ptr(),
-            nbytes: op.nbytes,
-        });
-        Ok(())
+        let op = at(&p.operations, index, "operation", |n| format!("plan has {n} operations"))?;
+        out.give(*op)
     })
 }
 
@@ -409,11 +333,7 @@ pub unsafe extern "C" fn mws_upload_plan_operation(
 /// `plan` is NULL or a live handle; `len` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_to_json(plan: *const mws_upload_plan, len: *mut usize) -> *const c_char {
-    value_call!(std::ptr::null(), |c| {
-        let p = c.handle(plan, "plan")?;
-        let text = p.transport_json.get_or_init(|| CText::new(&mws::plan_to_json(&p.inner)));
-        Ok(c.lend(text, len))
-    })
+    text_call!(plan, "plan", len, |p| p.transport_json.get_or_init(|| CText::new(&mws::plan_to_json(&p.inner))))
 }
 
 /// Decodes an upload plan sent by `mws_upload_plan_to_json` and re-validates it
@@ -436,12 +356,6 @@ pub unsafe extern "C" fn mws_upload_plan_from_json(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        if json.is_null() {
-            return Err(Failure::null("json"));
-        }
-        let bytes = c.slice(json as *const u8, len, "json")?;
-        let plan = mws::plan_from_json(bytes)?;
-        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
-        Ok(())
+        out.give_handle(mws_upload_plan::new(mws::plan_from_json(c.bytes(json, len, "json")?)?))
     })
 }

@@ -4,15 +4,15 @@ use crate::args::Handle;
 use crate::boundary::{mws_status, Failure};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::callbacks::snapshot::{
-    mws_snapshot_adapter_vtable, mws_snapshot_descriptor, AdapterCtx, CAdapter, CTensor,
-    MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
+    mws_snapshot_adapter_vtable, mws_snapshot_descriptor, CAdapter, CTensor, MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION,
 };
+use crate::callbacks::Ctx;
 use crate::receipts::mws_receipts;
 use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_options;
 use crate::upload_plan::mws_upload_plan;
-use mws::protocol::SnapshotDescriptor;
+use mws::protocol::{Progress, SnapshotDescriptor};
 use mws::protocol::{SnapshotWriter, WeightStore};
 use mws::UploadOptions;
 use parking_lot::Mutex;
@@ -66,9 +66,7 @@ pub unsafe extern "C" fn mws_writer_new(
         let s = c.handle(store, "store")?;
         let d = c.struct_ref(descriptor, "descriptor")?;
         let out = c.out(out, "out")?;
-        if adapter.is_null() {
-            return Err(Failure::null("adapter"));
-        }
+        c.struct_ref(adapter, "adapter")?;
         let vt = c.vtable(adapter, "mws_snapshot_adapter_vtable", MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION)?;
         if vt.export_source.is_none() || vt.resolve_fragment_ids.is_none() {
             return Err(Failure::invalid(
@@ -90,12 +88,11 @@ pub unsafe extern "C" fn mws_writer_new(
             o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
         }
         let ws = s.ws.clone();
-        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: AdapterCtx(ctx) }, &o)?;
+        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: Ctx(ctx) }, &o)?;
         // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
         // keeps (declared after `inner`, so dropped after the writer).
         let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
-        out.set(Handle::into_raw(mws_writer { inner: Mutex::new(w), _store: ws }));
-        Ok(())
+        out.give_handle(mws_writer { inner: Mutex::new(w), _store: ws })
     })
 }
 
@@ -151,10 +148,7 @@ pub unsafe extern "C" fn mws_writer_set_progress(
         let w = c.handle(writer, "writer")?;
         // SAFETY: this function's contract: the callback honours `mws_progress_fn` with `ctx`.
         let report = unsafe { CProgress::new(progress, ctx) };
-        w.inner.lock().set_progress(report.map(|c| {
-            Box::new(move |p: &mws::protocol::Progress| c.report(p))
-                as Box<dyn Fn(&mws::protocol::Progress) + Send + Sync>
-        }));
+        w.inner.lock().set_progress(report.map(|c| Box::new(move |p: &Progress| c.report(p)) as _));
         Ok(())
     })
 }
@@ -173,9 +167,7 @@ pub unsafe extern "C" fn mws_writer_commit(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        let m = w.inner.lock().commit()?;
-        out.set(Handle::into_raw(mws_stored_manifest::new(Arc::new(m))));
-        Ok(())
+        out.give_handle(mws_stored_manifest::new(Arc::new(w.inner.lock().commit()?)))
     })
 }
 
@@ -187,10 +179,7 @@ pub unsafe extern "C" fn mws_writer_commit(
 /// `writer` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_abort(writer: *const mws_writer) -> mws_status {
-    status_call!(|c| {
-        let w = c.handle(writer, "writer")?;
-        Ok(w.inner.lock().abort()?)
-    })
+    status_call!(|c| Ok(c.handle(writer, "writer")?.inner.lock().abort()?))
 }
 
 /// Copies the writer's upload plan into a new handle in `*out` (free with
@@ -207,9 +196,7 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
     status_call!(|c| {
         let w = c.handle(writer, "writer")?;
         let out = c.out(out, "out")?;
-        let plan = w.inner.lock().plan().clone();
-        out.set(Handle::into_raw(mws_upload_plan::new(plan)));
-        Ok(())
+        out.give_handle(mws_upload_plan::new(w.inner.lock().plan().clone()))
     })
 }
 

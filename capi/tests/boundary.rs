@@ -84,3 +84,32 @@ fn header_preamble_lists_every_handle() {
         assert!(list.contains(name), "the header's preamble does not list the handle {name}");
     }
 }
+
+/// The C enums whose values the C ABI takes from the core's own numbering
+/// (`GuardRelease as u32`, `TerminalState::code`) number their variants alike.
+#[test]
+fn core_numberings_match_the_c_enums() {
+    use crate::{mws_guard_release as g, mws_terminal_state as t};
+    use mws::protocol::guards::TerminalState;
+    use mws::protocol::transfer::GuardRelease;
+    let releases = [
+        (GuardRelease::NotPinned, g::MWS_GUARD_NOT_PINNED),
+        (GuardRelease::Completed, g::MWS_GUARD_COMPLETED),
+        (GuardRelease::FailedDrained, g::MWS_GUARD_FAILED_DRAINED),
+        (GuardRelease::Aborted, g::MWS_GUARD_ABORTED),
+        (GuardRelease::Pending, g::MWS_GUARD_PENDING),
+        (GuardRelease::ReleaseFailed, g::MWS_GUARD_RELEASE_FAILED),
+    ];
+    for (core, c) in releases {
+        assert_eq!(core as u32, c as u32, "{core:?}");
+    }
+    let states = [
+        (TerminalState::Aborted, t::MWS_TERMINAL_ABORTED),
+        (TerminalState::Completed, t::MWS_TERMINAL_COMPLETED),
+        (TerminalState::FailedDrained, t::MWS_TERMINAL_FAILED_DRAINED),
+    ];
+    for (core, c) in states {
+        assert_eq!(core.code(), c as u32, "{core:?}");
+        assert_eq!(TerminalState::from_code(c as u32).unwrap(), core);
+    }
+}

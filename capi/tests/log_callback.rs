@@ -82,3 +82,18 @@ fn acc_125_log_callback_from_c() {
     assert!(line.2.contains(&format!("{} strided", st.strided_regions)), "{line:?}");
     assert!(line.2.contains("the store reads strided regions natively"), "{line:?}");
 }
+
+/// The `MWS_LOG_*` codes are the `log` crate's numbers of its levels and filters (the
+/// callback receives `level as i32`; `mws_set_log_callback` reads a filter by index).
+#[test]
+fn log_codes_are_the_log_crate_numbering() {
+    use crate::callbacks::log::level_filter;
+    use crate::{MWS_LOG_ERROR, MWS_LOG_TRACE};
+    let levels = [log::Level::Error, log::Level::Warn, log::Level::Info, log::Level::Debug, log::Level::Trace];
+    for (code, level) in (MWS_LOG_ERROR..=MWS_LOG_TRACE).zip(levels) {
+        assert_eq!(level as i32, code);
+        assert_eq!(level_filter(code), Some(level.to_level_filter()));
+    }
+    assert_eq!(level_filter(MWS_LOG_OFF), Some(log::LevelFilter::Off));
+    assert_eq!((level_filter(-1), level_filter(6)), (None, None));
+}

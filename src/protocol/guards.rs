@@ -7,18 +7,34 @@ use crate::runtime::{fence_binding_digest, RuntimeBinding};
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-/// How a pin ends (`TerminalTransferState`).
+/// How a pin ends (`TerminalTransferState`). The discriminants are the states'
+/// numbers ([`TerminalState::code`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TerminalState {
     /// No I/O was submitted (or registration failed before I/O).
-    Aborted,
+    Aborted = 0,
     /// All I/O finished successfully.
-    Completed,
+    Completed = 1,
     /// I/O was submitted and failed; no submitted I/O can still touch the memory.
-    FailedDrained,
+    FailedDrained = 2,
 }
 
 impl TerminalState {
+    /// The state's number: 0 aborted, 1 completed, 2 failed-drained (how the C ABI,
+    /// `mws_terminal_state`, and the guards behind it carry a state).
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The state numbered `code` ([`TerminalState::code`]); `invalid terminal state:
+    /// <code>` ([`ErrorKind::InvalidArgument`]) for any other number.
+    pub fn from_code(code: u32) -> Result<TerminalState> {
+        let all = [TerminalState::Aborted, TerminalState::Completed, TerminalState::FailedDrained];
+        all.into_iter()
+            .find(|s| s.code() == code)
+            .ok_or_else(|| Error::invalid(format!("invalid terminal state: {code}")))
+    }
+
     /// `aborted`, `completed` or `failed_drained`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -304,6 +320,63 @@ impl LazyFence {
     }
 }
 
+/// How a pin ends, for [`ReleaseToken`]: called once, with the terminal state.
+pub type ReleaseFn = Box<dyn FnMut(TerminalState) -> Result<()> + Send>;
+
+/// The lifetime token of a guard implemented outside Rust, whose pin ends by calling
+/// a release function (the C ABI's `mws_guard_vtable`): its fence is computed when it
+/// is made ([`ReleaseToken::checked`]) or on first use ([`ReleaseToken::lazy`]).
+pub struct ReleaseToken {
+    fence: TokenFence,
+    release: ReleaseFn,
+}
+
+enum TokenFence {
+    Now(AllocationFence),
+    Lazy(LazyFence),
+}
+
+impl ReleaseToken {
+    /// The token of a pin whose guard observed `fresh`, covering `required_ids` with
+    /// the fence of `token_id`. When `fresh` is an error, or the fence cannot be made
+    /// ([`weight_allocation_fence`]; [`ErrorKind::StaleBinding`]: the observed binding
+    /// misses guarded fragments), the pin is released at once as
+    /// [`TerminalState::Aborted`] and the error returned.
+    pub fn checked(
+        fresh: Result<RuntimeBinding>,
+        required_ids: &[String],
+        token_id: &str,
+        mut release: ReleaseFn,
+    ) -> Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
+        let fenced = fresh.and_then(|b| {
+            let fence = weight_allocation_fence(&b, required_ids, token_id);
+            Ok((fence.map_err(|e| e.with_kind(ErrorKind::StaleBinding))?, b))
+        });
+        let (fence, fresh) = fenced.inspect_err(|_| {
+            let _ = release(TerminalState::Aborted);
+        })?;
+        Ok((fresh, Box::new(ReleaseToken { fence: TokenFence::Now(fence), release })))
+    }
+
+    /// The token of a step pin its guard vouched for (the binding is exactly the
+    /// pin's): its fence is `fence`, made on first use.
+    pub fn lazy(fence: LazyFence, release: ReleaseFn) -> Box<dyn LifetimeToken> {
+        Box::new(ReleaseToken { fence: TokenFence::Lazy(fence), release })
+    }
+}
+
+impl LifetimeToken for ReleaseToken {
+    fn fence(&self) -> &AllocationFence {
+        match &self.fence {
+            TokenFence::Now(f) => f,
+            TokenFence::Lazy(f) => f.get(),
+        }
+    }
+    fn release(&mut self, state: TerminalState) -> Result<()> {
+        (self.release)(state)
+    }
+}
+
 /// A guard provider for buffers that the caller keeps alive and unchanged for the
 /// whole call (for example plain host buffers owned by the caller's stack frame):
 /// it reports the expected binding unchanged and its token's release does nothing.
@@ -467,4 +540,21 @@ pub fn check_fresh(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_round_trip_through_their_numbers() {
+        for (code, state) in
+            [(0, TerminalState::Aborted), (1, TerminalState::Completed), (2, TerminalState::FailedDrained)]
+        {
+            assert_eq!(state.code(), code);
+            assert_eq!(TerminalState::from_code(code).unwrap(), state);
+        }
+        let e = TerminalState::from_code(3).unwrap_err();
+        assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidArgument, "invalid terminal state: 3"));
+    }
 }

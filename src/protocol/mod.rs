@@ -43,5 +43,5 @@ pub use revisions::RevisionInfo;
 pub use state::StoreLimits;
 pub use transaction::{Transaction, TransactionState};
 pub use upload::{UploadArgs, UploadSource};
-pub use weight_store::WeightStore;
+pub use weight_store::{SharedLease, WeightStore};
 pub use writer::{SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter};

@@ -352,4 +352,63 @@ impl WeightStore {
     pub fn drain_pending_registration(&self, id: &str) -> Result<()> {
         self.registrar.drain(&*self.store, id)
     }
+
+    /// Retries the cleanup of every quarantined registration (in id order) and
+    /// releases their pins, stopping at the first failure (that entry and the later
+    /// ones stay quarantined).
+    pub fn drain_pending_registrations(&self) -> Result<()> {
+        for id in self.pending_registration_ids() {
+            self.drain_pending_registration(&id)?;
+        }
+        Ok(())
+    }
+}
+
+/// A registration lease that owns its store ([`WeightStore::register_weight_buffers`]
+/// made it), for callers that share it between calls and may drop it open (the C
+/// ABI's `mws_registration_lease`): each upload or load read-locks it for the call,
+/// [`SharedLease::close`] waits for them, and dropping an open lease closes it as
+/// [`TerminalState::Aborted`] (an unregistration failure leaves the pin quarantined
+/// in the store, where [`WeightStore::pending_registration_ids`] sees it).
+pub struct SharedLease {
+    store: Arc<WeightStore>,
+    lease: parking_lot::RwLock<RegistrationLease>,
+}
+
+impl SharedLease {
+    /// Shares `lease`, made by `store`.
+    pub fn new(store: Arc<WeightStore>, lease: RegistrationLease) -> SharedLease {
+        SharedLease { store, lease: parking_lot::RwLock::new(lease) }
+    }
+
+    /// The lease, read-locked for one call on `store`. Errors: `the registration
+    /// lease belongs to another store` ([`ErrorKind::InvalidArgument`]); a closed lease
+    /// is refused by the call itself.
+    pub fn for_store(&self, store: &Arc<WeightStore>) -> Result<impl std::ops::Deref<Target = RegistrationLease> + '_> {
+        if !Arc::ptr_eq(&self.store, store) {
+            return invalid("the registration lease belongs to another store");
+        }
+        Ok(self.lease.read())
+    }
+
+    /// [`WeightStore::close_registration_lease`] with `state`, once no call uses the
+    /// lease any more.
+    pub fn close(&self, state: TerminalState) -> Result<()> {
+        self.store.close_registration_lease(&mut self.lease.write(), state)
+    }
+
+    /// Whether the lease is closed.
+    pub fn is_closed(&self) -> bool {
+        self.lease.read().is_closed()
+    }
+}
+
+impl Drop for SharedLease {
+    fn drop(&mut self) {
+        let lease = self.lease.get_mut();
+        if !lease.is_closed() {
+            // Unregister failures quarantine the pin in the store (drainable there).
+            let _ = self.store.close_registration_lease(lease, TerminalState::Aborted);
+        }
+    }
 }

@@ -252,6 +252,29 @@ impl StoreCost {
     }
 }
 
+/// Reads object `key` for a caller's buffer of `capacity` bytes (raw access: the C
+/// ABI's `mws_store_get`, tools): the whole object when it holds at most `capacity`
+/// bytes, never reading or allocating more than that, whatever size the backend
+/// reports. Errors: those of [`ObjectStore::get_limited`], except that a larger
+/// object is [`ErrorKind::InvalidArgument`] `buffer of <capacity> bytes is too small
+/// for <key> (<size> bytes)`.
+pub fn get_for_buffer(store: &dyn ObjectStore, key: &str, capacity: u64) -> Result<Vec<u8>> {
+    let too_small =
+        |size: u64| Error::invalid(format!("buffer of {capacity} bytes is too small for {key} ({size} bytes)"));
+    let bytes = match store.get_limited(key, capacity) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::LimitExceeded => match store.object_size(key) {
+            Ok(size) if size > capacity => return Err(too_small(size)),
+            _ => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
+    if bytes.len() as u64 > capacity {
+        return Err(too_small(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 /// The operations the protocol drives (`store-protocol.md` §1). All calls are
 /// synchronous and thread-safe.
 ///
@@ -532,4 +555,25 @@ pub fn alloc_failed(key: &str, size: u64) -> Error {
 /// Error for a missing key.
 pub fn not_found(key: &str) -> Error {
     Error::new(ErrorKind::NotFound, format!("object not found: {key}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_for_buffer_reads_what_fits_and_names_what_does_not() {
+        let store = memory::MemoryStore::new();
+        let groups = [String::new()];
+        let config = WriteConfig { group_ids: &groups, record_type: RecordType::Metadata };
+        store.put("k", b"0123456789", &config).unwrap();
+        assert_eq!(get_for_buffer(&store, "k", 10).unwrap(), b"0123456789");
+        assert_eq!(get_for_buffer(&store, "k", 64).unwrap(), b"0123456789");
+        let e = get_for_buffer(&store, "k", 4).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::InvalidArgument, "buffer of 4 bytes is too small for k (10 bytes)")
+        );
+        assert_eq!(get_for_buffer(&store, "absent", 4).unwrap_err().kind(), ErrorKind::NotFound);
+    }
 }

@@ -17,11 +17,12 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use crate::callbacks::store::mws_bytes;
+use crate::callbacks::{read_vtable_prefix, Ctx};
 use mws::engine::{
     CompletionStatus, Direction, EngineCallError, EngineResult, MemoryRegion, TransferBatch, TransferEngine,
     TransferTicket,
 };
-use mws::error::{Error, ErrorKind, Result};
+use mws::error::{Error, Result};
 use mws::runtime::MemoryKind;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -114,12 +115,7 @@ pub struct mws_transfer_engine_vtable {
 /// smallest `size` accepted.
 const VTABLE_V1_SIZE: usize = std::mem::offset_of!(mws_transfer_engine_vtable, send_notify);
 
-#[derive(Clone, Copy)]
-struct Ctx(*mut c_void);
-// SAFETY: the vtable contract requires thread-safe callbacks over `ctx`.
-unsafe impl Send for Ctx {}
-// SAFETY: as above.
-unsafe impl Sync for Ctx {}
+const NAME: &str = "mws_transfer_engine_vtable";
 
 /// A [`TransferEngine`] over a caller's vtable.
 pub struct CallbackEngine {
@@ -144,45 +140,9 @@ impl CallbackEngine {
     /// `vt` is NULL or points to a readable vtable of at least `size` bytes; `ctx`
     /// and the callbacks stay valid and thread-safe for the engine's lifetime.
     pub unsafe fn new(vt: *const mws_transfer_engine_vtable, ctx: *mut c_void) -> Result<Arc<CallbackEngine>> {
-        const NAME: &str = "mws_transfer_engine_vtable";
-        if vt.is_null() {
-            return Err(Error::invalid(format!("{NAME} is NULL")));
-        }
-        // SAFETY: `vt` points to at least the two header fields (caller contract).
-        let (size, version) =
-            unsafe { ((vt as *const u32).read_unaligned(), (vt as *const u32).add(1).read_unaligned()) };
-        if (size as usize) < VTABLE_V1_SIZE {
-            return Err(Error::invalid(format!("{NAME}.size is {size}, expected at least {VTABLE_V1_SIZE}")));
-        }
-        if version != MWS_TRANSFER_ENGINE_VTABLE_VERSION {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{NAME}.version is {version}, this library implements version {MWS_TRANSFER_ENGINE_VTABLE_VERSION}"
-                ),
-            ));
-        }
-        // Copy the caller's `size` bytes (at most our struct); fields beyond stay NULL.
-        let mut v = mws_transfer_engine_vtable {
-            size,
-            version,
-            get_engine_id: None,
-            register_memory: None,
-            unregister_memory: None,
-            batch_transfer_sync_write: None,
-            batch_transfer_sync_read: None,
-            submit_with_ticket: None,
-            ticket_status: None,
-            ticket_drain: None,
-            ticket_release: None,
-            send_notify: None,
-        };
-        let n = (size as usize).min(std::mem::size_of::<mws_transfer_engine_vtable>());
-        // SAFETY: the caller's vtable is readable for `size` bytes (contract) and `n`
-        // is at most that and at most our struct; every field is a nullable function
-        // pointer or an integer, for which any bit pattern copied from a valid C
-        // struct of the same layout is valid.
-        unsafe { std::ptr::copy_nonoverlapping(vt as *const u8, &mut v as *mut _ as *mut u8, n) };
+        // SAFETY: the caller's contract: `vt` is NULL or readable for its `size`; every
+        // field after the version-1 size is an optional callback (NULL when not covered).
+        let v = unsafe { read_vtable_prefix(vt, NAME, MWS_TRANSFER_ENGINE_VTABLE_VERSION, VTABLE_V1_SIZE) }?;
         let missing = [
             ("get_engine_id", v.get_engine_id.is_none()),
             ("register_memory", v.register_memory.is_none()),
@@ -197,10 +157,6 @@ impl CallbackEngine {
         }
         Ok(Arc::new(CallbackEngine { vt: v, ctx: Ctx(ctx) }))
     }
-}
-
-fn endpoint_bytes(s: &str) -> mws_bytes {
-    mws_bytes { ptr: s.as_ptr() as *const std::ffi::c_char, len: s.len() }
 }
 
 struct CallbackTicket {
@@ -273,7 +229,7 @@ impl TransferEngine for CallbackEngine {
         .expect("checked at construction");
         let (l, r, s) = (batch.local_addresses(), batch.remote_addresses(), batch.sizes());
         // SAFETY: vtable contract; the lists hold `len` values each and outlive the call.
-        Ok(unsafe { f(self.ctx.0, endpoint_bytes(batch.endpoint()), l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len()) })
+        Ok(unsafe { f(self.ctx.0, mws_bytes::of(batch.endpoint()), l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len()) })
     }
 
     fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
@@ -282,12 +238,11 @@ impl TransferEngine for CallbackEngine {
             Direction::Read => MWS_TRANSFER_READ,
             Direction::Write => MWS_TRANSFER_WRITE,
         };
-        let (l, r, s) = (batch.local_addresses(), batch.remote_addresses(), batch.sizes());
+        let (e, l, r, s) =
+            (mws_bytes::of(batch.endpoint()), batch.local_addresses(), batch.remote_addresses(), batch.sizes());
         let mut id = 0u64;
         // SAFETY: vtable contract; the lists hold `len` values each and outlive the call.
-        let rc = unsafe {
-            f(self.ctx.0, dir, endpoint_bytes(batch.endpoint()), l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len(), &mut id)
-        };
+        let rc = unsafe { f(self.ctx.0, dir, e, l.as_ptr(), r.as_ptr(), s.as_ptr(), s.len(), &mut id) };
         if rc != 0 || id == 0 {
             return Some(Err(EngineCallError::failed(format!("submit_with_ticket failed: {rc}"))));
         }
@@ -296,8 +251,8 @@ impl TransferEngine for CallbackEngine {
 
     fn send_notify(&self, endpoint: &str, name: &str, message: &[u8]) -> Option<EngineResult<i32>> {
         let f = self.vt.send_notify?;
-        let view = |b: &[u8]| mws_bytes { ptr: b.as_ptr() as *const std::ffi::c_char, len: b.len() };
+        let (endpoint, name, message) = (mws_bytes::of(endpoint), mws_bytes::of(name), mws_bytes::of_bytes(message));
         // SAFETY: vtable contract; the three views outlive the call.
-        Some(Ok(unsafe { f(self.ctx.0, view(endpoint.as_bytes()), view(name.as_bytes()), view(message)) }))
+        Some(Ok(unsafe { f(self.ctx.0, endpoint, name, message) }))
     }
 }

@@ -4,12 +4,10 @@
 use crate::args::Caller;
 use crate::binding::mws_binding;
 use crate::boundary::{mws_status, Failure, FfiResult};
-use mws::protocol::guards::weight_allocation_fence;
-use mws::protocol::guards::AllocationFence;
+use crate::callbacks::Ctx;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::LifetimeToken;
-use mws::protocol::guards::TerminalState;
-use mws::protocol::guards::{LazyFence, Observed, StepPin, StepTransfer};
+use mws::protocol::guards::{Observed, ReleaseFn, ReleaseToken, StepPin, StepTransfer};
 use mws::Error;
 use mws::ErrorKind;
 use mws::RuntimeBinding;
@@ -78,28 +76,11 @@ pub struct mws_guard_vtable {
     pub release: mws_guard_release_fn,
 }
 
-#[derive(Clone, Copy)]
-pub(crate) struct GuardCtx(pub(crate) *mut c_void);
-
-// SAFETY: the guard contract requires thread-safe callbacks over `ctx`.
-unsafe impl Send for GuardCtx {}
-
-// SAFETY: as for `Send`: the guard contract requires thread-safe callbacks over `ctx`.
-unsafe impl Sync for GuardCtx {}
-
-/// A [`GuardProvider`] over C callbacks.
+/// A [`GuardProvider`] over C callbacks (both checked present at construction).
 pub(crate) struct CGuard {
-    pub(crate) acquire: unsafe extern "C" fn(
-        *mut c_void,
-        *const c_char,
-        *const c_char,
-        *const *const c_char,
-        usize,
-        *mut *mut mws_binding,
-        *mut u64,
-    ) -> i32,
-    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: GuardCtx,
+    acquire: mws_guard_acquire_fn,
+    release: mws_guard_release_fn,
+    ctx: Ctx,
 }
 
 impl CGuard {
@@ -108,10 +89,10 @@ impl CGuard {
         release: mws_guard_release_fn,
         ctx: *mut c_void,
     ) -> FfiResult<CGuard> {
-        match (acquire, release) {
-            (Some(acquire), Some(release)) => Ok(CGuard { acquire, release, ctx: GuardCtx(ctx) }),
-            _ => Err(Failure::invalid("an allocation guard needs both acquire and release callbacks")),
+        if acquire.is_none() || release.is_none() {
+            return Err(Failure::invalid("an allocation guard needs both acquire and release callbacks"));
         }
+        Ok(CGuard { acquire, release, ctx: Ctx(ctx) })
     }
 
     /// The guard of a caller's vtable (checked and copied) over `ctx`.
@@ -121,47 +102,52 @@ impl CGuard {
     }
 }
 
-/// The fence a C token covers: computed at its pin, or (a prepared transfer's step
-/// pin that the guard vouched for) made on first use.
-pub(crate) enum CFence {
-    Now(AllocationFence),
-    Lazy(LazyFence),
-}
-
-pub(crate) struct CToken {
-    pub(crate) fence: CFence,
-    pub(crate) release: unsafe extern "C" fn(*mut c_void, u64, u32) -> i32,
-    pub(crate) ctx: GuardCtx,
-    pub(crate) token: u64,
-}
-
-impl LifetimeToken for CToken {
-    fn fence(&self) -> &AllocationFence {
-        match &self.fence {
-            CFence::Now(f) => f,
-            CFence::Lazy(f) => f.get(),
-        }
-    }
-    fn release(&mut self, state: TerminalState) -> mws::Result<()> {
-        // SAFETY: `release` is the guard vtable's checked callback over the caller's `ctx`, with the token it issued.
-        let code = unsafe { (self.release)(self.ctx.0, self.token, terminal_code(state)) };
-        if code != 0 {
-            return Err(Error::new(ErrorKind::Store, format!("allocation guard release failed: error code {code}")));
-        }
-        Ok(())
-    }
-}
-
-pub(crate) fn terminal_code(state: TerminalState) -> u32 {
-    match state {
-        TerminalState::Aborted => mws_terminal_state::MWS_TERMINAL_ABORTED as u32,
-        TerminalState::Completed => mws_terminal_state::MWS_TERMINAL_COMPLETED as u32,
-        TerminalState::FailedDrained => mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32,
-    }
-}
-
 pub(crate) fn c_string(s: &str, what: &str) -> mws::Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+}
+
+impl CGuard {
+    /// Calls `acquire` for transfer `tid` with the participant and fragment ids of
+    /// `ids`: the observed binding it may hand over (ours whatever the code) and the
+    /// token of the pin.
+    fn pin(&self, tid: &CString, ids: &CIds) -> mws::Result<(Option<Box<mws_binding>>, u64)> {
+        let mut observed: *mut mws_binding = std::ptr::null_mut();
+        let mut token: u64 = 0;
+        let (pid, list, n) = (ids.participant.as_ptr(), ids.ptrs.as_ptr().cast(), ids.ptrs.len());
+        let acquire = self.acquire.expect("checked at construction");
+        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
+        let code = unsafe { acquire(self.ctx.0, tid.as_ptr(), pid, list, n, &mut observed, &mut token) };
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
+        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
+        if code != 0 {
+            return Err(acquire_failed(code));
+        }
+        Ok((observed, token))
+    }
+
+    /// How pin `token` ends: the vtable's `release` with the caller's `ctx`
+    /// (`MWS_STORE` for a non-zero return).
+    fn release(&self, token: u64) -> ReleaseFn {
+        let (release, ctx) = (self.release.expect("checked at construction"), self.ctx);
+        Box::new(move |state| {
+            let ctx = ctx;
+            // SAFETY: the guard vtable's checked `release` callback over the caller's `ctx`, with the token `acquire` issued.
+            let code = unsafe { release(ctx.0, token, state.code()) };
+            if code != 0 {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!("allocation guard release failed: error code {code}"),
+                ));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A binding handed over by `acquire` as observed under the pin (`MWS_STALE_BINDING`
+/// when it does not build).
+fn observed_binding(b: &mws_binding) -> mws::Result<RuntimeBinding> {
+    b.build().map_err(|f| Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
 }
 
 impl GuardProvider for CGuard {
@@ -172,41 +158,16 @@ impl GuardProvider for CGuard {
         required_ids: &[String],
     ) -> mws::Result<(RuntimeBinding, Box<dyn LifetimeToken>)> {
         let tid = c_string(transfer_id, "transfer id")?;
-        let pid = c_string(expected.participant_id(), "participant id")?;
-        let ids: Vec<CString> = required_ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
-        let ptrs: Vec<*const c_char> = ids.iter().map(|c| c.as_ptr()).collect();
-        let mut observed: *mut mws_binding = std::ptr::null_mut();
-        let mut token: u64 = 0;
-        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
-        let code = unsafe {
-            (self.acquire)(self.ctx.0, tid.as_ptr(), pid.as_ptr(), ptrs.as_ptr(), ptrs.len(), &mut observed, &mut token)
-        };
-        // The observed binding (if any) is ours from now on, whatever happens.
-        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
-        if code != 0 {
-            return Err(acquire_failed(code));
-        }
-        let abort = |e: Error| {
-            // SAFETY: as for `release` above, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-            e
-        };
-        let fresh = match observed {
-            None => expected.clone(),
-            Some(b) => b.build().map_err(|f| {
-                abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
-            })?,
-        };
-        let fence = weight_allocation_fence(&fresh, required_ids, &format!("c-{transfer_id}"))
-            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        Ok((fresh, Box::new(CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token })))
+        let (observed, token) = self.pin(&tid, &CIds::new(expected.participant_id(), required_ids)?)?;
+        let fresh = observed.map_or_else(|| Ok(expected.clone()), |b| observed_binding(&b));
+        ReleaseToken::checked(fresh, required_ids, &format!("c-{transfer_id}"), self.release(token))
     }
 
     fn acquire_step(&self, transfer: &StepTransfer, pin: &StepPin) -> mws::Result<(Observed, Box<dyn LifetimeToken>)> {
         // The C strings of the participant and ids: built on the pin's first step and
         // kept with it (a step pins in O(1) of its fragments).
-        let cached = pin.cache().get_or_init(|| match CIds::new(pin) {
+        let of_pin = || CIds::new(pin.binding().participant_id(), pin.required_ids());
+        let cached = pin.cache().get_or_init(|| match of_pin() {
             Ok(ids) => Box::new(ids),
             Err(e) => Box::new(e),
         });
@@ -214,49 +175,21 @@ impl GuardProvider for CGuard {
             (Some(ids), _) => ids,
             (None, Some(e)) => return Err(e.clone()),
             // Another guard type's cache: build them for this call.
-            (None, None) => &CIds::new(pin)?,
+            (None, None) => &of_pin()?,
         };
-        let tid = c_string(transfer.id(), "transfer id")?;
-        let mut observed: *mut mws_binding = std::ptr::null_mut();
-        let mut token: u64 = 0;
-        // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings the pin's cache keeps alive for the call.
-        let code = unsafe {
-            (self.acquire)(
-                self.ctx.0,
-                tid.as_ptr(),
-                ids.participant.as_ptr(),
-                ids.ptrs.as_ptr().cast(),
-                ids.ptrs.len(),
-                &mut observed,
-                &mut token,
-            )
-        };
-        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
-        if code != 0 {
-            return Err(acquire_failed(code));
-        }
-        let abort = |e: Error| {
-            // SAFETY: as for `release` above, with the token `acquire` just issued.
-            let _ = unsafe { (self.release)(self.ctx.0, token, terminal_code(TerminalState::Aborted)) };
-            e
-        };
+        let (observed, token) = self.pin(&c_string(transfer.id(), "transfer id")?, ids)?;
         let Some(b) = observed else {
-            let fence = CFence::Lazy(pin.lazy_fence("c-", transfer));
-            return Ok((Observed::Unchanged, Box::new(CToken { fence, release: self.release, ctx: self.ctx, token })));
+            return Ok((Observed::Unchanged, ReleaseToken::lazy(pin.lazy_fence("c-", transfer), self.release(token))));
         };
-        let fresh = b.build().map_err(|f| {
-            abort(Error::new(ErrorKind::StaleBinding, format!("observed binding is invalid: {}", f.message)))
-        })?;
-        let fence = weight_allocation_fence(&fresh, pin.required_ids(), &format!("c-{}", transfer.id()))
-            .map_err(|e| abort(e.with_kind(ErrorKind::StaleBinding)))?;
-        let token = CToken { fence: CFence::Now(fence), release: self.release, ctx: self.ctx, token };
-        Ok((Observed::Binding(fresh), Box::new(token)))
+        let token_id = format!("c-{}", transfer.id());
+        let (fresh, token) =
+            ReleaseToken::checked(observed_binding(&b), pin.required_ids(), &token_id, self.release(token))?;
+        Ok((Observed::Binding(fresh), token))
     }
 }
 
-/// A step pin's participant and fragment ids as C strings, with the pointer array
-/// `acquire` takes.
+/// A participant and its fragment ids as C strings, with the pointer array `acquire`
+/// takes (kept by a step pin in its cache).
 struct CIds {
     participant: CString,
     _ids: Vec<CString>,
@@ -265,10 +198,9 @@ struct CIds {
 }
 
 impl CIds {
-    fn new(pin: &StepPin) -> mws::Result<CIds> {
-        let participant = c_string(pin.binding().participant_id(), "participant id")?;
-        let ids: Vec<CString> =
-            pin.required_ids().iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
+    fn new(participant: &str, ids: &[String]) -> mws::Result<CIds> {
+        let participant = c_string(participant, "participant id")?;
+        let ids: Vec<CString> = ids.iter().map(|i| c_string(i, "fragment id")).collect::<mws::Result<_>>()?;
         let ptrs = ids.iter().map(|c| c.as_ptr() as usize).collect();
         Ok(CIds { participant, _ids: ids, ptrs })
     }
@@ -281,14 +213,5 @@ fn acquire_failed(code: i32) -> Error {
         Error::new(ErrorKind::StaleBinding, "allocation guard reports the buffers freed or moved (MWS_STALE_BINDING)")
     } else {
         Error::new(ErrorKind::Store, format!("allocation guard acquire failed: error code {code}"))
-    }
-}
-
-pub(crate) fn terminal_state(code: u32) -> FfiResult<TerminalState> {
-    match code {
-        c if c == mws_terminal_state::MWS_TERMINAL_ABORTED as u32 => Ok(TerminalState::Aborted),
-        c if c == mws_terminal_state::MWS_TERMINAL_COMPLETED as u32 => Ok(TerminalState::Completed),
-        c if c == mws_terminal_state::MWS_TERMINAL_FAILED_DRAINED as u32 => Ok(TerminalState::FailedDrained),
-        c => Err(Failure::invalid(format!("invalid terminal state: {c}"))),
     }
 }

@@ -4,6 +4,7 @@
 use crate::args::Caller;
 use crate::binding::mws_binding;
 use crate::callbacks::guard::{mws_guard_acquire_fn, mws_guard_release_fn, CGuard};
+use crate::callbacks::Ctx;
 use crate::placement::mws_placement;
 use mws::protocol::guards::GuardProvider;
 use mws::protocol::guards::StaticGuard;
@@ -86,12 +87,9 @@ pub struct mws_snapshot_adapter_vtable {
     pub release_source: mws_guard_release_fn,
 }
 
-#[derive(Clone, Copy)]
-pub(crate) struct AdapterCtx(pub(crate) *mut c_void);
-
 pub(crate) struct CAdapter {
     pub(crate) vt: mws_snapshot_adapter_vtable,
-    pub(crate) ctx: AdapterCtx,
+    pub(crate) ctx: Ctx,
 }
 
 /// The framework tensor handle: the caller's opaque pointer.

@@ -38,10 +38,14 @@ pub struct mws_bytes {
 }
 
 impl mws_bytes {
+    /// A view of `s` (for the duration of one callback).
     pub(crate) fn of(s: &str) -> mws_bytes {
-        // A dangling-but-non-NULL pointer for empty strings keeps `ptr` non-NULL.
-        let ptr = if s.is_empty() { c"".as_ptr().cast::<u8>() } else { s.as_ptr() };
-        mws_bytes { ptr: ptr as *const std::ffi::c_char, len: s.len() }
+        mws_bytes::of_bytes(s.as_bytes())
+    }
+
+    /// A view of `b`; never NULL (a static empty string when `b` is empty).
+    pub(crate) fn of_bytes(b: &[u8]) -> mws_bytes {
+        mws_bytes { ptr: bytes_ptr(b) as *const std::ffi::c_char, len: b.len() }
     }
 }
 
@@ -301,19 +305,10 @@ fn bytes_ptr(value: &[u8]) -> *const u8 {
 impl VtableCalls {
     fn write(&self, upsert: bool, key: &str, value: &[u8], group_id: &str, record: RecordType) -> i64 {
         let f = if upsert { self.vt.upsert } else { self.vt.put }.expect("checked at construction");
+        let (key, group) = (mws_bytes::of(key), mws_bytes::of(group_id));
         // SAFETY: a checked vtable function over `ctx`; key, value and group point to
         // live bytes for the call.
-        let code = unsafe {
-            f(
-                self.ctx.0,
-                mws_bytes::of(key),
-                bytes_ptr(value),
-                value.len() as u64,
-                mws_bytes::of(group_id),
-                record_code(record),
-            )
-        };
-        code as i64
+        i64::from(unsafe { f(self.ctx.0, key, bytes_ptr(value), value.len() as u64, group, record_code(record)) })
     }
 }
 

@@ -413,6 +413,20 @@ fn not_found(id: &str) -> TransferError {
     TransferError::engine(format!("pending transfer does not exist: {id}"))
 }
 
+/// Drains every pending transfer of the engine `identity` once
+/// ([`drain_pending_transfer`] with `timeout_ms` each, in id order), also after a
+/// failure: the first failure, if any (a transfer that failed to drain, or whose
+/// completion is still unknown, stays pending; [`pending_transfer_ids`] says which).
+pub fn drain_pending_transfers(identity: u64, timeout_ms: u64) -> Result<(), TransferError> {
+    let mut first = None;
+    for id in pending_transfer_ids(identity) {
+        if let Err(e) = drain_pending_transfer(identity, &id, timeout_ms) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 /// `pending_transfer_status(id)`: the ticket's status name,
 /// `COMPLETION_UNKNOWN_RESTART_REQUIRED`, or the recorded terminal status of a
 /// cleanup entry. A ticket whose status cannot be read reports `COMPLETION_UNKNOWN`.

@@ -106,6 +106,20 @@ impl TransferError {
     pub fn is_completion_unknown(&self) -> bool {
         matches!(self.kind, TransferErrorKind::CompletionUnknown | TransferErrorKind::Interrupted)
     }
+
+    /// The error a caller that only sees an [`Error`] (the C ABI, its bindings) is
+    /// given: the library error kind and the message, with ` (pending transfer <id>)`
+    /// appended when the call left a pending transfer that the message does not name
+    /// (the caller drains it by that id). `From<TransferError> for Error` keeps the
+    /// message as it is.
+    pub fn into_reported(self) -> Error {
+        match &self.pending_transfer_id {
+            Some(id) if !self.message.contains(id.as_str()) => {
+                Error::new(self.error_kind, format!("{} (pending transfer {id})", self.message))
+            }
+            _ => Error::new(self.error_kind, self.message),
+        }
+    }
 }
 
 impl std::fmt::Display for TransferError {
@@ -124,3 +138,21 @@ impl From<TransferError> for Error {
 
 /// Result of the live-transfer executors.
 pub type TransferResult<T> = std::result::Result<T, TransferError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_error_names_the_pending_transfer_once() {
+        let mut e = TransferError::new(TransferErrorKind::CompletionUnknown, "batch completion unknown");
+        assert_eq!(e.clone().into_reported().message(), "batch completion unknown");
+        e.pending_transfer_id = Some("pt-7".into());
+        let r = e.clone().into_reported();
+        assert_eq!((r.kind(), r.message()), (ErrorKind::Store, "batch completion unknown (pending transfer pt-7)"));
+        e.message = "drain pt-7 first".into();
+        assert_eq!(e.clone().into_reported().message(), "drain pt-7 first");
+        let c = TransferError::contract(Error::new(ErrorKind::LimitExceeded, "too many segments"));
+        assert_eq!(c.into_reported().kind(), ErrorKind::LimitExceeded);
+    }
+}

@@ -79,6 +79,21 @@ pub struct TransferStats {
     pub engine_operations: u64,
 }
 
+impl From<&LoadStats> for TransferStats {
+    /// The statistics of a stored load (`Loader::load_stored`, a prepared restore's
+    /// step) as a loader reports them: its ranged reads are the operations (and the
+    /// engine operations), its requests the receipts.
+    fn from(s: &LoadStats) -> TransferStats {
+        TransferStats {
+            bytes: s.bytes,
+            regions: s.regions,
+            operations: s.ranges,
+            receipts: s.requests,
+            engine_operations: s.ranges,
+        }
+    }
+}
+
 /// Per-call arguments of a live load or a sink execution. The default: the local
 /// binding's one worker, a fresh transfer id, the call registers the local buffers
 /// itself, and a static guard (the caller keeps every buffer valid and untouched).
@@ -373,13 +388,7 @@ impl Loader {
         }
         // SAFETY: forwarded contract (this function's `# Safety`).
         let s = unsafe { store.load(plan, binding, args) }?;
-        *self.front.stats.lock() = TransferStats {
-            bytes: s.bytes,
-            regions: s.regions,
-            operations: s.ranges,
-            receipts: s.requests,
-            engine_operations: s.ranges,
-        };
+        *self.front.stats.lock() = TransferStats::from(&s);
         Ok(s)
     }
 }
@@ -525,5 +534,18 @@ impl Sink {
         };
         let result = call(&sink);
         f.finish(plan, Side::Source, source_binding, args.worker_id, &exec_stats, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_load_statistics_as_transfer_statistics() {
+        let load = LoadStats { regions: 3, ranges: 40, requests: 2, bytes: 4096, ..LoadStats::default() };
+        let t = TransferStats::from(&load);
+        let want = TransferStats { bytes: 4096, regions: 3, operations: 40, receipts: 2, engine_operations: 40 };
+        assert_eq!(t, want);
     }
 }

@@ -29,6 +29,6 @@ pub use notify::{execute_sink_notified, NotifiedSink, NotifyAcceptor, NotifyErro
 pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };
-pub use prepared::{LeaseRotation, PreparedTransfer, StepArgs};
+pub use prepared::{LeaseRotation, PreparedInfo, PreparedTransfer, StepArgs};
 pub use prepared_stored::{PreparedRestore, StoredPrepareArgs, StoredStepArgs};
 pub use scope::{RegistrationScope, ScopeExit};

@@ -76,6 +76,21 @@ pub struct LeaseRotation<'a> {
     pub generation: u64,
 }
 
+/// What a prepared transfer holds, live ([`PreparedTransfer::info`]) or stored
+/// ([`PreparedRestore::info`](super::PreparedRestore::info)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PreparedInfo {
+    /// A step has nothing to do (an unplanned participant, no local operations, no
+    /// bytes).
+    pub empty: bool,
+    /// Engine batches one step submits (none for a restore).
+    pub batches: u64,
+    /// Bindings one step pins.
+    pub pinned_bindings: u64,
+    /// Bytes one step moves.
+    pub bytes: u64,
+}
+
 /// The arguments of one [`PreparedTransfer::step`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StepArgs<'a> {
@@ -318,6 +333,16 @@ impl PreparedTransfer {
     /// Bytes one step moves.
     pub fn total_bytes(&self) -> u64 {
         self.prepared.endpoints.iter().map(|e| e.nbytes).sum()
+    }
+    /// [`Self::is_empty`], [`Self::batch_count`], [`Self::pinned_bindings`] and
+    /// [`Self::total_bytes`] at once.
+    pub fn info(&self) -> PreparedInfo {
+        PreparedInfo {
+            empty: self.is_empty(),
+            batches: self.batch_count() as u64,
+            pinned_bindings: self.pinned_bindings() as u64,
+            bytes: self.total_bytes(),
+        }
     }
 
     /// Moves one weight generation through the prepared transfer (see the module

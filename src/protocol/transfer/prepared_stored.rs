@@ -16,6 +16,7 @@
 //! unlike a live step it cannot skip them, since every revision is a new manifest.
 
 use super::loader::{Front, Loader, TransferStats};
+use super::prepared::PreparedInfo;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{KeyLayout, Placement, PlacementPart, PlacementPartSpec, PlacementSpec, StoredManifest};
 use crate::protocol::guards::{GuardProvider, StaticGuard};
@@ -175,6 +176,12 @@ impl PreparedRestore {
         self.bytes
     }
 
+    /// What it holds: a step submits no engine batch (it reads the store), pins its
+    /// one binding, restores [`Self::total_bytes`] (empty when that is 0).
+    pub fn info(&self) -> PreparedInfo {
+        PreparedInfo { empty: self.bytes == 0, batches: 0, pinned_bindings: 1, bytes: self.bytes }
+    }
+
     /// The manifest key a step of `revision` / `weight_generation` reads.
     pub fn manifest_key(&self, revision: Option<&str>, weight_generation: u64) -> Result<String> {
         let m = self.template.manifest();
@@ -249,13 +256,7 @@ impl PreparedRestore {
                 e
             }
         })?;
-        *self.front.stats.lock() = TransferStats {
-            bytes: s.bytes,
-            regions: s.regions,
-            operations: s.ranges,
-            receipts: s.requests,
-            engine_operations: s.ranges,
-        };
+        *self.front.stats.lock() = TransferStats::from(&s);
         Ok(s)
     }
 }
