@@ -12,7 +12,7 @@
 //! - Restore (on by default, [`super::StoreLimits::verify_integrity`]): `prepare`
 //!   reads the record once per load call (none: the revision loads unverified, as
 //!   the reference wrote it); the weight store keeps the last decoded record and
-//!   reuses it while the bytes read are identical (`RecordCache`). The restore's
+//!   reuses it while the bytes read are identical (`state::RecordCache`). The restore's
 //!   reads are the store's checked reads ([`ObjectStore::get_into_ranges_checked`] / `get_into_strided_checked`): each
 //!   returns the CRC-32C of the object bytes it delivered, as runs that never cross a
 //!   1 MiB block, computed while the bytes are copied (embedded stores) or from the
@@ -333,27 +333,6 @@ fn decode_record(key: &str, bytes: Vec<u8>) -> Result<Arc<IntegrityRecord>> {
         .map_err(|e| integrity_err(format!("integrity record {key} is corrupt: {}", e.message())))
 }
 
-/// The last integrity record a weight store decoded, with its key and its exact
-/// bytes: a restore of many participants of one revision (one load call each) reads
-/// the record every time (it may have changed: nothing is trusted across calls) but
-/// decodes it once, reusing the decoded record only when the bytes just read are
-/// identical to the ones it was decoded from.
-#[derive(Default)]
-pub(crate) struct RecordCache(parking_lot::Mutex<Option<(String, Vec<u8>, Arc<IntegrityRecord>)>>);
-
-impl RecordCache {
-    fn decode(&self, key: &str, bytes: Vec<u8>) -> Result<Arc<IntegrityRecord>> {
-        if let Some((k, b, r)) = &*self.0.lock() {
-            if k == key && *b == bytes {
-                return Ok(r.clone());
-            }
-        }
-        let record = decode_record(key, bytes.clone())?;
-        *self.0.lock() = Some((key.to_string(), bytes, record.clone()));
-        Ok(record)
-    }
-}
-
 /// How integrity errors name a payload: its tensor, the stored fragment's box (offset
 /// and shape in the tensor), the fragment id and the object key.
 pub(crate) fn describe(f: &StoredFragment) -> String {
@@ -379,7 +358,7 @@ pub(crate) fn prepare(ws: &WeightStore, manifest: &StoredManifest) -> Result<Opt
         return Ok(None);
     }
     let record = read_record_with(&*ws.store, manifest, ws.limits.max_metadata_bytes, |key, bytes| {
-        ws.integrity_records.decode(key, bytes)
+        ws.integrity_records.get_or_decode(key, bytes, decode_record)
     })?;
     Ok(record.map(|record| Verifier { record }))
 }

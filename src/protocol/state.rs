@@ -7,6 +7,7 @@
 use super::registration::Registrar;
 use crate::error::{invalid, Result};
 use crate::model::Placement;
+use crate::plan::integrity::IntegrityRecord;
 use crate::plan::upload::{plan_upload as plan_upload_with, UploadOptions, UploadPlan};
 use crate::runtime::MemoryKind;
 use crate::runtime::MemoryRegion;
@@ -95,9 +96,37 @@ pub struct WeightStore {
     pub(crate) registrar: Registrar,
     /// Staging buffers of restores, registered with the backend once and reused.
     pub(crate) staging: StagingPool,
-    /// The integrity record verified restores decoded last (see
-    /// `integrity::RecordCache`).
-    pub(crate) integrity_records: super::integrity::RecordCache,
+    /// The integrity record verified restores decoded last ([`RecordCache`]).
+    pub(crate) integrity_records: RecordCache,
+}
+
+/// The last integrity record a weight store decoded, with its key and its exact
+/// bytes: a restore of many participants of one revision (one load call each) reads
+/// the record every time (it may have changed: nothing is trusted across calls) but
+/// decodes it once, reusing the decoded record only when the bytes just read are
+/// identical to the ones it was decoded from.
+#[derive(Default)]
+pub(crate) struct RecordCache(Mutex<Option<(String, Vec<u8>, Arc<IntegrityRecord>)>>);
+
+impl RecordCache {
+    /// The record of `key` decoded from `bytes`: the cached one when `key` and the
+    /// bytes are those it was decoded from, else `decode(key, bytes)` (kept when it
+    /// succeeds).
+    pub(crate) fn get_or_decode(
+        &self,
+        key: &str,
+        bytes: Vec<u8>,
+        decode: impl FnOnce(&str, Vec<u8>) -> Result<Arc<IntegrityRecord>>,
+    ) -> Result<Arc<IntegrityRecord>> {
+        if let Some((k, b, r)) = &*self.0.lock() {
+            if k == key && *b == bytes {
+                return Ok(r.clone());
+            }
+        }
+        let record = decode(key, bytes.clone())?;
+        *self.0.lock() = Some((key.to_string(), bytes, record.clone()));
+        Ok(record)
+    }
 }
 
 impl Drop for WeightStore {
