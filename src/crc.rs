@@ -67,11 +67,9 @@ const X2N: [u32; 64] = {
     t
 };
 
-/// `x^(8·len) mod P`: the operator that appends `len` bytes (the shift of [`Combiner`]).
-const fn shift_op(len: u64) -> u32 {
+/// `x^(n·2^k) mod P`, by the binary digits of `n` and the table of `x^(2^k)`.
+const fn xpow_scaled(mut n: u64, mut k: usize) -> u32 {
     let mut p = 1u32 << 31; // x^0
-    let mut n = len;
-    let mut k = 3; // 8·len = len · 2^3
     while n != 0 {
         if n & 1 != 0 {
             p = mul(X2N[k & 63], p);
@@ -80,6 +78,16 @@ const fn shift_op(len: u64) -> u32 {
         k += 1;
     }
     p
+}
+
+/// `x^e mod P` (the fold constants of [`clmul`]).
+const fn xpow(e: u64) -> u32 {
+    xpow_scaled(e, 0)
+}
+
+/// `x^(8·len) mod P`: the operator that appends `len` bytes (the shift of [`Combiner`]).
+const fn shift_op(len: u64) -> u32 {
+    xpow_scaled(len, 3) // 8·len = len · 2^3
 }
 
 /// Combines checksums of adjacent ranges: the CRC-32C of `A ‖ B` from `crc32c(A)`,

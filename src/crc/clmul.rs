@@ -30,20 +30,7 @@ use std::arch::x86_64::{
     _mm_crc32_u64, _mm_cvtsi128_si64, _mm_cvtsi32_si128, _mm_extract_epi64, _mm_set_epi64x, _mm_xor_si128,
 };
 
-/// `x^e mod P` (reflected: bit 31 is `x^0`).
-const fn xpow(e: u64) -> u32 {
-    let mut p = 1u32 << 31; // x^0
-    let mut n = e;
-    let mut k = 0;
-    while n != 0 {
-        if n & 1 != 0 {
-            p = super::mul(super::X2N[k], p);
-        }
-        n >>= 1;
-        k += 1;
-    }
-    p
-}
+use super::xpow;
 
 /// The two 64-bit constants of a fold by `d_bits` (see the module's algebra): the
 /// first multiplies a lane's first eight bytes, the second its last eight. A 64-bit

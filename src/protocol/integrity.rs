@@ -303,7 +303,7 @@ pub fn read_record(
     manifest: &StoredManifest,
     max_bytes: u64,
 ) -> Result<Option<IntegrityRecord>> {
-    Ok(read_record_with(store, manifest, max_bytes, decode_record)?
+    Ok(read_record_with(store, manifest, max_bytes, |key, bytes| decode_record(key, &bytes))?
         .map(|r| Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone())))
 }
 
@@ -327,8 +327,8 @@ fn read_record_with(
     Ok(Some(record))
 }
 
-fn decode_record(key: &str, bytes: Vec<u8>) -> Result<Arc<IntegrityRecord>> {
-    IntegrityRecord::from_json(&bytes)
+fn decode_record(key: &str, bytes: &[u8]) -> Result<Arc<IntegrityRecord>> {
+    IntegrityRecord::from_json(bytes)
         .map(Arc::new)
         .map_err(|e| integrity_err(format!("integrity record {key} is corrupt: {}", e.message())))
 }

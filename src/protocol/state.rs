@@ -116,14 +116,14 @@ impl RecordCache {
         &self,
         key: &str,
         bytes: Vec<u8>,
-        decode: impl FnOnce(&str, Vec<u8>) -> Result<Arc<IntegrityRecord>>,
+        decode: impl FnOnce(&str, &[u8]) -> Result<Arc<IntegrityRecord>>,
     ) -> Result<Arc<IntegrityRecord>> {
         if let Some((k, b, r)) = &*self.0.lock() {
             if k == key && *b == bytes {
                 return Ok(r.clone());
             }
         }
-        let record = decode(key, bytes.clone())?;
+        let record = decode(key, &bytes)?;
         *self.0.lock() = Some((key.to_string(), bytes, record.clone()));
         Ok(record)
     }
