@@ -574,3 +574,28 @@ fn every_restore_checks_the_record_as_it_is_now() {
     dst.verify().unwrap();
     assert_eq!((stats.verified_bytes, stats.verify_read_bytes), (0, 0), "no record: unverified");
 }
+
+/// A plan finds its revision's integrity key once (a restore of many participants
+/// asks for it once per participant): the same key as the manifest's, and restores
+/// through the plan are verified against the record stored under it.
+#[test]
+fn a_plan_keeps_its_revisions_integrity_key() {
+    let mem = Arc::new(MemoryStore::new());
+    let (ws, m) = snapshot(mem.clone());
+    let manifest = Arc::new(ws.load_manifest(m.manifest_key()).unwrap());
+    let mut dst = HostModel::new(build_placement("target", ONE, &defs(), 1), false, "serving", 1);
+    dst.bindings = bindings_in(&dst, MemoryKind::Host);
+    let plan = ws.plan_load(manifest.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    let key = manifest_integrity_key(&manifest).expect("a snapshot has an integrity record");
+    assert_eq!(plan.integrity_key(), Some(key.as_str()));
+    assert_eq!(plan.integrity_key(), Some(key.as_str()), "the kept key is the same on later calls");
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+    // SAFETY: dst.buffers outlive the call and nobody else touches them.
+    let st = unsafe { ws.load(&plan, &dst.bindings[0], args) }.unwrap();
+    assert!(st.verified_bytes > 0, "the restore was checked against the record at that key");
+    mem.remove(&key).unwrap();
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+    // SAFETY: as above.
+    let st = unsafe { ws.load(&plan, &dst.bindings[0], args) }.unwrap();
+    assert_eq!(st.verified_bytes, 0, "without the record the restore is not verified");
+}

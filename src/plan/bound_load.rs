@@ -20,6 +20,8 @@ pub struct LoadPlan {
     targets: Vec<(u32, u32)>,
     /// The manifest's canonical JSON, made on first use ([`LoadPlan::manifest_json`]).
     manifest_json: OnceLock<Box<str>>,
+    /// The manifest's integrity record key, found on first use ([`LoadPlan::integrity_key`]).
+    integrity_key: OnceLock<Option<Box<str>>>,
 }
 
 impl LoadPlan {
@@ -83,7 +85,13 @@ impl LoadPlan {
             // region's target bounds (checked by the planner) hold for the view.
             targets.push((bi as u32, fi as u32));
         }
-        Ok(LoadPlan { logical, bindings: bindings.to_vec(), targets, manifest_json: OnceLock::new() })
+        Ok(LoadPlan {
+            logical,
+            bindings: bindings.to_vec(),
+            targets,
+            manifest_json: OnceLock::new(),
+            integrity_key: OnceLock::new(),
+        })
     }
 
     /// The logical plan.
@@ -99,6 +107,15 @@ impl LoadPlan {
     /// manifest's bytes with it before it falls back to decoding them.
     pub fn manifest_json(&self) -> &str {
         self.manifest_json.get_or_init(|| self.manifest().to_json().into_boxed_str())
+    }
+    /// The key of the manifest's integrity record
+    /// ([`crate::plan::integrity::manifest_integrity_key`]: `None` when the revision
+    /// cannot have one), found once per plan on first use and kept (thread-safe): a
+    /// restore of many participants looks it up once, not once per participant.
+    pub fn integrity_key(&self) -> Option<&str> {
+        self.integrity_key
+            .get_or_init(|| crate::plan::integrity::manifest_integrity_key(self.manifest()).map(String::into_boxed_str))
+            .as_deref()
     }
     /// Regions.
     pub fn regions(&self) -> &[TransferRegion] {

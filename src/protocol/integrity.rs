@@ -36,6 +36,7 @@ use super::state::{StagingPool, WeightStore};
 use crate::crc::Combiner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{StoredFragment, StoredManifest};
+use crate::plan::bound_load::LoadPlan;
 use crate::plan::integrity::{
     block_count, block_range, manifest_integrity_key, plan_integrity_key, IntegrityRecord, ObjectChecksums, BLOCK_BYTES,
 };
@@ -303,24 +304,26 @@ pub fn read_record(
     manifest: &StoredManifest,
     max_bytes: u64,
 ) -> Result<Option<IntegrityRecord>> {
-    Ok(read_record_with(store, manifest, max_bytes, |key, bytes| decode_record(key, &bytes))?
+    let Some(key) = manifest_integrity_key(manifest) else { return Ok(None) };
+    Ok(read_record_with(store, manifest, &key, max_bytes, |key, bytes| decode_record(key, &bytes))?
         .map(|r| Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone())))
 }
 
-/// [`read_record`], decoding the record's bytes with `decode` (a cache may answer).
+/// [`read_record`] of the record at `key` (the manifest's integrity key), decoding its
+/// bytes with `decode` (a cache may answer).
 fn read_record_with(
     store: &dyn ObjectStore,
     manifest: &StoredManifest,
+    key: &str,
     max_bytes: u64,
     decode: impl FnOnce(&str, Vec<u8>) -> Result<Arc<IntegrityRecord>>,
 ) -> Result<Option<Arc<IntegrityRecord>>> {
-    let Some(key) = manifest_integrity_key(manifest) else { return Ok(None) };
-    let bytes = match store.get_limited(&key, max_bytes) {
+    let bytes = match store.get_limited(key, max_bytes) {
         Ok(b) => b,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::new(e.kind(), format!("integrity record get failed: {key}: {}", e.message()))),
     };
-    let record = decode(&key, bytes)?;
+    let record = decode(key, bytes)?;
     if record.plan_digest != manifest.manifest_digest() {
         return Err(integrity_err(format!("integrity record {key} belongs to another revision")));
     }
@@ -351,13 +354,14 @@ pub(crate) struct Verifier {
     record: Arc<IntegrityRecord>,
 }
 
-/// The verifier of a restore of `manifest`, or `None` when verification is off
+/// The verifier of a restore by `plan`, or `None` when verification is off
 /// ([`super::StoreLimits::verify_integrity`]) or the revision has no record.
-pub(crate) fn prepare(ws: &WeightStore, manifest: &StoredManifest) -> Result<Option<Verifier>> {
+pub(crate) fn prepare(ws: &WeightStore, plan: &LoadPlan) -> Result<Option<Verifier>> {
     if !ws.limits.verify_integrity {
         return Ok(None);
     }
-    let record = read_record_with(&*ws.store, manifest, ws.limits.max_metadata_bytes, |key, bytes| {
+    let Some(key) = plan.integrity_key() else { return Ok(None) };
+    let record = read_record_with(&*ws.store, plan.manifest(), key, ws.limits.max_metadata_bytes, |key, bytes| {
         ws.integrity_records.get_or_decode(key, bytes, decode_record)
     })?;
     Ok(record.map(|record| Verifier { record }))
@@ -422,8 +426,10 @@ fn check_blocks(what: &str, sums: &ObjectChecksums, first: u64, span_start: u64,
     Ok(())
 }
 
-fn sums_for<'r>(record: &'r IntegrityRecord, key: &str, what: &str) -> Result<&'r ObjectChecksums> {
-    record.objects.get(key).ok_or_else(|| integrity_err(format!("{what} has no entry in the integrity record")))
+/// The record's checksums of `key`; `what` names the object in the error (called only
+/// then: naming formats the fragment's box).
+fn sums_for<'r>(record: &'r IntegrityRecord, key: &str, what: impl FnOnce() -> String) -> Result<&'r ObjectChecksums> {
+    record.objects.get(key).ok_or_else(|| integrity_err(format!("{} has no entry in the integrity record", what())))
 }
 
 /// What the reads of one verified restore delivered, per object: the CRC-32C runs the
@@ -548,7 +554,7 @@ impl Verifier {
         let mut by_key = delivered.by_key;
         for (key, touched) in by_key.iter_mut() {
             let key = key.as_str();
-            let sums = sums_for(&self.record, key, &names(key))?;
+            let sums = sums_for(&self.record, key, || names(key))?;
             let size = sizes.get(key).copied().unwrap_or(sums.nbytes);
             if size != sums.nbytes {
                 return Err(integrity_err(format!(
@@ -931,7 +937,7 @@ pub fn verify_revision(
             continue;
         }
         let Some(record) = &record else { continue };
-        let sums = match sums_for(record, key, &what) {
+        let sums = match sums_for(record, key, || what.clone()) {
             Ok(s) => s,
             Err(e) => {
                 report.problems.push(problem(e.kind(), e.message().to_string()));

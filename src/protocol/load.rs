@@ -9,7 +9,7 @@ use super::state::WeightStore;
 
 use super::integrity::{CheckLimits, Delivered};
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::model::{StoredFragment, StoredManifest};
+use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::integrity::BLOCK_BYTES;
 use crate::plan::load::TransferRegion;
@@ -287,15 +287,14 @@ pub(crate) unsafe fn load(
     if sizes.len() != keys.len() {
         return Err(store_err(ErrorKind::Store, "object_sizes returned invalid result count"));
     }
-    // How integrity errors name an object: its stored fragment (tensor, box, ids).
-    let mut fragment_of: BTreeMap<&str, &StoredFragment> = BTreeMap::new();
-    for &i in &ops {
-        let src = plan.logical().source_of(&plan.regions()[i]);
-        fragment_of.entry(src.object_key()).or_insert(src);
-    }
-    let name = |key: &str| match fragment_of.get(key) {
-        Some(f) => super::integrity::describe(f),
-        None => format!("payload of object {key}"),
+    // How integrity errors name an object: its stored fragment (tensor, box, ids),
+    // looked up only when an error needs it.
+    let name = |key: &str| {
+        let source = |&i: &usize| plan.logical().source_of(&plan.regions()[i]);
+        match ops.iter().map(source).find(|f| f.object_key() == key) {
+            Some(f) => super::integrity::describe(f),
+            None => format!("payload of object {key}"),
+        }
     };
     let mut object_sizes: BTreeMap<&str, u64> = BTreeMap::new();
     for ((key, end), size) in needed.iter().zip(sizes) {
@@ -309,7 +308,7 @@ pub(crate) unsafe fn load(
         }
         object_sizes.insert(key, size);
     }
-    let verifier = super::integrity::prepare(ws, plan.manifest())?;
+    let verifier = super::integrity::prepare(ws, plan)?;
     // Group by target runtime fragment (sorted by runtime id).
     let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for &i in &ops {
