@@ -4,9 +4,12 @@
 //! at a time, so the destination is never read before it is overwritten.
 //!
 //! Verified restores copy with [`copy_streaming_crc`], which also returns the CRC-32C
-//! of the source bytes, computed in the same loop as the copy (four independent
-//! hardware CRC chains, one per interleaved page, while the copy waits on memory),
-//! and [`CrcRuns`], which keeps those checksums per range of object bytes.
+//! of the source bytes, computed in the same loop as the copy (folded by carry-less
+//! multiplication from the registers it streams, or four hardware CRC chains, one per
+//! interleaved page, while the copy waits on memory), and [`CrcRuns`], which keeps
+//! those checksums per range of object bytes; the short rows of a reshard are folded
+//! as they are copied too ([`crate::crc::clmul::Folder`]) where they are whole
+//! 64-byte lines, else summed a window at a time after their copies.
 //!
 //! Nothing here knows stores, engines or plans: a pointer pair and a length.
 
@@ -353,6 +356,15 @@ pub(crate) struct CrcRuns {
     pending: *const u8,
     /// The first multiple of `span` after `start`: the open run ends there at most.
     limit: u64,
+    /// While set, `[start, folded)` is summed here instead of in `crc`: short pieces
+    /// of whole 64-byte lines to 16-byte aligned destinations, copied and folded in
+    /// one pass ([`crate::crc::clmul::Folder`]); settled into `crc` before anything
+    /// else extends the run.
+    #[cfg(target_arch = "x86_64")]
+    lines: Option<crate::crc::clmul::Folder>,
+    /// Whether this CPU runs the line folder.
+    #[cfg(target_arch = "x86_64")]
+    clmul: bool,
 }
 
 impl CrcRuns {
@@ -368,11 +380,26 @@ impl CrcRuns {
             folded: 0,
             pending: std::ptr::null(),
             limit: 0,
+            #[cfg(target_arch = "x86_64")]
+            lines: None,
+            #[cfg(target_arch = "x86_64")]
+            clmul: crate::crc::clmul::available(),
+        }
+    }
+
+    /// Moves the line folder's sum into `crc`.
+    #[inline]
+    fn settle(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(f) = self.lines.take() {
+            // SAFETY: a folder exists only where the CPU has its features (`clmul`).
+            self.crc = unsafe { f.finish() };
         }
     }
 
     /// Sums the copied bytes not yet summed.
     fn fold(&mut self) {
+        self.settle();
         let n = (self.end - self.folded) as usize;
         if n > 0 {
             // SAFETY: `[pending, pending + n)` are source bytes copied by `copy`, whose
@@ -439,11 +466,7 @@ impl CrcRuns {
             && src == self.pending.wrapping_add((self.end - self.folded) as usize)
         {
             // SAFETY: the caller's contract.
-            unsafe { copy_streaming(dst, src, n) };
-            self.end += n as u64;
-            if self.end - self.folded >= CRC_WINDOW {
-                self.fold();
-            }
+            unsafe { self.short(dst, src, n) };
             return;
         }
         pieces(self.span, object_offset, n as u64, |o, done, len| {
@@ -461,13 +484,38 @@ impl CrcRuns {
                 self.pending = unsafe { s.add(len) };
             } else {
                 // SAFETY: the caller's contract, for this piece.
-                unsafe { copy_streaming(d, s, len) };
-                self.end += len as u64;
-                if self.end - self.folded >= CRC_WINDOW {
-                    self.fold();
-                }
+                unsafe { self.short(d, s, len) };
             }
         });
+    }
+
+    /// Copies a short piece that extends the open run (`src` follows the run's pending
+    /// bytes): folded as it is copied when it is whole lines to an aligned destination
+    /// and nothing is pending, else copied and summed later with the window.
+    ///
+    /// # Safety
+    /// As [`CrcRuns::copy`], for this piece.
+    #[inline]
+    unsafe fn short(&mut self, dst: *mut u8, src: *const u8, n: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.clmul && self.end == self.folded && n.is_multiple_of(64) && (dst as usize).is_multiple_of(16) {
+            let crc = self.crc;
+            let f = self.lines.get_or_insert_with(|| crate::crc::clmul::Folder::new(crc));
+            // SAFETY: the caller's contract; the folder's features were detected
+            // (`clmul`); whole lines to a 16-byte aligned destination, checked above.
+            unsafe { f.copy(dst, src, n) };
+            self.end += n as u64;
+            self.folded = self.end;
+            // SAFETY: one past this piece's source bytes.
+            self.pending = unsafe { src.add(n) };
+            return;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { copy_streaming(dst, src, n) };
+        self.end += n as u64;
+        if self.end - self.folded >= CRC_WINDOW {
+            self.fold();
+        }
     }
 
     /// Sums `bytes`, object bytes from `object_offset` already delivered (handed to a
@@ -634,6 +682,65 @@ mod tests {
     /// Every length around the line and four-page block boundaries, at every
     /// destination and source misalignment that matters, copies exactly its bytes and
     /// nothing outside them.
+    /// Short rows of whole lines to aligned destinations are folded as they are
+    /// copied; rows that are not (odd lengths, unaligned destinations) are summed
+    /// with the window; any mix of the two, long pieces, deliveries summed by
+    /// `account` and span boundaries in the middle of a run give the same runs and
+    /// checksums as summing the bytes.
+    #[test]
+    fn crc_runs_mix_folded_lines_and_windowed_rows() {
+        let src: Vec<u8> = (0..400_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let mut buf = vec![0u8; src.len() + 64];
+        let base = (64 - buf.as_ptr() as usize % 64) % 64;
+        let span = 65_536u64;
+        let mut runs = CrcRuns::new(span);
+        let mut copy = |runs: &mut CrcRuns, at: usize, n: usize, skew: usize| {
+            // SAFETY: `at + skew + n <= src.len() + 64`; distinct vectors, unchanged
+            // until `finish`.
+            unsafe { runs.copy(buf.as_mut_ptr().add(base + at + skew), src.as_ptr().add(at), at as u64, n) };
+        };
+        let mut at = 0;
+        // Whole lines (folded), an odd row, whole lines again (windowed until the
+        // window is summed, then folded), one row to a misaligned destination, and
+        // lines across the span boundary at 65,536.
+        for (n, count, skew) in [(512, 40, 0), (320, 1, 0), (1024, 30, 0), (256, 1, 8), (2048, 20, 0)] {
+            for _ in 0..count {
+                copy(&mut runs, at, n, skew);
+                at += n;
+            }
+        }
+        let rows_end = at;
+        // A long piece continuing the run, an account()ed delivery, then lines.
+        copy(&mut runs, at, 20_000, 0);
+        at += 20_000;
+        runs.account(at as u64, &src[at..at + 4_096]);
+        at += 4_096;
+        for _ in 0..10 {
+            copy(&mut runs, at, 640, 0);
+            at += 640;
+        }
+        let got = runs.finish();
+        copy_fence();
+        let mut covered = 0;
+        for r in &got {
+            assert_eq!(r.object_offset, covered, "runs cover the bytes in order: {got:?}");
+            assert_eq!(r.crc, sum(&src, r), "{r:?}");
+            assert!(r.object_offset / span == (r.object_offset + r.len - 1) / span, "{r:?} crosses a span");
+            covered += r.len;
+        }
+        assert_eq!(covered, at as u64);
+        assert!(got.iter().any(|r| r.object_offset == span), "a run starts at the span boundary");
+        let skewed = 512 * 40 + 320 + 1024 * 30;
+        assert!(buf[base..base + skewed] == src[..skewed], "the rows were copied");
+        // (its last 8 bytes were overwritten by the next row, 8 bytes ahead of it)
+        assert!(buf[base + skewed + 8..base + skewed + 256] == src[skewed..skewed + 248], "the skewed row");
+        let after = skewed + 256;
+        assert!(buf[base + after..base + rows_end] == src[after..rows_end], "the lines after it");
+        let acc = rows_end + 20_000;
+        assert!(buf[base + rows_end..base + acc] == src[rows_end..acc], "the long piece");
+        assert!(buf[base + acc + 4_096..base + at] == src[acc + 4_096..at], "the lines after account()");
+    }
+
     #[test]
     fn copy_streaming_copies_exactly_the_range() {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
