@@ -158,20 +158,17 @@ pub(crate) unsafe fn append(crc: u32, data: &[u8]) -> u32 {
     // SAFETY: every load reads 64 bytes inside `data[..steps * STEP]`; the features
     // are enabled on this function.
     let load = |at: usize| unsafe { _mm512_loadu_si512(p.add(at).cast()) };
-    let y = {
-        let mut a = [_mm512_xor_si512(load(0), initial(crc)), load(64), load(128), load(192)];
-        let k = k512(const { fold_constants(8 * STEP as u64) });
-        for s in 1..steps {
-            let at = s * STEP;
-            for (i, x) in a.iter_mut().enumerate() {
-                *x = fold512(*x, k, load(at + 64 * i));
-            }
+    let mut a = [_mm512_xor_si512(load(0), initial(crc)), load(64), load(128), load(192)];
+    let k = k512(const { fold_constants(8 * STEP as u64) });
+    for s in 1..steps {
+        let at = s * STEP;
+        for (i, x) in a.iter_mut().enumerate() {
+            *x = fold512(*x, k, load(at + 64 * i));
         }
-        let k = k512(const { fold_constants(512) });
-        let x = fold512(fold512(fold512(a[0], k, a[1]), k, a[2]), k, a[3]);
-        lanes_to_one(x)
-    };
-    let crc = finish(y);
+    }
+    // Line `i` went into accumulator `i mod 4`, as a `Folder`'s lines do.
+    // SAFETY: the features are enabled on this function.
+    let crc = unsafe { Folder { acc: a, lines: 4 * steps as u64, crc }.finish() };
     crc32c::crc32c_append(crc, &data[steps * STEP..])
 }
 
