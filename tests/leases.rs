@@ -96,11 +96,16 @@ impl GuardProvider for Recording {
     }
 }
 
+const ONE_RANK: Layout = Layout { tp: 1, pp: 1, ep: 1, dp: 1 };
+
+/// A one-layer model held by one source rank.
+fn one_rank_source() -> HostModel {
+    HostModel::new(build_placement("src", ONE_RANK, &model_tensors(1, 16, 0), 1), true, "trainer", 1)
+}
+
 #[test]
 fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
-    let defs = model_tensors(1, 16, 0);
-    let src =
-        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src = one_rank_source();
     let backend = Arc::new(Tracking::default());
     let ws = WeightStore::new(backend.clone());
     let plan = ws.plan_upload(&src.placement, &src.bindings, &UploadOptions::default()).unwrap();
@@ -131,8 +136,7 @@ fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
 
     // Restore through a target lease as well.
     let manifest = Arc::new(ws.load_manifest(plan.manifest().manifest_key()).unwrap());
-    let dst =
-        HostModel::new(build_placement("dst", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), false, "serving", 1);
+    let dst = HostModel::new(build_placement("dst", ONE_RANK, &model_tensors(1, 16, 0), 1), false, "serving", 1);
     let lp = ws.plan_load(manifest, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
     let tids: Vec<String> = dst.bindings[0].fragments().iter().map(|f| f.fragment_id().to_string()).collect();
     let mut tlease = ws.register_weight_buffers(&dst.bindings[0], &tids, &guard, "target", None).unwrap();
@@ -146,9 +150,7 @@ fn acc_151_lease_keeps_pin_and_registration_across_uploads_until_close() {
 
 #[test]
 fn acc_152_lease_close_failure_quarantines_until_drained() {
-    let defs = model_tensors(1, 16, 0);
-    let src =
-        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src = one_rank_source();
     let backend = Arc::new(Tracking::default());
     let ws = WeightStore::new(backend.clone());
     let guard = Recording::default();
@@ -182,9 +184,7 @@ fn acc_152_lease_close_failure_quarantines_until_drained() {
 
 #[test]
 fn shared_lease_is_refused_by_another_store_and_closed_when_dropped() {
-    let defs = model_tensors(1, 16, 0);
-    let src =
-        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src = one_rank_source();
     let backend = Arc::new(Tracking::default());
     let ws = Arc::new(WeightStore::new(backend.clone()));
     let guard = Recording::default();
@@ -215,9 +215,7 @@ fn shared_lease_is_refused_by_another_store_and_closed_when_dropped() {
 #[test]
 fn release_token_checks_the_observed_binding_and_aborts_a_failed_pin() {
     use mooncake_weight_store::protocol::guards::{ReleaseFn, ReleaseToken};
-    let defs = model_tensors(1, 16, 0);
-    let src =
-        HostModel::new(build_placement("src", Layout { tp: 1, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "trainer", 1);
+    let src = one_rank_source();
     let binding = &src.bindings[0];
     let ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
     let released: Arc<Mutex<Vec<TerminalState>>> = Arc::default();
