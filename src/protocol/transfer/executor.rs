@@ -1046,31 +1046,20 @@ impl TransferExecutor {
                 let mut result = Ok(());
                 for (endpoint, ops) in groups.iter_mut() {
                     sort_ops(plan, ops);
-                    let mut lower = Lowering {
+                    let mut sub = Submitter {
                         exec: self,
-                        endpoint,
-                        direction,
-                        ranges: Vec::new(),
-                        count: 0,
-                        planned: 0,
                         operation_count: 0,
                         nbytes: 0,
                         stop: None,
                         hooks,
                         progress: &mut progress,
                         submitted: &mut submitted,
-                        collect: None,
                     };
-                    for op in ops.iter() {
-                        lower.push_operation(plan, op);
-                        if lower.stop.is_some() {
-                            break;
-                        }
+                    let lowered = lower(plan, endpoint, direction, &self.limits, ops, |b| sub.submit(b));
+                    if let Err(e) = lowered {
+                        sub.stop.get_or_insert(Stop::Error(e));
                     }
-                    if lower.stop.is_none() {
-                        lower.flush();
-                    }
-                    if let Some(stop) = lower.stop.take() {
+                    if let Some(stop) = sub.stop.take() {
                         result = Err(stop);
                         break;
                     }
@@ -1078,8 +1067,8 @@ impl TransferExecutor {
                         direction,
                         worker_id: worker.to_string(),
                         endpoint: endpoint.to_string(),
-                        operation_count: lower.operation_count,
-                        nbytes: lower.nbytes,
+                        operation_count: sub.operation_count,
+                        nbytes: sub.nbytes,
                     });
                 }
                 match result {
@@ -1199,37 +1188,22 @@ impl TransferExecutor {
             sort_ops(plan, ops);
             regions += ops.len() as u64;
             let mut batches = Vec::new();
-            let mut progress = Reporter::start(None, ProgressPhase::Transfer, 0, 0);
-            let mut submitted = false;
-            let mut lower = Lowering {
-                exec: self,
-                endpoint,
-                direction,
-                ranges: Vec::new(),
-                count: 0,
-                planned: 0,
-                operation_count: 0,
-                nbytes: 0,
-                stop: None,
-                hooks: Hooks::default(),
-                progress: &mut progress,
-                submitted: &mut submitted,
-                collect: Some(&mut batches),
-            };
-            for op in ops.iter() {
-                lower.push_operation(plan, op);
-                if lower.stop.is_some() {
-                    break;
+            let (mut operation_count, mut nbytes) = (0u64, 0u64);
+            let mut invalid = None;
+            let lowered = lower(plan, endpoint, direction, &self.limits, ops, |(batch, planned)| match batch {
+                Ok(b) => {
+                    operation_count += planned;
+                    nbytes += b.nbytes();
+                    batches.push((b, planned));
+                    true
                 }
-            }
-            if lower.stop.is_none() {
-                lower.flush();
-            }
-            let (operation_count, nbytes) = (lower.operation_count, lower.nbytes);
-            match lower.stop.take() {
-                None => {}
-                Some(Stop::Error(e)) => return pins.abort(e),
-                Some(Stop::Unknown { .. }) => return pins.abort(te("a preparation submits nothing")),
+                Err(e) => {
+                    invalid = Some(TransferError::contract(e));
+                    false
+                }
+            });
+            if let Some(e) = lowered.err().or(invalid) {
+                return pins.abort(e);
             }
             endpoints.push(PreparedEndpoint { endpoint: endpoint.to_string(), batches, operation_count, nbytes });
         }
@@ -1316,30 +1290,48 @@ pub(super) struct Hooks<'a> {
     pub(super) stats: Option<&'a ExecutionStats>,
 }
 
-/// Streams the segments of one endpoint's operations into batches (§6.2), merging
-/// adjacent segments when [`ExecutorLimits::coalesce_adjacent`] is set.
-struct Lowering<'e, 'x, 'p> {
-    exec: &'x TransferExecutor,
-    endpoint: &'e str,
+/// One lowered batch: the batch built from its ranges (or why it could not be) and
+/// the planned segments it carries.
+type Lowered = (crate::Result<TransferBatch>, u64);
+
+/// Lowers one endpoint's operations (sorted) into batches (§6.2) and hands each to
+/// `emit`, in order, until `emit` returns false. Pure: nothing is submitted here.
+/// Errors: a region's segment limit (contract).
+fn lower(
+    plan: &TransferPlan,
+    endpoint: &str,
     direction: Direction,
+    limits: &ExecutorLimits,
+    ops: &[LocalOp<'_>],
+    mut emit: impl FnMut(Lowered) -> bool,
+) -> TransferResult<()> {
+    let mut b = Batcher { endpoint, direction, limits, ranges: Vec::new(), count: 0, planned: 0 };
+    for op in ops {
+        if !b.push_operation(plan, op, &mut emit)? {
+            return Ok(());
+        }
+    }
+    if !b.ranges.is_empty() {
+        emit(b.take());
+    }
+    Ok(())
+}
+
+/// Streams segments into batches of at most `max_batch_operations` engine
+/// operations, merging adjacent segments when [`ExecutorLimits::coalesce_adjacent`]
+/// is set.
+struct Batcher<'a> {
+    endpoint: &'a str,
+    direction: Direction,
+    limits: &'a ExecutorLimits,
     ranges: Vec<TransferBatchRange>,
     /// Engine operations in `ranges` (merged segments count once).
     count: u64,
     /// Planned segments in `ranges`.
     planned: u64,
-    /// Planned segments of the completed batches (the receipt's count).
-    operation_count: u64,
-    nbytes: u64,
-    stop: Option<Stop>,
-    hooks: Hooks<'x>,
-    progress: &'x mut Reporter<'p>,
-    submitted: &'x mut bool,
-    /// Preparing: full batches are kept here (with their planned segments) instead
-    /// of being submitted.
-    collect: Option<&'x mut Vec<(TransferBatch, u64)>>,
 }
 
-impl Lowering<'_, '_, '_> {
+impl Batcher<'_> {
     fn new_range(s: &RuntimeFragment, t: &RuntimeFragment) -> TransferBatchRange {
         TransferBatchRange {
             source_base_address: s.storage_address(),
@@ -1357,11 +1349,26 @@ impl Lowering<'_, '_, '_> {
             == (s.storage_address(), s.storage_nbytes(), t.storage_address(), t.storage_nbytes())
     }
 
-    fn push_operation(&mut self, plan: &TransferPlan, op: &LocalOp<'_>) {
+    /// The batch built so far, ready to hand on; the batcher starts a new one.
+    fn take(&mut self) -> Lowered {
+        self.count = 0;
+        let planned = std::mem::take(&mut self.planned);
+        let ranges = std::mem::take(&mut self.ranges);
+        (TransferBatch::from_ranges(self.endpoint, self.direction, ranges), planned)
+    }
+
+    /// Adds one operation's segments; every batch that fills up goes to `emit`.
+    /// Returns false when `emit` asked to stop.
+    fn push_operation(
+        &mut self,
+        plan: &TransferPlan,
+        op: &LocalOp<'_>,
+        emit: &mut impl FnMut(Lowered) -> bool,
+    ) -> TransferResult<bool> {
         let r = &plan.regions()[op.index];
         let (so, to) = (op.source.storage_offset_bytes(), op.target.storage_offset_bytes());
-        let max_batch = self.exec.limits.max_batch_operations;
-        let coalesce = self.exec.limits.coalesce_adjacent;
+        let max_batch = self.limits.max_batch_operations;
+        let coalesce = self.limits.coalesce_adjacent;
         // Coalescing: continue the batch's last range when it joins the same pair of
         // allocations (its last segment may then merge with this operation's first).
         let mut cur = match self.ranges.last() {
@@ -1370,8 +1377,9 @@ impl Lowering<'_, '_, '_> {
             }
             _ => Self::new_range(op.source, op.target),
         };
-        let res = r.for_each_segment(self.exec.limits.max_region_segments, |s, t, n| {
-            if self.stop.is_some() {
+        let mut go = true;
+        r.for_each_segment(self.limits.max_region_segments, |s, t, n| {
+            if !go {
                 return;
             }
             let (s, t) = (so + s, to + t);
@@ -1386,15 +1394,15 @@ impl Lowering<'_, '_, '_> {
                     }
                 }
             }
-            // A full batch is submitted when the next operation does not fit (so that
+            // A full batch is handed on when the next operation does not fit (so that
             // a following adjacent segment can still merge into its last one).
             if self.count == max_batch {
                 if !cur.sizes.is_empty() {
                     let full = std::mem::replace(&mut cur, Self::new_range(op.source, op.target));
                     self.ranges.push(full);
                 }
-                self.flush();
-                if self.stop.is_some() {
+                go = emit(self.take());
+                if !go {
                     return;
                 }
             }
@@ -1403,43 +1411,41 @@ impl Lowering<'_, '_, '_> {
             cur.sizes.push(n);
             self.count += 1;
             self.planned += 1;
-        });
-        if let Err(e) = res {
-            self.stop.get_or_insert(Stop::Error(TransferError::contract(e)));
-            return;
-        }
-        if !cur.sizes.is_empty() {
+        })
+        .map_err(TransferError::contract)?;
+        if go && !cur.sizes.is_empty() {
             self.ranges.push(cur);
         }
+        Ok(go)
     }
+}
 
-    fn flush(&mut self) {
-        if self.ranges.is_empty() || self.stop.is_some() {
-            return;
-        }
-        self.count = 0;
-        let planned = std::mem::take(&mut self.planned);
-        if let Some(out) = self.collect.as_deref_mut() {
-            match TransferBatch::from_ranges(self.endpoint, self.direction, std::mem::take(&mut self.ranges)) {
-                Ok(b) => {
-                    self.operation_count += planned;
-                    self.nbytes += b.nbytes();
-                    out.push((b, planned));
-                }
-                Err(e) => self.stop = Some(Stop::Error(TransferError::contract(e))),
-            }
-            return;
-        }
+/// Submits lowered batches of one endpoint, one at a time, each run to a known
+/// outcome, and counts what completed (the receipt).
+struct Submitter<'x, 'p> {
+    exec: &'x TransferExecutor,
+    /// Planned segments of the completed batches (the receipt's count).
+    operation_count: u64,
+    nbytes: u64,
+    stop: Option<Stop>,
+    hooks: Hooks<'x>,
+    progress: &'x mut Reporter<'p>,
+    submitted: &'x mut bool,
+}
+
+impl Submitter<'_, '_> {
+    /// Submits one batch; returns false (and keeps why in `stop`) when the execution
+    /// must end here.
+    fn submit(&mut self, (batch, planned): Lowered) -> bool {
         if self.hooks.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             self.stop = Some(Stop::Error(te("transfer was cancelled before a batch was submitted")));
-            return;
+            return false;
         }
-        let ranges = std::mem::take(&mut self.ranges);
-        let batch = match TransferBatch::from_ranges(self.endpoint, self.direction, ranges) {
+        let batch = match batch {
             Ok(b) => b,
             Err(e) => {
                 self.stop = Some(Stop::Error(TransferError::contract(e)));
-                return;
+                return false;
             }
         };
         *self.submitted = true;
@@ -1458,12 +1464,15 @@ impl Lowering<'_, '_, '_> {
                     st.engine_batches.fetch_add(1, Ordering::Relaxed);
                 }
                 self.progress.advance(batch.nbytes(), planned);
+                true
             }
             BatchOutcome::Failed(msg) => {
                 self.stop = Some(Stop::Error(TransferError::new(TransferErrorKind::CompletionFailed, msg)));
+                false
             }
             BatchOutcome::Unknown { ticket, restart_required, interrupted } => {
                 self.stop = Some(Stop::Unknown { ticket, restart_required, interrupted });
+                false
             }
         }
     }
