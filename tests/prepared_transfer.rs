@@ -669,3 +669,35 @@ fn stored_source_restores_every_generation_prepared_once() {
     unsafe { p.step(&step(3)) }.unwrap();
     verify_masked(&dst, 0);
 }
+
+/// `check_fresh` over every path it takes: the same binding observed again (one
+/// shared fragment list), an equal binding rebuilt fragment by fragment, and moved
+/// buffers, each with the required ids sorted (as providers are handed them) and in
+/// another order, for every fragment and for a subset.
+#[test]
+fn a_fresh_binding_is_compared_fragment_by_fragment_whatever_the_id_order() {
+    use mooncake_weight_store::protocol::guards::check_fresh;
+    let (_, dst, _) = models();
+    let expected = dst.bindings[0].clone();
+    let guard = Arc::new(ObservingGuard::default());
+    let mut all: Vec<String> = expected.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    all.sort();
+    assert!(all.len() >= 3, "the case needs a subset");
+    let subset: Vec<String> = all[1..].to_vec();
+    let check = |fresh: &RuntimeBinding, ids: &[String]| {
+        let fence = weight_allocation_fence(fresh, ids, "token").unwrap();
+        check_fresh("target", &expected, ids, fresh, &Token(fence, guard.clone())).map_err(|e| e.message().to_string())
+    };
+    let equal = rebuilt(&expected, None, None, None, 0);
+    let moved = rebuilt(&expected, None, None, None, 4096);
+    assert!(!equal.shares_fragments(&expected) && expected.clone().shares_fragments(&expected));
+    for ids in [all.clone(), subset.clone()] {
+        let mut reversed = ids.clone();
+        reversed.reverse();
+        for order in [&ids, &reversed] {
+            assert_eq!(check(&expected.clone(), order), Ok(()));
+            assert_eq!(check(&equal, order), Ok(()));
+            assert_eq!(check(&moved, order), Err("acquired runtime binding address differs from plan".to_string()));
+        }
+    }
+}

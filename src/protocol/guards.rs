@@ -521,22 +521,35 @@ pub fn check_fresh(
     if fresh.lease_id() != expected.lease_id() {
         return stale("lease_id");
     }
-    // Indexed by fragment id once (a scan per id was quadratic).
-    let fresh_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+    // The fence matched, so every id is in `fresh`: one fragment list shared with
+    // `expected` (the same binding observed again) holds nothing that differs.
+    if fresh.shares_fragments(expected) {
+        return Ok(());
+    }
+    let differs = |address: bool| {
+        let what = if address { "address differs" } else { "fragments differ" };
+        Err(Error::new(ErrorKind::StaleBinding, format!("acquired runtime binding {what} from plan")))
+    };
+    // Sorted ids (what providers are handed) found in both by one merge each.
+    if ids.windows(2).all(|w| w[0] < w[1]) {
+        if let (Ok(a), Ok(b)) = (fresh.fragments_with_ids(ids), expected.fragments_with_ids(ids)) {
+            return match a.iter().zip(&b).any(|(a, b)| a != b) {
+                true => differs(true),
+                false => Ok(()),
+            };
+        }
+    }
+    // Otherwise indexed by fragment id once (a scan per id was quadratic); the first
+    // id in `ids` order that differs names the error.
+    let fresh_by_id: crate::fxhash::FxHashMap<&str, &crate::runtime::RuntimeFragment> =
         fresh.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
-    let expected_by_id: std::collections::HashMap<&str, &crate::runtime::RuntimeFragment> =
+    let expected_by_id: crate::fxhash::FxHashMap<&str, &crate::runtime::RuntimeFragment> =
         expected.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
     for id in ids {
-        let a = fresh_by_id.get(id.as_str()).copied();
-        let b = expected_by_id.get(id.as_str()).copied();
-        match (a, b) {
+        match (fresh_by_id.get(id.as_str()), expected_by_id.get(id.as_str())) {
             (Some(a), Some(b)) if a == b => {}
-            (Some(_), Some(_)) => {
-                return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding address differs from plan"))
-            }
-            _ => {
-                return Err(Error::new(ErrorKind::StaleBinding, "acquired runtime binding fragments differ from plan"))
-            }
+            (Some(_), Some(_)) => return differs(true),
+            _ => return differs(false),
         }
     }
     Ok(())
