@@ -679,9 +679,6 @@ mod tests {
         assert!(dst[250_100..255_100] == src[250_100..255_100], "the piece after account() was copied");
     }
 
-    /// Every length around the line and four-page block boundaries, at every
-    /// destination and source misalignment that matters, copies exactly its bytes and
-    /// nothing outside them.
     /// Short rows of whole lines to aligned destinations are folded as they are
     /// copied; rows that are not (odd lengths, unaligned destinations) are summed
     /// with the window; any mix of the two, long pieces, deliveries summed by
@@ -741,6 +738,9 @@ mod tests {
         assert!(buf[base + acc + 4_096..base + at] == src[acc + 4_096..at], "the lines after account()");
     }
 
+    /// Every length around the line and four-page block boundaries, at every
+    /// destination and source misalignment that matters, copies exactly its bytes and
+    /// nothing outside them.
     #[test]
     fn copy_streaming_copies_exactly_the_range() {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
