@@ -533,10 +533,7 @@ pub fn check_fresh(
     // Sorted ids (what providers are handed) found in both by one merge each.
     if ids.windows(2).all(|w| w[0] < w[1]) {
         if let (Ok(a), Ok(b)) = (fresh.fragments_with_ids(ids), expected.fragments_with_ids(ids)) {
-            return match a.iter().zip(&b).any(|(a, b)| a != b) {
-                true => differs(true),
-                false => Ok(()),
-            };
+            return if a == b { Ok(()) } else { differs(true) };
         }
     }
     // Otherwise indexed by fragment id once (a scan per id was quadratic); the first
