@@ -1,7 +1,10 @@
 //! The streaming `memcpy` shared by the embedded stores' restore path
 //! (`store::kernels`) and the embedded transfer engine (`engine::local`): bytes
-//! written once and not read back soon go out with non-temporal stores, four pages
-//! at a time, so the destination is never read before it is overwritten.
+//! written once and not read back soon go out with non-temporal stores, so the
+//! destination is never read before it is overwritten. Long copies stream either
+//! line after line or four pages at a time, whichever this process measured faster
+//! on its first long copies ([`Picker`]; `MWS_COPY_PATTERN` fixes it): which is
+//! faster depends on the machine, not on the data.
 //!
 //! Verified restores copy with [`copy_streaming_crc`], which also returns the CRC-32C
 //! of the source bytes, computed in the same loop as the copy (folded by carry-less
@@ -23,7 +26,8 @@ const STREAM_MIN: usize = 256;
 /// Copies `n` bytes whose destination is written once and not read back soon (a
 /// restore, a live transfer). Long copies use non-temporal stores on x86-64, which
 /// avoids reading every destination cache line before overwriting it; callers issue
-/// [`copy_fence`] before reporting the copies complete.
+/// [`copy_fence`] before reporting the copies complete. Copies of at least
+/// [`STREAM_BLOCK`] bytes stream in this process's [`Pattern`] (see [`Picker`]).
 ///
 /// # Safety
 /// `src` must be valid for `n` bytes of reads, `dst` for `n` bytes of writes, and
@@ -33,30 +37,235 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if n >= STREAM_MIN {
-            // Head: bring the destination to 64-byte alignment with a plain copy, so
-            // every stream store fills whole cache lines.
-            let head = (64 - (dst as usize & 63)) & 63;
-            // SAFETY: head < 64 <= n, so both ranges lie inside the caller's
-            // `src..src+n` / `dst..dst+n`, which it guarantees valid and disjoint.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-            // SAFETY: as above; the stream helpers need a 16-byte aligned
-            // destination, which the head copy establishes.
-            let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
-            let mut left = n - head;
-            if left >= STREAM_BLOCK {
-                // SAFETY: `left` bytes from `s` / `d` lie inside the caller's ranges; `d` is aligned.
-                let done = unsafe { stream_blocks(d, s, left) };
-                // SAFETY: `done <= left`, so the pointers stay inside the ranges.
-                unsafe { (d, s) = (d.add(done), s.add(done)) };
-                left -= done;
+            let left = n - ((64 - (dst as usize & 63)) & 63);
+            let choice = if left >= STREAM_BLOCK { PICKER.pattern() } else { Some(Pattern::Sequential) };
+            match choice {
+                // SAFETY: the caller's contract.
+                Some(p) => unsafe { copy_with(p, dst, src, n) },
+                None => {
+                    // Calibrating: this copy is one of the samples when it is long
+                    // enough to be timed, else it takes the default pattern.
+                    if left < CALIBRATION_MIN_BYTES {
+                        // SAFETY: the caller's contract.
+                        unsafe { copy_with(Pattern::FourPage, dst, src, n) };
+                        return;
+                    }
+                    let p = PICKER.turn();
+                    let t = std::time::Instant::now();
+                    // SAFETY: the caller's contract.
+                    unsafe { copy_with(p, dst, src, n) };
+                    // Time the stores to completion, not only their issue.
+                    copy_fence();
+                    PICKER.record(p, n as u64, t.elapsed().as_nanos() as u64);
+                }
             }
-            // SAFETY: as above.
-            unsafe { stream_lines(d, s, left) };
             return;
         }
     }
     // SAFETY: the caller guarantees `src`/`dst` valid for `n` bytes and disjoint.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// How a long [`copy_streaming`] moves its bytes. Which one is faster depends on the
+/// machine's memory system, not on the data: on the 2-core benchmark VMs one pattern
+/// or the other has been 1.3-1.45x faster on different days (docs/PLANNING-SPEED.md,
+/// "the copy pattern"), so each process measures it on its first long copies
+/// ([`Picker`]) unless `MWS_COPY_PATTERN` names one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    /// One stream, 64-byte line after line ([`stream_lines`]).
+    Sequential,
+    /// Four pages at a time, interleaved ([`stream_blocks`]): glibc's pattern for
+    /// very large copies, and the default while a process has not decided.
+    FourPage,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Pattern {
+    /// The name `MWS_COPY_PATTERN` and [`pattern_name`] use.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Pattern::Sequential => "sequential",
+            Pattern::FourPage => "four-page",
+        }
+    }
+
+    /// The pattern `MWS_COPY_PATTERN` names (`sequential` or `four-page`); `None`
+    /// for unset, `auto` or anything else (the process measures).
+    pub(crate) fn from_setting(v: Option<&str>) -> Option<Pattern> {
+        match v.map(str::trim) {
+            Some("sequential") => Some(Pattern::Sequential),
+            Some("four-page") => Some(Pattern::FourPage),
+            _ => None,
+        }
+    }
+}
+
+/// Copies `n >= STREAM_MIN` bytes with pattern `p`: a plain head up to the first
+/// 64-byte destination line, then non-temporal stores.
+///
+/// # Safety
+/// As [`copy_streaming`], with `n >= STREAM_MIN`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn copy_with(p: Pattern, dst: *mut u8, src: *const u8, n: usize) {
+    // Head: bring the destination to 64-byte alignment with a plain copy, so every
+    // stream store fills whole cache lines.
+    let head = (64 - (dst as usize & 63)) & 63;
+    // SAFETY: head < 64 <= n, so both ranges lie inside the caller's `src..src+n` /
+    // `dst..dst+n`, which it guarantees valid and disjoint.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    // SAFETY: as above; the stream helpers need a 16-byte aligned destination, which
+    // the head copy establishes.
+    let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
+    let mut left = n - head;
+    if p == Pattern::FourPage && left >= STREAM_BLOCK {
+        // SAFETY: `left` bytes from `s` / `d` lie inside the caller's ranges; `d` is aligned.
+        let done = unsafe { stream_blocks(d, s, left) };
+        // SAFETY: `done <= left`, so the pointers stay inside the ranges.
+        unsafe { (d, s) = (d.add(done), s.add(done)) };
+        left -= done;
+    }
+    // SAFETY: as above.
+    unsafe { stream_lines(d, s, left) };
+}
+
+/// The name of the pattern this process's long streaming copies use: `sequential`,
+/// `four-page`, or `measuring` while the first long copies still time both (see
+/// [`Picker`]). For benchmarks' reports. Thread-safe.
+pub fn pattern_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        PICKER.pattern().map_or("measuring", Pattern::name)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "memcpy"
+    }
+}
+
+/// Copies at least this long (after the head) are timed while a process measures the
+/// patterns: long enough that the clock's cost (tens of ns) is noise and most of the
+/// bytes come from memory, not cache.
+#[cfg(target_arch = "x86_64")]
+const CALIBRATION_MIN_BYTES: usize = 256 << 10;
+/// Bytes each pattern must have copied (timed) before the process decides.
+#[cfg(target_arch = "x86_64")]
+const CALIBRATION_BYTES: u64 = 64 << 20;
+/// The sequential pattern is chosen only when it is at least this much faster
+/// (percent): the four-page pattern is what glibc's `memcpy` does, so a near tie keeps it.
+#[cfg(target_arch = "x86_64")]
+const SEQUENTIAL_MARGIN_PERCENT: u64 = 10;
+
+/// This process's pattern choice.
+#[cfg(target_arch = "x86_64")]
+static PICKER: Picker = Picker::new();
+
+/// Chooses a process's [`Pattern`] from its own copies: `MWS_COPY_PATTERN` when it
+/// names one, else the first long copies ([`CALIBRATION_MIN_BYTES`] and more)
+/// alternate the two patterns and are timed to completion, until each has copied
+/// [`CALIBRATION_BYTES`]; then the faster one (by bytes per second, the sequential
+/// one only with a [`SEQUENTIAL_MARGIN_PERCENT`] lead) is kept for good. No memory of
+/// its own, no copy of its own: the samples are the caller's copies, whose bytes are
+/// the same whichever pattern moves them. Lock-free; concurrent copies may each
+/// contribute a sample.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Picker {
+    /// [`UNSET`], [`MEASURING`], or a decided pattern ([`SEQUENTIAL`], [`FOUR_PAGE`]).
+    state: std::sync::atomic::AtomicU8,
+    turn: std::sync::atomic::AtomicU64,
+    /// (bytes, nanoseconds) timed per pattern: [sequential, four-page].
+    bytes: [std::sync::atomic::AtomicU64; 2],
+    nanos: [std::sync::atomic::AtomicU64; 2],
+}
+
+#[cfg(target_arch = "x86_64")]
+const UNSET: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const MEASURING: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const SEQUENTIAL: u8 = 2;
+#[cfg(target_arch = "x86_64")]
+const FOUR_PAGE: u8 = 3;
+
+#[cfg(target_arch = "x86_64")]
+impl Picker {
+    pub(crate) const fn new() -> Picker {
+        use std::sync::atomic::{AtomicU64, AtomicU8};
+        Picker {
+            state: AtomicU8::new(UNSET),
+            turn: AtomicU64::new(0),
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            nanos: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// The decided pattern, or `None` while measuring. The first call reads
+    /// `MWS_COPY_PATTERN`.
+    pub(crate) fn pattern(&self) -> Option<Pattern> {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.state.load(Relaxed) {
+            SEQUENTIAL => Some(Pattern::Sequential),
+            FOUR_PAGE => Some(Pattern::FourPage),
+            MEASURING => None,
+            _ => {
+                let setting = std::env::var("MWS_COPY_PATTERN").ok();
+                self.start(Pattern::from_setting(setting.as_deref()));
+                self.pattern()
+            }
+        }
+    }
+
+    /// Leaves [`UNSET`]: decided when `fixed` names a pattern, else measuring.
+    fn start(&self, fixed: Option<Pattern>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let next = match fixed {
+            Some(p) => Self::code(p),
+            None => MEASURING,
+        };
+        let _ = self.state.compare_exchange(UNSET, next, Relaxed, Relaxed);
+    }
+
+    fn code(p: Pattern) -> u8 {
+        match p {
+            Pattern::Sequential => SEQUENTIAL,
+            Pattern::FourPage => FOUR_PAGE,
+        }
+    }
+
+    /// The pattern the next timed copy uses (the two alternate).
+    pub(crate) fn turn(&self) -> Pattern {
+        if self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(2) {
+            Pattern::Sequential
+        } else {
+            Pattern::FourPage
+        }
+    }
+
+    /// Adds one timed copy; decides once both patterns have their bytes.
+    pub(crate) fn record(&self, p: Pattern, bytes: u64, nanos: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let i = (p == Pattern::FourPage) as usize;
+        self.bytes[i].fetch_add(bytes, Relaxed);
+        self.nanos[i].fetch_add(nanos.max(1), Relaxed);
+        let sample = |i: usize| (self.bytes[i].load(Relaxed), self.nanos[i].load(Relaxed));
+        if let Some(p) = decide(sample(0), sample(1)) {
+            let _ = self.state.compare_exchange(MEASURING, Self::code(p), Relaxed, Relaxed);
+        }
+    }
+}
+
+/// The pattern to keep from the timed (bytes, nanoseconds) of each, or `None` while
+/// either has copied less than [`CALIBRATION_BYTES`]. Pure.
+#[cfg(target_arch = "x86_64")]
+fn decide(sequential: (u64, u64), four_page: (u64, u64)) -> Option<Pattern> {
+    if sequential.0 < CALIBRATION_BYTES || four_page.0 < CALIBRATION_BYTES {
+        return None;
+    }
+    let rate = |(bytes, nanos): (u64, u64)| bytes as f64 / nanos.max(1) as f64;
+    let lead = 1.0 + SEQUENTIAL_MARGIN_PERCENT as f64 / 100.0;
+    Some(if rate(sequential) >= lead * rate(four_page) { Pattern::Sequential } else { Pattern::FourPage })
 }
 
 /// Bytes one step of [`stream_blocks`] copies: four pages, interleaved.
@@ -67,8 +276,9 @@ const STREAM_PAGE: usize = 4096;
 
 /// Copies whole [`STREAM_BLOCK`]s with non-temporal stores, four pages at a time and
 /// 128 bytes of each page per step (the pattern glibc uses for very large copies: four
-/// concurrent streams keep more DRAM pages open and more fills in flight than one; on
-/// the 2-core benchmark machine it copies about 1.4x faster than a single stream).
+/// concurrent streams keep more DRAM pages open and more fills in flight than one: on
+/// the 2-core benchmark VM of 2026-12-01 about 1.4x faster than a single stream, on
+/// that of 2026-12-03 about 1.3x slower; hence [`Pattern`]).
 /// Returns the bytes copied, a multiple of [`STREAM_BLOCK`] at most `n`.
 ///
 /// # Safety
@@ -740,21 +950,132 @@ mod tests {
 
     /// Every length around the line and four-page block boundaries, at every
     /// destination and source misalignment that matters, copies exactly its bytes and
-    /// nothing outside them.
+    /// nothing outside them: through `copy_streaming` (whatever pattern this process
+    /// uses) and through each pattern.
     #[test]
     fn copy_streaming_copies_exactly_the_range() {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let lens = [0usize, 1, 63, 64, 255, 256, 257, 4095, 16_383, 16_384, 16_385, 16_448, 32_768 + 191, 65_536];
-        for &n in &lens {
-            for &(da, sa) in &[(0usize, 0usize), (1, 0), (0, 3), (17, 5), (63, 62)] {
-                let mut dst = vec![0xEEu8; n + 200];
-                // SAFETY: `sa + n <= src.len()` and `da + n <= dst.len()`; distinct vectors.
-                unsafe { copy_streaming(dst.as_mut_ptr().add(da), src.as_ptr().add(sa), n) };
-                copy_fence();
-                assert!(dst[..da].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote before the range");
-                assert_eq!(&dst[da..da + n], &src[sa..sa + n], "n {n} da {da} sa {sa}");
-                assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote past the range");
+        type Copy = unsafe fn(*mut u8, *const u8, usize);
+        #[allow(unused_mut)]
+        let mut copies: Vec<(&str, Copy)> = vec![("copy_streaming", copy_streaming)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            /// `copy_with(p)` where it applies (`n >= STREAM_MIN`), else the plain copy.
+            ///
+            /// # Safety
+            /// As `copy_streaming`.
+            unsafe fn with<const SEQUENTIAL: bool>(d: *mut u8, s: *const u8, n: usize) {
+                let p = if SEQUENTIAL { super::Pattern::Sequential } else { super::Pattern::FourPage };
+                // SAFETY: the caller's contract; `copy_with` gets `n >= STREAM_MIN`.
+                unsafe {
+                    if n >= super::STREAM_MIN {
+                        super::copy_with(p, d, s, n)
+                    } else {
+                        std::ptr::copy_nonoverlapping(s, d, n)
+                    }
+                }
+            }
+            copies.push(("sequential", with::<true>));
+            copies.push(("four-page", with::<false>));
+        }
+        for (name, copy) in &copies {
+            for &n in &lens {
+                for &(da, sa) in &[(0usize, 0usize), (1, 0), (0, 3), (17, 5), (63, 62)] {
+                    let mut dst = vec![0xEEu8; n + 200];
+                    // SAFETY: `sa + n <= src.len()` and `da + n <= dst.len()`; distinct vectors.
+                    unsafe { copy(dst.as_mut_ptr().add(da), src.as_ptr().add(sa), n) };
+                    copy_fence();
+                    assert!(dst[..da].iter().all(|&b| b == 0xEE), "{name} n {n} da {da}: wrote before the range");
+                    assert_eq!(&dst[da..da + n], &src[sa..sa + n], "{name} n {n} da {da} sa {sa}");
+                    assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "{name} n {n} da {da}: wrote past the range");
+                }
             }
         }
+    }
+
+    /// `MWS_COPY_PATTERN`: the two names fix a pattern; unset, `auto` or anything
+    /// else leaves the choice to the measurement.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_copy_pattern_setting_names_a_pattern_or_leaves_it_to_measurement() {
+        use super::Pattern;
+        assert_eq!(Pattern::from_setting(Some("sequential")), Some(Pattern::Sequential));
+        assert_eq!(Pattern::from_setting(Some(" four-page\n")), Some(Pattern::FourPage));
+        for v in [None, Some("auto"), Some(""), Some("Sequential"), Some("fast")] {
+            assert_eq!(Pattern::from_setting(v), None, "{v:?}");
+        }
+        for p in [Pattern::Sequential, Pattern::FourPage] {
+            assert_eq!(Pattern::from_setting(Some(p.name())), Some(p));
+        }
+    }
+
+    /// The decision waits for both patterns' bytes, keeps the four-page pattern on a
+    /// near tie, and takes the sequential one only with the margin.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_pattern_decision_needs_both_samples_and_the_margin() {
+        use super::{decide, Pattern, CALIBRATION_BYTES as B};
+        // Too few bytes on either side: no decision yet.
+        assert_eq!(decide((B - 1, 1_000), (B, 10_000)), None);
+        assert_eq!(decide((B, 1_000), (B - 1, 10_000)), None);
+        // Same bytes: sequential 20 % faster wins; 5 % faster is a tie (four-page).
+        assert_eq!(decide((B, 1_000_000), (B, 1_200_000)), Some(Pattern::Sequential));
+        assert_eq!(decide((B, 1_000_000), (B, 1_050_000)), Some(Pattern::FourPage));
+        assert_eq!(decide((B, 1_200_000), (B, 1_000_000)), Some(Pattern::FourPage));
+        // Rates, not totals: twice the bytes in twice the time is the same speed.
+        assert_eq!(decide((2 * B, 2_000_000), (B, 1_000_000)), Some(Pattern::FourPage));
+        assert_eq!(decide((2 * B, 1_500_000), (B, 1_000_000)), Some(Pattern::Sequential));
+        // No overflow at extreme totals, and a zero duration counts as one nanosecond.
+        assert_eq!(decide((u64::MAX, u64::MAX), (u64::MAX, u64::MAX)), Some(Pattern::FourPage));
+        assert_eq!(decide((B, 0), (B, 0)), Some(Pattern::FourPage));
+    }
+
+    /// A picker: a fixed setting decides at once; measuring alternates the patterns,
+    /// stays undecided until both have their bytes, then keeps the faster one for
+    /// good (later samples change nothing).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_picker_alternates_then_keeps_the_faster_pattern() {
+        use super::{Pattern, Picker, CALIBRATION_BYTES as B};
+        let fixed = Picker::new();
+        fixed.start(Some(Pattern::Sequential));
+        assert_eq!(fixed.pattern(), Some(Pattern::Sequential));
+
+        let p = Picker::new();
+        p.start(None);
+        assert_eq!(p.pattern(), None);
+        let turns: Vec<Pattern> = (0..4).map(|_| p.turn()).collect();
+        assert_eq!(turns, [Pattern::Sequential, Pattern::FourPage, Pattern::Sequential, Pattern::FourPage]);
+        // Sequential at 2 bytes/ns, four-page at 1 byte/ns, in halves.
+        p.record(Pattern::Sequential, B / 2, B / 4);
+        p.record(Pattern::FourPage, B / 2, B / 2);
+        p.record(Pattern::Sequential, B / 2, B / 4);
+        assert_eq!(p.pattern(), None, "four-page has only half its bytes");
+        p.record(Pattern::FourPage, B / 2, B / 2);
+        assert_eq!(p.pattern(), Some(Pattern::Sequential));
+        p.record(Pattern::FourPage, 100 * B, 1);
+        assert_eq!(p.pattern(), Some(Pattern::Sequential), "decided for good");
+        // A started picker ignores a second start.
+        p.start(Some(Pattern::FourPage));
+        assert_eq!(p.pattern(), Some(Pattern::Sequential));
+    }
+
+    /// Copies long enough to be timed feed this process's picker and still copy
+    /// exactly their bytes, whichever pattern each sample used.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn timed_copies_copy_exactly() {
+        let n = super::CALIBRATION_MIN_BYTES + 4096 + 77;
+        let src: Vec<u8> = (0..n as u32 + 64).map(|i| (i.wrapping_mul(2_246_822_519) >> 7) as u8).collect();
+        for k in 0..4 {
+            let mut dst = vec![0u8; n + 128];
+            // SAFETY: `k + n <= src.len()`, `3 + n <= dst.len()`; distinct vectors.
+            unsafe { copy_streaming(dst.as_mut_ptr().add(3), src.as_ptr().add(k), n) };
+            copy_fence();
+            assert_eq!(&dst[3..3 + n], &src[k..k + n], "copy {k}");
+            assert!(dst[..3].iter().chain(&dst[3 + n..]).all(|&b| b == 0), "copy {k} wrote outside its range");
+        }
+        assert!(["sequential", "four-page", "measuring"].contains(&super::pattern_name()));
     }
 }
