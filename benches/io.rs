@@ -320,7 +320,7 @@ fn main() {
         let cases: Vec<String> = figures.iter().map(|(c, a, b)| format!("{c} {:.3}", a / b)).collect();
         println!("verified vs unverified restore throughput per case: {}", cases.join(" | "));
         let (a, b) = figures.iter().fold((0.0, 0.0), |(x, y), (_, a, b)| (x + a, y + b));
-        println!("streaming copy pattern: {}", mooncake_weight_store::engine::local::copy_pattern());
+        println!("streaming copy pattern: {}", mooncake_weight_store::streaming_copy_pattern());
         println!("figure: restore_verified_vs_unverified = {:.3}", a / b);
     }
 }

@@ -251,7 +251,7 @@ fn reshard(size_mib: u64, figures: &mut Vec<(String, f64)>) {
     ] {
         println!("LocalEngine {label}:");
         let (sink, reader) = engine_modes(Arc::new(engine), limits, &plan, &src, &mut dst, memcpy, bytes);
-        println!("  (streaming copy pattern: {})", mooncake_weight_store::engine::local::copy_pattern());
+        println!("  (streaming copy pattern: {})", mooncake_weight_store::streaming_copy_pattern());
         figures.push((format!("live_sink_vs_memcpy_{tag}"), sink));
         figures.push((format!("live_reader_vs_memcpy_{tag}"), reader));
     }

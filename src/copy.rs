@@ -73,12 +73,13 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
 /// ([`Picker`]) unless `MWS_COPY_PATTERN` names one.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Pattern {
     /// One stream, 64-byte line after line ([`stream_lines`]).
-    Sequential,
+    Sequential = 2,
     /// Four pages at a time, interleaved ([`stream_blocks`]): glibc's pattern for
     /// very large copies, and the default while a process has not decided.
-    FourPage,
+    FourPage = 3,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -131,9 +132,11 @@ unsafe fn copy_with(p: Pattern, dst: *mut u8, src: *const u8, n: usize) {
     unsafe { stream_lines(d, s, left) };
 }
 
-/// The name of the pattern this process's long streaming copies use: `sequential`,
-/// `four-page`, or `measuring` while the first long copies still time both (see
-/// [`Picker`]). For benchmarks' reports. Thread-safe.
+/// The pattern of this process's long streaming copies (what `LocalEngine` and the
+/// embedded stores' restores use for host bytes): `sequential` or `four-page` once
+/// decided, `measuring` while the first long copies still time both, `memcpy` off
+/// x86-64. `MWS_COPY_PATTERN=sequential|four-page` fixes it (docs/ARCHITECTURE.md,
+/// copy layer). For reports and benchmarks; no errors; thread-safe.
 pub fn pattern_name() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
@@ -172,7 +175,7 @@ static PICKER: Picker = Picker::new();
 /// contribute a sample.
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Picker {
-    /// [`UNSET`], [`MEASURING`], or a decided pattern ([`SEQUENTIAL`], [`FOUR_PAGE`]).
+    /// [`UNSET`], [`MEASURING`], or the decided pattern (`Pattern as u8`).
     state: std::sync::atomic::AtomicU8,
     turn: std::sync::atomic::AtomicU64,
     /// (bytes, nanoseconds) timed per pattern: [sequential, four-page].
@@ -184,10 +187,6 @@ pub(crate) struct Picker {
 const UNSET: u8 = 0;
 #[cfg(target_arch = "x86_64")]
 const MEASURING: u8 = 1;
-#[cfg(target_arch = "x86_64")]
-const SEQUENTIAL: u8 = 2;
-#[cfg(target_arch = "x86_64")]
-const FOUR_PAGE: u8 = 3;
 
 #[cfg(target_arch = "x86_64")]
 impl Picker {
@@ -206,8 +205,8 @@ impl Picker {
     pub(crate) fn pattern(&self) -> Option<Pattern> {
         use std::sync::atomic::Ordering::Relaxed;
         match self.state.load(Relaxed) {
-            SEQUENTIAL => Some(Pattern::Sequential),
-            FOUR_PAGE => Some(Pattern::FourPage),
+            s if s == Pattern::Sequential as u8 => Some(Pattern::Sequential),
+            s if s == Pattern::FourPage as u8 => Some(Pattern::FourPage),
             MEASURING => None,
             _ => {
                 let setting = std::env::var("MWS_COPY_PATTERN").ok();
@@ -220,18 +219,8 @@ impl Picker {
     /// Leaves [`UNSET`]: decided when `fixed` names a pattern, else measuring.
     fn start(&self, fixed: Option<Pattern>) {
         use std::sync::atomic::Ordering::Relaxed;
-        let next = match fixed {
-            Some(p) => Self::code(p),
-            None => MEASURING,
-        };
+        let next = fixed.map_or(MEASURING, |p| p as u8);
         let _ = self.state.compare_exchange(UNSET, next, Relaxed, Relaxed);
-    }
-
-    fn code(p: Pattern) -> u8 {
-        match p {
-            Pattern::Sequential => SEQUENTIAL,
-            Pattern::FourPage => FOUR_PAGE,
-        }
     }
 
     /// The pattern the next timed copy uses (the two alternate).
@@ -251,7 +240,7 @@ impl Picker {
         self.nanos[i].fetch_add(nanos.max(1), Relaxed);
         let sample = |i: usize| (self.bytes[i].load(Relaxed), self.nanos[i].load(Relaxed));
         if let Some(p) = decide(sample(0), sample(1)) {
-            let _ = self.state.compare_exchange(MEASURING, Self::code(p), Relaxed, Relaxed);
+            let _ = self.state.compare_exchange(MEASURING, p as u8, Relaxed, Relaxed);
         }
     }
 }
@@ -788,17 +777,37 @@ mod tests {
         let src: Vec<u8> = (0..140_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
         let lens = [0usize, 1, 255, 256, 4095, 16_383, 16_384, 16_385, 32_768 + 191, 65_536, 131_072 + 77];
         for &n in &lens {
-            for &(da, sa) in &[(0usize, 0usize), (1, 0), (0, 3), (17, 5), (63, 62)] {
-                let mut dst = vec![0xEEu8; n + 200];
-                // SAFETY: `sa + n <= src.len()` and `da + n <= dst.len()`; distinct vectors.
-                let crc = unsafe { copy_streaming_crc(dst.as_mut_ptr().add(da), src.as_ptr().add(sa), n, 0x5eed) };
-                copy_fence();
+            for (da, sa) in MISALIGNMENTS {
+                // SAFETY: `copied_exactly` passes `n` bytes inside its buffer and `src`.
+                let crc = copied_exactly(&src, n, (da, sa), "copy_streaming_crc", |d, s| unsafe {
+                    copy_streaming_crc(d, s, n, 0x5eed)
+                });
                 assert_eq!(crc, crc32c::crc32c_append(0x5eed, &src[sa..sa + n]), "n {n} da {da} sa {sa}");
-                assert!(dst[..da].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote before the range");
-                assert_eq!(&dst[da..da + n], &src[sa..sa + n], "n {n} da {da} sa {sa}");
-                assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "n {n} da {da}: wrote past the range");
             }
         }
+    }
+
+    /// Destination and source misalignments (bytes past a 64-byte line) that matter.
+    const MISALIGNMENTS: [(usize, usize); 5] = [(0, 0), (1, 0), (0, 3), (17, 5), (63, 62)];
+
+    /// Runs `copy(dst + da, src + sa)` for `n` bytes into a fresh buffer of 0xEE bytes
+    /// (with room on both sides), fences, and checks that exactly those bytes were
+    /// written; returns what `copy` returned.
+    fn copied_exactly<R>(
+        src: &[u8],
+        n: usize,
+        (da, sa): (usize, usize),
+        what: &str,
+        copy: impl FnOnce(*mut u8, *const u8) -> R,
+    ) -> R {
+        let mut dst = vec![0xEEu8; n + 200];
+        assert!(sa + n <= src.len() && da + n <= dst.len());
+        let r = copy(dst.as_mut_ptr().wrapping_add(da), src.as_ptr().wrapping_add(sa));
+        copy_fence();
+        assert!(dst[..da].iter().all(|&b| b == 0xEE), "{what} n {n} da {da}: wrote before the range");
+        assert_eq!(&dst[da..da + n], &src[sa..sa + n], "{what} n {n} da {da} sa {sa}");
+        assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "{what} n {n} da {da}: wrote past the range");
+        r
     }
 
     /// Both block kernels (the CRC-instruction one, and the carry-less-multiplication
@@ -981,14 +990,9 @@ mod tests {
         }
         for (name, copy) in &copies {
             for &n in &lens {
-                for &(da, sa) in &[(0usize, 0usize), (1, 0), (0, 3), (17, 5), (63, 62)] {
-                    let mut dst = vec![0xEEu8; n + 200];
-                    // SAFETY: `sa + n <= src.len()` and `da + n <= dst.len()`; distinct vectors.
-                    unsafe { copy(dst.as_mut_ptr().add(da), src.as_ptr().add(sa), n) };
-                    copy_fence();
-                    assert!(dst[..da].iter().all(|&b| b == 0xEE), "{name} n {n} da {da}: wrote before the range");
-                    assert_eq!(&dst[da..da + n], &src[sa..sa + n], "{name} n {n} da {da} sa {sa}");
-                    assert!(dst[da + n..].iter().all(|&b| b == 0xEE), "{name} n {n} da {da}: wrote past the range");
+                for placement in MISALIGNMENTS {
+                    // SAFETY: `copied_exactly` passes `n` bytes inside its buffer and `src`.
+                    copied_exactly(&src, n, placement, name, |d, s| unsafe { copy(d, s, n) });
                 }
             }
         }

@@ -43,6 +43,7 @@ pub mod plan;
 pub(crate) mod pyrepr;
 pub mod runtime;
 
+pub use copy::pattern_name as streaming_copy_pattern;
 pub use error::{Error, ErrorKind, Result};
 pub use model::*;
 pub use plan::upload::{plan_upload, Decision, UploadOperation, UploadOptions, UploadPlan};

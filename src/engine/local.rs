@@ -31,15 +31,6 @@ pub fn allocate_identity() -> u64 {
     NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The pattern of this process's long streaming copies (what `LocalEngine` and the
-/// embedded stores' restores use for host bytes): `sequential` or `four-page` once
-/// decided, `measuring` while the first long copies still time both (or
-/// `MWS_COPY_PATTERN=sequential|four-page` fixes it; see docs/ARCHITECTURE.md, copy
-/// layer). For reports and benchmarks; no errors; thread-safe.
-pub fn copy_pattern() -> &'static str {
-    crate::copy::pattern_name()
-}
-
 /// Engine code for a batch that touches unregistered memory or fails a copy hook.
 pub const LOCAL_TRANSFER_FAILED: i32 = -1;
 /// Engine code for a refused registration (overlap, device memory without a hook).
