@@ -141,6 +141,31 @@ impl TransferRegion {
     /// order (offsets relative to the fragments). Fails before the first call when
     /// `segment_count > max_segments` (`transfer region exceeds max_segments`).
     pub fn for_each_segment(&self, max_segments: u64, mut f: impl FnMut(u64, u64, u64)) -> Result<()> {
+        let (len, ss, ts) = self.row();
+        self.for_each_row(max_segments, |s, t| {
+            for j in 0..len {
+                f(s + j * ss, t + j * ts, self.inner_bytes);
+            }
+            true
+        })
+    }
+
+    /// The rows the segments come in: `(segments per row, source stride, target
+    /// stride)`, the innermost outer dimension's extent and byte strides (`(1, 0, 0)`
+    /// for a region of one segment). Segment `j` of a row starts `j * stride` bytes
+    /// after the row's first.
+    pub fn row(&self) -> (u64, u64, u64) {
+        match self.outer_loop_counts.len() {
+            0 => (1, 0, 0),
+            k => (self.outer_loop_counts[k - 1], self.source_strides[k - 1], self.target_strides[k - 1]),
+        }
+    }
+
+    /// Calls `f(source_offset, target_offset)` with the first segment of every row
+    /// (see [`Self::row`]) in row-major order, so that a caller can lower a whole row
+    /// at once; stops early when `f` returns false. Fails before the first call when
+    /// `segment_count > max_segments` (`transfer region exceeds max_segments`).
+    pub fn for_each_row(&self, max_segments: u64, mut f: impl FnMut(u64, u64) -> bool) -> Result<()> {
         if max_segments == 0 {
             return invalid("max_segments must be a positive integer");
         }
@@ -151,12 +176,18 @@ impl TransferRegion {
                 format!("transfer region exceeds max_segments: {count} > {max_segments}"),
             ));
         }
-        let k = self.outer_loop_counts.len();
+        let (len, _, _) = self.row();
+        if len == 0 {
+            return Ok(());
+        }
+        // The dimensions outside the rows; the last of them varies fastest.
+        let k = self.outer_loop_counts.len().saturating_sub(1);
         let mut idx = vec![0u64; k];
         let (mut s, mut t) = (self.source_base_offset, self.target_base_offset);
-        for _ in 0..count {
-            f(s, t, self.inner_bytes);
-            // Increment the index vector, last dimension fastest.
+        for _ in 0..count / len {
+            if !f(s, t) {
+                return Ok(());
+            }
             let mut d = k;
             while d > 0 {
                 d -= 1;

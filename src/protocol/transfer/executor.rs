@@ -23,6 +23,7 @@ use crate::engine::{Direction, MemoryRegion, TransferBatch, TransferBatchRange, 
 use crate::error::{Error, ErrorKind};
 use crate::fxhash::FxHashMap;
 use crate::model::Placement;
+use crate::plan::region::TransferRegion;
 use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::protocol::guards::{acquire_pin, LifetimeToken, TerminalState};
 use crate::protocol::guards::{GuardProvider, StepPin};
@@ -272,7 +273,7 @@ fn evidence<'a>(
     from_bindings: bool,
     leases: Option<&'a [MemoryRegistrationLease]>,
     label: &str,
-) -> std::result::Result<Option<HashMap<&'a str, &'a MemoryRegistrationLease>>, Error> {
+) -> std::result::Result<Option<FxHashMap<&'a str, &'a MemoryRegistrationLease>>, Error> {
     if from_bindings {
         return Ok(None);
     }
@@ -283,7 +284,7 @@ fn evidence<'a>(
 /// the bindings).
 fn check_evidence(
     f: &RuntimeFragment,
-    evidence: &Option<HashMap<&str, &MemoryRegistrationLease>>,
+    evidence: &Option<FxHashMap<&str, &MemoryRegistrationLease>>,
     label: &str,
     generation: u64,
     lease_id: &str,
@@ -1294,6 +1295,9 @@ pub(super) struct Hooks<'a> {
 /// the planned segments it carries.
 type Lowered = (crate::Result<TransferBatch>, u64);
 
+/// `(source base, source capacity, target base, target capacity)` of one batch range.
+type Allocations = (u64, u64, u64, u64);
+
 /// Lowers one endpoint's operations (sorted) into batches (§6.2) and hands each to
 /// `emit`, in order, until `emit` returns false. Pure: nothing is submitted here.
 /// Errors: a region's segment limit (contract).
@@ -1332,21 +1336,16 @@ struct Batcher<'a> {
 }
 
 impl Batcher<'_> {
-    fn new_range(s: &RuntimeFragment, t: &RuntimeFragment) -> TransferBatchRange {
+    fn new_range(a: &Allocations) -> TransferBatchRange {
         TransferBatchRange {
-            source_base_address: s.storage_address(),
-            source_capacity: s.storage_nbytes(),
-            target_base_address: t.storage_address(),
-            target_capacity: t.storage_nbytes(),
+            source_base_address: a.0,
+            source_capacity: a.1,
+            target_base_address: a.2,
+            target_capacity: a.3,
             source_offsets: Vec::new(),
             target_offsets: Vec::new(),
             sizes: Vec::new(),
         }
-    }
-
-    fn same_allocations(r: &TransferBatchRange, s: &RuntimeFragment, t: &RuntimeFragment) -> bool {
-        (r.source_base_address, r.source_capacity, r.target_base_address, r.target_capacity)
-            == (s.storage_address(), s.storage_nbytes(), t.storage_address(), t.storage_nbytes())
     }
 
     /// The batch built so far, ready to hand on; the batcher starts a new one.
@@ -1365,52 +1364,114 @@ impl Batcher<'_> {
         op: &LocalOp<'_>,
         emit: &mut impl FnMut(Lowered) -> bool,
     ) -> TransferResult<bool> {
-        let r = &plan.regions()[op.index];
-        let (so, to) = (op.source.storage_offset_bytes(), op.target.storage_offset_bytes());
+        let (s, t) = (op.source, op.target);
+        let allocations = (s.storage_address(), s.storage_nbytes(), t.storage_address(), t.storage_nbytes());
+        let offsets = (s.storage_offset_bytes(), t.storage_offset_bytes());
+        self.push_region(&plan.regions()[op.index], offsets, &allocations, emit)
+    }
+
+    /// Adds the segments of `r` (its offsets shifted by `(so, to)`, the fragments'
+    /// offsets in their allocations) copying between `allocations`.
+    fn push_region(
+        &mut self,
+        r: &TransferRegion,
+        (so, to): (u64, u64),
+        allocations: &Allocations,
+        emit: &mut impl FnMut(Lowered) -> bool,
+    ) -> TransferResult<bool> {
         let max_batch = self.limits.max_batch_operations;
         let coalesce = self.limits.coalesce_adjacent;
         // Coalescing: continue the batch's last range when it joins the same pair of
         // allocations (its last segment may then merge with this operation's first).
         let mut cur = match self.ranges.last() {
-            Some(last) if coalesce && Self::same_allocations(last, op.source, op.target) => {
+            Some(last)
+                if coalesce
+                    && (
+                        last.source_base_address,
+                        last.source_capacity,
+                        last.target_base_address,
+                        last.target_capacity,
+                    ) == *allocations =>
+            {
                 self.ranges.pop().expect("checked non-empty")
             }
-            _ => Self::new_range(op.source, op.target),
+            _ => Self::new_range(allocations),
         };
+        // Segments come in rows (`TransferRegion::row`): the first segment of a row
+        // may join the batch's last segment; after it, a row's segments are `stride`
+        // apart, so they join one another only when both strides equal their length
+        // (then the whole row is one run), and otherwise go in as a block.
+        let (len, ss, ts) = r.row();
+        let n = r.inner_bytes;
+        let row_joins = coalesce && ss == n && ts == n;
+        // Room for the segments that go into this batch (no regrowth while lowering);
+        // a batch handed on starts its next range with room for the rest.
+        let mut left = if row_joins { r.segment_count() / len.max(1) } else { r.segment_count() };
+        let reserve = |cur: &mut TransferBatchRange, k: u64| {
+            // Capped: a huge batch limit grows the vectors as they fill instead.
+            let k = k.min(1 << 20) as usize;
+            cur.source_offsets.reserve(k);
+            cur.target_offsets.reserve(k);
+            cur.sizes.reserve(k);
+        };
+        reserve(&mut cur, left.min(max_batch - self.count));
         let mut go = true;
-        r.for_each_segment(self.limits.max_region_segments, |s, t, n| {
-            if !go {
-                return;
-            }
+        r.for_each_row(self.limits.max_region_segments, |s, t| {
             let (s, t) = (so + s, to + t);
-            if coalesce {
-                if let (Some(&ls), Some(&lt), Some(ln)) =
-                    (cur.source_offsets.last(), cur.target_offsets.last(), cur.sizes.last_mut())
-                {
-                    if ls.checked_add(*ln) == Some(s) && lt.checked_add(*ln) == Some(t) {
-                        *ln += n;
-                        self.planned += 1;
-                        return;
+            let mut j = 0;
+            while j < len {
+                if j == 0 || row_joins {
+                    let (s, t) = (s + j * ss, t + j * ts);
+                    if coalesce {
+                        if let (Some(&ls), Some(&lt), Some(ln)) =
+                            (cur.source_offsets.last(), cur.target_offsets.last(), cur.sizes.last_mut())
+                        {
+                            if ls.checked_add(*ln) == Some(s) && lt.checked_add(*ln) == Some(t) {
+                                // The rest of a joining row extends the same run.
+                                let joined = if row_joins { len - j } else { 1 };
+                                *ln += n * joined;
+                                self.planned += joined;
+                                j += joined;
+                                continue;
+                            }
+                        }
                     }
                 }
-            }
-            // A full batch is handed on when the next operation does not fit (so that
-            // a following adjacent segment can still merge into its last one).
-            if self.count == max_batch {
-                if !cur.sizes.is_empty() {
-                    let full = std::mem::replace(&mut cur, Self::new_range(op.source, op.target));
-                    self.ranges.push(full);
+                // A full batch is handed on when the next segment does not join it (so
+                // that a following adjacent segment can still merge into its last one).
+                if self.count == max_batch {
+                    if !cur.sizes.is_empty() {
+                        let full = std::mem::replace(&mut cur, Self::new_range(allocations));
+                        self.ranges.push(full);
+                    }
+                    go = emit(self.take());
+                    if !go {
+                        return false;
+                    }
+                    reserve(&mut cur, left.min(max_batch));
                 }
-                go = emit(self.take());
-                if !go {
-                    return;
+                if row_joins {
+                    // Nothing to join (first segment of the batch's range): the row's
+                    // first remaining segment starts a run the rest will extend.
+                    cur.source_offsets.push(s + j * ss);
+                    cur.target_offsets.push(t + j * ts);
+                    cur.sizes.push(n);
+                    self.count += 1;
+                    self.planned += 1;
+                    left = left.saturating_sub(1);
+                    j += 1;
+                    continue;
                 }
+                let m = (len - j).min(max_batch - self.count);
+                left = left.saturating_sub(m);
+                cur.source_offsets.extend((j..j + m).map(|i| s + i * ss));
+                cur.target_offsets.extend((j..j + m).map(|i| t + i * ts));
+                cur.sizes.extend(std::iter::repeat_n(n, m as usize));
+                self.count += m;
+                self.planned += m;
+                j += m;
             }
-            cur.source_offsets.push(s);
-            cur.target_offsets.push(t);
-            cur.sizes.push(n);
-            self.count += 1;
-            self.planned += 1;
+            true
         })
         .map_err(TransferError::contract)?;
         if go && !cur.sizes.is_empty() {
@@ -1475,5 +1536,194 @@ impl Submitter<'_, '_> {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Item = (TransferRegion, (u64, u64), Allocations);
+
+    /// Every segment of `r` in row-major order, by an N-D loop of its own.
+    fn segments(r: &TransferRegion) -> Vec<(u64, u64, u64)> {
+        let mut out = Vec::new();
+        let k = r.outer_loop_counts.len();
+        let mut idx = vec![0u64; k];
+        if r.outer_loop_counts.contains(&0) {
+            return out;
+        }
+        loop {
+            let s = r.source_base_offset + (0..k).map(|d| idx[d] * r.source_strides[d]).sum::<u64>();
+            let t = r.target_base_offset + (0..k).map(|d| idx[d] * r.target_strides[d]).sum::<u64>();
+            out.push((s, t, r.inner_bytes));
+            let mut d = k;
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < r.outer_loop_counts[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+
+    /// The lowering segment by segment (what the executor did before rows).
+    fn reference(items: &[Item], max_batch: u64, coalesce: bool) -> Vec<(Vec<TransferBatchRange>, u64)> {
+        let (mut out, mut ranges, mut count, mut planned) = (Vec::new(), Vec::<TransferBatchRange>::new(), 0, 0);
+        for (r, (so, to), a) in items {
+            let alloc = |x: &TransferBatchRange| {
+                (x.source_base_address, x.source_capacity, x.target_base_address, x.target_capacity)
+            };
+            let mut cur = match ranges.last() {
+                Some(last) if coalesce && alloc(last) == *a => ranges.pop().unwrap(),
+                _ => Batcher::new_range(a),
+            };
+            for (s, t, n) in segments(r) {
+                let (s, t) = (so + s, to + t);
+                if coalesce {
+                    if let (Some(&ls), Some(&lt), Some(ln)) =
+                        (cur.source_offsets.last(), cur.target_offsets.last(), cur.sizes.last_mut())
+                    {
+                        if ls + *ln == s && lt + *ln == t {
+                            *ln += n;
+                            planned += 1;
+                            continue;
+                        }
+                    }
+                }
+                if count == max_batch {
+                    if !cur.sizes.is_empty() {
+                        ranges.push(std::mem::replace(&mut cur, Batcher::new_range(a)));
+                    }
+                    out.push((std::mem::take(&mut ranges), std::mem::take(&mut planned)));
+                    count = 0;
+                }
+                cur.source_offsets.push(s);
+                cur.target_offsets.push(t);
+                cur.sizes.push(n);
+                count += 1;
+                planned += 1;
+            }
+            if !cur.sizes.is_empty() {
+                ranges.push(cur);
+            }
+        }
+        if !ranges.is_empty() {
+            out.push((ranges, planned));
+        }
+        out
+    }
+
+    fn lowered(items: &[Item], max_batch: u64, coalesce: bool) -> Vec<(Vec<TransferBatchRange>, u64)> {
+        let limits =
+            ExecutorLimits { max_batch_operations: max_batch, coalesce_adjacent: coalesce, ..Default::default() };
+        let mut b = Batcher {
+            endpoint: "e",
+            direction: Direction::Write,
+            limits: &limits,
+            ranges: Vec::new(),
+            count: 0,
+            planned: 0,
+        };
+        let mut out = Vec::new();
+        let mut emit = |(batch, planned): Lowered| {
+            out.push((batch.unwrap().ranges().to_vec(), planned));
+            true
+        };
+        for (r, offsets, a) in items {
+            assert!(b.push_region(r, *offsets, a, &mut emit).unwrap());
+        }
+        if !b.ranges.is_empty() {
+            emit(b.take());
+        }
+        out
+    }
+
+    fn region(base: (u64, u64), inner: u64, counts: &[u64], ss: &[u64], ts: &[u64]) -> TransferRegion {
+        TransferRegion {
+            source: 0,
+            target_part: 0,
+            target_fragment: 0,
+            overlap_offset: Vec::new(),
+            overlap_shape: Vec::new(),
+            source_base_offset: base.0,
+            target_base_offset: base.1,
+            inner_bytes: inner,
+            outer_loop_counts: counts.to_vec(),
+            source_strides: ss.to_vec(),
+            target_strides: ts.to_vec(),
+        }
+    }
+
+    #[test]
+    fn rows_lower_exactly_as_segment_by_segment() {
+        const CAP: u64 = 1 << 40;
+        let (a, b) = ((0x1000, CAP, 0x9000, CAP), (0x1000, CAP, 0x7_0000, CAP));
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for case in 0..300 {
+            let mut items = Vec::new();
+            let (mut s_at, mut t_at) = (0u64, 0u64);
+            for _ in 0..1 + next(6) {
+                let n = 1 + next(8);
+                let k = next(4) as usize;
+                let counts: Vec<u64> = (0..k).map(|_| 1 + next(4)).collect();
+                // Innermost strides: contiguous (rows join), one side contiguous, or gapped.
+                let mut stride = |inner: u64| match next(3) {
+                    0 => inner,
+                    1 => inner + 1 + next(5),
+                    _ => inner * (1 + next(3)),
+                };
+                let (mut ss, mut ts) = (vec![0; k], vec![0; k]);
+                let (mut s_unit, mut t_unit) = (n, n);
+                for d in (0..k).rev() {
+                    ss[d] = stride(s_unit);
+                    ts[d] = stride(t_unit);
+                    s_unit = ss[d] * counts[d];
+                    t_unit = ts[d] * counts[d];
+                }
+                // The next region starts where this one ended (joins) or further on.
+                let r = region((s_at, t_at), n, &counts, &ss, &ts);
+                let alloc = if next(5) == 0 { b } else { a };
+                let offsets = (next(2) * 64, next(2) * 64);
+                s_at += s_unit + next(2);
+                t_at += t_unit + next(2);
+                items.push((r, offsets, alloc));
+            }
+            for max_batch in [1, 2, 3, 5, 8, 1024] {
+                for coalesce in [false, true] {
+                    assert_eq!(
+                        lowered(&items, max_batch, coalesce),
+                        reference(&items, max_batch, coalesce),
+                        "case {case}, batches of {max_batch}, coalesce {coalesce}: {items:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn for_each_segment_walks_rows_in_row_major_order() {
+        let r = region((5, 7), 3, &[2, 3, 4], &[100, 20, 4], &[60, 16, 3]);
+        let mut seen = Vec::new();
+        r.for_each_segment(24, |s, t, n| seen.push((s, t, n))).unwrap();
+        assert_eq!(seen, segments(&r));
+        assert_eq!(seen.len(), 24);
+        assert!(r.for_each_segment(23, |_, _, _| {}).is_err());
+        let one = region((9, 11), 4, &[], &[], &[]);
+        assert_eq!(one.row(), (1, 0, 0));
+        let mut seen = Vec::new();
+        one.for_each_segment(1, |s, t, n| seen.push((s, t, n))).unwrap();
+        assert_eq!(seen, vec![(9, 11, 4)]);
     }
 }

@@ -9,9 +9,10 @@
 //! registered buffers with an `ObjectStore` and holds their pin.)
 
 use crate::error::{invalid, Error, Result};
+use crate::fxhash::FxHashMap as HashMap;
 use crate::protocol::guards::GuardProvider;
 use crate::runtime::RuntimeFragment;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Evidence that the owner registered the allocation of one runtime fragment.
@@ -125,7 +126,7 @@ pub(crate) fn registration_map<'a>(
     label: &str,
 ) -> std::result::Result<HashMap<&'a str, &'a MemoryRegistrationLease>, Error> {
     let leases = leases.ok_or_else(|| Error::invalid(format!("{label} registration leases are required")))?;
-    let mut map = HashMap::with_capacity(leases.len());
+    let mut map = crate::fxhash::map_with_capacity(leases.len());
     for l in leases {
         l.validate()?;
         if map.insert(l.fragment_id.as_str(), l).is_some() {
