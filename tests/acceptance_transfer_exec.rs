@@ -847,6 +847,29 @@ fn acc_350_batch_construction_validates_ranges() {
     r.sizes[0] = 64;
     r.target_capacity = 0x1000;
     assert!(r.validate().unwrap_err().message().contains("source allocation bounds"));
+    // Many segments: the first failing one names the error, wherever it is; offsets
+    // near u64::MAX do not wrap into bounds.
+    let many = || {
+        let mut r = ok();
+        r.source_offsets = (0..40).collect();
+        r.target_offsets = (0..40).map(|i| 40 - i).collect();
+        r.sizes = vec![8; 40];
+        r
+    };
+    assert!(many().validate().is_ok());
+    let mut r = many();
+    r.target_offsets[17] = 57;
+    r.sizes[30] = 0;
+    assert!(r.validate().unwrap_err().message().contains("target allocation bounds"));
+    let mut r = many();
+    r.sizes[16] = 0;
+    r.target_offsets[17] = 57;
+    assert!(r.validate().unwrap_err().message().contains("size is invalid"));
+    let mut r = many();
+    r.source_offsets[39] = u64::MAX - 4;
+    assert!(r.validate().unwrap_err().message().contains("source allocation bounds"));
+    let b = TransferBatch::from_ranges("x:1", Direction::Write, vec![many(), many()]).unwrap();
+    assert_eq!((b.operation_count(), b.nbytes()), (80, 640));
     assert!(TransferBatch::from_ranges("", Direction::Read, vec![ok()]).is_err());
     assert!(TransferBatch::from_ranges("x:1", Direction::Read, vec![]).is_err());
 }

@@ -243,15 +243,22 @@ impl TransferBatchRange {
         if n == 0 || self.source_offsets.len() != n || self.target_offsets.len() != n {
             return Err(contract("transfer range fragments must be non-empty and aligned"));
         }
+        // One branch-free pass (it vectorizes); the first failing segment is looked
+        // for only when there is one.
+        let (sc, tc) = (self.source_capacity, self.target_capacity);
+        let segments = self.sizes.iter().zip(&self.source_offsets).zip(&self.target_offsets);
+        let bad = segments.fold(false, |bad, ((&size, &so), &to)| {
+            bad | (size == 0) | (so > sc) | (size > sc.wrapping_sub(so)) | (to > tc) | (size > tc.wrapping_sub(to))
+        });
+        if !bad {
+            return Ok(());
+        }
         for i in 0..n {
             let size = self.sizes[i];
             if size == 0 {
                 return Err(contract("transfer range size is invalid"));
             }
-            for (side, off, cap) in [
-                ("source", self.source_offsets[i], self.source_capacity),
-                ("target", self.target_offsets[i], self.target_capacity),
-            ] {
+            for (side, off, cap) in [("source", self.source_offsets[i], sc), ("target", self.target_offsets[i], tc)] {
                 if off > cap || size > cap - off {
                     return Err(contract(format!("transfer range exceeds {side} allocation bounds")));
                 }
@@ -301,7 +308,9 @@ impl TransferBatch {
         for r in &ranges {
             r.validate()?;
             operation_count += r.sizes.len() as u64;
-            nbytes = r.sizes.iter().fold(nbytes, |a, &n| a.saturating_add(n));
+            // Saturating, as a sum of non-negative terms: the exact sum, capped.
+            let sum: u128 = r.sizes.iter().map(|&n| u128::from(n)).sum();
+            nbytes = u64::try_from(u128::from(nbytes) + sum).unwrap_or(u64::MAX);
         }
         Ok(TransferBatch {
             endpoint: endpoint.to_string(),
