@@ -240,3 +240,30 @@ fn release_token_checks_the_observed_binding_and_aborts_a_failed_pin() {
     assert_eq!(err.err().unwrap().message(), "observed binding is invalid");
     assert_eq!(*released.lock(), vec![TerminalState::Completed, TerminalState::Aborted, TerminalState::Aborted]);
 }
+
+#[test]
+fn subset_fences_are_cached_only_for_fragments_the_binding_holds() {
+    let src = one_rank_source();
+    let binding = &src.bindings[0];
+    let mut ids: Vec<String> = binding.fragments().iter().map(|f| f.fragment_id().to_string()).collect();
+    ids.sort();
+    assert!(ids.len() >= 2, "the source needs two fragments");
+    let subset = ids[..ids.len() - 1].to_vec();
+    let frags: Vec<&RuntimeFragment> =
+        binding.fragments().iter().filter(|f| subset.iter().any(|i| i == f.fragment_id())).collect();
+    let expected = mooncake_weight_store::runtime::fence_binding_digest(&frags);
+    // First pin computes the digest, the second finds it kept: same fence.
+    let first = weight_allocation_fence(binding, &subset, "t1").unwrap();
+    assert_eq!(first.binding_digest, expected);
+    assert_eq!(weight_allocation_fence(binding, &subset, "t1").unwrap(), first);
+    // A subset with an id the binding lacks is an error, every time, even after a
+    // caller asked for its digest directly (such a subset is never kept).
+    let mut lacking = subset.clone();
+    lacking.push("zz-no-such-fragment".to_string());
+    for _ in 0..2 {
+        let d = binding.fence_digest_subset(&lacking, || "0".repeat(64));
+        assert_eq!(d, "0".repeat(64));
+        let err = weight_allocation_fence(binding, &lacking, "t2").unwrap_err();
+        assert!(err.message().contains("missing guarded fragments: zz-no-such-fragment"), "{}", err.message());
+    }
+}

@@ -100,6 +100,10 @@ pub fn weight_allocation_fence(
         // the binding's digest, computed once per binding.
         return Ok(fence_header(binding, binding.fence_digest_all().into(), ids.into_owned(), token_id));
     }
+    if let Some(digest) = binding.cached_subset_digest(&ids) {
+        // Pinned before (a plan pins the same subset at every call): held, digest known.
+        return Ok(fence_header(binding, digest, ids.into_owned(), token_id));
+    }
     let frags = binding.fragments_with_ids(&ids).map_err(|missing| {
         Error::invalid(format!("runtime binding is missing guarded fragments: {}", missing.join(", ")))
     })?;

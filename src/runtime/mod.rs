@@ -393,18 +393,29 @@ impl RuntimeBinding {
 
     /// The [`fence_binding_digest`] of the fragments `sorted_ids` (`compute`s it on a
     /// miss): the last few subsets' digests are kept with the fragment list.
+    /// Only ids that the binding holds are kept (so a kept subset needs no other
+    /// lookup: the fragments of a binding never change). Thread-safe (a short lock).
     pub fn fence_digest_subset(&self, sorted_ids: &[String], compute: impl FnOnce() -> String) -> String {
-        let cache = &self.fragments.subset_digests;
-        if let Some((_, d)) = cache.lock().iter().find(|(ids, _)| **ids == *sorted_ids) {
-            return d.clone();
+        if let Some(d) = self.cached_subset_digest(sorted_ids) {
+            return d;
         }
         let d = compute();
-        let mut c = cache.lock();
+        if self.fragments_with_ids(sorted_ids).is_err() {
+            return d;
+        }
+        let mut c = self.fragments.subset_digests.lock();
         if c.len() == SUBSET_DIGESTS {
             c.remove(0);
         }
         c.push((sorted_ids.into(), d.clone()));
         d
+    }
+
+    /// The digest [`Self::fence_digest_subset`] keeps for exactly `sorted_ids`, if
+    /// any: every one of those ids is then a fragment of this binding.
+    pub(crate) fn cached_subset_digest(&self, sorted_ids: &[String]) -> Option<String> {
+        let cache = self.fragments.subset_digests.lock();
+        cache.iter().find(|(ids, _)| **ids == *sorted_ids).map(|(_, d)| d.clone())
     }
 
     /// The same binding under another runtime lease: `lease_id` and `generation`
