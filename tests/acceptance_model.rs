@@ -1092,3 +1092,39 @@ fn acc_081_manifest_survives_any_transport() {
     assert_eq!(moved, m);
     assert_eq!(moved.manifest_digest(), m.manifest_digest());
 }
+
+#[test]
+fn a_passed_binding_is_still_checked_against_every_other_placement() {
+    // validate_runtime_binding_remembered (the executors' freshness checks) remembers
+    // the fragment checks' pass per fragment list and placement part;
+    // a binding sharing those fragments must still fail against any placement they
+    // do not fit, and its identity fields are checked every time.
+    let p = f_place();
+    let b = f_bind();
+    runtime::validate_runtime_binding_remembered(&p, &b).unwrap();
+    runtime::validate_runtime_binding_remembered(&p, &b).unwrap();
+    runtime::validate_runtime_binding_remembered(&p, &b.with_lease("rotated", 8).unwrap()).unwrap();
+    // Another weight generation: another digest, the same layout: passes on its own.
+    let p8 = f_place_gen(8);
+    runtime::validate_runtime_binding_remembered(&p8, &b.attesting(&p8)).unwrap();
+    // The binding (identity of p) against p8: the identity check fails every time.
+    for _ in 0..2 {
+        expect_invalid(runtime::validate_runtime_binding_remembered(&p8, &b), "placement_id");
+    }
+    // A placement whose part holds a bigger fragment under the same ids: the shared
+    // fragments do not fit it, however often they passed against `p`.
+    let wide = TensorSpec { global_shape: vec![4, 8], ..f_desc_spec() };
+    let frag = PlacementFragmentSpec { local_shape: vec![4, 8], nbytes: 64, ..f_fragment_spec() };
+    let ids = Ids { weight_generation: 7, ..Ids::default() };
+    let p_wide = flat_with(
+        &ids,
+        f_topology(),
+        vec![TensorDescriptor::new(wide).unwrap()],
+        vec![PlacementFragment::new(frag).unwrap()],
+    )
+    .unwrap();
+    assert_ne!(p_wide.digest(), p.digest());
+    for _ in 0..2 {
+        expect_invalid(runtime::validate_runtime_binding_remembered(&p_wide, &b.attesting(&p_wide)), "byte size");
+    }
+}

@@ -286,9 +286,14 @@ struct FragmentList {
     /// [`fence_binding_digest`] of a few id subsets (a plan pins the same subset of
     /// a binding at every call): (sorted ids, digest), most recent last.
     subset_digests: parking_lot::Mutex<Vec<(Box<[String]>, String)>>,
+    /// `(placement digest, participant id)` pairs whose part these fragments passed
+    /// [`validate_runtime_binding_remembered`]'s fragment checks for, most recent last. The
+    /// fragments never change and a placement digest names its whole content, so the
+    /// outcome for a pair is settled once it passed.
+    passed: parking_lot::Mutex<Vec<(String, String)>>,
 }
 
-/// Subset digests kept per fragment list.
+/// Subset digests (and passed placement parts) kept per fragment list.
 const SUBSET_DIGESTS: usize = 4;
 
 impl PartialEq for FragmentList {
@@ -341,6 +346,7 @@ impl RuntimeBinding {
                 fence_digest: Default::default(),
                 by_fragment_id: Default::default(),
                 subset_digests: Default::default(),
+                passed: Default::default(),
             }),
         })
     }
@@ -643,9 +649,36 @@ struct Bound<'a> {
 
 /// Validates one binding against `placement` (`validate_runtime_binding`):
 /// identity, exact fragment membership of the participant's part, sizes, shapes,
-/// item size, canonical strides and address ranges. Contract errors.
+/// item size, canonical strides and address ranges. Contract errors. Thread-safe;
+/// walks every fragment at every call (see [`validate_runtime_binding_remembered`]).
 pub fn validate_runtime_binding(placement: &Placement, binding: &RuntimeBinding) -> Result<()> {
     check_binding(placement, binding, &mut Vec::new()).map(drop)
+}
+
+/// [`validate_runtime_binding`], with the same result and first error, for a caller
+/// that validates the same bindings again and again (a live-transfer call checks
+/// every binding handed to it, and each call of a step gets the same ones): the
+/// binding's identity fields are checked every time, the fragment checks once per
+/// fragment list and placement part (`FragmentList::passed`), so clones and
+/// `with_lease` rotations of a validated binding cost O(1) against the same
+/// placement. Thread-safe (a short lock on the fragment list).
+pub fn validate_runtime_binding_remembered(placement: &Placement, binding: &RuntimeBinding) -> Result<()> {
+    binding_part(placement, binding)?;
+    let key = |(digest, participant): &(String, String)| {
+        digest == placement.digest() && *participant == binding.participant_id
+    };
+    if binding.fragments.passed.lock().iter().any(key) {
+        return Ok(());
+    }
+    check_binding(placement, binding, &mut Vec::new())?;
+    let mut passed = binding.fragments.passed.lock();
+    if !passed.iter().any(key) {
+        if passed.len() == SUBSET_DIGESTS {
+            passed.remove(0);
+        }
+        passed.push((placement.digest().to_string(), binding.participant_id.clone()));
+    }
+    Ok(())
 }
 
 /// The identity checks of [`pair_binding`] and the binding's part.

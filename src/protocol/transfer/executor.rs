@@ -28,7 +28,7 @@ use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::protocol::guards::{acquire_pin, LifetimeToken, TerminalState};
 use crate::protocol::guards::{GuardProvider, StepPin};
 use crate::protocol::progress::{ProgressFn, ProgressPhase, Reporter};
-use crate::runtime::{validate_runtime_binding, RuntimeBinding, RuntimeFragment};
+use crate::runtime::{validate_runtime_binding_remembered, RuntimeBinding, RuntimeFragment};
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -348,7 +348,7 @@ fn manifest_pair_with(
             })
     };
     if validate && !bound() {
-        validate_runtime_binding(placement, binding).map_err(|e| {
+        validate_runtime_binding_remembered(placement, binding).map_err(|e| {
             te(format!("invalid {s} runtime binding: {}", e.message())).with_error_kind(ErrorKind::InvalidBinding)
         })?;
     }
