@@ -8,7 +8,8 @@
 //!    thread, batches of 1024; target >= 0.9x memcpy) and with two copy threads
 //!    (batches of 65536; target >= 1.4x), each followed by the same calls prepared
 //!    once and stepped (printed for comparison). Every byte is verified after each
-//!    mode (not timed).
+//!    mode (not timed). First, the same plain calls through an engine that moves
+//!    nothing: what a call costs beside its bytes (checks, pins, lowering).
 //! 2. Steps of a prepared transfer (`PreparedTransfer::step`, 100 steps with tiny
 //!    tensors so that the bytes do not hide the fixed cost) beside a fresh plan +
 //!    bind + execute of the same step: one 1,000-fragment binding pair, and every
@@ -28,6 +29,7 @@
 //! cargo bench --bench transfer -- --workload w1m-moe   # planning at 1.1M fragments (GiBs)
 //! cargo bench --bench transfer -- --skip-reshard | --skip-steps | --skip-planning
 //! cargo bench --bench transfer -- --steps N            # steps per measurement (default 100)
+//! cargo bench --bench transfer -- --call-overhead-only # the reshard's plain calls without bytes only
 //! ```
 
 #[path = "../tests/common/model.rs"]
@@ -37,7 +39,7 @@ mod workloads;
 
 use model::*;
 use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::{MemoryRegion, TransferEngine};
+use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine};
 use mooncake_weight_store::plan::bound_load::LoadPlan;
 use mooncake_weight_store::plan::load::{LogicalLoadPlan, PlanningLimits};
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
@@ -204,7 +206,50 @@ fn direct_copy(plan: &TransferPlan) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn reshard(size_mib: u64, figures: &mut Vec<(String, f64)>) {
+/// The embedded engine's registrations, with batches that complete without moving a
+/// byte: what a plain executor call costs beside its bytes (checks, pins, lowering).
+struct NoCopyEngine(LocalEngine);
+
+impl TransferEngine for NoCopyEngine {
+    fn identity(&self) -> std::result::Result<u64, String> {
+        self.0.identity()
+    }
+    unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.register_memory(region) }
+    }
+    fn unregister_memory(&self, address: u64) -> EngineResult<i32> {
+        self.0.unregister_memory(address)
+    }
+    fn batch_transfer_sync(&self, _batch: &TransferBatch) -> EngineResult<i32> {
+        Ok(0)
+    }
+    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
+        self.0.registered_regions()
+    }
+}
+
+/// The plain calls' cost without bytes: every sink call (and then every reader call)
+/// of `plan` through [`NoCopyEngine`], `n` call sets each; prints the medians.
+fn call_overhead(plan: &TransferPlan, src: &HostModel, dst: &HostModel, label: &str, limits: ExecutorLimits, n: usize) {
+    let engine = Arc::new(NoCopyEngine(LocalEngine::new()));
+    let ex = TransferExecutor::new(engine.clone(), limits).unwrap_or_else(|e| die("executor", e));
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2] * 1e3
+    };
+    register_all(&engine.0, dst);
+    let leases = leases_of(dst);
+    let sink = median((0..n).map(|_| sink_once(&ex, plan, src, dst, &leases)).collect());
+    unregister_all(&engine.0, dst);
+    register_all(&engine.0, src);
+    let leases = leases_of(src);
+    let reader = median((0..n).map(|_| reader_once(&ex, plan, src, dst, &leases)).collect());
+    unregister_all(&engine.0, src);
+    println!("  {label:<46} sink {sink:>6.2} ms | reader {reader:>6.2} ms");
+}
+
+fn reshard(size_mib: u64, only_overhead: bool, figures: &mut Vec<(String, f64)>) {
     let hidden = 1024;
     let layers = (size_mib << 20).div_ceil(16 * hidden * hidden * 2).max(1);
     let defs = model_tensors(layers, hidden, 8);
@@ -232,6 +277,13 @@ fn reshard(size_mib: u64, figures: &mut Vec<(String, f64)>) {
         plan_s
     );
     println!("memcpy of the same bytes (1 thread)      {memcpy:>7.3} s {:>6.2} GB/s", gb(memcpy));
+    println!("plain calls without bytes (an engine that copies nothing; median of 9 call sets):");
+    call_overhead(&plan, &src, &dst, "default options (batches of 1024)", ExecutorLimits::default(), 9);
+    let wide = ExecutorLimits { max_batch_operations: 65536, ..Default::default() };
+    call_overhead(&plan, &src, &dst, "batches of 65536", wide, 9);
+    if only_overhead {
+        return;
+    }
     // The floor of this plan on this machine: every segment copied by a plain loop
     // (no executor, no engine, no checks), single thread.
     let direct = (0..3).map(|_| direct_copy(&plan)).fold(f64::MAX, f64::min);
@@ -654,7 +706,7 @@ fn main() {
     let steps: usize = arg("--steps").map(|s| s.parse().expect("--steps N")).unwrap_or(100);
     let mut figures: Vec<(String, f64)> = Vec::new();
     if !has("--skip-reshard") {
-        reshard(size_mib, &mut figures);
+        reshard(size_mib, has("--call-overhead-only"), &mut figures);
     }
     if !has("--skip-steps") {
         steps_1k(steps, &mut figures);
