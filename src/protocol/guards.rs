@@ -100,15 +100,19 @@ pub fn weight_allocation_fence(
         // the binding's digest, computed once per binding.
         return Ok(fence_header(binding, binding.fence_digest_all().into(), ids.into_owned(), token_id));
     }
-    if let Some(digest) = binding.cached_subset_digest(&ids) {
-        // Pinned before (a plan pins the same subset at every call): held, digest known.
-        return Ok(fence_header(binding, digest, ids.into_owned(), token_id));
-    }
-    let frags = binding.fragments_with_ids(&ids).map_err(|missing| {
-        Error::invalid(format!("runtime binding is missing guarded fragments: {}", missing.join(", ")))
-    })?;
-    let digest = binding.fence_digest_subset(&ids, || fence_binding_digest(&frags));
-    drop(frags);
+    // A subset pinned before (a plan pins the same subset at every call) is held and
+    // its digest known; any other is found fragment by fragment, then kept.
+    let digest = match binding.cached_subset_digest(&ids) {
+        Some(digest) => digest,
+        None => {
+            let frags = binding.fragments_with_ids(&ids).map_err(|missing| {
+                Error::invalid(format!("runtime binding is missing guarded fragments: {}", missing.join(", ")))
+            })?;
+            let digest = fence_binding_digest(&frags);
+            binding.keep_subset_digest(&ids, &digest);
+            digest
+        }
+    };
     Ok(fence_header(binding, digest, ids.into_owned(), token_id))
 }
 

@@ -296,6 +296,18 @@ struct FragmentList {
 /// Subset digests (and passed placement parts) kept per fragment list.
 const SUBSET_DIGESTS: usize = 4;
 
+/// Adds `item` to one of a fragment list's small memories (most recent last, at most
+/// [`SUBSET_DIGESTS`]); an item already there is not added twice.
+fn keep_recent<T: PartialEq>(kept: &mut Vec<T>, item: T) {
+    if kept.contains(&item) {
+        return;
+    }
+    if kept.len() == SUBSET_DIGESTS {
+        kept.remove(0);
+    }
+    kept.push(item);
+}
+
 impl PartialEq for FragmentList {
     fn eq(&self, o: &Self) -> bool {
         self.items == o.items
@@ -406,15 +418,16 @@ impl RuntimeBinding {
             return d;
         }
         let d = compute();
-        if self.fragments_with_ids(sorted_ids).is_err() {
-            return d;
+        if self.fragments_with_ids(sorted_ids).is_ok() {
+            self.keep_subset_digest(sorted_ids, &d);
         }
-        let mut c = self.fragments.subset_digests.lock();
-        if c.len() == SUBSET_DIGESTS {
-            c.remove(0);
-        }
-        c.push((sorted_ids.into(), d.clone()));
         d
+    }
+
+    /// Keeps `digest` for `sorted_ids`, which the caller found to be fragments of
+    /// this binding (see [`Self::cached_subset_digest`]).
+    pub(crate) fn keep_subset_digest(&self, sorted_ids: &[String], digest: &str) {
+        keep_recent(&mut self.fragments.subset_digests.lock(), (sorted_ids.into(), digest.to_string()));
     }
 
     /// The digest [`Self::fence_digest_subset`] keeps for exactly `sorted_ids`, if
@@ -671,13 +684,7 @@ pub fn validate_runtime_binding_remembered(placement: &Placement, binding: &Runt
         return Ok(());
     }
     check_binding(placement, binding, &mut Vec::new())?;
-    let mut passed = binding.fragments.passed.lock();
-    if !passed.iter().any(key) {
-        if passed.len() == SUBSET_DIGESTS {
-            passed.remove(0);
-        }
-        passed.push((placement.digest().to_string(), binding.participant_id.clone()));
-    }
+    keep_recent(&mut binding.fragments.passed.lock(), (placement.digest().to_string(), binding.participant_id.clone()));
     Ok(())
 }
 

@@ -1298,6 +1298,10 @@ type Lowered = (crate::Result<TransferBatch>, u64);
 /// `(source base, source capacity, target base, target capacity)` of one batch range.
 type Allocations = (u64, u64, u64, u64);
 
+fn allocations_of(r: &TransferBatchRange) -> Allocations {
+    (r.source_base_address, r.source_capacity, r.target_base_address, r.target_capacity)
+}
+
 /// Lowers one endpoint's operations (sorted) into batches (§6.2) and hands each to
 /// `emit`, in order, until `emit` returns false. Pure: nothing is submitted here.
 /// Errors: a region's segment limit (contract).
@@ -1384,15 +1388,7 @@ impl Batcher<'_> {
         // Coalescing: continue the batch's last range when it joins the same pair of
         // allocations (its last segment may then merge with this operation's first).
         let mut cur = match self.ranges.last() {
-            Some(last)
-                if coalesce
-                    && (
-                        last.source_base_address,
-                        last.source_capacity,
-                        last.target_base_address,
-                        last.target_capacity,
-                    ) == *allocations =>
-            {
+            Some(last) if coalesce && allocations_of(last) == *allocations => {
                 self.ranges.pop().expect("checked non-empty")
             }
             _ => Self::new_range(allocations),
@@ -1450,19 +1446,9 @@ impl Batcher<'_> {
                     }
                     reserve(&mut cur, left.min(max_batch));
                 }
-                if row_joins {
-                    // Nothing to join (first segment of the batch's range): the row's
-                    // first remaining segment starts a run the rest will extend.
-                    cur.source_offsets.push(s + j * ss);
-                    cur.target_offsets.push(t + j * ts);
-                    cur.sizes.push(n);
-                    self.count += 1;
-                    self.planned += 1;
-                    left = left.saturating_sub(1);
-                    j += 1;
-                    continue;
-                }
-                let m = (len - j).min(max_batch - self.count);
+                // A joining row's first remaining segment starts a run the rest of the
+                // row then extends; any other row goes in as a block.
+                let m = if row_joins { 1 } else { (len - j).min(max_batch - self.count) };
                 left = left.saturating_sub(m);
                 cur.source_offsets.extend((j..j + m).map(|i| s + i * ss));
                 cur.target_offsets.extend((j..j + m).map(|i| t + i * ts));
@@ -1576,11 +1562,8 @@ mod tests {
     fn reference(items: &[Item], max_batch: u64, coalesce: bool) -> Vec<(Vec<TransferBatchRange>, u64)> {
         let (mut out, mut ranges, mut count, mut planned) = (Vec::new(), Vec::<TransferBatchRange>::new(), 0, 0);
         for (r, (so, to), a) in items {
-            let alloc = |x: &TransferBatchRange| {
-                (x.source_base_address, x.source_capacity, x.target_base_address, x.target_capacity)
-            };
             let mut cur = match ranges.last() {
-                Some(last) if coalesce && alloc(last) == *a => ranges.pop().unwrap(),
+                Some(last) if coalesce && allocations_of(last) == *a => ranges.pop().unwrap(),
                 _ => Batcher::new_range(a),
             };
             for (s, t, n) in segments(r) {
