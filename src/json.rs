@@ -26,9 +26,135 @@ pub enum Profile {
     Utf8,
 }
 
+/// Where the encoders write. `String` is the usual output; the crate's two-thread
+/// writers run the same encoders into a writer over a fixed slice (each half of a
+/// document in place).
+///
+/// Thread safety: an implementation is used through `&mut` only.
+pub trait JsonOut {
+    /// Appends `s`.
+    fn push_str(&mut self, s: &str);
+    /// Appends `c` (UTF-8 encoded).
+    #[inline]
+    fn push(&mut self, c: char) {
+        self.push_str(c.encode_utf8(&mut [0; 4]));
+    }
+    /// A hint that about `additional` more bytes follow (no effect by default).
+    #[inline]
+    fn reserve(&mut self, additional: usize) {
+        let _ = additional;
+    }
+}
+
+impl JsonOut for String {
+    #[inline]
+    fn push_str(&mut self, s: &str) {
+        String::push_str(self, s);
+    }
+    #[inline]
+    fn push(&mut self, c: char) {
+        String::push(self, c);
+    }
+    #[inline]
+    fn reserve(&mut self, additional: usize) {
+        String::reserve(self, additional);
+    }
+}
+
+/// A [`JsonOut`] over a fixed, uninitialized slice: it writes in place and never
+/// past the slice's end. A write that does not fit is dropped and remembered, so a
+/// caller that measured wrong learns it from [`SliceOut::filled`] instead of
+/// writing out of bounds.
+pub(crate) struct SliceOut<'a> {
+    buf: &'a mut [std::mem::MaybeUninit<u8>],
+    len: usize,
+    overflow: bool,
+}
+
+impl<'a> SliceOut<'a> {
+    /// An empty writer at the start of `buf`.
+    pub(crate) fn new(buf: &'a mut [std::mem::MaybeUninit<u8>]) -> Self {
+        SliceOut { buf, len: 0, overflow: false }
+    }
+
+    /// Whether every byte of the slice was written, and nothing was dropped: then
+    /// the slice holds the concatenation of the strings written, valid UTF-8.
+    pub(crate) fn filled(&self) -> bool {
+        !self.overflow && self.len == self.buf.len()
+    }
+}
+
+impl JsonOut for SliceOut<'_> {
+    #[inline]
+    fn push_str(&mut self, s: &str) {
+        let bytes = s.as_bytes();
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(dst) => {
+                // SAFETY: `dst` is exactly `bytes.len()` writable bytes of our own
+                // slice, and `bytes` is a different allocation (a `&str` cannot
+                // borrow the `&mut` slice).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.as_mut_ptr().cast::<u8>(), bytes.len()) };
+                self.len += bytes.len();
+            }
+            None => self.overflow = true,
+        }
+    }
+}
+
+/// A document that a two-thread writer can cut in two ([`write_halves`]), each
+/// half written into any [`JsonOut`].
+pub(crate) trait TwoHalves: Sync {
+    /// The document's bytes up to the cut.
+    fn first<W: JsonOut>(&self, out: &mut W);
+    /// The document's bytes from the cut to the end.
+    fn second<W: JsonOut>(&self, out: &mut W);
+}
+
+/// Writes `doc` with both halves on their own thread, straight into one buffer of
+/// `total` bytes, the second half from byte `first` on: lengths the caller knows
+/// (a placement learns them when it hashes its document at construction). Large
+/// buffers get huge-page advice ([`crate::mem`]). Every byte is written once;
+/// nothing is copied.
+///
+/// `None` when the halves wrote other lengths than `first` and `total - first`
+/// (the caller then writes the document on one thread); the writes stay inside
+/// the buffer in any case. A thread that cannot be started leaves its half to the
+/// calling thread.
+pub(crate) fn write_halves<D: TwoHalves>(doc: &D, first: usize, total: usize) -> Option<String> {
+    if first > total {
+        return None;
+    }
+    let mut buf: Vec<u8> = Vec::with_capacity(total);
+    crate::mem::advise_huge_pages_vec(&mut buf);
+    let (x, y) = buf.spare_capacity_mut()[..total].split_at_mut(first);
+    let (ok_x, ok_y) = crate::par::join(
+        true,
+        || {
+            let mut out = SliceOut::new(x);
+            doc.first(&mut out);
+            out.filled()
+        },
+        || {
+            let mut out = SliceOut::new(y);
+            doc.second(&mut out);
+            out.filled()
+        },
+    );
+    if !(ok_x && ok_y) {
+        return None;
+    }
+    // SAFETY: both halves filled their slices exactly (`filled`), so all `total`
+    // bytes are initialized; each is a concatenation of `&str`s meeting at the
+    // cut, which is itself a boundary between two `&str`s, so the whole is UTF-8.
+    unsafe {
+        buf.set_len(total);
+        Some(String::from_utf8_unchecked(buf))
+    }
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn push_u16_escape(out: &mut String, unit: u32) {
+fn push_u16_escape<W: JsonOut>(out: &mut W, unit: u32) {
     out.push_str("\\u");
     for shift in [12u32, 8, 4, 0] {
         out.push(HEX[((unit >> shift) & 0xF) as usize] as char);
@@ -74,7 +200,7 @@ fn all_plain(bytes: &[u8], profile: Profile) -> bool {
 }
 
 /// Appends `s` as a JSON string literal in `profile`.
-pub fn write_str(out: &mut String, s: &str, profile: Profile) {
+pub fn write_str<W: JsonOut>(out: &mut W, s: &str, profile: Profile) {
     let bytes = s.as_bytes();
     // Fastest path (ids, keys): nothing to escape, one copy.
     if all_plain(bytes, profile) {
@@ -128,7 +254,7 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 8081828384858687888990919293949596979899";
 
 /// Appends a decimal integer.
-pub fn write_u64(out: &mut String, v: u64) {
+pub fn write_u64<W: JsonOut>(out: &mut W, v: u64) {
     if v < 10 {
         out.push((b'0' + v as u8) as char);
         return;
@@ -156,7 +282,7 @@ pub fn write_u64(out: &mut String, v: u64) {
 }
 
 /// Appends `[a,b,c]` of integers.
-pub fn write_u64_array(out: &mut String, values: &[u64]) {
+pub fn write_u64_array<W: JsonOut>(out: &mut W, values: &[u64]) {
     out.push('[');
     for (i, v) in values.iter().enumerate() {
         if i > 0 {
@@ -168,7 +294,7 @@ pub fn write_u64_array(out: &mut String, values: &[u64]) {
 }
 
 /// Appends `["a","b"]` of strings.
-pub fn write_str_array<S: AsRef<str>>(out: &mut String, values: &[S], profile: Profile) {
+pub fn write_str_array<W: JsonOut, S: AsRef<str>>(out: &mut W, values: &[S], profile: Profile) {
     out.push('[');
     for (i, v) in values.iter().enumerate() {
         if i > 0 {
@@ -180,7 +306,7 @@ pub fn write_str_array<S: AsRef<str>>(out: &mut String, values: &[S], profile: P
 }
 
 /// Appends an optional integer (`null` when absent).
-pub fn write_opt_u64(out: &mut String, v: Option<u64>) {
+pub fn write_opt_u64<W: JsonOut>(out: &mut W, v: Option<u64>) {
     match v {
         Some(v) => write_u64(out, v),
         None => out.push_str("null"),
@@ -189,7 +315,7 @@ pub fn write_opt_u64(out: &mut String, v: Option<u64>) {
 
 /// Writes `"key":` (keys are schema constants: plain ASCII, no escaping needed).
 #[inline]
-pub fn key(out: &mut String, k: &str) {
+pub fn key<W: JsonOut>(out: &mut W, k: &str) {
     out.push('"');
     out.push_str(k);
     out.push_str("\":");
@@ -487,6 +613,33 @@ pub(crate) fn write_kv_str(out: &mut String, k: &str, v: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Writing in place gives the `String` encoder's bytes, escapes and multi-byte
+    /// characters included; a slice that is too short or too long is reported,
+    /// never overrun.
+    #[test]
+    fn in_place_writes_are_the_string_bytes_and_never_overrun() {
+        let samples = ["", "plain/id-0", "q\"b\\s", "tab\tnl\n\u{1}", "é/ü", "emoji \u{1F600}", "\u{7f}\u{80}\u{ffff}"];
+        for profile in [Profile::Ascii, Profile::Utf8] {
+            for s in samples {
+                let mut text = String::new();
+                write_str(&mut text, s, profile);
+                write_u64_array(&mut text, &[0, 9, 10, 99, 100, u64::MAX]);
+                for room in [text.len(), text.len() - 1, text.len() + 1] {
+                    let mut buf = vec![std::mem::MaybeUninit::new(0xAAu8); room + 4];
+                    let mut out = SliceOut::new(&mut buf[..room]);
+                    write_str(&mut out, s, profile);
+                    write_u64_array(&mut out, &[0, 9, 10, 99, 100, u64::MAX]);
+                    assert_eq!(out.filled(), room == text.len(), "{s:?} {profile:?} room {room}");
+                    let written = out.len;
+                    // SAFETY: every byte was initialized above.
+                    let bytes: Vec<u8> = buf.iter().map(|b| unsafe { b.assume_init() }).collect();
+                    assert_eq!(&bytes[..written], &text.as_bytes()[..written]);
+                    assert!(bytes[room..].iter().all(|&b| b == 0xAA), "wrote past the slice");
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_word_at_a_time_scan_agrees_with_the_byte_rule_at_every_position() {

@@ -55,3 +55,5 @@ pub use runtime::{
 };
 pub mod protocol;
 pub mod store;
+#[cfg(test)]
+pub(crate) mod testutil;

@@ -37,7 +37,7 @@ impl ParallelRank {
         }
     }
 
-    pub(crate) fn write_json(&self, out: &mut String) {
+    pub(crate) fn write_json<W: json::JsonOut>(&self, out: &mut W) {
         out.push_str("{\"dp\":");
         json::write_u64(out, self.dp);
         out.push_str(",\"ep\":");
@@ -137,7 +137,7 @@ impl ParallelAxis {
         }
     }
 
-    pub(crate) fn write_json(&self, out: &mut String) {
+    pub(crate) fn write_json<W: json::JsonOut>(&self, out: &mut W) {
         match *self {
             ParallelAxis::Split { kind, dim } => {
                 out.push_str("{\"dim\":");

@@ -24,6 +24,27 @@ const PIPELINE_BUFFERS: usize = 4;
 /// The flush callback a chunked writer calls after each element it appends.
 pub(crate) type Flush<'a> = dyn FnMut(&mut String) + 'a;
 
+/// How many bytes a chunked writer (see [`hash_written`], [`written_equals`]) has
+/// written so far: what its flushes handed on plus what its buffer still holds.
+/// The two-thread writers learn where a document's halves meet this way, while
+/// the document is hashed or compared. Thread safety: one writer's thread only.
+#[derive(Debug, Default)]
+pub(crate) struct Position(std::cell::Cell<usize>);
+
+impl Position {
+    /// Calls `flush(c)`, counting what it took from `c`.
+    pub(crate) fn flush(&self, flush: &mut Flush<'_>, c: &mut String) {
+        let before = c.len();
+        flush(c);
+        self.0.set(self.0.get() + (before - c.len()));
+    }
+
+    /// Bytes written so far, `out` being the writer's buffer.
+    pub(crate) fn at(&self, out: &str) -> usize {
+        self.0.get() + out.len()
+    }
+}
+
 /// Feeds everything `write` appends to `state` (in order) and returns the state.
 ///
 /// `write(out, flush)` must append its bytes to `out` and may call `flush(out)` at

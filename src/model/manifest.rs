@@ -159,7 +159,7 @@ impl StoredFragment {
         super::prefetch(self.object_key.as_ptr());
     }
 
-    fn write_json(&self, out: &mut String) {
+    fn write_json<W: json::JsonOut>(&self, out: &mut W) {
         out.push_str("{\"aliases\":");
         json::write_str_array(out, &self.aliases, Profile::Utf8);
         out.push_str(",\"fragment_id\":");
@@ -255,7 +255,28 @@ pub struct StoredManifest {
     fragments: Vec<StoredFragment>,
     created_at: String,
     manifest_digest: String,
+    /// Where the two-thread writer cuts [`StoredManifest::to_json`].
+    json_cut: JsonCut,
 }
+
+/// Where [`StoredManifest::to_json`]'s two halves meet: fragment `index` starts
+/// the second half at byte `at` of a `total`-byte document. Learned while
+/// construction hashes (or compares) the document; derived from the content like
+/// the digest, so equality ignores it. `index == 0`: unknown, write on one thread.
+#[derive(Clone, Copy, Debug, Default)]
+struct JsonCut {
+    index: usize,
+    at: usize,
+    total: usize,
+}
+
+impl PartialEq for JsonCut {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for JsonCut {}
 
 /// `(namespace, resource_id, revision, weight_generation, group_id, manifest_key,
 /// content_sha256)`: pins one exact manifest.
@@ -340,6 +361,7 @@ impl StoredManifest {
             fragments: spec.fragments,
             created_at: spec.created_at,
             manifest_digest: String::new(),
+            json_cut: JsonCut::default(),
         };
         // The digest hashes the canonical JSON as it is written (no copy of the
         // whole document; a large one is hashed on a second thread). It does not
@@ -352,25 +374,58 @@ impl StoredManifest {
             side_by_side,
             || m.check_contents(planned, !side_by_side),
             || {
-                let digest = match decoded {
-                    Some((text, digest)) if m.json_equals(text) => digest,
-                    _ => m.compute_digest(),
+                let cut = m.fragments.len() / 2;
+                let digest = match decoded.and_then(|(text, digest)| Some((m.json_equals(text, cut)?, digest))) {
+                    Some((json_cut, digest)) => (digest, json_cut),
+                    None => m.digest_with_cut(cut),
                 };
                 (digest, if side_by_side { check_object_ranges(&m.fragments) } else { Ok(()) })
             },
         );
         checked?;
         ranges?;
-        m.manifest_digest = digest;
+        (m.manifest_digest, m.json_cut) = digest;
         Ok(m)
     }
 
     /// Whether [`Self::to_json`] would write exactly `text` (compared as it is
-    /// written, without building the document).
-    fn json_equals(&self, text: &str) -> bool {
-        super::digest::written_equals(text.as_bytes(), |out, flush| {
-            self.write_json_with(out, &mut |c: &mut String| flush(c))
-        })
+    /// written, without building the document): then where its halves meet when
+    /// fragment `cut` starts the second.
+    fn json_equals(&self, text: &str, cut: usize) -> Option<JsonCut> {
+        let mut json_cut = JsonCut::default();
+        let same = super::digest::written_equals(text.as_bytes(), |out, flush| {
+            json_cut = self.write_json_cut(out, flush, cut);
+        });
+        same.then_some(json_cut)
+    }
+
+    /// [`Self::compute_digest`], and where the halves meet when fragment `cut`
+    /// starts the second.
+    fn digest_with_cut(&self, cut: usize) -> (String, JsonCut) {
+        let expected = 512 + self.fragments.len() * 420;
+        let mut json_cut = JsonCut::default();
+        let h = super::digest::hash_written(Sha256::new(), expected, |out, flush| {
+            json_cut = self.write_json_cut(out, flush, cut);
+        });
+        (hex_of(h), json_cut)
+    }
+
+    /// [`Self::write_json_with`] through a chunked writer's `flush`, noting where
+    /// fragment `cut` (`0 < cut < fragments`, else nothing is noted) starts.
+    fn write_json_cut(&self, out: &mut String, flush: &mut super::digest::Flush<'_>, cut: usize) -> JsonCut {
+        let written = super::digest::Position::default();
+        let (mut flushed, mut at) = (0usize, None);
+        self.write_json_with(out, &mut |c: &mut String| {
+            written.flush(flush, c);
+            flushed += 1;
+            if flushed == cut {
+                at = Some(written.at(c));
+            }
+        });
+        match at {
+            Some(at) if cut < self.fragments.len() => JsonCut { index: cut, at, total: written.at(out) },
+            _ => JsonCut::default(),
+        }
     }
 
     /// The checks of [`Self::new`] over the tensors and fragments (key ownership,
@@ -464,12 +519,44 @@ impl StoredManifest {
         }))
     }
 
-    /// The canonical manifest JSON (profile U, raw UTF-8).
+    /// The canonical manifest JSON (profile U, raw UTF-8). A large manifest is
+    /// written by two threads, each straight into its half of one buffer of the
+    /// exact size; the bytes are those of the one-thread writer. No errors;
+    /// thread safety: `&self` only.
     pub fn to_json(&self) -> String {
+        if crate::par::workers(self.fragments.len()) >= 2 {
+            if let Some(out) = self.to_json_halves(self.json_cut) {
+                return out;
+            }
+        }
         let mut out = String::with_capacity(512 + self.fragments.len() * 420);
         crate::mem::advise_huge_pages(&mut out);
         self.write_json_with(&mut out, &mut |_: &mut String| {});
         out
+    }
+
+    /// [`Self::to_json`] on two threads, cut at `cut`. `None` if `cut` is unknown
+    /// or does not hold.
+    fn to_json_halves(&self, cut: JsonCut) -> Option<String> {
+        struct Halves<'a> {
+            manifest: &'a StoredManifest,
+            cut: usize,
+        }
+        impl json::TwoHalves for Halves<'_> {
+            fn first<W: json::JsonOut>(&self, out: &mut W) {
+                self.manifest.write_head(out);
+                self.manifest.write_fragment_range(out, 0..self.cut, &mut |_: &mut W| {});
+            }
+            fn second<W: json::JsonOut>(&self, out: &mut W) {
+                let m = self.manifest;
+                m.write_fragment_range(out, self.cut..m.fragments.len(), &mut |_: &mut W| {});
+                m.write_tail(out);
+            }
+        }
+        if cut.index == 0 || cut.index >= self.fragments.len() {
+            return None;
+        }
+        json::write_halves(&Halves { manifest: self, cut: cut.index }, cut.at, cut.total)
     }
 
     /// Appends the canonical JSON to `out` (no intermediate string).
@@ -480,11 +567,28 @@ impl StoredManifest {
     /// Writes the canonical JSON, calling `flush` after each fragment so that a
     /// caller can consume (hash, clear) what has been written so far.
     fn write_json_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
+        self.write_head(out);
+        self.write_fragment_range(out, 0..self.fragments.len(), flush);
+        self.write_tail(out);
+    }
+
+    /// `{"created_at":..,"fragments":[`
+    fn write_head<W: json::JsonOut>(&self, out: &mut W) {
         out.push_str("{\"created_at\":");
         json::write_str(out, &self.created_at, Profile::Utf8);
         out.push_str(",\"fragments\":[");
+    }
+
+    /// The fragments `range`, each after a comma unless it is the first; `flush`
+    /// after each fragment.
+    fn write_fragment_range<W: json::JsonOut, F: FnMut(&mut W)>(
+        &self,
+        out: &mut W,
+        range: std::ops::Range<usize>,
+        flush: &mut F,
+    ) {
         let ahead = super::PREFETCH_AHEAD;
-        for (i, f) in self.fragments.iter().enumerate() {
+        for i in range {
             // Two levels: the fragment's shared record, then (once it is near) its strings.
             if let Some(next) = self.fragments.get(i + 2 * ahead) {
                 super::prefetch(Arc::as_ptr(&next.0));
@@ -495,9 +599,13 @@ impl StoredManifest {
             if i > 0 {
                 out.push(',');
             }
-            f.write_json(out);
+            self.fragments[i].write_json(out);
             flush(out);
         }
+    }
+
+    /// `],"group_id":..` to the end.
+    fn write_tail<W: json::JsonOut>(&self, out: &mut W) {
         out.push_str("],\"group_id\":");
         json::write_str(out, &self.group_id, Profile::Utf8);
         out.push_str(",\"manifest_key\":");
@@ -1005,5 +1113,51 @@ mod tests {
                 assert_eq!(told.manifest_digest(), expected, "{name}: {what}");
             }
         }
+    }
+
+    /// The two-thread writer gives the one-thread writer's bytes at every cut, on
+    /// every manifest the conformance fixtures expect (Unicode keys included),
+    /// whether construction learned the cut comparing a decoded text or hashing;
+    /// `to_json` takes it when two workers are allowed; a cut that does not hold
+    /// is refused, never overrun, and `to_json` then writes on one thread.
+    #[test]
+    fn two_thread_manifest_json_is_the_one_thread_bytes_at_every_cut() {
+        let mut checked = 0;
+        for (_, fixture) in crate::testutil::conformance_fixtures("") {
+            let Some(text) = fixture["expected"]["manifest_json"].as_str() else { continue };
+            let m = StoredManifest::from_json_str(text).unwrap();
+            let mut one = String::new();
+            m.write_json(&mut one);
+            assert_eq!(one, text);
+            let n = m.fragments.len();
+            if n >= 2 {
+                assert_eq!(m.json_cut.index, n / 2, "decoded manifests learn the cut");
+            }
+            for cut in 1..n {
+                let from_text = m.json_equals(text, cut).expect("same text");
+                let (digest, hashed) = m.digest_with_cut(cut);
+                assert_eq!(digest, m.manifest_digest());
+                for c in [from_text, hashed] {
+                    assert_eq!((c.index, c.total), (cut, text.len()));
+                    assert!(text[..c.at].ends_with('}') && text[c.at..].starts_with(",{\"aliases\":"));
+                    assert_eq!(m.to_json_halves(c).as_deref(), Some(text), "cut {cut}");
+                }
+                checked += 1;
+            }
+            assert_eq!(crate::par::with_workers(Some(2), || m.to_json()), text);
+            assert_eq!(crate::par::with_workers(Some(1), || m.to_json()), text);
+            if n >= 2 {
+                for delta in [-1i64, 1] {
+                    let mut q = m.clone();
+                    q.json_cut.at = (q.json_cut.at as i64 + delta) as usize;
+                    assert_eq!(q.to_json_halves(q.json_cut), None, "first half {delta:+} bytes");
+                    q.json_cut = m.json_cut;
+                    q.json_cut.total = (q.json_cut.total as i64 + delta) as usize;
+                    assert_eq!(q.to_json_halves(q.json_cut), None, "whole {delta:+} bytes");
+                    assert_eq!(crate::par::with_workers(Some(2), || q.to_json()), text);
+                }
+            }
+        }
+        assert!(checked >= 20, "only {checked} cuts checked");
     }
 }

@@ -215,7 +215,7 @@ impl TensorDescriptor {
     }
 
     /// Appends the TENSOR object (`wire-format.md` §2).
-    pub(crate) fn write_json(&self, out: &mut String, profile: Profile) {
+    pub(crate) fn write_json<W: json::JsonOut>(&self, out: &mut W, profile: Profile) {
         out.push_str("{\"dtype\":");
         json::write_str(out, &self.dtype, profile);
         out.push_str(",\"expert_id\":");

@@ -969,14 +969,8 @@ mod tests {
     /// 2, 3 and 8 workers per stage.
     #[test]
     fn worker_count_changes_no_transfer_plan_or_error() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/transfer");
         let mut bound = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for (name, fixture) in crate::testutil::conformance_fixtures("transfer") {
             let inputs = &fixture["inputs"];
             let placement = |k: &str| {
                 let text = match &inputs[k] {
@@ -1020,7 +1014,6 @@ mod tests {
             for workers in [2, 3, 8] {
                 match (&sequential, &run(workers)) {
                     (Ok(a), Ok(b)) => {
-                        let name = path.display();
                         assert_eq!(a.0.regions(), b.0.regions(), "{name}: {workers} workers");
                         assert_eq!(a.0.source_executors(), b.0.source_executors(), "{name}: {workers} workers");
                         assert_eq!(a.0.target_executors(), b.0.target_executors(), "{name}: {workers} workers");
@@ -1037,9 +1030,9 @@ mod tests {
                             _ => panic!("{name}: bound differs"),
                         }
                     }
-                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", path.display()),
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", name),
                     (a, b) => {
-                        panic!("{}: sequential {:?} but {workers} workers {:?}", path.display(), a.is_ok(), b.is_ok())
+                        panic!("{}: sequential {:?} but {workers} workers {:?}", name, a.is_ok(), b.is_ok())
                     }
                 }
             }

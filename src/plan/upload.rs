@@ -788,14 +788,8 @@ pub(crate) mod tests {
     /// with 1, 2, 3 and 8 workers per stage.
     #[test]
     fn worker_count_changes_no_placement_plan_or_error() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance");
         let mut uploads = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for (name, fixture) in crate::testutil::conformance_fixtures("") {
             let inputs = &fixture["inputs"];
             let Some(placement) = inputs.get("placement") else { continue };
             let text = match placement {
@@ -823,10 +817,10 @@ pub(crate) mod tests {
             uploads += usize::from(matches!(&sequential, Ok((_, Some(_)))));
             for workers in [2, 3, 8] {
                 match (&sequential, &run(workers)) {
-                    (Ok(a), Ok(b)) => assert!(a == b, "{}: {workers} workers differ", path.display()),
-                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", path.display()),
+                    (Ok(a), Ok(b)) => assert!(a == b, "{}: {workers} workers differ", name),
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", name),
                     (a, b) => {
-                        panic!("{}: sequential {:?} but {workers} workers {:?}", path.display(), a.is_ok(), b.is_ok())
+                        panic!("{}: sequential {:?} but {workers} workers {:?}", name, a.is_ok(), b.is_ok())
                     }
                 }
             }

@@ -103,6 +103,12 @@ pub struct Placement {
     pub(super) order: Vec<(u32, u32)>,
     pub(super) placement_id: String,
     pub(super) digest: String,
+    /// Where each part's JSON ends in [`Placement::to_json`] (the byte after its
+    /// `}`), and that document's length, learned when construction hashes it: the
+    /// two-thread writer starts its second half at a part's end. Derived from the
+    /// content, like `digest`.
+    pub(super) part_json_ends: Vec<usize>,
+    pub(super) json_len: usize,
 }
 
 impl Placement {
@@ -204,13 +210,16 @@ impl Placement {
             order,
             placement_id: String::new(),
             digest: String::new(),
+            part_json_ends: Vec::new(),
+            json_len: 0,
         };
         placement.check_complete()?;
         // Both documents start with the same `{"parts":[...]` (the bulk): write it
         // once, hashed as it is written (`digest::hash_written`: in cache-sized
         // chunks, or on a second thread for a large placement), then fork the
         // hash state for the two different tails.
-        let mut head = placement.hash_parts();
+        let (mut head, part_json_ends, head_len) = placement.hash_parts();
+        placement.part_json_ends = part_json_ends;
         let mut tail = String::new();
         placement.write_tail(&mut tail, None);
         let mut h = head.clone();
@@ -225,6 +234,7 @@ impl Placement {
         tail.clear();
         placement.write_tail(&mut tail, Some(&placement.placement_id));
         head.update(tail.as_bytes());
+        placement.json_len = head_len + tail.len();
         placement.digest = super::hex_of(head);
         Ok(placement)
     }

@@ -99,7 +99,7 @@ impl ParallelTopology {
         Ok(t)
     }
 
-    pub(super) fn write_fields(&self, out: &mut String, schema: bool) {
+    pub(super) fn write_fields<W: json::JsonOut>(&self, out: &mut W, schema: bool) {
         out.push_str("{\"dp_size\":");
         json::write_u64(out, self.dp_size);
         out.push_str(",\"ep_size\":");

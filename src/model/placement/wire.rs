@@ -20,12 +20,48 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 impl Placement {
-    /// The canonical placement JSON (profile A, `wire-format.md` §2).
+    /// The canonical placement JSON (profile A, `wire-format.md` §2). A large
+    /// placement of several parts is written by two threads, each straight into
+    /// its half of one buffer of the exact size; the bytes are those of the
+    /// one-thread writer. No errors; thread safety: `&self` only.
     pub fn to_json(&self) -> String {
+        let parts = self.parts.len();
+        if crate::par::workers(self.order.len()) >= 2 && parts >= 2 && self.part_json_ends.len() == parts {
+            // The cut nearest the middle byte, with a part on either side.
+            let half = self.json_len / 2;
+            let cut = self.part_json_ends[..parts - 1].partition_point(|&end| end <= half).clamp(1, parts - 1);
+            if let Some(out) = self.to_json_cut(cut) {
+                return out;
+            }
+        }
         let mut out = String::with_capacity(256 + self.order.len() * 320);
         crate::mem::advise_huge_pages(&mut out);
         self.write_json(&mut out, Some(&self.placement_id));
         out
+    }
+
+    /// [`Self::to_json`] on two threads, the second half starting with part `cut`
+    /// (`0 < cut < parts`). `None` if the lengths construction learned
+    /// (`part_json_ends`, `json_len`) do not hold.
+    fn to_json_cut(&self, cut: usize) -> Option<String> {
+        struct Halves<'a> {
+            placement: &'a Placement,
+            cut: usize,
+        }
+        impl json::TwoHalves for Halves<'_> {
+            fn first<W: json::JsonOut>(&self, out: &mut W) {
+                out.push_str("{\"parts\":[");
+                self.placement.write_part_range(out, 0..self.cut, &mut |_: &mut W| {});
+            }
+            fn second<W: json::JsonOut>(&self, out: &mut W) {
+                let p = self.placement;
+                p.write_part_range(out, self.cut..p.parts.len(), &mut |_: &mut W| {});
+                out.push(']');
+                p.write_tail(out, Some(&p.placement_id));
+            }
+        }
+        let first = *self.part_json_ends.get(cut.checked_sub(1)?)?;
+        json::write_halves(&Halves { placement: self, cut }, first, self.json_len)
     }
 
     /// Recomputes the placement digest: the hex SHA-256 of [`Self::to_json`]'s
@@ -33,7 +69,7 @@ impl Placement {
     /// document. A large placement is hashed on a second thread while this one
     /// serializes (same bytes, same digest). No errors; thread safety: `&self` only.
     pub fn compute_digest(&self) -> String {
-        let mut h = self.hash_parts();
+        let (mut h, _, _) = self.hash_parts();
         let mut tail = String::new();
         self.write_tail(&mut tail, Some(&self.placement_id));
         h.update(tail.as_bytes());
@@ -41,12 +77,23 @@ impl Placement {
     }
 
     /// A hasher fed with `{"parts":[...]` (the bulk both the placement JSON and the
-    /// `placement_id` input start with).
-    pub(super) fn hash_parts(&self) -> Sha256 {
+    /// `placement_id` input start with), where each part's JSON ends in it, and
+    /// its length.
+    pub(super) fn hash_parts(&self) -> (Sha256, Vec<usize>, usize) {
         let expected = 256 + self.order.len() * 320;
-        crate::model::digest::hash_written(Sha256::new(), expected, |out, flush| {
-            self.write_parts_with(out, &mut |c: &mut String| flush(c))
-        })
+        let mut ends = Vec::with_capacity(self.parts.len());
+        let mut len = 0;
+        let h = crate::model::digest::hash_written(Sha256::new(), expected, |out, flush| {
+            let written = crate::model::digest::Position::default();
+            out.push_str("{\"parts\":[");
+            for i in 0..self.parts.len() {
+                self.write_part_range(out, i..i + 1, &mut |c: &mut String| written.flush(flush, c));
+                ends.push(written.at(out));
+            }
+            out.push(']');
+            len = written.at(out);
+        });
+        (h, ends, len)
     }
 
     /// With `id`: the placement JSON; without: the `placement_id` input (§3.3).
@@ -64,7 +111,20 @@ impl Placement {
     /// can consume (hash, clear) what has been written so far.
     pub(super) fn write_parts_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
         out.push_str("{\"parts\":[");
-        for (i, part) in self.parts.iter().enumerate() {
+        self.write_part_range(out, 0..self.parts.len(), flush);
+        out.push(']');
+    }
+
+    /// The parts `range` of the `parts` array, each after a comma unless it is the
+    /// first part; `flush` after each fragment as in [`Self::write_parts_with`].
+    fn write_part_range<W: json::JsonOut, F: FnMut(&mut W)>(
+        &self,
+        out: &mut W,
+        range: std::ops::Range<usize>,
+        flush: &mut F,
+    ) {
+        for i in range {
+            let part = &self.parts[i];
             if i > 0 {
                 out.push(',');
             }
@@ -85,12 +145,11 @@ impl Placement {
             part.rank.write_json(out);
             out.push('}');
         }
-        out.push(']');
     }
 
     /// Everything after the parts (with `id`: placement JSON; without: the
     /// `placement_id` input).
-    pub(super) fn write_tail(&self, out: &mut String, id: Option<&str>) {
+    pub(super) fn write_tail<W: json::JsonOut>(&self, out: &mut W, id: Option<&str>) {
         if let Some(id) = id {
             out.push_str(",\"placement_id\":");
             json::write_str(out, id, Profile::Ascii);
@@ -593,5 +652,44 @@ mod tests {
         let p = Placement::from_json_fast(&text).expect("fast path accepts a valid document");
         assert_eq!(Placement::from_json_fast(&p.to_json()), Some(p.clone()));
         assert!(Placement::from_json_fast(&text.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1)).is_none());
+    }
+
+    /// The two-thread writer gives the one-thread writer's bytes for every cut
+    /// between parts, on every valid placement among the conformance fixtures
+    /// (Unicode and slashes in ids included); `to_json` takes it when two workers
+    /// are allowed; part ends that do not hold are refused, never overrun, and
+    /// `to_json` then writes on one thread.
+    #[test]
+    fn two_thread_placement_json_is_the_one_thread_bytes_at_every_cut() {
+        let mut checked = 0;
+        for (_, fixture) in crate::testutil::conformance_fixtures("") {
+            let Some(doc) = fixture["inputs"].get("placement") else { continue };
+            let Ok(p) = Placement::from_json(serde_json::to_string(doc).unwrap().as_bytes()) else { continue };
+            let mut one = String::new();
+            p.write_json(&mut one, Some(&p.placement_id));
+            assert_eq!((p.part_json_ends.len(), p.json_len), (p.parts.len(), one.len()));
+            for (i, &end) in p.part_json_ends.iter().enumerate() {
+                let next = if i + 1 < p.parts.len() { ",{\"fragments\":[" } else { "],\"placement_id\":" };
+                assert!(one[..end].ends_with('}') && one[end..].starts_with(next), "part {i} ends at {end}");
+            }
+            for cut in 1..p.parts.len() {
+                assert_eq!(p.to_json_cut(cut).as_deref(), Some(one.as_str()), "cut {cut}");
+                checked += 1;
+            }
+            assert_eq!(crate::par::with_workers(Some(2), || p.to_json()), one);
+            assert_eq!(crate::par::with_workers(Some(1), || p.to_json()), one);
+            if p.parts.len() >= 2 {
+                for delta in [-1i64, 1] {
+                    let mut q = p.clone();
+                    q.part_json_ends[0] = (q.part_json_ends[0] as i64 + delta) as usize;
+                    assert_eq!(q.to_json_cut(1), None, "first half {delta:+} bytes");
+                    q.part_json_ends[0] = p.part_json_ends[0];
+                    q.json_len = (q.json_len as i64 + delta) as usize;
+                    assert_eq!(q.to_json_cut(1), None, "whole {delta:+} bytes");
+                    assert_eq!(crate::par::with_workers(Some(2), || q.to_json()), one);
+                }
+            }
+        }
+        assert!(checked >= 20, "only {checked} cuts checked");
     }
 }
