@@ -98,25 +98,15 @@ impl Placement {
 
     /// With `id`: the placement JSON; without: the `placement_id` input (§3.3).
     pub(super) fn write_json(&self, out: &mut String, id: Option<&str>) {
-        self.write_parts(out);
+        out.push_str("{\"parts\":[");
+        self.write_part_range(out, 0..self.parts.len(), &mut |_: &mut String| {});
+        out.push(']');
         self.write_tail(out, id);
     }
 
-    /// `{"parts":[...]` — the part of both documents that holds the fragments.
-    pub(super) fn write_parts(&self, out: &mut String) {
-        self.write_parts_with(out, &mut |_: &mut String| {})
-    }
-
-    /// [`Self::write_parts`], calling `flush` after each fragment so that a caller
-    /// can consume (hash, clear) what has been written so far.
-    pub(super) fn write_parts_with<F: FnMut(&mut String)>(&self, out: &mut String, flush: &mut F) {
-        out.push_str("{\"parts\":[");
-        self.write_part_range(out, 0..self.parts.len(), flush);
-        out.push(']');
-    }
-
     /// The parts `range` of the `parts` array, each after a comma unless it is the
-    /// first part; `flush` after each fragment as in [`Self::write_parts_with`].
+    /// first part; `flush` after each fragment, so that a chunked writer can
+    /// consume (hash, clear) what has been written so far.
     fn write_part_range<W: json::JsonOut, F: FnMut(&mut W)>(
         &self,
         out: &mut W,
