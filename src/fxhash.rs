@@ -86,31 +86,67 @@ pub(crate) fn hash_str(s: &str) -> u64 {
 }
 
 /// Whether two of the hashes in `runs` are equal; each run must be sorted. False
-/// proves the hashed keys distinct.
+/// proves the hashed keys distinct. Pure; O(n log k) for `n` hashes in `k` runs.
+///
+/// Runs are merged pairwise (a value that two runs share ends the walk) until two are
+/// left, and those two are walked side by side without building their merge: for the
+/// usual one run per worker thread, one branch-free pass over both.
 pub(crate) fn has_repeated_hash_runs(runs: &[Vec<u64>]) -> bool {
     debug_assert!(runs.iter().all(|r| r.is_sorted()));
     if runs.iter().any(|r| r.windows(2).any(|w| w[0] == w[1])) {
         return true;
     }
-    // Merge walk: the smallest head of all runs, compared with the last taken.
-    let mut heads = vec![0usize; runs.len()];
-    let mut last: Option<u64> = None;
-    loop {
-        let mut best: Option<(u64, usize)> = None;
-        for (k, r) in runs.iter().enumerate() {
-            if let Some(&h) = r.get(heads[k]) {
-                if best.is_none_or(|(b, _)| h < b) {
-                    best = Some((h, k));
-                }
+    let mut level: Vec<std::borrow::Cow<'_, [u64]>> = runs.iter().map(|r| r.as_slice().into()).collect();
+    while level.len() > 2 {
+        let mut next = Vec::with_capacity(level.len().div_ceil(2));
+        let mut pending = level.into_iter();
+        while let Some(a) = pending.next() {
+            match pending.next() {
+                Some(b) => match merge_distinct(&a, &b) {
+                    Some(merged) => next.push(merged.into()),
+                    None => return true,
+                },
+                None => next.push(a),
             }
         }
-        let Some((h, k)) = best else { return false };
-        if last == Some(h) {
+        level = next;
+    }
+    match &level[..] {
+        [a, b] => share_a_value(a, b),
+        _ => false,
+    }
+}
+
+/// The merge of two sorted runs of distinct values, or `None` when they share one.
+fn merge_distinct(a: &[u64], b: &[u64]) -> Option<Vec<u64>> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        if x == y {
+            return None;
+        }
+        out.push(x.min(y));
+        i += usize::from(x < y);
+        j += usize::from(y < x);
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    Some(out)
+}
+
+/// Whether two sorted runs share a value.
+fn share_a_value(a: &[u64], b: &[u64]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        if x == y {
             return true;
         }
-        last = Some(h);
-        heads[k] += 1;
+        i += usize::from(x < y);
+        j += usize::from(y < x);
     }
+    false
 }
 
 /// Whether two of the keys `key(0)`, ..., `key(n - 1)` are equal (see
@@ -167,6 +203,59 @@ mod tests {
         groups.sort();
         assert_eq!(groups, vec![vec![0, 2, 5], vec![1, 4]]);
         assert!(equal_key_groups(3, |i| ["x", "y", "z"][i]).is_empty());
+    }
+
+    /// The run screen agrees with a set over the same hashes: one to seven runs,
+    /// repeats inside a run, across two runs, and across runs merged at different
+    /// levels.
+    #[test]
+    fn repeated_hash_runs_agree_with_a_set() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % 5_000
+        };
+        let (mut repeated, mut distinct) = (0, 0);
+        for case in 0..600 {
+            let k = 1 + case % 7;
+            let mut runs: Vec<Vec<u64>> =
+                (0..k).map(|_| (0..(next() % 40) as usize).map(|_| next()).collect()).collect();
+            if case % 3 != 0 {
+                // Mostly distinct values: each run deduplicated, and offset per run.
+                for (r, run) in runs.iter_mut().enumerate() {
+                    for v in run.iter_mut() {
+                        *v = *v * 8 + r as u64;
+                    }
+                    run.sort_unstable();
+                    run.dedup();
+                }
+                if case % 3 == 2 && k > 1 {
+                    // One value shared by two runs chosen by the case.
+                    let (a, b) = (case % k, (case / 7) % k);
+                    if a != b {
+                        runs[a].push(99_999);
+                        runs[b].push(99_999);
+                    }
+                }
+            }
+            for run in &mut runs {
+                run.sort_unstable();
+            }
+            let mut seen = std::collections::HashSet::new();
+            let expected = !runs.iter().flatten().all(|v| seen.insert(*v));
+            assert_eq!(has_repeated_hash_runs(&runs), expected, "case {case}: {runs:?}");
+            if expected {
+                repeated += 1;
+            } else {
+                distinct += 1;
+            }
+        }
+        assert!(repeated > 100 && distinct > 100, "both outcomes covered: {repeated} / {distinct}");
+        assert!(!has_repeated_hash_runs(&[]));
+        assert!(!has_repeated_hash_runs(&[vec![], vec![1], vec![]]));
+        assert!(has_repeated_hash_runs(&[vec![1, 5], vec![2], vec![3], vec![4], vec![5]]));
     }
 
     /// Keys whose hashes all collide are still told apart by value.
