@@ -120,16 +120,7 @@ pub(crate) fn has_repeated_hash_runs(runs: &[Vec<u64>]) -> bool {
 /// The merge of two sorted runs of distinct values, or `None` when they share one.
 fn merge_distinct(a: &[u64], b: &[u64]) -> Option<Vec<u64>> {
     let mut out = Vec::with_capacity(a.len() + b.len());
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        let (x, y) = (a[i], b[j]);
-        if x == y {
-            return None;
-        }
-        out.push(x.min(y));
-        i += usize::from(x < y);
-        j += usize::from(y < x);
-    }
+    let (i, j) = walk_distinct(a, b, |v| out.push(v))?;
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);
     Some(out)
@@ -137,16 +128,25 @@ fn merge_distinct(a: &[u64], b: &[u64]) -> Option<Vec<u64>> {
 
 /// Whether two sorted runs share a value.
 fn share_a_value(a: &[u64], b: &[u64]) -> bool {
+    walk_distinct(a, b, |_| {}).is_none()
+}
+
+/// Walks two sorted runs side by side (branch-free steps), handing `take` each value
+/// in merged order until one run ends: `None` at the first value both hold, else where
+/// each run's untaken rest starts.
+#[inline(always)]
+fn walk_distinct(a: &[u64], b: &[u64], mut take: impl FnMut(u64)) -> Option<(usize, usize)> {
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
         let (x, y) = (a[i], b[j]);
         if x == y {
-            return true;
+            return None;
         }
+        take(x.min(y));
         i += usize::from(x < y);
         j += usize::from(y < x);
     }
-    false
+    Some((i, j))
 }
 
 /// Whether two of the keys `key(0)`, ..., `key(n - 1)` are equal (see
