@@ -2490,9 +2490,13 @@ enum mws_status mws_binding_validate(const struct mws_placement *placement,
  * Frees a binding handle. `NULL` does nothing. Upload plans created with it do not
  * borrow it and stay valid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `binding` is NULL or a handle from `mws_binding_new` not yet freed, and no other
- * thread is using it.
+ * `binding` is NULL or a handle from `mws_binding_new` not yet freed; no call starts
+ * on it once this returns.
  */
 void mws_binding_free(struct mws_binding *binding);
 
@@ -2557,8 +2561,13 @@ enum mws_status mws_transfer_engine_unregister_memory(const struct mws_transfer_
  * Frees an engine handle; NULL does nothing. Loaders and sinks made from it keep
  * the engine alive.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `engine` is NULL or a live handle not yet freed and not in use by another thread.
+ * `engine` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_transfer_engine_free(struct mws_transfer_engine *engine);
 
@@ -2674,8 +2683,13 @@ int mws_registration_lease_is_closed(const struct mws_registration_lease *lease)
  * pin quarantined in the store, where `mws_store_pending_registration_count` sees
  * it). Close explicitly to report another state or to see errors.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `lease` is NULL or a live handle not yet freed, not in use by another thread.
+ * `lease` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_registration_lease_free(struct mws_registration_lease *lease);
 
@@ -2705,8 +2719,13 @@ enum mws_status mws_load_plan_new(const struct mws_stored_manifest *manifest,
 /**
  * Frees a load plan. `NULL` does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `plan` is NULL or a live handle not yet freed, not in use by another thread.
+ * `plan` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_load_plan_free(struct mws_load_plan *plan);
 
@@ -2925,8 +2944,13 @@ enum mws_status mws_loader_last_report(const struct mws_loader *loader,
  * Frees a loader; NULL does nothing. Its prepared transfers stay usable (their steps
  * then report no progress).
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `loader` is NULL or a live handle not yet freed and not in use by another thread.
+ * `loader` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_loader_free(struct mws_loader *loader);
 
@@ -3052,9 +3076,13 @@ enum mws_status mws_placement_from_json(const char *json, size_t len, struct mws
  * handle becomes invalid. Bindings and upload plans created with it do not borrow it
  * and stay valid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `placement` is NULL or a handle from `mws_placement_from_json` not yet freed, and
- * no other thread is using it.
+ * `placement` is NULL or a handle from `mws_placement_from_json` not yet freed; no
+ * call starts on it once this returns.
  */
 void mws_placement_free(struct mws_placement *placement);
 
@@ -3245,8 +3273,13 @@ enum mws_status mws_placement_builder_build(const struct mws_placement_builder *
 /**
  * Frees a builder (and the fragment ids it lent). NULL does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `builder` is NULL or a live handle not yet freed, not in use by another thread.
+ * `builder` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_placement_builder_free(struct mws_placement_builder *builder);
 
@@ -3328,16 +3361,26 @@ enum mws_status mws_prepared_transfer_close(const struct mws_prepared_transfer *
  * Frees a prepared transfer (closing it first, as `mws_prepared_transfer_close`,
  * ignoring a failure); NULL does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `prepared` is NULL or a live handle not yet freed and not in use by another thread.
+ * `prepared` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_prepared_transfer_free(struct mws_prepared_transfer *prepared);
 
 /**
  * Frees a receipts handle. `NULL` does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `receipts` is NULL or a live handle not yet freed, not in use by another thread.
+ * `receipts` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_receipts_free(struct mws_receipts *receipts);
 
@@ -3444,8 +3487,13 @@ enum mws_status mws_revision_list_latest_from_store(const struct mws_store *stor
  * Frees a revision list. `NULL` does nothing. Strings borrowed from it become
  * invalid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `list` is NULL or a live handle not yet freed, not in use by another thread.
+ * `list` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_revision_list_free(struct mws_revision_list *list);
 
@@ -3617,8 +3665,13 @@ enum mws_status mws_sink_last_report(const struct mws_sink *sink, struct mws_liv
  * Frees a sink; NULL does nothing. Its prepared transfers stay usable (their steps
  * then report no progress).
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `sink` is NULL or a live handle not yet freed and not in use by another thread.
+ * `sink` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_sink_free(struct mws_sink *sink);
 
@@ -3696,8 +3749,13 @@ enum mws_status mws_store_from_vtable_with_options(const struct mws_store_vtable
  * `destroy`) is released once no writer uses it any more. Strings borrowed from the
  * handle become invalid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `store` is NULL or a live handle not yet freed, and no other thread is using it.
+ * `store` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_store_free(struct mws_store *store);
 
@@ -3955,8 +4013,13 @@ enum mws_status mws_stored_manifest_from_json(const char *json,
  * Frees a stored manifest handle. `NULL` does nothing. Load plans made from it do
  * not borrow it and stay valid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `manifest` is NULL or a live handle not yet freed, not in use by another thread.
+ * `manifest` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_stored_manifest_free(struct mws_stored_manifest *manifest);
 
@@ -4255,8 +4318,12 @@ enum mws_status mws_transaction_finalize(const struct mws_transaction *tx);
  * to discard, or later `mws_store_abort_upload` / `mws_store_finalize_upload` with
  * the plan. The store is released if nothing else uses it.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `tx` is NULL or a live handle not yet freed, not in use by another thread.
+ * `tx` is NULL or a live handle not yet freed; no call starts on it once this returns.
  */
 void mws_transaction_free(struct mws_transaction *tx);
 
@@ -4424,8 +4491,13 @@ enum mws_status mws_transfer_plan_executor(const struct mws_transfer_plan *plan,
 /**
  * Frees a plan handle; NULL does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `plan` is NULL or a live handle not yet freed and not in use by another thread.
+ * `plan` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_transfer_plan_free(struct mws_transfer_plan *plan);
 
@@ -4462,9 +4534,13 @@ enum mws_status mws_upload_plan_new(const struct mws_placement *placement,
  * Frees an upload plan handle. `NULL` does nothing. Every string borrowed from it
  * becomes invalid.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed, and no other thread
- * is using it.
+ * `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed; no call starts
+ * on it once this returns.
  */
 void mws_upload_plan_free(struct mws_upload_plan *plan);
 
@@ -4718,8 +4794,13 @@ enum mws_status mws_writer_upload_plan(const struct mws_writer *writer,
  * Frees a writer. `NULL` does nothing. An open writer is aborted first (best effort,
  * errors are dropped; see `mws_writer`).
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `writer` is NULL or a live handle not yet freed, not in use by another thread.
+ * `writer` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_writer_free(struct mws_writer *writer);
 

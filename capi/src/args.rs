@@ -11,18 +11,21 @@
 //! the `// SAFETY:` comments of an entry point to what is specific to it.
 
 use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::calls::{self, Slot};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
 
-/// How a C handle is made and given back: every handle type is owned by C as a `Box`
-/// of itself (in the spirit of rustls-ffi's `Castable`). Declared with
-/// `handle!`; borrowed and freed through a [`Caller`].
+/// How a C handle is made and given back: every handle type is owned by C as a boxed
+/// [`Slot`] of itself (the value and the calls using it now; the C pointer type is
+/// opaque, so it points at the slot). Declared with `handle!`; borrowed and freed
+/// through a [`Caller`], which counts the calls in flight so that a `*_free` never
+/// frees a handle under a running call (`calls`).
 pub(crate) trait Handle: Sized {
     /// Moves `self` to the heap and hands ownership to C (freed by its `*_free`).
     fn into_raw(self) -> *mut Self {
-        Box::into_raw(Box::new(self))
+        calls::into_raw(self).cast()
     }
 }
 
@@ -134,15 +137,22 @@ impl<'a> Caller<'a> {
 
     /// Borrows a required handle argument for a call that modifies it.
     pub(crate) fn handle_mut<T: Handle>(self, p: *mut T, name: &str) -> FfiResult<&'a mut T> {
-        // SAFETY: the token's contract: `p` is NULL or a live handle that no other
-        // thread uses during the call (the entry point documents it).
-        unsafe { p.as_mut() }.ok_or_else(|| Failure::null(name))
+        // SAFETY: the token's contract: `p` is NULL or a live handle (a slot made by
+        // `Handle::into_raw`) that no other thread uses during the call (the entry
+        // point documents it).
+        let slot = unsafe { p.cast::<Slot<T>>().as_mut() }.ok_or_else(|| Failure::null(name))?;
+        calls::enter(slot);
+        Ok(&mut slot.value)
     }
 
-    /// Borrows an optional handle argument (NULL gives `None`).
+    /// Borrows an optional handle argument (NULL gives `None`), counted as in use by
+    /// this call until it returns.
     pub(crate) fn opt_handle<T: Handle>(self, p: *const T) -> Option<&'a T> {
-        // SAFETY: the token's contract: `p` is NULL or a live handle for the call.
-        unsafe { p.as_ref() }
+        // SAFETY: the token's contract: `p` is NULL or a live handle (a slot made by
+        // `Handle::into_raw`) for the call.
+        let slot = unsafe { p.cast::<Slot<T>>().as_ref() }?;
+        calls::enter(slot);
+        Some(&slot.value)
     }
 
     /// Borrows an array of `n` handles (`name[i]` names a NULL element).
@@ -150,14 +160,28 @@ impl<'a> Caller<'a> {
         self.slice(p, n, name)?.iter().enumerate().map(|(i, &h)| self.handle(h, &format!("{name}[{i}]"))).collect()
     }
 
-    /// Takes a handle back from C and drops it; NULL does nothing.
+    /// Takes a handle back from C and drops it once no call uses it (waiting for
+    /// the calls of other threads; deferred to the end of a call of this thread that
+    /// uses it, such as a callback freeing its caller's handle); NULL does nothing.
     pub(crate) fn free<T: Handle>(self, p: *mut T) -> FfiResult<()> {
         if !p.is_null() {
             // SAFETY: the token's contract for a `*_free`: `p` came from
-            // `Handle::into_raw`, is freed once and is used by no other thread.
-            drop(unsafe { Box::from_raw(p) });
+            // `Handle::into_raw` (a slot), is freed once and no call starts using it
+            // after this free.
+            unsafe { calls::free(p.cast::<Slot<T>>()) };
         }
         Ok(())
+    }
+
+    /// Takes ownership of a handle that C hands over (a callback's out-parameter,
+    /// such as the binding a guard observed); NULL gives `None`.
+    ///
+    /// # Safety
+    /// `p` is NULL or a handle made by `Handle::into_raw` whose ownership passes to
+    /// the library: C neither uses nor frees it afterwards.
+    pub(crate) unsafe fn take_handle<T: Handle>(self, p: *mut T) -> Option<T> {
+        // SAFETY: the function's contract.
+        (!p.is_null()).then(|| unsafe { calls::take(p.cast::<Slot<T>>()) })
     }
 
     /// Reads a required NUL-terminated UTF-8 string argument.

@@ -256,9 +256,13 @@ pub unsafe extern "C" fn mws_binding_validate(
 /// Frees a binding handle. `NULL` does nothing. Upload plans created with it do not
 /// borrow it and stay valid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `binding` is NULL or a handle from `mws_binding_new` not yet freed, and no other
-/// thread is using it.
+/// `binding` is NULL or a handle from `mws_binding_new` not yet freed; no call starts
+/// on it once this returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_binding_free(binding: *mut mws_binding) {
     value_call!((), |c| c.free(binding))

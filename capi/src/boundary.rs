@@ -177,7 +177,11 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// The one panic boundary. Runs `body`, catches any panic, and records the message of
 /// a failure as this thread's last error.
 pub(crate) fn run<T>(function: &'static str, body: impl FnOnce() -> FfiResult<T>) -> Result<T, mws_status> {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    crate::calls::begin();
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    // The handles the call borrowed are released (a free deferred to it happens here).
+    crate::calls::end();
+    match outcome {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(failure)) => {
             set_last_error(function, &failure.message);

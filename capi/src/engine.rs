@@ -155,8 +155,13 @@ pub unsafe extern "C" fn mws_transfer_engine_unregister_memory(
 /// Frees an engine handle; NULL does nothing. Loaders and sinks made from it keep
 /// the engine alive.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `engine` is NULL or a live handle not yet freed and not in use by another thread.
+/// `engine` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_engine_free(engine: *mut mws_transfer_engine) {
     value_call!((), |c| c.free(engine))

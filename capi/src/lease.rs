@@ -134,8 +134,13 @@ pub unsafe extern "C" fn mws_registration_lease_is_closed(lease: *const mws_regi
 /// pin quarantined in the store, where `mws_store_pending_registration_count` sees
 /// it). Close explicitly to report another state or to see errors.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `lease` is NULL or a live handle not yet freed, not in use by another thread.
+/// `lease` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_registration_lease_free(lease: *mut mws_registration_lease) {
     value_call!((), |c| c.free(lease))

@@ -7,28 +7,33 @@
 //! - `boundary`: `mws_status`, the thread-local last error, the panic boundary
 //!   (`status_call!` / `value_call!`, which take the entry point's name from the
 //!   function itself) and the version;
-//! - `handles`: every opaque C handle and the Rust value it mirrors, with the
-//!   `handles::Handle` helper (how a handle is created, borrowed and freed);
-//! - one file per C prefix: `mws_placement_*` (`placement`), `mws_placement_builder_*`
-//!   (`placement_builder`),
-//!   `mws_binding_*` (`binding`), `mws_upload_plan_*`
-//!   (`upload_plan`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`), `mws_receipts_*` (`receipts`), `mws_revision_list_*`
-//!   (`revision_list`), `mws_store_*` (`store`),
+//! - `args`: how a handle is created, borrowed and freed (`args::Handle`), and every
+//!   other argument read through the call's `Caller` token;
+//! - `calls`: the calls in flight per handle, so that a `*_free` waits for the calls
+//!   of other threads that use the handle (and one inside such a call, on the same
+//!   thread, is deferred to its end) instead of freeing memory under them;
+//! - one file per C object: `mws_placement_*` (`placement`), `mws_placement_builder_*`
+//!   (`placement_builder`), `mws_binding_*` (`binding`), `mws_upload_plan_*`
+//!   (`upload_plan`), `mws_receipts_*` (`receipts`), `mws_revision_list_*`
+//!   (`revision_list`), `mws_store_*` (`store`; its jobs in `store_jobs`),
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
 //!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
-//!   `mws_loader_*`, `mws_sink_*` and `mws_transfer_engine_*` (`loader`); `mws_io_args`
-//!   (`io_args`);
+//!   `mws_transfer_engine_*` (`engine`), `mws_loader_*` (`loader`), `mws_sink_*`
+//!   (`sink`), `mws_prepared_transfer_*` (`prepared`), `mws_notify_*` and
+//!   `mws_sink_execute_notified` (`notify`), `mws_set_log_callback` (`log`);
+//!   `mws_io_args` (`io_args`); the per-call structs of live transfers (`live`);
 //! - `callbacks`: every C vtable the caller hands us, each translated into the Rust
 //!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
-//!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`);
-//! - `strings`: C strings, (pointer, length) pairs and out-parameters.
+//!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`, engine vtable,
+//!   progress and log callbacks).
 //!
 //! House rules:
 //! - every `extern "C"` body runs inside the boundary, which catches panics (no
 //!   unwinding ever crosses into C) and records the last error message;
-//! - handles are `Box`es made by `handles::Handle::into_raw` and taken back by
-//!   `*_free`; strings handed out are borrowed from the handle that owns them;
+//! - handles are boxed slots made by `args::Handle::into_raw` and taken back by
+//!   `*_free` once no call uses them; strings handed out are borrowed from the
+//!   handle that owns them;
 //! - nothing here validates the domain: a rule enforced here but not in the Rust API
 //!   would be a bug. We only check what C can get wrong and Rust cannot express
 //!   (NULL pointers, UTF-8, (pointer, length) pairs, enum values).
@@ -44,6 +49,7 @@ mod boundary;
 #[macro_use]
 mod args;
 mod binding;
+mod calls;
 pub mod callbacks;
 mod engine;
 mod io_args;

@@ -99,8 +99,13 @@ pub unsafe extern "C" fn mws_load_plan_new(
 
 /// Frees a load plan. `NULL` does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `plan` is NULL or a live handle not yet freed, not in use by another thread.
+/// `plan` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_load_plan_free(plan: *mut mws_load_plan) {
     value_call!((), |c| c.free(plan))

@@ -307,8 +307,13 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
 /// Frees a loader; NULL does nothing. Its prepared transfers stay usable (their steps
 /// then report no progress).
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `loader` is NULL or a live handle not yet freed and not in use by another thread.
+/// `loader` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_free(loader: *mut mws_loader) {
     value_call!((), |c| {

@@ -100,9 +100,13 @@ pub unsafe extern "C" fn mws_placement_from_json(
 /// handle becomes invalid. Bindings and upload plans created with it do not borrow it
 /// and stay valid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `placement` is NULL or a handle from `mws_placement_from_json` not yet freed, and
-/// no other thread is using it.
+/// `placement` is NULL or a handle from `mws_placement_from_json` not yet freed; no
+/// call starts on it once this returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_free(placement: *mut mws_placement) {
     value_call!((), |c| c.free(placement))

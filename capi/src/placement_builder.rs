@@ -328,8 +328,13 @@ pub unsafe extern "C" fn mws_placement_builder_build(
 
 /// Frees a builder (and the fragment ids it lent). NULL does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `builder` is NULL or a live handle not yet freed, not in use by another thread.
+/// `builder` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_placement_builder_free(builder: *mut mws_placement_builder) {
     value_call!((), |c| c.free(builder))

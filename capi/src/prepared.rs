@@ -237,8 +237,13 @@ pub unsafe extern "C" fn mws_prepared_transfer_close(prepared: *const mws_prepar
 /// Frees a prepared transfer (closing it first, as `mws_prepared_transfer_close`,
 /// ignoring a failure); NULL does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `prepared` is NULL or a live handle not yet freed and not in use by another thread.
+/// `prepared` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_prepared_transfer_free(prepared: *mut mws_prepared_transfer) {
     value_call!((), |c| c.free(prepared))

@@ -27,8 +27,13 @@ handle!(mws_receipts);
 
 /// Frees a receipts handle. `NULL` does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `receipts` is NULL or a live handle not yet freed, not in use by another thread.
+/// `receipts` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_receipts_free(receipts: *mut mws_receipts) {
     value_call!((), |c| c.free(receipts))

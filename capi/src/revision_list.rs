@@ -133,8 +133,13 @@ pub unsafe extern "C" fn mws_revision_list_latest_from_store(
 /// Frees a revision list. `NULL` does nothing. Strings borrowed from it become
 /// invalid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `list` is NULL or a live handle not yet freed, not in use by another thread.
+/// `list` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_revision_list_free(list: *mut mws_revision_list) {
     value_call!((), |c| c.free(list))

@@ -281,8 +281,13 @@ pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut m
 /// Frees a sink; NULL does nothing. Its prepared transfers stay usable (their steps
 /// then report no progress).
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `sink` is NULL or a live handle not yet freed and not in use by another thread.
+/// `sink` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_free(sink: *mut mws_sink) {
     value_call!((), |c| {

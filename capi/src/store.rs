@@ -300,8 +300,13 @@ unsafe fn from_vtable(
 /// `destroy`) is released once no writer uses it any more. Strings borrowed from the
 /// handle become invalid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `store` is NULL or a live handle not yet freed, and no other thread is using it.
+/// `store` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_free(store: *mut mws_store) {
     value_call!((), |c| c.free(store))

@@ -114,8 +114,13 @@ pub unsafe extern "C" fn mws_stored_manifest_from_json(
 /// Frees a stored manifest handle. `NULL` does nothing. Load plans made from it do
 /// not borrow it and stay valid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `manifest` is NULL or a live handle not yet freed, not in use by another thread.
+/// `manifest` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_stored_manifest_free(manifest: *mut mws_stored_manifest) {
     value_call!((), |c| c.free(manifest))

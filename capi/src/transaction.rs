@@ -323,8 +323,12 @@ pub unsafe extern "C" fn mws_transaction_finalize(tx: *const mws_transaction) ->
 /// to discard, or later `mws_store_abort_upload` / `mws_store_finalize_upload` with
 /// the plan. The store is released if nothing else uses it.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `tx` is NULL or a live handle not yet freed, not in use by another thread.
+/// `tx` is NULL or a live handle not yet freed; no call starts on it once this returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transaction_free(tx: *mut mws_transaction) {
     value_call!((), |c| c.free(tx))

@@ -555,8 +555,13 @@ pub unsafe extern "C" fn mws_transfer_plan_executor(
 
 /// Frees a plan handle; NULL does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `plan` is NULL or a live handle not yet freed and not in use by another thread.
+/// `plan` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_plan_free(plan: *mut mws_transfer_plan) {
     value_call!((), |c| c.free(plan))

@@ -157,9 +157,13 @@ pub unsafe extern "C" fn mws_upload_plan_new(
 /// Frees an upload plan handle. `NULL` does nothing. Every string borrowed from it
 /// becomes invalid.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed, and no other thread
-/// is using it.
+/// `plan` is NULL or a handle from `mws_upload_plan_new` not yet freed; no call starts
+/// on it once this returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_upload_plan_free(plan: *mut mws_upload_plan) {
     value_call!((), |c| c.free(plan))

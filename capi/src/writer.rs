@@ -203,8 +203,13 @@ pub unsafe extern "C" fn mws_writer_upload_plan(
 /// Frees a writer. `NULL` does nothing. An open writer is aborted first (best effort,
 /// errors are dropped; see `mws_writer`).
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `writer` is NULL or a live handle not yet freed, not in use by another thread.
+/// `writer` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_writer_free(writer: *mut mws_writer) {
     value_call!((), |c| c.free(writer))

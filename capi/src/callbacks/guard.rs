@@ -117,8 +117,8 @@ impl CGuard {
         let acquire = self.acquire.expect("checked at construction");
         // SAFETY: the guard vtable's checked `acquire` callback over the caller's `ctx`; every pointer passed points to a live local or to strings that outlive the call.
         let code = unsafe { acquire(self.ctx.0, tid.as_ptr(), pid, list, n, &mut observed, &mut token) };
-        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new`, whose ownership passes to us (the guard contract).
-        let observed = if observed.is_null() { None } else { Some(unsafe { Box::from_raw(observed) }) };
+        // SAFETY: a non-NULL `observed` is a binding the callback created with `mws_binding_new` (or `_clone`), whose ownership passes to us (the guard contract); the token: this runs inside the entry point whose guard it is.
+        let observed = unsafe { Caller::trusted().take_handle(observed) }.map(Box::new);
         if code != 0 {
             return Err(acquire_failed(code));
         }
