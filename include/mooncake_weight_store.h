@@ -162,6 +162,18 @@
 #define MWS_NOTIFY_MISROUTED 7
 
 /**
+ * Refused: a `begin` of a new transfer from a writer that already began
+ * `MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER` under this acceptor (its replay memory is
+ * bounded); bind a new acceptor.
+ */
+#define MWS_NOTIFY_TOO_MANY 8
+
+/**
+ * The transfers one writer may begin under one acceptor (`MWS_NOTIFY_TOO_MANY`).
+ */
+#define MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER 1024
+
+/**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
  */
 #define MWS_STAGING_OFF UINT64_MAX
@@ -3017,7 +3029,8 @@ enum mws_status mws_notify_acceptor_new(const struct mws_transfer_plan *plan,
  *
  * Errors: `MWS_NULL_ARGUMENT`; refusals: `MWS_INVALID_ARGUMENT` (malformed,
  * truncated, misrouted), `MWS_INTEGRITY` (forged), `MWS_CONFLICT` (replayed),
- * `MWS_STALE_BINDING` (stale, other plan); the message says exactly why. Thread
+ * `MWS_STALE_BINDING` (stale, other plan), `MWS_LIMIT_EXCEEDED` (too many); the
+ * message says exactly why. Thread
  * safety: any thread; concurrent calls are serialized.
  *
  * # Safety
@@ -3046,8 +3059,13 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
 /**
  * Frees an acceptor; NULL does nothing.
  *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
  * # Safety
- * `acceptor` is NULL or a live handle not yet freed and not in use by another thread.
+ * `acceptor` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
  */
 void mws_notify_acceptor_free(struct mws_notify_acceptor *acceptor);
 

@@ -379,6 +379,41 @@ fn forged_truncated_stale_and_misrouted_messages_change_nothing() {
     refuse(&mut acc2, &msgs[1], NotifyRefusal::Stale, "superseded");
 }
 
+/// Issue 43: the acceptor's replay memory is bounded. 100,000 distinct `begin`
+/// messages of one writer used to be remembered (+33 MiB); now a writer may begin
+/// `MAX_TRANSFERS_PER_WRITER` transfers under one acceptor, later ones are refused
+/// (`TooMany`) and change nothing, and the genuine transfer is still accepted.
+#[test]
+fn the_replay_memory_of_an_acceptor_is_bounded_per_writer() {
+    use mooncake_weight_store::protocol::transfer::notify::MAX_TRANSFERS_PER_WRITER;
+    let key = [0x5au8; 32];
+    let live = Live::new(4);
+    let engine = Notifying::new(FakeEngine::ticketed());
+    let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
+    live.push(&ex, Some(&key), 0, None).unwrap();
+    let msgs = engine.take(&endpoint(0));
+    let begin = decode(&msgs[0], Some(&key)).unwrap();
+    let mut acc = live.acceptor(0, Some(&key));
+    let mut m = begin.clone();
+    for i in 0..MAX_TRANSFERS_PER_WRITER - 1 {
+        m.transfer_id = format!("flood-{i}");
+        acc.accept(&encode(&m, Some(&key))).unwrap();
+    }
+    acc.accept(&msgs[0]).unwrap(); // the last one it remembers: the genuine begin
+    let torn = acc.outcome();
+    for i in 0..2000 {
+        m.transfer_id = format!("more-{i}");
+        let e = acc.accept(&encode(&m, Some(&key))).unwrap_err();
+        assert_eq!(e.refusal, NotifyRefusal::TooMany, "{e}");
+        assert!(e.message.contains("bind a new acceptor"), "{e}");
+        assert_eq!(mooncake_weight_store::Error::from(e).kind(), mooncake_weight_store::ErrorKind::LimitExceeded);
+    }
+    assert_eq!(acc.outcome(), torn, "refused begins change nothing");
+    acc.accept(&msgs[1]).unwrap(); // done of the genuine transfer: still accepted
+    let e = acc.accept(&msgs[0]).unwrap_err();
+    assert_eq!(e.refusal, NotifyRefusal::Replayed, "and its replay still refused: {e}");
+}
+
 #[test]
 fn both_sides_compute_the_same_plan_identity_from_json() {
     let live = Live::new(1);

@@ -38,6 +38,16 @@ pub const MWS_NOTIFY_STALE: u32 = 5;
 pub const MWS_NOTIFY_OTHER_PLAN: u32 = 6;
 /// Refused: addressed to another target participant.
 pub const MWS_NOTIFY_MISROUTED: u32 = 7;
+/// Refused: a `begin` of a new transfer from a writer that already began
+/// `MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER` under this acceptor (its replay memory is
+/// bounded); bind a new acceptor.
+pub const MWS_NOTIFY_TOO_MANY: u32 = 8;
+/// The transfers one writer may begin under one acceptor (`MWS_NOTIFY_TOO_MANY`).
+pub const MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER: u32 = 1024;
+const _: () = assert!(
+    MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER as usize == mws::protocol::transfer::notify::MAX_TRANSFERS_PER_WRITER
+        && MWS_NOTIFY_TOO_MANY == mws::protocol::transfer::notify::NotifyRefusal::TooMany as u32
+);
 
 /// A participant's outcome for the acceptor's generation, from the notifications
 /// accepted so far.
@@ -136,7 +146,8 @@ pub unsafe extern "C" fn mws_notify_acceptor_new(
 ///
 /// Errors: `MWS_NULL_ARGUMENT`; refusals: `MWS_INVALID_ARGUMENT` (malformed,
 /// truncated, misrouted), `MWS_INTEGRITY` (forged), `MWS_CONFLICT` (replayed),
-/// `MWS_STALE_BINDING` (stale, other plan); the message says exactly why. Thread
+/// `MWS_STALE_BINDING` (stale, other plan), `MWS_LIMIT_EXCEEDED` (too many); the
+/// message says exactly why. Thread
 /// safety: any thread; concurrent calls are serialized.
 ///
 /// # Safety
@@ -189,8 +200,13 @@ pub unsafe extern "C" fn mws_notify_acceptor_outcome(
 
 /// Frees an acceptor; NULL does nothing.
 ///
+/// Thread safety: waits for the calls on the handle that other threads are running;
+/// from inside such a call on the same thread (a callback), the handle is freed when
+/// that call returns.
+///
 /// # Safety
-/// `acceptor` is NULL or a live handle not yet freed and not in use by another thread.
+/// `acceptor` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_notify_acceptor_free(acceptor: *mut mws_notify_acceptor) {
     value_call!((), |c| c.free(acceptor))

@@ -26,7 +26,7 @@ _p = c_void_p
 
 #: ``mws_notify_acceptor_accept`` verdicts, by number.
 VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "replayed", 5: "stale",
-            6: "other_plan", 7: "misrouted"}
+            6: "other_plan", 7: "misrouted", 8: "too_many"}
 
 
 class mws_notify_outcome(_lib.CStruct):
@@ -76,7 +76,7 @@ class NotifyAcceptor(OwnedHandle):
         plan, a short key or a participant that is not a target of the plan."""
         out = _p()
         k = bytes(key) if key else None
-        call("mws_notify_acceptor_new", plan.handle, cstr(participant, "participant"), k, len(k) if k else 0,
+        call("mws_notify_acceptor_new", plan, cstr(participant, "participant"), k, len(k) if k else 0,
              ctypes.byref(out))
         super().__init__(out.value)
 
@@ -85,12 +85,12 @@ class NotifyAcceptor(OwnedHandle):
         verdict other than ``accepted`` (never raised) and changes nothing."""
         v = c_uint32(0)
         o = mws_notify_outcome()
-        st = LIB.fn("mws_notify_acceptor_accept")(self.handle, bytes(message), len(message), ctypes.byref(v),
+        st = LIB.fn("mws_notify_acceptor_accept")(self, bytes(message), len(message), ctypes.byref(v),
                                                    ctypes.byref(o))
         why = _lib.last_error() if st != 0 else ""
         return VERDICTS.get(v.value, str(v.value)), _outcome(o), why
 
     def outcome(self) -> NotifyOutcome:
         o = mws_notify_outcome()
-        call("mws_notify_acceptor_outcome", self.handle, ctypes.byref(o))
+        call("mws_notify_acceptor_outcome", self, ctypes.byref(o))
         return _outcome(o)

@@ -104,7 +104,17 @@ pub enum NotifyRefusal {
     OtherPlan = 6,
     /// Addressed to another target participant.
     Misrouted = 7,
+    /// A `begin` of a new transfer from a writer that already began
+    /// [`MAX_TRANSFERS_PER_WRITER`] under this acceptor (what an acceptor remembers
+    /// to refuse replays is bounded; bind a new acceptor, as the next generation does).
+    TooMany = 8,
 }
+
+/// The transfers one writer may begin under one acceptor (one plan, one generation):
+/// the acceptor remembers each to refuse its replay, so its memory is bounded by this
+/// times the plan's writers. A sink begins one transfer per call, so a generation's
+/// retries stay far below it.
+pub const MAX_TRANSFERS_PER_WRITER: usize = 1024;
 
 impl NotifyRefusal {
     /// The library error kind of this refusal.
@@ -116,6 +126,7 @@ impl NotifyRefusal {
             NotifyRefusal::Forged => ErrorKind::Integrity,
             NotifyRefusal::Replayed => ErrorKind::Conflict,
             NotifyRefusal::Stale | NotifyRefusal::OtherPlan => ErrorKind::StaleBinding,
+            NotifyRefusal::TooMany => ErrorKind::LimitExceeded,
         }
     }
 }
@@ -583,6 +594,8 @@ pub struct NotifyAcceptor {
     writers: BTreeMap<(String, String), (u64, u64, String)>,
     state: BTreeMap<(String, String), WriterState>,
     seen: BTreeSet<(NotifyKind, String, String, String)>,
+    /// Transfers each writer began (at most [`MAX_TRANSFERS_PER_WRITER`]).
+    begun: BTreeMap<(String, String), usize>,
 }
 
 impl NotifyAcceptor {
@@ -612,6 +625,7 @@ impl NotifyAcceptor {
             writers,
             state: BTreeMap::new(),
             seen: BTreeSet::new(),
+            begun: BTreeMap::new(),
         })
     }
 
@@ -722,6 +736,20 @@ impl NotifyAcceptor {
                     ))
                 }
             }
+        }
+        if kind == NotifyKind::Begin {
+            let n = self.begun.entry(who.clone()).or_default();
+            if *n >= MAX_TRANSFERS_PER_WRITER {
+                return Err(NotifyError::new(
+                    NotifyRefusal::TooMany,
+                    format!(
+                        "({}, {}) already began {MAX_TRANSFERS_PER_WRITER} transfers under this acceptor (the most \
+                         it remembers); bind a new acceptor",
+                        who.0, who.1
+                    ),
+                ));
+            }
+            *n += 1;
         }
         self.seen.insert(key);
         let next = match kind {
