@@ -15,8 +15,11 @@ Library lookup order (first hit wins):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import functools
+import inspect
 import os
 import threading
 from ctypes import (
@@ -35,7 +38,7 @@ from ctypes import (
 )
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from .errors import (ArgumentError, LibraryNotFoundError, MissingSymbolError, MwsError, OutOfRangeError, Status,
                      error_for_status)
@@ -99,19 +102,52 @@ class CStruct(Structure):
 
 
 def _checked(name: str, f: Any) -> Any:
-    """``f`` with its integer arguments range-checked against its argtypes."""
+    """``f`` with its integer arguments range-checked against its argtypes, and its
+    handle arguments held in use for the call: an :class:`OwnedHandle` (or a
+    :func:`handle_array` of them) passed as an argument is replaced by its handle, and
+    its :meth:`~OwnedHandle.close` waits until the call has returned."""
     ranges = [(i, t) for i, t in enumerate(f.argtypes or ()) if _int_range(t) is not None]
-    if not ranges:
-        return f
 
     def call_checked(*args: Any) -> Any:
         for i, t in ranges:
             if i < len(args):
                 check_int(args[i], t, f"{name} argument {i + 1}")
-        return f(*args)
+        held: List[OwnedHandle] = []
+        try:
+            if any(isinstance(a, OwnedHandle) or hasattr(a, "_mws_owners") for a in args):
+                args = tuple(_enter_arg(a, held) for a in args)
+            return f(*args)
+        finally:
+            for h in reversed(held):
+                h._leave()
 
     call_checked.__name__ = name
     return call_checked
+
+
+def _enter_arg(a: Any, held: List["OwnedHandle"]) -> Any:
+    """The C value of one argument: a handle object's handle (held in use), a handle
+    array filled with its objects' handles (each held), anything else as it is."""
+    if isinstance(a, OwnedHandle):
+        h = a._enter()
+        held.append(a)
+        return h
+    owners = getattr(a, "_mws_owners", None)
+    if owners is not None:
+        for i, o in enumerate(owners):
+            if o is not None:
+                a[i] = o._enter()
+                held.append(o)
+    return a
+
+
+def handle_array(objects: Sequence[Optional["OwnedHandle"]]) -> Any:
+    """A C array (``void **``) of the handles of ``objects`` (``None``: NULL) for one
+    library call: passed to a function bound by ``LIB.fn``, each object is held in
+    use for the call (its handle is written into the array then)."""
+    arr = (c_void_p * max(len(objects), 1))()
+    arr._mws_owners = list(objects)
+    return arr
 
 
 class mws_binding_options(CStruct):
@@ -759,12 +795,13 @@ def call(name: str, *args: Any) -> None:
 def borrowed_str(name: str, handle: Any) -> str:
     """Calls a ``const char *f(handle, size_t *len)`` accessor and decodes the result
     (length-aware, so an interior NUL is kept)."""
-    n = c_size_t(0)
-    ptr = LIB.fn(name)(handle, ctypes.byref(n))
-    if not ptr:
-        msg = last_error()
-        raise error_for_status(Status.NULL_ARGUMENT, msg or f"{name} returned NULL")
-    return ctypes.string_at(ptr, n.value).decode("utf-8")
+    with handle._use() if isinstance(handle, OwnedHandle) else contextlib.nullcontext():
+        n = c_size_t(0)
+        ptr = LIB.fn(name)(handle, ctypes.byref(n))
+        if not ptr:
+            msg = last_error()
+            raise error_for_status(Status.NULL_ARGUMENT, msg or f"{name} returned NULL")
+        return ctypes.string_at(ptr, n.value).decode("utf-8")
 
 
 _Self = TypeVar("_Self", bound="OwnedHandle")
@@ -788,6 +825,19 @@ class OwnedHandle:
     * :meth:`_after_free`: releases what the object owns beside the handle once the
       library no longer uses it (buffer exports, buried vtable bridges).
 
+    Lifetimes and threads (the rule of every handle):
+
+    * **No free under a running call.** A library call that takes this object (not
+      its bare ``handle``) as an argument holds it in use until it returns;
+      :meth:`close` from another thread waits for those calls, and a close from
+      inside one of them (a callback on the same thread) is done when that call
+      returns. No call starts once :meth:`close` was called (``ArgumentError``:
+      "<what> is closed").
+    * **No free under a borrower.** A handle kept by another (``keep``: the bindings
+      of a prepared transfer, a plan's placements, ...) is lent to it: closing it
+      refuses further calls at once, but the free (and :meth:`_after_free`, which
+      releases buffer exports) waits until every handle that keeps it is freed.
+
     :meth:`close` is the public way to free (a subclass whose ``close`` means
     something else, e.g. closing a lease, frees with :meth:`_free`);
     ``__del__`` always frees with :meth:`_free` and never raises. A handle
@@ -800,36 +850,136 @@ class OwnedHandle:
     #: the word in "<what> is <gone>" once the handle was freed
     _GONE = "closed"
     _FREE_ON_EXIT = True
+    #: public methods that run without holding the handle (close itself; calls that
+    #: must reach a handle while another call runs, such as cancel)
+    _UNHELD: Tuple[str, ...] = ("close",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every public method and property of a subclass holds the handle in use
+        while it runs (see the class), so that what it reads from the handle after a
+        library call (a report, a lent string) cannot be freed by a concurrent
+        :meth:`close`."""
+        super().__init_subclass__(**kwargs)
+        for name, attr in list(vars(cls).items()):
+            if name.startswith("_") or name in cls._UNHELD:
+                continue
+            if isinstance(attr, property) and attr.fget is not None:
+                setattr(cls, name, property(_held(attr.fget), attr.fset, attr.fdel, attr.__doc__))
+            elif inspect.isfunction(attr):
+                setattr(cls, name, _held(attr))
 
     def __init__(self, handle: Optional[int] = None, keep: Iterable[object] = ()) -> None:
         self._h: Optional[int] = handle or None
-        self._keep: List[object] = list(keep)
+        self._keep: List[object] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._calls: Dict[int, int] = {}  # thread id -> calls of that thread holding the handle
+        self._closing = False  # close() was called: no new call
+        self._borrowers = 0  # handles keeping this one (see _keep_alive)
+        self._waiting = 0  # closes waiting for the calls to return (they free it)
+        self._keep_alive(*keep)
 
     def _adopt(self, handle: Optional[int]) -> None:
         """Takes ownership of ``handle`` (created after ``__init__``)."""
         self._h = handle or None
 
     def _keep_alive(self, *objects: object) -> None:
-        """References ``objects`` until the handle is freed."""
+        """References ``objects`` until the handle is freed; a kept handle is lent to
+        this one (its free waits for this one's)."""
+        for o in objects:
+            if isinstance(o, OwnedHandle):
+                with o._cv:
+                    o._borrowers += 1
         self._keep.extend(objects)
 
     @property
     def handle(self) -> int:
-        if self._h is None:
+        """The raw handle (for code that calls the library itself: pass the object to
+        a ``LIB.fn`` function instead, which holds it in use for the call)."""
+        h = self._h
+        if h is None or self._closing:
             raise ArgumentError(f"{self._WHAT} is {self._GONE}")
-        return self._h
+        return h
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[int]:
+        """Holds the handle in use for a block (its handle; ``ArgumentError`` when
+        closed)."""
+        h = self._enter()
+        try:
+            yield h
+        finally:
+            self._leave()
+
+    def _enter(self) -> int:
+        """Holds the handle in use by one call of this thread (see :meth:`_leave`)."""
+        with self._cv:
+            if self._h is None or self._closing:
+                raise ArgumentError(f"{self._WHAT} is {self._GONE}")
+            t = threading.get_ident()
+            self._calls[t] = self._calls.get(t, 0) + 1
+            return self._h
+
+    def _leave(self) -> None:
+        """Ends one call's use; the last one does a free that waited for it."""
+        with self._cv:
+            t = threading.get_ident()
+            n = self._calls.get(t, 0) - 1
+            if n > 0:
+                self._calls[t] = n
+            else:
+                self._calls.pop(t, None)
+            ready = (self._closing and not self._calls and not self._borrowers and not self._waiting
+                     and self._h is not None)
+            self._cv.notify_all()
+        if ready:
+            self._release()
+
+    def _returned(self) -> None:
+        """A handle that kept this one was freed; the last does a deferred free."""
+        with self._cv:
+            self._borrowers -= 1
+            ready = (self._closing and not self._calls and not self._borrowers and not self._waiting
+                     and self._h is not None)
+        if ready:
+            self._release()
 
     def _free(self) -> None:
-        """Frees the handle (once; later calls do nothing), then releases the kept
-        objects and runs :meth:`_after_free`."""
-        h, self._h = self._h, None
+        """Frees the handle once no call and no borrower uses it (once; later calls
+        do nothing), then releases the kept objects and runs :meth:`_after_free`.
+        Waits for the calls of other threads; from inside a call of this thread, or
+        while borrowed, the free happens when the last of them ends."""
+        with self._cv:
+            if self._h is None:
+                return
+            self._closing = True
+            if threading.get_ident() in self._calls or self._borrowers:
+                return  # done by the last _leave / _returned
+            self._waiting += 1
+            try:
+                while self._calls:
+                    self._cv.wait()
+            finally:
+                self._waiting -= 1
+            if self._borrowers:
+                return  # lent while waiting: done by the last _returned
+        self._release()
+
+    def _release(self) -> None:
+        """The free itself: at most once, with no call and no borrower left."""
+        with self._cv:
+            h, self._h = self._h, None
+        if not h:
+            return
+        keep, self._keep = self._keep, []
         try:
-            if h:
-                LIB.fn(self._FREE)(h)
+            LIB.fn(self._FREE)(h)
         finally:
-            self._keep = []
-            if h:
+            try:
                 self._after_free()
+            finally:
+                for o in keep:
+                    if isinstance(o, OwnedHandle):
+                        o._returned()
 
     def _after_free(self) -> None:
         """Hook: runs once, right after the handle was freed."""
@@ -838,7 +988,7 @@ class OwnedHandle:
         """Hook: runs when a ``with`` block ends, before the free."""
 
     def close(self) -> None:
-        """Frees the handle (idempotent)."""
+        """Frees the handle (idempotent; see the class for when the free happens)."""
         self._free()
 
     def __enter__(self: _Self) -> _Self:
@@ -854,12 +1004,31 @@ class OwnedHandle:
 
     def __del__(self) -> None:
         try:
-            self._free()
+            if getattr(self, "_cv", None) is not None:
+                self._free()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 
     def _s(self, name: str) -> str:
-        return borrowed_str(name, self.handle)
+        return borrowed_str(name, self)
+
+
+def _held(f: Any) -> Any:
+    """``f`` (a method of an :class:`OwnedHandle`) holding its handle in use while it
+    runs; on a closed handle it runs as it is (and fails where it needs the handle)."""
+
+    @functools.wraps(f)
+    def held(self: "OwnedHandle", *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._enter()
+        except ArgumentError:
+            return f(self, *args, **kwargs)
+        try:
+            return f(self, *args, **kwargs)
+        finally:
+            self._leave()
+
+    return held
 
 
 def cstr(s: Optional[str], what: str = "string") -> Optional[bytes]:

@@ -192,14 +192,14 @@ class Binding(OwnedHandle):
             memory_kind=int(memory_kind),
             device_ordinal=device_ordinal,
         )
-        call("mws_binding_add_fragment", self.handle, ctypes.byref(frag))
+        call("mws_binding_add_fragment", self, ctypes.byref(frag))
         self.addresses[placement_fragment_id] = address
         self.fragment_ids[placement_fragment_id] = runtime_id
         self.buffers.setdefault(placement_fragment_id, address)
 
     @property
     def fragment_count(self) -> int:
-        return int(LIB.fn("mws_binding_fragment_count")(self.handle))
+        return int(LIB.fn("mws_binding_fragment_count")(self))
 
     def __len__(self) -> int:
         return self.fragment_count
@@ -207,7 +207,7 @@ class Binding(OwnedHandle):
     def validate(self, placement: Optional[Placement] = None) -> None:
         """Checks the binding is complete and pairs with ``placement`` (default: its
         own). Raises :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
-        call("mws_binding_validate", (placement or self.placement).handle, self.handle)
+        call("mws_binding_validate", (placement or self.placement), self)
 
     def _after_free(self) -> None:
         """Releases the buffer exports (:meth:`close` frees the handle first)."""

@@ -75,7 +75,7 @@ class GuardBridge:
             if seen is not None:
                 # The library takes ownership of what it is given: a copy.
                 copy = ctypes.c_void_p()
-                _lib.call("mws_binding_clone", seen.handle, ctypes.byref(copy))
+                _lib.call("mws_binding_clone", seen, ctypes.byref(copy))
                 observed[0] = copy.value
             token[0] = int(tok or 0) & ((1 << 64) - 1)
             return 0

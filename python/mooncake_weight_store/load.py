@@ -81,26 +81,26 @@ class LoadPlan(OwnedHandle):
     ) -> "LoadPlan":
         """Plans the restore of ``manifest`` into ``target`` for the participants of
         ``bindings`` (all, or the caller's subset). Pure: no store I/O."""
-        arr = (ctypes.c_void_p * len(bindings))(*[b.handle for b in bindings])
+        arr = _lib.handle_array(bindings)
         lim = ctypes.byref(limits.to_c()) if limits is not None else None
         out = ctypes.c_void_p()
-        call("mws_load_plan_new", manifest.handle, target.handle, arr, len(bindings), lim, ctypes.byref(out))
+        call("mws_load_plan_new", manifest, target, arr, len(bindings), lim, ctypes.byref(out))
         return cls(out.value, bindings)
 
     @property
     def region_count(self) -> int:
-        return int(LIB.fn("mws_load_plan_region_count")(self.handle))
+        return int(LIB.fn("mws_load_plan_region_count")(self))
 
     @property
     def total_bytes(self) -> int:
-        return int(LIB.fn("mws_load_plan_total_bytes")(self.handle))
+        return int(LIB.fn("mws_load_plan_total_bytes")(self))
 
     def participants(self) -> List[str]:
-        n = int(LIB.fn("mws_load_plan_participant_count")(self.handle))
+        n = int(LIB.fn("mws_load_plan_participant_count")(self))
         out = []
         for i in range(n):
             size = ctypes.c_size_t(0)
-            ptr = LIB.fn("mws_load_plan_participant")(self.handle, i, ctypes.byref(size))
+            ptr = LIB.fn("mws_load_plan_participant")(self, i, ctypes.byref(size))
             if not ptr:
                 _lib.check(int(_lib.Status.INVALID_ARGUMENT))
             out.append(ctypes.string_at(ptr, size.value).decode("utf-8"))

@@ -149,22 +149,22 @@ class StoredManifest(OwnedHandle):
     @property
     def weight_generation(self) -> int:
         """The weight generation."""
-        return int(LIB.fn("mws_stored_manifest_weight_generation")(self.handle))
+        return int(LIB.fn("mws_stored_manifest_weight_generation")(self))
 
     @property
     def tensor_count(self) -> int:
         """Number of tensors."""
-        return int(LIB.fn("mws_stored_manifest_tensor_count")(self.handle))
+        return int(LIB.fn("mws_stored_manifest_tensor_count")(self))
 
     @property
     def fragment_count(self) -> int:
         """Number of stored fragments."""
-        return int(LIB.fn("mws_stored_manifest_fragment_count")(self.handle))
+        return int(LIB.fn("mws_stored_manifest_fragment_count")(self))
 
     @property
     def total_bytes(self) -> int:
         """Sum of the stored fragments' sizes in bytes."""
-        return int(LIB.fn("mws_stored_manifest_total_bytes")(self.handle))
+        return int(LIB.fn("mws_stored_manifest_total_bytes")(self))
 
     def fragment(self, index: int) -> StoredFragment:
         """Stored fragment ``index`` (manifest order). Raises
@@ -175,7 +175,7 @@ class StoredManifest(OwnedHandle):
         if index < 0:
             raise OutOfRangeError(f"fragment index {index} is out of range")
         info = _lib.mws_stored_fragment_info()
-        call("mws_stored_manifest_fragment", self.handle, index, ctypes.byref(info))
+        call("mws_stored_manifest_fragment", self, index, ctypes.byref(info))
         nd = info.ndim
         return StoredFragment(
             fragment_id=info.fragment_id.decode("utf-8"),

@@ -195,7 +195,7 @@ class PlacementBuilder(OwnedHandle):
 
     def add_participant(self, participant_id: str, rank: Rank) -> "PlacementBuilder":
         r = _lib.mws_rank(rank.dp, rank.pp, rank.ep, rank.tp)
-        call("mws_placement_builder_add_participant", self.handle, _lib.cstr(participant_id, "participant_id"),
+        call("mws_placement_builder_add_participant", self, _lib.cstr(participant_id, "participant_id"),
              ctypes.byref(r))
         self.participants[participant_id] = rank
         return self
@@ -223,7 +223,7 @@ class PlacementBuilder(OwnedHandle):
             _lib.cstr(spec.layout_fingerprint, "layout_fingerprint"),
             ctypes.cast(axes, ctypes.POINTER(_lib.mws_parallel_axis)), len(spec.parallel_axes),
             _opt_u64(spec.layer_id), _opt_u64(spec.expert_id))
-        call("mws_placement_builder_add_tensor", self.handle, ctypes.byref(c))
+        call("mws_placement_builder_add_tensor", self, ctypes.byref(c))
         self.tensors[spec.tensor_id] = spec
         return self
 
@@ -252,7 +252,7 @@ class PlacementBuilder(OwnedHandle):
             len(names), _lib.cstr(placement_fragment_id, "placement_fragment_id"))
         idp = ctypes.c_void_p()
         n = ctypes.c_size_t()
-        call("mws_placement_builder_add_fragment", self.handle, ctypes.byref(c), ctypes.byref(idp), ctypes.byref(n))
+        call("mws_placement_builder_add_fragment", self, ctypes.byref(c), ctypes.byref(idp), ctypes.byref(n))
         fid = ctypes.string_at(cast(int, idp.value), n.value).decode("utf-8")
         self.fragment_ids.append(fid)
         return fid
@@ -292,7 +292,7 @@ class PlacementBuilder(OwnedHandle):
     def build(self) -> "Placement":
         """Validates and builds the placement (the builder stays usable)."""
         out = ctypes.c_void_p()
-        call("mws_placement_builder_build", self.handle, ctypes.byref(out))
+        call("mws_placement_builder_build", self, ctypes.byref(out))
         return Placement(out.value)
 
     def to_json(self) -> str:
@@ -383,24 +383,24 @@ class Placement(OwnedHandle):
 
     @property
     def weight_generation(self) -> int:
-        return int(LIB.fn("mws_placement_weight_generation")(self.handle))
+        return int(LIB.fn("mws_placement_weight_generation")(self))
 
     @property
     def participant_count(self) -> int:
-        return int(LIB.fn("mws_placement_participant_count")(self.handle))
+        return int(LIB.fn("mws_placement_participant_count")(self))
 
     @property
     def tensor_count(self) -> int:
-        return int(LIB.fn("mws_placement_tensor_count")(self.handle))
+        return int(LIB.fn("mws_placement_tensor_count")(self))
 
     def fragments(self) -> List[FragmentInfo]:
         """All fragments, ordered by participant id then fragment id."""
         if self._fragments is None:
-            n = int(LIB.fn("mws_placement_fragment_count")(self.handle))
+            n = int(LIB.fn("mws_placement_fragment_count")(self))
             out = []
             for i in range(n):
                 info = _lib.mws_placement_fragment_info()
-                call("mws_placement_fragment", self.handle, i, ctypes.byref(info))
+                call("mws_placement_fragment", self, i, ctypes.byref(info))
                 nd = info.ndim
                 out.append(
                     FragmentInfo(
@@ -423,7 +423,7 @@ class Placement(OwnedHandle):
         if index < 0:
             raise OutOfRangeError(f"fragment index {index} is out of range")
         info = _lib.mws_placement_fragment_info()
-        call("mws_placement_fragment", self.handle, index, ctypes.byref(info))
+        call("mws_placement_fragment", self, index, ctypes.byref(info))
         return self.fragments()[index]
 
     def participant_fragments(self, participant_id: str) -> List[FragmentInfo]:

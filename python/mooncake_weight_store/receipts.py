@@ -6,6 +6,7 @@ import ctypes
 import json
 from typing import TYPE_CHECKING, Iterable, List, TypedDict, Union, cast
 
+from . import _lib
 from ._lib import LIB, OwnedHandle, borrowed_str, call
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +48,7 @@ class Receipts(OwnedHandle):
     @classmethod
     def concat(cls, parts: Iterable["Receipts"]) -> "Receipts":
         items = list(parts)
-        arr = (ctypes.c_void_p * len(items))(*[r.handle for r in items])
+        arr = _lib.handle_array(items)
         out = ctypes.c_void_p()
         call("mws_receipts_concat", arr, len(items), ctypes.byref(out))
         return cls(out.value)
@@ -57,11 +58,11 @@ class Receipts(OwnedHandle):
         """The receipts of every operation of ``plan`` (to retry a commit after a
         coordinator crash)."""
         out = ctypes.c_void_p()
-        call("mws_receipts_from_plan", plan.handle, ctypes.byref(out))
+        call("mws_receipts_from_plan", plan, ctypes.byref(out))
         return cls(out.value)
 
     def to_json(self) -> str:
-        return borrowed_str("mws_receipts_to_json", self.handle)
+        return borrowed_str("mws_receipts_to_json", self)
 
     def items(self) -> List[ReceiptWire]:
         """The receipts as dicts (``fragment_id``, ``object_key``, ``worker_id``)."""
@@ -69,7 +70,7 @@ class Receipts(OwnedHandle):
         return cast(List[ReceiptWire], list(doc["receipts"]) if isinstance(doc, dict) else list(doc))
 
     def __len__(self) -> int:
-        return int(LIB.fn("mws_receipts_count")(self.handle))
+        return int(LIB.fn("mws_receipts_count")(self))
 
 
     def __repr__(self) -> str:

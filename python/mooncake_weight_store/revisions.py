@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from . import _lib
 from ._lib import LIB, OwnedHandle, call, cstr
@@ -66,9 +66,9 @@ class _RevisionList(OwnedHandle):
 
     def items(self, namespace: str, resource_id: str) -> List[RevisionInfo]:
         items: List[RevisionInfo] = []
-        for i in range(int(LIB.fn("mws_revision_list_count")(self.handle))):
+        for i in range(int(LIB.fn("mws_revision_list_count")(self))):
             info = _lib.mws_revision_info()
-            call("mws_revision_list_get", self.handle, i, ctypes.byref(info))
+            call("mws_revision_list_get", self, i, ctypes.byref(info))
             items.append(RevisionInfo(namespace=namespace, resource_id=resource_id, revision=_decode(info.revision),
                                       weight_generation=int(info.weight_generation),
                                       manifest_key=_decode(info.manifest_key),
@@ -77,7 +77,7 @@ class _RevisionList(OwnedHandle):
         return items
 
 
-def read_revisions(store_handle: int, resource_id: str, namespace: Optional[str], latest: bool) -> List[RevisionInfo]:
+def read_revisions(store_handle: Any, resource_id: str, namespace: Optional[str], latest: bool) -> List[RevisionInfo]:
     """Calls ``mws_revision_list_from_store`` (``latest``: ``_latest_from_store``)
     and copies the list out (the list handle is freed before returning)."""
     ns = DEFAULT_NAMESPACE if namespace is None else namespace

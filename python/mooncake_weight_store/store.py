@@ -422,7 +422,7 @@ class RegistrationLease(OwnedHandle):
         ids = (ctypes.c_char_p * max(1, len(self.fragment_ids)))(
             *[cstr(f, "fragment_id") for f in self.fragment_ids])
         out = c_void_p()
-        call("mws_registration_lease_new", store.handle, binding.handle, ids, len(self.fragment_ids),
+        call("mws_registration_lease_new", store, binding, ids, len(self.fragment_ids),
              int(self.side), ctypes.addressof(self._guard_bridge.vtable) if self._guard_bridge else None, None,
              cstr(transfer_id, "transfer_id"), ctypes.byref(out))
         self._adopt(out.value)
@@ -596,7 +596,7 @@ class Store(OwnedHandle):
     @property
     def key_prefix(self) -> str:
         """The key prefix of every key the store writes (default ``"weights"``)."""
-        return borrowed_str("mws_store_key_prefix", self.handle)
+        return borrowed_str("mws_store_key_prefix", self)
 
     def close(self) -> None:
         """Frees the handle (the backend lives on while writers use it)."""
@@ -615,10 +615,10 @@ class Store(OwnedHandle):
         k = cstr(key, "key")
         for _ in range(8):
             n = ctypes.c_size_t(0)
-            call("mws_store_get", self.handle, k, None, 0, ctypes.byref(n))
+            call("mws_store_get", self, k, None, 0, ctypes.byref(n))
             buf = ctypes.create_string_buffer(max(n.value, 1))
             got = ctypes.c_size_t(0)
-            st = LIB.fn("mws_store_get")(self.handle, k, buf, n.value, ctypes.byref(got))
+            st = LIB.fn("mws_store_get")(self, k, buf, n.value, ctypes.byref(got))
             if st == 0:
                 return buf.raw[: got.value]
             if st != int(_lib.Status.INVALID_ARGUMENT):  # grown meanwhile: retry
@@ -628,21 +628,21 @@ class Store(OwnedHandle):
 
     def exists(self, key: str) -> bool:
         present = ctypes.c_int(0)
-        call("mws_store_exists", self.handle, cstr(key, "key"), ctypes.byref(present))
+        call("mws_store_exists", self, cstr(key, "key"), ctypes.byref(present))
         return bool(present.value)
 
     def put(self, key: str, value: bytes, group_id: Optional[str] = None) -> None:
         """Create-only write of a metadata record (raises :class:`AlreadyExistsError`)."""
         data = bytes(value)
-        call("mws_store_put", self.handle, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
+        call("mws_store_put", self, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
 
     def upsert(self, key: str, value: bytes, group_id: Optional[str] = None) -> None:
         data = bytes(value)
-        call("mws_store_upsert", self.handle, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
+        call("mws_store_upsert", self, cstr(key, "key"), data, len(data), cstr(group_id, "group_id"))
 
     def remove(self, key: str) -> None:
         """Removes ``key`` (an absent key is fine)."""
-        call("mws_store_remove", self.handle, cstr(key, "key"))
+        call("mws_store_remove", self, cstr(key, "key"))
 
     def register_buffers(self, binding: "Binding", fragment_ids: Optional[Sequence[str]] = None, *,
                          side: Union[LeaseSide, str] = LeaseSide.SOURCE, guard: Optional[Guard] = None,
@@ -659,10 +659,10 @@ class Store(OwnedHandle):
 
     @property
     def pending_registration_count(self) -> int:
-        return int(LIB.fn("mws_store_pending_registration_count")(self.handle))
+        return int(LIB.fn("mws_store_pending_registration_count")(self))
 
     def drain_pending_registrations(self) -> None:
-        call("mws_store_drain_pending_registrations", self.handle)
+        call("mws_store_drain_pending_registrations", self)
 
     # -- upload transaction ---------------------------------------------------------
 
@@ -678,7 +678,7 @@ class Store(OwnedHandle):
         reports (phase ``"upload"``, items = objects), see that module."""
         args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
         out = c_void_p()
-        call("mws_store_upload", self.handle, plan.handle, placement.handle, binding.handle,
+        call("mws_store_upload", self, plan, placement, binding,
              ctypes.byref(args), ctypes.byref(out))
         del keep
         return Receipts(out.value)
@@ -692,7 +692,7 @@ class Store(OwnedHandle):
         a conflicting revision (its payloads were removed)."""
         may = ctypes.c_int(0)
         out = c_void_p()
-        st = LIB.fn("mws_store_commit")(self.handle, plan.handle, receipts.handle if receipts else None,
+        st = LIB.fn("mws_store_commit")(self, plan, receipts if receipts else None,
                                         ctypes.byref(may), ctypes.byref(out))
         if st != 0:
             err = error_for_status(st, _lib.last_error(), _lib.status_name(st))
@@ -702,15 +702,15 @@ class Store(OwnedHandle):
 
     def abort_upload(self, plan: "UploadPlan", receipts: Optional["Receipts"] = None) -> None:
         """Records the abort decision and removes the plan's payloads."""
-        call("mws_store_abort_upload", self.handle, plan.handle, receipts.handle if receipts else None)
+        call("mws_store_abort_upload", self, plan, receipts if receipts else None)
 
     def finalize_upload(self, plan: "UploadPlan") -> None:
         """Idempotent recovery to the terminal state (removes what must not stay)."""
-        call("mws_store_finalize_upload", self.handle, plan.handle)
+        call("mws_store_finalize_upload", self, plan)
 
     def read_decision(self, plan: "UploadPlan") -> Decision:
         out = ctypes.c_int(0)
-        call("mws_store_read_decision", self.handle, plan.handle, ctypes.byref(out))
+        call("mws_store_read_decision", self, plan, ctypes.byref(out))
         return Decision(out.value)
 
     def plan_upload(self, placement: "Placement", bindings: Sequence["Binding"], *,
@@ -759,7 +759,7 @@ class Store(OwnedHandle):
         Thread-safe: may run beside uploads and commits (a revision committed
         meanwhile may or may not be listed). The result owns no handle.
         """
-        return read_revisions(self.handle, _name(resource_id, "resource_id"),
+        return read_revisions(self, _name(resource_id, "resource_id"),
                               None if namespace is None else _name(namespace, "namespace"), latest=False)
 
     def latest(self, resource_id: str, *, namespace: Optional[str] = None) -> Optional[RevisionInfo]:
@@ -768,7 +768,7 @@ class Store(OwnedHandle):
         the latest ``created_at``, then the greatest revision name), or None when
         there is none. Reads only the manifests of the highest generation. Raises and
         thread safety as :meth:`revisions`."""
-        found = read_revisions(self.handle, _name(resource_id, "resource_id"),
+        found = read_revisions(self, _name(resource_id, "resource_id"),
                                None if namespace is None else _name(namespace, "namespace"), latest=True)
         return found[-1] if found else None
 
@@ -777,7 +777,7 @@ class Store(OwnedHandle):
     def load_manifest(self, manifest_key: str) -> "StoredManifest":
         """Reads and strictly validates the manifest at ``manifest_key``."""
         out = c_void_p()
-        call("mws_stored_manifest_from_store", self.handle, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
+        call("mws_stored_manifest_from_store", self, cstr(manifest_key, "manifest_key"), ctypes.byref(out))
         return StoredManifest(out.value)
 
     def load(self, plan: "LoadPlan", binding: "Binding", *, worker_id: Optional[str] = None,
@@ -791,7 +791,7 @@ class Store(OwnedHandle):
         ``"restore"``, items = transfer regions)."""
         args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
         st = _lib.mws_load_stats()
-        call("mws_store_load", self.handle, plan.handle, binding.handle, ctypes.byref(args), ctypes.byref(st))
+        call("mws_store_load", self, plan, binding, ctypes.byref(args), ctypes.byref(st))
         del keep
         return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
                          int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))

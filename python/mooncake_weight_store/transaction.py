@@ -54,7 +54,7 @@ class Transaction(OwnedHandle):
 
     def __init__(self, store: "Store", plan: "UploadPlan") -> None:
         out = c_void_p()
-        call("mws_transaction_new", store.handle, plan.handle, ctypes.byref(out))
+        call("mws_transaction_new", store, plan, ctypes.byref(out))
         super().__init__(out.value)
         self.store = store
         self.plan = plan
@@ -68,7 +68,7 @@ class Transaction(OwnedHandle):
         ``progress``) and keeps its receipts in the transaction (:meth:`receipts`).
         Raises :class:`ConflictError` once committed or aborted."""
         args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
-        call("mws_transaction_upload", self.handle, placement.handle, binding.handle, ctypes.byref(args))
+        call("mws_transaction_upload", self, placement, binding, ctypes.byref(args))
         del keep
 
     def upload_many(self, placement: "Placement", bindings: Sequence["Binding"], *,
@@ -89,12 +89,12 @@ class Transaction(OwnedHandle):
         n = len(bindings)
         if leases is not None and len(leases) != n:
             raise ArgumentError(f"leases has {len(leases)} entries for {n} bindings")
-        c_bindings = (c_void_p * max(n, 1))(*[b.handle for b in bindings])
+        c_bindings = _lib.handle_array(bindings)
         c_leases = None
         if leases is not None:
-            c_leases = (c_void_p * max(n, 1))(*[(lease.handle if lease is not None else None) for lease in leases])
+            c_leases = _lib.handle_array(leases)
         args, keep = io_args(worker_id, transfer_id, guard, None, progress)
-        call("mws_transaction_upload_many", self.handle, placement.handle, c_bindings, n, c_leases,
+        call("mws_transaction_upload_many", self, placement, c_bindings, n, c_leases,
              ctypes.byref(args))
         del keep
 
@@ -102,12 +102,12 @@ class Transaction(OwnedHandle):
         """A copy of every receipt the transaction holds now (send it to the
         committing process with :meth:`Receipts.to_json`)."""
         out = c_void_p()
-        call("mws_transaction_receipts", self.handle, ctypes.byref(out))
+        call("mws_transaction_receipts", self, ctypes.byref(out))
         return Receipts(out.value)
 
     def add_receipts(self, receipts: Receipts) -> None:
         """Adds receipts produced elsewhere (another process's upload)."""
-        call("mws_transaction_add_receipts", self.handle, receipts.handle)
+        call("mws_transaction_add_receipts", self, receipts)
 
     def commit(self) -> "StoredManifest":
         """Commits with every receipt held; idempotent once committed. On failure the
@@ -116,7 +116,7 @@ class Transaction(OwnedHandle):
         if self.manifest is not None:
             return self.manifest
         out = c_void_p()
-        st = LIB.fn("mws_transaction_commit")(self.handle, ctypes.byref(out))
+        st = LIB.fn("mws_transaction_commit")(self, ctypes.byref(out))
         if st != 0:
             err = error_for_status(st, _lib.last_error(), _lib.status_name(st))
             err.decision_may_exist = self.decision_may_exist  # type: ignore[attr-defined]
@@ -128,21 +128,21 @@ class Transaction(OwnedHandle):
     def decision_may_exist(self) -> bool:
         """True once a commit may have written the decision: then retry the commit
         (or finalize), never abort."""
-        return bool(LIB.fn("mws_transaction_commit_decision_may_exist")(self.handle))
+        return bool(LIB.fn("mws_transaction_commit_decision_may_exist")(self))
 
     @property
     def state(self) -> str:
         """``"open"``, ``"committed"`` or ``"aborted"`` (as calls on this object know)."""
-        return _STATES[int(LIB.fn("mws_transaction_get_state")(self.handle))]
+        return _STATES[int(LIB.fn("mws_transaction_get_state")(self))]
 
     def abort(self) -> None:
         """Records abort and removes the payloads. Refused when committed or when the
         commit decision may exist (retry :meth:`commit` instead). A no-op once aborted."""
-        call("mws_transaction_abort", self.handle)
+        call("mws_transaction_abort", self)
 
     def finalize(self) -> None:
         """Idempotent recovery of the plan (:meth:`Store.finalize_upload`)."""
-        call("mws_transaction_finalize", self.handle)
+        call("mws_transaction_finalize", self)
 
     def decision(self) -> "Decision":
         return self.store.read_decision(self.plan)

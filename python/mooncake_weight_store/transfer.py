@@ -15,7 +15,9 @@ buffers) alive while the plan is executed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
+import threading
 from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
@@ -219,7 +221,38 @@ class EngineResources:
     pinned_tokens: int
 
 
-def _report(fn: str, handle: int) -> Optional[LiveReport]:
+def _serialized(f: Any) -> Any:
+    """A method of a loader, sink or prepared transfer that runs one at a time per
+    object: a call and the report it leaves (whose strings the handle lends until its
+    next call) are never interleaved with another call's."""
+
+    @functools.wraps(f)
+    def serialized(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._serial:
+            return f(self, *args, **kwargs)
+
+    return serialized
+
+
+def _report(fn: str, handle: Any) -> Optional[LiveReport]:
+    """The last report of a loader, sink or prepared transfer, copied out while the
+    handle is held (its strings are lent by the handle)."""
+    with handle._use():
+        return _copy_report(fn, handle)
+
+
+class _Reporting:
+    """What a loader, sink and prepared transfer share: the report attached to a
+    failed call's exception (``None`` when the object was closed meanwhile)."""
+
+    def _report_of_failure(self) -> Optional[LiveReport]:
+        try:
+            return self.last_report()  # type: ignore[attr-defined,no-any-return]
+        except _lib.ArgumentError:
+            return None
+
+
+def _copy_report(fn: str, handle: Any) -> Optional[LiveReport]:
     r = mws_live_report()
     st = LIB.fn(fn)(handle, ctypes.byref(r))
     if st != 0:
@@ -233,7 +266,7 @@ def _report(fn: str, handle: int) -> Optional[LiveReport]:
 
 
 def _handles(bindings: Sequence[Binding]) -> Any:
-    return (_p * len(bindings))(*[b.handle for b in bindings])
+    return _lib.handle_array(bindings)
 
 
 def _args(pre_registered: bool, worker_id: Optional[str], transfer_id: Optional[str],
@@ -264,7 +297,7 @@ class PreparedInfo:
     bytes: int
 
 
-class PreparedTransfer(OwnedHandle):
+class PreparedTransfer(_Reporting, OwnedHandle):
     """A live transfer prepared once (:meth:`Sink.prepare`, :meth:`Loader.prepare_live`)
     and stepped many times (``mws_prepared_transfer``): each :meth:`step` moves one
     weight generation through the batches lowered at preparation, after the
@@ -283,7 +316,9 @@ class PreparedTransfer(OwnedHandle):
     def __init__(self, handle: Optional[int], engine: "TransferEngine", keep: Sequence[Any] = ()) -> None:
         super().__init__(handle, keep)
         self._engine = engine
+        self._serial = threading.RLock()
 
+    @_serialized
     def step(self, generation: int, *, leases: Sequence[LeaseRotation] = (),
              transfer_id: Optional[str] = None, revision: Optional[str] = None) -> TransferStats:
         """Moves weight generation ``generation`` (``leases``: rotated since the last
@@ -297,20 +332,21 @@ class PreparedTransfer(OwnedHandle):
                              cstr(revision, "revision"))
         st = mws_transfer_stats()
         try:
-            self._engine._call("mws_prepared_transfer_step", self.handle, ctypes.byref(args), ctypes.byref(st))
+            self._engine._call("mws_prepared_transfer_step", self, ctypes.byref(args), ctypes.byref(st))
         except _lib.MwsError as e:
-            e.report = self.last_report()  # type: ignore[attr-defined]
+            e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise
         return _stats(st)
 
+    @_serialized
     def last_report(self) -> Optional[LiveReport]:
         """The report of the last step, successful or not (``None`` before the first)."""
-        return _report("mws_prepared_transfer_last_report", self.handle)
+        return _report("mws_prepared_transfer_last_report", self)
 
     @property
     def info(self) -> PreparedInfo:
         i = mws_prepared_info()
-        call("mws_prepared_transfer_info", self.handle, ctypes.byref(i))
+        call("mws_prepared_transfer_info", self, ctypes.byref(i))
         return PreparedInfo(bool(i.empty), int(i.batches), int(i.pinned_bindings), int(i.bytes))
 
     def close(self) -> None:
@@ -319,7 +355,7 @@ class PreparedTransfer(OwnedHandle):
         if self._h is None:
             return
         try:
-            self._engine._call("mws_prepared_transfer_close", self.handle)
+            self._engine._call("mws_prepared_transfer_close", self)
         finally:
             self._free()
 
@@ -352,10 +388,10 @@ class TransferPlan(OwnedHandle):
         lim = ctypes.byref(limits.to_c()) if limits is not None else None
         out = _p()
         if source_routing == "target_dp":
-            call("mws_transfer_plan_new", source.handle, target.handle, cstr(target_participant_id), lim,
+            call("mws_transfer_plan_new", source, target, cstr(target_participant_id), lim,
                  ctypes.byref(out))
         else:
-            call("mws_transfer_plan_new_routed", source.handle, target.handle, cstr(target_participant_id), lim,
+            call("mws_transfer_plan_new_routed", source, target, cstr(target_participant_id), lim,
                  SOURCE_ROUTINGS[source_routing], ctypes.byref(out))
         return cls(out.value)
 
@@ -370,13 +406,13 @@ class TransferPlan(OwnedHandle):
     def bind(self, targets: Sequence[Binding], sources: Sequence[Binding]) -> "TransferPlan":
         """A new plan bound to ``targets`` and ``sources`` (kept alive by it)."""
         out = _p()
-        call("mws_transfer_plan_bind", self.handle, _handles(targets), len(targets), _handles(sources), len(sources),
+        call("mws_transfer_plan_bind", self, _handles(targets), len(targets), _handles(sources), len(sources),
              ctypes.byref(out))
         return TransferPlan(out.value, [*targets, *sources])
 
     def to_json(self) -> str:
         n = c_size_t(0)
-        ptr = LIB.fn("mws_transfer_plan_to_json")(self.handle, ctypes.byref(n))
+        ptr = LIB.fn("mws_transfer_plan_to_json")(self, ctypes.byref(n))
         if not ptr:
             _lib.check(int(_lib.Status.NULL_ARGUMENT))
         return ctypes.string_at(ptr, n.value).decode("utf-8")
@@ -390,19 +426,19 @@ class TransferPlan(OwnedHandle):
 
     @property
     def is_bound(self) -> bool:
-        return int(LIB.fn("mws_transfer_plan_is_bound")(self.handle)) == 1
+        return int(LIB.fn("mws_transfer_plan_is_bound")(self)) == 1
 
     @property
     def region_count(self) -> int:
-        return int(LIB.fn("mws_transfer_plan_region_count")(self.handle))
+        return int(LIB.fn("mws_transfer_plan_region_count")(self))
 
     @property
     def total_bytes(self) -> int:
-        return int(LIB.fn("mws_transfer_plan_total_bytes")(self.handle))
+        return int(LIB.fn("mws_transfer_plan_total_bytes")(self))
 
     def executor_count(self, side: str) -> int:
         code = {"source": SIDE_SOURCE, "target": SIDE_TARGET}[side]
-        return int(LIB.fn("mws_transfer_plan_executor_count")(self.handle, code))
+        return int(LIB.fn("mws_transfer_plan_executor_count")(self, code))
 
 
 class TransferEngine(OwnedHandle):
@@ -460,10 +496,10 @@ class TransferEngine(OwnedHandle):
 
     def register_memory(self, address: int, nbytes: int) -> None:
         """The owner's registration of host memory (valid until unregistered)."""
-        self._call("mws_transfer_engine_register_memory", self.handle, address, nbytes, 0, 0)
+        self._call("mws_transfer_engine_register_memory", self, address, nbytes, 0, 0)
 
     def unregister_memory(self, address: int) -> None:
-        self._call("mws_transfer_engine_unregister_memory", self.handle, address)
+        self._call("mws_transfer_engine_unregister_memory", self, address)
 
     def register_binding(self, binding: Binding) -> None:
         """Registers every buffer of ``binding`` (its owner's pre-registration)."""
@@ -476,12 +512,12 @@ class TransferEngine(OwnedHandle):
 
     @property
     def pending_count(self) -> int:
-        return int(LIB.fn("mws_transfer_engine_pending_count")(self.handle))
+        return int(LIB.fn("mws_transfer_engine_pending_count")(self))
 
     def drain(self, timeout_ms: int = 1000) -> int:
         """Drains every pending transfer once; returns how many remain."""
         n = c_size_t(0)
-        self._call("mws_transfer_engine_drain", self.handle, timeout_ms, ctypes.byref(n))
+        self._call("mws_transfer_engine_drain", self, timeout_ms, ctypes.byref(n))
         return int(n.value)
 
     def resources(self) -> EngineResources:
@@ -489,14 +525,14 @@ class TransferEngine(OwnedHandle):
         nothing leaked once ``pending_transfers`` is 0 and the registered regions are
         only the owners' own."""
         r = mws_engine_resources()
-        call("mws_transfer_engine_resources", self.handle, ctypes.byref(r))
+        call("mws_transfer_engine_resources", self, ctypes.byref(r))
         known = bool(r.registrations_known)
         return EngineResources(int(r.registered_regions) if known else None,
                                int(r.registered_bytes) if known else None, int(r.pending_transfers),
                                int(r.quarantined_registrations), int(r.pinned_tokens))
 
 
-class Loader(OwnedHandle):
+class Loader(_Reporting, OwnedHandle):
     """Fills one target participant's buffers from live sources (reader mode)."""
 
     _FREE = "mws_loader_free"
@@ -506,10 +542,11 @@ class Loader(OwnedHandle):
         """``coalesce=False`` submits one engine operation per planned segment
         (default: adjacent segments are merged; the bytes moved are the same)."""
         out = _p()
-        engine._call("mws_loader_new", engine.handle, _limits(coalesce), ctypes.byref(out))
+        engine._call("mws_loader_new", engine, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
         self._engine = engine  # the engine's Python callbacks live as long as this object
         self._progress: Any = None
+        self._serial = threading.RLock()
 
     def set_progress(self, fn: Optional[Any]) -> None:
         """Reports live loads (phase ``"transfer"``, items = engine operations) and
@@ -517,15 +554,16 @@ class Loader(OwnedHandle):
         :class:`~mooncake_weight_store.progress.Progress` (throttled; exceptions are
         swallowed); ``None`` removes it."""
         c_fn, keep = c_progress(fn)
-        call("mws_loader_set_progress", self.handle, c_fn, None)
+        call("mws_loader_set_progress", self, c_fn, None)
         self._progress = keep
 
     def cancel(self) -> None:
-        LIB.fn("mws_loader_cancel")(self.handle)
+        LIB.fn("mws_loader_cancel")(self)
 
     def reset_cancel(self) -> None:
-        LIB.fn("mws_loader_reset_cancel")(self.handle)
+        LIB.fn("mws_loader_reset_cancel")(self)
 
+    @_serialized
     def load_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
                   local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
                   transfer_id: Optional[str] = None) -> TransferStats:
@@ -534,10 +572,10 @@ class Loader(OwnedHandle):
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
         try:
-            self._engine._call("mws_loader_load_live", self.handle, plan.handle, source.handle, _handles(sources),
-                               len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(st))
+            self._engine._call("mws_loader_load_live", self, plan, source, _handles(sources),
+                               len(sources), target, local, ctypes.byref(args), ctypes.byref(st))
         except _lib.MwsError as e:
-            e.report = self.last_report()  # type: ignore[attr-defined]
+            e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise
         return _stats(st)
 
@@ -553,7 +591,7 @@ class Loader(OwnedHandle):
         bridge = GuardBridge(guard) if guard is not None else None
         args = _args(False, worker_id, None, bridge)
         out = _p()
-        call("mws_loader_prepare_stored", self.handle, store.handle, plan.handle, local.handle, ctypes.byref(args),
+        call("mws_loader_prepare_stored", self, store, plan, local, ctypes.byref(args),
              ctypes.byref(out))
         return PreparedTransfer(out.value, self._engine, [self, store, plan, local, bridge])
 
@@ -568,24 +606,26 @@ class Loader(OwnedHandle):
         bridge = GuardBridge(guard) if guard is not None else None
         args = _args(local_pre_registered, worker_id, transfer_id, bridge)
         out = _p()
-        self._engine._call("mws_loader_prepare_live", self.handle, plan.handle, source.handle, _handles(sources),
-                           len(sources), target.handle, local.handle, ctypes.byref(args), ctypes.byref(out))
+        self._engine._call("mws_loader_prepare_live", self, plan, source, _handles(sources),
+                           len(sources), target, local, ctypes.byref(args), ctypes.byref(out))
         return PreparedTransfer(out.value, self._engine, [self, plan, source, target, local, *sources, bridge])
 
+    @_serialized
     def last_report(self) -> Optional[LiveReport]:
         """The report of the last live load, successful or not (``None`` before the
         first); a failed :meth:`load_live` also attaches it to its exception as
         ``.report``."""
-        return _report("mws_loader_last_report", self.handle)
+        return _report("mws_loader_last_report", self)
 
+    @_serialized
     def stats(self) -> TransferStats:
         """The statistics of the last successful call."""
         st = mws_transfer_stats()
-        call("mws_loader_stats", self.handle, ctypes.byref(st))
+        call("mws_loader_stats", self, ctypes.byref(st))
         return _stats(st)
 
 
-class Sink(OwnedHandle):
+class Sink(_Reporting, OwnedHandle):
     """A source participant's side of a live transfer (pushes its part)."""
 
     _FREE = "mws_sink_free"
@@ -594,11 +634,13 @@ class Sink(OwnedHandle):
     def __init__(self, engine: TransferEngine, *, coalesce: bool = True) -> None:
         """``coalesce`` as for :class:`Loader`."""
         out = _p()
-        engine._call("mws_sink_new", engine.handle, _limits(coalesce), ctypes.byref(out))
+        engine._call("mws_sink_new", engine, _limits(coalesce), ctypes.byref(out))
         super().__init__(out.value)
         self._engine = engine  # the engine's Python callbacks live as long as this object
         self._progress: Any = None
+        self._serial = threading.RLock()
 
+    @_serialized
     def execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                 targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
                 transfer_id: Optional[str] = None) -> TransferStats:
@@ -607,13 +649,14 @@ class Sink(OwnedHandle):
         args = _args(local_pre_registered, worker_id, transfer_id)
         st = mws_transfer_stats()
         try:
-            self._engine._call("mws_sink_execute", self.handle, plan.handle, source.handle, local.handle,
-                               target.handle, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
+            self._engine._call("mws_sink_execute", self, plan, source, local,
+                               target, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
         except _lib.MwsError as e:
-            e.report = self.last_report()  # type: ignore[attr-defined]
+            e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise
         return _stats(st)
 
+    @_serialized
     def execute_notified(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                          targets: Sequence[Binding], *, key: Optional[bytes] = None,
                          local_pre_registered: bool = False, worker_id: Optional[str] = None,
@@ -628,11 +671,11 @@ class Sink(OwnedHandle):
         st = mws_transfer_stats()
         k = bytes(key) if key else None
         try:
-            self._engine._call("mws_sink_execute_notified", self.handle, k, len(k) if k else 0, plan.handle,
-                               source.handle, local.handle, target.handle, _handles(targets), len(targets),
+            self._engine._call("mws_sink_execute_notified", self, k, len(k) if k else 0, plan,
+                               source, local, target, _handles(targets), len(targets),
                                ctypes.byref(args), ctypes.byref(st))
         except _lib.MwsError as e:
-            e.report = self.last_report()  # type: ignore[attr-defined]
+            e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise
         return _stats(st)
 
@@ -645,32 +688,34 @@ class Sink(OwnedHandle):
         bridge = GuardBridge(guard) if guard is not None else None
         args = _args(local_pre_registered, worker_id, transfer_id, bridge)
         out = _p()
-        self._engine._call("mws_sink_prepare", self.handle, plan.handle, source.handle, local.handle, target.handle,
+        self._engine._call("mws_sink_prepare", self, plan, source, local, target,
                            _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(out))
         return PreparedTransfer(out.value, self._engine, [self, plan, source, target, local, *targets, bridge])
 
+    @_serialized
     def last_report(self) -> Optional[LiveReport]:
         """The report of the last execution, successful or not (``None`` before the
         first): one verdict per target participant it writes, for this call's share
         (a target written by several sources is updated once all their calls say
         so); a failed :meth:`execute` also attaches it to its exception as ``.report``."""
-        return _report("mws_sink_last_report", self.handle)
+        return _report("mws_sink_last_report", self)
 
+    @_serialized
     def stats(self) -> TransferStats:
         """The statistics of the last successful call."""
         st = mws_transfer_stats()
-        call("mws_sink_stats", self.handle, ctypes.byref(st))
+        call("mws_sink_stats", self, ctypes.byref(st))
         return _stats(st)
 
     def set_progress(self, fn: Optional[Any]) -> None:
         """Reports executions (phase ``"transfer"``) to ``fn`` as
         :meth:`Loader.set_progress` does; ``None`` removes it."""
         c_fn, keep = c_progress(fn)
-        call("mws_sink_set_progress", self.handle, c_fn, None)
+        call("mws_sink_set_progress", self, c_fn, None)
         self._progress = keep
 
     def cancel(self) -> None:
-        LIB.fn("mws_sink_cancel")(self.handle)
+        LIB.fn("mws_sink_cancel")(self)
 
     def reset_cancel(self) -> None:
-        LIB.fn("mws_sink_reset_cancel")(self.handle)
+        LIB.fn("mws_sink_reset_cancel")(self)

@@ -112,11 +112,11 @@ class UploadPlan(OwnedHandle):
     def operations(self) -> List[UploadOperation]:
         """The copy operations, in plan order."""
         if self._ops is None:
-            n = int(LIB.fn("mws_upload_plan_operation_count")(self.handle))
+            n = int(LIB.fn("mws_upload_plan_operation_count")(self))
             ops = []
             for i in range(n):
                 o = _lib.mws_upload_operation()
-                call("mws_upload_plan_operation", self.handle, i, ctypes.byref(o))
+                call("mws_upload_plan_operation", self, i, ctypes.byref(o))
                 d = lambda b: b.decode("utf-8")  # noqa: E731
                 ops.append(
                     UploadOperation(
@@ -141,7 +141,7 @@ class UploadPlan(OwnedHandle):
         return [o.object_key for o in self.operations()]
 
     def __len__(self) -> int:
-        return int(LIB.fn("mws_upload_plan_operation_count")(self.handle))
+        return int(LIB.fn("mws_upload_plan_operation_count")(self))
 
     def __repr__(self) -> str:
         if self._h is None:
@@ -160,7 +160,7 @@ def plan_upload(
 ) -> UploadPlan:
     """Plans an upload (pure: no I/O, no buffer is read). Raises
     :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
-    hs = (ctypes.c_void_p * len(bindings))(*[b.handle for b in bindings])
+    hs = _lib.handle_array(bindings)
     opts = _lib.mws_upload_options(
         store_namespace=cstr(namespace, "namespace"),
         key_prefix=cstr(key_prefix, "key_prefix"),
@@ -168,5 +168,5 @@ def plan_upload(
         created_at=cstr(created_at, "created_at"),
     )
     out = ctypes.c_void_p()
-    call("mws_upload_plan_new", placement.handle, hs, len(bindings), ctypes.byref(opts), ctypes.byref(out))
+    call("mws_upload_plan_new", placement, hs, len(bindings), ctypes.byref(opts), ctypes.byref(out))
     return UploadPlan(out.value)

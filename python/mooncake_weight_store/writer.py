@@ -96,7 +96,7 @@ class Writer(OwnedHandle):
                                        created_at=cstr(created_at, "created_at"))
         self._export_keep: Any = None
         out = ctypes.c_void_p()
-        call("mws_writer_new", store.handle, ctypes.byref(desc), ctypes.byref(vt), None, ctypes.byref(opts),
+        call("mws_writer_new", store, ctypes.byref(desc), ctypes.byref(vt), None, ctypes.byref(opts),
              ctypes.byref(out))
         self._export_keep = None
         self._adopt(out.value)
@@ -143,7 +143,7 @@ class Writer(OwnedHandle):
         """The writer's upload plan (still available after :meth:`close`)."""
         if self._plan is None:
             out = ctypes.c_void_p()
-            call("mws_writer_upload_plan", self.handle, ctypes.byref(out))
+            call("mws_writer_upload_plan", self, ctypes.byref(out))
             self._plan = UploadPlan(out.value)
         return self._plan
 
@@ -163,7 +163,7 @@ class Writer(OwnedHandle):
         swallowed."""
         with self._lock:
             c_fn, keep = c_progress(fn)
-            call("mws_writer_set_progress", self.handle, c_fn, None)
+            call("mws_writer_set_progress", self, c_fn, None)
             self._progress = keep
 
     def write_tensor(self, tensor_id: str, tensor: object = None) -> Receipts:
@@ -174,7 +174,7 @@ class Writer(OwnedHandle):
             self._tensors[token] = tensor
             out = ctypes.c_void_p()
             try:
-                st = LIB.fn("mws_writer_write_tensor")(self.handle, cstr(tensor_id, "tensor_id"),
+                st = LIB.fn("mws_writer_write_tensor")(self, cstr(tensor_id, "tensor_id"),
                                                          ctypes.c_void_p(token), ctypes.byref(out))
                 if st != 0:
                     msg = _lib.last_error()
@@ -196,7 +196,7 @@ class Writer(OwnedHandle):
         if self.committed and self.manifest is not None:
             return self.manifest
         out = ctypes.c_void_p()
-        call("mws_writer_commit", self.handle, ctypes.byref(out))
+        call("mws_writer_commit", self, ctypes.byref(out))
         self.manifest = StoredManifest(out.value)
         self.committed = self.closed = True
         return self.manifest
@@ -204,7 +204,7 @@ class Writer(OwnedHandle):
     def abort(self) -> None:
         """Aborts (records abort, removes payloads). :class:`ConflictError` when the
         commit decision may exist: retry :meth:`commit` instead."""
-        call("mws_writer_abort", self.handle)
+        call("mws_writer_abort", self)
         self.closed = True
 
     def close(self) -> None:
