@@ -235,3 +235,55 @@ fn json_on_every_command_and_clear_answers_for_empty_results() {
     assert_eq!(rc, 0);
     assert_eq!(out.trim(), "no key of this store starts with \"weights/default/nope\"");
 }
+
+/// Issue 43, defect 8: a usage error or a non-UTF-8 argument under `--json` is one
+/// JSON document on stdout (clap used to exit with plain text on stderr first).
+#[test]
+fn json_usage_errors_are_json() {
+    let d = tmp("json-usage");
+    let (_store, _ws, _m) = committed(&d.0);
+    for args in [&["--json", "nonsense"][..], &["ls", "--json", "--no-such-flag"], &["--json", "inspect"]] {
+        let (rc, out, _) = mws(&d.0, args);
+        assert_eq!(rc, 2, "{args:?}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"));
+        assert_eq!(v["exit_status"], 2);
+        assert!(!v["error"].as_str().unwrap().is_empty(), "{v}");
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"weights/\xff\xfe/manifest");
+    let out = Command::new(env!("CARGO_BIN_EXE_mws"))
+        .arg("--dir")
+        .arg(&d.0)
+        .args(["--json", "inspect"])
+        .arg(bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert!(v["error"].as_str().unwrap().contains("UTF-8"), "{v}");
+    // Without --json the usage error stays clap's text on stderr; --help is not an error.
+    let (rc, out, err) = mws(&d.0, &["nonsense"]);
+    assert_eq!((rc, out.as_str()), (2, ""));
+    assert!(err.contains("nonsense"), "{err}");
+    let (rc, out, _) = mws(&d.0, &["--json", "--help"]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("Usage"), "{out}");
+}
+
+/// Issue 43, defect 9: `--max-metadata-bytes` bounds the manifest `inspect` (and
+/// `verify`, `plan`) read.
+#[test]
+fn max_metadata_bytes_bounds_every_manifest_read() {
+    let d = tmp("max-meta");
+    let (store, _ws, m) = committed(&d.0);
+    let size = store.get(m.manifest_key()).unwrap().len();
+    let limit = (size - 1).to_string();
+    for cmd in ["inspect", "verify"] {
+        let (rc, out, err) = mws(&d.0, &["--max-metadata-bytes", &limit, cmd, m.manifest_key()]);
+        assert_eq!(rc, 2, "{cmd}: {out}");
+        assert!(err.contains("more than the limit"), "{cmd}: {err}");
+        let ok = size.to_string();
+        let (rc, _, err) = mws(&d.0, &["--max-metadata-bytes", &ok, cmd, m.manifest_key()]);
+        assert_eq!(rc, 0, "{cmd}: {err}");
+    }
+}

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use mooncake_weight_store::model::{Placement, StoredManifest};
 use mooncake_weight_store::plan::load::{LogicalLoadPlan, PlanningLimits};
 use mooncake_weight_store::protocol::integrity::verify_revision;
-use mooncake_weight_store::protocol::load::load_manifest;
+use mooncake_weight_store::protocol::load::load_manifest_limited;
 use mooncake_weight_store::protocol::operator::{gc, survey, GcOptions};
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::{ObjectStore, DEFAULT_MAX_METADATA_BYTES};
@@ -196,9 +196,11 @@ fn open(cli: &Cli) -> Result<DirectoryStore, Fail> {
     Ok(DirectoryStore::open(&cli.dir)?)
 }
 
-fn read_manifest(store: &dyn ObjectStore, key: &str) -> Result<StoredManifest, Fail> {
+/// The manifest at `key` (a manifest key or its group id), read with the CLI's
+/// `--max-metadata-bytes` limit.
+fn read_manifest(cli: &Cli, store: &dyn ObjectStore, key: &str) -> Result<StoredManifest, Fail> {
     let k = manifest_key(key);
-    load_manifest(store, &k).map_err(|e| Fail(2, e.to_string()))
+    load_manifest_limited(store, &k, cli.max_metadata_bytes).map_err(|e| Fail(2, e.to_string()))
 }
 
 fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
@@ -288,9 +290,9 @@ fn ls(cli: &Cli, store: &DirectoryStore, prefix: &str) -> Result<u8, Fail> {
 
 fn inspect(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
     let json = cli.json;
-    let m = read_manifest(store, key)?;
+    let m = read_manifest(cli, store, key)?;
     let record =
-        mooncake_weight_store::protocol::integrity::read_record(store, &m, DEFAULT_MAX_METADATA_BYTES).ok().flatten();
+        mooncake_weight_store::protocol::integrity::read_record(store, &m, cli.max_metadata_bytes).ok().flatten();
     if json {
         let tensors: Vec<serde_json::Value> = m
             .tensors()
@@ -345,7 +347,7 @@ fn inspect(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
 }
 
 fn verify(cli: &Cli, store: &DirectoryStore, key: &str) -> Result<u8, Fail> {
-    let m = read_manifest(store, key)?;
+    let m = read_manifest(cli, store, key)?;
     let total: u64 = m.fragments().iter().map(|f| f.nbytes()).sum();
     let mut bar = Bar::new(if cli.json { 0 } else { total });
     let r = verify_revision(store, &m, cli.max_metadata_bytes, &mut |done| {
@@ -443,7 +445,7 @@ fn run_gc(cli: &Cli, store: &DirectoryStore, dry_run: bool, older_than: u64, pre
 }
 
 fn plan(cli: &Cli, store: &DirectoryStore, key: &str, target: &std::path::Path) -> Result<u8, Fail> {
-    let m = Arc::new(read_manifest(store, key)?);
+    let m = Arc::new(read_manifest(cli, store, key)?);
     let bytes = std::fs::read(target)
         .map_err(|e| Fail(2, format!("cannot read target placement {}: {e}", target.display())))?;
     let placement = Placement::from_json(&bytes)
@@ -508,7 +510,10 @@ fn main() -> ExitCode {
     // (`mws ls | head`) instead of panicking on EPIPE.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = open(&cli).and_then(|store| match &cli.command {
         Command::Ls { prefix } => ls(&cli, &store, prefix),
         Command::Inspect { key } => inspect(&cli, &store, key),
@@ -527,6 +532,21 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// A command line clap refuses (or `--help` / `--version`): with `--json` anywhere
+/// among the arguments, one JSON document on stdout (`{"error": ..., "exit_status":
+/// 2}`) as for every other failure; otherwise clap's own text.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let json = std::env::args_os().skip(1).any(|a| a == "--json");
+    if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let rendered = e.render().to_string();
+    let message = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    println!("{}", serde_json::json!({"error": message, "exit_status": 2}));
+    ExitCode::from(2)
 }
 
 #[cfg(test)]
