@@ -152,8 +152,9 @@ int main() {
             });
             while (!native.entered) std::this_thread::yield();
             mws_prepared_transfer_free(p);  // waits for the step
-            require(returned.load(), "mws_prepared_transfer_free returned before the running step did");
+            bool early = !returned.load();
             stepper.join();
+            require(!early, "mws_prepared_transfer_free returned before the running step did");
             native.hold_us = 0;
             require(st == MWS_OK, "the step under the free completed");
         }
