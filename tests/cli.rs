@@ -245,7 +245,8 @@ fn json_usage_errors_are_json() {
     for args in [&["--json", "nonsense"][..], &["ls", "--json", "--no-such-flag"], &["--json", "inspect"]] {
         let (rc, out, _) = mws(&d.0, args);
         assert_eq!(rc, 2, "{args:?}");
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"));
         assert_eq!(v["exit_status"], 2);
         assert!(!v["error"].as_str().unwrap().is_empty(), "{v}");
     }

@@ -231,7 +231,8 @@ mod tests {
         begin();
         // SAFETY: live until freed below.
         enter(unsafe { &*slot });
-        begin(); // a callback's entry point: frees the handle of the outer call
+        // A callback's entry point frees the handle of the outer call.
+        begin();
         // SAFETY: made by into_raw, freed once.
         unsafe { free(slot) };
         end();

@@ -49,8 +49,8 @@ mod boundary;
 #[macro_use]
 mod args;
 mod binding;
-mod calls;
 pub mod callbacks;
+mod calls;
 mod engine;
 mod io_args;
 mod lease;
