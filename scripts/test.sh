@@ -35,10 +35,11 @@ if [ -z "${MWS_REQUIRE_CLUSTER:-}" ] && [ "$(id -u)" -eq 0 ]; then
   export MWS_REQUIRE_CLUSTER=1
 fi
 
-step "module imports form no loop (core crate, C ABI crate, Python package)"
+step "module imports form no loop (core crate, C ABI crate, Python package); the core's layers import what docs/ARCHITECTURE.md says"
 python3 scripts/check_module_cycles.py src
 python3 scripts/check_module_cycles.py capi/src
 python3 scripts/check_module_cycles.py python/mooncake_weight_store
+python3 scripts/check_architecture.py
 step "documented code is tested code (README, C quick start, Python README)"
 python3 scripts/check_doc_examples.py
 step "rustfmt"
