@@ -73,7 +73,9 @@ fn leases_of(m: &HostModel) -> Vec<MemoryRegistrationLease> {
     m.bindings
         .iter()
         .flat_map(|b| {
-            b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+            b.fragments()
+                .iter()
+                .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
         })
         .collect()
 }
@@ -560,7 +562,7 @@ fn prefixed(bindings: Vec<RuntimeBinding>, prefix: &str) -> Vec<RuntimeBinding> 
                 placement_id: b.placement_id().into(),
                 placement_digest: b.placement_digest().into(),
                 instance_id: format!("{prefix}{}", b.instance_id()),
-                generation: b.generation(),
+                lease_generation: b.lease_generation(),
                 lease_id: b.lease_id().into(),
                 revision: b.revision().into(),
                 participant_id: b.participant_id().into(),

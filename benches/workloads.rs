@@ -527,7 +527,7 @@ pub fn bindings(placement: &Placement) -> R<Vec<RuntimeBinding>> {
                 placement_id: placement.placement_id().to_string(),
                 placement_digest: placement.digest().to_string(),
                 instance_id: pid.to_string(),
-                generation: 1,
+                lease_generation: 1,
                 lease_id: format!("{pid}-lease-g1"),
                 revision: placement.revision().to_string(),
                 participant_id: pid.to_string(),

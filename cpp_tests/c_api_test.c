@@ -159,7 +159,7 @@ static void test_binding(void) {
     o.participant_id = MWS_SAMPLE_P0;
     o.instance_id = "i0";
     o.lease_id = NULL; /* missing */
-    o.generation = 1;
+    o.lease_generation = 1;
     CHECK_STATUS(mws_binding_new(&o, &wrong), MWS_NULL_ARGUMENT);
     CHECK(strstr(mws_last_error_message(), "lease_id") != NULL);
     o.lease_id = "lease\xff";
@@ -271,7 +271,7 @@ static void test_plan_upload(void) {
     CHECK(strcmp(op.target_fragment_id, "515f4b27b6a1cad7e471983b") == 0);
     CHECK(strcmp(op.object_key, "weights/default/fixture-model/rev-1/1/payload/" MWS_SAMPLE_TRANSACTION_ID
                                 "/515f4b27b6a1cad7e471983b") == 0);
-    CHECK(op.nbytes == 32 && op.source_generation == 1);
+    CHECK(op.nbytes == 32 && op.source_lease_generation == 1);
     CHECK_STATUS(mws_upload_plan_operation(plan, 1, &op), MWS_OK);
     CHECK(strcmp(op.target_fragment_id, "b5e06f3b557ff3eae934cd8c") == 0);
     CHECK_STATUS(mws_upload_plan_operation(plan, 2, &op), MWS_INVALID_ARGUMENT);

@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         expect_str("source_participant_id", op.source_participant_id, mj_str(e, "source_participant_id"));
         expect_str("source_instance_id", op.source_instance_id, mj_str(e, "source_instance_id"));
         expect_str("source_lease_id", op.source_lease_id, mj_str(e, "source_lease_id"));
-        expect_u64("source_generation", op.source_generation, mj_u64(e, "source_generation"));
+        expect_u64("source_generation", op.source_lease_generation, mj_u64(e, "source_generation"));
         expect_str("source_fragment_id", op.source_fragment_id, mj_str(e, "source_fragment_id"));
         expect_str("source_worker_id", op.source_worker_id, mj_str(e, "source_worker_id"));
         expect_str("source_placement_fragment_id", op.source_placement_fragment_id,

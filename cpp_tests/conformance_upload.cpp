@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
             o.participant_id = mj_str(jb, "participant_id");
             o.instance_id = mj_str(jb, "instance_id");
             o.lease_id = mj_str(jb, "lease_id");
-            o.generation = mj_u64(jb, "generation");
+            o.lease_generation = mj_u64(jb, "generation");
             mws::Binding binding(o);
             const mj_value *frags = mj_get(jb, "fragments");
             for (std::size_t k = 0; frags != nullptr && k < frags->count; ++k) {
@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
             expect("source_participant_id", op.source_participant_id, mj_str(e, "source_participant_id"));
             expect("source_instance_id", op.source_instance_id, mj_str(e, "source_instance_id"));
             expect("source_lease_id", op.source_lease_id, mj_str(e, "source_lease_id"));
-            expect("source_generation", op.source_generation, mj_u64(e, "source_generation"));
+            expect("source_generation", op.source_lease_generation, mj_u64(e, "source_generation"));
             expect("source_fragment_id", op.source_fragment_id, mj_str(e, "source_fragment_id"));
             expect("source_worker_id", op.source_worker_id, mj_str(e, "source_worker_id"));
             expect("source_placement_fragment_id", op.source_placement_fragment_id,

@@ -210,7 +210,7 @@ TEST_F(WithBindings, MismatchedBindingIsRejected) {
     o.participant_id = MWS_SAMPLE_P0;
     o.instance_id = "i";
     o.lease_id = "l";
-    o.generation = 1;
+    o.lease_generation = 1;
     mws_binding *raw = nullptr;
     ASSERT_EQ(mws_binding_new(&o, &raw), MWS_OK);
     BindingPtr other(raw);

@@ -276,7 +276,7 @@ TEST(Helpers, BindingAddUsesThePlacementAndOneMachineDefaults) {
     EXPECT_EQ(op.source_participant_id, "trainer-d0-p0-e0-t1");
     EXPECT_EQ(op.source_instance_id, "trainer-d0-p0-e0-t1");
     EXPECT_EQ(op.source_lease_id, "lease-7");
-    EXPECT_EQ(op.source_generation, 1u);
+    EXPECT_EQ(op.source_lease_generation, 1u);
     EXPECT_EQ(op.source_fragment_id, "trainer-d0-p0-e0-t1:trainer-d0-p0-e0-t1/w#0");
     EXPECT_EQ(op.source_worker_id, "worker-0");
     EXPECT_EQ(op.nbytes, 48u);

@@ -100,7 +100,7 @@ int main() {
                     "a completed push: submitted, pins released completed");
             require(!r.targets.empty(), "a push names its targets");
             for (const mws::TargetOutcome &t : r.targets)
-                require(t.verdict == MWS_TARGET_UPDATED && t.generation == 1 && !t.participant_id.empty(),
+                require(t.verdict == MWS_TARGET_UPDATED && t.weight_generation == 1 && !t.participant_id.empty(),
                         "every target share updated");
         }
         require(sink_reports > 0, "sink progress");

@@ -260,7 +260,7 @@ int main() {
                     bytes += s.bytes;
                     mws::LiveReport r = p.last_report();
                     for (const mws::TargetOutcome &t : r.targets)
-                        require(t.verdict == MWS_TARGET_UPDATED && t.generation == g, "updated to the step's generation");
+                        require(t.verdict == MWS_TARGET_UPDATED && t.weight_generation == g, "updated to the step's generation");
                 }
                 require(bytes == plan.total_bytes(), "every planned byte per step");
                 // Generation 3 moved the flipped trainer bytes: flip them back to compare.
@@ -300,7 +300,7 @@ int main() {
         require(guard.acquires - before == info.pinned_bindings, "one pin per binding per step");
         mws::LiveReport ok = p.last_report();
         require(ok.submitted && ok.guard_release == MWS_GUARD_COMPLETED && ok.targets.size() == 1 &&
-                    ok.targets[0].verdict == MWS_TARGET_UPDATED && ok.targets[0].generation == 7,
+                    ok.targets[0].verdict == MWS_TARGET_UPDATED && ok.targets[0].weight_generation == 7,
                 "reader step report");
 
         // The same server placement under another placement set: another placement id.

@@ -662,7 +662,7 @@ int run_stand_in() {
                 require(acceptor.accept(n.notify_msg, nullptr, &replay_why) == MWS_NOTIFY_REPLAYED, "replay refused");
             }
             mws_notify_outcome o = acceptor.outcome();
-            require(o.verdict == MWS_TARGET_UPDATED && o.generation == 1, "target updated through the notify hook");
+            require(o.verdict == MWS_TARGET_UPDATED && o.weight_generation == 1, "target updated through the notify hook");
         }
         dst.unregister_all();
         std::printf("notified push: %zu notifications accepted, every target updated, %zu bytes verified\n", accepted,

@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
             o.participant_id = info.participant_id;
             o.instance_id = info.participant_id; /* one engine process per participant */
             o.lease_id = "example-lease";
-            o.generation = mws_placement_weight_generation(placement);
+            o.lease_generation = mws_placement_weight_generation(placement);
             if ((st = mws_binding_new(&o, &bindings[n_bindings])) != MWS_OK) {
                 rc = fail("mws_binding_new", st);
                 goto out;

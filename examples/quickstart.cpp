@@ -10,7 +10,7 @@
 
 // The tensor over `tp` ranks that split dimension `dim` evenly: one participant per rank.
 mws::Placement layout(const std::string &name, std::uint64_t tp, std::uint64_t dim) {
-    mws::PlacementBuilder b("quickstart-model", "rev-1", /*generation*/ 1, name, tp);
+    mws::PlacementBuilder b("quickstart-model", "rev-1", /*weight_generation*/ 1, name, tp);
     b.add_grid(name);  // participants <name>-d0-p0-e0-t0, <name>-d0-p0-e0-t1, ...
     // Declares the tensor (id, shape, dtype, itemsize, layout fingerprint, axes) and
     // adds each rank's fragment: its even share of dimension `dim`.

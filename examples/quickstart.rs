@@ -83,7 +83,7 @@ fn layout(tp: u64, dim: usize, name: &str) -> Result<(Placement, Vec<Rank>, Vec<
             placement_id: placement.placement_id().into(),
             placement_digest: placement.digest().into(),
             instance_id: participant.clone(),
-            generation: 1,
+            lease_generation: 1,
             lease_id: "lease-1".into(),
             revision: placement.revision().into(),
             participant_id: participant,

@@ -177,7 +177,7 @@ static int layout_init(layout *l, uint64_t tp, const char *set, int fill, const 
         o.participant_id = l->participant[r];
         o.instance_id = instance;
         o.lease_id = lease;
-        o.generation = 1;
+        o.lease_generation = 1;
         if ((st = mws_binding_new(&o, &l->bindings[r])) != MWS_OK) return fail("mws_binding_new", st);
         for (t = 0; t < N_TENSORS; t++) {
             fragment *f = &l->frags[r][t];

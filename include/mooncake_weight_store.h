@@ -38,7 +38,7 @@
 /** Major version of this header (compare with `mws_version()`). */
 #define MWS_VERSION_MAJOR 0
 /** Minor version of this header; before 1.0, only the same minor version is ABI-compatible. */
-#define MWS_VERSION_MINOR 2
+#define MWS_VERSION_MINOR 3
 /** Patch version of this header. */
 #define MWS_VERSION_PATCH 0
 
@@ -438,7 +438,7 @@ typedef enum mws_status {
 typedef enum mws_target_verdict {
     /**
      * The call's share of the target landed completely (the target may be
-     * activated at `generation` once every call writing it reports this).
+     * activated at `weight_generation` once every call writing it reports this).
      */
     MWS_TARGET_UPDATED = 0,
     /**
@@ -764,9 +764,12 @@ typedef struct mws_binding_options {
      */
     const char *lease_id;
     /**
-     * The weight generation the buffers hold.
+     * The lease generation: the runtime fence the owner moves with its lease (a
+     * binding observed under another lease generation is stale). Not the weight
+     * generation, which the placement carries (the reference's wire name of this
+     * field is `generation`).
      */
-    uint64_t generation;
+    uint64_t lease_generation;
 } mws_binding_options;
 
 /**
@@ -1284,7 +1287,7 @@ typedef struct mws_target_outcome {
     /**
      * The plan's weight generation.
      */
-    uint64_t generation;
+    uint64_t weight_generation;
     /**
      * An `mws_target_verdict` value.
      */
@@ -1333,14 +1336,14 @@ typedef struct mws_notify_outcome {
      * An `mws_target_verdict` value: `MWS_TARGET_UNCHANGED` (no writer announced
      * anything: the previous contents stand), `MWS_TARGET_UPDATED` (every writer the
      * plan routes into the participant reported its call done: it may serve
-     * `generation`) or `MWS_TARGET_TORN` (a writer began and has not reported done:
+     * `weight_generation`) or `MWS_TARGET_TORN` (a writer began and has not reported done:
      * the bytes are undefined).
      */
     uint32_t verdict;
     /**
-     * The acceptor's generation (the plan's weight generation).
+     * The acceptor's weight generation (the plan's).
      */
-    uint64_t generation;
+    uint64_t weight_generation;
     /**
      * Torn: the writers (source executors) whose calls are incomplete; else 0.
      */
@@ -1559,7 +1562,7 @@ typedef struct mws_fragment_spec {
 
 /**
  * A runtime lease of one prepared binding that rotated: its owner moved the lease
- * fence on (`lease_id`, `generation`) while the buffers stayed where they were
+ * fence on (`lease_id`, `lease_generation`) while the buffers stayed where they were
  * prepared (and, when pre-registered, re-registered them for the new lease). Strings
  * are only read during the call.
  */
@@ -1577,9 +1580,9 @@ typedef struct mws_lease_rotation {
      */
     const char *lease_id;
     /**
-     * The new runtime generation.
+     * The new lease generation.
      */
-    uint64_t generation;
+    uint64_t lease_generation;
 } mws_lease_rotation;
 
 /**
@@ -2116,9 +2119,9 @@ typedef struct mws_transfer_endpoint_info {
      */
     const char *lease_id;
     /**
-     * Generation of the binding.
+     * Lease generation of the binding.
      */
-    uint64_t generation;
+    uint64_t lease_generation;
     /**
      * Worker.
      */
@@ -2181,7 +2184,7 @@ typedef struct mws_transfer_operation_info {
 
 /**
  * One executor (`mws_transfer_plan_executor`). For a logical plan the instance,
- * lease and worker are NULL and `generation` is 0.
+ * lease and worker are NULL and `lease_generation` is 0.
  */
 typedef struct mws_transfer_executor_info {
     /**
@@ -2201,9 +2204,9 @@ typedef struct mws_transfer_executor_info {
      */
     const char *worker_id;
     /**
-     * Generation (bound plans).
+     * Lease generation of the binding (bound plans).
      */
-    uint64_t generation;
+    uint64_t lease_generation;
     /**
      * Rank: data parallel.
      */
@@ -2273,9 +2276,9 @@ typedef struct mws_upload_operation {
      */
     const char *source_lease_id;
     /**
-     * The generation of that binding.
+     * The lease generation of that binding.
      */
-    uint64_t source_generation;
+    uint64_t source_lease_generation;
     /**
      * The runtime fragment id of the source buffer.
      */

@@ -640,11 +640,12 @@ struct BindingOptions {
     std::string participant_id;    ///< The topology participant whose part this binding lends.
     std::string instance_id;       ///< The process/engine instance holding the buffers.
     std::string lease_id;          ///< The lease under which the buffers are lent.
-    std::uint64_t generation = 0;  ///< The weight generation the buffers hold.
+    std::uint64_t lease_generation = 0;  ///< The lease generation (the owner's runtime fence; not the weight generation).
 
     /// Fills resource id, revision, placement id and digest from `placement`.
-    /// Also the generation (the placement's weight generation); participant_id,
-    /// instance_id and lease_id stay empty for the caller to set. Copies the strings.
+    /// The lease generation starts at the placement's weight generation (any value the
+    /// owner then moves with its lease); participant_id, instance_id and lease_id stay
+    /// empty for the caller to set. Copies the strings.
     /// Throws mws::Error (MWS_NULL_ARGUMENT) when `placement` is empty.
     static BindingOptions for_placement(const Placement &placement) {
         BindingOptions o;
@@ -652,7 +653,7 @@ struct BindingOptions {
         o.revision = std::string(placement.revision());
         o.placement_id = std::string(placement.id());
         o.placement_digest = std::string(placement.digest());
-        o.generation = placement.weight_generation();
+        o.lease_generation = placement.weight_generation();
         return o;
     }
 };
@@ -665,8 +666,8 @@ struct BindingOptions {
 class Binding {
 public:
     /// Creates an empty binding of `participant_id` of `placement`, for Binding::add
-    /// (mws_binding_new): resource id, revision, placement id, digest and generation
-    /// from the placement, instance id = `participant_id`, lease id `lease_id`. It
+    /// (mws_binding_new): resource id, revision, placement id and digest from the
+    /// placement, lease generation = its weight generation, instance id = `participant_id`, lease id `lease_id`. It
     /// copies the geometry of the participant's fragments (it does not borrow the
     /// placement). Throws mws::Error: MWS_NULL_ARGUMENT (empty placement),
     /// MWS_INVALID_ARGUMENT (the placement has no fragment held by `participant_id`),
@@ -685,7 +686,7 @@ public:
         c.participant_id = o.participant_id.c_str();
         c.instance_id = o.instance_id.c_str();
         c.lease_id = o.lease_id.c_str();
-        c.generation = o.generation;
+        c.lease_generation = o.lease_generation;
         mws_binding *raw = nullptr;
         detail::check(mws_binding_new(&c, &raw));
         handle_.reset(raw);
@@ -887,7 +888,7 @@ struct UploadOperation {
     std::string_view source_participant_id;         ///< The participant whose binding lends the source buffer.
     std::string_view source_instance_id;            ///< The instance id of that binding.
     std::string_view source_lease_id;               ///< The lease id of that binding.
-    std::uint64_t source_generation;                ///< The generation of that binding.
+    std::uint64_t source_lease_generation;          ///< The lease generation of that binding.
     std::string_view source_fragment_id;            ///< The runtime fragment id of the source buffer.
     std::string_view source_worker_id;              ///< The worker that owns the source buffer.
     std::string_view source_placement_fragment_id;  ///< The placement fragment the source buffer holds.
@@ -957,7 +958,7 @@ public:
         return UploadOperation{op.source_participant_id,
                                op.source_instance_id,
                                op.source_lease_id,
-                               op.source_generation,
+                               op.source_lease_generation,
                                op.source_fragment_id,
                                op.source_worker_id,
                                op.source_placement_fragment_id,
@@ -1952,7 +1953,7 @@ struct TargetOutcome {
     /// The target participant.
     std::string participant_id;
     /// The weight generation of the call (or step).
-    std::uint64_t generation = 0;
+    std::uint64_t weight_generation = 0;
     /// Updated, unchanged or torn.
     mws_target_verdict verdict = MWS_TARGET_UNCHANGED;
 };
@@ -1980,7 +1981,7 @@ struct LiveReport {
         out.guard_release = static_cast<mws_guard_release>(r.guard_release);
         if (r.pending_transfer_id != nullptr) out.pending_transfer_id = r.pending_transfer_id;
         for (std::size_t i = 0; i < r.n_targets; ++i)
-            out.targets.push_back({r.targets[i].participant_id, r.targets[i].generation,
+            out.targets.push_back({r.targets[i].participant_id, r.targets[i].weight_generation,
                                    static_cast<mws_target_verdict>(r.targets[i].verdict)});
         out.stats = r.stats;
         return out;
@@ -2068,8 +2069,8 @@ struct LeaseRotation {
     std::string participant_id;
     /// The new lease id.
     std::string lease_id;
-    /// The new runtime generation.
-    std::uint64_t generation = 0;
+    /// The new lease generation.
+    std::uint64_t lease_generation = 0;
 };
 
 /// A live transfer prepared once for many steps (owns an mws_prepared_transfer), made
@@ -2097,7 +2098,7 @@ public:
                             const char *transfer_id = nullptr) const {
         std::vector<mws_lease_rotation> l;
         for (const LeaseRotation &r : leases)
-            l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.generation});
+            l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.lease_generation});
         mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
         mws_transfer_stats stats{};
         detail::check(mws_prepared_transfer_step(get(), &args, &stats));

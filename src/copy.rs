@@ -68,8 +68,8 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
 
 /// How a long [`copy_streaming`] moves its bytes. Which one is faster depends on the
 /// machine's memory system, not on the data: on the 2-core benchmark VMs one pattern
-/// or the other has been 1.3-1.45x faster on different days (docs/PLANNING-SPEED.md,
-/// "the copy pattern"), so each process measures it on its first long copies
+/// or the other has been 1.3-1.45x faster on different days (docs/PERFORMANCE.md,
+/// "The copy pattern"), so each process measures it on its first long copies
 /// ([`Picker`]) unless `MWS_COPY_PATTERN` names one.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

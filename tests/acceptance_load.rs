@@ -185,12 +185,13 @@ fn acc_174_load_rejects_stale_target_generation() {
     let m = committed(&fake, &ws, s_placement(1, 1, 1));
     let dst = target(s_placement(1, 1, 1));
     let plan = plan_load(&ws, &m, &dst).unwrap();
-    let gen2 = rebind(&dst.bindings[0], |s| s.generation = 2, |_| {});
-    let gen2_id = rebind(&dst.bindings[0], |s| s.generation = 2, |f| f.fragment_id = format!("{}-2", f.fragment_id));
+    let gen2 = rebind(&dst.bindings[0], |s| s.lease_generation = 2, |_| {});
+    let gen2_id =
+        rebind(&dst.bindings[0], |s| s.lease_generation = 2, |f| f.fragment_id = format!("{}-2", f.fragment_id));
     let moved = rebind(
         &dst.bindings[0],
         |s| {
-            s.generation = 2;
+            s.lease_generation = 2;
             s.instance_id = "other-instance".into();
         },
         |f| {

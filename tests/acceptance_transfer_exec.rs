@@ -53,7 +53,7 @@ impl Live {
             .flat_map(|b| {
                 b.fragments()
                     .iter()
-                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
             })
             .collect()
     }
@@ -168,7 +168,7 @@ fn respec(
         placement_id: b.placement_id().into(),
         placement_digest: b.placement_digest().into(),
         instance_id: b.instance_id().into(),
-        generation: b.generation(),
+        lease_generation: b.lease_generation(),
         lease_id: b.lease_id().into(),
         revision: b.revision().into(),
         participant_id: b.participant_id().into(),
@@ -299,12 +299,12 @@ fn acc_328_stale_source_binding_is_a_snapshot_mismatch() {
     let engine = FakeEngine::legacy();
     let ex = exec(&engine);
     let leases = live.target_leases();
-    let g2 = respec(&live.sb[0], |s| s.generation = 2, |_| {});
+    let g2 = respec(&live.sb[0], |s| s.lease_generation = 2, |_| {});
     err_has(live.sink_with(&ex, &g2, &live.tb, Some(&leases)), "source executor snapshot mismatch");
     let rolled = respec(
         &live.sb[0],
         |s| {
-            s.generation = 2;
+            s.lease_generation = 2;
             s.instance_id = "source-t0-restarted".into();
         },
         |f| {
@@ -326,7 +326,7 @@ fn acc_329_stale_target_binding_is_a_snapshot_mismatch() {
         let mut tb = live.tb.clone();
         tb[0] = respec(
             &tb[0],
-            |s| s.generation = 2,
+            |s| s.lease_generation = 2,
             |f| {
                 if change == 0 {
                     f.address = 0x90000;
@@ -415,7 +415,7 @@ fn acc_332_unselected_dp_replica_returns_nothing() {
     let guards = GuardProviders::all(guard.clone());
     let stale = respec(
         &dp1,
-        |s| s.generation = 2,
+        |s| s.lease_generation = 2,
         |f| {
             f.address += 0x100000;
             f.storage_address += 0x100000;
@@ -1512,7 +1512,7 @@ fn acc_387_coordinator_reports_only_fully_written_targets() {
         assert!(r1.is_err());
         let mut calls = vec![record(&live, 0, r0), record(&live, 1, r1)];
         let v = target_outcomes(&live.plan, TransferMode::Sink, &calls);
-        let updated = TargetOutcome::Updated { generation: 1 };
+        let updated = TargetOutcome::Updated { weight_generation: 1 };
         assert_eq!(v[&pid(tp(0))], updated);
         assert_eq!(v[&pid(tp(1))], updated);
         assert!(matches!(v[&pid(tp(2))], TargetOutcome::Torn { .. }));
@@ -1541,7 +1541,7 @@ fn acc_387_coordinator_reports_only_fully_written_targets() {
         let calls = vec![record(&live, 0, Ok(bad)), record(&live, 1, live.sink(&exec(&FakeEngine::legacy()), 1))];
         let v = target_outcomes(&live.plan, TransferMode::Sink, &calls);
         assert!(matches!(v[&pid(tp(0))], TargetOutcome::Torn { .. }));
-        assert_eq!(v[&pid(tp(2))], TargetOutcome::Updated { generation: 1 });
+        assert_eq!(v[&pid(tp(2))], TargetOutcome::Updated { weight_generation: 1 });
     }
     // A call that failed before any batch leaves its targets unchanged.
     let e = live.sink_with(&exec(&FakeEngine::legacy()), &live.sb[1], &live.tb, None).unwrap_err();

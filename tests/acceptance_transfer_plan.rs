@@ -90,7 +90,7 @@ fn acc_302_binding_requires_matching_source_bindings() {
         placement_id: sb.placement_id().into(),
         placement_digest: sb.placement_digest().into(),
         instance_id: sb.instance_id().into(),
-        generation: 3,
+        lease_generation: 3,
         lease_id: sb.lease_id().into(),
         revision: sb.revision().into(),
         participant_id: sb.participant_id().into(),
@@ -199,7 +199,7 @@ fn acc_306_rebinding_needs_no_replanning() {
     assert_eq!(b.operation_fragment(0, Side::Source).1.address(), 0x2000);
     let e = &b.executors(Side::Source)[0];
     assert_eq!(
-        (e.instance_id.as_str(), e.worker_id.as_str(), e.generation),
+        (e.instance_id.as_str(), e.worker_id.as_str(), e.lease_generation),
         ("source-instance-2", "source-worker-2", 4)
     );
     for (x, y) in a.regions().iter().zip(b.regions()) {
@@ -499,7 +499,7 @@ fn write<'a>(h: &'a Hand, f: &'a RuntimeFragment, r: &'a TransferRegion) -> Targ
     TargetWrite {
         instance_id: "i",
         lease_id: "l",
-        generation: 1,
+        lease_generation: 1,
         target: f,
         target_placement: &h.target,
         region: r,

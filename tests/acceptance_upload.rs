@@ -21,7 +21,7 @@ fn acc_101_selects_one_complete_generation_consistent_dp_replica() {
     assert_eq!(plan.operations().len(), 2);
     for op in plan.operations() {
         assert_eq!(op.source_placement().rank().dp, 0);
-        assert_eq!(op.source_generation(), 2);
+        assert_eq!(op.source_lease_generation(), 2);
         assert_eq!(op.source_snapshot().lease_generation(), 2);
         assert_eq!(op.source_lease_id(), "lease-2");
     }
@@ -182,7 +182,7 @@ fn acc_109_payload_outside_the_transaction_is_refused() {
                 o.source_participant_id().into(),
                 o.source_instance_id().into(),
                 foreign(o.target()),
-                o.source_generation(),
+                o.source_lease_generation(),
                 o.source_lease_id().into(),
             )
             .unwrap()

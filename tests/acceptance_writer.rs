@@ -234,7 +234,7 @@ fn acc_162_upload_rejects_generation_scoped_fragment_id_rollover() {
     let ws = ws(&fake);
     let src = source(s_placement(1, 1, 7));
     let plan = plan_of(&ws, &src);
-    let b = rebind(&src.bindings[0], |s| s.generation = 2, |f| f.fragment_id = format!("{}-gen2", f.fragment_id));
+    let b = rebind(&src.bindings[0], |s| s.lease_generation = 2, |f| f.fragment_id = format!("{}-gen2", f.fragment_id));
     expect_err(upload(&ws, &plan, &src.placement, &b), ErrorKind::StaleBinding, "missing planned source fragment");
     assert_eq!(fake.mutations(), 0);
 }

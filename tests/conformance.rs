@@ -104,7 +104,7 @@ fn run_upload(inputs: &J, expected: &J) -> Outcome {
             check(o.source_participant_id() == e["source_participant_id"], "op participant")?;
             check(o.source_instance_id() == e["source_instance_id"], "op instance")?;
             check(o.source_lease_id() == e["source_lease_id"], "op lease")?;
-            check(o.source_generation() == e["source_generation"], "op generation")?;
+            check(o.source_lease_generation() == e["source_generation"], "op generation")?;
             check(o.source_snapshot().fragment_id() == e["source_fragment_id"], "op runtime fragment")?;
             check(o.source_snapshot().worker_id() == e["source_worker_id"], "op worker")?;
             check(
@@ -232,7 +232,7 @@ fn run_load(inputs: &J, expected: &J) -> Outcome {
                 placement_id: target.placement_id().into(),
                 placement_digest: target.digest().into(),
                 instance_id: "instance".into(),
-                generation: 1,
+                lease_generation: 1,
                 lease_id: "lease".into(),
                 revision: target.revision().into(),
                 participant_id: part.participant_id().into(),

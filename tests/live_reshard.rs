@@ -44,7 +44,9 @@ fn pre_register(engine: &LocalEngine, m: &HostModel) -> Vec<MemoryRegistrationLe
     m.bindings
         .iter()
         .flat_map(|b| {
-            b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+            b.fragments()
+                .iter()
+                .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
         })
         .collect()
 }
@@ -90,7 +92,7 @@ fn live_reshard_sink_mode_every_byte() {
     assert_eq!(dst.verify().unwrap() as u64, plan.total_bytes());
     let verdict = target_outcomes(&plan, TransferMode::Sink, &calls);
     assert_eq!(verdict.len(), dst.bindings.len());
-    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { generation: 1 }), "{verdict:?}");
+    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { weight_generation: 1 }), "{verdict:?}");
     unregister_all(&engine, &dst);
     assert_eq!(engine.registered_count(), 0, "the sink unregistered its own source memory");
 }
@@ -122,7 +124,7 @@ fn live_reshard_reader_mode_every_byte() {
     }
     assert_eq!(dst.verify().unwrap() as u64, plan.total_bytes());
     let verdict = target_outcomes(&plan, TransferMode::Reader, &calls);
-    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { generation: 1 }), "{verdict:?}");
+    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { weight_generation: 1 }), "{verdict:?}");
     unregister_all(&engine, &src);
     assert_eq!(engine.registered_count(), 0);
 }
@@ -136,7 +138,9 @@ fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_hook() {
         .bindings
         .iter()
         .flat_map(|b| {
-            b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+            b.fragments()
+                .iter()
+                .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
         })
         .collect();
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();

@@ -90,8 +90,8 @@ fn sink_pushes_every_byte_with_progress_stats_and_a_report() {
                 assert!(report.stats.engine_operations <= report.stats.operations);
                 assert!(!report.targets.is_empty());
                 for t in &report.targets {
-                    assert_eq!(t.generation, 1);
-                    assert_eq!(t.outcome, TargetOutcome::Updated { generation: 1 });
+                    assert_eq!(t.weight_generation, 1);
+                    assert_eq!(t.outcome, TargetOutcome::Updated { weight_generation: 1 });
                 }
                 bytes += report.stats.bytes;
                 records.push(CallRecord {
@@ -107,7 +107,7 @@ fn sink_pushes_every_byte_with_progress_stats_and_a_report() {
     assert_eq!(bytes, plan.total_bytes());
     assert_eq!(dst.verify().unwrap() as u64, plan.total_bytes());
     let verdict = target_outcomes(&plan, TransferMode::Sink, &records);
-    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { generation: 1 }), "{verdict:?}");
+    assert!(verdict.values().all(|v| *v == TargetOutcome::Updated { weight_generation: 1 }), "{verdict:?}");
     let seen = seen.lock();
     assert!(seen.iter().all(|p| p.phase == ProgressPhase::Transfer && p.bytes_done <= p.bytes_total));
     assert!(seen.iter().any(|p| p.bytes_done == p.bytes_total && p.bytes_total > 0), "each call reports its end");
@@ -152,7 +152,7 @@ fn loader_pulls_every_byte_and_cancellation_before_a_call_writes_nothing() {
         assert!(report.submitted);
         assert_eq!(report.guard_release, GuardRelease::Completed);
         assert_eq!(report.targets.len(), 1);
-        assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { generation: 1 });
+        assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { weight_generation: 1 });
         assert_eq!(loader.stats(), report.stats);
         total += report.stats.bytes;
     }
@@ -202,7 +202,7 @@ fn cancellation_in_the_middle_of_a_call_reports_the_target_torn() {
     let report =
         unsafe { loader.load_live(&plan, &src.placement, &src.bindings, &dst.placement, target, &LiveArgs::default()) }
             .unwrap();
-    assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { generation: 1 });
+    assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { weight_generation: 1 });
     unregister(&engine, &src);
     assert_eq!(loader.executor().resources(), EngineResources { registered: Some(Vec::new()), pending: Vec::new() });
 }

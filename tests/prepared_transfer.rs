@@ -167,8 +167,8 @@ fn sink_prepared_once_moves_every_generation() {
             let report = unsafe { p.step(&step(g)) }.unwrap();
             bytes += report.stats.bytes;
             for t in &report.targets {
-                assert_eq!(t.outcome, TargetOutcome::Updated { generation: g });
-                assert_eq!(t.generation, g);
+                assert_eq!(t.outcome, TargetOutcome::Updated { weight_generation: g });
+                assert_eq!(t.weight_generation, g);
             }
             assert_eq!(
                 report.guard_release,
@@ -212,7 +212,7 @@ fn reader_prepared_once_moves_every_generation() {
             let report = unsafe { p.step(&step(g)) }.unwrap();
             assert_eq!(report.targets.len(), 1);
             assert_eq!(report.targets[0].participant_id, b.participant_id());
-            assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { generation: g });
+            assert_eq!(report.targets[0].outcome, TargetOutcome::Updated { weight_generation: g });
         }
         let batches: usize = prepared.iter().map(|p| p.batch_count()).sum();
         assert_eq!(engine.batches.load(Ordering::SeqCst) - before, batches);
@@ -311,13 +311,13 @@ fn rebuilt(
         })
         .collect();
     let (pid, digest) = placement.unwrap_or((b.placement_id(), b.placement_digest()));
-    let (lease_id, generation) = lease.unwrap_or((b.lease_id(), b.generation()));
+    let (lease_id, generation) = lease.unwrap_or((b.lease_id(), b.lease_generation()));
     RuntimeBinding::new(RuntimeBindingSpec {
         resource_id: b.resource_id().into(),
         placement_id: pid.into(),
         placement_digest: digest.into(),
         instance_id: instance.unwrap_or(b.instance_id()).into(),
-        generation,
+        lease_generation: generation,
         lease_id: lease_id.into(),
         revision: b.revision().into(),
         participant_id: b.participant_id().into(),
@@ -438,7 +438,7 @@ fn lease_rotations() {
         instance_id: local.instance_id(),
         participant_id: local.participant_id(),
         lease_id: "serving-lease-9",
-        generation: 9,
+        lease_generation: 9,
     }];
     let with_rotation = StepArgs { weight_generation: 5, leases: &rotation, transfer_id: None };
     // The guard still sees the old lease: refused, and the rotation is not kept.
@@ -494,11 +494,11 @@ fn static_guard_takes_a_rotation_on_the_callers_word() {
         instance_id: src.bindings[0].instance_id(),
         participant_id: src.bindings[0].participant_id(),
         lease_id: "trainer-lease-2",
-        generation: 2,
+        lease_generation: 2,
     }];
     // SAFETY: as above.
     let r = unsafe { p.step(&StepArgs { weight_generation: 2, leases: &rotation, transfer_id: None }) }.unwrap();
-    assert_eq!(r.targets[0].outcome, TargetOutcome::Updated { generation: 2 });
+    assert_eq!(r.targets[0].outcome, TargetOutcome::Updated { weight_generation: 2 });
 }
 
 #[test]

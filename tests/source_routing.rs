@@ -156,7 +156,9 @@ fn a_spread_plan_moves_every_byte_in_reader_mode() {
         .bindings
         .iter()
         .flat_map(|b| {
-            b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+            b.fragments()
+                .iter()
+                .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
         })
         .collect();
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();

@@ -73,7 +73,7 @@ fn bindings(p: &Placement, rng: &mut Rng, prefix: &str, instances: u64, base: u6
                 placement_id: p.placement_id().into(),
                 placement_digest: p.digest().into(),
                 instance_id: instance,
-                generation: 1 + rng.below(3),
+                lease_generation: 1 + rng.below(3),
                 lease_id: format!("lease-{pid}"),
                 revision: p.revision().into(),
                 participant_id: pid.into(),
@@ -116,7 +116,7 @@ fn oracle(
         .map(|(r, &(_, (b, f)))| TargetWrite {
             instance_id: tb[b].instance_id(),
             lease_id: tb[b].lease_id(),
-            generation: tb[b].generation(),
+            lease_generation: tb[b].lease_generation(),
             target: &tb[b].fragments()[f],
             target_placement: logical.target_of(r),
             region: r,

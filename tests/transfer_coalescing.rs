@@ -83,7 +83,7 @@ fn flat_binding(
         placement_id: placement.placement_id().into(),
         placement_digest: placement.digest().into(),
         instance_id: name.into(),
-        generation: 1,
+        lease_generation: 1,
         lease_id: format!("{name}-runtime-lease"),
         revision: placement.revision().into(),
         participant_id: participant.into(),
@@ -133,7 +133,7 @@ impl Live {
             .flat_map(|b| {
                 b.fragments()
                     .iter()
-                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
             })
             .collect()
     }
@@ -284,7 +284,7 @@ fn column_split_rows_are_strided_and_never_merge() {
                     placement_id: p.placement_id().into(),
                     placement_digest: p.digest().into(),
                     instance_id: format!("{name}-t{i}"),
-                    generation: 1,
+                    lease_generation: 1,
                     lease_id: format!("{name}-t{i}-runtime-lease"),
                     revision: p.revision().into(),
                     participant_id: pid(tp(i)),
@@ -470,7 +470,7 @@ fn a_failed_merged_operation_fails_every_covered_target() {
         let calls = vec![live.record(0, Side::Source, Err(e)), live.record(1, Side::Source, good)];
         let v = target_outcomes(&live.plan, TransferMode::Sink, &calls);
         assert!(matches!(v[&pid(tp(0))], TargetOutcome::Torn { .. }), "{status:?}: {v:?}");
-        assert_eq!(v[&pid(tp(1))], TargetOutcome::Updated { generation: 1 });
+        assert_eq!(v[&pid(tp(1))], TargetOutcome::Updated { weight_generation: 1 });
         if let Some(id) = calls[0].result.as_ref().unwrap_err().pending_transfer_id.clone() {
             // Unknown completion: leave nothing pending behind the test.
             let _ = ex.drain_pending_transfer(&id, 0);
@@ -497,11 +497,11 @@ fn coalesced_receipts_complete_every_target() {
             .collect();
         let v = target_outcomes(&live.plan, TransferMode::Sink, &calls);
         assert_eq!(v.len() as u64, t);
-        assert!(v.values().all(|o| *o == TargetOutcome::Updated { generation: 1 }), "TP{s} -> TP{t}: {v:?}");
+        assert!(v.values().all(|o| *o == TargetOutcome::Updated { weight_generation: 1 }), "TP{s} -> TP{t}: {v:?}");
         let calls: Vec<_> = (0..t as usize)
             .map(|i| live.record(i, Side::Target, live.reader(&exec(FakeEngine::legacy(), true, 1024), i, None)))
             .collect();
         let v = target_outcomes(&live.plan, TransferMode::Reader, &calls);
-        assert!(v.values().all(|o| *o == TargetOutcome::Updated { generation: 1 }), "TP{s} -> TP{t}: {v:?}");
+        assert!(v.values().all(|o| *o == TargetOutcome::Updated { weight_generation: 1 }), "TP{s} -> TP{t}: {v:?}");
     }
 }

@@ -130,7 +130,7 @@ fn binding(placement: &Placement, participant: &str, name: &str, base: u64, gene
         placement_id: placement.placement_id().into(),
         placement_digest: placement.digest().into(),
         instance_id: name.into(),
-        generation,
+        lease_generation: generation,
         lease_id: format!("{name}-lease-{generation}"),
         revision: placement.revision().into(),
         participant_id: participant.into(),
@@ -171,7 +171,7 @@ impl Live {
             .flat_map(|b| {
                 b.fragments()
                     .iter()
-                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.generation(), Some(b.lease_id())))
+                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
             })
             .collect()
     }
@@ -237,7 +237,7 @@ fn every_target_is_updated_only_after_every_writer_said_done() {
             // The first writer done, the second silent: its call is missing.
             TargetOutcome::Torn { incomplete: vec![(pid(tp(i as u64 + 1)), format!("source-t{}", i + 1))] }
         } else {
-            TargetOutcome::Updated { generation: 3 }
+            TargetOutcome::Updated { weight_generation: 3 }
         };
         assert_eq!(acc[t].outcome(), want);
     }
@@ -245,12 +245,12 @@ fn every_target_is_updated_only_after_every_writer_said_done() {
     let r = live.push(&ex, None, 0, None).unwrap();
     let msgs = engine.take(&endpoint(0));
     feed(&mut acc[0], &msgs);
-    assert_eq!(acc[0].outcome(), TargetOutcome::Updated { generation: 3 }, "a re-run completes again");
+    assert_eq!(acc[0].outcome(), TargetOutcome::Updated { weight_generation: 3 }, "a re-run completes again");
     for m in &msgs {
         let e = acc[0].accept(m).unwrap_err();
         assert_eq!(e.refusal, NotifyRefusal::Replayed, "{e}");
     }
-    assert_eq!(acc[0].outcome(), TargetOutcome::Updated { generation: 3 });
+    assert_eq!(acc[0].outcome(), TargetOutcome::Updated { weight_generation: 3 });
     assert_eq!(r.delivered[0].kind, NotifyKind::Begin);
 }
 

@@ -76,7 +76,7 @@ fn bindings_in(m: &HostModel, memory: MemoryKind) -> Vec<RuntimeBinding> {
                 placement_id: b.placement_id().into(),
                 placement_digest: b.placement_digest().into(),
                 instance_id: b.instance_id().into(),
-                generation: b.generation(),
+                lease_generation: b.lease_generation(),
                 lease_id: b.lease_id().into(),
                 revision: b.revision().into(),
                 participant_id: b.participant_id().into(),

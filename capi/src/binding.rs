@@ -73,8 +73,11 @@ pub struct mws_binding_options {
     pub instance_id: *const c_char,
     /// The lease under which the buffers are lent.
     pub lease_id: *const c_char,
-    /// The weight generation the buffers hold.
-    pub generation: u64,
+    /// The lease generation: the runtime fence the owner moves with its lease (a
+    /// binding observed under another lease generation is stale). Not the weight
+    /// generation, which the placement carries (the reference's wire name of this
+    /// field is `generation`).
+    pub lease_generation: u64,
 }
 
 /// One live buffer of a runtime binding, read by `mws_binding_add_fragment` (copied;
@@ -149,7 +152,7 @@ pub unsafe extern "C" fn mws_binding_new(
             participant_id: c.str(o.participant_id, "options->participant_id")?.to_owned(),
             instance_id: c.str(o.instance_id, "options->instance_id")?.to_owned(),
             lease_id: c.str(o.lease_id, "options->lease_id")?.to_owned(),
-            generation: o.generation,
+            lease_generation: o.lease_generation,
             fragments: Vec::new(),
         };
         out.give_handle(mws_binding { spec })

@@ -76,7 +76,7 @@ pub struct mws_live_args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum mws_target_verdict {
     /// The call's share of the target landed completely (the target may be
-    /// activated at `generation` once every call writing it reports this).
+    /// activated at `weight_generation` once every call writing it reports this).
     MWS_TARGET_UPDATED = 0,
     /// The call submitted nothing: the target still holds its previous contents.
     MWS_TARGET_UNCHANGED = 1,
@@ -111,7 +111,7 @@ pub struct mws_target_outcome {
     /// The target participant.
     pub participant_id: *const c_char,
     /// The plan's weight generation.
-    pub generation: u64,
+    pub weight_generation: u64,
     /// An `mws_target_verdict` value.
     pub verdict: u32,
 }
@@ -188,7 +188,7 @@ impl ReportView {
         let targets: Vec<_> = (report.targets.iter())
             .map(|t| mws_target_outcome {
                 participant_id: texts.ptr(&t.participant_id),
-                generation: t.generation,
+                weight_generation: t.weight_generation,
                 verdict: verdict(&t.outcome) as u32,
             })
             .collect();

@@ -57,22 +57,22 @@ pub struct mws_notify_outcome {
     /// An `mws_target_verdict` value: `MWS_TARGET_UNCHANGED` (no writer announced
     /// anything: the previous contents stand), `MWS_TARGET_UPDATED` (every writer the
     /// plan routes into the participant reported its call done: it may serve
-    /// `generation`) or `MWS_TARGET_TORN` (a writer began and has not reported done:
+    /// `weight_generation`) or `MWS_TARGET_TORN` (a writer began and has not reported done:
     /// the bytes are undefined).
     pub verdict: u32,
-    /// The acceptor's generation (the plan's weight generation).
-    pub generation: u64,
+    /// The acceptor's weight generation (the plan's).
+    pub weight_generation: u64,
     /// Torn: the writers (source executors) whose calls are incomplete; else 0.
     pub incomplete: u64,
 }
 
-fn outcome_c(o: &TargetOutcome, generation: u64) -> mws_notify_outcome {
-    let (generation, incomplete) = match o {
-        TargetOutcome::Unchanged => (generation, 0),
-        TargetOutcome::Updated { generation } => (*generation, 0),
-        TargetOutcome::Torn { incomplete } => (generation, incomplete.len() as u64),
+fn outcome_c(o: &TargetOutcome, bound: u64) -> mws_notify_outcome {
+    let (weight_generation, incomplete) = match o {
+        TargetOutcome::Unchanged => (bound, 0),
+        TargetOutcome::Updated { weight_generation } => (*weight_generation, 0),
+        TargetOutcome::Torn { incomplete } => (bound, incomplete.len() as u64),
     };
-    mws_notify_outcome { verdict: verdict(o) as u32, generation, incomplete }
+    mws_notify_outcome { verdict: verdict(o) as u32, weight_generation, incomplete }
 }
 
 /// The target side of the notify hook for one participant under one bound plan
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_accept(
         let bytes = c.slice(message, len, "message")?;
         let mut acc = a.inner.lock();
         let result = acc.accept(bytes);
-        let o = outcome_c(&acc.outcome(), acc.generation());
+        let o = outcome_c(&acc.outcome(), acc.weight_generation());
         let (v, r) = match result {
             Ok(_) => (MWS_NOTIFY_ACCEPTED, Ok(())),
             Err(e) => (e.refusal as u32, Err(Failure::from(mws::Error::from(e)))),
@@ -194,7 +194,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_outcome(
         let a = c.handle(acceptor, "acceptor")?;
         let out = c.out(out, "out")?;
         let acc = a.inner.lock();
-        out.give(outcome_c(&acc.outcome(), acc.generation()))
+        out.give(outcome_c(&acc.outcome(), acc.weight_generation()))
     })
 }
 

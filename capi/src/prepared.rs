@@ -47,7 +47,7 @@ impl mws_prepared_transfer {
 }
 
 /// A runtime lease of one prepared binding that rotated: its owner moved the lease
-/// fence on (`lease_id`, `generation`) while the buffers stayed where they were
+/// fence on (`lease_id`, `lease_generation`) while the buffers stayed where they were
 /// prepared (and, when pre-registered, re-registered them for the new lease). Strings
 /// are only read during the call.
 #[repr(C)]
@@ -59,8 +59,8 @@ pub struct mws_lease_rotation {
     pub participant_id: *const c_char,
     /// The new lease id (non-empty).
     pub lease_id: *const c_char,
-    /// The new runtime generation.
-    pub generation: u64,
+    /// The new lease generation.
+    pub lease_generation: u64,
 }
 
 /// The arguments of one step (`mws_prepared_transfer_step`).
@@ -158,7 +158,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
                 instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
                 participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
                 lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
-                generation: l.generation,
+                lease_generation: l.lease_generation,
             });
         }
         let transfer_id = c.opt_str(a.transfer_id, "args.transfer_id")?;

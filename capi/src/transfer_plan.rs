@@ -107,8 +107,8 @@ pub struct mws_transfer_endpoint_info {
     pub instance_id: *const c_char,
     /// Lease of the binding.
     pub lease_id: *const c_char,
-    /// Generation of the binding.
-    pub generation: u64,
+    /// Lease generation of the binding.
+    pub lease_generation: u64,
     /// Worker.
     pub worker_id: *const c_char,
     /// Transfer Engine endpoint (segment name).
@@ -144,7 +144,7 @@ pub struct mws_transfer_operation_info {
 }
 
 /// One executor (`mws_transfer_plan_executor`). For a logical plan the instance,
-/// lease and worker are NULL and `generation` is 0.
+/// lease and worker are NULL and `lease_generation` is 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct mws_transfer_executor_info {
@@ -156,8 +156,8 @@ pub struct mws_transfer_executor_info {
     pub lease_id: *const c_char,
     /// Worker (bound plans).
     pub worker_id: *const c_char,
-    /// Generation (bound plans).
-    pub generation: u64,
+    /// Lease generation of the binding (bound plans).
+    pub lease_generation: u64,
     /// Rank: data parallel.
     pub dp: u64,
     /// Rank: pipeline parallel.
@@ -221,7 +221,7 @@ fn endpoint_info(s: &Texts, p: &TransferPlan, i: usize, side: Side) -> mws_trans
         participant_id: s.ptr(b.participant_id()),
         instance_id: s.ptr(b.instance_id()),
         lease_id: s.ptr(b.lease_id()),
-        generation: b.generation(),
+        lease_generation: b.lease_generation(),
         worker_id: s.ptr(f.worker_id()),
         endpoint: s.ptr(f.endpoint()),
         device: s.ptr(f.device()),
@@ -235,7 +235,7 @@ fn endpoint_info(s: &Texts, p: &TransferPlan, i: usize, side: Side) -> mws_trans
     }
 }
 
-/// One executor: `bound` (instance, lease, worker, generation) for a bound plan's.
+/// One executor: `bound` (instance, lease, worker, lease generation) for a bound plan's.
 fn executor_info(
     s: &Texts,
     participant_id: &str,
@@ -249,7 +249,7 @@ fn executor_info(
         instance_id: text(|e| &e.instance_id),
         lease_id: text(|e| &e.runtime_lease_id),
         worker_id: text(|e| &e.worker_id),
-        generation: bound.map_or(0, |e| e.generation),
+        lease_generation: bound.map_or(0, |e| e.lease_generation),
         dp: rank.dp,
         pp: rank.pp,
         ep: rank.ep,

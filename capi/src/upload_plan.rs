@@ -39,7 +39,7 @@ impl mws_upload_plan {
                 source_participant_id: texts.ptr(op.source_participant_id()),
                 source_instance_id: texts.ptr(op.source_instance_id()),
                 source_lease_id: texts.ptr(op.source_lease_id()),
-                source_generation: op.source_generation(),
+                source_lease_generation: op.source_lease_generation(),
                 source_fragment_id: texts.ptr(op.source_snapshot().fragment_id()),
                 source_worker_id: texts.ptr(op.source_snapshot().worker_id()),
                 source_placement_fragment_id: texts.ptr(op.source_placement().placement_fragment_id()),
@@ -88,8 +88,8 @@ pub struct mws_upload_operation {
     pub source_instance_id: *const c_char,
     /// The lease id of that binding.
     pub source_lease_id: *const c_char,
-    /// The generation of that binding.
-    pub source_generation: u64,
+    /// The lease generation of that binding.
+    pub source_lease_generation: u64,
     /// The runtime fragment id of the source buffer.
     pub source_fragment_id: *const c_char,
     /// The worker that owns the source buffer.

@@ -93,8 +93,11 @@ fn plan() -> mws_transfer_plan {
 
 #[test]
 fn acceptor_entry_points_check_arguments_and_refuse_bad_messages() {
-    let p = plan();
-    let target = p.bound.as_ref().unwrap().executors(mws::plan::transfer_bind::Side::Target)[0].participant_id.clone();
+    let plan = plan();
+    let target =
+        plan.bound.as_ref().unwrap().executors(mws::plan::transfer_bind::Side::Target)[0].participant_id.clone();
+    // A handle as C holds it (the library's own box, freed below).
+    let p: *mut mws_transfer_plan = crate::args::Handle::into_raw(plan);
     let participant = CString::new(target).unwrap();
     let mut acc = std::ptr::null_mut();
     // SAFETY: every pointer is NULL or valid for the call.
@@ -105,26 +108,27 @@ fn acceptor_entry_points_check_arguments_and_refuse_bad_messages() {
         );
         let short = [1u8; 8];
         assert_eq!(
-            mws_notify_acceptor_new(&p, participant.as_ptr(), short.as_ptr(), short.len(), &mut acc),
+            mws_notify_acceptor_new(p, participant.as_ptr(), short.as_ptr(), short.len(), &mut acc),
             mws_status::MWS_INVALID_ARGUMENT
         );
         let nobody = CString::new("nobody").unwrap();
         assert_eq!(
-            mws_notify_acceptor_new(&p, nobody.as_ptr(), std::ptr::null(), 0, &mut acc),
+            mws_notify_acceptor_new(p, nobody.as_ptr(), std::ptr::null(), 0, &mut acc),
             mws_status::MWS_INVALID_ARGUMENT
         );
         assert_eq!(
-            mws_notify_acceptor_new(&p, participant.as_ptr(), std::ptr::null(), 0, &mut acc),
+            mws_notify_acceptor_new(p, participant.as_ptr(), std::ptr::null(), 0, &mut acc),
             mws_status::MWS_OK
         );
-        let (mut verdict, mut outcome) = (99u32, mws_notify_outcome { verdict: 99, generation: 0, incomplete: 0 });
+        let (mut verdict, mut outcome) =
+            (99u32, mws_notify_outcome { verdict: 99, weight_generation: 0, incomplete: 0 });
         let junk = b"hello";
         assert_eq!(
             mws_notify_acceptor_accept(acc, junk.as_ptr(), junk.len(), &mut verdict, &mut outcome),
             mws_status::MWS_INVALID_ARGUMENT
         );
         assert_eq!(
-            (verdict, outcome.verdict, outcome.generation),
+            (verdict, outcome.verdict, outcome.weight_generation),
             (MWS_NOTIFY_MALFORMED, MWS_TARGET_UNCHANGED as u32, 1)
         );
         let cut = b"MWS-NOTIFY/1 sha256 00 99\n{}";
@@ -142,6 +146,7 @@ fn acceptor_entry_points_check_arguments_and_refuse_bad_messages() {
         assert_eq!(mws_notify_acceptor_outcome(acc, std::ptr::null_mut()), mws_status::MWS_NULL_ARGUMENT);
         mws_notify_acceptor_free(acc);
         mws_notify_acceptor_free(std::ptr::null_mut());
+        crate::transfer_plan::mws_transfer_plan_free(p);
         let name = std::ffi::CStr::from_ptr(mws_notify_name()).to_str().unwrap();
         assert_eq!(name, "mooncake_weight_store.notify");
     }

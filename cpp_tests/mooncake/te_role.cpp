@@ -245,7 +245,7 @@ struct Role {
         o.participant_id = get_str(w, "participant_id");
         o.instance_id = get_str(w, "instance_id");
         o.lease_id = get_str(w, "lease_id");
-        o.generation = get_u64(w, "generation");
+        o.lease_generation = get_u64(w, "generation");
         std::string endpoint = get_str(w, "endpoint");
         mws::Binding b(o);
         std::map<std::string, mws_placement_fragment_info> infos;
@@ -606,7 +606,7 @@ std::string accept(Role &r, const mj_value *c) {
     for (auto &a : acc) {
         mws_notify_outcome oc = a.second->outcome();
         const char *k = oc.verdict == MWS_TARGET_UPDATED ? "updated" : oc.verdict == MWS_TARGET_TORN ? "torn" : "unchanged";
-        o += (i++ ? "," : "") + q(a.first) + ":{\"kind\":" + q(k) + ",\"generation\":" + num(oc.generation) +
+        o += (i++ ? "," : "") + q(a.first) + ":{\"kind\":" + q(k) + ",\"generation\":" + num(oc.weight_generation) +
              ",\"incomplete\":" + num(oc.incomplete) + "}";
         if (oc.verdict == MWS_TARGET_UPDATED && bad.count(a.first)) wrong_updated.push_back(a.first);
     }

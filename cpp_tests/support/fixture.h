@@ -71,7 +71,7 @@ static inline void fixture_binding_options_from_json(const mj_value *j, mws_bind
     out->participant_id = mj_str(j, "participant_id");
     out->instance_id = mj_str(j, "instance_id");
     out->lease_id = mj_str(j, "lease_id");
-    out->generation = mj_u64(j, "generation");
+    out->lease_generation = mj_u64(j, "generation");
 }
 
 #endif /* MWS_TESTS_FIXTURE_H */

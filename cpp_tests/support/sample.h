@@ -61,7 +61,7 @@ static inline mws_status sample_bind(const mws_placement *placement, const char 
     o.participant_id = participant_id;
     o.instance_id = participant_id;
     o.lease_id = lease;
-    o.generation = generation;
+    o.lease_generation = generation;
     st = mws_binding_new(&o, &b);
     if (st != MWS_OK) {
         return st;

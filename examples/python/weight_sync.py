@@ -118,13 +118,13 @@ class Side:
 
 def wire(b: mws.Binding) -> dict:
     return {"participant_id": b.participant_id, "instance_id": b.instance_id, "lease_id": b.lease_id,
-            "generation": b.generation, "endpoint": b.endpoint,
+            "generation": b.lease_generation, "endpoint": b.endpoint,
             "fragments": [[fid, a, b._infos[fid].nbytes, b.fragment_ids[fid]] for fid, a in b.addresses.items()]}
 
 
 def unwire(placement: mws.Placement, w: dict) -> mws.Binding:
     b = mws.Binding(placement, w["participant_id"], instance_id=w["instance_id"], lease_id=w["lease_id"],
-                    generation=w["generation"], endpoint=w["endpoint"])
+                    lease_generation=w["generation"], endpoint=w["endpoint"])
     for fid, addr, n, rid in w["fragments"]:
         b.add_address(fid, addr, n, fragment_id=rid)
     return b

@@ -266,7 +266,7 @@ public:
             o.participant_id = b.first;
             o.instance_id = instance;
             o.lease_id = instance + "-lease-" + std::to_string(generation) + lease_suffix;
-            o.generation = generation;
+            o.lease_generation = generation;
             mws::Binding binding(o);
             std::size_t k = 0;
             for (const View &v : views) {

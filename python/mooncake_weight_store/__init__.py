@@ -53,7 +53,7 @@ from .state_dict import (COLWISE, LATEST, REPLICATED, ROWWISE, Parallel, Shard, 
 from .safetensors_io import (INDEX_NAME, METADATA_TENSOR, Layout, SafetensorsError, SafetensorsFile,
                              export_safetensors, import_safetensors)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "set_log_callback",

@@ -159,7 +159,7 @@ class mws_binding_options(CStruct):
         ("participant_id", c_char_p),
         ("instance_id", c_char_p),
         ("lease_id", c_char_p),
-        ("generation", c_uint64),
+        ("lease_generation", c_uint64),
     ]
 
 
@@ -262,7 +262,7 @@ class mws_upload_operation(CStruct):
         ("source_participant_id", c_char_p),
         ("source_instance_id", c_char_p),
         ("source_lease_id", c_char_p),
-        ("source_generation", c_uint64),
+        ("source_lease_generation", c_uint64),
         ("source_fragment_id", c_char_p),
         ("source_worker_id", c_char_p),
         ("source_placement_fragment_id", c_char_p),

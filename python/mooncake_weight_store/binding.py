@@ -47,7 +47,7 @@ class Binding(OwnedHandle):
         *,
         instance_id: Optional[str] = None,
         lease_id: str = "lease-1",
-        generation: Optional[int] = None,
+        lease_generation: Optional[int] = None,
         worker_id: Optional[str] = None,
         endpoint: str = "localhost:0",
     ) -> None:
@@ -56,7 +56,9 @@ class Binding(OwnedHandle):
         self.participant_id = participant_id
         self.instance_id = instance_id or participant_id
         self.lease_id = lease_id
-        self.generation = placement.weight_generation if generation is None else generation
+        #: the lease generation: the runtime fence the owner moves with its lease (not the
+        #: weight generation, which the placement carries; default: that one's value)
+        self.lease_generation = placement.weight_generation if lease_generation is None else lease_generation
         self.worker_id = worker_id or participant_id
         self.endpoint = endpoint
         self._refs: List[BufferRef] = []
@@ -73,7 +75,7 @@ class Binding(OwnedHandle):
             participant_id=cstr(participant_id, "participant_id"),
             instance_id=cstr(self.instance_id, "instance_id"),
             lease_id=cstr(lease_id, "lease_id"),
-            generation=self.generation,
+            lease_generation=self.lease_generation,
         )
         out = ctypes.c_void_p()
         call("mws_binding_new", ctypes.byref(opts), ctypes.byref(out))

@@ -30,7 +30,7 @@ VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "repl
 
 
 class mws_notify_outcome(_lib.CStruct):
-    _fields_ = [("verdict", c_uint32), ("generation", c_uint64), ("incomplete", c_uint64)]
+    _fields_ = [("verdict", c_uint32), ("weight_generation", c_uint64), ("incomplete", c_uint64)]
 
 
 _lib.register_prototypes({
@@ -46,17 +46,17 @@ _lib.register_prototypes({
 class NotifyOutcome:
     """A target participant's outcome from the notifications accepted so far:
     ``verdict`` ``"unchanged"`` (no writer announced anything), ``"updated"`` (every
-    writer the plan routes into it reported done: it may serve ``generation``) or
+    writer the plan routes into it reported done: it may serve ``weight_generation``) or
     ``"torn"`` (a writer began and has not reported done; ``incomplete`` counts
     them)."""
 
     verdict: str
-    generation: int
+    weight_generation: int
     incomplete: int
 
 
 def _outcome(o: mws_notify_outcome) -> NotifyOutcome:
-    return NotifyOutcome(_VERDICTS.get(o.verdict, str(o.verdict)), o.generation, o.incomplete)
+    return NotifyOutcome(_VERDICTS.get(o.verdict, str(o.verdict)), o.weight_generation, o.incomplete)
 
 
 def notify_name() -> str:

@@ -138,9 +138,9 @@ class Model:
                 for f in self.placement.participant_fragments(participant_id)}
 
     def bind(self, participant_id: str, buffers: Dict[str, bytearray], *, lease_id: str = "lease-1",
-             instance_id: Optional[str] = None, generation: Optional[int] = None) -> Binding:
+             instance_id: Optional[str] = None, lease_generation: Optional[int] = None) -> Binding:
         binding = Binding(self.placement, participant_id, lease_id=lease_id,
-                          instance_id=instance_id, generation=generation)
+                          instance_id=instance_id, lease_generation=lease_generation)
         for fid, buf in buffers.items():
             binding.add(fid, buf)
         return binding

@@ -61,7 +61,7 @@ class mws_live_args(_lib.CStruct):
 
 
 class mws_target_outcome(_lib.CStruct):
-    _fields_ = [("participant_id", ctypes.c_char_p), ("generation", c_uint64), ("verdict", c_uint32)]
+    _fields_ = [("participant_id", ctypes.c_char_p), ("weight_generation", c_uint64), ("verdict", c_uint32)]
 
 
 class mws_live_report(_lib.CStruct):
@@ -71,7 +71,7 @@ class mws_live_report(_lib.CStruct):
 
 class mws_lease_rotation(_lib.CStruct):
     _fields_ = [("instance_id", ctypes.c_char_p), ("participant_id", ctypes.c_char_p), ("lease_id", ctypes.c_char_p),
-                ("generation", c_uint64)]
+                ("lease_generation", c_uint64)]
 
 
 class mws_step_args(_lib.CStruct):
@@ -179,12 +179,12 @@ _GUARD_RELEASES = {0: "not_pinned", 1: "completed", 2: "failed_drained", 3: "abo
 class TargetOutcome:
     """The verdict of one live call for one target participant it writes:
     ``"updated"`` (the call's share landed completely; the participant may serve
-    ``generation`` once every call writing it says so), ``"unchanged"`` (the call
+    ``weight_generation`` once every call writing it says so), ``"unchanged"`` (the call
     submitted nothing: the previous contents stand) or ``"torn"`` (part of the share
     may have been written: the bytes are undefined until a call completes)."""
 
     participant_id: str
-    generation: int
+    weight_generation: int
     verdict: str
 
 
@@ -257,7 +257,7 @@ def _copy_report(fn: str, handle: Any) -> Optional[LiveReport]:
     st = LIB.fn(fn)(handle, ctypes.byref(r))
     if st != 0:
         return None  # no live call yet (MWS_NOT_FOUND)
-    targets = tuple(TargetOutcome(r.targets[i].participant_id.decode("utf-8"), int(r.targets[i].generation),
+    targets = tuple(TargetOutcome(r.targets[i].participant_id.decode("utf-8"), int(r.targets[i].weight_generation),
                                   _VERDICTS.get(r.targets[i].verdict, str(r.targets[i].verdict)))
                     for i in range(r.n_targets))
     pending = r.pending_transfer_id.decode("utf-8") if r.pending_transfer_id else None
@@ -284,7 +284,7 @@ class LeaseRotation:
     instance_id: str
     participant_id: str
     lease_id: str
-    generation: int
+    lease_generation: int
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         live step attaches its report to the exception as ``.report``."""
         arr = (mws_lease_rotation * len(leases))(*[
             mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
-                               cstr(r.lease_id, "lease_id"), int(r.generation)) for r in leases])
+                               cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
         args = mws_step_args(int(generation), arr if leases else None, len(leases), cstr(transfer_id, "transfer_id"),
                              cstr(revision, "revision"))
         st = mws_transfer_stats()

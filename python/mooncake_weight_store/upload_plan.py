@@ -23,7 +23,7 @@ class UploadOperation:
     source_participant_id: str
     source_instance_id: str
     source_lease_id: str
-    source_generation: int
+    source_lease_generation: int
     source_fragment_id: str
     source_worker_id: str
     source_placement_fragment_id: str
@@ -121,7 +121,7 @@ class UploadPlan(OwnedHandle):
                 ops.append(
                     UploadOperation(
                         d(o.source_participant_id), d(o.source_instance_id), d(o.source_lease_id),
-                        int(o.source_generation), d(o.source_fragment_id), d(o.source_worker_id),
+                        int(o.source_lease_generation), d(o.source_fragment_id), d(o.source_worker_id),
                         d(o.source_placement_fragment_id), d(o.target_fragment_id), d(o.object_key),
                         int(o.nbytes),
                     )

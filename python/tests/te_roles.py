@@ -37,13 +37,13 @@ def model_for(role: str, gen: int, layers: int) -> Model:
 
 def binding_to_wire(b: mws.Binding, nbytes: dict) -> dict:
     return {"participant_id": b.participant_id, "instance_id": b.instance_id, "lease_id": b.lease_id,
-            "generation": b.generation, "endpoint": b.endpoint,
+            "generation": b.lease_generation, "endpoint": b.endpoint,
             "fragments": [[fid, addr, nbytes[fid], b.fragment_ids[fid]] for fid, addr in b.addresses.items()]}
 
 
 def binding_from_wire(placement: mws.Placement, w: dict) -> mws.Binding:
     b = mws.Binding(placement, w["participant_id"], instance_id=w["instance_id"], lease_id=w["lease_id"],
-                    generation=w["generation"], endpoint=w["endpoint"])
+                    lease_generation=w["generation"], endpoint=w["endpoint"])
     for fid, addr, n, rid in w["fragments"]:
         b.add_address(fid, addr, n, fragment_id=rid)
     return b
@@ -69,7 +69,7 @@ class ObservingGuard(mws.Guard):
 def observed(b: mws.Binding, placement=None, instance=None, lease=None, generation=None, shift=0) -> mws.Binding:
     """`b` as a guard may observe it (same runtime fragment ids)."""
     o = mws.Binding(placement or b.placement, b.participant_id, instance_id=instance or b.instance_id,
-                    lease_id=lease or b.lease_id, generation=b.generation if generation is None else generation,
+                    lease_id=lease or b.lease_id, lease_generation=b.lease_generation if generation is None else generation,
                     endpoint=b.endpoint)
     sizes = {f.placement_fragment_id: f.nbytes for f in b.placement.participant_fragments(b.participant_id)}
     for pfid, addr in b.addresses.items():

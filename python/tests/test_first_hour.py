@@ -56,7 +56,7 @@ def test_out_of_range_integers_are_refused_at_every_entry_point():
         mws.PlacementBuilder("r", "v", 1, tp_size=-2)
     p = Model(ModelSpec(layers=1), "tp", tp=1).placement
     with pytest.raises(mws.InvalidArgumentError, match="generation"):
-        mws.Binding(p, p.fragments()[0].participant_id, generation=-5)
+        mws.Binding(p, p.fragments()[0].participant_id, lease_generation=-5)
     # Every C function checks its integer arguments, not only the struct fields.
     with pytest.raises(mws.InvalidArgumentError, match="argument 2 must be an integer"):
         mws._lib.LIB.fn("mws_placement_fragment")(p.handle, -1, None)

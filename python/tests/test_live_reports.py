@@ -53,7 +53,7 @@ def test_reports_of_successful_pulls_and_pushes():
             r = loader.last_report()
             assert r.submitted and r.guard_release == "completed" and r.pending_transfer_id is None
             assert r.verdicts() == {b.participant_id: "updated"}
-            assert r.targets[0].generation == 1
+            assert r.targets[0].weight_generation == 1
             assert r.stats == st == loader.stats()
             assert live.bad(b.participant_id) == []
     for b in live.sb:
@@ -97,7 +97,7 @@ def test_an_interrupted_pull_reports_its_target_torn_and_what_stays_held():
         assert report == loader.last_report()
         assert report.submitted, "the batch was handed to the engine"
         assert report.verdicts() == {target.participant_id: "torn"}
-        assert report.targets[0].generation == 1
+        assert report.targets[0].weight_generation == 1
         # Completion unknown: the pins and the call's own registration of the target
         # buffers stay with the pending transfer (never released while DMA may run).
         assert report.guard_release == "pending" and report.pending_transfer_id

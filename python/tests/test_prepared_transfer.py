@@ -90,7 +90,7 @@ def test_prepared_once_every_generation_moves(kind, mode):
             moved += p.step(gen).bytes
             report = p.last_report()
             assert all(v == "updated" for v in report.verdicts().values())
-            assert all(t.generation == gen for t in report.targets)
+            assert all(t.weight_generation == gen for t in report.targets)
         assert moved == live.plan.total_bytes
         assert live.bad(flipped=(gen == 3)) == []
         live.flip_sources()
@@ -131,7 +131,7 @@ def observed(b: mws.Binding, placement=None, instance=None, lease=None, generati
     or its buffers moved by `shift` bytes (same runtime fragment ids)."""
     placement = placement or b.placement
     o = mws.Binding(placement, b.participant_id, instance_id=instance or b.instance_id,
-                    lease_id=lease or b.lease_id, generation=b.generation if generation is None else generation,
+                    lease_id=lease or b.lease_id, lease_generation=b.lease_generation if generation is None else generation,
                     endpoint=b.endpoint)
     sizes = {f.placement_fragment_id: f.nbytes for f in b.placement.participant_fragments(b.participant_id)}
     for pfid, addr in b.addresses.items():

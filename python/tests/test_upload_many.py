@@ -73,7 +73,7 @@ def test_stale_binding_or_duplicate_fails_before_any_put(src):
     be = Puts()
     store = Store.from_backend(be)
     plan = store.plan_upload(m.placement, bindings)
-    stale = m.bind(m.participant_ids[2], bufs[m.participant_ids[2]], generation=2)
+    stale = m.bind(m.participant_ids[2], bufs[m.participant_ids[2]], lease_generation=2)
     tx = store.transaction(plan)
     with pytest.raises(StaleBindingError):
         tx.upload_many(m.placement, [bindings[0], bindings[1], stale, bindings[3]])

@@ -77,8 +77,8 @@ pub struct ExecutorTransferPlan {
     pub participant_id: String,
     /// The binding's lease id.
     pub runtime_lease_id: String,
-    /// The binding's generation (every snapshot's `lease_generation`).
-    pub generation: u64,
+    /// The binding's lease generation (every snapshot's `lease_generation`).
+    pub lease_generation: u64,
     /// Worker.
     pub worker_id: String,
     /// The part's rank.
@@ -100,8 +100,8 @@ pub struct TargetWrite<'a> {
     pub instance_id: &'a str,
     /// Lease of the target binding.
     pub lease_id: &'a str,
-    /// Generation of the target binding.
-    pub generation: u64,
+    /// Lease generation of the target binding.
+    pub lease_generation: u64,
     /// The bound target runtime fragment.
     pub target: &'a RuntimeFragment,
     /// Its placement fragment.
@@ -312,7 +312,7 @@ fn safe_alias<'w>(at: &impl Fn(u32) -> &'w TargetWrite<'w>, la: &[u32], lb: &[u3
         && wa.target.nbytes() == wb.target.nbytes()
         && wa.instance_id == wb.instance_id
         && wa.lease_id == wb.lease_id
-        && wa.generation == wb.generation;
+        && wa.lease_generation == wb.lease_generation;
     if !alias {
         return false;
     }
@@ -536,7 +536,7 @@ impl TransferPlan {
                 TargetWrite {
                     instance_id: b.instance_id(),
                     lease_id: b.lease_id(),
-                    generation: b.generation(),
+                    lease_generation: b.lease_generation(),
                     target: f,
                     target_placement: logical.target_of(r),
                     region: r,
@@ -679,7 +679,7 @@ impl TransferPlan {
             .part(b.participant_id())
             .and_then(|p| p.fragment(f.placement_fragment_id()))
             .expect("a bound fragment pairs with its placement");
-        RuntimeFragmentSnapshot::new(pf, f, b.generation())
+        RuntimeFragmentSnapshot::new(pf, f, b.lease_generation())
     }
 
     /// `resolve_executor_plans(plan, placement, binding, side)` (§3.3): the indices of
@@ -740,7 +740,7 @@ impl TransferPlan {
         let mismatch = || Error::invalid(format!("{s} executor snapshot mismatch"));
         for &i in &mine {
             let e = &execs[i];
-            if e.runtime_lease_id != binding.lease_id() || e.generation != binding.generation() {
+            if e.runtime_lease_id != binding.lease_id() || e.lease_generation != binding.lease_generation() {
                 return Err(mismatch());
             }
             let planned_binding = &self.bindings(side)[e.binding as usize];
@@ -942,7 +942,7 @@ fn build_executors(
             placement_digest: b.placement_digest().to_string(),
             participant_id: b.participant_id().to_string(),
             runtime_lease_id: b.lease_id().to_string(),
-            generation: b.generation(),
+            lease_generation: b.lease_generation(),
             worker_id: worker.to_string(),
             rank,
             fragment_ids: frags.iter().map(|&x| fragments[x as usize].fragment_id().to_string()).collect(),

@@ -102,7 +102,7 @@ pub struct UploadOperation {
     source_participant_id: Arc<str>,
     source_instance_id: Arc<str>,
     target: StoredFragment,
-    source_generation: u64,
+    source_lease_generation: u64,
     source_lease_id: Arc<str>,
 }
 
@@ -118,7 +118,7 @@ impl UploadOperation {
         source_participant_id: String,
         source_instance_id: String,
         target: StoredFragment,
-        source_generation: u64,
+        source_lease_generation: u64,
         source_lease_id: String,
     ) -> Result<Self> {
         Self::with_shared_ids(
@@ -127,7 +127,7 @@ impl UploadOperation {
             Arc::from(source_participant_id),
             Arc::from(source_instance_id),
             target,
-            source_generation,
+            source_lease_generation,
             Arc::from(source_lease_id),
         )
     }
@@ -140,7 +140,7 @@ impl UploadOperation {
         source_participant_id: Arc<str>,
         source_instance_id: Arc<str>,
         target: StoredFragment,
-        source_generation: u64,
+        source_lease_generation: u64,
         source_lease_id: Arc<str>,
     ) -> Result<Self> {
         crate::model::non_empty(&source_participant_id, "source_participant_id")?;
@@ -169,7 +169,7 @@ impl UploadOperation {
         if target.object_offset() != 0 {
             return invalid("upload target object_offset must be zero");
         }
-        if s.lease_generation() != source_generation {
+        if s.lease_generation() != source_lease_generation {
             return invalid("upload source snapshot generation differs");
         }
         Ok(UploadOperation {
@@ -178,7 +178,7 @@ impl UploadOperation {
             source_participant_id,
             source_instance_id,
             target,
-            source_generation,
+            source_lease_generation,
             source_lease_id,
         })
     }
@@ -203,9 +203,9 @@ impl UploadOperation {
     pub fn target(&self) -> &StoredFragment {
         &self.target
     }
-    /// Runtime generation of the source binding.
-    pub fn source_generation(&self) -> u64 {
-        self.source_generation
+    /// Lease generation of the source binding (the wire name is `source_generation`).
+    pub fn source_lease_generation(&self) -> u64 {
+        self.source_lease_generation
     }
     /// Lease id of the source binding.
     pub fn source_lease_id(&self) -> &str {
@@ -604,7 +604,7 @@ pub fn plan_upload<'a>(
     // Step 6: generation consistency.
     let mut eligible: Vec<(&[(u32, u32)], u64)> = Vec::new();
     for chosen in &complete {
-        let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| bindings[e.bi as usize].generation());
+        let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| bindings[e.bi as usize].lease_generation());
         let first = generations.next().expect("a complete replica has sources");
         if generations.all(|g| g == first) {
             eligible.push((chosen, first));
@@ -630,7 +630,7 @@ pub fn plan_upload<'a>(
         let mut by_geometry: Vec<Source<'a>> = run(selected[t])
             .iter()
             .map(|e| source(e, tensor))
-            .filter(|s| s.binding.generation() == generation)
+            .filter(|s| s.binding.lease_generation() == generation)
             .collect();
         by_geometry.sort_unstable_by(|a, b| {
             (a.placement.global_offset(), a.placement.local_shape(), rank_key(a)).cmp(&(
@@ -672,11 +672,11 @@ pub fn plan_upload<'a>(
         let [participant, instance, lease] = shared_ids[s.bi as usize].clone();
         UploadOperation::with_shared_ids(
             p.clone(),
-            RuntimeFragmentSnapshot::new(p, s.runtime, b.generation()),
+            RuntimeFragmentSnapshot::new(p, s.runtime, b.lease_generation()),
             participant,
             instance,
             target,
-            b.generation(),
+            b.lease_generation(),
             lease,
         )
     };
@@ -775,7 +775,7 @@ pub(crate) mod tests {
             placement_id: text(b, "placement_id"),
             placement_digest: text(b, "placement_digest"),
             instance_id: text(b, "instance_id"),
-            generation: int(b, "generation"),
+            lease_generation: int(b, "generation"),
             lease_id: text(b, "lease_id"),
             revision: text(b, "revision"),
             participant_id: text(b, "participant_id"),

@@ -40,7 +40,7 @@ pub fn plan_to_json(plan: &UploadPlan) -> String {
             out.push(',');
         }
         out.push_str("{\"source_generation\":");
-        json::write_u64(&mut out, op.source_generation());
+        json::write_u64(&mut out, op.source_lease_generation());
         out.push(',');
         write_kv_str(&mut out, "source_instance_id", op.source_instance_id());
         out.push(',');

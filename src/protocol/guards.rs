@@ -125,7 +125,7 @@ fn fence_header(binding: &RuntimeBinding, digest: String, ids: Vec<String>, toke
         instance_id: binding.instance_id().into(),
         participant_id: binding.participant_id().into(),
         runtime_lease_id: binding.lease_id().into(),
-        runtime_generation: binding.generation(),
+        runtime_generation: binding.lease_generation(),
         binding_digest: digest,
         fragment_ids: ids,
         token_id: token_id.into(),
@@ -146,7 +146,7 @@ fn fence_matches(fence: &AllocationFence, binding: &RuntimeBinding, ids: &[Strin
         && fence.instance_id == binding.instance_id()
         && fence.participant_id == binding.participant_id()
         && fence.runtime_lease_id == binding.lease_id()
-        && fence.runtime_generation == binding.generation()
+        && fence.runtime_generation == binding.lease_generation()
         && fence.binding_digest == binding.fence_digest_all()
         && fence.fragment_ids == ids
         && !fence.token_id.is_empty())
@@ -293,7 +293,7 @@ impl StepPin {
             instance_id: b.instance_id().into(),
             participant_id: b.participant_id().into(),
             runtime_lease_id: b.lease_id().into(),
-            runtime_generation: b.generation(),
+            runtime_generation: b.lease_generation(),
             binding_digest: self.inner.digest.to_string(),
             fragment_ids: self.inner.ids.to_vec(),
             token_id: token_id.into(),
@@ -523,7 +523,7 @@ pub fn check_fresh(
     if fresh.participant_id() != expected.participant_id() {
         return stale("participant_id");
     }
-    if fresh.generation() != expected.generation() {
+    if fresh.lease_generation() != expected.lease_generation() {
         return stale("generation");
     }
     if fresh.lease_id() != expected.lease_id() {

@@ -217,7 +217,7 @@ pub(crate) unsafe fn load(
         .position(|b| b.participant_id() == binding.participant_id() && b.instance_id() == binding.instance_id())
         .ok_or_else(|| store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch: unknown instance"))?;
     let planned = &plan.bindings()[bi];
-    if planned.lease_id() != binding.lease_id() || planned.generation() != binding.generation() {
+    if planned.lease_id() != binding.lease_id() || planned.lease_generation() != binding.lease_generation() {
         return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
     }
     let mut ops: Vec<usize> = Vec::new();

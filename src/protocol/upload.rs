@@ -130,7 +130,7 @@ fn check<'p>(
             return Err(stale(ErrorKind::StaleBinding, format!("stale source placement: {pfid}")));
         }
         let rid = o.source_snapshot().fragment_id();
-        if binding.lease_id() != o.source_lease_id() || binding.generation() != o.source_generation() {
+        if binding.lease_id() != o.source_lease_id() || binding.lease_generation() != o.source_lease_generation() {
             return Err(stale(ErrorKind::StaleBinding, format!("stale source lease: {rid}")));
         }
         if !by_id.get(rid).is_some_and(|f| f.same_as_snapshot(o.source_snapshot())) {

@@ -244,8 +244,9 @@ pub struct RuntimeBindingSpec {
     pub placement_digest: String,
     /// Runtime instance (process group) id.
     pub instance_id: String,
-    /// Runtime generation fence.
-    pub generation: u64,
+    /// Lease generation: the runtime fence the owner moves with its lease (the
+    /// reference's wire name is `generation`).
+    pub lease_generation: u64,
     /// Lease fence.
     pub lease_id: String,
     /// Revision.
@@ -264,7 +265,7 @@ pub struct RuntimeBinding {
     placement_id: String,
     placement_digest: String,
     instance_id: String,
-    generation: u64,
+    lease_generation: u64,
     lease_id: String,
     revision: String,
     participant_id: String,
@@ -349,7 +350,7 @@ impl RuntimeBinding {
             placement_id: spec.placement_id,
             placement_digest: spec.placement_digest,
             instance_id: spec.instance_id,
-            generation: spec.generation,
+            lease_generation: spec.lease_generation,
             lease_id: spec.lease_id,
             revision: spec.revision,
             participant_id: spec.participant_id,
@@ -441,9 +442,9 @@ impl RuntimeBinding {
     /// replaced, every fragment shared (O(1) in fragments). For a framework whose
     /// lease rotates while its buffers stay where they are (a prepared transfer's
     /// lease rotation). Errors: `lease_id must be a non-empty string`.
-    pub fn with_lease(&self, lease_id: &str, generation: u64) -> Result<RuntimeBinding> {
+    pub fn with_lease(&self, lease_id: &str, lease_generation: u64) -> Result<RuntimeBinding> {
         non_empty(lease_id, "lease_id")?;
-        Ok(RuntimeBinding { lease_id: lease_id.to_string(), generation, ..self.clone() })
+        Ok(RuntimeBinding { lease_id: lease_id.to_string(), lease_generation, ..self.clone() })
     }
 
     /// The same binding attesting `placement` (its id, digest, resource and revision
@@ -486,9 +487,10 @@ impl RuntimeBinding {
     pub fn instance_id(&self) -> &str {
         &self.instance_id
     }
-    /// Runtime generation.
-    pub fn generation(&self) -> u64 {
-        self.generation
+    /// Lease generation (the runtime fence; the reference's wire name is
+    /// `generation`).
+    pub fn lease_generation(&self) -> u64 {
+        self.lease_generation
     }
     /// Lease id.
     pub fn lease_id(&self) -> &str {
@@ -1351,7 +1353,7 @@ mod tests {
             placement_id: p.placement_id().into(),
             placement_digest: p.digest().into(),
             instance_id: format!("i{}", rng.below(2)),
-            generation: 1,
+            lease_generation: 1,
             lease_id: "l".into(),
             revision: "rev".into(),
             participant_id: participant.into(),

@@ -120,7 +120,7 @@ pub fn binding_to_json(b: &RuntimeBinding) -> String {
         write_runtime_fragment(&mut out, f);
     }
     out.push_str("],\"generation\":");
-    json::write_u64(&mut out, b.generation());
+    json::write_u64(&mut out, b.lease_generation());
     for (k, v) in [
         ("instance_id", b.instance_id()),
         ("lease_id", b.lease_id()),
@@ -171,7 +171,7 @@ fn binding_from_value(v: &Value) -> Result<RuntimeBinding> {
         placement_id: json::req_str(o.get("placement_id"), "placement_id")?,
         placement_digest: json::req_str(o.get("placement_digest"), "placement_digest")?,
         instance_id: json::req_str(o.get("instance_id"), "instance_id")?,
-        generation: json::req_int(o.get("generation"), "generation", 0)?,
+        lease_generation: json::req_int(o.get("generation"), "generation", 0)?,
         lease_id: json::req_str(o.get("lease_id"), "lease_id")?,
         revision: json::req_str(o.get("revision"), "revision")?,
         participant_id: json::req_str(o.get("participant_id"), "participant_id")?,

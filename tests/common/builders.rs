@@ -376,7 +376,7 @@ pub fn binding_spec(
         placement_id: placement.placement_id().into(),
         placement_digest: placement.digest().into(),
         instance_id: instance_id.into(),
-        generation,
+        lease_generation: generation,
         lease_id: format!("lease-{generation}"),
         revision: placement.revision().into(),
         participant_id: participant_id.into(),

@@ -50,7 +50,7 @@ pub fn binding_from_fixture(b: &J) -> Result<RuntimeBinding> {
         placement_id: s(b, "placement_id"),
         placement_digest: s(b, "placement_digest"),
         instance_id: s(b, "instance_id"),
-        generation: u(b, "generation"),
+        lease_generation: u(b, "generation"),
         lease_id: s(b, "lease_id"),
         revision: s(b, "revision"),
         participant_id: s(b, "participant_id"),

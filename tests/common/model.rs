@@ -276,7 +276,7 @@ impl HostModel {
                     placement_id: self.placement.placement_id().into(),
                     placement_digest: self.placement.digest().into(),
                     instance_id: instance.into(),
-                    generation,
+                    lease_generation: generation,
                     lease_id: format!("{instance}-lease-{generation}"),
                     revision: self.placement.revision().into(),
                     participant_id: part.participant_id().into(),

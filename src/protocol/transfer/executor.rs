@@ -701,7 +701,7 @@ impl TransferExecutor {
                     return Err(te(format!("target endpoint is empty: {}", cur_tgt.fragment_id())));
                 }
                 self.check_operation(plan, i, cur_src, cur_tgt)?;
-                check_evidence(cur_tgt, &leases, "target", tb.generation(), tb.lease_id())
+                check_evidence(cur_tgt, &leases, "target", tb.lease_generation(), tb.lease_id())
                     .map_err(TransferError::stale)?;
                 ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
             }
@@ -725,7 +725,7 @@ impl TransferExecutor {
                 Err(e) => return pins.abort(TransferError::engine_from(e)),
             };
             for op in &ops {
-                if let Err(m) = check_evidence(op.source, &leases, "source", src.generation(), src.lease_id()) {
+                if let Err(m) = check_evidence(op.source, &leases, "source", src.lease_generation(), src.lease_id()) {
                     return pins.abort(TransferError::stale(m));
                 }
             }
@@ -897,7 +897,7 @@ impl TransferExecutor {
                         )))
                     }
                 };
-                check_evidence(cur_src, &source_leases, "source", sb.generation(), sb.lease_id())
+                check_evidence(cur_src, &source_leases, "source", sb.lease_generation(), sb.lease_id())
                     .map_err(TransferError::stale)?;
                 let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
                 let cur_tgt = match tgt.fragment_for(planned_tgt.placement_fragment_id()) {
@@ -910,7 +910,7 @@ impl TransferExecutor {
                     }
                 };
                 if let Some(leases) = &target_leases {
-                    check_evidence(cur_tgt, leases, "target", tgt.generation(), tgt.lease_id())
+                    check_evidence(cur_tgt, leases, "target", tgt.lease_generation(), tgt.lease_id())
                         .map_err(TransferError::stale)?;
                 }
                 if cur_src.endpoint().is_empty() {

@@ -117,7 +117,7 @@ pub struct TargetReport {
     /// The target participant.
     pub participant_id: String,
     /// The plan's weight generation.
-    pub generation: u64,
+    pub weight_generation: u64,
     /// The verdict of this call's share of the target (`Updated` when the share
     /// landed completely). A target written by several calls (sinks of several
     /// sources) is updated only when every one of them reports `Updated`:
@@ -239,7 +239,7 @@ impl Front {
                 .into_iter()
                 .map(|(participant_id, outcome)| TargetReport {
                     participant_id,
-                    generation: plan.weight_generation(),
+                    weight_generation: plan.weight_generation(),
                     outcome,
                 })
                 .collect();

@@ -634,7 +634,7 @@ impl NotifyAcceptor {
         &self.identity
     }
     /// The generation the acceptor is bound to.
-    pub fn generation(&self) -> u64 {
+    pub fn weight_generation(&self) -> u64 {
         self.plan.weight_generation()
     }
     /// The target participant.
@@ -655,7 +655,7 @@ impl NotifyAcceptor {
     pub fn accept(&mut self, message: &[u8]) -> Result<NotifyAccepted, NotifyError> {
         let m = decode(message, self.key.as_deref())?;
         let kind = m.parsed_kind()?;
-        let g = self.generation();
+        let g = self.weight_generation();
         if m.generation < g {
             return Err(NotifyError::new(
                 NotifyRefusal::Stale,

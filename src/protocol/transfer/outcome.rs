@@ -38,7 +38,7 @@ pub enum TargetOutcome {
     /// Every planned byte landed: the participant may be activated at `generation`.
     Updated {
         /// The plan's weight generation.
-        generation: u64,
+        weight_generation: u64,
     },
     /// No call of the participant submitted anything (each did not run, or failed
     /// before any batch): it still holds its previous contents.
@@ -136,7 +136,7 @@ pub fn target_outcomes(
             }
         }
         let verdict = if incomplete.is_empty() {
-            TargetOutcome::Updated { generation: plan.weight_generation() }
+            TargetOutcome::Updated { weight_generation: plan.weight_generation() }
         } else if !touched && incomplete.len() == calls_of(plan, mode, p).len() {
             TargetOutcome::Unchanged
         } else {
@@ -168,7 +168,7 @@ pub fn call_outcomes(
                 let mut got = receipts.clone();
                 got.sort();
                 if got == predicted_receipts(plan, executor) {
-                    TargetOutcome::Updated { generation: plan.weight_generation() }
+                    TargetOutcome::Updated { weight_generation: plan.weight_generation() }
                 } else {
                     TargetOutcome::Torn { incomplete: vec![key] }
                 }

@@ -72,8 +72,8 @@ pub struct LeaseRotation<'a> {
     pub participant_id: &'a str,
     /// The new lease id (non-empty).
     pub lease_id: &'a str,
-    /// The new runtime generation.
-    pub generation: u64,
+    /// The new lease generation.
+    pub lease_generation: u64,
 }
 
 /// What a prepared transfer holds, live ([`PreparedTransfer::info`]) or stored
@@ -428,7 +428,7 @@ impl PreparedTransfer {
                 .filter(|s| s.pin.binding().instance_id() == r.instance_id)
                 .find(|s| s.pin.binding().participant_id() == r.participant_id);
             match found {
-                Some(s) => s.pin = s.pin.with_lease(r.lease_id, r.generation).map_err(TransferError::contract)?,
+                Some(s) => s.pin = s.pin.with_lease(r.lease_id, r.lease_generation).map_err(TransferError::contract)?,
                 None => {
                     if let Some(s) = out.iter().find(|s| s.pin.binding().participant_id() == r.participant_id) {
                         return Err(stale(format!(
@@ -555,7 +555,7 @@ impl PreparedTransfer {
         let p = &*self.prepared;
         let submitted = exec_stats.submitted.load(Ordering::Acquire) || result.as_ref().is_err_and(|e| e.submitted);
         let verdict = match &result {
-            Ok(r) if *r == p.predicted => TargetOutcome::Updated { generation },
+            Ok(r) if *r == p.predicted => TargetOutcome::Updated { weight_generation: generation },
             Err(e) if !e.submitted => TargetOutcome::Unchanged,
             _ => TargetOutcome::Torn { incomplete: vec![p.executor_key.clone()] },
         };
@@ -566,7 +566,11 @@ impl PreparedTransfer {
             targets: p
                 .targets
                 .iter()
-                .map(|t| TargetReport { participant_id: t.clone(), generation, outcome: verdict.clone() })
+                .map(|t| TargetReport {
+                    participant_id: t.clone(),
+                    weight_generation: generation,
+                    outcome: verdict.clone(),
+                })
                 .collect(),
             ..LiveReport::default()
         };
