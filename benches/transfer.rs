@@ -102,8 +102,8 @@ fn sink_once(
     leases: &[MemoryRegistrationLease],
 ) -> f64 {
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = SinkArgs {
-        target_registrations: Some(leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -125,9 +125,8 @@ fn reader_once(
     leases: &[MemoryRegistrationLease],
 ) -> f64 {
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()

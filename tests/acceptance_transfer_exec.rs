@@ -70,8 +70,8 @@ impl Live {
         targets: &[RuntimeBinding],
         leases: Option<&[MemoryRegistrationLease]>,
     ) -> TransferResult<Vec<TransferReceipt>> {
-        let args = SinkArgs {
-            target_registrations: leases,
+        let args = ExecuteArgs {
+            remote_registrations: leases,
             source_guards: Some(&self.guards),
             target_guards: Some(&self.guards),
             ..Default::default()
@@ -86,7 +86,7 @@ impl Live {
     fn reader_with(
         &self,
         ex: &TransferExecutor,
-        args: &ReaderArgs<'_>,
+        args: &ExecuteArgs<'_>,
         target: &RuntimeBinding,
     ) -> TransferResult<Vec<TransferReceipt>> {
         // SAFETY: the fake engine never touches memory.
@@ -100,11 +100,10 @@ impl Live {
     ) -> TransferResult<Vec<TransferReceipt>> {
         let sl = self.source_leases();
         let tl = self.target_leases();
-        let args = ReaderArgs {
-            source_pre_registered: true,
-            source_registrations: Some(&sl),
-            target_pre_registered,
-            target_registrations: target_pre_registered.then_some(tl.as_slice()),
+        let args = ExecuteArgs {
+            remote_registrations: Some(&sl),
+            local_pre_registered: target_pre_registered,
+            local_registrations: target_pre_registered.then_some(tl.as_slice()),
             source_guards: Some(&self.guards),
             target_guards: Some(&self.guards),
             ..Default::default()
@@ -349,8 +348,8 @@ fn acc_330_other_revision_is_a_revision_mismatch() {
     let leases = live.target_leases();
     let src43 = split_placement(&gate_up(), 2, 1, "step-43");
     let sb43 = live_binding(&src43, &pid(tp(0)), "source-t0", 0x10000, 1);
-    let args = SinkArgs {
-        target_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -423,8 +422,8 @@ fn acc_332_unselected_dp_replica_returns_nothing() {
         },
     );
     for b in [dp1, stale] {
-        let args = SinkArgs {
-            target_registrations: Some(&leases),
+        let args = ExecuteArgs {
+            remote_registrations: Some(&leases),
             source_guards: Some(&guards),
             target_guards: Some(&guards),
             ..Default::default()
@@ -469,11 +468,10 @@ fn reader_with_source_leases(
     sl: Option<&[MemoryRegistrationLease]>,
 ) -> TransferResult<Vec<TransferReceipt>> {
     let tl = live.target_leases();
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: sl,
-        target_pre_registered: true,
-        target_registrations: Some(&tl),
+    let args = ExecuteArgs {
+        remote_registrations: sl,
+        local_pre_registered: true,
+        local_registrations: Some(&tl),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -534,9 +532,8 @@ fn acc_338_reader_needs_every_planned_source() {
     let engine = FakeEngine::legacy();
     let ex = exec(&engine);
     let sl = live.source_leases();
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&sl),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -563,11 +560,10 @@ fn acc_340_target_registrations_need_pre_registered_mode() {
     let engine = FakeEngine::legacy();
     let sl = live.source_leases();
     let tl = live.target_leases();
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
-        target_pre_registered: false,
-        target_registrations: Some(&tl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&sl),
+        local_pre_registered: false,
+        local_registrations: Some(&tl),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -930,10 +926,10 @@ fn acc_352_lease_ids_fence_before_any_native_call() {
     let tl = live.target_leases();
     let mut sl = live.source_leases();
     sl.iter_mut().for_each(|l| l.runtime_lease_id = Some("stale".into()));
-    let args = SinkArgs {
-        target_registrations: Some(&tl),
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&tl),
+        local_pre_registered: true,
+        local_registrations: Some(&sl),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -949,11 +945,10 @@ fn acc_352_lease_ids_fence_before_any_native_call() {
     err_has(live.sink_with(&ex, &rotated, &live.tb, Some(&tl)), "source executor snapshot mismatch");
     let mut tb = live.tb.clone();
     tb[1] = respec(&tb[1], |s| s.lease_id = "rotated".into(), |_| {});
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&live.source_leases()),
-        target_pre_registered: true,
-        target_registrations: Some(&tl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&live.source_leases()),
+        local_pre_registered: true,
+        local_registrations: Some(&tl),
         source_guards: Some(&live.guards),
         target_guards: Some(&live.guards),
         ..Default::default()
@@ -983,9 +978,8 @@ fn acc_353_moved_storage_is_a_snapshot_mismatch() {
     err_has(
         live.reader_with(
             &ex,
-            &ReaderArgs {
-                source_pre_registered: true,
-                source_registrations: Some(&live.source_leases()),
+            &ExecuteArgs {
+                remote_registrations: Some(&live.source_leases()),
                 source_guards: Some(&live.guards),
                 target_guards: Some(&live.guards),
                 ..Default::default()
@@ -1332,9 +1326,8 @@ fn pending_reader(live: &Live, engine: &Arc<FakeEngine>, ticket: &Arc<FakeTicket
     let log = ReleaseLog::default();
     let guards = GuardProviders::all(RecordingGuard::with_owner(&log, owner.clone()));
     let sl = live.source_leases();
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&sl),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -1384,11 +1377,10 @@ fn acc_377_pre_registered_memory_is_never_unregistered_by_the_library() {
     let log = ReleaseLog::default();
     let guards = GuardProviders::all(RecordingGuard::with_owner(&log, owner.clone()));
     let (sl, tl) = (live.source_leases(), live.target_leases());
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
-        target_pre_registered: true,
-        target_registrations: Some(&tl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&sl),
+        local_pre_registered: true,
+        local_registrations: Some(&tl),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -1415,7 +1407,7 @@ fn acc_378_guard_providers_are_required() {
     let live = Live::tp(2, 4);
     let engine = FakeEngine::legacy();
     let tl = live.target_leases();
-    let args = SinkArgs { target_registrations: Some(&tl), ..Default::default() };
+    let args = ExecuteArgs { remote_registrations: Some(&tl), ..Default::default() };
     // SAFETY: fake engine.
     let r = unsafe { exec(&engine).execute_sink(&live.plan, &live.src, &live.sb[0], &live.dst, &live.tb, &args) };
     let e = err_has(r, "source allocation guard providers");
@@ -1562,8 +1554,8 @@ fn acc_383_unknown_completion_hands_tokens_and_resources_to_the_drain() {
     let log = ReleaseLog::default();
     let guards = GuardProviders::all(RecordingGuard::with_owner(&log, owner.clone()));
     let tl = live.target_leases();
-    let args = SinkArgs {
-        target_registrations: Some(&tl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&tl),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()

@@ -64,8 +64,8 @@ fn live_reshard_sink_mode_every_byte() {
     let leases = pre_register(&engine, &dst);
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = SinkArgs {
-        target_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -104,9 +104,8 @@ fn live_reshard_reader_mode_every_byte() {
     let leases = pre_register(&engine, &src);
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -145,8 +144,8 @@ fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_hook() {
         .collect();
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = SinkArgs {
-        target_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()
@@ -172,8 +171,8 @@ fn live_reshard_threaded_local_engine_every_byte() {
     let limits = ExecutorLimits { max_batch_operations: 1 << 20, ..Default::default() };
     let ex = TransferExecutor::new(engine.clone(), limits).unwrap();
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = SinkArgs {
-        target_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()

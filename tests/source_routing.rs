@@ -163,9 +163,8 @@ fn a_spread_plan_moves_every_byte_in_reader_mode() {
         .collect();
     let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
     let guards = GuardProviders::all(Arc::new(StaticGuard));
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&leases),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         ..Default::default()

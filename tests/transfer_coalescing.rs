@@ -144,8 +144,8 @@ impl Live {
         stats: Option<&ExecutionStats>,
     ) -> TransferResult<Vec<TransferReceipt>> {
         let leases = Self::leases(&self.tb);
-        let args = SinkArgs {
-            target_registrations: Some(&leases),
+        let args = ExecuteArgs {
+            remote_registrations: Some(&leases),
             source_guards: Some(&self.guards),
             target_guards: Some(&self.guards),
             stats,
@@ -162,9 +162,8 @@ impl Live {
         stats: Option<&ExecutionStats>,
     ) -> TransferResult<Vec<TransferReceipt>> {
         let sl = Self::leases(&self.sb);
-        let args = ReaderArgs {
-            source_pre_registered: true,
-            source_registrations: Some(&sl),
+        let args = ExecuteArgs {
+            remote_registrations: Some(&sl),
             source_guards: Some(&self.guards),
             target_guards: Some(&self.guards),
             stats,
@@ -317,9 +316,8 @@ fn column_split_rows_are_strided_and_never_merge() {
     let guards = GuardProviders::all(Arc::new(StaticGuard));
     let sl = Live::leases(&sb);
     let stats = ExecutionStats::default();
-    let args = ReaderArgs {
-        source_pre_registered: true,
-        source_registrations: Some(&sl),
+    let args = ExecuteArgs {
+        remote_registrations: Some(&sl),
         source_guards: Some(&guards),
         target_guards: Some(&guards),
         stats: Some(&stats),

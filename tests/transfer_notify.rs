@@ -183,8 +183,8 @@ impl Live {
         src_placement: Option<&Placement>,
     ) -> TransferResult<NotifiedSink> {
         let leases = self.leases();
-        let args = SinkArgs {
-            target_registrations: Some(&leases),
+        let args = ExecuteArgs {
+            remote_registrations: Some(&leases),
             source_guards: Some(&self.guards),
             target_guards: Some(&self.guards),
             ..Default::default()

@@ -1,12 +1,17 @@
-//! The per-call C structs of live transfers, shared by `mws_loader` and `mws_sink`:
-//! executor limits, live arguments, statistics, and the report of the last call
-//! (`mws_live_report`: submitted, guard release, per-target verdicts).
+//! What `mws_loader` and `mws_sink` share: the per-call C structs of live transfers
+//! (executor limits, live arguments, statistics, and the report of the last call,
+//! `mws_live_report`: submitted, guard release, per-target verdicts), and one body for
+//! each of their cancel, progress, statistics, report and free entry points
+//! ([`LiveObject`]).
 
-use crate::args::{Caller, Texts};
+use crate::args::{Caller, Handle, Texts};
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
+use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use mws::protocol::guards::GuardProvider;
-use mws::protocol::transfer::{ExecutorLimits, LiveArgs, LiveError, LiveReport, TargetOutcome, TransferStats};
+use mws::protocol::transfer::{
+    CancelToken, ExecutorLimits, LiveArgs, LiveError, LiveReport, ProgressCallback, TargetOutcome, TransferStats,
+};
 use parking_lot::Mutex;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -248,4 +253,63 @@ pub(crate) fn live_args<'a>(c: Caller<'a>, args: *const mws_live_args) -> FfiRes
         local_pre_registered: a.local_pre_registered != 0,
         guard,
     })
+}
+
+/// A loader or sink as C holds it: the core object's cancellation flag, progress
+/// callback and statistics, and the C view of its last report. The entry points that
+/// both have (`_cancel`, `_reset_cancel`, `_set_progress`, `_stats`, `_last_report`,
+/// `_free`) are one body each, below.
+pub(crate) trait LiveObject: Handle {
+    fn cancel_token(&self) -> &CancelToken;
+    fn set_progress(&self, progress: Option<ProgressCallback>);
+    fn stats(&self) -> TransferStats;
+    fn report(&self) -> &LastReport;
+}
+
+/// `mws_*_cancel` (`on`) and `mws_*_reset_cancel`: NULL does nothing.
+pub(crate) fn cancel(object: Option<&impl LiveObject>, on: bool) -> FfiResult<()> {
+    if let Some(o) = object {
+        if on {
+            o.cancel_token().cancel();
+        } else {
+            o.cancel_token().reset();
+        }
+    }
+    Ok(())
+}
+
+/// `mws_*_set_progress`: sets (or clears, with NULL) the progress callback.
+///
+/// # Safety
+/// `progress`, when set, honours `mws_progress_fn` with `ctx` until it is replaced or
+/// the object is freed.
+pub(crate) unsafe fn set_progress(
+    object: &impl LiveObject,
+    progress: mws_progress_fn,
+    ctx: *mut c_void,
+) -> FfiResult<()> {
+    // SAFETY: this function's contract.
+    object.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
+    Ok(())
+}
+
+/// `mws_*_stats`: the statistics of the last successful call.
+pub(crate) fn stats_out(c: Caller<'_>, object: &impl LiveObject, out: *mut mws_transfer_stats) -> FfiResult<()> {
+    c.out(out, "out")?.give(stats_c(object.stats()))
+}
+
+/// `mws_*_last_report`: the last live call's report (`MWS_NOT_FOUND` before one).
+pub(crate) fn report_out(c: Caller<'_>, object: &impl LiveObject, out: *mut mws_live_report) -> FfiResult<()> {
+    let out = c.out(out, "out")?;
+    out.give(object.report().get("no live call yet")?)
+}
+
+/// `mws_*_free`: prepared transfers may outlive the object, so they must not call a
+/// progress callback whose context the caller frees with it: the callback is cleared
+/// first.
+pub(crate) fn free<T: LiveObject>(c: Caller<'_>, p: *mut T) -> FfiResult<()> {
+    if let Some(o) = c.opt_handle(p) {
+        o.set_progress(None);
+    }
+    c.free(p)
 }

@@ -4,17 +4,17 @@
 
 use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::mws_status;
-use crate::callbacks::progress::{mws_progress_fn, CProgress};
+use crate::callbacks::progress::mws_progress_fn;
 use crate::engine::mws_transfer_engine;
 use crate::io_args::{mws_io_args, with_load_args};
+use crate::live::{self, LastReport, LiveObject};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
-use crate::live::{stats_c, LastReport};
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::{Loader, StoredPrepareArgs};
+use mws::protocol::transfer::{CancelToken, Loader, ProgressCallback, StoredPrepareArgs, TransferStats};
 use std::ffi::c_void;
 
 /// Fills the buffers of one target participant, from a stored revision
@@ -32,6 +32,21 @@ pub struct mws_loader {
 }
 
 handle!(mws_loader);
+
+impl LiveObject for mws_loader {
+    fn cancel_token(&self) -> &CancelToken {
+        self.inner.cancel_token()
+    }
+    fn set_progress(&self, progress: Option<ProgressCallback>) {
+        self.inner.set_progress(progress)
+    }
+    fn stats(&self) -> TransferStats {
+        self.inner.stats()
+    }
+    fn report(&self) -> &LastReport {
+        &self.report
+    }
+}
 
 /// Creates a loader on `engine` with `limits` (NULL: defaults). New handle in `*out`.
 ///
@@ -73,13 +88,9 @@ pub unsafe extern "C" fn mws_loader_set_progress(
     progress: mws_progress_fn,
     ctx: *mut c_void,
 ) -> mws_status {
-    status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
-        // `ctx` until it is replaced or the loader is freed.
-        l.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
-        Ok(())
-    })
+    // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
+    // `ctx` until it is replaced or the loader is freed.
+    status_call!(|c| unsafe { live::set_progress(c.handle(loader, "loader")?, progress, ctx) })
 }
 
 /// Requests cancellation: the running (and every later) load stops before its next
@@ -90,12 +101,7 @@ pub unsafe extern "C" fn mws_loader_set_progress(
 /// `loader` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_cancel(loader: *const mws_loader) {
-    value_call!((), |c| {
-        if let Some(l) = c.opt_handle(loader) {
-            l.inner.cancel_token().cancel();
-        }
-        Ok(())
-    })
+    value_call!((), |c| live::cancel(c.opt_handle(loader), true))
 }
 
 /// Clears a cancellation request. NULL does nothing.
@@ -104,12 +110,7 @@ pub unsafe extern "C" fn mws_loader_cancel(loader: *const mws_loader) {
 /// `loader` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_reset_cancel(loader: *const mws_loader) {
-    value_call!((), |c| {
-        if let Some(l) = c.opt_handle(loader) {
-            l.inner.cancel_token().reset();
-        }
-        Ok(())
-    })
+    value_call!((), |c| live::cancel(c.opt_handle(loader), false))
 }
 
 /// Pulls every operation of the local target executor of `plan` (a bound plan) into
@@ -278,10 +279,7 @@ pub unsafe extern "C" fn mws_loader_load_stored(
 /// `loader` is NULL or live; `out` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_stats(loader: *const mws_loader, out: *mut mws_transfer_stats) -> mws_status {
-    status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        c.out(out, "out")?.give(stats_c(l.inner.stats()))
-    })
+    status_call!(|c| live::stats_out(c, c.handle(loader, "loader")?, out))
 }
 
 /// Writes the report of the loader's last live call (`mws_loader_load_live`),
@@ -297,11 +295,7 @@ pub unsafe extern "C" fn mws_loader_stats(loader: *const mws_loader, out: *mut m
 /// `loader` is NULL or live; `out` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: *mut mws_live_report) -> mws_status {
-    status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        let out = c.out(out, "out")?;
-        out.give(l.report.get("no live call yet")?)
-    })
+    status_call!(|c| live::report_out(c, c.handle(loader, "loader")?, out))
 }
 
 /// Frees a loader; NULL does nothing. Its prepared transfers stay usable (their steps
@@ -316,12 +310,5 @@ pub unsafe extern "C" fn mws_loader_last_report(loader: *const mws_loader, out: 
 /// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_loader_free(loader: *mut mws_loader) {
-    value_call!((), |c| {
-        // Prepared transfers may outlive the loader: they must not call a progress
-        // callback whose context the caller frees with it.
-        if let Some(x) = c.opt_handle(loader) {
-            x.inner.set_progress(None);
-        }
-        c.free(loader)
-    })
+    value_call!((), |c| live::free(c, loader))
 }

@@ -4,16 +4,16 @@
 use crate::args::Caller;
 use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::{mws_status, FfiResult};
-use crate::callbacks::progress::{mws_progress_fn, CProgress};
+use crate::callbacks::progress::mws_progress_fn;
 use crate::engine::mws_transfer_engine;
+use crate::live::{self, LastReport, LiveObject};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
-use crate::live::{stats_c, LastReport};
 use crate::notify::key_arg;
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::plan::transfer_bind::TransferPlan;
-use mws::protocol::transfer::{LiveArgs, Sink};
+use mws::protocol::transfer::{CancelToken, LiveArgs, ProgressCallback, Sink, TransferStats};
 use mws::runtime::RuntimeBinding;
 use mws::Placement;
 use std::ffi::c_void;
@@ -27,6 +27,21 @@ pub struct mws_sink {
 }
 
 handle!(mws_sink);
+
+impl LiveObject for mws_sink {
+    fn cancel_token(&self) -> &CancelToken {
+        self.inner.cancel_token()
+    }
+    fn set_progress(&self, progress: Option<ProgressCallback>) {
+        self.inner.set_progress(progress)
+    }
+    fn stats(&self) -> TransferStats {
+        self.inner.stats()
+    }
+    fn report(&self) -> &LastReport {
+        &self.report
+    }
+}
 
 /// Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
 ///
@@ -60,13 +75,9 @@ pub unsafe extern "C" fn mws_sink_set_progress(
     progress: mws_progress_fn,
     ctx: *mut c_void,
 ) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(sink, "sink")?;
-        // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
-        // `ctx` until it is replaced or the sink is freed.
-        s.inner.set_progress(unsafe { CProgress::new(progress, ctx) }.map(CProgress::into_callback));
-        Ok(())
-    })
+    // SAFETY: this function's contract: the callback honours `mws_progress_fn` with
+    // `ctx` until it is replaced or the sink is freed.
+    status_call!(|c| unsafe { live::set_progress(c.handle(sink, "sink")?, progress, ctx) })
 }
 
 /// Requests cancellation of the running (and every later) execution, as
@@ -76,12 +87,7 @@ pub unsafe extern "C" fn mws_sink_set_progress(
 /// `sink` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_cancel(sink: *const mws_sink) {
-    value_call!((), |c| {
-        if let Some(s) = c.opt_handle(sink) {
-            s.inner.cancel_token().cancel();
-        }
-        Ok(())
-    })
+    value_call!((), |c| live::cancel(c.opt_handle(sink), true))
 }
 
 /// Clears a cancellation request. NULL does nothing.
@@ -90,12 +96,7 @@ pub unsafe extern "C" fn mws_sink_cancel(sink: *const mws_sink) {
 /// `sink` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_reset_cancel(sink: *const mws_sink) {
-    value_call!((), |c| {
-        if let Some(s) = c.opt_handle(sink) {
-            s.inner.cancel_token().reset();
-        }
-        Ok(())
-    })
+    value_call!((), |c| live::cancel(c.opt_handle(sink), false))
 }
 
 /// Pushes every operation of the local source executor of `plan` (a bound plan) from
@@ -124,7 +125,8 @@ pub unsafe extern "C" fn mws_sink_execute(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        let a =
+            SinkCallArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
         with_sink_call(c, sink, a, |s, call| {
             // SAFETY: this function's contract: every buffer of the bindings stays
             // valid for the call (and until a pending transfer is drained).
@@ -136,7 +138,7 @@ pub unsafe extern "C" fn mws_sink_execute(
 
 /// The pointer arguments of a sink call after the sink (`mws_sink_execute`,
 /// `mws_sink_execute_notified`, `mws_sink_prepare`), as C passed them.
-struct SinkArgs {
+struct SinkCallArgs {
     plan: *const mws_transfer_plan,
     source_placement: *const mws_placement,
     source_binding: *const mws_binding,
@@ -156,7 +158,7 @@ type SinkCall<'a> =
 fn with_sink_call(
     c: Caller<'_>,
     sink: *const mws_sink,
-    a: SinkArgs,
+    a: SinkCallArgs,
     run: impl FnOnce(&mws_sink, SinkCall<'_>) -> FfiResult<()>,
 ) -> FfiResult<()> {
     let s = c.handle(sink, "sink")?;
@@ -201,7 +203,8 @@ pub unsafe extern "C" fn mws_sink_execute_notified(
 ) -> mws_status {
     status_call!(|c| {
         let key = key_arg(c, key, key_len)?;
-        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        let a =
+            SinkCallArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
         with_sink_call(c, sink, a, |s, call| {
             // SAFETY: this function's contract, as `mws_sink_execute`'s.
             let result = unsafe { s.inner.execute_notified(key, call.0, call.1, call.2, call.3, call.4, call.5) };
@@ -239,7 +242,8 @@ pub unsafe extern "C" fn mws_sink_prepare(
     out: *mut *mut mws_prepared_transfer,
 ) -> mws_status {
     status_call!(|c| {
-        let a = SinkArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        let a =
+            SinkCallArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
         with_sink_call(c, sink, a, |s, call| {
             let out = c.out(out, "out")?;
             // SAFETY: this function's contract: the buffers stay valid (the local ones
@@ -256,10 +260,7 @@ pub unsafe extern "C" fn mws_sink_prepare(
 /// `sink` is NULL or live; `out` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_stats(sink: *const mws_sink, out: *mut mws_transfer_stats) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(sink, "sink")?;
-        c.out(out, "out")?.give(stats_c(s.inner.stats()))
-    })
+    status_call!(|c| live::stats_out(c, c.handle(sink, "sink")?, out))
 }
 
 /// Writes the report of the sink's last call, successful or not, to `*out`: as
@@ -271,11 +272,7 @@ pub unsafe extern "C" fn mws_sink_stats(sink: *const mws_sink, out: *mut mws_tra
 /// `sink` is NULL or live; `out` is NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut mws_live_report) -> mws_status {
-    status_call!(|c| {
-        let s = c.handle(sink, "sink")?;
-        let out = c.out(out, "out")?;
-        out.give(s.report.get("no live call yet")?)
-    })
+    status_call!(|c| live::report_out(c, c.handle(sink, "sink")?, out))
 }
 
 /// Frees a sink; NULL does nothing. Its prepared transfers stay usable (their steps
@@ -290,12 +287,5 @@ pub unsafe extern "C" fn mws_sink_last_report(sink: *const mws_sink, out: *mut m
 /// returns.
 #[no_mangle]
 pub unsafe extern "C" fn mws_sink_free(sink: *mut mws_sink) {
-    value_call!((), |c| {
-        // Prepared transfers may outlive the sink: they must not call a progress
-        // callback whose context the caller frees with it.
-        if let Some(x) = c.opt_handle(sink) {
-            x.inner.set_progress(None);
-        }
-        c.free(sink)
-    })
+    value_call!((), |c| live::free(c, sink))
 }

@@ -116,10 +116,7 @@ fn acceptor_entry_points_check_arguments_and_refuse_bad_messages() {
             mws_notify_acceptor_new(p, nobody.as_ptr(), std::ptr::null(), 0, &mut acc),
             mws_status::MWS_INVALID_ARGUMENT
         );
-        assert_eq!(
-            mws_notify_acceptor_new(p, participant.as_ptr(), std::ptr::null(), 0, &mut acc),
-            mws_status::MWS_OK
-        );
+        assert_eq!(mws_notify_acceptor_new(p, participant.as_ptr(), std::ptr::null(), 0, &mut acc), mws_status::MWS_OK);
         let (mut verdict, mut outcome) =
             (99u32, mws_notify_outcome { verdict: 99, weight_generation: 0, incomplete: 0 });
         let junk = b"hello";

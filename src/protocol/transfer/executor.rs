@@ -108,7 +108,7 @@ pub struct TransferReceipt {
 }
 
 /// What one execution submitted to its engine, filled in when passed as
-/// [`SinkArgs::stats`] / [`ReaderArgs::stats`] (added to: pass a fresh value per call
+/// [`ExecuteArgs::stats`] (added to: pass a fresh value per call
 /// to read one call's figures). Counts completed batches only. Thread-safe.
 #[derive(Debug, Default)]
 pub struct ExecutionStats {
@@ -201,17 +201,23 @@ impl GuardRelease {
     }
 }
 
-/// Options of [`TransferExecutor::execute_sink`] (`MooncakeTransferEngineSink.execute`).
+/// Options of one call of [`TransferExecutor::execute_sink`] (the local binding is the
+/// source: `MooncakeTransferEngineSink.execute`) or [`TransferExecutor::execute_reader`]
+/// (the local binding is the target: `MooncakeTransferEngineReader.execute`). *Local*
+/// is the side the calling worker owns, *remote* the other side, reached through the
+/// engine; remote memory is always registered by its owners.
 #[derive(Clone, Copy, Default)]
-pub struct SinkArgs<'a> {
-    /// Only this worker of the source binding (default: its one worker).
-    pub source_worker_id: Option<&'a str>,
-    /// Evidence that every target allocation this call writes is registered.
-    pub target_registrations: Option<&'a [MemoryRegistrationLease]>,
-    /// The source memory is registered by its owner (then `source_registrations`).
-    pub source_pre_registered: bool,
-    /// Evidence for pre-registered source memory.
-    pub source_registrations: Option<&'a [MemoryRegistrationLease]>,
+pub struct ExecuteArgs<'a> {
+    /// Only this worker of the local binding (default: its one worker).
+    pub local_worker_id: Option<&'a str>,
+    /// The local memory is registered by its owner (then `local_registrations` are its
+    /// evidence); otherwise the call registers the local allocations for its duration.
+    pub local_pre_registered: bool,
+    /// Evidence for pre-registered local memory.
+    pub local_registrations: Option<&'a [MemoryRegistrationLease]>,
+    /// Evidence that every remote allocation the call touches is registered by its
+    /// owner (required unless `registrations_from_bindings`).
+    pub remote_registrations: Option<&'a [MemoryRegistrationLease]>,
     /// Pins of the source allocations (required).
     pub source_guards: Option<&'a GuardProviders>,
     /// Pins of the target allocations (required).
@@ -227,44 +233,86 @@ pub struct SinkArgs<'a> {
     /// Receives what the call submitted to the engine (optional).
     pub stats: Option<&'a ExecutionStats>,
     /// The owners' registration evidence is the bindings themselves: every fragment
-    /// of the target bindings (and, when pre-registered, of the source binding) is
-    /// registered for its binding's generation and lease, as
-    /// [`Sink`](super::Sink) asserts for its callers. The registration leases are then
-    /// neither needed nor read.
+    /// of the remote bindings (and, when pre-registered, of the local binding) is
+    /// registered for its binding's lease generation and lease id, as
+    /// [`Sink`](super::Sink) and [`Loader`](super::Loader) assert for their callers.
+    /// The registration leases are then neither needed nor read.
     pub registrations_from_bindings: bool,
 }
 
-/// Options of [`TransferExecutor::execute_reader`] (`MooncakeTransferEngineReader.execute`).
-#[derive(Clone, Copy, Default)]
-pub struct ReaderArgs<'a> {
-    /// Only this worker of the target binding (default: its one worker).
-    pub target_worker_id: Option<&'a str>,
-    /// Remote source memory is registered by its owner (must be true).
-    pub source_pre_registered: bool,
-    /// Evidence for the source allocations this call reads (required).
-    pub source_registrations: Option<&'a [MemoryRegistrationLease]>,
-    /// The target memory is registered by its owner (then `target_registrations`).
-    pub target_pre_registered: bool,
-    /// Evidence for pre-registered target memory.
-    pub target_registrations: Option<&'a [MemoryRegistrationLease]>,
-    /// Pins of the source allocations (required).
-    pub source_guards: Option<&'a GuardProviders>,
-    /// Pins of the target allocations (required).
-    pub target_guards: Option<&'a GuardProviders>,
-    /// Transfer id handed to the guards (default: 32 random hex).
-    pub transfer_id: Option<&'a str>,
-    /// Checked before every batch.
-    pub cancel: Option<&'a AtomicBool>,
-    /// Throttled [`Progress`](crate::protocol::Progress) reports
-    /// ([`ProgressPhase::Transfer`], items = planned segments) after completed
-    /// batches, on the calling thread.
-    pub progress: Option<ProgressFn<'a>>,
-    /// Receives what the call submitted to the engine (optional).
-    pub stats: Option<&'a ExecutionStats>,
-    /// The owners' registration evidence is the bindings themselves (as
-    /// [`SinkArgs::registrations_from_bindings`], sides swapped; what
-    /// [`Loader`](super::Loader) asserts).
-    pub registrations_from_bindings: bool,
+/// One live call as the executor runs it: which side drives it and the bindings of
+/// both sides. A sink's local binding is a source (it pushes writes); a reader's is a
+/// target (it pulls reads).
+pub(crate) struct Call<'a> {
+    /// The side of the local binding.
+    pub(crate) local_side: Side,
+    pub(crate) plan: &'a TransferPlan,
+    pub(crate) source_placement: &'a Placement,
+    pub(crate) target_placement: &'a Placement,
+    /// The calling worker's binding.
+    pub(crate) local: &'a RuntimeBinding,
+    /// The other side's bindings.
+    pub(crate) remote: &'a [RuntimeBinding],
+}
+
+impl<'a> Call<'a> {
+    /// A sink's call (`live-transfer.md` §5).
+    pub(crate) fn sink(
+        plan: &'a TransferPlan,
+        source_placement: &'a Placement,
+        source_binding: &'a RuntimeBinding,
+        target_placement: &'a Placement,
+        target_bindings: &'a [RuntimeBinding],
+    ) -> Call<'a> {
+        Call {
+            local_side: Side::Source,
+            plan,
+            source_placement,
+            target_placement,
+            local: source_binding,
+            remote: target_bindings,
+        }
+    }
+
+    /// A reader's call (`live-transfer.md` §10: §5 with the sides swapped).
+    pub(crate) fn reader(
+        plan: &'a TransferPlan,
+        source_placement: &'a Placement,
+        source_bindings: &'a [RuntimeBinding],
+        target_placement: &'a Placement,
+        target_binding: &'a RuntimeBinding,
+    ) -> Call<'a> {
+        Call {
+            local_side: Side::Target,
+            plan,
+            source_placement,
+            target_placement,
+            local: target_binding,
+            remote: source_bindings,
+        }
+    }
+
+    fn remote_side(&self) -> Side {
+        match self.local_side {
+            Side::Source => Side::Target,
+            Side::Target => Side::Source,
+        }
+    }
+
+    fn placement(&self, side: Side) -> &'a Placement {
+        match side {
+            Side::Source => self.source_placement,
+            Side::Target => self.target_placement,
+        }
+    }
+
+    /// The engine direction of the call's batches.
+    fn direction(&self) -> Direction {
+        match self.local_side {
+            Side::Source => Direction::Write,
+            Side::Target => Direction::Read,
+        }
+    }
 }
 
 /// The registration evidence of one side: the owners' leases by fragment id, or
@@ -286,11 +334,11 @@ fn check_evidence(
     f: &RuntimeFragment,
     evidence: &Option<FxHashMap<&str, &MemoryRegistrationLease>>,
     label: &str,
-    generation: u64,
+    lease_generation: u64,
     lease_id: &str,
 ) -> std::result::Result<(), String> {
     match evidence {
-        Some(map) => validate_registration(f, map, label, generation, lease_id),
+        Some(map) => validate_registration(f, map, label, lease_generation, lease_id),
         None => Ok(()),
     }
 }
@@ -373,6 +421,16 @@ struct LocalOp<'a> {
     index: usize,
     source: &'a RuntimeFragment,
     target: &'a RuntimeFragment,
+}
+
+impl<'a> LocalOp<'a> {
+    /// Its fragment on `side`.
+    fn on(&self, side: Side) -> &'a RuntimeFragment {
+        match side {
+            Side::Source => self.source,
+            Side::Target => self.target,
+        }
+    }
 }
 
 /// Pins of one execution, released once.
@@ -557,155 +615,194 @@ impl TransferExecutor {
         source_binding: &RuntimeBinding,
         target_placement: &Placement,
         target_bindings: &[RuntimeBinding],
-        args: &SinkArgs<'_>,
+        args: &ExecuteArgs<'_>,
     ) -> TransferResult<Vec<TransferReceipt>> {
+        let call = Call::sink(plan, source_placement, source_binding, target_placement, target_bindings);
         // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe { self.sink_impl(plan, source_placement, source_binding, target_placement, target_bindings, args, None) }
+        unsafe { self.call(&call, args, None) }
     }
 
-    /// [`Self::execute_sink`], or with `prepare` its preparation: every check of the
-    /// call under its pins, then, instead of running, the lowered batches, the pins
-    /// to repeat and the own registrations (made here) go to `prepare`.
+    /// Target-pulled reads on one target worker (`live-transfer.md` §10): reads every
+    /// operation of the local target executor from the source endpoints and returns
+    /// one receipt per source endpoint (sorted). Remote source memory must be
+    /// registered by its owners.
     ///
     /// # Safety
-    /// As [`Self::execute_sink`]; with `prepare`, the local allocations it registers
-    /// stay valid until they are unregistered.
+    /// As [`Self::execute_sink`], with the sides swapped.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn sink_impl(
+    pub unsafe fn execute_reader(
         &self,
         plan: &TransferPlan,
         source_placement: &Placement,
-        source_binding: &RuntimeBinding,
+        source_bindings: &[RuntimeBinding],
         target_placement: &Placement,
-        target_bindings: &[RuntimeBinding],
-        args: &SinkArgs<'_>,
+        target_binding: &RuntimeBinding,
+        args: &ExecuteArgs<'_>,
+    ) -> TransferResult<Vec<TransferReceipt>> {
+        let call = Call::reader(plan, source_placement, source_bindings, target_placement, target_binding);
+        // SAFETY: forwarded contract (this function's `# Safety`).
+        unsafe { self.call(&call, args, None) }
+    }
+
+    /// One call of either side (`live-transfer.md` §5, and §10 with the sides
+    /// swapped), or with `prepare` its preparation: every check of the call under its
+    /// pins, then, instead of running, the lowered batches, the pins to repeat and the
+    /// own registrations (made here) go to `prepare`.
+    ///
+    /// # Safety
+    /// As [`Self::execute_sink`] for the call's sides; with `prepare`, the local
+    /// allocations it registers stay valid until they are unregistered.
+    pub(crate) unsafe fn call(
+        &self,
+        c: &Call<'_>,
+        args: &ExecuteArgs<'_>,
         prepare: Option<&mut PrepareOut>,
     ) -> TransferResult<Vec<TransferReceipt>> {
-        // Preflight.
-        if args.source_registrations.is_some() && !args.source_pre_registered {
-            return Err(te("source registration leases require source_pre_registered=True"));
+        let plan = c.plan;
+        let (ls, rs) = (c.local_side, c.remote_side());
+        let (lname, rname) = (ls.as_str(), rs.as_str());
+        let (lp, rp) = (c.placement(ls), c.placement(rs));
+        // Preflight (§5.1): nothing pinned, nothing called.
+        if args.local_registrations.is_some() && !args.local_pre_registered {
+            // The reference's message (its keyword arguments are named by side).
+            return Err(te(format!("{lname}_registrations require {lname}_pre_registered=True")));
         }
-        manifest_pair(plan, source_placement, source_binding, Side::Source)?;
-        if !planned_participant(plan, Side::Source, source_binding.participant_id()) {
+        manifest_pair(plan, lp, c.local, ls)?;
+        if !planned_participant(plan, ls, c.local.participant_id()) {
             return Ok(Vec::new());
         }
-        plan.resolve_validated(Side::Source, source_placement, source_binding).map_err(TransferError::engine_from)?;
-        for t in target_bindings {
-            manifest_pair(plan, target_placement, t, Side::Target)?;
-            if planned_participant(plan, Side::Target, t.participant_id()) {
-                plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
+        plan.resolve_validated(ls, lp, c.local).map_err(TransferError::engine_from)?;
+        for r in c.remote {
+            manifest_pair(plan, rp, r, rs)?;
+            if planned_participant(plan, rs, r.participant_id()) {
+                plan.resolve_validated(rs, rp, r).map_err(TransferError::engine_from)?;
             }
         }
         let source_guards =
             args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
         let target_guards =
             args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
+        // Reserved execution (§5.2): pin the sources, then the targets.
         self.check_engine_identity()?;
         let reservation = reserve(self.identity)?;
         let transfer_id =
             args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
         let mut record = prepare.as_ref().map(|_| Vec::new());
-        let fresh_source = self.pin_side(
-            plan,
-            Side::Source,
-            &[source_binding],
-            source_guards,
-            &transfer_id,
-            &mut pins,
-            record.as_mut(),
-        )?;
-        let targets: Vec<&RuntimeBinding> = target_bindings.iter().collect();
+        let local_one = [c.local];
+        let remote_all: Vec<&RuntimeBinding> = c.remote.iter().collect();
+        let (source_side, target_side) =
+            if ls == Side::Source { (&local_one[..], &remote_all[..]) } else { (&remote_all[..], &local_one[..]) };
+        let fresh_sources =
+            self.pin_side(plan, Side::Source, source_side, source_guards, &transfer_id, &mut pins, record.as_mut())?;
         let fresh_targets =
-            self.pin_side(plan, Side::Target, &targets, target_guards, &transfer_id, &mut pins, record.as_mut())?;
-        if fresh_source.len() != 1 {
-            return pins.abort(te("source allocation guards did not acquire one local binding"));
+            self.pin_side(plan, Side::Target, target_side, target_guards, &transfer_id, &mut pins, record.as_mut())?;
+        let (fresh_local, fresh_remote) =
+            if ls == Side::Source { (fresh_sources, fresh_targets) } else { (fresh_targets, fresh_sources) };
+        if fresh_local.len() != 1 {
+            return pins.abort(te(format!("{lname} allocation guards did not acquire one local binding")));
         }
-        let src = &fresh_source[0];
+        let local = &fresh_local[0];
         // Re-check under the pins.
         let checked = (|| -> TransferResult<_> {
-            manifest_pair_with(plan, source_placement, src, Side::Source, src != source_binding)?;
-            let mut local: Vec<usize> =
-                plan.resolve_validated(Side::Source, source_placement, src).map_err(TransferError::engine_from)?;
-            let execs = plan.executors(Side::Source);
-            if let Some(w) = args.source_worker_id {
-                local.retain(|&i| execs[i].worker_id == w);
+            manifest_pair_with(plan, lp, local, ls, local != c.local)?;
+            let execs = plan.executors(ls);
+            let mut mine: Vec<usize> = plan.resolve_validated(ls, lp, local).map_err(TransferError::engine_from)?;
+            if let Some(w) = args.local_worker_id {
+                mine.retain(|&i| execs[i].worker_id == w);
             }
-            if local.len() != 1 {
-                return Err(te("source binding requires exactly one local worker executor"));
+            if mine.len() != 1 {
+                return Err(te(format!("{lname} binding requires exactly one local worker executor")));
             }
-            let local = &execs[local[0]];
-            // Target side.
+            let exec = &execs[mine[0]];
+            // The remote side: pair_manifests, then every planned executor exactly once.
             let mut seen = BTreeSet::new();
-            for t in &fresh_targets {
-                if !seen.insert(t.participant_id()) {
-                    return Err(te("duplicate target runtime binding participant"));
+            for r in &fresh_remote {
+                if !seen.insert(r.participant_id()) {
+                    return Err(te(format!("duplicate {rname} runtime binding participant")));
                 }
-                if t.placement_id() != target_placement.placement_id() {
-                    return Err(te("target placement and binding IDs differ"));
+                if r.placement_id() != rp.placement_id() {
+                    return Err(te(format!("{rname} placement and binding IDs differ")));
                 }
             }
             let mut keys = BTreeSet::new();
             let mut current: FxHashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = FxHashMap::default();
-            let texecs = plan.executors(Side::Target);
-            for t in &fresh_targets {
-                manifest_pair_with(plan, target_placement, t, Side::Target, !target_bindings.contains(t))?;
-                let mine =
-                    plan.resolve_validated(Side::Target, target_placement, t).map_err(TransferError::engine_from)?;
-                for i in mine {
-                    let e = &texecs[i];
+            let rexecs = plan.executors(rs);
+            for r in &fresh_remote {
+                manifest_pair_with(plan, rp, r, rs, !c.remote.contains(r))?;
+                for i in plan.resolve_validated(rs, rp, r).map_err(TransferError::engine_from)? {
+                    let e = &rexecs[i];
                     if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
                         return Err(te(format!(
-                            "duplicate target executor rank and worker: ({:?}, {})",
+                            "duplicate {rname} executor rank and worker: ({:?}, {})",
                             e.rank.order_key(),
                             e.worker_id
                         )));
                     }
                 }
-                for f in t.fragments() {
-                    if current.insert(f.fragment_id(), (f, t)).is_some() {
-                        return Err(te(format!("duplicate target fragment: {}", f.fragment_id())));
+                for f in r.fragments() {
+                    if current.insert(f.fragment_id(), (f, r)).is_some() {
+                        return Err(te(format!("duplicate {rname} fragment: {}", f.fragment_id())));
                     }
                 }
             }
-            let planned: BTreeSet<_> = texecs.iter().map(|e| (e.rank.order_key(), e.worker_id.as_str())).collect();
+            let planned: BTreeSet<_> = rexecs.iter().map(|e| (e.rank.order_key(), e.worker_id.as_str())).collect();
             if keys != planned {
-                return Err(te("target executor set is incomplete"));
+                return Err(te(format!("{rname} executor set is incomplete")));
             }
-            if local.operation_indices.is_empty() {
+            if exec.operation_indices.is_empty() {
                 return Ok(None);
             }
-            let leases = evidence(args.registrations_from_bindings, args.target_registrations, "target")
+            // The lease maps first, so that a missing one fails before any stale
+            // fragment check.
+            let remote_leases = evidence(args.registrations_from_bindings, args.remote_registrations, rname)
                 .map_err(TransferError::engine_from)?;
-            let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(local.operation_indices.len());
-            for &i in &local.operation_indices {
+            let local_leases = if args.local_pre_registered {
+                Some(
+                    evidence(args.registrations_from_bindings, args.local_registrations, lname)
+                        .map_err(TransferError::engine_from)?,
+                )
+            } else {
+                None
+            };
+            let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(exec.operation_indices.len());
+            for &i in &exec.operation_indices {
                 let i = i as usize;
-                let (_, planned_src) = plan.operation_fragment(i, Side::Source);
-                let cur_src = match src.fragment_for(planned_src.placement_fragment_id()) {
-                    Some(f) if f == planned_src => f,
+                let planned_local = plan.operation_fragment(i, ls).1;
+                let cur_local = match local.fragment_for(planned_local.placement_fragment_id()) {
+                    Some(f) if f == planned_local => f,
                     _ => {
                         return Err(TransferError::stale(format!(
-                            "stale source fragment: {}",
-                            planned_src.fragment_id()
+                            "stale {lname} fragment: {}",
+                            planned_local.fragment_id()
                         )))
                     }
                 };
-                let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
-                let (cur_tgt, tb) = current.get(planned_tgt.fragment_id()).copied().ok_or_else(|| {
-                    TransferError::stale(format!("missing planned target fragment: {}", planned_tgt.fragment_id()))
+                let planned_remote = plan.operation_fragment(i, rs).1;
+                let (cur_remote, rb) = current.get(planned_remote.fragment_id()).copied().ok_or_else(|| {
+                    TransferError::stale(format!("missing planned {rname} fragment: {}", planned_remote.fragment_id()))
                 })?;
-                if cur_tgt != planned_tgt {
-                    return Err(TransferError::stale(format!("stale target fragment: {}", planned_tgt.fragment_id())));
+                if cur_remote != planned_remote {
+                    return Err(TransferError::stale(format!(
+                        "stale {rname} fragment: {}",
+                        planned_remote.fragment_id()
+                    )));
                 }
-                if cur_tgt.endpoint().is_empty() {
-                    return Err(te(format!("target endpoint is empty: {}", cur_tgt.fragment_id())));
+                if cur_remote.endpoint().is_empty() {
+                    return Err(te(format!("{rname} endpoint is empty: {}", cur_remote.fragment_id())));
                 }
-                self.check_operation(plan, i, cur_src, cur_tgt)?;
-                check_evidence(cur_tgt, &leases, "target", tb.lease_generation(), tb.lease_id())
+                let (source, target) =
+                    if ls == Side::Source { (cur_local, cur_remote) } else { (cur_remote, cur_local) };
+                self.check_operation(plan, i, source, target)?;
+                check_evidence(cur_remote, &remote_leases, rname, rb.lease_generation(), rb.lease_id())
                     .map_err(TransferError::stale)?;
-                ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
+                if let Some(leases) = &local_leases {
+                    check_evidence(cur_local, leases, lname, local.lease_generation(), local.lease_id())
+                        .map_err(TransferError::stale)?;
+                }
+                ops.push(LocalOp { index: i, source, target });
             }
-            Ok(Some((local.worker_id.clone(), ops)))
+            Ok(Some((exec.worker_id.clone(), ops)))
         })();
         let (worker, ops) = match checked {
             Ok(Some(v)) => v,
@@ -718,242 +815,29 @@ impl TransferExecutor {
         if let Err(e) = self.budget(plan, &ops) {
             return pins.abort(e);
         }
-        // Own registrations, or the owner's evidence.
-        let own = if args.source_pre_registered {
-            let leases = match evidence(args.registrations_from_bindings, args.source_registrations, "source") {
-                Ok(l) => l,
-                Err(e) => return pins.abort(TransferError::engine_from(e)),
-            };
-            for op in &ops {
-                if let Err(m) = check_evidence(op.source, &leases, "source", src.lease_generation(), src.lease_id()) {
-                    return pins.abort(TransferError::stale(m));
-                }
-            }
+        // Own registrations of the local allocations, unless their owner registered them.
+        let own = if args.local_pre_registered {
             Vec::new()
         } else {
-            match allocations(ops.iter().map(|o| o.source), "source") {
+            match allocations(ops.iter().map(|o| o.on(ls)), lname) {
                 Ok(a) => a,
                 Err(e) => return pins.abort(e),
             }
         };
         let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
         for op in ops {
-            groups.entry(op.target.endpoint()).or_default().push(op);
+            groups.entry(op.on(rs).endpoint()).or_default().push(op);
         }
         if let Some(out) = prepare {
             out.pins = record.unwrap_or_default();
-            let r = self.prepare_finish(plan, Direction::Write, &worker, groups, own, pins, out);
+            let r = self.prepare_finish(plan, c.direction(), &worker, groups, own, pins, out);
             drop(reservation);
             return r.map(|()| Vec::new());
         }
         let resources: Vec<Box<dyn Any + Send>> =
-            vec![Box::new(plan.clone()), Box::new(fresh_source.clone()), Box::new(fresh_targets.clone())];
+            vec![Box::new(plan.clone()), Box::new(fresh_local.clone()), Box::new(fresh_remote.clone())];
         let hooks = Hooks { cancel: args.cancel, progress: args.progress, stats: args.stats };
-        let out = self.run(plan, Direction::Write, &worker, groups, own, pins, resources, hooks);
-        drop(reservation);
-        out
-    }
-
-    /// Target-pulled reads on one target worker (`live-transfer.md` §10): reads every
-    /// operation of the local target executor from the source endpoints and returns
-    /// one receipt per source endpoint (sorted). Remote source memory must be
-    /// pre-registered by its owner.
-    ///
-    /// # Safety
-    /// As [`Self::execute_sink`], with the sides swapped.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn execute_reader(
-        &self,
-        plan: &TransferPlan,
-        source_placement: &Placement,
-        source_bindings: &[RuntimeBinding],
-        target_placement: &Placement,
-        target_binding: &RuntimeBinding,
-        args: &ReaderArgs<'_>,
-    ) -> TransferResult<Vec<TransferReceipt>> {
-        // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe {
-            self.reader_impl(plan, source_placement, source_bindings, target_placement, target_binding, args, None)
-        }
-    }
-
-    /// [`Self::execute_reader`], or its preparation (as [`Self::sink_impl`]).
-    ///
-    /// # Safety
-    /// As [`Self::sink_impl`], with the sides swapped.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn reader_impl(
-        &self,
-        plan: &TransferPlan,
-        source_placement: &Placement,
-        source_bindings: &[RuntimeBinding],
-        target_placement: &Placement,
-        target_binding: &RuntimeBinding,
-        args: &ReaderArgs<'_>,
-        prepare: Option<&mut PrepareOut>,
-    ) -> TransferResult<Vec<TransferReceipt>> {
-        if args.target_registrations.is_some() && !args.target_pre_registered {
-            return Err(te("target_registrations require target_pre_registered=True"));
-        }
-        if !args.source_pre_registered {
-            return Err(te("remote source memory must be pre-registered"));
-        }
-        manifest_pair(plan, target_placement, target_binding, Side::Target)?;
-        if !planned_participant(plan, Side::Target, target_binding.participant_id()) {
-            return Ok(Vec::new());
-        }
-        plan.resolve_validated(Side::Target, target_placement, target_binding).map_err(TransferError::engine_from)?;
-        for s in source_bindings {
-            manifest_pair(plan, source_placement, s, Side::Source)?;
-            if planned_participant(plan, Side::Source, s.participant_id()) {
-                plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
-            }
-        }
-        let source_guards =
-            args.source_guards.ok_or_else(|| contract("source allocation guard providers are required"))?;
-        let target_guards =
-            args.target_guards.ok_or_else(|| contract("target allocation guard providers are required"))?;
-        let source_leases = evidence(args.registrations_from_bindings, args.source_registrations, "source")
-            .map_err(TransferError::engine_from)?;
-        self.check_engine_identity()?;
-        let reservation = reserve(self.identity)?;
-        let transfer_id =
-            args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let mut pins = Pins { tokens: Vec::new(), stats: args.stats };
-        let mut record = prepare.as_ref().map(|_| Vec::new());
-        let sources: Vec<&RuntimeBinding> = source_bindings.iter().collect();
-        let fresh_sources =
-            self.pin_side(plan, Side::Source, &sources, source_guards, &transfer_id, &mut pins, record.as_mut())?;
-        let fresh_target = self.pin_side(
-            plan,
-            Side::Target,
-            &[target_binding],
-            target_guards,
-            &transfer_id,
-            &mut pins,
-            record.as_mut(),
-        )?;
-        if fresh_target.len() != 1 {
-            return pins.abort(te("target allocation guards did not acquire one local binding"));
-        }
-        let tgt = &fresh_target[0];
-        let checked = (|| -> TransferResult<_> {
-            manifest_pair_with(plan, target_placement, tgt, Side::Target, tgt != target_binding)?;
-            let execs = plan.executors(Side::Target);
-            let mut local: Vec<usize> =
-                plan.resolve_validated(Side::Target, target_placement, tgt).map_err(TransferError::engine_from)?;
-            if let Some(w) = args.target_worker_id {
-                local.retain(|&i| execs[i].worker_id == w);
-            }
-            if local.len() != 1 {
-                return Err(te("target binding requires exactly one local worker executor"));
-            }
-            let local = &execs[local[0]];
-            let sexecs = plan.executors(Side::Source);
-            let mut keys = BTreeSet::new();
-            let mut current: FxHashMap<&str, (&RuntimeFragment, &RuntimeBinding)> = FxHashMap::default();
-            for s in &fresh_sources {
-                manifest_pair_with(plan, source_placement, s, Side::Source, !source_bindings.contains(s))?;
-                let mine =
-                    plan.resolve_validated(Side::Source, source_placement, s).map_err(TransferError::engine_from)?;
-                for i in mine {
-                    let e = &sexecs[i];
-                    if !keys.insert((e.rank.order_key(), e.worker_id.as_str())) {
-                        return Err(te(format!(
-                            "duplicate source executor rank and worker: ({:?}, {})",
-                            e.rank.order_key(),
-                            e.worker_id
-                        )));
-                    }
-                }
-                for f in s.fragments() {
-                    if current.insert(f.fragment_id(), (f, s)).is_some() {
-                        return Err(te(format!("duplicate source fragment: {}", f.fragment_id())));
-                    }
-                }
-            }
-            let planned: BTreeSet<_> = sexecs.iter().map(|e| (e.rank.order_key(), e.worker_id.as_str())).collect();
-            if keys != planned {
-                return Err(te("source executor set is incomplete"));
-            }
-            let target_leases = if args.target_pre_registered {
-                Some(
-                    evidence(args.registrations_from_bindings, args.target_registrations, "target")
-                        .map_err(TransferError::engine_from)?,
-                )
-            } else {
-                None
-            };
-            let mut ops: Vec<LocalOp<'_>> = Vec::with_capacity(local.operation_indices.len());
-            for &i in &local.operation_indices {
-                let i = i as usize;
-                let (_, planned_src) = plan.operation_fragment(i, Side::Source);
-                let (cur_src, sb) = match current.get(planned_src.fragment_id()).copied() {
-                    Some((f, b)) if f == planned_src => (f, b),
-                    _ => {
-                        return Err(TransferError::stale(format!(
-                            "stale source fragment: {}",
-                            planned_src.fragment_id()
-                        )))
-                    }
-                };
-                check_evidence(cur_src, &source_leases, "source", sb.lease_generation(), sb.lease_id())
-                    .map_err(TransferError::stale)?;
-                let (_, planned_tgt) = plan.operation_fragment(i, Side::Target);
-                let cur_tgt = match tgt.fragment_for(planned_tgt.placement_fragment_id()) {
-                    Some(f) if f == planned_tgt => f,
-                    _ => {
-                        return Err(TransferError::stale(format!(
-                            "stale target fragment: {}",
-                            planned_tgt.fragment_id()
-                        )))
-                    }
-                };
-                if let Some(leases) = &target_leases {
-                    check_evidence(cur_tgt, leases, "target", tgt.lease_generation(), tgt.lease_id())
-                        .map_err(TransferError::stale)?;
-                }
-                if cur_src.endpoint().is_empty() {
-                    return Err(te(format!("source endpoint is empty: {}", cur_src.fragment_id())));
-                }
-                self.check_operation(plan, i, cur_src, cur_tgt)?;
-                ops.push(LocalOp { index: i, source: cur_src, target: cur_tgt });
-            }
-            Ok((local.worker_id.clone(), ops))
-        })();
-        let (worker, ops) = match checked {
-            Ok(v) => v,
-            Err(e) => return pins.abort(e),
-        };
-        if ops.is_empty() {
-            pins.release(TerminalState::Completed);
-            return Ok(Vec::new());
-        }
-        if let Err(e) = self.budget(plan, &ops) {
-            return pins.abort(e);
-        }
-        let own = if args.target_pre_registered {
-            Vec::new()
-        } else {
-            match allocations(ops.iter().map(|o| o.target), "target") {
-                Ok(a) => a,
-                Err(e) => return pins.abort(e),
-            }
-        };
-        let mut groups: BTreeMap<&str, Vec<LocalOp<'_>>> = BTreeMap::new();
-        for op in ops {
-            groups.entry(op.source.endpoint()).or_default().push(op);
-        }
-        if let Some(out) = prepare {
-            out.pins = record.unwrap_or_default();
-            let r = self.prepare_finish(plan, Direction::Read, &worker, groups, own, pins, out);
-            drop(reservation);
-            return r.map(|()| Vec::new());
-        }
-        let resources: Vec<Box<dyn Any + Send>> =
-            vec![Box::new(plan.clone()), Box::new(fresh_sources.clone()), Box::new(fresh_target.clone())];
-        let hooks = Hooks { cancel: args.cancel, progress: args.progress, stats: args.stats };
-        let out = self.run(plan, Direction::Read, &worker, groups, own, pins, resources, hooks);
+        let out = self.run(plan, c.direction(), &worker, groups, own, pins, resources, hooks);
         drop(reservation);
         out
     }

@@ -14,15 +14,13 @@
 //! The C ABI's `mws_loader` / `mws_sink` wrap these without adding behaviour.
 
 use super::error::{TransferError, TransferResult};
-use super::executor::{
-    ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor, TransferReceipt,
-};
+use super::executor::{ExecuteArgs, ExecutionStats, ExecutorLimits, GuardRelease, TransferExecutor, TransferReceipt};
 use super::lease::GuardProviders;
 use super::outcome::{call_outcomes, CallRecord, TargetOutcome, TransferMode};
 use crate::engine::TransferEngine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Placement;
-use crate::plan::transfer_bind::{Side, TransferPlan};
+use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::protocol::guards::{GuardProvider, StaticGuard};
 use crate::protocol::{LoadArgs, LoadPlan, LoadStats, Progress, ProgressFn, WeightStore};
 use crate::runtime::RuntimeBinding;
@@ -206,15 +204,7 @@ impl Front {
         result: TransferResult<Vec<TransferReceipt>>,
     ) -> std::result::Result<LiveReport, LiveError> {
         let mode = if side == Side::Source { TransferMode::Sink } else { TransferMode::Reader };
-        let mine: Vec<_> = plan
-            .executors(side)
-            .iter()
-            .filter(|e| {
-                e.participant_id == local.participant_id()
-                    && e.instance_id == local.instance_id()
-                    && worker.is_none_or(|w| e.worker_id == w)
-            })
-            .collect();
+        let mine = local_executors(plan, side, local, worker);
         let submitted = exec_stats.submitted.load(Ordering::Acquire) || result.as_ref().is_err_and(|e| e.submitted);
         let result = result.map_err(|mut e| {
             e.submitted = submitted;
@@ -244,9 +234,23 @@ impl Front {
                 })
                 .collect();
         }
+        let regions = mine.iter().map(|e| e.operation_indices.len() as u64).sum();
+        self.conclude(report, result, regions, exec_stats)
+    }
+
+    /// Ends the report of any live call, plain or prepared: on success its statistics
+    /// (from the receipts; `regions` counts only when something moved) and receipts,
+    /// recorded as the last statistics; the report is recorded as the last one either
+    /// way, and a failure returns it inside its [`LiveError`].
+    pub(super) fn conclude(
+        &self,
+        mut report: LiveReport,
+        result: TransferResult<Vec<TransferReceipt>>,
+        regions: u64,
+        exec_stats: &ExecutionStats,
+    ) -> std::result::Result<LiveReport, LiveError> {
         match result {
             Ok(receipts) => {
-                let regions = mine.iter().map(|e| e.operation_indices.len() as u64).sum();
                 report.stats = TransferStats {
                     bytes: receipts.iter().map(|r| r.nbytes).sum(),
                     regions: if receipts.is_empty() { 0 } else { regions },
@@ -266,9 +270,95 @@ impl Front {
         }
     }
 
+    /// The executor arguments every call of a loader, sink or prepared transfer
+    /// shares: the local worker and registration, the transfer id, the guard (the
+    /// call's, else the static one) on both sides, and the owners' registrations
+    /// asserted by the bindings. A plain call adds its cancellation, progress and
+    /// statistics.
+    pub(super) fn execute_args<'a>(args: &LiveArgs<'a>, guards: &'a GuardProviders) -> ExecuteArgs<'a> {
+        ExecuteArgs {
+            local_worker_id: args.worker_id,
+            local_pre_registered: args.local_pre_registered,
+            source_guards: Some(guards),
+            target_guards: Some(guards),
+            transfer_id: args.transfer_id,
+            registrations_from_bindings: true,
+            ..ExecuteArgs::default()
+        }
+    }
+
+    /// A plain call's arguments: [`Self::execute_args`] with the front's cancellation
+    /// flag, `progress` and `stats`.
+    fn plain_args<'a>(
+        &'a self,
+        args: &LiveArgs<'a>,
+        guards: &'a GuardProviders,
+        progress: Option<&'a ProgressCallback>,
+        stats: &'a ExecutionStats,
+    ) -> ExecuteArgs<'a> {
+        ExecuteArgs {
+            cancel: Some(&self.cancel.0),
+            progress: progress.map(|p| &**p as ProgressFn<'_>),
+            stats: Some(stats),
+            ..Front::execute_args(args, guards)
+        }
+    }
+
     pub(super) fn guards(args: &LiveArgs<'_>) -> GuardProviders {
         GuardProviders::all(args.guard.clone().unwrap_or_else(|| Arc::new(StaticGuard)))
     }
+}
+
+/// The executors of `plan` on `side` that a call of `local` (restricted to `worker`
+/// when given) runs: exactly one for a call that can run.
+pub(super) fn local_executors<'p>(
+    plan: &'p TransferPlan,
+    side: Side,
+    local: &RuntimeBinding,
+    worker: Option<&str>,
+) -> Vec<&'p ExecutorTransferPlan> {
+    plan.executors(side)
+        .iter()
+        .filter(|e| {
+            e.participant_id == local.participant_id()
+                && e.instance_id == local.instance_id()
+                && worker.is_none_or(|w| e.worker_id == w)
+        })
+        .collect()
+}
+
+/// The accessors [`Loader`] and [`Sink`] share, written once.
+macro_rules! front_accessors {
+    () => {
+        /// The executor (engine identity, limits, pending transfers).
+        pub fn executor(&self) -> &TransferExecutor {
+            &self.front.exec
+        }
+
+        /// The cancellation flag of its calls (and of the transfers it prepared).
+        pub fn cancel_token(&self) -> &CancelToken {
+            &self.front.cancel
+        }
+
+        /// Sets (or clears) the progress callback: live calls report `Transfer`
+        /// progress (items = planned segments); a loader's stored loads report
+        /// `Restore` progress unless their arguments bring their own callback. A
+        /// running call keeps the callback it started with.
+        pub fn set_progress(&self, progress: Option<ProgressCallback>) {
+            *self.front.progress.lock() = progress;
+        }
+
+        /// Statistics of the last successful call.
+        pub fn stats(&self) -> TransferStats {
+            *self.front.stats.lock()
+        }
+
+        /// The report of the last live call, successful or not (`None` before the
+        /// first).
+        pub fn last_report(&self) -> Option<LiveReport> {
+            self.front.last.lock().clone()
+        }
+    };
 }
 
 /// Fills the buffers of one target participant from a live source through an engine
@@ -289,33 +379,7 @@ impl Loader {
         Ok(Loader { front: Arc::new(Front::new(engine, limits)?) })
     }
 
-    /// The executor (engine identity, limits, pending transfers).
-    pub fn executor(&self) -> &TransferExecutor {
-        &self.front.exec
-    }
-
-    /// The loader's cancellation flag.
-    pub fn cancel_token(&self) -> &CancelToken {
-        &self.front.cancel
-    }
-
-    /// Sets (or clears) the progress callback: live loads report `Transfer` progress
-    /// (items = planned segments), stored loads `Restore` progress unless their
-    /// arguments bring their own callback. A running call keeps the callback it
-    /// started with.
-    pub fn set_progress(&self, progress: Option<ProgressCallback>) {
-        *self.front.progress.lock() = progress;
-    }
-
-    /// Statistics of the last successful call.
-    pub fn stats(&self) -> TransferStats {
-        *self.front.stats.lock()
-    }
-
-    /// The report of the last live call, successful or not (`None` before the first).
-    pub fn last_report(&self) -> Option<LiveReport> {
-        self.front.last.lock().clone()
-    }
+    front_accessors!();
 
     /// Pulls every operation of the local target executor of `plan` into the buffers
     /// of `target_binding`, reading from the sources through the engine (reader mode,
@@ -342,21 +406,7 @@ impl Loader {
         let guards = Front::guards(args);
         let progress = f.progress.lock().clone();
         let exec_stats = ExecutionStats::default();
-        let cancel = &f.cancel.0;
-        let reader = ReaderArgs {
-            target_worker_id: args.worker_id,
-            source_pre_registered: true,
-            source_registrations: None,
-            target_pre_registered: args.local_pre_registered,
-            target_registrations: None,
-            source_guards: Some(&guards),
-            target_guards: Some(&guards),
-            transfer_id: args.transfer_id,
-            cancel: Some(cancel),
-            progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
-            stats: Some(&exec_stats),
-            registrations_from_bindings: true,
-        };
+        let reader = f.plain_args(args, &guards, progress.as_ref(), &exec_stats);
         // SAFETY: forwarded contract (this function's `# Safety`).
         let result = unsafe {
             f.exec.execute_reader(plan, source_placement, source_bindings, target_placement, target_binding, &reader)
@@ -408,31 +458,7 @@ impl Sink {
         Ok(Sink { front: Arc::new(Front::new(engine, limits)?) })
     }
 
-    /// The executor (engine identity, limits, pending transfers).
-    pub fn executor(&self) -> &TransferExecutor {
-        &self.front.exec
-    }
-
-    /// The sink's cancellation flag.
-    pub fn cancel_token(&self) -> &CancelToken {
-        &self.front.cancel
-    }
-
-    /// Sets (or clears) the progress callback (`Transfer` progress, items = planned
-    /// segments).
-    pub fn set_progress(&self, progress: Option<ProgressCallback>) {
-        *self.front.progress.lock() = progress;
-    }
-
-    /// Statistics of the last successful call.
-    pub fn stats(&self) -> TransferStats {
-        *self.front.stats.lock()
-    }
-
-    /// The report of the last call, successful or not (`None` before the first).
-    pub fn last_report(&self) -> Option<LiveReport> {
-        self.front.last.lock().clone()
-    }
+    front_accessors!();
 
     /// Pushes every operation of the local source executor of `plan` from the buffers
     /// of `source_binding` into the remote targets (sink mode, `live-transfer.md` §5).
@@ -513,26 +539,13 @@ impl Sink {
         plan: &TransferPlan,
         source_binding: &RuntimeBinding,
         args: &LiveArgs<'_>,
-        call: impl FnOnce(&SinkArgs<'_>) -> TransferResult<Vec<TransferReceipt>>,
+        call: impl FnOnce(&ExecuteArgs<'_>) -> TransferResult<Vec<TransferReceipt>>,
     ) -> std::result::Result<LiveReport, LiveError> {
         let f = &self.front;
         let guards = Front::guards(args);
         let progress = f.progress.lock().clone();
         let exec_stats = ExecutionStats::default();
-        let sink = SinkArgs {
-            source_worker_id: args.worker_id,
-            target_registrations: None,
-            source_pre_registered: args.local_pre_registered,
-            source_registrations: None,
-            source_guards: Some(&guards),
-            target_guards: Some(&guards),
-            transfer_id: args.transfer_id,
-            cancel: Some(&f.cancel.0),
-            progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
-            stats: Some(&exec_stats),
-            registrations_from_bindings: true,
-        };
-        let result = call(&sink);
+        let result = call(&f.plain_args(args, &guards, progress.as_ref(), &exec_stats));
         f.finish(plan, Side::Source, source_binding, args.worker_id, &exec_stats, result)
     }
 }

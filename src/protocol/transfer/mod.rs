@@ -18,8 +18,7 @@ pub mod scope;
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{
-    EngineResources, ExecutionStats, ExecutorLimits, GuardRelease, ReaderArgs, SinkArgs, TransferExecutor,
-    TransferReceipt,
+    EngineResources, ExecuteArgs, ExecutionStats, ExecutorLimits, GuardRelease, TransferExecutor, TransferReceipt,
 };
 pub use lease::{GuardProviders, MemoryRegistrationLease};
 pub use loader::{

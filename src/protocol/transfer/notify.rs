@@ -46,7 +46,7 @@
 //! engine's notify poll hands exactly those messages to the acceptor.
 
 use super::error::{TransferError, TransferResult};
-use super::executor::{SinkArgs, TransferExecutor, TransferReceipt};
+use super::executor::{ExecuteArgs, TransferExecutor, TransferReceipt};
 use super::outcome::{predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode};
 use crate::error::{Error, ErrorKind};
 use crate::model::Placement;
@@ -518,17 +518,17 @@ pub unsafe fn execute_sink_notified(
     source_binding: &RuntimeBinding,
     target_placement: &Placement,
     target_bindings: &[RuntimeBinding],
-    args: &SinkArgs<'_>,
+    args: &ExecuteArgs<'_>,
 ) -> TransferResult<NotifiedSink> {
     let key = check_key(key).map_err(TransferError::contract)?;
     let key = key.as_deref();
     let mut local = check_current(plan, source_placement, source_binding, target_placement, target_bindings)?;
     let execs = plan.executors(Side::Source);
-    if let Some(w) = args.source_worker_id {
+    if let Some(w) = args.local_worker_id {
         local.retain(|&i| execs[i].worker_id == w);
     }
     let transfer_id = args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    let call = SinkArgs { transfer_id: Some(&transfer_id), ..*args };
+    let call = ExecuteArgs { transfer_id: Some(&transfer_id), ..*args };
     let Some(&mine) = local.first().filter(|_| local.len() == 1) else {
         // Unplanned participant ([]) or an error the executor words precisely.
         // SAFETY: this function's contract.

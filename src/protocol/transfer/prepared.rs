@@ -40,9 +40,9 @@
 use super::completion::{cleanup_error, quarantine_cleanup};
 use super::completion::{execute_batch, reserve, retain_unknown, unregister_all, BatchOutcome, Handoff};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
+use super::executor::{Call, TransferReceipt};
 use super::executor::{ExecutionStats, GuardRelease, Hooks, PinSpec, Pins, PrepareOut, PreparedEndpoint};
-use super::executor::{ReaderArgs, SinkArgs, TransferReceipt};
-use super::loader::{Front, LiveArgs, LiveError, LiveReport, Loader, Sink, TargetReport, TransferStats};
+use super::loader::{local_executors, Front, LiveArgs, LiveError, LiveReport, Loader, Sink, TargetReport};
 use super::outcome::{call_outcomes, predicted_receipts, CallRecord, TargetOutcome, TransferMode};
 use crate::engine::Direction;
 use crate::error::{Error, ErrorKind};
@@ -168,85 +168,18 @@ fn stale(message: impl std::fmt::Display) -> TransferError {
 }
 
 impl PreparedTransfer {
-    /// Prepares one sink call ([`super::Sink::prepare`]).
+    /// Prepares one call of either side ([`super::Sink::prepare`],
+    /// [`super::Loader::prepare_live`]).
     ///
     /// # Safety
-    /// As [`super::Sink::prepare`].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn prepare_sink(
-        front: Arc<Front>,
-        plan: &TransferPlan,
-        source_placement: &Placement,
-        source_binding: &RuntimeBinding,
-        target_placement: &Placement,
-        target_bindings: &[RuntimeBinding],
-        args: &LiveArgs<'_>,
-    ) -> TransferResult<PreparedTransfer> {
+    /// As [`super::Sink::prepare`] for the call's sides.
+    unsafe fn prepare(front: Arc<Front>, call: &Call<'_>, args: &LiveArgs<'_>) -> TransferResult<PreparedTransfer> {
         let guards = Front::guards(args);
-        let sink = SinkArgs {
-            source_worker_id: args.worker_id,
-            source_pre_registered: args.local_pre_registered,
-            source_guards: Some(&guards),
-            target_guards: Some(&guards),
-            transfer_id: args.transfer_id,
-            registrations_from_bindings: true,
-            ..Default::default()
-        };
         let mut out = PrepareOut::default();
         // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe {
-            front.exec.sink_impl(
-                plan,
-                source_placement,
-                source_binding,
-                target_placement,
-                target_bindings,
-                &sink,
-                Some(&mut out),
-            )
-        }?;
-        Ok(Self::new(front, TransferMode::Sink, plan, source_binding, args.worker_id, out))
-    }
-
-    /// Prepares one reader call ([`super::Loader::prepare_live`]).
-    ///
-    /// # Safety
-    /// As [`super::Loader::prepare_live`].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn prepare_reader(
-        front: Arc<Front>,
-        plan: &TransferPlan,
-        source_placement: &Placement,
-        source_bindings: &[RuntimeBinding],
-        target_placement: &Placement,
-        target_binding: &RuntimeBinding,
-        args: &LiveArgs<'_>,
-    ) -> TransferResult<PreparedTransfer> {
-        let guards = Front::guards(args);
-        let reader = ReaderArgs {
-            target_worker_id: args.worker_id,
-            source_pre_registered: true,
-            target_pre_registered: args.local_pre_registered,
-            source_guards: Some(&guards),
-            target_guards: Some(&guards),
-            transfer_id: args.transfer_id,
-            registrations_from_bindings: true,
-            ..Default::default()
-        };
-        let mut out = PrepareOut::default();
-        // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe {
-            front.exec.reader_impl(
-                plan,
-                source_placement,
-                source_bindings,
-                target_placement,
-                target_binding,
-                &reader,
-                Some(&mut out),
-            )
-        }?;
-        Ok(Self::new(front, TransferMode::Reader, plan, target_binding, args.worker_id, out))
+        unsafe { front.exec.call(call, &Front::execute_args(args, &guards), Some(&mut out)) }?;
+        let mode = if call.local_side == Side::Source { TransferMode::Sink } else { TransferMode::Reader };
+        Ok(Self::new(front, mode, call.plan, call.local, args.worker_id, out))
     }
 
     fn new(
@@ -259,15 +192,7 @@ impl PreparedTransfer {
     ) -> PreparedTransfer {
         let side = if mode == TransferMode::Sink { Side::Source } else { Side::Target };
         // The call's executor and the targets it writes, as `Front::finish` finds them.
-        let mine: Vec<_> = plan
-            .executors(side)
-            .iter()
-            .filter(|e| {
-                e.participant_id == local.participant_id()
-                    && e.instance_id == local.instance_id()
-                    && worker.is_none_or(|w| e.worker_id == w)
-            })
-            .collect();
+        let mine = local_executors(plan, side, local, worker);
         let (targets, executor_key, predicted) = match (mine.as_slice(), &out.worker) {
             ([e], Some(_)) => {
                 let predicted = predicted_receipts(plan, e);
@@ -559,7 +484,7 @@ impl PreparedTransfer {
             Err(e) if !e.submitted => TargetOutcome::Unchanged,
             _ => TargetOutcome::Torn { incomplete: vec![p.executor_key.clone()] },
         };
-        let mut report = LiveReport {
+        let report = LiveReport {
             submitted,
             guard_release: exec_stats.guard_release(),
             pending_transfer_id: result.as_ref().err().and_then(|e| e.pending_transfer_id.clone()),
@@ -574,26 +499,7 @@ impl PreparedTransfer {
                 .collect(),
             ..LiveReport::default()
         };
-        let f = &self.front;
-        match result {
-            Ok(receipts) => {
-                report.stats = TransferStats {
-                    bytes: receipts.iter().map(|r| r.nbytes).sum(),
-                    regions: if receipts.is_empty() { 0 } else { p.regions },
-                    operations: receipts.iter().map(|r| r.operation_count).sum(),
-                    receipts: receipts.len() as u64,
-                    engine_operations: exec_stats.snapshot().1,
-                };
-                report.receipts = receipts;
-                *f.stats.lock() = report.stats;
-                *f.last.lock() = Some(report.clone());
-                Ok(report)
-            }
-            Err(error) => {
-                *f.last.lock() = Some(report.clone());
-                Err(LiveError { error, report: Box::new(report) })
-            }
-        }
+        self.front.conclude(report, result, p.regions, exec_stats)
     }
 
     /// Unregisters the allocations the preparation registered (unless a pending
@@ -671,18 +577,9 @@ impl Loader {
         target_binding: &RuntimeBinding,
         args: &LiveArgs<'_>,
     ) -> TransferResult<PreparedTransfer> {
+        let call = Call::reader(plan, source_placement, source_bindings, target_placement, target_binding);
         // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe {
-            PreparedTransfer::prepare_reader(
-                self.front.clone(),
-                plan,
-                source_placement,
-                source_bindings,
-                target_placement,
-                target_binding,
-                args,
-            )
-        }
+        unsafe { PreparedTransfer::prepare(self.front.clone(), &call, args) }
     }
 }
 
@@ -709,17 +606,8 @@ impl Sink {
         target_bindings: &[RuntimeBinding],
         args: &LiveArgs<'_>,
     ) -> TransferResult<PreparedTransfer> {
+        let call = Call::sink(plan, source_placement, source_binding, target_placement, target_bindings);
         // SAFETY: forwarded contract (this function's `# Safety`).
-        unsafe {
-            PreparedTransfer::prepare_sink(
-                self.front.clone(),
-                plan,
-                source_placement,
-                source_binding,
-                target_placement,
-                target_bindings,
-                args,
-            )
-        }
+        unsafe { PreparedTransfer::prepare(self.front.clone(), &call, args) }
     }
 }
