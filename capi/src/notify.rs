@@ -91,11 +91,7 @@ pub(crate) fn key_arg<'a>(c: Caller<'a>, key: *const u8, key_len: usize) -> FfiR
     if key.is_null() && key_len == 0 {
         return Ok(None);
     }
-    let k = c.slice(key, key_len, "key")?;
-    if k.is_empty() {
-        return Err(Failure::invalid("notify key must be at least 16 bytes, got 0"));
-    }
-    Ok(Some(k))
+    Ok(Some(c.slice(key, key_len, "key")?))
 }
 
 /// The notify name (Mooncake's `NotifyDesc::name`) of this library's messages: a

@@ -2,11 +2,9 @@
 //! `mws_loader_prepare_live`) and stepped many times, one weight generation per step;
 //! wraps the core's `protocol::transfer::PreparedTransfer`.
 
-use crate::boundary::{mws_status, Failure};
+use crate::boundary::mws_status;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
-use mws::protocol::transfer::{
-    LeaseRotation, PreparedRestore, PreparedTransfer, StepArgs, StoredStepArgs, TransferStats,
-};
+use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepRequest, TransferStats};
 use std::ffi::c_char;
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
@@ -131,27 +129,6 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
     status_call!(|c| {
         let p = c.handle(prepared, "prepared")?;
         let a = c.struct_ref(args, "args")?;
-        let live = match &p.inner {
-            Prepared::Live(live) => live,
-            Prepared::Stored(stored) => {
-                if a.n_leases != 0 {
-                    return Err(Failure::invalid("a prepared restore takes no lease rotation"));
-                }
-                let args = StoredStepArgs {
-                    revision: c.opt_str(a.revision, "args.revision")?,
-                    weight_generation: a.weight_generation,
-                    transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-                };
-                // SAFETY: this function's contract: the prepared target buffers are
-                // valid for writes and untouched by anyone else during the step.
-                let s = unsafe { stored.step(&args) }?;
-                c.opt_set(stats, stats_c(TransferStats::from(&s)));
-                return Ok(());
-            }
-        };
-        if !a.revision.is_null() {
-            return Err(Failure::invalid("a live step takes no revision"));
-        }
         let mut leases = Vec::new();
         for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
             leases.push(LeaseRotation {
@@ -161,12 +138,29 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
                 lease_generation: l.lease_generation,
             });
         }
-        let transfer_id = c.opt_str(a.transfer_id, "args.transfer_id")?;
-        let args = StepArgs { weight_generation: a.weight_generation, leases: &leases, transfer_id };
-        // SAFETY: this function's contract: every prepared buffer is valid and pinned
-        // for the step (and until a pending transfer is drained).
-        let result = unsafe { live.step(&args) };
-        p.report.keep(c, result, stats)
+        let request = StepRequest {
+            weight_generation: a.weight_generation,
+            leases: &leases,
+            transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+            revision: c.opt_str(a.revision, "args.revision")?,
+        };
+        match &p.inner {
+            Prepared::Live(live) => {
+                let args = request.live()?;
+                // SAFETY: this function's contract: every prepared buffer is valid and
+                // pinned for the step (and until a pending transfer is drained).
+                let result = unsafe { live.step(&args) };
+                p.report.keep(c, result, stats)
+            }
+            Prepared::Stored(stored) => {
+                let args = request.stored()?;
+                // SAFETY: this function's contract: the prepared target buffers are
+                // valid for writes and untouched by anyone else during the step.
+                let s = unsafe { stored.step(&args) }?;
+                c.opt_set(stats, stats_c(TransferStats::from(&s)));
+                Ok(())
+            }
+        }
     })
 }
 

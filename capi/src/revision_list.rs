@@ -5,11 +5,9 @@
 use crate::args::{at, Caller, Lent, Texts};
 use crate::boundary::{mws_status, FfiResult};
 use crate::store::mws_store;
+use mws::model::DEFAULT_NAMESPACE;
 use mws::protocol::{RevisionInfo, WeightStore};
 use std::ffi::c_char;
-
-/// The namespace of `store_namespace` NULL (the one uploads default to).
-const DEFAULT_NAMESPACE: &str = "default";
 
 /// Committed revisions of one resource, oldest first: ordered by weight generation,
 /// then `created_at`, then revision name (code-point order), so the newest is the

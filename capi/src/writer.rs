@@ -12,6 +12,7 @@ use crate::store::mws_store;
 use crate::stored_manifest::mws_stored_manifest;
 use crate::upload_plan::mws_upload_options;
 use crate::upload_plan::mws_upload_plan;
+use mws::model::DEFAULT_NAMESPACE;
 use mws::protocol::{Progress, SnapshotDescriptor};
 use mws::protocol::{SnapshotWriter, WeightStore};
 use mws::UploadOptions;
@@ -80,7 +81,10 @@ pub unsafe extern "C" fn mws_writer_new(
             resource_id: c.str(d.resource_id, "descriptor->resource_id")?.to_owned(),
             revision: c.str(d.revision, "descriptor->revision")?.to_owned(),
             weight_generation: d.weight_generation,
-            namespace: c.opt_str(d.store_namespace, "descriptor->store_namespace")?.unwrap_or("default").to_owned(),
+            namespace: c
+                .opt_str(d.store_namespace, "descriptor->store_namespace")?
+                .unwrap_or(DEFAULT_NAMESPACE)
+                .to_owned(),
         };
         let mut o = UploadOptions::default();
         if let Some(opts) = c.opt_struct(options) {

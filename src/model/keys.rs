@@ -3,6 +3,10 @@
 
 use crate::error::{invalid, Result};
 
+/// The store namespace uploads, restores and revision listings use when the caller
+/// names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
 /// Percent-encodes the UTF-8 bytes of `s`, keeping only `A-Za-z0-9-._~`, with
 /// uppercase hex (`/` → `%2F`, space → `%20`, `%` → `%25`).
 pub fn encode_key_segment(s: &str) -> String {

@@ -11,7 +11,7 @@ mod tensor;
 pub(crate) mod typed;
 
 pub use axes::{AxisKind, ParallelAxis, ParallelRank};
-pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout};
+pub use keys::{encode_key_segment, stored_fragment_id, KeyLayout, DEFAULT_NAMESPACE};
 pub(crate) use manifest::ManifestDocSeed;
 pub use manifest::{StoredFragment, StoredFragmentSpec, StoredManifest, StoredManifestIdentity, StoredManifestSpec};
 pub use placement::{

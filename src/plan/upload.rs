@@ -31,7 +31,7 @@ pub struct UploadOptions {
 impl Default for UploadOptions {
     fn default() -> Self {
         UploadOptions {
-            namespace: "default".into(),
+            namespace: crate::model::DEFAULT_NAMESPACE.into(),
             key_prefix: "weights".into(),
             transaction_id: None,
             created_at: None,

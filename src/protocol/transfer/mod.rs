@@ -29,5 +29,5 @@ pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };
 pub use prepared::{LeaseRotation, PreparedInfo, PreparedTransfer, StepArgs};
-pub use prepared_stored::{PreparedRestore, StoredPrepareArgs, StoredStepArgs};
+pub use prepared_stored::{PreparedRestore, StepRequest, StoredPrepareArgs, StoredStepArgs};
 pub use scope::{RegistrationScope, ScopeExit};

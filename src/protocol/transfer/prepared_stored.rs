@@ -16,7 +16,7 @@
 //! unlike a live step it cannot skip them, since every revision is a new manifest.
 
 use super::loader::{Front, Loader, TransferStats};
-use super::prepared::PreparedInfo;
+use super::prepared::{LeaseRotation, PreparedInfo, StepArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{KeyLayout, Placement, PlacementPart, PlacementPartSpec, PlacementSpec, StoredManifest};
 use crate::protocol::guards::{GuardProvider, StaticGuard};
@@ -46,6 +46,46 @@ pub struct StoredStepArgs<'a> {
     pub weight_generation: u64,
     /// Transfer id handed to the guard (default: random hex).
     pub transfer_id: Option<&'a str>,
+}
+
+/// One step of a prepared call as a caller that holds either kind names it (the C
+/// ABI's `mws_step_args`): a live step may rotate leases, a stored step may name the
+/// revision to read; each kind refuses the other's field.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepRequest<'a> {
+    /// The weight generation the step moves (live) or restores (stored).
+    pub weight_generation: u64,
+    /// Leases rotated since the previous live step (a stored step takes none).
+    pub leases: &'a [LeaseRotation<'a>],
+    /// Transfer id handed to the guards (default: random hex).
+    pub transfer_id: Option<&'a str>,
+    /// The revision a stored step restores (`None`: the prepared one; a live step
+    /// takes none).
+    pub revision: Option<&'a str>,
+}
+
+impl<'a> StepRequest<'a> {
+    /// The request as a live step's arguments. Errors (`InvalidArgument`): `a live
+    /// step takes no revision`.
+    pub fn live(&self) -> Result<StepArgs<'a>> {
+        if self.revision.is_some() {
+            return Err(Error::invalid("a live step takes no revision"));
+        }
+        Ok(StepArgs { weight_generation: self.weight_generation, leases: self.leases, transfer_id: self.transfer_id })
+    }
+
+    /// The request as a stored step's arguments. Errors (`InvalidArgument`): `a
+    /// prepared restore takes no lease rotation`.
+    pub fn stored(&self) -> Result<StoredStepArgs<'a>> {
+        if !self.leases.is_empty() {
+            return Err(Error::invalid("a prepared restore takes no lease rotation"));
+        }
+        Ok(StoredStepArgs {
+            revision: self.revision,
+            weight_generation: self.weight_generation,
+            transfer_id: self.transfer_id,
+        })
+    }
 }
 
 /// A restore prepared once for many steps ([`Loader::prepare_stored`]); each
