@@ -26,7 +26,7 @@ from ctypes import CFUNCTYPE, POINTER, Structure, c_int, c_int32, c_uint32, c_ui
 from typing import Any, Dict, List, Optional
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi
 from . import errors as _errors
 
 __all__ = [
@@ -46,7 +46,7 @@ H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 
 
-class mws_copy_hook_vtable(_lib.CStruct):
+class mws_copy_hook_vtable(_abi.CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),

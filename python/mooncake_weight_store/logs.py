@@ -18,13 +18,13 @@ import threading
 from typing import Callable, Optional
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi, _lib
 
 OFF, ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4, 5
 
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_char_p)
 
-_lib.register_prototypes({"mws_set_log_callback": (ctypes.c_int, [ctypes.c_int32, LOG_FN, ctypes.c_void_p])})
+_abi.register_prototypes({"mws_set_log_callback": (ctypes.c_int, [ctypes.c_int32, LOG_FN, ctypes.c_void_p])})
 
 _PY_LEVEL = {ERROR: logging.ERROR, WARN: logging.WARNING, INFO: logging.INFO, DEBUG: logging.DEBUG, TRACE: 5}
 _native = logging.getLogger("mooncake_weight_store.native")

@@ -16,7 +16,7 @@ from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_voi
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .transfer import _VERDICTS, TransferPlan
 
@@ -29,11 +29,11 @@ VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "repl
             6: "other_plan", 7: "misrouted", 8: "too_many"}
 
 
-class mws_notify_outcome(_lib.CStruct):
+class mws_notify_outcome(_abi.CStruct):
     _fields_ = [("verdict", c_uint32), ("weight_generation", c_uint64), ("incomplete", c_uint64)]
 
 
-_lib.register_prototypes({
+_abi.register_prototypes({
     "mws_notify_name": (c_char_p, []),
     "mws_notify_acceptor_new": (c_int, [_p, c_char_p, c_void_p, c_size_t, POINTER(_p)]),
     "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),

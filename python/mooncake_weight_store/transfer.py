@@ -22,7 +22,7 @@ from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
 from .engine_bridge import EngineBridge
@@ -37,12 +37,12 @@ __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", 
 _p = c_void_p
 
 
-class mws_transfer_stats(_lib.CStruct):
+class mws_transfer_stats(_abi.CStruct):
     _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
                 ("engine_operations", c_uint64)]
 
 
-class mws_executor_limits(_lib.CStruct):
+class mws_executor_limits(_abi.CStruct):
     _fields_ = [("max_batch_operations", c_uint64), ("max_region_segments", c_uint64),
                 ("max_total_lowered_segments", c_uint64), ("max_completion_drain_attempts", c_uint32),
                 ("completion_drain_timeout_ms", c_uint64), ("no_coalescing", c_uint32)]
@@ -55,43 +55,43 @@ def _limits(coalesce: bool) -> Any:
     return ctypes.byref(mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
 
 
-class mws_live_args(_lib.CStruct):
+class mws_live_args(_abi.CStruct):
     _fields_ = [("worker_id", ctypes.c_char_p), ("transfer_id", ctypes.c_char_p), ("local_pre_registered", c_int32),
                 ("guard", c_void_p), ("guard_ctx", c_void_p)]
 
 
-class mws_target_outcome(_lib.CStruct):
+class mws_target_outcome(_abi.CStruct):
     _fields_ = [("participant_id", ctypes.c_char_p), ("weight_generation", c_uint64), ("verdict", c_uint32)]
 
 
-class mws_live_report(_lib.CStruct):
+class mws_live_report(_abi.CStruct):
     _fields_ = [("submitted", c_uint32), ("guard_release", c_uint32), ("pending_transfer_id", ctypes.c_char_p),
                 ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
 
 
-class mws_lease_rotation(_lib.CStruct):
+class mws_lease_rotation(_abi.CStruct):
     _fields_ = [("instance_id", ctypes.c_char_p), ("participant_id", ctypes.c_char_p), ("lease_id", ctypes.c_char_p),
                 ("lease_generation", c_uint64)]
 
 
-class mws_step_args(_lib.CStruct):
+class mws_step_args(_abi.CStruct):
     _fields_ = [("weight_generation", c_uint64), ("leases", POINTER(mws_lease_rotation)), ("n_leases", c_size_t),
                 ("transfer_id", ctypes.c_char_p), ("revision", ctypes.c_char_p)]
 
 
-class mws_prepared_info(_lib.CStruct):
+class mws_prepared_info(_abi.CStruct):
     _fields_ = [("empty", c_uint32), ("batches", c_uint64), ("pinned_bindings", c_uint64), ("bytes", c_uint64)]
 
 
-class mws_engine_resources(_lib.CStruct):
+class mws_engine_resources(_abi.CStruct):
     _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
                 ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
                 ("pinned_tokens", c_uint64)]
 
 
-_lib.register_prototypes({
-    "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), POINTER(_p)]),
-    "mws_transfer_plan_new_routed": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), c_uint32,
+_abi.register_prototypes({
+    "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_abi.mws_planning_limits), POINTER(_p)]),
+    "mws_transfer_plan_new_routed": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_abi.mws_planning_limits), c_uint32,
                                              POINTER(_p)]),
     "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
     "mws_transfer_plan_from_json": (c_int, [ctypes.c_char_p, c_size_t, POINTER(_p)]),
@@ -102,14 +102,14 @@ _lib.register_prototypes({
     "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
     "mws_transfer_plan_free": (None, [_p]),
     "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
-    "mws_transfer_engine_from_vtable": (c_int, [POINTER(_lib.mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
+    "mws_transfer_engine_from_vtable": (c_int, [POINTER(_abi.mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
     "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
     "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),
     "mws_transfer_engine_pending_count": (c_size_t, [_p]),
     "mws_transfer_engine_drain": (c_int, [_p, c_uint64, POINTER(c_size_t)]),
     "mws_transfer_engine_free": (None, [_p]),
     "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
-    "mws_loader_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
+    "mws_loader_set_progress": (c_int, [_p, _abi.PROGRESS_FN, c_void_p]),
     "mws_loader_cancel": (None, [_p]),
     "mws_loader_reset_cancel": (None, [_p]),
     "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
@@ -121,7 +121,7 @@ _lib.register_prototypes({
                                  POINTER(mws_transfer_stats)]),
     "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
                                           POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
-    "mws_sink_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
+    "mws_sink_set_progress": (c_int, [_p, _abi.PROGRESS_FN, c_void_p]),
     "mws_sink_cancel": (None, [_p]),
     "mws_sink_reset_cancel": (None, [_p]),
     "mws_sink_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),

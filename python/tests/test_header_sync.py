@@ -1,5 +1,5 @@
 """The ctypes declarations cannot drift from the C header: every prototype in
-``_lib.PROTOTYPES`` has the header's arity and argument/return kinds, every function
+``_abi.PROTOTYPES`` has the header's arity and argument/return kinds, every function
 of the header is declared, every mirrored struct has the header's fields in order, and
 ``errors.Status`` has the header's ``mws_status`` values. The header is the one that
 cbindgen generates from the Rust source (its drift is checked by ``.ci/cpp.sh``)."""
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import mooncake_weight_store  # noqa: F401  (imports every module: all prototypes registered)
-from mooncake_weight_store import _lib
+from mooncake_weight_store import _abi
 from mooncake_weight_store.errors import Status
 
 HEADER = Path(os.environ.get("MWS_HEADER", Path(__file__).resolve().parents[2] / "include" / "mooncake_weight_store.h"))
@@ -85,7 +85,7 @@ def test_every_prototype_matches_the_header():
     header = _functions(text)
     assert len(header) > 50, "header parse found too few functions"
     problems = []
-    for name, (ret, args) in _lib.PROTOTYPES.items():
+    for name, (ret, args) in _abi.PROTOTYPES.items():
         if name not in header:
             problems.append(f"{name}: declared in _lib.py but not in the header")
             continue
@@ -98,7 +98,7 @@ def test_every_prototype_matches_the_header():
         for i, (a, h) in enumerate(zip(args, hargs)):
             if _py_kind(a) != _kind(h, enums):
                 problems.append(f"{name}: argument {i} {a!r} vs header {h!r}")
-    missing = sorted(set(header) - set(_lib.PROTOTYPES))
+    missing = sorted(set(header) - set(_abi.PROTOTYPES))
     if missing:
         problems.append(f"functions of the header not declared in _lib.py: {', '.join(missing)}")
     assert not problems, "\n".join(problems)
@@ -106,7 +106,7 @@ def test_every_prototype_matches_the_header():
 
 def test_mirrored_structs_match_the_header():
     structs = _structs(_header())
-    mirrored = [v for v in vars(_lib).values() if isinstance(v, type) and issubclass(v, ctypes.Structure)
+    mirrored = [v for v in vars(_abi).values() if isinstance(v, type) and issubclass(v, ctypes.Structure)
                 and v.__name__.startswith("mws_")]
     assert len(mirrored) >= 10
     for cls in mirrored:
