@@ -292,6 +292,25 @@ MWS_GUARD_VTABLE_VERSION = 1
 MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
 
 
+# Copy hook vtable (``mws_copy_hook_vtable``, version 1): device <-> host copies of the
+# embedded stores (device.py).
+
+MWS_COPY_HOOK_VTABLE_VERSION = 1
+
+D2H_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32, c_void_p, c_uint64)
+H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
+
+
+class mws_copy_hook_vtable(CStruct):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("device_to_host", D2H_FN),
+        ("host_to_device", H2D_FN),
+        ("destroy", DESTROY_FN),
+    ]
+
+
 class mws_store_options(CStruct):
     _fields_ = [
         ("key_prefix", c_char_p),
@@ -362,6 +381,8 @@ class mws_progress(CStruct):
 
 
 PROGRESS_FN = CFUNCTYPE(None, c_void_p, POINTER(mws_progress))
+#: the ``callback`` of ``mws_set_log_callback``: ``(ctx, level, target, message)``
+LOG_FN = CFUNCTYPE(None, c_void_p, c_int32, c_char_p, c_char_p)
 
 
 class mws_io_args(CStruct):
@@ -447,6 +468,57 @@ class mws_transfer_engine_vtable(CStruct):
 MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
 MWS_TRANSFER_READ = 0
 MWS_TRANSFER_WRITE = 1
+
+# Live transfer (transfer.py) and the notify hook (notify.py).
+
+
+class mws_transfer_stats(CStruct):
+    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
+                ("engine_operations", c_uint64)]
+
+
+class mws_executor_limits(CStruct):
+    _fields_ = [("max_batch_operations", c_uint64), ("max_region_segments", c_uint64),
+                ("max_total_lowered_segments", c_uint64), ("max_completion_drain_attempts", c_uint32),
+                ("completion_drain_timeout_ms", c_uint64), ("no_coalescing", c_uint32)]
+
+
+class mws_live_args(CStruct):
+    _fields_ = [("worker_id", c_char_p), ("transfer_id", c_char_p), ("local_pre_registered", c_int32),
+                ("guard", c_void_p), ("guard_ctx", c_void_p)]
+
+
+class mws_target_outcome(CStruct):
+    _fields_ = [("participant_id", c_char_p), ("weight_generation", c_uint64), ("verdict", c_uint32)]
+
+
+class mws_live_report(CStruct):
+    _fields_ = [("submitted", c_uint32), ("guard_release", c_uint32), ("pending_transfer_id", c_char_p),
+                ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
+
+
+class mws_lease_rotation(CStruct):
+    _fields_ = [("instance_id", c_char_p), ("participant_id", c_char_p), ("lease_id", c_char_p),
+                ("lease_generation", c_uint64)]
+
+
+class mws_step_args(CStruct):
+    _fields_ = [("weight_generation", c_uint64), ("leases", POINTER(mws_lease_rotation)), ("n_leases", c_size_t),
+                ("transfer_id", c_char_p), ("revision", c_char_p)]
+
+
+class mws_prepared_info(CStruct):
+    _fields_ = [("empty", c_uint32), ("batches", c_uint64), ("pinned_bindings", c_uint64), ("bytes", c_uint64)]
+
+
+class mws_engine_resources(CStruct):
+    _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
+                ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
+                ("pinned_tokens", c_uint64)]
+
+
+class mws_notify_outcome(CStruct):
+    _fields_ = [("verdict", c_uint32), ("weight_generation", c_uint64), ("incomplete", c_uint64)]
 
 # --------------------------------------------------------------------------- prototypes
 
@@ -589,9 +661,72 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_writer_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
     "mws_writer_upload_plan": (c_int, [_p, POINTER(_p)]),
     "mws_writer_free": (None, [_p]),
+    # logs
+    "mws_set_log_callback": (c_int, [c_int32, LOG_FN, c_void_p]),
+    # live transfer: plans
+    "mws_transfer_plan_new": (c_int, [_p, _p, c_char_p, POINTER(mws_planning_limits), POINTER(_p)]),
+    "mws_transfer_plan_new_routed": (c_int, [_p, _p, c_char_p, POINTER(mws_planning_limits), c_uint32, POINTER(_p)]),
+    "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
+    "mws_transfer_plan_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    "mws_transfer_plan_to_json": (c_void_p, [_p, _sz]),
+    "mws_transfer_plan_is_bound": (c_int32, [_p]),
+    "mws_transfer_plan_region_count": (c_size_t, [_p]),
+    "mws_transfer_plan_total_bytes": (c_uint64, [_p]),
+    "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
+    "mws_transfer_plan_free": (None, [_p]),
+    # The plan's region, operation and executor views (mws_transfer_*_info), like
+    # mws_loader_load_stored below, are declared (every function of the header is) but
+    # not wrapped: their structs are not mirrored, so they take a void *.
+    "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
+    "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
+    "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
+    # live transfer: engines
+    "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
+    "mws_transfer_engine_from_vtable": (c_int, [POINTER(mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
+    "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
+    "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),
+    "mws_transfer_engine_pending_count": (c_size_t, [_p]),
+    "mws_transfer_engine_drain": (c_int, [_p, c_uint64, _sz]),
+    "mws_transfer_engine_resources": (c_int, [_p, POINTER(mws_engine_resources)]),
+    "mws_transfer_engine_free": (None, [_p]),
+    # live transfer: loaders
+    "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_loader_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
+    "mws_loader_cancel": (None, [_p]),
+    "mws_loader_reset_cancel": (None, [_p]),
+    "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
+                                     POINTER(mws_transfer_stats)]),
+    "mws_loader_prepare_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
+                                        POINTER(_p)]),
+    "mws_loader_prepare_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_live_args), POINTER(_p)]),
+    "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
+    "mws_loader_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
+    "mws_loader_last_report": (c_int, [_p, POINTER(mws_live_report)]),
+    "mws_loader_free": (None, [_p]),
+    # live transfer: sinks
+    "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
+                                 POINTER(mws_transfer_stats)]),
+    "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
+                                          POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
+    "mws_sink_prepare": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args), POINTER(_p)]),
+    "mws_sink_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
+    "mws_sink_cancel": (None, [_p]),
+    "mws_sink_reset_cancel": (None, [_p]),
+    "mws_sink_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
+    "mws_sink_last_report": (c_int, [_p, POINTER(mws_live_report)]),
+    "mws_sink_free": (None, [_p]),
+    # live transfer: prepared transfers
+    "mws_prepared_transfer_step": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_transfer_stats)]),
+    "mws_prepared_transfer_last_report": (c_int, [_p, POINTER(mws_live_report)]),
+    "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
+    "mws_prepared_transfer_close": (c_int, [_p]),
+    "mws_prepared_transfer_free": (None, [_p]),
+    # notify hook
+    "mws_notify_name": (c_char_p, []),
+    "mws_notify_acceptor_new": (c_int, [_p, c_char_p, c_void_p, c_size_t, POINTER(_p)]),
+    "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),
+    "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
+    "mws_notify_acceptor_free": (None, [_p]),
 }
 
-
-def register_prototypes(protos: Dict[str, Tuple[Any, List[Any]]]) -> None:
-    """Adds prototypes (used by modules that bind newer parts of the ABI)."""
-    PROTOTYPES.update(protos)
