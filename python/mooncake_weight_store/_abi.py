@@ -83,6 +83,98 @@ class CStruct(Structure):
         super().__setattr__(name, value)
 
 
+# --------------------------------------------------------------------------- constants
+# The header's ``#define MWS_*`` values and ``enum mws_*`` members that Python uses,
+# under the header's names, in the header's order. The modules give them their Python
+# form (``MemoryKind.HOST``, ``logs.INFO``, verdict names, ...) from these. The
+# ``mws_status`` values are ``errors.Status`` (the error classes are keyed by them).
+
+MWS_COPY_HOOK_VTABLE_VERSION = 1
+MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
+#: ``direction`` of ``submit_with_ticket``: pull (``local`` are targets)
+MWS_TRANSFER_READ = 0
+#: push (``local`` are sources)
+MWS_TRANSFER_WRITE = 1
+MWS_GUARD_VTABLE_VERSION = 1
+MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
+MWS_STORE_VTABLE_VERSION = 1
+#: ``record_type`` of the store vtable's puts
+MWS_RECORD_PAYLOAD = 0
+MWS_RECORD_METADATA = 1
+#: log levels of ``mws_set_log_callback``
+MWS_LOG_OFF = 0
+MWS_LOG_ERROR = 1
+MWS_LOG_WARN = 2
+MWS_LOG_INFO = 3
+MWS_LOG_DEBUG = 4
+MWS_LOG_TRACE = 5
+#: verdicts of ``mws_notify_acceptor_accept``
+MWS_NOTIFY_ACCEPTED = 0
+MWS_NOTIFY_MALFORMED = 1
+MWS_NOTIFY_TRUNCATED = 2
+MWS_NOTIFY_FORGED = 3
+MWS_NOTIFY_REPLAYED = 4
+MWS_NOTIFY_STALE = 5
+MWS_NOTIFY_OTHER_PLAN = 6
+MWS_NOTIFY_MISROUTED = 7
+MWS_NOTIFY_TOO_MANY = 8
+#: ``mws_store_options.staging_bytes``: no staging buffer
+MWS_STAGING_OFF = 2**64 - 1
+#: ``mws_store_options.verify_integrity``
+MWS_VERIFY_DEFAULT = 0
+MWS_VERIFY_ON = 1
+MWS_VERIFY_OFF = 2
+# enum mws_axis_kind
+MWS_AXIS_DP = 0
+MWS_AXIS_PP = 1
+MWS_AXIS_EP = 2
+MWS_AXIS_TP = 3
+# enum mws_axis_semantics
+MWS_AXIS_SPLIT = 0
+MWS_AXIS_REPLICATED = 1
+MWS_AXIS_OWNERSHIP = 2
+# enum mws_decision
+MWS_DECISION_NONE = 0
+MWS_DECISION_COMMIT = 1
+MWS_DECISION_ABORT = 2
+# enum mws_guard_release
+MWS_GUARD_NOT_PINNED = 0
+MWS_GUARD_COMPLETED = 1
+MWS_GUARD_FAILED_DRAINED = 2
+MWS_GUARD_ABORTED = 3
+MWS_GUARD_PENDING = 4
+MWS_GUARD_RELEASE_FAILED = 5
+# enum mws_lease_side
+MWS_LEASE_SOURCE = 0
+MWS_LEASE_TARGET = 1
+# enum mws_memory_kind
+MWS_MEMORY_HOST = 0
+MWS_MEMORY_DEVICE = 1
+# enum mws_progress_phase
+MWS_PROGRESS_UPLOAD = 0
+MWS_PROGRESS_RESTORE = 1
+MWS_PROGRESS_TRANSFER = 2
+MWS_PROGRESS_VERIFY = 3
+# enum mws_source_routing
+MWS_SOURCE_ROUTING_TARGET_DP = 0
+MWS_SOURCE_ROUTING_SPREAD_TARGETS = 1
+# enum mws_target_verdict
+MWS_TARGET_UPDATED = 0
+MWS_TARGET_UNCHANGED = 1
+MWS_TARGET_TORN = 2
+# enum mws_terminal_state
+MWS_TERMINAL_ABORTED = 0
+MWS_TERMINAL_COMPLETED = 1
+MWS_TERMINAL_FAILED_DRAINED = 2
+# enum mws_transaction_state
+MWS_TRANSACTION_OPEN = 0
+MWS_TRANSACTION_COMMITTED = 1
+MWS_TRANSACTION_ABORTED = 2
+# enum mws_transfer_side
+MWS_SIDE_SOURCE = 0
+MWS_SIDE_TARGET = 1
+
+
 # --------------------------------------------------------------------------- structs and callback types
 
 
@@ -283,19 +375,8 @@ class mws_store_vtable(CStruct):
     ]
 
 
-MWS_STORE_VTABLE_VERSION = 1
-MWS_STAGING_OFF = 2**64 - 1
-MWS_VERIFY_DEFAULT = 0
-MWS_VERIFY_ON = 1
-MWS_VERIFY_OFF = 2
-MWS_GUARD_VTABLE_VERSION = 1
-MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION = 1
-
-
 # Copy hook vtable (``mws_copy_hook_vtable``, version 1): device <-> host copies of the
 # embedded stores (device.py).
-
-MWS_COPY_HOOK_VTABLE_VERSION = 1
 
 D2H_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32, c_void_p, c_uint64)
 H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
@@ -465,10 +546,6 @@ class mws_transfer_engine_vtable(CStruct):
     ]
 
 
-MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
-MWS_TRANSFER_READ = 0
-MWS_TRANSFER_WRITE = 1
-
 # Live transfer (transfer.py) and the notify hook (notify.py).
 
 
@@ -582,7 +659,8 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_store_open_memory": (c_int, [POINTER(mws_store_options), POINTER(_p)]),
     "mws_store_open_dir": (c_int, [c_char_p, POINTER(mws_store_options), POINTER(_p)]),
     "mws_store_from_vtable": (c_int, [POINTER(mws_store_vtable), c_void_p, POINTER(_p)]),
-    "mws_store_from_vtable_with_options": (c_int, [POINTER(mws_store_vtable), c_void_p, POINTER(mws_store_options), POINTER(_p)]),
+    "mws_store_from_vtable_with_options": (c_int, [POINTER(mws_store_vtable), c_void_p, POINTER(mws_store_options),
+                                                   POINTER(_p)]),
     "mws_store_free": (None, [_p]),
     "mws_store_key_prefix": (c_void_p, [_p, _sz]),
     "mws_store_get": (c_int, [_p, c_char_p, c_void_p, c_size_t, _sz]),
@@ -654,7 +732,8 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_load_plan_participant": (c_void_p, [_p, c_size_t, _sz]),
     "mws_store_load": (c_int, [_p, _p, _p, POINTER(mws_io_args), POINTER(mws_load_stats)]),
     # writer
-    "mws_writer_new": (c_int, [_p, POINTER(mws_snapshot_descriptor), POINTER(mws_snapshot_adapter_vtable), c_void_p, POINTER(mws_upload_options), POINTER(_p)]),
+    "mws_writer_new": (c_int, [_p, POINTER(mws_snapshot_descriptor), POINTER(mws_snapshot_adapter_vtable), c_void_p,
+                               POINTER(mws_upload_options), POINTER(_p)]),
     "mws_writer_write_tensor": (c_int, [_p, c_char_p, c_void_p, POINTER(_p)]),
     "mws_writer_commit": (c_int, [_p, POINTER(_p)]),
     "mws_writer_abort": (c_int, [_p]),

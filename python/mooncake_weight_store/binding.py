@@ -18,8 +18,8 @@ __all__ = ["MemoryKind", "Binding"]
 class MemoryKind(enum.IntEnum):
     """``mws_memory_kind``."""
 
-    HOST = 0
-    DEVICE = 1
+    HOST = _abi.MWS_MEMORY_HOST
+    DEVICE = _abi.MWS_MEMORY_DEVICE
 
 
 BufferLike = Any  # an object exporting a C-contiguous buffer

@@ -25,9 +25,9 @@ __all__ = ["Guard", "TerminalState", "io_args"]
 class TerminalState(enum.IntEnum):
     """How I/O on pinned buffers ended (passed to a guard's ``release``)."""
 
-    ABORTED = 0
-    COMPLETED = 1
-    FAILED_DRAINED = 2
+    ABORTED = _abi.MWS_TERMINAL_ABORTED
+    COMPLETED = _abi.MWS_TERMINAL_COMPLETED
+    FAILED_DRAINED = _abi.MWS_TERMINAL_FAILED_DRAINED
 
 
 class Guard:

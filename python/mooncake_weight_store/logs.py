@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from .errors import ArgumentError
 from . import _abi, _lib
 
-OFF, ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4, 5
+OFF, ERROR, WARN, INFO, DEBUG, TRACE = (_abi.MWS_LOG_OFF, _abi.MWS_LOG_ERROR, _abi.MWS_LOG_WARN, _abi.MWS_LOG_INFO,
+                                       _abi.MWS_LOG_DEBUG, _abi.MWS_LOG_TRACE)
 
 _PY_LEVEL = {ERROR: logging.ERROR, WARN: logging.WARNING, INFO: logging.INFO, DEBUG: logging.DEBUG, TRACE: 5}
 _native = logging.getLogger("mooncake_weight_store.native")

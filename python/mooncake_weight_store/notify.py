@@ -25,8 +25,11 @@ __all__ = ["NotifyAcceptor", "NotifyOutcome", "notify_name", "VERDICTS"]
 _p = c_void_p
 
 #: ``mws_notify_acceptor_accept`` verdicts, by number.
-VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "replayed", 5: "stale",
-            6: "other_plan", 7: "misrouted", 8: "too_many"}
+VERDICTS = {_abi.MWS_NOTIFY_ACCEPTED: "accepted", _abi.MWS_NOTIFY_MALFORMED: "malformed",
+            _abi.MWS_NOTIFY_TRUNCATED: "truncated", _abi.MWS_NOTIFY_FORGED: "forged",
+            _abi.MWS_NOTIFY_REPLAYED: "replayed", _abi.MWS_NOTIFY_STALE: "stale",
+            _abi.MWS_NOTIFY_OTHER_PLAN: "other_plan", _abi.MWS_NOTIFY_MISROUTED: "misrouted",
+            _abi.MWS_NOTIFY_TOO_MANY: "too_many"}
 
 
 @dataclass(frozen=True)

@@ -125,13 +125,14 @@ class TensorSpec:
         }
 
 
-_AXIS_KIND_CODES = {"dp": 0, "pp": 1, "ep": 2, "tp": 3}
+_AXIS_KIND_CODES = {"dp": _abi.MWS_AXIS_DP, "pp": _abi.MWS_AXIS_PP, "ep": _abi.MWS_AXIS_EP, "tp": _abi.MWS_AXIS_TP}
 
 
 def _axis_struct(a: Axis) -> "_abi.mws_parallel_axis":
     if a.kind not in _AXIS_KIND_CODES:
         raise ArgumentError(f"unsupported parallel axis kind: {a.kind}")
-    semantics = 0 if isinstance(a, Split) else 1 if isinstance(a, Replicated) else 2
+    semantics = (_abi.MWS_AXIS_SPLIT if isinstance(a, Split) else _abi.MWS_AXIS_REPLICATED if isinstance(a, Replicated)
+                 else _abi.MWS_AXIS_OWNERSHIP)
     return _abi.mws_parallel_axis(_AXIS_KIND_CODES[a.kind], semantics, a.dim if isinstance(a, Split) else 0)
 
 

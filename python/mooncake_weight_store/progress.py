@@ -22,7 +22,8 @@ from . import _abi
 
 __all__ = ["Progress", "ProgressBar", "ProgressCallback"]
 
-_PHASES = {0: "upload", 1: "restore", 2: "transfer", 3: "verify"}
+_PHASES = {_abi.MWS_PROGRESS_UPLOAD: "upload", _abi.MWS_PROGRESS_RESTORE: "restore",
+           _abi.MWS_PROGRESS_TRANSFER: "transfer", _abi.MWS_PROGRESS_VERIFY: "verify"}
 
 
 @dataclass(frozen=True)

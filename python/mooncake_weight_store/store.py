@@ -81,8 +81,8 @@ INTERNAL_ERROR = -1
 class RecordType:
     """``record_type`` values of the vtable (Mooncake ``ObjectDataType``)."""
 
-    PAYLOAD = 0  # WEIGHT
-    METADATA = 1  # METADATA
+    PAYLOAD = _abi.MWS_RECORD_PAYLOAD  # WEIGHT
+    METADATA = _abi.MWS_RECORD_METADATA  # METADATA
 
 
 class PutItem(NamedTuple):
@@ -379,16 +379,16 @@ class _VtableBridge:
 class Decision(enum.IntEnum):
     """``mws_decision``: the decision recorded for an upload transaction."""
 
-    NONE = 0
-    COMMIT = 1
-    ABORT = 2
+    NONE = _abi.MWS_DECISION_NONE
+    COMMIT = _abi.MWS_DECISION_COMMIT
+    ABORT = _abi.MWS_DECISION_ABORT
 
 
 class LeaseSide(enum.IntEnum):
     """``mws_lease_side``: which buffers a registration lease pins."""
 
-    SOURCE = 0
-    TARGET = 1
+    SOURCE = _abi.MWS_LEASE_SOURCE
+    TARGET = _abi.MWS_LEASE_TARGET
 
 
 class RegistrationLease(OwnedHandle):

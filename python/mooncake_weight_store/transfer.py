@@ -44,11 +44,12 @@ def _limits(coalesce: bool) -> Any:
     return ctypes.byref(_abi.mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
 
 
-SIDE_SOURCE = 0
-SIDE_TARGET = 1
+SIDE_SOURCE = _abi.MWS_SIDE_SOURCE
+SIDE_TARGET = _abi.MWS_SIDE_TARGET
 
 #: ``mws_source_routing``: which complete source DP replica a target participant reads.
-SOURCE_ROUTINGS = {"target_dp": 0, "spread_targets": 1}
+SOURCE_ROUTINGS = {"target_dp": _abi.MWS_SOURCE_ROUTING_TARGET_DP,
+                   "spread_targets": _abi.MWS_SOURCE_ROUTING_SPREAD_TARGETS}
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ def _stats(s: _abi.mws_transfer_stats) -> TransferStats:
     return TransferStats(s.bytes, s.regions, s.operations, s.receipts, s.engine_operations)
 
 
-_VERDICTS = {0: "updated", 1: "unchanged", 2: "torn"}
-_GUARD_RELEASES = {0: "not_pinned", 1: "completed", 2: "failed_drained", 3: "aborted", 4: "pending",
-                   5: "release_failed"}
+_VERDICTS = {_abi.MWS_TARGET_UPDATED: "updated", _abi.MWS_TARGET_UNCHANGED: "unchanged", _abi.MWS_TARGET_TORN: "torn"}
+_GUARD_RELEASES = {_abi.MWS_GUARD_NOT_PINNED: "not_pinned", _abi.MWS_GUARD_COMPLETED: "completed",
+                   _abi.MWS_GUARD_FAILED_DRAINED: "failed_drained", _abi.MWS_GUARD_ABORTED: "aborted",
+                   _abi.MWS_GUARD_PENDING: "pending", _abi.MWS_GUARD_RELEASE_FAILED: "release_failed"}
 
 
 @dataclass(frozen=True)
