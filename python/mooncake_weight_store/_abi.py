@@ -753,9 +753,9 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_transfer_plan_total_bytes": (c_uint64, [_p]),
     "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
     "mws_transfer_plan_free": (None, [_p]),
-    # The plan's region, operation and executor views (mws_transfer_*_info), like
-    # mws_loader_load_stored below, are declared (every function of the header is) but
-    # not wrapped: their structs are not mirrored, so they take a void *.
+    # The plan's region, operation and executor views (mws_transfer_*_info) are declared
+    # (every function of the header is) but not wrapped: their structs are not mirrored,
+    # so they take a void *.
     "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
     "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
@@ -769,7 +769,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_transfer_engine_resources": (c_int, [_p, POINTER(mws_engine_resources)]),
     "mws_transfer_engine_free": (None, [_p]),
     # live transfer: loaders
-    "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_loader_new": (c_int, [_p, POINTER(mws_executor_limits), POINTER(_p)]),
     "mws_loader_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
     "mws_loader_cancel": (None, [_p]),
     "mws_loader_reset_cancel": (None, [_p]),
@@ -778,12 +778,12 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_loader_prepare_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
                                         POINTER(_p)]),
     "mws_loader_prepare_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_live_args), POINTER(_p)]),
-    "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
+    "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_io_args), POINTER(mws_load_stats)]),
     "mws_loader_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
     "mws_loader_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_loader_free": (None, [_p]),
     # live transfer: sinks
-    "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
+    "mws_sink_new": (c_int, [_p, POINTER(mws_executor_limits), POINTER(_p)]),
     "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
                                  POINTER(mws_transfer_stats)]),
     "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
