@@ -7,7 +7,7 @@ import enum
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi
 from ._lib import LIB, OwnedHandle, call, cstr, u64_array
 from .buffers import BufferRef
 from .placement import FragmentInfo, Placement
@@ -18,8 +18,8 @@ __all__ = ["MemoryKind", "Binding"]
 class MemoryKind(enum.IntEnum):
     """``mws_memory_kind``."""
 
-    HOST = 0
-    DEVICE = 1
+    HOST = _abi.MWS_MEMORY_HOST
+    DEVICE = _abi.MWS_MEMORY_DEVICE
 
 
 BufferLike = Any  # an object exporting a C-contiguous buffer
@@ -67,7 +67,7 @@ class Binding(OwnedHandle):
         self.addresses: Dict[str, int] = {}
         #: placement fragment id -> runtime fragment id
         self.fragment_ids: Dict[str, str] = {}
-        opts = _lib.mws_binding_options(
+        opts = _abi.mws_binding_options(
             resource_id=cstr(placement.resource_id),
             revision=cstr(placement.revision),
             placement_id=cstr(placement.placement_id),
@@ -175,7 +175,7 @@ class Binding(OwnedHandle):
         if int(memory_kind) >= 1 << 32 or device_ordinal >= 1 << 32:
             raise ArgumentError("memory_kind and device_ordinal must fit in 32 bits")
         runtime_id = fragment_id or f"{self.instance_id}:{placement_fragment_id}"
-        frag = _lib.mws_runtime_fragment(
+        frag = _abi.mws_runtime_fragment(
             placement_fragment_id=cstr(placement_fragment_id, "placement_fragment_id"),
             fragment_id=cstr(runtime_id, "fragment_id"),
             address=address,

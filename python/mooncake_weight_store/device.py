@@ -22,11 +22,11 @@ import ctypes
 import ctypes.util
 import itertools
 import threading
-from ctypes import CFUNCTYPE, POINTER, Structure, c_int, c_int32, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_int, c_uint64, c_void_p
 from typing import Any, Dict, List, Optional
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi
 from . import errors as _errors
 
 __all__ = [
@@ -38,23 +38,6 @@ __all__ = [
     "cuda_pointer_device",
     "cuda_synchronize_stream",
 ]
-
-MWS_COPY_HOOK_VTABLE_VERSION = 1
-
-D2H_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32, c_void_p, c_uint64)
-H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
-DESTROY_FN = CFUNCTYPE(None, c_void_p)
-
-
-class mws_copy_hook_vtable(_lib.CStruct):
-    _fields_ = [
-        ("size", c_uint32),
-        ("version", c_uint32),
-        ("device_to_host", D2H_FN),
-        ("host_to_device", H2D_FN),
-        ("destroy", DESTROY_FN),
-    ]
-
 
 class DeviceUnavailableError(_errors.LocalError, RuntimeError):
     """Device memory was given but no way to reach it exists (no CUDA runtime);
@@ -130,12 +113,12 @@ class _HookBridge:
             raise ArgumentError(f"copy_hook must be a CopyHook, not {type(hook).__name__}")
         self.hook = hook
         self.ctx_id = next(_HOOK_IDS)
-        self.vtable = mws_copy_hook_vtable(
-            size=ctypes.sizeof(mws_copy_hook_vtable),
-            version=MWS_COPY_HOOK_VTABLE_VERSION,
-            device_to_host=D2H_FN(hook._d2h),
-            host_to_device=H2D_FN(hook._h2d),
-            destroy=DESTROY_FN(self._destroy),
+        self.vtable = _abi.mws_copy_hook_vtable(
+            size=ctypes.sizeof(_abi.mws_copy_hook_vtable),
+            version=_abi.MWS_COPY_HOOK_VTABLE_VERSION,
+            device_to_host=_abi.D2H_FN(hook._d2h),
+            host_to_device=_abi.H2D_FN(hook._h2d),
+            destroy=_abi.DESTROY_FN(self._destroy),
         )
         self.destroyed = threading.Event()
 

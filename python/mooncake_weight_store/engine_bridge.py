@@ -77,7 +77,7 @@ import logging
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Set
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import call
 from .errors import ArgumentError, error_for_status
 
@@ -89,7 +89,7 @@ log = logging.getLogger("mooncake_weight_store.engine")
 #: Returned to the library when a Python callback raised (distinct from engine codes).
 CALLBACK_FAILED = -900
 #: ``MWS_TRANSFER_ENGINE_VTABLE_VERSION``.
-ENGINE_VTABLE_VERSION = _lib.MWS_TRANSFER_ENGINE_VTABLE_VERSION
+ENGINE_VTABLE_VERSION = _abi.MWS_TRANSFER_ENGINE_VTABLE_VERSION
 
 _REQUIRED = ("engine_id", "register_memory", "unregister_memory", "transfer_sync")
 _TICKETS = ("submit", "ticket_status", "ticket_wait")
@@ -98,8 +98,8 @@ _TICKETS = ("submit", "ticket_status", "ticket_wait")
 class Direction(enum.IntEnum):
     """Which way a batch moves bytes (``MWS_TRANSFER_READ`` / ``_WRITE``)."""
 
-    READ = _lib.MWS_TRANSFER_READ  #: pull: ``local`` are targets, ``remote`` sources
-    WRITE = _lib.MWS_TRANSFER_WRITE  #: push: ``local`` are sources, ``remote`` targets
+    READ = _abi.MWS_TRANSFER_READ  #: pull: ``local`` are targets, ``remote`` sources
+    WRITE = _abi.MWS_TRANSFER_WRITE  #: push: ``local`` are sources, ``remote`` targets
 
 
 class TicketStatus(enum.IntEnum):
@@ -142,22 +142,22 @@ class EngineBridge:
         self.failures = 0
         self._lock = threading.Lock()
 
-        vt = _lib.mws_transfer_engine_vtable()
-        vt.size = ctypes.sizeof(_lib.mws_transfer_engine_vtable)
-        vt.version = _lib.MWS_TRANSFER_ENGINE_VTABLE_VERSION
-        vt.get_engine_id = _lib.ENGINE_ID_FN(self._engine_id)
-        vt.register_memory = _lib.ENGINE_REGISTER_FN(self._register)
-        vt.unregister_memory = _lib.ENGINE_UNREGISTER_FN(self._unregister)
-        vt.batch_transfer_sync_write = _lib.ENGINE_BATCH_FN(self._write)
-        vt.batch_transfer_sync_read = _lib.ENGINE_BATCH_FN(self._read)
+        vt = _abi.mws_transfer_engine_vtable()
+        vt.size = ctypes.sizeof(_abi.mws_transfer_engine_vtable)
+        vt.version = _abi.MWS_TRANSFER_ENGINE_VTABLE_VERSION
+        vt.get_engine_id = _abi.ENGINE_ID_FN(self._engine_id)
+        vt.register_memory = _abi.ENGINE_REGISTER_FN(self._register)
+        vt.unregister_memory = _abi.ENGINE_UNREGISTER_FN(self._unregister)
+        vt.batch_transfer_sync_write = _abi.ENGINE_BATCH_FN(self._write)
+        vt.batch_transfer_sync_read = _abi.ENGINE_BATCH_FN(self._read)
         if tickets:
-            vt.submit_with_ticket = _lib.ENGINE_SUBMIT_FN(self._submit)
-            vt.ticket_status = _lib.ENGINE_TICKET_STATUS_FN(self._ticket_status)
-            vt.ticket_drain = _lib.ENGINE_TICKET_DRAIN_FN(self._ticket_wait)
+            vt.submit_with_ticket = _abi.ENGINE_SUBMIT_FN(self._submit)
+            vt.ticket_status = _abi.ENGINE_TICKET_STATUS_FN(self._ticket_status)
+            vt.ticket_drain = _abi.ENGINE_TICKET_DRAIN_FN(self._ticket_wait)
         if callable(getattr(backend, "ticket_release", None)):
-            vt.ticket_release = _lib.ENGINE_TICKET_RELEASE_FN(self._ticket_release)
+            vt.ticket_release = _abi.ENGINE_TICKET_RELEASE_FN(self._ticket_release)
         if callable(getattr(backend, "send_notify", None)):
-            vt.send_notify = _lib.ENGINE_SEND_NOTIFY_FN(self._send_notify)
+            vt.send_notify = _abi.ENGINE_SEND_NOTIFY_FN(self._send_notify)
         self.vtable = vt  # the struct references every thunk: they live as long as the bridge
 
     @property

@@ -14,7 +14,7 @@ import ctypes
 import enum
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import OwnedHandle, cstr
 from .errors import StaleBindingError, Status
 from .progress import Progress, c_progress
@@ -25,9 +25,9 @@ __all__ = ["Guard", "TerminalState", "io_args"]
 class TerminalState(enum.IntEnum):
     """How I/O on pinned buffers ended (passed to a guard's ``release``)."""
 
-    ABORTED = 0
-    COMPLETED = 1
-    FAILED_DRAINED = 2
+    ABORTED = _abi.MWS_TERMINAL_ABORTED
+    COMPLETED = _abi.MWS_TERMINAL_COMPLETED
+    FAILED_DRAINED = _abi.MWS_TERMINAL_FAILED_DRAINED
 
 
 class Guard:
@@ -58,11 +58,11 @@ class GuardBridge:
     def __init__(self, guard: Guard) -> None:
         self.guard = guard
         self.errors: List[str] = []
-        self.vtable = _lib.mws_guard_vtable(
-            size=ctypes.sizeof(_lib.mws_guard_vtable),
-            version=_lib.MWS_GUARD_VTABLE_VERSION,
-            acquire=_lib.GUARD_ACQUIRE_FN(self._acquire),
-            release=_lib.GUARD_RELEASE_FN(self._release),
+        self.vtable = _abi.mws_guard_vtable(
+            size=ctypes.sizeof(_abi.mws_guard_vtable),
+            version=_abi.MWS_GUARD_VTABLE_VERSION,
+            acquire=_abi.GUARD_ACQUIRE_FN(self._acquire),
+            release=_abi.GUARD_RELEASE_FN(self._release),
         )
 
     def _acquire(self, ctx, transfer_id, participant_id, ids, count, observed, token):  # type: ignore[no-untyped-def]
@@ -97,11 +97,11 @@ class GuardBridge:
 
 def io_args(worker_id: Optional[str], transfer_id: Optional[str], guard: Optional[Guard],
             lease: Optional["OwnedHandle"] = None,
-            progress: Optional[Callable[[Progress], object]] = None) -> Tuple[_lib.mws_io_args, Any]:
+            progress: Optional[Callable[[Progress], object]] = None) -> Tuple[_abi.mws_io_args, Any]:
     """``(mws_io_args, keep-alive)`` of one upload or load (``lease``: a
     :class:`~mooncake_weight_store.store.RegistrationLease`); keep the second alive
     for the call."""
-    args = _lib.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
+    args = _abi.mws_io_args(worker_id=cstr(worker_id, "worker_id"), transfer_id=cstr(transfer_id, "transfer_id"))
     bridge = None
     if guard is not None:
         bridge = GuardBridge(guard)

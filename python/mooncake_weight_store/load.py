@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call
 from .binding import Binding
 from .manifest import StoredManifest
@@ -27,12 +27,12 @@ class PlanningLimits:
     max_segments_per_region: int = 0
     max_total_lowered_segments: int = 0
 
-    def to_c(self) -> _lib.mws_planning_limits:
+    def to_c(self) -> _abi.mws_planning_limits:
         for name in ("max_transfer_regions", "max_segments_per_region", "max_total_lowered_segments"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
                 raise ArgumentError(f"{name} must be an unsigned 64-bit integer")
-        return _lib.mws_planning_limits(self.max_transfer_regions, self.max_segments_per_region,
+        return _abi.mws_planning_limits(self.max_transfer_regions, self.max_segments_per_region,
                                         self.max_total_lowered_segments)
 
 

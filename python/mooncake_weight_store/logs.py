@@ -12,19 +12,15 @@ exception it raises is swallowed (it must never unwind into the library).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from typing import Callable, Optional
 
 from .errors import ArgumentError
-from . import _lib
+from . import _abi, _lib
 
-OFF, ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4, 5
-
-LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_char_p)
-
-_lib.register_prototypes({"mws_set_log_callback": (ctypes.c_int, [ctypes.c_int32, LOG_FN, ctypes.c_void_p])})
+OFF, ERROR, WARN, INFO, DEBUG, TRACE = (_abi.MWS_LOG_OFF, _abi.MWS_LOG_ERROR, _abi.MWS_LOG_WARN, _abi.MWS_LOG_INFO,
+                                       _abi.MWS_LOG_DEBUG, _abi.MWS_LOG_TRACE)
 
 _PY_LEVEL = {ERROR: logging.ERROR, WARN: logging.WARNING, INFO: logging.INFO, DEBUG: logging.DEBUG, TRACE: 5}
 _native = logging.getLogger("mooncake_weight_store.native")
@@ -45,7 +41,7 @@ def set_log_callback(fn: Optional[Callable[[int, str, str], None]] = _to_logging
         raise ArgumentError(f"log level must be 0..5, got {level}")
     with _lock:
         if fn is None or level == OFF:
-            _lib.call("mws_set_log_callback", OFF, LOG_FN(), None)
+            _lib.call("mws_set_log_callback", OFF, _abi.LOG_FN(), None)
             _installed = None
             return
 
@@ -55,6 +51,6 @@ def set_log_callback(fn: Optional[Callable[[int, str, str], None]] = _to_logging
             except BaseException:  # noqa: BLE001  (never unwind into the library)
                 pass
 
-        c_fn = LOG_FN(thunk)
+        c_fn = _abi.LOG_FN(thunk)
         _lib.call("mws_set_log_callback", int(level), c_fn, None)
         _installed = c_fn

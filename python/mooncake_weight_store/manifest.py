@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple, TypedDict, Union, cast
 
 from .errors import ArgumentError, OutOfRangeError
-from . import _lib
+from . import _abi
 from ._lib import LIB, OwnedHandle, call
 
 __all__ = ["StoredFragment", "StoredManifest", "ManifestWire", "TensorWire", "FragmentWire", "AxisWire"]
@@ -174,7 +174,7 @@ class StoredManifest(OwnedHandle):
             raise ArgumentError("index must be an int")
         if index < 0:
             raise OutOfRangeError(f"fragment index {index} is out of range")
-        info = _lib.mws_stored_fragment_info()
+        info = _abi.mws_stored_fragment_info()
         call("mws_stored_manifest_fragment", self, index, ctypes.byref(info))
         nd = info.ndim
         return StoredFragment(

@@ -12,11 +12,11 @@ acceptor may be shared between threads (calls are serialized inside).
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import c_uint32, c_void_p
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .transfer import _VERDICTS, TransferPlan
 
@@ -25,21 +25,11 @@ __all__ = ["NotifyAcceptor", "NotifyOutcome", "notify_name", "VERDICTS"]
 _p = c_void_p
 
 #: ``mws_notify_acceptor_accept`` verdicts, by number.
-VERDICTS = {0: "accepted", 1: "malformed", 2: "truncated", 3: "forged", 4: "replayed", 5: "stale",
-            6: "other_plan", 7: "misrouted", 8: "too_many"}
-
-
-class mws_notify_outcome(_lib.CStruct):
-    _fields_ = [("verdict", c_uint32), ("weight_generation", c_uint64), ("incomplete", c_uint64)]
-
-
-_lib.register_prototypes({
-    "mws_notify_name": (c_char_p, []),
-    "mws_notify_acceptor_new": (c_int, [_p, c_char_p, c_void_p, c_size_t, POINTER(_p)]),
-    "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),
-    "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
-    "mws_notify_acceptor_free": (None, [_p]),
-})
+VERDICTS = {_abi.MWS_NOTIFY_ACCEPTED: "accepted", _abi.MWS_NOTIFY_MALFORMED: "malformed",
+            _abi.MWS_NOTIFY_TRUNCATED: "truncated", _abi.MWS_NOTIFY_FORGED: "forged",
+            _abi.MWS_NOTIFY_REPLAYED: "replayed", _abi.MWS_NOTIFY_STALE: "stale",
+            _abi.MWS_NOTIFY_OTHER_PLAN: "other_plan", _abi.MWS_NOTIFY_MISROUTED: "misrouted",
+            _abi.MWS_NOTIFY_TOO_MANY: "too_many"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class NotifyOutcome:
     incomplete: int
 
 
-def _outcome(o: mws_notify_outcome) -> NotifyOutcome:
+def _outcome(o: _abi.mws_notify_outcome) -> NotifyOutcome:
     return NotifyOutcome(_VERDICTS.get(o.verdict, str(o.verdict)), o.weight_generation, o.incomplete)
 
 
@@ -84,13 +74,13 @@ class NotifyAcceptor(OwnedHandle):
         """Checks one received message: ``(verdict, outcome, why)``; a refusal is a
         verdict other than ``accepted`` (never raised) and changes nothing."""
         v = c_uint32(0)
-        o = mws_notify_outcome()
+        o = _abi.mws_notify_outcome()
         st = LIB.fn("mws_notify_acceptor_accept")(self, bytes(message), len(message), ctypes.byref(v),
                                                    ctypes.byref(o))
         why = _lib.last_error() if st != 0 else ""
         return VERDICTS.get(v.value, str(v.value)), _outcome(o), why
 
     def outcome(self) -> NotifyOutcome:
-        o = mws_notify_outcome()
+        o = _abi.mws_notify_outcome()
         call("mws_notify_acceptor_outcome", self, ctypes.byref(o))
         return _outcome(o)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .errors import ArgumentError, OutOfRangeError
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call
 
 __all__ = [
@@ -125,14 +125,15 @@ class TensorSpec:
         }
 
 
-_AXIS_KIND_CODES = {"dp": 0, "pp": 1, "ep": 2, "tp": 3}
+_AXIS_KIND_CODES = {"dp": _abi.MWS_AXIS_DP, "pp": _abi.MWS_AXIS_PP, "ep": _abi.MWS_AXIS_EP, "tp": _abi.MWS_AXIS_TP}
 
 
-def _axis_struct(a: Axis) -> "_lib.mws_parallel_axis":
+def _axis_struct(a: Axis) -> "_abi.mws_parallel_axis":
     if a.kind not in _AXIS_KIND_CODES:
         raise ArgumentError(f"unsupported parallel axis kind: {a.kind}")
-    semantics = 0 if isinstance(a, Split) else 1 if isinstance(a, Replicated) else 2
-    return _lib.mws_parallel_axis(_AXIS_KIND_CODES[a.kind], semantics, a.dim if isinstance(a, Split) else 0)
+    semantics = (_abi.MWS_AXIS_SPLIT if isinstance(a, Split) else _abi.MWS_AXIS_REPLICATED if isinstance(a, Replicated)
+                 else _abi.MWS_AXIS_OWNERSHIP)
+    return _abi.mws_parallel_axis(_AXIS_KIND_CODES[a.kind], semantics, a.dim if isinstance(a, Split) else 0)
 
 
 def _u64_array(values: Sequence[int]) -> Any:
@@ -184,7 +185,7 @@ class PlacementBuilder(OwnedHandle):
         self.participants: Dict[str, Rank] = {}
         self.tensors: Dict[str, TensorSpec] = {}
         self.fragment_ids: List[str] = []
-        opts = _lib.mws_placement_builder_options(
+        opts = _abi.mws_placement_builder_options(
             _lib.cstr(resource_id, "resource_id"), _lib.cstr(revision, "revision"), weight_generation,
             _lib.cstr(placement_set_id, "placement_set_id"), tp_size, pp_size, ep_size, dp_size)
         out = ctypes.c_void_p()
@@ -194,7 +195,7 @@ class PlacementBuilder(OwnedHandle):
     # -- construction ---------------------------------------------------------------
 
     def add_participant(self, participant_id: str, rank: Rank) -> "PlacementBuilder":
-        r = _lib.mws_rank(rank.dp, rank.pp, rank.ep, rank.tp)
+        r = _abi.mws_rank(rank.dp, rank.pp, rank.ep, rank.tp)
         call("mws_placement_builder_add_participant", self, _lib.cstr(participant_id, "participant_id"),
              ctypes.byref(r))
         self.participants[participant_id] = rank
@@ -214,14 +215,14 @@ class PlacementBuilder(OwnedHandle):
         return ids
 
     def add_tensor(self, spec: TensorSpec) -> "PlacementBuilder":
-        axes = (_lib.mws_parallel_axis * max(len(spec.parallel_axes), 1))(
+        axes = (_abi.mws_parallel_axis * max(len(spec.parallel_axes), 1))(
             *[_axis_struct(a) for a in spec.parallel_axes])
         shape = _u64_array(spec.global_shape)
-        c = _lib.mws_tensor_spec(
+        c = _abi.mws_tensor_spec(
             _lib.cstr(spec.tensor_id, "tensor_id"), ctypes.cast(shape, ctypes.POINTER(ctypes.c_uint64)),
             len(spec.global_shape), _lib.cstr(spec.dtype, "dtype"), spec.itemsize,
             _lib.cstr(spec.layout_fingerprint, "layout_fingerprint"),
-            ctypes.cast(axes, ctypes.POINTER(_lib.mws_parallel_axis)), len(spec.parallel_axes),
+            ctypes.cast(axes, ctypes.POINTER(_abi.mws_parallel_axis)), len(spec.parallel_axes),
             _opt_u64(spec.layer_id), _opt_u64(spec.expert_id))
         call("mws_placement_builder_add_tensor", self, ctypes.byref(c))
         self.tensors[spec.tensor_id] = spec
@@ -245,7 +246,7 @@ class PlacementBuilder(OwnedHandle):
         off, shape = _u64_array(global_offset), _u64_array(local_shape)
         names = [_lib.cstr(a, "alias") for a in aliases]
         alias_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
-        c = _lib.mws_fragment_spec(
+        c = _abi.mws_fragment_spec(
             _lib.cstr(participant_id, "participant_id"), _lib.cstr(tensor_id, "tensor_id"),
             ctypes.cast(off, ctypes.POINTER(ctypes.c_uint64)), ctypes.cast(shape, ctypes.POINTER(ctypes.c_uint64)),
             len(local_shape), _opt_u64(pipeline_stage_id), ctypes.cast(alias_arr, ctypes.POINTER(ctypes.c_char_p)),
@@ -399,7 +400,7 @@ class Placement(OwnedHandle):
             n = int(LIB.fn("mws_placement_fragment_count")(self))
             out = []
             for i in range(n):
-                info = _lib.mws_placement_fragment_info()
+                info = _abi.mws_placement_fragment_info()
                 call("mws_placement_fragment", self, i, ctypes.byref(info))
                 nd = info.ndim
                 out.append(
@@ -422,7 +423,7 @@ class Placement(OwnedHandle):
             raise ArgumentError("index must be an int")
         if index < 0:
             raise OutOfRangeError(f"fragment index {index} is out of range")
-        info = _lib.mws_placement_fragment_info()
+        info = _abi.mws_placement_fragment_info()
         call("mws_placement_fragment", self, index, ctypes.byref(info))
         return self.fragments()[index]
 

@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, TextIO
 
-from . import _lib
+from . import _abi
 
 __all__ = ["Progress", "ProgressBar", "ProgressCallback"]
 
-_PHASES = {0: "upload", 1: "restore", 2: "transfer", 3: "verify"}
+_PHASES = {_abi.MWS_PROGRESS_UPLOAD: "upload", _abi.MWS_PROGRESS_RESTORE: "restore",
+           _abi.MWS_PROGRESS_TRANSFER: "transfer", _abi.MWS_PROGRESS_VERIFY: "verify"}
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ class ProgressCallback:
             except BaseException as e:  # noqa: BLE001 - nothing may unwind into the library
                 self.errors.append(f"{type(e).__name__}: {e}")
 
-        self.c_fn = _lib.PROGRESS_FN(trampoline)
+        self.c_fn = _abi.PROGRESS_FN(trampoline)
 
 
 def c_progress(fn: Optional[Callable[[Progress], object]]) -> "tuple[Any, Optional[ProgressCallback]]":
     """``(ctypes function, keep-alive)`` for ``fn``; a NULL function for ``None``."""
     if fn is None:
-        return _lib.PROGRESS_FN(), None
+        return _abi.PROGRESS_FN(), None
     cb = fn if isinstance(fn, ProgressCallback) else ProgressCallback(fn)
     return cb.c_fn, cb
 

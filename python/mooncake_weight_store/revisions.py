@@ -16,7 +16,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from . import _lib
+from . import _abi
 from ._lib import LIB, OwnedHandle, call, cstr
 
 __all__ = ["RevisionInfo", "DEFAULT_NAMESPACE"]
@@ -67,7 +67,7 @@ class _RevisionList(OwnedHandle):
     def items(self, namespace: str, resource_id: str) -> List[RevisionInfo]:
         items: List[RevisionInfo] = []
         for i in range(int(LIB.fn("mws_revision_list_count")(self))):
-            info = _lib.mws_revision_info()
+            info = _abi.mws_revision_info()
             call("mws_revision_list_get", self, i, ctypes.byref(info))
             items.append(RevisionInfo(namespace=namespace, resource_id=resource_id, revision=_decode(info.revision),
                                       weight_generation=int(info.weight_generation),

@@ -42,7 +42,7 @@ import traceback
 from ctypes import c_int32, c_int64, c_void_p
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
 from .device import CopyHook, attach_copy_hook, detach_failed
 from .errors import ArgumentError, error_for_status
@@ -81,8 +81,8 @@ INTERNAL_ERROR = -1
 class RecordType:
     """``record_type`` values of the vtable (Mooncake ``ObjectDataType``)."""
 
-    PAYLOAD = 0  # WEIGHT
-    METADATA = 1  # METADATA
+    PAYLOAD = _abi.MWS_RECORD_PAYLOAD  # WEIGHT
+    METADATA = _abi.MWS_RECORD_METADATA  # METADATA
 
 
 class PutItem(NamedTuple):
@@ -122,7 +122,7 @@ def _bury() -> None:
         _GRAVEYARD.clear()
 
 
-def _key(b: _lib.mws_bytes) -> str:
+def _key(b: _abi.mws_bytes) -> str:
     if not b.len:
         return ""
     return ctypes.string_at(b.ptr, b.len).decode("utf-8", "surrogateescape")
@@ -160,36 +160,36 @@ class _VtableBridge:
             raise ArgumentError(f"store backend {type(b).__name__} lacks: {', '.join(missing)}")
         self._get_size, self._get_into, self._exists = get_size, get_into, exists
 
-        vt = _lib.mws_store_vtable()
-        vt.size = ctypes.sizeof(_lib.mws_store_vtable)
-        vt.version = _lib.MWS_STORE_VTABLE_VERSION
-        vt.put = _lib.PUT_FN(self._put)
-        vt.upsert = _lib.PUT_FN(self._upsert)
-        vt.get_size = _lib.GET_SIZE_FN(self._cb_get_size)
-        vt.get_into = _lib.GET_INTO_FN(self._cb_get_into)
-        vt.exists = _lib.EXISTS_FN(self._cb_exists)
-        vt.remove = _lib.REMOVE_FN(self._remove)
-        vt.batch_put_from = _lib.BATCH_PUT_FN(self._batch_put_from)
-        vt.get_into_ranges = _lib.RANGES_FN(self._get_into_ranges)
+        vt = _abi.mws_store_vtable()
+        vt.size = ctypes.sizeof(_abi.mws_store_vtable)
+        vt.version = _abi.MWS_STORE_VTABLE_VERSION
+        vt.put = _abi.PUT_FN(self._put)
+        vt.upsert = _abi.PUT_FN(self._upsert)
+        vt.get_size = _abi.GET_SIZE_FN(self._cb_get_size)
+        vt.get_into = _abi.GET_INTO_FN(self._cb_get_into)
+        vt.exists = _abi.EXISTS_FN(self._cb_exists)
+        vt.remove = _abi.REMOVE_FN(self._remove)
+        vt.batch_put_from = _abi.BATCH_PUT_FN(self._batch_put_from)
+        vt.get_into_ranges = _abi.RANGES_FN(self._get_into_ranges)
         if callable(getattr(b, "register_buffer", None)):
-            vt.register_buffer = _lib.REGISTER_FN(self._register)
+            vt.register_buffer = _abi.REGISTER_FN(self._register)
         if callable(getattr(b, "unregister_buffer", None)):
-            vt.unregister_buffer = _lib.UNREGISTER_FN(self._unregister)
-        vt.destroy = _lib.DESTROY_FN(self._destroy)
+            vt.unregister_buffer = _abi.UNREGISTER_FN(self._unregister)
+        vt.destroy = _abi.DESTROY_FN(self._destroy)
         self._batch_exists_name = next((n for n in ("batch_exists", "batch_is_exist")
                                         if callable(getattr(b, n, None))), None)
         if self._batch_exists_name is not None:
-            vt.batch_exists = _lib.BATCH_EXISTS_FN(self._batch_exists)
+            vt.batch_exists = _abi.BATCH_EXISTS_FN(self._batch_exists)
         # Optional `list(prefix) -> iterable of (key, size)`; the Mooncake backend has
         # none (its client cannot enumerate keys).
         if callable(getattr(b, "list", None)):
-            vt.list = _lib.LIST_FN(self._list)
+            vt.list = _abi.LIST_FN(self._list)
         if callable(getattr(b, "cost", None)):
-            vt.get_cost = _lib.GET_COST_FN(self._get_cost)
+            vt.get_cost = _abi.GET_COST_FN(self._get_cost)
         # Optional `batch_get_size(keys) -> list[int]`: the sizes a restore checks
         # before writing, in one round trip instead of one `get_size` per key.
         if callable(getattr(b, "batch_get_size", None)):
-            vt.batch_get_size = _lib.BATCH_GET_SIZE_FN(self._batch_get_size)
+            vt.batch_get_size = _abi.BATCH_GET_SIZE_FN(self._batch_get_size)
         self.vtable = vt
 
     # -- error containment ----------------------------------------------------------
@@ -219,7 +219,7 @@ class _VtableBridge:
 
     # -- callbacks (each catches everything) ----------------------------------------
 
-    def _write(self, op: str, key: _lib.mws_bytes, value: int, n: int, group: _lib.mws_bytes, rt: int) -> int:
+    def _write(self, op: str, key: _abi.mws_bytes, value: int, n: int, group: _abi.mws_bytes, rt: int) -> int:
         try:
             data = ctypes.string_at(value, n) if n else b""
             return _int_result(getattr(self.backend, op)(_key(key), data, _key(group), int(rt)))
@@ -301,7 +301,7 @@ class _VtableBridge:
         try:
             for key, size in self.backend.list(_key(prefix)):
                 raw = key.encode("utf-8")
-                item = _lib.mws_bytes(ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, len(raw))
+                item = _abi.mws_bytes(ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, len(raw))
                 if emit(emit_ctx, item, int(size)) != 0:
                     break
             return 0
@@ -379,16 +379,16 @@ class _VtableBridge:
 class Decision(enum.IntEnum):
     """``mws_decision``: the decision recorded for an upload transaction."""
 
-    NONE = 0
-    COMMIT = 1
-    ABORT = 2
+    NONE = _abi.MWS_DECISION_NONE
+    COMMIT = _abi.MWS_DECISION_COMMIT
+    ABORT = _abi.MWS_DECISION_ABORT
 
 
 class LeaseSide(enum.IntEnum):
     """``mws_lease_side``: which buffers a registration lease pins."""
 
-    SOURCE = 0
-    TARGET = 1
+    SOURCE = _abi.MWS_LEASE_SOURCE
+    TARGET = _abi.MWS_LEASE_TARGET
 
 
 class RegistrationLease(OwnedHandle):
@@ -452,7 +452,7 @@ class RegistrationLease(OwnedHandle):
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
              max_region_segments: int, staging_bytes: Optional[int] = None,
-             verify_integrity: bool = True) -> Optional[_lib.mws_store_options]:
+             verify_integrity: bool = True) -> Optional[_abi.mws_store_options]:
     """``staging_bytes``: None = the library's default (64 MiB, chosen per region by
     the store's cost model), 0 = never stage, N = a staging budget of N bytes.
     ``verify_integrity``: True = the library's default (verify), False = off."""
@@ -465,12 +465,12 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
                     ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes or 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= (1 << 64) - 1:
             raise ArgumentError(f"{name} must be an unsigned 64-bit integer")
-    c_staging = 0 if staging_bytes is None else (_lib.MWS_STAGING_OFF if staging_bytes == 0 else staging_bytes)
-    return _lib.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
+    c_staging = 0 if staging_bytes is None else (_abi.MWS_STAGING_OFF if staging_bytes == 0 else staging_bytes)
+    return _abi.mws_store_options(key_prefix=cstr(key_prefix, "key_prefix"), max_range_bytes=max_range_bytes,
                                   max_ranges_per_request=max_ranges_per_request,
                                   max_region_segments=max_region_segments, staging_bytes=c_staging,
-                                  verify_integrity=_lib.MWS_VERIFY_ON if verify_integrity
-                                  else _lib.MWS_VERIFY_OFF)
+                                  verify_integrity=_abi.MWS_VERIFY_ON if verify_integrity
+                                  else _abi.MWS_VERIFY_OFF)
 
 
 class Store(OwnedHandle):
@@ -534,11 +534,11 @@ class Store(OwnedHandle):
                                   "directory")
 
     @classmethod
-    def _open_embedded(cls, fn: str, args: Tuple[object, ...], opts: Optional[_lib.mws_store_options],
+    def _open_embedded(cls, fn: str, args: Tuple[object, ...], opts: Optional[_abi.mws_store_options],
                        copy_hook: Optional[CopyHook], kind: str) -> "Store":
         bridge = None
         if copy_hook is not None:
-            opts = opts if opts is not None else _lib.mws_store_options()
+            opts = opts if opts is not None else _abi.mws_store_options()
             bridge = attach_copy_hook(opts, copy_hook)
         out = c_void_p()
         try:
@@ -790,7 +790,7 @@ class Store(OwnedHandle):
         :class:`~mooncake_weight_store.progress.Progress` reports (phase
         ``"restore"``, items = transfer regions)."""
         args, keep = io_args(worker_id, transfer_id, guard, lease, progress)
-        st = _lib.mws_load_stats()
+        st = _abi.mws_load_stats()
         call("mws_store_load", self, plan, binding, ctypes.byref(args), ctypes.byref(st))
         del keep
         return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),

@@ -9,7 +9,7 @@ import ctypes
 from ctypes import c_void_p
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call
 from .errors import ArgumentError, MwsError, error_for_status
 from .guard import Guard, io_args
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Transaction"]
 
-_STATES = {0: "open", 1: "committed", 2: "aborted"}
+_STATES = {_abi.MWS_TRANSACTION_OPEN: "open", _abi.MWS_TRANSACTION_COMMITTED: "committed",
+           _abi.MWS_TRANSACTION_ABORTED: "aborted"}
 
 
 class Transaction(OwnedHandle):

@@ -18,11 +18,11 @@ import ctypes
 import functools
 import json
 import threading
-from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import c_size_t, c_void_p
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
 from .engine_bridge import EngineBridge
@@ -37,120 +37,19 @@ __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", 
 _p = c_void_p
 
 
-class mws_transfer_stats(_lib.CStruct):
-    _fields_ = [("bytes", c_uint64), ("regions", c_uint64), ("operations", c_uint64), ("receipts", c_uint64),
-                ("engine_operations", c_uint64)]
-
-
-class mws_executor_limits(_lib.CStruct):
-    _fields_ = [("max_batch_operations", c_uint64), ("max_region_segments", c_uint64),
-                ("max_total_lowered_segments", c_uint64), ("max_completion_drain_attempts", c_uint32),
-                ("completion_drain_timeout_ms", c_uint64), ("no_coalescing", c_uint32)]
-
-
 def _limits(coalesce: bool) -> Any:
     """The default executor limits, with coalescing of adjacent segments on or off."""
     if coalesce:
         return None  # NULL: the defaults (coalescing on)
-    return ctypes.byref(mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
+    return ctypes.byref(_abi.mws_executor_limits(1024, 1_000_000, 10_000_000, 3, 1000, 1))
 
 
-class mws_live_args(_lib.CStruct):
-    _fields_ = [("worker_id", ctypes.c_char_p), ("transfer_id", ctypes.c_char_p), ("local_pre_registered", c_int32),
-                ("guard", c_void_p), ("guard_ctx", c_void_p)]
-
-
-class mws_target_outcome(_lib.CStruct):
-    _fields_ = [("participant_id", ctypes.c_char_p), ("weight_generation", c_uint64), ("verdict", c_uint32)]
-
-
-class mws_live_report(_lib.CStruct):
-    _fields_ = [("submitted", c_uint32), ("guard_release", c_uint32), ("pending_transfer_id", ctypes.c_char_p),
-                ("n_targets", c_size_t), ("targets", POINTER(mws_target_outcome)), ("stats", mws_transfer_stats)]
-
-
-class mws_lease_rotation(_lib.CStruct):
-    _fields_ = [("instance_id", ctypes.c_char_p), ("participant_id", ctypes.c_char_p), ("lease_id", ctypes.c_char_p),
-                ("lease_generation", c_uint64)]
-
-
-class mws_step_args(_lib.CStruct):
-    _fields_ = [("weight_generation", c_uint64), ("leases", POINTER(mws_lease_rotation)), ("n_leases", c_size_t),
-                ("transfer_id", ctypes.c_char_p), ("revision", ctypes.c_char_p)]
-
-
-class mws_prepared_info(_lib.CStruct):
-    _fields_ = [("empty", c_uint32), ("batches", c_uint64), ("pinned_bindings", c_uint64), ("bytes", c_uint64)]
-
-
-class mws_engine_resources(_lib.CStruct):
-    _fields_ = [("registrations_known", c_uint32), ("registered_regions", c_uint64), ("registered_bytes", c_uint64),
-                ("pending_transfers", c_uint64), ("quarantined_registrations", c_uint64),
-                ("pinned_tokens", c_uint64)]
-
-
-_lib.register_prototypes({
-    "mws_transfer_plan_new": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), POINTER(_p)]),
-    "mws_transfer_plan_new_routed": (c_int, [_p, _p, ctypes.c_char_p, POINTER(_lib.mws_planning_limits), c_uint32,
-                                             POINTER(_p)]),
-    "mws_transfer_plan_bind": (c_int, [_p, POINTER(_p), c_size_t, POINTER(_p), c_size_t, POINTER(_p)]),
-    "mws_transfer_plan_from_json": (c_int, [ctypes.c_char_p, c_size_t, POINTER(_p)]),
-    "mws_transfer_plan_to_json": (c_void_p, [_p, POINTER(c_size_t)]),
-    "mws_transfer_plan_is_bound": (c_int32, [_p]),
-    "mws_transfer_plan_region_count": (c_size_t, [_p]),
-    "mws_transfer_plan_total_bytes": (c_uint64, [_p]),
-    "mws_transfer_plan_executor_count": (c_size_t, [_p, c_uint32]),
-    "mws_transfer_plan_free": (None, [_p]),
-    "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
-    "mws_transfer_engine_from_vtable": (c_int, [POINTER(_lib.mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
-    "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
-    "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),
-    "mws_transfer_engine_pending_count": (c_size_t, [_p]),
-    "mws_transfer_engine_drain": (c_int, [_p, c_uint64, POINTER(c_size_t)]),
-    "mws_transfer_engine_free": (None, [_p]),
-    "mws_loader_new": (c_int, [_p, c_void_p, POINTER(_p)]),
-    "mws_loader_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
-    "mws_loader_cancel": (None, [_p]),
-    "mws_loader_reset_cancel": (None, [_p]),
-    "mws_loader_load_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
-                                     POINTER(mws_transfer_stats)]),
-    "mws_loader_last_report": (c_int, [_p, POINTER(mws_live_report)]),
-    "mws_loader_free": (None, [_p]),
-    "mws_sink_new": (c_int, [_p, c_void_p, POINTER(_p)]),
-    "mws_sink_execute": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args),
-                                 POINTER(mws_transfer_stats)]),
-    "mws_sink_execute_notified": (c_int, [_p, c_void_p, c_size_t, _p, _p, _p, _p, POINTER(_p), c_size_t,
-                                          POINTER(mws_live_args), POINTER(mws_transfer_stats)]),
-    "mws_sink_set_progress": (c_int, [_p, _lib.PROGRESS_FN, c_void_p]),
-    "mws_sink_cancel": (None, [_p]),
-    "mws_sink_reset_cancel": (None, [_p]),
-    "mws_sink_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
-    "mws_sink_last_report": (c_int, [_p, POINTER(mws_live_report)]),
-    "mws_sink_free": (None, [_p]),
-    "mws_transfer_engine_resources": (c_int, [_p, POINTER(mws_engine_resources)]),
-    "mws_sink_prepare": (c_int, [_p, _p, _p, _p, _p, POINTER(_p), c_size_t, POINTER(mws_live_args), POINTER(_p)]),
-    "mws_loader_prepare_live": (c_int, [_p, _p, _p, POINTER(_p), c_size_t, _p, _p, POINTER(mws_live_args),
-                                        POINTER(_p)]),
-    "mws_prepared_transfer_step": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_transfer_stats)]),
-    "mws_prepared_transfer_last_report": (c_int, [_p, POINTER(mws_live_report)]),
-    "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
-    "mws_prepared_transfer_close": (c_int, [_p]),
-    "mws_prepared_transfer_free": (None, [_p]),
-    "mws_loader_prepare_stored": (c_int, [_p, _p, _p, _p, POINTER(mws_live_args), POINTER(_p)]),
-    # Declared for completeness (the header check requires every function); struct
-    # pointers as void* since this module does not wrap them at a higher level yet.
-    "mws_loader_load_stored": (c_int, [_p, _p, _p, _p, c_void_p, c_void_p]),
-    "mws_loader_stats": (c_int, [_p, POINTER(mws_transfer_stats)]),
-    "mws_transfer_plan_region": (c_int, [_p, c_size_t, c_void_p]),
-    "mws_transfer_plan_operation": (c_int, [_p, c_size_t, c_void_p]),
-    "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
-})
-
-SIDE_SOURCE = 0
-SIDE_TARGET = 1
+SIDE_SOURCE = _abi.MWS_SIDE_SOURCE
+SIDE_TARGET = _abi.MWS_SIDE_TARGET
 
 #: ``mws_source_routing``: which complete source DP replica a target participant reads.
-SOURCE_ROUTINGS = {"target_dp": 0, "spread_targets": 1}
+SOURCE_ROUTINGS = {"target_dp": _abi.MWS_SOURCE_ROUTING_TARGET_DP,
+                   "spread_targets": _abi.MWS_SOURCE_ROUTING_SPREAD_TARGETS}
 
 
 @dataclass(frozen=True)
@@ -166,13 +65,14 @@ class TransferStats:
     engine_operations: int = 0
 
 
-def _stats(s: mws_transfer_stats) -> TransferStats:
+def _stats(s: _abi.mws_transfer_stats) -> TransferStats:
     return TransferStats(s.bytes, s.regions, s.operations, s.receipts, s.engine_operations)
 
 
-_VERDICTS = {0: "updated", 1: "unchanged", 2: "torn"}
-_GUARD_RELEASES = {0: "not_pinned", 1: "completed", 2: "failed_drained", 3: "aborted", 4: "pending",
-                   5: "release_failed"}
+_VERDICTS = {_abi.MWS_TARGET_UPDATED: "updated", _abi.MWS_TARGET_UNCHANGED: "unchanged", _abi.MWS_TARGET_TORN: "torn"}
+_GUARD_RELEASES = {_abi.MWS_GUARD_NOT_PINNED: "not_pinned", _abi.MWS_GUARD_COMPLETED: "completed",
+                   _abi.MWS_GUARD_FAILED_DRAINED: "failed_drained", _abi.MWS_GUARD_ABORTED: "aborted",
+                   _abi.MWS_GUARD_PENDING: "pending", _abi.MWS_GUARD_RELEASE_FAILED: "release_failed"}
 
 
 @dataclass(frozen=True)
@@ -253,7 +153,7 @@ class _Reporting:
 
 
 def _copy_report(fn: str, handle: Any) -> Optional[LiveReport]:
-    r = mws_live_report()
+    r = _abi.mws_live_report()
     st = LIB.fn(fn)(handle, ctypes.byref(r))
     if st != 0:
         return None  # no live call yet (MWS_NOT_FOUND)
@@ -270,10 +170,10 @@ def _handles(bindings: Sequence[Binding]) -> Any:
 
 
 def _args(pre_registered: bool, worker_id: Optional[str], transfer_id: Optional[str],
-          bridge: Optional[GuardBridge] = None) -> mws_live_args:
+          bridge: Optional[GuardBridge] = None) -> _abi.mws_live_args:
     guard = ctypes.addressof(bridge.vtable) if bridge is not None else None
-    return mws_live_args(cstr(worker_id, "worker_id"), cstr(transfer_id, "transfer_id"), 1 if pre_registered else 0,
-                         guard, None)
+    return _abi.mws_live_args(cstr(worker_id, "worker_id"), cstr(transfer_id, "transfer_id"),
+                              1 if pre_registered else 0, guard, None)
 
 
 @dataclass(frozen=True)
@@ -325,12 +225,12 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         step, kept for later steps; ``revision``: for a prepared restore, the revision
         to read, default the prepared one). Returns the step's statistics; a failed
         live step attaches its report to the exception as ``.report``."""
-        arr = (mws_lease_rotation * len(leases))(*[
-            mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
-                               cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
-        args = mws_step_args(int(generation), arr if leases else None, len(leases), cstr(transfer_id, "transfer_id"),
-                             cstr(revision, "revision"))
-        st = mws_transfer_stats()
+        arr = (_abi.mws_lease_rotation * len(leases))(*[
+            _abi.mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
+                                    cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
+        args = _abi.mws_step_args(int(generation), arr if leases else None, len(leases),
+                                  cstr(transfer_id, "transfer_id"), cstr(revision, "revision"))
+        st = _abi.mws_transfer_stats()
         try:
             self._engine._call("mws_prepared_transfer_step", self, ctypes.byref(args), ctypes.byref(st))
         except _lib.MwsError as e:
@@ -345,7 +245,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
 
     @property
     def info(self) -> PreparedInfo:
-        i = mws_prepared_info()
+        i = _abi.mws_prepared_info()
         call("mws_prepared_transfer_info", self, ctypes.byref(i))
         return PreparedInfo(bool(i.empty), int(i.batches), int(i.pinned_bindings), int(i.bytes))
 
@@ -524,7 +424,7 @@ class TransferEngine(OwnedHandle):
         """What the engine still holds (``mws_transfer_engine_resources``): proves that
         nothing leaked once ``pending_transfers`` is 0 and the registered regions are
         only the owners' own."""
-        r = mws_engine_resources()
+        r = _abi.mws_engine_resources()
         call("mws_transfer_engine_resources", self, ctypes.byref(r))
         known = bool(r.registrations_known)
         return EngineResources(int(r.registered_regions) if known else None,
@@ -570,7 +470,7 @@ class Loader(_Reporting, OwnedHandle):
         """Pulls the local target executor's operations of the bound ``plan`` into
         ``local``'s buffers (the sources' memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
-        st = mws_transfer_stats()
+        st = _abi.mws_transfer_stats()
         try:
             self._engine._call("mws_loader_load_live", self, plan, source, _handles(sources),
                                len(sources), target, local, ctypes.byref(args), ctypes.byref(st))
@@ -620,7 +520,7 @@ class Loader(_Reporting, OwnedHandle):
     @_serialized
     def stats(self) -> TransferStats:
         """The statistics of the last successful call."""
-        st = mws_transfer_stats()
+        st = _abi.mws_transfer_stats()
         call("mws_loader_stats", self, ctypes.byref(st))
         return _stats(st)
 
@@ -647,7 +547,7 @@ class Sink(_Reporting, OwnedHandle):
         """Pushes the local source executor's operations of the bound ``plan`` into
         the targets (whose memory must be registered by its owners)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
-        st = mws_transfer_stats()
+        st = _abi.mws_transfer_stats()
         try:
             self._engine._call("mws_sink_execute", self, plan, source, local,
                                target, _handles(targets), len(targets), ctypes.byref(args), ctypes.byref(st))
@@ -668,7 +568,7 @@ class Sink(_Reporting, OwnedHandle):
         Each target checks them with a :class:`~mooncake_weight_store.NotifyAcceptor`
         sharing ``key`` (None: unkeyed, else at least 16 bytes)."""
         args = _args(local_pre_registered, worker_id, transfer_id)
-        st = mws_transfer_stats()
+        st = _abi.mws_transfer_stats()
         k = bytes(key) if key else None
         try:
             self._engine._call("mws_sink_execute_notified", self, k, len(k) if k else 0, plan,
@@ -703,7 +603,7 @@ class Sink(_Reporting, OwnedHandle):
     @_serialized
     def stats(self) -> TransferStats:
         """The statistics of the last successful call."""
-        st = mws_transfer_stats()
+        st = _abi.mws_transfer_stats()
         call("mws_sink_stats", self, ctypes.byref(st))
         return _stats(st)
 

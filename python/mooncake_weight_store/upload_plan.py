@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, cast
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding
 from .manifest import ManifestWire
@@ -115,7 +115,7 @@ class UploadPlan(OwnedHandle):
             n = int(LIB.fn("mws_upload_plan_operation_count")(self))
             ops = []
             for i in range(n):
-                o = _lib.mws_upload_operation()
+                o = _abi.mws_upload_operation()
                 call("mws_upload_plan_operation", self, i, ctypes.byref(o))
                 d = lambda b: b.decode("utf-8")  # noqa: E731
                 ops.append(
@@ -161,7 +161,7 @@ def plan_upload(
     """Plans an upload (pure: no I/O, no buffer is read). Raises
     :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
     hs = _lib.handle_array(bindings)
-    opts = _lib.mws_upload_options(
+    opts = _abi.mws_upload_options(
         store_namespace=cstr(namespace, "namespace"),
         key_prefix=cstr(key_prefix, "key_prefix"),
         transaction_id=cstr(transaction_id, "transaction_id"),

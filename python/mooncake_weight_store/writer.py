@@ -9,7 +9,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from . import _lib
+from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .errors import MwsError
 from .manifest import StoredManifest
@@ -80,19 +80,19 @@ class Writer(OwnedHandle):
         self.committed = False
         self.closed = False
 
-        vt = _lib.mws_snapshot_adapter_vtable()
-        vt.size = ctypes.sizeof(_lib.mws_snapshot_adapter_vtable)
-        vt.version = _lib.MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION
-        vt.export_source = _lib.EXPORT_SOURCE_FN(self._export_source)
-        vt.resolve_fragment_ids = _lib.RESOLVE_IDS_FN(self._resolve)
+        vt = _abi.mws_snapshot_adapter_vtable()
+        vt.size = ctypes.sizeof(_abi.mws_snapshot_adapter_vtable)
+        vt.version = _abi.MWS_SNAPSHOT_ADAPTER_VTABLE_VERSION
+        vt.export_source = _abi.EXPORT_SOURCE_FN(self._export_source)
+        vt.resolve_fragment_ids = _abi.RESOLVE_IDS_FN(self._resolve)
         self._vt = vt
-        desc = _lib.mws_snapshot_descriptor(
+        desc = _abi.mws_snapshot_descriptor(
             resource_id=cstr(resource_id if resource_id is not None else placement.resource_id, "resource_id"),
             revision=cstr(revision if revision is not None else placement.revision, "revision"),
             weight_generation=placement.weight_generation if weight_generation is None else weight_generation,
             store_namespace=cstr(namespace, "namespace"),
         )
-        opts = _lib.mws_upload_options(transaction_id=cstr(transaction_id, "transaction_id"),
+        opts = _abi.mws_upload_options(transaction_id=cstr(transaction_id, "transaction_id"),
                                        created_at=cstr(created_at, "created_at"))
         self._export_keep: Any = None
         out = ctypes.c_void_p()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import mooncake_weight_store as mws
-from mooncake_weight_store import _lib
+from mooncake_weight_store import _abi, _lib
 from mooncake_weight_store.testing import Model, ModelSpec
 
 PACKAGE = Path(mws.__file__).resolve().parent
@@ -32,7 +32,7 @@ def _owned_handle_classes():
 
 
 def test_every_free_function_has_one_owned_handle_class():
-    frees = sorted(n for n in _lib.PROTOTYPES if n.endswith("_free"))
+    frees = sorted(n for n in _abi.PROTOTYPES if n.endswith("_free"))
     assert len(frees) >= 15
     by_free = {}
     for cls in _owned_handle_classes():
