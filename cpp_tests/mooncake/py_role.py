@@ -73,7 +73,7 @@ def global_shapes(placement_json: str) -> dict:
 
 def binding_from_wire(placement: mws.Placement, w: dict) -> mws.Binding:
     b = mws.Binding(placement, w["participant_id"], instance_id=w["instance_id"], lease_id=w["lease_id"],
-                    generation=w["generation"], endpoint=w["endpoint"])
+                    lease_generation=w["generation"], endpoint=w["endpoint"])
     for pfid, addr, n, rid in w["fragments"]:
         b.add_address(pfid, addr, n, fragment_id=rid, worker_id=w["participant_id"])
     return b
