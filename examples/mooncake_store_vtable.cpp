@@ -19,14 +19,13 @@
 // shapes of Mooncake's `MooncakeDistributedStore` (the Python class documented in
 // docs/mooncake/README.md, whose pybind layer forwards to the C++ client).
 //
-// Two clients:
-//   - MWS_HAVE_MOONCAKE (cmake -DMWS_WITH_MOONCAKE=ON, only when CMake finds Mooncake's
-//     headers and libraries): RealClientAdapter forwards to Mooncake's C++ client
-//     and connects to a master given on the command line.
-//   - otherwise: FakeMooncakeClient, an in-process object map with Mooncake's
-//     observable semantics (insert-if-absent put, -704, -600 for ranged reads into
-//     unregistered buffers, immutable groups), so that the mapping itself is built
-//     and tested everywhere (ctest int.example_mooncake_store_vtable).
+// The client here is FakeMooncakeClient, an in-process object map with Mooncake's
+// observable semantics (insert-if-absent put, -704, -600 for ranged reads into
+// unregistered buffers, immutable groups), so that the mapping itself is built and
+// tested everywhere (ctest int.example_mooncake_store_vtable). The same mapping over
+// the REAL mooncake::RealClient is the adapter mooncake_weight_store::mooncake_store
+// (adapters/mooncake_store, built and run on a real master by .ci/mooncake.sh;
+// docs/mooncake/CPP-STORE.md).
 //
 // The program snapshots a small MoE model (TP2 x EP2) through the vtable store and
 // restores it into TP4, checking every byte.
@@ -369,62 +368,6 @@ private:
 
 }  // namespace mcvt
 
-#ifdef MWS_HAVE_MOONCAKE
-// ---- Mooncake's C++ client ------------------------------------------------------
-// Written against the method shapes of Mooncake's store client as exposed to Python
-// (mooncake-integration/store/store_py.cpp forwards these to the C++ client class in
-// mooncake-store/include/real_client.h). Not compiled by this repository's CI (no
-// Mooncake headers there): if your Mooncake version names a method differently, this
-// adapter is the only place to change.
-#include "real_client.h"
-#include "replica.h"
-
-namespace mcvt {
-
-class RealClientAdapter {
-public:
-    using Config = mooncake::ReplicateConfig;
-
-    explicit RealClientAdapter(std::shared_ptr<mooncake::RealClient> c) : c_(std::move(c)) {}
-
-    Config config(std::vector<std::string> groups, uint32_t record_type) const {
-        Config cfg;
-        cfg.group_ids = std::move(groups);
-        cfg.with_hard_pin = true;
-        cfg.data_type = record_type == MWS_RECORD_PAYLOAD ? mooncake::ObjectDataType::WEIGHT
-                                                          : mooncake::ObjectDataType::METADATA;
-        return cfg;
-    }
-    int put(const std::string &k, const void *v, size_t n, const Config &cfg) {
-        return c_->put(k, std::span<const char>(static_cast<const char *>(v), n), cfg);
-    }
-    int upsert(const std::string &k, const void *v, size_t n, const Config &cfg) {
-        return c_->upsert(k, std::span<const char>(static_cast<const char *>(v), n), cfg);
-    }
-    int64_t get_size(const std::string &k) { return c_->getSize(k); }
-    int64_t get_into(const std::string &k, void *buf, size_t cap) { return c_->get_into(k, buf, cap); }
-    int is_exist(const std::string &k) { return c_->isExist(k); }
-    std::vector<int> batch_is_exist(const std::vector<std::string> &keys) { return c_->batchIsExist(keys); }
-    int remove(const std::string &k, bool force) { return c_->remove(k, force); }
-    std::vector<int> batch_put_from(const std::vector<std::string> &keys, const std::vector<void *> &ptrs,
-                                    const std::vector<size_t> &sizes, const Config &cfg) {
-        return c_->batch_put_from(keys, ptrs, sizes, cfg);
-    }
-    std::vector<std::vector<std::vector<int64_t>>> get_into_ranges(
-        const std::vector<void *> &buffers, const std::vector<std::vector<std::string>> &keys,
-        const std::vector<std::vector<std::vector<size_t>>> &dsts, const std::vector<std::vector<std::vector<size_t>>> &srcs,
-        const std::vector<std::vector<std::vector<size_t>>> &sizes) {
-        return c_->get_into_ranges(buffers, keys, dsts, srcs, sizes);
-    }
-    int register_buffer(void *p, size_t n) { return c_->register_buffer(p, n); }
-    int unregister_buffer(void *p) { return c_->unregister_buffer(p); }
-
-private:
-    std::shared_ptr<mooncake::RealClient> c_;
-};
-
-}  // namespace mcvt
-#endif  // MWS_HAVE_MOONCAKE
 
 namespace {
 
@@ -449,30 +392,13 @@ int round_trip(Client &client, const char *what) {
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int main() {
     try {
-#ifdef MWS_HAVE_MOONCAKE
-        if (argc < 2) {
-            std::fprintf(stderr, "usage: %s MASTER_ADDR (for example 127.0.0.1:50051)\n", argv[0]);
-            return 2;
-        }
-        auto real = mooncake::RealClient::create();
-        int rc = real->setup_real("127.0.0.1", "P2PHANDSHAKE", 256ull << 20, 64ull << 20, "tcp", "", argv[1]);
-        if (rc != 0) {
-            std::fprintf(stderr, "Mooncake client setup failed: %d\n", rc);
-            return 1;
-        }
-        mcvt::RealClientAdapter client(real);
-        return round_trip(client, "Mooncake Store");
-#else
-        (void)argc;
-        (void)argv;
         mcvt::FakeMooncakeClient client;
         int rc = round_trip(client, "in-process Mooncake stand-in");
         std::printf("stand-in: %zu objects, %zu batch_put_from calls, %zu get_into_ranges calls\n",
                     client.object_count(), client.batch_puts, client.ranged_requests);
         return rc;
-#endif
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
