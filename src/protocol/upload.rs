@@ -5,7 +5,6 @@
 //! them (fewer, fuller batches), with the source checksums computed alongside the
 //! puts instead of in a separate pass before them.
 
-use super::commit;
 use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
 use super::integrity::SourceChecksums;
 use super::progress::{ProgressPhase, Reporter};
@@ -278,7 +277,7 @@ pub(crate) unsafe fn upload_many(
         return Ok(Vec::new());
     }
     // I/O phase.
-    commit::require_writable(ws, plan, &[])?;
+    ws.require_writable(plan, &[])?;
     let mut ready: Vec<Ready<'_>> = Vec::with_capacity(checked.len());
     for c in checked {
         match make_ready(ws, c, &args) {
@@ -313,12 +312,12 @@ pub(crate) unsafe fn upload_many(
         let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
         // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
         checksums = unsafe { write_payloads(ws, plan, &ops, &frags, &mut progress, &started) }?;
-        commit::require_complete_payloads(ws, &keys)?;
+        ws.require_complete_payloads(&keys)?;
         progress.finish();
         Ok(())
     };
     nest(ws, tokens.into_iter(), &requests, &started, &mut body)?;
-    commit::require_writable(ws, plan, &keys)?;
+    ws.require_writable(plan, &keys)?;
     Ok(ops
         .iter()
         .zip(&frags)

@@ -8,7 +8,6 @@
 //! [`super::load`] (restores), [`super::writer`] (the snapshot writer) and
 //! [`super::registration`] (leases). The state lives in [`super::state`].
 
-use super::commit;
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::load::{self, LoadArgs, LoadStats};
 use super::receipt::UploadReceipt;
@@ -21,7 +20,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::load::PlanningLimits;
-use crate::plan::upload::{Decision, UploadOptions, UploadPlan};
+use crate::plan::upload::{UploadOptions, UploadPlan};
 use crate::runtime::RuntimeBinding;
 use crate::store::ObjectStore;
 use std::sync::Arc;
@@ -133,81 +132,6 @@ impl WeightStore {
     ) -> Result<Vec<UploadReceipt>> {
         // SAFETY: the caller upholds this function's contract, which is `upload_many`'s.
         unsafe { upload::upload_many(self, plan, placement, sources, args) }
-    }
-
-    /// Commits the upload (§4.4) and returns the published manifest.
-    ///
-    /// `on_decision_may_exist` is called right before the commit decision is
-    /// claimed: from then on the caller must keep the plan and retry `commit`
-    /// (never abort). Retryable failures (`upload decision is not complete; retry`,
-    /// `manifest put failed`, `payload is not complete`) are [`ErrorKind::Store`];
-    /// lost races are [`ErrorKind::Conflict`].
-    pub fn commit(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        on_decision_may_exist: Option<&mut dyn FnMut()>,
-    ) -> Result<StoredManifest> {
-        commit::commit(self, plan, receipts, on_decision_may_exist)
-    }
-
-    /// Aborts the upload (§4.5): records `abort` and removes every plan payload
-    /// that no published manifest references.
-    pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
-        commit::abort_upload(self, plan, receipts)
-    }
-
-    /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
-    /// removes the payloads it must not keep. Never removes a decision or manifest.
-    pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
-        commit::finalize(self, plan)
-    }
-
-    /// Reads the decision record: `None` when absent. Errors:
-    /// `upload decision existence check failed: <key>: <e>`,
-    /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
-    pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
-        commit::read_decision(self, plan)
-    }
-
-    /// The decision of this plan's transaction: `None` when absent; a decision
-    /// record of another plan fails with `upload decision belongs to another plan`
-    /// ([`ErrorKind::Conflict`]).
-    pub fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
-        commit::current_decision(self, plan)
-    }
-
-    /// Reads the published manifest of the plan's key: `None` when absent.
-    pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
-        commit::read_manifest(self, plan)
-    }
-
-    /// `require_complete_payloads`: every key present, queried in bounded chunks.
-    /// Errors: `payload existence check failed for <key>: <e>`,
-    /// `payload is not complete: <keys>` (retryable, [`ErrorKind::Store`]).
-    pub fn require_complete_payloads(&self, keys: &[&str]) -> Result<()> {
-        commit::require_complete_payloads(self, keys)
-    }
-
-    /// Removes every key (never stopping early); returns the failures.
-    pub fn remove_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
-        commit::remove_keys(self, keys)
-    }
-
-    /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the
-    /// unreferenced `cleanup_keys`) when an abort or a conflicting revision won.
-    pub fn require_writable(&self, plan: &UploadPlan, cleanup_keys: &[&str]) -> Result<()> {
-        commit::require_writable(self, plan, cleanup_keys)
-    }
-
-    /// `validate_receipts` (§3).
-    pub fn validate_receipts(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        require_complete: bool,
-    ) -> Result<()> {
-        commit::validate_receipts(plan, receipts, require_complete)
     }
 
     /// Starts a snapshot: exports the source, checks its identity, plans the upload.

@@ -6,8 +6,8 @@ use super::guards::GuardProvider;
 use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
 use super::state::{plan_upload, WeightStore};
+use super::upload;
 use super::upload::UploadArgs;
-use super::{commit, upload};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{non_empty, Placement, StoredManifest};
 use crate::plan::upload::{UploadOptions, UploadPlan};
@@ -361,7 +361,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         let mut may_exist = false;
         let result = {
             let mut cb = || may_exist = true;
-            commit::commit(self.store, &self.plan, &self.receipts, Some(&mut cb))
+            self.store.commit(&self.plan, &self.receipts, Some(&mut cb))
         };
         self.decision_may_exist |= may_exist;
         let m = result?;
@@ -390,7 +390,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         if self.receipts.is_empty() && !self.flush_attempted {
             return Ok(());
         }
-        commit::abort_upload(self.store, &self.plan, &self.receipts)
+        self.store.abort_upload(&self.plan, &self.receipts)
     }
 
     fn abort_after(&mut self, e: Error) -> Error {
