@@ -5,7 +5,7 @@
 
 use super::receipt::UploadReceipt;
 use super::state::WeightStore;
-use super::upload::{self, UploadArgs, UploadSource};
+use super::upload::{UploadArgs, UploadSource};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::upload::UploadPlan;
@@ -110,7 +110,7 @@ impl Transaction {
         let mut inner = self.inner.lock();
         inner.require_open()?;
         // SAFETY: the caller upholds `upload`'s contract (this function's contract).
-        let r = unsafe { upload::upload(&self.store, &self.plan, placement, binding, args) }?;
+        let r = unsafe { self.store.upload(&self.plan, placement, binding, args) }?;
         inner.receipts.extend(r);
         Ok(())
     }
@@ -133,7 +133,7 @@ impl Transaction {
         let mut inner = self.inner.lock();
         inner.require_open()?;
         // SAFETY: the caller upholds `upload_many`'s contract (this function's contract).
-        let r = unsafe { upload::upload_many(&self.store, &self.plan, placement, sources, args) }?;
+        let r = unsafe { self.store.upload_many(&self.plan, placement, sources, args) }?;
         inner.receipts.extend(r);
         Ok(())
     }

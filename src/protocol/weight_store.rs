@@ -10,11 +10,9 @@
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::load::{self, LoadArgs, LoadStats};
-use super::receipt::UploadReceipt;
 use super::registration::RegistrationLease;
 use super::revisions::{self, RevisionInfo};
 use super::state::{self, StoreLimits};
-use super::upload::{self, UploadArgs};
 use super::writer::{self, SnapshotAdapter, SnapshotDescriptor, SnapshotWriter};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
@@ -84,54 +82,6 @@ impl WeightStore {
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
         state::check_plan_prefix(self, plan)
-    }
-
-    /// Uploads the payloads of `binding`'s participant (only the operations of one
-    /// worker when `args.worker_id` is given) and returns their receipts in plan order.
-    ///
-    /// Every freshness check runs before any store call; errors are store errors
-    /// (`invalid source runtime binding`, `source placement ... mismatch`,
-    /// `stale source ...`, `weight upload already chose abort`, ...). A payload
-    /// failure never deletes payloads: cleanup is the caller's decision
-    /// ([`WeightStore::abort_upload`]). For a stateful front that collects receipts,
-    /// see [`super::Transaction`].
-    ///
-    /// # Safety
-    /// Every source view of `binding` (address, nbytes) must be valid for reads and
-    /// must not be written for the duration of the call; `args.guard` must pin them.
-    pub unsafe fn upload(
-        &self,
-        plan: &UploadPlan,
-        placement: &Placement,
-        binding: &RuntimeBinding,
-        args: UploadArgs<'_>,
-    ) -> Result<Vec<UploadReceipt>> {
-        // SAFETY: the caller upholds this function's contract, which is `upload`'s.
-        unsafe { upload::upload(self, plan, placement, binding, args) }
-    }
-
-    /// Uploads several participants of this process in one call: every check of
-    /// every source before any payload is
-    /// written, then one stream of put batches across all of them, with the block
-    /// checksums computed alongside the puts. Returns the receipts one
-    /// [`WeightStore::upload`] per source, in order, would return.
-    ///
-    /// Errors: those of [`WeightStore::upload`], plus [`ErrorKind::InvalidArgument`]
-    /// for a participant given twice or a lease in `args` (leases go per source).
-    /// A payload failure never deletes payloads. Thread safety: as `upload`.
-    ///
-    /// # Safety
-    /// Every source view of every binding must be valid for reads and must not be
-    /// written for the duration of the call; `args.guard` must pin those not leased.
-    pub unsafe fn upload_many(
-        &self,
-        plan: &UploadPlan,
-        placement: &Placement,
-        sources: &[upload::UploadSource<'_>],
-        args: UploadArgs<'_>,
-    ) -> Result<Vec<UploadReceipt>> {
-        // SAFETY: the caller upholds this function's contract, which is `upload_many`'s.
-        unsafe { upload::upload_many(self, plan, placement, sources, args) }
     }
 
     /// Starts a snapshot: exports the source, checks its identity, plans the upload.

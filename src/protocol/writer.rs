@@ -6,7 +6,6 @@ use super::guards::GuardProvider;
 use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
 use super::state::{plan_upload, WeightStore};
-use super::upload;
 use super::upload::UploadArgs;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{non_empty, Placement, StoredManifest};
@@ -316,7 +315,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             };
             // SAFETY: the adapter (an unsafe trait) vouches for the bindings' memory
             // while its guard pins it.
-            let r = unsafe { upload::upload(self.store, &self.plan, &self.source.placement, &binding, args) };
+            let r = unsafe { self.store.upload(&self.plan, &self.source.placement, &binding, args) };
             match r {
                 Ok(r) => {
                     let bytes: u64 = self
