@@ -13,7 +13,6 @@ use super::load::{self, LoadArgs, LoadStats};
 use super::registration::RegistrationLease;
 use super::revisions::{self, RevisionInfo};
 use super::state::{self, StoreLimits};
-use super::writer::{self, SnapshotAdapter, SnapshotDescriptor, SnapshotWriter};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::bound_load::LoadPlan;
@@ -82,38 +81,6 @@ impl WeightStore {
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
         state::check_plan_prefix(self, plan)
-    }
-
-    /// Starts a snapshot: exports the source, checks its identity, plans the upload.
-    /// No store I/O.
-    pub fn begin_snapshot<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-    ) -> Result<SnapshotWriter<'_, A>> {
-        writer::begin_snapshot(self, descriptor, adapter)
-    }
-
-    /// As [`WeightStore::begin_snapshot`], with a fixed transaction id and/or
-    /// `created_at` from `options` (namespace comes from the descriptor).
-    pub fn begin_snapshot_with<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-        options: &UploadOptions,
-    ) -> Result<SnapshotWriter<'_, A>> {
-        writer::begin_snapshot_with(self, descriptor, adapter, options)
-    }
-
-    /// Scoped snapshot: runs `body` on a new writer, then commits; if `body` fails,
-    /// aborts (unless the commit decision may exist) and returns `body`'s error.
-    pub fn snapshot<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-        body: impl FnOnce(&mut SnapshotWriter<'_, A>) -> Result<()>,
-    ) -> Result<StoredManifest> {
-        writer::snapshot(self, descriptor, adapter, body)
     }
 
     // --- restore ---------------------------------------------------------------
