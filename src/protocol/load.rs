@@ -1,6 +1,7 @@
 //! Restore: `load_manifest`, binding a logical plan to target buffers, and
 //! executing it with ranged reads straight into the target buffers
-//! (`load-path.md` §1, §4–§6).
+//! (`load-path.md` §1, §4–§6). The execution is [`WeightStore::load`], defined
+//! here as a sequence of named steps.
 
 use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
 use super::progress::{ProgressFn, ProgressPhase, Reporter};
@@ -183,61 +184,58 @@ pub struct LoadArgs<'a> {
     pub progress: Option<super::ProgressFn<'a>>,
 }
 
-/// Executes the part of `plan` that belongs to `binding`'s participant
-/// (`load-path.md` §6): checks the binding still matches the plan (`stale
-/// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
-/// manifest is the committed one, pins and registers the target buffers, then
-/// reads every range straight into them in bounded batches and checks each
-/// range's result. Nothing is registered or read before every check passed.
-///
-/// # Safety
-/// Every target view of `binding` (address, nbytes) must be valid for writes and
-/// not accessed by anyone else for the duration of the call; `args.guard` must
-/// pin them.
-pub(crate) unsafe fn load(
-    ws: &WeightStore,
-    plan: &LoadPlan,
-    binding: &RuntimeBinding,
-    args: LoadArgs<'_>,
-) -> Result<LoadStats> {
-    let options = load_options(ws, &args);
-    check_target_binding(plan, binding)?;
-    let (bi, planned) = planned_binding(plan, binding)?;
-    let ops = select_regions(plan, bi, planned, binding, args.worker_id, options.max_region_segments)?;
-    check_worker(planned, args.worker_id)?;
-    if ops.is_empty() {
-        return Ok(LoadStats::default());
-    }
-    if options.require_committed {
-        check_committed(ws, plan)?;
-    }
-    check_memory_support(ws, plan, &ops)?;
-    // How integrity errors name an object: its stored fragment (tensor, box, ids),
-    // looked up only when an error needs it.
-    let name = |key: &str| describe_object(plan, &ops, key);
-    let object_sizes = check_object_sizes(ws, plan, &ops, &name)?;
-    let verifier = super::integrity::prepare(ws, plan)?;
-    // Group by target runtime fragment (sorted by runtime id).
-    let by_target = group_by_target(plan, &ops);
-    let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
-    let mut token = pin_targets(ws, binding, &args, &by_target, &targets)?;
-    let requests = registration_requests_or_release(&targets, &mut token)?;
-    let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
-    let body = |io_started: &mut bool| {
-        *io_started = true;
-        // SAFETY: the caller upholds this function's `# Safety` contract, which is
-        // `read_regions`'s; every bound was checked above.
-        let read = unsafe { read_regions(ws, plan, &by_target, &options, &mut stats) };
-        let checked = verify_reads(ws, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
-        if checked.is_ok() {
-            stats.progress.finish();
+impl WeightStore {
+    /// Executes the part of `plan` that belongs to `binding`'s participant
+    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
+    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
+    /// manifest is the committed one, pins and registers the target buffers, then
+    /// reads every range straight into them in bounded batches and checks each
+    /// range's result. Nothing is registered or read before every check passed.
+    ///
+    /// # Safety
+    /// Every target view of `binding` (address, nbytes) must be valid for writes and
+    /// not accessed by anyone else for the duration of the call; `args.guard` must
+    /// pin them.
+    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
+        let options = load_options(self, &args);
+        check_target_binding(plan, binding)?;
+        let (bi, planned) = planned_binding(plan, binding)?;
+        let ops = select_regions(plan, bi, planned, binding, args.worker_id, options.max_region_segments)?;
+        check_worker(planned, args.worker_id)?;
+        if ops.is_empty() {
+            return Ok(LoadStats::default());
         }
-        checked
-    };
-    run_registered(ws, &requests, token, body)?;
-    let st = stats.stats;
-    log_restore(ws, plan, binding, &options, &st);
-    Ok(st)
+        if options.require_committed {
+            check_committed(self, plan)?;
+        }
+        check_memory_support(self, plan, &ops)?;
+        // How integrity errors name an object: its stored fragment (tensor, box, ids),
+        // looked up only when an error needs it.
+        let name = |key: &str| describe_object(plan, &ops, key);
+        let object_sizes = check_object_sizes(self, plan, &ops, &name)?;
+        let verifier = super::integrity::prepare(self, plan)?;
+        // Group by target runtime fragment (sorted by runtime id).
+        let by_target = group_by_target(plan, &ops);
+        let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
+        let mut token = pin_targets(self, binding, &args, &by_target, &targets)?;
+        let requests = registration_requests_or_release(&targets, &mut token)?;
+        let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
+        let body = |io_started: &mut bool| {
+            *io_started = true;
+            // SAFETY: the caller upholds this function's `# Safety` contract, which is
+            // `read_regions`'s; every bound was checked above.
+            let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats) };
+            let checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
+            if checked.is_ok() {
+                stats.progress.finish();
+            }
+            checked
+        };
+        run_registered(self, &requests, token, body)?;
+        let st = stats.stats;
+        log_restore(self, plan, binding, &options, &st);
+        Ok(st)
+    }
 }
 
 /// The execution limits of one load: the store's, and `args`' committed check.
@@ -475,9 +473,9 @@ fn start_tally<'p>(plan: &LoadPlan, ops: &[usize], progress: Option<ProgressFn<'
 /// range by range.
 ///
 /// # Safety
-/// As [`load`]: every target of `by_target` must be valid for writes and not
-/// accessed by anyone else for the duration of the call, and the regions must have
-/// been checked against the plan and the objects' sizes.
+/// As [`WeightStore::load`]: every target of `by_target` must be valid for writes
+/// and not accessed by anyone else for the duration of the call, and the regions
+/// must have been checked against the plan and the objects' sizes.
 unsafe fn read_regions(
     ws: &WeightStore,
     plan: &LoadPlan,

@@ -9,7 +9,7 @@
 //! [`super::registration`] (leases). The state lives in [`super::state`].
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::load::{self, LoadArgs, LoadStats};
+use super::load;
 use super::registration::RegistrationLease;
 use super::revisions::{self, RevisionInfo};
 use super::state::{self, StoreLimits};
@@ -132,22 +132,6 @@ impl WeightStore {
             plan.total_bytes()
         );
         Ok(plan)
-    }
-
-    /// Executes the part of `plan` that belongs to `binding`'s participant
-    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
-    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
-    /// manifest is the committed one, pins and registers the target buffers, then
-    /// reads every range straight into them in bounded batches and checks each
-    /// range's result. Nothing is registered or read before every check passed.
-    ///
-    /// # Safety
-    /// Every target view of `binding` (address, nbytes) must be valid for writes and
-    /// not accessed by anyone else for the duration of the call; `args.guard` must
-    /// pin them.
-    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
-        // SAFETY: the caller upholds this function's contract, which is `load`'s.
-        unsafe { load::load(self, plan, binding, args) }
     }
 
     // --- registration leases ---------------------------------------------------
