@@ -11,7 +11,7 @@
 
 use super::load::load_manifest_limited;
 use super::receipt::UploadReceipt;
-use super::state::{check_plan_prefix, WeightStore};
+use super::state::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::upload::{Decision, UploadPlan};
@@ -49,7 +49,7 @@ impl WeightStore {
         on_decision_may_exist: Option<&mut dyn FnMut()>,
     ) -> Result<StoredManifest> {
         self.validate_receipts(plan, receipts, true)?;
-        check_plan_prefix(self, plan)?;
+        self.check_plan_prefix(plan)?;
         let keys: Vec<&str> = receipts.iter().map(|r| r.object_key.as_str()).collect();
         if self.current_decision(plan)?.is_none() {
             self.require_complete_payloads(&keys)?;
@@ -76,7 +76,7 @@ impl WeightStore {
     /// that no published manifest references.
     pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
         self.validate_receipts(plan, receipts, false)?;
-        check_plan_prefix(self, plan)?;
+        self.check_plan_prefix(plan)?;
         let published = || -> Result<Option<StoredManifest>> {
             let m = self.read_manifest(plan)?;
             if m.as_ref() == Some(plan.manifest()) {
@@ -100,7 +100,7 @@ impl WeightStore {
     /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
     /// removes the payloads it must not keep. Never removes a decision or manifest.
     pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
-        check_plan_prefix(self, plan)?;
+        self.check_plan_prefix(plan)?;
         log::info!("recovery: finalizing upload {} of {}", plan.transaction_id(), plan.manifest().manifest_key());
         let mut decision = self.read_decision(plan)?;
         if decision.is_none() {

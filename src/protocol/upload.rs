@@ -12,7 +12,7 @@ use super::progress::{ProgressPhase, Reporter};
 use super::receipt::UploadReceipt;
 use super::registration::registration_requests;
 use super::registration::RegistrationLease;
-use super::state::{check_plan_prefix, WeightStore};
+use super::state::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Placement;
 use crate::plan::upload::{UploadOperation, UploadPlan};
@@ -74,7 +74,7 @@ fn check<'p>(
     binding: &'p RuntimeBinding,
     worker_id: Option<&str>,
 ) -> Result<Option<Vec<&'p UploadOperation>>> {
-    check_plan_prefix(ws, plan)?;
+    ws.check_plan_prefix(plan)?;
     validate_runtime_binding(placement, binding)
         .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
     let m = plan.manifest();
@@ -267,7 +267,7 @@ impl WeightStore {
             }
         }
         if sources.is_empty() {
-            check_plan_prefix(self, plan)?;
+            self.check_plan_prefix(plan)?;
         }
         let mut checked: Vec<Checked<'_>> = Vec::with_capacity(sources.len());
         for s in sources {

@@ -12,12 +12,12 @@ use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::load;
 use super::registration::RegistrationLease;
 use super::revisions::{self, RevisionInfo};
-use super::state::{self, StoreLimits};
+use super::state::StoreLimits;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::load::PlanningLimits;
-use crate::plan::upload::{UploadOptions, UploadPlan};
+use crate::plan::upload::{plan_upload, UploadOptions, UploadPlan};
 use crate::runtime::RuntimeBinding;
 use crate::store::ObjectStore;
 use std::sync::Arc;
@@ -74,13 +74,21 @@ impl WeightStore {
         bindings: &[RuntimeBinding],
         options: &UploadOptions,
     ) -> Result<UploadPlan> {
-        state::plan_upload(self, placement, bindings, options)
+        let mut o = options.clone();
+        o.key_prefix = self.key_prefix.clone();
+        plan_upload(placement, bindings, &o)
     }
 
     /// Fails unless `plan`'s keys live under this store's key prefix (a plan made
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
-        state::check_plan_prefix(self, plan)
+        let g = plan.manifest().group_id();
+        let p = &self.key_prefix;
+        if g.len() > p.len() && g.starts_with(p.as_str()) && g.as_bytes()[p.len()] == b'/' {
+            Ok(())
+        } else {
+            invalid(format!("upload plan keys ({g}) are not under this store's key prefix {p}"))
+        }
     }
 
     // --- restore ---------------------------------------------------------------

@@ -7,7 +7,7 @@
 use super::guards::GuardProvider;
 use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
-use super::state::{plan_upload, WeightStore};
+use super::state::WeightStore;
 use super::upload::UploadArgs;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{non_empty, Placement, StoredManifest};
@@ -126,7 +126,7 @@ impl WeightStore {
         }
         let mut o = options.clone();
         o.namespace = descriptor.namespace.clone();
-        let plan = plan_upload(self, p, &source.bindings, &o)?;
+        let plan = self.plan_upload(p, &source.bindings, &o)?;
         let mut op_by_pfid = HashMap::new();
         let mut required: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (i, op) in plan.operations().iter().enumerate() {
