@@ -2,8 +2,8 @@
 //! registration state. The store's API is its methods: `weight_store.rs` holds
 //! construction, configuration, the key-prefix rules every job shares, restore
 //! planning and registration leases; each job's methods are the `impl WeightStore`
-//! block of the job's own file (`upload.rs`, `commit.rs`, `load.rs`, `writer.rs`),
-//! so each job's logic lives in exactly one place. Those files take
+//! block of the job's own file (`upload.rs`, `commit.rs`, `load.rs`, `writer.rs`,
+//! `revisions.rs`), so each job's logic lives in exactly one place. Those files take
 //! the type from here, never from `weight_store.rs`.
 
 use super::registration::Registrar;

@@ -11,7 +11,6 @@
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::load;
 use super::registration::RegistrationLease;
-use super::revisions::{self, RevisionInfo};
 use super::state::StoreLimits;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
@@ -97,30 +96,6 @@ impl WeightStore {
     /// `limits().max_metadata_bytes`, see [`super::load::load_manifest_limited`]).
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
         load::load_manifest_limited(&*self.store, manifest_key, self.limits.max_metadata_bytes)
-    }
-
-    /// Every committed revision of `resource_id` in `namespace` (uploads default to
-    /// the namespace `"default"`) under this store's key prefix, oldest first: by
-    /// `(weight_generation, created_at, revision)` ([`RevisionInfo::newness`]), so
-    /// the newest is the last. Empty when there is none. Reads every manifest of the
-    /// resource; needs a store that can list its keys (the embedded stores, a vtable
-    /// store with `list`). Errors ([`super::revisions`]): [`ErrorKind::Unsupported`]
-    /// (the store cannot list), [`ErrorKind::InvalidArgument`] (empty namespace or
-    /// resource id), [`ErrorKind::InvalidManifest`] (a manifest that does not decode
-    /// or lies at another revision's key), backend errors; every message names
-    /// `resource_id`. Thread safety: any number of calls may run at once, also beside
-    /// uploads and commits (a revision committed meanwhile may or may not be listed).
-    pub fn revisions(&self, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
-        revisions::revisions(self, namespace, resource_id)
-    }
-
-    /// The newest committed revision of `resource_id` in `namespace` (the last of
-    /// [`WeightStore::revisions`]: highest weight generation, then latest
-    /// `created_at`, then greatest revision name), or `None` when there is none.
-    /// Reads only the manifests of the highest generation. Errors and thread safety
-    /// as [`WeightStore::revisions`].
-    pub fn latest_revision(&self, namespace: &str, resource_id: &str) -> Result<Option<RevisionInfo>> {
-        revisions::latest(self, namespace, resource_id)
     }
 
     /// Plans a restore (see [`LoadPlan::plan`]). Pure: no store I/O.
