@@ -2,11 +2,17 @@
 //! backend plus the configuration and registration state of the weight protocol
 //! (`docs/spec/store-protocol.md` §2).
 //!
-//! This file is the whole API of [`WeightStore`] (its one `impl` block). Each method
-//! is a thin front for the job that does the work: [`super::upload`] (payload
-//! writes), [`super::commit`] (decision record, commit, abort, finalize),
-//! [`super::load`] (restores), [`super::writer`] (the snapshot writer) and
-//! [`super::registration`] (leases). The state lives in [`super::state`].
+//! The API of [`WeightStore`] is its methods, and each job's logic lives in exactly
+//! one of them. This file holds construction and configuration, the key-prefix
+//! rules every job shares (`plan_upload`, `check_plan_prefix`), the manifest read
+//! and restore planning (`load_manifest`, `plan_load`) and the registration leases
+//! (over the store's table in [`super::registration`]), plus [`SharedLease`]. Every
+//! other job's methods are the `impl WeightStore` block of the job's own file:
+//! [`super::upload`] (`upload`, `upload_many`), [`super::commit`] (`commit`,
+//! `abort_upload`, `finalize`, the decision and manifest reads, `require_writable`,
+//! ...), [`super::load`] (`load`), [`super::writer`] (`begin_snapshot`,
+//! `begin_snapshot_with`, `snapshot`) and [`super::revisions`] (`revisions`,
+//! `latest_revision`). The state lives in [`super::state`].
 
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
 use super::load;
@@ -63,7 +69,8 @@ impl WeightStore {
         self.limits
     }
 
-    // --- snapshot: planning, payloads, the transaction -------------------------
+    // --- snapshot: planning (payloads: upload.rs; the transaction: commit.rs; the
+    // snapshot writer: writer.rs) ------------------------------------------------
 
     /// `plan_upload` with this store's key prefix (`transaction_id`/`created_at`
     /// from `options`; `options.key_prefix` is ignored). Pure: no store I/O.
@@ -90,7 +97,8 @@ impl WeightStore {
         }
     }
 
-    // --- restore ---------------------------------------------------------------
+    // --- restore: the manifest and planning (the execution: load.rs; the committed
+    // revisions: revisions.rs) -----------------------------------------------------
 
     /// Reads and strictly decodes the manifest at `manifest_key` (at most
     /// `limits().max_metadata_bytes`, see [`super::load::load_manifest_limited`]).
