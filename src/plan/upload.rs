@@ -423,7 +423,36 @@ pub fn plan_upload<'a>(
     bindings: &'a [RuntimeBinding],
     options: &UploadOptions,
 ) -> Result<UploadPlan> {
-    // Step 1: arguments (and key layout).
+    let arguments = check_arguments(placement, options)?;
+    let (ids, repeats) = pair_sources(placement, bindings)?;
+    check_dp_replicated(placement)?;
+    check_unique_source_ids(&ids, repeats)?;
+    drop(ids);
+    let (parts, tensor_of_source) = collect_sources(placement, bindings);
+    let total = tensor_of_source.len();
+    let (start, entries) = group_sources(placement.tensors(), &parts, tensor_of_source);
+    let dps = dp_coordinates(&parts);
+    let complete = complete_replicas(placement.tensors(), &parts, &start, &entries, &dps, total)?;
+    let eligible = check_generation_consistency(&complete, &entries, bindings)?;
+    // Step 7: choose the smallest eligible DP replica and its generation.
+    let (selected, generation) = eligible[0];
+    let picks = pick_sources(placement.tensors(), bindings, &parts, &entries, selected, generation, total)?;
+    drop(entries);
+    let operations = plan_operations(&picks, bindings, &arguments)?;
+    let manifest = build_manifest(placement, options, &arguments, &operations)?;
+    build_plan(placement, arguments, manifest, operations)
+}
+
+/// The checked options of one plan (step 1).
+struct Arguments {
+    keys: KeyLayout,
+    transaction_id: String,
+    created_at: String,
+}
+
+/// Step 1: arguments (and key layout): the options checked, the transaction id and
+/// creation time fixed (drawn when the options leave them open).
+fn check_arguments(placement: &Placement, options: &UploadOptions) -> Result<Arguments> {
     let keys = KeyLayout::new(
         &options.key_prefix,
         &options.namespace,
@@ -443,9 +472,14 @@ pub fn plan_upload<'a>(
         Some(c) => c.clone(),
         None => utc_now_timestamp(),
     };
-    // Step 2: pairing. Runtime fragment ids, unique within each binding (its
-    // constructor), must be unique across them too (step 4); a large input checks
-    // that on a second thread meanwhile.
+    Ok(Arguments { keys, transaction_id, created_at })
+}
+
+/// Step 2: pairing. Returns the runtime fragment ids of every binding in binding
+/// order, and whether one of them repeats. Runtime fragment ids, unique within each
+/// binding (its constructor), must be unique across them too (step 4); a large
+/// input checks that on a second thread meanwhile.
+fn pair_sources<'a>(placement: &Placement, bindings: &'a [RuntimeBinding]) -> Result<(Vec<&'a str>, bool)> {
     let ids: Vec<&str> = bindings.iter().flat_map(|b| b.fragments().iter().map(|r| r.fragment_id())).collect();
     let (paired, repeats) = crate::par::join(
         crate::par::workers(ids.len()) > 1,
@@ -453,19 +487,39 @@ pub fn plan_upload<'a>(
         || crate::fxhash::has_duplicate(ids.len(), |i| ids[i]),
     );
     paired?;
-    // Step 3: DP ownership.
+    Ok((ids, repeats))
+}
+
+/// Step 3: DP ownership.
+fn check_dp_replicated(placement: &Placement) -> Result<()> {
     if placement.tensors().iter().any(|t| t.axis(AxisKind::Dp) == Some(&ParallelAxis::Ownership(AxisKind::Dp))) {
         return invalid(
             "Weight Store upload requires replicated DP source tensors; DP-owned tensor snapshots are not supported",
         );
     }
-    // Step 4: sources. The first repeated runtime id in binding order is named.
+    Ok(())
+}
+
+/// Step 4, the ids of the sources (from [`pair_sources`]): the first repeated runtime
+/// id in binding order is named.
+fn check_unique_source_ids(ids: &[&str], repeats: bool) -> Result<()> {
     if repeats {
         let mut seen: HashSet<&str> = crate::fxhash::set_with_capacity(ids.len());
         if let Some(id) = ids.iter().find(|id| !seen.insert(id)) {
             return invalid(format!("duplicate source fragment_id: {id}"));
         }
     }
+    Ok(())
+}
+
+/// Step 4: sources. One source per fragment of every binding, in binding order:
+/// source `i` is fragment `i - first[b]` of binding `b`. Returns each binding's
+/// placement part (its fragments) and each source's tensor index, looked up in
+/// parallel; nothing else is stored per source before the replica search.
+fn collect_sources<'a>(
+    placement: &'a Placement,
+    bindings: &[RuntimeBinding],
+) -> (Vec<&'a [PlacementFragment]>, Vec<u32>) {
     // Fragment tensor ids are interned (the descriptor's own id), so the pointer
     // finds the tensor; the string is the fallback.
     let tensors = placement.tensors();
@@ -479,10 +533,6 @@ pub fn plan_upload<'a>(
                 .expect("a placement's fragments name its tensors") as u32,
         }
     };
-    drop(ids);
-    // One source per fragment of every binding, in binding order: source `i` is
-    // fragment `i - first[b]` of binding `b`. Their tensors are looked up in
-    // parallel; nothing else is stored per source before the replica search.
     let parts: Vec<&[PlacementFragment]> = bindings
         .iter()
         .map(|b| placement.part(b.participant_id()).expect("pairing checked the participant").fragments())
@@ -499,17 +549,19 @@ pub fn plan_upload<'a>(
     };
     let tis: Vec<u32> =
         crate::par::try_map(total, crate::par::workers(total), tensor_index).unwrap_or_else(|never| match never {});
-    // Pairing checked that a binding's fragments and its placement part hold the
-    // same ids in the same order.
-    let source = |e: &Entry, tensor: &'a TensorDescriptor| -> Source<'a> {
-        let b = &bindings[e.bi as usize];
-        let k = e.k as usize;
-        Source { placement: &parts[e.bi as usize][k], runtime: &b.fragments()[k], binding: b, bi: e.bi, tensor }
-    };
-    let placement_of = |e: &Entry| &parts[e.bi as usize][e.k as usize];
-    // Step 5: complete replicas. A counting sort by tensor, then a sort of each
-    // tensor's sources by (DP coordinate, owner tuple) on compact keys, puts each
-    // replica's sources of each owner in one run.
+    (parts, tis)
+}
+
+/// Step 5, the search's order: a counting sort by tensor, then a sort of each
+/// tensor's sources by (DP coordinate, owner tuple) on compact keys, puts each
+/// replica's sources of each owner in one run. Returns `start` (tensor `t`'s
+/// sources are `entries[start[t]..start[t + 1]]`) and the entries; `tis` is each
+/// source's tensor index ([`collect_sources`]).
+fn group_sources(
+    tensors: &[Arc<TensorDescriptor>],
+    parts: &[&[PlacementFragment]],
+    tis: Vec<u32>,
+) -> (Vec<u32>, Vec<Entry>) {
     let nt = tensors.len();
     let mut start = vec![0u32; nt + 1];
     for &ti in &tis {
@@ -518,7 +570,7 @@ pub fn plan_upload<'a>(
     for t in 0..nt {
         start[t + 1] += start[t];
     }
-    let mut entries = vec![Entry { dp: 0, owner: [0; 4], bi: 0, k: 0 }; total];
+    let mut entries = vec![Entry { dp: 0, owner: [0; 4], bi: 0, k: 0 }; tis.len()];
     let mut next = start.clone();
     let mut i = 0;
     for (bi, part) in parts.iter().enumerate() {
@@ -536,7 +588,12 @@ pub fn plan_upload<'a>(
     for t in 0..nt {
         entries[start[t] as usize..start[t + 1] as usize].sort_unstable_by_key(|e| (e.dp, e.owner, e.bi, e.k));
     }
-    // The DP coordinates, ascending (few; consecutive sources usually share one).
+    (start, entries)
+}
+
+/// Step 5: the DP coordinates of the sources, ascending (few; consecutive sources
+/// usually share one).
+fn dp_coordinates(parts: &[&[PlacementFragment]]) -> Vec<u64> {
     let mut dps: Vec<u64> = Vec::new();
     let mut last_dp = None;
     for p in parts.iter().flat_map(|part| part.iter()) {
@@ -548,6 +605,21 @@ pub fn plan_upload<'a>(
             last_dp = Some(dp);
         }
     }
+    dps
+}
+
+/// Step 5: complete replicas, per DP coordinate of `dps` that is one (ascending):
+/// per tensor, its chosen (smallest) owner's run of `entries`.
+fn complete_replicas(
+    tensors: &[Arc<TensorDescriptor>],
+    parts: &[&[PlacementFragment]],
+    start: &[u32],
+    entries: &[Entry],
+    dps: &[u64],
+    total: usize,
+) -> Result<Vec<Vec<(u32, u32)>>> {
+    let nt = tensors.len();
+    let placement_of = |e: &Entry| &parts[e.bi as usize][e.k as usize];
     // Per tensor and DP coordinate (ascending): whether that replica's boxes of
     // every owner cover the tensor exactly, and the run of its chosen (smallest)
     // owner. Tensors are checked in parallel; the verdicts are read below in the
@@ -560,7 +632,7 @@ pub fn plan_upload<'a>(
         let mut at = start[t] as usize;
         let end = start[t + 1] as usize;
         let mut out = Vec::with_capacity(dps.len());
-        for &dp in &dps {
+        for &dp in dps {
             let len = entries[at..end].iter().take_while(|e| e.dp == dp).count();
             let run = &entries[at..at + len];
             let mut owners = run.chunk_by(|a, b| a.owner == b.owner);
@@ -596,14 +668,27 @@ pub fn plan_upload<'a>(
         complete.push(chosen);
     }
     drop(verdicts);
-    let no_replica = || Error::invalid("source manifests have no complete generation-consistent DP replica");
     if complete.is_empty() {
         return Err(no_replica());
     }
+    Ok(complete)
+}
+
+/// The error of steps 5 and 6 when no replica is left.
+fn no_replica() -> Error {
+    Error::invalid("source manifests have no complete generation-consistent DP replica")
+}
+
+/// Step 6: generation consistency. The complete replicas whose sources share one
+/// lease generation, with it (in DP order); they must all share the same one.
+fn check_generation_consistency<'c>(
+    complete: &'c [Vec<(u32, u32)>],
+    entries: &[Entry],
+    bindings: &[RuntimeBinding],
+) -> Result<Vec<(&'c [(u32, u32)], u64)>> {
     let run = |r: (u32, u32)| &entries[r.0 as usize..r.1 as usize];
-    // Step 6: generation consistency.
     let mut eligible: Vec<(&[(u32, u32)], u64)> = Vec::new();
-    for chosen in &complete {
+    for chosen in complete {
         let mut generations = chosen.iter().flat_map(|&r| run(r)).map(|e| bindings[e.bi as usize].lease_generation());
         let first = generations.next().expect("a complete replica has sources");
         if generations.all(|g| g == first) {
@@ -616,11 +701,29 @@ pub fn plan_upload<'a>(
     if eligible.iter().any(|e| e.1 != eligible[0].1) {
         return invalid("complete source DP replicas have inconsistent lease generations");
     }
-    // Step 7.
-    let (selected, generation) = eligible[0];
-    // Step 8: one source per geometry: the smallest by rank, then worker and
-    // fragment id. Tensor indices follow tensor id order, so with each run sorted by
-    // geometry the picks come in (tensor id, offset, shape) order (steps 9-12).
+    Ok(eligible)
+}
+
+/// Step 8: one source per geometry: the smallest by rank, then worker and fragment
+/// id. Tensor indices follow tensor id order, so with each run sorted by geometry
+/// the picks come in (tensor id, offset, shape) order (steps 9-12).
+fn pick_sources<'a>(
+    tensors: &'a [Arc<TensorDescriptor>],
+    bindings: &'a [RuntimeBinding],
+    parts: &[&'a [PlacementFragment]],
+    entries: &[Entry],
+    selected: &[(u32, u32)],
+    generation: u64,
+    total: usize,
+) -> Result<Vec<Source<'a>>> {
+    let run = |r: (u32, u32)| &entries[r.0 as usize..r.1 as usize];
+    // Pairing checked that a binding's fragments and its placement part hold the
+    // same ids in the same order.
+    let source = |e: &Entry, tensor: &'a TensorDescriptor| -> Source<'a> {
+        let b = &bindings[e.bi as usize];
+        let k = e.k as usize;
+        Source { placement: &parts[e.bi as usize][k], runtime: &b.fragments()[k], binding: b, bi: e.bi, tensor }
+    };
     let rank_key = |s: &Source<'a>| {
         let r = s.placement.rank();
         (r.dp, r.pp, r.ep, r.tp, s.runtime.worker_id(), s.runtime.fragment_id())
@@ -642,10 +745,16 @@ pub fn plan_upload<'a>(
         by_geometry.dedup_by(|b, a| a.placement.as_box() == b.placement.as_box());
         Ok(by_geometry)
     };
-    let picks: Vec<Source<'a>> =
-        crate::par::try_map(nt, crate::par::workers(total), picks_of)?.into_iter().flatten().collect();
-    drop(entries);
-    // Steps 9-12.
+    Ok(crate::par::try_map(tensors.len(), crate::par::workers(total), picks_of)?.into_iter().flatten().collect())
+}
+
+/// Steps 9-10: keys, stored fragments and operations, one per pick, in pick order.
+fn plan_operations(
+    picks: &[Source<'_>],
+    bindings: &[RuntimeBinding],
+    arguments: &Arguments,
+) -> Result<Vec<UploadOperation>> {
+    let Arguments { keys, transaction_id, .. } = arguments;
     // Each binding's ids, shared by its operations.
     let shared_ids: Vec<[Arc<str>; 3]> = bindings
         .iter()
@@ -658,7 +767,7 @@ pub fn plan_upload<'a>(
         // The stored fragment shares the placement fragment's offset and shape.
         let target = StoredFragment::with_geometry(
             StoredFragmentSpec {
-                object_key: keys.payload_key(&transaction_id, &fragment_id),
+                object_key: keys.payload_key(transaction_id, &fragment_id),
                 fragment_id,
                 object_offset: 0,
                 nbytes: p.nbytes(),
@@ -680,19 +789,38 @@ pub fn plan_upload<'a>(
             lease,
         )
     };
-    let operations = crate::par::try_map(picks.len(), crate::par::workers(picks.len()), operation)?;
+    crate::par::try_map(picks.len(), crate::par::workers(picks.len()), operation)
+}
+
+/// Step 11: the manifest of the operations' targets.
+fn build_manifest(
+    placement: &Placement,
+    options: &UploadOptions,
+    arguments: &Arguments,
+    operations: &[UploadOperation],
+) -> Result<StoredManifest> {
     let fragments: Vec<StoredFragment> = operations.iter().map(|op| op.target.clone()).collect();
-    let manifest = StoredManifest::new_planned(StoredManifestSpec {
+    StoredManifest::new_planned(StoredManifestSpec {
         namespace: options.namespace.clone(),
         resource_id: placement.resource_id().to_string(),
         revision: placement.revision().to_string(),
         weight_generation: placement.weight_generation(),
-        group_id: keys.group_id().to_string(),
-        manifest_key: keys.manifest_key(),
+        group_id: arguments.keys.group_id().to_string(),
+        manifest_key: arguments.keys.manifest_key(),
         tensors: placement.tensors().to_vec(),
         fragments,
-        created_at,
-    })?;
+        created_at: arguments.created_at.clone(),
+    })
+}
+
+/// Step 12: the plan, validated, and its log record.
+fn build_plan(
+    placement: &Placement,
+    arguments: Arguments,
+    manifest: StoredManifest,
+    operations: Vec<UploadOperation>,
+) -> Result<UploadPlan> {
+    let Arguments { keys, transaction_id, .. } = arguments;
     let plan = UploadPlan {
         manifest,
         source_placement_id: placement.placement_id().to_string(),

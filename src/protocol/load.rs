@@ -1,13 +1,14 @@
 //! Restore: `load_manifest`, binding a logical plan to target buffers, and
 //! executing it with ranged reads straight into the target buffers
-//! (`load-path.md` §1, §4–§6).
+//! (`load-path.md` §1, §4–§6). The execution is [`WeightStore::load`], defined
+//! here as a sequence of named steps.
 
-use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::progress::{ProgressPhase, Reporter};
+use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
+use super::progress::{ProgressFn, ProgressPhase, Reporter};
 use super::registration::{registration_requests, RegistrationLease};
 use super::state::WeightStore;
 
-use super::integrity::{CheckLimits, Delivered};
+use super::integrity::{CheckLimits, Delivered, Verifier};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
@@ -183,34 +184,83 @@ pub struct LoadArgs<'a> {
     pub progress: Option<super::ProgressFn<'a>>,
 }
 
-/// Executes the part of `plan` that belongs to `binding`'s participant
-/// (`load-path.md` §6): checks the binding still matches the plan (`stale
-/// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
-/// manifest is the committed one, pins and registers the target buffers, then
-/// reads every range straight into them in bounded batches and checks each
-/// range's result. Nothing is registered or read before every check passed.
-///
-/// # Safety
-/// Every target view of `binding` (address, nbytes) must be valid for writes and
-/// not accessed by anyone else for the duration of the call; `args.guard` must
-/// pin them.
-pub(crate) unsafe fn load(
-    ws: &WeightStore,
-    plan: &LoadPlan,
-    binding: &RuntimeBinding,
-    args: LoadArgs<'_>,
-) -> Result<LoadStats> {
-    let options = LoadOptions {
+impl WeightStore {
+    /// Executes the part of `plan` that belongs to `binding`'s participant
+    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
+    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
+    /// manifest is the committed one, pins and registers the target buffers, then
+    /// reads every range straight into them in bounded batches and checks each
+    /// range's result. Nothing is registered or read before every check passed.
+    ///
+    /// # Safety
+    /// Every target view of `binding` (address, nbytes) must be valid for writes and
+    /// not accessed by anyone else for the duration of the call; `args.guard` must
+    /// pin them.
+    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
+        let options = load_options(self, &args);
+        check_target_binding(plan, binding)?;
+        let (bi, planned) = planned_binding(plan, binding)?;
+        let ops = select_regions(plan, bi, planned, binding, args.worker_id, options.max_region_segments)?;
+        check_worker(planned, args.worker_id)?;
+        if ops.is_empty() {
+            return Ok(LoadStats::default());
+        }
+        if options.require_committed {
+            check_committed(self, plan)?;
+        }
+        check_memory_support(self, plan, &ops)?;
+        // How integrity errors name an object: its stored fragment (tensor, box, ids),
+        // looked up only when an error needs it.
+        let name = |key: &str| describe_object(plan, &ops, key);
+        let object_sizes = check_object_sizes(self, plan, &ops, &name)?;
+        let verifier = super::integrity::prepare(self, plan)?;
+        // Group by target runtime fragment (sorted by runtime id).
+        let by_target = group_by_target(plan, &ops);
+        let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
+        let mut token = pin_targets(self, binding, &args, &by_target, &targets)?;
+        let requests = registration_requests_or_release(&targets, &mut token)?;
+        let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
+        let body = |io_started: &mut bool| {
+            *io_started = true;
+            // SAFETY: the caller upholds this function's `# Safety` contract, which is
+            // `read_regions`'s; every bound was checked above.
+            let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats) };
+            let checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
+            if checked.is_ok() {
+                stats.progress.finish();
+            }
+            checked
+        };
+        run_registered(self, &requests, token, body)?;
+        let st = stats.stats;
+        log_restore(self, plan, binding, &options, &st);
+        Ok(st)
+    }
+}
+
+/// The execution limits of one load: the store's, and `args`' committed check.
+fn load_options(ws: &WeightStore, args: &LoadArgs<'_>) -> LoadOptions {
+    LoadOptions {
         max_range_bytes: ws.limits.max_range_bytes,
         max_ranges_per_request: ws.limits.max_ranges_per_request,
         max_region_segments: ws.limits.max_region_segments,
         require_committed: !args.skip_committed_check,
         staging_bytes: ws.limits.staging_bytes,
-    };
+    }
+}
+
+/// `binding` paired with the plan's target placement (`invalid target runtime
+/// binding: <detail>`, [`ErrorKind::InvalidBinding`]).
+fn check_target_binding(plan: &LoadPlan, binding: &RuntimeBinding) -> Result<()> {
     let target = plan.logical().target();
-    validate_runtime_binding(target, binding).map_err(|e| {
-        store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message()))
-    })?;
+    validate_runtime_binding(target, binding)
+        .map_err(|e| store_err(ErrorKind::InvalidBinding, format!("invalid target runtime binding: {}", e.message())))
+}
+
+/// The plan's binding of `binding`'s participant and instance (its index and the
+/// binding as planned), under the same lease (`target executor snapshot mismatch`,
+/// [`ErrorKind::StaleBinding`]).
+fn planned_binding<'p>(plan: &'p LoadPlan, binding: &RuntimeBinding) -> Result<(usize, &'p RuntimeBinding)> {
     let bi = plan
         .bindings()
         .iter()
@@ -220,13 +270,28 @@ pub(crate) unsafe fn load(
     if planned.lease_id() != binding.lease_id() || planned.lease_generation() != binding.lease_generation() {
         return Err(store_err(ErrorKind::StaleBinding, "target executor snapshot mismatch"));
     }
+    Ok((bi, planned))
+}
+
+/// The regions (indices into `plan.regions()`) that target the planned binding
+/// `bi` (on `worker_id` when given), in plan order; each target fragment must be
+/// the one planned (`stale target fragment: <id>`) and each region within
+/// `max_region_segments`.
+fn select_regions(
+    plan: &LoadPlan,
+    bi: usize,
+    planned: &RuntimeBinding,
+    binding: &RuntimeBinding,
+    worker_id: Option<&str>,
+    max_region_segments: u64,
+) -> Result<Vec<usize>> {
     let mut ops: Vec<usize> = Vec::new();
     for (i, &(b, f)) in plan.region_targets().iter().enumerate() {
         if b as usize != bi {
             continue;
         }
         let planned_frag = &planned.fragments()[f as usize];
-        if args.worker_id.is_some_and(|w| w != planned_frag.worker_id()) {
+        if worker_id.is_some_and(|w| w != planned_frag.worker_id()) {
             continue;
         }
         match binding.fragment_for(planned_frag.placement_fragment_id()) {
@@ -240,29 +305,34 @@ pub(crate) unsafe fn load(
         }
         let r = &plan.regions()[i];
         let count = r.segment_count();
-        if count > options.max_region_segments {
+        if count > max_region_segments {
             return Err(store_err(
                 ErrorKind::LimitExceeded,
                 format!(
                     "transfer region exceeds max_region_segments: {}: {count} > {}",
                     plan.logical().source_of(r).tensor_id(),
-                    options.max_region_segments
+                    max_region_segments
                 ),
             ));
         }
         ops.push(i);
     }
-    if let Some(w) = args.worker_id {
+    Ok(ops)
+}
+
+/// A given `worker_id` must hold a fragment of the planned binding (`unknown target
+/// worker: <id>`).
+fn check_worker(planned: &RuntimeBinding, worker_id: Option<&str>) -> Result<()> {
+    if let Some(w) = worker_id {
         if !planned.fragments().iter().any(|f| f.worker_id() == w) {
             return Err(store_err(ErrorKind::InvalidArgument, format!("unknown target worker: {w}")));
         }
     }
-    if ops.is_empty() {
-        return Ok(LoadStats::default());
-    }
-    if options.require_committed {
-        check_committed(ws, plan)?;
-    }
+    Ok(())
+}
+
+/// Every target of `ops` in device memory needs a store with a device copy path.
+fn check_memory_support(ws: &WeightStore, plan: &LoadPlan, ops: &[usize]) -> Result<()> {
     if let Some(f) = ops
         .iter()
         .map(|&i| plan.target_fragment(i))
@@ -273,10 +343,30 @@ pub(crate) unsafe fn load(
             format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
         ));
     }
-    // Never trust the store: every object must be at least as long as the
-    // manifest claims before any byte is written.
+    Ok(())
+}
+
+/// How integrity errors name the object `key`: the stored fragment of the first
+/// region of `ops` it holds, else the key alone.
+fn describe_object(plan: &LoadPlan, ops: &[usize], key: &str) -> String {
+    let source = |&i: &usize| plan.logical().source_of(&plan.regions()[i]);
+    match ops.iter().map(source).find(|f| f.object_key() == key) {
+        Some(f) => super::integrity::describe(f),
+        None => format!("payload of object {key}"),
+    }
+}
+
+/// The size of every object `ops` read from (keyed by object key). Never trust the
+/// store: every object must be at least as long as the manifest claims before any
+/// byte is written.
+fn check_object_sizes<'p>(
+    ws: &WeightStore,
+    plan: &'p LoadPlan,
+    ops: &[usize],
+    name: &dyn Fn(&str) -> String,
+) -> Result<BTreeMap<&'p str, u64>> {
     let mut needed: BTreeMap<&str, u64> = BTreeMap::new();
-    for &i in &ops {
+    for &i in ops {
         let src = plan.logical().source_of(&plan.regions()[i]);
         let end = src.object_offset() + src.nbytes(); // fits: checked at decode
         let e = needed.entry(src.object_key()).or_insert(0);
@@ -287,15 +377,6 @@ pub(crate) unsafe fn load(
     if sizes.len() != keys.len() {
         return Err(store_err(ErrorKind::Store, "object_sizes returned invalid result count"));
     }
-    // How integrity errors name an object: its stored fragment (tensor, box, ids),
-    // looked up only when an error needs it.
-    let name = |key: &str| {
-        let source = |&i: &usize| plan.logical().source_of(&plan.regions()[i]);
-        match ops.iter().map(source).find(|f| f.object_key() == key) {
-            Some(f) => super::integrity::describe(f),
-            None => format!("payload of object {key}"),
-        }
-    };
     let mut object_sizes: BTreeMap<&str, u64> = BTreeMap::new();
     for ((key, end), size) in needed.iter().zip(sizes) {
         let size =
@@ -308,16 +389,32 @@ pub(crate) unsafe fn load(
         }
         object_sizes.insert(key, size);
     }
-    let verifier = super::integrity::prepare(ws, plan)?;
-    // Group by target runtime fragment (sorted by runtime id).
+    Ok(object_sizes)
+}
+
+/// The regions of `ops` grouped by target runtime fragment id (sorted).
+fn group_by_target<'p>(plan: &'p LoadPlan, ops: &[usize]) -> BTreeMap<&'p str, Vec<usize>> {
     let mut by_target: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for &i in &ops {
+    for &i in ops {
         by_target.entry(plan.target_fragment(i).fragment_id()).or_default().push(i);
     }
-    let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
-    let token = match args.lease {
+    by_target
+}
+
+/// Pins the targets for the call: through `args.lease` (which must hold them; no
+/// token: nothing to release), or through `args.guard` (required then), whose
+/// fresh binding must still hold every target (`stale target fragment: <id>`, the
+/// pin released as aborted). Returns the pin's token.
+fn pin_targets(
+    ws: &WeightStore,
+    binding: &RuntimeBinding,
+    args: &LoadArgs<'_>,
+    by_target: &BTreeMap<&str, Vec<usize>>,
+    targets: &[&RuntimeFragment],
+) -> Result<Option<Box<dyn LifetimeToken>>> {
+    Ok(match args.lease {
         Some(lease) => {
-            lease.validate(binding, &targets)?;
+            lease.validate(binding, targets)?;
             None
         }
         None => {
@@ -329,7 +426,7 @@ pub(crate) unsafe fn load(
             let transfer_id =
                 args.transfer_id.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
             let (fresh, mut token) = acquire_pin(guard, "target", &transfer_id, binding, &ids)?;
-            for t in &targets {
+            for t in targets {
                 if fresh.fragment_for(t.placement_fragment_id()) != Some(*t) {
                     let _ = token.release(TerminalState::Aborted);
                     return Err(store_err(
@@ -340,65 +437,114 @@ pub(crate) unsafe fn load(
             }
             Some(token)
         }
-    };
-    let requests = match registration_requests(&targets) {
-        Ok(r) => r,
+    })
+}
+
+/// The registration requests of `targets`; on failure the pin's `token` (if any) is
+/// released as aborted.
+fn registration_requests_or_release(
+    targets: &[&RuntimeFragment],
+    token: &mut Option<Box<dyn LifetimeToken>>,
+) -> Result<Vec<MemoryRegion>> {
+    match registration_requests(targets) {
+        Ok(r) => Ok(r),
         Err(e) => {
-            if let Some(mut token) = token {
+            if let Some(mut token) = token.take() {
                 let _ = token.release(TerminalState::Aborted);
             }
-            return Err(e);
-        }
-    };
-    let total_bytes: u64 = ops.iter().map(|&i| plan.regions()[i].total_bytes()).sum();
-    let mut stats = Tally {
-        stats: LoadStats::default(),
-        progress: Reporter::start(args.progress, ProgressPhase::Restore, total_bytes, ops.len() as u64),
-        delivered: verifier.as_ref().map(|_| Delivered::default()),
-    };
-    let body = |io_started: &mut bool| {
-        *io_started = true;
-        let read = if ws.store.supports_strided_reads() {
-            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            let r = unsafe { read_strided(&*ws.store, plan, &by_target, &mut stats) };
-            stats.strided_regions = stats.regions;
-            r
-        } else if options.staging_bytes > 0 {
-            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            unsafe { read_staged(ws, plan, &by_target, &options, &mut stats) }
-        } else {
-            // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-            let r = unsafe { read_ranges(&*ws.store, plan, &by_target, &options, &mut stats) };
-            stats.direct_regions = stats.regions;
-            r
-        };
-        let checked = match (&verifier, stats.delivered.take()) {
-            (Some(v), Some(delivered)) if read.is_ok() => {
-                let limits = CheckLimits {
-                    max_range_bytes: options.max_range_bytes,
-                    max_ranges_per_request: options.max_ranges_per_request,
-                };
-                v.check(&*ws.store, &ws.staging, delivered, &object_sizes, &name, &limits).map(|done| {
-                    stats.verified_bytes = done.bytes;
-                    stats.verify_read_bytes = done.extra_bytes;
-                })
-            }
-            _ => read,
-        };
-        if checked.is_ok() {
-            stats.progress.finish();
-        }
-        checked
-    };
-    match token {
-        Some(token) => ws.registrar.scoped(&*ws.store, &requests, token, body)?,
-        None => {
-            ws.registrar.check_unblocked()?;
-            let mut body = body;
-            body(&mut false)?
+            Err(e)
         }
     }
-    let st = stats.stats;
+}
+
+/// The statistics of a load of `ops` and its progress reporter (bytes and regions
+/// of `ops`), collecting what the reads deliver when `verify`.
+fn start_tally<'p>(plan: &LoadPlan, ops: &[usize], progress: Option<ProgressFn<'p>>, verify: bool) -> Tally<'p> {
+    let total_bytes: u64 = ops.iter().map(|&i| plan.regions()[i].total_bytes()).sum();
+    Tally {
+        stats: LoadStats::default(),
+        progress: Reporter::start(progress, ProgressPhase::Restore, total_bytes, ops.len() as u64),
+        delivered: verify.then(Delivered::default),
+    }
+}
+
+/// Reads every region of `by_target` into its target: strided where the store reads
+/// strided regions natively, else staged (when `options.staging_bytes` allows), else
+/// range by range.
+///
+/// # Safety
+/// As [`WeightStore::load`]: every target of `by_target` must be valid for writes
+/// and not accessed by anyone else for the duration of the call, and the regions
+/// must have been checked against the plan and the objects' sizes.
+unsafe fn read_regions(
+    ws: &WeightStore,
+    plan: &LoadPlan,
+    by_target: &BTreeMap<&str, Vec<usize>>,
+    options: &LoadOptions,
+    stats: &mut Tally<'_>,
+) -> Result<()> {
+    if ws.store.supports_strided_reads() {
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        let r = unsafe { read_strided(&*ws.store, plan, by_target, stats) };
+        stats.strided_regions = stats.regions;
+        r
+    } else if options.staging_bytes > 0 {
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        unsafe { read_staged(ws, plan, by_target, options, stats) }
+    } else {
+        // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
+        let r = unsafe { read_ranges(&*ws.store, plan, by_target, options, stats) };
+        stats.direct_regions = stats.regions;
+        r
+    }
+}
+
+/// After successful reads of a verified restore, checks what they delivered
+/// against the integrity record (reading the gaps of partly read blocks); else
+/// `read` as it is.
+fn verify_reads(
+    ws: &WeightStore,
+    read: Result<()>,
+    verifier: Option<&Verifier>,
+    object_sizes: &BTreeMap<&str, u64>,
+    name: &dyn Fn(&str) -> String,
+    options: &LoadOptions,
+    stats: &mut Tally<'_>,
+) -> Result<()> {
+    match (verifier, stats.delivered.take()) {
+        (Some(v), Some(delivered)) if read.is_ok() => {
+            let limits = CheckLimits {
+                max_range_bytes: options.max_range_bytes,
+                max_ranges_per_request: options.max_ranges_per_request,
+            };
+            v.check(&*ws.store, &ws.staging, delivered, object_sizes, name, &limits).map(|done| {
+                stats.verified_bytes = done.bytes;
+                stats.verify_read_bytes = done.extra_bytes;
+            })
+        }
+        _ => read,
+    }
+}
+
+/// Runs `body` (the reads): registered for the call and pinned by `token`, or, under
+/// a registration lease (no token), once no quarantined registration blocks I/O.
+fn run_registered(
+    ws: &WeightStore,
+    requests: &[MemoryRegion],
+    token: Option<Box<dyn LifetimeToken>>,
+    body: impl FnOnce(&mut bool) -> Result<()>,
+) -> Result<()> {
+    match token {
+        Some(token) => ws.registrar.scoped(&*ws.store, requests, token, body),
+        None => {
+            ws.registrar.check_unblocked()?;
+            body(&mut false)
+        }
+    }
+}
+
+/// The debug record of one restore (when debug records are on).
+fn log_restore(ws: &WeightStore, plan: &LoadPlan, binding: &RuntimeBinding, options: &LoadOptions, st: &LoadStats) {
     if log::log_enabled!(log::Level::Debug) {
         // Which request pattern each region used, and why (`docs/STORE-VTABLE.md`).
         let c = ws.store.cost();
@@ -431,7 +577,6 @@ pub(crate) unsafe fn load(
             st.staged_bytes
         );
     }
-    Ok(st)
 }
 
 /// The statistics of one load and its progress reporter, updated together: every

@@ -2,8 +2,10 @@
 //! `writer-and-snapshot.md`, `load-path.md`): everything that does I/O through a
 //! store. Keys always come from plans.
 //!
-//! - [`weight_store`]: the API of [`WeightStore`] (one `impl` block), a front for the
-//!   jobs below; [`state`]: its fields and limits.
+//! - [`weight_store`]: [`WeightStore`]'s construction, configuration, key-prefix
+//!   rules, restore planning and registration leases; each job below defines its own
+//!   `WeightStore` methods, the one place of its logic; [`state`]: its fields and
+//!   limits.
 //! - [`upload`]: payload writes of one participant; [`commit`]: the decision record,
 //!   commit, abort, finalize; [`transaction`]: [`Transaction`], the stateful front
 //!   (receipts, decision-may-exist); [`receipt`]: receipts and their JSON transport.

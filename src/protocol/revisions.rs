@@ -23,8 +23,8 @@
 //! greatest `revision` in code-point order. `(weight_generation, created_at,
 //! revision)` is a total order over the revisions of a resource (two manifests of one
 //! revision and generation share a key), so the answer never depends on the listing
-//! order. [`revisions`] returns them in that order, oldest first: the newest is the
-//! last.
+//! order. [`WeightStore::revisions`] returns them in that order, oldest first: the
+//! newest is the last.
 //!
 //! # Errors
 //!
@@ -34,6 +34,9 @@
 //! or describes another revision than its key says (the message names the key; `mws
 //! ls` shows the store), and the backend's errors. Each message names the resource
 //! asked for.
+//!
+//! The jobs are [`WeightStore::revisions`] and [`WeightStore::latest_revision`],
+//! defined here; [`revisions()`] and [`latest`] are their free-function forms.
 
 use super::load::load_manifest_limited;
 use super::state::WeightStore;
@@ -171,44 +174,68 @@ fn read(ws: &WeightStore, namespace: &str, resource_id: &str, c: &Candidate) -> 
     Ok(Some(RevisionInfo::of(&m)))
 }
 
-/// Every committed revision of `resource_id` in `namespace`, oldest first (the order
-/// of [`RevisionInfo::newness`]); empty when there is none. Reads every manifest
-/// (each bounded by `max_metadata_bytes`). Errors: see the module documentation.
-pub fn revisions(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
-    let mut out = Vec::new();
-    for c in candidates(ws, namespace, resource_id)? {
-        if let Some(info) = read(ws, namespace, resource_id, &c)? {
-            out.push(info);
+impl WeightStore {
+    /// Every committed revision of `resource_id` in `namespace` (uploads default to
+    /// the namespace `"default"`) under this store's key prefix, oldest first: by
+    /// `(weight_generation, created_at, revision)` ([`RevisionInfo::newness`]), so
+    /// the newest is the last. Empty when there is none. Reads every manifest of the
+    /// resource (each bounded by `limits().max_metadata_bytes`); needs a store that
+    /// can list its keys (the embedded stores, a vtable store with `list`). Errors
+    /// ([`super::revisions`]): [`ErrorKind::Unsupported`] (the store cannot list),
+    /// [`ErrorKind::InvalidArgument`] (empty namespace or resource id),
+    /// [`ErrorKind::InvalidManifest`] (a manifest that does not decode or lies at
+    /// another revision's key), backend errors; every message names `resource_id`.
+    /// Thread safety: any number of calls may run at once, also beside uploads and
+    /// commits (a revision committed meanwhile may or may not be listed).
+    pub fn revisions(&self, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
+        let mut out = Vec::new();
+        for c in candidates(self, namespace, resource_id)? {
+            if let Some(info) = read(self, namespace, resource_id, &c)? {
+                out.push(info);
+            }
         }
+        out.sort_by(|a, b| a.newness().cmp(&b.newness()));
+        Ok(out)
     }
-    out.sort_by(|a, b| a.newness().cmp(&b.newness()));
-    Ok(out)
+
+    /// The newest committed revision of `resource_id` in `namespace` (the last of
+    /// [`WeightStore::revisions`]: highest weight generation, then latest
+    /// `created_at`, then greatest revision name), or `None` when there is none.
+    /// Reads only the manifests of the highest generation that still has one. Errors
+    /// and thread safety as [`WeightStore::revisions`].
+    pub fn latest_revision(&self, namespace: &str, resource_id: &str) -> Result<Option<RevisionInfo>> {
+        let mut all = candidates(self, namespace, resource_id)?;
+        all.sort_by(|a, b| b.weight_generation.cmp(&a.weight_generation).then_with(|| a.key.cmp(&b.key)));
+        let mut i = 0;
+        while i < all.len() {
+            let generation = all[i].weight_generation;
+            let mut best: Option<RevisionInfo> = None;
+            while i < all.len() && all[i].weight_generation == generation {
+                if let Some(info) = read(self, namespace, resource_id, &all[i])? {
+                    if best.as_ref().is_none_or(|b| info.newness() > b.newness()) {
+                        best = Some(info);
+                    }
+                }
+                i += 1;
+            }
+            if best.is_some() {
+                return Ok(best);
+            }
+        }
+        Ok(None)
+    }
 }
 
-/// The newest committed revision of `resource_id` in `namespace` (the last of
-/// [`revisions`]), or `None` when there is none. Reads only the manifests of the
-/// highest generation that still has one. Errors: as [`revisions`], for the
-/// manifests it reads.
+/// The free-function form of [`WeightStore::revisions`] (same result, errors and
+/// thread safety), kept for callers of this public path.
+pub fn revisions(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
+    ws.revisions(namespace, resource_id)
+}
+
+/// The free-function form of [`WeightStore::latest_revision`] (same result, errors
+/// and thread safety), kept for callers of this public path.
 pub fn latest(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Option<RevisionInfo>> {
-    let mut all = candidates(ws, namespace, resource_id)?;
-    all.sort_by(|a, b| b.weight_generation.cmp(&a.weight_generation).then_with(|| a.key.cmp(&b.key)));
-    let mut i = 0;
-    while i < all.len() {
-        let generation = all[i].weight_generation;
-        let mut best: Option<RevisionInfo> = None;
-        while i < all.len() && all[i].weight_generation == generation {
-            if let Some(info) = read(ws, namespace, resource_id, &all[i])? {
-                if best.as_ref().is_none_or(|b| info.newness() > b.newness()) {
-                    best = Some(info);
-                }
-            }
-            i += 1;
-        }
-        if best.is_some() {
-            return Ok(best);
-        }
-    }
-    Ok(None)
+    ws.latest_revision(namespace, resource_id)
 }
 
 #[cfg(test)]

@@ -1,17 +1,16 @@
 //! The state of a [`WeightStore`]: its backend, key prefix, limits and
-//! registration state, plus the two rules every job shares (the store's key prefix
-//! for plans). The store's API is one `impl` block in `weight_store.rs`; the jobs
-//! (upload, commit, load, snapshot) are free functions over this state in their own
-//! files, so no module imports the API it implements.
+//! registration state. The store's API is its methods: `weight_store.rs` holds
+//! construction, configuration, the key-prefix rules every job shares, restore
+//! planning and registration leases; each job's methods are the `impl WeightStore`
+//! block of the job's own file (`upload.rs`, `commit.rs`, `load.rs`, `writer.rs`,
+//! `revisions.rs`), so each job's logic lives in exactly one place. Those files take
+//! the type from here, never from `weight_store.rs`.
 
 use super::registration::Registrar;
 use crate::error::{invalid, Result};
-use crate::model::Placement;
 use crate::plan::integrity::IntegrityRecord;
-use crate::plan::upload::{plan_upload as plan_upload_with, UploadOptions, UploadPlan};
 use crate::runtime::MemoryKind;
 use crate::runtime::MemoryRegion;
-use crate::runtime::RuntimeBinding;
 use crate::store::ObjectStore;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -212,29 +211,5 @@ impl StagingPool {
 impl std::fmt::Debug for WeightStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WeightStore").field("key_prefix", &self.key_prefix).field("limits", &self.limits).finish()
-    }
-}
-
-/// `plan_upload` with `ws`'s key prefix (see [`WeightStore::plan_upload`]).
-pub(crate) fn plan_upload(
-    ws: &WeightStore,
-    placement: &Placement,
-    bindings: &[RuntimeBinding],
-    options: &UploadOptions,
-) -> Result<UploadPlan> {
-    let mut o = options.clone();
-    o.key_prefix = ws.key_prefix.clone();
-    plan_upload_with(placement, bindings, &o)
-}
-
-/// Fails unless `plan`'s keys live under `ws`'s key prefix (see
-/// [`WeightStore::check_plan_prefix`]).
-pub(crate) fn check_plan_prefix(ws: &WeightStore, plan: &UploadPlan) -> Result<()> {
-    let g = plan.manifest().group_id();
-    let p = &ws.key_prefix;
-    if g.len() > p.len() && g.starts_with(p.as_str()) && g.as_bytes()[p.len()] == b'/' {
-        Ok(())
-    } else {
-        invalid(format!("upload plan keys ({g}) are not under this store's key prefix {p}"))
     }
 }

@@ -3,10 +3,9 @@
 //! ranks, commit (tracking whether the commit decision may exist), abort, finalize.
 //! The C handle `mws_transaction` and the Python `Transaction` are fronts for it.
 
-use super::commit;
 use super::receipt::UploadReceipt;
 use super::state::WeightStore;
-use super::upload::{self, UploadArgs, UploadSource};
+use super::upload::{UploadArgs, UploadSource};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::upload::UploadPlan;
@@ -111,7 +110,7 @@ impl Transaction {
         let mut inner = self.inner.lock();
         inner.require_open()?;
         // SAFETY: the caller upholds `upload`'s contract (this function's contract).
-        let r = unsafe { upload::upload(&self.store, &self.plan, placement, binding, args) }?;
+        let r = unsafe { self.store.upload(&self.plan, placement, binding, args) }?;
         inner.receipts.extend(r);
         Ok(())
     }
@@ -134,7 +133,7 @@ impl Transaction {
         let mut inner = self.inner.lock();
         inner.require_open()?;
         // SAFETY: the caller upholds `upload_many`'s contract (this function's contract).
-        let r = unsafe { upload::upload_many(&self.store, &self.plan, placement, sources, args) }?;
+        let r = unsafe { self.store.upload_many(&self.plan, placement, sources, args) }?;
         inner.receipts.extend(r);
         Ok(())
     }
@@ -170,7 +169,7 @@ impl Transaction {
             Phase::Aborted => Err(Error::new(ErrorKind::Conflict, "the transaction is aborted")),
             Phase::Open => {
                 let mut flag = || self.decision_may_exist.store(true, Ordering::SeqCst);
-                let m = Arc::new(commit::commit(&self.store, &self.plan, &inner.receipts, Some(&mut flag))?);
+                let m = Arc::new(self.store.commit(&self.plan, &inner.receipts, Some(&mut flag))?);
                 inner.phase = Phase::Committed(m.clone());
                 Ok(m)
             }
@@ -215,7 +214,7 @@ impl Transaction {
                 "cannot abort: the commit decision may exist; retry the commit instead",
             ));
         }
-        commit::abort_upload(&self.store, &self.plan, &inner.receipts)?;
+        self.store.abort_upload(&self.plan, &inner.receipts)?;
         inner.phase = Phase::Aborted;
         Ok(())
     }
@@ -224,6 +223,6 @@ impl Transaction {
     /// the state.
     pub fn finalize(&self) -> Result<()> {
         let _serialized = self.inner.lock();
-        commit::finalize(&self.store, &self.plan)
+        self.store.finalize(&self.plan)
     }
 }

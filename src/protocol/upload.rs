@@ -3,16 +3,16 @@
 //! `upload_many` does the same for several participants of this process in one call:
 //! every check of every binding first, then one stream of put batches across all of
 //! them (fewer, fuller batches), with the source checksums computed alongside the
-//! puts instead of in a separate pass before them.
+//! puts instead of in a separate pass before them. Both are [`WeightStore`] methods,
+//! defined here.
 
-use super::commit;
 use super::guards::{acquire_pin, GuardProvider, LifetimeToken, TerminalState};
 use super::integrity::SourceChecksums;
 use super::progress::{ProgressPhase, Reporter};
 use super::receipt::UploadReceipt;
 use super::registration::registration_requests;
 use super::registration::RegistrationLease;
-use super::state::{check_plan_prefix, WeightStore};
+use super::state::WeightStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Placement;
 use crate::plan::upload::{UploadOperation, UploadPlan};
@@ -74,7 +74,7 @@ fn check<'p>(
     binding: &'p RuntimeBinding,
     worker_id: Option<&str>,
 ) -> Result<Option<Vec<&'p UploadOperation>>> {
-    check_plan_prefix(ws, plan)?;
+    ws.check_plan_prefix(plan)?;
     validate_runtime_binding(placement, binding)
         .map_err(|e| stale(ErrorKind::InvalidBinding, format!("invalid source runtime binding: {}", e.message())))?;
     let m = plan.manifest();
@@ -197,139 +197,144 @@ fn make_ready<'p>(ws: &WeightStore, c: Checked<'p>, args: &UploadArgs<'_>) -> Re
     }
 }
 
-/// Uploads the payloads of `binding`'s participant (only the operations of one
-/// worker when `args.worker_id` is given) and returns their receipts in plan order.
-///
-/// Every freshness check runs before any store call; errors are store errors
-/// (`invalid source runtime binding`, `source placement ... mismatch`,
-/// `stale source ...`, `weight upload already chose abort`, ...). A payload
-/// failure never deletes payloads: cleanup is the caller's decision
-/// ([`WeightStore::abort_upload`]).
-///
-/// # Safety
-/// Every source view of `binding` (address, nbytes) must be valid for reads and
-/// must not be written for the duration of the call; `args.guard` must pin them.
-pub(crate) unsafe fn upload(
-    ws: &WeightStore,
-    plan: &UploadPlan,
-    placement: &Placement,
-    binding: &RuntimeBinding,
-    args: UploadArgs<'_>,
-) -> Result<Vec<UploadReceipt>> {
-    let sources = [UploadSource { binding, lease: args.lease }];
-    // SAFETY: the caller upholds `upload_many`'s contract for this one binding (this function's contract).
-    unsafe { upload_many(ws, plan, placement, &sources, UploadArgs { lease: None, ..args }) }
-}
-
-/// Uploads the payloads of several participants of this process in one call and
-/// returns their receipts: those of `sources[0]` in plan order, then `sources[1]`'s,
-/// ... — exactly what one [`upload`] per source, in order, would return. The puts of
-/// all of them go out as one stream of batches (up to `max_ranges_per_request`
-/// objects each) and the block checksums are computed while the puts run.
-///
-/// `args.worker_id`, `args.guard`, `args.transfer_id` and `args.progress` apply to
-/// every source (one progress stream for the whole call); `args.lease` must be
-/// `None` (give leases per source).
-///
-/// Every freshness check of every source (and the lease validations and pins) runs
-/// before any payload is written; on any failure before the first put, pins taken
-/// are released and nothing is written. Errors: those of [`upload`], plus
-/// [`ErrorKind::InvalidArgument`] for a participant given twice or `args.lease` set.
-/// A payload failure never deletes payloads.
-///
-/// # Safety
-/// Every source view of every binding must be valid for reads and must not be
-/// written for the duration of the call; `args.guard` must pin those not leased.
-pub(crate) unsafe fn upload_many(
-    ws: &WeightStore,
-    plan: &UploadPlan,
-    placement: &Placement,
-    sources: &[UploadSource<'_>],
-    args: UploadArgs<'_>,
-) -> Result<Vec<UploadReceipt>> {
-    if args.lease.is_some() {
-        return Err(stale(
-            ErrorKind::InvalidArgument,
-            "upload_many takes one lease per source binding, not a lease in the call's arguments".into(),
-        ));
+impl WeightStore {
+    /// Uploads the payloads of `binding`'s participant (only the operations of one
+    /// worker when `args.worker_id` is given) and returns their receipts in plan order.
+    ///
+    /// Every freshness check runs before any store call; errors are store errors
+    /// (`invalid source runtime binding`, `source placement ... mismatch`,
+    /// `stale source ...`, `weight upload already chose abort`, ...). A payload
+    /// failure never deletes payloads: cleanup is the caller's decision
+    /// ([`WeightStore::abort_upload`]). For a stateful front that collects receipts,
+    /// see [`super::Transaction`].
+    ///
+    /// # Safety
+    /// Every source view of `binding` (address, nbytes) must be valid for reads and
+    /// must not be written for the duration of the call; `args.guard` must pin them.
+    pub unsafe fn upload(
+        &self,
+        plan: &UploadPlan,
+        placement: &Placement,
+        binding: &RuntimeBinding,
+        args: UploadArgs<'_>,
+    ) -> Result<Vec<UploadReceipt>> {
+        let sources = [UploadSource { binding, lease: args.lease }];
+        // SAFETY: the caller upholds `upload_many`'s contract for this one binding (this function's contract).
+        unsafe { self.upload_many(plan, placement, &sources, UploadArgs { lease: None, ..args }) }
     }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(sources.len());
-    for s in sources {
-        if !seen.insert(s.binding.participant_id()) {
+
+    /// Uploads the payloads of several participants of this process in one call and
+    /// returns their receipts: those of `sources[0]` in plan order, then `sources[1]`'s,
+    /// ... — exactly what one [`WeightStore::upload`] per source, in order, would
+    /// return. The puts of all of them go out as one stream of batches (up to
+    /// `max_ranges_per_request` objects each) and the block checksums are computed
+    /// while the puts run.
+    ///
+    /// `args.worker_id`, `args.guard`, `args.transfer_id` and `args.progress` apply to
+    /// every source (one progress stream for the whole call); `args.lease` must be
+    /// `None` (give leases per source).
+    ///
+    /// Every freshness check of every source (and the lease validations and pins) runs
+    /// before any payload is written; on any failure before the first put, pins taken
+    /// are released and nothing is written. Errors: those of [`WeightStore::upload`],
+    /// plus [`ErrorKind::InvalidArgument`] for a participant given twice or
+    /// `args.lease` set. A payload failure never deletes payloads. Thread safety: as
+    /// [`WeightStore::upload`].
+    ///
+    /// # Safety
+    /// Every source view of every binding must be valid for reads and must not be
+    /// written for the duration of the call; `args.guard` must pin those not leased.
+    pub unsafe fn upload_many(
+        &self,
+        plan: &UploadPlan,
+        placement: &Placement,
+        sources: &[UploadSource<'_>],
+        args: UploadArgs<'_>,
+    ) -> Result<Vec<UploadReceipt>> {
+        if args.lease.is_some() {
             return Err(stale(
                 ErrorKind::InvalidArgument,
-                format!("source participant given twice: {}", s.binding.participant_id()),
+                "upload_many takes one lease per source binding, not a lease in the call's arguments".into(),
             ));
         }
-    }
-    if sources.is_empty() {
-        check_plan_prefix(ws, plan)?;
-    }
-    let mut checked: Vec<Checked<'_>> = Vec::with_capacity(sources.len());
-    for s in sources {
-        if let Some(ops) = check(ws, plan, placement, s.binding, args.worker_id)? {
-            let by_id: HashMap<&str, &RuntimeFragment> =
-                s.binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
-            let current = ops.iter().map(|o| (*by_id[o.source_snapshot().fragment_id()]).clone()).collect();
-            checked.push(Checked { binding: s.binding, lease: s.lease, ops, current });
+        let mut seen: HashSet<&str> = HashSet::with_capacity(sources.len());
+        for s in sources {
+            if !seen.insert(s.binding.participant_id()) {
+                return Err(stale(
+                    ErrorKind::InvalidArgument,
+                    format!("source participant given twice: {}", s.binding.participant_id()),
+                ));
+            }
         }
-    }
-    if checked.is_empty() {
-        return Ok(Vec::new());
-    }
-    // I/O phase.
-    commit::require_writable(ws, plan, &[])?;
-    let mut ready: Vec<Ready<'_>> = Vec::with_capacity(checked.len());
-    for c in checked {
-        match make_ready(ws, c, &args) {
-            Ok(r) => ready.push(r),
+        if sources.is_empty() {
+            self.check_plan_prefix(plan)?;
+        }
+        let mut checked: Vec<Checked<'_>> = Vec::with_capacity(sources.len());
+        for s in sources {
+            if let Some(ops) = check(self, plan, placement, s.binding, args.worker_id)? {
+                let by_id: HashMap<&str, &RuntimeFragment> =
+                    s.binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
+                let current = ops.iter().map(|o| (*by_id[o.source_snapshot().fragment_id()]).clone()).collect();
+                checked.push(Checked { binding: s.binding, lease: s.lease, ops, current });
+            }
+        }
+        if checked.is_empty() {
+            return Ok(Vec::new());
+        }
+        // I/O phase.
+        self.require_writable(plan, &[])?;
+        let mut ready: Vec<Ready<'_>> = Vec::with_capacity(checked.len());
+        for c in checked {
+            match make_ready(self, c, &args) {
+                Ok(r) => ready.push(r),
+                Err(e) => {
+                    release_all(ready);
+                    return Err(e);
+                }
+            }
+        }
+        let pinned: Vec<&RuntimeFragment> = ready.iter().filter(|r| r.token.is_some()).flat_map(|r| &r.frags).collect();
+        let requests = match registration_requests(&pinned) {
+            Ok(r) => r,
             Err(e) => {
                 release_all(ready);
                 return Err(e);
             }
+        };
+        let mut ops: Vec<&UploadOperation> = Vec::new();
+        let mut frags: Vec<RuntimeFragment> = Vec::new();
+        let mut tokens: Vec<Box<dyn LifetimeToken>> = Vec::new();
+        for r in ready {
+            ops.extend(r.ops);
+            frags.extend(r.frags);
+            tokens.extend(r.token);
         }
+        let keys: Vec<&str> = ops.iter().map(|o| o.target().object_key()).collect();
+        let started = Cell::new(false);
+        let mut checksums: Vec<Option<Vec<u32>>> = Vec::new();
+        let mut body = || -> Result<()> {
+            let total: u64 = frags.iter().map(|f| f.nbytes()).sum();
+            let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
+            // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
+            checksums = unsafe { write_payloads(self, plan, &ops, &frags, &mut progress, &started) }?;
+            self.require_complete_payloads(&keys)?;
+            progress.finish();
+            Ok(())
+        };
+        nest(self, tokens.into_iter(), &requests, &started, &mut body)?;
+        self.require_writable(plan, &keys)?;
+        Ok(ops
+            .iter()
+            .zip(&frags)
+            .zip(checksums)
+            .map(|((o, f), block_checksums)| UploadReceipt {
+                fragment_id: o.target().fragment_id().into(),
+                object_key: o.target().object_key().into(),
+                worker_id: f.worker_id().into(),
+                block_checksums,
+            })
+            .collect())
     }
-    let pinned: Vec<&RuntimeFragment> = ready.iter().filter(|r| r.token.is_some()).flat_map(|r| &r.frags).collect();
-    let requests = match registration_requests(&pinned) {
-        Ok(r) => r,
-        Err(e) => {
-            release_all(ready);
-            return Err(e);
-        }
-    };
-    let mut ops: Vec<&UploadOperation> = Vec::new();
-    let mut frags: Vec<RuntimeFragment> = Vec::new();
-    let mut tokens: Vec<Box<dyn LifetimeToken>> = Vec::new();
-    for r in ready {
-        ops.extend(r.ops);
-        frags.extend(r.frags);
-        tokens.extend(r.token);
-    }
-    let keys: Vec<&str> = ops.iter().map(|o| o.target().object_key()).collect();
-    let started = Cell::new(false);
-    let mut checksums: Vec<Option<Vec<u32>>> = Vec::new();
-    let mut body = || -> Result<()> {
-        let total: u64 = frags.iter().map(|f| f.nbytes()).sum();
-        let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
-        // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
-        checksums = unsafe { write_payloads(ws, plan, &ops, &frags, &mut progress, &started) }?;
-        commit::require_complete_payloads(ws, &keys)?;
-        progress.finish();
-        Ok(())
-    };
-    nest(ws, tokens.into_iter(), &requests, &started, &mut body)?;
-    commit::require_writable(ws, plan, &keys)?;
-    Ok(ops
-        .iter()
-        .zip(&frags)
-        .zip(checksums)
-        .map(|((o, f), block_checksums)| UploadReceipt {
-            fragment_id: o.target().fragment_id().into(),
-            object_key: o.target().object_key().into(),
-            worker_id: f.worker_id().into(),
-            block_checksums,
-        })
-        .collect())
 }
 
 /// Runs `body` inside one registration scope per pin token (outermost first); the

@@ -2,26 +2,27 @@
 //! backend plus the configuration and registration state of the weight protocol
 //! (`docs/spec/store-protocol.md` §2).
 //!
-//! This file is the whole API of [`WeightStore`] (its one `impl` block). Each method
-//! is a thin front for the job that does the work: [`super::upload`] (payload
-//! writes), [`super::commit`] (decision record, commit, abort, finalize),
-//! [`super::load`] (restores), [`super::writer`] (the snapshot writer) and
-//! [`super::registration`] (leases). The state lives in [`super::state`].
+//! The API of [`WeightStore`] is its methods, and each job's logic lives in exactly
+//! one of them. This file holds construction and configuration, the key-prefix
+//! rules every job shares (`plan_upload`, `check_plan_prefix`), the manifest read
+//! and restore planning (`load_manifest`, `plan_load`) and the registration leases
+//! (over the store's table in [`super::registration`]), plus [`SharedLease`]. Every
+//! other job's methods are the `impl WeightStore` block of the job's own file:
+//! [`super::upload`] (`upload`, `upload_many`), [`super::commit`] (`commit`,
+//! `abort_upload`, `finalize`, the decision and manifest reads, `require_writable`,
+//! ...), [`super::load`] (`load`), [`super::writer`] (`begin_snapshot`,
+//! `begin_snapshot_with`, `snapshot`) and [`super::revisions`] (`revisions`,
+//! `latest_revision`). The state lives in [`super::state`].
 
-use super::commit;
 use super::guards::{acquire_pin, GuardProvider, TerminalState};
-use super::load::{self, LoadArgs, LoadStats};
-use super::receipt::UploadReceipt;
+use super::load;
 use super::registration::RegistrationLease;
-use super::revisions::{self, RevisionInfo};
-use super::state::{self, StoreLimits};
-use super::upload::{self, UploadArgs};
-use super::writer::{self, SnapshotAdapter, SnapshotDescriptor, SnapshotWriter};
+use super::state::StoreLimits;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{Placement, StoredManifest};
 use crate::plan::bound_load::LoadPlan;
 use crate::plan::load::PlanningLimits;
-use crate::plan::upload::{Decision, UploadOptions, UploadPlan};
+use crate::plan::upload::{plan_upload, UploadOptions, UploadPlan};
 use crate::runtime::RuntimeBinding;
 use crate::store::ObjectStore;
 use std::sync::Arc;
@@ -68,7 +69,8 @@ impl WeightStore {
         self.limits
     }
 
-    // --- snapshot: planning, payloads, the transaction -------------------------
+    // --- snapshot: planning (payloads: upload.rs; the transaction: commit.rs; the
+    // snapshot writer: writer.rs) ------------------------------------------------
 
     /// `plan_upload` with this store's key prefix (`transaction_id`/`created_at`
     /// from `options`; `options.key_prefix` is ignored). Pure: no store I/O.
@@ -78,200 +80,30 @@ impl WeightStore {
         bindings: &[RuntimeBinding],
         options: &UploadOptions,
     ) -> Result<UploadPlan> {
-        state::plan_upload(self, placement, bindings, options)
+        let mut o = options.clone();
+        o.key_prefix = self.key_prefix.clone();
+        plan_upload(placement, bindings, &o)
     }
 
     /// Fails unless `plan`'s keys live under this store's key prefix (a plan made
     /// for another prefix would otherwise write where no reader of this store looks).
     pub fn check_plan_prefix(&self, plan: &UploadPlan) -> Result<()> {
-        state::check_plan_prefix(self, plan)
+        let g = plan.manifest().group_id();
+        let p = &self.key_prefix;
+        if g.len() > p.len() && g.starts_with(p.as_str()) && g.as_bytes()[p.len()] == b'/' {
+            Ok(())
+        } else {
+            invalid(format!("upload plan keys ({g}) are not under this store's key prefix {p}"))
+        }
     }
 
-    /// Uploads the payloads of `binding`'s participant (only the operations of one
-    /// worker when `args.worker_id` is given) and returns their receipts in plan order.
-    ///
-    /// Every freshness check runs before any store call; errors are store errors
-    /// (`invalid source runtime binding`, `source placement ... mismatch`,
-    /// `stale source ...`, `weight upload already chose abort`, ...). A payload
-    /// failure never deletes payloads: cleanup is the caller's decision
-    /// ([`WeightStore::abort_upload`]). For a stateful front that collects receipts,
-    /// see [`super::Transaction`].
-    ///
-    /// # Safety
-    /// Every source view of `binding` (address, nbytes) must be valid for reads and
-    /// must not be written for the duration of the call; `args.guard` must pin them.
-    pub unsafe fn upload(
-        &self,
-        plan: &UploadPlan,
-        placement: &Placement,
-        binding: &RuntimeBinding,
-        args: UploadArgs<'_>,
-    ) -> Result<Vec<UploadReceipt>> {
-        // SAFETY: the caller upholds this function's contract, which is `upload`'s.
-        unsafe { upload::upload(self, plan, placement, binding, args) }
-    }
-
-    /// Uploads several participants of this process in one call: every check of
-    /// every source before any payload is
-    /// written, then one stream of put batches across all of them, with the block
-    /// checksums computed alongside the puts. Returns the receipts one
-    /// [`WeightStore::upload`] per source, in order, would return.
-    ///
-    /// Errors: those of [`WeightStore::upload`], plus [`ErrorKind::InvalidArgument`]
-    /// for a participant given twice or a lease in `args` (leases go per source).
-    /// A payload failure never deletes payloads. Thread safety: as `upload`.
-    ///
-    /// # Safety
-    /// Every source view of every binding must be valid for reads and must not be
-    /// written for the duration of the call; `args.guard` must pin those not leased.
-    pub unsafe fn upload_many(
-        &self,
-        plan: &UploadPlan,
-        placement: &Placement,
-        sources: &[upload::UploadSource<'_>],
-        args: UploadArgs<'_>,
-    ) -> Result<Vec<UploadReceipt>> {
-        // SAFETY: the caller upholds this function's contract, which is `upload_many`'s.
-        unsafe { upload::upload_many(self, plan, placement, sources, args) }
-    }
-
-    /// Commits the upload (§4.4) and returns the published manifest.
-    ///
-    /// `on_decision_may_exist` is called right before the commit decision is
-    /// claimed: from then on the caller must keep the plan and retry `commit`
-    /// (never abort). Retryable failures (`upload decision is not complete; retry`,
-    /// `manifest put failed`, `payload is not complete`) are [`ErrorKind::Store`];
-    /// lost races are [`ErrorKind::Conflict`].
-    pub fn commit(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        on_decision_may_exist: Option<&mut dyn FnMut()>,
-    ) -> Result<StoredManifest> {
-        commit::commit(self, plan, receipts, on_decision_may_exist)
-    }
-
-    /// Aborts the upload (§4.5): records `abort` and removes every plan payload
-    /// that no published manifest references.
-    pub fn abort_upload(&self, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
-        commit::abort_upload(self, plan, receipts)
-    }
-
-    /// Idempotent recovery (§4.6): brings a transaction to its terminal state and
-    /// removes the payloads it must not keep. Never removes a decision or manifest.
-    pub fn finalize(&self, plan: &UploadPlan) -> Result<()> {
-        commit::finalize(self, plan)
-    }
-
-    /// Reads the decision record: `None` when absent. Errors:
-    /// `upload decision existence check failed: <key>: <e>`,
-    /// `invalid upload decision: <key>` ([`ErrorKind::InvalidManifest`]).
-    pub fn read_decision(&self, plan: &UploadPlan) -> Result<Option<(Decision, String)>> {
-        commit::read_decision(self, plan)
-    }
-
-    /// The decision of this plan's transaction: `None` when absent; a decision
-    /// record of another plan fails with `upload decision belongs to another plan`
-    /// ([`ErrorKind::Conflict`]).
-    pub fn current_decision(&self, plan: &UploadPlan) -> Result<Option<Decision>> {
-        commit::current_decision(self, plan)
-    }
-
-    /// Reads the published manifest of the plan's key: `None` when absent.
-    pub fn read_manifest(&self, plan: &UploadPlan) -> Result<Option<StoredManifest>> {
-        commit::read_manifest(self, plan)
-    }
-
-    /// `require_complete_payloads`: every key present, queried in bounded chunks.
-    /// Errors: `payload existence check failed for <key>: <e>`,
-    /// `payload is not complete: <keys>` (retryable, [`ErrorKind::Store`]).
-    pub fn require_complete_payloads(&self, keys: &[&str]) -> Result<()> {
-        commit::require_complete_payloads(self, keys)
-    }
-
-    /// Removes every key (never stopping early); returns the failures.
-    pub fn remove_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
-        commit::remove_keys(self, keys)
-    }
-
-    /// `require_writable(plan, cleanup_keys)` (§4.3): fails (after removing the
-    /// unreferenced `cleanup_keys`) when an abort or a conflicting revision won.
-    pub fn require_writable(&self, plan: &UploadPlan, cleanup_keys: &[&str]) -> Result<()> {
-        commit::require_writable(self, plan, cleanup_keys)
-    }
-
-    /// `validate_receipts` (§3).
-    pub fn validate_receipts(
-        &self,
-        plan: &UploadPlan,
-        receipts: &[UploadReceipt],
-        require_complete: bool,
-    ) -> Result<()> {
-        commit::validate_receipts(plan, receipts, require_complete)
-    }
-
-    /// Starts a snapshot: exports the source, checks its identity, plans the upload.
-    /// No store I/O.
-    pub fn begin_snapshot<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-    ) -> Result<SnapshotWriter<'_, A>> {
-        writer::begin_snapshot(self, descriptor, adapter)
-    }
-
-    /// As [`WeightStore::begin_snapshot`], with a fixed transaction id and/or
-    /// `created_at` from `options` (namespace comes from the descriptor).
-    pub fn begin_snapshot_with<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-        options: &UploadOptions,
-    ) -> Result<SnapshotWriter<'_, A>> {
-        writer::begin_snapshot_with(self, descriptor, adapter, options)
-    }
-
-    /// Scoped snapshot: runs `body` on a new writer, then commits; if `body` fails,
-    /// aborts (unless the commit decision may exist) and returns `body`'s error.
-    pub fn snapshot<A: SnapshotAdapter>(
-        &self,
-        descriptor: &SnapshotDescriptor,
-        adapter: A,
-        body: impl FnOnce(&mut SnapshotWriter<'_, A>) -> Result<()>,
-    ) -> Result<StoredManifest> {
-        writer::snapshot(self, descriptor, adapter, body)
-    }
-
-    // --- restore ---------------------------------------------------------------
+    // --- restore: the manifest and planning (the execution: load.rs; the committed
+    // revisions: revisions.rs) -----------------------------------------------------
 
     /// Reads and strictly decodes the manifest at `manifest_key` (at most
     /// `limits().max_metadata_bytes`, see [`super::load::load_manifest_limited`]).
     pub fn load_manifest(&self, manifest_key: &str) -> Result<StoredManifest> {
         load::load_manifest_limited(&*self.store, manifest_key, self.limits.max_metadata_bytes)
-    }
-
-    /// Every committed revision of `resource_id` in `namespace` (uploads default to
-    /// the namespace `"default"`) under this store's key prefix, oldest first: by
-    /// `(weight_generation, created_at, revision)` ([`RevisionInfo::newness`]), so
-    /// the newest is the last. Empty when there is none. Reads every manifest of the
-    /// resource; needs a store that can list its keys (the embedded stores, a vtable
-    /// store with `list`). Errors ([`super::revisions`]): [`ErrorKind::Unsupported`]
-    /// (the store cannot list), [`ErrorKind::InvalidArgument`] (empty namespace or
-    /// resource id), [`ErrorKind::InvalidManifest`] (a manifest that does not decode
-    /// or lies at another revision's key), backend errors; every message names
-    /// `resource_id`. Thread safety: any number of calls may run at once, also beside
-    /// uploads and commits (a revision committed meanwhile may or may not be listed).
-    pub fn revisions(&self, namespace: &str, resource_id: &str) -> Result<Vec<RevisionInfo>> {
-        revisions::revisions(self, namespace, resource_id)
-    }
-
-    /// The newest committed revision of `resource_id` in `namespace` (the last of
-    /// [`WeightStore::revisions`]: highest weight generation, then latest
-    /// `created_at`, then greatest revision name), or `None` when there is none.
-    /// Reads only the manifests of the highest generation. Errors and thread safety
-    /// as [`WeightStore::revisions`].
-    pub fn latest_revision(&self, namespace: &str, resource_id: &str) -> Result<Option<RevisionInfo>> {
-        revisions::latest(self, namespace, resource_id)
     }
 
     /// Plans a restore (see [`LoadPlan::plan`]). Pure: no store I/O.
@@ -291,22 +123,6 @@ impl WeightStore {
             plan.total_bytes()
         );
         Ok(plan)
-    }
-
-    /// Executes the part of `plan` that belongs to `binding`'s participant
-    /// (`load-path.md` §6): checks the binding still matches the plan (`stale
-    /// target fragment: <id>`, `target executor snapshot mismatch`), that the plan's
-    /// manifest is the committed one, pins and registers the target buffers, then
-    /// reads every range straight into them in bounded batches and checks each
-    /// range's result. Nothing is registered or read before every check passed.
-    ///
-    /// # Safety
-    /// Every target view of `binding` (address, nbytes) must be valid for writes and
-    /// not accessed by anyone else for the duration of the call; `args.guard` must
-    /// pin them.
-    pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
-        // SAFETY: the caller upholds this function's contract, which is `load`'s.
-        unsafe { load::load(self, plan, binding, args) }
     }
 
     // --- registration leases ---------------------------------------------------

@@ -1,13 +1,14 @@
 //! The snapshot writer (`writer-and-snapshot.md` §1–§3): a per-tensor API over one
 //! upload plan. Each participant is uploaded as soon as all its selected fragments
-//! were written; `commit` publishes the manifest.
+//! were written; `commit` publishes the manifest. Its entry points are the
+//! [`WeightStore`] methods defined here (`begin_snapshot`, `begin_snapshot_with`,
+//! `snapshot`).
 
 use super::guards::GuardProvider;
 use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
-use super::state::{plan_upload, WeightStore};
+use super::state::WeightStore;
 use super::upload::UploadArgs;
-use super::{commit, upload};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{non_empty, Placement, StoredManifest};
 use crate::plan::upload::{UploadOptions, UploadPlan};
@@ -95,81 +96,83 @@ fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
 }
 
-/// Starts a snapshot: exports the source, checks its identity, plans the upload.
-/// No store I/O.
-pub(crate) fn begin_snapshot<'s, A: SnapshotAdapter>(
-    ws: &'s WeightStore,
-    descriptor: &SnapshotDescriptor,
-    adapter: A,
-) -> Result<SnapshotWriter<'s, A>> {
-    begin_snapshot_with(ws, descriptor, adapter, &UploadOptions::default())
-}
-
-/// As [`WeightStore::begin_snapshot`], with a fixed transaction id and/or
-/// `created_at` from `options` (namespace comes from the descriptor).
-pub(crate) fn begin_snapshot_with<'s, A: SnapshotAdapter>(
-    ws: &'s WeightStore,
-    descriptor: &SnapshotDescriptor,
-    adapter: A,
-    options: &UploadOptions,
-) -> Result<SnapshotWriter<'s, A>> {
-    descriptor.validate()?;
-    let source = adapter.export_source(descriptor)?;
-    let p = &source.placement;
-    if p.resource_id() != descriptor.resource_id
-        || p.revision() != descriptor.revision
-        || p.weight_generation() != descriptor.weight_generation
-    {
-        return Err(store_err(ErrorKind::InvalidArgument, "snapshot identity differs from source placement"));
+impl WeightStore {
+    /// Starts a snapshot: exports the source, checks its identity, plans the upload.
+    /// No store I/O.
+    pub fn begin_snapshot<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+    ) -> Result<SnapshotWriter<'_, A>> {
+        self.begin_snapshot_with(descriptor, adapter, &UploadOptions::default())
     }
-    let mut o = options.clone();
-    o.namespace = descriptor.namespace.clone();
-    let plan = plan_upload(ws, p, &source.bindings, &o)?;
-    let mut op_by_pfid = HashMap::new();
-    let mut required: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (i, op) in plan.operations().iter().enumerate() {
-        let pfid = op.source_placement().placement_fragment_id().to_string();
-        if op_by_pfid.insert(pfid.clone(), i).is_some() {
-            return Err(store_err(ErrorKind::InvalidArgument, "snapshot plan has duplicate placement fragments"));
+
+    /// As [`WeightStore::begin_snapshot`], with a fixed transaction id and/or
+    /// `created_at` from `options` (namespace comes from the descriptor).
+    pub fn begin_snapshot_with<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        options: &UploadOptions,
+    ) -> Result<SnapshotWriter<'_, A>> {
+        descriptor.validate()?;
+        let source = adapter.export_source(descriptor)?;
+        let p = &source.placement;
+        if p.resource_id() != descriptor.resource_id
+            || p.revision() != descriptor.revision
+            || p.weight_generation() != descriptor.weight_generation
+        {
+            return Err(store_err(ErrorKind::InvalidArgument, "snapshot identity differs from source placement"));
         }
-        required.entry(op.source_participant_id().to_string()).or_default().insert(pfid);
-    }
-    let seen = required.keys().map(|k| (k.clone(), BTreeSet::new())).collect();
-    Ok(SnapshotWriter {
-        store: ws,
-        adapter,
-        source,
-        plan,
-        op_by_pfid,
-        required,
-        seen,
-        flushed: BTreeSet::new(),
-        receipts: Vec::new(),
-        closed: false,
-        committed: false,
-        decision_may_exist: false,
-        flush_attempted: false,
-        progress: None,
-        flushed_work: (0, 0),
-    })
-}
-
-/// Scoped snapshot: runs `body` on a new writer, then commits; if `body` fails,
-/// aborts (unless the commit decision may exist) and returns `body`'s error.
-pub(crate) fn snapshot<A: SnapshotAdapter>(
-    ws: &WeightStore,
-    descriptor: &SnapshotDescriptor,
-    adapter: A,
-    body: impl FnOnce(&mut SnapshotWriter<'_, A>) -> Result<()>,
-) -> Result<StoredManifest> {
-    let mut writer = begin_snapshot(ws, descriptor, adapter)?;
-    match body(&mut writer) {
-        Ok(()) => writer.commit(),
-        Err(e) => {
-            if !writer.decision_may_exist {
-                let _ = writer.abort();
+        let mut o = options.clone();
+        o.namespace = descriptor.namespace.clone();
+        let plan = self.plan_upload(p, &source.bindings, &o)?;
+        let mut op_by_pfid = HashMap::new();
+        let mut required: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (i, op) in plan.operations().iter().enumerate() {
+            let pfid = op.source_placement().placement_fragment_id().to_string();
+            if op_by_pfid.insert(pfid.clone(), i).is_some() {
+                return Err(store_err(ErrorKind::InvalidArgument, "snapshot plan has duplicate placement fragments"));
             }
-            Err(e)
+            required.entry(op.source_participant_id().to_string()).or_default().insert(pfid);
+        }
+        let seen = required.keys().map(|k| (k.clone(), BTreeSet::new())).collect();
+        Ok(SnapshotWriter {
+            store: self,
+            adapter,
+            source,
+            plan,
+            op_by_pfid,
+            required,
+            seen,
+            flushed: BTreeSet::new(),
+            receipts: Vec::new(),
+            closed: false,
+            committed: false,
+            decision_may_exist: false,
+            flush_attempted: false,
+            progress: None,
+            flushed_work: (0, 0),
+        })
+    }
+
+    /// Scoped snapshot: runs `body` on a new writer, then commits; if `body` fails,
+    /// aborts (unless the commit decision may exist) and returns `body`'s error.
+    pub fn snapshot<A: SnapshotAdapter>(
+        &self,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        body: impl FnOnce(&mut SnapshotWriter<'_, A>) -> Result<()>,
+    ) -> Result<StoredManifest> {
+        let mut writer = self.begin_snapshot(descriptor, adapter)?;
+        match body(&mut writer) {
+            Ok(()) => writer.commit(),
+            Err(e) => {
+                if !writer.decision_may_exist {
+                    let _ = writer.abort();
+                }
+                Err(e)
+            }
         }
     }
 }
@@ -316,7 +319,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             };
             // SAFETY: the adapter (an unsafe trait) vouches for the bindings' memory
             // while its guard pins it.
-            let r = unsafe { upload::upload(self.store, &self.plan, &self.source.placement, &binding, args) };
+            let r = unsafe { self.store.upload(&self.plan, &self.source.placement, &binding, args) };
             match r {
                 Ok(r) => {
                     let bytes: u64 = self
@@ -361,7 +364,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         let mut may_exist = false;
         let result = {
             let mut cb = || may_exist = true;
-            commit::commit(self.store, &self.plan, &self.receipts, Some(&mut cb))
+            self.store.commit(&self.plan, &self.receipts, Some(&mut cb))
         };
         self.decision_may_exist |= may_exist;
         let m = result?;
@@ -390,7 +393,7 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         if self.receipts.is_empty() && !self.flush_attempted {
             return Ok(());
         }
-        commit::abort_upload(self.store, &self.plan, &self.receipts)
+        self.store.abort_upload(&self.plan, &self.receipts)
     }
 
     fn abort_after(&mut self, e: Error) -> Error {

@@ -1,9 +1,20 @@
-//! Memory the library borrows: a region of host or device memory, and the copy hook
+//! Memory the library borrows: where a buffer lives (host or device), a region of
+//! host or device memory, and the copy hook
 //! that moves bytes between device and host memory for backends and engines that
 //! cannot touch device memory themselves.
 
-use super::MemoryKind;
 use crate::error::Result;
+
+/// Where a runtime buffer lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host (CPU) memory: embedded backends copy it directly.
+    #[default]
+    Host,
+    /// Device memory on accelerator `ordinal`: needs a copy hook or a
+    /// device-capable backend.
+    Device(u32),
+}
 
 /// A borrowed memory range: `len` bytes at `address` in host memory or on a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
