@@ -32,9 +32,8 @@ use std::sync::Arc;
 /// (a mutex), so it may be shared between threads, but the adapter callbacks then run
 /// on whichever thread calls.
 pub struct mws_writer {
-    // Declared first: dropped (aborting an open writer) before the store it borrows.
+    /// The writer, sharing its store (it keeps the store alive).
     pub(crate) inner: Mutex<SnapshotWriter<'static, CAdapter>>,
-    pub(crate) _store: Arc<WeightStore>,
 }
 
 impl Handle for mws_writer {}
@@ -91,12 +90,8 @@ pub unsafe extern "C" fn mws_writer_new(
             o.transaction_id = c.opt_str(opts.transaction_id, "options->transaction_id")?.map(str::to_owned);
             o.created_at = c.opt_str(opts.created_at, "options->created_at")?.map(str::to_owned);
         }
-        let ws = s.ws.clone();
-        let w = ws.begin_snapshot_with(&descriptor, CAdapter { vt, ctx: Ctx(ctx) }, &o)?;
-        // SAFETY: the writer borrows the WeightStore inside `ws`, an Arc the handle
-        // keeps (declared after `inner`, so dropped after the writer).
-        let w: SnapshotWriter<'static, CAdapter> = unsafe { std::mem::transmute(w) };
-        out.give_handle(mws_writer { inner: Mutex::new(w), _store: ws })
+        let w = WeightStore::begin_shared_snapshot(s.ws.clone(), &descriptor, CAdapter { vt, ctx: Ctx(ctx) }, &o)?;
+        out.give_handle(mws_writer { inner: Mutex::new(w) })
     })
 }
 

@@ -74,7 +74,7 @@ pub unsafe trait SnapshotAdapter {
 /// (unless the commit decision may exist, in which case the plan's transaction is
 /// left for `commit` retry or `finalize`).
 pub struct SnapshotWriter<'s, A: SnapshotAdapter> {
-    store: &'s WeightStore,
+    store: StoreRef<'s>,
     adapter: A,
     source: SnapshotSource,
     plan: UploadPlan,
@@ -90,6 +90,24 @@ pub struct SnapshotWriter<'s, A: SnapshotAdapter> {
     progress: Option<Box<dyn Fn(&Progress) + Send + Sync + 's>>,
     /// (bytes, objects) of the participants flushed so far.
     flushed_work: (u64, u64),
+}
+
+/// The store a writer writes to: borrowed ([`WeightStore::begin_snapshot`]) or shared
+/// with the writer ([`WeightStore::begin_shared_snapshot`], a writer that owns its
+/// store: a C handle, a writer kept across calls).
+enum StoreRef<'s> {
+    Borrowed(&'s WeightStore),
+    Shared(Arc<WeightStore>),
+}
+
+impl std::ops::Deref for StoreRef<'_> {
+    type Target = WeightStore;
+    fn deref(&self) -> &WeightStore {
+        match self {
+            StoreRef::Borrowed(s) => s,
+            StoreRef::Shared(s) => s,
+        }
+    }
 }
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
@@ -115,6 +133,27 @@ impl WeightStore {
         adapter: A,
         options: &UploadOptions,
     ) -> Result<SnapshotWriter<'_, A>> {
+        Self::begin(StoreRef::Borrowed(self), descriptor, adapter, options)
+    }
+
+    /// As [`WeightStore::begin_snapshot_with`], for a writer that shares the store
+    /// (it holds `store` until it is dropped), so that it can live as long as its
+    /// owner wants: a C writer handle, a writer kept across calls.
+    pub fn begin_shared_snapshot<A: SnapshotAdapter>(
+        store: Arc<WeightStore>,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        options: &UploadOptions,
+    ) -> Result<SnapshotWriter<'static, A>> {
+        Self::begin(StoreRef::Shared(store), descriptor, adapter, options)
+    }
+
+    fn begin<'s, A: SnapshotAdapter>(
+        store: StoreRef<'s>,
+        descriptor: &SnapshotDescriptor,
+        adapter: A,
+        options: &UploadOptions,
+    ) -> Result<SnapshotWriter<'s, A>> {
         descriptor.validate()?;
         let source = adapter.export_source(descriptor)?;
         let p = &source.placement;
@@ -126,7 +165,7 @@ impl WeightStore {
         }
         let mut o = options.clone();
         o.namespace = descriptor.namespace.clone();
-        let plan = self.plan_upload(p, &source.bindings, &o)?;
+        let plan = store.plan_upload(p, &source.bindings, &o)?;
         let mut op_by_pfid = HashMap::new();
         let mut required: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (i, op) in plan.operations().iter().enumerate() {
@@ -138,7 +177,7 @@ impl WeightStore {
         }
         let seen = required.keys().map(|k| (k.clone(), BTreeSet::new())).collect();
         Ok(SnapshotWriter {
-            store: self,
+            store,
             adapter,
             source,
             plan,
