@@ -20,8 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
+#include "support/callback_engine.hpp"
 #include "support/mws_model.hpp"
 
 using namespace mwsmodel;
@@ -40,60 +39,6 @@ void require(bool ok, const char *what) {
     if (!ok) throw std::runtime_error(std::string("check failed: ") + what);
 }
 
-// An engine in C callbacks whose copies can be held up: while `hold_us` is non-zero,
-// each batch says it entered, then sleeps that long before copying.
-struct Engine {
-    std::atomic<std::uint32_t> hold_us{0};
-    std::atomic<bool> entered{false};
-    std::atomic<mws_loader *> free_in_callback{nullptr};
-    std::mutex mu;
-    std::map<std::uint64_t, std::uint64_t> regions;
-
-    static Engine &of(void *ctx) { return *static_cast<Engine *>(ctx); }
-    static std::uint64_t get_engine_id(void *) noexcept { return 77; }
-    static std::int32_t register_memory(void *ctx, std::uint64_t a, std::uint64_t n, std::int32_t) noexcept {
-        std::lock_guard<std::mutex> g(of(ctx).mu);
-        return of(ctx).regions.emplace(a, n).second ? 0 : -2;
-    }
-    static std::int32_t unregister_memory(void *ctx, std::uint64_t a) noexcept {
-        std::lock_guard<std::mutex> g(of(ctx).mu);
-        return of(ctx).regions.erase(a) == 1 ? 0 : -3;
-    }
-    static std::int32_t copy(void *ctx, bool write, const std::uint64_t *local, const std::uint64_t *remote,
-                             const std::uint64_t *sizes, std::size_t n) noexcept {
-        Engine &e = of(ctx);
-        if (mws_loader *l = e.free_in_callback.exchange(nullptr)) mws_loader_free(l);
-        if (std::uint32_t us = e.hold_us.load()) {
-            e.entered.store(true);
-            std::this_thread::sleep_for(std::chrono::microseconds(us));
-        }
-        for (std::size_t i = 0; i < n; ++i) {
-            std::uint64_t src = write ? local[i] : remote[i], dst = write ? remote[i] : local[i];
-            std::memcpy(reinterpret_cast<void *>(static_cast<std::uintptr_t>(dst)),
-                        reinterpret_cast<const void *>(static_cast<std::uintptr_t>(src)), sizes[i]);
-        }
-        return 0;
-    }
-    static std::int32_t sync_write(void *ctx, mws_bytes, const std::uint64_t *l, const std::uint64_t *r,
-                                   const std::uint64_t *s, std::size_t n) noexcept {
-        return copy(ctx, true, l, r, s, n);
-    }
-    static std::int32_t sync_read(void *ctx, mws_bytes, const std::uint64_t *l, const std::uint64_t *r,
-                                  const std::uint64_t *s, std::size_t n) noexcept {
-        return copy(ctx, false, l, r, s, n);
-    }
-    mws::TransferEngine open() {
-        mws_transfer_engine_vtable vt{};
-        vt.size = sizeof vt;
-        vt.version = MWS_TRANSFER_ENGINE_VTABLE_VERSION;
-        vt.get_engine_id = &get_engine_id;
-        vt.register_memory = &register_memory;
-        vt.unregister_memory = &unregister_memory;
-        vt.batch_transfer_sync_write = &sync_write;
-        vt.batch_transfer_sync_read = &sync_read;
-        return mws::TransferEngine::from_vtable(vt, this);
-    }
-};
 
 struct Setup {
     std::vector<TensorDef> defs = model_tensors(1, 16, 0, 1);
@@ -131,7 +76,7 @@ mws_status step(mws_prepared_transfer *p, std::uint64_t generation) {
 int main() {
     try {
         Setup s;
-        Engine native;
+        CallbackEngine native;
         mws::TransferEngine engine = native.open();
         for (const auto &b : s.src.buffers) engine.register_memory(b.second.data(), b.second.size());
         mws::Loader loader(engine);
@@ -200,14 +145,15 @@ int main() {
             for (auto &b : s.dst.buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
             mws_loader *raw = nullptr;
             require(mws_loader_new(engine.get(), nullptr, &raw) == MWS_OK, "loader");
-            native.free_in_callback = raw;
+            native.once_arg = raw;
+            native.once = [](void *l) { mws_loader_free(static_cast<mws_loader *>(l)); };
             std::vector<const mws_binding *> sources = source_handles(s);
             mws_live_args args{};
             mws_transfer_stats stats{};
             mws_status st = mws_loader_load_live(raw, s.plan.get(), s.src.placement.get(), sources.data(),
                                                  sources.size(), s.dst.placement.get(), s.dst.bindings[0].get(),
                                                  &args, &stats);
-            require(native.free_in_callback.load() == nullptr, "the callback freed the loader");
+            require(native.once.load() == nullptr, "the callback freed the loader");
             require(st == MWS_OK, "the load whose loader was freed inside it completed");
             s.dst.verify();
             std::printf("free inside a call: deferred to its end\n");

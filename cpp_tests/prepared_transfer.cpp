@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
+#include "support/callback_engine.hpp"
 #include "support/mws_model.hpp"
 
 using namespace mwsmodel;
@@ -35,72 +36,6 @@ namespace {
 void require(bool ok, const char *what) {
     if (!ok) throw std::runtime_error(std::string("check failed: ") + what);
 }
-
-// ---- an engine in C callbacks ------------------------------------------------------
-
-struct Engine {
-    std::atomic<std::uint64_t> id{4242};
-    std::atomic<int> fail_batches{0};  // non-zero: legacy batches return this code
-    std::atomic<std::uint64_t> batches{0};
-    std::mutex mu;
-    std::map<std::uint64_t, std::uint64_t> regions;  // address -> length
-
-    bool covered(std::uint64_t a, std::uint64_t n) {
-        auto it = regions.upper_bound(a);
-        if (it == regions.begin()) return false;
-        --it;
-        return a + n <= it->first + it->second;
-    }
-    static Engine &of(void *ctx) { return *static_cast<Engine *>(ctx); }
-    static std::uint64_t get_engine_id(void *ctx) noexcept { return of(ctx).id.load(); }
-    static std::int32_t register_memory(void *ctx, std::uint64_t a, std::uint64_t n, std::int32_t) noexcept {
-        Engine &e = of(ctx);
-        std::lock_guard<std::mutex> g(e.mu);
-        return e.regions.emplace(a, n).second ? 0 : -2;
-    }
-    static std::int32_t unregister_memory(void *ctx, std::uint64_t a) noexcept {
-        Engine &e = of(ctx);
-        std::lock_guard<std::mutex> g(e.mu);
-        return e.regions.erase(a) == 1 ? 0 : -3;
-    }
-    // Write: local = sources, remote = targets; read: local = targets, remote = sources.
-    static std::int32_t copy(void *ctx, bool write, const std::uint64_t *local, const std::uint64_t *remote,
-                             const std::uint64_t *sizes, std::size_t n) noexcept {
-        Engine &e = of(ctx);
-        e.batches += 1;
-        if (int code = e.fail_batches.load()) return code;
-        std::lock_guard<std::mutex> g(e.mu);
-        for (std::size_t i = 0; i < n; ++i) {
-            std::uint64_t src = write ? local[i] : remote[i], dst = write ? remote[i] : local[i];
-            if (!e.covered(src, sizes[i]) || !e.covered(dst, sizes[i])) return -1;
-        }
-        for (std::size_t i = 0; i < n; ++i) {
-            std::uint64_t src = write ? local[i] : remote[i], dst = write ? remote[i] : local[i];
-            std::memcpy(reinterpret_cast<void *>(static_cast<std::uintptr_t>(dst)),
-                        reinterpret_cast<const void *>(static_cast<std::uintptr_t>(src)), sizes[i]);
-        }
-        return 0;
-    }
-    static std::int32_t sync_write(void *ctx, mws_bytes, const std::uint64_t *l, const std::uint64_t *r,
-                                   const std::uint64_t *s, std::size_t n) noexcept {
-        return copy(ctx, true, l, r, s, n);
-    }
-    static std::int32_t sync_read(void *ctx, mws_bytes, const std::uint64_t *l, const std::uint64_t *r,
-                                  const std::uint64_t *s, std::size_t n) noexcept {
-        return copy(ctx, false, l, r, s, n);
-    }
-    mws::TransferEngine open() {
-        mws_transfer_engine_vtable vt{};
-        vt.size = sizeof vt;
-        vt.version = MWS_TRANSFER_ENGINE_VTABLE_VERSION;
-        vt.get_engine_id = &get_engine_id;
-        vt.register_memory = &register_memory;
-        vt.unregister_memory = &unregister_memory;
-        vt.batch_transfer_sync_write = &sync_write;
-        vt.batch_transfer_sync_read = &sync_read;
-        return mws::TransferEngine::from_vtable(vt, this);
-    }
-};
 
 // ---- an allocation guard in C callbacks ------------------------------------------------
 
@@ -232,7 +167,7 @@ int main() {
         mws::TransferPlan plan = mws::TransferPlan::plan(src.placement, dst.placement)
                                      .bind(dst.binding_ptrs(), src.binding_ptrs());
 
-        Engine native;
+        CallbackEngine native;
         mws::TransferEngine engine = native.open();
         Guard guard;
         mws_guard_vtable gvt{};

@@ -36,6 +36,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_module_cycles import resolve_path  # noqa: E402  (the same path resolution)
+
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ["layer", "folder", "holds", "may use"]
 
@@ -285,20 +288,9 @@ def real_arrows(src):
     names, globs = root_reexports(texts[()], modules)
 
     def resolve(mod, path):
-        segs = path.split("::")
-        if segs[0] == "crate":
-            base, segs = [], segs[1:]
-        else:
-            # A file `a/b.rs` (module a::b) is the scope of its own items; `super` is `a`.
-            base = list(mod)
-            while segs and segs[0] in ("super", "self"):
-                if segs[0] == "super":
-                    base = base[:-1]
-                segs = segs[1:]
-        full = base + segs
-        for k in range(len(full), 0, -1):
-            if tuple(full[:k]) in modules:
-                return tuple(full[:k])
+        found, base, segs = resolve_path(modules, mod, path)
+        if found is not None:
+            return found
         # The crate root: a re-exported name, or a name of a glob re-export.
         if not base and segs and segs[0] not in test_names:
             if segs[0] in names:

@@ -36,6 +36,28 @@ def strip_comments(text):
     return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
 
 
+def resolve_path(modules, mod, path):
+    """(module, base, segs) for a `crate::`/`super::`/`self::` path used in module `mod`:
+    the longest prefix of the absolute path that is one of `modules` (None when none
+    is), the module the path starts from (empty: the crate root) and the segments after
+    it."""
+    segs = path.split("::")
+    if segs[0] == "crate":
+        base, segs = [], segs[1:]
+    else:
+        base = list(mod)
+        # A file `a/b.rs` (module a::b) is the scope of its own items; `super` is `a`.
+        while segs and segs[0] in ("super", "self"):
+            if segs[0] == "super":
+                base = base[:-1]
+            segs = segs[1:]
+    full = base + segs
+    for n in range(len(full), 0, -1):
+        if tuple(full[:n]) in modules:
+            return tuple(full[:n]), base, segs
+    return None, base, segs
+
+
 def rust_graph(src):
     """(modules, edges): edges[m] maps each imported module to a note (unused: "")."""
     modules = {}
@@ -49,21 +71,7 @@ def rust_graph(src):
         modules[tuple(parts)] = f
 
     def resolve(mod, path):
-        segs = path.split("::")
-        if segs[0] == "crate":
-            base, segs = [], segs[1:]
-        else:
-            base = list(mod)
-            # A file `a/b.rs` (module a::b) is the scope of its own items; `super` is `a`.
-            while segs and segs[0] in ("super", "self"):
-                if segs[0] == "super":
-                    base = base[:-1]
-                segs = segs[1:]
-        full = base + segs
-        for n in range(len(full), 0, -1):
-            if tuple(full[:n]) in modules:
-                return tuple(full[:n])
-        return None
+        return resolve_path(modules, mod, path)[0]
 
     edges = {m: {} for m in modules}
     for mod, f in modules.items():

@@ -54,6 +54,7 @@ mod calls;
 mod engine;
 mod io_args;
 mod lease;
+#[macro_use]
 mod live;
 mod load_plan;
 mod loader;

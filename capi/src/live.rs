@@ -266,6 +266,27 @@ pub(crate) trait LiveObject: Handle {
     fn report(&self) -> &LastReport;
 }
 
+/// Implements [`LiveObject`] for a handle type holding the core object as `inner` (a
+/// `Loader` or `Sink`, whose accessors are the same) and its report view as `report`.
+macro_rules! live_object {
+    ($t:ty) => {
+        impl $crate::live::LiveObject for $t {
+            fn cancel_token(&self) -> &mws::protocol::transfer::CancelToken {
+                self.inner.cancel_token()
+            }
+            fn set_progress(&self, progress: Option<mws::protocol::transfer::ProgressCallback>) {
+                self.inner.set_progress(progress)
+            }
+            fn stats(&self) -> mws::protocol::transfer::TransferStats {
+                self.inner.stats()
+            }
+            fn report(&self) -> &$crate::live::LastReport {
+                &self.report
+            }
+        }
+    };
+}
+
 /// `mws_*_cancel` (`on`) and `mws_*_reset_cancel`: NULL does nothing.
 pub(crate) fn cancel(object: Option<&impl LiveObject>, on: bool) -> FfiResult<()> {
     if let Some(o) = object {

@@ -7,14 +7,14 @@ use crate::boundary::mws_status;
 use crate::callbacks::progress::mws_progress_fn;
 use crate::engine::mws_transfer_engine;
 use crate::io_args::{mws_io_args, with_load_args};
-use crate::live::{self, LastReport, LiveObject};
+use crate::live::{self, LastReport};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::{CancelToken, Loader, ProgressCallback, StoredPrepareArgs, TransferStats};
+use mws::protocol::transfer::{Loader, StoredPrepareArgs};
 use std::ffi::c_void;
 
 /// Fills the buffers of one target participant, from a stored revision
@@ -33,20 +33,7 @@ pub struct mws_loader {
 
 handle!(mws_loader);
 
-impl LiveObject for mws_loader {
-    fn cancel_token(&self) -> &CancelToken {
-        self.inner.cancel_token()
-    }
-    fn set_progress(&self, progress: Option<ProgressCallback>) {
-        self.inner.set_progress(progress)
-    }
-    fn stats(&self) -> TransferStats {
-        self.inner.stats()
-    }
-    fn report(&self) -> &LastReport {
-        &self.report
-    }
-}
+live_object!(mws_loader);
 
 /// Creates a loader on `engine` with `limits` (NULL: defaults). New handle in `*out`.
 ///

@@ -6,14 +6,14 @@ use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::{mws_status, FfiResult};
 use crate::callbacks::progress::mws_progress_fn;
 use crate::engine::mws_transfer_engine;
-use crate::live::{self, LastReport, LiveObject};
+use crate::live::{self, LastReport};
 use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws_live_report, mws_transfer_stats};
 use crate::notify::key_arg;
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::plan::transfer_bind::TransferPlan;
-use mws::protocol::transfer::{CancelToken, LiveArgs, ProgressCallback, Sink, TransferStats};
+use mws::protocol::transfer::{LiveArgs, Sink};
 use mws::runtime::RuntimeBinding;
 use mws::Placement;
 use std::ffi::c_void;
@@ -28,20 +28,7 @@ pub struct mws_sink {
 
 handle!(mws_sink);
 
-impl LiveObject for mws_sink {
-    fn cancel_token(&self) -> &CancelToken {
-        self.inner.cancel_token()
-    }
-    fn set_progress(&self, progress: Option<ProgressCallback>) {
-        self.inner.set_progress(progress)
-    }
-    fn stats(&self) -> TransferStats {
-        self.inner.stats()
-    }
-    fn report(&self) -> &LastReport {
-        &self.report
-    }
-}
+live_object!(mws_sink);
 
 /// Creates a sink on `engine` with `limits` (NULL: defaults). New handle in `*out`.
 ///
