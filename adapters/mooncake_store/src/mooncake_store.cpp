@@ -3,6 +3,7 @@
 // is described in include/mooncake_weight_store/mooncake_store.hpp and
 // docs/STORE-VTABLE.md.
 #include "mooncake_weight_store/mooncake_store.hpp"
+#include "mooncake_weight_store/range_batches.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -172,61 +173,12 @@ int32_t cb_batch_put_from(void *ctx, const mws_put_item *items, size_t n, uint32
 int32_t cb_get_into_ranges(void *ctx, const mws_range_item *items, size_t n, int64_t *results) noexcept {
     return guarded<int32_t>([&] {
         Impl &s = I(ctx);
-        // Buffer-major: buffers in order of first appearance, then keys in order of
-        // first appearance within a buffer; each (buffer, key) keeps its items' order.
-        struct PerKey {
-            std::string key;
-            std::vector<size_t> items;
-        };
-        std::vector<std::pair<uint64_t, std::vector<PerKey>>> buffers;
-        std::map<uint64_t, size_t> buffer_at;
-        std::map<std::pair<size_t, std::string>, size_t> key_at;
-        for (size_t i = 0; i < n; ++i) {
-            const mws_range_item &it = items[i];
-            if (it.memory_kind != MWS_MEMORY_HOST || it.dest_address < it.buffer_address) {
-                results[i] = INVALID_PARAMS;
-                continue;
-            }
-            auto b = buffer_at.emplace(it.buffer_address, buffers.size());
-            if (b.second) buffers.push_back({it.buffer_address, {}});
-            auto &keys = buffers[b.first->second].second;
-            auto k = key_at.emplace(std::make_pair(b.first->second, str(it.key)), keys.size());
-            if (k.second) keys.push_back({str(it.key), {}});
-            keys[k.first->second].items.push_back(i);
-        }
-        if (buffers.empty()) return OK;
-        std::vector<void *> ptrs;
-        std::vector<std::vector<std::string>> keys;
-        std::vector<std::vector<std::vector<size_t>>> dsts, srcs, sizes;
-        for (const auto &b : buffers) {
-            ptrs.push_back(ptr_of(b.first));
-            keys.emplace_back();
-            dsts.emplace_back();
-            srcs.emplace_back();
-            sizes.emplace_back();
-            for (const PerKey &pk : b.second) {
-                keys.back().push_back(pk.key);
-                dsts.back().emplace_back();
-                srcs.back().emplace_back();
-                sizes.back().emplace_back();
-                for (size_t i : pk.items) {
-                    dsts.back().back().push_back(static_cast<size_t>(items[i].dest_address - b.first));
-                    srcs.back().back().push_back(static_cast<size_t>(items[i].object_offset));
-                    sizes.back().back().push_back(static_cast<size_t>(items[i].len));
-                }
-            }
-        }
+        RangeBatches rb = RangeBatches::of(items, n, results, INVALID_PARAMS);
+        if (rb.ptrs.empty()) return OK;
         s.range_calls.fetch_add(1, std::memory_order_relaxed);
         s.ranges.fetch_add(n, std::memory_order_relaxed);
-        auto out = s.c().get_into_ranges(ptrs, keys, dsts, srcs, sizes);
-        for (size_t b = 0; b < buffers.size(); ++b)
-            for (size_t k = 0; k < buffers[b].second.size(); ++k) {
-                const auto &idx = buffers[b].second[k].items;
-                for (size_t r = 0; r < idx.size(); ++r) {
-                    bool have = b < out.size() && k < out[b].size() && r < out[b][k].size();
-                    results[idx[r]] = have ? s.code(static_cast<int64_t>(out[b][k][r])) : int64_t{INTERNAL_ERROR};
-                }
-            }
+        auto out = s.c().get_into_ranges(rb.ptrs, rb.keys, rb.dsts, rb.srcs, rb.sizes);
+        rb.scatter(out, results, [&](int64_t v) { return s.code(v); }, int64_t{INTERNAL_ERROR});
         return OK;
     }, INTERNAL_ERROR);
 }
