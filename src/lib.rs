@@ -30,6 +30,7 @@
 
 pub(crate) mod copy;
 pub(crate) mod crc;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub(crate) mod fxhash;
@@ -50,7 +51,7 @@ pub use plan::upload::{plan_upload, Decision, UploadOperation, UploadOptions, Up
 pub use plan::upload_transport::{plan_from_json, plan_to_json};
 pub use runtime::transport::{binding_from_json, binding_to_json};
 pub use runtime::{
-    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, CopyHook, MemoryKind, MemoryRegion,
+    validate_binding_subset, validate_runtime_binding, validate_runtime_bindings, MemoryKind, MemoryRegion,
     RuntimeBinding, RuntimeBindingSpec, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec,
 };
 pub mod protocol;

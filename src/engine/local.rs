@@ -7,8 +7,10 @@
 //! Both allocations of every range of a batch must lie inside registered regions;
 //! a batch that violates this is refused before any byte moves (a known failure:
 //! `FAILED_DRAINED` on the ticket path, -1 on the legacy path). Device memory needs
-//! a [`CopyHook`] (for example `cudaMemcpy`); without one, registering device
-//! memory is refused, so no transfer can touch it. READ and WRITE copy the same
+//! a [`DeviceEngine`] (for example [`crate::device::CudaEngine`]); without one,
+//! registering device memory is refused, so no transfer can touch it. With one, the
+//! device segments of a batch go to it as one batch per direction and device,
+//! coalesced into 2-D copies ([`crate::device::coalesce`]), never touched by the host. READ and WRITE copy the same
 //! way (source -> target): they differ only in which side a networked engine calls
 //! local.
 
@@ -16,7 +18,7 @@
 
 use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
 use crate::copy::{copy_fence, copy_streaming};
-use crate::runtime::CopyHook;
+use crate::device::{coalesce, CopyDirection, CopyRange, DeviceEngine};
 use crate::runtime::MemoryKind;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -31,9 +33,9 @@ pub fn allocate_identity() -> u64 {
     NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Engine code for a batch that touches unregistered memory or fails a copy hook.
+/// Engine code for a batch that touches unregistered memory or fails a device copy.
 pub const LOCAL_TRANSFER_FAILED: i32 = -1;
-/// Engine code for a refused registration (overlap, device memory without a hook).
+/// Engine code for a refused registration (overlap, device memory without a device engine).
 pub const LOCAL_REGISTRATION_REFUSED: i32 = -2;
 /// Engine code for unregistering an address that is not registered.
 pub const LOCAL_NOT_REGISTERED: i32 = -3;
@@ -44,7 +46,7 @@ pub struct LocalEngine {
     identity: u64,
     /// base -> (length, kind)
     regions: RwLock<BTreeMap<u64, (u64, MemoryKind)>>,
-    hook: Option<Arc<dyn CopyHook>>,
+    device: Option<Arc<dyn DeviceEngine>>,
     /// Copy threads per large batch (1 = the caller's thread only).
     threads: usize,
     /// Smallest batch (bytes) copied by several threads.
@@ -56,7 +58,7 @@ impl std::fmt::Debug for LocalEngine {
         f.debug_struct("LocalEngine")
             .field("identity", &self.identity)
             .field("regions", &self.regions.read().len())
-            .field("copy_hook", &self.hook.is_some())
+            .field("device", &self.device.as_ref().map(|d| d.name()))
             .finish()
     }
 }
@@ -84,15 +86,16 @@ impl LocalEngine {
         LocalEngine {
             identity: allocate_identity(),
             regions: RwLock::new(BTreeMap::new()),
-            hook: None,
+            device: None,
             threads: 1,
             parallel_min_bytes: PARALLEL_MIN_BYTES,
         }
     }
 
-    /// An engine that reaches device memory through `hook`.
-    pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
-        LocalEngine { hook: Some(hook), ..Self::new() }
+    /// An engine that reaches device memory through `device` (device sources and
+    /// targets may then be registered; their bytes move only through it).
+    pub fn with_device_engine(device: Arc<dyn DeviceEngine>) -> Self {
+        LocalEngine { device: Some(device), ..Self::new() }
     }
 
     /// An engine that copies host batches of at least `min_batch_bytes` (0: 4 MiB)
@@ -138,52 +141,72 @@ impl LocalEngine {
         if self.threads > 1 && all_host && batch.nbytes() >= self.parallel_min_bytes {
             return copy_parallel(batch, self.threads);
         }
+        // Device segments: one batch per (direction, device), submitted together.
+        let mut device: Vec<((CopyDirection, u32), Vec<CopyRange>)> = Vec::new();
         for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
+            let route = match (sk, dk) {
+                (MemoryKind::Host, MemoryKind::Host) => None,
+                (MemoryKind::Host, MemoryKind::Device(o)) => Some((CopyDirection::HostToDevice, o)),
+                (MemoryKind::Device(o), MemoryKind::Host) => Some((CopyDirection::DeviceToHost, o)),
+                (MemoryKind::Device(a), MemoryKind::Device(b)) if a == b => Some((CopyDirection::DeviceToDevice, a)),
+                // Peer copies between two devices are not made by this engine.
+                (MemoryKind::Device(_), MemoryKind::Device(_)) => return CompletionStatus::FailedDrained,
+            };
             for i in 0..r.sizes.len() {
                 let (src, dst, n) = (
                     r.source_base_address + r.source_offsets[i],
                     r.target_base_address + r.target_offsets[i],
                     r.sizes[i],
                 );
-                let ok = match (sk, dk) {
-                    (MemoryKind::Host, MemoryKind::Host) => {
+                match route {
+                    None => {
                         // SAFETY: both ranges lie inside regions registered with this
                         // engine, which `register_memory`'s contract keeps valid until
                         // unregistered; overlapping ranges take the memmove path.
                         unsafe { copy_segment(src, dst, n) };
-                        true
                     }
-                    (s, d) => self.copy_device(src, s, dst, d, n),
-                };
-                if !ok {
-                    copy_fence();
-                    return CompletionStatus::FailedDrained;
+                    Some(key) => {
+                        let range = CopyRange { source: src, target: dst, len: n };
+                        match device.iter_mut().find(|(k, _)| *k == key) {
+                            Some((_, v)) => v.push(range),
+                            None => device.push((key, vec![range])),
+                        }
+                    }
                 }
             }
         }
         copy_fence();
-        CompletionStatus::Completed
-    }
-
-    fn copy_device(&self, src: u64, sk: MemoryKind, dst: u64, dk: MemoryKind, len: u64) -> bool {
-        let Some(hook) = &self.hook else { return false };
-        let s = MemoryRegion { address: src, len, kind: sk };
-        let d = MemoryRegion { address: dst, len, kind: dk };
-        match (sk, dk) {
-            (MemoryKind::Host, _) => {
-                // SAFETY: registered host memory (see `run`).
-                let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) };
-                hook.host_to_device(bytes, d).is_ok()
+        if device.is_empty() {
+            return CompletionStatus::Completed;
+        }
+        // Registration refuses device memory without an engine.
+        let Some(engine) = &self.device else { return CompletionStatus::FailedDrained };
+        let mut tickets = Vec::with_capacity(device.len());
+        let mut ok = true;
+        for ((direction, ordinal), ranges) in &device {
+            let ops = coalesce(ranges);
+            // SAFETY: every range lies inside registered regions of the kinds the
+            // direction names (checked above), valid until unregistered, and we wait
+            // for every ticket before returning.
+            match unsafe { engine.submit(*ordinal, *direction, &ops) } {
+                Ok(t) => tickets.push(t),
+                Err(e) => {
+                    log::warn!("local engine: device copy failed: {}", e.message());
+                    ok = false;
+                    break;
+                }
             }
-            (_, MemoryKind::Host) => {
-                // SAFETY: registered host memory (see `run`).
-                let bytes = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len as usize) };
-                hook.device_to_host(s, bytes).is_ok()
+        }
+        for t in tickets {
+            if let Err(e) = engine.wait(t) {
+                log::warn!("local engine: device copy failed: {}", e.message());
+                ok = false;
             }
-            _ => {
-                let mut staging = vec![0u8; len as usize];
-                hook.device_to_host(s, &mut staging).is_ok() && hook.host_to_device(&staging, d).is_ok()
-            }
+        }
+        if ok {
+            CompletionStatus::Completed
+        } else {
+            CompletionStatus::FailedDrained
         }
     }
 }
@@ -307,7 +330,7 @@ impl TransferEngine for LocalEngine {
         if region.address == 0 || region.len == 0 || region.address.checked_add(region.len).is_none() {
             return Ok(LOCAL_REGISTRATION_REFUSED);
         }
-        if region.kind != MemoryKind::Host && self.hook.is_none() {
+        if region.kind != MemoryKind::Host && self.device.is_none() {
             return Ok(LOCAL_REGISTRATION_REFUSED);
         }
         let mut map = self.regions.write();

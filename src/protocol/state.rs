@@ -97,6 +97,9 @@ pub struct WeightStore {
     pub(crate) staging: StagingPool,
     /// The integrity record verified restores decoded last ([`RecordCache`]).
     pub(crate) integrity_records: RecordCache,
+    /// The device engine that stages device sources and targets (none: device
+    /// memory only where the backend reaches it itself).
+    pub(crate) device: Option<Arc<dyn crate::device::DeviceEngine>>,
 }
 
 /// The last integrity record a weight store decoded, with its key and its exact

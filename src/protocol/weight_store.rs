@@ -39,7 +39,23 @@ impl WeightStore {
             registrar: Default::default(),
             staging: Default::default(),
             integrity_records: Default::default(),
+            device: None,
         }
+    }
+
+    /// Sets the device engine through which snapshots read device sources and
+    /// restores write device targets (staged in host buffers of the engine: the
+    /// backend sees host bytes only, restores are verified before a byte reaches the
+    /// device). Without one, device memory is refused (`MWS_UNSUPPORTED`, before any
+    /// I/O) unless the backend reaches it itself ([`ObjectStore::supports_memory`]).
+    pub fn with_device_engine(mut self, device: Arc<dyn crate::device::DeviceEngine>) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The device engine, if any.
+    pub fn device_engine(&self) -> Option<&Arc<dyn crate::device::DeviceEngine>> {
+        self.device.as_ref()
     }
 
     /// Sets the key prefix (stored stripped of leading/trailing `/`; planning rejects

@@ -1,9 +1,6 @@
-//! Memory the library borrows: where a buffer lives (host or device), a region of
-//! host or device memory, and the copy hook
-//! that moves bytes between device and host memory for backends and engines that
-//! cannot touch device memory themselves.
-
-use crate::error::Result;
+//! Memory the library borrows: where a buffer lives (host or device) and a region of
+//! host or device memory. Device bytes move only through a device engine
+//! ([`crate::device`]).
 
 /// Where a runtime buffer lives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -11,8 +8,8 @@ pub enum MemoryKind {
     /// Host (CPU) memory: embedded backends copy it directly.
     #[default]
     Host,
-    /// Device memory on accelerator `ordinal`: needs a copy hook or a
-    /// device-capable backend.
+    /// Device memory on accelerator `ordinal`: reached only through a device engine
+    /// ([`crate::device::DeviceEngine`]).
     Device(u32),
 }
 
@@ -25,15 +22,4 @@ pub struct MemoryRegion {
     pub len: u64,
     /// Host or device.
     pub kind: MemoryKind,
-}
-
-/// Copies between device memory and host memory for backends that cannot touch
-/// device memory themselves (for example a `cudaMemcpy` wrapper).
-///
-/// Implementations must be thread-safe and must not panic.
-pub trait CopyHook: Send + Sync {
-    /// Copies `dst.len()` bytes from device memory at `src` into `dst`.
-    fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()>;
-    /// Copies `src` into device memory at `dst` (`dst.len == src.len()`).
-    fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()>;
 }

@@ -10,8 +10,7 @@
 //! - `validation`: pairing bindings with a placement and the address-range rule
 //!   ([`validate_runtime_binding`], [`validate_runtime_bindings`],
 //!   [`validate_binding_subset`], [`pair_bindings`]);
-//! - `memory`: [`MemoryKind`], [`MemoryRegion`] and [`CopyHook`], the memory the
-//!   library borrows;
+//! - `memory`: [`MemoryKind`] and [`MemoryRegion`], the memory the library borrows;
 //! - [`transport`]: a binding's JSON transport.
 
 mod binding;
@@ -22,7 +21,7 @@ mod validation;
 
 pub use binding::{RuntimeBinding, RuntimeBindingSpec};
 pub use fragment::{fence_binding_digest, RuntimeFragment, RuntimeFragmentSnapshot, RuntimeFragmentSpec};
-pub use memory::{CopyHook, MemoryKind, MemoryRegion};
+pub use memory::{MemoryKind, MemoryRegion};
 pub(crate) use validation::{check_bindings, check_shared_instances, first_repeated_fragment_id, BindingSpaces};
 pub use validation::{
     pair_bindings, validate_binding_subset, validate_runtime_binding, validate_runtime_binding_remembered,

@@ -81,28 +81,23 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
 use super::dirfd::{c_name, kind_of, mtime_secs, Dir, EntryKind};
 use super::kernels::{run_parallel_on, CrcRuns};
-use super::memory::{
-    already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from, region_len,
-};
+use super::memory::{already_exists, check_range, device_unsupported, host_bytes, host_ptr_mut, precheck_put_from};
 use super::{
     alloc_failed, not_found, too_large, validate_key, CheckedRead, ObjectStore, PutFrom, RangeRead, StridedRead,
     WriteConfig,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
-use crate::runtime::{CopyHook, MemoryRegion};
+use crate::runtime::MemoryRegion;
 
 /// Page size assumed for mapping offsets (mmap offsets must be multiples of it).
 const PAGE: u64 = 4096;
-/// Bounce buffer size for device copies through the copy hook.
-const BOUNCE_BYTES: usize = 8 << 20;
 /// Longest key segment (255-byte file-name limit minus the 2-byte prefix).
 const MAX_SEGMENT_BYTES: usize = 253;
 /// Suffix of temporary files.
@@ -123,7 +118,6 @@ pub struct DirectoryStore {
     /// is resolved relative to `objects_dir`, one component at a time.
     objects_dir: Dir,
     tmp_dir: Dir,
-    hook: Option<Arc<dyn CopyHook>>,
     counter: AtomicU64,
     nonce: u64,
     /// Directories (relative to the root, `objects/d.a/...`) this process has created
@@ -135,7 +129,7 @@ pub struct DirectoryStore {
 
 impl fmt::Debug for DirectoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DirectoryStore").field("root", &self.root).field("copy_hook", &self.hook.is_some()).finish()
+        f.debug_struct("DirectoryStore").field("root", &self.root).finish()
     }
 }
 
@@ -292,7 +286,6 @@ impl DirectoryStore {
             objects,
             objects_dir,
             tmp_dir,
-            hook: None,
             counter: AtomicU64::new(0),
             nonce: h.finish(),
             durable_dirs: RwLock::new(durable),
@@ -358,13 +351,6 @@ impl DirectoryStore {
             seen += 1;
         }
         Ok(seen == 3)
-    }
-
-    /// As [`DirectoryStore::open`], reaching device memory through `hook`.
-    pub fn with_copy_hook(root: impl AsRef<Path>, hook: Arc<dyn CopyHook>) -> Result<Self> {
-        let mut s = DirectoryStore::open(root)?;
-        s.hook = Some(hook);
-        Ok(s)
     }
 
     /// Limits the threads one large batch (reads, `batch_put_from`) runs on to `n`
@@ -669,27 +655,7 @@ impl DirectoryStore {
                     f.write_all(bytes).map_err(|e| io_err("cannot write", item.key, e))
                 })
             }
-            MemoryKind::Device(_) => {
-                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(item.key))?;
-                let len = region_len(&item.source, item.key)?;
-                self.write_object(item.key, Publish::CreateOnly, |f| {
-                    let mut buf = vec![0u8; len.min(BOUNCE_BYTES)];
-                    let mut off = 0usize;
-                    while off < len {
-                        let n = (len - off).min(buf.len());
-                        let src = MemoryRegion {
-                            address: item.source.address + off as u64,
-                            len: n as u64,
-                            kind: item.source.kind,
-                        };
-                        hook.device_to_host(src, &mut buf[..n])
-                            .map_err(|e| e.context(&format!("copy from device for {}: ", item.key)))?;
-                        f.write_all(&buf[..n]).map_err(|e| io_err("cannot write", item.key, e))?;
-                        off += n;
-                    }
-                    Ok(())
-                })
-            }
+            MemoryKind::Device(_) => Err(device_unsupported(item.key)),
         }
     }
 
@@ -709,9 +675,9 @@ impl DirectoryStore {
         &self,
         r: &RangeRead<'_>,
         cache: &mut ReadCache,
-        mut sums: Option<&mut CrcRuns>,
+        sums: Option<&mut CrcRuns>,
     ) -> Result<u64> {
-        if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
+        if matches!(r.dest.kind, MemoryKind::Device(_)) {
             return Err(device_unsupported(r.key));
         }
         let (file, size) = self.cached_file(r.key, cache)?;
@@ -740,22 +706,7 @@ impl DirectoryStore {
                     }
                 }
             }
-            MemoryKind::Device(_) => {
-                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
-                let mut buf = vec![0u8; len.min(BOUNCE_BYTES)];
-                let mut off = 0usize;
-                while off < len {
-                    let n = (len - off).min(buf.len());
-                    file.read_exact_at(&mut buf[..n], r.object_offset + off as u64).map_err(short)?;
-                    let dst = MemoryRegion { address: r.dest.address + off as u64, len: n as u64, kind: r.dest.kind };
-                    hook.host_to_device(&buf[..n], dst)
-                        .map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
-                    if let Some(sums) = sums.as_deref_mut() {
-                        sums.account(r.object_offset + off as u64, &buf[..n]);
-                    }
-                    off += n;
-                }
-            }
+            MemoryKind::Device(_) => return Err(device_unsupported(r.key)),
         }
         Ok(len as u64)
     }
@@ -909,8 +860,7 @@ impl DirectoryStore {
     }
 
     /// One strided read segment by segment through [`DirectoryStore::read_one`]
-    /// (`pread`, or the copy hook for device memory): for device destinations and
-    /// short single-segment reads.
+    /// (`pread`): for short single-segment reads.
     unsafe fn read_strided(
         &self,
         r: &StridedRead<'_>,
@@ -1052,18 +1002,13 @@ impl ObjectStore for DirectoryStore {
         true
     }
 
-    /// Host memory always; device memory when the store has a copy hook.
-    fn supports_memory(&self, kind: MemoryKind) -> bool {
-        kind == MemoryKind::Host || self.hook.is_some()
-    }
-
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.strided(reads, None) }.into_iter().map(|r| r.map(|c| c.bytes)).collect()
     }
 
     /// Sums the mapped source bytes as the copy kernels copy them, `pread` pieces
-    /// right after they landed, device bounce buffers before the copy hook.
+    /// right after they landed.
     unsafe fn get_into_strided_checked(&self, reads: &[StridedRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.strided(reads, Some(crc_span)) }
@@ -1104,7 +1049,7 @@ impl ObjectStore for DirectoryStore {
 
     unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
         // Keys are checked up front too, so an invalid key fails before any I/O.
-        let mut results: Vec<Result<()>> = precheck_put_from(items, config, self.hook.is_some())
+        let mut results: Vec<Result<()>> = precheck_put_from(items, config)
             .into_iter()
             .zip(items)
             .map(|(c, item)| c.and_then(|_| Self::names(item.key).map(drop)))

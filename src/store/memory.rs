@@ -21,7 +21,7 @@ use super::kernels::{run_parallel_on, CrcRuns};
 use super::{not_found, CheckedRead, ObjectStore, PutFrom, RangeRead, RecordType, StridedRead, WriteConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::MemoryKind;
-use crate::runtime::{CopyHook, MemoryRegion};
+use crate::runtime::MemoryRegion;
 
 const SHARDS: usize = 16;
 
@@ -37,7 +37,6 @@ type Shard = RwLock<HashMap<String, Entry>>;
 /// to share it.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hook: Option<Arc<dyn CopyHook>>,
     /// Threads of one large batch ([`MemoryStore::set_max_threads`]).
     threads: super::kernels::ThreadLimit,
 }
@@ -50,23 +49,18 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore").field("objects", &self.len()).field("copy_hook", &self.hook.is_some()).finish()
+        f.debug_struct("MemoryStore").field("objects", &self.len()).finish()
     }
 }
 
 impl MemoryStore {
-    /// An empty store without a copy hook (device memory is refused).
+    /// An empty store. It holds host bytes only: device memory reaches it through
+    /// the weight store's device engine ([`crate::device`]), which stages it.
     pub fn new() -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            hook: None,
             threads: super::kernels::ThreadLimit::default(),
         }
-    }
-
-    /// An empty store that reaches device memory through `hook`.
-    pub fn with_copy_hook(hook: Arc<dyn CopyHook>) -> Self {
-        MemoryStore { hook: Some(hook), ..MemoryStore::new() }
     }
 
     /// Limits the threads one large strided read batch runs on to `n` (1 = the
@@ -131,22 +125,15 @@ impl MemoryStore {
         let value: Arc<[u8]> = match item.source.kind {
             // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
             MemoryKind::Host => Arc::from(unsafe { host_bytes(&item.source, item.key) }?),
-            MemoryKind::Device(_) => {
-                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(item.key))?;
-                let len = region_len(&item.source, item.key)?;
-                let mut buf = vec![0u8; len];
-                hook.device_to_host(item.source, &mut buf)
-                    .map_err(|e| e.context(&format!("copy from device for {}: ", item.key)))?;
-                Arc::from(buf)
-            }
+            MemoryKind::Device(_) => return Err(device_unsupported(item.key)),
         };
         self.insert_new(item.key, value, group_id, record_type)
     }
 
     /// One range; with `span`, also the CRC-32C of the bytes delivered (summed from
-    /// the value as it is copied, or as it is handed to the copy hook).
+    /// the value as it is copied).
     unsafe fn read_one(&self, r: &RangeRead<'_>, span: Option<u64>) -> Result<CheckedRead> {
-        if matches!(r.dest.kind, MemoryKind::Device(_)) && self.hook.is_none() {
+        if matches!(r.dest.kind, MemoryKind::Device(_)) {
             return Err(device_unsupported(r.key));
         }
         let value = self.value(r.key).ok_or_else(|| not_found(r.key))?;
@@ -168,13 +155,7 @@ impl MemoryStore {
                     }
                 }
             }
-            MemoryKind::Device(_) => {
-                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
-                hook.host_to_device(src, r.dest).map_err(|e| e.context(&format!("copy to device for {}: ", r.key)))?;
-                if let Some(s) = &mut sums {
-                    s.account(r.object_offset, src);
-                }
-            }
+            MemoryKind::Device(_) => return Err(device_unsupported(r.key)),
         }
         Ok(CheckedRead { bytes: len as u64, crcs: sums.map(CrcRuns::finish) })
     }
@@ -251,18 +232,7 @@ impl MemoryStore {
                     super::kernels::copy_fence();
                 }
             }
-            MemoryKind::Device(_) => {
-                let hook = self.hook.as_ref().ok_or_else(|| device_unsupported(r.key))?;
-                r.for_each_segment(|s, d, n| {
-                    let dest = MemoryRegion { address: r.dest.address + d, len: n, kind: r.dest.kind };
-                    let bytes = &value[s as usize..(s + n) as usize];
-                    hook.host_to_device(bytes, dest)?;
-                    if let Some(sums) = &mut sums {
-                        sums.account(s, bytes);
-                    }
-                    Ok(())
-                })?;
-            }
+            MemoryKind::Device(_) => return Err(device_unsupported(r.key)),
         }
         Ok(CheckedRead { bytes: r.total_bytes(), crcs: sums.map(CrcRuns::finish) })
     }
@@ -319,18 +289,12 @@ impl ObjectStore for MemoryStore {
         true
     }
 
-    /// Host memory always; device memory when the store has a copy hook.
-    fn supports_memory(&self, kind: MemoryKind) -> bool {
-        kind == MemoryKind::Host || self.hook.is_some()
-    }
-
     unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.strided(reads, None) }.into_iter().map(|r| r.map(|c| c.bytes)).collect()
     }
 
-    /// Sums the source bytes as the copy kernels copy them (or as they are handed to
-    /// the copy hook).
+    /// Sums the source bytes as the copy kernels copy them.
     unsafe fn get_into_strided_checked(&self, reads: &[StridedRead<'_>], crc_span: u64) -> Vec<Result<CheckedRead>> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.strided(reads, Some(crc_span)) }
@@ -378,7 +342,7 @@ impl ObjectStore for MemoryStore {
     }
 
     unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
-        let checked = precheck_put_from(items, config, self.hook.is_some());
+        let checked = precheck_put_from(items, config);
         items
             .iter()
             .zip(checked)
@@ -412,17 +376,13 @@ pub(crate) fn already_exists(key: &str) -> Error {
 pub(crate) fn device_unsupported(key: &str) -> Error {
     Error::new(
         ErrorKind::Unsupported,
-        format!("device memory for {key} needs a copy hook or a device-capable store backend"),
+        format!("device memory for {key}: this store holds host bytes only (give the weight store a device engine)"),
     )
 }
 
 /// Per-item checks done before any I/O of a `batch_put_from`: the group id list has
-/// one entry per item, and device memory has a copy hook. Returns each item's group id.
-pub(crate) fn precheck_put_from<'a>(
-    items: &[PutFrom<'_>],
-    config: &WriteConfig<'a>,
-    has_hook: bool,
-) -> Vec<Result<&'a str>> {
+/// one entry per item, and no source is device memory. Returns each item's group id.
+pub(crate) fn precheck_put_from<'a>(items: &[PutFrom<'_>], config: &WriteConfig<'a>) -> Vec<Result<&'a str>> {
     let count_ok = config.group_ids.len() == items.len();
     items
         .iter()
@@ -436,7 +396,7 @@ pub(crate) fn precheck_put_from<'a>(
                     item.key
                 )));
             }
-            if matches!(item.source.kind, MemoryKind::Device(_)) && !has_hook {
+            if matches!(item.source.kind, MemoryKind::Device(_)) {
                 return Err(device_unsupported(item.key));
             }
             region_len(&item.source, item.key)?;
