@@ -8,7 +8,9 @@ use super::progress::{ProgressFn, ProgressPhase, Reporter};
 use super::registration::{registration_requests, RegistrationLease};
 use super::state::WeightStore;
 
+use super::device_staging::{self as staging, InFlight, MIRROR_ALIGN, WINDOW_BYTES};
 use super::integrity::{CheckLimits, Delivered, Verifier};
+use crate::device::{coalesce, CopyDirection, CopyRange, DeviceEngine};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
@@ -219,7 +221,7 @@ impl WeightStore {
         let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
         let mut token = pin_targets(self, binding, &args, &by_target, &targets)?;
         // Device targets go through the device engine (staged); the store never sees them.
-        let (by_target, on_device) = super::device_staging::split_device_targets(self, plan, by_target);
+        let (by_target, on_device) = staging::split_device_targets(self, plan, by_target);
         let store_targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
         let requests = registration_requests_or_release(&store_targets, &mut token)?;
         let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
@@ -230,15 +232,10 @@ impl WeightStore {
             let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats, None) };
             let mut checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
             if checked.is_ok() && !on_device.is_empty() {
-                let verify = super::device_staging::WindowCheck {
-                    verifier: verifier.as_ref(),
-                    object_sizes: &object_sizes,
-                    name: &name,
-                };
+                let verify = WindowCheck { verifier: verifier.as_ref(), object_sizes: &object_sizes, name: &name };
                 // SAFETY: as above; the device targets are valid device memory of the
                 // engine's device (this function's contract).
-                checked =
-                    unsafe { super::device_staging::restore(self, plan, &on_device, &options, &mut stats, &verify) };
+                checked = unsafe { restore_on_device(self, plan, &on_device, &options, &mut stats, &verify) };
             }
             if checked.is_ok() {
                 stats.progress.finish();
@@ -494,7 +491,7 @@ fn start_tally<'p>(plan: &LoadPlan, ops: &[usize], progress: Option<ProgressFn<'
 /// As [`WeightStore::load`]: every target of `by_target` must be valid for writes
 /// and not accessed by anyone else for the duration of the call, and the regions
 /// must have been checked against the plan and the objects' sizes.
-pub(super) unsafe fn read_regions(
+unsafe fn read_regions(
     ws: &WeightStore,
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
@@ -521,7 +518,7 @@ pub(super) unsafe fn read_regions(
 /// After successful reads of a verified restore, checks what they delivered
 /// against the integrity record (reading the gaps of partly read blocks); else
 /// `read` as it is.
-pub(super) fn verify_reads(
+fn verify_reads(
     ws: &WeightStore,
     read: Result<()>,
     verifier: Option<&Verifier>,
@@ -615,11 +612,11 @@ fn dest_of(plan: &LoadPlan, i: usize, mirrors: Mirrors<'_>) -> (u64, MemoryKind)
 /// The statistics of one load and its progress reporter, updated together: every
 /// read path adds to the statistics (through `Deref`) and reports after each store
 /// call (`report`: bytes read, regions counted so far).
-pub(super) struct Tally<'p> {
+struct Tally<'p> {
     stats: LoadStats,
     progress: Reporter<'p>,
     /// What the reads delivered, with checksums, when the restore is verified.
-    pub(super) delivered: Option<Delivered>,
+    delivered: Option<Delivered>,
 }
 
 impl Tally<'_> {
@@ -1067,5 +1064,126 @@ unsafe fn flush(
     }
     batch.clear();
     stats.report();
+    Ok(())
+}
+
+// Device targets (see `device_staging`): read into host mirrors window by window,
+// verified, then copied to the device.
+
+/// How a window's reads are verified: the restore's verifier (none: unverified),
+/// the objects' sizes and how errors name an object.
+struct WindowCheck<'a> {
+    verifier: Option<&'a Verifier>,
+    object_sizes: &'a BTreeMap<&'a str, u64>,
+    name: &'a dyn Fn(&str) -> String,
+}
+
+/// Restores the device targets `on_device` (runtime id -> regions) through the
+/// weight store's device engine (see the module documentation). Statistics go to
+/// `stats` as for host targets.
+///
+/// # Safety
+/// Every target of `on_device` is device memory of its ordinal, valid for writes and
+/// not accessed by anyone else for the duration of the call.
+unsafe fn restore_on_device(
+    ws: &WeightStore,
+    plan: &LoadPlan,
+    on_device: &BTreeMap<&str, Vec<usize>>,
+    options: &LoadOptions,
+    stats: &mut Tally<'_>,
+    check: &WindowCheck<'_>,
+) -> Result<()> {
+    let engine = ws.device.as_deref().ok_or_else(|| Error::new(ErrorKind::Unsupported, "no device engine"))?;
+    let mut in_flight: Option<InFlight> = None;
+    // SAFETY: forwarded from this function's contract.
+    let result = unsafe { restore_windows(ws, engine, plan, on_device, options, stats, check, &mut in_flight) };
+    match in_flight.take() {
+        Some(f) => {
+            let waited = f.wait(engine);
+            result.and(waited)
+        }
+        None => result,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn restore_windows(
+    ws: &WeightStore,
+    engine: &dyn DeviceEngine,
+    plan: &LoadPlan,
+    on_device: &BTreeMap<&str, Vec<usize>>,
+    options: &LoadOptions,
+    stats: &mut Tally<'_>,
+    check: &WindowCheck<'_>,
+    in_flight: &mut Option<InFlight>,
+) -> Result<()> {
+    let list: Vec<(&str, &Vec<usize>)> = on_device.iter().map(|(k, v)| (*k, v)).collect();
+    let mirror_len = |l: &Vec<usize>| plan.target_fragment(l[0]).nbytes().div_ceil(MIRROR_ALIGN) * MIRROR_ALIGN;
+    let mut k = 0;
+    while k < list.len() {
+        let start = k;
+        let mut size = 0u64;
+        while k < list.len() && (k == start || size + mirror_len(list[k].1) <= WINDOW_BYTES) {
+            size += mirror_len(list[k].1);
+            k += 1;
+        }
+        let window = &list[start..k];
+        let buffer = engine.staging(size)?;
+        let mut mirrors: HashMap<&str, u64> = HashMap::with_capacity(window.len());
+        let mut off = 0;
+        for (id, l) in window {
+            mirrors.insert(id, buffer.address() + off);
+            off += mirror_len(l);
+        }
+        // Read the window into its mirrors, registered with the store for the reads.
+        let region = MemoryRegion { address: buffer.address(), len: buffer.len(), kind: MemoryKind::Host };
+        ws.store.register_buffer(region)?;
+        let by: BTreeMap<&str, Vec<usize>> = window.iter().map(|(id, l)| (*id, (*l).clone())).collect();
+        if check.verifier.is_some() {
+            stats.delivered = Some(Delivered::default());
+        }
+        // SAFETY: the mirrors lie in `buffer` (host memory owned here, sized for every
+        // mirror); the reads write only inside each target's `nbytes`.
+        let read = unsafe { read_regions(ws, plan, &by, options, stats, Some(&mirrors)) };
+        let read = verify_reads(ws, read, check.verifier, check.object_sizes, check.name, options, stats);
+        let _ = ws.store.unregister_buffer(region.address);
+        read?;
+        // The previous window's copies had this window's reads to run; its buffer is
+        // free once they are done.
+        if let Some(f) = in_flight.take() {
+            f.wait(engine)?;
+        }
+        // The written spans of every target, one batch per device ordinal.
+        let mut batches: Vec<(u32, Vec<CopyRange>)> = Vec::new();
+        for (id, l) in window {
+            let t = plan.target_fragment(l[0]);
+            let MemoryKind::Device(ordinal) = t.memory() else {
+                return Err(Error::invalid("a host target was staged for the device"));
+            };
+            let mirror = mirrors[id];
+            let ranges: Vec<CopyRange> = staging::written_spans(plan, l, options.max_region_segments)?
+                .into_iter()
+                .map(|(a, b)| CopyRange { source: mirror + a, target: t.address() + a, len: b - a })
+                .collect();
+            match batches.iter_mut().find(|(o, _)| *o == ordinal) {
+                Some((_, v)) => v.extend(ranges),
+                None => batches.push((ordinal, ranges)),
+            }
+        }
+        let mut flight = InFlight { tickets: Vec::with_capacity(batches.len()), _buffer: buffer };
+        for (ordinal, ranges) in &batches {
+            let ops = coalesce(ranges);
+            // SAFETY: sources are the mirrors (host, owned by `flight` until waited);
+            // targets are the caller's device targets (this function's contract).
+            match unsafe { engine.submit(*ordinal, CopyDirection::HostToDevice, &ops) } {
+                Ok(t) => flight.tickets.push(t),
+                Err(e) => {
+                    let _ = flight.wait(engine);
+                    return Err(e.context("copy of restored bytes to the device: "));
+                }
+            }
+        }
+        *in_flight = Some(flight);
+    }
     Ok(())
 }

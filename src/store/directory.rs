@@ -669,8 +669,7 @@ impl DirectoryStore {
 
     /// One range, summing what it delivers into `sums` when given: host reads `pread`
     /// in pieces of [`PREAD_CRC_BYTES`] and sum each piece from the destination right
-    /// after it landed (still in cache); device reads sum the bounce buffer before it
-    /// goes to the copy hook.
+    /// after it landed (still in cache). Device destinations are refused.
     unsafe fn read_one_into(
         &self,
         r: &RangeRead<'_>,

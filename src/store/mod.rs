@@ -457,7 +457,9 @@ pub trait ObjectStore: Send + Sync {
     }
 
     /// True when the backend can read and write memory of `kind` (host always;
-    /// device memory needs a copy hook or a device-capable backend).
+    /// device memory only for a backend that reaches it itself). The weight store
+    /// never hands device memory to a backend when it has a device engine: it stages
+    /// device bytes in host memory ([`crate::device`]).
     fn supports_memory(&self, kind: MemoryKind) -> bool {
         kind == MemoryKind::Host
     }
