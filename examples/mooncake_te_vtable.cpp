@@ -636,6 +636,39 @@ int run_stand_in() {
                     static_cast<unsigned long long>(retries), verified, verified_after_failure);
     }
 
+    // Device targets are never staged: a READ into local memory registered as cuda:0
+    // goes straight to the engine (the CPU would otherwise copy the staged run into
+    // device memory); the same READ into host memory is staged.
+    {
+        src.register_all();
+        const auto &s0 = *src.model.buffers.begin();
+        const std::string endpoint = "trainer/" + s0.first + ":17000";
+        for (int device : {-1, 0}) {
+            Adapter a(*dst.engines.begin()->second);  // default options: staging on
+            mws_transfer_engine_vtable vt = a.vtable_with(true);
+            std::vector<unsigned char> local(8 * 128, 0);
+            require(vt.register_memory(a.ctx(), reinterpret_cast<std::uint64_t>(local.data()), local.size(), device) == 0,
+                    "register the local buffer");
+            std::uint64_t l[8], r[8], n[8];
+            for (int i = 0; i < 8; ++i) {
+                l[i] = reinterpret_cast<std::uint64_t>(local.data()) + 128 * i;  // strided locally
+                r[i] = reinterpret_cast<std::uint64_t>(s0.second.data()) + 64 * i;  // contiguous remotely
+                n[i] = 64;
+            }
+            mws_bytes ep{endpoint.data(), endpoint.size()};
+            require(vt.sync_read(a.ctx(), ep, l, r, n, 8) == 0, "read");
+            for (int i = 0; i < 8; ++i) {
+                require(std::memcmp(local.data() + 128 * i, s0.second.data() + 64 * i, 64) == 0, "read bytes");
+            }
+            std::uint64_t runs = a.counters().staged_runs;
+            require(device < 0 ? runs == 1 : runs == 0,
+                    device < 0 ? "host memory: the run is staged" : "device memory: never staged");
+            require(vt.unregister_memory(a.ctx(), reinterpret_cast<std::uint64_t>(local.data())) == 0, "unregister");
+        }
+        src.unregister_all();
+        std::printf("staged reads: host targets staged, device (cuda:0) targets read directly\n");
+    }
+
     // The notify hook: each source pushes with mws_sink_execute_notified; each target
     // learns what landed only through its engine's getNotifies and its acceptor.
     {

@@ -38,7 +38,9 @@
 //                        rows of a column split pulled by its target): one request per
 //                        remote run into a registered staging pool, copied to the local
 //                        ranges once the run COMPLETED (Options::staging_bytes; a failed
-//                        staged ticket is re-read once without staging)
+//                        staged ticket is re-read once without staging). Never for
+//                        local ranges in device memory (registered as cuda:<n>): the
+//                        CPU never writes device memory, TE reads into it directly
 //   send_notify          sendNotifyByName(endpoint, {name, message}) (synchronous: 0
 //                        once the peer acknowledged it)
 // Only COMPLETED and FAILED (and the stand-in's INVALID) are terminal: Mooncake's
@@ -269,6 +271,7 @@ public:
             int rc = s.engine_->registerLocalMemory(ptr(address), static_cast<std::size_t>(len), location);
             if (rc == 0) {
                 s.regs_[address] = len;
+                if (device >= 0) s.device_regs_[address] = len;
                 s.counters_.registrations += 1;
             }
             return static_cast<std::int32_t>(rc);
@@ -283,7 +286,10 @@ public:
             if (it == s.regs_.end()) return std::int32_t{kErrNotOurs};
             s.counters_.engine_calls += 1;
             int rc = s.engine_->unregisterLocalMemory(ptr(address));
-            if (rc == 0) s.regs_.erase(it);
+            if (rc == 0) {
+                s.regs_.erase(it);
+                s.device_regs_.erase(address);
+            }
             return static_cast<std::int32_t>(rc);
         });
     }
@@ -512,9 +518,18 @@ private:
         }
     }
 
+    /// True when the local range starting at `address` lies in device memory this
+    /// adapter registered (cuda:<n>): it is never staged (the CPU would write it).
+    bool in_device(std::uint64_t address) const {
+        auto it = device_regs_.upper_bound(address);
+        if (it == device_regs_.begin()) return false;
+        --it;
+        return address < it->first + it->second;
+    }
+
     /// The ticket's native requests from its ranges: with `stage`, remote-contiguous
-    /// runs of READ ranges whose local sides are not contiguous become one request into
-    /// the staging pool (see Options::staging_bytes).
+    /// runs of READ ranges whose local sides are not contiguous and lie in host memory
+    /// become one request into the staging pool (see Options::staging_bytes).
     void build_requests(Ticket &t, bool stage) {
         t.all.clear();
         t.copies.clear();
@@ -537,10 +552,11 @@ private:
         for (std::size_t i = 0; i < n;) {
             std::size_t j = i + 1, bytes = static_cast<std::size_t>(t.ranges[i].len);
             bool local_contiguous = true;
-            if (stage) {
+            if (stage && !in_device(t.ranges[i].local)) {
                 while (j < n && t.ranges[j].remote == t.ranges[j - 1].remote + t.ranges[j - 1].len &&
                        bytes + t.ranges[j].len <= options_.staging_run_bytes &&
-                       pool_off + bytes + t.ranges[j].len <= options_.staging_bytes) {
+                       pool_off + bytes + t.ranges[j].len <= options_.staging_bytes &&
+                       !in_device(t.ranges[j].local)) {
                     local_contiguous &= t.ranges[j].local == t.ranges[j - 1].local + t.ranges[j - 1].len;
                     bytes += static_cast<std::size_t>(t.ranges[j].len);
                     ++j;
@@ -777,6 +793,7 @@ private:
     std::vector<Chunk> zombies_;
     std::map<SegmentHandle, std::size_t> in_flight_;
     std::map<std::uint64_t, std::uint64_t> regs_;  ///< address -> length, registered by this adapter
+    std::map<std::uint64_t, std::uint64_t> device_regs_;  ///< the device (cuda:<n>) ones among them
     std::unique_ptr<unsigned char[]> pool_;       ///< the staging pool (Options::staging_bytes)
     bool pool_registered_ = false;
     /// Reservations of the pool: its ticket, or the released batches that may still
