@@ -14,21 +14,22 @@
 //! when no CUDA driver or device is present. `MWS_GPU_CHECK_LAYERS` (default 7)
 //! and `MWS_GPU_CHECK_HIDDEN` (default 4096) size the model.
 
+#[path = "../tests/common/device.rs"]
+mod device_model;
 #[path = "../tests/common/model.rs"]
 mod model;
 
+use device_model::DeviceModel;
 use model::*;
 use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, CudaEngine, DeviceEngine, FencedDevice};
 use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::TransferEngine;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::TransferPlan;
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::protocol::{LoadArgs, LoadStats, StaticGuard, StoreLimits, WeightStore};
-use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
 use mooncake_weight_store::store::memory::MemoryStore;
-use mooncake_weight_store::{MemoryKind, MemoryRegion, RuntimeBinding, RuntimeFragment};
+use mooncake_weight_store::RuntimeBinding;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -103,105 +104,6 @@ fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// A model in GPU memory: one device allocation per participant, laid out as the
-/// host model's buffers.
-struct GpuModel {
-    host: HostModel,
-    bases: Vec<u64>,
-}
-
-impl GpuModel {
-    fn new(host: HostModel, engine: &Gpu, instance: &str) -> GpuModel {
-        let bases = host.buffers.iter().map(|b| engine.alloc_device(b.len() as u64).expect("cuMemAlloc")).collect();
-        let mut m = GpuModel { host, bases };
-        m.host.bindings = m.bindings(instance);
-        m
-    }
-
-    fn bindings(&self, instance: &str) -> Vec<RuntimeBinding> {
-        let host_bases: Vec<u64> = self.host.buffers.iter().map(|b| b.as_ptr() as u64).collect();
-        self.host
-            .make_bindings(instance, 1)
-            .into_iter()
-            .map(|b| {
-                let frags = b
-                    .fragments()
-                    .iter()
-                    .map(|f: &RuntimeFragment| {
-                        let pi = host_bases.iter().position(|&h| h == f.storage_address()).unwrap();
-                        RuntimeFragment::new(RuntimeFragmentSpec {
-                            placement_fragment_id: f.placement_fragment_id().into(),
-                            fragment_id: f.fragment_id().into(),
-                            address: self.bases[pi] + f.storage_offset_bytes(),
-                            nbytes: f.nbytes(),
-                            worker_id: f.worker_id().into(),
-                            endpoint: f.endpoint().into(),
-                            device: "cuda:0".into(),
-                            itemsize: f.itemsize(),
-                            local_shape: f.local_shape().to_vec(),
-                            strides_bytes: f.strides_bytes().to_vec(),
-                            storage_address: self.bases[pi],
-                            storage_nbytes: f.storage_nbytes(),
-                            storage_offset_bytes: f.storage_offset_bytes(),
-                            memory: MemoryKind::Device(0),
-                        })
-                        .unwrap()
-                    })
-                    .collect();
-                RuntimeBinding::new(RuntimeBindingSpec {
-                    resource_id: b.resource_id().into(),
-                    placement_id: b.placement_id().into(),
-                    placement_digest: b.placement_digest().into(),
-                    instance_id: b.instance_id().into(),
-                    lease_generation: b.lease_generation(),
-                    lease_id: b.lease_id().into(),
-                    revision: b.revision().into(),
-                    participant_id: b.participant_id().into(),
-                    fragments: frags,
-                })
-                .unwrap()
-            })
-            .collect()
-    }
-
-    fn copy(&mut self, engine: &Gpu, direction: CopyDirection) {
-        for (buf, &base) in self.host.buffers.iter_mut().zip(&self.bases) {
-            let (s, t) = match direction {
-                CopyDirection::HostToDevice => (buf.as_ptr() as u64, base),
-                _ => (base, buf.as_mut_ptr() as u64),
-            };
-            // SAFETY: a live host buffer and the device allocation made for it.
-            unsafe { copy_ranges(engine, 0, direction, &[CopyRange { source: s, target: t, len: buf.len() as u64 }]) }
-                .expect("copy");
-        }
-    }
-
-    /// Device bytes equal `reference`'s host bytes (same layout), fragment by fragment.
-    fn check_against(&mut self, engine: &Gpu, reference: &HostModel, what: &str) {
-        for b in &mut self.host.buffers {
-            b.fill(0);
-        }
-        self.copy(engine, CopyDirection::DeviceToHost);
-        let mut bytes = 0usize;
-        for (v, r) in self.host.views.iter().zip(&reference.views) {
-            assert_eq!((v.0, &v.1, v.2, v.3), (r.0, &r.1, r.2, r.3));
-            if self.host.buffers[v.0][v.2..v.2 + v.3] != reference.buffers[r.0][r.2..r.2 + r.3] {
-                panic!("{what}: bytes of {} on participant {} differ from the host path", v.1, v.0);
-            }
-            bytes += v.3;
-        }
-        println!("check: {what}: {bytes} bytes equal the host path's");
-    }
-
-    /// Sets every device byte to `value`.
-    fn clear(&mut self, engine: &Gpu, value: u8) {
-        for b in &mut self.host.buffers {
-            b.fill(value);
-        }
-        self.copy(engine, CopyDirection::HostToDevice);
-    }
-}
-
 fn fill_bytes(b: &mut [u8]) {
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ b.len() as u64;
     for chunk in b.chunks_mut(8) {
@@ -217,6 +119,12 @@ fn fill_random(m: &mut HostModel) {
     for b in &mut m.buffers {
         fill_bytes(b);
     }
+}
+
+/// `dst`'s device bytes equal `reference`'s (the host path's), or the program panics.
+fn check(dst: &mut DeviceModel, reference: &HostModel, what: &str) {
+    let bytes = dst.check_against(reference, what);
+    println!("check: {what}: {bytes} bytes equal the host path's");
 }
 
 fn secs(t: Instant) -> f64 {
@@ -328,9 +236,9 @@ fn main() {
     }
 
     // The source model in GPU memory.
-    let mut src = GpuModel::new(src_host, &engine, "trainer");
-    src.copy(&engine, CopyDirection::HostToDevice);
-    let src_reference_bytes = src.host.buffers.clone();
+    let src_reference_bytes = src_host.buffers.clone();
+    let alloc = |n: u64| engine.alloc_device(n).expect("device memory");
+    let mut src = DeviceModel::new(src_host, engine.clone(), &alloc, "trainer");
 
     // The memory store copies a batch on up to this many threads (its default is 4).
     let threads = env("MWS_GPU_CHECK_STORE_THREADS", 8) as usize;
@@ -372,15 +280,12 @@ fn main() {
     reference.bindings = bindings;
     // And the source bytes it came from are those of the GPU model.
     src.host.buffers.iter_mut().for_each(|b| b.fill(0));
-    src.copy(&engine, CopyDirection::DeviceToHost);
+    src.pull();
     assert!(src.host.buffers == src_reference_bytes, "the snapshot left the source unchanged");
 
     // Restore into GPU memory, verified (default) and unverified.
-    let mut dst = GpuModel::new(
-        HostModel::new(build_placement("serving", dst_layout, &defs, 1), false, "serving", 1),
-        &engine,
-        "serving",
-    );
+    let serving = HostModel::new(build_placement("serving", dst_layout, &defs, 1), false, "serving", 1);
+    let mut dst = DeviceModel::new(serving, engine.clone(), &alloc, "serving");
     let before = engine.stats();
     let mut stats = LoadStats::default();
     let verified = best(3, || {
@@ -396,33 +301,22 @@ fn main() {
         calls,
         stats.verified_bytes
     );
-    dst.check_against(&engine, &reference, "restore into GPU memory (verified)");
+    check(&mut dst, &reference, "restore into GPU memory (verified)");
     let unverified_ws = WeightStore::new(store.clone())
         .with_device_engine(engine.clone())
         .with_limits(StoreLimits { verify_integrity: false, ..StoreLimits::default() })
         .unwrap();
-    dst.clear(&engine, 0);
+    dst.clear(0);
     let unverified = best(3, || {
         restore(&unverified_ws, manifest.manifest_key(), &dst.host.bindings.clone(), &dst.host);
     });
     println!("restore (unverified): {:.3} s ({:.1} GB/s)", unverified, gb(unverified));
-    dst.check_against(&engine, &reference, "restore into GPU memory (unverified)");
+    check(&mut dst, &reference, "restore into GPU memory (unverified)");
 
     // Live GPU -> GPU through the embedded engine.
     let local = Arc::new(LocalEngine::with_device_engine(engine.clone()));
     // The remote side's owner registers its memory; the called side registers its own.
-    let register = |m: &GpuModel, on: bool| {
-        for (buf, &base) in m.host.buffers.iter().zip(&m.bases) {
-            let r = MemoryRegion { address: base, len: buf.len() as u64, kind: MemoryKind::Device(0) };
-            let rc = if on {
-                // SAFETY: device allocations alive until the end of the program.
-                unsafe { local.register_memory(r) }.unwrap()
-            } else {
-                local.unregister_memory(base).unwrap()
-            };
-            assert_eq!(rc, 0);
-        }
-    };
+    let register = |m: &DeviceModel, on: bool| m.register(&*local, on);
     let logical =
         LogicalTransferPlan::plan(src.host.placement.clone(), dst.host.placement.clone(), PlanningLimits::default())
             .unwrap();
@@ -444,7 +338,7 @@ fn main() {
     let ex = TransferExecutor::new(local.clone(), limits).unwrap();
     let mut segments = 0u64;
     for reader in [false, true] {
-        dst.clear(&engine, 0x11);
+        dst.clear(0x11);
         register(if reader { &src } else { &dst }, true);
         let args = ExecuteArgs {
             remote_registrations: Some(if reader { &src_leases } else { &dst_leases }),
@@ -481,11 +375,7 @@ fn main() {
             gb(t),
             segments
         );
-        dst.check_against(
-            &engine,
-            &reference,
-            if reader { "live reshard, reader mode" } else { "live reshard, sink mode" },
-        );
+        check(&mut dst, &reference, if reader { "live reshard, reader mode" } else { "live reshard, sink mode" });
         register(if reader { &src } else { &dst }, false);
     }
     register(&dst, true);
@@ -502,7 +392,7 @@ fn main() {
                 .unwrap()
         })
         .collect();
-    dst.clear(&engine, 0x22);
+    dst.clear(0x22);
     let before = engine.stats();
     let mut g = 1u64;
     let step = best(5, || {
@@ -520,7 +410,7 @@ fn main() {
         live_calls,
         segments
     );
-    dst.check_against(&engine, &reference, "prepared steps");
+    check(&mut dst, &reference, "prepared steps");
     drop(prepared);
 
     println!("figure: gpu_restore_vs_h2d_memcpy = {:.3}", h2d / verified);

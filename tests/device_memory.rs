@@ -6,11 +6,14 @@
 //! reshards through the embedded engine in both modes and every direction, prepared
 //! steps; every byte checked, and the device engine's driver calls counted.
 
+#[path = "common/device.rs"]
+mod device_model;
 #[path = "common/model.rs"]
 mod model;
 
+use device_model::DeviceModel;
 use model::*;
-use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, DeviceEngine, FencedDevice};
+use mooncake_weight_store::device::{DeviceEngine, FencedDevice};
 use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::TransferEngine;
 use mooncake_weight_store::model::StoredManifest;
@@ -19,117 +22,19 @@ use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::protocol::{LoadArgs, LoadStats, StaticGuard, WeightStore};
-use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::memory::MemoryStore;
 use mooncake_weight_store::store::{ObjectStore, RecordType, WriteConfig};
-use mooncake_weight_store::{ErrorKind, MemoryKind, MemoryRegion, RuntimeBinding, RuntimeFragment};
+use mooncake_weight_store::{ErrorKind, MemoryKind, MemoryRegion};
 use std::sync::Arc;
 
 const TP2: Layout = Layout { tp: 2, pp: 1, ep: 1, dp: 1 };
 const TP4: Layout = Layout { tp: 4, pp: 1, ep: 1, dp: 1 };
 const ONE: Layout = Layout { tp: 1, pp: 1, ep: 1, dp: 1 };
 
-/// A model whose bytes live on the fenced device: one device allocation per
-/// participant, the same layout as the host model's buffer (which the test uses only
-/// to fill the device and to check what comes back).
-struct DeviceModel {
-    host: HostModel,
-    dev: Arc<FencedDevice>,
-    bases: Vec<u64>,
-}
-
-impl DeviceModel {
-    fn new(host: HostModel, dev: &Arc<FencedDevice>, instance: &str) -> DeviceModel {
-        let bases: Vec<u64> = host.buffers.iter().map(|b| dev.alloc(b.len() as u64).unwrap()).collect();
-        let mut m = DeviceModel { host, dev: dev.clone(), bases };
-        m.push();
-        m.host.bindings = m.device_bindings(instance, 1);
-        m
-    }
-
-    /// Host buffers -> device; then the host copies are scrambled, so only the device
-    /// holds the model.
-    fn push(&mut self) {
-        for (buf, &base) in self.host.buffers.iter_mut().zip(&self.bases) {
-            let r = [CopyRange { source: buf.as_ptr() as u64, target: base, len: buf.len() as u64 }];
-            // SAFETY: a live host buffer and device memory allocated for it.
-            unsafe { copy_ranges(&*self.dev, 0, CopyDirection::HostToDevice, &r) }.unwrap();
-            buf.fill(0x3C);
-        }
-    }
-
-    /// Device -> host buffers (to check them).
-    fn pull(&mut self) {
-        for (buf, &base) in self.host.buffers.iter_mut().zip(&self.bases) {
-            let r = [CopyRange { source: base, target: buf.as_mut_ptr() as u64, len: buf.len() as u64 }];
-            // SAFETY: as in `push`.
-            unsafe { copy_ranges(&*self.dev, 0, CopyDirection::DeviceToHost, &r) }.unwrap();
-        }
-    }
-
-    /// The host model's bindings moved onto the device allocations.
-    fn device_bindings(&self, instance: &str, generation: u64) -> Vec<RuntimeBinding> {
-        let host_bases: Vec<u64> = self.host.buffers.iter().map(|b| b.as_ptr() as u64).collect();
-        self.host
-            .make_bindings(instance, generation)
-            .into_iter()
-            .map(|b| {
-                let frags = b
-                    .fragments()
-                    .iter()
-                    .map(|f: &RuntimeFragment| {
-                        let pi = host_bases.iter().position(|&h| h == f.storage_address()).unwrap();
-                        let base = self.bases[pi];
-                        RuntimeFragment::new(RuntimeFragmentSpec {
-                            placement_fragment_id: f.placement_fragment_id().into(),
-                            fragment_id: f.fragment_id().into(),
-                            address: base + f.storage_offset_bytes(),
-                            nbytes: f.nbytes(),
-                            worker_id: f.worker_id().into(),
-                            endpoint: f.endpoint().into(),
-                            device: "cuda:0".into(),
-                            itemsize: f.itemsize(),
-                            local_shape: f.local_shape().to_vec(),
-                            strides_bytes: f.strides_bytes().to_vec(),
-                            storage_address: base,
-                            storage_nbytes: f.storage_nbytes(),
-                            storage_offset_bytes: f.storage_offset_bytes(),
-                            memory: MemoryKind::Device(0),
-                        })
-                        .unwrap()
-                    })
-                    .collect();
-                RuntimeBinding::new(RuntimeBindingSpec {
-                    resource_id: b.resource_id().into(),
-                    placement_id: b.placement_id().into(),
-                    placement_digest: b.placement_digest().into(),
-                    instance_id: b.instance_id().into(),
-                    lease_generation: b.lease_generation(),
-                    lease_id: b.lease_id().into(),
-                    revision: b.revision().into(),
-                    participant_id: b.participant_id().into(),
-                    fragments: frags,
-                })
-                .unwrap()
-            })
-            .collect()
-    }
-
-    /// Every device byte checked against the expected model bytes.
-    fn verify(&mut self) -> usize {
-        self.pull();
-        self.host.verify().unwrap()
-    }
-
-    /// Registers the device allocations with `engine`.
-    fn register(&self, engine: &LocalEngine) {
-        for (buf, &base) in self.host.buffers.iter().zip(&self.bases) {
-            let r = MemoryRegion { address: base, len: buf.len() as u64, kind: MemoryKind::Device(0) };
-            // SAFETY: device memory of the test's fenced device, alive for the test.
-            assert_eq!(unsafe { engine.register_memory(r) }.unwrap(), 0);
-        }
-    }
+/// `host` on the fenced device `dev`.
+fn on_device(host: HostModel, dev: &Arc<FencedDevice>, instance: &str) -> DeviceModel {
+    DeviceModel::new(host, dev.clone(), &|n| dev.alloc(n).unwrap(), instance)
 }
 
 fn device() -> Arc<FencedDevice> {
@@ -142,7 +47,7 @@ fn defs() -> Vec<TensorDef> {
 
 /// A TP2 source on the device, snapshotted through `ws`.
 fn snapshot(ws: &WeightStore, dev: &Arc<FencedDevice>) -> StoredManifest {
-    let src = DeviceModel::new(HostModel::new(build_placement("source", TP2, &defs(), 1), true, "t", 1), dev, "t");
+    let src = on_device(HostModel::new(build_placement("source", TP2, &defs(), 1), true, "t", 1), dev, "t");
     src.host.snapshot_into(ws).unwrap()
 }
 
@@ -154,7 +59,7 @@ fn restore(
     layout: Layout,
     dev: &Arc<FencedDevice>,
 ) -> mooncake_weight_store::Result<(LoadStats, DeviceModel)> {
-    let dst = DeviceModel::new(HostModel::new(build_placement("target", layout, &defs(), 1), false, "s", 1), dev, "s");
+    let dst = on_device(HostModel::new(build_placement("target", layout, &defs(), 1), false, "s", 1), dev, "s");
     let manifest = Arc::new(ws.load_manifest(manifest.manifest_key())?);
     let plan = ws.plan_load(manifest, dst.host.placement.clone(), &dst.host.bindings, PlanningLimits::default())?;
     let mut total = LoadStats::default();
@@ -232,7 +137,7 @@ fn a_corrupt_payload_never_reaches_the_device() {
     let at = v.len() / 3;
     v[at] ^= 0x10;
     mem.upsert(f.object_key(), &v, &WriteConfig { group_ids: &[], record_type: RecordType::Payload }).unwrap();
-    let dst = DeviceModel::new(HostModel::new(build_placement("target", TP4, &defs(), 1), false, "s", 1), &dev, "s");
+    let dst = on_device(HostModel::new(build_placement("target", TP4, &defs(), 1), false, "s", 1), &dev, "s");
     let manifest = Arc::new(ws.load_manifest(m.manifest_key()).unwrap());
     let plan =
         ws.plan_load(manifest, dst.host.placement.clone(), &dst.host.bindings, PlanningLimits::default()).unwrap();
@@ -268,7 +173,7 @@ fn device_memory_without_a_device_engine_is_refused_before_any_io() {
     let dev = device();
     let mem = Arc::new(MemoryStore::new());
     let plain = WeightStore::new(mem.clone());
-    let src = DeviceModel::new(HostModel::new(build_placement("source", TP2, &defs(), 1), true, "t", 1), &dev, "t");
+    let src = on_device(HostModel::new(build_placement("source", TP2, &defs(), 1), true, "t", 1), &dev, "t");
     let e = src.host.snapshot_into(&plain).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(e.message().contains("device engine"), "{e}");
@@ -293,13 +198,13 @@ fn transfer_models(
         1,
     );
     let (src_d, src_h) = if src_on_device {
-        let d = DeviceModel::new(src_h, dev, "trainer");
+        let d = on_device(src_h, dev, "trainer");
         (Some(d), None)
     } else {
         (None, Some(src_h))
     };
     let (dst_d, dst_h) = if dst_on_device {
-        let d = DeviceModel::new(dst_h, dev, "serving");
+        let d = on_device(dst_h, dev, "serving");
         (Some(d), None)
     } else {
         (None, Some(dst_h))
@@ -350,7 +255,7 @@ fn live_reshards_between_device_and_host_memory_in_both_modes() {
             // The side that is called on registers its memory itself; the other side pre-registers.
             let remote = if reader { (&src_d, &src_h) } else { (&dst_d, &dst_h) };
             match remote.0 {
-                Some(d) => d.register(&engine),
+                Some(d) => d.register(&*engine, true),
                 None => register_host(&engine, remote.1),
             }
             let remote_bindings = if reader { &sb } else { &db };
@@ -403,7 +308,7 @@ fn prepared_steps_move_device_bytes_every_generation() {
     let (src_d, _, dst_d, _, plan) = transfer_models(&dev, true, true);
     let (src_d, mut dst_d) = (src_d.unwrap(), dst_d.unwrap());
     let engine = Arc::new(LocalEngine::with_device_engine(dev.clone()));
-    dst_d.register(&engine);
+    dst_d.register(&*engine, true);
     let sink = Sink::new(engine.clone(), ExecutorLimits::default()).unwrap();
     let prepared: Vec<PreparedTransfer> = src_d
         .host
