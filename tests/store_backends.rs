@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use mooncake_weight_store::runtime::{CopyHook, MemoryRegion};
+use mooncake_weight_store::runtime::MemoryRegion;
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::memory::MemoryStore;
 use mooncake_weight_store::store::{ObjectStore, PutFrom, RangeRead, RecordType, WriteConfig};
@@ -46,48 +46,14 @@ struct Fixture<S> {
     _dir: Option<TempDir>,
 }
 
-fn memory(hook: Option<Arc<dyn CopyHook>>) -> Fixture<MemoryStore> {
-    let store = match hook {
-        Some(h) => MemoryStore::with_copy_hook(h),
-        None => MemoryStore::new(),
-    };
-    Fixture { store, _dir: None }
+fn memory() -> Fixture<MemoryStore> {
+    Fixture { store: MemoryStore::new(), _dir: None }
 }
 
-fn directory(hook: Option<Arc<dyn CopyHook>>) -> Fixture<DirectoryStore> {
+fn directory() -> Fixture<DirectoryStore> {
     let dir = TempDir::new("dirstore");
     let root = dir.path().join("store");
-    let store = match hook {
-        Some(h) => DirectoryStore::with_copy_hook(&root, h).unwrap(),
-        None => DirectoryStore::open(&root).unwrap(),
-    };
-    Fixture { store, _dir: Some(dir) }
-}
-
-/// A fake device: "device" addresses are host addresses; counts the copies.
-#[derive(Default)]
-struct FakeHook {
-    to_host: AtomicUsize,
-    to_device: AtomicUsize,
-}
-
-impl CopyHook for FakeHook {
-    fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()> {
-        assert!(matches!(src.kind, MemoryKind::Device(_)));
-        assert_eq!(src.len as usize, dst.len());
-        self.to_host.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-        unsafe { std::ptr::copy_nonoverlapping(src.address as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-    fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()> {
-        assert!(matches!(dst.kind, MemoryKind::Device(_)));
-        assert_eq!(dst.len as usize, src.len());
-        self.to_device.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.address as usize as *mut u8, src.len()) };
-        Ok(())
-    }
+    Fixture { store: DirectoryStore::open(&root).unwrap(), _dir: Some(dir) }
 }
 
 fn groups(n: usize) -> Vec<String> {
@@ -104,10 +70,6 @@ fn host(buf: &[u8]) -> MemoryRegion {
 
 fn host_mut(buf: &mut [u8]) -> MemoryRegion {
     MemoryRegion { address: buf.as_mut_ptr() as u64, len: buf.len() as u64, kind: MemoryKind::Host }
-}
-
-fn device(buf: &[u8]) -> MemoryRegion {
-    MemoryRegion { kind: MemoryKind::Device(0), ..host(buf) }
 }
 
 fn pattern(seed: u8, n: usize) -> Vec<u8> {
@@ -319,7 +281,7 @@ fn out_of_range_read<S: ObjectStore>(s: &S) {
     assert!(dst.iter().all(|&b| b == 0xAB), "destination was written");
 }
 
-fn device_without_hook<S: ObjectStore>(s: &S) {
+fn device_memory_is_refused<S: ObjectStore>(s: &S) {
     // A bogus "device" address: touching it would crash the test.
     let bogus = MemoryRegion { address: 0x10, len: 4096, kind: MemoryKind::Device(0) };
     let ok = pattern(4, 10);
@@ -344,42 +306,6 @@ fn device_without_hook<S: ObjectStore>(s: &S) {
         let e = assert_kind(r, ErrorKind::Unsupported);
         assert!(e.message().contains(key), "{e}");
     }
-}
-
-fn device_with_hook<S: ObjectStore>(s: &S, hook: &FakeHook) {
-    let big = pattern(6, 9 << 20); // more than one bounce buffer
-    let small = pattern(8, 333);
-    let items = [PutFrom { key: "h/big", source: device(&big) }, PutFrom { key: "h/small", source: device(&small) }];
-    let g = groups(2);
-    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    for r in unsafe { s.batch_put_from(&items, &cfg(&g)) } {
-        r.unwrap();
-    }
-    assert!(hook.to_host.load(Ordering::Relaxed) >= 2);
-    assert!(s.get("h/big").unwrap() == big);
-    assert_eq!(s.get("h/small").unwrap(), small);
-
-    let mut dst = vec![0u8; (9 << 20) + 100];
-    let base = dst.as_mut_ptr() as u64;
-    let ranges = [
-        RangeRead {
-            key: "h/big",
-            object_offset: 0,
-            dest: MemoryRegion { address: base, len: 9 << 20, kind: MemoryKind::Device(0) },
-        },
-        RangeRead {
-            key: "h/small",
-            object_offset: 233,
-            dest: MemoryRegion { address: base + (9 << 20), len: 100, kind: MemoryKind::Device(0) },
-        },
-    ];
-    // SAFETY: test code: every pointer comes from a buffer this test owns and keeps alive, unaliased, for the call.
-    let res = unsafe { s.get_into_ranges(&ranges) };
-    assert_eq!(*res[0].as_ref().unwrap(), 9 << 20);
-    assert_eq!(*res[1].as_ref().unwrap(), 100);
-    assert!(dst[..9 << 20] == big[..]);
-    assert_eq!(dst[9 << 20..], small[233..]);
-    assert!(hook.to_device.load(Ordering::Relaxed) >= 2);
 }
 
 fn concurrent_create_only<S: ObjectStore>(s: &S) {
@@ -449,57 +375,49 @@ fn concurrent_upsert_reads<S: ObjectStore>(s: &S) {
 macro_rules! backend_tests {
     ($backend:ident) => {
         mod $backend {
-            use super::*;
-
             #[test]
             fn create_only_put() {
-                super::create_only_put(&super::$backend(None).store);
+                super::create_only_put(&super::$backend().store);
             }
             #[test]
             fn upsert_replaces() {
-                super::upsert_replaces(&super::$backend(None).store);
+                super::upsert_replaces(&super::$backend().store);
             }
             #[test]
             fn get_exists_remove() {
-                super::get_exists_remove(&super::$backend(None).store);
+                super::get_exists_remove(&super::$backend().store);
             }
             #[test]
             fn batch_put_from_host() {
-                super::batch_put_from_host(&super::$backend(None).store);
+                super::batch_put_from_host(&super::$backend().store);
             }
             #[test]
             fn large_batches() {
-                super::large_batches(&super::$backend(None).store);
+                super::large_batches(&super::$backend().store);
             }
             #[test]
             fn batch_put_from_group_count() {
-                super::batch_put_from_group_count(&super::$backend(None).store);
+                super::batch_put_from_group_count(&super::$backend().store);
             }
             #[test]
             fn get_into_ranges_host() {
-                super::get_into_ranges_host(&super::$backend(None).store);
+                super::get_into_ranges_host(&super::$backend().store);
             }
             #[test]
             fn out_of_range_read() {
-                super::out_of_range_read(&super::$backend(None).store);
+                super::out_of_range_read(&super::$backend().store);
             }
             #[test]
-            fn device_without_hook() {
-                super::device_without_hook(&super::$backend(None).store);
-            }
-            #[test]
-            fn device_with_hook() {
-                let hook = Arc::new(FakeHook::default());
-                let f = super::$backend(Some(hook.clone()));
-                super::device_with_hook(&f.store, &hook);
+            fn device_memory_is_refused() {
+                super::device_memory_is_refused(&super::$backend().store);
             }
             #[test]
             fn concurrent_create_only() {
-                super::concurrent_create_only(&super::$backend(None).store);
+                super::concurrent_create_only(&super::$backend().store);
             }
             #[test]
             fn concurrent_upsert_reads() {
-                super::concurrent_upsert_reads(&super::$backend(None).store);
+                super::concurrent_upsert_reads(&super::$backend().store);
             }
         }
     };
@@ -596,7 +514,7 @@ fn directory_hostile_keys_refused() {
 
 #[test]
 fn directory_prefix_keys_coexist() {
-    let f = directory(None);
+    let f = directory();
     let s = &f.store;
     let g = groups(1);
     let keys = ["a", "a/b", "a/b/c", "a/b/c/d", "b/a", "d.a", "f.a", "a/f.b", "a/d.b"];
@@ -642,21 +560,17 @@ fn directory_reopen_and_clean_temp() {
     assert_eq!(s.get("p/k").unwrap(), b"persisted");
 }
 
-/// The weight protocol asks `supports_memory` before it hands device fragments to a
-/// store: an embedded store with a copy hook must say yes (else uploads and loads of
-/// device memory are refused although the hook could serve them), one without must
-/// say no.
+/// The embedded stores hold host bytes only: device memory reaches them through the
+/// weight store's device engine, which stages it (tests/device_memory.rs), so they
+/// say no to device memory and the protocol never hands them a device region.
 #[test]
-fn embedded_stores_support_device_memory_exactly_with_a_copy_hook() {
-    let hook: Arc<dyn CopyHook> = Arc::new(FakeHook::default());
+fn embedded_stores_hold_host_bytes_only() {
     for kind in [MemoryKind::Device(0), MemoryKind::Device(3)] {
-        assert!(memory(Some(hook.clone())).store.supports_memory(kind));
-        assert!(directory(Some(hook.clone())).store.supports_memory(kind));
-        assert!(!memory(None).store.supports_memory(kind));
-        assert!(!directory(None).store.supports_memory(kind));
+        assert!(!memory().store.supports_memory(kind));
+        assert!(!directory().store.supports_memory(kind));
     }
-    assert!(memory(None).store.supports_memory(MemoryKind::Host));
-    assert!(directory(None).store.supports_memory(MemoryKind::Host));
+    assert!(memory().store.supports_memory(MemoryKind::Host));
+    assert!(directory().store.supports_memory(MemoryKind::Host));
 }
 
 /// Issue 29: a path that is a regular file (or lies below one) cannot be a store root;

@@ -1,9 +1,9 @@
 //! Verified reads by default (issue 29): every restore checks the integrity record
 //! with checksums computed while the bytes are copied (fused with the copy), on every
-//! store; partly read blocks are completed by reading their gaps; device targets are
-//! verified through the copy hook (embedded stores) or by reading blocks again
-//! (stores with the default checked reads); integrity errors name the tensor and the
-//! stored fragment's box; `verify_integrity: false` opts out.
+//! store; partly read blocks are completed by reading their gaps; integrity errors name the tensor and the
+//! stored fragment's box; `verify_integrity: false` opts out. Device targets are
+//! staged by the device engine and verified before they reach the device
+//! (tests/device_memory.rs).
 
 #[path = "common/model.rs"]
 mod model;
@@ -13,12 +13,12 @@ use mooncake_weight_store::model::StoredManifest;
 use mooncake_weight_store::plan::integrity::{manifest_integrity_key, BLOCK_BYTES};
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::protocol::{LoadArgs, LoadStats, StaticGuard, StoreLimits, WeightStore};
-use mooncake_weight_store::runtime::{CopyHook, RuntimeBindingSpec, RuntimeFragmentSpec};
+use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
 use mooncake_weight_store::store::directory::DirectoryStore;
 use mooncake_weight_store::store::memory::MemoryStore;
 use mooncake_weight_store::store::remote::{RemoteCalls, RemotePut, RemoteRange, RemoteStore};
-use mooncake_weight_store::store::{ObjectStore, PutFrom, RangeRead, RecordType, StoreCost, StridedRead, WriteConfig};
-use mooncake_weight_store::{ErrorKind, MemoryKind, MemoryRegion, Result, RuntimeBinding, RuntimeFragment};
+use mooncake_weight_store::store::{ObjectStore, RecordType, StoreCost, WriteConfig};
+use mooncake_weight_store::{ErrorKind, MemoryKind, Result, RuntimeBinding, RuntimeFragment};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -258,124 +258,6 @@ fn partly_read_blocks_of_the_directory_store_are_completed_too() {
     let e = restore(&ws, &m, TP4, Some(1), MemoryKind::Host).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
     assert!(e.message().contains(&names(&frag)), "{e}");
-}
-
-/// A fake device: "device" addresses are host addresses; counts the copies.
-#[derive(Default)]
-struct FakeHook {
-    to_device: AtomicUsize,
-}
-
-impl CopyHook for FakeHook {
-    fn device_to_host(&self, src: MemoryRegion, dst: &mut [u8]) -> Result<()> {
-        // SAFETY: test code: "device" regions are live host buffers of this test.
-        unsafe { std::ptr::copy_nonoverlapping(src.address as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-    fn host_to_device(&self, src: &[u8], dst: MemoryRegion) -> Result<()> {
-        assert!(matches!(dst.kind, MemoryKind::Device(_)));
-        self.to_device.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: test code: "device" regions are live host buffers of this test.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.address as usize as *mut u8, src.len()) };
-        Ok(())
-    }
-}
-
-/// Device targets of the embedded stores: the bytes handed to the copy hook are
-/// summed on the way (nothing read again), for whole and strided reads.
-#[test]
-fn device_targets_through_the_copy_hook_are_verified() {
-    let hook = Arc::new(FakeHook::default());
-    let mem = Arc::new(MemoryStore::with_copy_hook(hook.clone()));
-    let (ws, m) = snapshot(mem.clone());
-    let (stats, dst) = restore(&ws, &m, ONE, None, MemoryKind::Device(0)).unwrap();
-    dst.verify().unwrap();
-    assert_eq!(stats.verify_read_bytes, 0, "summed on the way to the hook: {stats:?}");
-    // Half rows (TP4 from TP2): only the gaps of each participant's blocks are read.
-    let (stats, dst) = restore(&ws, &m, TP4, None, MemoryKind::Device(0)).unwrap();
-    dst.verify().unwrap();
-    assert!(stats.verify_read_bytes < stats.verified_bytes / 2, "summed on the way to the hook: {stats:?}");
-    assert!(hook.to_device.load(Ordering::Relaxed) > 0);
-    let frag = fragment(&m, UP).clone();
-    flip_memory(&mem, frag.object_key(), 77);
-    let e = restore(&ws, &m, TP2, None, MemoryKind::Device(0)).err().unwrap();
-    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
-    assert!(e.message().contains(&names(&frag)), "{e}");
-
-    let dir = TempDir::new("hook");
-    let store = Arc::new(DirectoryStore::with_copy_hook(&dir.0, hook.clone()).unwrap());
-    let (ws, m) = snapshot(store.clone());
-    let (stats, dst) = restore(&ws, &m, ONE, None, MemoryKind::Device(0)).unwrap();
-    dst.verify().unwrap();
-    assert_eq!(stats.verify_read_bytes, 0, "{stats:?}");
-    restore(&ws, &m, TP4, None, MemoryKind::Device(0)).unwrap().1.verify().unwrap();
-    let frag = fragment(&m, O_PROJ).clone();
-    flip_directory(&store, frag.object_key(), 9);
-    let e = restore(&ws, &m, ONE, None, MemoryKind::Device(0)).err().unwrap();
-    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
-    assert!(e.message().contains(&names(&frag)), "{e}");
-}
-
-/// A store with the contract's default checked reads (it overrides nothing): host
-/// destinations are summed after the call, device ones cannot be, so their blocks
-/// are read again into host memory and checked.
-struct Plain(Arc<MemoryStore>);
-
-impl ObjectStore for Plain {
-    fn put(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
-        self.0.put(key, value, config)
-    }
-    fn upsert(&self, key: &str, value: &[u8], config: &WriteConfig<'_>) -> Result<()> {
-        self.0.upsert(key, value, config)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>> {
-        self.0.get(key)
-    }
-    fn object_size(&self, key: &str) -> Result<u64> {
-        self.0.object_size(key)
-    }
-    fn exists(&self, key: &str) -> Result<bool> {
-        self.0.exists(key)
-    }
-    fn remove(&self, key: &str) -> Result<()> {
-        self.0.remove(key)
-    }
-    unsafe fn batch_put_from(&self, items: &[PutFrom<'_>], config: &WriteConfig<'_>) -> Vec<Result<()>> {
-        // SAFETY: forwarded.
-        unsafe { self.0.batch_put_from(items, config) }
-    }
-    unsafe fn get_into_ranges(&self, ranges: &[RangeRead<'_>]) -> Vec<Result<u64>> {
-        // SAFETY: forwarded.
-        unsafe { self.0.get_into_ranges(ranges) }
-    }
-    fn supports_strided_reads(&self) -> bool {
-        true
-    }
-    unsafe fn get_into_strided(&self, reads: &[StridedRead<'_>]) -> Vec<Result<u64>> {
-        // SAFETY: forwarded.
-        unsafe { self.0.get_into_strided(reads) }
-    }
-    fn supports_memory(&self, kind: MemoryKind) -> bool {
-        self.0.supports_memory(kind)
-    }
-}
-
-#[test]
-fn device_targets_of_a_store_with_default_checked_reads_are_read_again() {
-    let mem = Arc::new(MemoryStore::with_copy_hook(Arc::new(FakeHook::default())));
-    let (ws, m) = snapshot(Arc::new(Plain(mem.clone())));
-    let (stats, dst) = restore(&ws, &m, TP4, None, MemoryKind::Device(0)).unwrap();
-    dst.verify().unwrap();
-    assert_eq!(stats.verify_read_bytes, stats.verified_bytes, "every touched block read again: {stats:?}");
-    let (stats, _) = restore(&ws, &m, ONE, None, MemoryKind::Host).unwrap();
-    assert_eq!(stats.verify_read_bytes, 0, "host targets are summed after the call: {stats:?}");
-    let frag = fragment(&m, O_PROJ).clone();
-    flip_memory(&mem, frag.object_key(), frag.nbytes() / 2);
-    for memory in [MemoryKind::Device(0), MemoryKind::Host] {
-        let e = restore(&ws, &m, TP4, None, memory).err().unwrap();
-        assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
-        assert!(e.message().contains(&names(&frag)), "{e}");
-    }
 }
 
 /// An in-memory remote store (Mooncake's codes, per-range reads that copy): what the

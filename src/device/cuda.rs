@@ -86,6 +86,8 @@ fn api() -> Result<&'static Api> {
     API.get_or_init(load).as_ref().map_err(|e| Error::new(ErrorKind::Unsupported, e.clone()))
 }
 
+// Each symbol's type is the field it initializes (`Api`), spelled once there.
+#[allow(clippy::missing_transmute_annotations)]
 fn load() -> std::result::Result<Api, String> {
     let path = std::env::var("MWS_CUDA_DRIVER").unwrap_or_else(|_| "libcuda.so.1".to_string());
     let c_path = std::ffi::CString::new(path.clone()).map_err(|_| "MWS_CUDA_DRIVER holds a NUL byte".to_string())?;
@@ -288,9 +290,10 @@ impl CudaEngine {
         };
         if stream.is_none() {
             let mut s: CuStream = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local, in the device's context.
             inner.in_context(|| {
-                inner.check(unsafe { (api.stream_create)(&mut s, CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")
+                // SAFETY: out-pointer to a local, in the device's context.
+                let rc = unsafe { (api.stream_create)(&mut s, CU_STREAM_NON_BLOCKING) };
+                inner.check(rc, "cuStreamCreate")
             })?;
             inner.stream = s as usize;
             inner.owns_stream = true;
@@ -307,9 +310,10 @@ impl CudaEngine {
     /// with [`CudaEngine::free_device`].
     pub fn alloc_device(&self, len: u64) -> Result<u64> {
         let mut p = 0u64;
-        // SAFETY: out-pointer to a local, in the device's context.
         self.inner.in_context(|| {
-            self.inner.check(unsafe { (self.inner.api.mem_alloc)(&mut p, len as usize) }, "cuMemAlloc")
+            // SAFETY: out-pointer to a local, in the device's context.
+            let rc = unsafe { (self.inner.api.mem_alloc)(&mut p, len as usize) };
+            self.inner.check(rc, "cuMemAlloc")
         })?;
         Ok(p)
     }
@@ -319,8 +323,11 @@ impl CudaEngine {
     /// # Safety
     /// `address` came from `alloc_device` of this engine and is not used afterwards.
     pub unsafe fn free_device(&self, address: u64) -> Result<()> {
-        // SAFETY: the caller's contract.
-        self.inner.in_context(|| self.inner.check(unsafe { (self.inner.api.mem_free)(address) }, "cuMemFree"))
+        self.inner.in_context(|| {
+            // SAFETY: the caller's contract.
+            let rc = unsafe { (self.inner.api.mem_free)(address) };
+            self.inner.check(rc, "cuMemFree")
+        })
     }
 
     fn enqueue(&self, direction: CopyDirection, op: &CopyOp) -> Result<()> {
@@ -379,9 +386,8 @@ impl DeviceEngine for CudaEngine {
             // SAFETY: out-pointer to a local, in the device's context.
             inner.check(unsafe { (inner.api.event_create)(&mut e, CU_EVENT_DISABLE_TIMING) }, "cuEventCreate")?;
             // SAFETY: the event just created, on the engine's stream.
-            if let Err(err) =
-                inner.check(unsafe { (inner.api.event_record)(e, inner.stream as CuStream) }, "cuEventRecord")
-            {
+            let rc = unsafe { (inner.api.event_record)(e, inner.stream as CuStream) };
+            if let Err(err) = inner.check(rc, "cuEventRecord") {
                 // SAFETY: the event created above, never recorded.
                 unsafe { (inner.api.event_destroy)(e) };
                 return Err(err);
@@ -422,7 +428,9 @@ impl DeviceEngine for CudaEngine {
 
     fn staging(&self, len: u64) -> Result<StagingBuffer> {
         let inner = Arc::clone(&self.inner);
-        let want = usize::try_from(len.max(1))
+        // Pinned allocations are slow (milliseconds per call): sizes are rounded up to
+        // a power of two (at least 1 MiB) so that the pool serves the next request.
+        let want = usize::try_from(len.max(1 << 20).next_power_of_two())
             .map_err(|_| Error::new(ErrorKind::LimitExceeded, "staging buffer too large"))?;
         let pooled = {
             let mut pool = inner.pool.lock();
@@ -434,9 +442,10 @@ impl DeviceEngine for CudaEngine {
             Some(b) => b,
             None => {
                 let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: out-pointer to a local, in the device's context.
                 inner.in_context(|| {
-                    inner.check(unsafe { (inner.api.mem_host_alloc)(&mut p, want, 0) }, "cuMemHostAlloc")
+                    // SAFETY: out-pointer to a local, in the device's context.
+                    let rc = unsafe { (inner.api.mem_host_alloc)(&mut p, want, 0) };
+                    inner.check(rc, "cuMemHostAlloc")
                 })?;
                 (p as usize, want)
             }

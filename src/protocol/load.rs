@@ -218,14 +218,28 @@ impl WeightStore {
         let by_target = group_by_target(plan, &ops);
         let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
         let mut token = pin_targets(self, binding, &args, &by_target, &targets)?;
-        let requests = registration_requests_or_release(&targets, &mut token)?;
+        // Device targets go through the device engine (staged); the store never sees them.
+        let (by_target, on_device) = super::device_staging::split_device_targets(self, plan, by_target);
+        let store_targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
+        let requests = registration_requests_or_release(&store_targets, &mut token)?;
         let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
         let body = |io_started: &mut bool| {
             *io_started = true;
             // SAFETY: the caller upholds this function's `# Safety` contract, which is
             // `read_regions`'s; every bound was checked above.
-            let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats) };
-            let checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
+            let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats, None) };
+            let mut checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
+            if checked.is_ok() && !on_device.is_empty() {
+                let verify = super::device_staging::WindowCheck {
+                    verifier: verifier.as_ref(),
+                    object_sizes: &object_sizes,
+                    name: &name,
+                };
+                // SAFETY: as above; the device targets are valid device memory of the
+                // engine's device (this function's contract).
+                checked =
+                    unsafe { super::device_staging::restore(self, plan, &on_device, &options, &mut stats, &verify) };
+            }
             if checked.is_ok() {
                 stats.progress.finish();
             }
@@ -331,8 +345,12 @@ fn check_worker(planned: &RuntimeBinding, worker_id: Option<&str>) -> Result<()>
     Ok(())
 }
 
-/// Every target of `ops` in device memory needs a store with a device copy path.
+/// Every target of `ops` in device memory needs a device engine or a store that
+/// reaches device memory itself.
 fn check_memory_support(ws: &WeightStore, plan: &LoadPlan, ops: &[usize]) -> Result<()> {
+    if ws.device.is_some() {
+        return Ok(());
+    }
     if let Some(f) = ops
         .iter()
         .map(|&i| plan.target_fragment(i))
@@ -340,7 +358,7 @@ fn check_memory_support(ws: &WeightStore, plan: &LoadPlan, ops: &[usize]) -> Res
     {
         return Err(store_err(
             ErrorKind::Unsupported,
-            format!("target fragment {} is device memory and the store has no device copy path", f.fragment_id()),
+            format!("target fragment {} is device memory: give the weight store a device engine", f.fragment_id()),
         ));
     }
     Ok(())
@@ -476,24 +494,25 @@ fn start_tally<'p>(plan: &LoadPlan, ops: &[usize], progress: Option<ProgressFn<'
 /// As [`WeightStore::load`]: every target of `by_target` must be valid for writes
 /// and not accessed by anyone else for the duration of the call, and the regions
 /// must have been checked against the plan and the objects' sizes.
-unsafe fn read_regions(
+pub(super) unsafe fn read_regions(
     ws: &WeightStore,
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
     stats: &mut Tally<'_>,
+    mirrors: Mirrors<'_>,
 ) -> Result<()> {
     if ws.store.supports_strided_reads() {
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        let r = unsafe { read_strided(&*ws.store, plan, by_target, stats) };
+        let r = unsafe { read_strided(&*ws.store, plan, by_target, stats, mirrors) };
         stats.strided_regions = stats.regions;
         r
     } else if options.staging_bytes > 0 {
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        unsafe { read_staged(ws, plan, by_target, options, stats) }
+        unsafe { read_staged(ws, plan, by_target, options, stats, mirrors) }
     } else {
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        let r = unsafe { read_ranges(&*ws.store, plan, by_target, options, stats) };
+        let r = unsafe { read_ranges(&*ws.store, plan, by_target, options, stats, mirrors) };
         stats.direct_regions = stats.regions;
         r
     }
@@ -502,7 +521,7 @@ unsafe fn read_regions(
 /// After successful reads of a verified restore, checks what they delivered
 /// against the integrity record (reading the gaps of partly read blocks); else
 /// `read` as it is.
-fn verify_reads(
+pub(super) fn verify_reads(
     ws: &WeightStore,
     read: Result<()>,
     verifier: Option<&Verifier>,
@@ -518,8 +537,8 @@ fn verify_reads(
                 max_ranges_per_request: options.max_ranges_per_request,
             };
             v.check(&*ws.store, &ws.staging, delivered, object_sizes, name, &limits).map(|done| {
-                stats.verified_bytes = done.bytes;
-                stats.verify_read_bytes = done.extra_bytes;
+                stats.verified_bytes += done.bytes;
+                stats.verify_read_bytes += done.extra_bytes;
             })
         }
         _ => read,
@@ -579,14 +598,28 @@ fn log_restore(ws: &WeightStore, plan: &LoadPlan, binding: &RuntimeBinding, opti
     }
 }
 
+/// Where the reads of a load write: every target fragment itself, or, for the
+/// device targets of a staged restore, host staging mirrors of them (runtime
+/// fragment id -> mirror address; a mirror has the fragment's `nbytes`).
+pub(super) type Mirrors<'a> = Option<&'a HashMap<&'a str, u64>>;
+
+/// The address and memory kind the reads of region `i` write into (see [`Mirrors`]).
+fn dest_of(plan: &LoadPlan, i: usize, mirrors: Mirrors<'_>) -> (u64, MemoryKind) {
+    let t = plan.target_fragment(i);
+    match mirrors.and_then(|m| m.get(t.fragment_id())) {
+        Some(&address) => (address, MemoryKind::Host),
+        None => (t.address(), t.memory()),
+    }
+}
+
 /// The statistics of one load and its progress reporter, updated together: every
 /// read path adds to the statistics (through `Deref`) and reports after each store
 /// call (`report`: bytes read, regions counted so far).
-struct Tally<'p> {
+pub(super) struct Tally<'p> {
     stats: LoadStats,
     progress: Reporter<'p>,
     /// What the reads delivered, with checksums, when the restore is verified.
-    delivered: Option<Delivered>,
+    pub(super) delivered: Option<Delivered>,
 }
 
 impl Tally<'_> {
@@ -670,6 +703,7 @@ unsafe fn read_strided(
     plan: &LoadPlan,
     by_target: &BTreeMap<&str, Vec<usize>>,
     stats: &mut Tally<'_>,
+    mirrors: Mirrors<'_>,
 ) -> Result<()> {
     let mut reads: Vec<StridedRead<'_>> = Vec::with_capacity(STRIDED_BATCH);
     let run = |reads: &mut Vec<StridedRead<'_>>, stats: &mut Tally<'_>| -> Result<()> {
@@ -720,10 +754,11 @@ unsafe fn read_strided(
             let r = &plan.regions()[i];
             let s = plan.logical().source_of(r);
             let t = plan.target_fragment(i);
+            let (address, kind) = dest_of(plan, i, mirrors);
             reads.push(StridedRead {
                 key: s.object_key(),
                 object_offset: s.object_offset() + r.source_base_offset,
-                dest: MemoryRegion { address: t.address(), len: t.nbytes(), kind: t.memory() },
+                dest: MemoryRegion { address, len: t.nbytes(), kind },
                 dest_offset: r.target_base_offset,
                 inner_bytes: r.inner_bytes,
                 counts: &r.outer_loop_counts,
@@ -791,6 +826,7 @@ unsafe fn read_staged(
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
     stats: &mut Tally<'_>,
+    mirrors: Mirrors<'_>,
 ) -> Result<()> {
     let store = &*ws.store;
     let cost = store.cost();
@@ -801,7 +837,7 @@ unsafe fn read_staged(
         for &i in list {
             let r = &plan.regions()[i];
             match staged_span(r, &cost, cap, options.max_range_bytes) {
-                Some(span) if plan.target_fragment(i).memory() == MemoryKind::Host => staged.push((i, span)),
+                Some(span) if dest_of(plan, i, mirrors).1 == MemoryKind::Host => staged.push((i, span)),
                 _ => direct.entry(id).or_default().push(i),
             }
         }
@@ -809,7 +845,7 @@ unsafe fn read_staged(
     if !direct.is_empty() {
         let before = stats.regions;
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        unsafe { read_ranges(store, plan, &direct, options, stats) }?;
+        unsafe { read_ranges(store, plan, &direct, options, stats, mirrors) }?;
         stats.direct_regions += stats.regions - before;
     }
     if staged.is_empty() {
@@ -825,7 +861,7 @@ unsafe fn read_staged(
         for &(i, span) in &staged {
             if used + span > region.len || ranges + pieces(span) > options.max_ranges_per_request {
                 // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-                unsafe { flush_staged(store, plan, &batch, region, options, stats) }?;
+                unsafe { flush_staged(store, plan, &batch, region, options, stats, mirrors) }?;
                 batch.clear();
                 used = 0;
                 ranges = 0;
@@ -835,7 +871,7 @@ unsafe fn read_staged(
             ranges += pieces(span);
         }
         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.
-        unsafe { flush_staged(store, plan, &batch, region, options, stats) }
+        unsafe { flush_staged(store, plan, &batch, region, options, stats, mirrors) }
     })();
     ws.staging.give_back(buffer);
     result
@@ -848,6 +884,7 @@ unsafe fn flush_staged(
     staging: MemoryRegion,
     options: &LoadOptions,
     stats: &mut Tally<'_>,
+    mirrors: Mirrors<'_>,
 ) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
@@ -894,8 +931,7 @@ unsafe fn flush_staged(
     let base = staging.address as *const u8;
     for &(i, off) in batch {
         let r = &plan.regions()[i];
-        let t = plan.target_fragment(i);
-        let dst = t.address() as *mut u8;
+        let dst = dest_of(plan, i, mirrors).0 as *mut u8;
         let dims = r.outer_loop_counts.len();
         let mut idx = vec![0u64; dims];
         'rows: loop {
@@ -940,6 +976,7 @@ unsafe fn read_ranges(
     by_target: &BTreeMap<&str, Vec<usize>>,
     options: &LoadOptions,
     stats: &mut Tally<'_>,
+    mirrors: Mirrors<'_>,
 ) -> Result<()> {
     let mut keys: Vec<&str> = Vec::new();
     let mut key_index: HashMap<&str, u32> = HashMap::new();
@@ -958,7 +995,7 @@ unsafe fn read_ranges(
         for i in list {
             let r = &plan.regions()[i];
             let s = src(i);
-            let t = plan.target_fragment(i);
+            let (address, kind) = dest_of(plan, i, mirrors);
             let ki = *key_index.entry(s.object_key()).or_insert_with(|| {
                 keys.push(s.object_key());
                 (keys.len() - 1) as u32
@@ -971,7 +1008,7 @@ unsafe fn read_ranges(
                     batch.push(PendingRange {
                         key_index: ki,
                         object_offset: s.object_offset() + so + c,
-                        dest: MemoryRegion { address: t.address() + to + c, len, kind: t.memory() },
+                        dest: MemoryRegion { address: address + to + c, len, kind },
                     });
                     if batch.len() == options.max_ranges_per_request {
                         // SAFETY: the pointers and regions used here come from this function's caller, who upholds its `# Safety` contract (valid, disjoint memory for the call); bounds were checked above.

@@ -20,6 +20,7 @@
 //!   [`registration`]: buffer registration, leases and quarantine.
 
 pub mod commit;
+mod device_staging;
 pub mod guards;
 pub mod integrity;
 pub mod load;

@@ -137,10 +137,10 @@ fn check<'p>(
             return Err(stale(ErrorKind::StaleBinding, format!("stale source fragment: {rid}")));
         }
         let kind = o.source_snapshot().memory();
-        if kind != MemoryKind::Host && !ws.store.supports_memory(kind) {
+        if kind != MemoryKind::Host && ws.device.is_none() && !ws.store.supports_memory(kind) {
             return Err(stale(
                 ErrorKind::Unsupported,
-                format!("source fragment {rid} is device memory and the store has no device copy path"),
+                format!("source fragment {rid} is device memory: give the weight store a device engine"),
             ));
         }
     }
@@ -293,7 +293,10 @@ impl WeightStore {
                 }
             }
         }
-        let pinned: Vec<&RuntimeFragment> = ready.iter().filter(|r| r.token.is_some()).flat_map(|r| &r.frags).collect();
+        // Device sources staged through the device engine are never registered with the store.
+        let staged = |f: &&RuntimeFragment| self.device.is_none() || f.memory() == MemoryKind::Host;
+        let pinned: Vec<&RuntimeFragment> =
+            ready.iter().filter(|r| r.token.is_some()).flat_map(|r| &r.frags).filter(staged).collect();
         let requests = match registration_requests(&pinned) {
             Ok(r) => r,
             Err(e) => {
@@ -316,7 +319,12 @@ impl WeightStore {
             let total: u64 = frags.iter().map(|f| f.nbytes()).sum();
             let mut progress = Reporter::start(args.progress, ProgressPhase::Upload, total, ops.len() as u64);
             // SAFETY: the source views are valid and unchanged for the call (this function's `# Safety`).
-            checksums = unsafe { write_payloads(self, plan, &ops, &frags, &mut progress, &started) }?;
+            checksums = unsafe {
+                super::device_staging::stage_sources(self, &ops, &frags, |ops, frags| {
+                    // SAFETY: host views (and staged copies) valid and unchanged for the call.
+                    write_payloads(self, plan, ops, frags, &mut progress, &started)
+                })
+            }?;
             self.require_complete_payloads(&keys)?;
             progress.finish();
             Ok(())

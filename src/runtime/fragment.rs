@@ -205,6 +205,19 @@ impl RuntimeFragment {
         self.spec.memory
     }
 
+    /// This view's bytes as a host copy at `address` (its own allocation): the same
+    /// fragment ids and geometry in host memory, what the snapshot path hands the
+    /// store after staging a device view there.
+    pub(crate) fn staged_at(&self, address: u64) -> RuntimeFragment {
+        let mut spec = (*self.spec).clone();
+        spec.address = address;
+        spec.storage_address = address;
+        spec.storage_offset_bytes = 0;
+        spec.storage_nbytes = spec.nbytes;
+        spec.memory = MemoryKind::Host;
+        RuntimeFragment { spec: Arc::new(spec) }
+    }
+
     /// `same_runtime_snapshot`: true iff the 13 physical fields equal the planned
     /// snapshot's (and the memory kind).
     pub fn same_as_snapshot(&self, planned: &RuntimeFragmentSnapshot) -> bool {

@@ -1,0 +1,533 @@
+//! The GPU check (`scripts/gpu-check.sh` runs it): every device path of the library
+//! on a real NVIDIA GPU through [`CudaEngine`], with every byte checked, and each
+//! path's speed against a plain CUDA copy of the same bytes in the same run.
+//!
+//! A ~2 GiB model (7 layers, hidden 4096, bf16-sized items) lives in GPU memory in
+//! a TP4 layout. It is snapshotted into the memory store (device -> pinned staging
+//! -> checksums and store), restored into GPU memory in a TP2 x PP2 layout (store
+//! -> staging -> verified -> device; and unverified), and resharded GPU -> GPU live
+//! through the embedded engine (sink and reader modes, then prepared steps). Every
+//! restored or transferred byte is compared with a restore of the same revision into
+//! host memory (the host path).
+//!
+//! Output: one line per measurement, then `figure: NAME = VALUE` lines. Exits 2
+//! when no CUDA driver or device is present. `MWS_GPU_CHECK_LAYERS` (default 7)
+//! and `MWS_GPU_CHECK_HIDDEN` (default 4096) size the model.
+
+#[path = "../tests/common/model.rs"]
+mod model;
+
+use model::*;
+use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, CudaEngine, DeviceEngine, FencedDevice};
+use mooncake_weight_store::engine::local::LocalEngine;
+use mooncake_weight_store::engine::TransferEngine;
+use mooncake_weight_store::plan::load::PlanningLimits;
+use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
+use mooncake_weight_store::plan::transfer_bind::TransferPlan;
+use mooncake_weight_store::protocol::transfer::*;
+use mooncake_weight_store::protocol::{LoadArgs, LoadStats, StaticGuard, StoreLimits, WeightStore};
+use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
+use mooncake_weight_store::store::memory::MemoryStore;
+use mooncake_weight_store::{MemoryKind, MemoryRegion, RuntimeBinding, RuntimeFragment};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The device under test: CUDA, or (`MWS_GPU_CHECK_FENCED=1`, to rehearse the
+/// program on a machine without a GPU) the fenced test device.
+#[derive(Debug)]
+enum Gpu {
+    Cuda(CudaEngine),
+    Fenced(FencedDevice),
+}
+
+impl Gpu {
+    fn alloc_device(&self, len: u64) -> mooncake_weight_store::Result<u64> {
+        match self {
+            Gpu::Cuda(c) => c.alloc_device(len),
+            Gpu::Fenced(f) => f.alloc(len),
+        }
+    }
+
+    /// # Safety
+    /// As [`CudaEngine::free_device`].
+    unsafe fn free_device(&self, address: u64) -> mooncake_weight_store::Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Gpu::Cuda(c) => unsafe { c.free_device(address) },
+            Gpu::Fenced(_) => Ok(()),
+        }
+    }
+}
+
+impl DeviceEngine for Gpu {
+    fn name(&self) -> String {
+        match self {
+            Gpu::Cuda(c) => c.name(),
+            Gpu::Fenced(f) => f.name(),
+        }
+    }
+    unsafe fn submit(
+        &self,
+        ordinal: u32,
+        direction: CopyDirection,
+        ops: &[mooncake_weight_store::device::CopyOp],
+    ) -> mooncake_weight_store::Result<mooncake_weight_store::device::CopyTicket> {
+        match self {
+            // SAFETY: forwarded contract.
+            Gpu::Cuda(c) => unsafe { c.submit(ordinal, direction, ops) },
+            // SAFETY: forwarded contract.
+            Gpu::Fenced(f) => unsafe { f.submit(ordinal, direction, ops) },
+        }
+    }
+    fn wait(&self, ticket: mooncake_weight_store::device::CopyTicket) -> mooncake_weight_store::Result<()> {
+        match self {
+            Gpu::Cuda(c) => c.wait(ticket),
+            Gpu::Fenced(f) => f.wait(ticket),
+        }
+    }
+    fn staging(&self, len: u64) -> mooncake_weight_store::Result<mooncake_weight_store::device::StagingBuffer> {
+        match self {
+            Gpu::Cuda(c) => c.staging(len),
+            Gpu::Fenced(f) => f.staging(len),
+        }
+    }
+    fn stats(&self) -> mooncake_weight_store::device::DeviceStats {
+        match self {
+            Gpu::Cuda(c) => c.stats(),
+            Gpu::Fenced(f) => f.stats(),
+        }
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A model in GPU memory: one device allocation per participant, laid out as the
+/// host model's buffers.
+struct GpuModel {
+    host: HostModel,
+    bases: Vec<u64>,
+}
+
+impl GpuModel {
+    fn new(host: HostModel, engine: &Gpu, instance: &str) -> GpuModel {
+        let bases = host.buffers.iter().map(|b| engine.alloc_device(b.len() as u64).expect("cuMemAlloc")).collect();
+        let mut m = GpuModel { host, bases };
+        m.host.bindings = m.bindings(instance);
+        m
+    }
+
+    fn bindings(&self, instance: &str) -> Vec<RuntimeBinding> {
+        let host_bases: Vec<u64> = self.host.buffers.iter().map(|b| b.as_ptr() as u64).collect();
+        self.host
+            .make_bindings(instance, 1)
+            .into_iter()
+            .map(|b| {
+                let frags = b
+                    .fragments()
+                    .iter()
+                    .map(|f: &RuntimeFragment| {
+                        let pi = host_bases.iter().position(|&h| h == f.storage_address()).unwrap();
+                        RuntimeFragment::new(RuntimeFragmentSpec {
+                            placement_fragment_id: f.placement_fragment_id().into(),
+                            fragment_id: f.fragment_id().into(),
+                            address: self.bases[pi] + f.storage_offset_bytes(),
+                            nbytes: f.nbytes(),
+                            worker_id: f.worker_id().into(),
+                            endpoint: f.endpoint().into(),
+                            device: "cuda:0".into(),
+                            itemsize: f.itemsize(),
+                            local_shape: f.local_shape().to_vec(),
+                            strides_bytes: f.strides_bytes().to_vec(),
+                            storage_address: self.bases[pi],
+                            storage_nbytes: f.storage_nbytes(),
+                            storage_offset_bytes: f.storage_offset_bytes(),
+                            memory: MemoryKind::Device(0),
+                        })
+                        .unwrap()
+                    })
+                    .collect();
+                RuntimeBinding::new(RuntimeBindingSpec {
+                    resource_id: b.resource_id().into(),
+                    placement_id: b.placement_id().into(),
+                    placement_digest: b.placement_digest().into(),
+                    instance_id: b.instance_id().into(),
+                    lease_generation: b.lease_generation(),
+                    lease_id: b.lease_id().into(),
+                    revision: b.revision().into(),
+                    participant_id: b.participant_id().into(),
+                    fragments: frags,
+                })
+                .unwrap()
+            })
+            .collect()
+    }
+
+    fn copy(&mut self, engine: &Gpu, direction: CopyDirection) {
+        for (buf, &base) in self.host.buffers.iter_mut().zip(&self.bases) {
+            let (s, t) = match direction {
+                CopyDirection::HostToDevice => (buf.as_ptr() as u64, base),
+                _ => (base, buf.as_mut_ptr() as u64),
+            };
+            // SAFETY: a live host buffer and the device allocation made for it.
+            unsafe { copy_ranges(engine, 0, direction, &[CopyRange { source: s, target: t, len: buf.len() as u64 }]) }
+                .expect("copy");
+        }
+    }
+
+    /// Device bytes equal `reference`'s host bytes (same layout), fragment by fragment.
+    fn check_against(&mut self, engine: &Gpu, reference: &HostModel, what: &str) {
+        for b in &mut self.host.buffers {
+            b.fill(0);
+        }
+        self.copy(engine, CopyDirection::DeviceToHost);
+        let mut bytes = 0usize;
+        for (v, r) in self.host.views.iter().zip(&reference.views) {
+            assert_eq!((v.0, &v.1, v.2, v.3), (r.0, &r.1, r.2, r.3));
+            if self.host.buffers[v.0][v.2..v.2 + v.3] != reference.buffers[r.0][r.2..r.2 + r.3] {
+                panic!("{what}: bytes of {} on participant {} differ from the host path", v.1, v.0);
+            }
+            bytes += v.3;
+        }
+        println!("check: {what}: {bytes} bytes equal the host path's");
+    }
+
+    /// Sets every device byte to `value`.
+    fn clear(&mut self, engine: &Gpu, value: u8) {
+        for b in &mut self.host.buffers {
+            b.fill(value);
+        }
+        self.copy(engine, CopyDirection::HostToDevice);
+    }
+}
+
+fn fill_bytes(b: &mut [u8]) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ b.len() as u64;
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+}
+
+fn fill_random(m: &mut HostModel) {
+    for b in &mut m.buffers {
+        fill_bytes(b);
+    }
+}
+
+fn secs(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64()
+}
+
+/// Best of `n` timed runs of `f`.
+fn best(n: usize, mut f: impl FnMut()) -> f64 {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            secs(t)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn restore(ws: &WeightStore, manifest_key: &str, bindings: &[RuntimeBinding], target: &HostModel) -> LoadStats {
+    let manifest = Arc::new(ws.load_manifest(manifest_key).unwrap());
+    let plan = ws.plan_load(manifest, target.placement.clone(), bindings, PlanningLimits::default()).unwrap();
+    let mut total = LoadStats::default();
+    for b in bindings {
+        // SAFETY: the target memory (host or device) outlives the call.
+        let s = unsafe { ws.load(&plan, b, LoadArgs { guard: Some(&StaticGuard), ..Default::default() }) }.unwrap();
+        total.bytes += s.bytes;
+        total.ranges += s.ranges;
+        total.verified_bytes += s.verified_bytes;
+    }
+    total
+}
+
+fn main() {
+    let layers = env("MWS_GPU_CHECK_LAYERS", 7);
+    let hidden = env("MWS_GPU_CHECK_HIDDEN", 4096);
+    let engine = if env("MWS_GPU_CHECK_FENCED", 0) == 1 {
+        Arc::new(Gpu::Fenced(FencedDevice::new(0, 80 * hidden * hidden * (layers + 1) + (1 << 20)).unwrap()))
+    } else {
+        match CudaEngine::new(0, None) {
+            Ok(e) => Arc::new(Gpu::Cuda(e)),
+            Err(e) => {
+                eprintln!("gpu-check: no CUDA device: {}", e.message());
+                std::process::exit(2);
+            }
+        }
+    };
+    println!("device: {}", engine.name());
+    let defs = model_tensors(layers, hidden, 0);
+    let src_layout = Layout { tp: 4, pp: 1, ep: 1, dp: 1 };
+    let dst_layout = Layout { tp: 2, pp: 2, ep: 1, dp: 1 };
+    let mut src_host = HostModel::new(build_placement("trainer", src_layout, &defs, 1), false, "trainer", 1);
+    fill_random(&mut src_host);
+    let total: u64 = src_host.views.iter().map(|v| v.3 as u64).sum();
+    println!(
+        "model: {layers} layers, hidden {hidden}: {:.2} GiB, TP4 -> TP2 x PP2",
+        total as f64 / (1u64 << 30) as f64
+    );
+
+    // The engine's 2-D copies, each direction: 1,000 rows of 100 bytes, pitched
+    // 300 in host memory and 128 on the device, there and back, then device to
+    // device into a dense layout; every byte compared.
+    {
+        let rows = 1000u64;
+        let mut host: Vec<u8> = (0..rows * 300).map(|i| (i * 7 % 251) as u8).collect();
+        fill_bytes(&mut host);
+        let dev_rows = engine.alloc_device(rows * 128).unwrap();
+        let dev_dense = engine.alloc_device(rows * 100).unwrap();
+        let mut back = vec![0u8; (rows * 100) as usize];
+        let up: Vec<CopyRange> = (0..rows)
+            .map(|r| CopyRange { source: host.as_ptr() as u64 + r * 300, target: dev_rows + r * 128, len: 100 })
+            .collect();
+        let across: Vec<CopyRange> = (0..rows)
+            .map(|r| CopyRange { source: dev_rows + r * 128, target: dev_dense + r * 100, len: 100 })
+            .collect();
+        let down = [CopyRange { source: dev_dense, target: back.as_mut_ptr() as u64, len: rows * 100 }];
+        // SAFETY: host buffers owned here; device allocations made above.
+        let ops = unsafe {
+            copy_ranges(&*engine, 0, CopyDirection::HostToDevice, &up).unwrap()
+                + copy_ranges(&*engine, 0, CopyDirection::DeviceToDevice, &across).unwrap()
+                + copy_ranges(&*engine, 0, CopyDirection::DeviceToHost, &down).unwrap()
+        };
+        let want: Vec<u8> = (0..rows as usize).flat_map(|r| host[r * 300..r * 300 + 100].to_vec()).collect();
+        assert!(back == want, "2-D copies through the engine lost or moved bytes");
+        println!("check: 2-D copies (H2D pitched, D2D, D2H): 3,000 rows in {ops} copies, every byte equal");
+        // SAFETY: allocations made above, no longer used.
+        unsafe {
+            engine.free_device(dev_rows).unwrap();
+            engine.free_device(dev_dense).unwrap();
+        }
+    }
+
+    // Baselines: one copy of all the model's bytes, pinned host <-> device and device -> device.
+    let pinned = engine.staging(total).unwrap();
+    let dev_a = engine.alloc_device(total).unwrap();
+    let dev_b = engine.alloc_device(total).unwrap();
+    let one = |s: u64, t: u64, d: CopyDirection| {
+        // SAFETY: the pinned buffer and the two device allocations hold `total` bytes each.
+        unsafe { copy_ranges(&*engine, 0, d, &[CopyRange { source: s, target: t, len: total }]) }.unwrap();
+    };
+    let h2d = best(3, || one(pinned.address(), dev_a, CopyDirection::HostToDevice));
+    let d2h = best(3, || one(dev_a, pinned.address(), CopyDirection::DeviceToHost));
+    let d2d = best(3, || one(dev_a, dev_b, CopyDirection::DeviceToDevice));
+    let gb = |t: f64| total as f64 / t / 1e9;
+    println!("baseline: cuMemcpy pinned H2D {:.1} GB/s, D2H {:.1} GB/s, D2D {:.1} GB/s", gb(h2d), gb(d2h), gb(d2d));
+    drop(pinned);
+    // SAFETY: allocations made above, no longer used.
+    unsafe {
+        engine.free_device(dev_a).unwrap();
+        engine.free_device(dev_b).unwrap();
+    }
+
+    // The source model in GPU memory.
+    let mut src = GpuModel::new(src_host, &engine, "trainer");
+    src.copy(&engine, CopyDirection::HostToDevice);
+    let src_reference_bytes = src.host.buffers.clone();
+
+    // The memory store copies a batch on up to this many threads (its default is 4).
+    let threads = env("MWS_GPU_CHECK_STORE_THREADS", 8) as usize;
+    // The same snapshot from host memory: what the store itself costs.
+    let host_snapshot = {
+        let mut host = HostModel::new(build_placement("trainer", src_layout, &defs, 1), false, "trainer", 1);
+        host.buffers = src_reference_bytes.clone();
+        host.bindings = host.make_bindings("trainer", 1);
+        let store = MemoryStore::new();
+        store.set_max_threads(threads);
+        let ws = WeightStore::new(Arc::new(store));
+        let t = Instant::now();
+        host.snapshot_into(&ws).unwrap();
+        secs(t)
+    };
+    println!("snapshot from host memory: {:.3} s ({:.1} GB/s)", host_snapshot, gb(host_snapshot));
+
+    // Snapshot: device -> staging -> store.
+    let store = Arc::new(MemoryStore::new());
+    store.set_max_threads(threads);
+    let ws = WeightStore::new(store.clone()).with_device_engine(engine.clone());
+    let t = Instant::now();
+    let manifest = src.host.snapshot_into(&ws).unwrap();
+    let snapshot = secs(t);
+    println!("snapshot: {:.3} s ({:.1} GB/s)", snapshot, gb(snapshot));
+    // A second snapshot measures without first-touch costs of the store's memory.
+    let store2 = Arc::new(MemoryStore::new());
+    store2.set_max_threads(threads);
+    let ws2 = WeightStore::new(store2).with_device_engine(engine.clone());
+    let t = Instant::now();
+    src.host.snapshot_into(&ws2).unwrap();
+    let snapshot = snapshot.min(secs(t));
+    drop(ws2);
+
+    // Reference: the host path restores the revision into host memory.
+    let mut reference = HostModel::new(build_placement("serving", dst_layout, &defs, 1), false, "serving", 1);
+    let bindings = reference.bindings.clone();
+    restore(&ws, manifest.manifest_key(), &bindings, &reference);
+    reference.bindings = bindings;
+    // And the source bytes it came from are those of the GPU model.
+    src.host.buffers.iter_mut().for_each(|b| b.fill(0));
+    src.copy(&engine, CopyDirection::DeviceToHost);
+    assert!(src.host.buffers == src_reference_bytes, "the snapshot left the source unchanged");
+
+    // Restore into GPU memory, verified (default) and unverified.
+    let mut dst = GpuModel::new(
+        HostModel::new(build_placement("serving", dst_layout, &defs, 1), false, "serving", 1),
+        &engine,
+        "serving",
+    );
+    let before = engine.stats();
+    let mut stats = LoadStats::default();
+    let verified = best(3, || {
+        stats = restore(&ws, manifest.manifest_key(), &dst.host.bindings.clone(), &dst.host);
+    });
+    let calls = (engine.stats().driver_calls - before.driver_calls) as f64 / 3.0;
+    let calls_per_1k = calls / (stats.ranges as f64 / 1000.0);
+    println!(
+        "restore (verified): {:.3} s ({:.1} GB/s), {} ranges, {:.0} driver calls per restore, {} bytes verified",
+        verified,
+        gb(verified),
+        stats.ranges,
+        calls,
+        stats.verified_bytes
+    );
+    dst.check_against(&engine, &reference, "restore into GPU memory (verified)");
+    let unverified_ws = WeightStore::new(store.clone())
+        .with_device_engine(engine.clone())
+        .with_limits(StoreLimits { verify_integrity: false, ..StoreLimits::default() })
+        .unwrap();
+    dst.clear(&engine, 0);
+    let unverified = best(3, || {
+        restore(&unverified_ws, manifest.manifest_key(), &dst.host.bindings.clone(), &dst.host);
+    });
+    println!("restore (unverified): {:.3} s ({:.1} GB/s)", unverified, gb(unverified));
+    dst.check_against(&engine, &reference, "restore into GPU memory (unverified)");
+
+    // Live GPU -> GPU through the embedded engine.
+    let local = Arc::new(LocalEngine::with_device_engine(engine.clone()));
+    // The remote side's owner registers its memory; the called side registers its own.
+    let register = |m: &GpuModel, on: bool| {
+        for (buf, &base) in m.host.buffers.iter().zip(&m.bases) {
+            let r = MemoryRegion { address: base, len: buf.len() as u64, kind: MemoryKind::Device(0) };
+            let rc = if on {
+                // SAFETY: device allocations alive until the end of the program.
+                unsafe { local.register_memory(r) }.unwrap()
+            } else {
+                local.unregister_memory(base).unwrap()
+            };
+            assert_eq!(rc, 0);
+        }
+    };
+    let logical =
+        LogicalTransferPlan::plan(src.host.placement.clone(), dst.host.placement.clone(), PlanningLimits::default())
+            .unwrap();
+    let plan = TransferPlan::bind(&logical, &dst.host.bindings, &src.host.bindings).unwrap();
+    let leases = |bs: &[RuntimeBinding]| -> Vec<MemoryRegistrationLease> {
+        bs.iter()
+            .flat_map(|b| {
+                b.fragments()
+                    .iter()
+                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
+            })
+            .collect()
+    };
+    let (dst_leases, src_leases) = (leases(&dst.host.bindings), leases(&src.host.bindings));
+    let guards = GuardProviders::all(Arc::new(StaticGuard));
+    // One engine batch per call where it fits: a device engine pays per batch (a
+    // completion event and its synchronization), not per segment.
+    let limits = ExecutorLimits { max_batch_operations: 1 << 20, ..ExecutorLimits::default() };
+    let ex = TransferExecutor::new(local.clone(), limits).unwrap();
+    let mut segments = 0u64;
+    for reader in [false, true] {
+        dst.clear(&engine, 0x11);
+        register(if reader { &src } else { &dst }, true);
+        let args = ExecuteArgs {
+            remote_registrations: Some(if reader { &src_leases } else { &dst_leases }),
+            source_guards: Some(&guards),
+            target_guards: Some(&guards),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        segments = 0;
+        if reader {
+            for b in &dst.host.bindings {
+                // SAFETY: device allocations alive for the call.
+                let r = unsafe {
+                    ex.execute_reader(&plan, &src.host.placement, &src.host.bindings, &dst.host.placement, b, &args)
+                }
+                .unwrap();
+                segments += r.iter().map(|x| x.operation_count).sum::<u64>();
+            }
+        } else {
+            for b in &src.host.bindings {
+                // SAFETY: as above.
+                let r = unsafe {
+                    ex.execute_sink(&plan, &src.host.placement, b, &dst.host.placement, &dst.host.bindings, &args)
+                }
+                .unwrap();
+                segments += r.iter().map(|x| x.operation_count).sum::<u64>();
+            }
+        }
+        let t = secs(t);
+        println!(
+            "live {} GPU -> GPU: {:.3} s ({:.1} GB/s), {} segments",
+            if reader { "reader" } else { "sink" },
+            t,
+            gb(t),
+            segments
+        );
+        dst.check_against(
+            &engine,
+            &reference,
+            if reader { "live reshard, reader mode" } else { "live reshard, sink mode" },
+        );
+        register(if reader { &src } else { &dst }, false);
+    }
+    register(&dst, true);
+    // Prepared steps: prepared once, stepped per weight generation.
+    let sink = Sink::new(local.clone(), limits).unwrap();
+    let largs = LiveArgs::default();
+    let prepared: Vec<PreparedTransfer> = src
+        .host
+        .bindings
+        .iter()
+        .map(|b| {
+            // SAFETY: device allocations alive while the prepared transfers live.
+            unsafe { sink.prepare(&plan, &src.host.placement, b, &dst.host.placement, &dst.host.bindings, &largs) }
+                .unwrap()
+        })
+        .collect();
+    dst.clear(&engine, 0x22);
+    let before = engine.stats();
+    let mut g = 1u64;
+    let step = best(5, || {
+        g += 1;
+        for p in &prepared {
+            // SAFETY: as above.
+            unsafe { p.step(&StepArgs { weight_generation: g, ..Default::default() }) }.unwrap();
+        }
+    });
+    let live_calls = (engine.stats().driver_calls - before.driver_calls) as f64 / 5.0;
+    println!(
+        "prepared sink step GPU -> GPU: {:.4} s ({:.1} GB/s), {:.0} driver calls per step for {} segments",
+        step,
+        gb(step),
+        live_calls,
+        segments
+    );
+    dst.check_against(&engine, &reference, "prepared steps");
+    drop(prepared);
+
+    println!("figure: gpu_restore_vs_h2d_memcpy = {:.3}", h2d / verified);
+    println!("figure: gpu_snapshot_vs_d2h_memcpy = {:.3}", d2h / snapshot);
+    println!("figure: gpu_snapshot_vs_host_snapshot = {:.3}", host_snapshot / snapshot);
+    println!("figure: gpu_live_reshard_vs_d2d_memcpy = {:.3}", d2d / step);
+    println!("figure: gpu_driver_calls_per_1k_ranges = {:.3}", calls_per_1k);
+    println!("figure: gpu_live_driver_calls_per_1k_segments = {:.3}", live_calls / (segments as f64 / 1000.0));
+    println!("figure: gpu_verified_restore_vs_unverified = {:.3}", unverified / verified);
+}
