@@ -1,6 +1,7 @@
 """Tensor sources (DLPack, array interfaces, buffer protocol), dtype names, strides,
 and the device path through a copy hook. numpy is required; torch is exercised by
-the test at the end when it is importable."""
+the test at the end (the ``torch`` fixture: skipped without torch, a failure with
+MWS_REQUIRE_TORCH=1; test_torch.py has the rest)."""
 
 from __future__ import annotations
 
@@ -273,11 +274,10 @@ def test_cuda_array_interface_without_cuda_is_refused_clearly():
         tensor_view(FakeCuda())
 
 
-# -- torch (runs where torch is importable) ---------------------------------------------------
+# -- torch (the torch fixture) ----------------------------------------------------------------
 
 
-def test_torch_tensors_through_dlpack():
-    torch = pytest.importorskip("torch")
+def test_torch_tensors_through_dlpack(torch):
     w = torch.nn.Parameter(torch.arange(32, dtype=torch.bfloat16).reshape(8, 4))  # requires grad
     with tensor_view(w) as v:
         assert v.dtype == "bfloat16" and v.shape == (8, 4) and v.address == w.data_ptr()
