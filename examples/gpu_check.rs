@@ -12,7 +12,8 @@
 //!
 //! Output: one line per measurement, then `figure: NAME = VALUE` lines. Exits 2
 //! when no CUDA driver or device is present. `MWS_GPU_CHECK_LAYERS` (default 7)
-//! and `MWS_GPU_CHECK_HIDDEN` (default 4096) size the model.
+//! and `MWS_GPU_CHECK_HIDDEN` (default 4096) size the model;
+//! `MWS_GPU_CHECK_STORE_THREADS` (default: every core) sets the memory store's copy threads.
 
 #[path = "../tests/common/device.rs"]
 mod device_model;
@@ -240,8 +241,11 @@ fn main() {
     let alloc = |n: u64| engine.alloc_device(n).expect("device memory");
     let mut src = DeviceModel::new(src_host, engine.clone(), &alloc, "trainer");
 
-    // The memory store copies a batch on up to this many threads (its default is 4).
-    let threads = env("MWS_GPU_CHECK_STORE_THREADS", 8) as usize;
+    // The memory store copies a batch on up to this many threads (its default is 4):
+    // every core of the machine here, as a restore at start-up may use them all.
+    let cores = std::thread::available_parallelism().map_or(8, |n| n.get()) as u64;
+    let threads = env("MWS_GPU_CHECK_STORE_THREADS", cores) as usize;
+    println!("memory store: {threads} copy threads");
     // The same snapshot from host memory: what the store itself costs.
     let host_snapshot = {
         let mut host = HostModel::new(build_placement("trainer", src_layout, &defs, 1), false, "trainer", 1);
