@@ -9,12 +9,21 @@
 #    at the repository root and puts the .so inside the package);
 # 3. creates a FRESH venv (default: a temporary one; MWS_VENV names another path,
 #    which is deleted and recreated) and
-#    installs the wheel, the pinned Mooncake wheel, pytest, numpy, ml-dtypes and
-#    safetensors into it;
+#    installs the wheel, the pinned Mooncake wheel, pytest, numpy, ml-dtypes,
+#    safetensors and the pinned torch into it. torch: PyPI's Linux wheel and its
+#    CUDA library wheels (about 2.8 GB of wheels, 5.2 GB installed; the tests use CPU
+#    tensors, but PyPI has no CPU-only build, download.pytorch.org's CPU wheels are
+#    out of CI's reach (package registries only), and torch does not import
+#    without those libraries). The wheels are kept in MWS_TORCH_WHEELS (default
+#    ~/.cache/mooncake-weight-store/torch-wheels/<version>): installed offline from
+#    there when it holds a complete set, else downloaded into a new directory that
+#    replaces it, so a lost, partial or stale cache costs one download, never a
+#    wrong install;
 # 4. starts mooncake_master on free loopback ports (stopped by PID on every exit);
 # 5. runs pytest on a copy of python/tests in a temporary directory, against the
 #    installed wheel: no MWS_LIBRARY, no repository checkout on sys.path
-#    (MOONCAKE_MASTER=127.0.0.1:<port>, MWS_EXPECT_INSTALLED_WHEEL=1);
+#    (MOONCAKE_MASTER=127.0.0.1:<port>, MWS_EXPECT_INSTALLED_WHEEL=1,
+#    MWS_REQUIRE_TORCH=1: a torch test that would skip fails);
 # 6. runs the examples in examples/python with the installed wheel.
 # pytest exit 5 ("no tests collected") is a failure.
 set -euo pipefail
@@ -23,6 +32,10 @@ ROOT=$PWD
 
 MOONCAKE_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 TEST_DEPS=("pytest>=7" "numpy>=1.22" "ml-dtypes>=0.3" "safetensors>=0.4")
+TORCH_VERSION="2.15.0"
+TORCH_CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-weight-store/torch-wheels"
+TORCH_WHEELS=${MWS_TORCH_WHEELS:-$TORCH_CACHE_ROOT/$TORCH_VERSION}
+TORCH_PARTIAL=""
 PY=${PYTHON:-python3}
 LOG_DIR=${MWS_CI_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/mws-python-ci.XXXXXX")}
 WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/mws-python-run.XXXXXX")
@@ -45,6 +58,7 @@ cleanup() {
     echo "---- last lines of $MASTER_LOG"; tail -n 30 "$MASTER_LOG" || true
   fi
   rm -rf "$WORK_DIR"
+  [[ -z "$TORCH_PARTIAL" ]] || rm -rf "$TORCH_PARTIAL"
   exit $rc
 }
 trap cleanup EXIT
@@ -85,6 +99,34 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 log "installing the wheel, $MOONCAKE_WHEEL and ${TEST_DEPS[*]}"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" "$MOONCAKE_WHEEL" "${TEST_DEPS[@]}"
+# torch==$TORCH_VERSION from the wheel cache; pip resolves before it installs, so an
+# incomplete cache fails here without installing anything. --no-compile: byte-compiling the
+# ~5,800 modules of torch, sympy, networkx, ... is a third of the install; the few the
+# tests import compile on first import.
+install_torch() {
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile --no-index \
+    --find-links "$TORCH_WHEELS" "$@" "torch==$TORCH_VERSION"
+}
+torch_start=$SECONDS
+if [[ -d "$TORCH_WHEELS" ]] && install_torch 2>/dev/null; then
+  log "torch $TORCH_VERSION installed from the cached wheels in $TORCH_WHEELS ($((SECONDS - torch_start)) s)"
+else
+  log "downloading torch $TORCH_VERSION and its dependencies into $TORCH_WHEELS (no usable cache)"
+  mkdir -p "$(dirname "$TORCH_WHEELS")"
+  TORCH_PARTIAL=$(mktemp -d "$TORCH_WHEELS.partial.XXXXXX")
+  "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-cache-dir -d "$TORCH_PARTIAL" \
+    "torch==$TORCH_VERSION"
+  rm -rf "$TORCH_WHEELS"
+  mv "$TORCH_PARTIAL" "$TORCH_WHEELS"
+  TORCH_PARTIAL=""
+  install_torch --force-reinstall  # over whatever a failed install from the old cache left
+  log "torch $TORCH_VERSION downloaded and installed ($((SECONDS - torch_start)) s)"
+fi
+if [[ -z "${MWS_TORCH_WHEELS:-}" ]]; then
+  # the default cache keeps one version: other pins' wheel sets (and their partial downloads) go
+  find "$TORCH_CACHE_ROOT" -mindepth 1 -maxdepth 1 ! -name "$TORCH_VERSION*" -exec rm -rf {} + 2>/dev/null || true
+fi
+"$VENV/bin/python" -c 'import torch; torch.ones(2, dtype=torch.bfloat16).sum(); print("== torch", torch.__version__, "(cuda available:", torch.cuda.is_available(), ")")'
 
 # -- 4. master -------------------------------------------------------------------
 free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -108,7 +150,7 @@ done
 
 # -- 5. tests --------------------------------------------------------------------
 export MOONCAKE_MASTER="127.0.0.1:$MC_RPC_PORT" MC_TCP_BIND_ADDRESS=127.0.0.1
-export MWS_TEST_LOG_DIR="$LOG_DIR" MWS_REQUIRE_MOONCAKE=1 MWS_EXPECT_INSTALLED_WHEEL=1
+export MWS_TEST_LOG_DIR="$LOG_DIR" MWS_REQUIRE_MOONCAKE=1 MWS_EXPECT_INSTALLED_WHEEL=1 MWS_REQUIRE_TORCH=1
 export MWS_CONFORMANCE_DIR="${MWS_CONFORMANCE_DIR:-$ROOT/tests/fixtures/conformance}"
 export MWS_HEADER="$ROOT/include/mooncake_weight_store.h"
 export MWS_EXAMPLES_DIR="$ROOT/examples/python"

@@ -93,7 +93,7 @@ TEST(Hostile, StaleLeaseAndGenerationRefusedBeforeIo) {
     EXPECT_FALSE(store.exists(std::string(plan.operation(0).object_key)));
 }
 
-TEST(Hostile, DeviceMemoryWithoutCopyHookRefusedBeforeIo) {
+TEST(Hostile, DeviceMemoryWithoutDeviceEngineRefusedBeforeIo) {
     const auto &defs = dense_model();
     mws::Store store = mws::Store::open_memory();
     HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");

@@ -9,13 +9,14 @@
  *  - Handles (mws_placement, mws_placement_builder, mws_binding, mws_upload_plan,
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
- *    mws_loader, mws_sink, mws_prepared_transfer, mws_notify_acceptor,
- *    mws_revision_list) are created by
+ *    mws_device_engine, mws_loader, mws_sink, mws_prepared_transfer,
+ *    mws_notify_acceptor, mws_revision_list) are created by
  *    the library and freed exactly once by the caller with the matching *_free
  *    function; *_free(NULL) does nothing. A handle never borrows the handles it was
  *    made from (a transaction, a writer or a registration lease keeps its store alive;
- *    loaders, sinks and prepared transfers keep their engine alive); each type
- *    documents what it copies and which caller buffers must stay valid.
+ *    loaders, sinks and prepared transfers keep their engine alive; stores and
+ *    transfer engines keep their device engine alive); each type documents what it
+ *    copies and which caller buffers must stay valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
  *    handles may run concurrently on the same handles; a *_free must not race with any
  *    other use of its handle. Callbacks never unwind; each vtable states its threading.
@@ -44,9 +45,9 @@
 
 
 /**
- * Version of [`mws_copy_hook_vtable`] this library implements.
+ * Version of [`mws_device_engine_vtable`] this library implements.
  */
-#define MWS_COPY_HOOK_VTABLE_VERSION 1
+#define MWS_DEVICE_ENGINE_VTABLE_VERSION 1
 
 /**
  * Version of [`mws_transfer_engine_vtable`] this library implements.
@@ -232,6 +233,26 @@ typedef enum mws_axis_semantics {
      */
     MWS_AXIS_OWNERSHIP = 2,
 } mws_axis_semantics;
+
+/**
+ * Which memories a batch of device copies reads and writes (the `direction`
+ * arguments of `mws_device_engine_copy` and of `mws_device_engine_vtable.submit`,
+ * passed as `uint32_t`).
+ */
+typedef enum mws_copy_direction {
+    /**
+     * Host memory into device memory.
+     */
+    MWS_COPY_HOST_TO_DEVICE = 1,
+    /**
+     * Device memory into host memory.
+     */
+    MWS_COPY_DEVICE_TO_HOST = 2,
+    /**
+     * Device memory into device memory (the same device).
+     */
+    MWS_COPY_DEVICE_TO_DEVICE = 3,
+} mws_copy_direction;
 
 /**
  * The decision recorded for an upload transaction (`mws_store_read_decision`).
@@ -521,6 +542,23 @@ typedef enum mws_transfer_side {
 typedef struct mws_binding mws_binding;
 
 /**
+ * A device copy engine: moves bytes between host and device memory (and within one
+ * device) in batches of 2-D copies. Every path of the library that touches device
+ * memory goes through one: snapshots read device sources and restores write device
+ * targets through the store's engine (`mws_store_options.device_engine`), live
+ * transfers through the embedded engine's (`mws_transfer_engine_new_local_device`).
+ *
+ * Created by `mws_device_engine_new_cuda`, `mws_device_engine_new_fenced` or
+ * `mws_device_engine_from_vtable`; freed by `mws_device_engine_free`. Stores and
+ * transfer engines made with it keep their own reference, so the handle may be freed
+ * as soon as they are made; the engine itself (its stream, a fenced device's memory,
+ * a vtable's `ctx`) lives until the last of them is freed.
+ *
+ * Thread safety: every function may run concurrently on one engine.
+ */
+typedef struct mws_device_engine mws_device_engine;
+
+/**
  * A restore plan: the transfer regions that move a stored manifest into the target
  * buffers of the bound participants of a target placement.
  *
@@ -682,8 +720,9 @@ typedef struct mws_transaction mws_transaction;
 /**
  * A transfer engine: the embedded in-process engine or a caller's vtable.
  *
- * Created by `mws_transfer_engine_new_local` or `mws_transfer_engine_from_vtable`,
- * freed by `mws_transfer_engine_free`. Loaders and sinks keep their engine alive.
+ * Created by `mws_transfer_engine_new_local`, `mws_transfer_engine_new_local_device`
+ * or `mws_transfer_engine_from_vtable`, freed by `mws_transfer_engine_free`.
+ * Loaders and sinks keep their engine alive.
  * Thread safety: every function may run concurrently on one engine (the executors
  * allow one submission per engine identity at a time and refuse the others).
  */
@@ -851,6 +890,148 @@ typedef struct mws_runtime_fragment {
      */
     uint32_t device_ordinal;
 } mws_runtime_fragment;
+
+/**
+ * One 2-D copy of a batch: `height` rows of `width` bytes; row `i` goes from
+ * `source + i * source_pitch` to `target + i * target_pitch` (addresses in the
+ * memories the batch's direction names). `height == 1` is a plain copy of `width`
+ * bytes; when `height > 1` both pitches are at least `width`. The library never
+ * hands an engine a copy with `width == 0` or `height == 0`.
+ */
+typedef struct mws_copy_op {
+    /**
+     * First source byte.
+     */
+    uint64_t source;
+    /**
+     * Source bytes from one row to the next.
+     */
+    uint64_t source_pitch;
+    /**
+     * First target byte.
+     */
+    uint64_t target;
+    /**
+     * Target bytes from one row to the next.
+     */
+    uint64_t target_pitch;
+    /**
+     * Bytes per row.
+     */
+    uint64_t width;
+    /**
+     * Rows.
+     */
+    uint64_t height;
+} mws_copy_op;
+
+/**
+ * A device copy engine implemented by the caller: how a process that drives its
+ * accelerator itself (its own streams, another vendor's runtime, a test double)
+ * lets the library move bytes between host and device memory. Hand it to
+ * `mws_device_engine_from_vtable`.
+ *
+ * Set `size = sizeof(mws_device_engine_vtable)` and
+ * `version = MWS_DEVICE_ENGINE_VTABLE_VERSION`. Every callback receives the `ctx`
+ * given with the vtable, returns 0 on success (any other value is an error, reported
+ * as `MWS_IO` with the code), must not throw or unwind, and must be thread-safe:
+ * batches of several stores, restores and transfers may be submitted and waited on
+ * from several threads at once. `submit` and `wait` are required; `staging_alloc`
+ * and `staging_free` are optional but come together; `destroy` is optional.
+ */
+typedef struct mws_device_engine_vtable {
+    /**
+     * `sizeof(mws_device_engine_vtable)`.
+     */
+    uint32_t size;
+    /**
+     * `MWS_DEVICE_ENGINE_VTABLE_VERSION`.
+     */
+    uint32_t version;
+    /**
+     * Required. Starts the `n` copies of `ops` (an array valid only during the call),
+     * all in `direction` (an `mws_copy_direction` value), on device `ordinal`, in
+     * order, and writes a ticket for them to `*ticket`. The copies may run after the
+     * call returns; the source rows stay readable and the target rows stay reserved
+     * for them until `wait` returns for the ticket. `n` may be 0 (write a ticket all
+     * the same). On a non-zero return nothing may be pending and `wait` is not
+     * called.
+     */
+    int32_t (*submit)(void *ctx,
+                      uint32_t ordinal,
+                      uint32_t direction,
+                      const struct mws_copy_op *ops,
+                      size_t n,
+                      uint64_t *ticket);
+    /**
+     * Required. Blocks until every copy of the ticket is complete and visible to the
+     * host and to later device work; returns non-zero if one failed. Called exactly
+     * once per successful `submit`.
+     */
+    int32_t (*wait)(void *ctx, uint64_t ticket);
+    /**
+     * Optional (with `staging_free`; both NULL: ordinary host memory). Allocates at
+     * least `len` bytes (`len > 0`) of host memory for staging device bytes (pinned
+     * memory, where the device has it, makes copies faster) and writes its address to
+     * `*out`. The library reads and writes it only on the host and through `submit`.
+     */
+    int32_t (*staging_alloc)(void *ctx, uint64_t len, void **out);
+    /**
+     * Optional (with `staging_alloc`). Frees a buffer of `staging_alloc` (`len` is the
+     * length it was asked for). Called exactly once per buffer, possibly from another
+     * thread, always before `destroy`.
+     */
+    void (*staging_free)(void *ctx, void *buffer, uint64_t len);
+    /**
+     * Optional: called exactly once, when the last user of the engine (its handle,
+     * the stores and transfer engines that took it, their staging buffers) is gone.
+     */
+    void (*destroy)(void *ctx);
+} mws_device_engine_vtable;
+
+/**
+ * One byte range of `mws_device_engine_copy`: `len` bytes from `source` to `target`,
+ * addresses in the memories of the call's direction.
+ */
+typedef struct mws_copy_range {
+    /**
+     * First source byte.
+     */
+    uint64_t source;
+    /**
+     * First target byte.
+     */
+    uint64_t target;
+    /**
+     * Bytes (0: skipped).
+     */
+    uint64_t len;
+} mws_copy_range;
+
+/**
+ * The counters of a device engine (`mws_device_engine_stats`), totals since it was
+ * made, over every user of the engine.
+ */
+typedef struct mws_device_stats {
+    /**
+     * Batches submitted.
+     */
+    uint64_t batches;
+    /**
+     * 2-D copies submitted (`mws_copy_op`s).
+     */
+    uint64_t copies;
+    /**
+     * What the batches cost: driver calls (copies, events, synchronizations, context
+     * switches, staging allocations) for the CUDA and fenced engines; for a vtable
+     * engine, the callbacks called (submit, wait, staging_alloc).
+     */
+    uint64_t driver_calls;
+    /**
+     * Bytes copied.
+     */
+    uint64_t bytes;
+} mws_device_stats;
 
 /**
  * A borrowed UTF-8 byte string (a key or group id); not NUL-terminated. Valid only
@@ -1665,46 +1846,6 @@ typedef struct mws_revision_info {
 } mws_revision_info;
 
 /**
- * Device <-> host copies for the embedded stores (memory, directory), which cannot
- * touch device memory themselves (for example a `cudaMemcpy` wrapper).
- *
- * Set `size = sizeof(mws_copy_hook_vtable)` and
- * `version = MWS_COPY_HOOK_VTABLE_VERSION`. Callbacks receive the hook's `ctx`,
- * return 0 on success (any other value is an error), must not throw or unwind, and
- * must be thread-safe. `destroy` may be NULL.
- */
-typedef struct mws_copy_hook_vtable {
-    /**
-     * `sizeof(mws_copy_hook_vtable)`.
-     */
-    uint32_t size;
-    /**
-     * `MWS_COPY_HOOK_VTABLE_VERSION`.
-     */
-    uint32_t version;
-    /**
-     * Copies `len` bytes from device memory at `src_address` into host `dst`.
-     */
-    int32_t (*device_to_host)(void *ctx,
-                              uint64_t src_address,
-                              uint32_t device_ordinal,
-                              uint8_t *dst,
-                              uint64_t len);
-    /**
-     * Copies `len` host bytes at `src` into device memory at `dst_address`.
-     */
-    int32_t (*host_to_device)(void *ctx,
-                              const uint8_t *src,
-                              uint64_t len,
-                              uint64_t dst_address,
-                              uint32_t device_ordinal);
-    /**
-     * Optional: called once when the last store using the hook is freed.
-     */
-    void (*destroy)(void *ctx);
-} mws_copy_hook_vtable;
-
-/**
  * Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
  * means every default. Strings are only read during the call.
  */
@@ -1727,17 +1868,17 @@ typedef struct mws_store_options {
      */
     uint64_t max_region_segments;
     /**
-     * Device <-> host copies for the embedded stores (memory, directory). NULL: device
-     * memory is refused (`MWS_UNSUPPORTED`, before any I/O). The vtable is copied.
-     * Not accepted by `mws_store_from_vtable_with_options` (a vtable store handles
-     * device memory in its own callbacks).
+     * The device engine through which the store reaches device memory (NULL: none).
+     * Snapshots read device sources and restores write device targets through it,
+     * staged in host buffers of the engine: the backend (of every kind: memory,
+     * directory, vtable) sees host bytes only, and a verified restore checks every
+     * byte before it is copied to the device. Without one, the embedded stores refuse
+     * a binding with device memory (`MWS_UNSUPPORTED`, before any I/O) and a vtable
+     * store gets device regions in its own callbacks (`memory_kind`). The store takes
+     * its own reference: the handle may be freed once the store is opened. Replaced
+     * `copy_hook` and `copy_hook_ctx` in 0.3.
      */
-    const struct mws_copy_hook_vtable *copy_hook;
-    /**
-     * Passed to every copy hook callback. On success the store owns it: the hook's
-     * `destroy` (if any) is called once when the store is freed.
-     */
-    void *copy_hook_ctx;
+    const struct mws_device_engine *device_engine;
     /**
      * Budget of the host staging buffer of restores (`mws_store_load`) through stores
      * that pay per range (Mooncake Store): a region of many short rows is read as one
@@ -2516,8 +2657,155 @@ enum mws_status mws_binding_validate(const struct mws_placement *placement,
 void mws_binding_free(struct mws_binding *binding);
 
 /**
+ * Creates a CUDA engine for device `ordinal` (CUDA's driver API, `libcuda.so.1` or
+ * the path in the environment variable `MWS_CUDA_DRIVER`, opened at run time: the
+ * library needs nothing CUDA to build or load). It copies in the device's primary
+ * context (the one the CUDA runtime and PyTorch use) on one stream:
+ * - `stream` NULL: a non-blocking stream of the engine's own;
+ * - else `*stream` is the `CUstream` / `cudaStream_t` (of that device's primary
+ *   context) to copy on, which the caller keeps alive while the engine lives; 0 is
+ *   the legacy default stream. A batch then runs after the work queued on the stream
+ *   before the call (a PyTorch caller passes
+ *   `torch.cuda.current_stream().cuda_stream`).
+ *
+ * Every batch is complete (visible to the host and to later work on the stream) when
+ * the library call that made it returns. Staging buffers are pinned host memory,
+ * pooled by the engine. New handle in `*out` (free it with `mws_device_engine_free`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (`out`), `MWS_UNSUPPORTED` (no CUDA driver on this
+ * machine: the message names the library that could not be opened),
+ * `MWS_INVALID_ARGUMENT` (ordinal out of range), `MWS_IO` (the driver refused the
+ * device or the stream).
+ *
+ * # Safety
+ * `stream` is NULL or readable; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_device_engine_new_cuda(uint32_t ordinal,
+                                           const uint64_t *stream,
+                                           struct mws_device_engine **out);
+
+/**
+ * Creates a fenced device: a test device of `capacity` bytes (rounded up to whole
+ * pages) reporting device ordinal `ordinal`, whose memory the host cannot touch. Its
+ * pages are mapped without access (`PROT_NONE`): any host read or write of one of
+ * its addresses — by the caller or anywhere in the library — crashes the process
+ * (SIGSEGV). Only this engine reaches them (`mws_device_engine_copy`, and the stores
+ * and transfer engines given it), which is what tests in C, C++ and Python rely on to
+ * prove that no path touches device memory on the host. Allocate its memory with
+ * `mws_device_engine_fenced_alloc`; it stays mapped until the last user of the
+ * engine is freed. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (`out`), `MWS_INVALID_ARGUMENT` (zero capacity),
+ * `MWS_IO` (the mappings cannot be made).
+ *
+ * # Safety
+ * `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_device_engine_new_fenced(uint32_t ordinal,
+                                             uint64_t capacity,
+                                             struct mws_device_engine **out);
+
+/**
+ * Allocates `len` bytes of a fenced device's memory (256-byte aligned, zeroed, never
+ * reused) and writes its device address to `*address_out`. The memory is valid until
+ * the last user of the engine is freed; the host must never dereference it (any host
+ * access faults): move bytes in and out with `mws_device_engine_copy`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (not a fenced engine),
+ * `MWS_LIMIT_EXCEEDED` (the device is full).
+ *
+ * # Safety
+ * `engine` is NULL or a live handle; `address_out` is NULL or valid for a write.
+ */
+enum mws_status mws_device_engine_fenced_alloc(const struct mws_device_engine *engine,
+                                               uint64_t len,
+                                               uint64_t *address_out);
+
+/**
+ * Wraps a caller's device copy engine (see `mws_device_engine_vtable`): the vtable is
+ * checked (`size`, `version`, mandatory callbacks, staging callbacks both or neither)
+ * and copied. On success writes a new handle to `*out`; the engine owns `ctx` from
+ * then on and calls `vt->destroy(ctx)` (if not NULL) exactly once, when its last user
+ * (the handle, the stores and transfer engines that took it, their staging buffers)
+ * is gone. On failure `*out` is not written and `destroy` is not called (the caller
+ * keeps `ctx`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size too small, `submit` or
+ * `wait` NULL, only one of `staging_alloc` / `staging_free`), `MWS_UNSUPPORTED`
+ * (vtable version).
+ *
+ * # Safety
+ * `vt` is NULL or points to a readable vtable of at least `vt->size` bytes whose
+ * callbacks follow its contract with `ctx` (thread-safe, never unwind) while the
+ * engine lives; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_device_engine_from_vtable(const struct mws_device_engine_vtable *vt,
+                                              void *ctx,
+                                              struct mws_device_engine **out);
+
+/**
+ * Copies the `n` byte ranges of `ranges`, all in `direction` (an `mws_copy_direction`
+ * value), on device `ordinal`, through the engine: the ranges are coalesced into the
+ * fewest 2-D copies (contiguous ranges merged, rows of constant width and pitches
+ * folded), submitted as one batch and waited on, so the bytes are in place when the
+ * call returns. Writes the number of 2-D copies made to `*copies_out` when it is not
+ * NULL. Empty ranges are skipped; `n` may be 0. This is how tests put bytes into and
+ * read bytes out of fenced device memory, and a batched copy for any caller.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (`engine`, `ranges` with `n > 0`),
+ * `MWS_INVALID_ARGUMENT` (direction; a range the engine cannot copy: a fenced device
+ * refuses device ranges outside its memory, host ranges inside it, another ordinal),
+ * `MWS_IO` (the driver or the vtable failed), `MWS_UNSUPPORTED` (no driver). On
+ * failure some target bytes may have been written.
+ *
+ * Thread safety: any thread; the caller does not write the targets, or free either
+ * side, during the call.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle; `ranges` is NULL or points to `n` readable
+ * ranges; every source range is readable and every target range writable, in the
+ * memory `direction` names (host memory of this process, or memory of device
+ * `ordinal` that the engine reaches), for the whole call; `copies_out` is NULL or
+ * valid for a write.
+ */
+enum mws_status mws_device_engine_copy(const struct mws_device_engine *engine,
+                                       uint32_t ordinal,
+                                       uint32_t direction,
+                                       const struct mws_copy_range *ranges,
+                                       size_t n,
+                                       uint64_t *copies_out);
+
+/**
+ * Writes the engine's counters (totals since it was made, over every store and
+ * transfer engine that uses it) to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread; a snapshot.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_device_engine_stats(const struct mws_device_engine *engine,
+                                        struct mws_device_stats *out);
+
+/**
+ * Frees a device engine handle; NULL does nothing. Stores and transfer engines made
+ * with it keep the engine alive (its stream, a fenced device's memory, a vtable's
+ * `ctx`), so freeing the handle early is safe; the engine goes with the last of them.
+ *
+ * Thread safety: waits for the calls on the handle that other threads are running;
+ * from inside such a call on the same thread (a callback), the handle is freed when
+ * that call returns.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
+ */
+void mws_device_engine_free(struct mws_device_engine *engine);
+
+/**
  * Creates the embedded engine (memcpy between memory registered in this process;
- * device memory is refused at registration). New handle in `*out`.
+ * device memory is refused at registration: see
+ * `mws_transfer_engine_new_local_device`). New handle in `*out`.
  *
  * Errors: `MWS_NULL_ARGUMENT`.
  *
@@ -2525,6 +2813,24 @@ void mws_binding_free(struct mws_binding *binding);
  * `out` is NULL or valid for a pointer write.
  */
 enum mws_status mws_transfer_engine_new_local(struct mws_transfer_engine **out);
+
+/**
+ * Creates the embedded engine with a device engine: as
+ * `mws_transfer_engine_new_local`, and device memory (of any ordinal the device
+ * engine serves) may be registered too. Host ranges are copied with memcpy; the
+ * device ranges of a batch go to `device` as one batch per direction and device,
+ * coalesced into 2-D copies, never touched by the host (device to device copies
+ * within one device; a batch between two devices fails). The transfer engine takes
+ * its own reference to `device`: the device engine handle may be freed at once. New
+ * handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (`device`, `out`).
+ *
+ * # Safety
+ * `device` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_transfer_engine_new_local_device(const struct mws_device_engine *device,
+                                                     struct mws_transfer_engine **out);
 
 /**
  * Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
@@ -2549,7 +2855,7 @@ enum mws_status mws_transfer_engine_from_vtable(const struct mws_transfer_engine
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (memory kind, zero length),
  * `MWS_STORE` (the engine refused: overlap with a registered region, device memory
- * without a copy path, or the engine's code).
+ * on an embedded engine without a device engine, or the engine's code).
  *
  * # Safety
  * `engine` is NULL or live. The memory must stay valid for reads and writes until
@@ -3701,15 +4007,14 @@ void mws_sink_free(struct mws_sink *sink);
  * live as long as the store).
  *
  * `options` may be NULL (defaults). On success writes a new handle to `*out` (free
- * it with `mws_store_free`); on failure `*out` is not written and the copy hook's
- * `destroy` is not called.
+ * it with `mws_store_free`); on failure `*out` is not written.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
- * copy hook vtable), `MWS_UNSUPPORTED` (copy hook vtable version).
+ * options).
  *
  * # Safety
- * `options` is NULL or valid (its copy hook as documented in
- * `mws_copy_hook_vtable`); `out` is NULL or valid for a pointer write.
+ * `options` is NULL or valid (its `device_engine` NULL or a live handle); `out` is
+ * NULL or valid for a pointer write.
  */
 enum mws_status mws_store_open_memory(const struct mws_store_options *options,
                                       struct mws_store **out);
@@ -3754,8 +4059,11 @@ enum mws_status mws_store_from_vtable(const struct mws_store_vtable *vt,
                                       struct mws_store **out);
 
 /**
- * As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
- * means defaults; `options->copy_hook` must be NULL).
+ * As `mws_store_from_vtable`, with a key prefix, limits and a device engine from
+ * `options` (NULL means defaults). With `options->device_engine`, device sources and
+ * targets are staged through host buffers of that engine, so the vtable's callbacks
+ * only ever see host memory; without one, device regions go to the callbacks, which
+ * handle `memory_kind` themselves (docs/STORE-VTABLE.md).
  *
  * # Safety
  * As `mws_store_from_vtable`; `options` is NULL or valid.
@@ -3894,7 +4202,7 @@ enum mws_status mws_store_drain_pending_registrations(const struct mws_store *st
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,
  * `MWS_INVALID_ARGUMENT` (unknown worker, worker required), `MWS_UNSUPPORTED` (device
- * memory and the store has no copy path), `MWS_CONFLICT` (the transaction already
+ * memory and the store has no device engine), `MWS_CONFLICT` (the transaction already
  * chose abort), `MWS_STORE`/`MWS_IO` (backend; retryable).
  * Thread safety: uploads of different participants may run concurrently.
  *
@@ -3987,7 +4295,7 @@ enum mws_status mws_store_read_decision(const struct mws_store *store,
  * Errors: `MWS_STALE_BINDING` (binding changed since planning),
  * `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
  * not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
- * a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+ * a device engine), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
  * Thread safety: loads of different participants may run concurrently.
  *
  * # Safety

@@ -24,9 +24,10 @@
  *    end when the owning object is destroyed or its released handle is freed). Input
  *    strings and arrays are only read during the call unless a member says otherwise.
  *  - Thread safety is that of the C handles: Placement, UploadPlan, Store, Receipts,
- *    StoredManifest, LoadPlan, TransferPlan, TransferEngine and HostBuffers may be
- *    used from several threads at once (const members); Binding::add_fragment and
- *    Binding::add must not race with other calls on the same Binding;
+ *    StoredManifest, LoadPlan, TransferPlan, TransferEngine, DeviceEngine and
+ *    HostBuffers may be used from several threads at once (const members);
+ *    Binding::add_fragment and Binding::add must not race with other calls on the
+ *    same Binding;
  *    PlacementBuilder, Writer and Transaction serialize their calls internally; a
  *    Loader or Sink runs one call at a time. No object may be moved, assigned,
  *    released or destroyed while another thread uses it.
@@ -1019,19 +1020,111 @@ inline UploadPlan plan_upload(const Placement &placement, const std::vector<Bind
     return plan_upload(placement, ptrs, options);
 }
 
+/// A device copy engine (owns an mws_device_engine): moves bytes between host and
+/// device memory in batches of 2-D copies. Stores (StoreOptions::device_engine) and the
+/// embedded transfer engine (TransferEngine::local(const DeviceEngine &)) reach device
+/// memory only through one, and keep their own reference to it: a DeviceEngine may be
+/// destroyed as soon as they are made (the engine itself, its stream, a fenced
+/// device's memory or a vtable's ctx, lives until the last of them goes).
+/// Move-only (no release()). Thread safety: every member may run on several threads at
+/// once.
+class DeviceEngine {
+public:
+    /// Takes ownership of a device engine handle (nullptr: an empty object).
+    explicit DeviceEngine(mws_device_engine *raw) noexcept : handle_(raw) {}
+
+    /// A CUDA engine for device `ordinal` (CUDA's driver API, opened at run time), in
+    /// the device's primary context, copying on `stream` (a CUstream / cudaStream_t of
+    /// that context, kept alive by the caller while the engine lives; 0 = the legacy
+    /// default stream) or, without one, on a stream of its own
+    /// (mws_device_engine_new_cuda). Throws mws::Error: MWS_UNSUPPORTED (no CUDA
+    /// driver on this machine), MWS_INVALID_ARGUMENT, MWS_IO (the driver refused the
+    /// device or the stream).
+    static DeviceEngine cuda(std::uint32_t ordinal, std::optional<std::uint64_t> stream = std::nullopt) {
+        mws_device_engine *out = nullptr;
+        detail::check(mws_device_engine_new_cuda(ordinal, stream ? &*stream : nullptr, &out));
+        return DeviceEngine(out);
+    }
+    /// A fenced test device of `capacity` bytes reporting ordinal `ordinal`: its memory
+    /// faults on any host access (PROT_NONE), so only this engine reaches it
+    /// (mws_device_engine_new_fenced). Allocate with fenced_alloc(); move bytes with
+    /// copy(). Throws mws::Error: MWS_INVALID_ARGUMENT (zero capacity), MWS_IO.
+    static DeviceEngine fenced(std::uint32_t ordinal, std::uint64_t capacity) {
+        mws_device_engine *out = nullptr;
+        detail::check(mws_device_engine_new_fenced(ordinal, capacity, &out));
+        return DeviceEngine(out);
+    }
+    /// A caller's engine (mws_device_engine_from_vtable; `vt` is checked and copied;
+    /// its callbacks must be thread-safe and never throw). On success the engine owns
+    /// `ctx` (vt.destroy, if any, is called once when its last user is gone); on
+    /// failure the caller keeps it. Throws mws::Error: MWS_INVALID_ARGUMENT (size,
+    /// submit or wait NULL, only one staging callback), MWS_UNSUPPORTED (version).
+    static DeviceEngine from_vtable(const mws_device_engine_vtable &vt, void *ctx) {
+        mws_device_engine *out = nullptr;
+        detail::check(mws_device_engine_from_vtable(&vt, ctx, &out));
+        return DeviceEngine(out);
+    }
+
+    /// `len` bytes of a fenced device's memory (256-byte aligned, zeroed): its device
+    /// address, which the host must never dereference; valid while the engine lives
+    /// (mws_device_engine_fenced_alloc). Throws mws::Error: MWS_INVALID_ARGUMENT (not
+    /// a fenced engine), MWS_LIMIT_EXCEEDED (the device is full).
+    std::uint64_t fenced_alloc(std::uint64_t len) const {
+        std::uint64_t address = 0;
+        detail::check(mws_device_engine_fenced_alloc(get(), len, &address));
+        return address;
+    }
+    /// Copies `n` ranges in `direction` (an mws_copy_direction value) on device
+    /// `ordinal`, coalesced into 2-D copies, one batch, complete on return; returns the
+    /// number of 2-D copies made (mws_device_engine_copy). Every source range must be
+    /// readable and every target range writable in the memory the direction names for
+    /// the call. Throws mws::Error: MWS_INVALID_ARGUMENT (direction, a range the engine
+    /// cannot copy), MWS_IO, MWS_UNSUPPORTED.
+    std::uint64_t copy(std::uint32_t ordinal, std::uint32_t direction, const mws_copy_range *ranges,
+                       std::size_t n) const {
+        std::uint64_t copies = 0;
+        detail::check(mws_device_engine_copy(get(), ordinal, direction, ranges, n, &copies));
+        return copies;
+    }
+    /// As copy(ordinal, direction, ranges.data(), ranges.size()).
+    std::uint64_t copy(std::uint32_t ordinal, std::uint32_t direction,
+                       const std::vector<mws_copy_range> &ranges) const {
+        return copy(ordinal, direction, ranges.data(), ranges.size());
+    }
+    /// One range: `len` bytes from `source` to `target`.
+    std::uint64_t copy(std::uint32_t ordinal, std::uint32_t direction, std::uint64_t source, std::uint64_t target,
+                       std::uint64_t len) const {
+        mws_copy_range r{source, target, len};
+        return copy(ordinal, direction, &r, 1);
+    }
+    /// The engine's counters, over every user of it (mws_device_engine_stats). Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object).
+    mws_device_stats stats() const {
+        mws_device_stats s{};
+        detail::check(mws_device_engine_stats(get(), &s));
+        return s;
+    }
+
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
+    const mws_device_engine *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_device_engine, detail::Deleter<mws_device_engine, mws_device_engine_free>> handle_;
+};
+
 /// Options of the store constructors (see mws_store_options); empty = defaults.
 struct StoreOptions {
     std::optional<std::string> key_prefix;     ///< default "weights"
     std::uint64_t max_range_bytes = 0;         ///< 0 = default (64 MiB)
     std::uint64_t max_ranges_per_request = 0;  ///< 0 = default (1024)
     std::uint64_t max_region_segments = 0;     ///< 0 = default (2^32)
-    /// Device <-> host copies for the embedded stores only (memory, directory); the
-    /// vtable is copied. nullptr: device memory is refused (MWS_UNSUPPORTED).
-    /// Store::from_vtable refuses a non-null hook (MWS_INVALID_ARGUMENT).
-    const mws_copy_hook_vtable *copy_hook = nullptr;
-    /// Passed to the copy hook's callbacks. Once a store opened with it succeeds, the
-    /// store owns it (the hook's destroy, if any, is called when the store is freed).
-    void *copy_hook_ctx = nullptr;
+    /// The device engine through which the store reads device sources and writes
+    /// device targets (staged in its host buffers; restores are verified before a byte
+    /// reaches the device), for every kind of store. nullptr: none (the embedded stores
+    /// refuse device memory, MWS_UNSUPPORTED). Only read when the store is opened: the
+    /// store takes its own reference, so `*device_engine` may be destroyed afterwards.
+    /// See mws_store_options::device_engine.
+    const DeviceEngine *device_engine = nullptr;
     /// Host staging budget of restores through range-priced stores (Mooncake): 0 =
     /// the default (64 MiB per store, on); MWS_STAGING_OFF = never stage. Embedded
     /// stores never stage. See mws_store_options::staging_bytes.
@@ -1051,8 +1144,7 @@ struct StoreOptions {
         o.max_range_bytes = max_range_bytes;
         o.max_ranges_per_request = max_ranges_per_request;
         o.max_region_segments = max_region_segments;
-        o.copy_hook = copy_hook;
-        o.copy_hook_ctx = copy_hook_ctx;
+        o.device_engine = device_engine != nullptr ? device_engine->get() : nullptr;
         o.staging_bytes = staging_bytes;
         o.max_metadata_bytes = max_metadata_bytes;
         o.verify_integrity = verify_integrity ? MWS_VERIFY_ON : MWS_VERIFY_OFF;
@@ -1309,8 +1401,7 @@ public:
 
     /// Opens an empty in-memory store; its objects live as long as the store
     /// (mws_store_open_memory). Throws mws::Error: MWS_INVALID_UTF8,
-    /// MWS_INVALID_ARGUMENT (invalid options or copy hook vtable), MWS_UNSUPPORTED
-    /// (copy hook vtable version). On failure the copy hook's destroy is not called.
+    /// MWS_INVALID_ARGUMENT (invalid options).
     static Store open_memory(const StoreOptions &o = {}) {
         mws_store_options c = o.c();
         mws_store *raw = nullptr;
@@ -1331,7 +1422,7 @@ public:
     /// (mws_store_from_vtable_with_options; `vt` is checked and copied; its callbacks
     /// must be thread-safe and never throw while the store lives. On failure the
     /// caller keeps `ctx`.) Throws mws::Error: MWS_INVALID_ARGUMENT (size too small,
-    /// missing mandatory callback, a non-null `o.copy_hook`, invalid options),
+    /// missing mandatory callback, invalid options),
     /// MWS_UNSUPPORTED (vtable version), MWS_STORE (get_cost failed).
     static Store from_vtable(const mws_store_vtable &vt, void *ctx, const StoreOptions &o = {}) {
         mws_store_options c = o.c();
@@ -1386,7 +1477,7 @@ public:
     /// call. Returns the receipts, in plan order (empty for a participant without
     /// operations). Throws mws::Error: MWS_INVALID_BINDING, MWS_STALE_BINDING,
     /// MWS_INVALID_ARGUMENT (unknown worker, worker required), MWS_UNSUPPORTED (device
-    /// memory without a copy path), MWS_CONFLICT (the transaction already chose
+    /// memory without a device engine), MWS_CONFLICT (the transaction already chose
     /// abort), MWS_STORE / MWS_IO (backend; retryable). Uploads of different
     /// participants may run concurrently.
     Receipts upload(const UploadPlan &plan, const Placement &placement, const Binding &binding,
@@ -1475,7 +1566,7 @@ public:
     /// buffers untouched. The target buffers must stay valid for writes and untouched
     /// by anyone else during the call; `args` must outlive it. Throws mws::Error:
     /// MWS_STALE_BINDING, MWS_INVALID_BINDING, MWS_INVALID_MANIFEST / MWS_INTEGRITY,
-    /// MWS_NOT_FOUND, MWS_UNSUPPORTED (device memory without a copy path), MWS_STORE /
+    /// MWS_NOT_FOUND, MWS_UNSUPPORTED (device memory without a device engine), MWS_STORE /
     /// MWS_IO, MWS_LIMIT_EXCEEDED. Loads of different participants may run
     /// concurrently.
     mws_load_stats load(const LoadPlan &plan, const Binding &binding, const IoArgs &args = {}) const {
@@ -1998,11 +2089,22 @@ public:
     explicit TransferEngine(mws_transfer_engine *raw) noexcept : handle_(raw) {}
 
     /// The embedded engine: memcpy between memory registered in this process; device
-    /// memory is refused at registration (mws_transfer_engine_new_local). Throws
+    /// memory is refused at registration (mws_transfer_engine_new_local; see
+    /// local(const DeviceEngine &)). Throws
     /// mws::Error only if the library fails (MWS_PANIC).
     static TransferEngine local() {
         mws_transfer_engine *out = nullptr;
         detail::check(mws_transfer_engine_new_local(&out));
+        return TransferEngine(out);
+    }
+    /// The embedded engine with a device engine: as local(), and device memory may be
+    /// registered too; its bytes move only through `device` (one batch per direction
+    /// and device, coalesced into 2-D copies). The engine keeps its own reference to
+    /// `device`, which may be destroyed afterwards (mws_transfer_engine_new_local_device).
+    /// Throws mws::Error: MWS_NULL_ARGUMENT (empty `device`).
+    static TransferEngine local(const DeviceEngine &device) {
+        mws_transfer_engine *out = nullptr;
+        detail::check(mws_transfer_engine_new_local_device(device.get(), &out));
         return TransferEngine(out);
     }
     /// `vt` is copied; `ctx` must outlive the engine and every loader or sink made from it.
@@ -2019,8 +2121,8 @@ public:
     /// (mws_transfer_engine_register_memory; `memory_kind` an mws_memory_kind value,
     /// `device` the ordinal for device memory. The memory must stay valid until it is
     /// unregistered.) Throws mws::Error: MWS_INVALID_ARGUMENT (memory kind, zero
-    /// length), MWS_STORE (the engine refused: overlap, device memory without a copy
-    /// path, or the engine's code).
+    /// length), MWS_STORE (the engine refused: overlap, device memory on an embedded
+    /// engine without a device engine, or the engine's code).
     void register_memory(const void *address, std::uint64_t len, std::uint32_t memory_kind = MWS_MEMORY_HOST,
                          std::uint32_t device = 0) const {
         detail::check(mws_transfer_engine_register_memory(get(), address, len, memory_kind, device));

@@ -9,8 +9,11 @@
 #   (installs cmake, ninja, g++, gtest, valgrind, doxygen and cbindgen when missing);
 #   Python: the wheel (library inside), installed into a fresh venv, its tests
 #   (binding, state dicts, safetensors, Mooncake Store backend against a real
-#   mooncake_master on loopback) and examples (installs libibverbs1; the venv gets
-#   the pinned Mooncake wheel, pytest, numpy, ml-dtypes, safetensors);
+#   mooncake_master on loopback, torch CPU tensors) and examples (installs
+#   libibverbs1; the venv gets the pinned Mooncake wheel, pytest, numpy, ml-dtypes,
+#   safetensors and the pinned torch, whose 2.8 GB of wheels are cached in
+#   ~/.cache/mooncake-weight-store/torch-wheels: about 35 s with the cache, 1 min
+#   without; MWS_REQUIRE_TORCH=1 makes a torch test that would skip fail);
 #   C++ on the real Mooncake Transfer Engine: the adapter and the ctest label
 #   `mooncake` (.ci/mooncake.sh; needs Mooncake's headers from ../shared, skipped
 #   with one line without them).

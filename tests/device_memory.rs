@@ -41,8 +41,11 @@ fn device() -> Arc<FencedDevice> {
     Arc::new(FencedDevice::new(0, 256 << 20).unwrap())
 }
 
+/// Hidden 1024: a column-split target fragment reads 1,024 rows (a range each), what
+/// makes "at most one driver call per 256 ranges" a bound a restore can meet (one copy
+/// per target fragment, two calls per window).
 fn defs() -> Vec<TensorDef> {
-    model_tensors(2, 512, 0)
+    model_tensors(2, 1024, 0)
 }
 
 /// A TP2 source on the device, snapshotted through `ws`.
@@ -106,8 +109,9 @@ fn snapshot_from_the_device_and_resharded_verified_restores_into_it() {
                 m.fragments().iter().map(|f| f.nbytes()).sum::<u64>().max(stats.verified_bytes)
             );
             assert!(stats.verified_bytes >= stats.bytes, "{name} {layout:?}: verified: {stats:?}");
-            // The restore's own copies (the pulls happen after `after`).
-            let calls = after.driver_calls - before.driver_calls - 2 * dst.bases.len() as u64;
+            // The restore's own calls (the pulls happen after `after`).
+            // (Creating the target model pushed its initial bytes: 3 calls per buffer.)
+            let calls = after.driver_calls - before.driver_calls - 3 * dst.bases.len() as u64;
             // One copy per (fully written) target fragment, plus an event and its
             // synchronization per window (one window per participant here).
             let fragments: usize = dst.host.bindings.iter().map(|b| b.fragments().len()).sum();

@@ -4,6 +4,7 @@
 
 use crate::boundary::{mws_status, Failure, FfiResult};
 use crate::callbacks::engine::{mws_transfer_engine_vtable, CallbackEngine};
+use crate::device_engine::mws_device_engine;
 use mws::engine::local::LocalEngine;
 use mws::engine::{EngineResult, TransferEngine};
 use mws::protocol::transfer::completion::{drain_pending_transfers, pending_transfer_ids, pending_transfers};
@@ -13,8 +14,9 @@ use std::sync::Arc;
 
 /// A transfer engine: the embedded in-process engine or a caller's vtable.
 ///
-/// Created by `mws_transfer_engine_new_local` or `mws_transfer_engine_from_vtable`,
-/// freed by `mws_transfer_engine_free`. Loaders and sinks keep their engine alive.
+/// Created by `mws_transfer_engine_new_local`, `mws_transfer_engine_new_local_device`
+/// or `mws_transfer_engine_from_vtable`, freed by `mws_transfer_engine_free`.
+/// Loaders and sinks keep their engine alive.
 /// Thread safety: every function may run concurrently on one engine (the executors
 /// allow one submission per engine identity at a time and refuse the others).
 pub struct mws_transfer_engine {
@@ -60,7 +62,8 @@ fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
 }
 
 /// Creates the embedded engine (memcpy between memory registered in this process;
-/// device memory is refused at registration). New handle in `*out`.
+/// device memory is refused at registration: see
+/// `mws_transfer_engine_new_local_device`). New handle in `*out`.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`.
 ///
@@ -69,6 +72,31 @@ fn engine_code(what: &str, result: EngineResult<i32>) -> FfiResult<()> {
 #[no_mangle]
 pub unsafe extern "C" fn mws_transfer_engine_new_local(out: *mut *mut mws_transfer_engine) -> mws_status {
     status_call!(|c| c.out(out, "out")?.give_handle(mws_transfer_engine { engine: Arc::new(LocalEngine::new()) }))
+}
+
+/// Creates the embedded engine with a device engine: as
+/// `mws_transfer_engine_new_local`, and device memory (of any ordinal the device
+/// engine serves) may be registered too. Host ranges are copied with memcpy; the
+/// device ranges of a batch go to `device` as one batch per direction and device,
+/// coalesced into 2-D copies, never touched by the host (device to device copies
+/// within one device; a batch between two devices fails). The transfer engine takes
+/// its own reference to `device`: the device engine handle may be freed at once. New
+/// handle in `*out`.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (`device`, `out`).
+///
+/// # Safety
+/// `device` is NULL or a live handle; `out` is NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_transfer_engine_new_local_device(
+    device: *const mws_device_engine,
+    out: *mut *mut mws_transfer_engine,
+) -> mws_status {
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        let device = Arc::clone(&c.handle(device, "device")?.engine);
+        out.give_handle(mws_transfer_engine { engine: Arc::new(LocalEngine::with_device_engine(device)) })
+    })
 }
 
 /// Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
@@ -103,7 +131,7 @@ pub unsafe extern "C" fn mws_transfer_engine_from_vtable(
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (memory kind, zero length),
 /// `MWS_STORE` (the engine refused: overlap with a registered region, device memory
-/// without a copy path, or the engine's code).
+/// on an embedded engine without a device engine, or the engine's code).
 ///
 /// # Safety
 /// `engine` is NULL or live. The memory must stay valid for reads and writes until

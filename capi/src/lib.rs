@@ -19,14 +19,15 @@
 //!   `mws_transaction_*` (`transaction`), `mws_registration_lease_*` (`lease`),
 //!   `mws_writer_*` (`writer`), `mws_stored_manifest_*` (`stored_manifest`),
 //!   `mws_load_plan_*` (`load_plan`), `mws_transfer_plan_*` (`transfer_plan`),
-//!   `mws_transfer_engine_*` (`engine`), `mws_loader_*` (`loader`), `mws_sink_*`
-//!   (`sink`), `mws_prepared_transfer_*` (`prepared`), `mws_notify_*` and
-//!   `mws_sink_execute_notified` (`notify`), `mws_set_log_callback` (`log`);
+//!   `mws_device_engine_*` (`device_engine`), `mws_transfer_engine_*` (`engine`),
+//!   `mws_loader_*` (`loader`), `mws_sink_*` (`sink`), `mws_prepared_transfer_*`
+//!   (`prepared`), `mws_notify_*` and `mws_sink_execute_notified` (`notify`),
+//!   `mws_set_log_callback` (`log`);
 //!   `mws_io_args` (`io_args`); the per-call structs of live transfers (`live`);
 //! - `callbacks`: every C vtable the caller hands us, each translated into the Rust
-//!   trait of the layer below (store vtable -> `ObjectStore`, copy hook -> `CopyHook`,
-//!   guard -> `GuardProvider`, snapshot adapter -> `SnapshotAdapter`, engine vtable,
-//!   progress and log callbacks).
+//!   trait of the layer below (store vtable -> `ObjectStore`, device engine vtable ->
+//!   `device::DeviceEngine`, guard -> `GuardProvider`, snapshot adapter ->
+//!   `SnapshotAdapter`, engine vtable, progress and log callbacks).
 //!
 //! House rules:
 //! - every `extern "C"` body runs inside the boundary, which catches panics (no
@@ -51,6 +52,7 @@ mod args;
 mod binding;
 pub mod callbacks;
 mod calls;
+mod device_engine;
 mod engine;
 mod io_args;
 mod lease;
@@ -76,13 +78,14 @@ mod writer;
 
 pub use binding::*;
 pub use boundary::*;
-pub use callbacks::copy_hook::*;
+pub use callbacks::device_engine::*;
 pub use callbacks::engine::*;
 pub use callbacks::guard::*;
 pub use callbacks::log::mws_log_fn;
 pub use callbacks::progress::*;
 pub use callbacks::snapshot::*;
 pub use callbacks::store::*;
+pub use device_engine::*;
 pub use engine::*;
 pub use io_args::*;
 pub use lease::*;

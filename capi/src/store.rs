@@ -5,11 +5,11 @@
 
 use crate::args::{CText, Caller};
 use crate::boundary::{mws_status, Failure, FfiResult};
-use crate::callbacks::copy_hook::{mws_copy_hook_vtable, CallbackCopyHook};
 use crate::callbacks::store::{mws_store_vtable, store_from_vtable};
+use crate::device_engine::mws_device_engine;
+use mws::device::DeviceEngine;
 use mws::protocol::StoreLimits;
 use mws::protocol::WeightStore;
-use mws::runtime::CopyHook;
 use mws::store::directory::DirectoryStore;
 use mws::store::memory::MemoryStore;
 use mws::store::RecordType;
@@ -67,14 +67,16 @@ pub struct mws_store_options {
     pub max_ranges_per_request: u64,
     /// Largest segment count of one region at execution; 0 means the default (2^32).
     pub max_region_segments: u64,
-    /// Device <-> host copies for the embedded stores (memory, directory). NULL: device
-    /// memory is refused (`MWS_UNSUPPORTED`, before any I/O). The vtable is copied.
-    /// Not accepted by `mws_store_from_vtable_with_options` (a vtable store handles
-    /// device memory in its own callbacks).
-    pub copy_hook: *const mws_copy_hook_vtable,
-    /// Passed to every copy hook callback. On success the store owns it: the hook's
-    /// `destroy` (if any) is called once when the store is freed.
-    pub copy_hook_ctx: *mut c_void,
+    /// The device engine through which the store reaches device memory (NULL: none).
+    /// Snapshots read device sources and restores write device targets through it,
+    /// staged in host buffers of the engine: the backend (of every kind: memory,
+    /// directory, vtable) sees host bytes only, and a verified restore checks every
+    /// byte before it is copied to the device. Without one, the embedded stores refuse
+    /// a binding with device memory (`MWS_UNSUPPORTED`, before any I/O) and a vtable
+    /// store gets device regions in its own callbacks (`memory_kind`). The store takes
+    /// its own reference: the handle may be freed once the store is opened. Replaced
+    /// `copy_hook` and `copy_hook_ctx` in 0.3.
+    pub device_engine: *const mws_device_engine,
     /// Budget of the host staging buffer of restores (`mws_store_load`) through stores
     /// that pay per range (Mooncake Store): a region of many short rows is read as one
     /// span into a registered host staging buffer and scattered locally when the
@@ -108,6 +110,7 @@ pub struct mws_store_options {
 pub(crate) struct StoreConfig<'a> {
     key_prefix: Option<&'a str>,
     limits: StoreLimits,
+    device: Option<Arc<dyn DeviceEngine>>,
 }
 
 impl StoreConfig<'_> {
@@ -118,22 +121,18 @@ impl StoreConfig<'_> {
             Some(prefix) => ws.with_key_prefix(prefix),
             None => ws,
         };
+        let ws = match self.device {
+            Some(device) => ws.with_device_engine(device),
+            None => ws,
+        };
         Ok(mws_store::new(ws.with_limits(self.limits)?))
     }
 }
 
-/// Decodes `options` (NULL: the defaults); a copy hook only when `allow_hook`.
-///
-/// # Safety
-/// A copy hook in `options` honours `mws_copy_hook_vtable` with its context for as
-/// long as the store to be built lives.
-pub(crate) unsafe fn read_options<'a>(
-    c: Caller<'a>,
-    options: *const mws_store_options,
-    allow_hook: bool,
-) -> FfiResult<(StoreConfig<'a>, Option<Arc<dyn CopyHook>>)> {
+/// Decodes `options` (NULL: the defaults).
+pub(crate) fn read_options<'a>(c: Caller<'a>, options: *const mws_store_options) -> FfiResult<StoreConfig<'a>> {
     let d = StoreLimits::default();
-    let Some(o) = c.opt_struct(options) else { return Ok((StoreConfig { key_prefix: None, limits: d }, None)) };
+    let Some(o) = c.opt_struct(options) else { return Ok(StoreConfig { key_prefix: None, limits: d, device: None }) };
     let key_prefix = c.opt_str(o.key_prefix, "options->key_prefix")?;
     let max_ranges_per_request = usize::try_from(o.max_ranges_per_request)
         .map_err(|_| Failure::invalid("options->max_ranges_per_request is too large"))?;
@@ -161,33 +160,22 @@ pub(crate) unsafe fn read_options<'a>(
         max_metadata_bytes: or(o.max_metadata_bytes, d.max_metadata_bytes),
         verify_integrity,
     };
-    let hook: Option<Arc<dyn CopyHook>> = if o.copy_hook.is_null() {
-        None
-    } else if !allow_hook {
-        return Err(Failure::invalid(
-            "options->copy_hook is only for the embedded stores; a vtable store handles device memory in its callbacks",
-        ));
-    } else {
-        // SAFETY: this function's contract: the hook's callbacks honour
-        // `mws_copy_hook_vtable` with its context while the store lives.
-        Some(Arc::new(unsafe { CallbackCopyHook::new(o.copy_hook, o.copy_hook_ctx) }?))
-    };
-    Ok((StoreConfig { key_prefix, limits }, hook))
+    let device = c.opt_handle(o.device_engine).map(|d| Arc::clone(&d.engine));
+    Ok(StoreConfig { key_prefix, limits, device })
 }
 
 /// Opens an empty in-memory store (for tests and single-process use; the objects
 /// live as long as the store).
 ///
 /// `options` may be NULL (defaults). On success writes a new handle to `*out` (free
-/// it with `mws_store_free`); on failure `*out` is not written and the copy hook's
-/// `destroy` is not called.
+/// it with `mws_store_free`); on failure `*out` is not written.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (invalid
-/// copy hook vtable), `MWS_UNSUPPORTED` (copy hook vtable version).
+/// options).
 ///
 /// # Safety
-/// `options` is NULL or valid (its copy hook as documented in
-/// `mws_copy_hook_vtable`); `out` is NULL or valid for a pointer write.
+/// `options` is NULL or valid (its `device_engine` NULL or a live handle); `out` is
+/// NULL or valid for a pointer write.
 #[no_mangle]
 pub unsafe extern "C" fn mws_store_open_memory(
     options: *const mws_store_options,
@@ -195,11 +183,8 @@ pub unsafe extern "C" fn mws_store_open_memory(
 ) -> mws_status {
     status_call!(|c| {
         let out = c.out(out, "out")?;
-        // SAFETY: this function's contract: a copy hook in `options` honours its vtable
-        // contract while the store lives.
-        let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let backend = hook.map_or_else(MemoryStore::new, MemoryStore::with_copy_hook);
-        out.give_handle(config.open(Arc::new(backend))?)
+        let config = read_options(c, options)?;
+        out.give_handle(config.open(Arc::new(MemoryStore::new()))?)
     })
 }
 
@@ -223,11 +208,8 @@ pub unsafe extern "C" fn mws_store_open_dir(
     status_call!(|c| {
         let out = c.out(out, "out")?;
         let path = c.str(path, "path")?;
-        // SAFETY: this function's contract: a copy hook in `options` honours its vtable
-        // contract while the store lives.
-        let (config, hook) = unsafe { read_options(c, options, true) }?;
-        let dir = hook.map_or_else(|| DirectoryStore::open(path), |h| DirectoryStore::with_copy_hook(path, h))?;
-        out.give_handle(config.open(Arc::new(dir))?)
+        let config = read_options(c, options)?;
+        out.give_handle(config.open(Arc::new(DirectoryStore::open(path)?))?)
     })
 }
 
@@ -257,8 +239,11 @@ pub unsafe extern "C" fn mws_store_from_vtable(
     status_call!(|c| unsafe { from_vtable(c, vt, ctx, std::ptr::null(), out) })
 }
 
-/// As `mws_store_from_vtable`, with a key prefix and limits from `options` (NULL
-/// means defaults; `options->copy_hook` must be NULL).
+/// As `mws_store_from_vtable`, with a key prefix, limits and a device engine from
+/// `options` (NULL means defaults). With `options->device_engine`, device sources and
+/// targets are staged through host buffers of that engine, so the vtable's callbacks
+/// only ever see host memory; without one, device regions go to the callbacks, which
+/// handle `memory_kind` themselves (docs/STORE-VTABLE.md).
 ///
 /// # Safety
 /// As `mws_store_from_vtable`; `options` is NULL or valid.
@@ -286,8 +271,7 @@ unsafe fn from_vtable(
 ) -> FfiResult<()> {
     let out = c.out(out, "out")?;
     c.struct_ref(vt, "vt")?;
-    // SAFETY: no copy hook is accepted here (`allow_hook` is false).
-    let (config, _) = unsafe { read_options(c, options, false) }?;
+    let config = read_options(c, options)?;
     // Validate the options before taking ownership of ctx (construction is last).
     config.limits.validate()?;
     // SAFETY: this function's contract: the vtable is readable for its size and its

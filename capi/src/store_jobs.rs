@@ -31,7 +31,7 @@ use std::sync::Arc;
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_BINDING`, `MWS_STALE_BINDING`,
 /// `MWS_INVALID_ARGUMENT` (unknown worker, worker required), `MWS_UNSUPPORTED` (device
-/// memory and the store has no copy path), `MWS_CONFLICT` (the transaction already
+/// memory and the store has no device engine), `MWS_CONFLICT` (the transaction already
 /// chose abort), `MWS_STORE`/`MWS_IO` (backend; retryable).
 /// Thread safety: uploads of different participants may run concurrently.
 ///
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn mws_store_read_decision(
 /// Errors: `MWS_STALE_BINDING` (binding changed since planning),
 /// `MWS_INVALID_BINDING`, `MWS_INVALID_MANIFEST`/`MWS_INTEGRITY` (stored objects do
 /// not match the manifest), `MWS_NOT_FOUND`, `MWS_UNSUPPORTED` (device memory without
-/// a copy path), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
+/// a device engine), `MWS_STORE`/`MWS_IO`, `MWS_LIMIT_EXCEEDED`.
 /// Thread safety: loads of different participants may run concurrently.
 ///
 /// # Safety

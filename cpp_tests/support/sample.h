@@ -43,16 +43,25 @@ static const char MWS_SAMPLE_PLACEMENT_JSON[] =
     ",\"weight_generation\":1}"
 ;
 
-/* Binds every fragment of `participant_id`'s part to consecutive slices of `buffer`
- * (host memory, contiguous row-major). Returns the first failing status. */
-static inline mws_status sample_bind(const mws_placement *placement, const char *participant_id, uint64_t generation,
-                                     unsigned char *buffer, size_t buffer_len, mws_binding **out) {
+/* Binds every fragment of `participant_id`'s part to consecutive slices of the
+ * allocation at `address` (contiguous row-major) in memory `memory_kind` (an
+ * mws_memory_kind value; device memory of device `ordinal`, named "cuda:<ordinal>",
+ * for example a fenced device's). Returns the first failing status. */
+static inline mws_status sample_bind_memory(const mws_placement *placement, const char *participant_id,
+                                            uint64_t generation, uint64_t address, size_t buffer_len,
+                                            uint32_t memory_kind, uint32_t ordinal, mws_binding **out) {
     mws_binding_options o;
     mws_binding *b = NULL;
     mws_status st;
     size_t i, n = mws_placement_fragment_count(placement), offset = 0, k = 0;
     char lease[256];
+    char device[32];
     snprintf(lease, sizeof lease, "%s-lease-g%llu", participant_id, (unsigned long long)generation);
+    if (memory_kind == MWS_MEMORY_DEVICE) {
+        snprintf(device, sizeof device, "cuda:%u", (unsigned)ordinal);
+    } else {
+        snprintf(device, sizeof device, "cpu");
+    }
     memset(&o, 0, sizeof o);
     o.resource_id = mws_placement_resource_id(placement, NULL);
     o.revision = mws_placement_revision(placement, NULL);
@@ -90,21 +99,21 @@ static inline mws_status sample_bind(const mws_placement *placement, const char 
         memset(&f, 0, sizeof f);
         f.placement_fragment_id = info.placement_fragment_id;
         f.fragment_id = fragment_id;
-        f.address = buffer + offset;
+        f.address = (const void *)(uintptr_t)(address + offset);
         f.nbytes = info.nbytes;
         f.worker_id = participant_id;
         f.endpoint = "localhost:17000";
-        f.device = "cpu";
+        f.device = device;
         f.itemsize = info.itemsize;
         f.local_shape = info.local_shape;
         f.local_shape_len = info.ndim;
         f.strides_bytes = strides;
         f.strides_bytes_len = info.ndim;
-        f.storage_address = buffer;
+        f.storage_address = (const void *)(uintptr_t)address;
         f.storage_nbytes = buffer_len;
         f.storage_offset_bytes = offset;
-        f.memory_kind = MWS_MEMORY_HOST;
-        f.device_ordinal = 0;
+        f.memory_kind = memory_kind;
+        f.device_ordinal = memory_kind == MWS_MEMORY_DEVICE ? ordinal : 0;
         st = mws_binding_add_fragment(b, &f);
         if (st != MWS_OK) {
             break;
@@ -117,6 +126,14 @@ static inline mws_status sample_bind(const mws_placement *placement, const char 
     }
     *out = b;
     return MWS_OK;
+}
+
+/* Binds every fragment of `participant_id`'s part to consecutive slices of `buffer`
+ * (host memory, contiguous row-major). Returns the first failing status. */
+static inline mws_status sample_bind(const mws_placement *placement, const char *participant_id, uint64_t generation,
+                                     unsigned char *buffer, size_t buffer_len, mws_binding **out) {
+    return sample_bind_memory(placement, participant_id, generation, (uint64_t)(uintptr_t)buffer, buffer_len,
+                              MWS_MEMORY_HOST, 0, out);
 }
 
 #endif /* MWS_TESTS_SAMPLE_H */

@@ -261,7 +261,13 @@ public:
 
     void make_bindings(const std::string &instance, std::uint64_t generation, const std::string &lease_suffix = "") {
         bindings.clear();
+        const std::string device =
+            memory_kind == MWS_MEMORY_DEVICE ? "cuda:" + std::to_string(device_ordinal) : std::string("cpu");
         for (auto &b : buffers) {
+            auto placed = base_addresses.find(b.first);
+            const std::uint64_t base = placed != base_addresses.end()
+                                           ? placed->second
+                                           : static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(b.second.data()));
             mws::BindingOptions o = mws::BindingOptions::for_placement(placement);
             o.participant_id = b.first;
             o.instance_id = instance;
@@ -282,20 +288,21 @@ public:
                 mws_runtime_fragment f{};
                 f.placement_fragment_id = v.pfid.c_str();
                 f.fragment_id = fid.c_str();
-                f.address = b.second.data() + v.offset;
+                f.address = reinterpret_cast<const void *>(static_cast<std::uintptr_t>(base + v.offset));
                 f.nbytes = v.nbytes;
                 f.worker_id = worker_of(b.first, k - 1).c_str();
                 f.endpoint = endpoint.c_str();
-                f.device = "cpu";
+                f.device = device.c_str();
                 f.itemsize = v.itemsize;
                 f.local_shape = v.shape.data();
                 f.local_shape_len = v.shape.size();
                 f.strides_bytes = strides.data();
                 f.strides_bytes_len = strides.size();
-                f.storage_address = b.second.data();
+                f.storage_address = reinterpret_cast<const void *>(static_cast<std::uintptr_t>(base));
                 f.storage_nbytes = b.second.size();
                 f.storage_offset_bytes = v.offset;
                 f.memory_kind = memory_kind;
+                f.device_ordinal = memory_kind == MWS_MEMORY_DEVICE ? device_ordinal : 0;
                 binding.add_fragment(f);
             }
             bindings.push_back(std::move(binding));
@@ -353,6 +360,11 @@ public:
     std::vector<mws::Binding> bindings;
     std::size_t workers_per_participant = 1;
     std::uint32_t memory_kind = MWS_MEMORY_HOST;
+    std::uint32_t device_ordinal = 0;  ///< with memory_kind MWS_MEMORY_DEVICE ("cuda:<ordinal>")
+    /// participant -> the address its allocation is bound at instead of its host buffer
+    /// (device memory: the buffer then holds a host image of it); call make_bindings
+    /// again after setting it.
+    std::map<std::string, std::uint64_t> base_addresses;
     /// Prepended to every fragment's endpoint (`<prefix><participant>:17000`); set it and
     /// call make_bindings again to give two instances distinct endpoints.
     std::string endpoint_prefix;

@@ -186,7 +186,17 @@ class _Cuda:
             rt.cudaStreamSynchronize.argtypes, rt.cudaStreamSynchronize.restype = [c_void_p], c_int
             rt.cudaPointerGetAttributes.argtypes = [c_void_p, c_void_p]
             rt.cudaPointerGetAttributes.restype = c_int
-            return
+            rt.cudaGetDeviceCount.argtypes, rt.cudaGetDeviceCount.restype = [POINTER(c_int)], c_int
+            # A runtime that loads is not yet a GPU: torch's pip wheels bring
+            # libcudart to machines without a driver or a device.
+            count = c_int(0)
+            rc = rt.cudaGetDeviceCount(ctypes.byref(count))
+            if rc == 0 and count.value > 0:
+                return
+            msg = rt.cudaGetErrorString(rc) if rc else b"no device"
+            errors.append(f"{self.library}: cudaGetDeviceCount: {count.value if rc == 0 else rc} "
+                          f"({msg.decode() if msg else '?'})")
+            self.rt = None
         for name in _DRIVER_NAMES:
             try:
                 self.drv = ctypes.CDLL(name)
@@ -195,7 +205,8 @@ class _Cuda:
             except OSError as e:
                 errors.append(f"{name}: {e}")
         if self.drv is None:
-            raise DeviceUnavailableError("no CUDA runtime or driver could be loaded (" + "; ".join(errors) + ")")
+            raise DeviceUnavailableError("no usable CUDA runtime or driver (one that loads and sees a device): "
+                                         + "; ".join(errors))
         d = self.drv
         for fn, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [POINTER(c_int), c_int]),
                          ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
@@ -203,10 +214,15 @@ class _Cuda:
                          ("cuMemcpyDtoH_v2", [c_void_p, c_uint64, ctypes.c_size_t]),
                          ("cuMemcpyHtoD_v2", [c_uint64, c_void_p, ctypes.c_size_t]),
                          ("cuStreamSynchronize", [c_void_p]),
-                         ("cuPointerGetAttribute", [c_void_p, c_int, c_uint64])):
+                         ("cuPointerGetAttribute", [c_void_p, c_int, c_uint64]),
+                         ("cuDeviceGetCount", [POINTER(c_int)])):
             f = getattr(d, fn)
             f.argtypes, f.restype = args, c_int
         self._drv_check(d.cuInit(0), "cuInit")
+        count = c_int(0)
+        self._drv_check(d.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+        if count.value < 1:
+            raise DeviceUnavailableError(f"{self.library}: no CUDA device")
         self._ctx: Dict[int, int] = {}
 
     # -- errors -----------------------------------------------------------------------
@@ -306,7 +322,7 @@ def _cuda() -> "_Cuda":
 
 
 def cuda_available() -> bool:
-    """True when the CUDA runtime or driver loads."""
+    """True when the CUDA runtime or driver loads and sees at least one device."""
     try:
         _cuda()
         return True

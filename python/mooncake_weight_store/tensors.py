@@ -7,7 +7,9 @@ that lasts until :meth:`TensorView.release`. Sources, tried in this order:
 
 1. ``torch.Tensor`` (and ``nn.Parameter``): detached, then through ``__dlpack__``;
    torch's own accessors when its DLPack export refuses the dtype (older torch and
-   float8);
+   float8); a lazily conjugated or negated view (torch's conjugate or negative bit,
+   ``x.conj()``) is refused with :class:`TensorError` (its memory does not hold its
+   values);
 2. anything with ``__dlpack__`` (numpy >= 1.22, jax, cupy, ...): the capsule is
    consumed here with ctypes (``DLManagedTensorVersioned`` when the producer accepts
    ``max_version=(1, 0)``, else the legacy ``DLManagedTensor``), renamed ``used_*``
@@ -624,6 +626,15 @@ def tensor_view(obj: Any, *, writable: bool = False, dtype: Optional[Any] = None
     what = _what(name, obj)
     if _is_torch(obj):
         t = obj.detach() if getattr(obj, "requires_grad", False) else obj
+        # A lazily conjugated or negated view shares its base's memory, whose bytes
+        # are not the tensor's values: saving it would store the base's values,
+        # restoring into it would show them conjugated/negated. (torch's DLPack export
+        # refuses the conjugate bit but not the negative bit.)
+        for flag, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+            if callable(getattr(t, flag, None)) and getattr(t, flag)():
+                raise TensorError(f"{what} has torch's {flag[3:]} bit set: its memory holds the "
+                                  f"{'un-conjugated' if flag == 'is_conj' else 'un-negated'} values; pass "
+                                  f"t.{resolve}() (a restore target must not be such a view)")
         try:
             return _from_dlpack(t, writable, dtype, what)
         except (NonContiguousError, UnsupportedDeviceError):

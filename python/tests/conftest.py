@@ -4,6 +4,10 @@
 ``mooncake_master``; without it, a master is started here when the ``mooncake``
 wheel is importable. With ``MWS_REQUIRE_MOONCAKE=1`` (CI) a missing Mooncake fails
 instead of skipping.
+
+The ``torch`` fixture is the ``torch`` module (CPU tensors are enough); without torch
+the tests that use it skip, unless ``MWS_REQUIRE_TORCH=1`` (CI): then they fail, and so
+does any other test that skips for a reason naming torch (``pytest.importorskip``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,35 @@ def _mooncake_available() -> bool:
         return True
     except Exception:
         return False
+
+
+def _require_torch() -> bool:
+    return os.environ.get("MWS_REQUIRE_TORCH") == "1"
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """The ``torch`` module; skips without it (fails with ``MWS_REQUIRE_TORCH=1``)."""
+    try:
+        import torch as t
+    except Exception as e:  # noqa: BLE001 - a broken install (missing libraries) is "no torch" too
+        if _require_torch():
+            pytest.fail(f"torch not importable ({type(e).__name__}: {e}) but MWS_REQUIRE_TORCH=1")
+        pytest.skip(f"torch not importable ({type(e).__name__}: {e})")
+    return t
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With ``MWS_REQUIRE_TORCH=1`` a skip whose reason names torch is a failure."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and _require_torch():
+        # a skip's longrepr is (path, line, reason); the path may name torch itself
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        if "torch" in reason.lower():
+            rep.outcome = "failed"
+            rep.longrepr = f"skipped, but MWS_REQUIRE_TORCH=1: {reason}"
 
 
 @pytest.fixture(scope="session")

@@ -94,6 +94,8 @@ FOREIGN = {
     ("device", "rt.cudaStreamSynchronize.restype"): "CUDA runtime",
     ("device", "rt.cudaPointerGetAttributes.argtypes"): "CUDA runtime",
     ("device", "rt.cudaPointerGetAttributes.restype"): "CUDA runtime",
+    ("device", "rt.cudaGetDeviceCount.argtypes"): "CUDA runtime",
+    ("device", "rt.cudaGetDeviceCount.restype"): "CUDA runtime",
     ("device", "f.argtypes"): "CUDA driver (cuInit, cuMemcpyDtoH_v2, ...)",
     ("device", "f.restype"): "CUDA driver",
     # not a declaration: where a function gets its prototype from _abi.PROTOTYPES

@@ -1,6 +1,7 @@
 """Tensor sources (DLPack, array interfaces, buffer protocol), dtype names, strides,
 and the device path through a copy hook. numpy is required; torch is exercised by
-the test at the end when it is importable."""
+the test at the end (the ``torch`` fixture: skipped without torch, a failure with
+MWS_REQUIRE_TORCH=1; test_torch.py has the rest)."""
 
 from __future__ import annotations
 
@@ -273,11 +274,10 @@ def test_cuda_array_interface_without_cuda_is_refused_clearly():
         tensor_view(FakeCuda())
 
 
-# -- torch (runs where torch is importable) ---------------------------------------------------
+# -- torch (the torch fixture) ----------------------------------------------------------------
 
 
-def test_torch_tensors_through_dlpack():
-    torch = pytest.importorskip("torch")
+def test_torch_tensors_through_dlpack(torch):
     w = torch.nn.Parameter(torch.arange(32, dtype=torch.bfloat16).reshape(8, 4))  # requires grad
     with tensor_view(w) as v:
         assert v.dtype == "bfloat16" and v.shape == (8, 4) and v.address == w.data_ptr()
@@ -362,6 +362,61 @@ def test_cuda_copy_hook_errors_name_the_cuda_error():
             save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
     assert any("CUDA error 700 (an illegal memory access" in e for e in hook.errors), hook.errors
     assert rt.current == 0
+
+
+class _FakeLib:
+    """A ctypes library stand-in: its functions take prototypes and return ``rcs``."""
+
+    def __init__(self, rcs, count):
+        for name in ("cudaSetDevice", "cudaGetDevice", "cudaMemcpy", "cudaGetErrorString", "cudaStreamSynchronize",
+                     "cudaPointerGetAttributes", "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+                     "cuCtxSetCurrent", "cuCtxGetCurrent", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
+                     "cuStreamSynchronize", "cuPointerGetAttribute"):
+            setattr(self, name, self._fn(lambda *a, _n=name: rcs.get(_n, 0)))
+        self.cudaGetErrorString = self._fn(lambda rc: b"CUDA driver version is insufficient")
+
+        def get_count(p):
+            p._obj.value = count
+            return rcs.get("count", 0)
+
+        self.cudaGetDeviceCount = self.cuDeviceGetCount = self._fn(get_count)
+
+    @staticmethod
+    def _fn(f):
+        def fn(*a):
+            return f(*a)
+        return fn
+
+
+@pytest.mark.parametrize("runtime,driver,usable", [
+    ((0, 2), None, "runtime"),      # a runtime that sees two devices
+    ((35, 0), None, None),          # torch's pip libcudart on a machine without a driver
+    ((0, 0), None, None),           # a runtime that sees no device
+    ((35, 0), (0, 1), "driver"),    # an unusable runtime, a driver with a device
+    (None, (0, 0), None),           # a driver without a device
+    (None, (100, 0), None),         # cuDeviceGetCount fails (CUDA_ERROR_NO_DEVICE)
+])
+def test_a_cuda_library_counts_only_when_it_sees_a_device(monkeypatch, runtime, driver, usable):
+    from mooncake_weight_store import device as dev
+
+    def cdll(name, *a, **kw):
+        if "cudart" in name and runtime is not None:
+            return _FakeLib({"count": runtime[0]}, runtime[1])
+        if "libcuda." in name and driver is not None:
+            return _FakeLib({"count": driver[0]}, driver[1])
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(dev.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(dev.ctypes.util, "find_library", lambda n: None)
+    monkeypatch.setattr(dev, "_CUDA", None)  # the answer is cached per process: ask afresh
+    monkeypatch.setattr(dev, "_CUDA_ERROR", None)
+    assert mws.cuda_available() == (usable is not None)
+    if usable is None:
+        with pytest.raises(DeviceUnavailableError, match="CUDA"):
+            mws.cuda_copy_hook()
+    else:
+        c = mws.cuda_copy_hook()._cuda
+        assert (c.rt is not None, c.drv is not None) == (usable == "runtime", usable == "driver")
 
 
 class _LegacyDLPack:

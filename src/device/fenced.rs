@@ -27,6 +27,9 @@ pub struct FencedDevice {
     capacity: u64,
     /// Next free byte (bump allocation, 256-byte aligned).
     next: Mutex<u64>,
+    /// Allocations made: device address -> length. A copy must stay inside one, as
+    /// CUDA requires (a copy across two allocations, even adjacent ones, is refused).
+    allocations: Mutex<std::collections::BTreeMap<u64, u64>>,
     batches: AtomicU64,
     copies: AtomicU64,
     calls: AtomicU64,
@@ -96,6 +99,7 @@ impl FencedDevice {
                 alias: alias as u64,
                 capacity,
                 next: Mutex::new(0),
+                allocations: Mutex::new(Default::default()),
                 batches: AtomicU64::new(0),
                 copies: AtomicU64::new(0),
                 calls: AtomicU64::new(0),
@@ -124,6 +128,7 @@ impl FencedDevice {
         match start.checked_add(len.max(1)) {
             Some(end) if end <= self.capacity => {
                 *next = end;
+                self.allocations.lock().insert(self.fenced + start, len.max(1));
                 Ok(self.fenced + start)
             }
             _ => Err(Error::new(
@@ -142,13 +147,19 @@ impl FencedDevice {
         address >= self.fenced && address.checked_add(len).is_some_and(|e| e <= self.fenced + self.capacity)
     }
 
-    /// The private read-write address of device bytes, or an error naming the range.
+    /// The private read-write address of device bytes, or an error naming the range
+    /// (outside the device, or not inside one allocation).
     fn translate(&self, address: u64, len: u64) -> Result<u64> {
-        if self.contains(address, len) {
+        let allocations = self.allocations.lock();
+        let inside = allocations
+            .range(..=address)
+            .next_back()
+            .is_some_and(|(&a, &n)| address.checked_add(len).is_some_and(|e| e <= a + n));
+        if self.contains(address, len) && inside {
             Ok(self.alias + (address - self.fenced))
         } else {
             Err(Error::invalid(format!(
-                "fenced device {}: {len} bytes at {address:#x} are not memory of this device",
+                "fenced device {}: {len} bytes at {address:#x} are not inside one allocation of this device",
                 self.ordinal
             )))
         }
@@ -177,13 +188,21 @@ impl FencedDevice {
     /// Runs one batch now (the copies are made at submission).
     fn run(&self, direction: CopyDirection, ops: &[CopyOp]) -> Result<()> {
         check_ops(ops)?;
-        // Check every row before the first byte moves.
+        // Check every copy before the first byte moves: each side's whole extent (first
+        // row to last) inside one allocation of its memory.
         for op in ops {
-            self.row(direction, op.source, op.target, op.source_end().unwrap_or(u64::MAX) - op.source)?;
-            self.row(direction, op.source, op.target, op.width)?;
-            let last_s = op.source + (op.height - 1) * op.source_pitch;
-            let last_t = op.target + (op.height - 1) * op.target_pitch;
-            self.row(direction, last_s, last_t, op.width)?;
+            let (s_len, t_len) =
+                (op.source_end().unwrap_or(u64::MAX) - op.source, op.target_end().unwrap_or(u64::MAX) - op.target);
+            if direction.source_is_device() {
+                self.translate(op.source, s_len)?;
+            } else {
+                self.host(op.source, s_len)?;
+            }
+            if direction.target_is_device() {
+                self.translate(op.target, t_len)?;
+            } else {
+                self.host(op.target, t_len)?;
+            }
         }
         for op in ops {
             let mut result = Ok(());
@@ -299,6 +318,41 @@ mod tests {
         }
         assert!(dev.alloc(1 << 20).is_err());
         assert_eq!(dev.stats().batches, 0);
+    }
+
+    #[test]
+    fn a_copy_across_two_allocations_is_refused_as_cuda_does() {
+        let dev = FencedDevice::new(0, 1 << 16).unwrap();
+        let a = dev.alloc(256).unwrap();
+        let b = dev.alloc(256).unwrap();
+        assert_eq!(b, a + 256, "adjacent allocations");
+        let host = [7u8; 512];
+        let one = |len: u64| {
+            [CopyOp {
+                source: host.as_ptr() as u64,
+                source_pitch: len,
+                target: a,
+                target_pitch: len,
+                width: len,
+                height: 1,
+            }]
+        };
+        // SAFETY: host bytes owned here; device memory allocated above.
+        unsafe {
+            let t = dev.submit(0, CopyDirection::HostToDevice, &one(256)).unwrap();
+            dev.wait(t).unwrap();
+            let e = dev.submit(0, CopyDirection::HostToDevice, &one(512)).unwrap_err();
+            assert!(e.message().contains("not inside one allocation"), "{e}");
+            let rows = [CopyOp {
+                source: host.as_ptr() as u64,
+                source_pitch: 16,
+                target: a + 128,
+                target_pitch: 256,
+                width: 16,
+                height: 2,
+            }];
+            assert!(dev.submit(0, CopyDirection::HostToDevice, &rows).is_err(), "rows in two allocations");
+        }
     }
 
     #[test]

@@ -131,13 +131,25 @@ pub const MAX_PITCH: u64 = (1 << 31) - 1;
 /// skipped. The copies write exactly the bytes of `ranges`, in the same order per
 /// target byte as long as the ranges' targets do not overlap (a batch's targets never
 /// do).
+///
+/// A copy may span every range given, so all of `ranges` must lie, on each side, in
+/// one allocation: CUDA refuses a copy across two allocations, even adjacent ones.
+/// Coalesce each allocation pair's ranges on its own ([`coalesce_into`]).
 pub fn coalesce(ranges: &[CopyRange]) -> Vec<CopyOp> {
-    let mut out: Vec<CopyOp> = Vec::new();
+    let mut out = Vec::new();
+    coalesce_into(&mut out, ranges);
+    out
+}
+
+/// As [`coalesce`], appending to `out`; the new copies never extend the copies
+/// already in `out` (call it once per allocation pair).
+pub fn coalesce_into(out: &mut Vec<CopyOp>, ranges: &[CopyRange]) {
+    let first = out.len();
     for r in ranges {
         if r.len == 0 {
             continue;
         }
-        if let Some(last) = out.last_mut() {
+        if let Some(last) = out[first..].last_mut() {
             if last.height == 1
                 && last.source.checked_add(last.width) == Some(r.source)
                 && last.target.checked_add(last.width) == Some(r.target)
@@ -175,7 +187,6 @@ pub fn coalesce(ranges: &[CopyRange]) -> Vec<CopyOp> {
             height: 1,
         });
     }
-    out
 }
 
 /// A submitted batch, waited on with [`DeviceEngine::wait`].
@@ -306,7 +317,9 @@ pub trait DeviceEngine: Send + Sync + fmt::Debug {
 }
 
 /// Copies `ranges` in `direction` on device `ordinal` through `engine` (coalesced
-/// into 2-D copies, one batch, waited on). Returns the number of copies made.
+/// into 2-D copies, one batch, waited on). Returns the number of copies made. As for
+/// [`coalesce`], all of `ranges` must lie, on each side, in one allocation (make one
+/// call per allocation pair).
 ///
 /// # Safety
 /// As [`DeviceEngine::submit`] for every range, until this function returns.
@@ -434,6 +447,18 @@ mod tests {
             assert!(ops.len() <= ranges.len());
             assert_eq!(bytes_of_ops(&ops), bytes_of_ranges(&ranges));
         }
+    }
+
+    #[test]
+    fn coalesce_into_never_extends_the_copies_of_another_allocation() {
+        // Two adjacent allocations: contiguous ranges, and rows at one pitch across both.
+        let mut ops = Vec::new();
+        coalesce_into(&mut ops, &[r(0, 1000, 64)]);
+        coalesce_into(&mut ops, &[r(64, 1064, 64)]);
+        assert_eq!(ops.len(), 2);
+        coalesce_into(&mut ops, &[r(200, 2000, 16), r(300, 2100, 16)]);
+        coalesce_into(&mut ops, &[r(400, 2200, 16), r(500, 2300, 16)]);
+        assert_eq!(ops.iter().map(|o| o.height).collect::<Vec<_>>(), vec![1, 1, 2, 2]);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 
 use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
 use crate::copy::{copy_fence, copy_streaming};
-use crate::device::{coalesce, CopyDirection, CopyRange, DeviceEngine};
+use crate::device::{coalesce_into, CopyDirection, CopyOp, CopyRange, DeviceEngine};
 use crate::runtime::MemoryKind;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -141,8 +141,11 @@ impl LocalEngine {
         if self.threads > 1 && all_host && batch.nbytes() >= self.parallel_min_bytes {
             return copy_parallel(batch, self.threads);
         }
-        // Device segments: one batch per (direction, device), submitted together.
-        let mut device: Vec<((CopyDirection, u32), Vec<CopyRange>)> = Vec::new();
+        // Device segments: one batch per (direction, device), submitted together; the
+        // segments of one range (one allocation pair) are coalesced together, never
+        // with another range's (a copy never spans two allocations).
+        let mut device: Vec<((CopyDirection, u32), Vec<CopyOp>)> = Vec::new();
+        let mut pending: Vec<CopyRange> = Vec::new();
         for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
             let route = match (sk, dk) {
                 (MemoryKind::Host, MemoryKind::Host) => None,
@@ -152,6 +155,7 @@ impl LocalEngine {
                 // Peer copies between two devices are not made by this engine.
                 (MemoryKind::Device(_), MemoryKind::Device(_)) => return CompletionStatus::FailedDrained,
             };
+            pending.clear();
             for i in 0..r.sizes.len() {
                 let (src, dst, n) = (
                     r.source_base_address + r.source_offsets[i],
@@ -165,14 +169,18 @@ impl LocalEngine {
                         // unregistered; overlapping ranges take the memmove path.
                         unsafe { copy_segment(src, dst, n) };
                     }
-                    Some(key) => {
-                        let range = CopyRange { source: src, target: dst, len: n };
-                        match device.iter_mut().find(|(k, _)| *k == key) {
-                            Some((_, v)) => v.push(range),
-                            None => device.push((key, vec![range])),
-                        }
-                    }
+                    Some(_) => pending.push(CopyRange { source: src, target: dst, len: n }),
                 }
+            }
+            if let Some(key) = route {
+                let k = match device.iter().position(|(k, _)| *k == key) {
+                    Some(k) => k,
+                    None => {
+                        device.push((key, Vec::new()));
+                        device.len() - 1
+                    }
+                };
+                coalesce_into(&mut device[k].1, &pending);
             }
         }
         copy_fence();
@@ -183,12 +191,11 @@ impl LocalEngine {
         let Some(engine) = &self.device else { return CompletionStatus::FailedDrained };
         let mut tickets = Vec::with_capacity(device.len());
         let mut ok = true;
-        for ((direction, ordinal), ranges) in &device {
-            let ops = coalesce(ranges);
+        for ((direction, ordinal), ops) in &device {
             // SAFETY: every range lies inside registered regions of the kinds the
             // direction names (checked above), valid until unregistered, and we wait
             // for every ticket before returning.
-            match unsafe { engine.submit(*ordinal, *direction, &ops) } {
+            match unsafe { engine.submit(*ordinal, *direction, ops) } {
                 Ok(t) => tickets.push(t),
                 Err(e) => {
                     log::warn!("local engine: device copy failed: {}", e.message());

@@ -14,7 +14,7 @@
 //!   block checksums are written from the staged bytes (device memory is read once).
 
 use super::state::WeightStore;
-use crate::device::{CopyDirection, CopyRange, CopyTicket, DeviceEngine, StagingBuffer};
+use crate::device::{CopyDirection, CopyOp, CopyTicket, DeviceEngine, StagingBuffer};
 use crate::error::Result;
 use crate::plan::bound_load::LoadPlan;
 use crate::runtime::{MemoryKind, MemoryRegion, RuntimeFragment};
@@ -119,7 +119,8 @@ pub(super) unsafe fn stage_sources<O: Copy, T>(
         }
         let buffer = engine.staging(size.max(1))?;
         let mut window: Vec<RuntimeFragment> = Vec::with_capacity(k - start);
-        let mut batches: Vec<(u32, Vec<CopyRange>)> = Vec::new();
+        // One copy per fragment (never merged: fragments may be separate allocations).
+        let mut batches: Vec<(u32, Vec<CopyOp>)> = Vec::new();
         let mut off = 0;
         for f in &frags[start..k] {
             match f.memory() {
@@ -127,19 +128,27 @@ pub(super) unsafe fn stage_sources<O: Copy, T>(
                 MemoryKind::Device(ordinal) => {
                     let at = buffer.address() + off;
                     off += staged_len(f);
-                    let range = CopyRange { source: f.address(), target: at, len: f.nbytes() };
+                    let op = CopyOp {
+                        source: f.address(),
+                        source_pitch: f.nbytes(),
+                        target: at,
+                        target_pitch: f.nbytes(),
+                        width: f.nbytes(),
+                        height: 1,
+                    };
                     match batches.iter_mut().find(|(o, _)| *o == ordinal) {
-                        Some((_, v)) => v.push(range),
-                        None => batches.push((ordinal, vec![range])),
+                        Some((_, v)) => v.push(op),
+                        None => batches.push((ordinal, vec![op])),
                     }
                     window.push(f.staged_at(at));
                 }
             }
         }
-        for (ordinal, ranges) in &batches {
+        for (ordinal, ops) in &batches {
             // SAFETY: sources are the caller's device views (this function's contract),
             // targets lie in `buffer`, owned here until after the wait.
-            unsafe { crate::device::copy_ranges(engine, *ordinal, CopyDirection::DeviceToHost, ranges) }
+            unsafe { engine.submit(*ordinal, CopyDirection::DeviceToHost, ops) }
+                .and_then(|t| engine.wait(t))
                 .map_err(|e| e.context("copy of snapshot sources from the device: "))?;
         }
         let region = MemoryRegion { address: buffer.address(), len: buffer.len(), kind: MemoryKind::Host };

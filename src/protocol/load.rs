@@ -10,7 +10,7 @@ use super::state::WeightStore;
 
 use super::device_staging::{self as staging, InFlight, MIRROR_ALIGN, WINDOW_BYTES};
 use super::integrity::{CheckLimits, Delivered, Verifier};
-use crate::device::{coalesce, CopyDirection, CopyRange, DeviceEngine};
+use crate::device::{coalesce_into, CopyDirection, CopyOp, CopyRange, DeviceEngine};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
@@ -1153,8 +1153,9 @@ unsafe fn restore_windows(
         if let Some(f) = in_flight.take() {
             f.wait(engine)?;
         }
-        // The written spans of every target, one batch per device ordinal.
-        let mut batches: Vec<(u32, Vec<CopyRange>)> = Vec::new();
+        // The written spans of every target, one batch per device ordinal; each
+        // target's copies stay inside it (a copy never spans two allocations).
+        let mut batches: Vec<(u32, Vec<CopyOp>)> = Vec::new();
         for (id, l) in window {
             let t = plan.target_fragment(l[0]);
             let MemoryKind::Device(ordinal) = t.memory() else {
@@ -1165,17 +1166,20 @@ unsafe fn restore_windows(
                 .into_iter()
                 .map(|(a, b)| CopyRange { source: mirror + a, target: t.address() + a, len: b - a })
                 .collect();
-            match batches.iter_mut().find(|(o, _)| *o == ordinal) {
-                Some((_, v)) => v.extend(ranges),
-                None => batches.push((ordinal, ranges)),
-            }
+            let k = match batches.iter().position(|(o, _)| *o == ordinal) {
+                Some(k) => k,
+                None => {
+                    batches.push((ordinal, Vec::new()));
+                    batches.len() - 1
+                }
+            };
+            coalesce_into(&mut batches[k].1, &ranges);
         }
         let mut flight = InFlight { tickets: Vec::with_capacity(batches.len()), _buffer: buffer };
-        for (ordinal, ranges) in &batches {
-            let ops = coalesce(ranges);
+        for (ordinal, ops) in &batches {
             // SAFETY: sources are the mirrors (host, owned by `flight` until waited);
             // targets are the caller's device targets (this function's contract).
-            match unsafe { engine.submit(*ordinal, CopyDirection::HostToDevice, &ops) } {
+            match unsafe { engine.submit(*ordinal, CopyDirection::HostToDevice, ops) } {
                 Ok(t) => flight.tickets.push(t),
                 Err(e) => {
                     let _ = flight.wait(engine);

@@ -1,6 +1,6 @@
 //! Every C vtable a caller hands the library, each translated into the Rust trait of
 //! the layer below: [`store`] (`mws_store_vtable` -> `store::ObjectStore`),
-//! [`copy_hook`] (`mws_copy_hook_vtable` -> `store::CopyHook`), [`guard`]
+//! [`device_engine`] (`mws_device_engine_vtable` -> `device::DeviceEngine`), [`guard`]
 //! (`mws_guard_vtable` -> `protocol::GuardProvider`) and [`snapshot`]
 //! (`mws_snapshot_adapter_vtable` -> `protocol::SnapshotAdapter`), [`engine`]
 //! (`mws_transfer_engine_vtable` -> `engine::TransferEngine`) [`log`] (the
@@ -8,7 +8,7 @@
 //! (`mws_progress_fn` -> `protocol::ProgressFn`). The layers below know
 //! no `mws_*` type.
 
-pub mod copy_hook;
+pub mod device_engine;
 pub mod engine;
 pub mod guard;
 pub mod log;
