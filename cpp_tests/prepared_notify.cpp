@@ -102,7 +102,7 @@ int main() {
                     mws_transfer_stats stats{};
                     require(mws_prepared_transfer_step_notified(
                                 p.get(), &args, reinterpret_cast<const std::uint8_t *>(kKey.data()), kKey.size(),
-                                MWS_NOTIFY_VERIFY_CONTENT, &stats) == MWS_OK,
+                                MWS_STEP_VERIFY_CONTENT, &stats) == MWS_OK,
                             "mws_prepared_transfer_step_notified");
                 } else {
                     p.step_notified(g, kKey, true);

@@ -185,7 +185,7 @@
  * CRC-32C of the bytes sent into each target, computed from the host source
  * buffers before they move, in each `done`).
  */
-#define MWS_NOTIFY_VERIFY_CONTENT 1
+#define MWS_STEP_VERIFY_CONTENT 1
 
 /**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
@@ -3427,7 +3427,7 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
 
 /**
  * Turns content verification on: from now on a `done` must carry content
- * checksums (a content-verified step, `MWS_NOTIFY_VERIFY_CONTENT`; else it is
+ * checksums (a content-verified step, `MWS_STEP_VERIFY_CONTENT`; else it is
  * refused, `MWS_NOTIFY_UNVERIFIED`), and each accepted `done` makes the acceptor
  * read that writer's target ranges in the participant's buffers (at the addresses
  * of the bound plan) and compare their CRC-32C before it counts the writer done: a
@@ -3850,7 +3850,7 @@ enum mws_status mws_prepared_transfer_step(const struct mws_prepared_transfer *p
  * transfer id (`args->transfer_id` or a fresh one) under the prepared plan's
  * identity; the targets' acceptors follow the newest generation of the plan.
  * `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
- * least 16 bytes). `flags`: 0 or `MWS_NOTIFY_VERIFY_CONTENT` (the `done` carries
+ * least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
  * the CRC-32C of the bytes sent into each target, computed from the source buffers
  * before they move; host memory only). `stats` and the report as
  * `mws_prepared_transfer_step`.

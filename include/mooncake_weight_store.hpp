@@ -2226,7 +2226,7 @@ public:
         mws_transfer_stats stats{};
         detail::check(mws_prepared_transfer_step_notified(
             get(), &args, key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()), key.size(),
-            verify_content ? MWS_NOTIFY_VERIFY_CONTENT : 0u, &stats));
+            verify_content ? MWS_STEP_VERIFY_CONTENT : 0u, &stats));
         return stats;
     }
     /// The target buffers must be valid and untouched by anyone else for the step.

@@ -239,7 +239,7 @@ pub unsafe extern "C" fn mws_notify_acceptor_outcome(
 }
 
 /// Turns content verification on: from now on a `done` must carry content
-/// checksums (a content-verified step, `MWS_NOTIFY_VERIFY_CONTENT`; else it is
+/// checksums (a content-verified step, `MWS_STEP_VERIFY_CONTENT`; else it is
 /// refused, `MWS_NOTIFY_UNVERIFIED`), and each accepted `done` makes the acceptor
 /// read that writer's target ranges in the participant's buffers (at the addresses
 /// of the bound plan) and compare their CRC-32C before it counts the writer done: a

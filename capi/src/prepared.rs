@@ -15,7 +15,7 @@ use std::ffi::c_char;
 /// `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
 /// CRC-32C of the bytes sent into each target, computed from the host source
 /// buffers before they move, in each `done`).
-pub const MWS_NOTIFY_VERIFY_CONTENT: u32 = 1;
+pub const MWS_STEP_VERIFY_CONTENT: u32 = 1;
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
 /// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
@@ -196,7 +196,7 @@ fn step(
 /// transfer id (`args->transfer_id` or a fresh one) under the prepared plan's
 /// identity; the targets' acceptors follow the newest generation of the plan.
 /// `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
-/// least 16 bytes). `flags`: 0 or `MWS_NOTIFY_VERIFY_CONTENT` (the `done` carries
+/// least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
 /// the CRC-32C of the bytes sent into each target, computed from the source buffers
 /// before they move; host memory only). `stats` and the report as
 /// `mws_prepared_transfer_step`.
@@ -221,11 +221,11 @@ pub unsafe extern "C" fn mws_prepared_transfer_step_notified(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        if flags & !MWS_NOTIFY_VERIFY_CONTENT != 0 {
+        if flags & !MWS_STEP_VERIFY_CONTENT != 0 {
             return Err(mws::Error::invalid(format!("unknown notify flags {flags:#x}")).into());
         }
         let key = key_arg(c, key, key_len)?;
-        let notify = StepNotify { key, verify_content: flags & MWS_NOTIFY_VERIFY_CONTENT != 0 };
+        let notify = StepNotify { key, verify_content: flags & MWS_STEP_VERIFY_CONTENT != 0 };
         step(c, prepared, args, Some(notify), stats)
     })
 }

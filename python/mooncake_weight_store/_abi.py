@@ -120,7 +120,7 @@ MWS_NOTIFY_MISROUTED = 7
 MWS_NOTIFY_TOO_MANY = 8
 MWS_NOTIFY_UNVERIFIED = 9
 #: ``flags`` of ``mws_prepared_transfer_step_notified``
-MWS_NOTIFY_VERIFY_CONTENT = 1
+MWS_STEP_VERIFY_CONTENT = 1
 #: ``mws_store_options.staging_bytes``: no staging buffer
 MWS_STAGING_OFF = 2**64 - 1
 #: ``mws_store_options.verify_integrity``

@@ -242,7 +242,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         prepared reader or restore (their steps notify no one) or a short key,
         ``UnsupportedError`` when the engine cannot notify."""
         k = bytes(key) if key else None
-        flags = _abi.MWS_NOTIFY_VERIFY_CONTENT if verify_content else 0
+        flags = _abi.MWS_STEP_VERIFY_CONTENT if verify_content else 0
         return self._step("mws_prepared_transfer_step_notified", generation, leases, transfer_id, None,
                           (k, len(k) if k else 0, flags))
 
