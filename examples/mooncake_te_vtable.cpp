@@ -656,7 +656,7 @@ int run_stand_in() {
                 n[i] = 64;
             }
             mws_bytes ep{endpoint.data(), endpoint.size()};
-            require(vt.sync_read(a.ctx(), ep, l, r, n, 8) == 0, "read");
+            require(vt.batch_transfer_sync_read(a.ctx(), ep, l, r, n, 8) == 0, "read");
             for (int i = 0; i < 8; ++i) {
                 require(std::memcmp(local.data() + 128 * i, s0.second.data() + 64 * i, 64) == 0, "read bytes");
             }
