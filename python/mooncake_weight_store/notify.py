@@ -93,6 +93,7 @@ class NotifyAcceptor(OwnedHandle):
         call("mws_notify_acceptor_new", plan, cstr(participant, "participant"), k, len(k) if k else 0,
              ctypes.byref(out))
         super().__init__(out.value)
+        self._plan = plan
 
     def accept(self, message: bytes) -> Tuple[str, NotifyOutcome, str]:
         """Checks one received message: ``(verdict, outcome, why)``; a refusal is a
@@ -113,10 +114,12 @@ class NotifyAcceptor(OwnedHandle):
         """Turns content verification on (``mws_notify_acceptor_verify_content``): a
         ``done`` must carry checksums (else ``"unverified"``) and the acceptor reads
         its participant's buffers to compare them before it counts the writer done.
-        The plan's target buffers must stay valid while the acceptor is open (a
-        Python binding's buffers are kept by the plan). Raises
+        The acceptor keeps the bound plan (hence its bindings and their buffers)
+        until it is closed. Raises
         :class:`~mooncake_weight_store.UnsupportedError` for device buffers."""
         call("mws_notify_acceptor_verify_content", self)
+        # The bound plan keeps the bindings, which keep their buffers exported.
+        self._keep_alive(self._plan)
 
     def expect_generation(self, generation: int) -> None:
         """Moves the acceptor to ``generation`` (older messages are stale from then
