@@ -2565,9 +2565,12 @@ public:
 
     /// One mismatched target range, copied.
     struct Mismatch {
-        std::string source_participant, source_worker, fragment_id;
-        std::uint32_t operation = 0;
-        std::uint64_t offset = 0, bytes = 0;
+        std::string source_participant;  ///< the writing source executor's participant
+        std::string source_worker;       ///< the writing source executor's worker
+        std::string fragment_id;         ///< the target runtime fragment
+        std::uint32_t operation = 0;     ///< the plan operation
+        std::uint64_t offset = 0;        ///< first byte of the operation's box in the fragment
+        std::uint64_t bytes = 0;         ///< bytes the operation writes
     };
     /// The target ranges whose verified bytes differ in the current generation
     /// (mws_notify_acceptor_mismatch_count / _mismatch), copied. Not concurrently with
