@@ -751,8 +751,8 @@ static void cuda_round_trip(const mws_device_engine *cuda) {
            memcmp(back, src + 24, 100) == 0 ? "ok" : "MISMATCH");
     /* One batch into two separate allocations of equal length (a tensor per
      * allocation, as PyTorch makes them): every byte lands, whatever the coalescing.
-     * (On an H200 with the core of 93b9a47 this fails: the two ranges are folded into
-     * one 2-D copy spanning both allocations, which cuMemcpy2DAsync refuses.) */
+     * (The two ranges fold into one 2-D copy spanning both allocations, which
+     * cuMemcpy2DAsync refuses; the batch is then copied range by range.) */
     {
         uint64_t c = cuda_alloc(4096), e = cuda_alloc(4096);
         CHECK(c != 0 && e != 0);

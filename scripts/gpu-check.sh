@@ -16,6 +16,8 @@
 #      prepared steps); every byte compared with the host path's restore.
 #   2. scripts/gpu_check_torch.py through the Python binding: a CUDA state_dict saved
 #      and restored in another layout into CUDA tensors, on torch's current stream.
+#   3. when .gpu/ holds them: the C and C++ device tests (cpp_tests/device_engine_test.c,
+#      cpp_tests/gtest_device.cpp) with CUDA memory.
 # Exit status: 0 when every part passed, 2 when there is no GPU, 1 on a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,12 @@ if [ "${1:-}" = "--build" ]; then
     strip -o .gpu/gpu_check target/release/examples/gpu_check
     strip -o .gpu/libmooncake_weight_store.so target/release/libmooncake_weight_store.so
     cp include/mooncake_weight_store.h .gpu/
+    # The C/C++ device tests, when a CMake build of the tests is at hand (cmake --preset dev).
+    if [ -x build/dev/cpp_tests/mws_gtest_device ]; then
+        strip -o .gpu/mws_gtest_device build/dev/cpp_tests/mws_gtest_device
+        strip -o .gpu/mws_device_engine_test build/dev/cpp_tests/mws_device_engine_test
+        cp .gpu/libmooncake_weight_store.so .gpu/libmooncake_weight_store.so.0
+    fi
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     du -sh .gpu
     exit 0
@@ -42,9 +50,30 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
-echo "== part 1: the CUDA device engine on every path (examples/gpu_check.rs)"
-.gpu/gpu_check
+# Every part runs; the status says whether all passed.
+failed=()
+part() {
+    local name="$1"
+    shift
+    echo "== $name"
+    if ! "$@"; then
+        echo "gpu-check: FAILED: $name" >&2
+        failed+=("$name")
+    fi
+}
 
-echo "== part 2: torch CUDA tensors through the Python binding (scripts/gpu_check_torch.py)"
-MWS_LIBRARY="$PWD/.gpu/libmooncake_weight_store.so" MWS_HEADER="$PWD/.gpu/mooncake_weight_store.h" \
+part "part 1: the CUDA device engine on every path (examples/gpu_check.rs)" .gpu/gpu_check
+part "part 2: torch CUDA tensors through the Python binding (scripts/gpu_check_torch.py)" \
+    env MWS_LIBRARY="$PWD/.gpu/libmooncake_weight_store.so" MWS_HEADER="$PWD/.gpu/mooncake_weight_store.h" \
     PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 scripts/gpu_check_torch.py
+
+if [ -x .gpu/mws_gtest_device ]; then
+    part "part 3: the C device tests on CUDA memory" env LD_LIBRARY_PATH="$PWD/.gpu" .gpu/mws_device_engine_test
+    part "part 3: the C++ device tests on CUDA memory" env LD_LIBRARY_PATH="$PWD/.gpu" .gpu/mws_gtest_device \
+        --gtest_brief=1
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu-check: ${#failed[@]} part(s) failed" >&2
+    exit 1
+fi
+echo "gpu-check: every part passed"

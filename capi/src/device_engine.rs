@@ -197,7 +197,11 @@ pub unsafe extern "C" fn mws_device_engine_from_vtable(
 /// folded), submitted as one batch and waited on, so the bytes are in place when the
 /// call returns. Writes the number of 2-D copies made to `*copies_out` when it is not
 /// NULL. Empty ranges are skipped; `n` may be 0. This is how tests put bytes into and
-/// read bytes out of fenced device memory, and a batched copy for any caller.
+/// read bytes out of fenced device memory, and a batched copy for any caller. Ranges
+/// in different allocations may be merged into one copy, which a device refuses (CUDA
+/// does, even for adjacent allocations): the batch is then copied again range by
+/// range, so any set of ranges is copied; one call per allocation pair keeps the
+/// merged copies.
 ///
 /// Errors: `MWS_NULL_ARGUMENT` (`engine`, `ranges` with `n > 0`),
 /// `MWS_INVALID_ARGUMENT` (direction; a range the engine cannot copy: a fenced device

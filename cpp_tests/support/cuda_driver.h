@@ -1,7 +1,8 @@
 /* cuda_driver.h: device memory for the tests that run on a GPU, from CUDA's driver API
  * opened at run time (libcuda.so.1), as the library's CUDA engine does: nothing CUDA is
  * needed to build the tests, and on a machine without a driver cuda_driver_open() says
- * so and the CUDA checks are skipped. Allocations are made in the primary context of
+ * so and the CUDA checks are skipped (ctest also runs them through a fake driver on
+ * fenced memory: MWS_CUDA_DRIVER). Allocations are made in the primary context of
  * device 0 (the one mws_device_engine_new_cuda copies in). Test code only; compiles
  * as C11 and C++17; not thread-safe (call it from the test's thread). */
 #ifndef MWS_TESTS_CUDA_DRIVER_H
@@ -9,6 +10,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct cuda_driver {
@@ -36,7 +38,12 @@ static inline int cuda_driver_open(void) {
         return d->opened == 1;
     }
     d->opened = -1;
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    /* The library's CUDA engine opens the same file (MWS_CUDA_DRIVER: ctest's fake
+     * driver, tests/fake_cuda/fake_cuda.c). */
+    {
+        const char *path = getenv("MWS_CUDA_DRIVER");
+        lib = dlopen(path != NULL && path[0] != '\0' ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    }
     if (lib == NULL) {
         return 0;
     }

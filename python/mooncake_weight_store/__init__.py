@@ -46,7 +46,7 @@ from .logs import set_log_callback
 from .progress import Progress, ProgressBar
 from .tensors import (DTYPES, DType, NonContiguousError, TensorError, TensorView, UnsupportedDeviceError,
                       UnsupportedDTypeError, dtype_name, tensor_view)
-from .device import CopyHook, CudaCopyHook, CudaError, DeviceUnavailableError, cuda_available, cuda_copy_hook
+from .device import CudaError, DeviceEngine, DeviceUnavailableError, cuda_available
 from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
 from .state_dict import (COLWISE, LATEST, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
                          save_state_dict, split)
@@ -108,12 +108,10 @@ __all__ = [
     "NonContiguousError",
     "UnsupportedDTypeError",
     "UnsupportedDeviceError",
-    "CopyHook",
-    "CudaCopyHook",
+    "DeviceEngine",
     "DeviceUnavailableError",
     "CudaError",
     "cuda_available",
-    "cuda_copy_hook",
     "Exchange",
     "ExchangeTimeout",
     "LocalExchange",

@@ -89,7 +89,7 @@ class CStruct(Structure):
 # form (``MemoryKind.HOST``, ``logs.INFO``, verdict names, ...) from these. The
 # ``mws_status`` values are ``errors.Status`` (the error classes are keyed by them).
 
-MWS_COPY_HOOK_VTABLE_VERSION = 1
+MWS_DEVICE_ENGINE_VTABLE_VERSION = 1
 MWS_TRANSFER_ENGINE_VTABLE_VERSION = 1
 #: ``direction`` of ``submit_with_ticket``: pull (``local`` are targets)
 MWS_TRANSFER_READ = 0
@@ -378,20 +378,53 @@ class mws_store_vtable(CStruct):
     ]
 
 
-# Copy hook vtable (``mws_copy_hook_vtable``, version 1): device <-> host copies of the
-# embedded stores (device.py).
-
-D2H_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint32, c_void_p, c_uint64)
-H2D_FN = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_uint64, c_uint64, c_uint32)
+# Device engines (``mws_device_engine``; device.py): the ranges of
+# ``mws_device_engine_copy`` and the counters of ``mws_device_engine_stats``.
 
 
-class mws_copy_hook_vtable(CStruct):
+class mws_copy_range(CStruct):
+    _fields_ = [
+        ("source", c_uint64),
+        ("target", c_uint64),
+        ("len", c_uint64),
+    ]
+
+
+class mws_copy_op(CStruct):
+    _fields_ = [
+        ("source", c_uint64),
+        ("source_pitch", c_uint64),
+        ("target", c_uint64),
+        ("target_pitch", c_uint64),
+        ("width", c_uint64),
+        ("height", c_uint64),
+    ]
+
+
+DEVICE_SUBMIT_FN = CFUNCTYPE(c_int32, c_void_p, c_uint32, c_uint32, POINTER(mws_copy_op), c_size_t, POINTER(c_uint64))
+DEVICE_WAIT_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64)
+STAGING_ALLOC_FN = CFUNCTYPE(c_int32, c_void_p, c_uint64, POINTER(c_void_p))
+STAGING_FREE_FN = CFUNCTYPE(None, c_void_p, c_void_p, c_uint64)
+
+
+class mws_device_engine_vtable(CStruct):
     _fields_ = [
         ("size", c_uint32),
         ("version", c_uint32),
-        ("device_to_host", D2H_FN),
-        ("host_to_device", H2D_FN),
+        ("submit", DEVICE_SUBMIT_FN),
+        ("wait", DEVICE_WAIT_FN),
+        ("staging_alloc", STAGING_ALLOC_FN),
+        ("staging_free", STAGING_FREE_FN),
         ("destroy", DESTROY_FN),
+    ]
+
+
+class mws_device_stats(CStruct):
+    _fields_ = [
+        ("batches", c_uint64),
+        ("copies", c_uint64),
+        ("driver_calls", c_uint64),
+        ("bytes", c_uint64),
     ]
 
 
@@ -401,8 +434,7 @@ class mws_store_options(CStruct):
         ("max_range_bytes", c_uint64),
         ("max_ranges_per_request", c_uint64),
         ("max_region_segments", c_uint64),
-        ("copy_hook", c_void_p),
-        ("copy_hook_ctx", c_void_p),
+        ("device_engine", c_void_p),
         ("staging_bytes", c_uint64),
         ("max_metadata_bytes", c_uint64),
         ("verify_integrity", c_uint32),
@@ -663,6 +695,15 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_upload_plan_operation": (c_int, [_p, c_size_t, POINTER(mws_upload_operation)]),
     "mws_upload_plan_to_json": (c_void_p, [_p, _sz]),
     "mws_upload_plan_from_json": (c_int, [c_char_p, c_size_t, POINTER(_p)]),
+    # device engines
+    "mws_device_engine_new_cuda": (c_int, [c_uint32, POINTER(c_uint64), POINTER(_p)]),
+    "mws_device_engine_new_fenced": (c_int, [c_uint32, c_uint64, POINTER(_p)]),
+    "mws_device_engine_from_vtable": (c_int, [POINTER(mws_device_engine_vtable), c_void_p, POINTER(_p)]),
+    "mws_device_engine_fenced_alloc": (c_int, [_p, c_uint64, POINTER(c_uint64)]),
+    "mws_device_engine_copy": (c_int, [_p, c_uint32, c_uint32, POINTER(mws_copy_range), c_size_t,
+                                       POINTER(c_uint64)]),
+    "mws_device_engine_stats": (c_int, [_p, POINTER(mws_device_stats)]),
+    "mws_device_engine_free": (None, [_p]),
     # store
     "mws_store_open_memory": (c_int, [POINTER(mws_store_options), POINTER(_p)]),
     "mws_store_open_dir": (c_int, [c_char_p, POINTER(mws_store_options), POINTER(_p)]),
@@ -769,6 +810,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_transfer_plan_executor": (c_int, [_p, c_uint32, c_size_t, c_void_p]),
     # live transfer: engines
     "mws_transfer_engine_new_local": (c_int, [POINTER(_p)]),
+    "mws_transfer_engine_new_local_device": (c_int, [_p, POINTER(_p)]),
     "mws_transfer_engine_from_vtable": (c_int, [POINTER(mws_transfer_engine_vtable), c_void_p, POINTER(_p)]),
     "mws_transfer_engine_register_memory": (c_int, [_p, c_void_p, c_uint64, c_uint32, c_uint32]),
     "mws_transfer_engine_unregister_memory": (c_int, [_p, c_void_p]),

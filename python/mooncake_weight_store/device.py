@@ -1,43 +1,53 @@
-"""Device memory: copy hooks for the embedded stores, and a CUDA one through the
-CUDA runtime (or driver) loaded with ctypes.
+"""Device memory: the library's device engines, and CUDA helpers loaded with ctypes.
 
-The embedded stores (memory, directory) cannot touch device memory themselves; a
-store opened with a copy hook (``Store.memory(copy_hook=...)``,
-``Store.directory(path, copy_hook=...)``) moves device bytes through it
-(``mws_copy_hook_vtable``). A store without one refuses device fragments with
-:class:`~mooncake_weight_store.errors.UnsupportedError` before any I/O.
+Device bytes move only through a **device engine** (``mws_device_engine``;
+docs/DEVICE-MEMORY.md): a store opened with one (``Store.memory(device_engine=...)``,
+``Store.directory(path, device_engine=...)``, ``Store.from_backend(...,
+device_engine=...)``) stages device sources and targets in host buffers of the engine,
+in batches (the store itself sees host bytes only; restores are verified before a
+byte reaches the device), and ``TransferEngine.local(device_engine=...)`` copies device
+segments of live transfers through it. A store without one refuses device fragments
+with :class:`~mooncake_weight_store.errors.UnsupportedError` before any I/O.
 
-* :class:`CopyHook`: subclass and implement :meth:`CopyHook.device_to_host` and
-  :meth:`CopyHook.host_to_device` (addresses are integers). Exceptions are contained:
-  the copy fails and the library call reports ``MWS_STORE``; the exception text is in
-  :attr:`CopyHook.errors`. Callbacks must be thread-safe.
-* :func:`cuda_copy_hook`: a :class:`CudaCopyHook` over ``cudaMemcpy`` (``libcudart``),
-  or ``cuMemcpyDtoH``/``cuMemcpyHtoD`` (``libcuda``, primary context) when only the
-  driver is present; :class:`DeviceUnavailableError` when neither loads.
+* :meth:`DeviceEngine.cuda`: CUDA's driver, opened by the library at run time, on a
+  stream of yours (``stream=torch.cuda.current_stream().cuda_stream``) or its own;
+  :meth:`DeviceEngine.for_torch` picks the current device and stream.
+* :meth:`DeviceEngine.fenced`: a test device whose memory the host cannot touch (any
+  host access crashes the process); :meth:`DeviceEngine.fenced_alloc` hands out its
+  memory, :meth:`DeviceEngine.copy` moves bytes in and out.
+* :func:`cuda_available`, :func:`cuda_pointer_device`, :func:`cuda_synchronize_stream`:
+  what the tensor adapters ask of CUDA (``libcudart`` or ``libcuda`` through ctypes).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 import threading
 from ctypes import POINTER, c_int, c_uint64, c_void_p
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import ArgumentError
 from . import _abi
 from . import errors as _errors
+from ._lib import OwnedHandle, call
 
 __all__ = [
-    "CopyHook",
-    "CudaCopyHook",
+    "DeviceEngine",
     "DeviceUnavailableError",
-    "cuda_copy_hook",
+    "CudaError",
     "cuda_available",
     "cuda_pointer_device",
     "cuda_synchronize_stream",
 ]
+
+#: Directions of :meth:`DeviceEngine.copy`.
+HOST_TO_DEVICE = 1
+DEVICE_TO_HOST = 2
+DEVICE_TO_DEVICE = 3
+_DIRECTIONS = {"h2d": HOST_TO_DEVICE, "d2h": DEVICE_TO_HOST, "d2d": DEVICE_TO_DEVICE,
+               HOST_TO_DEVICE: HOST_TO_DEVICE, DEVICE_TO_HOST: DEVICE_TO_HOST, DEVICE_TO_DEVICE: DEVICE_TO_DEVICE}
+
 
 class DeviceUnavailableError(_errors.LocalError, RuntimeError):
     """Device memory was given but no way to reach it exists (no CUDA runtime);
@@ -52,105 +62,83 @@ class CudaError(_errors.LocalError, RuntimeError):
     default_status = _errors.Status.IO
 
 
-class CopyHook:
-    """Device <-> host copies for the embedded stores. Subclass it.
-
-    ``device_to_host(src_address, device_ordinal, dst_address, nbytes)`` copies device
-    bytes into host memory; ``host_to_device(src_address, nbytes, dst_address,
-    device_ordinal)`` the other way. Both must be thread-safe and raise on failure.
+class DeviceEngine(OwnedHandle):
+    """A device engine (``mws_device_engine``): moves batches of copies between host
+    and device memory. Stores and transfer engines given one keep their own
+    reference, so closing this object early is safe. Thread-safe.
     """
 
-    MAX_ERRORS = 64
+    _FREE = "mws_device_engine_free"
+    _WHAT = "device engine"
 
-    def __init__(self) -> None:
-        self.errors: List[str] = []
-        self.calls: Dict[str, int] = {"device_to_host": 0, "host_to_device": 0}
-        self._lock = threading.Lock()
+    def __init__(self, handle: Optional[int], kind: str) -> None:
+        super().__init__(handle)
+        self.kind = kind
 
-    def device_to_host(self, src_address: int, device_ordinal: int, dst_address: int, nbytes: int) -> None:
-        raise NotImplementedError
+    @classmethod
+    def cuda(cls, ordinal: int = 0, stream: Optional[int] = None) -> "DeviceEngine":
+        """The CUDA engine of device ``ordinal`` (its primary context, the one torch
+        uses), copying on ``stream`` (a ``CUstream`` / ``cudaStream_t`` as an integer,
+        e.g. ``torch.cuda.current_stream().cuda_stream``; 0 = the legacy default
+        stream; None = a stream of the engine's own). A batch runs after the work
+        queued on that stream before the call, and is complete when the library call
+        returns. Raises :class:`~mooncake_weight_store.errors.UnsupportedError` without
+        an NVIDIA driver."""
+        out = c_void_p()
+        s = None if stream is None else ctypes.byref(c_uint64(int(stream)))
+        call("mws_device_engine_new_cuda", int(ordinal), s, ctypes.byref(out))
+        return cls(out.value, f"cuda:{int(ordinal)}")
 
-    def host_to_device(self, src_address: int, nbytes: int, dst_address: int, device_ordinal: int) -> None:
-        raise NotImplementedError
+    @classmethod
+    def for_torch(cls, device: Any = None) -> "DeviceEngine":
+        """The CUDA engine of a torch device (default: the current one), on torch's
+        current stream of that device."""
+        import torch  # noqa: PLC0415 - optional dependency
 
-    # -- bridge ---------------------------------------------------------------------
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type != "cuda":
+            raise ArgumentError(f"for_torch needs a CUDA device, not {dev}")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return cls.cuda(index, torch.cuda.current_stream(index).cuda_stream)
 
-    def _fail(self, op: str, e: BaseException) -> int:
-        with self._lock:
-            if len(self.errors) < self.MAX_ERRORS:
-                self.errors.append(f"{op}: {type(e).__name__}: {e}")
-        return -1
+    @classmethod
+    def fenced(cls, capacity: int, ordinal: int = 0) -> "DeviceEngine":
+        """A fenced test device of ``capacity`` bytes: its memory faults on any host
+        access; only this engine reaches it (:meth:`fenced_alloc`, :meth:`copy`)."""
+        out = c_void_p()
+        call("mws_device_engine_new_fenced", int(ordinal), int(capacity), ctypes.byref(out))
+        return cls(out.value, f"fenced:{int(ordinal)}")
 
-    def _d2h(self, ctx, src, ordinal, dst, n):  # type: ignore[no-untyped-def]
-        try:
-            with self._lock:
-                self.calls["device_to_host"] += 1
-            self.device_to_host(int(src), int(ordinal), int(dst or 0), int(n))
-            return 0
-        except BaseException as e:  # noqa: BLE001 - never unwind into C
-            return self._fail("device_to_host", e)
+    def fenced_alloc(self, nbytes: int) -> int:
+        """``nbytes`` of the fenced device's memory (256-byte aligned): its address."""
+        out = c_uint64(0)
+        call("mws_device_engine_fenced_alloc", self, int(nbytes), ctypes.byref(out))
+        return int(out.value)
 
-    def _h2d(self, ctx, src, n, dst, ordinal):  # type: ignore[no-untyped-def]
-        try:
-            with self._lock:
-                self.calls["host_to_device"] += 1
-            self.host_to_device(int(src or 0), int(n), int(dst), int(ordinal))
-            return 0
-        except BaseException as e:  # noqa: BLE001
-            return self._fail("host_to_device", e)
+    def copy(self, ranges: Iterable[Tuple[int, int, int]], direction: Any, ordinal: int = 0) -> int:
+        """Copies ``(source, target, nbytes)`` ranges (addresses as integers) in
+        ``direction`` (``"h2d"``, ``"d2h"``, ``"d2d"``) on device ``ordinal``, as one
+        batch, coalesced into 2-D copies; waits for it. Every range of one call must
+        lie, on each side, in one allocation. Returns the number of copies made."""
+        d = _DIRECTIONS.get(direction)
+        if d is None:
+            raise ArgumentError(f"direction must be 'h2d', 'd2h' or 'd2d', not {direction!r}")
+        rs: Sequence[Tuple[int, int, int]] = list(ranges)
+        arr = (_abi.mws_copy_range * max(len(rs), 1))()
+        for k, (s, t, n) in enumerate(rs):
+            arr[k].source, arr[k].target, arr[k].len = int(s), int(t), int(n)
+        out = c_uint64(0)
+        call("mws_device_engine_copy", self, int(ordinal), d, arr, len(rs), ctypes.byref(out))
+        return int(out.value)
 
+    def stats(self) -> Dict[str, int]:
+        """Counters since the engine was made: batches, copies, driver_calls, bytes."""
+        st = _abi.mws_device_stats()
+        call("mws_device_engine_stats", self, ctypes.byref(st))
+        return {"batches": st.batches, "copies": st.copies, "driver_calls": st.driver_calls, "bytes": st.bytes}
 
-# Hook bridges stay alive until the library calls `destroy` (the store owns the ctx).
-_HOOKS: Dict[int, "_HookBridge"] = {}
-_HOOKS_LOCK = threading.Lock()
-_HOOK_GRAVEYARD: List["_HookBridge"] = []
-_HOOK_IDS = itertools.count(1)
-
-
-class _HookBridge:
-    def __init__(self, hook: CopyHook) -> None:
-        if not isinstance(hook, CopyHook):
-            raise ArgumentError(f"copy_hook must be a CopyHook, not {type(hook).__name__}")
-        self.hook = hook
-        self.ctx_id = next(_HOOK_IDS)
-        self.vtable = _abi.mws_copy_hook_vtable(
-            size=ctypes.sizeof(_abi.mws_copy_hook_vtable),
-            version=_abi.MWS_COPY_HOOK_VTABLE_VERSION,
-            device_to_host=_abi.D2H_FN(hook._d2h),
-            host_to_device=_abi.H2D_FN(hook._h2d),
-            destroy=_abi.DESTROY_FN(self._destroy),
-        )
-        self.destroyed = threading.Event()
-
-    def _destroy(self, ctx):  # type: ignore[no-untyped-def]
-        self.destroyed.set()
-        with _HOOKS_LOCK:  # the running thunk must outlive this call: bury, free later
-            _HOOKS.pop(self.ctx_id, None)
-            _HOOK_GRAVEYARD.append(self)
-
-
-def _bury_hooks() -> None:
-    with _HOOKS_LOCK:
-        _HOOK_GRAVEYARD.clear()
-
-
-def attach_copy_hook(options: Any, hook: CopyHook) -> _HookBridge:
-    """Fills ``options.copy_hook``/``copy_hook_ctx`` (a ``mws_store_options``) with a
-    bridge to ``hook``; the bridge lives until the store destroys it. Call
-    :func:`detach_failed` if the store could not be opened."""
-    _bury_hooks()
-    bridge = _HookBridge(hook)
-    with _HOOKS_LOCK:
-        _HOOKS[bridge.ctx_id] = bridge
-    options.copy_hook = ctypes.addressof(bridge.vtable)
-    options.copy_hook_ctx = bridge.ctx_id
-    return bridge
-
-
-def detach_failed(bridge: _HookBridge) -> None:
-    """Forgets a bridge whose store was never opened (the library did not take it)."""
-    with _HOOKS_LOCK:
-        _HOOKS.pop(bridge.ctx_id, None)
+    def __repr__(self) -> str:
+        return f"DeviceEngine({self.kind}{', closed' if self._h is None else ''})"
 
 
 # --------------------------------------------------------------------------- CUDA
@@ -164,7 +152,9 @@ _DRIVER_NAMES = ("libcuda.so.1", "libcuda.so")
 
 
 class _Cuda:
-    """cudaMemcpy through libcudart, else cuMemcpy through libcuda (primary context)."""
+    """What the tensor adapters ask of CUDA (a pointer's device, a stream's
+    synchronization), through libcudart, else libcuda. Copies never go through here:
+    they are the library's device engine's."""
 
     def __init__(self) -> None:
         errors: List[str] = []
@@ -179,9 +169,6 @@ class _Cuda:
                 errors.append(f"{name}: {e}")
         if self.rt is not None:
             rt = self.rt
-            rt.cudaSetDevice.argtypes, rt.cudaSetDevice.restype = [c_int], c_int
-            rt.cudaGetDevice.argtypes, rt.cudaGetDevice.restype = [POINTER(c_int)], c_int
-            rt.cudaMemcpy.argtypes, rt.cudaMemcpy.restype = [c_void_p, c_void_p, ctypes.c_size_t, c_int], c_int
             rt.cudaGetErrorString.argtypes, rt.cudaGetErrorString.restype = [c_int], ctypes.c_char_p
             rt.cudaStreamSynchronize.argtypes, rt.cudaStreamSynchronize.restype = [c_void_p], c_int
             rt.cudaPointerGetAttributes.argtypes = [c_void_p, c_void_p]
@@ -211,8 +198,6 @@ class _Cuda:
         for fn, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [POINTER(c_int), c_int]),
                          ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
                          ("cuCtxSetCurrent", [c_void_p]), ("cuCtxGetCurrent", [POINTER(c_void_p)]),
-                         ("cuMemcpyDtoH_v2", [c_void_p, c_uint64, ctypes.c_size_t]),
-                         ("cuMemcpyHtoD_v2", [c_uint64, c_void_p, ctypes.c_size_t]),
                          ("cuStreamSynchronize", [c_void_p]),
                          ("cuPointerGetAttribute", [c_void_p, c_int, c_uint64]),
                          ("cuDeviceGetCount", [POINTER(c_int)])):
@@ -236,55 +221,6 @@ class _Cuda:
     def _drv_check(self, rc: int, what: str) -> None:
         if rc != 0:
             raise CudaError(f"{what}: CUDA driver error {rc}")
-
-    def _drv_copy(self, fn: str, dst: int, src: int, n: int, ordinal: int) -> None:
-        """A cuMemcpy in ``ordinal``'s primary context; the thread's context is restored."""
-        assert self.drv is not None
-        prev = c_void_p()
-        self._drv_check(self.drv.cuCtxGetCurrent(ctypes.byref(prev)), "cuCtxGetCurrent")
-        self._drv_context(ordinal)
-        try:
-            self._drv_check(getattr(self.drv, fn)(dst, src, n), fn)
-        finally:
-            self.drv.cuCtxSetCurrent(prev.value)
-
-    def _drv_context(self, ordinal: int) -> None:
-        assert self.drv is not None
-        ctx = self._ctx.get(ordinal)
-        if ctx is None:
-            dev = c_int(0)
-            self._drv_check(self.drv.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
-            c = c_void_p()
-            self._drv_check(self.drv.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev.value), "cuDevicePrimaryCtxRetain")
-            ctx = self._ctx[ordinal] = int(c.value or 0)
-        self._drv_check(self.drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-
-    # -- copies ---------------------------------------------------------------------------
-
-    def _rt_copy(self, dst: int, src: int, n: int, kind: int, ordinal: int, what: str) -> None:
-        """cudaMemcpy on ``ordinal``; the calling thread's current device is restored."""
-        assert self.rt is not None
-        cur = c_int(0)
-        self._rt_check(self.rt.cudaGetDevice(ctypes.byref(cur)), "cudaGetDevice")
-        if cur.value != ordinal:
-            self._rt_check(self.rt.cudaSetDevice(ordinal), "cudaSetDevice")
-        try:
-            self._rt_check(self.rt.cudaMemcpy(dst, src, n, kind), what)
-        finally:
-            if cur.value != ordinal:
-                self.rt.cudaSetDevice(cur.value)
-
-    def d2h(self, src: int, ordinal: int, dst: int, n: int) -> None:
-        if self.rt is not None:
-            self._rt_copy(dst, src, n, 2, ordinal, "cudaMemcpy(device->host)")
-        else:
-            self._drv_copy("cuMemcpyDtoH_v2", dst, src, n, ordinal)
-
-    def h2d(self, src: int, n: int, dst: int, ordinal: int) -> None:
-        if self.rt is not None:
-            self._rt_copy(dst, src, n, 1, ordinal, "cudaMemcpy(host->device)")
-        else:
-            self._drv_copy("cuMemcpyHtoD_v2", dst, src, n, ordinal)
 
     def synchronize_stream(self, stream: int) -> None:
         if self.rt is not None:
@@ -339,28 +275,3 @@ def cuda_pointer_device(address: int) -> int:
 def cuda_synchronize_stream(stream: int) -> None:
     """Waits for CUDA stream ``stream`` (``__cuda_array_interface__`` v3 ``stream``)."""
     _cuda().synchronize_stream(stream)
-
-
-class CudaCopyHook(CopyHook):
-    """Synchronous ``cudaMemcpy`` on the legacy default stream (or the driver's
-    ``cuMemcpy*`` in the device's primary context)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._cuda = _cuda()
-
-    @property
-    def library(self) -> str:
-        return self._cuda.library
-
-    def device_to_host(self, src_address: int, device_ordinal: int, dst_address: int, nbytes: int) -> None:
-        self._cuda.d2h(src_address, device_ordinal, dst_address, nbytes)
-
-    def host_to_device(self, src_address: int, nbytes: int, dst_address: int, device_ordinal: int) -> None:
-        self._cuda.h2d(src_address, nbytes, dst_address, device_ordinal)
-
-
-def cuda_copy_hook() -> CudaCopyHook:
-    """A :class:`CudaCopyHook`; :class:`DeviceUnavailableError` (with what was tried)
-    when no CUDA runtime or driver loads."""
-    return CudaCopyHook()

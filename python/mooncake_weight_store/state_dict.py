@@ -418,11 +418,11 @@ def _bind(placement: Placement, info: Mapping[str, Any], lease_id: str) -> Bindi
 
 def _check_device_path(store: Any, views: Iterable[TensorView]) -> None:
     dev = [v for v in views if v.is_device]
-    if dev and getattr(store, "kind", "") in ("memory", "directory") and getattr(store, "copy_hook", None) is None:
+    if dev and getattr(store, "device_engine", None) is None and getattr(store, "kind", "") in ("memory", "directory"):
         raise StateDictError(
-            f"{len(dev)} tensor(s) are in device memory ({dev[0].device}) and this {store.kind} store has no copy "
-            "hook: open it with copy_hook=mooncake_weight_store.device.cuda_copy_hook() (or move the tensors to "
-            "the CPU)")
+            f"{len(dev)} tensor(s) are in device memory ({dev[0].device}) and this {store.kind} store has no device "
+            "engine: open it with device_engine=mooncake_weight_store.DeviceEngine.for_torch() (or move the tensors "
+            "to the CPU)")
 
 
 def _views(state_dict: Mapping[str, Any], writable: bool) -> Dict[str, TensorView]:

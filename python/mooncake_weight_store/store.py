@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, borrowed_str, call, cstr
-from .device import CopyHook, attach_copy_hook, detach_failed
+from .device import DeviceEngine
 from .errors import ArgumentError, error_for_status
 from .guard import Guard, TerminalState, GuardBridge, io_args
 from .load import LoadPlan, LoadStats
@@ -452,13 +452,18 @@ class RegistrationLease(OwnedHandle):
 
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
              max_region_segments: int, staging_bytes: Optional[int] = None,
-             verify_integrity: bool = True) -> Optional[_abi.mws_store_options]:
+             verify_integrity: bool = True,
+             device_engine: Optional[DeviceEngine] = None) -> Optional[_abi.mws_store_options]:
     """``staging_bytes``: None = the library's default (64 MiB, chosen per region by
     the store's cost model), 0 = never stage, N = a staging budget of N bytes.
-    ``verify_integrity``: True = the library's default (verify), False = off."""
+    ``verify_integrity``: True = the library's default (verify), False = off.
+    ``device_engine``: its handle goes into the options (the caller keeps the engine
+    in use for the opening call, which takes the library's own reference)."""
     if not isinstance(verify_integrity, bool):
         raise ArgumentError("verify_integrity must be True or False")
-    if key_prefix is None and staging_bytes is None and verify_integrity and not (
+    if device_engine is not None and not isinstance(device_engine, DeviceEngine):
+        raise ArgumentError(f"device_engine must be a DeviceEngine, not {type(device_engine).__name__}")
+    if key_prefix is None and staging_bytes is None and verify_integrity and device_engine is None and not (
             max_range_bytes or max_ranges_per_request or max_region_segments):
         return None
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
@@ -470,7 +475,8 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
                                   max_ranges_per_request=max_ranges_per_request,
                                   max_region_segments=max_region_segments, staging_bytes=c_staging,
                                   verify_integrity=_abi.MWS_VERIFY_ON if verify_integrity
-                                  else _abi.MWS_VERIFY_OFF)
+                                  else _abi.MWS_VERIFY_OFF,
+                                  device_engine=device_engine.handle if device_engine is not None else None)
 
 
 class Store(OwnedHandle):
@@ -505,66 +511,63 @@ class Store(OwnedHandle):
         super().__init__(handle)
         self._bridge = bridge
         self.kind = kind
-        #: the copy hook of an embedded store opened with one (device memory)
-        self.copy_hook: Optional[CopyHook] = None
+        #: the device engine the store was opened with (device memory), if any
+        self.device_engine: Optional[DeviceEngine] = None
 
     # -- opening --------------------------------------------------------------------
 
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
                max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-               copy_hook: Optional[CopyHook] = None, verify_integrity: bool = True) -> "Store":
+               device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True) -> "Store":
         """An in-memory store (single process; objects live as long as the store).
-        ``copy_hook``: a :class:`~mooncake_weight_store.device.CopyHook` for device
-        memory (see :mod:`mooncake_weight_store.device`)."""
+        ``device_engine``: a :class:`~mooncake_weight_store.device.DeviceEngine` that
+        stages device memory (see :mod:`mooncake_weight_store.device`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity)
-        return cls._open_embedded("mws_store_open_memory", (), opts, copy_hook, "memory")
+                        verify_integrity, device_engine)
+        return cls._open_embedded("mws_store_open_memory", (), opts, device_engine, "memory")
 
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                   max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-                  copy_hook: Optional[CopyHook] = None, verify_integrity: bool = True) -> "Store":
-        """The crash-safe directory store rooted at ``path`` (``copy_hook``: as
+                  device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True) -> "Store":
+        """The crash-safe directory store rooted at ``path`` (``device_engine``: as
         :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity)
-        return cls._open_embedded("mws_store_open_dir", (cstr(os.fspath(path), "path"),), opts, copy_hook,
+                        verify_integrity, device_engine)
+        return cls._open_embedded("mws_store_open_dir", (cstr(os.fspath(path), "path"),), opts, device_engine,
                                   "directory")
 
     @classmethod
     def _open_embedded(cls, fn: str, args: Tuple[object, ...], opts: Optional[_abi.mws_store_options],
-                       copy_hook: Optional[CopyHook], kind: str) -> "Store":
-        bridge = None
-        if copy_hook is not None:
-            opts = opts if opts is not None else _abi.mws_store_options()
-            bridge = attach_copy_hook(opts, copy_hook)
+                       device_engine: Optional[DeviceEngine], kind: str) -> "Store":
         out = c_void_p()
-        try:
+        if device_engine is not None:
+            with device_engine._use():  # held for the opening call, which takes its own reference
+                call(fn, *args, ctypes.byref(opts) if opts else None, ctypes.byref(out))
+        else:
             call(fn, *args, ctypes.byref(opts) if opts else None, ctypes.byref(out))
-        except BaseException:
-            if bridge is not None:
-                detach_failed(bridge)
-            raise
         store = cls(out.value, kind=kind)
-        store.copy_hook = copy_hook
+        store.device_engine = device_engine
         return store
 
     @classmethod
     def from_backend(cls, backend: object, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                      max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-                     verify_integrity: bool = True) -> "Store":
+                     verify_integrity: bool = True, device_engine: Optional[DeviceEngine] = None) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
         ``backend.close()`` when the library destroys the store. ``verify_integrity``:
         as for the embedded stores (default True: restores check what they read
         against the revision's integrity record; through a Python backend the
         checksums are computed from the host destination after each request, and
-        blocks delivered to device memory are read again into host memory)."""
+        blocks delivered to device memory are read again into host memory).
+        ``device_engine``: as for :meth:`memory` (device memory is staged in host
+        buffers, so the backend sees host memory only)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity)
+                        verify_integrity, device_engine)
         _bury()
         bridge = _VtableBridge(backend)
         bridge.close_backend = close_backend  # type: ignore[attr-defined]
@@ -574,6 +577,10 @@ class Store(OwnedHandle):
         try:
             if opts is None:
                 call("mws_store_from_vtable", ctypes.byref(bridge.vtable), c_void_p(bridge.ctx_id), ctypes.byref(out))
+            elif device_engine is not None:
+                with device_engine._use():  # held for the opening call, which takes its own reference
+                    call("mws_store_from_vtable_with_options", ctypes.byref(bridge.vtable), c_void_p(bridge.ctx_id),
+                         ctypes.byref(opts), ctypes.byref(out))
             else:
                 call("mws_store_from_vtable_with_options", ctypes.byref(bridge.vtable), c_void_p(bridge.ctx_id),
                      ctypes.byref(opts), ctypes.byref(out))
@@ -581,7 +588,9 @@ class Store(OwnedHandle):
             with _BRIDGES_LOCK:
                 _BRIDGES.pop(bridge.ctx_id, None)
             raise
-        return cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
+        store = cls(out.value, bridge, kind=f"vtable:{type(backend).__name__}")
+        store.device_engine = device_engine
+        return store
 
     @property
     def backend(self) -> Optional[object]:

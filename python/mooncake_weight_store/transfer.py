@@ -380,9 +380,16 @@ class TransferEngine(OwnedHandle):
         self._bridge = bridge
 
     @classmethod
-    def local(cls) -> "TransferEngine":
+    def local(cls, device_engine: Any = None) -> "TransferEngine":
+        """The embedded in-process engine. With ``device_engine`` (a
+        :class:`~mooncake_weight_store.device.DeviceEngine`), device memory may be
+        registered and its bytes move through that engine, in batches; without one,
+        device registrations are refused."""
         out = _p()
-        call("mws_transfer_engine_new_local", ctypes.byref(out))
+        if device_engine is None:
+            call("mws_transfer_engine_new_local", ctypes.byref(out))
+        else:
+            call("mws_transfer_engine_new_local_device", device_engine, ctypes.byref(out))
         return cls(out.value)
 
     @classmethod

@@ -56,7 +56,6 @@ NOT_MIRRORED = {
 #: address there), by (struct or function, field name or argument index).
 UNTYPED = {
     ("mws_live_args", "guard"): "ctypes.addressof(GuardBridge.vtable)",
-    ("mws_store_options", "copy_hook"): "ctypes.addressof(_HookBridge.vtable)",
     ("mws_registration_lease_new", 5): "ctypes.addressof(GuardBridge.vtable)",
 }
 
@@ -82,12 +81,6 @@ FOREIGN = {
     ("tensors", "_api.PyCapsule_GetPointer.restype"): "CPython capsule API",
     ("tensors", "_api.PyCapsule_SetName.argtypes"): "CPython capsule API",
     ("tensors", "_api.PyCapsule_SetName.restype"): "CPython capsule API",
-    ("device", "rt.cudaSetDevice.argtypes"): "CUDA runtime",
-    ("device", "rt.cudaSetDevice.restype"): "CUDA runtime",
-    ("device", "rt.cudaGetDevice.argtypes"): "CUDA runtime",
-    ("device", "rt.cudaGetDevice.restype"): "CUDA runtime",
-    ("device", "rt.cudaMemcpy.argtypes"): "CUDA runtime",
-    ("device", "rt.cudaMemcpy.restype"): "CUDA runtime",
     ("device", "rt.cudaGetErrorString.argtypes"): "CUDA runtime",
     ("device", "rt.cudaGetErrorString.restype"): "CUDA runtime",
     ("device", "rt.cudaStreamSynchronize.argtypes"): "CUDA runtime",

@@ -1,5 +1,5 @@
 """Tensor sources (DLPack, array interfaces, buffer protocol), dtype names, strides,
-and the device path through a copy hook. numpy is required; torch is exercised by
+and the device path through a device engine. numpy is required; torch is exercised by
 the test at the end (the ``torch`` fixture: skipped without torch, a failure with
 MWS_REQUIRE_TORCH=1; test_torch.py has the rest)."""
 
@@ -17,7 +17,6 @@ import pytest
 import mooncake_weight_store as mws
 from mooncake_weight_store import (
     Binding,
-    CopyHook,
     DeviceUnavailableError,
     MemoryKind,
     NonContiguousError,
@@ -186,80 +185,107 @@ def test_tensor_view_passthrough():
         tensor_view(v)
 
 
-# -- device memory through a copy hook -------------------------------------------------------
+# -- device memory through a device engine: the fenced device (any host access crashes) -----
 
 
-class HostMemcpyHook(CopyHook):
-    """A test copy hook: 'device' memory is host memory here, moved with memmove."""
-
-    def device_to_host(self, src_address, device_ordinal, dst_address, nbytes):
-        assert device_ordinal == 3
-        ctypes.memmove(dst_address, src_address, nbytes)
-
-    def host_to_device(self, src_address, nbytes, dst_address, device_ordinal):
-        assert device_ordinal == 3
-        ctypes.memmove(dst_address, src_address, nbytes)
+def _on_device(engine: mws.DeviceEngine, a: np.ndarray, writable: bool = False) -> TensorView:
+    """``a``'s bytes in fresh fenced device memory, as a device tensor view."""
+    address = engine.fenced_alloc(a.nbytes)
+    engine.copy([(a.ctypes.data, address, a.nbytes)], "h2d")
+    return TensorView(address=address, shape=a.shape, dtype=dtype_name(a.dtype), readonly=not writable,
+                      source="test", obj=engine, memory_kind=MemoryKind.DEVICE, device_ordinal=0)
 
 
-def _fake_device(a: np.ndarray, writable: bool = False) -> TensorView:
-    return TensorView(address=a.ctypes.data, shape=a.shape, dtype=dtype_name(a.dtype), readonly=not writable,
-                      source="test", obj=a, memory_kind=MemoryKind.DEVICE, device_ordinal=3)
+def _from_device(engine: mws.DeviceEngine, v: TensorView, like: np.ndarray) -> np.ndarray:
+    out = np.empty_like(like)
+    engine.copy([(v.address, out.ctypes.data, out.nbytes)], "d2h")
+    return out
 
 
-def test_device_tensors_go_through_the_copy_hook(tmp_path):
-    hook = HostMemcpyHook()
-    src = {"w": np.arange(32, dtype=np.float32).reshape(8, 4), "b": np.arange(8, dtype=np.int64)}
-    for store in (Store.memory(copy_hook=hook), Store.directory(tmp_path / "d", copy_hook=hook)):
-        with store:
-            m = save_state_dict(store, {k: _fake_device(v) for k, v in src.items()}, resource_id="r",
-                                revision="v", generation=1)
-            d2h = hook.calls["device_to_host"]
-            assert d2h >= 2
-            tgt = {"w": np.zeros((4, 4), np.float32), "b": np.zeros(8, np.int64)}
-            load_state_dict(store, m.key, into={k: _fake_device(v, True) for k, v in tgt.items()},
-                            sharding={"w": 0}, parallel=Parallel(tp_rank=1, tp_size=2))
-            assert hook.calls["host_to_device"] >= 2 and hook.errors == []
-            assert (tgt["w"] == src["w"][4:]).all() and (tgt["b"] == src["b"]).all()
-            m.close()
+@pytest.mark.parametrize("kind", ["memory", "directory", "backend"])
+def test_device_tensors_go_through_the_device_engine(tmp_path, kind):
+    engine = mws.DeviceEngine.fenced(64 << 20)
+    store = {"memory": lambda: Store.memory(device_engine=engine),
+             "directory": lambda: Store.directory(tmp_path / "d", device_engine=engine),
+             "backend": lambda: Store.from_backend(mws.DictBackend(), device_engine=engine)}[kind]()
+    rng = np.random.default_rng(7)
+    src = {"w": rng.standard_normal((64, 48)).astype(np.float32), "b": np.arange(64, dtype=np.int64)}
+    with store:
+        assert store.device_engine is engine
+        m = save_state_dict(store, {k: _on_device(engine, v) for k, v in src.items()}, resource_id="r",
+                            revision="v", generation=1)
+        saved = engine.stats()
+        assert saved["bytes"] >= sum(v.nbytes for v in src.values()), saved
+        # Resharded restore (TP rank 1 of 2, column split) into device targets, verified.
+        init = {"w": np.full((64, 24), 7, np.float32), "b": np.full(64, 7, np.int64)}
+        tgt = {k: _on_device(engine, v, True) for k, v in init.items()}
+        load_state_dict(store, m.key, into=tgt, sharding={"w": 1}, parallel=Parallel(tp_rank=1, tp_size=2))
+        assert (_from_device(engine, tgt["w"], init["w"]) == src["w"][:, 24:]).all()
+        assert (_from_device(engine, tgt["b"], init["b"]) == src["b"]).all()
+        st = engine.stats()
+        assert st["batches"] > saved["batches"] and st["driver_calls"] > saved["driver_calls"]
+        m.close()
+    engine.close()
 
 
-def test_device_tensors_without_a_copy_hook_are_refused():
+def test_a_corrupt_payload_never_reaches_device_tensors():
+    engine = mws.DeviceEngine.fenced(16 << 20)
+    with Store.memory(device_engine=engine) as store:
+        src = np.arange(1 << 16, dtype=np.float32)
+        m = save_state_dict(store, {"w": _on_device(engine, src)}, resource_id="r", revision="v", generation=1)
+        payload = m.object_keys[0]
+        data = bytearray(store.get(payload))
+        data[1000] ^= 0x40
+        store.upsert(payload, bytes(data))
+        before = np.full(1 << 16, 3, np.float32)
+        tgt = _on_device(engine, before, True)
+        with pytest.raises(mws.IntegrityError):
+            load_state_dict(store, m.key, into={"w": tgt})
+        assert (_from_device(engine, tgt, before) == 3).all(), "the device target is untouched"
+        m.close()
+
+
+def test_device_tensors_without_a_device_engine_are_refused():
+    engine = mws.DeviceEngine.fenced(1 << 20)
     with Store.memory() as store:
-        with pytest.raises(StateDictError, match="no copy hook"):
-            save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
+        with pytest.raises(StateDictError, match="no device engine"):
+            save_state_dict(store, {"w": _on_device(engine, np.zeros(4))}, resource_id="r", revision="v",
+                            generation=1)
         # the library refuses too, at the binding level, before any I/O
         b = mws.PlacementBuilder("r", "v", 1)
         b.add_participant("p", mws.Rank())
         b.add_tensor(mws.TensorSpec("w", (4,), "float64", 8))
         b.shard("w")
         p = b.build()
-        a = np.zeros(4)
         bd = Binding(p, "p")
-        bd.add_address("p/w#0", a.ctypes.data, 32, device="cuda:0", memory_kind=MemoryKind.DEVICE)
+        bd.add_address("p/w#0", engine.fenced_alloc(32), 32, device="cuda:0", memory_kind=MemoryKind.DEVICE)
         plan = store.plan_upload(p, [bd])
         with pytest.raises(mws.UnsupportedError, match="device"):
             store.upload(plan, p, bd)
         assert store.exists(plan.manifest_key) is False
 
 
-def test_failing_copy_hook_is_contained():
-    class Broken(CopyHook):
-        def device_to_host(self, *a):
-            raise RuntimeError("DMA engine on fire")
+def test_device_engine_arguments_are_checked():
+    engine = mws.DeviceEngine.fenced(1 << 20)
+    with pytest.raises(mws.ArgumentError, match="direction"):
+        engine.copy([], "sideways")
+    a = np.zeros(16, np.uint8)
+    with pytest.raises(mws.MwsError):  # a host side naming device memory
+        engine.copy([(a.ctypes.data, a.ctypes.data, 16)], "h2d")
+    with pytest.raises(mws.ArgumentError, match="DeviceEngine"):
+        Store.memory(device_engine=object())
+    engine.close()
+    with pytest.raises(mws.ArgumentError, match="closed"):
+        engine.fenced_alloc(8)
 
-    hook = Broken()
-    with Store.memory(copy_hook=hook) as store:
-        with pytest.raises(StateDictError, match="upload failed"):
-            save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
-    assert hook.errors and "DMA engine on fire" in hook.errors[0]
 
-
-def test_cuda_hook_available_or_refused_clearly():
+def test_cuda_engine_available_or_refused_clearly():
     if mws.cuda_available():
-        assert isinstance(mws.cuda_copy_hook(), mws.CudaCopyHook)
+        with mws.DeviceEngine.cuda(0) as e:
+            assert e.stats()["batches"] == 0
     else:
-        with pytest.raises(DeviceUnavailableError, match="CUDA"):
-            mws.cuda_copy_hook()
+        with pytest.raises(mws.UnsupportedError, match="CUDA"):
+            mws.DeviceEngine.cuda(0)
 
 
 def test_cuda_array_interface_without_cuda_is_refused_clearly():
@@ -298,70 +324,6 @@ def test_torch_tensors_through_dlpack(torch):
         with pytest.raises(StateDictError, match="target shape"):
             load_state_dict(store, m.key, into={"w": torch.zeros(4, 4, dtype=torch.bfloat16)}, sharding={"w": 1},
                             parallel=Parallel(tp_rank=1, tp_size=2))
-
-
-class _FakeCudaRuntime:
-    """Stands in for libcudart (the CUDA hook's control logic, without a GPU):
-    'device' pointers are host pointers; records the calls."""
-
-    def __init__(self, fail_copy: int = 0):
-        self.current, self.log, self.fail_copy = 0, [], fail_copy
-
-    def cudaGetDevice(self, p):
-        p._obj.value = self.current
-        return 0
-
-    def cudaSetDevice(self, d):
-        self.log.append(("set", d))
-        self.current = d
-        return 0
-
-    def cudaMemcpy(self, dst, src, n, kind):
-        self.log.append(("copy", self.current, kind))
-        if self.fail_copy:
-            return self.fail_copy
-        ctypes.memmove(dst, src, n)
-        return 0
-
-    def cudaGetErrorString(self, rc):
-        return b"an illegal memory access was encountered"
-
-
-def _cuda_hook_over(rt):
-    from mooncake_weight_store import device as dev
-
-    c = object.__new__(dev._Cuda)
-    c.rt, c.drv, c.library = rt, None, "fake-cudart"
-    hook = object.__new__(dev.CudaCopyHook)
-    CopyHook.__init__(hook)
-    hook._cuda = c
-    return hook
-
-
-def test_cuda_copy_hook_selects_the_device_and_restores_the_callers():
-    rt = _FakeCudaRuntime()
-    hook = _cuda_hook_over(rt)
-    src = np.arange(16, dtype=np.float32)
-    with Store.memory(copy_hook=hook) as store:
-        m = save_state_dict(store, {"w": _fake_device(src)}, resource_id="r", revision="v", generation=1)
-        dst = np.zeros(16, np.float32)
-        load_state_dict(store, m.key, into={"w": _fake_device(dst, True)})
-    assert (dst == src).all() and hook.errors == []
-    copies = [e for e in rt.log if e[0] == "copy"]
-    assert {c[2] for c in copies} == {1, 2}  # host->device and device->host kinds
-    assert all(c[1] == 3 for c in copies)  # on the tensors' device
-    assert rt.current == 0  # the caller's current device is back
-    assert ("set", 3) in rt.log and rt.log[-1] == ("set", 0)
-
-
-def test_cuda_copy_hook_errors_name_the_cuda_error():
-    rt = _FakeCudaRuntime(fail_copy=700)
-    hook = _cuda_hook_over(rt)
-    with Store.memory(copy_hook=hook) as store:
-        with pytest.raises(StateDictError, match="upload failed"):
-            save_state_dict(store, {"w": _fake_device(np.zeros(4))}, resource_id="r", revision="v", generation=1)
-    assert any("CUDA error 700 (an illegal memory access" in e for e in hook.errors), hook.errors
-    assert rt.current == 0
 
 
 class _FakeLib:
@@ -413,9 +375,9 @@ def test_a_cuda_library_counts_only_when_it_sees_a_device(monkeypatch, runtime, 
     assert mws.cuda_available() == (usable is not None)
     if usable is None:
         with pytest.raises(DeviceUnavailableError, match="CUDA"):
-            mws.cuda_copy_hook()
+            dev._cuda()
     else:
-        c = mws.cuda_copy_hook()._cuda
+        c = dev._cuda()
         assert (c.rt is not None, c.drv is not None) == (usable == "runtime", usable == "driver")
 
 

@@ -343,6 +343,12 @@ mod tests {
             dev.wait(t).unwrap();
             let e = dev.submit(0, CopyDirection::HostToDevice, &one(512)).unwrap_err();
             assert!(e.message().contains("not inside one allocation"), "{e}");
+            // copy_ranges copies such a batch range by range after the merged copy fails.
+            let two = [
+                CopyRange { source: host.as_ptr() as u64, target: a, len: 256 },
+                CopyRange { source: host.as_ptr() as u64 + 256, target: b, len: 256 },
+            ];
+            assert_eq!(copy_ranges(&dev, 0, CopyDirection::HostToDevice, &two).unwrap(), 2);
             let rows = [CopyOp {
                 source: host.as_ptr() as u64,
                 source_pitch: 16,

@@ -317,9 +317,13 @@ pub trait DeviceEngine: Send + Sync + fmt::Debug {
 }
 
 /// Copies `ranges` in `direction` on device `ordinal` through `engine` (coalesced
-/// into 2-D copies, one batch, waited on). Returns the number of copies made. As for
-/// [`coalesce`], all of `ranges` must lie, on each side, in one allocation (make one
-/// call per allocation pair).
+/// into 2-D copies, one batch, waited on). Returns the number of copies made.
+///
+/// Ranges in different allocations may be merged into one copy (nothing here knows
+/// where allocations end), which a device refuses (CUDA does, even for adjacent
+/// allocations). When the merged batch fails, it is copied again range by range
+/// (every range written again from its unchanged source), so any set of ranges is
+/// copied; give one call per allocation pair to keep the first, merged attempt.
 ///
 /// # Safety
 /// As [`DeviceEngine::submit`] for every range, until this function returns.
@@ -334,9 +338,31 @@ pub unsafe fn copy_ranges(
         return Ok(0);
     }
     // SAFETY: the caller's contract, for every row of every copy (the copies write exactly the ranges).
-    let ticket = unsafe { engine.submit(ordinal, direction, &ops) }?;
-    engine.wait(ticket)?;
-    Ok(ops.len())
+    let merged = unsafe { engine.submit(ordinal, direction, &ops) }.and_then(|t| engine.wait(t));
+    match merged {
+        Ok(()) => Ok(ops.len()),
+        Err(e) => {
+            let single: Vec<CopyOp> = ranges
+                .iter()
+                .filter(|r| r.len > 0)
+                .map(|r| CopyOp {
+                    source: r.source,
+                    source_pitch: r.len,
+                    target: r.target,
+                    target_pitch: r.len,
+                    width: r.len,
+                    height: 1,
+                })
+                .collect();
+            if single.len() == ops.len() {
+                return Err(e); // nothing was merged: the ranges themselves failed
+            }
+            // SAFETY: as above.
+            let t = unsafe { engine.submit(ordinal, direction, &single) }?;
+            engine.wait(t)?;
+            Ok(single.len())
+        }
+    }
 }
 
 /// Checks `ops` for overflow and for pitches shorter than their rows (the engines'

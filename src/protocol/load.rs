@@ -702,8 +702,17 @@ unsafe fn read_strided(
     stats: &mut Tally<'_>,
     mirrors: Mirrors<'_>,
 ) -> Result<()> {
+    // Device mirrors: large regions are read in pieces, so that the store copies one
+    // region on several threads (a batch's items run in parallel); host targets keep
+    // whole regions.
+    let pieces = match mirrors {
+        Some(_) => split_regions(plan, by_target),
+        None => Vec::new(),
+    };
     let mut reads: Vec<StridedRead<'_>> = Vec::with_capacity(STRIDED_BATCH);
-    let run = |reads: &mut Vec<StridedRead<'_>>, stats: &mut Tally<'_>| -> Result<()> {
+    // Per read: whether it completes a region (pieces count once).
+    let mut whole: Vec<bool> = Vec::with_capacity(STRIDED_BATCH);
+    let run = |reads: &mut Vec<StridedRead<'_>>, whole: &mut Vec<bool>, stats: &mut Tally<'_>| -> Result<()> {
         if reads.is_empty() {
             return Ok(());
         }
@@ -713,7 +722,7 @@ unsafe fn read_strided(
         if results.len() != reads.len() {
             return Err(store_err(ErrorKind::Store, "get_into_strided returned invalid result count"));
         }
-        for (r, res) in reads.iter().zip(results) {
+        for ((r, res), &last) in reads.iter().zip(results).zip(whole.iter()) {
             let res = res.and_then(|c| {
                 if let Some(d) = &mut stats.delivered {
                     d.add(r.key, c.bytes, c.crcs, |f| {
@@ -729,7 +738,7 @@ unsafe fn read_strided(
                 Ok(n) if n == r.total_bytes() => {
                     stats.ranges += r.segment_count();
                     stats.bytes += n;
-                    stats.regions += 1;
+                    stats.regions += u64::from(last);
                 }
                 Ok(n) => {
                     return Err(store_err(
@@ -743,9 +752,42 @@ unsafe fn read_strided(
             }
         }
         reads.clear();
+        whole.clear();
         stats.report();
         Ok(())
     };
+    if mirrors.is_some() {
+        let mut last_target = usize::MAX;
+        for p in &pieces {
+            let r = &plan.regions()[p.region];
+            let s = plan.logical().source_of(r);
+            let t = plan.target_fragment(p.region);
+            let (address, kind) = dest_of(plan, p.region, mirrors);
+            // A target's pieces stay in one batch (one store call reads a target whole).
+            if p.target != last_target && reads.len() >= STRIDED_BATCH {
+                run(&mut reads, &mut whole, stats)?;
+            }
+            last_target = p.target;
+            // Each piece's own view of the mirror (first to last byte it writes): pieces
+            // are separate destinations, which the store copies in parallel.
+            let reach =
+                p.inner_bytes + p.counts.iter().zip(&r.target_strides).map(|(&c, &st)| (c - 1) * st).sum::<u64>();
+            let start = r.target_base_offset + p.target_delta;
+            debug_assert!(start + reach <= t.nbytes());
+            reads.push(StridedRead {
+                key: s.object_key(),
+                object_offset: s.object_offset() + r.source_base_offset + p.source_delta,
+                dest: MemoryRegion { address: address + start, len: reach, kind },
+                dest_offset: 0,
+                inner_bytes: p.inner_bytes,
+                counts: &p.counts,
+                src_strides: &r.source_strides,
+                dst_strides: &r.target_strides,
+            });
+            whole.push(p.last);
+        }
+        return run(&mut reads, &mut whole, stats);
+    }
     for list in by_target.values() {
         for &i in list {
             let r = &plan.regions()[i];
@@ -762,13 +804,94 @@ unsafe fn read_strided(
                 src_strides: &r.source_strides,
                 dst_strides: &r.target_strides,
             });
+            whole.push(true);
         }
         // A target's regions stay in one batch: the store merges them by destination.
         if reads.len() >= STRIDED_BATCH {
-            run(&mut reads, stats)?;
+            run(&mut reads, &mut whole, stats)?;
         }
     }
-    run(&mut reads, stats)
+    run(&mut reads, &mut whole, stats)
+}
+
+/// Bytes of one piece of a region split for parallel reads into device mirrors.
+const PIECE_BYTES: u64 = 4 << 20;
+
+/// One piece of a region (see [`split_regions`]): the region's rows (or bytes)
+/// `[delta, delta + len)`, as offsets from the region's bases and its loop counts.
+struct Piece {
+    region: usize,
+    /// Index of the target in `by_target` order (pieces of one target stay together).
+    target: usize,
+    source_delta: u64,
+    target_delta: u64,
+    inner_bytes: u64,
+    counts: Vec<u64>,
+    /// The region's last piece (the region counts once).
+    last: bool,
+}
+
+/// The regions of `by_target` in pieces of about [`PIECE_BYTES`]: a contiguous region
+/// (no outer loop) is cut into byte ranges, a region with outer loops into runs of its
+/// outermost loop; a small region is one piece.
+fn split_regions(plan: &LoadPlan, by_target: &BTreeMap<&str, Vec<usize>>) -> Vec<Piece> {
+    let mut out = Vec::new();
+    for (ti, list) in by_target.values().enumerate() {
+        for &i in list {
+            let r = &plan.regions()[i];
+            let total = r.total_bytes();
+            let whole = |out: &mut Vec<Piece>| {
+                out.push(Piece {
+                    region: i,
+                    target: ti,
+                    source_delta: 0,
+                    target_delta: 0,
+                    inner_bytes: r.inner_bytes,
+                    counts: r.outer_loop_counts.clone(),
+                    last: true,
+                })
+            };
+            if total <= PIECE_BYTES {
+                whole(&mut out);
+            } else if r.outer_loop_counts.is_empty() {
+                let mut off = 0;
+                while off < r.inner_bytes {
+                    let len = PIECE_BYTES.min(r.inner_bytes - off);
+                    out.push(Piece {
+                        region: i,
+                        target: ti,
+                        source_delta: off,
+                        target_delta: off,
+                        inner_bytes: len,
+                        counts: Vec::new(),
+                        last: off + len == r.inner_bytes,
+                    });
+                    off += len;
+                }
+            } else {
+                let rows = r.outer_loop_counts[0];
+                let per_row = total / rows.max(1);
+                let step = (PIECE_BYTES / per_row.max(1)).clamp(1, rows);
+                let mut first = 0;
+                while first < rows {
+                    let n = step.min(rows - first);
+                    let mut counts = r.outer_loop_counts.clone();
+                    counts[0] = n;
+                    out.push(Piece {
+                        region: i,
+                        target: ti,
+                        source_delta: first * r.source_strides[0],
+                        target_delta: first * r.target_strides[0],
+                        inner_bytes: r.inner_bytes,
+                        counts,
+                        last: first + n == rows,
+                    });
+                    first += n;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Scatter copies run at about this rate (a local memcpy of short rows).

@@ -3,6 +3,7 @@
  * CI on machines without a GPU. Device memory (cuMemAlloc) is fenced: a memfd mapped
  * twice, PROT_NONE at the addresses handed out and read-write at an alias only this
  * file knows, so a host dereference of a device pointer crashes the test. A copy
+ * across two allocations is refused (CUDA_ERROR_INVALID_VALUE), as CUDA does. A copy
  * whose memory types disagree with the addresses it names (a device pointer passed as
  * host memory or the reverse) fails with CUDA_ERROR_INVALID_VALUE. Every call is
  * counted (fake_cuda_calls). Not a CUDA implementation: no kernels, no concurrency
@@ -24,8 +25,16 @@ static uint64_t calls;
 
 uint64_t fake_cuda_calls(void) { return calls; }
 
+/* Allocations made (device addresses): a copy must stay inside one, as CUDA requires. */
+#define MAX_ALLOCS 65536
+static struct { uint64_t start, len; } allocs[MAX_ALLOCS];
+static int nallocs;
+
 static int in_device(uint64_t a, uint64_t n) {
-    return fenced && a >= (uint64_t)fenced && a + n <= (uint64_t)fenced + CAPACITY;
+    for (int i = 0; i < nallocs; i++) {
+        if (a >= allocs[i].start && a + n <= allocs[i].start + allocs[i].len) return 1;
+    }
+    return 0;
 }
 static int touches_device(uint64_t a, uint64_t n) {
     return fenced && a < (uint64_t)fenced + CAPACITY && a + n > (uint64_t)fenced;
@@ -58,6 +67,7 @@ CUresult cuDevicePrimaryCtxRetain(void **ctx, int d) {
 CUresult cuDevicePrimaryCtxRelease_v2(int d) { calls++; return d == 0 ? OK : INVALID_DEVICE; }
 CUresult cuCtxPushCurrent_v2(void *ctx) { calls++; return ctx == (void *)0x100 ? OK : INVALID_VALUE; }
 CUresult cuCtxPopCurrent_v2(void **ctx) { calls++; if (ctx) *ctx = (void *)0x100; return OK; }
+CUresult cuCtxSetCurrent(void *ctx) { calls++; return ctx == (void *)0x100 || ctx == NULL ? OK : INVALID_VALUE; }
 CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; calls++; *s = (void *)0x200; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; calls++; return OK; }
 CUresult cuStreamSynchronize(void *s) { (void)s; calls++; return OK; }
@@ -75,9 +85,12 @@ CUresult cuMemFreeHost(void *p) { calls++; free(p); return OK; }
 CUresult cuMemAlloc_v2(uint64_t *p, size_t n) {
     calls++;
     uint64_t start = (next_free + 255) / 256 * 256;
-    if (!fenced || start + n > CAPACITY) return OUT_OF_MEMORY;
+    if (!fenced || start + n > CAPACITY || nallocs == MAX_ALLOCS) return OUT_OF_MEMORY;
     next_free = start + n;
     *p = (uint64_t)fenced + start;
+    allocs[nallocs].start = *p;
+    allocs[nallocs].len = n ? n : 1;
+    nallocs++;
     return OK;
 }
 CUresult cuMemFree_v2(uint64_t p) { calls++; return in_device(p, 1) ? OK : INVALID_VALUE; }
