@@ -326,6 +326,16 @@ fn a_router_hands_each_message_to_its_target_and_plan() {
     let e = router.accept(&encode(&other, None)).unwrap_err();
     assert_eq!(e.error.refusal, NotifyRefusal::OtherPlan, "{}", e.error);
     assert_eq!(router.accept(b"garbage").unwrap_err().error.refusal, NotifyRefusal::Malformed);
+    // Every flipped body byte is forged, whatever it turned the body into (JSON that
+    // does not parse, another target, another plan): no routed key authenticates it.
+    let m = &all[all.len() - 1];
+    let body_at = m.iter().position(|&b| b == b'\n').unwrap() + 1;
+    for i in body_at..m.len() {
+        let mut b = m.clone();
+        b[i] ^= 0x01;
+        let e = router.accept(&b).unwrap_err();
+        assert_eq!(e.error.refusal, NotifyRefusal::Forged, "byte {i}: {}", e.error);
+    }
 }
 
 fn feed_all(rig: &Rig, acc: &mut [NotifyAcceptor]) -> Vec<Vec<NotifyAccepted>> {

@@ -432,6 +432,9 @@ pub unsafe extern "C" fn mws_notify_router_remove(
 /// it was added) to `*routed` (all optional; written on success and on refusal; no
 /// acceptor: `*routed` NULL and `*outcome` untouched).
 ///
+/// A message it cannot route (its body is not a message, or no acceptor matches)
+/// that no routed acceptor's key authenticates is forged (`MWS_NOTIFY_FORGED`).
+///
 /// Errors: as `mws_notify_acceptor_accept`; no acceptor for the message:
 /// `MWS_STALE_BINDING` (`MWS_NOTIFY_OTHER_PLAN`: the target has acceptors under
 /// other plans) or `MWS_INVALID_ARGUMENT` (`MWS_NOTIFY_MISROUTED`: no acceptor of

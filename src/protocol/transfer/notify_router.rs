@@ -50,6 +50,21 @@ pub struct RouteError {
 }
 
 impl NotifyRouter {
+    /// `why` for a message that cannot be routed, unless no routed acceptor's key
+    /// authenticates it: then it is forged.
+    fn unroutable(&self, message: &[u8], why: NotifyError) -> NotifyError {
+        let map = self.acceptors.read();
+        let mut forged = None;
+        for a in map.values() {
+            match a.lock().authenticates(message) {
+                Ok(()) => return why,
+                Err(e) if e.refusal == NotifyRefusal::Forged => forged = Some(e),
+                Err(_) => return why,
+            }
+        }
+        forged.unwrap_or(why)
+    }
+
     /// An empty router.
     pub fn new() -> NotifyRouter {
         NotifyRouter::default()
@@ -100,15 +115,27 @@ impl NotifyRouter {
 
     /// Hands one received message to the acceptor of the plan and target it names.
     ///
-    /// Errors: a message that cannot be read ([`NotifyRefusal::Malformed`] /
-    /// `Truncated`, no acceptor); no acceptor for its (plan, target):
+    /// A message it cannot route (a body that is not a message, or no acceptor for
+    /// what it names) is first authenticated with the routed acceptors' keys: when
+    /// none of them authenticates it, it is refused as [`NotifyRefusal::Forged`] (what
+    /// an acceptor would have said of it; a byte flipped in a body is forged, whatever
+    /// it turned the body into).
+    ///
+    /// Errors: a message whose header cannot be read ([`NotifyRefusal::Malformed`] /
+    /// `Truncated`, no acceptor); an unroutable message no routed key authenticates
+    /// (`Forged`, no acceptor); a body that is not a message (`Malformed`); no
+    /// acceptor for its (plan, target):
     /// [`NotifyRefusal::OtherPlan`] (`no notify acceptor for plan <id> of target <t>;
     /// the routed plans of <t>: ...`) when the target has acceptors under other plans,
     /// else [`NotifyRefusal::Misrouted`] (`no notify acceptor for target <t> in this
     /// router`); otherwise the acceptor's refusal, with the acceptor.
     pub fn accept(&self, message: &[u8]) -> Result<Routed, RouteError> {
         let no = |error| RouteError { acceptor: None, error };
-        let (plan, target) = peek(message).map_err(no)?;
+        let (plan, target) = match peek(message) {
+            Ok(named) => named,
+            Err(e) if e.refusal == NotifyRefusal::Malformed => return Err(no(self.unroutable(message, e))),
+            Err(e) => return Err(no(e)),
+        };
         let found = {
             let map = self.acceptors.read();
             match map.get(&(plan.clone(), target.clone())) {
@@ -133,7 +160,7 @@ impl NotifyRouter {
                 }
             }
         };
-        let acceptor = found.map_err(no)?;
+        let acceptor = found.map_err(|e| no(self.unroutable(message, e)))?;
         let result = acceptor.lock().accept(message);
         match result {
             Ok(accepted) => Ok(Routed { acceptor, accepted }),
