@@ -10,7 +10,7 @@
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
  *    mws_device_engine, mws_loader, mws_sink, mws_prepared_transfer,
- *    mws_notify_acceptor, mws_revision_list) are created by
+ *    mws_notify_acceptor, mws_notify_router, mws_revision_list) are created by
  *    the library and freed exactly once by the caller with the matching *_free
  *    function; *_free(NULL) does nothing. A handle never borrows the handles it was
  *    made from (a transaction, a writer or a registration lease keeps its store alive;
@@ -170,9 +170,22 @@
 #define MWS_NOTIFY_TOO_MANY 8
 
 /**
+ * Refused: a `done` without content checksums at an acceptor that verifies
+ * content (`mws_notify_acceptor_verify_content`; the sink's step was not verified).
+ */
+#define MWS_NOTIFY_UNVERIFIED 9
+
+/**
  * The transfers one writer may begin under one acceptor (`MWS_NOTIFY_TOO_MANY`).
  */
 #define MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER 1024
+
+/**
+ * `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
+ * CRC-32C of the bytes sent into each target, computed from the host source
+ * buffers before they move, in each `done`).
+ */
+#define MWS_STEP_VERIFY_CONTENT 1
 
 /**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
@@ -585,11 +598,24 @@ typedef struct mws_loader mws_loader;
 
 /**
  * The target side of the notify hook for one participant under one bound plan
- * (hence one generation). Created by `mws_notify_acceptor_new`, freed by
- * `mws_notify_acceptor_free`. Thread safety: every function may be called from any
- * thread, concurrently (calls are serialized inside).
+ * (its generation, then the newest generation of the plan a writer began).
+ * Created by `mws_notify_acceptor_new`, freed by `mws_notify_acceptor_free`.
+ * Thread safety: every function may be called from any thread, concurrently (calls
+ * are serialized inside).
  */
 typedef struct mws_notify_acceptor mws_notify_acceptor;
+
+/**
+ * Routes received notifications to acceptors when a process hosts several targets
+ * (several participants, or several plans): acceptors are keyed by the plan
+ * identity and target participant each message names. Created by
+ * `mws_notify_router_new`, freed by `mws_notify_router_free`. It shares the
+ * acceptors added to it: an acceptor stays usable through its own handle, and the
+ * router keeps its state alive until it is removed or the router is freed; remove
+ * an acceptor before freeing its handle, or `mws_notify_router_accept` may name
+ * the freed handle in `*routed`. Thread safety: any thread, concurrently.
+ */
+typedef struct mws_notify_router mws_notify_router;
 
 /**
  * A parsed and validated complete weight placement (address-free: tensors, topology,
@@ -1522,14 +1548,48 @@ typedef struct mws_notify_outcome {
      */
     uint32_t verdict;
     /**
-     * The acceptor's weight generation (the plan's).
+     * The acceptor's weight generation: the plan's at first, then the newest
+     * generation of the plan a writer began (prepared steps).
      */
     uint64_t weight_generation;
     /**
-     * Torn: the writers (source executors) whose calls are incomplete; else 0.
+     * Torn: the writers (source executors) whose calls are incomplete, or whose
+     * verified bytes differ (`mws_notify_acceptor_mismatch`); else 0.
      */
     uint64_t incomplete;
 } mws_notify_outcome;
+
+/**
+ * One target range whose bytes differ from the source's checksums
+ * (`mws_notify_acceptor_mismatch`). Strings are borrowed from the acceptor until
+ * the next `mws_notify_acceptor_mismatch_count` on it or its free.
+ */
+typedef struct mws_notify_mismatch {
+    /**
+     * The writing source executor's participant.
+     */
+    const char *source_participant;
+    /**
+     * The writing source executor's worker.
+     */
+    const char *source_worker;
+    /**
+     * The target runtime fragment.
+     */
+    const char *fragment_id;
+    /**
+     * The plan operation.
+     */
+    uint32_t operation;
+    /**
+     * First byte of the operation's box in the fragment.
+     */
+    uint64_t offset;
+    /**
+     * Bytes the operation writes.
+     */
+    uint64_t bytes;
+} mws_notify_mismatch;
 
 /**
  * One fragment of a placement, as returned by `mws_placement_fragment`. Every pointer
@@ -3370,6 +3430,146 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
                                             struct mws_notify_outcome *out);
 
 /**
+ * Turns content verification on: from now on a `done` must carry content
+ * checksums (a content-verified step, `MWS_STEP_VERIFY_CONTENT`; else it is
+ * refused, `MWS_NOTIFY_UNVERIFIED`), and each accepted `done` makes the acceptor
+ * read that writer's target ranges in the participant's buffers (at the addresses
+ * of the bound plan) and compare their CRC-32C before it counts the writer done: a
+ * mismatch leaves the outcome `MWS_TARGET_TORN` with the ranges named
+ * (`mws_notify_acceptor_mismatch`).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_UNSUPPORTED` (a target fragment of the
+ * participant is device memory: checksums read host memory only; nothing changes).
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` is NULL or live. Every buffer of the acceptor's participant named by
+ * its plan stays valid for reads at its planned address until the acceptor is freed
+ * (a writer may write it meanwhile).
+ */
+enum mws_status mws_notify_acceptor_verify_content(const struct mws_notify_acceptor *acceptor);
+
+/**
+ * Moves the acceptor to `weight_generation` (a prepared transfer's next step,
+ * before its messages): the older generation's messages are forgotten and refused
+ * as stale from then on; the outcome is `MWS_TARGET_UNCHANGED` until a writer
+ * announces it. The same generation changes nothing. (Without this call the
+ * acceptor moves on by itself when a writer's `begin` of a later generation of its
+ * plan arrives.)
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_STALE_BINDING` (older than the acceptor's
+ * generation; nothing changes). Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` is NULL or live.
+ */
+enum mws_status mws_notify_acceptor_expect_generation(const struct mws_notify_acceptor *acceptor,
+                                                      uint64_t weight_generation);
+
+/**
+ * Writes to `*out` the number of mismatched target ranges of the current
+ * generation (0 unless a verifying acceptor found bytes that differ) and makes
+ * them available to `mws_notify_acceptor_mismatch` (replacing those lent before).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread; not concurrently with
+ * `mws_notify_acceptor_mismatch` on the same acceptor.
+ *
+ * # Safety
+ * `acceptor` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_notify_acceptor_mismatch_count(const struct mws_notify_acceptor *acceptor,
+                                                   size_t *out);
+
+/**
+ * Writes mismatched range `index` (of those counted by the last
+ * `mws_notify_acceptor_mismatch_count`) to `*out`; its strings are borrowed from
+ * the acceptor until the next count or its free.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (index out of range). Thread
+ * safety: as `mws_notify_acceptor_mismatch_count`.
+ *
+ * # Safety
+ * `acceptor` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_notify_acceptor_mismatch(const struct mws_notify_acceptor *acceptor,
+                                             size_t index,
+                                             struct mws_notify_mismatch *out);
+
+/**
+ * Creates an empty router. New handle in `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_notify_router_new(struct mws_notify_router **out);
+
+/**
+ * Adds `acceptor` under its plan identity and participant.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_CONFLICT` (an acceptor of the same plan and
+ * participant is already routed). Thread safety: any thread.
+ *
+ * # Safety
+ * `router` and `acceptor` are NULL or live.
+ */
+enum mws_status mws_notify_router_add(const struct mws_notify_router *router,
+                                      const struct mws_notify_acceptor *acceptor);
+
+/**
+ * Removes `acceptor` from the router; writes 1 to `*removed` (optional) when it was
+ * routed, else 0.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `router` and `acceptor` are NULL or live; `removed` is NULL or valid for a write.
+ */
+enum mws_status mws_notify_router_remove(const struct mws_notify_router *router,
+                                         const struct mws_notify_acceptor *acceptor,
+                                         uint32_t *removed);
+
+/**
+ * Hands one received notification to the acceptor of the plan and target it names
+ * (as `mws_notify_acceptor_accept` on it). Writes the verdict to `*verdict`, that
+ * acceptor's outcome after the call to `*outcome`, and that acceptor's handle (as
+ * it was added) to `*routed` (all optional; written on success and on refusal; no
+ * acceptor: `*routed` NULL and `*outcome` untouched).
+ *
+ * A message it cannot route (its body is not a message, or no acceptor matches)
+ * that no routed acceptor's key authenticates is forged (`MWS_NOTIFY_FORGED`).
+ *
+ * Errors: as `mws_notify_acceptor_accept`; no acceptor for the message:
+ * `MWS_STALE_BINDING` (`MWS_NOTIFY_OTHER_PLAN`: the target has acceptors under
+ * other plans) or `MWS_INVALID_ARGUMENT` (`MWS_NOTIFY_MISROUTED`: no acceptor of
+ * that target). Thread safety: any thread; messages for different acceptors are
+ * checked concurrently.
+ *
+ * # Safety
+ * `router` is NULL or live; `message` is NULL or points to `len` bytes; `verdict`,
+ * `outcome` and `routed` are NULL or valid for a write.
+ */
+enum mws_status mws_notify_router_accept(const struct mws_notify_router *router,
+                                         const uint8_t *message,
+                                         size_t len,
+                                         uint32_t *verdict,
+                                         struct mws_notify_outcome *outcome,
+                                         const struct mws_notify_acceptor **routed);
+
+/**
+ * Frees a router (the acceptors it routed stay usable through their own handles);
+ * NULL does nothing.
+ *
+ * Thread safety: as `mws_notify_acceptor_free`.
+ *
+ * # Safety
+ * `router` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
+ */
+void mws_notify_router_free(struct mws_notify_router *router);
+
+/**
  * Frees an acceptor; NULL does nothing.
  *
  * Thread safety: waits for the calls on the handle that other threads are running;
@@ -3646,6 +3846,39 @@ void mws_placement_builder_free(struct mws_placement_builder *builder);
 enum mws_status mws_prepared_transfer_step(const struct mws_prepared_transfer *prepared,
                                            const struct mws_step_args *args,
                                            struct mws_transfer_stats *stats);
+
+/**
+ * `mws_prepared_transfer_step` of a prepared sink with the notify hook, as
+ * `mws_sink_execute_notified` for a call: after the step's freshness checks and
+ * pins, sends `begin` to every endpoint of every target participant the local
+ * source executor writes (through the engine's `send_notify`), runs the prepared
+ * batches, and sends `done` to the same endpoints when they all completed. Every
+ * message carries the step's weight generation (`args->weight_generation`) and
+ * transfer id (`args->transfer_id` or a fresh one) under the prepared plan's
+ * identity; the targets' acceptors follow the newest generation of the plan.
+ * `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
+ * least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
+ * the CRC-32C of the bytes sent into each target, computed from the source buffers
+ * before they move; host memory only). `stats` and the report as
+ * `mws_prepared_transfer_step`.
+ *
+ * Errors: as `mws_prepared_transfer_step`; `MWS_INVALID_ARGUMENT` (a prepared
+ * reader or restore: their steps notify no one; a key shorter than 16 bytes;
+ * unknown flags), `MWS_UNSUPPORTED` (the engine's vtable has no `send_notify`, or a
+ * verified step of a device source buffer; before any byte moves), `MWS_STORE`
+ * when a `begin` could not be delivered (nothing was written) or a `done` could not
+ * be delivered (the bytes landed; the targets stay torn until a later step
+ * completes). Thread safety: as `mws_prepared_transfer_step`.
+ *
+ * # Safety
+ * As `mws_prepared_transfer_step`; `key` is NULL or points to `key_len` bytes.
+ */
+enum mws_status mws_prepared_transfer_step_notified(const struct mws_prepared_transfer *prepared,
+                                                    const struct mws_step_args *args,
+                                                    const uint8_t *key,
+                                                    size_t key_len,
+                                                    uint32_t flags,
+                                                    struct mws_transfer_stats *stats);
 
 /**
  * Writes the report of the last step, successful or not, to `*out` (as

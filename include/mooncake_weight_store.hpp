@@ -2206,6 +2206,29 @@ public:
         detail::check(mws_prepared_transfer_step(get(), &args, &stats));
         return stats;
     }
+    /// step() of a prepared sink with the notify hook
+    /// (mws_prepared_transfer_step_notified): `begin` to every target endpoint, the
+    /// prepared batches, `done` when they completed, each carrying this step's weight
+    /// generation. `key` empty: unkeyed, else the key shared with the targets'
+    /// acceptors (at least 16 bytes). `verify_content`: the `done` carries the
+    /// CRC-32C of the bytes sent into each target (host source buffers only), which a
+    /// verifying NotifyAcceptor checks. Throws mws::Error: as step(); MWS_INVALID_ARGUMENT
+    /// (a prepared reader or restore, a short key), MWS_UNSUPPORTED (the engine cannot
+    /// notify, a verified step of device memory), MWS_STORE (a begin could not be
+    /// delivered: nothing written; a done could not: bytes landed, targets torn).
+    mws_transfer_stats step_notified(std::uint64_t weight_generation, std::string_view key = {},
+                                     bool verify_content = false, const std::vector<LeaseRotation> &leases = {},
+                                     const char *transfer_id = nullptr) const {
+        std::vector<mws_lease_rotation> l;
+        for (const LeaseRotation &r : leases)
+            l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.lease_generation});
+        mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
+        mws_transfer_stats stats{};
+        detail::check(mws_prepared_transfer_step_notified(
+            get(), &args, key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()), key.size(),
+            verify_content ? MWS_STEP_VERIFY_CONTENT : 0u, &stats));
+        return stats;
+    }
     /// The target buffers must be valid and untouched by anyone else for the step.
     /// Restores revision `revision` (nullptr: the prepared one), weight generation
     /// `weight_generation`, of a prepared restore (Loader::prepare_stored;
@@ -2527,11 +2550,90 @@ public:
         return o;
     }
 
+    /// Turns content verification on (mws_notify_acceptor_verify_content): a `done`
+    /// must carry checksums, and the acceptor reads its participant's buffers to
+    /// compare them before it counts the writer done. Those buffers must stay valid
+    /// for reads while this object lives. Throws mws::Error: MWS_UNSUPPORTED (a device
+    /// buffer).
+    void verify_content() const { detail::check(mws_notify_acceptor_verify_content(get())); }
+
+    /// Moves the acceptor to `weight_generation` (mws_notify_acceptor_expect_generation).
+    /// Throws mws::Error: MWS_STALE_BINDING (older than its generation).
+    void expect_generation(std::uint64_t weight_generation) const {
+        detail::check(mws_notify_acceptor_expect_generation(get(), weight_generation));
+    }
+
+    /// One mismatched target range, copied.
+    struct Mismatch {
+        std::string source_participant;  ///< the writing source executor's participant
+        std::string source_worker;       ///< the writing source executor's worker
+        std::string fragment_id;         ///< the target runtime fragment
+        std::uint32_t operation = 0;     ///< the plan operation
+        std::uint64_t offset = 0;        ///< first byte of the operation's box in the fragment
+        std::uint64_t bytes = 0;         ///< bytes the operation writes
+    };
+    /// The target ranges whose verified bytes differ in the current generation
+    /// (mws_notify_acceptor_mismatch_count / _mismatch), copied. Not concurrently with
+    /// itself on one acceptor.
+    std::vector<Mismatch> mismatches() const {
+        std::size_t n = 0;
+        detail::check(mws_notify_acceptor_mismatch_count(get(), &n));
+        std::vector<Mismatch> out;
+        for (std::size_t i = 0; i < n; ++i) {
+            mws_notify_mismatch m{};
+            detail::check(mws_notify_acceptor_mismatch(get(), i, &m));
+            out.push_back({m.source_participant, m.source_worker, m.fragment_id, m.operation, m.offset, m.bytes});
+        }
+        return out;
+    }
+
     /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     const mws_notify_acceptor *get() const noexcept { return handle_.get(); }
 
 private:
     std::unique_ptr<mws_notify_acceptor, detail::Deleter<mws_notify_acceptor, mws_notify_acceptor_free>> handle_;
+};
+
+/// Routes received notifications to the acceptors of a process that hosts several
+/// targets (owns an mws_notify_router): each message goes to the acceptor of the
+/// plan and target it names. Move-only. Remove an acceptor (or destroy the router)
+/// before destroying the acceptor. Thread safety: every member may run on several
+/// threads at once.
+class NotifyRouter {
+public:
+    /// An empty router (mws_notify_router_new).
+    NotifyRouter() {
+        mws_notify_router *out = nullptr;
+        detail::check(mws_notify_router_new(&out));
+        handle_.reset(out);
+    }
+    /// Adds `acceptor` (mws_notify_router_add). Throws mws::Error: MWS_CONFLICT (one of
+    /// the same plan and participant is routed).
+    void add(const NotifyAcceptor &acceptor) const { detail::check(mws_notify_router_add(get(), acceptor.get())); }
+    /// Removes `acceptor`; true when it was routed (mws_notify_router_remove).
+    bool remove(const NotifyAcceptor &acceptor) const {
+        std::uint32_t removed = 0;
+        detail::check(mws_notify_router_remove(get(), acceptor.get(), &removed));
+        return removed != 0;
+    }
+    /// Hands one received message to its acceptor (mws_notify_router_accept). Returns
+    /// the verdict (never throws on a refusal; the reason in `*why` when given);
+    /// `*routed` receives the acceptor's handle (nullptr: none matched) and `*outcome`
+    /// its outcome after the message.
+    std::uint32_t accept(std::string_view message, const mws_notify_acceptor **routed = nullptr,
+                         mws_notify_outcome *outcome = nullptr, std::string *why = nullptr) const {
+        std::uint32_t verdict = MWS_NOTIFY_ACCEPTED;
+        mws_status s = mws_notify_router_accept(get(), reinterpret_cast<const std::uint8_t *>(message.data()),
+                                                message.size(), &verdict, outcome, routed);
+        if (s == MWS_NULL_ARGUMENT || s == MWS_PANIC) detail::check(s);
+        if (s != MWS_OK && why != nullptr) *why = mws_last_error_message();
+        return verdict;
+    }
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
+    const mws_notify_router *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_notify_router, detail::Deleter<mws_notify_router, mws_notify_router_free>> handle_;
 };
 
 }  // namespace mws

@@ -98,6 +98,17 @@ fn rows_placement(defs: &[TensorDescriptor], n: u64, generation: u64) -> Placeme
 }
 
 fn binding(placement: &Placement, participant: &str, name: &str, base: u64, generation: u64) -> RuntimeBinding {
+    binding_in(placement, participant, name, base, generation, MemoryKind::Host)
+}
+
+fn binding_in(
+    placement: &Placement,
+    participant: &str,
+    name: &str,
+    base: u64,
+    generation: u64,
+    memory: MemoryKind,
+) -> RuntimeBinding {
     let part = placement.part(participant).unwrap();
     let mut off = 0;
     let mut frags = Vec::new();
@@ -119,7 +130,7 @@ fn binding(placement: &Placement, participant: &str, name: &str, base: u64, gene
                 storage_address: base,
                 storage_nbytes: total,
                 storage_offset_bytes: off,
-                memory: MemoryKind::Host,
+                memory,
             })
             .unwrap(),
         );
@@ -432,4 +443,36 @@ fn both_sides_compute_the_same_plan_identity_from_json() {
         .message()
         .contains("not a target participant"));
     let _ = Side::Source;
+}
+
+/// Issue 46: content checksums read host memory only. A source fragment in device
+/// memory refuses them, and so does an acceptor asked to verify a device target, both
+/// before any byte is read.
+#[test]
+fn content_checksums_refuse_device_memory() {
+    use mooncake_weight_store::protocol::transfer::notify::{content_checksums, operations_into};
+    let defs = tensors();
+    let (src, dst) = (rows_placement(&defs, 4, 1), rows_placement(&defs, 2, 1));
+    let device = MemoryKind::Device(0);
+    let sb: Vec<_> = (0..4)
+        .map(|i| binding_in(&src, &pid(tp(i)), &format!("source-t{i}"), 0x10000 + i * 0x1000, 1, device))
+        .collect();
+    let tb: Vec<_> = (0..2)
+        .map(|i| binding_in(&dst, &pid(tp(i)), &format!("target-t{i}"), 0x40000 + i * 0x1000, 1, device))
+        .collect();
+    let logical =
+        LogicalTransferPlan::plan(Arc::new(src.clone()), Arc::new(dst.clone()), PlanningLimits::reference()).unwrap();
+    let plan = TransferPlan::bind(&logical, &tb, &sb).unwrap();
+    let e = &plan.executors(Side::Source)[0];
+    let t = plan.operation_fragment(e.operation_indices[0] as usize, Side::Target).0.participant_id().to_string();
+    let ops = operations_into(&plan, e, &t);
+    // SAFETY: refused before any read (the addresses are not mapped).
+    let err = unsafe { content_checksums(&plan, &ops, Side::Source) }.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.message().contains("device memory") && err.message().contains("host memory only"), "{err}");
+    let mut acc = NotifyAcceptor::new(&plan, &t, None).unwrap();
+    // SAFETY: as above.
+    let err = unsafe { acc.verify_content() }.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(!acc.verifies_content());
 }

@@ -2,10 +2,20 @@
 //! `mws_loader_prepare_live`) and stepped many times, one weight generation per step;
 //! wraps the core's `protocol::transfer::PreparedTransfer`.
 
+use crate::args::Caller;
 use crate::boundary::mws_status;
+use crate::boundary::FfiResult;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
-use mws::protocol::transfer::{LeaseRotation, PreparedRestore, PreparedTransfer, StepRequest, TransferStats};
+use crate::notify::key_arg;
+use mws::protocol::transfer::{
+    LeaseRotation, PreparedRestore, PreparedTransfer, StepNotify, StepRequest, TransferStats,
+};
 use std::ffi::c_char;
+
+/// `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
+/// CRC-32C of the bytes sent into each target, computed from the host source
+/// buffers before they move, in each `done`).
+pub const MWS_STEP_VERIFY_CONTENT: u32 = 1;
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
 /// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
@@ -126,41 +136,97 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
     args: *const mws_step_args,
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
+    status_call!(|c| step(c, prepared, args, None, stats))
+}
+
+/// The body of both step entry points.
+fn step(
+    c: Caller<'_>,
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    notify: Option<StepNotify<'_>>,
+    stats: *mut mws_transfer_stats,
+) -> FfiResult<()> {
+    let p = c.handle(prepared, "prepared")?;
+    let a = c.struct_ref(args, "args")?;
+    let mut leases = Vec::new();
+    for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
+        leases.push(LeaseRotation {
+            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
+            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
+            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
+            lease_generation: l.lease_generation,
+        });
+    }
+    let request = StepRequest {
+        weight_generation: a.weight_generation,
+        leases: &leases,
+        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+        revision: c.opt_str(a.revision, "args.revision")?,
+    };
+    match &p.inner {
+        Prepared::Live(live) => {
+            let mut args = request.live()?;
+            args.notify = notify;
+            // SAFETY: the entry point's contract: every prepared buffer is valid and
+            // pinned for the step (and until a pending transfer is drained).
+            let result = unsafe { live.step(&args) };
+            p.report.keep(c, result, stats)
+        }
+        Prepared::Stored(_) if notify.is_some() => {
+            Err(mws::Error::invalid("a prepared restore's step notifies no one (notified steps are for sinks)").into())
+        }
+        Prepared::Stored(stored) => {
+            let args = request.stored()?;
+            // SAFETY: the entry point's contract: the prepared target buffers are
+            // valid for writes and untouched by anyone else during the step.
+            let s = unsafe { stored.step(&args) }?;
+            c.opt_set(stats, stats_c(TransferStats::from(&s)));
+            Ok(())
+        }
+    }
+}
+
+/// `mws_prepared_transfer_step` of a prepared sink with the notify hook, as
+/// `mws_sink_execute_notified` for a call: after the step's freshness checks and
+/// pins, sends `begin` to every endpoint of every target participant the local
+/// source executor writes (through the engine's `send_notify`), runs the prepared
+/// batches, and sends `done` to the same endpoints when they all completed. Every
+/// message carries the step's weight generation (`args->weight_generation`) and
+/// transfer id (`args->transfer_id` or a fresh one) under the prepared plan's
+/// identity; the targets' acceptors follow the newest generation of the plan.
+/// `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
+/// least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
+/// the CRC-32C of the bytes sent into each target, computed from the source buffers
+/// before they move; host memory only). `stats` and the report as
+/// `mws_prepared_transfer_step`.
+///
+/// Errors: as `mws_prepared_transfer_step`; `MWS_INVALID_ARGUMENT` (a prepared
+/// reader or restore: their steps notify no one; a key shorter than 16 bytes;
+/// unknown flags), `MWS_UNSUPPORTED` (the engine's vtable has no `send_notify`, or a
+/// verified step of a device source buffer; before any byte moves), `MWS_STORE`
+/// when a `begin` could not be delivered (nothing was written) or a `done` could not
+/// be delivered (the bytes landed; the targets stay torn until a later step
+/// completes). Thread safety: as `mws_prepared_transfer_step`.
+///
+/// # Safety
+/// As `mws_prepared_transfer_step`; `key` is NULL or points to `key_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_step_notified(
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    key: *const u8,
+    key_len: usize,
+    flags: u32,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
     status_call!(|c| {
-        let p = c.handle(prepared, "prepared")?;
-        let a = c.struct_ref(args, "args")?;
-        let mut leases = Vec::new();
-        for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
-            leases.push(LeaseRotation {
-                instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
-                participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
-                lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
-                lease_generation: l.lease_generation,
-            });
+        if flags & !MWS_STEP_VERIFY_CONTENT != 0 {
+            return Err(mws::Error::invalid(format!("unknown notify flags {flags:#x}")).into());
         }
-        let request = StepRequest {
-            weight_generation: a.weight_generation,
-            leases: &leases,
-            transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-            revision: c.opt_str(a.revision, "args.revision")?,
-        };
-        match &p.inner {
-            Prepared::Live(live) => {
-                let args = request.live()?;
-                // SAFETY: this function's contract: every prepared buffer is valid and
-                // pinned for the step (and until a pending transfer is drained).
-                let result = unsafe { live.step(&args) };
-                p.report.keep(c, result, stats)
-            }
-            Prepared::Stored(stored) => {
-                let args = request.stored()?;
-                // SAFETY: this function's contract: the prepared target buffers are
-                // valid for writes and untouched by anyone else during the step.
-                let s = unsafe { stored.step(&args) }?;
-                c.opt_set(stats, stats_c(TransferStats::from(&s)));
-                Ok(())
-            }
-        }
+        let key = key_arg(c, key, key_len)?;
+        let notify = StepNotify { key, verify_content: flags & MWS_STEP_VERIFY_CONTENT != 0 };
+        step(c, prepared, args, Some(notify), stats)
     })
 }
 

@@ -148,3 +148,60 @@ fn acceptor_entry_points_check_arguments_and_refuse_bad_messages() {
         assert_eq!(name, "mooncake_weight_store.notify");
     }
 }
+
+/// Issue 46: the router, generation and content entry points check their arguments
+/// and refuse with a verdict and a status.
+#[test]
+fn router_and_acceptor_extensions_check_arguments() {
+    let plan = plan();
+    let target =
+        plan.bound.as_ref().unwrap().executors(mws::plan::transfer_bind::Side::Target)[0].participant_id.clone();
+    let p: *mut mws_transfer_plan = crate::args::Handle::into_raw(plan);
+    let participant = CString::new(target).unwrap();
+    let (mut acc, mut router) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: every pointer is NULL or valid for the call.
+    unsafe {
+        assert_eq!(mws_notify_acceptor_new(p, participant.as_ptr(), std::ptr::null(), 0, &mut acc), mws_status::MWS_OK);
+        assert_eq!(mws_notify_router_new(std::ptr::null_mut()), mws_status::MWS_NULL_ARGUMENT);
+        assert_eq!(mws_notify_router_new(&mut router), mws_status::MWS_OK);
+        assert_eq!(mws_notify_router_add(router, std::ptr::null()), mws_status::MWS_NULL_ARGUMENT);
+        assert_eq!(mws_notify_router_add(router, acc), mws_status::MWS_OK);
+        assert_eq!(mws_notify_router_add(router, acc), mws_status::MWS_CONFLICT);
+        let (mut verdict, mut routed) = (99u32, acc as *const mws_notify_acceptor);
+        let junk = b"hello";
+        assert_eq!(
+            mws_notify_router_accept(
+                router,
+                junk.as_ptr(),
+                junk.len(),
+                &mut verdict,
+                std::ptr::null_mut(),
+                &mut routed
+            ),
+            mws_status::MWS_INVALID_ARGUMENT
+        );
+        assert_eq!((verdict, routed), (MWS_NOTIFY_MALFORMED, std::ptr::null()));
+        // Generations: forward is fine, backward is stale.
+        assert_eq!(mws_notify_acceptor_expect_generation(acc, 5), mws_status::MWS_OK);
+        assert_eq!(mws_notify_acceptor_expect_generation(acc, 4), mws_status::MWS_STALE_BINDING);
+        let mut o = mws_notify_outcome { verdict: 99, weight_generation: 0, incomplete: 0 };
+        assert_eq!(mws_notify_acceptor_outcome(acc, &mut o), mws_status::MWS_OK);
+        assert_eq!((o.verdict, o.weight_generation), (MWS_TARGET_UNCHANGED as u32, 5));
+        // Content verification of host buffers; no mismatch yet.
+        assert_eq!(mws_notify_acceptor_verify_content(acc), mws_status::MWS_OK);
+        let mut n = 99usize;
+        assert_eq!(mws_notify_acceptor_mismatch_count(acc, &mut n), mws_status::MWS_OK);
+        assert_eq!(n, 0);
+        let mut m = std::mem::MaybeUninit::<mws_notify_mismatch>::uninit();
+        assert_eq!(mws_notify_acceptor_mismatch(acc, 0, m.as_mut_ptr()), mws_status::MWS_INVALID_ARGUMENT);
+        let mut removed = 9u32;
+        assert_eq!(mws_notify_router_remove(router, acc, &mut removed), mws_status::MWS_OK);
+        assert_eq!(removed, 1);
+        assert_eq!(mws_notify_router_remove(router, acc, &mut removed), mws_status::MWS_OK);
+        assert_eq!(removed, 0);
+        mws_notify_router_free(router);
+        mws_notify_router_free(std::ptr::null_mut());
+        mws_notify_acceptor_free(acc);
+        crate::transfer_plan::mws_transfer_plan_free(p);
+    }
+}

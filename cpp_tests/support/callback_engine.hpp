@@ -2,6 +2,9 @@
 // (mws_transfer_engine_vtable) for the C++ tests: memcpy between registered buffers, an
 // identity a test can change (a restarted engine), legacy batches that can fail, and,
 // for the race tests, batches that can be held up or run a one-shot callback first.
+// open(true) adds a notify channel: every message lands in `mailbox` (endpoint ->
+// messages, in order), as a peer's notify poll would hand them over; `flip_next`
+// flips the first target byte of the next batch after it copied (a DMA fault).
 #pragma once
 
 #include <atomic>
@@ -10,6 +13,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "mooncake_weight_store.hpp"
@@ -26,6 +31,8 @@ struct CallbackEngine {
     void *once_arg = nullptr;
     std::mutex mu;
     std::map<std::uint64_t, std::uint64_t> regions;  // address -> length
+    std::map<std::string, std::vector<std::string>> mailbox;  // endpoint -> notifications
+    std::atomic<bool> flip_next{false};
 
     bool covered(std::uint64_t a, std::uint64_t n) {
         auto it = regions.upper_bound(a);
@@ -66,7 +73,27 @@ struct CallbackEngine {
             std::memcpy(reinterpret_cast<void *>(static_cast<std::uintptr_t>(dst)),
                         reinterpret_cast<const void *>(static_cast<std::uintptr_t>(src)), sizes[i]);
         }
+        if (n > 0 && sizes[0] > 0 && e.flip_next.exchange(false)) {
+            *reinterpret_cast<unsigned char *>(static_cast<std::uintptr_t>(write ? remote[0] : local[0])) ^= 0x80;
+        }
         return 0;
+    }
+    static std::int32_t send_notify(void *ctx, mws_bytes endpoint, mws_bytes, mws_bytes message) noexcept {
+        CallbackEngine &e = of(ctx);
+        try {
+            std::lock_guard<std::mutex> g(e.mu);
+            e.mailbox[std::string(endpoint.ptr, endpoint.len)].emplace_back(message.ptr, message.len);
+            return 0;
+        } catch (...) {
+            return -1;
+        }
+    }
+    /// The messages delivered to `endpoint`, taken.
+    std::vector<std::string> take(const std::string &endpoint) {
+        std::lock_guard<std::mutex> g(mu);
+        std::vector<std::string> out;
+        out.swap(mailbox[endpoint]);
+        return out;
     }
     static std::int32_t sync_write(void *ctx, mws_bytes, const std::uint64_t *l, const std::uint64_t *r,
                                    const std::uint64_t *s, std::size_t n) noexcept {
@@ -76,7 +103,7 @@ struct CallbackEngine {
                                   const std::uint64_t *s, std::size_t n) noexcept {
         return copy(ctx, false, l, r, s, n);
     }
-    mws::TransferEngine open() {
+    mws::TransferEngine open(bool notify = false) {
         mws_transfer_engine_vtable vt{};
         vt.size = sizeof vt;
         vt.version = MWS_TRANSFER_ENGINE_VTABLE_VERSION;
@@ -85,6 +112,7 @@ struct CallbackEngine {
         vt.unregister_memory = &unregister_memory;
         vt.batch_transfer_sync_write = &sync_write;
         vt.batch_transfer_sync_read = &sync_read;
+        if (notify) vt.send_notify = &send_notify;
         return mws::TransferEngine::from_vtable(vt, this);
     }
 };

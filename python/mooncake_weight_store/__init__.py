@@ -40,7 +40,7 @@ from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import (EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo, PreparedTransfer, Sink,
                        TargetOutcome, TransferEngine, TransferPlan, TransferStats)
-from .notify import NotifyAcceptor, NotifyOutcome
+from .notify import NotifyAcceptor, NotifyMismatch, NotifyOutcome, NotifyRouter
 from .writer import Writer
 from .logs import set_log_callback
 from .progress import Progress, ProgressBar
@@ -144,6 +144,8 @@ __all__ = [
     "EngineResources",
     "NotifyAcceptor",
     "NotifyOutcome",
+    "NotifyMismatch",
+    "NotifyRouter",
     "Loader",
     "Sink",
     "PreparedTransfer",

@@ -118,6 +118,9 @@ MWS_NOTIFY_STALE = 5
 MWS_NOTIFY_OTHER_PLAN = 6
 MWS_NOTIFY_MISROUTED = 7
 MWS_NOTIFY_TOO_MANY = 8
+MWS_NOTIFY_UNVERIFIED = 9
+#: ``flags`` of ``mws_prepared_transfer_step_notified``
+MWS_STEP_VERIFY_CONTENT = 1
 #: ``mws_store_options.staging_bytes``: no staging buffer
 MWS_STAGING_OFF = 2**64 - 1
 #: ``mws_store_options.verify_integrity``
@@ -629,6 +632,11 @@ class mws_engine_resources(CStruct):
 class mws_notify_outcome(CStruct):
     _fields_ = [("verdict", c_uint32), ("weight_generation", c_uint64), ("incomplete", c_uint64)]
 
+
+class mws_notify_mismatch(CStruct):
+    _fields_ = [("source_participant", c_char_p), ("source_worker", c_char_p), ("fragment_id", c_char_p),
+                ("operation", c_uint32), ("offset", c_uint64), ("bytes", c_uint64)]
+
 # --------------------------------------------------------------------------- prototypes
 
 _p = c_void_p  # opaque handle pointer
@@ -839,6 +847,8 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_sink_free": (None, [_p]),
     # live transfer: prepared transfers
     "mws_prepared_transfer_step": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_transfer_stats)]),
+    "mws_prepared_transfer_step_notified": (c_int, [_p, POINTER(mws_step_args), c_void_p, c_size_t, c_uint32,
+                                                    POINTER(mws_transfer_stats)]),
     "mws_prepared_transfer_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
     "mws_prepared_transfer_close": (c_int, [_p]),
@@ -849,5 +859,15 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_notify_acceptor_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome)]),
     "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
     "mws_notify_acceptor_free": (None, [_p]),
+    "mws_notify_acceptor_verify_content": (c_int, [_p]),
+    "mws_notify_acceptor_expect_generation": (c_int, [_p, c_uint64]),
+    "mws_notify_acceptor_mismatch_count": (c_int, [_p, _sz]),
+    "mws_notify_acceptor_mismatch": (c_int, [_p, c_size_t, POINTER(mws_notify_mismatch)]),
+    "mws_notify_router_new": (c_int, [POINTER(_p)]),
+    "mws_notify_router_add": (c_int, [_p, _p]),
+    "mws_notify_router_remove": (c_int, [_p, _p, POINTER(c_uint32)]),
+    "mws_notify_router_accept": (c_int, [_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(mws_notify_outcome),
+                                         POINTER(_p)]),
+    "mws_notify_router_free": (None, [_p]),
 }
 

@@ -1,26 +1,36 @@
 """The notify hook (issue 27) over the C ABI, target side: :class:`NotifyAcceptor`
 checks each notification its engine's notify poll received against its own bound
 plan and generation, and keeps the per-target outcome. The sink side is
-:meth:`Sink.execute_notified <mooncake_weight_store.Sink.execute_notified>`, over an
-engine backend with ``send_notify`` (the Python Mooncake backend has none: the
-wheel's binding does not expose ``sendNotifyByName``).
+:meth:`Sink.execute_notified <mooncake_weight_store.Sink.execute_notified>` for a
+call and :meth:`PreparedTransfer.step_notified
+<mooncake_weight_store.PreparedTransfer.step_notified>` for a prepared step (its
+messages carry the step's generation; the acceptor follows the newest generation of
+its plan), over an engine backend with ``send_notify`` (the Python Mooncake backend
+has none: the wheel's binding does not expose ``sendNotifyByName``). A process that
+hosts several targets hands every message to one :class:`NotifyRouter`.
 
-Ownership: an acceptor owns its handle (``close()`` / ``with``). Threading: an
-acceptor may be shared between threads (calls are serialized inside).
+Content-verified steps (``verify_content=True``) carry the CRC-32C of the bytes
+sent into each target; an acceptor after :meth:`NotifyAcceptor.verify_content`
+reads its target buffers and reports the target ``"torn"`` with the mismatched
+ranges (:meth:`NotifyAcceptor.mismatches`) when they differ.
+
+Ownership: an acceptor and a router own their handles (``close()`` / ``with``); a
+router keeps the acceptors added to it open until it is closed. Threading: both may
+be shared between threads (calls are serialized inside).
 """
 
 from __future__ import annotations
 
 import ctypes
-from ctypes import c_uint32, c_void_p
+from ctypes import c_size_t, c_uint32, c_void_p
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
 from .transfer import _VERDICTS, TransferPlan
 
-__all__ = ["NotifyAcceptor", "NotifyOutcome", "notify_name", "VERDICTS"]
+__all__ = ["NotifyAcceptor", "NotifyMismatch", "NotifyOutcome", "NotifyRouter", "notify_name", "VERDICTS"]
 
 _p = c_void_p
 
@@ -29,7 +39,7 @@ VERDICTS = {_abi.MWS_NOTIFY_ACCEPTED: "accepted", _abi.MWS_NOTIFY_MALFORMED: "ma
             _abi.MWS_NOTIFY_TRUNCATED: "truncated", _abi.MWS_NOTIFY_FORGED: "forged",
             _abi.MWS_NOTIFY_REPLAYED: "replayed", _abi.MWS_NOTIFY_STALE: "stale",
             _abi.MWS_NOTIFY_OTHER_PLAN: "other_plan", _abi.MWS_NOTIFY_MISROUTED: "misrouted",
-            _abi.MWS_NOTIFY_TOO_MANY: "too_many"}
+            _abi.MWS_NOTIFY_TOO_MANY: "too_many", _abi.MWS_NOTIFY_UNVERIFIED: "unverified"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,20 @@ class NotifyOutcome:
     verdict: str
     weight_generation: int
     incomplete: int
+
+
+@dataclass(frozen=True)
+class NotifyMismatch:
+    """A target range whose verified bytes differ from what the source sent: the
+    writing source executor, the target runtime fragment, the plan operation, the
+    first byte of its box in the fragment and its bytes."""
+
+    source_participant: str
+    source_worker: str
+    fragment_id: str
+    operation: int
+    offset: int
+    bytes: int
 
 
 def _outcome(o: _abi.mws_notify_outcome) -> NotifyOutcome:
@@ -69,6 +93,7 @@ class NotifyAcceptor(OwnedHandle):
         call("mws_notify_acceptor_new", plan, cstr(participant, "participant"), k, len(k) if k else 0,
              ctypes.byref(out))
         super().__init__(out.value)
+        self._plan = plan
 
     def accept(self, message: bytes) -> Tuple[str, NotifyOutcome, str]:
         """Checks one received message: ``(verdict, outcome, why)``; a refusal is a
@@ -84,3 +109,75 @@ class NotifyAcceptor(OwnedHandle):
         o = _abi.mws_notify_outcome()
         call("mws_notify_acceptor_outcome", self, ctypes.byref(o))
         return _outcome(o)
+
+    def verify_content(self) -> None:
+        """Turns content verification on (``mws_notify_acceptor_verify_content``): a
+        ``done`` must carry checksums (else ``"unverified"``) and the acceptor reads
+        its participant's buffers to compare them before it counts the writer done.
+        The acceptor keeps the bound plan (hence its bindings and their buffers)
+        until it is closed. Raises
+        :class:`~mooncake_weight_store.UnsupportedError` for device buffers."""
+        call("mws_notify_acceptor_verify_content", self)
+        # The bound plan keeps the bindings, which keep their buffers exported.
+        self._keep_alive(self._plan)
+
+    def expect_generation(self, generation: int) -> None:
+        """Moves the acceptor to ``generation`` (older messages are stale from then
+        on). Raises :class:`~mooncake_weight_store.StaleBindingError` for an older
+        generation."""
+        call("mws_notify_acceptor_expect_generation", self, int(generation))
+
+    def mismatches(self) -> List[NotifyMismatch]:
+        """The target ranges whose verified bytes differ in the current generation."""
+        n = c_size_t(0)
+        call("mws_notify_acceptor_mismatch_count", self, ctypes.byref(n))
+        out = []
+        for i in range(n.value):
+            m = _abi.mws_notify_mismatch()
+            call("mws_notify_acceptor_mismatch", self, i, ctypes.byref(m))
+            out.append(NotifyMismatch(m.source_participant.decode(), m.source_worker.decode(),
+                                      m.fragment_id.decode(), m.operation, m.offset, m.bytes))
+        return out
+
+
+class NotifyRouter(OwnedHandle):
+    """Hands each received notification to the acceptor of the plan and target it
+    names (``mws_notify_router``): one per process that hosts several targets."""
+
+    _FREE = "mws_notify_router_free"
+    _WHAT = "notify router"
+
+    def __init__(self, acceptors: Tuple[NotifyAcceptor, ...] = ()) -> None:
+        out = _p()
+        call("mws_notify_router_new", ctypes.byref(out))
+        super().__init__(out.value)
+        self._by_handle: Dict[int, NotifyAcceptor] = {}
+        for a in acceptors:
+            self.add(a)
+
+    def add(self, acceptor: NotifyAcceptor) -> None:
+        """Routes ``acceptor`` (kept open until the router is closed). Raises
+        :class:`~mooncake_weight_store.ConflictError` when one of the same plan and
+        participant is routed."""
+        call("mws_notify_router_add", self, acceptor)
+        self._by_handle[acceptor.handle] = acceptor
+        self._keep_alive(acceptor)
+
+    def remove(self, acceptor: NotifyAcceptor) -> bool:
+        """Stops routing ``acceptor``; True when it was routed."""
+        removed = c_uint32(0)
+        call("mws_notify_router_remove", self, acceptor, ctypes.byref(removed))
+        return bool(removed.value)
+
+    def accept(self, message: bytes) -> Tuple[str, Optional[NotifyAcceptor], Optional[NotifyOutcome], str]:
+        """Routes one received message: ``(verdict, acceptor, outcome, why)``; the
+        acceptor is None when none matched (``"misrouted"`` or ``"other_plan"``); a
+        refusal is a verdict, never raised, and changes nothing."""
+        v = c_uint32(0)
+        o = _abi.mws_notify_outcome()
+        routed = _p()
+        st = LIB.fn("mws_notify_router_accept")(self, bytes(message), len(message), ctypes.byref(v), ctypes.byref(o),
+                                                 ctypes.byref(routed))
+        why = _lib.last_error() if st != 0 else ""
+        acc: Any = self._by_handle.get(routed.value) if routed.value else None
+        return VERDICTS.get(v.value, str(v.value)), acc, (_outcome(o) if acc is not None else None), why

@@ -20,7 +20,7 @@ import json
 import threading
 from ctypes import c_size_t, c_void_p
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
@@ -225,6 +225,29 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         step, kept for later steps; ``revision``: for a prepared restore, the revision
         to read, default the prepared one). Returns the step's statistics; a failed
         live step attaches its report to the exception as ``.report``."""
+        return self._step("mws_prepared_transfer_step", generation, leases, transfer_id, revision, ())
+
+    @_serialized
+    def step_notified(self, generation: int, *, key: Optional[bytes] = None, verify_content: bool = False,
+                      leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> TransferStats:
+        """:meth:`step` of a prepared sink with the notify hook
+        (``mws_prepared_transfer_step_notified``): ``begin`` to every target endpoint,
+        the prepared batches, ``done`` when they completed, each carrying this step's
+        weight generation, through the engine's ``send_notify``. ``key``: None
+        (unkeyed) or the key shared with the targets' acceptors (>= 16 bytes).
+        ``verify_content``: the ``done`` carries the CRC-32C of the bytes sent into
+        each target (host buffers only), which a verifying
+        :class:`~mooncake_weight_store.NotifyAcceptor` checks before it reports the
+        target updated. Raises as :meth:`step`; ``InvalidArgumentError`` for a
+        prepared reader or restore (their steps notify no one) or a short key,
+        ``UnsupportedError`` when the engine cannot notify."""
+        k = bytes(key) if key else None
+        flags = _abi.MWS_STEP_VERIFY_CONTENT if verify_content else 0
+        return self._step("mws_prepared_transfer_step_notified", generation, leases, transfer_id, None,
+                          (k, len(k) if k else 0, flags))
+
+    def _step(self, fn: str, generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
+              revision: Optional[str], extra: Tuple[Any, ...]) -> TransferStats:
         arr = (_abi.mws_lease_rotation * len(leases))(*[
             _abi.mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
                                     cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
@@ -232,7 +255,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
                                   cstr(transfer_id, "transfer_id"), cstr(revision, "revision"))
         st = _abi.mws_transfer_stats()
         try:
-            self._engine._call("mws_prepared_transfer_step", self, ctypes.byref(args), ctypes.byref(st))
+            self._engine._call(fn, self, ctypes.byref(args), *extra, ctypes.byref(st))
         except _lib.MwsError as e:
             e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise

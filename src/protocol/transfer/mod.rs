@@ -10,6 +10,7 @@ pub mod executor;
 pub mod lease;
 pub mod loader;
 pub mod notify;
+pub mod notify_router;
 pub mod outcome;
 pub mod prepared;
 pub mod prepared_stored;
@@ -24,10 +25,14 @@ pub use lease::{GuardProviders, MemoryRegistrationLease};
 pub use loader::{
     CancelToken, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink, TargetReport, TransferStats,
 };
-pub use notify::{execute_sink_notified, NotifiedSink, NotifyAcceptor, NotifyError, NotifyKind, NotifyRefusal};
+pub use notify::{
+    execute_sink_notified, ContentCheck, ContentMismatch, MismatchedRange, NotifiedSink, NotifyAccepted,
+    NotifyAcceptor, NotifyError, NotifyKind, NotifyRefusal,
+};
+pub use notify_router::{NotifyRouter, RouteError, Routed, SharedAcceptor};
 pub use outcome::{
     call_outcomes, calls_of, predicted_receipts, target_outcomes, CallRecord, TargetOutcome, TransferMode,
 };
-pub use prepared::{LeaseRotation, PreparedInfo, PreparedTransfer, StepArgs};
+pub use prepared::{LeaseRotation, PreparedInfo, PreparedTransfer, StepArgs, StepNotify};
 pub use prepared_stored::{PreparedRestore, StepRequest, StoredPrepareArgs, StoredStepArgs};
 pub use scope::{RegistrationScope, ScopeExit};

@@ -40,7 +40,32 @@
 //!   JSON, [`plan_identity`]), `generation`, `resource_id`, `source_participant`,
 //!   `source_worker`, `target_participant`, `transfer_id`, `operations` (planned
 //!   segments E writes into T), `bytes`, `ranges` (SHA-256 hex of the target ranges E
-//!   writes into T, [`target_range_digest`]).
+//!   writes into T, [`target_range_digest`]); then, only in a content-verified
+//!   push, `content` (below). A message without `content` is byte for byte the
+//!   message of earlier releases; an acceptor of an earlier release refuses one with
+//!   it (its body is strict), so verified pushes need updated targets.
+//!
+//! `generation` is the weight generation the call moves: the plan's for a plain call
+//! ([`execute_sink_notified`]), the step's for a step of a prepared transfer
+//! ([`PreparedTransfer::step`](super::PreparedTransfer::step) with
+//! [`StepArgs::notify`](super::StepArgs::notify)), which moves many generations
+//! under one plan (one plan identity). The pair (plan identity, generation) names
+//! what landed; an acceptor follows the newest generation of its plan (see
+//! [`NotifyAcceptor::accept`]), so an older generation's message is stale.
+//!
+//! # Content checksums (optional `content` member)
+//!
+//! `{"crc32c": [c0, c1, ...]}`: the CRC-32C of the bytes the executor sends into
+//! the target, computed by the source from its own (host) memory before the bytes
+//! move. The executor's operations into the target, in ascending operation order,
+//! are cut into `min(n, MAX_CONTENT_GROUPS)` consecutive groups ([`content_groups`]);
+//! `ck` is the CRC-32C of the segments of group k's operations, each operation's
+//! segments in row-major order (outer loops, then the contiguous inner bytes). A
+//! verifying acceptor ([`NotifyAcceptor::verify_content`]) recomputes them from the
+//! target ranges it owns and reports the participant `Torn` with the mismatched
+//! ranges ([`NotifyAcceptor::mismatches`]) when one differs. Device memory is not
+//! summed: a verified push from a device source fragment, and a verifying acceptor
+//! of a device target fragment, are refused (`Unsupported`).
 //!
 //! The notify `name` (Mooncake's `NotifyDesc::name`) is [`NOTIFY_NAME`]: a serving
 //! engine's notify poll hands exactly those messages to the acceptor.
@@ -108,6 +133,9 @@ pub enum NotifyRefusal {
     /// [`MAX_TRANSFERS_PER_WRITER`] under this acceptor (what an acceptor remembers
     /// to refuse replays is bounded; bind a new acceptor, as the next generation does).
     TooMany = 8,
+    /// A `done` without content checksums at an acceptor that verifies content
+    /// (the sink did not run a content-verified push).
+    Unverified = 9,
 }
 
 /// The transfers one writer may begin under one acceptor (one plan, one generation):
@@ -123,7 +151,7 @@ impl NotifyRefusal {
             NotifyRefusal::Malformed | NotifyRefusal::Truncated | NotifyRefusal::Misrouted => {
                 ErrorKind::InvalidArgument
             }
-            NotifyRefusal::Forged => ErrorKind::Integrity,
+            NotifyRefusal::Forged | NotifyRefusal::Unverified => ErrorKind::Integrity,
             NotifyRefusal::Replayed => ErrorKind::Conflict,
             NotifyRefusal::Stale | NotifyRefusal::OtherPlan => ErrorKind::StaleBinding,
             NotifyRefusal::TooMany => ErrorKind::LimitExceeded,
@@ -186,6 +214,148 @@ pub struct NotifyMessage {
     pub bytes: u64,
     /// [`target_range_digest`] of those writes.
     pub ranges: String,
+    /// The content checksums of a content-verified push (see the module
+    /// documentation); absent otherwise (and then not written at all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<NotifyContent>,
+}
+
+/// The content checksums of one message: per group of the writer's operations into
+/// the target ([`content_groups`]), the CRC-32C of the bytes written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyContent {
+    /// One CRC-32C per group, in group order.
+    pub crc32c: Vec<u32>,
+}
+
+/// The most groups the content checksums of one message have (so a message stays
+/// far below [`MAX_NOTIFY_BYTES`] whatever the number of operations).
+pub const MAX_CONTENT_GROUPS: usize = 64;
+
+/// The groups of `n` operations (indices into the writer's ascending operations
+/// into one target): `min(n, MAX_CONTENT_GROUPS)` consecutive ranges, group k being
+/// `k*n/g .. (k+1)*n/g`.
+pub fn content_groups(n: usize) -> Vec<std::ops::Range<usize>> {
+    let g = n.min(MAX_CONTENT_GROUPS);
+    (0..g).map(|k| k * n / g..(k + 1) * n / g).collect()
+}
+
+/// The operations of `executor` whose target is `participant`, ascending.
+pub fn operations_into(plan: &TransferPlan, executor: &ExecutorTransferPlan, participant: &str) -> Vec<u32> {
+    let mut ops: Vec<u32> = executor
+        .operation_indices
+        .iter()
+        .copied()
+        .filter(|&i| plan.operation_fragment(i as usize, Side::Target).0.participant_id() == participant)
+        .collect();
+    ops.sort_unstable();
+    ops
+}
+
+/// Appends the bytes of operation `i` on `side` (its segments in row-major order)
+/// to `crc`.
+///
+/// # Safety
+/// The fragment of `side` is host memory valid for reads of the region.
+unsafe fn region_crc(plan: &TransferPlan, i: usize, side: Side, mut crc: u32) -> u32 {
+    let r = &plan.regions()[i];
+    let base = plan.operation_fragment(i, side).1.address()
+        + if side == Side::Source { r.source_base_offset } else { r.target_base_offset };
+    let strides = if side == Side::Source { &r.source_strides } else { &r.target_strides };
+    let k = r.outer_loop_counts.len();
+    if r.inner_bytes == 0 || r.outer_loop_counts.contains(&0) {
+        return crc;
+    }
+    let mut idx = vec![0u64; k];
+    loop {
+        let at = base + (0..k).map(|d| idx[d] * strides[d]).sum::<u64>();
+        // SAFETY: this function's contract: the segment lies in the fragment (the
+        // bound plan's regions are checked against the fragments' extents).
+        let bytes = unsafe { std::slice::from_raw_parts(at as usize as *const u8, r.inner_bytes as usize) };
+        crc = crate::crc::crc32c_append(crc, bytes);
+        let mut d = k;
+        loop {
+            if d == 0 {
+                return crc;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < r.outer_loop_counts[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The content checksums of operations `ops` (ascending) read on `side`: one
+/// CRC-32C per group of [`content_groups`]. Errors (the unsummable fragment):
+/// `<side> fragment <id> is device memory (<kind>): content checksums read host
+/// memory only`.
+///
+/// # Safety
+/// The fragments of `side` of `ops` are valid for reads at their planned addresses.
+pub unsafe fn content_checksums(plan: &TransferPlan, ops: &[u32], side: Side) -> crate::Result<Vec<u32>> {
+    for &i in ops {
+        let f = plan.operation_fragment(i as usize, side).1;
+        if f.memory() != crate::runtime::MemoryKind::Host {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{} fragment {} is device memory ({:?}): content checksums read host memory only",
+                    side.as_str(),
+                    f.fragment_id(),
+                    f.memory()
+                ),
+            ));
+        }
+    }
+    Ok(content_groups(ops.len())
+        .into_iter()
+        // SAFETY: this function's contract; every fragment is host memory.
+        .map(|g| ops[g].iter().fold(0u32, |crc, &i| unsafe { region_crc(plan, i as usize, side, crc) }))
+        .collect())
+}
+
+/// A target range whose bytes differ from what the source sent (a group of a
+/// verified message whose checksum does not match names each of its operations).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MismatchedRange {
+    /// The plan operation.
+    pub operation: u32,
+    /// The target runtime fragment.
+    pub fragment_id: String,
+    /// First byte of the operation's box in the fragment (its target base offset).
+    pub offset: u64,
+    /// Bytes the operation writes.
+    pub bytes: u64,
+}
+
+/// A writer whose verified bytes differ in the acceptor's target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContentMismatch {
+    /// The writing executor's participant.
+    pub source_participant: String,
+    /// The writing executor's worker.
+    pub source_worker: String,
+    /// The transfer whose `done` carried the checksums.
+    pub transfer_id: String,
+    /// The ranges of every mismatched group.
+    pub ranges: Vec<MismatchedRange>,
+}
+
+/// What the acceptor did with the content checksums of an accepted message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContentCheck {
+    /// A `begin`, or a `done` without checksums at an acceptor that does not verify.
+    Absent,
+    /// The `done` carried checksums; the acceptor does not verify content.
+    NotChecked,
+    /// Every group's bytes in the target match.
+    Verified,
+    /// Some groups differ: the participant is `Torn` (the writer is incomplete).
+    Mismatch(Vec<MismatchedRange>),
 }
 
 impl NotifyMessage {
@@ -259,13 +429,8 @@ pub fn encode(msg: &NotifyMessage, key: Option<&[u8]>) -> Vec<u8> {
     format!("{NOTIFY_MAGIC}{NOTIFY_VERSION} {kind} {tag} {}\n{body}", body.len()).into_bytes()
 }
 
-/// Decodes and authenticates one message. Errors: [`NotifyRefusal::Malformed`]
-/// (`not a mooncake_weight_store notification`, `unsupported notify version <v>`,
-/// `notify header is malformed: <why>`, `notify body is not valid: <why>`, over
-/// [`MAX_NOTIFY_BYTES`]), [`NotifyRefusal::Truncated`] (`notify message is truncated:
-/// body has <n> of <m> bytes`), [`NotifyRefusal::Forged`] (`notify message
-/// authentication failed`, or an authenticator kind other than the acceptor's).
-pub fn decode(bytes: &[u8], key: Option<&[u8]>) -> Result<NotifyMessage, NotifyError> {
+/// The header's authenticator kind and tag, and the body (not authenticated).
+fn split(bytes: &[u8]) -> Result<(&str, &str, &[u8]), NotifyError> {
     let malformed = |m: String| NotifyError::new(NotifyRefusal::Malformed, m);
     if bytes.len() > MAX_NOTIFY_BYTES {
         return Err(malformed(format!("notify message is {} bytes, at most {MAX_NOTIFY_BYTES}", bytes.len())));
@@ -302,6 +467,28 @@ pub fn decode(bytes: &[u8], key: Option<&[u8]>) -> Result<NotifyMessage, NotifyE
     if body.len() > len {
         return Err(malformed(format!("notify message has {} bytes after its {len}-byte body", body.len() - len)));
     }
+    Ok((kind, tag, body))
+}
+
+/// The plan identity and target participant a message names, read without
+/// authenticating it (what [`super::NotifyRouter`] routes by; the acceptor it picks
+/// then checks everything). Errors: those of [`decode`] but the authenticator's.
+pub fn peek(bytes: &[u8]) -> Result<(String, String), NotifyError> {
+    let (_, _, body) = split(bytes)?;
+    let m: NotifyMessage = serde_json::from_slice(body)
+        .map_err(|e| NotifyError::new(NotifyRefusal::Malformed, format!("notify body is not valid: {e}")))?;
+    Ok((m.plan, m.target_participant))
+}
+
+/// Decodes and authenticates one message. Errors: [`NotifyRefusal::Malformed`]
+/// (`not a mooncake_weight_store notification`, `unsupported notify version <v>`,
+/// `notify header is malformed: <why>`, `notify body is not valid: <why>`, over
+/// [`MAX_NOTIFY_BYTES`]), [`NotifyRefusal::Truncated`] (`notify message is truncated:
+/// body has <n> of <m> bytes`), [`NotifyRefusal::Forged`] (`notify message
+/// authentication failed`, or an authenticator kind other than the acceptor's).
+pub fn decode(bytes: &[u8], key: Option<&[u8]>) -> Result<NotifyMessage, NotifyError> {
+    let malformed = |m: String| NotifyError::new(NotifyRefusal::Malformed, m);
+    let (kind, tag, body) = split(bytes)?;
     let (want_kind, want_tag) = mac(key, body);
     if kind != want_kind {
         return Err(NotifyError::new(
@@ -405,6 +592,7 @@ pub fn planned_notifies(
                     operations,
                     bytes,
                     ranges: ranges.clone(),
+                    content: None,
                 },
             });
         }
@@ -554,6 +742,94 @@ pub unsafe fn execute_sink_notified(
     Ok(NotifiedSink { receipts, transfer_id, delivered })
 }
 
+/// The notify side of a prepared sink's steps ([`super::PreparedTransfer::step`]
+/// with [`super::StepArgs::notify`]): the messages of its executor, made once, sent
+/// with each step's generation and transfer id.
+#[derive(Debug)]
+pub(crate) struct StepNotifier {
+    identity: String,
+    /// The `begin` messages of the plan's generation and an empty transfer id.
+    notes: Vec<PlannedNotify>,
+    /// Per target participant the executor writes: its operations, ascending.
+    ops: BTreeMap<String, Vec<u32>>,
+}
+
+impl StepNotifier {
+    /// The messages `executor` (a source executor of `plan`) sends at each step.
+    pub(crate) fn new(plan: &TransferPlan, executor: &ExecutorTransferPlan) -> StepNotifier {
+        let identity = plan_identity(plan);
+        let notes = planned_notifies(plan, &identity, executor, NotifyKind::Begin, "");
+        let ops = notes
+            .iter()
+            .map(|n| n.message.target_participant.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(|t| {
+                let ops = operations_into(plan, executor, &t);
+                (t, ops)
+            })
+            .collect();
+        StepNotifier { identity, notes, ops }
+    }
+
+    /// The plan identity every message carries.
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The content checksums of the step, per target participant, from the source
+    /// fragments (errors: a device source fragment, `Unsupported`, as a contract
+    /// error: nothing moved).
+    ///
+    /// # Safety
+    /// The source fragments of the executor's operations are valid for reads.
+    pub(crate) unsafe fn source_checksums(&self, plan: &TransferPlan) -> TransferResult<BTreeMap<String, Vec<u32>>> {
+        let mut out = BTreeMap::new();
+        for (t, ops) in &self.ops {
+            // SAFETY: this function's contract.
+            let crcs = unsafe { content_checksums(plan, ops, Side::Source) }.map_err(TransferError::contract)?;
+            out.insert(t.clone(), crcs);
+        }
+        Ok(out)
+    }
+
+    /// Sends the step's messages of `kind` (generation, transfer id and, for a
+    /// verified `done`, the checksums per target) and records each delivery.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send(
+        &self,
+        exec: &TransferExecutor,
+        key: Option<&[u8]>,
+        kind: NotifyKind,
+        generation: u64,
+        transfer_id: &str,
+        content: Option<&BTreeMap<String, Vec<u32>>>,
+        delivered: &mut Vec<NotifyDelivery>,
+    ) -> TransferResult<()> {
+        let notes: Vec<PlannedNotify> = self
+            .notes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                n.message.kind = kind.as_str().into();
+                n.message.generation = generation;
+                n.message.transfer_id = transfer_id.to_string();
+                n.message.content = content
+                    .and_then(|c| c.get(&n.message.target_participant))
+                    .map(|crc32c| NotifyContent { crc32c: crc32c.clone() });
+                n
+            })
+            .collect();
+        send_all(exec, key, &notes, kind, delivered)
+    }
+}
+
+/// A notify key, checked for a step (`notify key must be at least 16 bytes`, as a
+/// contract error).
+pub(crate) fn step_key(key: Option<&[u8]>) -> TransferResult<Option<Vec<u8>>> {
+    check_key(key).map_err(TransferError::contract)
+}
+
 /// What an executor writing into the acceptor's participant has announced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum WriterState {
@@ -561,6 +837,8 @@ enum WriterState {
     Begun(String),
     /// `done` of the transfer id.
     Done(String),
+    /// `done` of the transfer id whose content checksums do not match the target.
+    Mismatch(String, Vec<MismatchedRange>),
 }
 
 /// An accepted message.
@@ -574,22 +852,44 @@ pub struct NotifyAccepted {
     pub source_worker: String,
     /// Its transfer id.
     pub transfer_id: String,
+    /// The weight generation it is about (the acceptor's, after it).
+    pub weight_generation: u64,
+    /// What the acceptor did with its content checksums.
+    pub content: ContentCheck,
     /// The acceptor's outcome after it.
     pub outcome: TargetOutcome,
 }
 
-/// The target side of the notify hook: bound to one plan (hence one generation) and
-/// one target participant, it checks each message its engine's notify poll received
-/// and keeps the participant's outcome. A refused message changes nothing.
+/// The target side of the notify hook: bound to one plan and one target
+/// participant, it checks each message its engine's notify poll received and keeps
+/// the participant's outcome for its current weight generation. A refused message
+/// changes nothing.
+///
+/// Generations: the acceptor starts at the plan's weight generation and follows the
+/// newest generation of its plan: a `begin` of a later generation (a prepared
+/// transfer's next step under the same plan identity) that passes every other check
+/// moves it there and forgets the older generation's messages (which are stale from
+/// then on: a replay can never report the new generation updated). A `done` of a
+/// later generation, without its `begin`, is refused. [`Self::expect_generation`]
+/// moves it explicitly (a floor: older messages are refused as stale).
+///
+/// Content: with [`Self::verify_content`], a `done` must carry content checksums,
+/// and the acceptor reads its own target ranges of that writer and compares before
+/// it counts the writer done; a mismatch leaves the participant `Torn` with the
+/// ranges named ([`Self::mismatches`]).
 ///
 /// Thread safety: `Send + Sync`; [`Self::accept`] takes `&mut self` (wrap it in a
-/// mutex to share it).
+/// mutex to share it, as [`super::NotifyRouter`] does).
 #[derive(Clone, Debug)]
 pub struct NotifyAcceptor {
     plan: TransferPlan,
     identity: String,
     participant: String,
     key: Option<Vec<u8>>,
+    /// The generation the state is about.
+    generation: u64,
+    /// Read the target ranges of a `done` and compare its checksums.
+    verify: bool,
     /// (participant, worker) -> (operations, bytes, ranges) predicted into `participant`.
     writers: BTreeMap<(String, String), (u64, u64, String)>,
     state: BTreeMap<(String, String), WriterState>,
@@ -598,10 +898,15 @@ pub struct NotifyAcceptor {
     begun: BTreeMap<(String, String), usize>,
 }
 
+fn refuse(refusal: NotifyRefusal, message: String) -> Result<NotifyAccepted, NotifyError> {
+    Err(NotifyError::new(refusal, message))
+}
+
 impl NotifyAcceptor {
     /// An acceptor for `target_participant` under `plan` (a bound plan: the one the
-    /// target itself bound for this generation). `key`: `None` (messages carry a
-    /// SHA-256 of their body) or the key shared with the sinks (at least 16 bytes).
+    /// target itself bound). `key`: `None` (messages carry a SHA-256 of their body)
+    /// or the key shared with the sinks (at least 16 bytes). It does not verify
+    /// content until [`Self::verify_content`].
     ///
     /// Errors (`InvalidArgument`): `notify key must be at least 16 bytes, got <n>`,
     /// `<participant> is not a target participant of this plan`.
@@ -622,6 +927,8 @@ impl NotifyAcceptor {
             identity: plan_identity(plan),
             participant: target_participant.to_string(),
             key,
+            generation: plan.weight_generation(),
+            verify: false,
             writers,
             state: BTreeMap::new(),
             seen: BTreeSet::new(),
@@ -629,13 +936,63 @@ impl NotifyAcceptor {
         })
     }
 
+    /// Turns content verification on: from now on a `done` must carry content
+    /// checksums (else it is refused, [`NotifyRefusal::Unverified`]), and the
+    /// acceptor reads the target ranges of that writer in the participant's
+    /// fragments at their planned addresses and compares before it counts the writer
+    /// done. Errors (`Unsupported`, nothing changes): `target fragment <id> is device
+    /// memory (...): content checksums read host memory only`.
+    ///
+    /// # Safety
+    /// Every fragment of the acceptor's participant in the plan stays valid for reads
+    /// at its planned address while the acceptor lives (the serving engine's weight
+    /// buffers; a writer may be writing them while the acceptor reads).
+    pub unsafe fn verify_content(&mut self) -> crate::Result<()> {
+        for i in 0..self.plan.regions().len() {
+            let (b, f) = self.plan.operation_fragment(i, Side::Target);
+            if b.participant_id() == self.participant && f.memory() != crate::runtime::MemoryKind::Host {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "target fragment {} is device memory ({:?}): content checksums read host memory only",
+                        f.fragment_id(),
+                        f.memory()
+                    ),
+                ));
+            }
+        }
+        self.verify = true;
+        Ok(())
+    }
+
+    /// Checks only the authenticator of `message` with the acceptor's key (what a
+    /// router asks of a message it cannot route). Errors: those of [`decode`] before
+    /// its body is read.
+    pub fn authenticates(&self, message: &[u8]) -> Result<(), NotifyError> {
+        let (kind, tag, body) = split(message)?;
+        let (want_kind, want_tag) = mac(self.key.as_deref(), body);
+        if kind != want_kind || !same_bytes(tag.as_bytes(), want_tag.as_bytes()) {
+            return Err(NotifyError::new(
+                NotifyRefusal::Forged,
+                "notify message authentication failed (forged or corrupted)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// True once [`Self::verify_content`] turned verification on.
+    pub fn verifies_content(&self) -> bool {
+        self.verify
+    }
+
     /// The plan identity messages must carry.
     pub fn plan_identity(&self) -> &str {
         &self.identity
     }
-    /// The generation the acceptor is bound to.
+    /// The weight generation the acceptor's outcome is about (the plan's at first,
+    /// then the newest accepted generation of the plan).
     pub fn weight_generation(&self) -> u64 {
-        self.plan.weight_generation()
+        self.generation
     }
     /// The target participant.
     pub fn participant(&self) -> &str {
@@ -646,130 +1003,282 @@ impl NotifyAcceptor {
         self.writers.keys().cloned().collect()
     }
 
+    /// Moves the acceptor to `generation` (a prepared transfer's next step, before
+    /// any of its messages): the older generation's messages are forgotten and
+    /// refused as stale from then on; the outcome is `Unchanged` until a writer
+    /// announces the new generation. The same generation changes nothing.
+    ///
+    /// Errors (`StaleBinding`, nothing changes): `generation <g> is older than the
+    /// acceptor's generation <current>`.
+    pub fn expect_generation(&mut self, generation: u64) -> crate::Result<()> {
+        if generation < self.generation {
+            return Err(Error::new(
+                ErrorKind::StaleBinding,
+                format!("generation {generation} is older than the acceptor's generation {}", self.generation),
+            ));
+        }
+        if generation > self.generation {
+            self.generation = generation;
+            self.state.clear();
+            self.seen.clear();
+            self.begun.clear();
+        }
+        Ok(())
+    }
+
     /// Checks one message (the notify payload as received) and, when it is
     /// accepted, records it. Order of checks: format and authenticator ([`decode`]),
-    /// generation (older: `Stale`; later: `OtherPlan`), plan identity (`OtherPlan`),
-    /// addressee (`Misrouted`), writer and claims against the plan (`Forged`),
-    /// replay (`Replayed`), sequence (`done` needs the writer's current `begin` of
-    /// the same transfer: `Stale` when superseded, `Forged` when never begun).
+    /// plan identity (`OtherPlan`), generation (older than the acceptor's: `Stale`;
+    /// later: `OtherPlan` unless it is a `begin`, checked on), addressee
+    /// (`Misrouted`), writer and claims against the plan (`Forged`), replay
+    /// (`Replayed`), sequence (`done` needs the writer's current `begin` of the same
+    /// transfer: `Stale` when superseded, `Forged` when never begun), content (a
+    /// verifying acceptor refuses a `done` without checksums: `Unverified`). An
+    /// accepted `begin` of a later generation moves the acceptor to it first (see
+    /// the type's documentation). A verified `done` whose bytes differ is accepted
+    /// (it is authentic) and leaves the participant `Torn`
+    /// ([`ContentCheck::Mismatch`]).
     pub fn accept(&mut self, message: &[u8]) -> Result<NotifyAccepted, NotifyError> {
         let m = decode(message, self.key.as_deref())?;
         let kind = m.parsed_kind()?;
-        let g = self.weight_generation();
+        let g = self.generation;
+        if m.plan != self.identity || m.resource_id != self.plan.resource_id() {
+            if m.generation < g {
+                return refuse(
+                    NotifyRefusal::Stale,
+                    format!("stale notification: generation {} is older than the bound generation {g}", m.generation),
+                );
+            }
+            return refuse(
+                NotifyRefusal::OtherPlan,
+                format!("notification for generation {} names another plan than the bound one", m.generation),
+            );
+        }
         if m.generation < g {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Stale,
                 format!("stale notification: generation {} is older than the bound generation {g}", m.generation),
-            ));
+            );
         }
-        if m.generation > g {
-            return Err(NotifyError::new(
+        if m.generation > g && kind == NotifyKind::Done {
+            return refuse(
                 NotifyRefusal::OtherPlan,
-                format!("notification for generation {} but the acceptor is bound to generation {g}", m.generation),
-            ));
-        }
-        if m.plan != self.identity || m.resource_id != self.plan.resource_id() {
-            return Err(NotifyError::new(
-                NotifyRefusal::OtherPlan,
-                format!("notification for generation {g} names another plan than the bound one"),
-            ));
+                format!(
+                    "notification for generation {} but the acceptor is bound to generation {g} (and no writer began {})",
+                    m.generation, m.generation
+                ),
+            );
         }
         if m.target_participant != self.participant {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Misrouted,
                 format!(
                     "notification is for target {} but this acceptor is for {}",
                     m.target_participant, self.participant
                 ),
-            ));
+            );
         }
         let who = (m.source_participant.clone(), m.source_worker.clone());
         let Some((ops, bytes, ranges)) = self.writers.get(&who) else {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Forged,
                 format!("source executor ({}, {}) does not write {} under this plan", who.0, who.1, self.participant),
-            ));
+            );
         };
         if m.operations != *ops || m.bytes != *bytes || m.ranges != *ranges {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Forged,
                 format!(
                     "notification from ({}, {}) claims other target ranges than the plan ({} segments, {} bytes)",
                     who.0, who.1, m.operations, m.bytes
                 ),
-            ));
+            );
         }
+        if kind == NotifyKind::Done && self.verify && m.content.is_none() {
+            return refuse(
+                NotifyRefusal::Unverified,
+                format!(
+                    "done of transfer {} from ({}, {}) carries no content checksums but this acceptor verifies content \
+                     (run the sink's steps content-verified)",
+                    m.transfer_id, who.0, who.1
+                ),
+            );
+        }
+        if m.generation > g {
+            // A begin of a later generation of this plan: the older one is over.
+            let mut next = self.clone_empty(m.generation);
+            let accepted = next.accept_current(&m, kind, who)?;
+            *self = next;
+            return Ok(accepted);
+        }
+        self.accept_current(&m, kind, who)
+    }
+
+    /// This acceptor at `generation` with no message recorded.
+    fn clone_empty(&self, generation: u64) -> NotifyAcceptor {
+        NotifyAcceptor {
+            plan: self.plan.clone(),
+            identity: self.identity.clone(),
+            participant: self.participant.clone(),
+            key: self.key.clone(),
+            generation,
+            verify: self.verify,
+            writers: self.writers.clone(),
+            state: BTreeMap::new(),
+            seen: BTreeSet::new(),
+            begun: BTreeMap::new(),
+        }
+    }
+
+    /// The replay, sequence and content checks of a message of the acceptor's
+    /// generation, then its record.
+    fn accept_current(
+        &mut self,
+        m: &NotifyMessage,
+        kind: NotifyKind,
+        who: (String, String),
+    ) -> Result<NotifyAccepted, NotifyError> {
         let key = (kind, who.0.clone(), who.1.clone(), m.transfer_id.clone());
         if self.seen.contains(&key) {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Replayed,
                 format!("replayed notification: {} of transfer {} from ({}, {})", m.kind, m.transfer_id, who.0, who.1),
-            ));
+            );
         }
         if kind == NotifyKind::Begin
             && self.seen.contains(&(NotifyKind::Done, who.0.clone(), who.1.clone(), m.transfer_id.clone()))
         {
-            return Err(NotifyError::new(
+            return refuse(
                 NotifyRefusal::Replayed,
                 format!(
                     "replayed notification: begin of finished transfer {} from ({}, {})",
                     m.transfer_id, who.0, who.1
                 ),
-            ));
+            );
         }
         if kind == NotifyKind::Done {
             match self.state.get(&who) {
                 Some(WriterState::Begun(t)) if *t == m.transfer_id => {}
                 _ if self.seen.contains(&(NotifyKind::Begin, who.0.clone(), who.1.clone(), m.transfer_id.clone())) => {
-                    return Err(NotifyError::new(
+                    return refuse(
                         NotifyRefusal::Stale,
                         format!(
                             "stale notification: transfer {} from ({}, {}) was superseded",
                             m.transfer_id, who.0, who.1
                         ),
-                    ))
+                    )
                 }
                 _ => {
-                    return Err(NotifyError::new(
+                    return refuse(
                         NotifyRefusal::Forged,
                         format!("done without begin: transfer {} from ({}, {})", m.transfer_id, who.0, who.1),
-                    ))
+                    )
                 }
             }
         }
+        let content = match (kind, &m.content) {
+            (NotifyKind::Begin, _) | (NotifyKind::Done, None) => ContentCheck::Absent,
+            (NotifyKind::Done, Some(_)) if !self.verify => ContentCheck::NotChecked,
+            (NotifyKind::Done, Some(c)) => self.check_content(&who, c)?,
+        };
         if kind == NotifyKind::Begin {
             let n = self.begun.entry(who.clone()).or_default();
             if *n >= MAX_TRANSFERS_PER_WRITER {
-                return Err(NotifyError::new(
+                return refuse(
                     NotifyRefusal::TooMany,
                     format!(
                         "({}, {}) already began {MAX_TRANSFERS_PER_WRITER} transfers under this acceptor (the most \
                          it remembers); bind a new acceptor",
                         who.0, who.1
                     ),
-                ));
+                );
             }
             *n += 1;
         }
         self.seen.insert(key);
-        let next = match kind {
-            NotifyKind::Begin => WriterState::Begun(m.transfer_id.clone()),
-            NotifyKind::Done => WriterState::Done(m.transfer_id.clone()),
+        let next = match (kind, &content) {
+            (NotifyKind::Begin, _) => WriterState::Begun(m.transfer_id.clone()),
+            (NotifyKind::Done, ContentCheck::Mismatch(r)) => WriterState::Mismatch(m.transfer_id.clone(), r.clone()),
+            (NotifyKind::Done, _) => WriterState::Done(m.transfer_id.clone()),
         };
         self.state.insert(who.clone(), next);
         Ok(NotifyAccepted {
             kind,
             source_participant: who.0,
             source_worker: who.1,
-            transfer_id: m.transfer_id,
+            transfer_id: m.transfer_id.clone(),
+            weight_generation: self.generation,
+            content,
             outcome: self.outcome(),
         })
     }
 
-    /// The participant's outcome from the messages accepted so far (the rules of
-    /// [`target_outcomes`]): Updated once every writer said `done` for its latest
-    /// transfer; Unchanged while none said anything; Torn otherwise (the incomplete
-    /// writers listed).
+    /// Compares a writer's checksums with the target ranges (a message whose group
+    /// count differs from the plan's is forged).
+    fn check_content(&self, who: &(String, String), c: &NotifyContent) -> Result<ContentCheck, NotifyError> {
+        let e = plan_executors_by_key(&self.plan);
+        let Some(e) = e.get(&(who.0.as_str(), who.1.as_str())) else {
+            return Err(NotifyError::new(NotifyRefusal::Forged, "writer is not a source executor of the plan"));
+        };
+        let ops = operations_into(&self.plan, e, &self.participant);
+        let groups = content_groups(ops.len());
+        if groups.len() != c.crc32c.len() {
+            return Err(NotifyError::new(
+                NotifyRefusal::Forged,
+                format!(
+                    "notification from ({}, {}) carries {} content checksums, the plan has {} groups",
+                    who.0,
+                    who.1,
+                    c.crc32c.len(),
+                    groups.len()
+                ),
+            ));
+        }
+        // SAFETY: `verify_content`'s contract: the participant's fragments are host
+        // memory, valid for reads while the acceptor lives.
+        let local = unsafe { content_checksums(&self.plan, &ops, Side::Target) }
+            .map_err(|e| NotifyError::new(NotifyRefusal::Malformed, e.message().to_string()))?;
+        let mut ranges = Vec::new();
+        for ((g, want), got) in groups.into_iter().zip(&c.crc32c).zip(&local) {
+            if want == got {
+                continue;
+            }
+            for &i in &ops[g] {
+                let r = &self.plan.regions()[i as usize];
+                let f = self.plan.operation_fragment(i as usize, Side::Target).1;
+                ranges.push(MismatchedRange {
+                    operation: i,
+                    fragment_id: f.fragment_id().to_string(),
+                    offset: r.target_base_offset,
+                    bytes: r.total_bytes(),
+                });
+            }
+        }
+        Ok(if ranges.is_empty() { ContentCheck::Verified } else { ContentCheck::Mismatch(ranges) })
+    }
+
+    /// The writers of the current generation whose verified bytes differ in the
+    /// target, with the mismatched ranges (empty when none).
+    pub fn mismatches(&self) -> Vec<ContentMismatch> {
+        self.state
+            .iter()
+            .filter_map(|(who, st)| match st {
+                WriterState::Mismatch(t, r) => Some(ContentMismatch {
+                    source_participant: who.0.clone(),
+                    source_worker: who.1.clone(),
+                    transfer_id: t.clone(),
+                    ranges: r.clone(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The participant's outcome for [`Self::weight_generation`] from the messages
+    /// accepted so far (the rules of [`target_outcomes`]): Updated once every writer
+    /// said `done` for its latest transfer (with matching content when the acceptor
+    /// verifies); Unchanged while none said anything; Torn otherwise (the incomplete
+    /// or mismatched writers listed).
     pub fn outcome(&self) -> TargetOutcome {
         let execs = plan_executors_by_key(&self.plan);
         let records: Vec<CallRecord> = self
@@ -784,6 +1293,11 @@ impl NotifyAcceptor {
                         err.submitted = true;
                         Err(err)
                     }
+                    WriterState::Mismatch(..) => {
+                        let mut err = TransferError::engine("the target's bytes differ from the source's checksums");
+                        err.submitted = true;
+                        Err(err)
+                    }
                 };
                 Some(CallRecord {
                     plan: self.plan.clone(),
@@ -793,9 +1307,11 @@ impl NotifyAcceptor {
                 })
             })
             .collect();
-        target_outcomes(&self.plan, TransferMode::Sink, &records)
-            .remove(&self.participant)
-            .unwrap_or(TargetOutcome::Unchanged)
+        match target_outcomes(&self.plan, TransferMode::Sink, &records).remove(&self.participant) {
+            Some(TargetOutcome::Updated { .. }) => TargetOutcome::Updated { weight_generation: self.generation },
+            Some(o) => o,
+            None => TargetOutcome::Unchanged,
+        }
     }
 }
 
@@ -820,6 +1336,7 @@ mod tests {
             operations: 3,
             bytes: 12,
             ranges: "cd".repeat(32),
+            content: None,
         }
     }
 

@@ -43,6 +43,7 @@ use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::{Call, TransferReceipt};
 use super::executor::{ExecutionStats, GuardRelease, Hooks, PinSpec, Pins, PrepareOut, PreparedEndpoint};
 use super::loader::{local_executors, Front, LiveArgs, LiveError, LiveReport, Loader, Sink, TargetReport};
+use super::notify::{step_key, NotifyKind, StepNotifier};
 use super::outcome::{call_outcomes, predicted_receipts, CallRecord, TargetOutcome, TransferMode};
 use crate::engine::Direction;
 use crate::error::{Error, ErrorKind};
@@ -54,7 +55,7 @@ use crate::runtime::RuntimeBinding;
 use parking_lot::Mutex;
 use std::any::Any;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The suffix of every refusal of stale prepared state.
 const PREPARE_AGAIN: &str = "prepare the transfer again";
@@ -99,8 +100,33 @@ pub struct StepArgs<'a> {
     pub weight_generation: u64,
     /// Leases rotated since the previous step; each holds for the later steps too.
     pub leases: &'a [LeaseRotation<'a>],
-    /// Transfer id handed to the guards (default: 32 random hex).
+    /// Transfer id handed to the guards (default: 32 random hex); also the id of
+    /// the step's notifications.
     pub transfer_id: Option<&'a str>,
+    /// A sink's step tells each target what landed (the notify hook of
+    /// [`super::notify`], as [`Sink::execute_notified`] does for a call), with the
+    /// step's weight generation; `None`: no notification.
+    pub notify: Option<StepNotify<'a>>,
+}
+
+/// How a prepared sink's step notifies its targets ([`StepArgs::notify`]): after the
+/// step's freshness checks and pins, `begin` to every endpoint of every target
+/// participant the executor writes; the prepared batches; then, when they all
+/// completed, `done` to the same endpoints. A failed `begin` fails the step before
+/// any byte moves; a failed `done` fails it after its bytes landed (the targets stay
+/// Torn until a later step completes).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepNotify<'a> {
+    /// `None` (unkeyed: each message carries a SHA-256 of its body) or the key shared
+    /// with the targets' acceptors (at least 16 bytes).
+    pub key: Option<&'a [u8]>,
+    /// Content-verified: the step first computes the CRC-32C of the bytes it sends
+    /// into each target from its source memory (host memory only: a device source
+    /// fragment refuses the step, `Unsupported`, before anything moves) and the
+    /// `done` carries them, so a verifying acceptor
+    /// ([`NotifyAcceptor::verify_content`](super::NotifyAcceptor::verify_content))
+    /// checks the target bytes before it reports Updated.
+    pub verify_content: bool,
 }
 
 /// What a prepared transfer keeps that never changes (a pending transfer keeps it
@@ -117,6 +143,8 @@ struct Prepared {
     executor_key: (String, String),
     /// The receipts a complete step returns (sorted by endpoint).
     predicted: Vec<TransferReceipt>,
+    /// The messages of notified steps (made by the first one).
+    notifier: OnceLock<StepNotifier>,
 }
 
 /// What a step may change.
@@ -220,6 +248,7 @@ impl PreparedTransfer {
                 targets,
                 executor_key,
                 predicted,
+                notifier: OnceLock::new(),
             }),
             state: Mutex::new(State {
                 pins: out.pins,
@@ -315,6 +344,14 @@ impl PreparedTransfer {
             Ok(_) => return Err(stale("the transfer engine restarted since the transfer was prepared")),
             Err(e) => return Err(TransferError::engine(format!("failed to resolve canonical engine identity: {e}"))),
         }
+        let key =
+            match &args.notify {
+                Some(_) if self.mode == TransferMode::Reader => return Err(TransferError::contract(Error::invalid(
+                    "a reader's step notifies no one (its report is its target's outcome); notify is for sink steps",
+                ))),
+                Some(n) => step_key(n.key)?,
+                None => None,
+            };
         let rotated = if args.leases.is_empty() { None } else { Some(self.rotate(&st.pins, args.leases)?) };
         if self.prepared.worker.is_none() {
             if let Some(p) = rotated {
@@ -338,9 +375,69 @@ impl PreparedTransfer {
         if let Some(p) = rotated {
             st.pins = p;
         }
+        let Some(notify) = &args.notify else {
+            let out = self.run_batches(&mut st, pins, hooks);
+            drop(reservation);
+            return out;
+        };
+        let notifier = match self.notifier() {
+            Ok(n) => n,
+            Err(e) => return pins.abort(e),
+        };
+        let key = key.as_deref();
+        let transfer = transfer.id().to_string();
+        let g = args.weight_generation;
+        let mut delivered = Vec::new();
+        let content = if notify.verify_content {
+            // SAFETY: `step`'s contract: the prepared source buffers are valid and
+            // pinned for the step.
+            match unsafe { notifier.source_checksums(&self.prepared.plan) } {
+                Ok(c) => Some(c),
+                Err(e) => return pins.abort(e),
+            }
+        } else {
+            None
+        };
+        if let Err(e) = notifier.send(exec, key, NotifyKind::Begin, g, &transfer, None, &mut delivered) {
+            return pins.abort(e);
+        }
         let out = self.run_batches(&mut st, pins, hooks);
         drop(reservation);
-        out
+        let receipts = out?;
+        notifier.send(exec, key, NotifyKind::Done, g, &transfer, content.as_ref(), &mut delivered).map_err(
+            |mut e| {
+                e.submitted = true;
+                e.message = format!("the step completed but {}", e.message);
+                e
+            },
+        )?;
+        Ok(receipts)
+    }
+
+    /// The notify side of this (sink) transfer's steps, made once.
+    fn notifier(&self) -> TransferResult<&StepNotifier> {
+        let p = &*self.prepared;
+        if let Some(n) = p.notifier.get() {
+            return Ok(n);
+        }
+        let (participant, worker) = &p.executor_key;
+        let Some(e) =
+            p.plan.executors(Side::Source).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
+        else {
+            return Err(TransferError::engine("a notified step needs the sink's executor in the plan"));
+        };
+        Ok(p.notifier.get_or_init(|| StepNotifier::new(&p.plan, e)))
+    }
+
+    /// The plan identity of this transfer's notifications (SHA-256 of the bound
+    /// plan's JSON, computed once): what the targets' acceptors are keyed by.
+    pub fn plan_identity(&self) -> String {
+        if let (Some(_), TransferMode::Sink) = (&self.prepared.worker, self.mode) {
+            if let Ok(n) = self.notifier() {
+                return n.identity().to_string();
+            }
+        }
+        super::notify::plan_identity(&self.prepared.plan)
     }
 
     /// The pins with `leases` applied (persisted by the caller once the step's pins

@@ -71,7 +71,12 @@ impl<'a> StepRequest<'a> {
         if self.revision.is_some() {
             return Err(Error::invalid("a live step takes no revision"));
         }
-        Ok(StepArgs { weight_generation: self.weight_generation, leases: self.leases, transfer_id: self.transfer_id })
+        Ok(StepArgs {
+            weight_generation: self.weight_generation,
+            leases: self.leases,
+            transfer_id: self.transfer_id,
+            notify: None,
+        })
     }
 
     /// The request as a stored step's arguments. Errors (`InvalidArgument`): `a

@@ -1,0 +1,210 @@
+// prepared_notify.cpp (issue 46, items 1 and 3): prepared pushes that notify and
+// content-verified flips, through the C ABI and the C++ wrapper, over an engine
+// implemented in C callbacks with a notify channel (support/callback_engine.hpp:
+// memcpy between registered buffers, a mailbox per endpoint, a byte flipped on demand
+// after a batch, as a faulty NIC or DMA would).
+//
+// A trainer in TP2 x PP2 pushes into a server in TP4, prepared once, generation after
+// generation, each step notified and content-verified; the server's acceptors (one per
+// participant, all in one mws_notify_router, as one serving process holding every
+// target would) follow the step's generation and report each target updated only
+// after checking its bytes. Then: an older generation's replay is stale and changes
+// nothing; a flipped target byte is torn with its range named; an unverified done at
+// a verifying acceptor is refused; a prepared reader cannot notify. Exits non-zero on
+// any failure.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mooncake_weight_store.hpp"
+#include "support/callback_engine.hpp"
+#include "support/mws_model.hpp"
+
+using namespace mwsmodel;
+
+namespace {
+
+void require(bool ok, const char *what) {
+    if (!ok) throw std::runtime_error(std::string("check failed: ") + what);
+}
+
+void reset(HostModel &m) {
+    for (auto &b : m.buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
+}
+
+const std::string kKey = "a key of at least sixteen bytes";
+
+}  // namespace
+
+int main() {
+    try {
+        std::vector<TensorDef> defs = model_tensors(2, 32, 0, 1);
+        HostModel src(placement_json("trainer", Layout{2, 2, 1, 1}, defs, 1), defs, true, "trainer");
+        HostModel dst(placement_json("serving", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+        mws::TransferPlan plan = mws::TransferPlan::plan(src.placement, dst.placement)
+                                     .bind(dst.binding_ptrs(), src.binding_ptrs());
+
+        CallbackEngine native;
+        mws::TransferEngine engine = native.open(true);
+        for (const auto &b : dst.buffers) engine.register_memory(b.second.data(), b.second.size());
+        mws::Sink sink(engine);
+        std::vector<mws::PreparedTransfer> prepared;
+        for (const auto &b : src.bindings)
+            prepared.push_back(sink.prepare(plan, src.placement, b, dst.placement, dst.binding_ptrs()));
+
+        // The serving side: one verifying acceptor per participant, one router.
+        std::vector<std::string> targets;
+        for (const auto &b : dst.buffers) targets.push_back(b.first);
+        std::vector<mws::NotifyAcceptor> acceptors;
+        mws::NotifyRouter router;
+        for (const std::string &t : targets) {
+            acceptors.emplace_back(plan, t, kKey);
+            acceptors.back().verify_content();
+        }
+        for (const mws::NotifyAcceptor &a : acceptors) router.add(a);
+        bool conflict = false;
+        try {
+            router.add(acceptors[0]);
+        } catch (const mws::Error &e) {
+            conflict = e.status() == MWS_CONFLICT;
+        }
+        require(conflict, "one acceptor per plan and target");
+
+        // Hands every delivered message to the router; checks each went to its target.
+        auto deliver = [&](std::vector<std::string> *kept) {
+            std::size_t n = 0;
+            for (std::size_t i = 0; i < targets.size(); ++i) {
+                for (const std::string &m : native.take(targets[i] + ":17000")) {
+                    const mws_notify_acceptor *routed = nullptr;
+                    std::string why;
+                    std::uint32_t v = router.accept(m, &routed, nullptr, &why);
+                    if (v != MWS_NOTIFY_ACCEPTED) throw std::runtime_error("refused: " + why);
+                    require(routed == acceptors[i].get(), "routed to the acceptor of its target");
+                    if (kept != nullptr) kept->push_back(m);
+                    ++n;
+                }
+            }
+            return n;
+        };
+
+        std::vector<std::string> old;
+        for (std::uint64_t g = 2; g <= 4; ++g) {
+            reset(dst);
+            for (const mws::PreparedTransfer &p : prepared) {
+                if (g == 3) {
+                    // The C entry point itself.
+                    mws_step_args args{g, nullptr, 0, nullptr, nullptr};
+                    mws_transfer_stats stats{};
+                    require(mws_prepared_transfer_step_notified(
+                                p.get(), &args, reinterpret_cast<const std::uint8_t *>(kKey.data()), kKey.size(),
+                                MWS_STEP_VERIFY_CONTENT, &stats) == MWS_OK,
+                            "mws_prepared_transfer_step_notified");
+                } else {
+                    p.step_notified(g, kKey, true);
+                }
+            }
+            require(deliver(g == 2 ? &old : nullptr) > 0, "messages delivered");
+            for (const mws::NotifyAcceptor &a : acceptors) {
+                mws_notify_outcome o = a.outcome();
+                require(o.verdict == MWS_TARGET_UPDATED && o.weight_generation == g, "updated to the step's generation");
+                require(a.mismatches().empty(), "no mismatch");
+            }
+            dst.verify();
+        }
+        // An older generation's messages: stale, nothing changes.
+        for (const std::string &m : old) {
+            std::uint32_t v = router.accept(m);
+            require(v == MWS_NOTIFY_STALE, "an older generation is stale");
+        }
+        for (const mws::NotifyAcceptor &a : acceptors)
+            require(a.outcome().verdict == MWS_TARGET_UPDATED && a.outcome().weight_generation == 4, "still 4");
+        std::printf("3 notified, content-verified steps; old generations stale\n");
+
+        // A byte flipped in a target after the copy: that target is torn, the range named.
+        native.flip_next = true;
+        for (const mws::PreparedTransfer &p : prepared) p.step_notified(5, kKey, true);
+        deliver(nullptr);
+        std::size_t torn = 0;
+        for (std::size_t i = 0; i < acceptors.size(); ++i) {
+            mws_notify_outcome o = acceptors[i].outcome();
+            if (o.verdict != MWS_TARGET_TORN) {
+                require(o.verdict == MWS_TARGET_UPDATED && o.weight_generation == 5, "the others are updated");
+                continue;
+            }
+            ++torn;
+            std::vector<mws::NotifyAcceptor::Mismatch> mm = acceptors[i].mismatches();
+            require(!mm.empty() && o.incomplete == 1, "the mismatched writer is named");
+            require(mm[0].fragment_id.rfind(targets[i], 0) == 0 && mm[0].bytes > 0, "its ranges are named");
+            std::printf("flipped byte caught: %s, %zu range(s) of %s/%s, e.g. %s +%llu\n", targets[i].c_str(),
+                        mm.size(), mm[0].source_participant.c_str(), mm[0].source_worker.c_str(),
+                        mm[0].fragment_id.c_str(), static_cast<unsigned long long>(mm[0].offset));
+        }
+        require(torn == 1, "exactly one target torn");
+
+        // An unverified step at verifying acceptors: begins accepted, dones refused.
+        for (const mws::PreparedTransfer &p : prepared) p.step_notified(6, kKey, false);
+        std::size_t unverified = 0;
+        for (const std::string &t : targets) {
+            for (const std::string &m : native.take(t + ":17000")) {
+                std::uint32_t v = router.accept(m);
+                require(v == MWS_NOTIFY_ACCEPTED || v == MWS_NOTIFY_UNVERIFIED, "begin accepted, done unverified");
+                unverified += v == MWS_NOTIFY_UNVERIFIED;
+            }
+        }
+        require(unverified > 0, "unverified dones refused");
+        for (const mws::NotifyAcceptor &a : acceptors) require(a.outcome().verdict == MWS_TARGET_TORN, "torn");
+
+        // Unknown flags and a short key are refused before anything moves.
+        mws_step_args args{7, nullptr, 0, nullptr, nullptr};
+        require(mws_prepared_transfer_step_notified(prepared[0].get(), &args, nullptr, 0, 2, nullptr) ==
+                    MWS_INVALID_ARGUMENT,
+                "unknown flags");
+        require(mws_prepared_transfer_step_notified(prepared[0].get(), &args,
+                                                    reinterpret_cast<const std::uint8_t *>("short"), 5, 0,
+                                                    nullptr) == MWS_INVALID_ARGUMENT,
+                "a short key");
+        require(native.take(targets[0] + ":17000").empty(), "nothing sent");
+
+        // The router forgets a removed acceptor: its messages are misrouted.
+        require(router.remove(acceptors[0]), "removed");
+        require(!router.remove(acceptors[0]), "removed once");
+        for (const mws::PreparedTransfer &p : prepared) p.step_notified(8, kKey, true);
+        std::vector<std::string> first = native.take(targets[0] + ":17000");
+        require(!first.empty(), "messages for the first target");
+        const mws_notify_acceptor *routed = acceptors[1].get();
+        require(router.accept(first[0], &routed) == MWS_NOTIFY_MISROUTED && routed == nullptr, "misrouted");
+
+        // A prepared reader's steps notify no one.
+        prepared.clear();
+        for (const auto &b : dst.buffers) engine.unregister_memory(b.second.data());
+        for (const auto &b : src.buffers) engine.register_memory(b.second.data(), b.second.size());
+        {
+            mws::Loader loader(engine);
+            mws::PreparedTransfer reader =
+                loader.prepare_live(plan, src.placement, src.binding_ptrs(), dst.placement, dst.bindings[0]);
+            bool refused = false;
+            try {
+                reader.step_notified(9);
+            } catch (const mws::Error &e) {
+                refused = e.status() == MWS_INVALID_ARGUMENT;
+            }
+            require(refused, "a reader's step notifies no one");
+            reader.step(9);
+            mws::LiveReport r = reader.last_report();
+            require(r.targets.size() == 1 && r.targets[0].verdict == MWS_TARGET_UPDATED &&
+                        r.targets[0].weight_generation == 9,
+                    "a reader's report is its own outcome");
+        }
+        for (const auto &b : src.buffers) engine.unregister_memory(b.second.data());
+        std::printf("prepared_notify: ok\n");
+        return 0;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "prepared_notify: %s\n", e.what());
+        return 1;
+    }
+}
