@@ -349,3 +349,91 @@ fn prepared_steps_move_device_bytes_every_generation() {
         assert_eq!(dst_d.verify() as u64, plan.total_bytes());
     }
 }
+
+/// The embedded engine with a mailbox for the notify hook (it has no channel of its own).
+struct Mailbox {
+    inner: LocalEngine,
+    mail: parking_lot::Mutex<std::collections::BTreeMap<String, Vec<Vec<u8>>>>,
+}
+
+impl TransferEngine for Mailbox {
+    fn identity(&self) -> std::result::Result<u64, String> {
+        self.inner.identity()
+    }
+    unsafe fn register_memory(&self, region: MemoryRegion) -> mooncake_weight_store::engine::EngineResult<i32> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.register_memory(region) }
+    }
+    fn unregister_memory(&self, address: u64) -> mooncake_weight_store::engine::EngineResult<i32> {
+        self.inner.unregister_memory(address)
+    }
+    fn batch_transfer_sync(
+        &self,
+        batch: &mooncake_weight_store::engine::TransferBatch,
+    ) -> mooncake_weight_store::engine::EngineResult<i32> {
+        self.inner.batch_transfer_sync(batch)
+    }
+    fn send_notify(
+        &self,
+        endpoint: &str,
+        _name: &str,
+        message: &[u8],
+    ) -> Option<mooncake_weight_store::engine::EngineResult<i32>> {
+        self.mail.lock().entry(endpoint.to_string()).or_default().push(message.to_vec());
+        Some(Ok(0))
+    }
+}
+
+/// A notified push device -> device: every target learns from its messages alone that
+/// it was updated, and the bytes are there; the notify path never reads device memory
+/// (content verification refuses device memory: tests/transfer_notify.rs).
+#[test]
+fn notified_pushes_between_device_buffers() {
+    use mooncake_weight_store::protocol::transfer::notify::{execute_sink_notified, NotifyAcceptor};
+    let dev = device();
+    let (src_d, _, dst_d, _, plan) = transfer_models(&dev, true, true);
+    let (src_d, mut dst_d) = (src_d.unwrap(), dst_d.unwrap());
+    let engine = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(dev.clone()), mail: Default::default() });
+    dst_d.register(&engine.inner, true);
+    let leases: Vec<MemoryRegistrationLease> = dst_d
+        .host
+        .bindings
+        .iter()
+        .flat_map(|b| b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, 1, Some(b.lease_id()))))
+        .collect();
+    let guards = GuardProviders::all(Arc::new(StaticGuard));
+    let args = ExecuteArgs {
+        remote_registrations: Some(&leases),
+        source_guards: Some(&guards),
+        target_guards: Some(&guards),
+        ..Default::default()
+    };
+    let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
+    for b in &src_d.host.bindings {
+        // SAFETY: the device allocations outlive the call.
+        unsafe {
+            execute_sink_notified(
+                &ex,
+                None,
+                &plan,
+                &src_d.host.placement,
+                b,
+                &dst_d.host.placement,
+                &dst_d.host.bindings,
+                &args,
+            )
+        }
+        .unwrap();
+    }
+    for b in &dst_d.host.bindings {
+        let mut acc = NotifyAcceptor::new(&plan, b.participant_id(), None).unwrap();
+        let endpoint = b.fragments()[0].endpoint().to_string();
+        let mail = engine.mail.lock().remove(&endpoint).unwrap_or_default();
+        assert!(!mail.is_empty(), "{endpoint} got its messages");
+        for m in &mail {
+            acc.accept(m).unwrap();
+        }
+        assert_eq!(acc.outcome(), TargetOutcome::Updated { weight_generation: 1 }, "{}", b.participant_id());
+    }
+    assert_eq!(dst_d.verify() as u64, plan.total_bytes());
+}
