@@ -129,7 +129,7 @@ fn live_reshard_reader_mode_every_byte() {
 }
 
 #[test]
-fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_hook() {
+fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_device_engine() {
     let (src, dst, plan) = models();
     let engine = Arc::new(LocalEngine::new());
     // Targets not registered: the first batch is a known failure and nothing is written.
@@ -156,7 +156,7 @@ fn local_engine_refuses_unregistered_memory_and_device_memory_without_a_hook() {
     assert_eq!(e.kind, TransferErrorKind::CompletionFailed);
     assert!(dst.buffers.iter().all(|buf| buf.iter().all(|&x| x == 0xA5)));
     assert_eq!(engine.registered_count(), 0, "own source registration released");
-    // Device memory without a copy hook is refused at registration, before any I/O.
+    // Device memory without a device engine is refused at registration, before any I/O.
     let r = MemoryRegion { address: 0x1000, len: 64, kind: MemoryKind::Device(0) };
     // SAFETY: refused; never touched.
     assert_ne!(unsafe { engine.register_memory(r) }.unwrap(), 0);

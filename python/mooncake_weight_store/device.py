@@ -82,7 +82,8 @@ class DeviceEngine(OwnedHandle):
         e.g. ``torch.cuda.current_stream().cuda_stream``; 0 = the legacy default
         stream; None = a stream of the engine's own). A batch runs after the work
         queued on that stream before the call, and is complete when the library call
-        returns. Raises :class:`~mooncake_weight_store.errors.UnsupportedError` without
+        returns. An engine on a stream of its own is not ordered against work on
+        other streams: synchronize them first, or use :meth:`for_torch`. Raises :class:`~mooncake_weight_store.errors.UnsupportedError` without
         an NVIDIA driver."""
         out = c_void_p()
         s = None if stream is None else ctypes.byref(c_uint64(int(stream)))

@@ -29,7 +29,7 @@ Only C-contiguous memory is accepted (a tensor's bytes must be its canonical
 row-major layout); a non-contiguous view fails with :class:`NonContiguousError`
 naming the shape and strides, before anything is bound. Dimensions of extent 1 may
 have any stride. Device memory (CUDA) is reported as ``memory_kind=DEVICE`` with its
-ordinal; stores reach it through a copy hook (:mod:`mooncake_weight_store.device`).
+ordinal; stores reach it through a device engine (:mod:`mooncake_weight_store.device`).
 """
 
 from __future__ import annotations
@@ -428,7 +428,10 @@ def _from_dlpack(obj: Any, writable: bool, dtype: Optional[Any], what: str) -> T
     kwargs: Dict[str, Any] = {}
     if dev is not None and dev[0] in (_kDLCUDA, _kDLCUDAManaged):
         # 1 = the legacy default stream (DLPack's Python spec): the producer orders its
-        # pending work before it, and the CUDA copy hook's cudaMemcpy runs on it.
+        # pending work before it. The device engine's copies are ordered after it when
+        # they run on that stream or on the producer's current stream
+        # (DeviceEngine.for_torch); an engine on a stream of its own is not ordered
+        # against the producer (docs/DEVICE-MEMORY.md).
         kwargs["stream"] = 1
     try:
         capsule = obj.__dlpack__(max_version=(1, 0), **kwargs)

@@ -196,8 +196,8 @@ def test_cuda_is_available_exactly_when_torch_sees_a_gpu(torch):
             "print(int(torch.cuda.is_available()), int(mws.cuda_available()))\n"
             "if not mws.cuda_available():\n"
             "    try:\n"
-            "        mws.cuda_copy_hook()\n"
-            "    except mws.DeviceUnavailableError as e:\n"
+            "        mws.DeviceEngine.cuda(0)\n"
+            "    except mws.UnsupportedError as e:\n"
             "        print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
