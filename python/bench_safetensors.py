@@ -111,7 +111,7 @@ def main() -> None:
                 s = open_store()
                 stores.append(s)
                 return s, mws.import_safetensors(s, paths, resource_id="bench", revision=f"r{next(rev)}",
-                                                 generation=1)
+                                                 weight_generation=1)
 
             t_imp, (store, man) = best(do_import, a.repeat)
             for s in stores[:-1]:

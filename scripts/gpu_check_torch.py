@@ -61,7 +61,7 @@ def main() -> int:
         with store:
             torch.cuda.synchronize()
             t = time.perf_counter()
-            m = save_state_dict(store, sd, resource_id="gpu-check", revision="r1", generation=1)
+            m = save_state_dict(store, sd, resource_id="gpu-check", revision="r1", weight_generation=1)
             save = time.perf_counter() - t
             restore = float("inf")
             for rank in range(2):

@@ -74,7 +74,7 @@ def main() -> None:
     def trainer_rank(r: int) -> None:
         with mws.Store.directory(root) as store:  # each rank opens its own handle
             manifests[r] = mws.save_state_dict(
-                store, shard(full, r, a.save_tp), resource_id="example-model", revision="step-100", generation=100,
+                store, shard(full, r, a.save_tp), resource_id="example-model", revision="step-100", weight_generation=100,
                 sharding=SHARDING, parallel=mws.Parallel(tp_rank=r, tp_size=a.save_tp), exchange=exchanges[r])
 
     t0 = time.perf_counter()

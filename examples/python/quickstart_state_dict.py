@@ -25,7 +25,7 @@ state_dict = {
     "layers.0.input_layernorm.weight": np.ones(32, dtype=np.float32),
 }
 
-manifest = mws.save_state_dict(store, state_dict, resource_id="tiny-llm", revision="step-42", generation=42,
+manifest = mws.save_state_dict(store, state_dict, resource_id="tiny-llm", revision="step-42", weight_generation=42,
                                sharding=sharding, parallel=mws.Parallel(tp_rank=0, tp_size=1),
                                progress=mws.ProgressBar("save"))
 print("saved", manifest.key, f"({manifest.fragment_count} fragments)")

@@ -65,7 +65,7 @@ def main() -> None:
     files = sorted(ckpt.glob("*.safetensors"))
     with mws.Store.directory(a.store or work / "store") as store:
         t0 = time.perf_counter()
-        m = mws.import_safetensors(store, files, resource_id="served-model", revision="main", generation=1)
+        m = mws.import_safetensors(store, files, resource_id="served-model", revision="main", weight_generation=1)
         print(f"imported {len(files)} files, {m.tensor_count} tensors, {m.total_bytes / 2**20:.1f} MiB "
               f"in {time.perf_counter() - t0:.2f}s -> {m.key}")
         reference = {}

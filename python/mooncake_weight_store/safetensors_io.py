@@ -355,7 +355,7 @@ def import_safetensors(
     *,
     resource_id: str,
     revision: str,
-    generation: int,
+    weight_generation: int,
     names: Optional[Iterable[str]] = None,
     fingerprint: str = SAFETENSORS_FINGERPRINT,
     **save_kw: Any,
@@ -437,7 +437,8 @@ def import_safetensors(
             state_dict[METADATA_TENSOR] = np.frombuffer(kept, dtype=np.uint8).copy()
         fingerprints = {METADATA_TENSOR: METADATA_FINGERPRINT} if METADATA_TENSOR in state_dict else None
         return save_state_dict(store, state_dict, resource_id=resource_id, revision=revision,
-                               generation=generation, fingerprint=fingerprint, fingerprints=fingerprints, **save_kw)
+                               weight_generation=weight_generation, fingerprint=fingerprint,
+                               fingerprints=fingerprints, **save_kw)
     finally:
         for v in views.values():
             v.release()

@@ -499,7 +499,7 @@ def save_state_dict(
     *,
     resource_id: str,
     revision: str,
-    generation: int,
+    weight_generation: int,
     sharding: Sharding = None,
     parallel: Optional[Parallel] = None,
     exchange: Optional[Exchange] = None,
@@ -514,7 +514,7 @@ def save_state_dict(
 ) -> StoredManifest:
     """Saves this rank's ``state_dict`` (name -> tensor: torch, numpy, anything
     :func:`~mooncake_weight_store.tensors.tensor_view` accepts) as revision
-    ``revision`` of ``resource_id`` with weight generation ``generation``; returns the
+    ``revision`` of ``resource_id`` with weight generation ``weight_generation``; returns the
     committed :class:`StoredManifest` (on every rank).
 
     Collective when ``exchange`` spans several ranks: every rank calls it with its
@@ -589,7 +589,7 @@ def save_state_dict(
         # 2. the placement (every rank builds the same one) and this rank's binding
         local_error = None
         try:
-            placement = _build_placement(resource_id, revision, generation, par.sizes, infos, placement_set_id)
+            placement = _build_placement(resource_id, revision, weight_generation, par.sizes, infos, placement_set_id)
             binding = _bind(placement, mine, lease_id)
             msg = _ok(None)
         except Exception as e:  # noqa: BLE001

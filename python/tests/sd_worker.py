@@ -62,7 +62,7 @@ def main() -> int:
 
 
 def save_state_dict_rank(store, sd, par, ex):
-    return mws.save_state_dict(store, sd, resource_id="qwen-mini", revision="step-7", generation=7,
+    return mws.save_state_dict(store, sd, resource_id="qwen-mini", revision="step-7", weight_generation=7,
                                sharding=SHARDING, parallel=par, exchange=ex)
 
 

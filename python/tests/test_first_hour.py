@@ -37,7 +37,7 @@ def test_arrays_whose_bytes_no_dtype_names_are_refused(array, kind):
 def test_unicode_state_dict_is_refused_not_saved_as_integers():
     with pytest.raises(mws.UnsupportedDTypeError):
         mws.save_state_dict(mws.Store.memory(), {"names": np.array(["a", "b"])}, resource_id="r", revision="v",
-                            generation=1)
+                            weight_generation=1)
     # uint16 itself still works, as does a V2 dtype named by the object (bfloat16).
     assert mws.tensor_view(np.arange(3, dtype=np.uint16)).dtype == "uint16"
 
@@ -49,9 +49,9 @@ def test_out_of_range_integers_are_refused_at_every_entry_point():
     store = mws.Store.memory()
     sd = {"w": np.zeros(4, dtype=np.float32)}
     with pytest.raises(mws.InvalidArgumentError, match="got -1"):
-        mws.save_state_dict(store, sd, resource_id="r", revision="v", generation=-1)
+        mws.save_state_dict(store, sd, resource_id="r", revision="v", weight_generation=-1)
     with pytest.raises(mws.InvalidArgumentError, match=r"got 18446744073709551616"):
-        mws.save_state_dict(store, sd, resource_id="r", revision="v", generation=1 << 64)
+        mws.save_state_dict(store, sd, resource_id="r", revision="v", weight_generation=1 << 64)
     with pytest.raises(mws.InvalidArgumentError, match="tp_size"):
         mws.PlacementBuilder("r", "v", 1, tp_size=-2)
     p = Model(ModelSpec(layers=1), "tp", tp=1).placement
@@ -109,7 +109,7 @@ def test_safetensors_round_trip_is_what_the_safetensors_package_writes(tmp_path)
     src = tmp_path / "model.safetensors"
     safetensors_numpy.save_file(tensors, str(src), metadata={"format": "pt", "source": "test"})
     store = mws.Store.memory()
-    m = mws.import_safetensors(store, src, resource_id="r", revision="v", generation=1)
+    m = mws.import_safetensors(store, src, resource_id="r", revision="v", weight_generation=1)
     out = tmp_path / "out.safetensors"
     mws.export_safetensors(store, m, out)
     # Shapes (0-d included), dtypes and bytes, read by the safetensors package.
@@ -146,7 +146,7 @@ def test_sharded_hugging_face_checkpoint_import_and_export(tmp_path):
                                     metadata={"format": "pt"})
     (ck / mws.INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map}))
     store = mws.Store.memory()
-    m = mws.import_safetensors(store, ck, resource_id="r", revision="v", generation=1)
+    m = mws.import_safetensors(store, ck, resource_id="r", revision="v", weight_generation=1)
     assert sorted(mws.load_state_dict(store, m)) == names, "the kept metadata is not a weight"
     out = tmp_path / "out"
     out.mkdir()
@@ -167,7 +167,7 @@ def test_sharded_hugging_face_checkpoint_import_and_export(tmp_path):
     weight_map[names[0]] = files[1] if weight_map[names[0]] == files[0] else files[0]
     (ck / mws.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     with pytest.raises(mws.SafetensorsError, match="the index names"):
-        mws.import_safetensors(store, ck, resource_id="r", revision="v2", generation=1)
+        mws.import_safetensors(store, ck, resource_id="r", revision="v2", weight_generation=1)
 
 
 # -- defect 6: re-saving a revision ----------------------------------------------------
@@ -176,12 +176,12 @@ def test_sharded_hugging_face_checkpoint_import_and_export(tmp_path):
 def test_resaving_an_identical_revision_is_a_no_op_and_other_content_a_precise_conflict(tmp_path):
     store = mws.Store.directory(tmp_path / "store")
     sd = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
-    first = mws.save_state_dict(store, sd, resource_id="m", revision="r1", generation=1)
-    again = mws.save_state_dict(store, sd, resource_id="m", revision="r1", generation=1)
+    first = mws.save_state_dict(store, sd, resource_id="m", revision="r1", weight_generation=1)
+    again = mws.save_state_dict(store, sd, resource_id="m", revision="r1", weight_generation=1)
     assert again.key == first.key and again.digest == first.digest, "the stored revision, unchanged"
     with pytest.raises(mws.StateDictError) as ei:
         mws.save_state_dict(store, {"w": np.ones((3, 4), dtype=np.float32)}, resource_id="m", revision="r1",
-                            generation=1)
+                            weight_generation=1)
     e = ei.value
     assert isinstance(e, mws.MwsError) and e.status == mws.Status.CONFLICT
     assert "the stored revision has different content (the bytes of w differ)" in str(e)
@@ -211,7 +211,7 @@ def test_every_error_class_is_an_mws_error_exported_by_name():
 
 def _save(store, revision, generation, value, *, namespace=None, created_at=None, resource_id="m"):
     sd = {"w": np.full((2, 3), value, dtype=np.float32)}
-    return mws.save_state_dict(store, sd, resource_id=resource_id, revision=revision, generation=generation,
+    return mws.save_state_dict(store, sd, resource_id=resource_id, revision=revision, weight_generation=generation,
                                namespace=namespace, created_at=created_at)
 
 
@@ -369,14 +369,14 @@ def test_zero_size_tensors_are_refused_naming_the_tensor(tmp_path):
     store = mws.Store.memory()
     sd = {"ok": np.ones(3, dtype=np.float32), "empty.bias": np.zeros((0, 4), dtype=np.float32)}
     with pytest.raises(mws.StateDictError, match=r"tensor 'empty.bias' is empty \(shape \(0, 4\)\).*at least 1"):
-        mws.save_state_dict(store, sd, resource_id="r", revision="v", generation=1)
+        mws.save_state_dict(store, sd, resource_id="r", revision="v", weight_generation=1)
     assert store.revisions("r") == [], "nothing was committed"
     # safetensors: the file's zero-size tensor is named with the file; names= leaves it out.
     src = tmp_path / "with-empty.safetensors"
     safetensors_numpy.save_file(sd, str(src))
     with pytest.raises(mws.SafetensorsError, match=r"with-empty.safetensors: tensor 'empty.bias' is empty"):
-        mws.import_safetensors(store, src, resource_id="r", revision="v", generation=1)
-    m = mws.import_safetensors(store, src, resource_id="r", revision="v", generation=1, names=["ok"])
+        mws.import_safetensors(store, src, resource_id="r", revision="v", weight_generation=1)
+    m = mws.import_safetensors(store, src, resource_id="r", revision="v", weight_generation=1, names=["ok"])
     assert [t["tensor_id"] for t in m.wire()["tensors"]] == ["ok"]
 
 
@@ -386,9 +386,9 @@ def test_zero_size_tensors_are_refused_naming_the_tensor(tmp_path):
 def test_an_empty_state_dict_is_refused_by_name():
     with pytest.raises(mws.StateDictError, match=r"the state dict is empty \(\{\}\): nothing to save as revision "
                                                  r"'v' of 'r'"):
-        mws.save_state_dict(mws.Store.memory(), {}, resource_id="r", revision="v", generation=1)
+        mws.save_state_dict(mws.Store.memory(), {}, resource_id="r", revision="v", weight_generation=1)
     with pytest.raises(mws.StateDictError, match="must be a mapping"):
-        mws.save_state_dict(mws.Store.memory(), [np.ones(2)], resource_id="r", revision="v", generation=1)
+        mws.save_state_dict(mws.Store.memory(), [np.ones(2)], resource_id="r", revision="v", weight_generation=1)
 
 
 def test_a_regular_file_where_a_store_directory_belongs_is_named(tmp_path):
@@ -417,12 +417,12 @@ def test_safetensors_paths_of_the_wrong_kind_are_named(tmp_path):
         (lambda: mws.export_safetensors(store, m, missing, max_shard_bytes=64), missing, "does not exist"),
         (lambda: mws.export_safetensors(store, m, a_file, max_shard_bytes=64), a_file,
          "is a regular file, not a directory"),
-        (lambda: mws.import_safetensors(store, a_file, resource_id="r", revision="v", generation=1), a_file,
+        (lambda: mws.import_safetensors(store, a_file, resource_id="r", revision="v", weight_generation=1), a_file,
          "not a safetensors file"),
-        (lambda: mws.import_safetensors(store, missing, resource_id="r", revision="v", generation=1), missing,
+        (lambda: mws.import_safetensors(store, missing, resource_id="r", revision="v", weight_generation=1), missing,
          "no such file or directory"),
         (lambda: mws.import_safetensors(store, a_file / "x.safetensors", resource_id="r", revision="v",
-                                        generation=1), a_file / "x.safetensors", "is a regular file"),
+                                        weight_generation=1), a_file / "x.safetensors", "is a regular file"),
         (lambda: mws.SafetensorsFile(tmp_path), tmp_path, "is a directory, not a .safetensors file"),
         (lambda: mws.SafetensorsFile(missing), missing, "no such file"),
     ]

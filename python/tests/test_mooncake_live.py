@@ -439,7 +439,7 @@ def test_device_tensors_through_the_live_store(holder, prefix):
 
     src = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
     with Store.from_backend(holder, key_prefix=prefix, device_engine=engine) as store:
-        m = save_state_dict(store, {"w": on_device(src)}, resource_id="dev", revision="r", generation=1)
+        m = save_state_dict(store, {"w": on_device(src)}, resource_id="dev", revision="r", weight_generation=1)
         target = on_device(np.zeros((256, 32), np.float32), True)
         load_state_dict(store, m.key, into={"w": target}, sharding={"w": 1}, parallel=Parallel(tp_rank=1, tp_size=2))
         out = np.empty((256, 32), np.float32)

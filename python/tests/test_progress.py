@@ -109,7 +109,7 @@ def test_state_dicts_take_a_progress_callable():
     store = Store.memory()
     sd = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.arange(8, dtype=np.float32)}
     up: list = []
-    manifest = save_state_dict(store, sd, resource_id="sd", revision="r1", generation=1, progress=up.append)
+    manifest = save_state_dict(store, sd, resource_id="sd", revision="r1", weight_generation=1, progress=up.append)
     assert up and up[-1].done and up[-1].bytes_total == sum(a.nbytes for a in sd.values())
     down: list = []
     out = load_state_dict(store, manifest.key, progress=down.append, parallel=Parallel())

@@ -58,7 +58,7 @@ def store(request, tmp_path):
 def test_import_multi_file_checkpoint_restore_tp2_tp4(store, tmp_path):
     full = reference()
     paths = write_checkpoint(tmp_path, full)
-    m = import_safetensors(store, paths, resource_id="qwen-mini", revision="main", generation=1)
+    m = import_safetensors(store, paths, resource_id="qwen-mini", revision="main", weight_generation=1)
     # One more tensor than the checkpoint's: the files' __metadata__, kept for export
     # (load_state_dict leaves it out unless named).
     assert m.tensor_count == len(full) + 1
@@ -72,7 +72,7 @@ def test_import_multi_file_checkpoint_restore_tp2_tp4(store, tmp_path):
                 assert got[n].dtype == e.dtype and got[n].shape == e.shape, n
                 assert got[n].tobytes() == e.tobytes(), n
     # a directory argument finds the same files; names= selects
-    m2 = import_safetensors(store, tmp_path, resource_id="qwen-mini", revision="sub", generation=1,
+    m2 = import_safetensors(store, tmp_path, resource_id="qwen-mini", revision="sub", weight_generation=1,
                             names=["lm_head.weight", "step"])
     assert m2.tensor_count == 3  # and the metadata
 
@@ -80,7 +80,7 @@ def test_import_multi_file_checkpoint_restore_tp2_tp4(store, tmp_path):
 def test_export_whole_and_shard_read_by_safetensors(store, tmp_path):
     full = reference()
     paths = write_checkpoint(tmp_path, full, files=2)
-    m = import_safetensors(store, paths, resource_id="qwen-mini", revision="main", generation=1)
+    m = import_safetensors(store, paths, resource_id="qwen-mini", revision="main", weight_generation=1)
     out = tmp_path / "whole.safetensors"
     info = export_safetensors(store, m.key, out, metadata={"format": "pt", "source": "mws"})
     back = safetensors_numpy.load_file(str(out))
@@ -102,7 +102,7 @@ def test_export_whole_and_shard_read_by_safetensors(store, tmp_path):
 
 def test_stored_safetensors_roundtrip_from_state_dict(store, tmp_path):
     full = reference()
-    m = mws.save_state_dict(store, full, resource_id="r", revision="v", generation=2)
+    m = mws.save_state_dict(store, full, resource_id="r", revision="v", weight_generation=2)
     export_safetensors(store, m.key, tmp_path / "x.safetensors", names=["model.embed_tokens.weight"])
     back = safetensors_numpy.load_file(str(tmp_path / "x.safetensors"))
     assert list(back) == ["model.embed_tokens.weight"]
@@ -128,7 +128,7 @@ def test_malformed_files_are_refused(tmp_path, header, data, hlen, match):
     p = _raw(tmp_path / "bad.safetensors", header, data, hlen)
     with Store.memory() as s:
         with pytest.raises(SafetensorsError, match=match):
-            import_safetensors(s, p, resource_id="r", revision="v", generation=1)
+            import_safetensors(s, p, resource_id="r", revision="v", weight_generation=1)
 
 
 def test_duplicate_names_and_empty_inputs(tmp_path):
@@ -139,12 +139,12 @@ def test_duplicate_names_and_empty_inputs(tmp_path):
     (tmp_path / "empty").mkdir()
     with Store.memory() as s:
         with pytest.raises(SafetensorsError, match="in both"):
-            import_safetensors(s, [a, b], resource_id="r", revision="v", generation=1)
+            import_safetensors(s, [a, b], resource_id="r", revision="v", weight_generation=1)
         with pytest.raises(SafetensorsError, match="no .safetensors"):
-            import_safetensors(s, tmp_path / "empty", resource_id="r", revision="v", generation=1)
+            import_safetensors(s, tmp_path / "empty", resource_id="r", revision="v", weight_generation=1)
         safetensors_numpy.save_file({"e": np.zeros((0, 3), np.float32)}, str(tmp_path / "e.safetensors"))
         with pytest.raises(SafetensorsError, match="empty"):
-            import_safetensors(s, tmp_path / "e.safetensors", resource_id="r", revision="v", generation=1)
+            import_safetensors(s, tmp_path / "e.safetensors", resource_id="r", revision="v", weight_generation=1)
 
 
 def test_import_reads_the_mapped_file_directly(tmp_path, monkeypatch):
@@ -173,7 +173,7 @@ def test_import_reads_the_mapped_file_directly(tmp_path, monkeypatch):
 
     be.batch_put_from = put
     with Store.from_backend(be) as s:
-        m = import_safetensors(s, paths, resource_id="r", revision="v", generation=1)
+        m = import_safetensors(s, paths, resource_id="r", revision="v", weight_generation=1)
         assert m.tensor_count == len(full) + 1  # and the kept __metadata__
     # Every weight was read from its file's map; the one other put is the metadata.
     weights = sorted((a, n) for a, (_, n) in mapped.items())
@@ -200,8 +200,8 @@ def test_failed_sharded_export_leaves_the_earlier_export_intact(tmp_path, monkey
     be = mws.DictBackend()
     with Store.from_backend(be) as s:
         rev1, rev2 = _revision(1), _revision(2)
-        m1 = mws.save_state_dict(s, rev1, resource_id="r", revision="v1", generation=1)
-        m2 = mws.save_state_dict(s, rev2, resource_id="r", revision="v2", generation=1)
+        m1 = mws.save_state_dict(s, rev1, resource_id="r", revision="v1", weight_generation=1)
+        m2 = mws.save_state_dict(s, rev2, resource_id="r", revision="v2", weight_generation=1)
         out = tmp_path / "export"
         out.mkdir()
         export_safetensors(s, m1.key, out, max_shard_bytes=512)  # shards {a, b}, {c, d}, {e, f}
@@ -233,7 +233,7 @@ def test_failed_sharded_export_leaves_the_earlier_export_intact(tmp_path, monkey
             export_safetensors(s, m2.key, out, max_shard_bytes=512)
         monkeypatch.undo()
         assert _files(out) == before  # byte-identical, nothing added or removed
-        back = import_safetensors(s, out, resource_id="back", revision="b", generation=1)
+        back = import_safetensors(s, out, resource_id="back", revision="b", weight_generation=1)
         got = load_state_dict(s, back.key)
         assert sorted(got) == sorted(rev1)
         for n, a in rev1.items():
@@ -245,8 +245,8 @@ def test_sharded_reexport_with_fewer_shards_removes_the_stale_shards(tmp_path):
     named that the new one does not; other files stay."""
     with Store.memory() as s:
         rev1, rev2 = _revision(1), _revision(2)
-        m1 = mws.save_state_dict(s, rev1, resource_id="r", revision="v1", generation=1)
-        m2 = mws.save_state_dict(s, rev2, resource_id="r", revision="v2", generation=1)
+        m1 = mws.save_state_dict(s, rev1, resource_id="r", revision="v1", weight_generation=1)
+        m2 = mws.save_state_dict(s, rev2, resource_id="r", revision="v2", weight_generation=1)
         out = tmp_path / "export"
         out.mkdir()
         export_safetensors(s, m1.key, out, max_shard_bytes=512)
@@ -257,7 +257,7 @@ def test_sharded_reexport_with_fewer_shards_removes_the_stale_shards(tmp_path):
         back = safetensors_numpy.load_file(str(out / "model-00001-of-00001.safetensors"))
         assert sorted(back) == sorted(rev2) and all(back[n].tobytes() == rev2[n].tobytes() for n in rev2)
         # The directory also imports as revision 2 (a glob would find no stale shard).
-        m = import_safetensors(s, out, resource_id="back", revision="b", generation=1)
+        m = import_safetensors(s, out, resource_id="back", revision="b", weight_generation=1)
         assert load_state_dict(s, m.key)["c"].tobytes() == rev2["c"].tobytes()
         # Only names of that directory are removed: an index naming a file outside
         # (or anything but a plain file name) removes nothing.
@@ -331,7 +331,7 @@ def test_special_files_are_refused_without_hanging(tmp_path, case):
             {"metadata": {}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}))
     with Store.memory() as s:
         def imp(p):
-            return lambda: import_safetensors(s, p, resource_id="r", revision="v", generation=1)
+            return lambda: import_safetensors(s, p, resource_id="r", revision="v", weight_generation=1)
 
         call = {"globbed": imp(d), "symlinked": imp(d), "indexed": imp(d), "index": imp(fifo),
                 "index in directory": imp(d), "SafetensorsFile": lambda: mws.SafetensorsFile(fifo).close(),
@@ -365,7 +365,7 @@ def test_shards_outside_the_checkpoint_directory_are_refused_before_any_is_opene
     monkeypatch.setattr(mws.SafetensorsFile, "__init__", spy)
     with Store.memory() as s:
         with pytest.raises(SafetensorsError) as ei:
-            import_safetensors(s, d, resource_id="r", revision="v", generation=1)
+            import_safetensors(s, d, resource_id="r", revision="v", weight_generation=1)
     assert opened == [], opened
     msg = str(ei.value)
     assert repr(target) in msg and "not a file name inside" in msg, msg
@@ -386,7 +386,7 @@ def test_a_hugging_face_cache_snapshot_links_its_shards_elsewhere_and_imports(tm
         {"metadata": {}, "weight_map": {"x": "model-00001-of-00002.safetensors",
                                         "y": "model-00002-of-00002.safetensors"}}))
     with Store.memory() as s:
-        m = import_safetensors(s, snap, resource_id="r", revision="v", generation=1)
+        m = import_safetensors(s, snap, resource_id="r", revision="v", weight_generation=1)
         assert sorted(t["tensor_id"] for t in m.wire()["tensors"] if t["tensor_id"] != "__metadata__") == ["x", "y"]
 
 
@@ -408,7 +408,7 @@ def test_a_checkpoint_without_tensors_is_refused_before_anything_is_written(tmp_
     be = mws.DictBackend()
     with Store.from_backend(be) as s:
         with pytest.raises(SafetensorsError, match="holds no tensor"):
-            import_safetensors(s, given, resource_id="r", revision="v", generation=1, names=names)
+            import_safetensors(s, given, resource_id="r", revision="v", weight_generation=1, names=names)
     assert be.objects == {}  # nothing written
 
 
@@ -448,7 +448,7 @@ def test_json_of_the_wrong_shape_raises_safetensors_error(tmp_path, case, match)
             index.write_text(json.dumps({"metadata": {}, "weight_map": {"x": value}}))
     with Store.memory() as s:
         with pytest.raises(SafetensorsError, match=match) as ei:
-            import_safetensors(s, d, resource_id="r", revision="v", generation=1)
+            import_safetensors(s, d, resource_id="r", revision="v", weight_generation=1)
     assert str(d) in str(ei.value)
 
 
@@ -458,9 +458,9 @@ def test_metadata_that_is_not_an_object_is_refused(tmp_path, meta):
                                           "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
     with Store.memory() as s:
         with pytest.raises(SafetensorsError, match="__metadata__ must be a JSON object") as ei:
-            import_safetensors(s, p, resource_id="r", revision="v", generation=1)
+            import_safetensors(s, p, resource_id="r", revision="v", weight_generation=1)
     assert str(p) in str(ei.value)
     # absent, or an object of strings, is fine
     ok = _raw(tmp_path / "ok.safetensors", {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
     with Store.memory() as s:
-        assert import_safetensors(s, ok, resource_id="r", revision="v", generation=1).tensor_count == 1
+        assert import_safetensors(s, ok, resource_id="r", revision="v", weight_generation=1).tensor_count == 1

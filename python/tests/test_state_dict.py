@@ -94,7 +94,7 @@ def test_sharding_resolution():
 
 def test_save_whole_restore_tp2_tp4_and_whole(store):
     full = reference()
-    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", generation=7)
+    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", weight_generation=7)
     assert (m.resource_id, m.revision, m.weight_generation) == ("qwen-mini", "step-7", 7)
     for tp_size in (2, 4):
         for r in range(tp_size):
@@ -109,7 +109,7 @@ def test_save_whole_restore_tp2_tp4_and_whole(store):
 
 def test_load_into_preallocated_targets_and_errors(store):
     full = reference()
-    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", generation=7)
+    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", weight_generation=7)
     par = Parallel(tp_rank=1, tp_size=2)
     exp = shard_of(full, 1, 2)
     into = {n: np.zeros_like(a) for n, a in exp.items()}
@@ -134,20 +134,20 @@ def test_load_into_preallocated_targets_and_errors(store):
 
 def test_save_refuses_bad_input(store):
     with pytest.raises(mws.NonContiguousError):
-        save_state_dict(store, {"w": np.zeros((4, 4)).T}, resource_id="r", revision="v", generation=1)
+        save_state_dict(store, {"w": np.zeros((4, 4)).T}, resource_id="r", revision="v", weight_generation=1)
     with pytest.raises(StateDictError, match="empty"):
-        save_state_dict(store, {"w": np.zeros((0, 4))}, resource_id="r", revision="v", generation=1)
+        save_state_dict(store, {"w": np.zeros((0, 4))}, resource_id="r", revision="v", weight_generation=1)
     with pytest.raises(StateDictError, match="non-empty strings"):
-        save_state_dict(store, {3: np.zeros(4)}, resource_id="r", revision="v", generation=1)
+        save_state_dict(store, {3: np.zeros(4)}, resource_id="r", revision="v", weight_generation=1)
     with pytest.raises(StateDictError, match="complete placement"):  # TP-split but only one of two ranks
-        save_state_dict(store, {"w": np.zeros((4, 4))}, resource_id="r", revision="v", generation=1,
+        save_state_dict(store, {"w": np.zeros((4, 4))}, resource_id="r", revision="v", weight_generation=1,
                         sharding={"w": 0}, parallel=Parallel(tp_rank=0, tp_size=2))
 
 
 def test_tied_weights_are_aliases(store):
     emb = np.arange(64, dtype=np.float32).reshape(16, 4)
     m = save_state_dict(store, {"embed": emb, "lm_head": emb, "norm": np.ones(4, np.float32)},
-                        resource_id="tied", revision="v", generation=1)
+                        resource_id="tied", revision="v", weight_generation=1)
     got = load_state_dict(store, m.key)
     assert (got["embed"] == emb).all() and (got["lm_head"] == emb).all()
     target = np.zeros((8, 4), np.float32)  # tied targets share memory too
@@ -169,7 +169,7 @@ def test_tp2_ep2_stacked_experts_restore_tp4(store):
         ep, tp = divmod(r, 2)
         sd = {"w": full["w"][tp * 4:(tp + 1) * 4], "n": full["n"],
               "experts.w1": np.ascontiguousarray(full["experts.w1"][ep * 2:(ep + 1) * 2, :, tp * 4:(tp + 1) * 4])}
-        return save_state_dict(store, sd, resource_id="moe", revision="v", generation=3, sharding=sharding,
+        return save_state_dict(store, sd, resource_id="moe", revision="v", weight_generation=3, sharding=sharding,
                                parallel=Parallel(tp_rank=tp, tp_size=2, ep_rank=ep, ep_size=2), exchange=ex)
 
     res = run_ranks(4, rank)
@@ -207,7 +207,7 @@ def test_pp2_tp2_stage_owned_tensors_and_per_expert_ownership(store):
         for l in (2 * pp, 2 * pp + 1):
             sd[f"layers.{l}.w"] = np.ascontiguousarray(full[f"layers.{l}.w"][tp * 2:(tp + 1) * 2])
             sd[f"layers.{l}.experts.{ep}.w"] = np.ascontiguousarray(full[f"layers.{l}.experts.{ep}.w"][:, tp * 3:(tp + 1) * 3])
-        return save_state_dict(store, sd, resource_id="pp", revision="v", generation=1,
+        return save_state_dict(store, sd, resource_id="pp", revision="v", weight_generation=1,
                                sharding=lambda n, t: shard_for(n),
                                parallel=Parallel(tp_rank=tp, tp_size=2, ep_rank=ep, ep_size=2, pp_rank=pp, pp_size=2),
                                exchange=ex)
@@ -234,7 +234,7 @@ def test_rank_failure_aborts_every_rank(store):
         sd = shard_of(full, r, 2)
         if r == 1:
             sd["lm_head.weight"] = np.zeros((16, 64), sd["lm_head.weight"].dtype).T  # not contiguous
-        return save_state_dict(store, sd, resource_id="qwen-mini", revision="bad", generation=1, sharding=SHARDING,
+        return save_state_dict(store, sd, resource_id="qwen-mini", revision="bad", weight_generation=1, sharding=SHARDING,
                                parallel=Parallel(tp_rank=r, tp_size=2), exchange=ex)
 
     res = run_ranks(2, rank)
@@ -246,7 +246,7 @@ def test_rank_failure_aborts_every_rank(store):
 def test_ranks_that_disagree_on_a_tensor_are_refused(store):
     def rank(r, ex):
         return save_state_dict(store, {"w": np.zeros((2, 4), np.float32 if r == 0 else np.float16)},
-                               resource_id="r", revision="v", generation=1, sharding={"w": 0},
+                               resource_id="r", revision="v", weight_generation=1, sharding={"w": 0},
                                parallel=Parallel(tp_rank=r, tp_size=2), exchange=ex)
 
     res = run_ranks(2, rank)
@@ -269,7 +269,7 @@ def test_upload_failure_on_one_rank_aborts_the_transaction():
     full = reference()
 
     def rank(r, ex):
-        return save_state_dict(store, shard_of(full, r, 2), resource_id="qwen-mini", revision="flaky", generation=1,
+        return save_state_dict(store, shard_of(full, r, 2), resource_id="qwen-mini", revision="flaky", weight_generation=1,
                                sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2), exchange=ex)
 
     res = run_ranks(2, rank)
@@ -337,7 +337,7 @@ def test_file_exchange_times_out(tmp_path):
 
 def test_collective_load_failure_on_one_rank_reaches_every_rank(store):
     full = reference()
-    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", generation=7)
+    m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-7", weight_generation=7)
 
     def rank(r, ex):
         exp = shard_of(full, r, 2)
@@ -396,7 +396,7 @@ def test_torch_distributed_adapter_over_a_stand_in_process_group(store, monkeypa
             ex = mws.TorchDistributedExchange()
             assert (ex.rank, ex.world_size) == (r, 2)
             results[r] = save_state_dict(store, shard_of(full, r, 2), resource_id="qwen-mini", revision="dist",
-                                         generation=1, sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2),
+                                         weight_generation=1, sharding=SHARDING, parallel=Parallel(tp_rank=r, tp_size=2),
                                          exchange=ex)
         except BaseException as e:  # noqa: BLE001
             results[r] = e

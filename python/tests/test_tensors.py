@@ -213,7 +213,7 @@ def test_device_tensors_go_through_the_device_engine(tmp_path, kind):
     with store:
         assert store.device_engine is engine
         m = save_state_dict(store, {k: _on_device(engine, v) for k, v in src.items()}, resource_id="r",
-                            revision="v", generation=1)
+                            revision="v", weight_generation=1)
         saved = engine.stats()
         assert saved["bytes"] >= sum(v.nbytes for v in src.values()), saved
         # Resharded restore (TP rank 1 of 2, column split) into device targets, verified.
@@ -232,7 +232,7 @@ def test_a_corrupt_payload_never_reaches_device_tensors():
     engine = mws.DeviceEngine.fenced(16 << 20)
     with Store.memory(device_engine=engine) as store:
         src = np.arange(1 << 16, dtype=np.float32)
-        m = save_state_dict(store, {"w": _on_device(engine, src)}, resource_id="r", revision="v", generation=1)
+        m = save_state_dict(store, {"w": _on_device(engine, src)}, resource_id="r", revision="v", weight_generation=1)
         payload = m.object_keys[0]
         data = bytearray(store.get(payload))
         data[1000] ^= 0x40
@@ -250,7 +250,7 @@ def test_device_tensors_without_a_device_engine_are_refused():
     with Store.memory() as store:
         with pytest.raises(StateDictError, match="no device engine"):
             save_state_dict(store, {"w": _on_device(engine, np.zeros(4))}, resource_id="r", revision="v",
-                            generation=1)
+                            weight_generation=1)
         # the library refuses too, at the binding level, before any I/O
         b = mws.PlacementBuilder("r", "v", 1)
         b.add_participant("p", mws.Rank())
@@ -315,7 +315,7 @@ def test_torch_tensors_through_dlpack(torch):
             assert v.dtype == "float8_e4m3fn"
     with Store.memory() as store:
         sd = {"w": w, "n": torch.ones(8, dtype=torch.float32)}
-        m = save_state_dict(store, sd, resource_id="t", revision="v", generation=1)
+        m = save_state_dict(store, sd, resource_id="t", revision="v", weight_generation=1)
         # TP2 over dim 1 of an (8, 4) tensor: rank 1 holds columns 2..4, shape (8, 2)
         into = {"w": torch.zeros(8, 2, dtype=torch.bfloat16), "n": torch.zeros(8)}
         load_state_dict(store, m.key, into=into, sharding={"w": 1}, parallel=Parallel(tp_rank=1, tp_size=2))

@@ -95,7 +95,7 @@ def test_every_dtype_round_trips_bit_for_bit(torch, store):
     sd["step"] = torch.tensor(123456789012, dtype=torch.int64)  # 0-d
     sd["param"] = torch.nn.Parameter(random_tensor(torch, gen, (4, 4), torch.float32))  # requires grad
     sd["row_of_transposed"] = random_tensor(torch, gen, (3, 1), torch.float16).t()  # (1, 3): extent-1 dim
-    m = save_state_dict(store, sd, resource_id="torch", revision="v", generation=1)
+    m = save_state_dict(store, sd, resource_id="torch", revision="v", weight_generation=1)
     assert sorted(t["tensor_id"] for t in m.wire()["tensors"]) == sorted(sd)
     assert {t["tensor_id"]: t["dtype"] for t in m.wire()["tensors"]}["t.bfloat16"] == "bfloat16"
 
@@ -123,7 +123,7 @@ def test_targets_carved_from_one_buffer_are_written_exactly(torch, store):
     sd = {"a": random_tensor(torch, gen, (4, 6), torch.bfloat16),
           "b": random_tensor(torch, gen, (7,), torch.float32),
           "c": random_tensor(torch, gen, (2, 3, 5), torch.int16)}
-    m = save_state_dict(store, sd, resource_id="carve", revision="v", generation=1)
+    m = save_state_dict(store, sd, resource_id="carve", revision="v", weight_generation=1)
     flat = torch.full((4096,), 0x5A, dtype=torch.uint8)
     into, spans, off = {}, [], 64
     for n, t in sd.items():
@@ -152,11 +152,11 @@ def test_non_contiguous_views_are_refused_and_their_copies_round_trip(torch, sto
     for n, v in views.items():
         assert not v.is_contiguous()
         with pytest.raises(NonContiguousError, match=f"tensor '{n}' is not C-contiguous"):
-            save_state_dict(store, {"ok": w, n: v}, resource_id="nc", revision=n, generation=1)
+            save_state_dict(store, {"ok": w, n: v}, resource_id="nc", revision=n, weight_generation=1)
         assert not store.exists(f"weights/default/nc/{n}/1/manifest")
     assert store.latest("nc") is None
     sd = {n: v.contiguous() for n, v in views.items()}
-    m = save_state_dict(store, sd, resource_id="nc", revision="copies", generation=1)
+    m = save_state_dict(store, sd, resource_id="nc", revision="copies", weight_generation=1)
     got = load_state_dict(store, m.key, into={n: torch.zeros_like(v) for n, v in sd.items()})
     for n, v in views.items():
         assert torch.equal(got[n], v), n
@@ -174,12 +174,12 @@ def test_lazily_conjugated_or_negated_views_are_refused(torch, store):
     c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
     neg = torch._neg_view(torch.tensor([1.0, -2.0])) if hasattr(torch, "_neg_view") else None
     with pytest.raises(TensorError, match="conj bit"):
-        save_state_dict(store, {"c": c.conj()}, resource_id="cj", revision="v", generation=1)
+        save_state_dict(store, {"c": c.conj()}, resource_id="cj", revision="v", weight_generation=1)
     if neg is not None:
         assert neg.is_neg()
         with pytest.raises(TensorError, match="neg bit"):
             tensor_view(neg)
-    m = save_state_dict(store, {"c": c.conj().resolve_conj()}, resource_id="cj", revision="v", generation=1)
+    m = save_state_dict(store, {"c": c.conj().resolve_conj()}, resource_id="cj", revision="v", weight_generation=1)
     got = load_state_dict(store, m.key, into={"c": torch.zeros(2, dtype=torch.complex64)})
     assert torch.equal(got["c"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
     target = torch.zeros(2, dtype=torch.complex64)
@@ -225,7 +225,7 @@ def test_module_state_dict_restores_into_another_module(torch, store):
         src[4].num_batches_tracked.fill_(17)
     sd = src.state_dict()
     assert sd["4.num_batches_tracked"].dim() == 0
-    m = save_state_dict(store, sd, resource_id="module", revision="v", generation=1)
+    m = save_state_dict(store, sd, resource_id="module", revision="v", weight_generation=1)
     dst = model().to(torch.bfloat16)
     assert not all(torch.equal(a, b) for a, b in zip(dst.state_dict().values(), sd.values()))
     load_state_dict(store, m.key, into=dst.state_dict())  # the module's own parameters and buffers
@@ -260,7 +260,7 @@ def test_tp2_save_restores_into_torch_at_tp4_tp1_and_ep(torch, store):
         sd = {n: shard(n, t, r, 2) for n, t in full.items()}
         assert sd["qkv"].storage_offset() == r * 4 * 6 and sd["qkv"].is_contiguous()
         sd = {n: t if t.is_contiguous() else t.contiguous() for n, t in sd.items()}
-        return save_state_dict(store, sd, resource_id="tp", revision="v", generation=2, sharding=sharding,
+        return save_state_dict(store, sd, resource_id="tp", revision="v", weight_generation=2, sharding=sharding,
                                parallel=Parallel(tp_rank=r, tp_size=2), exchange=ex)
 
     res = run_ranks(2, rank)
@@ -296,7 +296,7 @@ def test_torch_state_dict_through_a_live_mooncake_store(torch, mc_store):
     full = {"w": random_tensor(torch, gen, (64, 32), torch.bfloat16),
             "b": random_tensor(torch, gen, (64,), torch.float16),
             "i": random_tensor(torch, gen, (3, 5), torch.int64)}
-    m = save_state_dict(mc_store, full, resource_id="mc-torch", revision="v", generation=1)
+    m = save_state_dict(mc_store, full, resource_id="mc-torch", revision="v", weight_generation=1)
     for r in range(2):
         into = {"w": torch.zeros(64, 16, dtype=torch.bfloat16), "b": torch.zeros(32, dtype=torch.float16),
                 "i": torch.zeros(3, 5, dtype=torch.int64)}

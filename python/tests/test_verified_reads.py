@@ -44,7 +44,7 @@ def _corrupt(store, manifest, tensor):
 def test_default_load_state_dict_detects_corruption_and_names_the_tensor(kind, tmp_path):
     full = reference()
     with _open(kind, tmp_path) as store:
-        m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-1", generation=1)
+        m = save_state_dict(store, full, resource_id="qwen-mini", revision="step-1", weight_generation=1)
         got = load_state_dict(store, m.key)  # clean: verified
         assert got[TENSOR].tobytes() == full[TENSOR].tobytes()
         frag = _corrupt(store, m, TENSOR)
