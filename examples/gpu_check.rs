@@ -20,7 +20,7 @@ mod device_model;
 #[path = "../tests/common/model.rs"]
 mod model;
 
-use device_model::DeviceModel;
+use device_model::{leases, DeviceModel};
 use model::*;
 use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, CudaEngine, DeviceEngine, FencedDevice};
 use mooncake_weight_store::engine::local::LocalEngine;
@@ -35,69 +35,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The device under test: CUDA, or (`MWS_GPU_CHECK_FENCED=1`, to rehearse the
-/// program on a machine without a GPU) the fenced test device.
-#[derive(Debug)]
-enum Gpu {
-    Cuda(CudaEngine),
-    Fenced(FencedDevice),
+/// program on a machine without a GPU) the fenced test device. Its engine, and how
+/// the program takes and gives back device memory.
+struct Gpu {
+    engine: Arc<dyn DeviceEngine>,
+    alloc: Box<dyn Fn(u64) -> u64>,
+    free: Box<dyn Fn(u64)>,
 }
 
 impl Gpu {
-    fn alloc_device(&self, len: u64) -> mooncake_weight_store::Result<u64> {
-        match self {
-            Gpu::Cuda(c) => c.alloc_device(len),
-            Gpu::Fenced(f) => f.alloc(len),
-        }
+    fn cuda() -> mooncake_weight_store::Result<Gpu> {
+        let c = Arc::new(CudaEngine::new(0, None)?);
+        let (a, f) = (c.clone(), c.clone());
+        Ok(Gpu {
+            engine: c,
+            alloc: Box::new(move |n| a.alloc_device(n).expect("device memory")),
+            // SAFETY: the program frees only what it allocated, once, after its last use.
+            free: Box::new(move |address| unsafe { f.free_device(address) }.expect("cuMemFree")),
+        })
     }
 
-    /// # Safety
-    /// As [`CudaEngine::free_device`].
-    unsafe fn free_device(&self, address: u64) -> mooncake_weight_store::Result<()> {
-        match self {
-            // SAFETY: the caller's contract.
-            Gpu::Cuda(c) => unsafe { c.free_device(address) },
-            Gpu::Fenced(_) => Ok(()),
-        }
-    }
-}
-
-impl DeviceEngine for Gpu {
-    fn name(&self) -> String {
-        match self {
-            Gpu::Cuda(c) => c.name(),
-            Gpu::Fenced(f) => f.name(),
-        }
-    }
-    unsafe fn submit(
-        &self,
-        ordinal: u32,
-        direction: CopyDirection,
-        ops: &[mooncake_weight_store::device::CopyOp],
-    ) -> mooncake_weight_store::Result<mooncake_weight_store::device::CopyTicket> {
-        match self {
-            // SAFETY: forwarded contract.
-            Gpu::Cuda(c) => unsafe { c.submit(ordinal, direction, ops) },
-            // SAFETY: forwarded contract.
-            Gpu::Fenced(f) => unsafe { f.submit(ordinal, direction, ops) },
-        }
-    }
-    fn wait(&self, ticket: mooncake_weight_store::device::CopyTicket) -> mooncake_weight_store::Result<()> {
-        match self {
-            Gpu::Cuda(c) => c.wait(ticket),
-            Gpu::Fenced(f) => f.wait(ticket),
-        }
-    }
-    fn staging(&self, len: u64) -> mooncake_weight_store::Result<mooncake_weight_store::device::StagingBuffer> {
-        match self {
-            Gpu::Cuda(c) => c.staging(len),
-            Gpu::Fenced(f) => f.staging(len),
-        }
-    }
-    fn stats(&self) -> mooncake_weight_store::device::DeviceStats {
-        match self {
-            Gpu::Cuda(c) => c.stats(),
-            Gpu::Fenced(f) => f.stats(),
-        }
+    fn fenced(capacity: u64) -> Gpu {
+        let d = Arc::new(FencedDevice::new(0, capacity).unwrap());
+        let a = d.clone();
+        // Fenced memory is never reused: nothing to give back.
+        Gpu { engine: d, alloc: Box::new(move |n| a.alloc(n).expect("fenced memory")), free: Box::new(|_| ()) }
     }
 }
 
@@ -160,17 +122,18 @@ fn restore(ws: &WeightStore, manifest_key: &str, bindings: &[RuntimeBinding], ta
 fn main() {
     let layers = env("MWS_GPU_CHECK_LAYERS", 7);
     let hidden = env("MWS_GPU_CHECK_HIDDEN", 4096);
-    let engine = if env("MWS_GPU_CHECK_FENCED", 0) == 1 {
-        Arc::new(Gpu::Fenced(FencedDevice::new(0, 80 * hidden * hidden * (layers + 1) + (1 << 20)).unwrap()))
+    let gpu = if env("MWS_GPU_CHECK_FENCED", 0) == 1 {
+        Gpu::fenced(80 * hidden * hidden * (layers + 1) + (1 << 20))
     } else {
-        match CudaEngine::new(0, None) {
-            Ok(e) => Arc::new(Gpu::Cuda(e)),
+        match Gpu::cuda() {
+            Ok(g) => g,
             Err(e) => {
                 eprintln!("gpu-check: no CUDA device: {}", e.message());
                 std::process::exit(2);
             }
         }
     };
+    let engine = gpu.engine.clone();
     println!("device: {}", engine.name());
     let defs = model_tensors(layers, hidden, 0);
     let src_layout = Layout { tp: 4, pp: 1, ep: 1, dp: 1 };
@@ -190,8 +153,8 @@ fn main() {
         let rows = 1000u64;
         let mut host: Vec<u8> = (0..rows * 300).map(|i| (i * 7 % 251) as u8).collect();
         fill_bytes(&mut host);
-        let dev_rows = engine.alloc_device(rows * 128).unwrap();
-        let dev_dense = engine.alloc_device(rows * 100).unwrap();
+        let dev_rows = (gpu.alloc)(rows * 128);
+        let dev_dense = (gpu.alloc)(rows * 100);
         let mut back = vec![0u8; (rows * 100) as usize];
         let up: Vec<CopyRange> = (0..rows)
             .map(|r| CopyRange { source: host.as_ptr() as u64 + r * 300, target: dev_rows + r * 128, len: 100 })
@@ -209,17 +172,14 @@ fn main() {
         let want: Vec<u8> = (0..rows as usize).flat_map(|r| host[r * 300..r * 300 + 100].to_vec()).collect();
         assert!(back == want, "2-D copies through the engine lost or moved bytes");
         println!("check: 2-D copies (H2D pitched, D2D, D2H): 3,000 rows in {ops} copies, every byte equal");
-        // SAFETY: allocations made above, no longer used.
-        unsafe {
-            engine.free_device(dev_rows).unwrap();
-            engine.free_device(dev_dense).unwrap();
-        }
+        (gpu.free)(dev_rows);
+        (gpu.free)(dev_dense);
     }
 
     // Baselines: one copy of all the model's bytes, pinned host <-> device and device -> device.
     let pinned = engine.staging(total).unwrap();
-    let dev_a = engine.alloc_device(total).unwrap();
-    let dev_b = engine.alloc_device(total).unwrap();
+    let dev_a = (gpu.alloc)(total);
+    let dev_b = (gpu.alloc)(total);
     let one = |s: u64, t: u64, d: CopyDirection| {
         // SAFETY: the pinned buffer and the two device allocations hold `total` bytes each.
         unsafe { copy_ranges(&*engine, 0, d, &[CopyRange { source: s, target: t, len: total }]) }.unwrap();
@@ -230,15 +190,12 @@ fn main() {
     let gb = |t: f64| total as f64 / t / 1e9;
     println!("baseline: cuMemcpy pinned H2D {:.1} GB/s, D2H {:.1} GB/s, D2D {:.1} GB/s", gb(h2d), gb(d2h), gb(d2d));
     drop(pinned);
-    // SAFETY: allocations made above, no longer used.
-    unsafe {
-        engine.free_device(dev_a).unwrap();
-        engine.free_device(dev_b).unwrap();
-    }
+    (gpu.free)(dev_a);
+    (gpu.free)(dev_b);
 
     // The source model in GPU memory.
     let src_reference_bytes = src_host.buffers.clone();
-    let alloc = |n: u64| engine.alloc_device(n).expect("device memory");
+    let alloc = |n: u64| (gpu.alloc)(n);
     let mut src = DeviceModel::new(src_host, engine.clone(), &alloc, "trainer");
 
     // The memory store copies a batch on up to this many threads (its default is 4):
@@ -325,15 +282,6 @@ fn main() {
         LogicalTransferPlan::plan(src.host.placement.clone(), dst.host.placement.clone(), PlanningLimits::default())
             .unwrap();
     let plan = TransferPlan::bind(&logical, &dst.host.bindings, &src.host.bindings).unwrap();
-    let leases = |bs: &[RuntimeBinding]| -> Vec<MemoryRegistrationLease> {
-        bs.iter()
-            .flat_map(|b| {
-                b.fragments()
-                    .iter()
-                    .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
-            })
-            .collect()
-    };
     let (dst_leases, src_leases) = (leases(&dst.host.bindings), leases(&src.host.bindings));
     let guards = GuardProviders::all(Arc::new(StaticGuard));
     // One engine batch per call where it fits: a device engine pays per batch (a

@@ -12,7 +12,7 @@ mod device_model;
 #[path = "common/model.rs"]
 mod model;
 
-use device_model::DeviceModel;
+use device_model::{leases, DeviceModel};
 use model::*;
 use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyOp, CopyRange, CudaEngine, DeviceEngine};
 use mooncake_weight_store::engine::local::LocalEngine;
@@ -127,12 +127,7 @@ fn the_cuda_engine_moves_every_path_through_a_fake_driver() {
         LogicalTransferPlan::plan(src.host.placement.clone(), dst.host.placement.clone(), PlanningLimits::default())
             .unwrap();
     let tplan = TransferPlan::bind(&logical, &dst.host.bindings, &src.host.bindings).unwrap();
-    let leases: Vec<MemoryRegistrationLease> = dst
-        .host
-        .bindings
-        .iter()
-        .flat_map(|b| b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, 1, Some(b.lease_id()))))
-        .collect();
+    let leases = leases(&dst.host.bindings);
     let guards = GuardProviders::all(Arc::new(StaticGuard));
     let args = ExecuteArgs {
         remote_registrations: Some(&leases),

@@ -11,7 +11,7 @@ mod device_model;
 #[path = "common/model.rs"]
 mod model;
 
-use device_model::DeviceModel;
+use device_model::{leases, DeviceModel};
 use model::*;
 use mooncake_weight_store::device::{DeviceEngine, FencedDevice};
 use mooncake_weight_store::engine::local::LocalEngine;
@@ -263,14 +263,7 @@ fn live_reshards_between_device_and_host_memory_in_both_modes() {
                 None => register_host(&engine, remote.1),
             }
             let remote_bindings = if reader { &sb } else { &db };
-            let leases: Vec<MemoryRegistrationLease> = remote_bindings
-                .iter()
-                .flat_map(|b| {
-                    b.fragments()
-                        .iter()
-                        .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
-                })
-                .collect();
+            let leases = leases(remote_bindings);
             let ex = TransferExecutor::new(engine.clone(), ExecutorLimits::default()).unwrap();
             let guards = GuardProviders::all(Arc::new(StaticGuard));
             let args = ExecuteArgs {
@@ -395,12 +388,7 @@ fn notified_pushes_between_device_buffers() {
     let (src_d, mut dst_d) = (src_d.unwrap(), dst_d.unwrap());
     let engine = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(dev.clone()), mail: Default::default() });
     dst_d.register(&engine.inner, true);
-    let leases: Vec<MemoryRegistrationLease> = dst_d
-        .host
-        .bindings
-        .iter()
-        .flat_map(|b| b.fragments().iter().map(|f| MemoryRegistrationLease::from_fragment(f, 1, Some(b.lease_id()))))
-        .collect();
+    let leases = leases(&dst_d.host.bindings);
     let guards = GuardProviders::all(Arc::new(StaticGuard));
     let args = ExecuteArgs {
         remote_registrations: Some(&leases),

@@ -196,9 +196,7 @@ class _Cuda:
             raise DeviceUnavailableError("no usable CUDA runtime or driver (one that loads and sees a device): "
                                          + "; ".join(errors))
         d = self.drv
-        for fn, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [POINTER(c_int), c_int]),
-                         ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
-                         ("cuCtxSetCurrent", [c_void_p]), ("cuCtxGetCurrent", [POINTER(c_void_p)]),
+        for fn, args in (("cuInit", [ctypes.c_uint]),
                          ("cuStreamSynchronize", [c_void_p]),
                          ("cuPointerGetAttribute", [c_void_p, c_int, c_uint64]),
                          ("cuDeviceGetCount", [POINTER(c_int)])):
@@ -209,7 +207,6 @@ class _Cuda:
         self._drv_check(d.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
         if count.value < 1:
             raise DeviceUnavailableError(f"{self.library}: no CUDA device")
-        self._ctx: Dict[int, int] = {}
 
     # -- errors -----------------------------------------------------------------------
 

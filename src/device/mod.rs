@@ -189,6 +189,46 @@ pub fn coalesce_into(out: &mut Vec<CopyOp>, ranges: &[CopyRange]) {
     }
 }
 
+/// Copies grouped into one batch per key (a device, or a direction and a device): what
+/// a caller then submits once per key, in the order the keys first appeared.
+#[derive(Debug)]
+pub struct Batches<K>(Vec<(K, Vec<CopyOp>)>);
+
+impl<K> Default for Batches<K> {
+    fn default() -> Self {
+        Batches(Vec::new())
+    }
+}
+
+impl<K: PartialEq> Batches<K> {
+    /// The copies of `key`'s batch (an empty batch on first use).
+    pub fn of(&mut self, key: K) -> &mut Vec<CopyOp> {
+        let k = match self.0.iter().position(|(k, _)| *k == key) {
+            Some(k) => k,
+            None => {
+                self.0.push((key, Vec::new()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[k].1
+    }
+
+    /// True when no batch was started.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Number of batches.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The batches, in the order their keys first appeared.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &[CopyOp])> {
+        self.0.iter().map(|(k, v)| (k, v.as_slice()))
+    }
+}
+
 /// A submitted batch, waited on with [`DeviceEngine::wait`].
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct CopyTicket(pub u64);

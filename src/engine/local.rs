@@ -18,7 +18,7 @@
 
 use super::{CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
 use crate::copy::{copy_fence, copy_streaming};
-use crate::device::{coalesce_into, CopyDirection, CopyOp, CopyRange, DeviceEngine};
+use crate::device::{coalesce_into, Batches, CopyDirection, CopyRange, DeviceEngine};
 use crate::runtime::MemoryKind;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -144,7 +144,7 @@ impl LocalEngine {
         // Device segments: one batch per (direction, device), submitted together; the
         // segments of one range (one allocation pair) are coalesced together, never
         // with another range's (a copy never spans two allocations).
-        let mut device: Vec<((CopyDirection, u32), Vec<CopyOp>)> = Vec::new();
+        let mut device: Batches<(CopyDirection, u32)> = Batches::default();
         let mut pending: Vec<CopyRange> = Vec::new();
         for (r, &(sk, dk)) in batch.ranges().iter().zip(&kinds) {
             let route = match (sk, dk) {
@@ -173,14 +173,7 @@ impl LocalEngine {
                 }
             }
             if let Some(key) = route {
-                let k = match device.iter().position(|(k, _)| *k == key) {
-                    Some(k) => k,
-                    None => {
-                        device.push((key, Vec::new()));
-                        device.len() - 1
-                    }
-                };
-                coalesce_into(&mut device[k].1, &pending);
+                coalesce_into(device.of(key), &pending);
             }
         }
         copy_fence();
@@ -191,11 +184,11 @@ impl LocalEngine {
         let Some(engine) = &self.device else { return CompletionStatus::FailedDrained };
         let mut tickets = Vec::with_capacity(device.len());
         let mut ok = true;
-        for ((direction, ordinal), ops) in &device {
+        for (&(direction, ordinal), ops) in device.iter() {
             // SAFETY: every range lies inside registered regions of the kinds the
             // direction names (checked above), valid until unregistered, and we wait
             // for every ticket before returning.
-            match unsafe { engine.submit(*ordinal, *direction, ops) } {
+            match unsafe { engine.submit(ordinal, direction, ops) } {
                 Ok(t) => tickets.push(t),
                 Err(e) => {
                     log::warn!("local engine: device copy failed: {}", e.message());

@@ -14,7 +14,7 @@
 //!   block checksums are written from the staged bytes (device memory is read once).
 
 use super::state::WeightStore;
-use crate::device::{CopyDirection, CopyOp, CopyTicket, DeviceEngine, StagingBuffer};
+use crate::device::{Batches, CopyDirection, CopyOp, CopyTicket, DeviceEngine, StagingBuffer};
 use crate::error::Result;
 use crate::plan::bound_load::LoadPlan;
 use crate::runtime::{MemoryKind, MemoryRegion, RuntimeFragment};
@@ -120,7 +120,7 @@ pub(super) unsafe fn stage_sources<O: Copy, T>(
         let buffer = engine.staging(size.max(1))?;
         let mut window: Vec<RuntimeFragment> = Vec::with_capacity(k - start);
         // One copy per fragment (never merged: fragments may be separate allocations).
-        let mut batches: Vec<(u32, Vec<CopyOp>)> = Vec::new();
+        let mut batches: Batches<u32> = Batches::default();
         let mut off = 0;
         for f in &frags[start..k] {
             match f.memory() {
@@ -136,15 +136,12 @@ pub(super) unsafe fn stage_sources<O: Copy, T>(
                         width: f.nbytes(),
                         height: 1,
                     };
-                    match batches.iter_mut().find(|(o, _)| *o == ordinal) {
-                        Some((_, v)) => v.push(op),
-                        None => batches.push((ordinal, vec![op])),
-                    }
+                    batches.of(ordinal).push(op);
                     window.push(f.staged_at(at));
                 }
             }
         }
-        for (ordinal, ops) in &batches {
+        for (ordinal, ops) in batches.iter() {
             // SAFETY: sources are the caller's device views (this function's contract),
             // targets lie in `buffer`, owned here until after the wait.
             unsafe { engine.submit(*ordinal, CopyDirection::DeviceToHost, ops) }

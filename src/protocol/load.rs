@@ -10,7 +10,7 @@ use super::state::WeightStore;
 
 use super::device_staging::{self as staging, InFlight, MIRROR_ALIGN, WINDOW_BYTES};
 use super::integrity::{CheckLimits, Delivered, Verifier};
-use crate::device::{coalesce_into, CopyDirection, CopyOp, CopyRange, DeviceEngine};
+use crate::device::{coalesce_into, Batches, CopyDirection, CopyRange, DeviceEngine};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::StoredManifest;
 use crate::plan::bound_load::LoadPlan;
@@ -1278,7 +1278,7 @@ unsafe fn restore_windows(
         }
         // The written spans of every target, one batch per device ordinal; each
         // target's copies stay inside it (a copy never spans two allocations).
-        let mut batches: Vec<(u32, Vec<CopyOp>)> = Vec::new();
+        let mut batches: Batches<u32> = Batches::default();
         for (id, l) in window {
             let t = plan.target_fragment(l[0]);
             let MemoryKind::Device(ordinal) = t.memory() else {
@@ -1289,17 +1289,10 @@ unsafe fn restore_windows(
                 .into_iter()
                 .map(|(a, b)| CopyRange { source: mirror + a, target: t.address() + a, len: b - a })
                 .collect();
-            let k = match batches.iter().position(|(o, _)| *o == ordinal) {
-                Some(k) => k,
-                None => {
-                    batches.push((ordinal, Vec::new()));
-                    batches.len() - 1
-                }
-            };
-            coalesce_into(&mut batches[k].1, &ranges);
+            coalesce_into(batches.of(ordinal), &ranges);
         }
         let mut flight = InFlight { tickets: Vec::with_capacity(batches.len()), _buffer: buffer };
-        for (ordinal, ops) in &batches {
+        for (ordinal, ops) in batches.iter() {
             // SAFETY: sources are the mirrors (host, owned by `flight` until waited);
             // targets are the caller's device targets (this function's contract).
             match unsafe { engine.submit(*ordinal, CopyDirection::HostToDevice, ops) } {

@@ -7,9 +7,23 @@
 use super::model::HostModel;
 use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, DeviceEngine};
 use mooncake_weight_store::engine::TransferEngine;
+use mooncake_weight_store::protocol::transfer::MemoryRegistrationLease;
 use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
 use mooncake_weight_store::{MemoryKind, MemoryRegion, RuntimeBinding, RuntimeFragment};
 use std::sync::Arc;
+
+/// The registration evidence of every fragment of `bindings` (their owners registered
+/// them): what a live transfer is given for the side it does not register itself.
+pub fn leases(bindings: &[RuntimeBinding]) -> Vec<MemoryRegistrationLease> {
+    bindings
+        .iter()
+        .flat_map(|b| {
+            b.fragments()
+                .iter()
+                .map(|f| MemoryRegistrationLease::from_fragment(f, b.lease_generation(), Some(b.lease_id())))
+        })
+        .collect()
+}
 
 pub struct DeviceModel {
     pub host: HostModel,
