@@ -10,7 +10,9 @@ mod model;
 
 use model::*;
 use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use mooncake_weight_store::engine::{
+    CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket,
+};
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
@@ -703,4 +705,222 @@ fn a_fresh_binding_is_compared_fragment_by_fragment_whatever_the_id_order() {
             assert_eq!(check(&moved, order), Err("acquired runtime binding address differs from plan".to_string()));
         }
     }
+}
+
+/// An engine whose ticketed batches report `CompletionUnknown` while `hold` is set
+/// (their bytes land at submission), or that has no ticketed call at all.
+struct HeldEngine {
+    inner: LocalEngine,
+    hold: Arc<AtomicBool>,
+    ticketless: bool,
+    submitted: AtomicUsize,
+}
+
+struct HeldTicket {
+    status: CompletionStatus,
+    hold: Arc<AtomicBool>,
+}
+
+impl TransferTicket for HeldTicket {
+    fn status(&self) -> EngineResult<CompletionStatus> {
+        Ok(if self.hold.load(Ordering::SeqCst) { CompletionStatus::CompletionUnknown } else { self.status.clone() })
+    }
+    fn drain(&self, timeout_ms: u64) -> EngineResult<CompletionStatus> {
+        std::thread::sleep(std::time::Duration::from_millis(timeout_ms.min(5)));
+        self.status()
+    }
+}
+
+impl HeldEngine {
+    fn new(ticketless: bool) -> Arc<HeldEngine> {
+        Arc::new(HeldEngine {
+            inner: LocalEngine::new(),
+            hold: Arc::new(AtomicBool::new(false)),
+            ticketless,
+            submitted: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl TransferEngine for HeldEngine {
+    fn identity(&self) -> std::result::Result<u64, String> {
+        self.inner.identity()
+    }
+    unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.register_memory(region) }
+    }
+    fn unregister_memory(&self, address: u64) -> EngineResult<i32> {
+        self.inner.unregister_memory(address)
+    }
+    fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        while self.hold.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.inner.batch_transfer_sync(batch)
+    }
+    fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
+        if self.ticketless {
+            return None;
+        }
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        let status = self.inner.submit_with_ticket(batch)?.ok()?.status().ok()?;
+        Some(Ok(Box::new(HeldTicket { status, hold: self.hold.clone() })))
+    }
+    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
+        self.inner.registered_regions()
+    }
+}
+
+/// The selected source replicas' prepared transfers of a sink on `engine` (in Arcs,
+/// as started steps need).
+fn prepared_sinks(
+    engine: Arc<dyn TransferEngine>,
+    limits: ExecutorLimits,
+    src: &HostModel,
+    dst: &HostModel,
+    plan: &TransferPlan,
+) -> (Sink, Vec<Arc<PreparedTransfer>>) {
+    let sink = Sink::new(engine, limits).unwrap();
+    let mut out = Vec::new();
+    for b in &src.bindings {
+        // SAFETY: the models outlive every step of the tests; nothing else touches them.
+        let p = unsafe { sink.prepare(plan, &src.placement, b, &dst.placement, &dst.bindings, &LiveArgs::default()) }
+            .unwrap();
+        if !p.is_empty() {
+            out.push(Arc::new(p));
+        }
+    }
+    (sink, out)
+}
+
+const LONG: Option<std::time::Duration> = Some(std::time::Duration::from_secs(20));
+
+/// Started steps move every generation as blocking steps do (same receipts, same
+/// verdicts, every byte), run their callbacks once, and report through the sink;
+/// on an engine without ticketed calls too.
+#[test]
+fn started_steps_move_every_generation_as_blocking_steps_do() {
+    for ticketless in [false, true] {
+        let (mut src, mut dst, plan) = models();
+        let engine = HeldEngine::new(ticketless);
+        register(&*engine, &dst);
+        let (sink, prepared) = prepared_sinks(engine.clone(), ExecutorLimits::default(), &src, &dst, &plan);
+        let calls = Arc::new(AtomicUsize::new(0));
+        for g in 2..6u64 {
+            let mask = if g % 2 == 0 { 0 } else { 0xFF };
+            reset(&mut dst);
+            let (mut bytes, mut handles) = (0, Vec::new());
+            for p in &prepared {
+                let seen = calls.clone();
+                let callback: StepCallback = Box::new(move |r: &StepResult| {
+                    assert!(r
+                        .as_ref()
+                        .unwrap()
+                        .targets
+                        .iter()
+                        .all(|t| t.outcome == TargetOutcome::Updated { weight_generation: g }));
+                    seen.fetch_add(1, Ordering::SeqCst);
+                });
+                // Steps on one engine are serialized by its fence: one at a time.
+                // SAFETY: both models outlive the step, which ends before the next.
+                let h = unsafe { p.start_step(&step(g), Some(callback)) };
+                let report = h.wait(LONG).expect("the step ended").unwrap();
+                assert!(h.is_finished());
+                assert_eq!(h.poll().unwrap().unwrap(), report, "poll gives the same outcome");
+                bytes += report.stats.bytes;
+                assert_eq!(report.guard_release, GuardRelease::Completed);
+                if g == 2 {
+                    // The same step, blocking: the same receipts and verdicts.
+                    // SAFETY: as above.
+                    let blocking = unsafe { p.step(&step(g)) }.unwrap();
+                    assert_eq!(
+                        (blocking.receipts.clone(), blocking.targets.clone()),
+                        (report.receipts, report.targets)
+                    );
+                }
+                assert_eq!(sink.last_report().unwrap().targets[0].weight_generation, g, "reported through the sink");
+                handles.push(h);
+            }
+            assert_eq!(bytes, plan.total_bytes());
+            verify_masked(&dst, mask);
+            next_generation(&mut src);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4 * prepared.len(), "each callback ran once");
+        drop(prepared);
+        unregister(&*engine, &dst);
+        assert_eq!(engine.registered_regions().unwrap().len(), 0, "closing unregistered the sources");
+    }
+}
+
+/// A started step follows its batch's ticket without blocking: poll and a short
+/// wait say "running" while the engine holds the batch; a second step of the same
+/// prepared transfer is refused; cancelling stops it before its next batch; a
+/// blocking step waits for it; dropping the handle lets it run to its end.
+#[test]
+fn a_started_step_follows_the_engine_and_can_be_polled_cancelled_and_dropped() {
+    let (src, dst, plan) = models();
+    let engine = HeldEngine::new(false);
+    register(&*engine, &dst);
+    let (_sink, prepared) = prepared_sinks(engine.clone(), ExecutorLimits::default(), &src, &dst, &plan);
+    let p = prepared.iter().find(|p| p.batch_count() >= 2).expect("a transfer of several batches").clone();
+    engine.hold.store(true, Ordering::SeqCst);
+    // SAFETY: the models outlive every step of the test.
+    let h = unsafe { p.start_step(&step(7), None) };
+    while engine.submitted.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    assert!(h.poll().is_none() && !h.is_finished(), "running while the engine holds its batch");
+    assert!(h.wait(Some(std::time::Duration::from_millis(20))).is_none(), "a short wait times out");
+    // SAFETY: as above.
+    let second = unsafe { p.start_step(&step(8), None) }.wait(LONG).unwrap().unwrap_err();
+    assert_eq!(second.error.kind, TransferErrorKind::Contract);
+    assert!(second.error.message.contains("a step of this prepared transfer is running"), "{}", second.error);
+    h.cancel();
+    engine.hold.store(false, Ordering::SeqCst);
+    let e = h.wait(LONG).unwrap().unwrap_err();
+    assert!(e.error.message.contains("cancelled"), "{}", e.error);
+    assert!(e.report.submitted);
+    assert!(e.report.targets.iter().all(|t| matches!(t.outcome, TargetOutcome::Torn { .. })));
+    assert_eq!(engine.submitted.load(Ordering::SeqCst), 1, "nothing was submitted after the cancellation");
+    // A dropped handle's step runs to its end; a blocking step waits for it.
+    engine.hold.store(true, Ordering::SeqCst);
+    // SAFETY: as above.
+    drop(unsafe { p.start_step(&step(9), None) });
+    let release = {
+        let hold = engine.hold.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            hold.store(false, Ordering::SeqCst);
+        })
+    };
+    // SAFETY: as above.
+    let report = unsafe { p.step(&step(10)) }.unwrap();
+    release.join().unwrap();
+    assert!(report.targets.iter().all(|t| t.outcome == TargetOutcome::Updated { weight_generation: 10 }));
+    assert_eq!(engine.submitted.load(Ordering::SeqCst), 1 + 2 * p.batch_count(), "step 9 ran all its batches");
+}
+
+/// A started step whose batch never completes ends as a blocking step does once
+/// the drain budget is spent: completion unknown, a pending transfer holding the
+/// registrations, Torn targets.
+#[test]
+fn a_started_step_that_never_completes_hands_over_to_a_pending_transfer() {
+    let (src, dst, plan) = models();
+    let engine = HeldEngine::new(false);
+    register(&*engine, &dst);
+    let limits =
+        ExecutorLimits { max_completion_drain_attempts: 2, completion_drain_timeout_ms: 10, ..Default::default() };
+    let (sink, prepared) = prepared_sinks(engine.clone(), limits, &src, &dst, &plan);
+    engine.hold.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    // SAFETY: the models outlive the step and its pending transfer.
+    let e = unsafe { prepared[0].start_step(&step(3), None) }.wait(LONG).unwrap().unwrap_err();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(20), "the drain budget was waited for");
+    assert_eq!(e.error.kind, TransferErrorKind::CompletionUnknown);
+    assert_eq!(e.report.guard_release, GuardRelease::Pending);
+    assert!(e.report.targets.iter().all(|t| matches!(t.outcome, TargetOutcome::Torn { .. })));
+    assert_eq!(sink.executor().pending_transfer_ids(), vec![e.report.pending_transfer_id.clone().unwrap()]);
+    engine.hold.store(false, Ordering::SeqCst);
 }

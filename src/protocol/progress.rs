@@ -59,9 +59,16 @@ pub struct Progress {
 /// it must be quick and must not call back into the same store or executor.
 pub type ProgressFn<'a> = &'a (dyn Fn(&Progress) + Sync);
 
+/// Where a [`Reporter`] sends its reports: a callback borrowed for one call, or one
+/// it shares (a step that outlives its starting call).
+enum Sink<'a> {
+    Borrowed(ProgressFn<'a>),
+    Shared(std::sync::Arc<dyn Fn(&Progress) + Send + Sync>),
+}
+
 /// Throttles the reports of one call into an optional callback.
 pub(crate) struct Reporter<'a> {
-    sink: Option<ProgressFn<'a>>,
+    sink: Option<Sink<'a>>,
     now: Progress,
     last: Option<Instant>,
     finished: bool,
@@ -75,6 +82,21 @@ impl<'a> Reporter<'a> {
         bytes_total: u64,
         items_total: u64,
     ) -> Self {
+        Self::with_sink(sink.map(Sink::Borrowed), phase, bytes_total, items_total)
+    }
+
+    /// As [`Reporter::start`], sharing the callback (the reporter may outlive the
+    /// call that made it).
+    pub(crate) fn shared(
+        sink: Option<std::sync::Arc<dyn Fn(&Progress) + Send + Sync>>,
+        phase: ProgressPhase,
+        bytes_total: u64,
+        items_total: u64,
+    ) -> Reporter<'static> {
+        Reporter::with_sink(sink.map(Sink::Shared), phase, bytes_total, items_total)
+    }
+
+    fn with_sink(sink: Option<Sink<'a>>, phase: ProgressPhase, bytes_total: u64, items_total: u64) -> Self {
         let mut r = Reporter {
             sink,
             now: Progress { phase, bytes_done: 0, bytes_total, items_done: 0, items_total },
@@ -124,10 +146,12 @@ impl<'a> Reporter<'a> {
     }
 
     fn emit(&mut self) {
-        if let Some(f) = self.sink {
-            f(&self.now);
-            self.last = Some(Instant::now());
+        match &self.sink {
+            Some(Sink::Borrowed(f)) => f(&self.now),
+            Some(Sink::Shared(f)) => f(&self.now),
+            None => return,
         }
+        self.last = Some(Instant::now());
     }
 }
 

@@ -22,7 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use super::error::{TransferError, TransferErrorKind};
-use crate::engine::{CompletionStatus, EngineCallError, TransferBatch, TransferEngine, TransferTicket};
+use crate::engine::{CompletionStatus, EngineCallError, EngineResult, TransferBatch, TransferEngine, TransferTicket};
 use crate::protocol::guards::{LifetimeToken, TerminalState};
 use parking_lot::Mutex;
 use std::any::Any;
@@ -146,77 +146,104 @@ pub(crate) enum BatchOutcome {
     },
 }
 
-/// Runs one batch through the engine (§8.3): the scatter call when the engine has
-/// one, else the ticketed call, else the legacy synchronous call; with `attempts`
-/// inline drains of `timeout_ms` each.
+/// A batch handed to the engine ([`submit_batch`]).
+pub(crate) enum Submission {
+    /// Running under the engine's ticket.
+    Ticket(Box<dyn TransferTicket>),
+    /// The engine has no ticketed call: run it with [`run_synchronous`].
+    Synchronous,
+    /// The submission failed: completion is unknown.
+    Failed(BatchOutcome),
+}
+
+/// Submits one batch (§8.3): the scatter call when the engine has one, else the
+/// ticketed call; [`Submission::Synchronous`] when it has neither.
+pub(crate) fn submit_batch(engine: &dyn TransferEngine, batch: &TransferBatch) -> Submission {
+    let submitted = match engine.submit_ranges_with_ticket(batch) {
+        Some(r) => Some(r),
+        None => engine.submit_with_ticket(batch),
+    };
+    match submitted {
+        Some(Ok(ticket)) => Submission::Ticket(ticket),
+        Some(Err(e)) => Submission::Failed(BatchOutcome::Unknown {
+            ticket: None,
+            restart_required: true,
+            interrupted: e.interrupted.then(|| e.message.clone()),
+        }),
+        None => Submission::Synchronous,
+    }
+}
+
+/// What a ticket's status says of its batch: `Err(ticket)` while it runs
+/// (`CompletionUnknown`), else how the batch ended.
+pub(crate) fn judge_ticket(
+    batch: &TransferBatch,
+    ticket: Box<dyn TransferTicket>,
+    status: EngineResult<CompletionStatus>,
+) -> Result<BatchOutcome, Box<dyn TransferTicket>> {
+    match status {
+        Ok(CompletionStatus::Completed) => Ok(BatchOutcome::Completed),
+        Ok(CompletionStatus::CompletionUnknown) => Err(ticket),
+        Ok(other) => {
+            let dir = match batch.direction() {
+                crate::engine::Direction::Read => "from",
+                crate::engine::Direction::Write => "to",
+            };
+            Ok(BatchOutcome::Failed(format!("batch transfer {dir} {} failed: {}", batch.endpoint(), other.name())))
+        }
+        Err(e) => Ok(BatchOutcome::Unknown {
+            ticket: Some(ticket),
+            restart_required: false,
+            interrupted: e.interrupted.then(|| e.message.clone()),
+        }),
+    }
+}
+
+/// Runs one batch through the engine's legacy synchronous call: any result but 0
+/// leaves completion unknown (restart required).
+pub(crate) fn run_synchronous(engine: &dyn TransferEngine, batch: &TransferBatch) -> BatchOutcome {
+    match engine.batch_transfer_sync(batch) {
+        Ok(0) => BatchOutcome::Completed,
+        Ok(_) => BatchOutcome::Unknown { ticket: None, restart_required: true, interrupted: None },
+        Err(e) => BatchOutcome::Unknown {
+            ticket: None,
+            restart_required: true,
+            interrupted: e.interrupted.then(|| e.message.clone()),
+        },
+    }
+}
+
+/// Runs one batch through the engine (§8.3): [`submit_batch`], then up to `attempts`
+/// inline drains of `timeout_ms` each while completion is unknown (an interrupted
+/// drain stops at once; other drain errors are retried).
 pub(crate) fn execute_batch(
     engine: &dyn TransferEngine,
     batch: &TransferBatch,
     attempts: u32,
     timeout_ms: u64,
 ) -> BatchOutcome {
-    let failed = |s: &CompletionStatus| {
-        let dir = match batch.direction() {
-            crate::engine::Direction::Read => "from",
-            crate::engine::Direction::Write => "to",
-        };
-        BatchOutcome::Failed(format!("batch transfer {dir} {} failed: {}", batch.endpoint(), s.name()))
+    let mut ticket = match submit_batch(engine, batch) {
+        Submission::Ticket(t) => t,
+        Submission::Synchronous => return run_synchronous(engine, batch),
+        Submission::Failed(outcome) => return outcome,
     };
-    let submitted = match engine.submit_ranges_with_ticket(batch) {
-        Some(r) => Some(r),
-        None => engine.submit_with_ticket(batch),
+    let status = ticket.status();
+    ticket = match judge_ticket(batch, ticket, status) {
+        Ok(outcome) => return outcome,
+        Err(t) => t,
     };
-    match submitted {
-        Some(Err(e)) => BatchOutcome::Unknown {
-            ticket: None,
-            restart_required: true,
-            interrupted: e.interrupted.then(|| e.message.clone()),
-        },
-        Some(Ok(ticket)) => {
-            let status = match ticket.status() {
-                Ok(s) => s,
-                Err(e) => {
-                    return BatchOutcome::Unknown {
-                        ticket: Some(ticket),
-                        restart_required: false,
-                        interrupted: e.interrupted.then(|| e.message.clone()),
-                    }
+    for _ in 0..attempts {
+        match ticket.drain(timeout_ms) {
+            Err(EngineCallError { interrupted: false, .. }) => continue,
+            status => {
+                ticket = match judge_ticket(batch, ticket, status) {
+                    Ok(outcome) => return outcome,
+                    Err(t) => t,
                 }
-            };
-            let mut status = status;
-            let mut tries = 0;
-            while status == CompletionStatus::CompletionUnknown && tries < attempts {
-                tries += 1;
-                match ticket.drain(timeout_ms) {
-                    Ok(s) => status = s,
-                    Err(EngineCallError { interrupted: true, message }) => {
-                        return BatchOutcome::Unknown {
-                            ticket: Some(ticket),
-                            restart_required: false,
-                            interrupted: Some(message),
-                        }
-                    }
-                    Err(_) => {}
-                }
-            }
-            match status {
-                CompletionStatus::Completed => BatchOutcome::Completed,
-                CompletionStatus::CompletionUnknown => {
-                    BatchOutcome::Unknown { ticket: Some(ticket), restart_required: false, interrupted: None }
-                }
-                other => failed(&other),
             }
         }
-        None => match engine.batch_transfer_sync(batch) {
-            Ok(0) => BatchOutcome::Completed,
-            Ok(_) => BatchOutcome::Unknown { ticket: None, restart_required: true, interrupted: None },
-            Err(e) => BatchOutcome::Unknown {
-                ticket: None,
-                restart_required: true,
-                interrupted: e.interrupted.then(|| e.message.clone()),
-            },
-        },
     }
+    BatchOutcome::Unknown { ticket: Some(ticket), restart_required: false, interrupted: None }
 }
 
 /// Unregisters each of `addresses` in the given order, attempting all; returns the

@@ -15,6 +15,7 @@ pub mod outcome;
 pub mod prepared;
 pub mod prepared_stored;
 pub mod scope;
+pub mod step_handle;
 
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
@@ -36,3 +37,4 @@ pub use outcome::{
 pub use prepared::{LeaseRotation, PreparedInfo, PreparedTransfer, StepArgs, StepNotify};
 pub use prepared_stored::{PreparedRestore, StepRequest, StoredPrepareArgs, StoredStepArgs};
 pub use scope::{RegistrationScope, ScopeExit};
+pub use step_handle::{StepCallback, StepHandle, StepResult};

@@ -37,25 +37,30 @@
 //! them must make its guard report it (or bump its lease and generation, which the
 //! guard then observes) and prepare again.
 
-use super::completion::{cleanup_error, quarantine_cleanup};
-use super::completion::{execute_batch, reserve, retain_unknown, unregister_all, BatchOutcome, Handoff};
+use super::completion::{cleanup_error, quarantine_cleanup, run_synchronous, submit_batch, Submission};
+use super::completion::{execute_batch, judge_ticket, reserve, Reservation};
+use super::completion::{retain_unknown, unregister_all, BatchOutcome, Handoff};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
-use super::executor::{Call, TransferReceipt};
-use super::executor::{ExecutionStats, GuardRelease, Hooks, PinSpec, Pins, PrepareOut, PreparedEndpoint};
-use super::loader::{local_executors, Front, LiveArgs, LiveError, LiveReport, Loader, Sink, TargetReport};
-use super::notify::{step_key, NotifyKind, StepNotifier};
+use super::executor::{Call, TransferExecutor, TransferReceipt};
+use super::executor::{ExecutionStats, GuardRelease, PinSpec, Pins, PrepareOut, PreparedEndpoint};
+use super::loader::TargetReport;
+use super::loader::{local_executors, Front, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink};
+use super::notify::{step_key, NotifyDelivery, NotifyKind, StepNotifier};
 use super::outcome::{call_outcomes, predicted_receipts, CallRecord, TargetOutcome, TransferMode};
-use crate::engine::Direction;
+use super::step_handle::{Advance, StepCallback, StepDriven, StepHandle};
+use crate::engine::{Direction, TransferTicket};
 use crate::error::{Error, ErrorKind};
 use crate::model::Placement;
 use crate::plan::transfer_bind::{Side, TransferPlan};
-use crate::protocol::guards::{acquire_step_pin, StepTransfer, TerminalState};
-use crate::protocol::progress::{ProgressFn, ProgressPhase, Reporter};
+use crate::protocol::guards::{acquire_step_pin, LifetimeToken, StepTransfer, TerminalState};
+use crate::protocol::progress::{ProgressPhase, Reporter};
 use crate::runtime::RuntimeBinding;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The suffix of every refusal of stale prepared state.
 const PREPARE_AGAIN: &str = "prepare the transfer again";
@@ -133,6 +138,8 @@ pub struct StepNotify<'a> {
 /// alive while DMA may still run).
 struct Prepared {
     plan: TransferPlan,
+    /// Write (a sink's pushes) or read (a reader's pulls).
+    direction: Direction,
     /// The local executor's worker (`None`: the call has nothing to do).
     worker: Option<String>,
     endpoints: Vec<PreparedEndpoint>,
@@ -169,7 +176,9 @@ struct State {
 /// allocations the preparation registered.
 ///
 /// Thread safety: `Send + Sync`; steps of one prepared transfer run one at a time
-/// (a concurrent one waits), and steps on one engine are serialized by its fence.
+/// (a concurrent [`Self::step`] or [`Self::close`] waits, a concurrent
+/// [`Self::start_step`] is refused), and steps on one engine are serialized by its
+/// fence.
 pub struct PreparedTransfer {
     front: Arc<Front>,
     mode: TransferMode,
@@ -177,6 +186,8 @@ pub struct PreparedTransfer {
     identity: u64,
     prepared: Arc<Prepared>,
     state: Mutex<State>,
+    /// Admits one step (or the close) at a time.
+    gate: Gate,
 }
 
 impl std::fmt::Debug for PreparedTransfer {
@@ -242,6 +253,7 @@ impl PreparedTransfer {
             identity,
             prepared: Arc::new(Prepared {
                 plan: plan.clone(),
+                direction: if mode == TransferMode::Sink { Direction::Write } else { Direction::Read },
                 worker: out.worker,
                 endpoints: out.endpoints,
                 regions: out.regions,
@@ -256,6 +268,7 @@ impl PreparedTransfer {
                 handed_to: None,
                 closed: false,
             }),
+            gate: Gate::default(),
         }
     }
 
@@ -302,7 +315,8 @@ impl PreparedTransfer {
     /// Moves one weight generation through the prepared transfer (see the module
     /// documentation for what it checks) and returns its report: the receipts, the
     /// statistics, and the verdict of each target participant it writes for
-    /// `args.weight_generation`.
+    /// `args.weight_generation`. Runs on the calling thread (its progress callback
+    /// too); [`Self::start_step`] is the same step without blocking.
     ///
     /// Errors (each with the step's report): `prepared transfer is stale: ...;
     /// prepare the transfer again` ([`ErrorKind::StaleBinding`]: the engine
@@ -314,23 +328,74 @@ impl PreparedTransfer {
     /// a call's engine phase (reservation, cancellation, completion failed or
     /// unknown, ...).
     ///
+    /// Thread safety: a step started while another step of this prepared transfer
+    /// runs (blocking or started) waits for it to end.
+    ///
     /// # Safety
     /// Every buffer of the prepared bindings, local and remote, is valid at the
     /// addresses it was prepared with for the step (and, when completion is unknown,
     /// until the pending transfer is drained), and the guards pin it.
     pub unsafe fn step(&self, args: &StepArgs<'_>) -> std::result::Result<LiveReport, LiveError> {
-        let exec_stats = ExecutionStats::default();
-        let progress = self.front.progress.lock().clone();
-        let hooks = Hooks {
-            cancel: Some(&self.front.cancel.0),
-            progress: progress.as_deref().map(|p| p as ProgressFn<'_>),
-            stats: Some(&exec_stats),
+        let _pass = self.gate.enter();
+        let stats = ExecutionStats::default();
+        let cancel = &self.front.cancel.0;
+        let result = match self.begin(args, &stats) {
+            Ok(Some(mut flight)) => {
+                let cancelled = || cancel.load(Ordering::Acquire);
+                flight.cursor.advance(&self.prepared, &self.front.exec, &stats, &cancelled, Drive::Block);
+                self.end(flight, &stats)
+            }
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => Err(e),
         };
-        let result = self.run_step(args, hooks);
-        self.finish(args.weight_generation, &exec_stats, result)
+        self.finish(args.weight_generation, &stats, result)
     }
 
-    fn run_step(&self, args: &StepArgs<'_>, hooks: Hooks<'_>) -> TransferResult<Vec<TransferReceipt>> {
+    /// Starts [`Self::step`] without blocking: returns at once a [`StepHandle`] that
+    /// can be polled, waited on with a timeout and cancelled, and runs `on_complete`
+    /// (if any) when the step ends. The step's checks, pins, notifications and
+    /// batches run on the library's step driver, one thread shared by every started
+    /// step, which follows each batch through the engine's own completion (its
+    /// ticket's status) without blocking on it; an engine without ticketed calls
+    /// runs each batch on a thread of its own. The step's progress callback and
+    /// `on_complete` run on the driver thread: they must be quick and must not wait
+    /// for another started step.
+    ///
+    /// The outcome is exactly [`Self::step`]'s (report, errors). A step started
+    /// while another step of this prepared transfer runs ends at once with a
+    /// contract error (`a step of this prepared transfer is running`); two steps of
+    /// one prepared transfer never overlap. The handle keeps this prepared transfer
+    /// alive until the step ended. Cancellation ([`StepHandle::cancel`], or the
+    /// loader's or sink's token) takes effect before the next batch is submitted.
+    ///
+    /// # Safety
+    /// As [`Self::step`], until the step ended (the handle is finished): the
+    /// buffers stay valid and pinned while it runs, whether or not the handle is
+    /// still held.
+    pub unsafe fn start_step(self: &Arc<Self>, args: &StepArgs<'_>, on_complete: Option<StepCallback>) -> StepHandle {
+        let owned = OwnedStepArgs::new(args);
+        if !self.gate.try_enter() {
+            let error = TransferError::contract(Error::invalid(
+                "a step of this prepared transfer is running (two steps of one prepared transfer never overlap)",
+            ));
+            let result = self.finish(owned.weight_generation, &ExecutionStats::default(), Err(error));
+            return StepHandle::finished(result, on_complete);
+        }
+        let work = StepWork {
+            prepared: self.clone(),
+            args: owned,
+            stats: ExecutionStats::default(),
+            flight: None,
+            started: false,
+            holds_gate: true,
+        };
+        StepHandle::start(Box::new(work), on_complete)
+    }
+
+    /// The first part of a step: the freshness checks, the pins and, for a notified
+    /// step, the content checksums and `begin`; `None` when the step has nothing to
+    /// do.
+    fn begin(&self, args: &StepArgs<'_>, stats: &ExecutionStats) -> TransferResult<Option<Flight>> {
         let mut st = self.state.lock();
         if st.closed {
             return Err(TransferError::engine("prepared transfer is closed"));
@@ -357,7 +422,7 @@ impl PreparedTransfer {
             if let Some(p) = rotated {
                 st.pins = p;
             }
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let reservation = reserve(self.identity)?;
         let transfer = match args.transfer_id {
@@ -365,7 +430,7 @@ impl PreparedTransfer {
             None => StepTransfer::new(&uuid::Uuid::new_v4().simple().to_string()),
         };
         let specs = rotated.as_ref().unwrap_or(&st.pins);
-        let mut pins = Pins { tokens: Vec::with_capacity(specs.len()), stats: hooks.stats };
+        let mut pins = Pins { tokens: Vec::with_capacity(specs.len()), stats: Some(stats) };
         for spec in specs {
             match acquire_step_pin(&*spec.provider, spec.side.as_str(), &transfer, &spec.pin) {
                 Ok(token) => pins.tokens.push(token),
@@ -375,42 +440,103 @@ impl PreparedTransfer {
         if let Some(p) = rotated {
             st.pins = p;
         }
-        let Some(notify) = &args.notify else {
-            let out = self.run_batches(&mut st, pins, hooks);
-            drop(reservation);
-            return out;
+        drop(st);
+        let notify = match &args.notify {
+            None => None,
+            Some(n) => match self.notify_begin(n, key, transfer.id(), args.weight_generation) {
+                Ok(tail) => Some(tail),
+                Err(e) => return pins.abort(e),
+            },
         };
-        let notifier = match self.notifier() {
-            Ok(n) => n,
-            Err(e) => return pins.abort(e),
-        };
-        let key = key.as_deref();
-        let transfer = transfer.id().to_string();
-        let g = args.weight_generation;
-        let mut delivered = Vec::new();
-        let content = if notify.verify_content {
+        let progress = self.front.progress.lock().clone();
+        Ok(Some(Flight {
+            tokens: std::mem::take(&mut pins.tokens),
+            reservation: Some(reservation),
+            notify,
+            cursor: Cursor::new(&self.prepared, progress),
+        }))
+    }
+
+    /// A notified step's checksums (when verified) and `begin`.
+    fn notify_begin(
+        &self,
+        n: &StepNotify<'_>,
+        key: Option<Vec<u8>>,
+        transfer: &str,
+        generation: u64,
+    ) -> TransferResult<NotifyTail> {
+        let notifier = self.notifier()?;
+        let content = if n.verify_content {
             // SAFETY: `step`'s contract: the prepared source buffers are valid and
             // pinned for the step.
-            match unsafe { notifier.source_checksums(&self.prepared.plan) } {
-                Ok(c) => Some(c),
-                Err(e) => return pins.abort(e),
-            }
+            Some(unsafe { notifier.source_checksums(&self.prepared.plan) }?)
         } else {
             None
         };
-        if let Err(e) = notifier.send(exec, key, NotifyKind::Begin, g, &transfer, None, &mut delivered) {
-            return pins.abort(e);
-        }
-        let out = self.run_batches(&mut st, pins, hooks);
+        let mut tail = NotifyTail { key, transfer: transfer.to_string(), generation, content, delivered: Vec::new() };
+        let exec = &self.front.exec;
+        notifier.send(exec, tail.key.as_deref(), NotifyKind::Begin, generation, transfer, None, &mut tail.delivered)?;
+        Ok(tail)
+    }
+
+    /// The last part of a step, once its batches are over: releases the pins with
+    /// the step's terminal state, or hands them and the registrations to a pending
+    /// transfer when completion is unknown; then a notified step's `done`.
+    fn end(&self, flight: Flight, stats: &ExecutionStats) -> TransferResult<Vec<TransferReceipt>> {
+        let Flight { tokens, reservation, notify, cursor } = flight;
+        let mut pins = Pins { tokens, stats: Some(stats) };
+        let exec = &self.front.exec;
+        let submitted = cursor.submitted;
+        let body = match cursor.stop {
+            None if cursor.cancelled => {
+                Err(TransferError::engine("transfer was cancelled before a batch was submitted"))
+            }
+            None => Ok(cursor.receipts),
+            Some(BatchOutcome::Failed(msg)) => Err(TransferError::new(TransferErrorKind::CompletionFailed, msg)),
+            Some(BatchOutcome::Unknown { ticket, restart_required, interrupted }) => {
+                // DMA may still run: the registrations and the pins go to a pending
+                // transfer, and this prepared transfer cannot step again.
+                pins.record(GuardRelease::Pending);
+                let resources: Vec<Box<dyn Any + Send>> = vec![Box::new(self.prepared.clone())];
+                let mut st = self.state.lock();
+                let registrations = st.registered.take().unwrap_or_default();
+                let handoff = Handoff { registrations, tokens: std::mem::take(&mut pins.tokens), resources };
+                let e = retain_unknown(self.identity, &exec.engine, ticket, restart_required, interrupted, handoff);
+                st.handed_to = e.pending_transfer_id.clone();
+                return Err(e);
+            }
+            Some(BatchOutcome::Completed) => unreachable!("a completed batch does not stop the step"),
+        };
+        let state = match &body {
+            Ok(_) => TerminalState::Completed,
+            Err(e) if e.kind == TransferErrorKind::CompletionFailed || submitted => TerminalState::FailedDrained,
+            Err(_) => TerminalState::Aborted,
+        };
+        let release = pins.release(state);
         drop(reservation);
-        let receipts = out?;
-        notifier.send(exec, key, NotifyKind::Done, g, &transfer, content.as_ref(), &mut delivered).map_err(
-            |mut e| {
-                e.submitted = true;
-                e.message = format!("the step completed but {}", e.message);
-                e
-            },
-        )?;
+        let receipts = match (body, release) {
+            (Ok(r), None) => r,
+            (Ok(_), Some(m)) => {
+                let mut e = TransferError::engine(format!("allocation lifetime release failed: {m}"));
+                e.submitted = submitted;
+                return Err(e);
+            }
+            (Err(mut e), _) => {
+                e.submitted = submitted;
+                return Err(e);
+            }
+        };
+        if let Some(mut n) = notify {
+            let notifier = self.notifier()?;
+            let (key, content) = (n.key.as_deref(), n.content.as_ref());
+            notifier.send(exec, key, NotifyKind::Done, n.generation, &n.transfer, content, &mut n.delivered).map_err(
+                |mut e| {
+                    e.submitted = true;
+                    e.message = format!("the step completed but {}", e.message);
+                    e
+                },
+            )?;
+        }
         Ok(receipts)
     }
 
@@ -470,103 +596,6 @@ impl PreparedTransfer {
         Ok(out)
     }
 
-    /// Runs the prepared batches under the step's pins and ends the step: releases
-    /// the pins with its terminal state, or hands them and the registrations to a
-    /// pending transfer when completion is unknown.
-    fn run_batches(
-        &self,
-        st: &mut State,
-        mut pins: Pins<'_>,
-        hooks: Hooks<'_>,
-    ) -> TransferResult<Vec<TransferReceipt>> {
-        let exec = &self.front.exec;
-        let p = &*self.prepared;
-        let direction = if self.mode == TransferMode::Sink { Direction::Write } else { Direction::Read };
-        let worker = p.worker.as_deref().unwrap_or_default();
-        let total = p.endpoints.iter().map(|e| e.nbytes).sum();
-        let total_ops = p.endpoints.iter().map(|e| e.operation_count).sum();
-        let mut progress = Reporter::start(hooks.progress, ProgressPhase::Transfer, total, total_ops);
-        let (attempts, timeout) = (exec.limits.max_completion_drain_attempts, exec.limits.completion_drain_timeout_ms);
-        let mut submitted = false;
-        let mut receipts = Vec::with_capacity(p.endpoints.len());
-        let mut stop: Option<BatchOutcome> = None;
-        let mut cancelled = false;
-        'endpoints: for ep in &p.endpoints {
-            let (mut operation_count, mut nbytes) = (0u64, 0u64);
-            for (batch, planned) in &ep.batches {
-                if hooks.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
-                    cancelled = true;
-                    break 'endpoints;
-                }
-                submitted = true;
-                if let Some(s) = hooks.stats {
-                    s.submitted.store(true, Ordering::Release);
-                }
-                match execute_batch(&*exec.engine, batch, attempts, timeout) {
-                    BatchOutcome::Completed => {
-                        operation_count += planned;
-                        nbytes += batch.nbytes();
-                        if let Some(s) = hooks.stats {
-                            s.planned_segments.fetch_add(*planned, Ordering::Relaxed);
-                            s.engine_operations.fetch_add(batch.operation_count(), Ordering::Relaxed);
-                            s.engine_batches.fetch_add(1, Ordering::Relaxed);
-                        }
-                        progress.advance(batch.nbytes(), *planned);
-                    }
-                    other => {
-                        stop = Some(other);
-                        break 'endpoints;
-                    }
-                }
-            }
-            receipts.push(TransferReceipt {
-                direction,
-                worker_id: worker.to_string(),
-                endpoint: ep.endpoint.clone(),
-                operation_count,
-                nbytes,
-            });
-        }
-        let body = match stop {
-            None if cancelled => Err(TransferError::engine("transfer was cancelled before a batch was submitted")),
-            None => {
-                progress.finish();
-                Ok(receipts)
-            }
-            Some(BatchOutcome::Failed(msg)) => Err(TransferError::new(TransferErrorKind::CompletionFailed, msg)),
-            Some(BatchOutcome::Unknown { ticket, restart_required, interrupted }) => {
-                // DMA may still run: the registrations and the pins go to a pending
-                // transfer, and this prepared transfer cannot step again.
-                pins.record(GuardRelease::Pending);
-                let resources: Vec<Box<dyn Any + Send>> = vec![Box::new(self.prepared.clone())];
-                let registrations = st.registered.take().unwrap_or_default();
-                let handoff = Handoff { registrations, tokens: std::mem::take(&mut pins.tokens), resources };
-                let e = retain_unknown(self.identity, &exec.engine, ticket, restart_required, interrupted, handoff);
-                st.handed_to = e.pending_transfer_id.clone();
-                return Err(e);
-            }
-            Some(BatchOutcome::Completed) => unreachable!("a completed batch does not stop the step"),
-        };
-        let state = match &body {
-            Ok(_) => TerminalState::Completed,
-            Err(e) if e.kind == TransferErrorKind::CompletionFailed || submitted => TerminalState::FailedDrained,
-            Err(_) => TerminalState::Aborted,
-        };
-        let release = pins.release(state);
-        match (body, release) {
-            (Ok(r), None) => Ok(r),
-            (Ok(_), Some(m)) => {
-                let mut e = TransferError::engine(format!("allocation lifetime release failed: {m}"));
-                e.submitted = submitted;
-                Err(e)
-            }
-            (Err(mut e), _) => {
-                e.submitted = submitted;
-                Err(e)
-            }
-        }
-    }
-
     /// The step's report (recorded as the loader's or sink's last one).
     fn finish(
         &self,
@@ -607,6 +636,7 @@ impl PreparedTransfer {
     /// quarantined as <id>` (the failed addresses stay with a pending transfer that
     /// blocks the engine until it is drained).
     pub fn close(&self) -> TransferResult<()> {
+        let _pass = self.gate.enter();
         let mut st = self.state.lock();
         st.closed = true;
         let Some(registered) = st.registered.take() else { return Ok(()) };
@@ -631,6 +661,337 @@ impl PreparedTransfer {
 impl Drop for PreparedTransfer {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+/// Admits one step (or the close) of a prepared transfer at a time.
+#[derive(Default)]
+struct Gate {
+    busy: Mutex<bool>,
+    free: Condvar,
+}
+
+/// A blocking step's (or the close's) hold on the gate, released on drop.
+struct GatePass<'a>(&'a Gate);
+
+impl Gate {
+    /// Waits until no step runs, then holds the gate.
+    fn enter(&self) -> GatePass<'_> {
+        let mut busy = self.busy.lock();
+        while *busy {
+            self.free.wait(&mut busy);
+        }
+        *busy = true;
+        GatePass(self)
+    }
+    /// Holds the gate when no step runs (a started step; released by [`Gate::leave`]).
+    fn try_enter(&self) -> bool {
+        !std::mem::replace(&mut *self.busy.lock(), true)
+    }
+    fn leave(&self) {
+        *self.busy.lock() = false;
+        self.free.notify_one();
+    }
+}
+
+impl Drop for GatePass<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// A step past its pins: what its batches and its end need.
+struct Flight {
+    tokens: Vec<Box<dyn LifetimeToken>>,
+    /// The engine's reservation, released when the batches are over.
+    reservation: Option<Reservation>,
+    notify: Option<NotifyTail>,
+    cursor: Cursor,
+}
+
+/// What a notified step's `done` needs.
+struct NotifyTail {
+    key: Option<Vec<u8>>,
+    transfer: String,
+    generation: u64,
+    content: Option<BTreeMap<String, Vec<u32>>>,
+    delivered: Vec<NotifyDelivery>,
+}
+
+/// How a step's batches are driven.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drive {
+    /// Each batch to its end on the calling thread (inline drains).
+    Block,
+    /// Submit and check without waiting (the step driver).
+    Poll,
+}
+
+/// A batch handed to the engine that is still running.
+enum Running {
+    /// Under the engine's ticket, since then.
+    Ticket(Box<dyn TransferTicket>, Instant),
+    /// The engine's synchronous call on a thread of its own: its outcome once over.
+    Thread(Arc<Mutex<Option<BatchOutcome>>>),
+}
+
+/// Where a step's batches are.
+struct Cursor {
+    /// (endpoint, batch) of the running batch, else of the next one to submit.
+    at: (usize, usize),
+    running: Option<Running>,
+    /// The receipts of the endpoints whose batches all completed.
+    receipts: Vec<TransferReceipt>,
+    /// Operations and bytes completed of the current endpoint.
+    counts: (u64, u64),
+    submitted: bool,
+    stop: Option<BatchOutcome>,
+    cancelled: bool,
+    progress: Reporter<'static>,
+}
+
+impl Cursor {
+    fn new(p: &Prepared, progress: Option<ProgressCallback>) -> Cursor {
+        let total = p.endpoints.iter().map(|e| e.nbytes).sum();
+        let total_ops = p.endpoints.iter().map(|e| e.operation_count).sum();
+        Cursor {
+            at: (0, 0),
+            running: None,
+            receipts: Vec::with_capacity(p.endpoints.len()),
+            counts: (0, 0),
+            submitted: false,
+            stop: None,
+            cancelled: false,
+            progress: Reporter::shared(progress, ProgressPhase::Transfer, total, total_ops),
+        }
+    }
+
+    /// Moves the batches on, in order, until they are over (true: all completed,
+    /// one stopped them, or the step was cancelled before the next submission) or,
+    /// when polled, until the running batch has not completed yet (false).
+    fn advance(
+        &mut self,
+        p: &Arc<Prepared>,
+        exec: &TransferExecutor,
+        stats: &ExecutionStats,
+        cancelled: &dyn Fn() -> bool,
+        drive: Drive,
+    ) -> bool {
+        let (attempts, timeout) = (exec.limits.max_completion_drain_attempts, exec.limits.completion_drain_timeout_ms);
+        // A polled batch may run as long as the inline drains would wait for it.
+        let deadline = Duration::from_millis(timeout.saturating_mul(u64::from(attempts)));
+        loop {
+            if let Some(running) = self.running.take() {
+                let batch = &p.endpoints[self.at.0].batches[self.at.1].0;
+                let outcome = match running {
+                    Running::Ticket(ticket, since) => {
+                        let status = ticket.status();
+                        match judge_ticket(batch, ticket, status) {
+                            Ok(outcome) => outcome,
+                            Err(ticket) if since.elapsed() < deadline => {
+                                self.running = Some(Running::Ticket(ticket, since));
+                                return false;
+                            }
+                            Err(ticket) => BatchOutcome::Unknown {
+                                ticket: Some(ticket),
+                                restart_required: false,
+                                interrupted: None,
+                            },
+                        }
+                    }
+                    Running::Thread(slot) => {
+                        let done = slot.lock().take();
+                        match done {
+                            Some(o) => o,
+                            None => {
+                                self.running = Some(Running::Thread(slot));
+                                return false;
+                            }
+                        }
+                    }
+                };
+                if !self.account(p, stats, outcome) {
+                    return true;
+                }
+            }
+            let (e, b) = self.at;
+            let Some(ep) = p.endpoints.get(e) else {
+                self.progress.finish();
+                return true;
+            };
+            let Some((batch, _)) = ep.batches.get(b) else {
+                self.receipts.push(TransferReceipt {
+                    direction: p.direction,
+                    worker_id: p.worker.clone().unwrap_or_default(),
+                    endpoint: ep.endpoint.clone(),
+                    operation_count: self.counts.0,
+                    nbytes: self.counts.1,
+                });
+                self.counts = (0, 0);
+                self.at = (e + 1, 0);
+                continue;
+            };
+            if cancelled() {
+                self.cancelled = true;
+                return true;
+            }
+            self.submitted = true;
+            stats.submitted.store(true, Ordering::Release);
+            if drive == Drive::Block {
+                let outcome = execute_batch(&*exec.engine, batch, attempts, timeout);
+                if !self.account(p, stats, outcome) {
+                    return true;
+                }
+                continue;
+            }
+            match submit_batch(&*exec.engine, batch) {
+                Submission::Ticket(ticket) => self.running = Some(Running::Ticket(ticket, Instant::now())),
+                Submission::Failed(outcome) => {
+                    self.stop = Some(outcome);
+                    return true;
+                }
+                Submission::Synchronous => {
+                    let slot = Arc::new(Mutex::new(None));
+                    let (engine, prepared, out) = (exec.engine.clone(), p.clone(), slot.clone());
+                    let spawned = std::thread::Builder::new().name("mws-sync-batch".into()).spawn(move || {
+                        let outcome = run_synchronous(&*engine, &prepared.endpoints[e].batches[b].0);
+                        *out.lock() = Some(outcome);
+                    });
+                    match spawned {
+                        Ok(_) => self.running = Some(Running::Thread(slot)),
+                        Err(err) => {
+                            let msg = format!("cannot start a thread for the engine's synchronous batch call: {err}");
+                            self.stop = Some(BatchOutcome::Failed(msg));
+                            return true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records how the batch at the cursor ended: true when it completed (the
+    /// cursor moves to the next batch), false when it stops the step.
+    fn account(&mut self, p: &Prepared, stats: &ExecutionStats, outcome: BatchOutcome) -> bool {
+        if !matches!(outcome, BatchOutcome::Completed) {
+            self.stop = Some(outcome);
+            return false;
+        }
+        let (batch, planned) = &p.endpoints[self.at.0].batches[self.at.1];
+        self.counts.0 += planned;
+        self.counts.1 += batch.nbytes();
+        stats.planned_segments.fetch_add(*planned, Ordering::Relaxed);
+        stats.engine_operations.fetch_add(batch.operation_count(), Ordering::Relaxed);
+        stats.engine_batches.fetch_add(1, Ordering::Relaxed);
+        self.progress.advance(batch.nbytes(), *planned);
+        self.at.1 += 1;
+        true
+    }
+}
+
+/// The step arguments a started step keeps ([`PreparedTransfer::start_step`]).
+struct OwnedStepArgs {
+    weight_generation: u64,
+    /// (instance, participant, lease id, lease generation).
+    leases: Vec<(String, String, String, u64)>,
+    transfer_id: Option<String>,
+    /// The notify key and content verification of a notified step.
+    notify: Option<(Option<Vec<u8>>, bool)>,
+}
+
+impl OwnedStepArgs {
+    fn new(a: &StepArgs<'_>) -> OwnedStepArgs {
+        OwnedStepArgs {
+            weight_generation: a.weight_generation,
+            leases: a
+                .leases
+                .iter()
+                .map(|l| {
+                    let (i, p, id) = (l.instance_id.to_string(), l.participant_id.to_string(), l.lease_id.to_string());
+                    (i, p, id, l.lease_generation)
+                })
+                .collect(),
+            transfer_id: a.transfer_id.map(str::to_string),
+            notify: a.notify.map(|n| (n.key.map(<[u8]>::to_vec), n.verify_content)),
+        }
+    }
+}
+
+/// A started step, as the step driver advances it.
+struct StepWork {
+    prepared: Arc<PreparedTransfer>,
+    args: OwnedStepArgs,
+    stats: ExecutionStats,
+    flight: Option<Flight>,
+    started: bool,
+    holds_gate: bool,
+}
+
+impl StepWork {
+    fn conclude(&mut self, result: TransferResult<Vec<TransferReceipt>>) -> Advance {
+        let report = self.prepared.finish(self.args.weight_generation, &self.stats, result);
+        if std::mem::take(&mut self.holds_gate) {
+            self.prepared.gate.leave();
+        }
+        Advance::Done(report)
+    }
+}
+
+impl StepDriven for StepWork {
+    fn advance(&mut self, cancelled: bool) -> Advance {
+        let p = self.prepared.clone();
+        if !self.started {
+            self.started = true;
+            let a = &self.args;
+            let leases: Vec<LeaseRotation<'_>> = a
+                .leases
+                .iter()
+                .map(|(i, pid, id, g)| LeaseRotation {
+                    instance_id: i,
+                    participant_id: pid,
+                    lease_id: id,
+                    lease_generation: *g,
+                })
+                .collect();
+            let args = StepArgs {
+                weight_generation: a.weight_generation,
+                leases: &leases,
+                transfer_id: a.transfer_id.as_deref(),
+                notify: a
+                    .notify
+                    .as_ref()
+                    .map(|(key, verify)| StepNotify { key: key.as_deref(), verify_content: *verify }),
+            };
+            return match p.begin(&args, &self.stats) {
+                Ok(Some(flight)) => {
+                    self.flight = Some(flight);
+                    Advance::Moved
+                }
+                Ok(None) => self.conclude(Ok(Vec::new())),
+                Err(e) => self.conclude(Err(e)),
+            };
+        }
+        let Some(flight) = self.flight.as_mut() else {
+            return self.conclude(Err(TransferError::engine("step driver advanced a step that has ended")));
+        };
+        let before = (flight.cursor.at, flight.cursor.running.is_some());
+        let cancel = &p.front.cancel.0;
+        let cancelled = || cancelled || cancel.load(Ordering::Acquire);
+        if !flight.cursor.advance(&p.prepared, &p.front.exec, &self.stats, &cancelled, Drive::Poll) {
+            let moved = before != (flight.cursor.at, flight.cursor.running.is_some());
+            return if moved { Advance::Moved } else { Advance::Waiting };
+        }
+        let flight = self.flight.take().expect("the flight is present");
+        let result = p.end(flight, &self.stats);
+        self.conclude(result)
+    }
+}
+
+impl Drop for StepWork {
+    fn drop(&mut self) {
+        if self.holds_gate {
+            self.prepared.gate.leave();
+        }
     }
 }
 
