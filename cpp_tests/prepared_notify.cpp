@@ -10,13 +10,17 @@
 // target would) follow the step's generation and report each target updated only
 // after checking its bytes. Then: an older generation's replay is stale and changes
 // nothing; a flipped target byte is torn with its range named; an unverified done at
-// a verifying acceptor is refused; a prepared reader cannot notify. Exits non-zero on
+// a verifying acceptor is refused; steps started without blocking (item 2) do the
+// same, their callbacks run once; a prepared reader cannot notify. Exits non-zero on
 // any failure.
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -178,6 +182,64 @@ int main() {
         require(!first.empty(), "messages for the first target");
         const mws_notify_acceptor *routed = acceptors[1].get();
         require(router.accept(first[0], &routed) == MWS_NOTIFY_MISROUTED && routed == nullptr, "misrouted");
+
+        // Steps that do not block (issue 46, item 2): started, notified and verified,
+        // generation after generation; each callback runs once with the step's status.
+        router.add(acceptors[0]);
+        std::atomic<int> callbacks{0};
+        for (std::uint64_t g = 10; g <= 12; ++g) {
+            native.flip_next = g == 12;
+            std::vector<mws::StepHandle> steps;
+            for (const mws::PreparedTransfer &p : prepared)
+                steps.push_back(p.start_step(g, mws::StepNotify{kKey, true}, [&callbacks](mws_status s) {
+                    if (s == MWS_OK) callbacks.fetch_add(1);
+                }));
+            for (const mws::StepHandle &h : steps) {
+                std::optional<mws_transfer_stats> st;
+                while (!(st = h.wait_for(std::chrono::milliseconds(50)))) {
+                }
+                require(h.poll(), "ended");
+                mws::LiveReport r = h.report();
+                for (const auto &t : r.targets)
+                    require(t.verdict == MWS_TARGET_UPDATED && t.weight_generation == g, "the step's own report");
+            }
+            deliver(nullptr);
+            std::size_t torn_now = 0;
+            for (const mws::NotifyAcceptor &a : acceptors) {
+                mws_notify_outcome o = a.outcome();
+                if (o.verdict == MWS_TARGET_TORN) {
+                    ++torn_now;
+                    continue;
+                }
+                require(o.verdict == MWS_TARGET_UPDATED && o.weight_generation == g, "started steps update");
+            }
+            require(torn_now == (g == 12 ? 1u : 0u), "a flipped byte of a started step is caught as torn");
+        }
+        require(callbacks.load() == static_cast<int>(3 * prepared.size()), "each callback ran once");
+        {
+            // The C entry points' arguments: nothing starts on bad input.
+            mws_step_args a10{13, nullptr, 0, nullptr, nullptr};
+            mws_step_handle *h = nullptr;
+            require(mws_prepared_transfer_step_start(prepared[0].get(), &a10, nullptr, nullptr, nullptr, nullptr) ==
+                        MWS_NULL_ARGUMENT,
+                    "NULL out");
+            mws_step_notify bad{nullptr, 0, 4};
+            require(mws_prepared_transfer_step_start(prepared[0].get(), &a10, &bad, nullptr, nullptr, &h) ==
+                            MWS_INVALID_ARGUMENT &&
+                        h == nullptr,
+                    "unknown flags");
+            require(mws_prepared_transfer_step_start(prepared[0].get(), &a10, nullptr, nullptr, nullptr, &h) == MWS_OK,
+                    "plain started step");
+            std::uint32_t finished = 0;
+            require(mws_step_handle_wait(h, UINT64_MAX, &finished, nullptr) == MWS_OK && finished == 1, "waited");
+            mws_live_report r{};
+            require(mws_step_handle_report(h, &r) == MWS_OK, "report");
+            require(mws_step_handle_cancel(h) == MWS_OK, "cancelling an ended step does nothing");
+            require(mws_step_handle_wait(nullptr, 0, &finished, nullptr) == MWS_NULL_ARGUMENT, "NULL handle");
+            mws_step_handle_free(h);
+            native.take(targets[0] + ":17000");
+        }
+        std::printf("3 started, notified, content-verified steps; a flipped byte caught as torn\n");
 
         // A prepared reader's steps notify no one.
         prepared.clear();

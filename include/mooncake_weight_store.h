@@ -651,8 +651,10 @@ typedef struct mws_placement_builder mws_placement_builder;
  * `mws_loader_prepare_stored`, freed by
  * `mws_prepared_transfer_free` (which unregisters the memory the preparation
  * registered). Steps report through the sink's or loader's cancellation flag and
- * progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
- * steps of one prepared transfer run one at a time (a concurrent one waits); the
+ * progress callback, and through `mws_prepared_transfer_last_report`. A live step
+ * may also start without blocking (`mws_prepared_transfer_step_start`). Thread
+ * safety: steps of one prepared transfer run one at a time (a concurrent
+ * `mws_prepared_transfer_step` waits, a concurrent started step is refused); the
  * handle may be used from any thread.
  */
 typedef struct mws_prepared_transfer mws_prepared_transfer;
@@ -697,6 +699,17 @@ typedef struct mws_revision_list mws_revision_list;
  * `mws_sink_free`; threading as `mws_loader`.
  */
 typedef struct mws_sink mws_sink;
+
+/**
+ * A step started by `mws_prepared_transfer_step_start`: poll it, wait for it with a
+ * timeout, cancel it, read its report once it ended. Freed by
+ * `mws_step_handle_free`, which does not stop the step: it runs to its end on the
+ * step driver, and the buffers it moves stay in use until then (cancel and wait
+ * first to stop it early). The handle keeps its prepared transfer alive until the
+ * step ended. Thread safety: every function may be called from any thread, the
+ * waits concurrently.
+ */
+typedef struct mws_step_handle mws_step_handle;
 
 /**
  * A weight store: an object store backend (memory, directory or caller vtable) plus
@@ -1904,6 +1917,36 @@ typedef struct mws_revision_info {
      */
     const char *created_at;
 } mws_revision_info;
+
+/**
+ * The notify hook of a started sink step (`mws_prepared_transfer_step_start`), as
+ * the arguments of `mws_prepared_transfer_step_notified`. Read during the start
+ * call only (the key is copied).
+ */
+typedef struct mws_step_notify {
+    /**
+     * NULL (unkeyed) or the key shared with the targets' acceptors (at least 16 bytes).
+     */
+    const uint8_t *key;
+    /**
+     * Bytes of `key` (0 when NULL).
+     */
+    size_t key_len;
+    /**
+     * 0 or `MWS_STEP_VERIFY_CONTENT`.
+     */
+    uint32_t flags;
+} mws_step_notify;
+
+/**
+ * Runs once when a started step ended, on the library's step driver thread (not
+ * the thread that started it), with the `user_data` given at the start and the
+ * step's status (`MWS_OK`, or the error `mws_step_handle_wait` returns; during
+ * the callback, `mws_last_error_message` on that thread gives its message). It
+ * must be quick, must not unwind, and must not wait for another started step; it
+ * may call any other function, including `mws_step_handle_free` of its own handle.
+ */
+typedef void (*mws_step_callback)(void *user_data, enum mws_status status);
 
 /**
  * Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
@@ -4238,6 +4281,116 @@ enum mws_status mws_sink_last_report(const struct mws_sink *sink, struct mws_liv
  * returns.
  */
 void mws_sink_free(struct mws_sink *sink);
+
+/**
+ * Starts one step of a live prepared transfer without blocking, as
+ * `mws_prepared_transfer_step` (or, with `notify` not NULL,
+ * `mws_prepared_transfer_step_notified` of a prepared sink) would run it, and
+ * writes its handle to `*out`. The step's checks, pins, notifications and batches
+ * run on the library's step driver (one thread shared by every started step), which
+ * follows each batch through the engine's own completion (its ticket status)
+ * without blocking on it; an engine whose vtable has no ticketed submission runs
+ * each batch on a thread of its own. Progress callbacks of the sink or loader run
+ * on the driver thread. `callback` (NULL: none) runs once when the step ended.
+ *
+ * The step's outcome is exactly that of the blocking step; read it with
+ * `mws_step_handle_wait` (status, statistics) and `mws_step_handle_report`. It is
+ * not the prepared transfer's `mws_prepared_transfer_last_report`. A step started
+ * while another step of the same prepared transfer runs ends at once with
+ * `MWS_INVALID_ARGUMENT` ("a step of this prepared transfer is running"); two
+ * steps of one prepared transfer never overlap. A step may run while the caller
+ * serves reads of other buffers. `mws_prepared_transfer_step` and
+ * `mws_prepared_transfer_close` wait for a started step to end;
+ * `mws_prepared_transfer_free` does not: the prepared transfer closes once the
+ * step ended.
+ *
+ * Errors (nothing started, `*out` untouched): `MWS_NULL_ARGUMENT` (`prepared`,
+ * `args`, `out`), `MWS_INVALID_ARGUMENT` (a prepared restore, whose steps do not
+ * start without blocking; `args->revision` set; a lease rotation's strings;
+ * `notify` of unknown flags or a key shorter than 16 bytes), `MWS_INVALID_UTF8`.
+ * Every error of the step itself comes through the handle.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid
+ * entries; `notify` is NULL or valid, its `key` NULL or `key_len` readable bytes;
+ * `out` is NULL or valid for a write. Every buffer of the prepared bindings, local
+ * and remote, is valid at its prepared address and pinned by the guard until the
+ * step ended (and, when completion is unknown, until the pending transfer is
+ * drained). `callback`, when not NULL, may be called once from another thread with
+ * `user_data` and does not unwind.
+ */
+enum mws_status mws_prepared_transfer_step_start(const struct mws_prepared_transfer *prepared,
+                                                 const struct mws_step_args *args,
+                                                 const struct mws_step_notify *notify,
+                                                 mws_step_callback callback,
+                                                 void *user_data,
+                                                 struct mws_step_handle **out);
+
+/**
+ * Writes 1 to `*finished` when the started step ended, else 0; never blocks.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `step` is NULL or live; `finished` is NULL or valid for a write.
+ */
+enum mws_status mws_step_handle_poll(const struct mws_step_handle *step, uint32_t *finished);
+
+/**
+ * Waits up to `timeout_ms` milliseconds (`UINT64_MAX`: no limit; 0: a poll) for the
+ * started step to end. Still running then: returns `MWS_OK` with `*finished` = 0.
+ * Ended: `*finished` = 1 and returns the step's status, as the blocking step would
+ * (`MWS_OK`, with its statistics written to `*stats` when not NULL, or its error
+ * and message); its report is then `mws_step_handle_report`. May be called again.
+ *
+ * Errors (the step's aside): `MWS_NULL_ARGUMENT` (`step`, `finished`).
+ *
+ * # Safety
+ * `step` is NULL or live; `finished` is NULL or valid for a write; `stats` is NULL
+ * or valid for a write.
+ */
+enum mws_status mws_step_handle_wait(const struct mws_step_handle *step,
+                                     uint64_t timeout_ms,
+                                     uint32_t *finished,
+                                     struct mws_transfer_stats *stats);
+
+/**
+ * Asks the started step to stop: it submits no further batch (a running batch runs
+ * to its completion, which the step still follows) and ends with `MWS_STORE`
+ * ("transfer was cancelled before a batch was submitted") unless it already ended.
+ * Does not wait; idempotent.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`.
+ *
+ * # Safety
+ * `step` is NULL or live.
+ */
+enum mws_status mws_step_handle_cancel(const struct mws_step_handle *step);
+
+/**
+ * Writes the report of the ended step (successful or not) to `*out`, as
+ * `mws_prepared_transfer_last_report` does for a blocking step. Its pointers are
+ * borrowed from the handle until it is freed.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (the step has not ended).
+ *
+ * # Safety
+ * `step` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_step_handle_report(const struct mws_step_handle *step,
+                                       struct mws_live_report *out);
+
+/**
+ * Frees a step handle; NULL does nothing. The step, if still running, runs to its
+ * end on the step driver (see `mws_step_handle`).
+ *
+ * Thread safety: waits for the calls on the handle that other threads are running.
+ *
+ * # Safety
+ * `step` is NULL or a live handle not yet freed; no call starts on it once this
+ * returns.
+ */
+void mws_step_handle_free(struct mws_step_handle *step);
 
 /**
  * Opens an empty in-memory store (for tests and single-process use; the objects

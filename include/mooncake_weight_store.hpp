@@ -38,6 +38,7 @@
 #ifndef MOONCAKE_WEIGHT_STORE_HPP
 #define MOONCAKE_WEIGHT_STORE_HPP
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -2175,6 +2176,70 @@ struct LeaseRotation {
     std::uint64_t lease_generation = 0;
 };
 
+/// A step of a live prepared transfer started without blocking
+/// (PreparedTransfer::start_step; owns an mws_step_handle). Move-only. Destroying it
+/// does not stop the step: it runs to its end on the library's step driver, and the
+/// buffers it moves stay in use until then (cancel() and wait() first to stop it
+/// early). Thread safety: every method may be called from any thread.
+class StepHandle {
+public:
+    /// Takes ownership of a step handle (nullptr: an empty object).
+    explicit StepHandle(mws_step_handle *raw) noexcept : handle_(raw) {}
+
+    /// True once the step ended (mws_step_handle_poll); never blocks. Throws
+    /// mws::Error: MWS_NULL_ARGUMENT (empty object).
+    bool poll() const {
+        std::uint32_t finished = 0;
+        detail::check(mws_step_handle_poll(get(), &finished));
+        return finished != 0;
+    }
+    /// Waits up to `timeout` for the step to end (mws_step_handle_wait): std::nullopt
+    /// while it still runs, its statistics once it ended. Throws mws::Error: the
+    /// step's error once it ended failing (as PreparedTransfer::step would).
+    template <class Rep, class Period>
+    std::optional<mws_transfer_stats> wait_for(std::chrono::duration<Rep, Period> timeout) const {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
+        return wait_ms(ms < 0 ? 0 : static_cast<std::uint64_t>(ms));
+    }
+    /// Waits for the step to end, without a limit; returns its statistics. Throws
+    /// mws::Error: the step's error.
+    mws_transfer_stats wait() const { return *wait_ms(UINT64_MAX); }
+    /// Stops the step before its next batch (mws_step_handle_cancel; a running batch
+    /// completes); it then ends with MWS_STORE ("... cancelled ...") unless it
+    /// already ended. Does not wait.
+    void cancel() const { detail::check(mws_step_handle_cancel(get())); }
+    /// The report of the ended step, successful or not (mws_step_handle_report),
+    /// copied. Throws mws::Error: MWS_NOT_FOUND (not ended yet).
+    LiveReport report() const {
+        mws_live_report r{};
+        detail::check(mws_step_handle_report(get(), &r));
+        return LiveReport::from(r);
+    }
+
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
+    const mws_step_handle *get() const noexcept { return handle_.get(); }
+
+private:
+    std::optional<mws_transfer_stats> wait_ms(std::uint64_t ms) const {
+        std::uint32_t finished = 0;
+        mws_transfer_stats stats{};
+        detail::check(mws_step_handle_wait(get(), ms, &finished, &stats));
+        if (finished == 0)
+            return std::nullopt;
+        return stats;
+    }
+    std::unique_ptr<mws_step_handle, detail::Deleter<mws_step_handle, mws_step_handle_free>> handle_;
+};
+
+/// How a started sink step notifies its targets (PreparedTransfer::start_step), as
+/// the arguments of PreparedTransfer::step_notified.
+struct StepNotify {
+    /// Empty: unkeyed; else the key shared with the targets' acceptors (>= 16 bytes).
+    std::string key;
+    /// The `done` carries the CRC-32C of the bytes sent into each target.
+    bool verify_content = false;
+};
+
 /// A live transfer prepared once for many steps (owns an mws_prepared_transfer), made
 /// by Sink::prepare or Loader::prepare_live: each step() moves one weight generation
 /// through the prepared batches after the freshness checks. Move-only; keeps its
@@ -2228,6 +2293,44 @@ public:
             get(), &args, key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()), key.size(),
             verify_content ? MWS_STEP_VERIFY_CONTENT : 0u, &stats));
         return stats;
+    }
+    /// Every prepared buffer, local and remote, must stay valid at its prepared
+    /// address until the step ended. Starts step() (or, with `notify`, step_notified()
+    /// of a prepared sink) without blocking (mws_prepared_transfer_step_start) and
+    /// returns its handle; `on_complete` (empty: none) runs once when the step ended,
+    /// on the library's step driver thread, with the step's status: it must be quick
+    /// and must not throw. A step started while another step of this transfer runs
+    /// ends at once with MWS_INVALID_ARGUMENT. Throws mws::Error (nothing started):
+    /// MWS_INVALID_ARGUMENT (a prepared restore, a short key).
+    StepHandle start_step(std::uint64_t weight_generation, const std::optional<StepNotify> &notify = std::nullopt,
+                          std::function<void(mws_status)> on_complete = {},
+                          const std::vector<LeaseRotation> &leases = {}, const char *transfer_id = nullptr) const {
+        std::vector<mws_lease_rotation> l;
+        for (const LeaseRotation &r : leases)
+            l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.lease_generation});
+        mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
+        mws_step_notify n{};
+        if (notify) {
+            n.key = notify->key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(notify->key.data());
+            n.key_len = notify->key.size();
+            n.flags = notify->verify_content ? MWS_STEP_VERIFY_CONTENT : 0u;
+        }
+        using Callback = std::function<void(mws_status)>;
+        std::unique_ptr<Callback> cb(on_complete ? new Callback(std::move(on_complete)) : nullptr);
+        mws_step_callback trampoline = nullptr;
+        if (cb)
+            trampoline = [](void *user_data, mws_status status) {
+                std::unique_ptr<Callback> f(static_cast<Callback *>(user_data));
+                try {
+                    (*f)(status);
+                } catch (...) {
+                    // A callback must not throw across the C ABI: the exception is dropped.
+                }
+            };
+        mws_step_handle *raw = nullptr;
+        detail::check(mws_prepared_transfer_step_start(get(), &args, notify ? &n : nullptr, trampoline, cb.get(), &raw));
+        cb.release(); // the step owns it now: the trampoline deletes it after its one call
+        return StepHandle(raw);
     }
     /// The target buffers must be valid and untouched by anyone else for the step.
     /// Restores revision `revision` (nullptr: the prepared one), weight generation

@@ -11,6 +11,7 @@ use mws::protocol::transfer::{
     LeaseRotation, PreparedRestore, PreparedTransfer, StepNotify, StepRequest, TransferStats,
 };
 use std::ffi::c_char;
+use std::sync::Arc;
 
 /// `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
 /// CRC-32C of the bytes sent into each target, computed from the host source
@@ -29,8 +30,10 @@ pub const MWS_STEP_VERIFY_CONTENT: u32 = 1;
 /// `mws_loader_prepare_stored`, freed by
 /// `mws_prepared_transfer_free` (which unregisters the memory the preparation
 /// registered). Steps report through the sink's or loader's cancellation flag and
-/// progress callback, and through `mws_prepared_transfer_last_report`. Thread safety:
-/// steps of one prepared transfer run one at a time (a concurrent one waits); the
+/// progress callback, and through `mws_prepared_transfer_last_report`. A live step
+/// may also start without blocking (`mws_prepared_transfer_step_start`). Thread
+/// safety: steps of one prepared transfer run one at a time (a concurrent
+/// `mws_prepared_transfer_step` waits, a concurrent started step is refused); the
 /// handle may be used from any thread.
 pub struct mws_prepared_transfer {
     inner: Prepared,
@@ -39,7 +42,7 @@ pub struct mws_prepared_transfer {
 
 /// A live transfer or a stored restore.
 enum Prepared {
-    Live(PreparedTransfer),
+    Live(Arc<PreparedTransfer>),
     Stored(Box<PreparedRestore>),
 }
 
@@ -47,7 +50,7 @@ handle!(mws_prepared_transfer);
 
 impl mws_prepared_transfer {
     pub(crate) fn new(inner: PreparedTransfer) -> mws_prepared_transfer {
-        mws_prepared_transfer { inner: Prepared::Live(inner), report: LastReport::default() }
+        mws_prepared_transfer { inner: Prepared::Live(Arc::new(inner)), report: LastReport::default() }
     }
     pub(crate) fn stored(inner: PreparedRestore) -> mws_prepared_transfer {
         mws_prepared_transfer { inner: Prepared::Stored(Box::new(inner)), report: LastReport::default() }
@@ -139,6 +142,39 @@ pub unsafe extern "C" fn mws_prepared_transfer_step(
     status_call!(|c| step(c, prepared, args, None, stats))
 }
 
+/// The rotated leases of `args`, read for the call.
+pub(crate) fn leases<'a>(c: Caller<'a>, a: &'a mws_step_args) -> FfiResult<Vec<LeaseRotation<'a>>> {
+    let mut leases = Vec::new();
+    for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
+        leases.push(LeaseRotation {
+            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
+            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
+            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
+            lease_generation: l.lease_generation,
+        });
+    }
+    Ok(leases)
+}
+
+/// The live prepared transfer of a handle (a prepared restore has no started steps).
+pub(crate) fn live(p: &mws_prepared_transfer) -> FfiResult<&Arc<PreparedTransfer>> {
+    match &p.inner {
+        Prepared::Live(live) => Ok(live),
+        Prepared::Stored(_) => {
+            Err(mws::Error::invalid("a prepared restore's steps do not start without blocking (use its step)").into())
+        }
+    }
+}
+
+/// The notify hook of a sink's step from its C form (`flags` checked).
+pub(crate) fn step_notify<'a>(c: Caller<'a>, key: *const u8, key_len: usize, flags: u32) -> FfiResult<StepNotify<'a>> {
+    if flags & !MWS_STEP_VERIFY_CONTENT != 0 {
+        return Err(mws::Error::invalid(format!("unknown notify flags {flags:#x}")).into());
+    }
+    let key = key_arg(c, key, key_len)?;
+    Ok(StepNotify { key, verify_content: flags & MWS_STEP_VERIFY_CONTENT != 0 })
+}
+
 /// The body of both step entry points.
 fn step(
     c: Caller<'_>,
@@ -149,15 +185,7 @@ fn step(
 ) -> FfiResult<()> {
     let p = c.handle(prepared, "prepared")?;
     let a = c.struct_ref(args, "args")?;
-    let mut leases = Vec::new();
-    for (i, l) in c.slice(a.leases, a.n_leases, "args.leases")?.iter().enumerate() {
-        leases.push(LeaseRotation {
-            instance_id: c.str(l.instance_id, &format!("args.leases[{i}].instance_id"))?,
-            participant_id: c.str(l.participant_id, &format!("args.leases[{i}].participant_id"))?,
-            lease_id: c.str(l.lease_id, &format!("args.leases[{i}].lease_id"))?,
-            lease_generation: l.lease_generation,
-        });
-    }
+    let leases = leases(c, a)?;
     let request = StepRequest {
         weight_generation: a.weight_generation,
         leases: &leases,
@@ -221,11 +249,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_step_notified(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        if flags & !MWS_STEP_VERIFY_CONTENT != 0 {
-            return Err(mws::Error::invalid(format!("unknown notify flags {flags:#x}")).into());
-        }
-        let key = key_arg(c, key, key_len)?;
-        let notify = StepNotify { key, verify_content: flags & MWS_STEP_VERIFY_CONTENT != 0 };
+        let notify = step_notify(c, key, key_len, flags)?;
         step(c, prepared, args, Some(notify), stats)
     })
 }

@@ -92,6 +92,13 @@ pub(crate) fn reserve(identity: u64) -> Result<Reservation, TransferError> {
     Ok(Reservation { identity })
 }
 
+/// True while another submission is active on `identity` (and no pending entry
+/// blocks it): [`reserve`] would refuse now, but not for good.
+pub(crate) fn engine_busy(identity: u64) -> bool {
+    let t = TABLE.lock();
+    t.active.contains(&identity) && !t.entries.values().any(|e| e.identity == identity)
+}
+
 /// What the executor hands to a pending entry.
 pub(crate) struct Handoff {
     pub registrations: Vec<u64>,

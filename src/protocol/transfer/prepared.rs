@@ -38,7 +38,7 @@
 //! guard then observes) and prepare again.
 
 use super::completion::{cleanup_error, quarantine_cleanup, run_synchronous, submit_batch, Submission};
-use super::completion::{execute_batch, judge_ticket, reserve, Reservation};
+use super::completion::{engine_busy, execute_batch, judge_ticket, reserve, Reservation};
 use super::completion::{retain_unknown, unregister_all, BatchOutcome, Handoff};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::{Call, TransferExecutor, TransferReceipt};
@@ -361,7 +361,10 @@ impl PreparedTransfer {
     /// `on_complete` run on the driver thread: they must be quick and must not wait
     /// for another started step.
     ///
-    /// The outcome is exactly [`Self::step`]'s (report, errors). A step started
+    /// The outcome is exactly [`Self::step`]'s (report, errors), except that a
+    /// started step waits (without holding anything) while another submission is
+    /// active on the engine, where a blocking step is refused: started steps of
+    /// several prepared transfers on one engine run one after another. A step started
     /// while another step of this prepared transfer runs ends at once with a
     /// contract error (`a step of this prepared transfer is running`); two steps of
     /// one prepared transfer never overlap. The handle keeps this prepared transfer
@@ -941,6 +944,10 @@ impl StepDriven for StepWork {
     fn advance(&mut self, cancelled: bool) -> Advance {
         let p = self.prepared.clone();
         if !self.started {
+            if engine_busy(p.identity) && !cancelled {
+                // Started steps on one engine queue behind its active submission.
+                return Advance::Waiting;
+            }
             self.started = true;
             let a = &self.args;
             let leases: Vec<LeaseRotation<'_>> = a

@@ -1,0 +1,263 @@
+//! `mws_step_handle`: a step of a live prepared transfer started without blocking
+//! (`mws_prepared_transfer_step_start`); wraps the core's
+//! `protocol::transfer::StepHandle`.
+
+use crate::args::Caller;
+use crate::boundary::{mws_status, set_last_error, Failure, FfiResult};
+use crate::callbacks::Ctx;
+use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
+use crate::prepared::{leases, live, mws_prepared_transfer, mws_step_args, step_notify};
+use mws::protocol::transfer::{StepCallback, StepHandle, StepRequest, StepResult};
+use parking_lot::Mutex;
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// Runs once when a started step ended, on the library's step driver thread (not
+/// the thread that started it), with the `user_data` given at the start and the
+/// step's status (`MWS_OK`, or the error `mws_step_handle_wait` returns; during
+/// the callback, `mws_last_error_message` on that thread gives its message). It
+/// must be quick, must not unwind, and must not wait for another started step; it
+/// may call any other function, including `mws_step_handle_free` of its own handle.
+pub type mws_step_callback = Option<unsafe extern "C" fn(user_data: *mut c_void, status: mws_status)>;
+
+/// The notify hook of a started sink step (`mws_prepared_transfer_step_start`), as
+/// the arguments of `mws_prepared_transfer_step_notified`. Read during the start
+/// call only (the key is copied).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_step_notify {
+    /// NULL (unkeyed) or the key shared with the targets' acceptors (at least 16 bytes).
+    pub key: *const u8,
+    /// Bytes of `key` (0 when NULL).
+    pub key_len: usize,
+    /// 0 or `MWS_STEP_VERIFY_CONTENT`.
+    pub flags: u32,
+}
+
+/// A step started by `mws_prepared_transfer_step_start`: poll it, wait for it with a
+/// timeout, cancel it, read its report once it ended. Freed by
+/// `mws_step_handle_free`, which does not stop the step: it runs to its end on the
+/// step driver, and the buffers it moves stay in use until then (cancel and wait
+/// first to stop it early). The handle keeps its prepared transfer alive until the
+/// step ended. Thread safety: every function may be called from any thread, the
+/// waits concurrently.
+pub struct mws_step_handle {
+    inner: StepHandle,
+    /// The report of the step once a wait or poll saw it end, in C form.
+    report: Mutex<Option<ReportView>>,
+}
+
+handle!(mws_step_handle);
+
+/// Keeps the callback's `user_data` for the driver thread.
+struct Callback {
+    f: unsafe extern "C" fn(*mut c_void, mws_status),
+    user_data: Ctx,
+}
+
+impl Callback {
+    fn run(self, result: &StepResult) {
+        let status = match result {
+            Ok(_) => mws_status::MWS_OK,
+            Err(e) => {
+                let failure = Failure::from(e.error.clone());
+                set_last_error("mws_prepared_transfer_step_start", &failure.message);
+                failure.status
+            }
+        };
+        // SAFETY: `mws_prepared_transfer_step_start`'s contract: the callback may be
+        // called with `user_data` once, from another thread, and does not unwind.
+        unsafe { (self.f)(self.user_data.0, status) }
+    }
+}
+
+/// Starts one step of a live prepared transfer without blocking, as
+/// `mws_prepared_transfer_step` (or, with `notify` not NULL,
+/// `mws_prepared_transfer_step_notified` of a prepared sink) would run it, and
+/// writes its handle to `*out`. The step's checks, pins, notifications and batches
+/// run on the library's step driver (one thread shared by every started step), which
+/// follows each batch through the engine's own completion (its ticket status)
+/// without blocking on it; an engine whose vtable has no ticketed submission runs
+/// each batch on a thread of its own. Progress callbacks of the sink or loader run
+/// on the driver thread. `callback` (NULL: none) runs once when the step ended.
+///
+/// The step's outcome is exactly that of the blocking step; read it with
+/// `mws_step_handle_wait` (status, statistics) and `mws_step_handle_report`. It is
+/// not the prepared transfer's `mws_prepared_transfer_last_report`. A step started
+/// while another step of the same prepared transfer runs ends at once with
+/// `MWS_INVALID_ARGUMENT` ("a step of this prepared transfer is running"); two
+/// steps of one prepared transfer never overlap. A step may run while the caller
+/// serves reads of other buffers. `mws_prepared_transfer_step` and
+/// `mws_prepared_transfer_close` wait for a started step to end;
+/// `mws_prepared_transfer_free` does not: the prepared transfer closes once the
+/// step ended.
+///
+/// Errors (nothing started, `*out` untouched): `MWS_NULL_ARGUMENT` (`prepared`,
+/// `args`, `out`), `MWS_INVALID_ARGUMENT` (a prepared restore, whose steps do not
+/// start without blocking; `args->revision` set; a lease rotation's strings;
+/// `notify` of unknown flags or a key shorter than 16 bytes), `MWS_INVALID_UTF8`.
+/// Every error of the step itself comes through the handle.
+///
+/// # Safety
+/// `prepared` is NULL or live; `args` is NULL or valid, with `n_leases` valid
+/// entries; `notify` is NULL or valid, its `key` NULL or `key_len` readable bytes;
+/// `out` is NULL or valid for a write. Every buffer of the prepared bindings, local
+/// and remote, is valid at its prepared address and pinned by the guard until the
+/// step ended (and, when completion is unknown, until the pending transfer is
+/// drained). `callback`, when not NULL, may be called once from another thread with
+/// `user_data` and does not unwind.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_step_start(
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    notify: *const mws_step_notify,
+    callback: mws_step_callback,
+    user_data: *mut c_void,
+    out: *mut *mut mws_step_handle,
+) -> mws_status {
+    status_call!(|c| start(c, prepared, args, notify, callback, user_data, out))
+}
+
+fn start(
+    c: Caller<'_>,
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    notify: *const mws_step_notify,
+    callback: mws_step_callback,
+    user_data: *mut c_void,
+    out: *mut *mut mws_step_handle,
+) -> FfiResult<()> {
+    let p = live(c.handle(prepared, "prepared")?)?;
+    let a = c.struct_ref(args, "args")?;
+    let out = c.out(out, "out")?;
+    let leases = leases(c, a)?;
+    let request = StepRequest {
+        weight_generation: a.weight_generation,
+        leases: &leases,
+        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+        revision: c.opt_str(a.revision, "args.revision")?,
+    };
+    let mut step = request.live()?;
+    if let Some(n) = c.opt_struct(notify) {
+        step.notify = Some(step_notify(c, n.key, n.key_len, n.flags)?);
+    }
+    let on_complete: Option<StepCallback> = callback.map(|f| {
+        let cb = Callback { f, user_data: Ctx(user_data) };
+        Box::new(move |r: &StepResult| cb.run(r)) as StepCallback
+    });
+    // SAFETY: the entry point's contract: every prepared buffer is valid and pinned
+    // until the step ended.
+    let inner = unsafe { p.start_step(&step, on_complete) };
+    out.give_handle(mws_step_handle { inner, report: Mutex::new(None) })
+}
+
+impl mws_step_handle {
+    /// The step's status once it ended (keeping its report), `None` while it runs.
+    fn settle(&self, result: Option<StepResult>, stats: *mut mws_transfer_stats, c: Caller<'_>) -> FfiResult<bool> {
+        let Some(result) = result else { return Ok(false) };
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(e.error)),
+        };
+        let st = stats_c(report.stats);
+        *self.report.lock() = Some(ReportView::new(report));
+        outcome?;
+        c.opt_set(stats, st);
+        Ok(true)
+    }
+}
+
+/// Writes 1 to `*finished` when the started step ended, else 0; never blocks.
+///
+/// Errors: `MWS_NULL_ARGUMENT`.
+///
+/// # Safety
+/// `step` is NULL or live; `finished` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_step_handle_poll(step: *const mws_step_handle, finished: *mut u32) -> mws_status {
+    status_call!(|c| {
+        let h = c.handle(step, "step")?;
+        c.out(finished, "finished")?.give(u32::from(h.inner.is_finished()))
+    })
+}
+
+/// Waits up to `timeout_ms` milliseconds (`UINT64_MAX`: no limit; 0: a poll) for the
+/// started step to end. Still running then: returns `MWS_OK` with `*finished` = 0.
+/// Ended: `*finished` = 1 and returns the step's status, as the blocking step would
+/// (`MWS_OK`, with its statistics written to `*stats` when not NULL, or its error
+/// and message); its report is then `mws_step_handle_report`. May be called again.
+///
+/// Errors (the step's aside): `MWS_NULL_ARGUMENT` (`step`, `finished`).
+///
+/// # Safety
+/// `step` is NULL or live; `finished` is NULL or valid for a write; `stats` is NULL
+/// or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_step_handle_wait(
+    step: *const mws_step_handle,
+    timeout_ms: u64,
+    finished: *mut u32,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let h = c.handle(step, "step")?;
+        let finished = c.out(finished, "finished")?;
+        let timeout = (timeout_ms != u64::MAX).then(|| Duration::from_millis(timeout_ms));
+        let result = h.inner.wait(timeout);
+        finished.set(u32::from(result.is_some()));
+        h.settle(result, stats, c).map(|_| ())
+    })
+}
+
+/// Asks the started step to stop: it submits no further batch (a running batch runs
+/// to its completion, which the step still follows) and ends with `MWS_STORE`
+/// ("transfer was cancelled before a batch was submitted") unless it already ended.
+/// Does not wait; idempotent.
+///
+/// Errors: `MWS_NULL_ARGUMENT`.
+///
+/// # Safety
+/// `step` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_step_handle_cancel(step: *const mws_step_handle) -> mws_status {
+    status_call!(|c| {
+        c.handle(step, "step")?.inner.cancel();
+        Ok(())
+    })
+}
+
+/// Writes the report of the ended step (successful or not) to `*out`, as
+/// `mws_prepared_transfer_last_report` does for a blocking step. Its pointers are
+/// borrowed from the handle until it is freed.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (the step has not ended).
+///
+/// # Safety
+/// `step` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_step_handle_report(step: *const mws_step_handle, out: *mut mws_live_report) -> mws_status {
+    status_call!(|c| {
+        let h = c.handle(step, "step")?;
+        let out = c.out(out, "out")?;
+        if h.report.lock().is_none() {
+            // The step's own error is not this call's: only its report is wanted.
+            let _ = h.settle(h.inner.poll(), std::ptr::null_mut(), c);
+        }
+        let view = h.report.lock();
+        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "the step has not ended"))?;
+        out.give(view.c)
+    })
+}
+
+/// Frees a step handle; NULL does nothing. The step, if still running, runs to its
+/// end on the step driver (see `mws_step_handle`).
+///
+/// Thread safety: waits for the calls on the handle that other threads are running.
+///
+/// # Safety
+/// `step` is NULL or a live handle not yet freed; no call starts on it once this
+/// returns.
+#[no_mangle]
+pub unsafe extern "C" fn mws_step_handle_free(step: *mut mws_step_handle) {
+    value_call!((), |c| c.free(step))
+}
