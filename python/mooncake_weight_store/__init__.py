@@ -39,7 +39,7 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
 from .transfer import (EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo, PreparedTransfer, Sink,
-                       TargetOutcome, TransferEngine, TransferPlan, TransferStats)
+                       StepHandle, TargetOutcome, TransferEngine, TransferPlan, TransferStats)
 from .notify import NotifyAcceptor, NotifyMismatch, NotifyOutcome, NotifyRouter
 from .writer import Writer
 from .logs import set_log_callback
@@ -149,6 +149,7 @@ __all__ = [
     "Loader",
     "Sink",
     "PreparedTransfer",
+    "StepHandle",
     "PreparedInfo",
     "LeaseRotation",
 ]

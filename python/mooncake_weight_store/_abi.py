@@ -619,6 +619,14 @@ class mws_step_args(CStruct):
                 ("transfer_id", c_char_p), ("revision", c_char_p)]
 
 
+class mws_step_notify(CStruct):
+    _fields_ = [("key", c_void_p), ("key_len", c_size_t), ("flags", c_uint32)]
+
+
+#: ``mws_step_callback``: (user_data, status), once, on the library's step driver thread
+STEP_CALLBACK_FN = CFUNCTYPE(None, c_void_p, c_int)
+
+
 class mws_prepared_info(CStruct):
     _fields_ = [("empty", c_uint32), ("batches", c_uint64), ("pinned_bindings", c_uint64), ("bytes", c_uint64)]
 
@@ -852,6 +860,13 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_prepared_transfer_last_report": (c_int, [_p, POINTER(mws_live_report)]),
     "mws_prepared_transfer_info": (c_int, [_p, POINTER(mws_prepared_info)]),
     "mws_prepared_transfer_close": (c_int, [_p]),
+    "mws_prepared_transfer_step_start": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_step_notify),
+                                                 STEP_CALLBACK_FN, c_void_p, POINTER(_p)]),
+    "mws_step_handle_poll": (c_int, [_p, POINTER(c_uint32)]),
+    "mws_step_handle_wait": (c_int, [_p, c_uint64, POINTER(c_uint32), POINTER(mws_transfer_stats)]),
+    "mws_step_handle_cancel": (c_int, [_p]),
+    "mws_step_handle_report": (c_int, [_p, POINTER(mws_live_report)]),
+    "mws_step_handle_free": (None, [_p]),
     "mws_prepared_transfer_free": (None, [_p]),
     # notify hook
     "mws_notify_name": (c_char_p, []),

@@ -14,13 +14,15 @@ buffers) alive while the plan is executed.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ctypes
 import functools
 import json
 import threading
 from ctypes import c_size_t, c_void_p
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
@@ -246,13 +248,45 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         return self._step("mws_prepared_transfer_step_notified", generation, leases, transfer_id, None,
                           (k, len(k) if k else 0, flags))
 
+    @_serialized
+    def start_step(self, generation: int, *, notify: bool = False, key: Optional[bytes] = None,
+                   verify_content: bool = False, leases: Sequence[LeaseRotation] = (),
+                   transfer_id: Optional[str] = None) -> "StepHandle":
+        """Starts :meth:`step` (or, with ``notify``, ``key`` or ``verify_content``,
+        :meth:`step_notified` of a prepared sink) without blocking
+        (``mws_prepared_transfer_step_start``) and returns its :class:`StepHandle`: a
+        ``concurrent.futures.Future`` (``.future``), awaitable in ``asyncio``, that
+        can be polled, waited on with a timeout and cancelled. The step runs on the
+        library's step driver thread (the engine's own completion drives it; this
+        thread and the GIL stay free), as do the sink's or loader's progress
+        callback and, for an engine implemented in Python, its callbacks.
+
+        Two steps of one prepared transfer never overlap: one started while another
+        runs fails (``InvalidArgumentError`` through its handle); a step may run while
+        this process serves reads of other buffers. The buffers of the prepared
+        bindings must stay valid until the step ended: the handle keeps this object
+        (and what it keeps) alive until then, even once dropped. Raises (nothing
+        started): ``InvalidArgumentError`` (a prepared restore; a short key)."""
+        args, keep = _step_args(generation, leases, transfer_id, None)
+        notify_c = None
+        if notify or key is not None or verify_content:
+            k = bytes(key) if key else None
+            kbuf = ctypes.create_string_buffer(k, len(k)) if k else None
+            keep.append(kbuf)
+            flags = _abi.MWS_STEP_VERIFY_CONTENT if verify_content else 0
+            notify_c = _abi.mws_step_notify(ctypes.addressof(kbuf) if kbuf is not None else None,
+                                            len(k) if k else 0, flags)
+        step = StepHandle(self)
+        out = _abi._p()
+        self._engine._call("mws_prepared_transfer_step_start", self, ctypes.byref(args),
+                           ctypes.byref(notify_c) if notify_c is not None else None, step._callback, None,
+                           ctypes.byref(out))
+        step._adopt(out.value)
+        return step
+
     def _step(self, fn: str, generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
               revision: Optional[str], extra: Tuple[Any, ...]) -> TransferStats:
-        arr = (_abi.mws_lease_rotation * len(leases))(*[
-            _abi.mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
-                                    cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
-        args = _abi.mws_step_args(int(generation), arr if leases else None, len(leases),
-                                  cstr(transfer_id, "transfer_id"), cstr(revision, "revision"))
+        args, _keep = _step_args(generation, leases, transfer_id, revision)
         st = _abi.mws_transfer_stats()
         try:
             self._engine._call(fn, self, ctypes.byref(args), *extra, ctypes.byref(st))
@@ -281,6 +315,129 @@ class PreparedTransfer(_Reporting, OwnedHandle):
             self._engine._call("mws_prepared_transfer_close", self)
         finally:
             self._free()
+
+
+def _step_args(generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
+               revision: Optional[str]) -> Tuple[_abi.mws_step_args, List[Any]]:
+    """The C arguments of a step, and what they point into (keep it for the call)."""
+    arr = (_abi.mws_lease_rotation * len(leases))(*[
+        _abi.mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
+                                cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
+    args = _abi.mws_step_args(int(generation), arr if leases else None, len(leases),
+                              cstr(transfer_id, "transfer_id"), cstr(revision, "revision"))
+    return args, [arr]
+
+
+#: Started steps whose completion callback has not run yet (it keeps them alive).
+_RUNNING: Dict[int, "StepHandle"] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+class StepHandle(OwnedHandle):
+    """A step started by :meth:`PreparedTransfer.start_step` (``mws_step_handle``).
+
+    * :attr:`future`: a ``concurrent.futures.Future`` completed when the step ended,
+      with its :class:`TransferStats`, or its exception (an ``MwsError`` carrying the
+      step's report as ``.report``). It is already running: cancel the step with
+      :meth:`cancel`, not ``future.cancel()``.
+    * ``await handle`` in ``asyncio`` gives the same result.
+    * :meth:`poll`, :meth:`wait` (with a timeout), :meth:`cancel`, :meth:`report`.
+
+    The step does not stop when this object is dropped or closed: it runs to its
+    end, and this object (with the prepared transfer and its buffers) stays alive
+    until its completion callback ran. Thread safety: any method from any thread."""
+
+    _FREE = "mws_step_handle_free"
+    _WHAT = "step handle"
+    _UNHELD = ("close", "future")
+
+    def __init__(self, prepared: "PreparedTransfer") -> None:
+        super().__init__(None, [prepared])
+        self._future: "concurrent.futures.Future[TransferStats]" = concurrent.futures.Future()
+        self._future.set_running_or_notify_cancel()
+        self._report: Optional[LiveReport] = None
+        self._settling = threading.Lock()
+        self._early = False
+        self._callback = _abi.STEP_CALLBACK_FN(self._on_complete)
+        with _RUNNING_LOCK:
+            _RUNNING[id(self)] = self
+
+    def _adopt(self, handle: Optional[int]) -> None:
+        with self._settling:
+            super()._adopt(handle)
+            early = self._early
+        if handle is None:  # the start failed: no callback will run
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(self), None)
+        elif early:
+            self._settle()
+
+    def _on_complete(self, _user_data: Any, _status: int) -> None:
+        """The completion callback (the step driver's thread, or the starting thread
+        when the step ended at once): settles the future."""
+        with self._settling:
+            if self._h is None:  # inside the start call: _adopt settles it
+                self._early = True
+                return
+        self._settle()
+
+    def _settle(self) -> None:
+        try:
+            try:
+                stats = self._wait_ms(0)
+                self._future.set_result(stats)  # type: ignore[arg-type]
+            except BaseException as e:  # noqa: BLE001 - the future carries it
+                self._future.set_exception(e)
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(self), None)
+
+    def _wait_ms(self, timeout_ms: int) -> Optional[TransferStats]:
+        finished = ctypes.c_uint32(0)
+        st = _abi.mws_transfer_stats()
+        status = LIB.fn("mws_step_handle_wait")(self, timeout_ms, ctypes.byref(finished), ctypes.byref(st))
+        if finished.value:
+            self._report = _copy_report("mws_step_handle_report", self)
+        try:
+            _lib.check(status)
+        except _lib.MwsError as e:
+            e.report = self._report  # type: ignore[attr-defined]
+            raise
+        return _stats(st) if finished.value else None
+
+    @property
+    def future(self) -> "concurrent.futures.Future[TransferStats]":
+        """The step's ``concurrent.futures.Future`` (see the class)."""
+        return self._future
+
+    def __await__(self) -> Generator[Any, None, TransferStats]:
+        return asyncio.wrap_future(self._future).__await__()
+
+    def poll(self) -> bool:
+        """True once the step ended; never blocks."""
+        finished = ctypes.c_uint32(0)
+        call("mws_step_handle_poll", self, ctypes.byref(finished))
+        return bool(finished.value)
+
+    def wait(self, timeout: Optional[float] = None) -> TransferStats:
+        """Waits up to ``timeout`` seconds (``None``: no limit) for the step to end and
+        returns its statistics; raises the step's error (with ``.report``), or
+        ``TimeoutError`` while it still runs. Releases the GIL while it waits."""
+        ms = 2**64 - 1 if timeout is None else max(0, int(timeout * 1000))
+        stats = self._wait_ms(ms)
+        if stats is None:
+            raise TimeoutError(f"the step is still running after {timeout} s")
+        return stats
+
+    def cancel(self) -> None:
+        """Stops the step before its next batch (a running batch completes); it then
+        ends with ``StoreError`` ("... cancelled ...") unless it already ended. Does
+        not wait."""
+        call("mws_step_handle_cancel", self)
+
+    def report(self) -> Optional[LiveReport]:
+        """The ended step's report, successful or not (``None`` while it runs)."""
+        return _copy_report("mws_step_handle_report", self)
 
 
 class TransferPlan(OwnedHandle):

@@ -944,7 +944,11 @@ impl StepDriven for StepWork {
     fn advance(&mut self, cancelled: bool) -> Advance {
         let p = self.prepared.clone();
         if !self.started {
-            if engine_busy(p.identity) && !cancelled {
+            if cancelled || p.front.cancel.0.load(Ordering::Acquire) {
+                return self
+                    .conclude(Err(TransferError::engine("transfer was cancelled before a batch was submitted")));
+            }
+            if engine_busy(p.identity) {
                 // Started steps on one engine queue behind its active submission.
                 return Advance::Waiting;
             }
