@@ -158,7 +158,8 @@ def test_one_rank_each_and_lease_rotations():
 def test_each_rank_through_an_exchange_the_other_side_as_json():
     """As in a job: each trainer rank describes itself collectively (an exchange),
     the server ships its side as JSON and registers its own memory, each trainer rank
-    registers its own and prepares its push; every step lands."""
+    registers its own and prepares its push; the server's acceptors, on the plan it
+    binds from the trainer's side as shipped, see every writer of each step done."""
     full = reference()
     trainer = trainer_ranks(full, 2)
     pars = list(trainer)
@@ -173,7 +174,8 @@ def test_each_rank_through_an_exchange_the_other_side_as_json():
         assert s.binding(pars[1 - r]).addresses == srcs[1 - r].binding(pars[1 - r]).addresses
     server = server_ranks(full, 2)
     dst = live_state_dict(ranks=server, side="target", resource_id=RID, sharding=SHARDING)
-    engine = mws.TransferEngine.local()  # one in-process engine stands for every process's
+    backend = NotifyingEngine()  # one in-process engine stands for every process's
+    engine = mws.TransferEngine.from_backend(backend)
     dst.register(engine)  # the server's own memory, which the trainers write
     remote = [LiveStateDict.from_json(dst.to_json()) for _ in srcs]
     assert remote[0].placement.digest == dst.placement.digest and remote[0].local == ()
@@ -182,17 +184,23 @@ def test_each_rank_through_an_exchange_the_other_side_as_json():
     for s, d in zip(srcs, remote):
         s.register(engine)
         lives.append(prepare_live_transfer(s, d, engine, pre_registered=True))
+    # The server's acceptors, on the plan it binds from the trainer's side as shipped.
+    shipped = LiveStateDict.from_json(srcs[0].to_json())
+    server_plan = plan_live_transfer(shipped, dst)
+    acceptors = [mws.NotifyAcceptor(server_plan, pid, key=KEY) for pid in dst.participant_ids]
+    router = mws.NotifyRouter(tuple(acceptors))
     for g in (4, 5):
         full_g = generation(full, g)
         train(trainer, full_g)
         for live in lives:  # one engine runs one call at a time: each rank's step in turn
-            report = live.step(g)
+            report = live.step_notified(g, key=KEY)
             assert report.updated and report.weight_generation == g
+        inbox, backend.inbox = backend.inbox, []
+        assert inbox and all(router.accept(m)[0] == "accepted" for m in inbox)
+        assert all(a.outcome() == mws.NotifyOutcome("updated", g, 0) for a in acceptors), "every writer done"
         assert mismatches(server, full_g) == []
-    for live in lives:
-        live.close()
-    for s in [*srcs, *remote, dst]:
-        s.close()  # unregisters what register() registered
+    for obj in [*lives, router, *acceptors, server_plan, shipped, *srcs, *remote, dst]:
+        obj.close()  # a side's close unregisters what its register() registered
     assert_nothing_held(engine)
 
 
