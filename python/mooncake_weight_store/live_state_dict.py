@@ -192,7 +192,9 @@ class LiveStateDict:
         self._registered.append((engine, _register(engine, _ranges(self._infos, self._local_ids()))))
 
     def unregister(self, engine: Optional[TransferEngine] = None) -> None:
-        """Undoes :meth:`register` (with ``engine``, or with every engine)."""
+        """Undoes :meth:`register` (with ``engine``, or with every engine); raises the
+        engine's first failure once every registration was tried. Not concurrently
+        with other calls on this object."""
         keep: List[Tuple[TransferEngine, List[int]]] = []
         first: Optional[BaseException] = None
         for e, addresses in self._registered:
