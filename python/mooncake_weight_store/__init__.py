@@ -9,8 +9,9 @@ this package (the wheel), ``MWS_PREFIX`` (a CMake install prefix), a repository'
 
 For trainers: :func:`save_state_dict` / :func:`load_state_dict` (sharding in TP/PP/
 EP/DP terms, multi-rank through an :class:`Exchange`), :func:`import_safetensors` /
-:func:`export_safetensors`, and :func:`tensor_view` (torch, numpy, DLPack, array
-interfaces, buffer protocol).
+:func:`export_safetensors`, :func:`live_state_dict` / :func:`prepare_live_transfer`
+(a state dict straight into live transfer, stepped per weight generation), and
+:func:`tensor_view` (torch, numpy, DLPack, array interfaces, buffer protocol).
 """
 
 from ._lib import library_path, version
@@ -50,6 +51,8 @@ from .device import CudaError, DeviceEngine, DeviceUnavailableError, cuda_availa
 from .exchange import Exchange, ExchangeTimeout, FileExchange, LocalExchange, ThreadExchange, TorchDistributedExchange
 from .state_dict import (COLWISE, LATEST, REPLICATED, ROWWISE, Parallel, Shard, StateDictError, load_state_dict,
                          save_state_dict, split)
+from .live_state_dict import (LiveStateDict, LiveStepReport, LiveTransfer, live_state_dict, plan_live_transfer,
+                              prepare_live_transfer)
 from .safetensors_io import (INDEX_NAME, METADATA_TENSOR, Layout, SafetensorsError, SafetensorsFile,
                              export_safetensors, import_safetensors)
 
@@ -152,6 +155,13 @@ __all__ = [
     "StepHandle",
     "PreparedInfo",
     "LeaseRotation",
+    # a state dict straight into live transfer
+    "live_state_dict",
+    "LiveStateDict",
+    "plan_live_transfer",
+    "prepare_live_transfer",
+    "LiveTransfer",
+    "LiveStepReport",
 ]
 
 # Every error class (each an MwsError subclass) is exported by name.

@@ -61,7 +61,9 @@ class Binding(OwnedHandle):
         self.lease_generation = placement.weight_generation if lease_generation is None else lease_generation
         self.worker_id = worker_id or participant_id
         self.endpoint = endpoint
-        self._refs: List[BufferRef] = []
+        #: memory holds released once the binding is freed: the buffer exports of
+        #: :meth:`add`, the tensor views of :meth:`_hold`
+        self._refs: List[Any] = []
         self._infos: Dict[str, FragmentInfo] = {f.placement_fragment_id: f for f in placement.fragments()}
         self.buffers: Dict[str, Any] = {}  # placement_fragment_id -> buffer object (or address)
         self.addresses: Dict[str, int] = {}
@@ -210,6 +212,14 @@ class Binding(OwnedHandle):
         """Checks the binding is complete and pairs with ``placement`` (default: its
         own). Raises :class:`InvalidBindingError` / :class:`InvalidArgumentError`."""
         call("mws_binding_validate", (placement or self.placement), self)
+
+    def _hold(self, export: Any) -> None:
+        """Keeps ``export`` (a :class:`~mooncake_weight_store.tensors.TensorView`, a
+        :class:`BufferRef`: anything with ``release()``) until the binding is freed,
+        then releases it, as the exports of :meth:`add`: a binding lent to a bound
+        plan or a prepared transfer is freed only after them, so the memory its raw
+        addresses name stays held while any of them can use it."""
+        self._refs.append(export)
 
     def _after_free(self) -> None:
         """Releases the buffer exports (:meth:`close` frees the handle first)."""

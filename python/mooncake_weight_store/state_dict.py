@@ -402,8 +402,11 @@ def _describe(spec: TensorSpec) -> str:
 
 
 def _bind(placement: Placement, info: Mapping[str, Any], lease_id: str) -> Binding:
+    """The binding of one described rank (:func:`_rank_info`) to its buffers' addresses
+    (raw addresses: whoever holds the tensors keeps them alive)."""
     pid = info["participant_id"]
-    bd = Binding(placement, pid, instance_id=info["instance_id"], lease_id=lease_id)
+    endpoint = {"endpoint": info["endpoint"]} if info.get("endpoint") else {}
+    bd = Binding(placement, pid, instance_id=info["instance_id"], lease_id=lease_id, **endpoint)
     try:
         for e in info["tensors"]:
             kind = MemoryKind(int(e["memory_kind"]))
@@ -485,6 +488,61 @@ def _broadcast_checked(ex: Exchange, text: Optional[str], what: str) -> Any:
     return o["ok"]
 
 
+# --------------------------------------------------------------------------- describing ranks
+
+
+def _rank_info(state_dict: Mapping[str, Any], views: Mapping[str, TensorView], sharding: Sharding, par: Parallel,
+               fingerprint: str, fingerprints: Optional[Mapping[str, str]], instance_id: str,
+               endpoint: Optional[str] = None) -> Dict[str, Any]:
+    """One rank's description (JSON-able): its coordinates, sizes, instance, and per
+    tensor the global box its local tensor is (from ``sharding``), the axes, the
+    layout fingerprint, aliases and the buffer's address. Every rank of a layout
+    builds the same placement from the descriptions of all ranks
+    (:func:`_build_placement`) and binds any rank from its own (:func:`_bind`)."""
+    aliases = _aliases(views)
+    entries = []
+    for name, v in views.items():
+        shard = resolve_shard(sharding, name, state_dict[name])
+        local = _shape(v)
+        glob, off = _box_from_local(name, shard, local, par.sizes, par.rank)
+        fp = (fingerprints or {}).get(name, fingerprint)
+        fp = fp + SCALAR_SUFFIX if not v.shape else fp
+        entries.append(_entry(name, v, glob, off, local, _axes(shard, par.sizes), shard, fp, aliases.get(name, ())))
+    info = {"participant_id": par.participant_id, "rank": par.rank.to_wire(), "sizes": par.sizes,
+            "instance_id": instance_id, "tensors": entries}
+    if endpoint is not None:
+        info["endpoint"] = endpoint
+    return info
+
+
+def _check_infos(infos: Sequence[Dict[str, Any]], empty: Callable[[], str]) -> List[Dict[str, Any]]:
+    """The descriptions of every rank of one layout, checked (some tensor, one set of
+    sizes, distinct coordinates) and sorted by participant id."""
+    if not any(i["tensors"] for i in infos):
+        raise StateDictError(empty() + f" on every one of the {len(infos)} ranks")
+    if len({json.dumps(i["sizes"], sort_keys=True) for i in infos}) != 1:
+        raise StateDictError("ranks disagree on the parallel sizes: " +
+                             ", ".join(f"{i['participant_id']}={i['sizes']}" for i in infos))
+    if len({i["participant_id"] for i in infos}) != len(infos):
+        raise StateDictError("two ranks passed the same parallel coordinates")
+    return sorted(infos, key=lambda i: i["participant_id"])
+
+
+def _gather_infos(ex: Exchange, describe: Callable[[], Dict[str, Any]], what: str,
+                  empty: Callable[[], str]) -> List[Dict[str, Any]]:
+    """Every rank's description (collective over ``ex``; :func:`_check_infos`): a
+    rank whose ``describe`` fails tells the others, so that no rank waits forever,
+    and every rank raises :class:`StateDictError` naming it."""
+    local_error: Optional[BaseException] = None
+    try:
+        msg = _ok(describe())
+    except Exception as e:  # noqa: BLE001 - shared with the other ranks
+        if ex.world_size == 1:
+            raise
+        msg, local_error = _err(e), e
+    return _check_infos(_gather_or_raise(ex, msg, what, local_error), empty)
+
+
 # --------------------------------------------------------------------------- save
 
 
@@ -553,38 +611,16 @@ def save_state_dict(
     plan: Optional[UploadPlan] = None
     try:
         # 1. describe this rank (errors are shared, so that no rank waits forever)
-        local_error: Optional[BaseException] = None
-        try:
+        def describe() -> Dict[str, Any]:
+            nonlocal views
             views = _views(state_dict, writable=False)
             _check_device_path(store, views.values())
-            aliases = _aliases(views)
-            entries = []
-            for name, v in views.items():
-                shard = resolve_shard(sharding, name, state_dict[name])
-                local = _shape(v)
-                glob, off = _box_from_local(name, shard, local, par.sizes, par.rank)
-                fp = (fingerprints or {}).get(name, fingerprint)
-                fp = fp + SCALAR_SUFFIX if not v.shape else fp
-                entries.append(_entry(name, v, glob, off, local, _axes(shard, par.sizes), shard, fp,
-                                      aliases.get(name, ())))
-            me = {"participant_id": pid, "rank": par.rank.to_wire(), "sizes": par.sizes,
-                  "instance_id": f"{pid}:{uuid.uuid4().hex[:16]}", "tensors": entries}
-            msg = _ok(me)
-        except Exception as e:  # noqa: BLE001 - shared with the other ranks
-            if ex.world_size == 1:
-                raise
-            msg, local_error = _err(e), e
-        infos = _gather_or_raise(ex, msg, "describing the state dict", local_error)
-        if not any(i["tensors"] for i in infos):
-            raise StateDictError(_empty_message(state_dict, resource_id, revision) +
-                                 f" on every one of the {len(infos)} ranks")
-        if len({json.dumps(i["sizes"], sort_keys=True) for i in infos}) != 1:
-            raise StateDictError("ranks disagree on the parallel sizes: " +
-                                 ", ".join(f"{i['participant_id']}={i['sizes']}" for i in infos))
-        if len({i["participant_id"] for i in infos}) != len(infos):
-            raise StateDictError("two ranks passed the same parallel coordinates")
+            return _rank_info(state_dict, views, sharding, par, fingerprint, fingerprints,
+                              f"{pid}:{uuid.uuid4().hex[:16]}")
+
+        infos = _gather_infos(ex, describe, "describing the state dict",
+                              lambda: _empty_message(state_dict, resource_id, revision))
         mine = next(i for i in infos if i["participant_id"] == pid)
-        infos = sorted(infos, key=lambda i: i["participant_id"])
         lease_id = "state-dict"
         # 2. the placement (every rank builds the same one) and this rank's binding
         local_error = None

@@ -26,7 +26,7 @@ from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
-from .binding import Binding
+from .binding import Binding, MemoryKind
 from .engine_bridge import EngineBridge
 from .guard import Guard, GuardBridge
 from .load import PlanningLimits
@@ -530,11 +530,14 @@ class TransferEngine(OwnedHandle):
     _FREE = "mws_transfer_engine_free"
     _WHAT = "transfer engine"
 
-    def __init__(self, handle: Optional[int], bridge: Optional[EngineBridge] = None) -> None:
+    def __init__(self, handle: Optional[int], bridge: Optional[EngineBridge] = None,
+                 device_engine: Any = None) -> None:
         super().__init__(handle)
         # Not a kept object: loaders and sinks made from this engine may still call
         # the bridge after the handle is freed; they hold this object.
         self._bridge = bridge
+        #: the device engine of an embedded engine made by :meth:`local` (else None)
+        self.device_engine = device_engine
 
     @classmethod
     def local(cls, device_engine: Any = None) -> "TransferEngine":
@@ -547,7 +550,7 @@ class TransferEngine(OwnedHandle):
             call("mws_transfer_engine_new_local", ctypes.byref(out))
         else:
             call("mws_transfer_engine_new_local_device", device_engine, ctypes.byref(out))
-        return cls(out.value)
+        return cls(out.value, device_engine=device_engine)
 
     @classmethod
     def from_backend(cls, backend: Any) -> "TransferEngine":
@@ -581,9 +584,13 @@ class TransferEngine(OwnedHandle):
         before = self._bridge.failures
         self._bridge.check(LIB.fn(name)(*args), before)
 
-    def register_memory(self, address: int, nbytes: int) -> None:
-        """The owner's registration of host memory (valid until unregistered)."""
-        self._call("mws_transfer_engine_register_memory", self, address, nbytes, 0, 0)
+    def register_memory(self, address: int, nbytes: int, memory_kind: int = MemoryKind.HOST,
+                        device_ordinal: int = 0) -> None:
+        """The owner's registration of ``nbytes`` at ``address`` (valid until
+        unregistered): host memory, or device memory (``memory_kind=MemoryKind.DEVICE``
+        on device ``device_ordinal``; an embedded engine needs a device engine)."""
+        self._call("mws_transfer_engine_register_memory", self, address, nbytes, int(memory_kind),
+                   int(device_ordinal))
 
     def unregister_memory(self, address: int) -> None:
         self._call("mws_transfer_engine_unregister_memory", self, address)

@@ -4,7 +4,8 @@ their worker processes)."""
 
 from __future__ import annotations
 
-from typing import Dict
+import threading
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -63,4 +64,26 @@ def shard_of(sd: Dict[str, np.ndarray], tp_rank: int, tp_size: int) -> Dict[str,
             sl = [slice(None)] * a.ndim
             sl[d] = slice(tp_rank * n, (tp_rank + 1) * n)
             out[name] = np.ascontiguousarray(a[tuple(sl)])
+    return out
+
+
+def run_ranks(n: int, fn: Callable[[int, Any], Any]) -> List[Any]:
+    """Runs ``fn(rank, exchange)`` on ``n`` threads (a ThreadExchange group); returns
+    the results (or the exceptions raised)."""
+    import mooncake_weight_store as mws
+
+    exs = mws.ThreadExchange.group(n, timeout=60)
+    out: List[Any] = [None] * n
+
+    def body(r: int) -> None:
+        try:
+            out[r] = fn(r, exs[r])
+        except BaseException as e:  # noqa: BLE001
+            out[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
     return out

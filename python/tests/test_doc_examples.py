@@ -23,6 +23,7 @@ def _examples() -> Path:
 @pytest.mark.parametrize("name, expect", [
     ("quickstart_state_dict.py", "TP rank 1/2: every shard matches"),
     ("quickstart_low_level.py", "every byte matches"),
+    ("quickstart_live_state_dict.py", "generation 3: 16512 bytes, every server tensor matches"),
 ])
 def test_readme_example_runs(name, expect, tmp_path):
     r = subprocess.run([sys.executable, str(_examples() / name)], cwd=tmp_path, capture_output=True, text=True,

@@ -28,7 +28,7 @@ from mooncake_weight_store.state_dict import resolve_shard
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from sd_model import SHARDING, reference, shard_of, split_dim  # noqa: E402
+from sd_model import SHARDING, reference, run_ranks, shard_of, split_dim  # noqa: E402
 
 
 def assert_shard_equal(got: dict, full: dict, tp_rank: int, tp_size: int) -> None:
@@ -39,25 +39,6 @@ def assert_shard_equal(got: dict, full: dict, tp_rank: int, tp_size: int) -> Non
         assert got[n].dtype == e.dtype, n
         assert got[n].shape == e.shape, n
         assert got[n].tobytes() == e.tobytes(), n
-
-
-def run_ranks(n, fn):
-    """Runs fn(rank, exchange) on n threads; returns the results (or exceptions)."""
-    exs = ThreadExchange.group(n, timeout=60)
-    out = [None] * n
-
-    def body(r):
-        try:
-            out[r] = fn(r, exs[r])
-        except BaseException as e:  # noqa: BLE001
-            out[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    return out
 
 
 @pytest.fixture(params=["memory", "directory"])

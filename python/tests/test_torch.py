@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -21,11 +20,11 @@ from mooncake_weight_store import (
     Shard,
     Store,
     TensorError,
-    ThreadExchange,
     load_state_dict,
     save_state_dict,
     tensor_view,
 )
+from sd_model import run_ranks
 
 
 @pytest.fixture(params=["memory", "directory"])
@@ -61,24 +60,6 @@ def all_dtypes(torch):
              "complex64", "complex128", "uint16", "uint32", "uint64",
              "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]
     return {n: getattr(torch, n) for n in names if hasattr(torch, n)}
-
-
-def run_ranks(n, fn):
-    exs = ThreadExchange.group(n, timeout=60)
-    out = [None] * n
-
-    def body(r):
-        try:
-            out[r] = fn(r, exs[r])
-        except BaseException as e:  # noqa: BLE001
-            out[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    return out
 
 
 # -- one rank: every dtype, bit for bit --------------------------------------------------------
