@@ -18,6 +18,9 @@
 //!    tensors so that the bytes do not hide the fixed cost) beside a fresh plan +
 //!    bind + execute of the same step: one 1,000-fragment binding pair, and every
 //!    executor of the w100k-moe layouts. Targets: <= 1 ms and <= 50 ms per step.
+//!    The same steps started without blocking (`PreparedTransfer::start_step`) and
+//!    polled to their end: `figure: async_step_overhead_us_1k` (started + polled
+//!    minus blocking, per step, µs; the worse of the two modes).
 //! 3. Placement -> placement planning and binding at the scale of a core-benchmark
 //!    workload, next to the manifest -> placement load planning of the same target,
 //!    and the peak RSS of the transfer planning and binding. With `--workload
@@ -502,6 +505,8 @@ fn engine_modes(
 /// preparation s).
 struct StepTimes {
     step_ms: f64,
+    /// A step started without blocking and polled to its end.
+    started_ms: f64,
     fresh_ms: f64,
     prepare_s: f64,
 }
@@ -588,15 +593,35 @@ fn step_mode(
     }
     let step_s = t.elapsed().as_secs_f64() / steps.max(1) as f64;
     dst.verify().unwrap_or_else(|e| die("steps verify", e));
+    // The same steps started without blocking, polled (yielding) to completion.
+    let prepared: Vec<Arc<PreparedTransfer>> = prepared.into_iter().map(Arc::new).collect();
+    let t = Instant::now();
+    for g in 0..steps {
+        let args = StepArgs { weight_generation: 2 + g as u64, ..Default::default() };
+        for p in &prepared {
+            // SAFETY: as above.
+            let h = unsafe { p.start_step(&args, None) };
+            let outcome = loop {
+                match h.poll() {
+                    Some(o) => break o,
+                    None => std::thread::yield_now(),
+                }
+            };
+            outcome.unwrap_or_else(|e| die("started step", e));
+        }
+    }
+    let started_s = t.elapsed().as_secs_f64() / steps.max(1) as f64;
+    dst.verify().unwrap_or_else(|e| die("started steps verify", e));
     drop(prepared);
     for a in owned {
         assert_eq!(engine.unregister_memory(a).unwrap_or_else(|e| die("unregister", e)), 0);
     }
-    StepTimes { step_ms: step_s * 1e3, fresh_ms: fresh_s * 1e3, prepare_s }
+    StepTimes { step_ms: step_s * 1e3, started_ms: started_s * 1e3, fresh_ms: fresh_s * 1e3, prepare_s }
 }
 
-/// Both modes of one layout; returns (worst prepared step ms, sink fresh ms).
-fn step_layouts(label: &str, src: &HostModel, dst: &mut HostModel, steps: usize, fresh: usize) -> (f64, f64) {
+/// Both modes of one layout; returns (worst prepared step ms, sink fresh ms, worst
+/// overhead of a started and polled step over a blocking one in µs).
+fn step_layouts(label: &str, src: &HostModel, dst: &mut HostModel, steps: usize, fresh: usize) -> (f64, f64, f64) {
     let t = Instant::now();
     let logical = LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default())
         .unwrap_or_else(|e| die("plan", e));
@@ -614,6 +639,7 @@ fn step_layouts(label: &str, src: &HostModel, dst: &mut HostModel, steps: usize,
         plan_s
     );
     let mut worst = 0f64;
+    let mut async_worst = f64::MIN;
     let mut fresh_sink = 0f64;
     let modes = match std::env::var("MWS_BENCH_STEP_MODES").as_deref() {
         Ok("sink") => vec![true],
@@ -623,19 +649,21 @@ fn step_layouts(label: &str, src: &HostModel, dst: &mut HostModel, steps: usize,
     for sink_mode in modes {
         let s = step_mode(sink_mode, src, dst, &logical, steps, fresh);
         println!(
-            "  {}: prepared step {:>9.3} ms | fresh plan+bind+execute {:>9.3} ms ({:.0}x) | prepare {:.3} s",
+            "  {}: prepared step {:>9.3} ms | started + polled {:>9.3} ms | fresh plan+bind+execute {:>9.3} ms ({:.0}x) | prepare {:.3} s",
             if sink_mode { "sink  " } else { "reader" },
             s.step_ms,
+            s.started_ms,
             s.fresh_ms,
             s.fresh_ms / s.step_ms,
             s.prepare_s
         );
         worst = worst.max(s.step_ms);
+        async_worst = async_worst.max((s.started_ms - s.step_ms) * 1e3);
         if sink_mode {
             fresh_sink = s.fresh_ms;
         }
     }
-    (worst, fresh_sink)
+    (worst, fresh_sink, async_worst)
 }
 
 /// One 1,000-fragment binding pair (1,001 tiny tensors, one participant per side).
@@ -644,8 +672,9 @@ fn steps_1k(steps: usize, figures: &mut Vec<(String, f64)>) {
     let one = Layout { tp: 1, pp: 1, ep: 1, dp: 1 };
     let src = HostModel::new(build_placement("trainer", one, &defs, 1), true, "trainer", 1);
     let mut dst = HostModel::new(build_placement("serving", one, &defs, 1), false, "serving", 1);
-    let (step, fresh) = step_layouts("one 1,000-fragment binding pair", &src, &mut dst, steps, 10);
+    let (step, fresh, started) = step_layouts("one 1,000-fragment binding pair", &src, &mut dst, steps, 10);
     figures.push(("step_overhead_ms_1k".into(), step));
+    figures.push(("async_step_overhead_us_1k".into(), started));
     figures.push(("fresh_step_ms_1k".into(), fresh));
 }
 
@@ -667,7 +696,7 @@ fn steps_workload(name: &str, steps: usize, fresh: usize, figures: &mut Vec<(Str
     };
     let src = build(w.source, w.source_set_id(), true, "trainer");
     let mut dst = build(w.target, w.target_set_id(), false, "serving");
-    let (step, _) = step_layouts(&format!("{name} with tiny tensors"), &src, &mut dst, steps, fresh);
+    let (step, _, _) = step_layouts(&format!("{name} with tiny tensors"), &src, &mut dst, steps, fresh);
     let tag = name.split('-').next().unwrap_or(name);
     figures.push((format!("step_overhead_ms_{tag}"), step));
 }
@@ -849,6 +878,7 @@ fn main() {
         "live_sink_vs_memcpy_2t",
         "live_reader_vs_memcpy_2t",
         "verified_step_vs_unverified_1t",
+        "async_step_overhead_us_1k",
     ];
     figures.sort_by_key(|(name, _)| order.iter().position(|o| o == name).unwrap_or(order.len()));
     for (name, value) in &figures {
