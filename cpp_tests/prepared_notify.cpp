@@ -23,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
@@ -215,6 +216,9 @@ int main() {
             }
             require(torn_now == (g == 12 ? 1u : 0u), "a flipped byte of a started step is caught as torn");
         }
+        // A callback runs after the step's outcome is published: wait_for may return first.
+        for (int i = 0; i < 5000 && callbacks.load() < static_cast<int>(3 * prepared.size()); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         require(callbacks.load() == static_cast<int>(3 * prepared.size()), "each callback ran once");
         {
             // The C entry points' arguments: nothing starts on bad input.

@@ -1945,6 +1945,8 @@ typedef struct mws_step_notify {
  * the callback, `mws_last_error_message` on that thread gives its message). It
  * must be quick, must not unwind, and must not wait for another started step; it
  * may call any other function, including `mws_step_handle_free` of its own handle.
+ * It runs after the outcome is published: `mws_step_handle_wait` and `_poll` may
+ * see the step ended before its callback has run.
  */
 typedef void (*mws_step_callback)(void *user_data, enum mws_status status);
 

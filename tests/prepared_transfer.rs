@@ -847,6 +847,11 @@ fn started_steps_move_every_generation_as_blocking_steps_do() {
             verify_masked(&dst, mask);
             next_generation(&mut src);
         }
+        // A callback runs after its step's outcome is published: a wait may return first.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) < 4 * prepared.len() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(calls.load(Ordering::SeqCst), 4 * prepared.len(), "each callback ran once");
         drop(prepared);
         unregister(&*engine, &dst);

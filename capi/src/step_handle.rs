@@ -18,6 +18,8 @@ use std::time::Duration;
 /// the callback, `mws_last_error_message` on that thread gives its message). It
 /// must be quick, must not unwind, and must not wait for another started step; it
 /// may call any other function, including `mws_step_handle_free` of its own handle.
+/// It runs after the outcome is published: `mws_step_handle_wait` and `_poll` may
+/// see the step ended before its callback has run.
 pub type mws_step_callback = Option<unsafe extern "C" fn(user_data: *mut c_void, status: mws_status)>;
 
 /// The notify hook of a started sink step (`mws_prepared_transfer_step_start`), as

@@ -385,7 +385,7 @@ impl PreparedTransfer {
             return StepHandle::finished(result, on_complete);
         }
         let work = StepWork {
-            prepared: self.clone(),
+            prepared: Some(self.clone()),
             args: owned,
             stats: ExecutionStats::default(),
             flight: None,
@@ -922,7 +922,9 @@ impl OwnedStepArgs {
 
 /// A started step, as the step driver advances it.
 struct StepWork {
-    prepared: Arc<PreparedTransfer>,
+    /// Let go when the step ends, before its outcome is published: once a waiter
+    /// sees the outcome, freeing the prepared transfer closes it at once.
+    prepared: Option<Arc<PreparedTransfer>>,
     args: OwnedStepArgs,
     stats: ExecutionStats,
     flight: Option<Flight>,
@@ -931,22 +933,29 @@ struct StepWork {
 }
 
 impl StepWork {
-    fn conclude(&mut self, result: TransferResult<Vec<TransferReceipt>>) -> Advance {
-        let report = self.prepared.finish(self.args.weight_generation, &self.stats, result);
+    fn conclude(&mut self, p: &PreparedTransfer, result: TransferResult<Vec<TransferReceipt>>) -> Advance {
+        let report = p.finish(self.args.weight_generation, &self.stats, result);
         if std::mem::take(&mut self.holds_gate) {
-            self.prepared.gate.leave();
+            p.gate.leave();
         }
+        self.prepared = None;
         Advance::Done(report)
     }
 }
 
 impl StepDriven for StepWork {
     fn advance(&mut self, cancelled: bool) -> Advance {
-        let p = self.prepared.clone();
+        let Some(p) = self.prepared.clone() else {
+            return Advance::Done(Err(LiveError {
+                error: TransferError::engine("step driver advanced a step that has ended"),
+                report: Box::default(),
+            }));
+        };
+        let p = &*p;
         if !self.started {
             if cancelled || p.front.cancel.0.load(Ordering::Acquire) {
-                return self
-                    .conclude(Err(TransferError::engine("transfer was cancelled before a batch was submitted")));
+                let e = TransferError::engine("transfer was cancelled before a batch was submitted");
+                return self.conclude(p, Err(e));
             }
             if engine_busy(p.identity) {
                 // Started steps on one engine queue behind its active submission.
@@ -978,12 +987,12 @@ impl StepDriven for StepWork {
                     self.flight = Some(flight);
                     Advance::Moved
                 }
-                Ok(None) => self.conclude(Ok(Vec::new())),
-                Err(e) => self.conclude(Err(e)),
+                Ok(None) => self.conclude(p, Ok(Vec::new())),
+                Err(e) => self.conclude(p, Err(e)),
             };
         }
         let Some(flight) = self.flight.as_mut() else {
-            return self.conclude(Err(TransferError::engine("step driver advanced a step that has ended")));
+            return self.conclude(p, Err(TransferError::engine("step driver advanced a step that has ended")));
         };
         let before = (flight.cursor.at, flight.cursor.running.is_some());
         let cancel = &p.front.cancel.0;
@@ -994,14 +1003,14 @@ impl StepDriven for StepWork {
         }
         let flight = self.flight.take().expect("the flight is present");
         let result = p.end(flight, &self.stats);
-        self.conclude(result)
+        self.conclude(p, result)
     }
 }
 
 impl Drop for StepWork {
     fn drop(&mut self) {
-        if self.holds_gate {
-            self.prepared.gate.leave();
+        if let (true, Some(p)) = (self.holds_gate, &self.prepared) {
+            p.gate.leave();
         }
     }
 }

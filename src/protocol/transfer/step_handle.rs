@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 pub type StepResult = std::result::Result<LiveReport, LiveError>;
 
 /// A completion callback: runs once, on the step driver's thread, with the step's
-/// outcome. It must be quick and must not wait for another started step (the
-/// driver waits for it).
+/// outcome, after that outcome is published (a waiter may see it first). It must be
+/// quick and must not wait for another started step (the driver waits for it).
 pub type StepCallback = Box<dyn FnOnce(&StepResult) + Send>;
 
 /// The longest the step driver sleeps between two polls of steps in flight.
