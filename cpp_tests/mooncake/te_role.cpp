@@ -190,10 +190,6 @@ mws_guard_vtable counting_guard() {
 const mws_guard_vtable g_guard = counting_guard();
 
 // ---- the process ------------------------------------------------------------------
-std::string salted(const std::string &content_id, std::uint64_t generation) {
-    return content_id + "#gen" + std::to_string(generation);
-}
-
 struct Role {
     mooncake::TransferEngine te{false};
     std::string segment;
@@ -327,29 +323,12 @@ struct Role {
         return n;
     }
 
-    void fill() {
-        for (const View &v : model->views) {
-            expected_bytes(salted(model->content_ids.at(v.tensor), generation), model->global_shapes.at(v.tensor),
-                           v.itemsize, v.goffset.data(), v.shape.data(), v.shape.size(),
-                           model->buffers.at(v.participant).data() + v.offset);
-        }
-    }
+    void fill() { model->fill_generation(generation); }
     void reset() {
         for (auto &b : model->buffers) std::fill(b.second.begin(), b.second.end(), 0xA5);
     }
-    /// Per participant: bytes checked, or the first differing tensor.
-    std::map<std::string, std::string> verify() const {
-        std::map<std::string, std::string> bad;
-        std::vector<unsigned char> want;
-        for (const View &v : model->views) {
-            want.resize(v.nbytes);
-            expected_bytes(salted(model->content_ids.at(v.tensor), generation), model->global_shapes.at(v.tensor),
-                           v.itemsize, v.goffset.data(), v.shape.data(), v.shape.size(), want.data());
-            if (std::memcmp(model->buffers.at(v.participant).data() + v.offset, want.data(), v.nbytes) != 0)
-                bad.emplace(v.participant, v.tensor);
-        }
-        return bad;
-    }
+    /// Per participant: the first tensor that differs from this generation's bytes.
+    std::map<std::string, std::string> verify() const { return model->generation_differs(generation); }
     std::string verify_json() const {
         auto bad = verify();
         std::string o = "{";

@@ -2,13 +2,16 @@
 P2PHANDSHAKE): C++ te_role processes (the adapter mooncake_weight_store::mooncake_te
 over each process's own mooncake::TransferEngine) and, for the cross-language case,
 Python processes on the Mooncake wheel (py_role.py, te_backend.py). Only JSON lines
-cross processes. Every child is stopped by its PID on every exit path.
+cross processes (serving_engine: examples/serving_engine.cpp, a server and a trainer
+process that exchange files in a folder of this run). Every child is stopped by its
+PID on every exit path.
 
-    python3 te_two_process.py two_process | kill_and_recover | stale_and_forged | cross_language
+    python3 te_two_process.py two_process | kill_and_recover | stale_and_forged | cross_language | serving_engine
 
 Environment (set by ctest, cpp_tests/mooncake/CMakeLists.txt): MWS_TE_ROLE (the C++
-role binary), MWS_MOONCAKE_PYTHON (a Python with the Mooncake wheel), MWS_LIBRARY and
-MWS_REPO (for the Python package). Prints "mooncake <case>: OK" on success.
+role binary), MWS_SERVING_ENGINE (examples/serving_engine.cpp on the real engine),
+MWS_MOONCAKE_PYTHON (a Python with the Mooncake wheel), MWS_LIBRARY and MWS_REPO (for
+the Python package). Prints "mooncake <case>: OK" on success.
 Standard library only.
 """
 
@@ -93,14 +96,19 @@ class Child:
                 self.proc.wait(timeout=20)
             except Exception:
                 pass
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         self.err.close()
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM by PID, then SIGKILL when it does not exit within 10 s."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 class Run:
@@ -337,8 +345,69 @@ def case_cross_language(run: Run) -> None:
               f"Python server pulled generation {gen} from the C++ trainer, every byte verified")
 
 
+class Proc:
+    """A process of examples/serving_engine.cpp (no JSON protocol: it exchanges files in
+    a folder with its peer); output to files, stopped by PID."""
+
+    def __init__(self, name: str, argv: list, logdir: str) -> None:
+        self.name = name
+        e = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1", GLOG_minloglevel="2")
+        self.out = open(os.path.join(logdir, f"{name}.stdout"), "w+")
+        self.err = open(os.path.join(logdir, f"{name}.stderr"), "w+")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, text=True, env=e)
+
+    def finish(self, deadline: float) -> list:
+        try:
+            rc = self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not finish in time:\n{self.text(self.out)}{self.text(self.err)}")
+        if rc != 0:
+            raise AssertionError(f"{self.name} exited with {rc}:\n{self.text(self.out)}{self.text(self.err)}")
+        return self.text(self.out).splitlines()
+
+    @staticmethod
+    def text(f) -> str:
+        f.flush()
+        f.seek(0)
+        return "".join(f.readlines()[-40:])
+
+    def stop(self) -> None:
+        terminate(self.proc)
+        self.out.close()
+        self.err.close()
+
+
+def case_serving_engine(run: Run) -> None:
+    """examples/serving_engine.cpp on the real engine: a server and a trainer process,
+    four generations pushed by prepared, notified, started, content-verified steps; a
+    landing byte of generation 4 flipped at the server is caught as Torn, 5 repairs it."""
+    exe = os.environ["MWS_SERVING_ENGINE"]
+    folder = os.path.join(run.tmp, "exchange")
+    os.mkdir(folder)
+    args = ["--dir", folder, "--generations", "4", "--corrupt", "4"]
+    server = Proc("server", [exe, "--role", "server"] + args, run.tmp)
+    run.children.append(server)
+    trainer = Proc("trainer", [exe, "--role", "trainer"] + args, run.tmp)
+    run.children.append(trainer)
+    deadline = time.monotonic() + TIMEOUT_S
+    t_out = trainer.finish(deadline)
+    s_out = server.finish(deadline)
+    for line in s_out + t_out:
+        print(line, flush=True)
+    text = "\n".join(s_out)
+    for g in (2, 3):
+        check(f"generation {g}: server: Updated on 4 targets, content verified -> serving generation {g}" in text,
+              f"generation {g}: Updated on every target, served after its bytes were checked")
+    check("generation 4: fault injected" in text and "generation 4: server: TORN" in text
+          and "generation 4: server: not flipped, still serving generation 3" in text,
+          "generation 4: the flipped landing byte caught as Torn by the verifying acceptor; generation 3 still served")
+    check("serving generation 5 (every served byte checked)" in text, "generation 5 repaired it: served")
+    check(any("serving_engine: OK" in x for x in t_out), "the trainer's steps all reported their targets updated")
+
+
 CASES = {"two_process": case_two_process, "kill_and_recover": case_kill_and_recover,
-         "stale_and_forged": case_stale_and_forged, "cross_language": case_cross_language}
+         "stale_and_forged": case_stale_and_forged, "cross_language": case_cross_language,
+         "serving_engine": case_serving_engine}
 
 
 def main() -> int:

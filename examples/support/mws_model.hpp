@@ -284,7 +284,8 @@ public:
                     acc *= v.shape[d];
                 }
                 std::string fid = b.first + ":rt" + std::to_string(k++);
-                std::string endpoint = endpoint_prefix + b.first + ":17000";
+                std::string endpoint =
+                    process_endpoint.empty() ? endpoint_prefix + b.first + ":17000" : process_endpoint;
                 mws_runtime_fragment f{};
                 f.placement_fragment_id = v.pfid.c_str();
                 f.fragment_id = fid.c_str();
@@ -332,6 +333,36 @@ public:
         return checked;
     }
 
+    /// Writes weight generation `generation`'s contents into every view (the bytes of
+    /// generation_content_id(), so each generation differs from the last).
+    void fill_generation(std::uint64_t generation) {
+        for (const View &v : views) {
+            expected_bytes(generation_content_id(content_ids.at(v.tensor), generation), global_shapes.at(v.tensor),
+                           v.itemsize, v.goffset.data(), v.shape.data(), v.shape.size(),
+                           buffers.at(v.participant).data() + v.offset);
+        }
+    }
+    /// Per participant whose bytes are not generation `generation`'s: the first tensor
+    /// that differs. `in`: other buffers of the same layout (nullptr: this model's).
+    std::map<std::string, std::string> generation_differs(
+        std::uint64_t generation, const std::map<std::string, std::vector<unsigned char>> *in = nullptr) const {
+        const auto &bufs = in != nullptr ? *in : buffers;
+        std::map<std::string, std::string> bad;
+        std::vector<unsigned char> want;
+        for (const View &v : views) {
+            want.resize(v.nbytes);
+            expected_bytes(generation_content_id(content_ids.at(v.tensor), generation), global_shapes.at(v.tensor),
+                           v.itemsize, v.goffset.data(), v.shape.data(), v.shape.size(), want.data());
+            if (std::memcmp(bufs.at(v.participant).data() + v.offset, want.data(), v.nbytes) != 0)
+                bad.emplace(v.participant, v.tensor);
+        }
+        return bad;
+    }
+    /// The content id a tensor's bytes derive from at weight generation `generation`.
+    static std::string generation_content_id(const std::string &content_id, std::uint64_t generation) {
+        return content_id + "#gen" + std::to_string(generation);
+    }
+
     /// Views with equal keys hold equal bytes: same contents, same box.
     std::string box_key(const View &v) const {
         return content_ids.at(v.tensor) + "|" + u64_array(v.goffset) + "|" + u64_array(v.shape) + "|" +
@@ -368,6 +399,9 @@ public:
     /// Prepended to every fragment's endpoint (`<prefix><participant>:17000`); set it and
     /// call make_bindings again to give two instances distinct endpoints.
     std::string endpoint_prefix;
+    /// When set, the endpoint of every fragment instead (one engine per process: its
+    /// segment name); call make_bindings again after setting it.
+    std::string process_endpoint;
     std::set<std::string> worker_names;
 };
 
