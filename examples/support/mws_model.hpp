@@ -284,7 +284,7 @@ public:
                     acc *= v.shape[d];
                 }
                 std::string fid = b.first + ":rt" + std::to_string(k++);
-                std::string endpoint = endpoint_prefix + b.first + ":17000";
+                std::string endpoint = endpoint_override.empty() ? endpoint_prefix + b.first + ":17000" : endpoint_override;
                 mws_runtime_fragment f{};
                 f.placement_fragment_id = v.pfid.c_str();
                 f.fragment_id = fid.c_str();
@@ -368,6 +368,9 @@ public:
     /// Prepended to every fragment's endpoint (`<prefix><participant>:17000`); set it and
     /// call make_bindings again to give two instances distinct endpoints.
     std::string endpoint_prefix;
+    /// When set, every fragment's endpoint (e.g. a Transfer Engine segment name,
+    /// "host:port"); call make_bindings again after setting it.
+    std::string endpoint_override;
     std::set<std::string> worker_names;
 };
 
