@@ -230,7 +230,8 @@ def case_store_cross_language(run: Run) -> None:
                          capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
     key = [x.split(" ", 1)[1] for x in out.stdout.splitlines() if x.startswith("PY_MANIFEST ")]
     ok = out.returncode == 0 and len(key) == 1
-    check(ok, f"Python TP2xPP2xEP2xDP2 snapshot: {out.stdout.strip()[-300:]}{'' if ok else chr(10) + out.stderr[-1500:]}")
+    check(ok, f"Python TP2xPP2xEP2xDP2 snapshot: {out.stdout.strip()[-300:]}"
+              f"{'' if ok else chr(10) + out.stderr[-1500:]}")
     restore(run, key[0], 2)
     check(True, "C++ server restored the Python snapshot into TP2xEP2, every byte")
 

@@ -60,7 +60,8 @@ Result run(ms::Adapter &store_adapter, const std::string &manifest_key, std::uin
     if (te.installTransport("tcp", nullptr) == nullptr) throw std::runtime_error("installTransport(tcp) failed");
     mws::mooncake_te::Adapter te_adapter(te);
     r.te_self_check = te_adapter.self_check();
-    if (r.te_self_check != 0) throw std::runtime_error("TE adapter self_check: " + te_adapter.describe(r.te_self_check));
+    if (r.te_self_check != 0)
+        throw std::runtime_error("TE adapter self_check: " + te_adapter.describe(r.te_self_check));
     mws::TransferEngine engine = te_adapter.engine();
 
     // 3. Push the restored weights live (TP2 x EP2 -> TP4) through TE.
