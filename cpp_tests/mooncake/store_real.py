@@ -213,12 +213,18 @@ def case_store_kill(run: Run) -> None:
     check(True, "the next snapshot of the same revision committed and restores, every byte")
 
 
-def case_store_cross_language(run: Run) -> None:
-    py = os.environ.get("MWS_MOONCAKE_PYTHON", "")
-    if not py:
-        raise AssertionError("MWS_MOONCAKE_PYTHON not set")
+def with_snapshot(run: Run, program_var: str, rev: str) -> tuple:
+    """(the program the environment variable `program_var` names, a C++ trainer's
+    snapshot of revision `rev`, 2 layers, in the pool of a `hold` process)."""
+    program = os.environ.get(program_var, "")
+    if not program:
+        raise AssertionError(f"{program_var} not set")
     run.hold()
-    t = snapshot(run, "rev-x", 2)
+    return program, snapshot(run, rev, 2)
+
+
+def case_store_cross_language(run: Run) -> None:
+    py, t = with_snapshot(run, "MWS_MOONCAKE_PYTHON", "rev-x")
     env = dict(run.env(), PYTHONPATH=os.path.join(os.environ["MWS_REPO"], "python"))
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([py, os.path.join(here, "store_py_role.py"), run.master.address, "restore", t["manifest"]],
@@ -237,11 +243,7 @@ def case_store_cross_language(run: Run) -> None:
 
 
 def case_store_and_te(run: Run) -> None:
-    role = os.environ.get("MWS_STORE_TE_ROLE", "")
-    if not role:
-        raise AssertionError("MWS_STORE_TE_ROLE not set")
-    run.hold()
-    t = snapshot(run, "rev-te", 2)
+    role, t = with_snapshot(run, "MWS_STORE_TE_ROLE", "rev-te")
     err = os.path.join(run.dir, "store_te_role.stderr")
     with open(err, "w") as e:
         p = subprocess.run([role, run.master.address, t["manifest"], "2", str(free_port())], stdout=subprocess.PIPE,
