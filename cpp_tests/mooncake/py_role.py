@@ -21,37 +21,11 @@ import traceback
 
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
 
-import numpy as np  # noqa: E402
-
 import mooncake_weight_store as mws  # noqa: E402
 from mooncake_weight_store.te_backend import MooncakeTransferEngine  # noqa: E402
+from mws_model import expected_bytes  # noqa: E402  (this folder)
 
 ALIGN = 64
-K = np.uint64(0x9E3779B97F4A7C15)
-
-
-def tensor_seed(content_id: str) -> int:
-    h = 0xcbf29ce484222325
-    for c in content_id.encode():
-        h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def expected_bytes(content_id: str, gshape, item: int, offset, shape) -> bytes:
-    """mws_model.hpp's expected_bytes, vectorised: byte b of the element with global
-    linear index L is ((seed ^ (L * item + b)) * K) >> 56 (64-bit wrap)."""
-    lin = np.zeros((), dtype=np.uint64)
-    for d in range(len(shape)):
-        idx = np.arange(offset[d], offset[d] + shape[d], dtype=np.uint64)
-        lin = lin[..., None] * np.uint64(gshape[d]) + idx
-    lin = lin.reshape(-1)
-    seed = np.uint64(tensor_seed(content_id))
-    out = np.empty((lin.size, item), dtype=np.uint8)
-    with np.errstate(over="ignore"):
-        for b in range(item):
-            x = (seed ^ (lin * np.uint64(item) + np.uint64(b))) * K
-            out[:, b] = (x >> np.uint64(56)).astype(np.uint8)
-    return out.tobytes()
 
 
 def global_shapes(placement_json: str) -> dict:

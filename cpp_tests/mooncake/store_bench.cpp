@@ -6,9 +6,13 @@
 //
 // One client contributes SEGMENT_MIB (default 1024) to the pool, so the bytes are
 // local memcpy through Mooncake's TCP transport path (loopback, no RDMA). Trainer TP4 x
-// PP2 x DP2 snapshots; a server TP2 x EP2 restores (every byte checked after timing);
+// PP2 x DP2 snapshots; servers restore (every byte checked after timing);
 // raw: batch_put_from / batch_get_into of objects with the snapshot's sizes from/into
-// one registered buffer. Prints GB/s and calls per GiB, then `figure: NAME = VALUE`.
+// one registered buffer, and the raw puts plus one upsert_from per metadata object the
+// protocol writes (decision, integrity record, manifest; their sizes read back from the
+// snapshot). Restores: same layout (TP4 x PP2) and resharded (TP2 x EP2), the latter
+// also with integrity verification off (its cost). Prints GB/s and calls per GiB, then
+// `figure: NAME = VALUE` (ratios: > 1 = the adapter is faster than raw).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,28 +57,43 @@ int main(int argc, char **argv) {
         ms::Adapter a(client);
         if (a.self_test() != 0) throw std::runtime_error("adapter self_test failed (header/wheel mismatch?)");
         const auto defs = model_tensors(layers, hidden, 4);
-        const Layout trainer{4, 2, 1, 2}, server{2, 1, 2, 1};
-        double best_snap = 1e30, best_restore = 1e30, best_put = 1e30, best_get = 1e30;
-        std::uint64_t snap_bytes = 0, restore_bytes = 0, snap_calls = 0, restore_calls = 0, objects = 0;
-        std::vector<std::size_t> sizes;
-        for (int it = 0; it < repeat; ++it) {
-            const std::string rev = "bench-" + std::to_string(it);
-            mws::Store store = a.store();
-            HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", rev), defs, true, "trainer");
+        const Layout trainer{4, 2, 1, 2}, same{4, 2, 1, 1}, server{2, 1, 2, 1};
+        mws::StoreOptions unverified;
+        unverified.verify_integrity = false;
+        // best seconds: snapshot, restore same layout, resharded, resharded unverified
+        double best_snap = 1e30, best_same = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
+        std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, same_calls = 0, resh_calls = 0;
+        std::vector<std::size_t> sizes, meta_sizes;
+        auto timed_restore = [&](const mws::Store &store, const mws::StoredManifest &m, const Layout &L,
+                                 const std::string &rev, double &best, std::uint64_t &bytes, std::uint64_t &calls) {
+            HostModel dst(placement_json("serving", L, defs, 1, "bench-model", rev), defs, false, "server");
             ms::Stats s0 = a.stats();
             auto t0 = std::chrono::steady_clock::now();
-            mws::StoredManifest m = snapshot(store, src, "bench");
-            best_snap = std::min(best_snap, secs_since(t0));
-            ms::Stats s1 = a.stats();
-            snap_calls = s1.batch_put_calls - s0.batch_put_calls;
-            HostModel dst(placement_json("serving", server, defs, 1, "bench-model", rev), defs, false, "server");
-            t0 = std::chrono::steady_clock::now();
-            mws_load_stats st = restore(store, m, dst);
-            best_restore = std::min(best_restore, secs_since(t0));
-            ms::Stats s2 = a.stats();
-            restore_calls = s2.range_calls - s1.range_calls;
-            restore_bytes = st.bytes;
+            bytes = restore(store, m, dst).bytes;
+            best = std::min(best, secs_since(t0));
+            calls = a.stats().range_calls - s0.range_calls;
             dst.verify();
+        };
+        for (int it = 0; it < repeat; ++it) {
+            const std::string rev = "bench-" + std::to_string(it);
+            mws::Store store = a.store(), store_nv = a.store(unverified);
+            HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", rev), defs, true, "trainer");
+            std::vector<std::string> meta_keys;
+            ms::Stats s0 = a.stats();
+            auto t0 = std::chrono::steady_clock::now();
+            mws::StoredManifest m = snapshot(store, src, "bench", {}, &meta_keys);
+            best_snap = std::min(best_snap, secs_since(t0));
+            snap_calls = a.stats().batch_put_calls - s0.batch_put_calls;
+            meta_sizes.clear();
+            for (const std::string &k : meta_keys) {
+                std::int64_t n = a.raw_get_size(k);
+                if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
+                meta_sizes.push_back(static_cast<std::size_t>(n));
+            }
+            timed_restore(store, m, same, rev, best_same, same_bytes, same_calls);
+            timed_restore(store, m, server, rev, best_resh, resh_bytes, resh_calls);
+            std::uint64_t nv_bytes = 0, nv_calls = 0;
+            timed_restore(store_nv, m, server, rev, best_resh_nv, nv_bytes, nv_calls);
             a.raw_remove_by_regex("^weights/bench/");
         }
         // Snapshot bytes: one copy of every box (DP replicas are written once).
@@ -84,58 +103,80 @@ int main(int argc, char **argv) {
             for (const View &v : src.views)
                 if (boxes.insert(src.box_key(v)).second) sizes.push_back(v.nbytes);
             for (std::size_t n : sizes) snap_bytes += n;
-            objects = sizes.size();
         }
-        // Raw: the same object sizes, one batch_put_from and one batch_get_into.
-        std::vector<unsigned char> sbuf(snap_bytes), dbuf(snap_bytes);
+        // Raw: the same object sizes, one batch_put_from (+ one upsert_from per metadata
+        // object of the snapshot's sizes, METADATA) and one batch_get_into.
+        std::size_t meta_total = 0;
+        for (std::size_t n : meta_sizes) meta_total += n;
+        std::vector<unsigned char> sbuf(snap_bytes + meta_total), dbuf(snap_bytes);
         for (std::size_t i = 0; i < sbuf.size(); ++i) sbuf[i] = static_cast<unsigned char>(i * 131 + 7);
         a.raw_register(sbuf.data(), sbuf.size());
         a.raw_register(dbuf.data(), dbuf.size());
+        double best_put = 1e30, best_put_meta = 1e30, best_get = 1e30;
         for (int it = 0; it < repeat; ++it) {
+            const std::string group = "raw-bench/" + std::to_string(it);
             std::vector<std::string> keys;
             std::vector<void *> sp, dp;
             std::size_t off = 0;
             for (std::size_t i = 0; i < sizes.size(); ++i) {
-                keys.push_back("raw-bench/" + std::to_string(it) + "/" + std::to_string(i));
+                keys.push_back(group + "/" + std::to_string(i));
                 sp.push_back(sbuf.data() + off);
                 dp.push_back(dbuf.data() + off);
                 off += sizes[i];
             }
             auto t0 = std::chrono::steady_clock::now();
-            std::vector<int> prc = a.raw_batch_put_from(keys, sp, sizes, "raw-bench/" + std::to_string(it));
+            std::vector<int> prc = a.raw_batch_put_from(keys, sp, sizes, group);
             best_put = std::min(best_put, secs_since(t0));
+            for (std::size_t i = 0; i < meta_sizes.size(); ++i) {
+                if (a.raw_upsert_from(group + "/meta/" + std::to_string(i), sbuf.data() + off, meta_sizes[i], group,
+                                      false) != 0)
+                    throw std::runtime_error("raw upsert_from of a metadata object failed");
+                off += meta_sizes[i];
+            }
+            best_put_meta = std::min(best_put_meta, secs_since(t0));
             for (int r : prc)
                 if (r != 0) throw std::runtime_error("raw batch_put_from failed: " + std::to_string(r));
             t0 = std::chrono::steady_clock::now();
             std::vector<std::int64_t> grc = a.raw_batch_get_into(keys, dp, sizes);
             best_get = std::min(best_get, secs_since(t0));
             for (std::size_t i = 0; i < grc.size(); ++i)
-                if (grc[i] != static_cast<std::int64_t>(sizes[i])) throw std::runtime_error("raw batch_get_into failed");
-            if (std::memcmp(sbuf.data(), dbuf.data(), sbuf.size()) != 0) throw std::runtime_error("raw bytes differ");
+                if (grc[i] != static_cast<std::int64_t>(sizes[i]))
+                    throw std::runtime_error("raw batch_get_into failed");
+            if (std::memcmp(sbuf.data(), dbuf.data(), dbuf.size()) != 0) throw std::runtime_error("raw bytes differ");
             a.raw_remove_by_regex("^raw-bench/");
         }
         a.raw_unregister(sbuf.data());
         a.raw_unregister(dbuf.data());
         const double gib = 1024.0 * 1024 * 1024;
         auto gbps = [](std::uint64_t b, double s) { return b / s / 1e9; };
-        std::printf("model: %llu layers, hidden %llu, 4 experts; %zu payload objects, %.1f MiB snapshot, %.1f MiB "
-                    "restored (TP4xPP2xDP2 -> TP2xEP2); best of %d\n",
-                    (unsigned long long)layers, (unsigned long long)hidden, (std::size_t)objects, snap_bytes / 1048576.0,
-                    restore_bytes / 1048576.0, repeat);
-        std::printf("adapter snapshot  %8.1f ms  %6.2f GB/s  %6.1f batch_put_from calls/GiB\n", best_snap * 1e3,
-                    gbps(snap_bytes, best_snap), snap_calls / (snap_bytes / gib));
-        std::printf("raw batch_put_from%8.1f ms  %6.2f GB/s  %6.1f calls/GiB\n", best_put * 1e3,
-                    gbps(snap_bytes, best_put), 1 / (snap_bytes / gib));
-        std::printf("adapter restore   %8.1f ms  %6.2f GB/s  %6.1f get_into_ranges calls/GiB\n", best_restore * 1e3,
-                    gbps(restore_bytes, best_restore), restore_calls / (restore_bytes / gib));
-        std::printf("raw batch_get_into%8.1f ms  %6.2f GB/s  %6.1f calls/GiB\n", best_get * 1e3,
-                    gbps(snap_bytes, best_get), 1 / (snap_bytes / gib));
+        auto row = [&](const char *what, double s, std::uint64_t bytes, double calls, const char *call) {
+            std::printf("%-38s %8.1f ms  %6.2f GB/s  %7.1f %s calls/GiB\n", what, s * 1e3, gbps(bytes, s),
+                        calls / (bytes / gib), call);
+        };
+        std::printf("model: %llu layers, hidden %llu, 4 experts; %zu payload objects, %.1f MiB snapshot, %zu metadata "
+                    "objects (%zu bytes); best of %d\n",
+                    (unsigned long long)layers, (unsigned long long)hidden, sizes.size(), snap_bytes / 1048576.0,
+                    meta_sizes.size(), meta_total, repeat);
+        row("adapter snapshot (TP4xPP2xDP2)", best_snap, snap_bytes, snap_calls, "batch_put_from");
+        row("raw batch_put_from (payloads)", best_put, snap_bytes, 1, "batch_put_from");
+        row("raw batch_put_from + metadata puts", best_put_meta, snap_bytes, 1 + meta_sizes.size(), "put");
+        row("adapter restore same layout (TP4xPP2)", best_same, same_bytes, same_calls, "get_into_ranges");
+        row("adapter restore resharded (TP2xEP2)", best_resh, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, integrity verification off", best_resh_nv, resh_bytes, resh_calls, "get_into_ranges");
+        row("raw batch_get_into (payloads)", best_get, snap_bytes, 1, "batch_get_into");
+        const double raw_get = gbps(snap_bytes, best_get);
         std::printf("figure: mooncake_store_adapter_snapshot_gbps = %.3f\n", gbps(snap_bytes, best_snap));
         std::printf("figure: mooncake_store_raw_batch_put_gbps = %.3f\n", gbps(snap_bytes, best_put));
-        std::printf("figure: mooncake_store_adapter_restore_gbps = %.3f\n", gbps(restore_bytes, best_restore));
-        std::printf("figure: mooncake_store_raw_batch_get_gbps = %.3f\n", gbps(snap_bytes, best_get));
+        std::printf("figure: mooncake_store_snapshot_vs_raw_put_plus_metadata = %.3f\n", best_put_meta / best_snap);
+        std::printf("figure: mooncake_store_adapter_restore_same_layout_gbps = %.3f\n", gbps(same_bytes, best_same));
+        std::printf("figure: mooncake_store_adapter_restore_resharded_gbps = %.3f\n", gbps(resh_bytes, best_resh));
+        std::printf("figure: mooncake_store_raw_batch_get_gbps = %.3f\n", raw_get);
+        std::printf("figure: mooncake_store_restore_same_layout_vs_raw = %.3f\n",
+                    gbps(same_bytes, best_same) / raw_get);
+        std::printf("figure: mooncake_store_restore_resharded_vs_raw = %.3f\n", gbps(resh_bytes, best_resh) / raw_get);
+        std::printf("figure: mooncake_store_restore_integrity_cost = %.3f\n", best_resh / best_resh_nv - 1);
         std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
-        std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", restore_calls / (restore_bytes / gib));
+        std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", resh_calls / (resh_bytes / gib));
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         out = 1;

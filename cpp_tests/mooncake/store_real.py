@@ -6,10 +6,12 @@ a killed trainer loses nothing but its own work. Every child and the master are
 stopped by their PID on every exit path.
 
     python3 store_real.py store_selftest | store_two_process | store_revisions |
-                          store_corrupt | store_kill | store_cross_language
+                          store_corrupt | store_kill | store_cross_language |
+                          store_and_te
 
 Environment (ctest, cpp_tests/mooncake/CMakeLists.txt): MWS_STORE_ROLE (the C++ role
-binary), MWS_MOONCAKE_BIN (the wheel's mooncake/ folder with mooncake_master),
+binary), MWS_STORE_TE_ROLE (store_te_role: both adapters in one process),
+MWS_MOONCAKE_BIN (the wheel's mooncake/ folder with mooncake_master),
 MWS_MOONCAKE_MASTER (host:port of a running master; unset: one is started here on
 free loopback ports), MWS_MOONCAKE_PYTHON, MWS_REPO, MWS_LIBRARY (the Python side).
 Prints "mooncake <case>: OK" on success. Standard library only.
@@ -211,24 +213,53 @@ def case_store_kill(run: Run) -> None:
     check(True, "the next snapshot of the same revision committed and restores, every byte")
 
 
-def case_store_cross_language(run: Run) -> None:
-    py = os.environ.get("MWS_MOONCAKE_PYTHON", "")
-    if not py:
-        raise AssertionError("MWS_MOONCAKE_PYTHON not set")
+def with_snapshot(run: Run, program_var: str, rev: str) -> tuple:
+    """(the program the environment variable `program_var` names, a C++ trainer's
+    snapshot of revision `rev`, 2 layers, in the pool of a `hold` process)."""
+    program = os.environ.get(program_var, "")
+    if not program:
+        raise AssertionError(f"{program_var} not set")
     run.hold()
-    t = snapshot(run, "rev-x", 2)
+    return program, snapshot(run, rev, 2)
+
+
+def case_store_cross_language(run: Run) -> None:
+    py, t = with_snapshot(run, "MWS_MOONCAKE_PYTHON", "rev-x")
     env = dict(run.env(), PYTHONPATH=os.path.join(os.environ["MWS_REPO"], "python"))
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([py, os.path.join(here, "store_py_role.py"), run.master.address, "restore", t["manifest"]],
                          capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-    check(out.returncode == 0 and "PY_RESTORE_OK" in out.stdout,
-          f"Python (MooncakeStoreBackend) restored the C++ snapshot: {out.stdout.strip()[-300:]} {out.stderr[-1500:]}")
+    ok = out.returncode == 0 and "PY_RESTORE_OK" in out.stdout
+    check(ok, "Python (MooncakeStoreBackend) restored the C++ TP4xPP2xDP2 snapshot into PP2xEP4, every byte: "
+          f"{out.stdout.strip()[-300:]}{'' if ok else chr(10) + out.stderr[-1500:]}")
     out = subprocess.run([py, os.path.join(here, "store_py_role.py"), run.master.address, "snapshot", run.ns],
                          capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
     key = [x.split(" ", 1)[1] for x in out.stdout.splitlines() if x.startswith("PY_MANIFEST ")]
-    check(out.returncode == 0 and len(key) == 1, f"Python snapshot: {out.stdout[-300:]} {out.stderr[-1500:]}")
+    ok = out.returncode == 0 and len(key) == 1
+    check(ok, f"Python TP2xPP2xEP2xDP2 snapshot: {out.stdout.strip()[-300:]}"
+              f"{'' if ok else chr(10) + out.stderr[-1500:]}")
     restore(run, key[0], 2)
-    check(True, "C++ server restored the Python snapshot, every byte")
+    check(True, "C++ server restored the Python snapshot into TP2xEP2, every byte")
+
+
+def case_store_and_te(run: Run) -> None:
+    role, t = with_snapshot(run, "MWS_STORE_TE_ROLE", "rev-te")
+    err = os.path.join(run.dir, "store_te_role.stderr")
+    with open(err, "w") as e:
+        p = subprocess.run([role, run.master.address, t["manifest"], "2", str(free_port())], stdout=subprocess.PIPE,
+                           stderr=e, text=True, env=run.env(), timeout=TIMEOUT_S)
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0 or not lines:
+        with open(err) as f:
+            raise AssertionError(f"store_te_role exited {p.returncode}: {p.stdout}\n{f.read()[-3000:]}")
+    r = last(lines, "store_te")
+    check(r["store_self_test"] == 0 and r["te_self_check"] == 0,
+          "one process: store adapter self_test and TE adapter self_check both 0")
+    check(r["restored"] > 0 and r["restore_verified"] > 0,
+          f"restored {r['restored']} bytes from Mooncake Store into TP2xEP2, every byte ({r['restore_verified']})")
+    check(r["pushed"] > 0 and r["push_verified"] > 0 and r["te_batches"] > 0,
+          f"then pushed {r['pushed']} bytes live through its own TransferEngine into TP4 "
+          f"({r['te_batches']} native batches), every byte ({r['push_verified']})")
 
 
 def main() -> int:

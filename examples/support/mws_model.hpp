@@ -463,9 +463,13 @@ struct HostAdapter {
 
 /// Snapshots `src` into `store` through a Writer (one write_tensor per tensor and
 /// participant of the writer's plan, as a trainer would call it); returns the manifest.
-/// `progress` (optional) sees the whole snapshot's uploads.
+/// `progress` (optional) sees the whole snapshot's uploads. `metadata_keys` (optional)
+/// receives the keys of the protocol's metadata objects besides the payloads: the
+/// decision record (control key), the integrity record (`<group>/integrity/<tx>`) and
+/// the manifest.
 inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default",
-                                    mws::ProgressCallback progress = {}) {
+                                    mws::ProgressCallback progress = {},
+                                    std::vector<std::string> *metadata_keys = nullptr) {
     HostAdapter adapter(src);
     mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
     mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
@@ -473,6 +477,10 @@ inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &sr
                                        &adapter, ns);
     if (progress) w.set_progress(std::move(progress));
     mws::UploadPlan plan = w.upload_plan();
+    if (metadata_keys != nullptr)
+        *metadata_keys = {std::string(plan.control_key()),
+                          std::string(plan.group_id()) + "/integrity/" + std::string(plan.transaction_id()),
+                          std::string(plan.manifest_key())};
     std::map<std::string, std::string> tensor_of;  // placement fragment id -> tensor
     for (const View &v : src.views) tensor_of[v.pfid] = v.tensor;
     std::set<std::pair<std::string, std::string>> seen;
