@@ -227,7 +227,7 @@ int main() {
             require(mws_prepared_transfer_step_start(prepared[0].get(), &a10, nullptr, nullptr, nullptr, nullptr) ==
                         MWS_NULL_ARGUMENT,
                     "NULL out");
-            mws_step_notify bad{nullptr, 0, 4};
+            mws_step_notify bad{nullptr, 0, 4, nullptr, 0};
             require(mws_prepared_transfer_step_start(prepared[0].get(), &a10, &bad, nullptr, nullptr, &h) ==
                             MWS_INVALID_ARGUMENT &&
                         h == nullptr,

@@ -176,6 +176,13 @@
 #define MWS_NOTIFY_UNVERIFIED 9
 
 /**
+ * Refused: a delta step's message the target cannot apply (its bytes do not hold
+ * the delta's base generation, verified, or it has no inbox, or the delta is
+ * malformed); the target needs a full step.
+ */
+#define MWS_NOTIFY_DELTA_BASE 10
+
+/**
  * The transfers one writer may begin under one acceptor (`MWS_NOTIFY_TOO_MANY`).
  */
 #define MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER 1024
@@ -186,6 +193,11 @@
  * buffers before they move, in each `done`).
  */
 #define MWS_STEP_VERIFY_CONTENT 1
+
+/**
+ * `flags` of `mws_step_notify`: a delta step (see `mws_prepared_transfer_step_delta`).
+ */
+#define MWS_STEP_DELTA 2
 
 /**
  * `mws_store_options.staging_bytes` value that turns restore staging off.
@@ -1868,6 +1880,73 @@ typedef struct mws_step_args {
 } mws_step_args;
 
 /**
+ * The inbox of one target participant for delta steps
+ * (`mws_prepared_transfer_enable_delta`): a host buffer of the target side,
+ * registered with the target's engine, into which the sources write their encoded
+ * deltas (each writer its own slot). `participant_id` is read during the call.
+ */
+typedef struct mws_delta_inbox {
+    /**
+     * The target participant.
+     */
+    const char *participant_id;
+    /**
+     * First byte (a target-side host address).
+     */
+    uint64_t address;
+    /**
+     * Bytes.
+     */
+    uint64_t capacity;
+} mws_delta_inbox;
+
+/**
+ * What a target verifiably holds (`mws_notify_acceptor_held_generation` on the
+ * target side), told to a delta step. `participant_id` is read during the call.
+ */
+typedef struct mws_target_held {
+    /**
+     * The target participant.
+     */
+    const char *participant_id;
+    /**
+     * The weight generation its bytes hold.
+     */
+    uint64_t weight_generation;
+} mws_target_held;
+
+/**
+ * What the last delta step of a prepared transfer sent
+ * (`mws_prepared_transfer_delta_stats`).
+ */
+typedef struct mws_delta_stats {
+    /**
+     * The step's weight generation.
+     */
+    uint64_t weight_generation;
+    /**
+     * Targets sent the changed elements.
+     */
+    uint64_t delta_targets;
+    /**
+     * Targets sent every byte.
+     */
+    uint64_t full_targets;
+    /**
+     * Bytes moved into the targets.
+     */
+    uint64_t wire_bytes;
+    /**
+     * Bytes the targets hold after the step (what a full step moves).
+     */
+    uint64_t logical_bytes;
+    /**
+     * Elements changed in the delta targets.
+     */
+    uint64_t changed_elements;
+} mws_delta_stats;
+
+/**
  * What a prepared transfer holds (`mws_prepared_transfer_info`).
  */
 typedef struct mws_prepared_info {
@@ -1933,9 +2012,18 @@ typedef struct mws_step_notify {
      */
     size_t key_len;
     /**
-     * 0 or `MWS_STEP_VERIFY_CONTENT`.
+     * 0, or `MWS_STEP_VERIFY_CONTENT` and/or `MWS_STEP_DELTA` (a delta step, as
+     * `mws_prepared_transfer_step_delta`: implies content verification).
      */
     uint32_t flags;
+    /**
+     * A delta step's held generations (`n_held` entries; NULL when 0).
+     */
+    const struct mws_target_held *held;
+    /**
+     * Entries of `held`.
+     */
+    size_t n_held;
 } mws_step_notify;
 
 /**
@@ -3495,6 +3583,44 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
 enum mws_status mws_notify_acceptor_verify_content(const struct mws_notify_acceptor *acceptor);
 
 /**
+ * Accepts delta steps (`mws_prepared_transfer_enable_delta` on the sources): a
+ * `done` carrying a delta makes the acceptor read the writer's slot of the inbox
+ * (`address`, `capacity` bytes: a host buffer of this side, registered with its
+ * engine, whose address the sources are told), apply the changed elements to the
+ * target buffers, then verify their content as for any verified `done`. A delta
+ * applies only on the generation the target's bytes hold
+ * (`mws_notify_acceptor_held_generation`); any other is refused
+ * (`MWS_NOTIFY_DELTA_BASE`) and the target stays torn until a full step.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (content verification is off:
+ * call `mws_notify_acceptor_verify_content` first; a NULL address or 0 capacity).
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` is NULL or live. The inbox stays valid for reads, and every buffer of
+ * the acceptor's participant valid for writes at its planned address, until the
+ * acceptor is freed; nothing else writes those buffers while a message is accepted.
+ */
+enum mws_status mws_notify_acceptor_accept_deltas(const struct mws_notify_acceptor *acceptor,
+                                                  uint64_t address,
+                                                  uint64_t capacity);
+
+/**
+ * Writes the weight generation the target's bytes hold, verified by content and
+ * untouched since (what the sources' delta steps need to hear,
+ * `mws_target_held`), to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no verified generation: before the
+ * first verified update, after a mismatch or a full step's `begin`, or when the
+ * acceptor does not verify content). Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_notify_acceptor_held_generation(const struct mws_notify_acceptor *acceptor,
+                                                    uint64_t *out);
+
+/**
  * Moves the acceptor to `weight_generation` (a prepared transfer's next step,
  * before its messages): the older generation's messages are forgotten and refused
  * as stale from then on; the outcome is `MWS_TARGET_UNCHANGED` until a writer
@@ -3891,6 +4017,64 @@ void mws_placement_builder_free(struct mws_placement_builder *builder);
 enum mws_status mws_prepared_transfer_step(const struct mws_prepared_transfer *prepared,
                                            const struct mws_step_args *args,
                                            struct mws_transfer_stats *stats);
+
+/**
+ * Enables delta steps of a prepared sink (`mws_prepared_transfer_step_delta`, or a
+ * started step with `MWS_STEP_DELTA`): `inboxes` (`n` entries) names the inbox of
+ * every target participant it writes (others are ignored, so one list may serve
+ * every prepared sink of a process). Allocates a base (a host copy of the bytes
+ * sent into each target, as large as a step's bytes) and an outbox per target (its
+ * slot of the inbox, registered with the engine until the close). The first step
+ * after it sends every byte. Calling it again replaces the inboxes and forgets the
+ * bases. Waits for a running step.
+ *
+ * Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared
+ * reader or restore, a target without an inbox, an inbox named twice, a slot under
+ * 64 bytes, closed), `MWS_UNSUPPORTED` (a target written at several endpoints,
+ * device memory), `MWS_STORE` (an outbox registration refused).
+ *
+ * # Safety
+ * `prepared` is NULL or live; `inboxes` is NULL (with `n` 0) or `n` valid entries
+ * whose strings are NUL-terminated.
+ */
+enum mws_status mws_prepared_transfer_enable_delta(const struct mws_prepared_transfer *prepared,
+                                                   const struct mws_delta_inbox *inboxes,
+                                                   size_t n);
+
+/**
+ * A delta step of a prepared sink (after `mws_prepared_transfer_enable_delta`):
+ * as `mws_prepared_transfer_step_notified` with `MWS_STEP_VERIFY_CONTENT`, but each
+ * target that holds the generation of the source's base (`held`, `n_held` entries:
+ * what the targets' acceptors report) is sent only the elements that changed since,
+ * into its inbox; the others every byte (full whenever in doubt). The targets'
+ * acceptors apply and verify before they report updated.
+ * `mws_prepared_transfer_delta_stats` then says what was sent.
+ *
+ * Errors: as `mws_prepared_transfer_step_notified`; `MWS_INVALID_ARGUMENT` (delta
+ * steps not enabled; a held entry's strings).
+ *
+ * # Safety
+ * As `mws_prepared_transfer_step_notified`; `held` is NULL (with `n_held` 0) or
+ * `n_held` valid entries.
+ */
+enum mws_status mws_prepared_transfer_step_delta(const struct mws_prepared_transfer *prepared,
+                                                 const struct mws_step_args *args,
+                                                 const uint8_t *key,
+                                                 size_t key_len,
+                                                 const struct mws_target_held *held,
+                                                 size_t n_held,
+                                                 struct mws_transfer_stats *stats);
+
+/**
+ * Writes what the last delta step of a prepared sink sent to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no delta step yet).
+ *
+ * # Safety
+ * `prepared` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_prepared_transfer_delta_stats(const struct mws_prepared_transfer *prepared,
+                                                  struct mws_delta_stats *out);
 
 /**
  * `mws_prepared_transfer_step` of a prepared sink with the notify hook, as

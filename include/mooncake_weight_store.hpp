@@ -2234,10 +2234,17 @@ private:
 /// How a started sink step notifies its targets (PreparedTransfer::start_step), as
 /// the arguments of PreparedTransfer::step_notified.
 struct StepNotify {
+    /// `key`, `verify_content` and `held` as the members below.
+    StepNotify(std::string key = {}, bool verify_content = false,
+               std::optional<std::map<std::string, std::uint64_t>> held = std::nullopt)
+        : key(std::move(key)), verify_content(verify_content), held(std::move(held)) {}
     /// Empty: unkeyed; else the key shared with the targets' acceptors (>= 16 bytes).
     std::string key;
     /// The `done` carries the CRC-32C of the bytes sent into each target.
     bool verify_content = false;
+    /// A delta step (implies verify_content): what each target participant
+    /// verifiably holds (NotifyAcceptor::held_generation on the target side).
+    std::optional<std::map<std::string, std::uint64_t>> held;
 };
 
 /// A live transfer prepared once for many steps (owns an mws_prepared_transfer), made
@@ -2310,10 +2317,17 @@ public:
             l.push_back({r.instance_id.c_str(), r.participant_id.c_str(), r.lease_id.c_str(), r.lease_generation});
         mws_step_args args{weight_generation, l.empty() ? nullptr : l.data(), l.size(), transfer_id, nullptr};
         mws_step_notify n{};
+        std::vector<mws_target_held> held;
         if (notify) {
             n.key = notify->key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(notify->key.data());
             n.key_len = notify->key.size();
             n.flags = notify->verify_content ? MWS_STEP_VERIFY_CONTENT : 0u;
+            if (notify->held) {
+                for (const auto &h : *notify->held) held.push_back({h.first.c_str(), h.second});
+                n.flags |= MWS_STEP_DELTA;
+                n.held = held.empty() ? nullptr : held.data();
+                n.n_held = held.size();
+            }
         }
         using Callback = std::function<void(mws_status)>;
         std::unique_ptr<Callback> cb(on_complete ? new Callback(std::move(on_complete)) : nullptr);
@@ -2331,6 +2345,42 @@ public:
         detail::check(mws_prepared_transfer_step_start(get(), &args, notify ? &n : nullptr, trampoline, cb.get(), &raw));
         cb.release(); // the step owns it now: the trampoline deletes it after its one call
         return StepHandle(raw);
+    }
+    /// Enables delta steps of a prepared sink (mws_prepared_transfer_enable_delta):
+    /// `inboxes` maps every target participant it writes to its inbox (address,
+    /// capacity: a host buffer of the target side, registered with the target's
+    /// engine; others are ignored). Keeps a host copy of the bytes it sends and one
+    /// registered outbox per target until closed. Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (a reader, a target without an inbox, a slot under 64
+    /// bytes), MWS_UNSUPPORTED (device memory), MWS_STORE (registration refused).
+    void enable_delta(const std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> &inboxes) const {
+        std::vector<mws_delta_inbox> v;
+        for (const auto &i : inboxes) v.push_back({i.first.c_str(), i.second.first, i.second.second});
+        detail::check(mws_prepared_transfer_enable_delta(get(), v.empty() ? nullptr : v.data(), v.size()));
+    }
+    /// A delta step (mws_prepared_transfer_step_delta): step_notified(..., true) but
+    /// each target whose `held` generation is the source's base gets only the changed
+    /// elements, the others every byte. Throws mws::Error: as step_notified();
+    /// MWS_INVALID_ARGUMENT (delta steps not enabled).
+    mws_transfer_stats step_delta(std::uint64_t weight_generation, const std::map<std::string, std::uint64_t> &held,
+                                  std::string_view key = {}) const {
+        std::vector<mws_target_held> h;
+        for (const auto &x : held) h.push_back({x.first.c_str(), x.second});
+        mws_step_args args{weight_generation, nullptr, 0, nullptr, nullptr};
+        mws_transfer_stats stats{};
+        detail::check(mws_prepared_transfer_step_delta(
+            get(), &args, key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()), key.size(),
+            h.empty() ? nullptr : h.data(), h.size(), &stats));
+        return stats;
+    }
+    /// What the last delta step sent (mws_prepared_transfer_delta_stats); std::nullopt
+    /// before the first.
+    std::optional<mws_delta_stats> delta_stats() const {
+        mws_delta_stats d{};
+        mws_status st = mws_prepared_transfer_delta_stats(get(), &d);
+        if (st == MWS_NOT_FOUND) return std::nullopt;
+        detail::check(st);
+        return d;
     }
     /// The target buffers must be valid and untouched by anyone else for the step.
     /// Restores revision `revision` (nullptr: the prepared one), weight generation
@@ -2659,6 +2709,25 @@ public:
     /// for reads while this object lives. Throws mws::Error: MWS_UNSUPPORTED (a device
     /// buffer).
     void verify_content() const { detail::check(mws_notify_acceptor_verify_content(get())); }
+
+    /// Accepts delta steps (mws_notify_acceptor_accept_deltas): the sources write
+    /// encoded changes into the inbox (`capacity` bytes at `address`, host memory of
+    /// this side registered with its engine, valid while this object lives); a delta
+    /// `done` is applied to the target buffers, then verified. Call verify_content()
+    /// first. Throws mws::Error: MWS_INVALID_ARGUMENT.
+    void accept_deltas(const void *address, std::uint64_t capacity) const {
+        detail::check(mws_notify_acceptor_accept_deltas(
+            get(), static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(address)), capacity));
+    }
+    /// The weight generation the target's bytes hold, verified by content and untouched
+    /// since (mws_notify_acceptor_held_generation); std::nullopt when none.
+    std::optional<std::uint64_t> held_generation() const {
+        std::uint64_t g = 0;
+        mws_status st = mws_notify_acceptor_held_generation(get(), &g);
+        if (st == MWS_NOT_FOUND) return std::nullopt;
+        detail::check(st);
+        return g;
+    }
 
     /// Moves the acceptor to `weight_generation` (mws_notify_acceptor_expect_generation).
     /// Throws mws::Error: MWS_STALE_BINDING (older than its generation).

@@ -30,6 +30,7 @@
 
 pub(crate) mod copy;
 pub(crate) mod crc;
+pub mod delta;
 pub mod device;
 pub mod engine;
 pub mod error;

@@ -50,12 +50,17 @@ pub const MWS_NOTIFY_TOO_MANY: u32 = 8;
 /// Refused: a `done` without content checksums at an acceptor that verifies
 /// content (`mws_notify_acceptor_verify_content`; the sink's step was not verified).
 pub const MWS_NOTIFY_UNVERIFIED: u32 = 9;
+/// Refused: a delta step's message the target cannot apply (its bytes do not hold
+/// the delta's base generation, verified, or it has no inbox, or the delta is
+/// malformed); the target needs a full step.
+pub const MWS_NOTIFY_DELTA_BASE: u32 = 10;
 /// The transfers one writer may begin under one acceptor (`MWS_NOTIFY_TOO_MANY`).
 pub const MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER: u32 = 1024;
 const _: () = assert!(
     MWS_NOTIFY_MAX_TRANSFERS_PER_WRITER as usize == mws::protocol::transfer::notify::MAX_TRANSFERS_PER_WRITER
         && MWS_NOTIFY_TOO_MANY == mws::protocol::transfer::notify::NotifyRefusal::TooMany as u32
         && MWS_NOTIFY_UNVERIFIED == mws::protocol::transfer::notify::NotifyRefusal::Unverified as u32
+        && MWS_NOTIFY_DELTA_BASE == mws::protocol::transfer::notify::NotifyRefusal::DeltaBase as u32
 );
 
 /// A participant's outcome for the acceptor's generation, from the notifications
@@ -261,6 +266,62 @@ pub unsafe extern "C" fn mws_notify_acceptor_verify_content(acceptor: *const mws
         // SAFETY: this function's contract: the participant's buffers stay readable
         // while the acceptor lives.
         Ok(unsafe { a.inner.lock().verify_content() }?)
+    })
+}
+
+/// Accepts delta steps (`mws_prepared_transfer_enable_delta` on the sources): a
+/// `done` carrying a delta makes the acceptor read the writer's slot of the inbox
+/// (`address`, `capacity` bytes: a host buffer of this side, registered with its
+/// engine, whose address the sources are told), apply the changed elements to the
+/// target buffers, then verify their content as for any verified `done`. A delta
+/// applies only on the generation the target's bytes hold
+/// (`mws_notify_acceptor_held_generation`); any other is refused
+/// (`MWS_NOTIFY_DELTA_BASE`) and the target stays torn until a full step.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (content verification is off:
+/// call `mws_notify_acceptor_verify_content` first; a NULL address or 0 capacity).
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `acceptor` is NULL or live. The inbox stays valid for reads, and every buffer of
+/// the acceptor's participant valid for writes at its planned address, until the
+/// acceptor is freed; nothing else writes those buffers while a message is accepted.
+#[no_mangle]
+pub unsafe extern "C" fn mws_notify_acceptor_accept_deltas(
+    acceptor: *const mws_notify_acceptor,
+    address: u64,
+    capacity: u64,
+) -> mws_status {
+    status_call!(|c| {
+        let a = c.handle(acceptor, "acceptor")?;
+        let inbox = mws::protocol::transfer::DeltaInbox { address, capacity };
+        // SAFETY: this function's contract.
+        Ok(unsafe { a.inner.lock().accept_deltas(inbox) }?)
+    })
+}
+
+/// Writes the weight generation the target's bytes hold, verified by content and
+/// untouched since (what the sources' delta steps need to hear,
+/// `mws_target_held`), to `*out`.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no verified generation: before the
+/// first verified update, after a mismatch or a full step's `begin`, or when the
+/// acceptor does not verify content). Thread safety: any thread.
+///
+/// # Safety
+/// `acceptor` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_notify_acceptor_held_generation(
+    acceptor: *const mws_notify_acceptor,
+    out: *mut u64,
+) -> mws_status {
+    status_call!(|c| {
+        let a = c.handle(acceptor, "acceptor")?;
+        let out = c.out(out, "out")?;
+        let held = a.inner.lock().held_generation();
+        out.give(held.ok_or_else(|| {
+            crate::boundary::Failure::new(mws_status::MWS_NOT_FOUND, "the target holds no verified generation")
+        })?)
     })
 }
 

@@ -4,11 +4,12 @@
 
 use crate::args::Caller;
 use crate::boundary::mws_status;
+use crate::boundary::Failure;
 use crate::boundary::FfiResult;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
 use crate::notify::key_arg;
 use mws::protocol::transfer::{
-    LeaseRotation, PreparedRestore, PreparedTransfer, StepNotify, StepRequest, TransferStats,
+    DeltaInbox, LeaseRotation, PreparedRestore, PreparedTransfer, StepNotify, StepRequest, TargetHeld, TransferStats,
 };
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -17,6 +18,51 @@ use std::sync::Arc;
 /// CRC-32C of the bytes sent into each target, computed from the host source
 /// buffers before they move, in each `done`).
 pub const MWS_STEP_VERIFY_CONTENT: u32 = 1;
+
+/// The inbox of one target participant for delta steps
+/// (`mws_prepared_transfer_enable_delta`): a host buffer of the target side,
+/// registered with the target's engine, into which the sources write their encoded
+/// deltas (each writer its own slot). `participant_id` is read during the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_delta_inbox {
+    /// The target participant.
+    pub participant_id: *const c_char,
+    /// First byte (a target-side host address).
+    pub address: u64,
+    /// Bytes.
+    pub capacity: u64,
+}
+
+/// What a target verifiably holds (`mws_notify_acceptor_held_generation` on the
+/// target side), told to a delta step. `participant_id` is read during the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mws_target_held {
+    /// The target participant.
+    pub participant_id: *const c_char,
+    /// The weight generation its bytes hold.
+    pub weight_generation: u64,
+}
+
+/// What the last delta step of a prepared transfer sent
+/// (`mws_prepared_transfer_delta_stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct mws_delta_stats {
+    /// The step's weight generation.
+    pub weight_generation: u64,
+    /// Targets sent the changed elements.
+    pub delta_targets: u64,
+    /// Targets sent every byte.
+    pub full_targets: u64,
+    /// Bytes moved into the targets.
+    pub wire_bytes: u64,
+    /// Bytes the targets hold after the step (what a full step moves).
+    pub logical_bytes: u64,
+    /// Elements changed in the delta targets.
+    pub changed_elements: u64,
+}
 
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
 /// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
@@ -156,6 +202,108 @@ pub(crate) fn leases<'a>(c: Caller<'a>, a: &'a mws_step_args) -> FfiResult<Vec<L
     Ok(leases)
 }
 
+/// The held generations of a delta step, read for the call.
+pub(crate) fn held<'a>(c: Caller<'a>, p: *const mws_target_held, n: usize) -> FfiResult<Vec<TargetHeld<'a>>> {
+    let mut out = Vec::with_capacity(n);
+    for (i, h) in c.slice(p, n, "held")?.iter().enumerate() {
+        let participant_id = c.str(h.participant_id, &format!("held[{i}].participant_id"))?;
+        out.push(TargetHeld { participant_id, weight_generation: h.weight_generation });
+    }
+    Ok(out)
+}
+
+/// Enables delta steps of a prepared sink (`mws_prepared_transfer_step_delta`, or a
+/// started step with `MWS_STEP_DELTA`): `inboxes` (`n` entries) names the inbox of
+/// every target participant it writes (others are ignored, so one list may serve
+/// every prepared sink of a process). Allocates a base (a host copy of the bytes
+/// sent into each target, as large as a step's bytes) and an outbox per target (its
+/// slot of the inbox, registered with the engine until the close). The first step
+/// after it sends every byte. Calling it again replaces the inboxes and forgets the
+/// bases. Waits for a running step.
+///
+/// Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared
+/// reader or restore, a target without an inbox, an inbox named twice, a slot under
+/// 64 bytes, closed), `MWS_UNSUPPORTED` (a target written at several endpoints,
+/// device memory), `MWS_STORE` (an outbox registration refused).
+///
+/// # Safety
+/// `prepared` is NULL or live; `inboxes` is NULL (with `n` 0) or `n` valid entries
+/// whose strings are NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_enable_delta(
+    prepared: *const mws_prepared_transfer,
+    inboxes: *const mws_delta_inbox,
+    n: usize,
+) -> mws_status {
+    status_call!(|c| {
+        let p = live(c.handle(prepared, "prepared")?)?;
+        let mut named = Vec::with_capacity(n);
+        for (i, b) in c.slice(inboxes, n, "inboxes")?.iter().enumerate() {
+            let t = c.str(b.participant_id, &format!("inboxes[{i}].participant_id"))?;
+            named.push((t, DeltaInbox { address: b.address, capacity: b.capacity }));
+        }
+        Ok(p.enable_delta(&named)?)
+    })
+}
+
+/// A delta step of a prepared sink (after `mws_prepared_transfer_enable_delta`):
+/// as `mws_prepared_transfer_step_notified` with `MWS_STEP_VERIFY_CONTENT`, but each
+/// target that holds the generation of the source's base (`held`, `n_held` entries:
+/// what the targets' acceptors report) is sent only the elements that changed since,
+/// into its inbox; the others every byte (full whenever in doubt). The targets'
+/// acceptors apply and verify before they report updated.
+/// `mws_prepared_transfer_delta_stats` then says what was sent.
+///
+/// Errors: as `mws_prepared_transfer_step_notified`; `MWS_INVALID_ARGUMENT` (delta
+/// steps not enabled; a held entry's strings).
+///
+/// # Safety
+/// As `mws_prepared_transfer_step_notified`; `held` is NULL (with `n_held` 0) or
+/// `n_held` valid entries.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_step_delta(
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    key: *const u8,
+    key_len: usize,
+    held: *const mws_target_held,
+    n_held: usize,
+    stats: *mut mws_transfer_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let notify = step_notify(c, key, key_len, MWS_STEP_VERIFY_CONTENT)?;
+        let held = self::held(c, held, n_held)?;
+        step_with(c, prepared, args, Some(notify), Some(&held), stats)
+    })
+}
+
+/// Writes what the last delta step of a prepared sink sent to `*out`.
+///
+/// Errors: `MWS_NULL_ARGUMENT`, `MWS_NOT_FOUND` (no delta step yet).
+///
+/// # Safety
+/// `prepared` is NULL or live; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mws_prepared_transfer_delta_stats(
+    prepared: *const mws_prepared_transfer,
+    out: *mut mws_delta_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let p = live(c.handle(prepared, "prepared")?)?;
+        let out = c.out(out, "out")?;
+        let r = p.last_delta().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no delta step yet"))?;
+        let delta = r.targets.iter().filter(|t| t.base_generation.is_some()).count() as u64;
+        out.give(mws_delta_stats {
+            weight_generation: r.weight_generation,
+            delta_targets: delta,
+            full_targets: r.targets.len() as u64 - delta,
+            wire_bytes: r.wire_bytes(),
+            logical_bytes: r.logical_bytes(),
+            changed_elements: r.targets.iter().map(|t| t.changed_elements).sum(),
+        })
+    })
+}
+
 /// The live prepared transfer of a handle (a prepared restore has no started steps).
 pub(crate) fn live(p: &mws_prepared_transfer) -> FfiResult<&Arc<PreparedTransfer>> {
     match &p.inner {
@@ -175,12 +323,24 @@ pub(crate) fn step_notify<'a>(c: Caller<'a>, key: *const u8, key_len: usize, fla
     Ok(StepNotify { key, verify_content: flags & MWS_STEP_VERIFY_CONTENT != 0 })
 }
 
-/// The body of both step entry points.
+/// The body of the step entry points.
 fn step(
     c: Caller<'_>,
     prepared: *const mws_prepared_transfer,
     args: *const mws_step_args,
     notify: Option<StepNotify<'_>>,
+    stats: *mut mws_transfer_stats,
+) -> FfiResult<()> {
+    step_with(c, prepared, args, notify, None, stats)
+}
+
+/// A step with its notify hook and delta (`None`: every byte).
+fn step_with(
+    c: Caller<'_>,
+    prepared: *const mws_prepared_transfer,
+    args: *const mws_step_args,
+    notify: Option<StepNotify<'_>>,
+    delta: Option<&[TargetHeld<'_>]>,
     stats: *mut mws_transfer_stats,
 ) -> FfiResult<()> {
     let p = c.handle(prepared, "prepared")?;
@@ -196,12 +356,13 @@ fn step(
         Prepared::Live(live) => {
             let mut args = request.live()?;
             args.notify = notify;
+            args.delta = delta;
             // SAFETY: the entry point's contract: every prepared buffer is valid and
             // pinned for the step (and until a pending transfer is drained).
             let result = unsafe { live.step(&args) };
             p.report.keep(c, result, stats)
         }
-        Prepared::Stored(_) if notify.is_some() => {
+        Prepared::Stored(_) if notify.is_some() || delta.is_some() => {
             Err(mws::Error::invalid("a prepared restore's step notifies no one (notified steps are for sinks)").into())
         }
         Prepared::Stored(stored) => {

@@ -6,7 +6,8 @@ use crate::args::Caller;
 use crate::boundary::{mws_status, set_last_error, Failure, FfiResult};
 use crate::callbacks::Ctx;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
-use crate::prepared::{leases, live, mws_prepared_transfer, mws_step_args, step_notify};
+use crate::prepared::MWS_STEP_VERIFY_CONTENT;
+use crate::prepared::{leases, live, mws_prepared_transfer, mws_step_args, mws_target_held, step_notify};
 use mws::protocol::transfer::{StepCallback, StepHandle, StepRequest, StepResult};
 use parking_lot::Mutex;
 use std::ffi::c_void;
@@ -32,9 +33,17 @@ pub struct mws_step_notify {
     pub key: *const u8,
     /// Bytes of `key` (0 when NULL).
     pub key_len: usize,
-    /// 0 or `MWS_STEP_VERIFY_CONTENT`.
+    /// 0, or `MWS_STEP_VERIFY_CONTENT` and/or `MWS_STEP_DELTA` (a delta step, as
+    /// `mws_prepared_transfer_step_delta`: implies content verification).
     pub flags: u32,
+    /// A delta step's held generations (`n_held` entries; NULL when 0).
+    pub held: *const mws_target_held,
+    /// Entries of `held`.
+    pub n_held: usize,
 }
+
+/// `flags` of `mws_step_notify`: a delta step (see `mws_prepared_transfer_step_delta`).
+pub const MWS_STEP_DELTA: u32 = 2;
 
 /// A step started by `mws_prepared_transfer_step_start`: poll it, wait for it with a
 /// timeout, cancel it, read its report once it ended. Freed by
@@ -140,9 +149,16 @@ fn start(
         revision: c.opt_str(a.revision, "args.revision")?,
     };
     let mut step = request.live()?;
+    let mut held = None;
     if let Some(n) = c.opt_struct(notify) {
-        step.notify = Some(step_notify(c, n.key, n.key_len, n.flags)?);
+        let delta = n.flags & MWS_STEP_DELTA != 0;
+        let flags = if delta { (n.flags & !MWS_STEP_DELTA) | MWS_STEP_VERIFY_CONTENT } else { n.flags };
+        step.notify = Some(step_notify(c, n.key, n.key_len, flags)?);
+        if delta {
+            held = Some(crate::prepared::held(c, n.held, n.n_held)?);
+        }
     }
+    step.delta = held.as_deref();
     let on_complete: Option<StepCallback> = callback.map(|f| {
         let cb = Callback { f, user_data: Ctx(user_data) };
         Box::new(move |r: &StepResult| cb.run(r)) as StepCallback

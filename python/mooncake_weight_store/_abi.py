@@ -119,8 +119,11 @@ MWS_NOTIFY_OTHER_PLAN = 6
 MWS_NOTIFY_MISROUTED = 7
 MWS_NOTIFY_TOO_MANY = 8
 MWS_NOTIFY_UNVERIFIED = 9
+MWS_NOTIFY_DELTA_BASE = 10
 #: ``flags`` of ``mws_prepared_transfer_step_notified``
 MWS_STEP_VERIFY_CONTENT = 1
+#: ``mws_step_notify.flags``: a delta step
+MWS_STEP_DELTA = 2
 #: ``mws_store_options.staging_bytes``: no staging buffer
 MWS_STAGING_OFF = 2**64 - 1
 #: ``mws_store_options.verify_integrity``
@@ -619,8 +622,22 @@ class mws_step_args(CStruct):
                 ("transfer_id", c_char_p), ("revision", c_char_p)]
 
 
+class mws_target_held(CStruct):
+    _fields_ = [("participant_id", c_char_p), ("weight_generation", c_uint64)]
+
+
+class mws_delta_inbox(CStruct):
+    _fields_ = [("participant_id", c_char_p), ("address", c_uint64), ("capacity", c_uint64)]
+
+
+class mws_delta_stats(CStruct):
+    _fields_ = [("weight_generation", c_uint64), ("delta_targets", c_uint64), ("full_targets", c_uint64),
+                ("wire_bytes", c_uint64), ("logical_bytes", c_uint64), ("changed_elements", c_uint64)]
+
+
 class mws_step_notify(CStruct):
-    _fields_ = [("key", c_void_p), ("key_len", c_size_t), ("flags", c_uint32)]
+    _fields_ = [("key", c_void_p), ("key_len", c_size_t), ("flags", c_uint32),
+                ("held", POINTER(mws_target_held)), ("n_held", c_size_t)]
 
 
 #: ``mws_step_callback``: (user_data, status), once, on the library's step driver thread
@@ -863,6 +880,10 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_prepared_transfer_step_start": (c_int, [_p, POINTER(mws_step_args), POINTER(mws_step_notify),
                                                  STEP_CALLBACK_FN, c_void_p, POINTER(_p)]),
     "mws_step_handle_poll": (c_int, [_p, POINTER(c_uint32)]),
+    "mws_prepared_transfer_enable_delta": (c_int, [_p, POINTER(mws_delta_inbox), c_size_t]),
+    "mws_prepared_transfer_step_delta": (c_int, [_p, POINTER(mws_step_args), c_void_p, c_size_t,
+                                                 POINTER(mws_target_held), c_size_t, POINTER(mws_transfer_stats)]),
+    "mws_prepared_transfer_delta_stats": (c_int, [_p, POINTER(mws_delta_stats)]),
     "mws_step_handle_wait": (c_int, [_p, c_uint64, POINTER(c_uint32), POINTER(mws_transfer_stats)]),
     "mws_step_handle_cancel": (c_int, [_p]),
     "mws_step_handle_report": (c_int, [_p, POINTER(mws_live_report)]),
@@ -875,6 +896,8 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_notify_acceptor_outcome": (c_int, [_p, POINTER(mws_notify_outcome)]),
     "mws_notify_acceptor_free": (None, [_p]),
     "mws_notify_acceptor_verify_content": (c_int, [_p]),
+    "mws_notify_acceptor_accept_deltas": (c_int, [_p, c_uint64, c_uint64]),
+    "mws_notify_acceptor_held_generation": (c_int, [_p, POINTER(c_uint64)]),
     "mws_notify_acceptor_expect_generation": (c_int, [_p, c_uint64]),
     "mws_notify_acceptor_mismatch_count": (c_int, [_p, _sz]),
     "mws_notify_acceptor_mismatch": (c_int, [_p, c_size_t, POINTER(mws_notify_mismatch)]),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _abi, _lib
+from .errors import Status
 from ._lib import LIB, OwnedHandle, call, cstr
 from .transfer import _VERDICTS, TransferPlan
 
@@ -39,7 +40,8 @@ VERDICTS = {_abi.MWS_NOTIFY_ACCEPTED: "accepted", _abi.MWS_NOTIFY_MALFORMED: "ma
             _abi.MWS_NOTIFY_TRUNCATED: "truncated", _abi.MWS_NOTIFY_FORGED: "forged",
             _abi.MWS_NOTIFY_REPLAYED: "replayed", _abi.MWS_NOTIFY_STALE: "stale",
             _abi.MWS_NOTIFY_OTHER_PLAN: "other_plan", _abi.MWS_NOTIFY_MISROUTED: "misrouted",
-            _abi.MWS_NOTIFY_TOO_MANY: "too_many", _abi.MWS_NOTIFY_UNVERIFIED: "unverified"}
+            _abi.MWS_NOTIFY_TOO_MANY: "too_many", _abi.MWS_NOTIFY_UNVERIFIED: "unverified",
+            _abi.MWS_NOTIFY_DELTA_BASE: "delta_base"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,28 @@ class NotifyAcceptor(OwnedHandle):
         call("mws_notify_acceptor_verify_content", self)
         # The bound plan keeps the bindings, which keep their buffers exported.
         self._keep_alive(self._plan)
+
+    def accept_deltas(self, address: int, capacity: int) -> None:
+        """Accepts delta steps (``mws_notify_acceptor_accept_deltas``): the sources
+        write encoded changes into the inbox (``capacity`` bytes at ``address``, host
+        memory of this side, registered with its engine; it must stay valid until
+        the acceptor is closed), and a delta ``done`` makes the acceptor apply them to
+        the target buffers, then verify them. Call :meth:`verify_content` first
+        (``ArgumentError`` otherwise). A delta on another base than the one the target
+        holds is refused (``"delta_base"``)."""
+        call("mws_notify_acceptor_accept_deltas", self, int(address), int(capacity))
+        self._keep_alive(self._plan)
+
+    def held_generation(self) -> Optional[int]:
+        """The weight generation the target's bytes hold, verified by content and
+        untouched since (``None``: none): what the sources' delta steps need to be
+        told (``held=`` of :meth:`PreparedTransfer.step_delta`)."""
+        g = ctypes.c_uint64(0)
+        st = LIB.fn("mws_notify_acceptor_held_generation")(self, ctypes.byref(g))
+        if st == Status.NOT_FOUND:
+            return None
+        _lib.check(st)
+        return int(g.value)
 
     def expect_generation(self, generation: int) -> None:
         """Moves the acceptor to ``generation`` (older messages are stale from then

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import _abi, _lib
+from .errors import Status
 from ._lib import LIB, OwnedHandle, call, cstr
 from .binding import Binding, MemoryKind
 from .engine_bridge import EngineBridge
@@ -250,8 +251,8 @@ class PreparedTransfer(_Reporting, OwnedHandle):
 
     @_serialized
     def start_step(self, generation: int, *, notify: bool = False, key: Optional[bytes] = None,
-                   verify_content: bool = False, leases: Sequence[LeaseRotation] = (),
-                   transfer_id: Optional[str] = None) -> "StepHandle":
+                   verify_content: bool = False, held: Optional[Dict[str, int]] = None,
+                   leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> "StepHandle":
         """Starts :meth:`step` (or, with ``notify``, ``key`` or ``verify_content``,
         :meth:`step_notified` of a prepared sink) without blocking
         (``mws_prepared_transfer_step_start``) and returns its :class:`StepHandle`: a
@@ -266,16 +267,21 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         this process serves reads of other buffers. The buffers of the prepared
         bindings must stay valid until the step ended: the handle keeps this object
         (and what it keeps) alive until then, even once dropped. Raises (nothing
-        started): ``InvalidArgumentError`` (a prepared restore; a short key)."""
+        started): ``InvalidArgumentError`` (a prepared restore; a short key).
+        ``held``: a delta step (as :meth:`step_delta`, content-verified)."""
         args, keep = _step_args(generation, leases, transfer_id, None)
         notify_c = None
-        if notify or key is not None or verify_content:
+        if notify or key is not None or verify_content or held is not None:
             k = bytes(key) if key else None
             kbuf = ctypes.create_string_buffer(k, len(k)) if k else None
             keep.append(kbuf)
             flags = _abi.MWS_STEP_VERIFY_CONTENT if verify_content else 0
+            arr, n = _held(held or {})
+            keep.append(arr)
+            if held is not None:
+                flags |= _abi.MWS_STEP_DELTA
             notify_c = _abi.mws_step_notify(ctypes.addressof(kbuf) if kbuf is not None else None,
-                                            len(k) if k else 0, flags)
+                                            len(k) if k else 0, flags, arr, n)
         step = StepHandle(self)
         out = _abi._p()
         self._engine._call("mws_prepared_transfer_step_start", self, ctypes.byref(args),
@@ -283,6 +289,41 @@ class PreparedTransfer(_Reporting, OwnedHandle):
                            ctypes.byref(out))
         step._adopt(out.value)
         return step
+
+    def enable_delta(self, inboxes: Dict[str, Tuple[int, int]]) -> None:
+        """Enables delta steps of this prepared sink (``mws_prepared_transfer_enable_delta``):
+        ``inboxes`` maps every target participant it writes to its inbox
+        ``(address, capacity)`` (a host buffer of the target side, registered with the
+        target's engine; others are ignored). Keeps a host copy of the bytes it sends
+        (its base) and one registered outbox per target until closed. The first step
+        after it sends every byte."""
+        items = list(inboxes.items())
+        arr = (_abi.mws_delta_inbox * len(items))(*[
+            _abi.mws_delta_inbox(cstr(t, "participant_id"), int(a), int(c)) for t, (a, c) in items])
+        self._engine._call("mws_prepared_transfer_enable_delta", self, arr if items else None, len(items))
+
+    @_serialized
+    def step_delta(self, generation: int, *, held: Dict[str, int], key: Optional[bytes] = None,
+                   leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> TransferStats:
+        """A delta step (``mws_prepared_transfer_step_delta``): as :meth:`step_notified`
+        with ``verify_content``, but each target whose ``held`` generation (what its
+        acceptor's :meth:`~mooncake_weight_store.NotifyAcceptor.held_generation` says)
+        is the source's base is sent only the changed elements; the others every
+        byte. :meth:`delta_stats` then says what was sent."""
+        k = bytes(key) if key else None
+        arr, n = _held(held)
+        return self._step("mws_prepared_transfer_step_delta", generation, leases, transfer_id, None,
+                          (k, len(k) if k else 0, arr, n))
+
+    def delta_stats(self) -> Optional[Dict[str, int]]:
+        """What the last delta step sent (``None`` before the first): weight_generation,
+        delta_targets, full_targets, wire_bytes, logical_bytes, changed_elements."""
+        d = _abi.mws_delta_stats()
+        st = LIB.fn("mws_prepared_transfer_delta_stats")(self, ctypes.byref(d))
+        if st == Status.NOT_FOUND:  # no delta step yet
+            return None
+        _lib.check(st)
+        return {name: int(getattr(d, name)) for name, _ in _abi.mws_delta_stats._fields_}
 
     def _step(self, fn: str, generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
               revision: Optional[str], extra: Tuple[Any, ...]) -> TransferStats:
@@ -315,6 +356,14 @@ class PreparedTransfer(_Reporting, OwnedHandle):
             self._engine._call("mws_prepared_transfer_close", self)
         finally:
             self._free()
+
+
+def _held(held: Dict[str, int]) -> Tuple[Any, int]:
+    """The C array of a delta step's held generations."""
+    items = list(held.items())
+    arr = (_abi.mws_target_held * len(items))(*[
+        _abi.mws_target_held(cstr(t, "participant_id"), int(g)) for t, g in items])
+    return (arr if items else None), len(items)
 
 
 def _step_args(generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],

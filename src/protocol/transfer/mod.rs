@@ -5,6 +5,7 @@
 //! per-target verdict.
 
 pub mod completion;
+pub mod delta;
 pub mod error;
 pub mod executor;
 pub mod lease;
@@ -18,6 +19,7 @@ pub mod scope;
 pub mod step_handle;
 
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
+pub use delta::{DeltaInbox, DeltaReport, TargetDelta, TargetHeld};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{
     EngineResources, ExecuteArgs, ExecutionStats, ExecutorLimits, GuardRelease, TransferExecutor, TransferReceipt,

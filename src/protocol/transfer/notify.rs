@@ -133,6 +133,10 @@ pub enum NotifyRefusal {
     /// [`MAX_TRANSFERS_PER_WRITER`] under this acceptor (what an acceptor remembers
     /// to refuse replays is bounded; bind a new acceptor, as the next generation does).
     TooMany = 8,
+    /// A delta step's message whose base generation is not the one the target's
+    /// bytes hold, or that the acceptor cannot apply (no inbox, a malformed or
+    /// oversized delta): the target needs a full step.
+    DeltaBase = 10,
     /// A `done` without content checksums at an acceptor that verifies content
     /// (the sink did not run a content-verified push).
     Unverified = 9,
@@ -153,7 +157,7 @@ impl NotifyRefusal {
             }
             NotifyRefusal::Forged | NotifyRefusal::Unverified => ErrorKind::Integrity,
             NotifyRefusal::Replayed => ErrorKind::Conflict,
-            NotifyRefusal::Stale | NotifyRefusal::OtherPlan => ErrorKind::StaleBinding,
+            NotifyRefusal::Stale | NotifyRefusal::OtherPlan | NotifyRefusal::DeltaBase => ErrorKind::StaleBinding,
             NotifyRefusal::TooMany => ErrorKind::LimitExceeded,
         }
     }
@@ -218,6 +222,21 @@ pub struct NotifyMessage {
     /// documentation); absent otherwise (and then not written at all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<NotifyContent>,
+    /// A delta step's base and slot bytes ([`super::delta`]); absent otherwise (and
+    /// then not written at all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<NotifyDelta>,
+}
+
+/// The `delta` member of a delta step's messages: the target generation the delta
+/// applies to and the bytes of the writer's inbox slot it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyDelta {
+    /// The weight generation the target must hold (verified) for the delta to apply.
+    pub base: u64,
+    /// Bytes of the writer's slot of the target's inbox holding the encoded delta.
+    pub bytes: u64,
 }
 
 /// The content checksums of one message: per group of the writer's operations into
@@ -593,6 +612,7 @@ pub fn planned_notifies(
                     bytes,
                     ranges: ranges.clone(),
                     content: None,
+                    delta: None,
                 },
             });
         }
@@ -804,6 +824,7 @@ impl StepNotifier {
         generation: u64,
         transfer_id: &str,
         content: Option<&BTreeMap<String, Vec<u32>>>,
+        delta: Option<&BTreeMap<String, NotifyDelta>>,
         delivered: &mut Vec<NotifyDelivery>,
     ) -> TransferResult<()> {
         let notes: Vec<PlannedNotify> = self
@@ -817,6 +838,7 @@ impl StepNotifier {
                 n.message.content = content
                     .and_then(|c| c.get(&n.message.target_participant))
                     .map(|crc32c| NotifyContent { crc32c: crc32c.clone() });
+                n.message.delta = delta.and_then(|d| d.get(&n.message.target_participant)).copied();
                 n
             })
             .collect();
@@ -896,6 +918,12 @@ pub struct NotifyAcceptor {
     seen: BTreeSet<(NotifyKind, String, String, String)>,
     /// Transfers each writer began (at most [`MAX_TRANSFERS_PER_WRITER`]).
     begun: BTreeMap<(String, String), usize>,
+    /// Where delta steps' encodings arrive ([`Self::accept_deltas`]).
+    inbox: Option<super::delta::DeltaInbox>,
+    /// Per writer, the generation its target ranges hold, verified by content and
+    /// untouched since (a writer's full `begin` forgets it; see
+    /// [`Self::held_generation`]).
+    held: BTreeMap<(String, String), u64>,
 }
 
 fn refuse(refusal: NotifyRefusal, message: String) -> Result<NotifyAccepted, NotifyError> {
@@ -933,6 +961,8 @@ impl NotifyAcceptor {
             state: BTreeMap::new(),
             seen: BTreeSet::new(),
             begun: BTreeMap::new(),
+            inbox: None,
+            held: BTreeMap::new(),
         })
     }
 
@@ -983,6 +1013,41 @@ impl NotifyAcceptor {
     /// True once [`Self::verify_content`] turned verification on.
     pub fn verifies_content(&self) -> bool {
         self.verify
+    }
+
+    /// Accepts delta steps ([`super::delta`]): a `done` carrying a delta makes the
+    /// acceptor read the writer's slot of `inbox`, apply the encoded changes to the
+    /// target ranges, then verify their content as for any verified `done`. A delta
+    /// applies only on the generation the target holds ([`Self::held_generation`]);
+    /// any other is refused ([`NotifyRefusal::DeltaBase`]) and the target stays
+    /// Torn until a full step. Errors (`InvalidArgument`, nothing changes): content
+    /// verification is off (call [`Self::verify_content`] first), an empty inbox.
+    ///
+    /// # Safety
+    /// `inbox` is host memory valid for reads while the acceptor lives (registered
+    /// with the target's engine, written only by the sources' delta batches); every
+    /// fragment of the participant stays valid for writes at its planned address,
+    /// and nothing else writes it while a message is accepted.
+    pub unsafe fn accept_deltas(&mut self, inbox: super::delta::DeltaInbox) -> crate::Result<()> {
+        if !self.verify {
+            return Err(Error::invalid("delta steps need content verification: call verify_content first"));
+        }
+        if inbox.capacity == 0 || inbox.address == 0 {
+            return Err(Error::invalid("a delta inbox needs a non-NULL address and a capacity"));
+        }
+        self.inbox = Some(inbox);
+        Ok(())
+    }
+
+    /// The weight generation the target's bytes hold, verified by content: the
+    /// generation this acceptor reports Updated, when every writer's ranges were
+    /// verified at it and are untouched since (a writer's full `begin` forgets its
+    /// ranges); `None` before the first verified update, while a step is under way,
+    /// after a mismatch, and in an acceptor that does not verify content. What a
+    /// sink's delta steps need to hear from the target ([`super::TargetHeld`]).
+    pub fn held_generation(&self) -> Option<u64> {
+        let TargetOutcome::Updated { weight_generation: g } = self.outcome() else { return None };
+        (self.verify && self.writers.keys().all(|w| self.held.get(w) == Some(&g))).then_some(g)
     }
 
     /// The plan identity messages must carry.
@@ -1127,6 +1192,8 @@ impl NotifyAcceptor {
             state: BTreeMap::new(),
             seen: BTreeSet::new(),
             begun: BTreeMap::new(),
+            inbox: self.inbox,
+            held: self.held.clone(),
         }
     }
 
@@ -1176,6 +1243,9 @@ impl NotifyAcceptor {
                 }
             }
         }
+        if let (NotifyKind::Done, Some(d)) = (kind, &m.delta) {
+            self.apply_delta(&who, d, &m.transfer_id)?;
+        }
         let content = match (kind, &m.content) {
             (NotifyKind::Begin, _) | (NotifyKind::Done, None) => ContentCheck::Absent,
             (NotifyKind::Done, Some(_)) if !self.verify => ContentCheck::NotChecked,
@@ -1202,6 +1272,17 @@ impl NotifyAcceptor {
             (NotifyKind::Done, _) => WriterState::Done(m.transfer_id.clone()),
         };
         self.state.insert(who.clone(), next);
+        let outcome = self.outcome();
+        match (kind, &m.delta, &content) {
+            // A full step's bytes land in the writer's ranges before its done.
+            (NotifyKind::Begin, None, _) | (NotifyKind::Done, _, ContentCheck::Mismatch(_)) => {
+                self.held.remove(&who);
+            }
+            (NotifyKind::Done, _, ContentCheck::Verified) => {
+                self.held.insert(who.clone(), self.generation);
+            }
+            _ => {}
+        }
         Ok(NotifyAccepted {
             kind,
             source_participant: who.0,
@@ -1209,8 +1290,53 @@ impl NotifyAcceptor {
             transfer_id: m.transfer_id.clone(),
             weight_generation: self.generation,
             content,
-            outcome: self.outcome(),
+            outcome,
         })
+    }
+
+    /// Applies a writer's delta from its inbox slot to the target ranges (refused,
+    /// [`NotifyRefusal::DeltaBase`], when it cannot apply; the held generation is
+    /// forgotten once anything may have been written).
+    fn apply_delta(&mut self, who: &(String, String), d: &NotifyDelta, transfer: &str) -> Result<(), NotifyError> {
+        let refuse = |why: String| {
+            Err(NotifyError::new(
+                NotifyRefusal::DeltaBase,
+                format!(
+                    "delta of transfer {transfer} from ({}, {}): {why}; the target needs a full step",
+                    who.0, who.1
+                ),
+            ))
+        };
+        let Some(inbox) = self.inbox else { return refuse("this acceptor takes no deltas (no inbox)".into()) };
+        if self.held.get(who) != Some(&d.base) {
+            let holds = self.held.get(who).map_or("no verified generation".to_string(), |g| format!("generation {g}"));
+            return refuse(format!("it applies to generation {} but the writer's target ranges hold {holds}", d.base));
+        }
+        let Some((offset, len)) =
+            super::delta::inbox_slot(&self.plan, &self.participant, (&who.0, &who.1), inbox.capacity)
+        else {
+            return refuse("the writer has no slot in the inbox".into());
+        };
+        if d.bytes > len {
+            return refuse(format!("{} bytes exceed the writer's slot of {len}", d.bytes));
+        }
+        let e = plan_executors_by_key(&self.plan);
+        let Some(e) = e.get(&(who.0.as_str(), who.1.as_str())) else {
+            return refuse("the writer is not a source executor of the plan".into());
+        };
+        let ops = operations_into(&self.plan, e, &self.participant);
+        // SAFETY: `accept_deltas`'s contract: the inbox is readable host memory and
+        // the slot lies inside it (`inbox_slot` splits its capacity).
+        let bytes =
+            unsafe { std::slice::from_raw_parts((inbox.address + offset) as usize as *const u8, d.bytes as usize) };
+        // SAFETY: `accept_deltas`'s contract: the participant's fragments are host
+        // memory valid for writes, written by no one else meanwhile.
+        let applied = unsafe { super::delta::apply_to_target(&self.plan, &ops, bytes) };
+        if let Err(e) = applied {
+            self.held.remove(who);
+            return refuse(format!("it does not apply: {}", e.message()));
+        }
+        Ok(())
     }
 
     /// Compares a writer's checksums with the target ranges (a message whose group
@@ -1337,6 +1463,7 @@ mod tests {
             bytes: 12,
             ranges: "cd".repeat(32),
             content: None,
+            delta: None,
         }
     }
 

@@ -40,15 +40,16 @@
 use super::completion::{cleanup_error, quarantine_cleanup, run_synchronous, submit_batch, Submission};
 use super::completion::{engine_busy, execute_batch, judge_ticket, reserve, Reservation};
 use super::completion::{retain_unknown, unregister_all, BatchOutcome, Handoff};
+use super::delta::{DeltaBatch, DeltaInbox, DeltaReport, DeltaSource, StepDelta, TargetHeld};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::{Call, TransferExecutor, TransferReceipt};
 use super::executor::{ExecutionStats, GuardRelease, PinSpec, Pins, PrepareOut, PreparedEndpoint};
 use super::loader::TargetReport;
 use super::loader::{local_executors, Front, LiveArgs, LiveError, LiveReport, Loader, ProgressCallback, Sink};
-use super::notify::{step_key, NotifyDelivery, NotifyKind, StepNotifier};
+use super::notify::{step_key, NotifyDelivery, NotifyDelta, NotifyKind, StepNotifier};
 use super::outcome::{call_outcomes, predicted_receipts, CallRecord, TargetOutcome, TransferMode};
 use super::step_handle::{Advance, StepCallback, StepDriven, StepHandle};
-use crate::engine::{Direction, TransferTicket};
+use crate::engine::{Direction, TransferBatch, TransferTicket};
 use crate::error::{Error, ErrorKind};
 use crate::model::Placement;
 use crate::plan::transfer_bind::{Side, TransferPlan};
@@ -112,6 +113,13 @@ pub struct StepArgs<'a> {
     /// [`super::notify`], as [`Sink::execute_notified`] does for a call), with the
     /// step's weight generation; `None`: no notification.
     pub notify: Option<StepNotify<'a>>,
+    /// A delta step ([`super::delta`]; a prepared sink after
+    /// [`PreparedTransfer::enable_delta`], notified and content-verified): what each
+    /// target participant verifiably holds, as its acceptor reports
+    /// ([`NotifyAcceptor::held_generation`](super::NotifyAcceptor::held_generation)).
+    /// A target is sent the elements that changed when it holds the generation of
+    /// the source's base, else every byte. `None`: every byte.
+    pub delta: Option<&'a [TargetHeld<'a>]>,
 }
 
 /// How a prepared sink's step notifies its targets ([`StepArgs::notify`]): after the
@@ -188,6 +196,10 @@ pub struct PreparedTransfer {
     state: Mutex<State>,
     /// Admits one step (or the close) at a time.
     gate: Gate,
+    /// The source side of delta steps ([`Self::enable_delta`]).
+    delta: Mutex<Option<DeltaSource>>,
+    /// What the last delta step sent each target.
+    last_delta: Mutex<Option<DeltaReport>>,
 }
 
 impl std::fmt::Debug for PreparedTransfer {
@@ -269,6 +281,8 @@ impl PreparedTransfer {
                 closed: false,
             }),
             gate: Gate::default(),
+            delta: Mutex::new(None),
+            last_delta: Mutex::new(None),
         }
     }
 
@@ -395,6 +409,53 @@ impl PreparedTransfer {
         StepHandle::start(Box::new(work), on_complete)
     }
 
+    /// Enables delta steps ([`super::delta`]) of this prepared sink: `inboxes` names
+    /// the inbox of every target participant it writes. Allocates a base (a copy of
+    /// the bytes sent into each target, host memory, as large as what the step moves)
+    /// and an outbox per target (its slot of the inbox, registered with the engine
+    /// until the close). The first step after it is full. Calling it again replaces
+    /// the inboxes and forgets the bases.
+    ///
+    /// Inboxes of targets it does not write are ignored (one map may serve every
+    /// prepared sink of a trainer). Errors (nothing changes): a prepared reader
+    /// (`InvalidArgument`: deltas are pushed), a target without an inbox, an inbox
+    /// named twice, a slot under 64 bytes (`InvalidArgument`), a target written at several
+    /// endpoints or device memory (`Unsupported`), an outbox registration refused
+    /// (`Store`), a closed transfer. Thread safety: waits for a running step.
+    pub fn enable_delta(&self, inboxes: &[(&str, DeltaInbox)]) -> crate::Result<()> {
+        if self.mode != TransferMode::Sink {
+            return Err(Error::invalid("delta steps are pushed: enable them on a prepared sink"));
+        }
+        let _pass = self.gate.enter();
+        if self.state.lock().closed {
+            return Err(Error::invalid("prepared transfer is closed"));
+        }
+        let engine = &*self.front.exec.engine;
+        let mut slot = self.delta.lock();
+        if let Some(mut old) = slot.take() {
+            old.close(engine);
+        }
+        let p = &*self.prepared;
+        if p.worker.is_none() {
+            return Ok(());
+        }
+        let (participant, worker) = &p.executor_key;
+        let Some(e) =
+            p.plan.executors(Side::Source).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
+        else {
+            return Err(Error::invalid("delta steps need the sink's executor in the plan"));
+        };
+        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
+        *slot = Some(DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine)?);
+        Ok(())
+    }
+
+    /// What the last delta step sent each target (delta or full, bytes moved and
+    /// held), `None` before the first.
+    pub fn last_delta(&self) -> Option<DeltaReport> {
+        self.last_delta.lock().clone()
+    }
+
     /// The first part of a step: the freshness checks, the pins and, for a notified
     /// step, the content checksums and `begin`; `None` when the step has nothing to
     /// do.
@@ -444,9 +505,25 @@ impl PreparedTransfer {
             st.pins = p;
         }
         drop(st);
+        let step_delta = match args.delta {
+            None => None,
+            // SAFETY: `step`'s contract: the prepared source buffers are valid and
+            // pinned for the step.
+            Some(held) => match unsafe { self.plan_delta(args, held) } {
+                Ok(d) => Some(d),
+                Err(e) => return pins.abort(e),
+            },
+        };
+        let (over, messages) = match step_delta {
+            Some(d) => {
+                *self.last_delta.lock() = Some(d.report);
+                (Some(d.endpoints), Some(d.messages))
+            }
+            None => (None, None),
+        };
         let notify = match &args.notify {
             None => None,
-            Some(n) => match self.notify_begin(n, key, transfer.id(), args.weight_generation) {
+            Some(n) => match self.notify_begin(n, key, transfer.id(), args.weight_generation, messages) {
                 Ok(tail) => Some(tail),
                 Err(e) => return pins.abort(e),
             },
@@ -456,8 +533,30 @@ impl PreparedTransfer {
             tokens: std::mem::take(&mut pins.tokens),
             reservation: Some(reservation),
             notify,
-            cursor: Cursor::new(&self.prepared, progress),
+            cursor: Cursor::new(&self.prepared, progress, over),
         }))
+    }
+
+    /// Plans a delta step (see [`StepArgs::delta`]).
+    ///
+    /// # Safety
+    /// As [`Self::step`].
+    unsafe fn plan_delta(&self, args: &StepArgs<'_>, held: &[TargetHeld<'_>]) -> TransferResult<StepDelta> {
+        if !args.notify.is_some_and(|n| n.verify_content) {
+            return Err(TransferError::contract(Error::invalid(
+                "a delta step must be notified and content-verified (its targets verify what they apply)",
+            )));
+        }
+        let mut d = self.delta.lock();
+        let Some(d) = d.as_mut() else {
+            return Err(TransferError::contract(Error::invalid(
+                "delta steps are not enabled: call enable_delta first",
+            )));
+        };
+        let p = &*self.prepared;
+        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
+        // SAFETY: forwarded contract.
+        unsafe { d.plan_step(&p.plan, &endpoints, held, args.weight_generation) }.map_err(TransferError::contract)
     }
 
     /// A notified step's checksums (when verified) and `begin`.
@@ -467,6 +566,7 @@ impl PreparedTransfer {
         key: Option<Vec<u8>>,
         transfer: &str,
         generation: u64,
+        delta: Option<BTreeMap<String, NotifyDelta>>,
     ) -> TransferResult<NotifyTail> {
         let notifier = self.notifier()?;
         let content = if n.verify_content {
@@ -476,9 +576,11 @@ impl PreparedTransfer {
         } else {
             None
         };
-        let mut tail = NotifyTail { key, transfer: transfer.to_string(), generation, content, delivered: Vec::new() };
+        let mut tail =
+            NotifyTail { key, transfer: transfer.to_string(), generation, content, delta, delivered: Vec::new() };
         let exec = &self.front.exec;
-        notifier.send(exec, tail.key.as_deref(), NotifyKind::Begin, generation, transfer, None, &mut tail.delivered)?;
+        let (k, d) = (tail.key.as_deref(), tail.delta.as_ref());
+        notifier.send(exec, k, NotifyKind::Begin, generation, transfer, None, d, &mut tail.delivered)?;
         Ok(tail)
     }
 
@@ -531,14 +633,13 @@ impl PreparedTransfer {
         };
         if let Some(mut n) = notify {
             let notifier = self.notifier()?;
-            let (key, content) = (n.key.as_deref(), n.content.as_ref());
-            notifier.send(exec, key, NotifyKind::Done, n.generation, &n.transfer, content, &mut n.delivered).map_err(
-                |mut e| {
-                    e.submitted = true;
-                    e.message = format!("the step completed but {}", e.message);
-                    e
-                },
-            )?;
+            let (key, content, delta) = (n.key.as_deref(), n.content.as_ref(), n.delta.as_ref());
+            let (g, t) = (n.generation, &n.transfer);
+            notifier.send(exec, key, NotifyKind::Done, g, t, content, delta, &mut n.delivered).map_err(|mut e| {
+                e.submitted = true;
+                e.message = format!("the step completed but {}", e.message);
+                e
+            })?;
         }
         Ok(receipts)
     }
@@ -640,6 +741,11 @@ impl PreparedTransfer {
     /// blocks the engine until it is drained).
     pub fn close(&self) -> TransferResult<()> {
         let _pass = self.gate.enter();
+        if let Some(mut d) = self.delta.lock().take() {
+            if self.front.exec.engine.identity().ok() == Some(self.identity) {
+                d.close(&*self.front.exec.engine);
+            }
+        }
         let mut st = self.state.lock();
         st.closed = true;
         let Some(registered) = st.registered.take() else { return Ok(()) };
@@ -718,6 +824,8 @@ struct NotifyTail {
     transfer: String,
     generation: u64,
     content: Option<BTreeMap<String, Vec<u32>>>,
+    /// A delta step's `delta` member per delta target.
+    delta: Option<BTreeMap<String, NotifyDelta>>,
     delivered: Vec<NotifyDelivery>,
 }
 
@@ -738,11 +846,31 @@ enum Running {
     Thread(Arc<Mutex<Option<BatchOutcome>>>),
 }
 
+/// A delta step's batches: per prepared endpoint, its delta batches, or `None` for
+/// its prepared (full) ones.
+type StepBatches = Vec<Option<Vec<DeltaBatch>>>;
+
+/// Batch `b` of endpoint `e` of a step: the batch (`None`: nothing to move), its
+/// planned segments and the bytes it leaves in the targets.
+fn step_batch<'a>(
+    p: &'a Prepared,
+    over: Option<&'a StepBatches>,
+    e: usize,
+    b: usize,
+) -> Option<(Option<&'a TransferBatch>, u64, u64)> {
+    match over.and_then(|o| o.get(e)).and_then(Option::as_ref) {
+        Some(list) => list.get(b).map(|d| (d.batch.as_ref(), d.planned, d.logical)),
+        None => p.endpoints.get(e)?.batches.get(b).map(|(batch, planned)| (Some(batch), *planned, batch.nbytes())),
+    }
+}
+
 /// Where a step's batches are.
 struct Cursor {
     /// (endpoint, batch) of the running batch, else of the next one to submit.
     at: (usize, usize),
     running: Option<Running>,
+    /// A delta step's batches (`None`: the prepared ones).
+    over: Option<Arc<StepBatches>>,
     /// The receipts of the endpoints whose batches all completed.
     receipts: Vec<TransferReceipt>,
     /// Operations and bytes completed of the current endpoint.
@@ -754,12 +882,13 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn new(p: &Prepared, progress: Option<ProgressCallback>) -> Cursor {
+    fn new(p: &Prepared, progress: Option<ProgressCallback>, over: Option<StepBatches>) -> Cursor {
         let total = p.endpoints.iter().map(|e| e.nbytes).sum();
         let total_ops = p.endpoints.iter().map(|e| e.operation_count).sum();
         Cursor {
             at: (0, 0),
             running: None,
+            over: over.map(Arc::new),
             receipts: Vec::with_capacity(p.endpoints.len()),
             counts: (0, 0),
             submitted: false,
@@ -785,10 +914,11 @@ impl Cursor {
         let deadline = Duration::from_millis(timeout.saturating_mul(u64::from(attempts)));
         loop {
             if let Some(running) = self.running.take() {
-                let batch = &p.endpoints[self.at.0].batches[self.at.1].0;
                 let outcome = match running {
                     Running::Ticket(ticket, since) => {
                         let status = ticket.status();
+                        let batch = step_batch(p, self.over.as_deref(), self.at.0, self.at.1).and_then(|x| x.0);
+                        let batch = batch.expect("a running batch is at the cursor");
                         match judge_ticket(batch, ticket, status) {
                             Ok(outcome) => outcome,
                             Err(ticket) if since.elapsed() < deadline => {
@@ -822,7 +952,7 @@ impl Cursor {
                 self.progress.finish();
                 return true;
             };
-            let Some((batch, _)) = ep.batches.get(b) else {
+            let Some((batch, _, _)) = step_batch(p, self.over.as_deref(), e, b) else {
                 self.receipts.push(TransferReceipt {
                     direction: p.direction,
                     worker_id: p.worker.clone().unwrap_or_default(),
@@ -838,6 +968,11 @@ impl Cursor {
                 self.cancelled = true;
                 return true;
             }
+            let Some(batch) = batch else {
+                // A delta of a target where nothing changed: nothing to move.
+                self.account(p, stats, BatchOutcome::Completed);
+                continue;
+            };
             self.submitted = true;
             stats.submitted.store(true, Ordering::Release);
             if drive == Drive::Block {
@@ -855,9 +990,14 @@ impl Cursor {
                 }
                 Submission::Synchronous => {
                     let slot = Arc::new(Mutex::new(None));
-                    let (engine, prepared, out) = (exec.engine.clone(), p.clone(), slot.clone());
+                    let (engine, prepared, over, out) =
+                        (exec.engine.clone(), p.clone(), self.over.clone(), slot.clone());
                     let spawned = std::thread::Builder::new().name("mws-sync-batch".into()).spawn(move || {
-                        let outcome = run_synchronous(&*engine, &prepared.endpoints[e].batches[b].0);
+                        let batch = step_batch(&prepared, over.as_deref(), e, b).and_then(|x| x.0);
+                        let outcome = match batch {
+                            Some(batch) => run_synchronous(&*engine, batch),
+                            None => BatchOutcome::Completed,
+                        };
                         *out.lock() = Some(outcome);
                     });
                     match spawned {
@@ -880,13 +1020,16 @@ impl Cursor {
             self.stop = Some(outcome);
             return false;
         }
-        let (batch, planned) = &p.endpoints[self.at.0].batches[self.at.1];
+        let (batch, planned, logical) =
+            step_batch(p, self.over.as_deref(), self.at.0, self.at.1).expect("the cursor is at a batch");
         self.counts.0 += planned;
-        self.counts.1 += batch.nbytes();
-        stats.planned_segments.fetch_add(*planned, Ordering::Relaxed);
-        stats.engine_operations.fetch_add(batch.operation_count(), Ordering::Relaxed);
-        stats.engine_batches.fetch_add(1, Ordering::Relaxed);
-        self.progress.advance(batch.nbytes(), *planned);
+        self.counts.1 += logical;
+        stats.planned_segments.fetch_add(planned, Ordering::Relaxed);
+        if let Some(batch) = batch {
+            stats.engine_operations.fetch_add(batch.operation_count(), Ordering::Relaxed);
+            stats.engine_batches.fetch_add(1, Ordering::Relaxed);
+        }
+        self.progress.advance(logical, planned);
         self.at.1 += 1;
         true
     }
@@ -900,6 +1043,8 @@ struct OwnedStepArgs {
     transfer_id: Option<String>,
     /// The notify key and content verification of a notified step.
     notify: Option<(Option<Vec<u8>>, bool)>,
+    /// A delta step's held generations.
+    delta: Option<Vec<(String, u64)>>,
 }
 
 impl OwnedStepArgs {
@@ -916,6 +1061,7 @@ impl OwnedStepArgs {
                 .collect(),
             transfer_id: a.transfer_id.map(str::to_string),
             notify: a.notify.map(|n| (n.key.map(<[u8]>::to_vec), n.verify_content)),
+            delta: a.delta.map(|h| h.iter().map(|h| (h.participant_id.to_string(), h.weight_generation)).collect()),
         }
     }
 }
@@ -973,6 +1119,10 @@ impl StepDriven for StepWork {
                     lease_generation: *g,
                 })
                 .collect();
+            let held: Option<Vec<TargetHeld<'_>>> = a
+                .delta
+                .as_ref()
+                .map(|h| h.iter().map(|(p, g)| TargetHeld { participant_id: p, weight_generation: *g }).collect());
             let args = StepArgs {
                 weight_generation: a.weight_generation,
                 leases: &leases,
@@ -981,6 +1131,7 @@ impl StepDriven for StepWork {
                     .notify
                     .as_ref()
                     .map(|(key, verify)| StepNotify { key: key.as_deref(), verify_content: *verify }),
+                delta: held.as_deref(),
             };
             return match p.begin(&args, &self.stats) {
                 Ok(Some(flight)) => {

@@ -76,6 +76,7 @@ impl<'a> StepRequest<'a> {
             leases: self.leases,
             transfer_id: self.transfer_id,
             notify: None,
+            delta: None,
         })
     }
 

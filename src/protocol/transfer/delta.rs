@@ -1,0 +1,570 @@
+//! Sparse delta steps of a prepared push (issue 47): after a full, content-verified
+//! step, each step moves only the elements that changed since what the target
+//! verifiably holds, encoded with [`crate::delta`], into a staging area of the
+//! target (its [`DeltaInbox`]); the target's acceptor applies them to its buffers,
+//! then verifies the content checksums of every written range before it reports
+//! Updated.
+//!
+//! # When a delta is sent (full whenever in doubt)
+//!
+//! Per target participant, the source keeps a *base*: a host copy of every byte it
+//! last sent into that target (the concatenated segments of its operations into it,
+//! in operation and row-major order), and the weight generation of those bytes. A
+//! step sends a target a delta only when the caller says the target verifiably holds
+//! exactly that generation ([`super::StepArgs::delta`], what the target's acceptor
+//! reports, [`super::NotifyAcceptor::held_generation`]); otherwise (the first step,
+//! a target that restarted, reported Torn or Unchanged, or holds another
+//! generation) the step is full for it. A target endpoint goes delta only when every
+//! target the executor writes there does and every encoding fits the writer's slot
+//! of the inbox; else the whole endpoint goes full. Every step, delta or full, makes
+//! the sent bytes the new base (the base's generation is the step's: a target that
+//! does not confirm it gets a full step next).
+//!
+//! The target refuses a delta whose base generation is not the one its bytes hold
+//! (verified by content, and untouched since: a full `begin` forgets it), and its
+//! content check catches a delta applied to a base that was changed behind its back
+//! (`Torn`, with the ranges named). A delta can never be reported Updated on wrong
+//! bytes: the checksums are computed by the source from its new bytes.
+//!
+//! # The wire
+//!
+//! The writer's slot of the inbox (the inbox split evenly among the plan's writers
+//! into the target, in (participant, worker) order, [`inbox_slot`]) receives, per
+//! segment that changed, `u64` LE segment ordinal (in the order above), then one
+//! [`crate::delta`] encoding of that segment (self-delimiting: its header gives its
+//! length). The `done` (and `begin`) of a delta step carries
+//! `"delta":{"base":<generation>,"bytes":<slot bytes used>}`.
+//!
+//! # Memory and cost
+//!
+//! The source keeps one base (the bytes it sends, on the host) and one outbox (the
+//! size of its slot, registered with its engine) per target; the target keeps its
+//! inbox. A delta step costs the source one compare pass over the bytes (encode) and
+//! a write of the changed elements into the base; the target one pass applying the
+//! changes and the content check's read. Host memory only.
+
+use super::notify::NotifyDelta;
+use crate::delta::{self, Header};
+use crate::engine::{Direction, TransferBatch, TransferBatchRange, TransferEngine};
+use crate::error::{Error, ErrorKind, Result};
+use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
+use crate::runtime::{MemoryKind, MemoryRegion};
+use std::collections::BTreeMap;
+
+/// The staging area of a target participant for delta steps: a host buffer of the
+/// target side, registered with the target's engine, that the sources write their
+/// encoded deltas into (each writer its own slot, [`inbox_slot`]). Its owner (the
+/// target) keeps it valid and registered while deltas may arrive; the sources learn
+/// it out of band, as they learn the bindings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeltaInbox {
+    /// First byte (a target-side host address).
+    pub address: u64,
+    /// Bytes.
+    pub capacity: u64,
+}
+
+/// What a caller says a target verifiably holds (the generation its acceptor
+/// reported Updated with content verified, [`super::NotifyAcceptor::held_generation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetHeld<'a> {
+    /// The target participant.
+    pub participant_id: &'a str,
+    /// The weight generation its bytes hold.
+    pub weight_generation: u64,
+}
+
+/// How one target was updated by the last step ([`DeltaReport`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetDelta {
+    /// The target participant.
+    pub participant_id: String,
+    /// `Some(base)`: a delta on base generation `base`; `None`: full.
+    pub base_generation: Option<u64>,
+    /// Bytes moved into the target (the encoded deltas, or every byte when full).
+    pub wire_bytes: u64,
+    /// Bytes the target holds after the step (what a full step moves).
+    pub logical_bytes: u64,
+    /// Elements that changed (0 when full).
+    pub changed_elements: u64,
+}
+
+/// What the last step of a delta-enabled prepared transfer sent each target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeltaReport {
+    /// The step's weight generation.
+    pub weight_generation: u64,
+    /// Per target the executor writes, sorted.
+    pub targets: Vec<TargetDelta>,
+}
+
+impl DeltaReport {
+    /// Bytes moved in all.
+    pub fn wire_bytes(&self) -> u64 {
+        self.targets.iter().map(|t| t.wire_bytes).sum()
+    }
+    /// Bytes the targets hold after the step.
+    pub fn logical_bytes(&self) -> u64 {
+        self.targets.iter().map(|t| t.logical_bytes).sum()
+    }
+}
+
+/// The writers into `participant` under `plan`, in slot order.
+fn writers_into(plan: &TransferPlan, participant: &str) -> Vec<(String, String)> {
+    let mut w: Vec<(String, String)> = super::outcome::calls_of(plan, super::TransferMode::Sink, participant)
+        .into_iter()
+        .map(|e| (e.participant_id.clone(), e.worker_id.clone()))
+        .collect();
+    w.sort();
+    w.dedup();
+    w
+}
+
+/// The slot `(offset, len)` of writer `(participant, worker)` in an inbox of
+/// `capacity` bytes of target `target`: the inbox split evenly among the plan's
+/// writers into the target, in (participant, worker) order. `None` when it is not a
+/// writer of the target.
+pub fn inbox_slot(plan: &TransferPlan, target: &str, writer: (&str, &str), capacity: u64) -> Option<(u64, u64)> {
+    let w = writers_into(plan, target);
+    let k = w.iter().position(|(p, wk)| p == writer.0 && wk == writer.1)? as u128;
+    let n = w.len() as u128;
+    let c = u128::from(capacity);
+    let (start, end) = (k * c / n, (k + 1) * c / n);
+    Some((start as u64, (end - start) as u64))
+}
+
+/// The element size the codec encodes operation `i` in (its tensor's, when the
+/// codec has it and the segments are whole elements; else bytes).
+fn element_size(plan: &TransferPlan, i: usize) -> usize {
+    let es = plan.operation_fragment(i, Side::Source).1.itemsize() as usize;
+    let inner = plan.regions()[i].inner_bytes as usize;
+    if delta::ELEMENT_SIZES.contains(&es) && inner.is_multiple_of(es) {
+        es
+    } else {
+        1
+    }
+}
+
+/// Calls `f(address, len)` for every delta segment of operation `i` on `side`, in
+/// row-major order: the plan's segments, consecutive ones merged where they are
+/// contiguous on both sides (so both sides cut an operation alike, and a
+/// contiguous operation is one segment).
+fn for_each_segment(plan: &TransferPlan, i: usize, side: Side, mut f: impl FnMut(u64, u64)) {
+    let r = &plan.regions()[i];
+    let base = plan.operation_fragment(i, side).1.address();
+    let mut run: Option<(u64, u64, u64)> = None;
+    let _ = r.for_each_segment(u64::MAX, |s, t, len| {
+        run = match run {
+            Some((s0, t0, n)) if s0 + n == s && t0 + n == t => Some((s0, t0, n + len)),
+            Some((s0, t0, n)) => {
+                f(base + if side == Side::Source { s0 } else { t0 }, n);
+                Some((s, t, len))
+            }
+            None => Some((s, t, len)),
+        };
+    });
+    if let Some((s0, t0, n)) = run {
+        f(base + if side == Side::Source { s0 } else { t0 }, n);
+    }
+}
+
+/// Host memory of `plan`'s fragments of `ops` on `side`, or the refusal.
+fn host_only(plan: &TransferPlan, ops: &[u32], side: Side) -> Result<()> {
+    for &i in ops {
+        let f = plan.operation_fragment(i as usize, side).1;
+        if f.memory() != MemoryKind::Host {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{} fragment {} is device memory: delta steps move host memory only",
+                    side.as_str(),
+                    f.fragment_id()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The source's state of one target.
+struct TargetBase {
+    participant: String,
+    ops: Vec<u32>,
+    /// Planned segments and bytes of `ops`.
+    planned: u64,
+    bytes: u64,
+    base: Vec<u8>,
+    generation: Option<u64>,
+    inbox: DeltaInbox,
+    slot: (u64, u64),
+    /// The encoded deltas of a step; `slot.1` bytes, registered, never reallocated.
+    outbox: Vec<u8>,
+}
+
+/// A delta or full step's plan of one endpoint.
+pub(crate) struct DeltaBatch {
+    /// `None`: nothing changed (nothing to move).
+    pub batch: Option<TransferBatch>,
+    pub planned: u64,
+    pub logical: u64,
+}
+
+/// What a step of a delta-enabled transfer does.
+pub(crate) struct StepDelta {
+    /// Per prepared endpoint: `Some` (delta batches) or `None` (its prepared batches).
+    pub endpoints: Vec<Option<Vec<DeltaBatch>>>,
+    /// The `delta` member of the messages to each delta target.
+    pub messages: BTreeMap<String, NotifyDelta>,
+    pub report: DeltaReport,
+}
+
+/// The source side of delta steps of one prepared sink.
+pub(crate) struct DeltaSource {
+    targets: Vec<TargetBase>,
+    /// Per prepared endpoint, the indices into `targets` written there.
+    by_endpoint: Vec<Vec<usize>>,
+    /// The outboxes registered with the engine.
+    registered: Vec<u64>,
+}
+
+impl DeltaSource {
+    /// Sets up delta steps for `executor` of `plan` whose batches go to `endpoints`
+    /// (the prepared ones, in order): a base and an outbox per target, the outboxes
+    /// registered with `engine` (inboxes of targets it does not write are ignored).
+    /// Errors (`InvalidArgument` unless named): a target without an inbox, an inbox
+    /// named twice, a slot under 64 bytes, a target written at several endpoints (`Unsupported`), device
+    /// memory (`Unsupported`), a failed registration (`Store`).
+    pub(crate) fn new(
+        plan: &TransferPlan,
+        executor: &ExecutorTransferPlan,
+        endpoints: &[String],
+        inboxes: &[(&str, DeltaInbox)],
+        engine: &dyn TransferEngine,
+    ) -> Result<DeltaSource> {
+        let mut per_target: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for &i in &executor.operation_indices {
+            let t = plan.operation_fragment(i as usize, Side::Target).0.participant_id();
+            per_target.entry(t.to_string()).or_default().push(i);
+        }
+        let mut given: BTreeMap<&str, DeltaInbox> = BTreeMap::new();
+        for (t, inbox) in inboxes {
+            if given.insert(t, *inbox).is_some() {
+                return Err(Error::invalid(format!("delta inbox of target {t} given twice")));
+            }
+        }
+        let mut targets = Vec::new();
+        let mut by_endpoint = vec![Vec::new(); endpoints.len()];
+        for (t, mut ops) in per_target {
+            ops.sort_unstable();
+            host_only(plan, &ops, Side::Source)?;
+            let Some(inbox) = given.get(t.as_str()).copied() else {
+                return Err(Error::invalid(format!("no delta inbox for target {t}")));
+            };
+            let writer = (executor.participant_id.as_str(), executor.worker_id.as_str());
+            let slot = inbox_slot(plan, &t, writer, inbox.capacity).unwrap_or_default();
+            if slot.1 < 64 {
+                return Err(Error::invalid(format!(
+                    "the delta inbox of target {t} ({} bytes) leaves this writer a slot of {} bytes (at least 64)",
+                    inbox.capacity, slot.1
+                )));
+            }
+            let mut at: Vec<&str> =
+                ops.iter().map(|&i| plan.operation_fragment(i as usize, Side::Target).1.endpoint()).collect();
+            at.sort_unstable();
+            at.dedup();
+            let [endpoint] = at[..] else {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "target {t} is written at {} endpoints: delta steps need one endpoint per target",
+                        at.len()
+                    ),
+                ));
+            };
+            let Some(e) = endpoints.iter().position(|x| x == endpoint) else {
+                return Err(Error::invalid(format!("target {t}'s endpoint {endpoint} has no prepared batches")));
+            };
+            let planned = ops.iter().map(|&i| plan.regions()[i as usize].segment_count()).sum();
+            let bytes: u64 = ops.iter().map(|&i| plan.regions()[i as usize].total_bytes()).sum();
+            by_endpoint[e].push(targets.len());
+            targets.push(TargetBase {
+                participant: t,
+                ops,
+                planned,
+                bytes,
+                base: vec![0; bytes as usize],
+                generation: None,
+                inbox,
+                slot,
+                outbox: vec![0; slot.1 as usize],
+            });
+        }
+        let mut source = DeltaSource { targets, by_endpoint, registered: Vec::new() };
+        for k in 0..source.targets.len() {
+            let o = &source.targets[k].outbox;
+            let region = MemoryRegion { address: o.as_ptr() as u64, len: o.len() as u64, kind: MemoryKind::Host };
+            // SAFETY: the outbox is owned by this source, never reallocated, and
+            // unregistered (`close`) before it is dropped.
+            let code = unsafe { engine.register_memory(region) };
+            match code {
+                Ok(0) => source.registered.push(region.address),
+                other => {
+                    source.close(engine);
+                    let why = match other {
+                        Ok(c) => format!("code {c}"),
+                        Err(e) => e.message,
+                    };
+                    return Err(Error::new(ErrorKind::Store, format!("registering a delta outbox failed: {why}")));
+                }
+            }
+        }
+        Ok(source)
+    }
+
+    /// Unregisters the outboxes (ignoring failures: the engine keeps nothing of ours
+    /// it could write into once the source is gone... a failed unregistration is
+    /// logged).
+    pub(crate) fn close(&mut self, engine: &dyn TransferEngine) {
+        for a in self.registered.drain(..) {
+            if !matches!(engine.unregister_memory(a), Ok(0)) {
+                log::warn!("unregistering a delta outbox at {a:#x} failed");
+            }
+        }
+    }
+
+    /// Plans one step of generation `generation`: per endpoint delta or full (see
+    /// the module documentation), the encodings written into the outboxes, the
+    /// bases moved to the step's bytes.
+    ///
+    /// # Safety
+    /// The source fragments of the transfer are valid for reads and not written
+    /// during the call.
+    pub(crate) unsafe fn plan_step(
+        &mut self,
+        plan: &TransferPlan,
+        endpoints: &[String],
+        held: &[TargetHeld<'_>],
+        generation: u64,
+    ) -> Result<StepDelta> {
+        let held: BTreeMap<&str, u64> = held.iter().map(|h| (h.participant_id, h.weight_generation)).collect();
+        let mut out = StepDelta {
+            endpoints: Vec::with_capacity(endpoints.len()),
+            messages: BTreeMap::new(),
+            report: DeltaReport { weight_generation: generation, targets: Vec::new() },
+        };
+        let mut scratch = Vec::new();
+        for (e, endpoint) in endpoints.iter().enumerate() {
+            let ts = self.by_endpoint[e].clone();
+            let wants_delta = !ts.is_empty()
+                && ts.iter().all(|&k| {
+                    let t = &self.targets[k];
+                    t.generation.is_some() && held.get(t.participant.as_str()).copied() == t.generation
+                });
+            let mut deltas = Vec::new();
+            if wants_delta {
+                for &k in &ts {
+                    // SAFETY: this function's contract.
+                    match unsafe { self.encode(plan, k, &mut scratch) }? {
+                        Some(d) => deltas.push(d),
+                        None => break,
+                    }
+                }
+            }
+            if !wants_delta || deltas.len() != ts.len() {
+                // Full: the prepared batches; the bases take the bytes sent.
+                for &k in &ts {
+                    // SAFETY: this function's contract.
+                    unsafe { self.refresh(plan, k) };
+                    let t = &mut self.targets[k];
+                    t.generation = Some(generation);
+                    out.report.targets.push(TargetDelta {
+                        participant_id: t.participant.clone(),
+                        base_generation: None,
+                        wire_bytes: t.bytes,
+                        logical_bytes: t.bytes,
+                        changed_elements: 0,
+                    });
+                }
+                out.endpoints.push(None);
+                continue;
+            }
+            let mut batches = Vec::with_capacity(ts.len());
+            for (&k, (n, changed)) in ts.iter().zip(deltas) {
+                // The base takes the new bytes: the encodings applied to it.
+                self.advance_base(plan, k, n)?;
+                let t = &mut self.targets[k];
+                let base = t.generation.replace(generation).unwrap_or_default();
+                out.messages.insert(t.participant.clone(), NotifyDelta { base, bytes: n });
+                out.report.targets.push(TargetDelta {
+                    participant_id: t.participant.clone(),
+                    base_generation: Some(base),
+                    wire_bytes: n,
+                    logical_bytes: t.bytes,
+                    changed_elements: changed,
+                });
+                let batch = if n == 0 {
+                    None
+                } else {
+                    let range = TransferBatchRange {
+                        source_base_address: t.outbox.as_ptr() as u64,
+                        source_capacity: t.outbox.len() as u64,
+                        target_base_address: t.inbox.address,
+                        target_capacity: t.inbox.capacity,
+                        source_offsets: vec![0],
+                        target_offsets: vec![t.slot.0],
+                        sizes: vec![n],
+                    };
+                    Some(TransferBatch::from_ranges(endpoint, Direction::Write, vec![range])?)
+                };
+                batches.push(DeltaBatch { batch, planned: t.planned, logical: t.bytes });
+            }
+            out.endpoints.push(Some(batches));
+        }
+        out.report.targets.sort_by(|a, b| a.participant_id.cmp(&b.participant_id));
+        Ok(out)
+    }
+
+    /// Encodes target `k`'s segments that changed against its base into its outbox:
+    /// `Some((bytes, changed elements))`, or `None` when they do not fit its slot.
+    ///
+    /// # Safety
+    /// As [`Self::plan_step`].
+    unsafe fn encode(&mut self, plan: &TransferPlan, k: usize, scratch: &mut Vec<u8>) -> Result<Option<(u64, u64)>> {
+        let t = &mut self.targets[k];
+        let (mut used, mut changed, mut ordinal, mut at) = (0usize, 0u64, 0u64, 0usize);
+        let mut err = None;
+        let mut overflow = false;
+        for &i in &t.ops {
+            let es = element_size(plan, i as usize);
+            for_each_segment(plan, i as usize, Side::Source, |addr, len| {
+                if err.is_some() || overflow {
+                    return;
+                }
+                let len = len as usize;
+                // SAFETY: this function's contract: the segment lies in a source
+                // fragment valid for reads (the bound plan's regions are checked
+                // against the fragments' extents).
+                let new = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
+                let base = &t.base[at..at + len];
+                at += len;
+                let this = ordinal;
+                ordinal += 1;
+                if base == new {
+                    return;
+                }
+                scratch.clear();
+                scratch.extend_from_slice(&this.to_le_bytes());
+                match delta::encode(base, new, es, scratch) {
+                    Ok(s) => {
+                        changed += s.changed_elements as u64;
+                        if used + scratch.len() > t.outbox.len() {
+                            overflow = true;
+                            return;
+                        }
+                        t.outbox[used..used + scratch.len()].copy_from_slice(scratch);
+                        used += scratch.len();
+                    }
+                    Err(e) => err = Some(e),
+                }
+            });
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        Ok((!overflow).then_some((used as u64, changed)))
+    }
+
+    /// Applies target `k`'s first `n` outbox bytes to its base (base := new).
+    fn advance_base(&mut self, plan: &TransferPlan, k: usize, n: u64) -> Result<()> {
+        let t = &mut self.targets[k];
+        let mut starts = Vec::new();
+        let mut at = 0u64;
+        for &i in &t.ops {
+            let es = element_size(plan, i as usize);
+            for_each_segment(plan, i as usize, Side::Source, |_, len| {
+                starts.push((at, len, es));
+                at += len;
+            });
+        }
+        let base = &mut t.base;
+        for_each_record(&t.outbox[..n as usize], starts.len() as u64, |ordinal, enc| {
+            let (off, len, es) = starts[ordinal as usize];
+            delta::apply(enc, &mut base[off as usize..(off + len) as usize], es).map(|_| ())
+        })
+    }
+
+    /// Copies target `k`'s source bytes into its base (a full step).
+    ///
+    /// # Safety
+    /// As [`Self::plan_step`].
+    unsafe fn refresh(&mut self, plan: &TransferPlan, k: usize) {
+        let t = &mut self.targets[k];
+        let mut at = 0usize;
+        for &i in &t.ops {
+            for_each_segment(plan, i as usize, Side::Source, |addr, len| {
+                let len = len as usize;
+                // SAFETY: as in `encode`.
+                let new = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
+                t.base[at..at + len].copy_from_slice(new);
+                at += len;
+            });
+        }
+    }
+}
+
+/// Calls `f(ordinal, encoding)` for every record of a writer's slot bytes, checking
+/// the framing: strictly increasing ordinals below `segments`, whole encodings.
+/// Errors (`InvalidArgument`): the first framing error, or `f`'s.
+fn for_each_record(mut bytes: &[u8], segments: u64, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+    let mut last: Option<u64> = None;
+    let mut offset = 0usize;
+    while !bytes.is_empty() {
+        let Some((ord, rest)) = bytes.split_first_chunk::<8>() else {
+            return Err(Error::invalid(format!("delta record at byte {offset}: truncated segment ordinal")));
+        };
+        let ordinal = u64::from_le_bytes(*ord);
+        if ordinal >= segments || last.is_some_and(|l| ordinal <= l) {
+            return Err(Error::invalid(format!(
+                "delta record at byte {offset}: segment {ordinal} out of order or past the {segments} segments"
+            )));
+        }
+        let header = Header::read(rest).map_err(|e| e.context(&format!("delta record at byte {offset}: ")))?;
+        let len = header
+            .encoded_len()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= rest.len())
+            .ok_or_else(|| Error::invalid(format!("delta record at byte {offset}: encoding runs past the slot")))?;
+        f(ordinal, &rest[..len])?;
+        last = Some(ordinal);
+        offset += 8 + len;
+        bytes = &rest[len..];
+    }
+    Ok(())
+}
+
+/// Applies a writer's delta (`bytes` of its inbox slot) to the target segments of
+/// its operations `ops` (ascending) into the target.
+///
+/// Errors (`InvalidArgument`): the framing or an encoding is malformed, or does not
+/// fit its segment; the segments before the failing record are already written.
+///
+/// # Safety
+/// `bytes` is readable; the target fragments of `ops` are host memory valid for
+/// writes and not accessed by anyone else during the call.
+pub(crate) unsafe fn apply_to_target(plan: &TransferPlan, ops: &[u32], bytes: &[u8]) -> Result<u64> {
+    let mut segments: Vec<(u64, u64, usize)> = Vec::new();
+    for &i in ops {
+        let es = element_size(plan, i as usize);
+        for_each_segment(plan, i as usize, Side::Target, |addr, len| segments.push((addr, len, es)));
+    }
+    let mut changed = 0u64;
+    for_each_record(bytes, segments.len() as u64, |ordinal, enc| {
+        let (addr, len, es) = segments[ordinal as usize];
+        // SAFETY: this function's contract: the segment lies in a target fragment
+        // valid for writes and not accessed by anyone else.
+        let target = unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len as usize) };
+        changed += delta::apply(enc, target, es)?.elements_written as u64;
+        Ok(())
+    })?;
+    Ok(changed)
+}
