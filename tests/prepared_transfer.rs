@@ -442,7 +442,8 @@ fn lease_rotations() {
         lease_id: "serving-lease-9",
         lease_generation: 9,
     }];
-    let with_rotation = StepArgs { weight_generation: 5, leases: &rotation, transfer_id: None, notify: None };
+    let with_rotation =
+        StepArgs { weight_generation: 5, leases: &rotation, transfer_id: None, notify: None, delta: None };
     // The guard still sees the old lease: refused, and the rotation is not kept.
     guard.observed.lock().push((key(&local), local.clone()));
     // SAFETY: as above.
@@ -465,16 +466,20 @@ fn lease_rotations() {
     let moved = [LeaseRotation { instance_id: "serving-2", ..rotation[0] }];
     reset(&mut dst);
     // SAFETY: as above.
-    let e = unsafe { p.step(&StepArgs { weight_generation: 7, leases: &moved, transfer_id: None, notify: None }) }
-        .unwrap_err();
+    let e = unsafe {
+        p.step(&StepArgs { weight_generation: 7, leases: &moved, transfer_id: None, notify: None, delta: None })
+    }
+    .unwrap_err();
     assert_eq!(e.error.error_kind, ErrorKind::StaleBinding);
     assert!(e.error.message.contains("now runs as instance serving-2"), "{}", e.error);
     assert!(e.error.message.ends_with("prepare the transfer again"), "{}", e.error);
     // A rotation naming nothing prepared.
     let unknown = [LeaseRotation { participant_id: "nobody", instance_id: "nowhere", ..rotation[0] }];
     // SAFETY: as above.
-    let e = unsafe { p.step(&StepArgs { weight_generation: 7, leases: &unknown, transfer_id: None, notify: None }) }
-        .unwrap_err();
+    let e = unsafe {
+        p.step(&StepArgs { weight_generation: 7, leases: &unknown, transfer_id: None, notify: None, delta: None })
+    }
+    .unwrap_err();
     assert_eq!(e.error.kind, TransferErrorKind::Contract);
     assert!(e.error.message.contains("lease rotation names no binding"), "{}", e.error);
     assert!(untouched(&dst));
@@ -501,8 +506,10 @@ fn static_guard_takes_a_rotation_on_the_callers_word() {
         lease_generation: 2,
     }];
     // SAFETY: as above.
-    let r = unsafe { p.step(&StepArgs { weight_generation: 2, leases: &rotation, transfer_id: None, notify: None }) }
-        .unwrap();
+    let r = unsafe {
+        p.step(&StepArgs { weight_generation: 2, leases: &rotation, transfer_id: None, notify: None, delta: None })
+    }
+    .unwrap();
     assert_eq!(r.targets[0].outcome, TargetOutcome::Updated { weight_generation: 2 });
 }
 

@@ -205,6 +205,7 @@ struct Role {
     std::unique_ptr<mws::TransferPlan> kept;    // a plan bound earlier ("bind"), for stale checks
     std::string acceptor_plan;                  // the logical plan JSON the acceptors belong to
     std::map<std::string, std::unique_ptr<mws::NotifyAcceptor>> acceptors;
+    std::unique_ptr<mws::NotifyRouter> router;  // routes each message to its acceptor
 
     Role() {
         const char *port_env = std::getenv("MWS_TE_RPC_PORT");
@@ -540,8 +541,12 @@ std::string accept(Role &r, const mj_value *c) {
     if (plan_json != r.acceptor_plan || get_bool(c, "fresh") || r.acceptors.empty()) {
         // The acceptors of this generation: bound to the plan the server binds itself.
         mws::TransferPlan plan = call_plan(r, c, true);
+        r.router = std::make_unique<mws::NotifyRouter>();
         r.acceptors.clear();
-        for (const auto &p : r.participants) r.acceptors[p] = std::make_unique<mws::NotifyAcceptor>(plan, p, key);
+        for (const auto &p : r.participants) {
+            r.acceptors[p] = std::make_unique<mws::NotifyAcceptor>(plan, p, key);
+            r.router->add(*r.acceptors[p]);
+        }
         r.acceptor_plan = plan_json;
     }
     auto &acc = r.acceptors;
@@ -560,15 +565,9 @@ std::string accept(Role &r, const mj_value *c) {
         auto rest = mws::mooncake_te::poll_notifies(r.te, [&](std::string_view msg) {
             got = true;
             messages += 1;
-            // The addressee is inside the message: try each acceptor whose participant it names.
+            // The library routes each message to the acceptor of its plan and target.
             std::string why;
-            std::uint32_t v = MWS_NOTIFY_MISROUTED;
-            for (auto &a : acc) {
-                if (std::string(msg).find("\"target_participant\":\"" + a.first + "\"") == std::string::npos) continue;
-                v = a.second->accept(msg, nullptr, &why);
-                break;
-            }
-            if (v == MWS_NOTIFY_MISROUTED && why.empty()) v = acc.begin()->second->accept(msg, nullptr, &why);
+            std::uint32_t v = r.router->accept(msg, nullptr, nullptr, &why);
             verdicts[std::to_string(v)] += 1;
             if (v != MWS_NOTIFY_ACCEPTED) refusals.push_back(std::to_string(v) + ": " + why);
         });
