@@ -9,7 +9,7 @@
  *  - Handles (mws_placement, mws_placement_builder, mws_binding, mws_upload_plan,
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
- *    mws_device_engine, mws_loader, mws_sink, mws_prepared_transfer,
+ *    mws_device_engine, mws_loader, mws_sink, mws_prepared_transfer, mws_step_handle,
  *    mws_notify_acceptor, mws_notify_router, mws_revision_list) are created by
  *    the library and freed exactly once by the caller with the matching *_free
  *    function; *_free(NULL) does nothing. A handle never borrows the handles it was
