@@ -1425,6 +1425,18 @@ typedef struct mws_transfer_stats {
 } mws_transfer_stats;
 
 /**
+ * Runs once when a started step ended, on the library's step driver thread (not
+ * the thread that started it), with the `user_data` given at the start and the
+ * step's status (`MWS_OK`, or the error `mws_step_handle_wait` returns; during
+ * the callback, `mws_last_error_message` on that thread gives its message). It
+ * must be quick, must not unwind, and must not wait for another started step; it
+ * may call any other function, including `mws_step_handle_free` of its own handle.
+ * It runs after the outcome is published: `mws_step_handle_wait` and `_poll` may
+ * see the step ended before its callback has run.
+ */
+typedef void (*mws_step_callback)(void *user_data, enum mws_status status);
+
+/**
  * Per-call arguments of `mws_store_upload` and `mws_store_load`. A NULL pointer or a
  * zeroed struct means the defaults. Strings are only read during the call.
  */
@@ -2025,18 +2037,6 @@ typedef struct mws_step_notify {
      */
     size_t n_held;
 } mws_step_notify;
-
-/**
- * Runs once when a started step ended, on the library's step driver thread (not
- * the thread that started it), with the `user_data` given at the start and the
- * step's status (`MWS_OK`, or the error `mws_step_handle_wait` returns; during
- * the callback, `mws_last_error_message` on that thread gives its message). It
- * must be quick, must not unwind, and must not wait for another started step; it
- * may call any other function, including `mws_step_handle_free` of its own handle.
- * It runs after the outcome is published: `mws_step_handle_wait` and `_poll` may
- * see the step ended before its callback has run.
- */
-typedef void (*mws_step_callback)(void *user_data, enum mws_status status);
 
 /**
  * Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
@@ -3391,6 +3391,30 @@ enum mws_status mws_loader_prepare_live(const struct mws_loader *loader,
                                         struct mws_prepared_transfer **out);
 
 /**
+ * `mws_loader_load_live` without blocking, as `mws_sink_execute_start` is for a
+ * sink: prepared on the calling thread (as `mws_loader_prepare_live`), its one step
+ * started on the library's step driver, the local target registrations released
+ * when it ended. New step handle in `*out`.
+ *
+ * Errors (nothing started): as `mws_loader_prepare_live`.
+ *
+ * # Safety
+ * As `mws_loader_load_live`, until the step ended; `callback` as for
+ * `mws_sink_execute_start`.
+ */
+enum mws_status mws_loader_load_live_start(const struct mws_loader *loader,
+                                           const struct mws_transfer_plan *plan,
+                                           const struct mws_placement *source_placement,
+                                           const struct mws_binding *const *source_bindings,
+                                           size_t n_sources,
+                                           const struct mws_placement *target_placement,
+                                           const struct mws_binding *target_binding,
+                                           const struct mws_live_args *args,
+                                           mws_step_callback callback,
+                                           void *user_data,
+                                           struct mws_step_handle **out);
+
+/**
  * Prepares restores of `binding`'s part of `plan`'s layout from `store`, one revision
  * or weight generation per `mws_prepared_transfer_step` (`args.weight_generation`,
  * `args.revision`; NULL: the plan's revision): each step reads that revision's
@@ -4434,6 +4458,36 @@ enum mws_status mws_sink_prepare(const struct mws_sink *sink,
                                  size_t n_targets,
                                  const struct mws_live_args *args,
                                  struct mws_prepared_transfer **out);
+
+/**
+ * `mws_sink_execute` without blocking: prepares the call on the calling thread (as
+ * `mws_sink_prepare`: every check, the batches lowered, the local source buffers
+ * registered unless `args.local_pre_registered`; no byte moved) and starts its one
+ * step (the plan's weight generation, `args.transfer_id`) on the library's step
+ * driver, as `mws_prepared_transfer_step_start` does; the registrations are
+ * released when it ended. New step handle in `*out`; `callback` as there. The
+ * call's outcome comes through the handle (`mws_step_handle_wait`,
+ * `mws_step_handle_report`), not `mws_sink_last_report`.
+ *
+ * Errors (nothing started): as `mws_sink_prepare`.
+ *
+ * # Safety
+ * As `mws_sink_execute`, until the step ended (every buffer stays valid and in
+ * place while it runs; the guard callbacks honour their contract until then);
+ * `callback`, when not NULL, may be called once from another thread with
+ * `user_data` and does not unwind.
+ */
+enum mws_status mws_sink_execute_start(const struct mws_sink *sink,
+                                       const struct mws_transfer_plan *plan,
+                                       const struct mws_placement *source_placement,
+                                       const struct mws_binding *source_binding,
+                                       const struct mws_placement *target_placement,
+                                       const struct mws_binding *const *target_bindings,
+                                       size_t n_targets,
+                                       const struct mws_live_args *args,
+                                       mws_step_callback callback,
+                                       void *user_data,
+                                       struct mws_step_handle **out);
 
 /**
  * Writes the statistics of the sink's last successful call to `*out`.

@@ -2176,6 +2176,28 @@ struct LeaseRotation {
     std::uint64_t lease_generation = 0;
 };
 
+namespace detail {
+/// A started step's completion callback on the heap, handed to C as `user_data`:
+/// `trampoline` runs it once and deletes it; `release` hands it over once the start
+/// succeeded (before that, the unique_ptr deletes it).
+struct StepDone {
+    using Fn = std::function<void(mws_status)>;
+    std::unique_ptr<Fn> fn;
+    explicit StepDone(Fn f) : fn(f ? new Fn(std::move(f)) : nullptr) {}
+    mws_step_callback callback() const { return fn ? &trampoline : nullptr; }
+    void *user_data() const { return fn.get(); }
+    void release() { (void)fn.release(); }
+    static void trampoline(void *user_data, mws_status status) {
+        std::unique_ptr<Fn> f(static_cast<Fn *>(user_data));
+        try {
+            (*f)(status);
+        } catch (...) {
+            // A callback must not throw across the C ABI: the exception is dropped.
+        }
+    }
+};
+}  // namespace detail
+
 /// A step of a live prepared transfer started without blocking
 /// (PreparedTransfer::start_step; owns an mws_step_handle). Move-only. Destroying it
 /// does not stop the step: it runs to its end on the library's step driver, and the
@@ -2329,21 +2351,11 @@ public:
                 n.n_held = held.size();
             }
         }
-        using Callback = std::function<void(mws_status)>;
-        std::unique_ptr<Callback> cb(on_complete ? new Callback(std::move(on_complete)) : nullptr);
-        mws_step_callback trampoline = nullptr;
-        if (cb)
-            trampoline = [](void *user_data, mws_status status) {
-                std::unique_ptr<Callback> f(static_cast<Callback *>(user_data));
-                try {
-                    (*f)(status);
-                } catch (...) {
-                    // A callback must not throw across the C ABI: the exception is dropped.
-                }
-            };
+        detail::StepDone done(std::move(on_complete));
         mws_step_handle *raw = nullptr;
-        detail::check(mws_prepared_transfer_step_start(get(), &args, notify ? &n : nullptr, trampoline, cb.get(), &raw));
-        cb.release(); // the step owns it now: the trampoline deletes it after its one call
+        detail::check(mws_prepared_transfer_step_start(get(), &args, notify ? &n : nullptr, done.callback(),
+                                                       done.user_data(), &raw));
+        done.release();  // the step owns it now: the trampoline deletes it after its one call
         return StepHandle(raw);
     }
     /// Enables delta steps of a prepared sink (mws_prepared_transfer_enable_delta):
@@ -2484,6 +2496,25 @@ public:
         return stats;
     }
 
+    /// Every buffer must stay valid at its address until the step ended (a guard in
+    /// `args` as long). load_live without blocking (mws_loader_load_live_start):
+    /// prepared on this thread, its one step started on the library's step driver;
+    /// `on_complete` as for PreparedTransfer::start_step. Throws mws::Error (nothing
+    /// started): as prepare_live.
+    StepHandle start_load_live(const TransferPlan &plan, const Placement &source,
+                               const std::vector<const Binding *> &sources, const Placement &target,
+                               const Binding &local, const mws_live_args *args = nullptr,
+                               std::function<void(mws_status)> on_complete = {}) const {
+        std::vector<const mws_binding *> s;
+        for (const Binding *b : sources) s.push_back(b != nullptr ? b->get() : nullptr);
+        detail::StepDone done(std::move(on_complete));
+        mws_step_handle *out = nullptr;
+        detail::check(mws_loader_load_live_start(get(), plan.get(), source.get(), s.data(), s.size(), target.get(),
+                                                 local.get(), args, done.callback(), done.user_data(), &out));
+        done.release();
+        return StepHandle(out);
+    }
+
     /// The local target buffers must stay valid at their addresses until the returned
     /// object is destroyed (they are registered with the engine until then, unless
     /// `args->local_pre_registered`); a guard in `args` must stay valid as long.
@@ -2577,6 +2608,25 @@ public:
         detail::check(mws_sink_execute(get(), plan.get(), source.get(), local.get(), target.get(), t.data(), t.size(),
                                        args, &stats));
         return stats;
+    }
+
+    /// Every buffer must stay valid at its address until the step ended (a guard in
+    /// `args` as long). execute without blocking (mws_sink_execute_start): prepared
+    /// on this thread, its one step started on the library's step driver;
+    /// `on_complete` as for PreparedTransfer::start_step. Throws mws::Error (nothing
+    /// started): as prepare.
+    StepHandle start_execute(const TransferPlan &plan, const Placement &source, const Binding &local,
+                             const Placement &target, const std::vector<const Binding *> &targets,
+                             const mws_live_args *args = nullptr,
+                             std::function<void(mws_status)> on_complete = {}) const {
+        std::vector<const mws_binding *> t;
+        for (const Binding *b : targets) t.push_back(b != nullptr ? b->get() : nullptr);
+        detail::StepDone done(std::move(on_complete));
+        mws_step_handle *out = nullptr;
+        detail::check(mws_sink_execute_start(get(), plan.get(), source.get(), local.get(), target.get(), t.data(),
+                                             t.size(), args, done.callback(), done.user_data(), &out));
+        done.release();
+        return StepHandle(out);
     }
 
     /// The local source buffers must stay valid at their addresses until the returned

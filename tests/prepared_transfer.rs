@@ -936,3 +936,48 @@ fn a_started_step_that_never_completes_hands_over_to_a_pending_transfer() {
     assert_eq!(sink.executor().pending_transfer_ids(), vec![e.report.pending_transfer_id.clone().unwrap()]);
     engine.hold.store(false, Ordering::SeqCst);
 }
+
+/// Plain calls start without blocking too: a sink's execute and a reader's
+/// load_live, each prepared on the caller and stepped once on the step driver, move
+/// every byte, report the plan's generation, and leave no registration behind.
+#[test]
+fn plain_calls_start_without_blocking() {
+    let (src, mut dst, plan) = models();
+    let engine = HeldEngine::new(false);
+    register(&*engine, &dst);
+    let sink = Sink::new(engine.clone(), ExecutorLimits::default()).unwrap();
+    for b in &src.bindings {
+        // SAFETY: the models outlive the call, which ends before the next.
+        let h = unsafe {
+            sink.start_execute(&plan, &src.placement, b, &dst.placement, &dst.bindings, &LiveArgs::default(), None)
+        }
+        .unwrap();
+        let report = h.wait(LONG).unwrap().unwrap();
+        let g = plan.weight_generation();
+        assert!(report.targets.iter().all(|t| t.outcome == TargetOutcome::Updated { weight_generation: g }));
+    }
+    verify_masked(&dst, 0);
+    assert_eq!(engine.registered_regions().unwrap().len(), dst.buffers.len(), "the sources were unregistered");
+    unregister(&*engine, &dst);
+    reset(&mut dst);
+    register(&*engine, &src);
+    let loader = Loader::new(engine.clone(), ExecutorLimits::default()).unwrap();
+    for b in &dst.bindings {
+        // SAFETY: as above.
+        let h = unsafe {
+            loader.start_load_live(&plan, &src.placement, &src.bindings, &dst.placement, b, &LiveArgs::default(), None)
+        }
+        .unwrap();
+        h.wait(LONG).unwrap().unwrap();
+    }
+    verify_masked(&dst, 0);
+    assert_eq!(engine.registered_regions().unwrap().len(), src.buffers.len(), "the targets were unregistered");
+    // A refused preparation starts nothing.
+    let bad = LiveArgs { worker_id: Some("no such worker"), ..Default::default() };
+    // SAFETY: as above.
+    let e = unsafe {
+        loader.start_load_live(&plan, &src.placement, &src.bindings, &dst.placement, &dst.bindings[0], &bad, None)
+    };
+    assert!(e.is_err());
+    unregister(&*engine, &src);
+}

@@ -12,6 +12,7 @@ use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws
 use crate::load_plan::{mws_load_plan, mws_load_stats, stats_out};
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
+use crate::step_handle::{mws_step_callback, mws_step_handle, on_complete};
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::protocol::transfer::{Loader, StoredPrepareArgs};
@@ -185,6 +186,46 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
         // until the prepared transfer is freed).
         let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }?;
         out.give_handle(mws_prepared_transfer::new(p))
+    })
+}
+
+/// `mws_loader_load_live` without blocking, as `mws_sink_execute_start` is for a
+/// sink: prepared on the calling thread (as `mws_loader_prepare_live`), its one step
+/// started on the library's step driver, the local target registrations released
+/// when it ended. New step handle in `*out`.
+///
+/// Errors (nothing started): as `mws_loader_prepare_live`.
+///
+/// # Safety
+/// As `mws_loader_load_live`, until the step ended; `callback` as for
+/// `mws_sink_execute_start`.
+#[no_mangle]
+pub unsafe extern "C" fn mws_loader_load_live_start(
+    loader: *const mws_loader,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_bindings: *const *const mws_binding,
+    n_sources: usize,
+    target_placement: *const mws_placement,
+    target_binding: *const mws_binding,
+    args: *const mws_live_args,
+    callback: mws_step_callback,
+    user_data: *mut c_void,
+    out: *mut *mut mws_step_handle,
+) -> mws_status {
+    status_call!(|c| {
+        let l = c.handle(loader, "loader")?;
+        let bound = c.handle(plan, "plan")?.bound()?;
+        let sp = c.handle(source_placement, "source_placement")?;
+        let tp = c.handle(target_placement, "target_placement")?;
+        let sources = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
+        let target = bindings_arg(c, &target_binding, 1, "target_binding")?.remove(0);
+        let args = live_args(c, args)?;
+        let out = c.out(out, "out")?;
+        let done = on_complete(callback, user_data);
+        // SAFETY: this function's contract: the buffers stay valid until the step ended.
+        let h = unsafe { l.inner.start_load_live(bound, &sp.inner, &sources, &tp.inner, &target, &args, done) }?;
+        out.give_handle(mws_step_handle::new(h))
     })
 }
 

@@ -11,6 +11,7 @@ use crate::live::{limits_arg, live_args, mws_executor_limits, mws_live_args, mws
 use crate::notify::key_arg;
 use crate::placement::mws_placement;
 use crate::prepared::mws_prepared_transfer;
+use crate::step_handle::{mws_step_callback, mws_step_handle, on_complete};
 use crate::transfer_plan::mws_transfer_plan;
 use mws::plan::transfer_bind::TransferPlan;
 use mws::protocol::transfer::{LiveArgs, Sink};
@@ -237,6 +238,49 @@ pub unsafe extern "C" fn mws_sink_prepare(
             // until the prepared transfer is freed).
             let p = unsafe { s.inner.prepare(call.0, call.1, call.2, call.3, call.4, call.5) }?;
             out.give_handle(mws_prepared_transfer::new(p))
+        })
+    })
+}
+
+/// `mws_sink_execute` without blocking: prepares the call on the calling thread (as
+/// `mws_sink_prepare`: every check, the batches lowered, the local source buffers
+/// registered unless `args.local_pre_registered`; no byte moved) and starts its one
+/// step (the plan's weight generation, `args.transfer_id`) on the library's step
+/// driver, as `mws_prepared_transfer_step_start` does; the registrations are
+/// released when it ended. New step handle in `*out`; `callback` as there. The
+/// call's outcome comes through the handle (`mws_step_handle_wait`,
+/// `mws_step_handle_report`), not `mws_sink_last_report`.
+///
+/// Errors (nothing started): as `mws_sink_prepare`.
+///
+/// # Safety
+/// As `mws_sink_execute`, until the step ended (every buffer stays valid and in
+/// place while it runs; the guard callbacks honour their contract until then);
+/// `callback`, when not NULL, may be called once from another thread with
+/// `user_data` and does not unwind.
+#[no_mangle]
+pub unsafe extern "C" fn mws_sink_execute_start(
+    sink: *const mws_sink,
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_binding: *const mws_binding,
+    target_placement: *const mws_placement,
+    target_bindings: *const *const mws_binding,
+    n_targets: usize,
+    args: *const mws_live_args,
+    callback: mws_step_callback,
+    user_data: *mut c_void,
+    out: *mut *mut mws_step_handle,
+) -> mws_status {
+    status_call!(|c| {
+        let a =
+            SinkCallArgs { plan, source_placement, source_binding, target_placement, target_bindings, n_targets, args };
+        with_sink_call(c, sink, a, |s, call| {
+            let out = c.out(out, "out")?;
+            let done = on_complete(callback, user_data);
+            // SAFETY: this function's contract: the buffers stay valid until the step ended.
+            let h = unsafe { s.inner.start_execute(call.0, call.1, call.2, call.3, call.4, call.5, done) }?;
+            out.give_handle(mws_step_handle::new(h))
         })
     })
 }

@@ -159,17 +159,25 @@ fn start(
         }
     }
     step.delta = held.as_deref();
-    let on_complete: Option<StepCallback> = callback.map(|f| {
-        let cb = Callback { f, user_data: Ctx(user_data) };
-        Box::new(move |r: &StepResult| cb.run(r)) as StepCallback
-    });
     // SAFETY: the entry point's contract: every prepared buffer is valid and pinned
     // until the step ended.
-    let inner = unsafe { p.start_step(&step, on_complete) };
-    out.give_handle(mws_step_handle { inner, report: Mutex::new(None) })
+    let inner = unsafe { p.start_step(&step, on_complete(callback, user_data)) };
+    out.give_handle(mws_step_handle::new(inner))
+}
+
+/// The core's completion callback of a C callback (NULL: none).
+pub(crate) fn on_complete(callback: mws_step_callback, user_data: *mut c_void) -> Option<StepCallback> {
+    callback.map(|f| {
+        let cb = Callback { f, user_data: Ctx(user_data) };
+        Box::new(move |r: &StepResult| cb.run(r)) as StepCallback
+    })
 }
 
 impl mws_step_handle {
+    pub(crate) fn new(inner: StepHandle) -> mws_step_handle {
+        mws_step_handle { inner, report: Mutex::new(None) }
+    }
+
     /// The step's status once it ended (keeping its report), `None` while it runs.
     fn settle(&self, result: Option<StepResult>, stats: *mut mws_transfer_stats, c: Caller<'_>) -> FfiResult<bool> {
         let Some(result) = result else { return Ok(false) };

@@ -282,7 +282,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
                 flags |= _abi.MWS_STEP_DELTA
             notify_c = _abi.mws_step_notify(ctypes.addressof(kbuf) if kbuf is not None else None,
                                             len(k) if k else 0, flags, arr, n)
-        step = StepHandle(self)
+        step = StepHandle([self])
         out = _abi._p()
         self._engine._call("mws_prepared_transfer_step_start", self, ctypes.byref(args),
                            ctypes.byref(notify_c) if notify_c is not None else None, step._callback, None,
@@ -400,8 +400,8 @@ class StepHandle(OwnedHandle):
     _WHAT = "step handle"
     _UNHELD = ("close", "future")
 
-    def __init__(self, prepared: "PreparedTransfer") -> None:
-        super().__init__(None, [prepared])
+    def __init__(self, keep: Sequence[Any]) -> None:
+        super().__init__(None, keep)
         self._future: "concurrent.futures.Future[TransferStats]" = concurrent.futures.Future()
         self._future.set_running_or_notify_cancel()
         self._report: Optional[LiveReport] = None
@@ -738,6 +738,22 @@ class Loader(_Reporting, OwnedHandle):
              ctypes.byref(out))
         return PreparedTransfer(out.value, self._engine, [self, store, plan, local, bridge])
 
+    def start_load_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
+                        local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
+                        transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> "StepHandle":
+        """:meth:`load_live` without blocking (``mws_loader_load_live_start``):
+        prepared on this thread, its one step started on the library's step driver;
+        returns its :class:`StepHandle` (which keeps every argument alive until the
+        step ended). Raises (nothing started) as :meth:`prepare_live`."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(local_pre_registered, worker_id, transfer_id, bridge)
+        step = StepHandle([self, plan, source, target, local, *sources, bridge])
+        out = _p()
+        self._engine._call("mws_loader_load_live_start", self, plan, source, _handles(sources), len(sources), target,
+                           local, ctypes.byref(args), step._callback, None, ctypes.byref(out))
+        step._adopt(out.value)
+        return step
+
     def prepare_live(self, plan: TransferPlan, source: Placement, sources: Sequence[Binding], target: Placement,
                      local: Binding, *, local_pre_registered: bool = False, worker_id: Optional[str] = None,
                      transfer_id: Optional[str] = None, guard: Optional[Guard] = None) -> PreparedTransfer:
@@ -821,6 +837,23 @@ class Sink(_Reporting, OwnedHandle):
             e.report = self._report_of_failure()  # type: ignore[attr-defined]
             raise
         return _stats(st)
+
+    def start_execute(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
+                      targets: Sequence[Binding], *, local_pre_registered: bool = False,
+                      worker_id: Optional[str] = None, transfer_id: Optional[str] = None,
+                      guard: Optional[Guard] = None) -> "StepHandle":
+        """:meth:`execute` without blocking (``mws_sink_execute_start``): prepared on
+        this thread, its one step started on the library's step driver; returns its
+        :class:`StepHandle` (which keeps every argument alive until the step ended).
+        Raises (nothing started) as :meth:`prepare`."""
+        bridge = GuardBridge(guard) if guard is not None else None
+        args = _args(local_pre_registered, worker_id, transfer_id, bridge)
+        step = StepHandle([self, plan, source, target, local, *targets, bridge])
+        out = _p()
+        self._engine._call("mws_sink_execute_start", self, plan, source, local, target, _handles(targets),
+                           len(targets), ctypes.byref(args), step._callback, None, ctypes.byref(out))
+        step._adopt(out.value)
+        return step
 
     def prepare(self, plan: TransferPlan, source: Placement, local: Binding, target: Placement,
                 targets: Sequence[Binding], *, local_pre_registered: bool = False, worker_id: Optional[str] = None,

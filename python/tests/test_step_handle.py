@@ -118,3 +118,33 @@ def test_a_started_step_can_be_polled_timed_out_refused_and_cancelled():
             x.close()
     for b in live.tb:
         engine.unregister_binding(b)
+
+
+def test_plain_calls_start_without_blocking():
+    backend = NotifyingEngine()
+    live, engine = setup(backend)
+    with mws.Sink(engine) as sink:
+        futures = []
+        for b in live.sb:
+            h = sink.start_execute(live.plan, live.src.placement, b, live.dst.placement, live.tb)
+            futures.append(h.future)
+            h.wait(30)
+        assert sum(f.result(timeout=30).bytes for f in futures) == live.plan.total_bytes
+    for b in live.tb:
+        assert live.dst.verify(b.participant_id, live.dbufs[b.participant_id]) == []
+        engine.unregister_binding(b)
+    for b in live.sb:
+        engine.register_binding(b)
+    dst = {p: live.dst.target_buffers(p) for p in live.dst.participant_ids}
+    tb = [live.dst.bind(p, dst[p]) for p in live.dst.participant_ids]
+    plan = mws.TransferPlan.plan(live.src.placement, live.dst.placement).bind(tb, live.sb)
+    with mws.Loader(engine) as loader:
+        async def pull_all():
+            return [await loader.start_load_live(plan, live.src.placement, live.sb, live.dst.placement, b) for b in tb]
+
+        stats = asyncio.run(pull_all())
+        assert sum(s.bytes for s in stats) == plan.total_bytes
+    for b in tb:
+        assert live.dst.verify(b.participant_id, dst[b.participant_id]) == []
+    for b in live.sb:
+        engine.unregister_binding(b)

@@ -1184,7 +1184,50 @@ fn pin_error(spec: &PinSpec, e: Error) -> TransferError {
     }
 }
 
+/// Starts the one step of a prepared plain call (the plan's weight generation).
+///
+/// # Safety
+/// As [`PreparedTransfer::start_step`].
+unsafe fn start_once(
+    prepared: PreparedTransfer,
+    plan: &TransferPlan,
+    args: &LiveArgs<'_>,
+    on_complete: Option<StepCallback>,
+) -> StepHandle {
+    let step =
+        StepArgs { weight_generation: plan.weight_generation(), transfer_id: args.transfer_id, ..Default::default() };
+    // SAFETY: forwarded contract; the step keeps the prepared transfer (and its
+    // registrations) until it ended, then closes it.
+    unsafe { Arc::new(prepared).start_step(&step, on_complete) }
+}
+
 impl Loader {
+    /// [`Loader::load_live`] without blocking, as [`Sink::start_execute`] is for a
+    /// sink: prepared on the calling thread, its one step started on the step
+    /// driver, the local target registrations released when it ended. Errors: those
+    /// of [`Loader::prepare_live`] (nothing started).
+    ///
+    /// # Safety
+    /// As [`Loader::load_live`], until the step ended.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_load_live(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_bindings: &[RuntimeBinding],
+        target_placement: &Placement,
+        target_binding: &RuntimeBinding,
+        args: &LiveArgs<'_>,
+        on_complete: Option<StepCallback>,
+    ) -> TransferResult<StepHandle> {
+        // SAFETY: forwarded contract.
+        let p = unsafe {
+            self.prepare_live(plan, source_placement, source_bindings, target_placement, target_binding, args)
+        }?;
+        // SAFETY: forwarded contract.
+        Ok(unsafe { start_once(p, plan, args, on_complete) })
+    }
+
     /// Prepares [`Loader::load_live`] with these arguments for many steps
     /// ([`PreparedTransfer`]): runs every check of the call under the guards' pins,
     /// lowers the local target executor's operations into engine batches and, unless
@@ -1213,6 +1256,36 @@ impl Loader {
 }
 
 impl Sink {
+    /// [`Sink::execute`] without blocking: prepares the call on the calling thread
+    /// (every check under the guards' pins, the batches lowered, the local source
+    /// allocations registered unless `args.local_pre_registered`: work in proportion
+    /// to the call's fragments, no byte moved) and starts its one step
+    /// ([`PreparedTransfer::start_step`], weight generation: the plan's; transfer
+    /// id: `args.transfer_id`) on the step driver. The registrations are released
+    /// when the step ended. Errors: those of [`Sink::prepare`] (nothing started);
+    /// the call's own outcome comes through the handle.
+    ///
+    /// # Safety
+    /// As [`Sink::execute`], until the step ended: every buffer of the call stays
+    /// valid and pinned while it runs.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_execute(
+        &self,
+        plan: &TransferPlan,
+        source_placement: &Placement,
+        source_binding: &RuntimeBinding,
+        target_placement: &Placement,
+        target_bindings: &[RuntimeBinding],
+        args: &LiveArgs<'_>,
+        on_complete: Option<StepCallback>,
+    ) -> TransferResult<StepHandle> {
+        // SAFETY: forwarded contract.
+        let p =
+            unsafe { self.prepare(plan, source_placement, source_binding, target_placement, target_bindings, args) }?;
+        // SAFETY: forwarded contract.
+        Ok(unsafe { start_once(p, plan, args, on_complete) })
+    }
+
     /// Prepares [`Sink::execute`] with these arguments for many steps
     /// ([`PreparedTransfer`]): runs every check of the call under the guards' pins,
     /// lowers the local source executor's operations into engine batches and, unless
