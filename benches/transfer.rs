@@ -1,4 +1,4 @@
-//! Live-transfer benchmark (a benchmark, not a test), three parts measured in the same
+//! Live-transfer benchmark (a benchmark, not a test), four parts measured in the same
 //! run against their references:
 //!
 //! 1. A live reshard of the io benchmark's model (default 1 GiB; trainer TP4 x PP2 x
@@ -28,6 +28,15 @@
 //!    planning; target <= 1.2) and `figure: transfer_planning_rss_bytes_per_fragment_w1m`
 //!    (target <= 1536).
 //!
+//! 4. The sparse delta codec of live weight sync (issue 47, `mooncake_weight_store::delta`):
+//!    a bf16 region (default 1 GiB) with 3% of its elements changed, uniformly at
+//!    random, encoded against its base and applied to a copy of the base, each on one
+//!    thread, against a one-thread memcpy of the region:
+//!    `figure: delta_encode_vs_memcpy_1t` and `figure: delta_apply_vs_memcpy_1t`
+//!    (memcpy time / encode or apply time, best of 3 each; target >= 0.5), and the
+//!    bytes on the wire at 1% and 3% density against the region's (targets: at most
+//!    1/20 and 1/10).
+//!
 //! The default run ends with one `figure: NAME = VALUE` line per headline figure.
 //!
 //! ```text
@@ -37,6 +46,7 @@
 //! cargo bench --bench transfer -- --skip-reshard | --skip-steps | --skip-planning
 //! cargo bench --bench transfer -- --steps N            # steps per measurement (default 100)
 //! cargo bench --bench transfer -- --call-overhead-only # the reshard's plain calls without bytes only
+//! cargo bench --bench transfer -- --skip-delta | --delta-only [--delta-mib N]   # the delta codec (default 1024)
 //! ```
 
 #[path = "../tests/common/model.rs"]
@@ -848,6 +858,120 @@ fn planning(name: &str, reps: usize) {
     }
 }
 
+/// splitmix64 (the delta section's deterministic data).
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `new` := `base` with `fraction` of its bf16 elements changed, picked uniformly at
+/// random (with replacement: a few picks land twice), each in its low byte.
+fn delta_changes(base: &[u8], new: &mut [u8], fraction: f64, seed: u64) {
+    new.copy_from_slice(base);
+    let elements = (new.len() / 2) as u64;
+    let mut rng = seed;
+    for _ in 0..(elements as f64 * fraction) as u64 {
+        let r = splitmix(&mut rng);
+        let e = (r % elements) as usize;
+        new[2 * e] = base[2 * e] ^ (1 + (r >> 56) as u8 % 255);
+    }
+}
+
+/// Issue 47: the delta codec on a `mib` MiB bf16 region with 3% of its elements
+/// changed (encode, apply, best of 3 each, one thread) against a one-thread memcpy of
+/// the region, and its bytes on the wire at 1% and 3% density.
+fn delta_codec(mib: usize, figures: &mut Vec<(String, f64)>) {
+    use mooncake_weight_store::delta;
+    let bytes = mib << 20;
+    let mut base = vec![0u8; bytes];
+    let mut rng = 47;
+    for w in base.chunks_exact_mut(8) {
+        w.copy_from_slice(&splitmix(&mut rng).to_le_bytes());
+    }
+    let mut new = vec![0u8; bytes];
+    let mut target = vec![0u8; bytes];
+    let mut wire = Vec::new();
+    let gb = |s: f64| bytes as f64 / s / 1e9;
+    let memcpy = memcpy_seconds(bytes);
+    println!("delta codec, bf16 region of {mib} MiB, 1 thread:");
+    println!("  memcpy of the region               {:>8.1} ms {:>6.2} GB/s", memcpy * 1e3, gb(memcpy));
+    // What bounds the encoder: both regions read, nothing written.
+    new.copy_from_slice(&base);
+    let mut compare_s = f64::MAX;
+    for _ in 0..3 {
+        wire.clear();
+        let t = Instant::now();
+        delta::encode(std::hint::black_box(&base), &new, 2, &mut wire).unwrap_or_else(|e| die("encode", e));
+        compare_s = compare_s.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "  encode, nothing changed (compare)  {:>8.1} ms {:>6.2} GB/s | ratio to memcpy {:.2}x",
+        compare_s * 1e3,
+        gb(compare_s),
+        memcpy / compare_s
+    );
+    let mut wire_ratios = Vec::new();
+    for (percent, at_most) in [(1.0, 20.0), (3.0, 10.0)] {
+        let target_note = if percent == 3.0 { " (target >= 0.5)" } else { "" };
+        delta_changes(&base, &mut new, percent / 100.0, 47 + percent as u64);
+        let mut encode_s = f64::MAX;
+        let mut stats = None;
+        for _ in 0..3 {
+            wire.clear();
+            let t = Instant::now();
+            let s = delta::encode(std::hint::black_box(&base), &new, 2, &mut wire).unwrap_or_else(|e| die("encode", e));
+            encode_s = encode_s.min(t.elapsed().as_secs_f64());
+            stats = Some(s);
+        }
+        let stats = stats.expect("3 runs");
+        let mut apply_s = f64::MAX;
+        for _ in 0..3 {
+            target.copy_from_slice(&base); // the target holds the base (not timed)
+            let t = Instant::now();
+            delta::apply(std::hint::black_box(&wire), &mut target, 2).unwrap_or_else(|e| die("apply", e));
+            apply_s = apply_s.min(t.elapsed().as_secs_f64());
+        }
+        if target != new {
+            die("apply", "the applied target is not the new region");
+        }
+        let wire_ratio = wire.len() as f64 / bytes as f64;
+        println!(
+            "  {percent:.0}% of elements changed ({} elements in {} runs{}):",
+            stats.changed_elements,
+            stats.runs,
+            if stats.whole { ", sent whole" } else { "" }
+        );
+        println!(
+            "    encode                           {:>8.1} ms {:>6.2} GB/s | ratio to memcpy {:.2}x{target_note}",
+            encode_s * 1e3,
+            gb(encode_s),
+            memcpy / encode_s
+        );
+        println!(
+            "    apply                            {:>8.1} ms {:>6.2} GB/s | ratio to memcpy {:.2}x{target_note}",
+            apply_s * 1e3,
+            gb(apply_s),
+            memcpy / apply_s
+        );
+        println!(
+            "    on the wire                      {:>8.2} MiB = 1/{:.1} of a full update (target <= 1/{at_most:.0})",
+            wire.len() as f64 / (1u64 << 20) as f64,
+            1.0 / wire_ratio
+        );
+        wire_ratios.push((percent, wire_ratio));
+        if percent == 3.0 {
+            figures.push(("delta_encode_vs_memcpy_1t".into(), memcpy / encode_s));
+            figures.push(("delta_apply_vs_memcpy_1t".into(), memcpy / apply_s));
+        }
+    }
+    for (percent, ratio) in wire_ratios {
+        println!("info: delta_wire_fraction_{percent:.0}pct = {ratio:.4}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
@@ -857,16 +981,21 @@ fn main() {
     let reps: usize = arg("--reps").map(|s| s.parse().expect("--reps N")).unwrap_or(3);
     let steps: usize = arg("--steps").map(|s| s.parse().expect("--steps N")).unwrap_or(100);
     let mut figures: Vec<(String, f64)> = Vec::new();
-    if !has("--skip-reshard") {
+    let delta_only = has("--delta-only");
+    if !delta_only && !has("--skip-reshard") {
         reshard(size_mib, has("--call-overhead-only"), &mut figures);
     }
-    if !has("--skip-steps") {
+    if !delta_only && !has("--skip-steps") {
         steps_1k(steps, &mut figures);
         let fresh: usize = arg("--fresh-w100k").map(|s| s.parse().expect("--fresh-w100k N")).unwrap_or(1);
         steps_workload("w100k-moe", steps, fresh, &mut figures);
     }
-    if !has("--skip-planning") {
+    if !delta_only && !has("--skip-planning") {
         planning(&workload, reps.max(1));
+    }
+    if delta_only || !has("--skip-delta") {
+        let mib: usize = arg("--delta-mib").map(|s| s.parse().expect("--delta-mib N")).unwrap_or(1024);
+        delta_codec(mib, &mut figures);
     }
     // The issue's order, then any other figure.
     let order = [
@@ -879,6 +1008,8 @@ fn main() {
         "live_reader_vs_memcpy_2t",
         "verified_step_vs_unverified_1t",
         "async_step_overhead_us_1k",
+        "delta_encode_vs_memcpy_1t",
+        "delta_apply_vs_memcpy_1t",
     ];
     figures.sort_by_key(|(name, _)| order.iter().position(|o| o == name).unwrap_or(order.len()));
     for (name, value) in &figures {

@@ -18,10 +18,12 @@
 //! - [`protocol`]: everything that does I/O — the weight store's API, upload,
 //!   commit/abort/finalize, the transaction state machine, restores, the snapshot
 //!   writer, guards and registration;
+//! - [`delta`]: the sparse delta codec of live weight sync (pure: the changed
+//!   elements of a region against a base, encoded, and applied to a buffer);
 //! - [`logging`]: the library's log records for a host that installs a sink at run
 //!   time (the C ABI's log callback);
 //!
-//! Pure layers (model, geometry, plan) do no I/O. Every value type is immutable and
+//! Pure layers (model, geometry, plan, delta) do no I/O. Every value type is immutable and
 //! validated at construction: a value that exists is valid. All types are
 //! `Send + Sync`.
 

@@ -99,7 +99,7 @@ pub fn encode_with(
         )));
     }
     check_element_size(element_size).map_err(|e| e.context("delta encode: "))?;
-    if new.len() % element_size != 0 {
+    if !new.len().is_multiple_of(element_size) {
         return Err(Error::invalid(format!(
             "delta encode: region length {} is not a multiple of the element size {element_size}",
             new.len()
@@ -117,11 +117,11 @@ pub fn encode_with(
     // At most 100% of the region: no overflow for any slice length.
     let limit = (new.len() as u128 * options.whole_above_percent as u128 / 100) as usize;
     let stats = match element_size {
-        1 => encode_es::<1>(base, new, limit, out),
-        2 => encode_es::<2>(base, new, limit, out),
-        4 => encode_es::<4>(base, new, limit, out),
-        8 => encode_es::<8>(base, new, limit, out),
-        _ => encode_es::<16>(base, new, limit, out),
+        1 => encode_es::<1>(base, new, limit, out, scan),
+        2 => encode_es::<2>(base, new, limit, out, scan),
+        4 => encode_es::<4>(base, new, limit, out, scan),
+        8 => encode_es::<8>(base, new, limit, out, scan),
+        _ => encode_es::<16>(base, new, limit, out, scan),
     };
     if stats.whole {
         out[start + 6] = 1; // the kind byte: Kind::Whole
@@ -131,10 +131,14 @@ pub fn encode_with(
     Ok(EncodeStats { encoded_bytes: out.len() - start, ..stats })
 }
 
+/// A scan of the region (the module docs' two steps): [`scan`], or in tests the
+/// portable one.
+type Scan<const ES: usize> = fn(&[u8], &[u8], &mut Runs<'_, ES>) -> std::result::Result<(), Stop>;
+
 /// The body of the encoding of `new` against `base` in `ES`-byte elements, appended
 /// to `out` (which ends with the header): runs, or the whole region once the runs
 /// exceed `limit` bytes. `encoded_bytes` is left to the caller.
-fn encode_es<const ES: usize>(base: &[u8], new: &[u8], limit: usize, out: &mut Vec<u8>) -> EncodeStats {
+fn encode_es<const ES: usize>(base: &[u8], new: &[u8], limit: usize, out: &mut Vec<u8>, scan: Scan<ES>) -> EncodeStats {
     let body_start = out.len();
     let mut runs = Runs::<ES> {
         new,
@@ -170,7 +174,6 @@ struct Stop {
 
 /// Runs the chunked scan of the module docs over the whole region, handing each
 /// chunk's changed elements to `runs`.
-#[inline(always)]
 fn scan<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     {
@@ -505,5 +508,112 @@ impl<const ES: usize> Runs<'_, ES> {
         }
         self.out.truncate(self.w);
         self.check(self.new.len() / ES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64.
+    fn rng(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn naive(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+        (0..BLOCK).filter(|&i| a[i] != b[i]).fold(0, |m, i| m | 1 << i)
+    }
+
+    #[test]
+    fn byte_masks_match_a_byte_by_byte_compare() {
+        let mut s = 1;
+        let mut a = [0u8; BLOCK];
+        for x in a.iter_mut() {
+            *x = rng(&mut s) as u8;
+        }
+        let mut cases = vec![a];
+        for i in 0..BLOCK {
+            for v in [1u8, 0x7f, 0x80, 0xff] {
+                let mut b = a;
+                b[i] ^= v;
+                cases.push(b);
+            }
+        }
+        for _ in 0..2000 {
+            let mut b = a;
+            for _ in 0..rng(&mut s) % 20 {
+                b[(rng(&mut s) % 64) as usize] = rng(&mut s) as u8;
+            }
+            cases.push(b);
+        }
+        cases.push(a.map(|x| !x));
+        for b in &cases {
+            assert_eq!(ne_bytes_words(&a, b), naive(&a, b));
+            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+            // SAFETY: SSE2 is enabled in this build (the cfg).
+            assert_eq!(unsafe { ne_bytes_sse2(&a, b) }, naive(&a, b));
+        }
+    }
+
+    #[test]
+    fn folds_give_one_bit_per_changed_element() {
+        fn check<const ES: usize>(ne: u64) {
+            let want = (0..BLOCK / ES).filter(|&j| (ne >> (j * ES)) & ((1u128 << ES) - 1) as u64 != 0);
+            assert_eq!(fold::<ES>(ne), want.fold(0, |m, j| m | 1 << (j * ES)), "ES {ES}, mask {ne:#x}");
+        }
+        let mut s = 2;
+        for _ in 0..1000 {
+            let ne = rng(&mut s) & rng(&mut s) & rng(&mut s);
+            check::<1>(ne);
+            check::<2>(ne);
+            check::<4>(ne);
+            check::<8>(ne);
+            check::<16>(ne);
+        }
+    }
+
+    /// The portable scan (what builds other than x86-64 run) writes the same bytes.
+    #[test]
+    fn the_portable_scan_writes_the_same_encoding() {
+        fn portable<const ES: usize>(
+            base: &[u8],
+            new: &[u8],
+            runs: &mut Runs<'_, ES>,
+        ) -> std::result::Result<(), Stop> {
+            scan_with(base, new, runs, ne_bytes_words, |_| ())
+        }
+        fn both<const ES: usize>(base: &[u8], new: &[u8]) {
+            for limit in [new.len(), new.len() / 20] {
+                let (mut a, mut b) = (vec![7u8; 3], vec![7u8; 3]);
+                let sa = encode_es::<ES>(base, new, limit, &mut a, scan);
+                let sb = encode_es::<ES>(base, new, limit, &mut b, portable);
+                assert_eq!(a, b, "ES {ES}");
+                assert_eq!(sa, sb, "ES {ES}");
+            }
+        }
+        let mut s = 3;
+        for (elements, density) in [(0, 0), (5, 50), (3000, 1), (3000, 30), (9000, 3), (9000, 90)] {
+            for es in [1, 2, 4, 8, 16] {
+                let mut base = vec![0u8; elements * es];
+                base.iter_mut().for_each(|x| *x = rng(&mut s) as u8);
+                let mut new = base.clone();
+                for e in 0..elements {
+                    if rng(&mut s) % 100 < density {
+                        new[e * es + (rng(&mut s) as usize % es)] ^= 0x10;
+                    }
+                }
+                match es {
+                    1 => both::<1>(&base, &new),
+                    2 => both::<2>(&base, &new),
+                    4 => both::<4>(&base, &new),
+                    8 => both::<8>(&base, &new),
+                    _ => both::<16>(&base, &new),
+                }
+            }
+        }
     }
 }

@@ -89,7 +89,7 @@ impl Header {
         }
         let region_len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
         let body_len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
-        if region_len % element_size as u64 != 0 {
+        if !region_len.is_multiple_of(element_size as u64) {
             return Err(Error::invalid(format!(
                 "delta encoding: region length {region_len} is not a multiple of the element size {element_size}"
             )));
