@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --rate) RATE=$2; shift 2 ;;
     --trials) TRIALS=$2; shift 2 ;;
     --layers|--hidden|--experts|--phases|--generations|--routing|--segment-mib|--delta-dims|--delta-generations) DRIVER_ARGS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "cluster-test: unknown argument $1" >&2; exit 2 ;;
   esac
 done
