@@ -351,15 +351,11 @@ class Rank:
     def delta_close(self) -> dict:
         """Releases what the delta phase holds (prepared sink and its outboxes;
         acceptor and inbox; the notify carrier's buffer)."""
-        if self.prepared is not None:
-            self.prepared.close()
-            self.prepared = None
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
-        if self.acceptor is not None:
-            self.acceptor.close()
-            self.acceptor = None
+        for name in ("prepared", "sink", "acceptor"):  # the prepared transfer before its sink
+            handle = getattr(self, name)
+            if handle is not None:
+                handle.close()
+                setattr(self, name, None)
         if self.inbox is not None:
             self.engine.unregister_memory(self.inbox.ctypes.data)
             self.inbox = None
