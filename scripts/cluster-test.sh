@@ -4,12 +4,14 @@
 # (checked unused on this machine) and a rate-limited egress (tbf, default 1 Gbit/s);
 # a Mooncake master and its HTTP metadata server on the last host; trainer ranks on
 # hosts 1-2, server ranks on hosts 3-4, one process per rank. The driver
-# (tests/cluster/driver.py) runs live transfers (pull and push), a store snapshot and
-# restore, and fault trials (link cut, host crash, master crash), and ends with the
-# `figure:` lines.
+# (tests/cluster/driver.py) runs live transfers (pull and push), sparse delta steps
+# (prepared pushes with notifications over TE, 1/3/10 % density against full updates),
+# a store snapshot and restore, and fault trials (link cut, host crash, master crash),
+# and ends with the `figure:` lines.
 #
 #   scripts/cluster-test.sh [--python PY] [--hosts N] [--rate 1gbit] [--trials K]
-#                           [--layers L] [--hidden H] [--experts E] [--phases live,store,faults]
+#                           [--layers L] [--hidden H] [--experts E] [--phases live,delta,store,faults]
+#                           [--delta-dims L,H,E] [--delta-generations K]
 #
 # PY: a Python with the mooncake_weight_store package and the Mooncake wheel
 # (mooncake-transfer-engine-non-cuda) and numpy installed; default $MWS_CLUSTER_PYTHON,
@@ -40,8 +42,8 @@ while [[ $# -gt 0 ]]; do
     --hosts) HOSTS=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --trials) TRIALS=$2; shift 2 ;;
-    --layers|--hidden|--experts|--phases|--generations|--routing|--segment-mib) DRIVER_ARGS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --layers|--hidden|--experts|--phases|--generations|--routing|--segment-mib|--delta-dims|--delta-generations) DRIVER_ARGS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "cluster-test: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -21,6 +21,16 @@ never does.
   The async calls are not used: their ids are raw native pointers that crash the
   process when handed back twice.
 * Identity: ``get_engine_ptr()``.
+* Notifications (:meth:`MooncakeEngineBackend.send_notify`, the notify hook and
+  delta steps of :class:`~mooncake_weight_store.Sink`): the wheel binds no
+  ``sendNotifyByName``, but ``batch_transfer_sync(..., notify=TransferNotify(name,
+  msg))`` delivers ``msg`` to the peer's notify list once the batch completed. Each
+  message rides on a one-byte *read* of the peer's first registered buffer (its
+  bytes are left untouched) into a 64-byte scratch buffer of this side, registered
+  on first use and unregistered by :meth:`MooncakeTransferEngine.close`. Messages
+  must be UTF-8 (the library's are ASCII). The receiver drains its list with
+  :meth:`MooncakeTransferEngine.poll_notifies`. Synchronous: 0 once the peer has
+  the message; messages from one sender arrive in order.
 
 Error mapping: a TE return code is passed to the library unchanged (0 ok, -1 failed
 or completion unknown, -3 not registered, -7 overlapping registration). A
@@ -44,7 +54,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .engine_bridge import CALLBACK_FAILED, ENGINE_VTABLE_VERSION, Direction, EngineBridge
 from .errors import ArgumentError, LocalError, Status
@@ -87,7 +97,9 @@ class MooncakeEngineBackend:
         self.te = te
         self.max_batch = max_batch_operations
         self.calls = 0  # TE batch calls made (sub-batches)
+        self.notifies = 0  # notifications sent
         self._lock = threading.Lock()
+        self._scratch: Any = None  # the notify carrier's local buffer, registered on first use
 
     def engine_id(self) -> int:
         return int(self.te.get_engine_ptr())
@@ -112,6 +124,61 @@ class MooncakeEngineBackend:
             if rc != 0:
                 return rc  # completion unknown for this sub-batch; stop here
         return 0
+
+    def send_notify(self, endpoint: str, name: str, message: bytes) -> int:
+        """Delivers ``message`` under ``name`` to the engine at ``endpoint``: a
+        one-byte read of the peer's first registered buffer carrying the
+        notification (the wheel's ``notify=``). TE's return code (-1 when the peer
+        has no registered buffer)."""
+        import ctypes
+
+        from mooncake.engine import TransferNotify, TransferOpcode  # type: ignore  # (no stubs)
+
+        text = bytes(message).decode("utf-8")
+        with self._lock:
+            if self._scratch is None:
+                buf = ctypes.create_string_buffer(64)
+                rc = self.te.register_memory(ctypes.addressof(buf), len(buf), "*")
+                if rc != 0:
+                    return rc  # type: ignore[no-any-return]
+                self._scratch = buf
+            local = ctypes.addressof(self._scratch)
+        remote = int(self.te.get_first_buffer_address(endpoint))
+        if remote == 0:
+            return -1
+        rc = self.te.batch_transfer_sync(endpoint, [local], [remote], [1], TransferOpcode.Read,
+                                         TransferNotify(name, text))
+        if isinstance(rc, bool) or not isinstance(rc, int):
+            raise ArgumentError(f"Transfer Engine returned {type(rc).__name__}, expected int")
+        if rc == 0:
+            with self._lock:
+                self.notifies += 1
+        return rc
+
+    @property
+    def notify_scratch(self) -> Optional[int]:
+        """The address of the notify carrier's registered scratch buffer (None
+        before the first notification or after :meth:`release_notify`)."""
+        import ctypes
+
+        return ctypes.addressof(self._scratch) if self._scratch is not None else None
+
+    def release_notify(self) -> int:
+        """Unregisters the notify carrier's scratch buffer (0; TE's code on failure)."""
+        import ctypes
+
+        with self._lock:
+            if self._scratch is None:
+                return 0
+            rc = self.te.unregister_memory(ctypes.addressof(self._scratch))
+            if rc == 0:
+                self._scratch = None
+            return rc  # type: ignore[no-any-return]
+
+    def poll_notifies(self) -> List[Tuple[str, bytes]]:
+        """Drains the notifications received so far: ``[(name, message)]`` in
+        arrival order (``get_notifies()``)."""
+        return [(n.name, n.msg.encode("utf-8")) for n in self.te.get_notifies()]
 
 
 class MooncakeTransferEngine(TransferEngine):
@@ -164,3 +231,16 @@ class MooncakeTransferEngine(TransferEngine):
     def te_calls(self) -> int:
         """How many TE batch calls (sub-batches) were made so far."""
         return self._adapter.calls
+
+    def poll_notifies(self) -> List[Tuple[str, bytes]]:
+        """The notifications this engine received since the last poll,
+        ``[(name, message)]``; hand each message to a
+        :class:`~mooncake_weight_store.NotifyAcceptor` or
+        :class:`~mooncake_weight_store.NotifyRouter`."""
+        return self._adapter.poll_notifies()
+
+    def close(self) -> None:
+        """Unregisters the notify carrier's scratch buffer (when one was
+        registered), then frees the handle."""
+        self._adapter.release_notify()
+        super().close()

@@ -9,6 +9,12 @@ Element ``i`` (row-major linear index) of tensor ``t`` in generation ``g`` is th
 top 16 bits of ``i * M + seed(g, t)`` (32-bit); a fragment's bytes are its box,
 row-major, little-endian. Two generations differ in (almost) every element, so a
 target that kept old bytes is told apart from an updated one.
+
+Sparse generations (the delta phase): :func:`mutate` changes a given fraction of the
+elements of a fragment for a generation, deterministically from (generation,
+tensor, element index), so the sources (which apply the mutations of their
+generations to their bytes) and the targets (which apply them to an expected image
+built from the base generation) agree on every byte without exchanging any.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 from mooncake_weight_store.placement import Split, TensorSpec
 from mooncake_weight_store.testing import Model, ModelSpec
 
-__all__ = ["ClusterModel", "BulkSpec", "ROLES"]
+__all__ = ["ClusterModel", "BulkSpec", "ROLES", "mutate"]
 
 #: role -> (layout, tp, dp, ep, placement set id)
 ROLES = {
@@ -71,10 +77,9 @@ class ClusterModel(Model):
             s = self._seeds[tensor_id] = np.uint32(zlib.crc32(f"{self.spec.seed}/{tensor_id}".encode()))
         return s
 
-    def expected(self, fragment) -> np.ndarray:  # type: ignore[override]
-        """The fragment's bytes (a uint8 array, row-major): element ``i`` is the top
-        16 bits of ``i * M + seed(generation, tensor)`` (32-bit), so a copy from a
-        wrong offset, tensor or generation differs almost everywhere."""
+    def linear_index(self, fragment) -> np.ndarray:
+        """The global row-major element index (mod 2^32) of every element of the
+        fragment, in the fragment's row-major order (a flat uint32 array)."""
         t = self.tensors[fragment.tensor_id]
         shape, off, glob = fragment.local_shape, fragment.global_offset, t.global_shape
         nd = len(glob)
@@ -89,7 +94,45 @@ class ClusterModel(Model):
                 view = [1] * nd
                 view[d] = shape[d]
                 idx += ax.reshape(view)
+        return idx.reshape(-1)
+
+    def expected(self, fragment) -> np.ndarray:  # type: ignore[override]
+        """The fragment's bytes (a uint8 array, row-major): element ``i`` is the top
+        16 bits of ``i * M + seed(generation, tensor)`` (32-bit), so a copy from a
+        wrong offset, tensor or generation differs almost everywhere."""
+        t = self.tensors[fragment.tensor_id]
+        idx = self.linear_index(fragment)
+        with np.errstate(over="ignore"):
             idx *= _M1
             idx += self._seed(t.tensor_id)
         # the high halves of the little-endian 32-bit words
-        return np.ascontiguousarray(idx.reshape(-1).view("<u2")[1::2]).view(np.uint8)
+        return np.ascontiguousarray(idx.view("<u2")[1::2]).view(np.uint8)
+
+
+_H1 = np.uint32(0x85EBCA6B)
+_H2 = np.uint32(0x7FEB352D)
+_H3 = np.uint32(0x846CA68B)
+
+
+def mutate(linear: np.ndarray, data: np.ndarray, tensor_id: str, generation: int, density: float) -> int:
+    """Applies generation ``generation``'s sparse change to one fragment's bytes in
+    place and returns how many elements changed. ``linear``: the fragment's
+    :meth:`ClusterModel.linear_index`; ``data``: its bytes (uint8, 2-byte elements,
+    little-endian). Element ``i`` of tensor ``t`` changes when a 32-bit hash of
+    ``(i, t, generation)`` is below ``density * 2^32``; it is XORed with the hash's
+    low 16 bits with bit 0 set, so a changed element always differs from before, and
+    applying the same generation twice restores it."""
+    seed = np.uint32(zlib.crc32(f"delta-{generation}/{tensor_id}".encode()))
+    with np.errstate(over="ignore"):
+        h = linear * _H1
+        h += seed
+        h ^= h >> np.uint32(16)
+        h *= _H2
+        h ^= h >> np.uint32(15)
+        h *= _H3
+        h ^= h >> np.uint32(16)
+    hit = np.flatnonzero(h < np.uint32(min(int(density * 2 ** 32), 2 ** 32 - 1)))
+    if hit.size:
+        el = data.view("<u2")
+        el[hit] ^= (h[hit] & np.uint32(0xFFFF)).astype(np.uint16) | np.uint16(1)
+    return int(hit.size)

@@ -31,10 +31,12 @@ sys.path.insert(0, HERE)
 import mooncake_weight_store as mws  # noqa: E402
 from mooncake_weight_store.te_backend import MooncakeTransferEngine  # noqa: E402
 
-from cluster_model import ClusterModel  # noqa: E402
+from cluster_model import ClusterModel, mutate  # noqa: E402
 
 ALIGN = 4096
 POISON = 0xFF
+#: The notify key the trainer ranks' delta steps and the server ranks' acceptors share.
+DELTA_KEY = b"mws-cluster-delta-steps-key"
 
 
 def binding_to_wire(b: mws.Binding, nbytes: dict) -> dict:
@@ -74,6 +76,12 @@ class Rank:
         self.store = None
         self.store_backend = None
         self.dims = (args.layers, args.hidden, args.experts, False)
+        # delta phase: trainer: the prepared sink; server: inbox, acceptor, expected image
+        self.sink = None
+        self.prepared = None
+        self.inbox = None
+        self.acceptor = None
+        self.expect = None
 
     def _time_te_calls(self) -> list:
         """Records (ranges, bytes, seconds) of every Transfer Engine batch call, to
@@ -99,7 +107,7 @@ class Rank:
 
             def __getattr__(self, name):
                 fn = getattr(te, name)
-                if not name.startswith("batch_transfer_sync"):
+                if name not in ("batch_transfer_sync_read", "batch_transfer_sync_write"):
                     return fn
 
                 def timed(endpoint, local, remote, sizes):
@@ -250,12 +258,110 @@ class Rank:
 
     def resources(self) -> dict:
         r = self.engine.resources()
-        own = self.arena.ctypes.data if self.arena is not None else None
+        own = {self.arena.ctypes.data} if self.arena is not None else set()
+        own.add(self.engine._adapter.notify_scratch)  # the notify carrier's buffer (delta phase)
         return {"pending_transfers": r.pending_transfers, "quarantined_registrations": r.quarantined_registrations,
                 "pinned_tokens": r.pinned_tokens, "pending_count": self.engine.pending_count,
                 "callback_errors": len(self.engine.callback_errors),
                 "te_registrations": len(self.registered),
-                "te_registrations_not_own": len([a for a in self.registered if a != own])}
+                "te_registrations_not_own": len([a for a in self.registered if a not in own])}
+
+    # -- delta steps (issue 47) -------------------------------------------------------
+
+    def delta_open(self) -> dict:
+        """Server: an inbox (a quarter of the arena, at least 1 MiB) registered with
+        this rank's engine, a content-verifying acceptor of the bound plan that
+        accepts deltas into it, and the expected image of the current generation."""
+        n = max(1 << 20, (self.arena.nbytes // 4 + ALIGN - 1) // ALIGN * ALIGN)
+        self.inbox = np.zeros(n, dtype=np.uint8)
+        self.engine.register_memory(self.inbox.ctypes.data, n)
+        self.acceptor = mws.NotifyAcceptor(self.plan, self.pid_name, key=DELTA_KEY)
+        self.acceptor.verify_content()
+        self.acceptor.accept_deltas(self.inbox.ctypes.data, n)
+        self.expect = np.full_like(self.arena, POISON)
+        for f in self.model.placement.participant_fragments(self.pid_name):
+            o, nb = self.layout[f.placement_fragment_id]
+            self.expect[o:o + nb] = self.model.expected(f)
+        return {"inbox": [self.inbox.ctypes.data, n]}
+
+    def delta_prepare(self, inboxes: dict) -> dict:
+        """Trainer: prepares its push once and enables delta steps into the inboxes."""
+        (spl, _sbs), (tpl, tbs) = self.peers["trainer"], self.peers["server"]
+        t = time.perf_counter()
+        self.sink = mws.Sink(self.engine)
+        self.prepared = self.sink.prepare(self.plan, spl, self.binding, tpl, tbs, local_pre_registered=True)
+        self.prepared.enable_delta({k: (int(a), int(n)) for k, (a, n) in inboxes.items()})
+        return {"seconds": time.perf_counter() - t}
+
+    def delta_mutate(self, gen: int, density: float) -> dict:
+        """Applies generation ``gen``'s sparse change: a trainer to its weights, a
+        server to its expected image (never to the bytes it serves)."""
+        buf = self.arena if self.role == "trainer" else self.expect
+        t = time.perf_counter()
+        changed = total = 0
+        for f in self.model.placement.participant_fragments(self.pid_name):
+            o, n = self.layout[f.placement_fragment_id]
+            changed += mutate(self.model.linear_index(f), buf[o:o + n], f.tensor_id, gen, density)
+            total += n // 2
+        return {"changed": changed, "elements": total, "seconds": time.perf_counter() - t}
+
+    def delta_step(self, gen: int, held: dict) -> dict:
+        """Trainer: one delta step of generation ``gen`` (``held``: what each target
+        verifiably holds; empty: every byte)."""
+        out = {"participant": self.pid_name, "generation": gen}
+        self.te_log.clear()
+        notifies0 = self.engine._adapter.notifies
+        t0 = time.monotonic()
+        try:
+            st = self.prepared.step_delta(gen, held={k: int(v) for k, v in held.items()}, key=DELTA_KEY)
+            out.update(outcome="ok", bytes=st.bytes, engine_operations=st.engine_operations)
+        except mws.MwsError as e:
+            out.update(outcome="failed", reason=str(e)[:400])
+        out["t0"], out["t1"] = t0, time.monotonic()
+        r = self.prepared.last_report()
+        out["verdicts"] = r.verdicts() if r is not None else {}
+        out["stats"] = self.prepared.delta_stats()
+        out["notifies"] = self.engine._adapter.notifies - notifies0
+        out["te"] = [len(self.te_log), sum(x[0] for x in self.te_log), sum(x[1] for x in self.te_log),
+                     sum(x[2] for x in self.te_log)]
+        return out
+
+    def delta_accept(self, gen: int) -> dict:
+        """Server: hands every notification received to the acceptor (a delta
+        ``done`` applies the inbox, then verifies), then compares every byte of the
+        arena with the expected image of generation ``gen``."""
+        t0 = time.monotonic()
+        verdicts = []
+        for name, msg in self.engine.poll_notifies():
+            v, _o, why = self.acceptor.accept(msg)
+            verdicts.append(v if v == "accepted" else f"{v}: {why[:200]}")
+        t1 = time.monotonic()
+        o = self.acceptor.outcome()
+        wrong, bad = 0, []
+        for f in self.model.placement.participant_fragments(self.pid_name):
+            off, n = self.layout[f.placement_fragment_id]
+            k = int(np.count_nonzero(self.arena[off:off + n] != self.expect[off:off + n]))
+            if k:
+                wrong += k
+                bad.append(f.placement_fragment_id)
+        return {"participant": self.pid_name, "messages": verdicts, "t0": t0, "t1": t1,
+                "verdict": o.verdict, "weight_generation": o.weight_generation,
+                "held": self.acceptor.held_generation(), "wrong_bytes": wrong, "bad": bad}
+
+    def delta_close(self) -> dict:
+        """Releases what the delta phase holds (prepared sink and its outboxes;
+        acceptor and inbox; the notify carrier's buffer)."""
+        for name in ("prepared", "sink", "acceptor"):  # the prepared transfer before its sink
+            handle = getattr(self, name)
+            if handle is not None:
+                handle.close()
+                setattr(self, name, None)
+        if self.inbox is not None:
+            self.engine.unregister_memory(self.inbox.ctypes.data)
+            self.inbox = None
+        self.expect = None
+        self.engine._adapter.release_notify()
+        return {"resources": self.resources()}
 
     # -- Mooncake Store ---------------------------------------------------------------
 
@@ -366,6 +472,18 @@ class Rank:
             return self.live(op, cmd.get("announce", False))
         if op == "verify":
             return self.verify(cmd["generation"])
+        if op == "delta_open":
+            return self.delta_open()
+        if op == "delta_prepare":
+            return self.delta_prepare(cmd["inboxes"])
+        if op == "delta_mutate":
+            return self.delta_mutate(cmd["generation"], cmd["density"])
+        if op == "delta_step":
+            return self.delta_step(cmd["generation"], cmd["held"])
+        if op == "delta_accept":
+            return self.delta_accept(cmd["generation"])
+        if op == "delta_close":
+            return self.delta_close()
         if op == "reset":
             self.arena[:] = POISON
             return {}
@@ -389,6 +507,7 @@ class Rank:
         if op == "readable":
             return self.readable(cmd["manifest_key"])
         if op == "quit":
+            self.delta_close()
             self.store_close()
             self.release_arena()
             return {"errors": self.engine.callback_errors}
