@@ -43,13 +43,23 @@
 //! a write of the changed elements into the base; the target one pass applying the
 //! changes and the content check's read. Host memory only.
 
-use super::notify::NotifyDelta;
 use crate::delta::{self, Header};
 use crate::engine::{Direction, TransferBatch, TransferBatchRange, TransferEngine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::runtime::{MemoryKind, MemoryRegion};
 use std::collections::BTreeMap;
+
+/// The `delta` member of a delta step's notify messages: the target generation the
+/// delta applies to and the bytes of the writer's inbox slot it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyDelta {
+    /// The weight generation the target must hold (verified) for the delta to apply.
+    pub base: u64,
+    /// Bytes of the writer's slot of the target's inbox holding the encoded delta.
+    pub bytes: u64,
+}
 
 /// The staging area of a target participant for delta steps: a host buffer of the
 /// target side, registered with the target's engine, that the sources write their

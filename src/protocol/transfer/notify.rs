@@ -228,16 +228,7 @@ pub struct NotifyMessage {
     pub delta: Option<NotifyDelta>,
 }
 
-/// The `delta` member of a delta step's messages: the target generation the delta
-/// applies to and the bytes of the writer's inbox slot it used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NotifyDelta {
-    /// The weight generation the target must hold (verified) for the delta to apply.
-    pub base: u64,
-    /// Bytes of the writer's slot of the target's inbox holding the encoded delta.
-    pub bytes: u64,
-}
+pub use super::delta::NotifyDelta;
 
 /// The content checksums of one message: per group of the writer's operations into
 /// the target ([`content_groups`]), the CRC-32C of the bytes written.
