@@ -178,7 +178,7 @@ impl LastReport {
 pub(crate) struct ReportView {
     _texts: Texts,
     _targets: Vec<mws_target_outcome>,
-    pub(crate) c: mws_live_report,
+    c: mws_live_report,
 }
 
 // SAFETY: the raw pointers in `c` point into `_texts` and `_targets`, owned by the same

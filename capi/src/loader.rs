@@ -2,8 +2,10 @@
 //! through an engine (`mws_loader_load_live`) or from a stored revision
 //! (`mws_loader_load_stored`); wraps the core's `protocol::transfer::Loader`.
 
+use crate::args::Caller;
 use crate::binding::{bindings_arg, mws_binding};
 use crate::boundary::mws_status;
+use crate::boundary::FfiResult;
 use crate::callbacks::progress::mws_progress_fn;
 use crate::engine::mws_transfer_engine;
 use crate::io_args::{mws_io_args, with_load_args};
@@ -15,7 +17,10 @@ use crate::prepared::mws_prepared_transfer;
 use crate::step_handle::{mws_step_callback, mws_step_handle, on_complete};
 use crate::store::mws_store;
 use crate::transfer_plan::mws_transfer_plan;
-use mws::protocol::transfer::{Loader, StoredPrepareArgs};
+use mws::plan::transfer_bind::TransferPlan;
+use mws::protocol::transfer::{LiveArgs, Loader, StoredPrepareArgs};
+use mws::runtime::RuntimeBinding;
+use mws::Placement;
 use std::ffi::c_void;
 
 /// Fills the buffers of one target participant, from a stored revision
@@ -101,6 +106,41 @@ pub unsafe extern "C" fn mws_loader_reset_cancel(loader: *const mws_loader) {
     value_call!((), |c| live::cancel(c.opt_handle(loader), false))
 }
 
+/// The raw arguments of one reader call (`mws_loader_load_live` and its prepared and
+/// started forms).
+struct ReaderCallArgs {
+    plan: *const mws_transfer_plan,
+    source_placement: *const mws_placement,
+    source_bindings: *const *const mws_binding,
+    n_sources: usize,
+    target_placement: *const mws_placement,
+    target_binding: *const mws_binding,
+    args: *const mws_live_args,
+}
+
+/// The arguments of one reader call, translated: plan, source placement and
+/// bindings, target placement and binding, live arguments.
+type ReaderCall<'a> =
+    (&'a TransferPlan, &'a Placement, &'a [RuntimeBinding], &'a Placement, &'a RuntimeBinding, &'a LiveArgs<'a>);
+
+/// The body of every reader call: translates the arguments (loader, plan,
+/// placements, bindings, live arguments, in this order) and runs `run` with them.
+fn with_reader_call(
+    c: Caller<'_>,
+    loader: *const mws_loader,
+    a: ReaderCallArgs,
+    run: impl FnOnce(&mws_loader, ReaderCall<'_>) -> FfiResult<()>,
+) -> FfiResult<()> {
+    let l = c.handle(loader, "loader")?;
+    let bound = c.handle(a.plan, "plan")?.bound()?;
+    let sp = c.handle(a.source_placement, "source_placement")?;
+    let tp = c.handle(a.target_placement, "target_placement")?;
+    let sources = bindings_arg(c, a.source_bindings, a.n_sources, "source_bindings")?;
+    let target = bindings_arg(c, &a.target_binding, 1, "target_binding")?.remove(0);
+    let args = live_args(c, a.args)?;
+    run(l, (bound, &sp.inner, &sources, &tp.inner, &target, &args))
+}
+
 /// Pulls every operation of the local target executor of `plan` (a bound plan) into
 /// the buffers of `target_binding`, reading from the sources through the engine
 /// (reader mode, `live-transfer.md` §10). The remote source memory must be
@@ -132,17 +172,21 @@ pub unsafe extern "C" fn mws_loader_load_live(
     stats: *mut mws_transfer_stats,
 ) -> mws_status {
     status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        let bound = c.handle(plan, "plan")?.bound()?;
-        let sp = c.handle(source_placement, "source_placement")?;
-        let tp = c.handle(target_placement, "target_placement")?;
-        let sources = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
-        let target = bindings_arg(c, &target_binding, 1, "target_binding")?.remove(0);
-        let args = live_args(c, args)?;
-        // SAFETY: this function's contract: every buffer of the bindings stays valid
-        // for the call (and until a pending transfer is drained).
-        let result = unsafe { l.inner.load_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) };
-        l.report.keep(c, result, stats)
+        let a = ReaderCallArgs {
+            plan,
+            source_placement,
+            source_bindings,
+            n_sources,
+            target_placement,
+            target_binding,
+            args,
+        };
+        with_reader_call(c, loader, a, |l, call| {
+            // SAFETY: this function's contract: every buffer of the bindings stays
+            // valid for the call (and until a pending transfer is drained).
+            let result = unsafe { l.inner.load_live(call.0, call.1, call.2, call.3, call.4, call.5) };
+            l.report.keep(c, result, stats)
+        })
     })
 }
 
@@ -174,18 +218,22 @@ pub unsafe extern "C" fn mws_loader_prepare_live(
     out: *mut *mut mws_prepared_transfer,
 ) -> mws_status {
     status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        let bound = c.handle(plan, "plan")?.bound()?;
-        let sp = c.handle(source_placement, "source_placement")?;
-        let tp = c.handle(target_placement, "target_placement")?;
-        let sources = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
-        let target = bindings_arg(c, &target_binding, 1, "target_binding")?.remove(0);
-        let args = live_args(c, args)?;
-        let out = c.out(out, "out")?;
-        // SAFETY: this function's contract: the buffers stay valid (the local ones
-        // until the prepared transfer is freed).
-        let p = unsafe { l.inner.prepare_live(bound, &sp.inner, &sources, &tp.inner, &target, &args) }?;
-        out.give_handle(mws_prepared_transfer::new(p))
+        let a = ReaderCallArgs {
+            plan,
+            source_placement,
+            source_bindings,
+            n_sources,
+            target_placement,
+            target_binding,
+            args,
+        };
+        with_reader_call(c, loader, a, |l, call| {
+            let out = c.out(out, "out")?;
+            // SAFETY: this function's contract: the buffers stay valid (the local ones
+            // until the prepared transfer is freed).
+            let p = unsafe { l.inner.prepare_live(call.0, call.1, call.2, call.3, call.4, call.5) }?;
+            out.give_handle(mws_prepared_transfer::new(p))
+        })
     })
 }
 
@@ -214,18 +262,22 @@ pub unsafe extern "C" fn mws_loader_load_live_start(
     out: *mut *mut mws_step_handle,
 ) -> mws_status {
     status_call!(|c| {
-        let l = c.handle(loader, "loader")?;
-        let bound = c.handle(plan, "plan")?.bound()?;
-        let sp = c.handle(source_placement, "source_placement")?;
-        let tp = c.handle(target_placement, "target_placement")?;
-        let sources = bindings_arg(c, source_bindings, n_sources, "source_bindings")?;
-        let target = bindings_arg(c, &target_binding, 1, "target_binding")?.remove(0);
-        let args = live_args(c, args)?;
-        let out = c.out(out, "out")?;
-        let done = on_complete(callback, user_data);
-        // SAFETY: this function's contract: the buffers stay valid until the step ended.
-        let h = unsafe { l.inner.start_load_live(bound, &sp.inner, &sources, &tp.inner, &target, &args, done) }?;
-        out.give_handle(mws_step_handle::new(h))
+        let a = ReaderCallArgs {
+            plan,
+            source_placement,
+            source_bindings,
+            n_sources,
+            target_placement,
+            target_binding,
+            args,
+        };
+        with_reader_call(c, loader, a, |l, call| {
+            let out = c.out(out, "out")?;
+            let done = on_complete(callback, user_data);
+            // SAFETY: this function's contract: the buffers stay valid until the step ended.
+            let h = unsafe { l.inner.start_load_live(call.0, call.1, call.2, call.3, call.4, call.5, done) }?;
+            out.give_handle(mws_step_handle::new(h))
+        })
     })
 }
 

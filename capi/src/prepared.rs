@@ -202,6 +202,20 @@ pub(crate) fn leases<'a>(c: Caller<'a>, a: &'a mws_step_args) -> FfiResult<Vec<L
     Ok(leases)
 }
 
+/// The request of a step (`args` and its rotated leases), read for the call.
+pub(crate) fn request<'a>(
+    c: Caller<'a>,
+    a: &'a mws_step_args,
+    leases: &'a [LeaseRotation<'a>],
+) -> FfiResult<StepRequest<'a>> {
+    Ok(StepRequest {
+        weight_generation: a.weight_generation,
+        leases,
+        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
+        revision: c.opt_str(a.revision, "args.revision")?,
+    })
+}
+
 /// The held generations of a delta step, read for the call.
 pub(crate) fn held<'a>(c: Caller<'a>, p: *const mws_target_held, n: usize) -> FfiResult<Vec<TargetHeld<'a>>> {
     let mut out = Vec::with_capacity(n);
@@ -346,12 +360,7 @@ fn step_with(
     let p = c.handle(prepared, "prepared")?;
     let a = c.struct_ref(args, "args")?;
     let leases = leases(c, a)?;
-    let request = StepRequest {
-        weight_generation: a.weight_generation,
-        leases: &leases,
-        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-        revision: c.opt_str(a.revision, "args.revision")?,
-    };
+    let request = request(c, a, &leases)?;
     match &p.inner {
         Prepared::Live(live) => {
             let mut args = request.live()?;

@@ -5,11 +5,10 @@
 use crate::args::Caller;
 use crate::boundary::{mws_status, set_last_error, Failure, FfiResult};
 use crate::callbacks::Ctx;
-use crate::live::{mws_live_report, mws_transfer_stats, stats_c, ReportView};
+use crate::live::{mws_live_report, mws_transfer_stats, LastReport};
 use crate::prepared::MWS_STEP_VERIFY_CONTENT;
-use crate::prepared::{leases, live, mws_prepared_transfer, mws_step_args, mws_target_held, step_notify};
-use mws::protocol::transfer::{StepCallback, StepHandle, StepRequest, StepResult};
-use parking_lot::Mutex;
+use crate::prepared::{leases, live, mws_prepared_transfer, mws_step_args, mws_target_held, request, step_notify};
+use mws::protocol::transfer::{StepCallback, StepHandle, StepResult};
 use std::ffi::c_void;
 use std::time::Duration;
 
@@ -55,7 +54,7 @@ pub const MWS_STEP_DELTA: u32 = 2;
 pub struct mws_step_handle {
     inner: StepHandle,
     /// The report of the step once a wait or poll saw it end, in C form.
-    report: Mutex<Option<ReportView>>,
+    report: LastReport,
 }
 
 handle!(mws_step_handle);
@@ -142,13 +141,7 @@ fn start(
     let a = c.struct_ref(args, "args")?;
     let out = c.out(out, "out")?;
     let leases = leases(c, a)?;
-    let request = StepRequest {
-        weight_generation: a.weight_generation,
-        leases: &leases,
-        transfer_id: c.opt_str(a.transfer_id, "args.transfer_id")?,
-        revision: c.opt_str(a.revision, "args.revision")?,
-    };
-    let mut step = request.live()?;
+    let mut step = request(c, a, &leases)?.live()?;
     let mut held = None;
     if let Some(n) = c.opt_struct(notify) {
         let delta = n.flags & MWS_STEP_DELTA != 0;
@@ -175,21 +168,13 @@ pub(crate) fn on_complete(callback: mws_step_callback, user_data: *mut c_void) -
 
 impl mws_step_handle {
     pub(crate) fn new(inner: StepHandle) -> mws_step_handle {
-        mws_step_handle { inner, report: Mutex::new(None) }
+        mws_step_handle { inner, report: LastReport::default() }
     }
 
     /// The step's status once it ended (keeping its report), `None` while it runs.
     fn settle(&self, result: Option<StepResult>, stats: *mut mws_transfer_stats, c: Caller<'_>) -> FfiResult<bool> {
         let Some(result) = result else { return Ok(false) };
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(e.error)),
-        };
-        let st = stats_c(report.stats);
-        *self.report.lock() = Some(ReportView::new(report));
-        outcome?;
-        c.opt_set(stats, st);
-        Ok(true)
+        self.report.keep(c, result, stats).map(|_| true)
     }
 }
 
@@ -265,13 +250,9 @@ pub unsafe extern "C" fn mws_step_handle_report(step: *const mws_step_handle, ou
     status_call!(|c| {
         let h = c.handle(step, "step")?;
         let out = c.out(out, "out")?;
-        if h.report.lock().is_none() {
-            // The step's own error is not this call's: only its report is wanted.
-            let _ = h.settle(h.inner.poll(), std::ptr::null_mut(), c);
-        }
-        let view = h.report.lock();
-        let view = view.as_ref().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "the step has not ended"))?;
-        out.give(view.c)
+        // The step's own error is not this call's: only its report is wanted.
+        let _ = h.settle(h.inner.poll(), std::ptr::null_mut(), c);
+        out.give(h.report.get("the step has not ended")?)
     })
 }
 
