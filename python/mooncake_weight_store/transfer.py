@@ -222,16 +222,16 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         self._serial = threading.RLock()
 
     @_serialized
-    def step(self, generation: int, *, leases: Sequence[LeaseRotation] = (),
+    def step(self, weight_generation: int, *, leases: Sequence[LeaseRotation] = (),
              transfer_id: Optional[str] = None, revision: Optional[str] = None) -> TransferStats:
-        """Moves weight generation ``generation`` (``leases``: rotated since the last
+        """Moves weight generation ``weight_generation`` (``leases``: rotated since the last
         step, kept for later steps; ``revision``: for a prepared restore, the revision
         to read, default the prepared one). Returns the step's statistics; a failed
         live step attaches its report to the exception as ``.report``."""
-        return self._step("mws_prepared_transfer_step", generation, leases, transfer_id, revision, ())
+        return self._step("mws_prepared_transfer_step", weight_generation, leases, transfer_id, revision, ())
 
     @_serialized
-    def step_notified(self, generation: int, *, key: Optional[bytes] = None, verify_content: bool = False,
+    def step_notified(self, weight_generation: int, *, key: Optional[bytes] = None, verify_content: bool = False,
                       leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> TransferStats:
         """:meth:`step` of a prepared sink with the notify hook
         (``mws_prepared_transfer_step_notified``): ``begin`` to every target endpoint,
@@ -246,11 +246,11 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         ``UnsupportedError`` when the engine cannot notify."""
         k = bytes(key) if key else None
         flags = _abi.MWS_STEP_VERIFY_CONTENT if verify_content else 0
-        return self._step("mws_prepared_transfer_step_notified", generation, leases, transfer_id, None,
+        return self._step("mws_prepared_transfer_step_notified", weight_generation, leases, transfer_id, None,
                           (k, len(k) if k else 0, flags))
 
     @_serialized
-    def start_step(self, generation: int, *, notify: bool = False, key: Optional[bytes] = None,
+    def start_step(self, weight_generation: int, *, notify: bool = False, key: Optional[bytes] = None,
                    verify_content: bool = False, held: Optional[Dict[str, int]] = None,
                    leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> "StepHandle":
         """Starts :meth:`step` (or, with ``notify``, ``key`` or ``verify_content``,
@@ -269,7 +269,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         (and what it keeps) alive until then, even once dropped. Raises (nothing
         started): ``InvalidArgumentError`` (a prepared restore; a short key).
         ``held``: a delta step (as :meth:`step_delta`, content-verified)."""
-        args, keep = _step_args(generation, leases, transfer_id, None)
+        args, keep = _step_args(weight_generation, leases, transfer_id, None)
         notify_c = None
         if notify or key is not None or verify_content or held is not None:
             k = bytes(key) if key else None
@@ -303,7 +303,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         self._engine._call("mws_prepared_transfer_enable_delta", self, arr if items else None, len(items))
 
     @_serialized
-    def step_delta(self, generation: int, *, held: Dict[str, int], key: Optional[bytes] = None,
+    def step_delta(self, weight_generation: int, *, held: Dict[str, int], key: Optional[bytes] = None,
                    leases: Sequence[LeaseRotation] = (), transfer_id: Optional[str] = None) -> TransferStats:
         """A delta step (``mws_prepared_transfer_step_delta``): as :meth:`step_notified`
         with ``verify_content``, but each target whose ``held`` generation (what its
@@ -312,7 +312,7 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         byte. :meth:`delta_stats` then says what was sent."""
         k = bytes(key) if key else None
         arr, n = _held(held)
-        return self._step("mws_prepared_transfer_step_delta", generation, leases, transfer_id, None,
+        return self._step("mws_prepared_transfer_step_delta", weight_generation, leases, transfer_id, None,
                           (k, len(k) if k else 0, arr, n))
 
     def delta_stats(self) -> Optional[Dict[str, int]]:
@@ -325,9 +325,9 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         _lib.check(st)
         return {name: int(getattr(d, name)) for name, _ in _abi.mws_delta_stats._fields_}
 
-    def _step(self, fn: str, generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
+    def _step(self, fn: str, weight_generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
               revision: Optional[str], extra: Tuple[Any, ...]) -> TransferStats:
-        args, _keep = _step_args(generation, leases, transfer_id, revision)
+        args, _keep = _step_args(weight_generation, leases, transfer_id, revision)
         st = _abi.mws_transfer_stats()
         try:
             self._engine._call(fn, self, ctypes.byref(args), *extra, ctypes.byref(st))
@@ -366,13 +366,13 @@ def _held(held: Dict[str, int]) -> Tuple[Any, int]:
     return (arr if items else None), len(items)
 
 
-def _step_args(generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
+def _step_args(weight_generation: int, leases: Sequence[LeaseRotation], transfer_id: Optional[str],
                revision: Optional[str]) -> Tuple[_abi.mws_step_args, List[Any]]:
     """The C arguments of a step, and what they point into (keep it for the call)."""
     arr = (_abi.mws_lease_rotation * len(leases))(*[
         _abi.mws_lease_rotation(cstr(r.instance_id, "instance_id"), cstr(r.participant_id, "participant_id"),
                                 cstr(r.lease_id, "lease_id"), int(r.lease_generation)) for r in leases])
-    args = _abi.mws_step_args(int(generation), arr if leases else None, len(leases),
+    args = _abi.mws_step_args(int(weight_generation), arr if leases else None, len(leases),
                               cstr(transfer_id, "transfer_id"), cstr(revision, "revision"))
     return args, [arr]
 
