@@ -124,7 +124,8 @@ impl NotifyRouter {
     /// Errors: a message whose header cannot be read ([`NotifyRefusal::Malformed`] /
     /// `Truncated`, no acceptor); an unroutable message no routed key authenticates
     /// (`Forged`, no acceptor); a body that is not a message (`Malformed`); no
-    /// acceptor for its (plan, target):
+    /// acceptor for its (plan, target): [`NotifyRefusal::Stale`] when the target's
+    /// acceptor of the newest generation finds it older (as it would judge it),
     /// [`NotifyRefusal::OtherPlan`] (`no notify acceptor for plan <id> of target <t>;
     /// the routed plans of <t>: ...`) when the target has acceptors under other plans,
     /// else [`NotifyRefusal::Misrouted`] (`no notify acceptor for target <t> in this
@@ -142,6 +143,21 @@ impl NotifyRouter {
                 Some(a) => Ok(a.clone()),
                 None => {
                     let others: Vec<String> = map.keys().filter(|(_, t)| *t == target).map(|(p, _)| short(p)).collect();
+                    // The target's acceptor of the newest generation judges a message of
+                    // another plan as it would its own: an older generation is stale
+                    // (its key authenticates it first). It refuses it in any case.
+                    let newest = map
+                        .iter()
+                        .filter(|((_, t), _)| *t == target)
+                        .map(|(_, a)| a)
+                        .max_by_key(|a| a.lock().weight_generation());
+                    if let Some(a) = newest {
+                        if let Err(e) = a.lock().accept(message) {
+                            if matches!(e.refusal, NotifyRefusal::Stale | NotifyRefusal::Forged) {
+                                return Err(no(e));
+                            }
+                        }
+                    }
                     Err(if others.is_empty() {
                         NotifyError {
                             refusal: NotifyRefusal::Misrouted,
