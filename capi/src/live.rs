@@ -167,6 +167,31 @@ impl LastReport {
         Ok(())
     }
 
+    /// As [`Self::keep`], but the first report kept stays: a started step's report,
+    /// whose strings its handle lends until it is freed, never changes (two threads
+    /// settling the same step keep one view).
+    pub(crate) fn keep_first(
+        &self,
+        c: Caller<'_>,
+        result: Result<LiveReport, LiveError>,
+        stats: *mut mws_transfer_stats,
+    ) -> FfiResult<()> {
+        let (report, outcome) = match result {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (*e.report, Err(e.error)),
+        };
+        let st = stats_c(report.stats);
+        {
+            let mut slot = self.0.lock();
+            if slot.is_none() {
+                *slot = Some(ReportView::new(report));
+            }
+        }
+        outcome?;
+        c.opt_set(stats, st);
+        Ok(())
+    }
+
     /// The last report, or `MWS_NOT_FOUND` with `missing` before the first call.
     pub(crate) fn get(&self, missing: &str) -> FfiResult<mws_live_report> {
         let view = self.0.lock();

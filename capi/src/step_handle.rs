@@ -174,7 +174,7 @@ impl mws_step_handle {
     /// The step's status once it ended (keeping its report), `None` while it runs.
     fn settle(&self, result: Option<StepResult>, stats: *mut mws_transfer_stats, c: Caller<'_>) -> FfiResult<bool> {
         let Some(result) = result else { return Ok(false) };
-        self.report.keep(c, result, stats).map(|_| true)
+        self.report.keep_first(c, result, stats).map(|_| true)
     }
 }
 

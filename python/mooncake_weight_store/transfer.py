@@ -433,7 +433,8 @@ class StepHandle(OwnedHandle):
     def _settle(self) -> None:
         try:
             try:
-                stats = self._wait_ms(0)
+                with self._use():  # a concurrent close waits for this read
+                    stats = self._wait_ms(0)
                 self._future.set_result(stats)  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - the future carries it
                 self._future.set_exception(e)

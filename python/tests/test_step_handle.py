@@ -148,3 +148,34 @@ def test_plain_calls_start_without_blocking():
         assert live.dst.verify(b.participant_id, dst[b.participant_id]) == []
     for b in live.sb:
         engine.unregister_binding(b)
+
+
+def test_one_step_handle_read_from_many_threads_at_once():
+    """Waits, reports and the completion callback read one handle together: its
+    report is kept once and lent until the handle is freed (no thread sees it change)."""
+    backend = NotifyingEngine()
+    live, engine = setup(backend)
+    with mws.Sink(engine) as sink:
+        prepared = [sink.prepare(live.plan, live.src.placement, b, live.dst.placement, live.tb) for b in live.sb]
+        for g in range(2, 12):
+            for p in prepared:
+                h = p.start_step(g)
+                seen = []
+
+                def read() -> None:
+                    for _ in range(20):
+                        h.wait(30)
+                        seen.append(h.report())
+
+                threads = [threading.Thread(target=read) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                assert h.future.result(timeout=30).bytes == p.info.bytes
+                assert len(seen) == 80 and all(r == seen[0] for r in seen)
+                assert all(t.weight_generation == g for t in seen[0].targets)
+        for p in prepared:
+            p.close()
+    for b in live.tb:
+        engine.unregister_binding(b)
