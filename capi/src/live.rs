@@ -156,15 +156,7 @@ impl LastReport {
         result: Result<LiveReport, LiveError>,
         stats: *mut mws_transfer_stats,
     ) -> FfiResult<()> {
-        let (report, outcome) = match result {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (*e.report, Err(e.error)),
-        };
-        let st = stats_c(report.stats);
-        *self.0.lock() = Some(ReportView::new(report));
-        outcome?;
-        c.opt_set(stats, st);
-        Ok(())
+        self.store(c, result, stats, true)
     }
 
     /// As [`Self::keep`], but the first report kept stays: a started step's report,
@@ -176,6 +168,18 @@ impl LastReport {
         result: Result<LiveReport, LiveError>,
         stats: *mut mws_transfer_stats,
     ) -> FfiResult<()> {
+        self.store(c, result, stats, false)
+    }
+
+    /// Keeps the report (`replace`: over an earlier one; else only the first) and
+    /// ends as [`Self::keep`] does.
+    fn store(
+        &self,
+        c: Caller<'_>,
+        result: Result<LiveReport, LiveError>,
+        stats: *mut mws_transfer_stats,
+        replace: bool,
+    ) -> FfiResult<()> {
         let (report, outcome) = match result {
             Ok(r) => (r, Ok(())),
             Err(e) => (*e.report, Err(e.error)),
@@ -183,7 +187,7 @@ impl LastReport {
         let st = stats_c(report.stats);
         {
             let mut slot = self.0.lock();
-            if slot.is_none() {
+            if replace || slot.is_none() {
                 *slot = Some(ReportView::new(report));
             }
         }

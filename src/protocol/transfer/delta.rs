@@ -231,6 +231,8 @@ pub(crate) struct StepDelta {
 /// The source side of delta steps of one prepared sink.
 pub(crate) struct DeltaSource {
     targets: Vec<TargetBase>,
+    /// The prepared endpoints, in order.
+    endpoints: Vec<String>,
     /// Per prepared endpoint, the indices into `targets` written there.
     by_endpoint: Vec<Vec<usize>>,
     /// The outboxes registered with the engine.
@@ -309,7 +311,7 @@ impl DeltaSource {
                 outbox: vec![0; slot.1 as usize],
             });
         }
-        let mut source = DeltaSource { targets, by_endpoint, registered: Vec::new() };
+        let mut source = DeltaSource { targets, by_endpoint, endpoints: endpoints.to_vec(), registered: Vec::new() };
         for k in 0..source.targets.len() {
             let o = &source.targets[k].outbox;
             let region = MemoryRegion { address: o.as_ptr() as u64, len: o.len() as u64, kind: MemoryKind::Host };
@@ -352,10 +354,10 @@ impl DeltaSource {
     pub(crate) unsafe fn plan_step(
         &mut self,
         plan: &TransferPlan,
-        endpoints: &[String],
         held: &[TargetHeld<'_>],
         generation: u64,
     ) -> Result<StepDelta> {
+        let endpoints = self.endpoints.clone();
         let held: BTreeMap<&str, u64> = held.iter().map(|h| (h.participant_id, h.weight_generation)).collect();
         let mut out = StepDelta {
             endpoints: Vec::with_capacity(endpoints.len()),

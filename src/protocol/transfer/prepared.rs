@@ -553,10 +553,8 @@ impl PreparedTransfer {
                 "delta steps are not enabled: call enable_delta first",
             )));
         };
-        let p = &*self.prepared;
-        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
         // SAFETY: forwarded contract.
-        unsafe { d.plan_step(&p.plan, &endpoints, held, args.weight_generation) }.map_err(TransferError::contract)
+        unsafe { d.plan_step(&self.prepared.plan, held, args.weight_generation) }.map_err(TransferError::contract)
     }
 
     /// A notified step's checksums (when verified) and `begin`.
