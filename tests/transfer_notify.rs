@@ -445,9 +445,10 @@ fn both_sides_compute_the_same_plan_identity_from_json() {
     let _ = Side::Source;
 }
 
-/// Issue 46: content checksums read host memory only. A source fragment in device
-/// memory refuses them, and so does an acceptor asked to verify a device target, both
-/// before any byte is read.
+/// Content checksums read device memory only through a device engine. Without one,
+/// a source fragment in device memory refuses them, and so does an acceptor asked to
+/// verify a device target, both before any byte is read (with one:
+/// tests/device_memory.rs).
 #[test]
 fn content_checksums_refuse_device_memory() {
     use mooncake_weight_store::protocol::transfer::notify::{content_checksums, operations_into};
@@ -467,12 +468,13 @@ fn content_checksums_refuse_device_memory() {
     let t = plan.operation_fragment(e.operation_indices[0] as usize, Side::Target).0.participant_id().to_string();
     let ops = operations_into(&plan, e, &t);
     // SAFETY: refused before any read (the addresses are not mapped).
-    let err = unsafe { content_checksums(&plan, &ops, Side::Source) }.unwrap_err();
+    let err = unsafe { content_checksums(&plan, &ops, Side::Source, None) }.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
-    assert!(err.message().contains("device memory") && err.message().contains("host memory only"), "{err}");
+    assert!(err.message().contains("device memory") && err.message().contains("needs a device engine"), "{err}");
     let mut acc = NotifyAcceptor::new(&plan, &t, None).unwrap();
     // SAFETY: as above.
     let err = unsafe { acc.verify_content() }.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.message().contains("target fragment") && err.message().contains("needs a device engine"), "{err}");
     assert!(!acc.verifies_content());
 }

@@ -321,6 +321,10 @@ impl TransferEngine for LocalEngine {
         Ok(self.identity)
     }
 
+    fn device_engine(&self) -> Option<Arc<dyn DeviceEngine>> {
+        self.device.clone()
+    }
+
     fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
         let regions = self.regions.read();
         Some(regions.iter().map(|(&address, &(len, kind))| MemoryRegion { address, len, kind }).collect())

@@ -171,6 +171,17 @@ pub trait TransferEngine: Send + Sync {
         let _ = (endpoint, name, message);
         None
     }
+
+    /// The device copy engine through which the library itself reads and writes this
+    /// engine's device buffers on the host (the content checksums of verified steps,
+    /// the staging of delta steps: [`crate::protocol::transfer::device_bytes`]);
+    /// `None` (the default): those refuse device memory (`Unsupported`). The engine's
+    /// own transfers never go through it unless the engine says so (the embedded
+    /// engine moves its device ranges through the one it was made with, and returns
+    /// it here).
+    fn device_engine(&self) -> Option<std::sync::Arc<dyn crate::device::DeviceEngine>> {
+        None
+    }
 }
 
 /// One range of a batch as a scatter call sees it (local and remote sides in the

@@ -41,14 +41,29 @@
 //! size of its slot, registered with its engine) per target; the target keeps its
 //! inbox. A delta step costs the source one compare pass over the bytes (encode) and
 //! a write of the changed elements into the base; the target one pass applying the
-//! changes and the content check's read. Host memory only.
+//! changes and the content check's read.
+//!
+//! # Device memory
+//!
+//! The bases, outboxes and inboxes are host memory; the weights may be device
+//! memory, reached only through a device copy engine ([`super::device_bytes`]):
+//! the source's engine's ([`TransferEngine::device_engine`]), the target acceptor's
+//! ([`super::NotifyAcceptor::use_device_engine`]). A device source's bytes are
+//! gathered into a second host buffer the size of the base at each step (the
+//! encoder compares it with the base; it becomes the base once sent: a swap, no
+//! copy). A device target's changed segments are gathered into host memory, the
+//! delta applied there, and copied back; its content check reads the device ranges
+//! back through the engine, so what is reported Updated is what the device holds.
 
+use super::device_bytes::{check_reachable, for_each_segment, gather, memory, scatter};
 use crate::delta::{self, Header};
+use crate::device::DeviceEngine;
 use crate::engine::{Direction, TransferBatch, TransferBatchRange, TransferEngine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::runtime::{MemoryKind, MemoryRegion};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The `delta` member of a delta step's notify messages: the target generation the
 /// delta applies to and the bytes of the writer's inbox slot it used.
@@ -155,47 +170,6 @@ fn element_size(plan: &TransferPlan, i: usize) -> usize {
     }
 }
 
-/// Calls `f(address, len)` for every delta segment of operation `i` on `side`, in
-/// row-major order: the plan's segments, consecutive ones merged where they are
-/// contiguous on both sides (so both sides cut an operation alike, and a
-/// contiguous operation is one segment).
-fn for_each_segment(plan: &TransferPlan, i: usize, side: Side, mut f: impl FnMut(u64, u64)) {
-    let r = &plan.regions()[i];
-    let base = plan.operation_fragment(i, side).1.address();
-    let mut run: Option<(u64, u64, u64)> = None;
-    let _ = r.for_each_segment(u64::MAX, |s, t, len| {
-        run = match run {
-            Some((s0, t0, n)) if s0 + n == s && t0 + n == t => Some((s0, t0, n + len)),
-            Some((s0, t0, n)) => {
-                f(base + if side == Side::Source { s0 } else { t0 }, n);
-                Some((s, t, len))
-            }
-            None => Some((s, t, len)),
-        };
-    });
-    if let Some((s0, t0, n)) = run {
-        f(base + if side == Side::Source { s0 } else { t0 }, n);
-    }
-}
-
-/// Host memory of `plan`'s fragments of `ops` on `side`, or the refusal.
-fn host_only(plan: &TransferPlan, ops: &[u32], side: Side) -> Result<()> {
-    for &i in ops {
-        let f = plan.operation_fragment(i as usize, side).1;
-        if f.memory() != MemoryKind::Host {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{} fragment {} is device memory: delta steps move host memory only",
-                    side.as_str(),
-                    f.fragment_id()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The source's state of one target.
 struct TargetBase {
     participant: String,
@@ -209,6 +183,9 @@ struct TargetBase {
     slot: (u64, u64),
     /// The encoded deltas of a step; `slot.1` bytes, registered, never reallocated.
     outbox: Vec<u8>,
+    /// When some of `ops` are device memory: the step's new bytes, staged on the
+    /// host in the base's layout (swapped with the base once sent).
+    staged: Option<Vec<u8>>,
 }
 
 /// A delta or full step's plan of one endpoint.
@@ -237,21 +214,26 @@ pub(crate) struct DeltaSource {
     by_endpoint: Vec<Vec<usize>>,
     /// The outboxes registered with the engine.
     registered: Vec<u64>,
+    /// Reads the device sources ([`super::device_bytes`]).
+    device: Option<Arc<dyn DeviceEngine>>,
 }
 
 impl DeltaSource {
     /// Sets up delta steps for `executor` of `plan` whose batches go to `endpoints`
     /// (the prepared ones, in order): a base and an outbox per target, the outboxes
-    /// registered with `engine` (inboxes of targets it does not write are ignored).
+    /// registered with `engine` (inboxes of targets it does not write are ignored);
+    /// device sources are read through `device`, staged in host memory.
     /// Errors (`InvalidArgument` unless named): a target without an inbox, an inbox
-    /// named twice, a slot under 64 bytes, a target written at several endpoints (`Unsupported`), device
-    /// memory (`Unsupported`), a failed registration (`Store`).
+    /// named twice, a slot under 64 bytes, a target written at several endpoints
+    /// (`Unsupported`), device memory without a device engine (`Unsupported`), a
+    /// failed registration (`Store`).
     pub(crate) fn new(
         plan: &TransferPlan,
         executor: &ExecutorTransferPlan,
         endpoints: &[String],
         inboxes: &[(&str, DeltaInbox)],
         engine: &dyn TransferEngine,
+        device: Option<Arc<dyn DeviceEngine>>,
     ) -> Result<DeltaSource> {
         let mut per_target: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for &i in &executor.operation_indices {
@@ -268,7 +250,8 @@ impl DeltaSource {
         let mut by_endpoint = vec![Vec::new(); endpoints.len()];
         for (t, mut ops) in per_target {
             ops.sort_unstable();
-            host_only(plan, &ops, Side::Source)?;
+            check_reachable(plan, &ops, Side::Source, device.as_deref(), "delta steps")?;
+            let on_device = ops.iter().any(|&i| memory(plan, i as usize, Side::Source) != MemoryKind::Host);
             let Some(inbox) = given.get(t.as_str()).copied() else {
                 return Err(Error::invalid(format!("no delta inbox for target {t}")));
             };
@@ -309,9 +292,11 @@ impl DeltaSource {
                 inbox,
                 slot,
                 outbox: vec![0; slot.1 as usize],
+                staged: on_device.then(|| vec![0; bytes as usize]),
             });
         }
-        let mut source = DeltaSource { targets, by_endpoint, endpoints: endpoints.to_vec(), registered: Vec::new() };
+        let mut source =
+            DeltaSource { targets, by_endpoint, endpoints: endpoints.to_vec(), registered: Vec::new(), device };
         for k in 0..source.targets.len() {
             let o = &source.targets[k].outbox;
             let region = MemoryRegion { address: o.as_ptr() as u64, len: o.len() as u64, kind: MemoryKind::Host };
@@ -348,9 +333,11 @@ impl DeltaSource {
     /// the module documentation), the encodings written into the outboxes, the
     /// bases moved to the step's bytes.
     ///
+    /// Errors: a malformed encoding (a bug), the device engine's.
+    ///
     /// # Safety
-    /// The source fragments of the transfer are valid for reads and not written
-    /// during the call.
+    /// The source fragments of the transfer are valid for reads (of their memory
+    /// kind) and not written during the call.
     pub(crate) unsafe fn plan_step(
         &mut self,
         plan: &TransferPlan,
@@ -367,6 +354,10 @@ impl DeltaSource {
         let mut scratch = Vec::new();
         for (e, endpoint) in endpoints.iter().enumerate() {
             let ts = self.by_endpoint[e].clone();
+            for &k in &ts {
+                // SAFETY: this function's contract.
+                unsafe { self.stage(plan, k) }?;
+            }
             let wants_delta = !ts.is_empty()
                 && ts.iter().all(|&k| {
                     let t = &self.targets[k];
@@ -453,10 +444,13 @@ impl DeltaSource {
                     return;
                 }
                 let len = len as usize;
-                // SAFETY: this function's contract: the segment lies in a source
-                // fragment valid for reads (the bound plan's regions are checked
-                // against the fragments' extents).
-                let new = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
+                let new = match &t.staged {
+                    Some(staged) => &staged[at..at + len],
+                    // SAFETY: this function's contract: the segment lies in a host
+                    // source fragment valid for reads (the bound plan's regions are
+                    // checked against the fragments' extents).
+                    None => unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) },
+                };
                 let base = &t.base[at..at + len];
                 at += len;
                 let this = ordinal;
@@ -486,9 +480,14 @@ impl DeltaSource {
         Ok((!overflow).then_some((used as u64, changed)))
     }
 
-    /// Applies target `k`'s first `n` outbox bytes to its base (base := new).
+    /// Applies target `k`'s first `n` outbox bytes to its base (base := new; a
+    /// staged target swaps its staged bytes in instead).
     fn advance_base(&mut self, plan: &TransferPlan, k: usize, n: u64) -> Result<()> {
         let t = &mut self.targets[k];
+        if let Some(staged) = &mut t.staged {
+            std::mem::swap(&mut t.base, staged);
+            return Ok(());
+        }
         let mut starts = Vec::new();
         let mut at = 0u64;
         for &i in &t.ops {
@@ -505,12 +504,53 @@ impl DeltaSource {
         })
     }
 
+    /// Stages target `k`'s new bytes on the host when some of its sources are device
+    /// memory (host sources copied, device ones gathered through the device engine,
+    /// one batch per operation); nothing otherwise.
+    ///
+    /// # Safety
+    /// As [`Self::plan_step`].
+    unsafe fn stage(&mut self, plan: &TransferPlan, k: usize) -> Result<()> {
+        let device = self.device.clone();
+        let t = &mut self.targets[k];
+        let Some(staged) = &mut t.staged else { return Ok(()) };
+        let mut at = 0usize;
+        for &i in &t.ops {
+            let i = i as usize;
+            let ranges = super::device_bytes::segments(plan, i, Side::Source);
+            let n: u64 = ranges.iter().map(|r| r.1).sum();
+            let into = &mut staged[at..at + n as usize];
+            match memory(plan, i, Side::Source) {
+                MemoryKind::Host => {
+                    let mut o = 0usize;
+                    for (a, len) in ranges {
+                        // SAFETY: this function's contract: a host segment valid for reads.
+                        let src = unsafe { std::slice::from_raw_parts(a as usize as *const u8, len as usize) };
+                        into[o..o + len as usize].copy_from_slice(src);
+                        o += len as usize;
+                    }
+                }
+                MemoryKind::Device(ordinal) => {
+                    let d = device.as_deref().ok_or_else(|| Error::new(ErrorKind::Unsupported, "no device engine"))?;
+                    // SAFETY: this function's contract: device segments valid for reads.
+                    unsafe { gather(d, ordinal, &ranges, into) }?;
+                }
+            }
+            at += n as usize;
+        }
+        Ok(())
+    }
+
     /// Copies target `k`'s source bytes into its base (a full step).
     ///
     /// # Safety
     /// As [`Self::plan_step`].
     unsafe fn refresh(&mut self, plan: &TransferPlan, k: usize) {
         let t = &mut self.targets[k];
+        if let Some(staged) = &mut t.staged {
+            std::mem::swap(&mut t.base, staged);
+            return;
+        }
         let mut at = 0usize;
         for &i in &t.ops {
             for_each_segment(plan, i as usize, Side::Source, |addr, len| {
@@ -527,7 +567,11 @@ impl DeltaSource {
 /// Calls `f(ordinal, encoding)` for every record of a writer's slot bytes, checking
 /// the framing: strictly increasing ordinals below `segments`, whole encodings.
 /// Errors (`InvalidArgument`): the first framing error, or `f`'s.
-fn for_each_record(mut bytes: &[u8], segments: u64, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+fn for_each_record<'a>(
+    mut bytes: &'a [u8],
+    segments: u64,
+    mut f: impl FnMut(u64, &'a [u8]) -> Result<()>,
+) -> Result<()> {
     let mut last: Option<u64> = None;
     let mut offset = 0usize;
     while !bytes.is_empty() {
@@ -555,28 +599,70 @@ fn for_each_record(mut bytes: &[u8], segments: u64, mut f: impl FnMut(u64, &[u8]
 }
 
 /// Applies a writer's delta (`bytes` of its inbox slot) to the target segments of
-/// its operations `ops` (ascending) into the target.
+/// its operations `ops` (ascending) into the target: host segments in place, device
+/// ones through `device` (the changed segments of an operation gathered into host
+/// memory, applied, and copied back: one batch each way per operation). The framing
+/// is checked before anything is written. Returns the elements written.
 ///
-/// Errors (`InvalidArgument`): the framing or an encoding is malformed, or does not
-/// fit its segment; the segments before the failing record are already written.
+/// Errors: the framing or an encoding is malformed, or does not fit its segment
+/// (`InvalidArgument`; the operations before the failing record are already
+/// written, the failing one is not when it is device memory); device memory
+/// without a device engine (`Unsupported`), the device engine's.
 ///
 /// # Safety
-/// `bytes` is readable; the target fragments of `ops` are host memory valid for
-/// writes and not accessed by anyone else during the call.
-pub(crate) unsafe fn apply_to_target(plan: &TransferPlan, ops: &[u32], bytes: &[u8]) -> Result<u64> {
-    let mut segments: Vec<(u64, u64, usize)> = Vec::new();
-    for &i in ops {
+/// `bytes` is readable; the target fragments of `ops` are valid for writes (of
+/// their memory kind) and not accessed by anyone else during the call.
+pub(crate) unsafe fn apply_to_target(
+    plan: &TransferPlan,
+    ops: &[u32],
+    bytes: &[u8],
+    device: Option<&dyn DeviceEngine>,
+) -> Result<u64> {
+    // Per segment: address, length, element size, operation (index into `ops`).
+    let mut segments: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (k, &i) in ops.iter().enumerate() {
         let es = element_size(plan, i as usize);
-        for_each_segment(plan, i as usize, Side::Target, |addr, len| segments.push((addr, len, es)));
+        for_each_segment(plan, i as usize, Side::Target, |addr, len| segments.push((addr, len, es, k)));
     }
-    let mut changed = 0u64;
+    let mut records: Vec<(u64, &[u8])> = Vec::new();
     for_each_record(bytes, segments.len() as u64, |ordinal, enc| {
-        let (addr, len, es) = segments[ordinal as usize];
-        // SAFETY: this function's contract: the segment lies in a target fragment
-        // valid for writes and not accessed by anyone else.
-        let target = unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len as usize) };
-        changed += delta::apply(enc, target, es)?.elements_written as u64;
+        records.push((ordinal, enc));
         Ok(())
     })?;
+    let touched: Vec<u32> = records.iter().map(|&(o, _)| ops[segments[o as usize].3]).collect();
+    check_reachable(plan, &touched, Side::Target, device, "applying a delta")?;
+    let mut changed = 0u64;
+    // Records ascend by ordinal, so the records of one operation are consecutive.
+    for group in records.chunk_by(|a, b| segments[a.0 as usize].3 == segments[b.0 as usize].3) {
+        let op = ops[segments[group[0].0 as usize].3] as usize;
+        match (memory(plan, op, Side::Target), device) {
+            (MemoryKind::Device(ordinal), Some(d)) => {
+                let ranges: Vec<(u64, u64)> =
+                    group.iter().map(|&(o, _)| (segments[o as usize].0, segments[o as usize].1)).collect();
+                let mut host = vec![0u8; ranges.iter().map(|r| r.1 as usize).sum()];
+                // SAFETY: this function's contract: device segments of the target
+                // valid for reads and writes.
+                unsafe { gather(d, ordinal, &ranges, &mut host) }?;
+                let mut at = 0usize;
+                for &(o, enc) in group {
+                    let (_, len, es, _) = segments[o as usize];
+                    changed += delta::apply(enc, &mut host[at..at + len as usize], es)?.elements_written as u64;
+                    at += len as usize;
+                }
+                // SAFETY: as above.
+                unsafe { scatter(d, ordinal, &ranges, &host) }?;
+            }
+            _ => {
+                for &(o, enc) in group {
+                    let (addr, len, es, _) = segments[o as usize];
+                    // SAFETY: this function's contract: the segment lies in a host
+                    // target fragment (device ones were checked reachable above)
+                    // valid for writes and not accessed by anyone else.
+                    let target = unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len as usize) };
+                    changed += delta::apply(enc, target, es)?.elements_written as u64;
+                }
+            }
+        }
+    }
     Ok(changed)
 }

@@ -6,6 +6,7 @@
 
 pub mod completion;
 pub mod delta;
+pub mod device_bytes;
 pub mod error;
 pub mod executor;
 pub mod lease;

@@ -300,32 +300,42 @@ unsafe fn region_crc(plan: &TransferPlan, i: usize, side: Side, mut crc: u32) ->
 }
 
 /// The content checksums of operations `ops` (ascending) read on `side`: one
-/// CRC-32C per group of [`content_groups`]. Errors (the unsummable fragment):
-/// `<side> fragment <id> is device memory (<kind>): content checksums read host
-/// memory only`.
+/// CRC-32C per group of [`content_groups`]. Host fragments are read in place, device
+/// fragments through `device` (staged in host memory, [`super::device_bytes`]).
+/// Errors: `<side> fragment <id> is device memory (<kind>): content checksums need a
+/// device engine` (`Unsupported`, before anything is read), the device engine's.
 ///
 /// # Safety
-/// The fragments of `side` of `ops` are valid for reads at their planned addresses.
-pub unsafe fn content_checksums(plan: &TransferPlan, ops: &[u32], side: Side) -> crate::Result<Vec<u32>> {
-    for &i in ops {
-        let f = plan.operation_fragment(i as usize, side).1;
-        if f.memory() != crate::runtime::MemoryKind::Host {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{} fragment {} is device memory ({:?}): content checksums read host memory only",
-                    side.as_str(),
-                    f.fragment_id(),
-                    f.memory()
-                ),
-            ));
+/// The fragments of `side` of `ops` are valid for reads (of their memory kind) at
+/// their planned addresses.
+pub unsafe fn content_checksums(
+    plan: &TransferPlan,
+    ops: &[u32],
+    side: Side,
+    device: Option<&dyn crate::device::DeviceEngine>,
+) -> crate::Result<Vec<u32>> {
+    super::device_bytes::check_reachable(plan, ops, side, device, "content checksums")?;
+    let mut scratch = Vec::new();
+    let mut out = Vec::new();
+    for g in content_groups(ops.len()) {
+        let mut crc = 0u32;
+        for &i in &ops[g] {
+            let i = i as usize;
+            if super::device_bytes::memory(plan, i, side) == crate::runtime::MemoryKind::Host {
+                // SAFETY: this function's contract; the fragment is host memory.
+                crc = unsafe { region_crc(plan, i, side, crc) };
+            } else {
+                // SAFETY: this function's contract.
+                unsafe {
+                    super::device_bytes::read_op(plan, i, side, device, &mut scratch, |b| {
+                        crc = crate::crc::crc32c_append(crc, b)
+                    })
+                }?;
+            }
         }
+        out.push(crc);
     }
-    Ok(content_groups(ops.len())
-        .into_iter()
-        // SAFETY: this function's contract; every fragment is host memory.
-        .map(|g| ops[g].iter().fold(0u32, |crc, &i| unsafe { region_crc(plan, i as usize, side, crc) }))
-        .collect())
+    Ok(out)
 }
 
 /// A target range whose bytes differ from what the source sent (a group of a
@@ -789,16 +799,22 @@ impl StepNotifier {
     }
 
     /// The content checksums of the step, per target participant, from the source
-    /// fragments (errors: a device source fragment, `Unsupported`, as a contract
-    /// error: nothing moved).
+    /// fragments, device ones read through `device` (errors, as contract errors:
+    /// nothing moved: a device source fragment without a device engine,
+    /// `Unsupported`; the device engine's).
     ///
     /// # Safety
     /// The source fragments of the executor's operations are valid for reads.
-    pub(crate) unsafe fn source_checksums(&self, plan: &TransferPlan) -> TransferResult<BTreeMap<String, Vec<u32>>> {
+    pub(crate) unsafe fn source_checksums(
+        &self,
+        plan: &TransferPlan,
+        device: Option<&dyn crate::device::DeviceEngine>,
+    ) -> TransferResult<BTreeMap<String, Vec<u32>>> {
         let mut out = BTreeMap::new();
         for (t, ops) in &self.ops {
             // SAFETY: this function's contract.
-            let crcs = unsafe { content_checksums(plan, ops, Side::Source) }.map_err(TransferError::contract)?;
+            let crcs =
+                unsafe { content_checksums(plan, ops, Side::Source, device) }.map_err(TransferError::contract)?;
             out.insert(t.clone(), crcs);
         }
         Ok(out)
@@ -915,6 +931,8 @@ pub struct NotifyAcceptor {
     /// untouched since (a writer's full `begin` forgets it; see
     /// [`Self::held_generation`]).
     held: BTreeMap<(String, String), u64>,
+    /// Reaches the participant's device buffers ([`Self::use_device_engine`]).
+    device: Option<std::sync::Arc<dyn crate::device::DeviceEngine>>,
 }
 
 fn refuse(refusal: NotifyRefusal, message: String) -> Result<NotifyAccepted, NotifyError> {
@@ -954,6 +972,7 @@ impl NotifyAcceptor {
             begun: BTreeMap::new(),
             inbox: None,
             held: BTreeMap::new(),
+            device: None,
         })
     }
 
@@ -961,29 +980,37 @@ impl NotifyAcceptor {
     /// checksums (else it is refused, [`NotifyRefusal::Unverified`]), and the
     /// acceptor reads the target ranges of that writer in the participant's
     /// fragments at their planned addresses and compares before it counts the writer
-    /// done. Errors (`Unsupported`, nothing changes): `target fragment <id> is device
-    /// memory (...): content checksums read host memory only`.
+    /// done. Device fragments are read through the acceptor's device engine
+    /// ([`Self::use_device_engine`]). Errors (`Unsupported`, nothing changes): `target
+    /// fragment <id> is device memory (...): content checksums need a device engine`.
     ///
     /// # Safety
     /// Every fragment of the acceptor's participant in the plan stays valid for reads
-    /// at its planned address while the acceptor lives (the serving engine's weight
-    /// buffers; a writer may be writing them while the acceptor reads).
+    /// (of its memory kind) at its planned address while the acceptor lives (the
+    /// serving engine's weight buffers; a writer may be writing them while the
+    /// acceptor reads).
     pub unsafe fn verify_content(&mut self) -> crate::Result<()> {
-        for i in 0..self.plan.regions().len() {
-            let (b, f) = self.plan.operation_fragment(i, Side::Target);
-            if b.participant_id() == self.participant && f.memory() != crate::runtime::MemoryKind::Host {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "target fragment {} is device memory ({:?}): content checksums read host memory only",
-                        f.fragment_id(),
-                        f.memory()
-                    ),
-                ));
-            }
-        }
+        let ops: Vec<u32> = (0..self.plan.regions().len() as u32)
+            .filter(|&i| self.plan.operation_fragment(i as usize, Side::Target).0.participant_id() == self.participant)
+            .collect();
+        super::device_bytes::check_reachable(
+            &self.plan,
+            &ops,
+            Side::Target,
+            self.device.as_deref(),
+            "content checksums",
+        )?;
         self.verify = true;
         Ok(())
+    }
+
+    /// Sets the device copy engine through which the acceptor reads (content
+    /// checksums) and writes (delta steps) the participant's device buffers, staged in
+    /// host memory: call it before [`Self::verify_content`] when the participant's
+    /// buffers are device memory. The acceptor keeps its own reference. Thread
+    /// safety: `&mut self`.
+    pub fn use_device_engine(&mut self, device: std::sync::Arc<dyn crate::device::DeviceEngine>) {
+        self.device = Some(device);
     }
 
     /// Checks only the authenticator of `message` with the acceptor's key (what a
@@ -1185,6 +1212,7 @@ impl NotifyAcceptor {
             begun: BTreeMap::new(),
             inbox: self.inbox,
             held: self.held.clone(),
+            device: self.device.clone(),
         }
     }
 
@@ -1320,9 +1348,9 @@ impl NotifyAcceptor {
         // the slot lies inside it (`inbox_slot` splits its capacity).
         let bytes =
             unsafe { std::slice::from_raw_parts((inbox.address + offset) as usize as *const u8, d.bytes as usize) };
-        // SAFETY: `accept_deltas`'s contract: the participant's fragments are host
-        // memory valid for writes, written by no one else meanwhile.
-        let applied = unsafe { super::delta::apply_to_target(&self.plan, &ops, bytes) };
+        // SAFETY: `accept_deltas`'s contract: the participant's fragments are valid
+        // for writes, written by no one else meanwhile.
+        let applied = unsafe { super::delta::apply_to_target(&self.plan, &ops, bytes, self.device.as_deref()) };
         if let Err(e) = applied {
             self.held.remove(who);
             return refuse(format!("it does not apply: {}", e.message()));
@@ -1351,9 +1379,9 @@ impl NotifyAcceptor {
                 ),
             ));
         }
-        // SAFETY: `verify_content`'s contract: the participant's fragments are host
-        // memory, valid for reads while the acceptor lives.
-        let local = unsafe { content_checksums(&self.plan, &ops, Side::Target) }
+        // SAFETY: `verify_content`'s contract: the participant's fragments are valid
+        // for reads while the acceptor lives.
+        let local = unsafe { content_checksums(&self.plan, &ops, Side::Target, self.device.as_deref()) }
             .map_err(|e| NotifyError::new(NotifyRefusal::Malformed, e.message().to_string()))?;
         let mut ranges = Vec::new();
         for ((g, want), got) in groups.into_iter().zip(&c.crc32c).zip(&local) {

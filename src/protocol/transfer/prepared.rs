@@ -420,7 +420,9 @@ impl PreparedTransfer {
     /// prepared sink of a trainer). Errors (nothing changes): a prepared reader
     /// (`InvalidArgument`: deltas are pushed), a target without an inbox, an inbox
     /// named twice, a slot under 64 bytes (`InvalidArgument`), a target written at several
-    /// endpoints or device memory (`Unsupported`), an outbox registration refused
+    /// endpoints or device memory while the engine has no device engine
+    /// ([`TransferEngine::device_engine`](crate::engine::TransferEngine::device_engine);
+    /// `Unsupported`), an outbox registration refused
     /// (`Store`), a closed transfer. Thread safety: waits for a running step.
     pub fn enable_delta(&self, inboxes: &[(&str, DeltaInbox)]) -> crate::Result<()> {
         if self.mode != TransferMode::Sink {
@@ -446,7 +448,7 @@ impl PreparedTransfer {
             return Err(Error::invalid("delta steps need the sink's executor in the plan"));
         };
         let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
-        *slot = Some(DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine)?);
+        *slot = Some(DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine, engine.device_engine())?);
         Ok(())
     }
 
@@ -568,9 +570,10 @@ impl PreparedTransfer {
     ) -> TransferResult<NotifyTail> {
         let notifier = self.notifier()?;
         let content = if n.verify_content {
+            let device = self.front.exec.engine.device_engine();
             // SAFETY: `step`'s contract: the prepared source buffers are valid and
             // pinned for the step.
-            Some(unsafe { notifier.source_checksums(&self.prepared.plan) }?)
+            Some(unsafe { notifier.source_checksums(&self.prepared.plan, device.as_deref()) }?)
         } else {
             None
         };
