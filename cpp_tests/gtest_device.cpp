@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
+#include "support/callback_engine.hpp"
 #include "support/cuda_driver.h"
 #include "support/stores.hpp"
 
@@ -351,6 +352,58 @@ TEST_P(DeviceLiveTransfer, DeviceSourcesIntoDeviceTargetsBothModes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceLiveTransfer, ::testing::Values(Dev::Fenced, Dev::Cuda), dev_param_name);
+
+// Issue 47 on device memory, through the C ABI and the C++ wrapper: a verifying
+// acceptor of device targets, and delta steps of device sources, need a device engine
+// (MWS_UNSUPPORTED without one) and take one: the acceptor's own
+// (mws_notify_acceptor_use_device_engine), the vtable engine's
+// (mws_transfer_engine_from_vtable_device). The bytes of such steps are checked end to
+// end on the fenced device in tests/device_memory.rs.
+TEST(DeviceDeltaSteps, NeedADeviceEngineAndTakeOne) {
+    std::vector<TensorDef> defs = model_tensors(2, 32, 0, 1);
+    OPEN_DEVICE(d, Dev::Fenced);
+    HostModel src(placement_json("trainer", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    place_on_device(src, d, "trainer");
+    HostModel dst(placement_json("serving", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+    place_on_device(dst, d, "serving");
+    mws::TransferPlan plan =
+        mws::TransferPlan::plan(src.placement, dst.placement).bind(dst.binding_ptrs(), src.binding_ptrs());
+    auto status_of = [](const auto &f) {
+        try {
+            f();
+            return MWS_OK;
+        } catch (const mws::Error &e) {
+            return e.status();
+        }
+    };
+    const std::string target = dst.buffers.begin()->first;
+    mws::NotifyAcceptor acc(plan, target, std::string("a key of at least sixteen bytes"));
+    EXPECT_EQ(status_of([&] { acc.verify_content(); }), MWS_UNSUPPORTED) << "device targets need a device engine";
+    EXPECT_EQ(mws_notify_acceptor_use_device_engine(acc.get(), nullptr), MWS_NULL_ARGUMENT);
+    acc.use_device_engine(d.engine);
+    EXPECT_EQ(status_of([&] { acc.verify_content(); }), MWS_OK);
+    std::vector<std::uint8_t> inbox(4096);
+    acc.accept_deltas(inbox.data(), inbox.size());
+
+    const std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> inboxes{
+        {target, {reinterpret_cast<std::uintptr_t>(inbox.data()), inbox.size()}}};
+    for (bool with_device : {false, true}) {
+        CallbackEngine native;
+        mws::TransferEngine engine = native.open(true, with_device ? &d.engine : nullptr);
+        for (const auto &b : dst.buffers)
+            engine.register_memory(reinterpret_cast<const void *>(dst.base_addresses.at(b.first)), b.second.size(),
+                                   MWS_MEMORY_DEVICE, kOrdinal);
+        mws::Sink sink(engine);
+        mws::PreparedTransfer p = sink.prepare(plan, src.placement, src.bindings[0], dst.placement, dst.binding_ptrs());
+        EXPECT_EQ(status_of([&] { p.enable_delta(inboxes); }), with_device ? MWS_OK : MWS_UNSUPPORTED)
+            << "delta steps of device sources, device engine " << with_device;
+    }
+    mws_transfer_engine *out = nullptr;
+    CallbackEngine native;
+    mws_transfer_engine_vtable vt{};
+    EXPECT_EQ(mws_transfer_engine_from_vtable_device(&vt, &native, nullptr, &out), MWS_NULL_ARGUMENT);
+    EXPECT_EQ(out, nullptr);
+}
 
 // (b) and (c) with one device allocation per fragment, as PyTorch allocates tensors:
 // the ranges of one batch then lie in several allocations, which may be adjacent.

@@ -189,8 +189,9 @@
 
 /**
  * `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
- * CRC-32C of the bytes sent into each target, computed from the host source
- * buffers before they move, in each `done`).
+ * CRC-32C of the bytes sent into each target, computed from the source buffers
+ * before they move, in each `done`; device buffers are read through the transfer
+ * engine's device engine).
  */
 #define MWS_STEP_VERIFY_CONTENT 1
 
@@ -3032,7 +3033,10 @@ enum mws_status mws_transfer_engine_new_local_device(const struct mws_device_eng
 /**
  * Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
  * copied; `ctx` and the callbacks must stay valid and thread-safe until the handle
- * and every loader or sink made from it are freed. New handle in `*out`.
+ * and every loader or sink made from it are freed. New handle in `*out`. The
+ * library reads and writes no device memory of this engine's transfers itself
+ * (content-verified and delta steps refuse device buffers, `MWS_UNSUPPORTED`):
+ * see `mws_transfer_engine_from_vtable_device`.
  *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size, a required callback is
  * NULL), `MWS_UNSUPPORTED` (version).
@@ -3044,6 +3048,26 @@ enum mws_status mws_transfer_engine_new_local_device(const struct mws_device_eng
 enum mws_status mws_transfer_engine_from_vtable(const struct mws_transfer_engine_vtable *vt,
                                                 void *ctx,
                                                 struct mws_transfer_engine **out);
+
+/**
+ * As `mws_transfer_engine_from_vtable`, with a device copy engine through which the
+ * library itself reads and writes the device buffers of this engine's transfers on
+ * the host: the content checksums of verified steps (`MWS_STEP_VERIFY_CONTENT`) and
+ * the staging of delta steps (`mws_prepared_transfer_enable_delta`). The caller's
+ * engine still moves every transferred byte itself (GPUDirect for Mooncake's). The
+ * transfer engine takes its own reference to `device`: the device engine handle may
+ * be freed at once. New handle in `*out`.
+ *
+ * Errors: those of `mws_transfer_engine_from_vtable`; `MWS_NULL_ARGUMENT`
+ * (`device`).
+ *
+ * # Safety
+ * As `mws_transfer_engine_from_vtable`; `device` is NULL or live.
+ */
+enum mws_status mws_transfer_engine_from_vtable_device(const struct mws_transfer_engine_vtable *vt,
+                                                       void *ctx,
+                                                       const struct mws_device_engine *device,
+                                                       struct mws_transfer_engine **out);
 
 /**
  * Registers `[address, address + len)` with the engine (the owner's
@@ -3595,9 +3619,12 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
  * mismatch leaves the outcome `MWS_TARGET_TORN` with the ranges named
  * (`mws_notify_acceptor_mismatch`).
  *
+ * Device buffers are read through the acceptor's device engine
+ * (`mws_notify_acceptor_use_device_engine`), staged in host memory.
+ *
  * Errors: `MWS_NULL_ARGUMENT`, `MWS_UNSUPPORTED` (a target fragment of the
- * participant is device memory: checksums read host memory only; nothing changes).
- * Thread safety: any thread.
+ * participant is device memory and the acceptor has no device engine; nothing
+ * changes). Thread safety: any thread.
  *
  * # Safety
  * `acceptor` is NULL or live. Every buffer of the acceptor's participant named by
@@ -3605,6 +3632,22 @@ enum mws_status mws_notify_acceptor_outcome(const struct mws_notify_acceptor *ac
  * (a writer may write it meanwhile).
  */
 enum mws_status mws_notify_acceptor_verify_content(const struct mws_notify_acceptor *acceptor);
+
+/**
+ * Gives the acceptor the device copy engine through which it reads (content
+ * checksums, `mws_notify_acceptor_verify_content`) and writes (delta steps,
+ * `mws_notify_acceptor_accept_deltas`) the participant's device buffers, staged in
+ * host memory: call it before `mws_notify_acceptor_verify_content` when they are
+ * device memory. The acceptor takes its own reference: `device` may be freed at
+ * once. A later call replaces the engine.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `acceptor` and `device` are NULL or live.
+ */
+enum mws_status mws_notify_acceptor_use_device_engine(const struct mws_notify_acceptor *acceptor,
+                                                      const struct mws_device_engine *device);
 
 /**
  * Accepts delta steps (`mws_prepared_transfer_enable_delta` on the sources): a
@@ -4055,7 +4098,11 @@ enum mws_status mws_prepared_transfer_step(const struct mws_prepared_transfer *p
  * Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared
  * reader or restore, a target without an inbox, an inbox named twice, a slot under
  * 64 bytes, closed), `MWS_UNSUPPORTED` (a target written at several endpoints,
- * device memory), `MWS_STORE` (an outbox registration refused).
+ * device memory while the transfer engine has no device engine: see
+ * `mws_transfer_engine_new_local_device`, `mws_transfer_engine_from_vtable_device`),
+ * `MWS_STORE` (an outbox registration refused). Device source buffers are staged
+ * through the transfer engine's device engine at each step (a second host copy of
+ * their bytes).
  *
  * # Safety
  * `prepared` is NULL or live; `inboxes` is NULL (with `n` 0) or `n` valid entries
@@ -4112,13 +4159,15 @@ enum mws_status mws_prepared_transfer_delta_stats(const struct mws_prepared_tran
  * `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
  * least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
  * the CRC-32C of the bytes sent into each target, computed from the source buffers
- * before they move; host memory only). `stats` and the report as
+ * before they move; device buffers read through the transfer engine's device
+ * engine). `stats` and the report as
  * `mws_prepared_transfer_step`.
  *
  * Errors: as `mws_prepared_transfer_step`; `MWS_INVALID_ARGUMENT` (a prepared
  * reader or restore: their steps notify no one; a key shorter than 16 bytes;
  * unknown flags), `MWS_UNSUPPORTED` (the engine's vtable has no `send_notify`, or a
- * verified step of a device source buffer; before any byte moves), `MWS_STORE`
+ * verified step of a device source buffer on an engine without a device engine;
+ * before any byte moves), `MWS_STORE`
  * when a `begin` could not be delivered (nothing was written) or a `done` could not
  * be delivered (the bytes landed; the targets stay torn until a later step
  * completes). Thread safety: as `mws_prepared_transfer_step`.

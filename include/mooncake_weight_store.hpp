@@ -2117,6 +2117,17 @@ public:
         detail::check(mws_transfer_engine_from_vtable(&vt, ctx, &out));
         return TransferEngine(out);
     }
+    /// As from_vtable(vt, ctx), with a device engine through which the library reads
+    /// and writes the device buffers of this engine's transfers on the host (content
+    /// checksums of verified steps, staging of delta steps); the caller's engine still
+    /// moves every transferred byte. The engine keeps its own reference to `device`
+    /// (mws_transfer_engine_from_vtable_device). Throws mws::Error: as from_vtable;
+    /// MWS_NULL_ARGUMENT (empty `device`).
+    static TransferEngine from_vtable(const mws_transfer_engine_vtable &vt, void *ctx, const DeviceEngine &device) {
+        mws_transfer_engine *out = nullptr;
+        detail::check(mws_transfer_engine_from_vtable_device(&vt, ctx, device.get(), &out));
+        return TransferEngine(out);
+    }
 
     /// The owner's registration of a whole allocation (valid until unregistered).
     /// (mws_transfer_engine_register_memory; `memory_kind` an mws_memory_kind value,
@@ -2759,6 +2770,14 @@ public:
     /// for reads while this object lives. Throws mws::Error: MWS_UNSUPPORTED (a device
     /// buffer).
     void verify_content() const { detail::check(mws_notify_acceptor_verify_content(get())); }
+    /// The device engine through which the acceptor reads (verify_content) and writes
+    /// (accept_deltas) the participant's device buffers, staged in host memory; call
+    /// it before verify_content() when they are device memory. The acceptor keeps its
+    /// own reference (mws_notify_acceptor_use_device_engine). Throws mws::Error:
+    /// MWS_NULL_ARGUMENT (empty `device`).
+    void use_device_engine(const DeviceEngine &device) const {
+        detail::check(mws_notify_acceptor_use_device_engine(get(), device.get()));
+    }
 
     /// Accepts delta steps (mws_notify_acceptor_accept_deltas): the sources write
     /// encoded changes into the inbox (`capacity` bytes at `address`, host memory of

@@ -101,7 +101,10 @@ pub unsafe extern "C" fn mws_transfer_engine_new_local_device(
 
 /// Wraps a caller's engine (for example Mooncake's `TransferEngine`): the vtable is
 /// copied; `ctx` and the callbacks must stay valid and thread-safe until the handle
-/// and every loader or sink made from it are freed. New handle in `*out`.
+/// and every loader or sink made from it are freed. New handle in `*out`. The
+/// library reads and writes no device memory of this engine's transfers itself
+/// (content-verified and delta steps refuse device buffers, `MWS_UNSUPPORTED`):
+/// see `mws_transfer_engine_from_vtable_device`.
 ///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (size, a required callback is
 /// NULL), `MWS_UNSUPPORTED` (version).
@@ -120,7 +123,37 @@ pub unsafe extern "C" fn mws_transfer_engine_from_vtable(
         let vt = c.struct_ref(vt, "vt")?;
         // SAFETY: this function's contract: the vtable's callbacks honour it with `ctx`
         // for as long as the engine lives.
-        let engine = unsafe { CallbackEngine::new(vt, ctx) }?;
+        let engine = unsafe { CallbackEngine::new(vt, ctx, None) }?;
+        out.give_handle(mws_transfer_engine { engine })
+    })
+}
+
+/// As `mws_transfer_engine_from_vtable`, with a device copy engine through which the
+/// library itself reads and writes the device buffers of this engine's transfers on
+/// the host: the content checksums of verified steps (`MWS_STEP_VERIFY_CONTENT`) and
+/// the staging of delta steps (`mws_prepared_transfer_enable_delta`). The caller's
+/// engine still moves every transferred byte itself (GPUDirect for Mooncake's). The
+/// transfer engine takes its own reference to `device`: the device engine handle may
+/// be freed at once. New handle in `*out`.
+///
+/// Errors: those of `mws_transfer_engine_from_vtable`; `MWS_NULL_ARGUMENT`
+/// (`device`).
+///
+/// # Safety
+/// As `mws_transfer_engine_from_vtable`; `device` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_transfer_engine_from_vtable_device(
+    vt: *const mws_transfer_engine_vtable,
+    ctx: *mut c_void,
+    device: *const mws_device_engine,
+    out: *mut *mut mws_transfer_engine,
+) -> mws_status {
+    status_call!(|c| {
+        let out = c.out(out, "out")?;
+        let vt = c.struct_ref(vt, "vt")?;
+        let device = Arc::clone(&c.handle(device, "device")?.engine);
+        // SAFETY: as in `mws_transfer_engine_from_vtable`.
+        let engine = unsafe { CallbackEngine::new(vt, ctx, Some(device)) }?;
         out.give_handle(mws_transfer_engine { engine })
     })
 }

@@ -17,6 +17,7 @@
 
 use crate::args::Caller;
 use crate::boundary::{mws_status, Failure, FfiResult};
+use crate::device_engine::mws_device_engine;
 use crate::live::verdict;
 use crate::transfer_plan::mws_transfer_plan;
 use mws::protocol::transfer::notify::{NotifyAcceptor, NOTIFY_NAME};
@@ -251,9 +252,12 @@ pub unsafe extern "C" fn mws_notify_acceptor_outcome(
 /// mismatch leaves the outcome `MWS_TARGET_TORN` with the ranges named
 /// (`mws_notify_acceptor_mismatch`).
 ///
+/// Device buffers are read through the acceptor's device engine
+/// (`mws_notify_acceptor_use_device_engine`), staged in host memory.
+///
 /// Errors: `MWS_NULL_ARGUMENT`, `MWS_UNSUPPORTED` (a target fragment of the
-/// participant is device memory: checksums read host memory only; nothing changes).
-/// Thread safety: any thread.
+/// participant is device memory and the acceptor has no device engine; nothing
+/// changes). Thread safety: any thread.
 ///
 /// # Safety
 /// `acceptor` is NULL or live. Every buffer of the acceptor's participant named by
@@ -266,6 +270,30 @@ pub unsafe extern "C" fn mws_notify_acceptor_verify_content(acceptor: *const mws
         // SAFETY: this function's contract: the participant's buffers stay readable
         // while the acceptor lives.
         Ok(unsafe { a.inner.lock().verify_content() }?)
+    })
+}
+
+/// Gives the acceptor the device copy engine through which it reads (content
+/// checksums, `mws_notify_acceptor_verify_content`) and writes (delta steps,
+/// `mws_notify_acceptor_accept_deltas`) the participant's device buffers, staged in
+/// host memory: call it before `mws_notify_acceptor_verify_content` when they are
+/// device memory. The acceptor takes its own reference: `device` may be freed at
+/// once. A later call replaces the engine.
+///
+/// Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+///
+/// # Safety
+/// `acceptor` and `device` are NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn mws_notify_acceptor_use_device_engine(
+    acceptor: *const mws_notify_acceptor,
+    device: *const mws_device_engine,
+) -> mws_status {
+    status_call!(|c| {
+        let a = c.handle(acceptor, "acceptor")?;
+        let device = Arc::clone(&c.handle(device, "device")?.engine);
+        a.inner.lock().use_device_engine(device);
+        Ok(())
     })
 }
 

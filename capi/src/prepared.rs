@@ -15,8 +15,9 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 /// `flags` of `mws_prepared_transfer_step_notified`: a content-verified step (the
-/// CRC-32C of the bytes sent into each target, computed from the host source
-/// buffers before they move, in each `done`).
+/// CRC-32C of the bytes sent into each target, computed from the source buffers
+/// before they move, in each `done`; device buffers are read through the transfer
+/// engine's device engine).
 pub const MWS_STEP_VERIFY_CONTENT: u32 = 1;
 
 /// The inbox of one target participant for delta steps
@@ -238,7 +239,11 @@ pub(crate) fn held<'a>(c: Caller<'a>, p: *const mws_target_held, n: usize) -> Ff
 /// Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared
 /// reader or restore, a target without an inbox, an inbox named twice, a slot under
 /// 64 bytes, closed), `MWS_UNSUPPORTED` (a target written at several endpoints,
-/// device memory), `MWS_STORE` (an outbox registration refused).
+/// device memory while the transfer engine has no device engine: see
+/// `mws_transfer_engine_new_local_device`, `mws_transfer_engine_from_vtable_device`),
+/// `MWS_STORE` (an outbox registration refused). Device source buffers are staged
+/// through the transfer engine's device engine at each step (a second host copy of
+/// their bytes).
 ///
 /// # Safety
 /// `prepared` is NULL or live; `inboxes` is NULL (with `n` 0) or `n` valid entries
@@ -396,13 +401,15 @@ fn step_with(
 /// `key`/`key_len`: NULL and 0, or the key shared with the targets' acceptors (at
 /// least 16 bytes). `flags`: 0 or `MWS_STEP_VERIFY_CONTENT` (the `done` carries
 /// the CRC-32C of the bytes sent into each target, computed from the source buffers
-/// before they move; host memory only). `stats` and the report as
+/// before they move; device buffers read through the transfer engine's device
+/// engine). `stats` and the report as
 /// `mws_prepared_transfer_step`.
 ///
 /// Errors: as `mws_prepared_transfer_step`; `MWS_INVALID_ARGUMENT` (a prepared
 /// reader or restore: their steps notify no one; a key shorter than 16 bytes;
 /// unknown flags), `MWS_UNSUPPORTED` (the engine's vtable has no `send_notify`, or a
-/// verified step of a device source buffer; before any byte moves), `MWS_STORE`
+/// verified step of a device source buffer on an engine without a device engine;
+/// before any byte moves), `MWS_STORE`
 /// when a `begin` could not be delivered (nothing was written) or a `done` could not
 /// be delivered (the bytes landed; the targets stay torn until a later step
 /// completes). Thread safety: as `mws_prepared_transfer_step`.

@@ -103,7 +103,10 @@ struct CallbackEngine {
                                   const std::uint64_t *s, std::size_t n) noexcept {
         return copy(ctx, false, l, r, s, n);
     }
-    mws::TransferEngine open(bool notify = false) {
+    /// With `device`, the library's own reads and writes of device buffers go through
+    /// it (mws_transfer_engine_from_vtable_device); this engine's memcpy never reaches
+    /// device memory, so only steps that move no device byte through it may run.
+    mws::TransferEngine open(bool notify = false, const mws::DeviceEngine *device = nullptr) {
         mws_transfer_engine_vtable vt{};
         vt.size = sizeof vt;
         vt.version = MWS_TRANSFER_ENGINE_VTABLE_VERSION;
@@ -113,6 +116,7 @@ struct CallbackEngine {
         vt.batch_transfer_sync_write = &sync_write;
         vt.batch_transfer_sync_read = &sync_read;
         if (notify) vt.send_notify = &send_notify;
+        if (device != nullptr) return mws::TransferEngine::from_vtable(vt, this, *device);
         return mws::TransferEngine::from_vtable(vt, this);
     }
 };

@@ -165,10 +165,16 @@ class EngineBridge:
         """Whether the backend offers ticketed completion."""
         return bool(self.vtable.submit_with_ticket)
 
-    def open(self) -> Optional[int]:
-        """A new ``mws_transfer_engine`` handle over this bridge (the caller owns it)."""
+    def open(self, device_engine: Any = None) -> Optional[int]:
+        """A new ``mws_transfer_engine`` handle over this bridge (the caller owns it);
+        with ``device_engine``, the library reads and writes the device buffers of its
+        transfers through it (``mws_transfer_engine_from_vtable_device``)."""
         out = ctypes.c_void_p()
-        call("mws_transfer_engine_from_vtable", ctypes.byref(self.vtable), None, ctypes.byref(out))
+        if device_engine is None:
+            call("mws_transfer_engine_from_vtable", ctypes.byref(self.vtable), None, ctypes.byref(out))
+        else:
+            call("mws_transfer_engine_from_vtable_device", ctypes.byref(self.vtable), None, device_engine,
+                 ctypes.byref(out))
         return out.value
 
     def check(self, status: int, failures_before: int) -> None:

@@ -117,11 +117,21 @@ class NotifyAcceptor(OwnedHandle):
         ``done`` must carry checksums (else ``"unverified"``) and the acceptor reads
         its participant's buffers to compare them before it counts the writer done.
         The acceptor keeps the bound plan (hence its bindings and their buffers)
-        until it is closed. Raises
-        :class:`~mooncake_weight_store.UnsupportedError` for device buffers."""
+        until it is closed. Device buffers are read through the acceptor's device
+        engine (:meth:`use_device_engine`); without one they raise
+        :class:`~mooncake_weight_store.UnsupportedError`."""
         call("mws_notify_acceptor_verify_content", self)
         # The bound plan keeps the bindings, which keep their buffers exported.
         self._keep_alive(self._plan)
+
+    def use_device_engine(self, device_engine: Any) -> None:
+        """The device engine (a :class:`~mooncake_weight_store.device.DeviceEngine`)
+        through which the acceptor reads (:meth:`verify_content`) and writes
+        (:meth:`accept_deltas`) its participant's device buffers, staged in host
+        memory (``mws_notify_acceptor_use_device_engine``): call it before
+        :meth:`verify_content` when they are device memory. The acceptor keeps its
+        own reference."""
+        call("mws_notify_acceptor_use_device_engine", self, device_engine)
 
     def accept_deltas(self, address: int, capacity: int) -> None:
         """Accepts delta steps (``mws_notify_acceptor_accept_deltas``): the sources

@@ -188,11 +188,13 @@ class MooncakeTransferEngine(TransferEngine):
     it initialised), or None to create one with ``hostname``, ``metadata_server``
     (``"P2PHANDSHAKE"`` or an HTTP metadata URL) and ``protocol``. Raises
     :class:`TeError` when initialisation fails and ``ImportError`` without the wheel.
+    ``device_engine``: the library's own reads and writes of device buffers
+    (content-verified and delta steps) go through it; TE moves every transferred byte.
     """
 
     def __init__(self, te: Any = None, *, hostname: str = "127.0.0.1", metadata_server: str = "P2PHANDSHAKE",
                  protocol: str = "tcp", device_name: str = "",
-                 max_batch_operations: int = PER_PEER_LIMIT) -> None:
+                 max_batch_operations: int = PER_PEER_LIMIT, device_engine: Any = None) -> None:
         if isinstance(max_batch_operations, bool) or not isinstance(max_batch_operations, int) \
                 or max_batch_operations <= 0:
             raise ArgumentError("max_batch_operations must be a positive int")
@@ -213,7 +215,7 @@ class MooncakeTransferEngine(TransferEngine):
         self.te = te
         self._adapter = MooncakeEngineBackend(te, max_batch_operations)
         bridge = EngineBridge(self._adapter)
-        super().__init__(bridge.open(), bridge)
+        super().__init__(bridge.open(device_engine), bridge, device_engine=device_engine)
 
     @property
     def segment(self) -> str:

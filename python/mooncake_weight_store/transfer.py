@@ -586,7 +586,7 @@ class TransferEngine(OwnedHandle):
         # Not a kept object: loaders and sinks made from this engine may still call
         # the bridge after the handle is freed; they hold this object.
         self._bridge = bridge
-        #: the device engine of an embedded engine made by :meth:`local` (else None)
+        #: the device engine given to :meth:`local` or :meth:`from_backend` (else None)
         self.device_engine = device_engine
 
     @classmethod
@@ -603,7 +603,7 @@ class TransferEngine(OwnedHandle):
         return cls(out.value, device_engine=device_engine)
 
     @classmethod
-    def from_backend(cls, backend: Any) -> "TransferEngine":
+    def from_backend(cls, backend: Any, device_engine: Any = None) -> "TransferEngine":
         """Plugs a Python object implementing the engine protocol (``engine_id``,
         ``register_memory``, ``unregister_memory``, ``transfer_sync``; optional
         ``submit`` / ``ticket_status`` / ``ticket_wait`` / ``ticket_release``, see
@@ -611,9 +611,12 @@ class TransferEngine(OwnedHandle):
         engine vtable. Raises ``TypeError`` when a required method is missing. An
         exception inside the backend never reaches C: it fails the library call,
         whose :class:`MwsError` names it and chains it as ``__cause__``; it is also
-        listed in :attr:`callback_errors`."""
+        listed in :attr:`callback_errors`. With ``device_engine`` (a
+        :class:`~mooncake_weight_store.device.DeviceEngine`), the library reads and
+        writes the device buffers of this engine's transfers on the host through it
+        (content-verified and delta steps); the backend still moves every byte."""
         bridge = EngineBridge(backend)
-        return TransferEngine(bridge.open(), bridge)
+        return TransferEngine(bridge.open(device_engine), bridge, device_engine=device_engine)
 
     @property
     def backend(self) -> Any:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import ctypes
 import random
 
+import pytest
+
 import mooncake_weight_store as mws
+from mooncake_weight_store.engine_bridge import Direction
 from test_prepared_notify import KEY, Live, NotifyingEngine
 
 
@@ -118,3 +121,125 @@ def test_delta_steps_send_the_changes_and_every_byte_ends_right():
         engine.unregister_memory(_addr(box))
     for b in live.tb:
         engine.unregister_binding(b)
+
+
+class DeviceNotifyingEngine(NotifyingEngine):
+    """:class:`NotifyingEngine` over the fenced device as well: ranges in the device
+    allocations the test made move device to device through the device engine (the
+    host never touches them), the delta inboxes and outboxes (host memory) with
+    memmove. Device memory is registered as host memory here (a test double)."""
+
+    def __init__(self, dev: mws.DeviceEngine) -> None:
+        super().__init__()
+        self.dev = dev
+        self.device_ranges: list = []
+
+    def register_memory(self, address, length, device):
+        return super().register_memory(address, length, -1)
+
+    def transfer_sync(self, direction, endpoint, local, remote, sizes):
+        if not any(s <= local[0] < s + n for s, n in self.device_ranges):
+            return super().transfer_sync(direction, endpoint, local, remote, sizes)
+        pairs = zip(local, remote, sizes) if direction == Direction.WRITE else zip(remote, local, sizes)
+        self.dev.copy([(s, t, n) for s, t, n in pairs], "d2d")
+        return 0
+
+
+def test_delta_steps_between_device_buffers():
+    """Delta steps of device sources into device targets (the fenced device: any host
+    access of its memory crashes the process): the source's engine stages its bytes
+    through the device engine (``TransferEngine.from_backend(..., device_engine=)``),
+    the acceptors apply and verify through theirs (``use_device_engine``); without
+    one each is refused. Every device byte checked."""
+    live = Live()
+    dev = mws.DeviceEngine.fenced(64 << 20)
+
+    def on_device(model, bufs, pid):
+        b = mws.Binding(model.placement, pid, lease_id="lease-1")
+        for fid, buf in bufs.items():
+            address = dev.fenced_alloc(len(buf))
+            dev.copy([(_addr(buf), address, len(buf))], "h2d")
+            b.add_address(fid, address, len(buf), device="cuda:0", memory_kind=mws.MemoryKind.DEVICE)
+            backend.device_ranges.append((address, len(buf)))
+        return b
+
+    def pulled(b, bufs):
+        out = {}
+        for fid, buf in bufs.items():
+            host = bytearray(len(buf))
+            dev.copy([(b.addresses[fid], _addr(host), len(buf))], "d2h")
+            out[fid] = host
+        return out
+
+    backend = DeviceNotifyingEngine(dev)
+    sb = [on_device(live.src, live.sbufs[p], p) for p in live.src.participant_ids]
+    tb = [on_device(live.dst, live.dbufs[p], p) for p in live.dst.participant_ids]
+    plan = mws.TransferPlan.plan(live.src.placement, live.dst.placement).bind(tb, sb)
+    plain = mws.TransferEngine.from_backend(DeviceNotifyingEngine(dev))  # no device_engine=
+    engine = mws.TransferEngine.from_backend(backend, device_engine=dev)
+    assert engine.device_engine is dev and plain.device_engine is None
+    for b in tb:
+        engine.register_binding(b)
+    inboxes, keep, acceptors = {}, [], {}
+    for b in tb:
+        box = bytearray(max(4096, sum(len(x) for x in live.dbufs[b.participant_id].values()) // 2))
+        keep.append(box)
+        engine.register_memory(_addr(box), len(box))
+        inboxes[b.participant_id] = (_addr(box), len(box))
+        a = mws.NotifyAcceptor(plan, b.participant_id, key=KEY)
+        with pytest.raises(mws.UnsupportedError, match="device engine"):
+            a.verify_content()
+        a.use_device_engine(dev)
+        a.verify_content()
+        a.accept_deltas(*inboxes[b.participant_id])
+        acceptors[b.participant_id] = a
+    router = mws.NotifyRouter(tuple(acceptors.values()))
+
+    def held():
+        return {t: a.held_generation() for t, a in acceptors.items() if a.held_generation() is not None}
+
+    with mws.Sink(plain) as refusing:
+        p = refusing.prepare(plan, live.src.placement, sb[0], live.dst.placement, tb)
+        with pytest.raises(mws.UnsupportedError, match="device engine"):
+            p.enable_delta(inboxes)
+        p.close()
+    with mws.Sink(engine) as sink:
+        prepared = [sink.prepare(plan, live.src.placement, b, live.dst.placement, tb) for b in sb]
+        for p in prepared:
+            p.enable_delta(inboxes)
+        rng = random.Random(47)
+        for g in (2, 3, 4):
+            if g > 2:  # ~1% of every source buffer changes, on the device
+                for b in sb:
+                    for fid, buf in live.sbufs[b.participant_id].items():
+                        for _ in range(max(1, len(buf) // 100)):
+                            i = rng.randrange(len(buf))
+                            buf[i] ^= 0x21
+                        dev.copy([(_addr(buf), b.addresses[fid], len(buf))], "h2d")
+            for p in prepared:
+                p.step_delta(g, held=held(), key=KEY)
+            assert {router.accept(m)[0] for m in backend.take()} == {"accepted"}
+            assert all(a.outcome().verdict == "updated" and a.held_generation() == g for a in acceptors.values())
+            stats = [s for s in (p.delta_stats() for p in prepared) if s and s["logical_bytes"]]
+            if g > 2:
+                assert all(s["full_targets"] == 0 for s in stats), stats
+                assert sum(s["wire_bytes"] for s in stats) * 4 < sum(s["logical_bytes"] for s in stats)
+        # Every target byte equals what a host transfer of the generation-4 sources
+        # (the host copies, changed as the device ones were) writes.
+        ref = {p: live.dst.target_buffers(p) for p in live.dst.participant_ids}
+        rb = [live.dst.bind(p, ref[p]) for p in live.dst.participant_ids]
+        hb = [live.src.bind(p, live.sbufs[p]) for p in live.src.participant_ids]
+        host_plan = mws.TransferPlan.plan(live.src.placement, live.dst.placement).bind(rb, hb)
+        he = mws.TransferEngine.from_backend(NotifyingEngine())
+        for b in rb:
+            he.register_binding(b)
+        with mws.Sink(he) as hs:
+            for s in hb:
+                hs.execute(host_plan, live.src.placement, s, live.dst.placement, rb)
+        for b in tb:
+            assert pulled(b, live.dbufs[b.participant_id]) == ref[b.participant_id], b.participant_id
+        for p in prepared:
+            p.close()
+    router.close()
+    for a in acceptors.values():
+        a.close()

@@ -121,6 +121,8 @@ const NAME: &str = "mws_transfer_engine_vtable";
 pub struct CallbackEngine {
     vt: mws_transfer_engine_vtable,
     ctx: Ctx,
+    /// What [`TransferEngine::device_engine`] returns.
+    device: Option<Arc<dyn mws::device::DeviceEngine>>,
 }
 
 impl std::fmt::Debug for CallbackEngine {
@@ -134,12 +136,17 @@ impl CallbackEngine {
     /// up to `ticket_release`; fields appended later and not covered by `size` are
     /// NULL), `version` equal to
     /// [`MWS_TRANSFER_ENGINE_VTABLE_VERSION`] (`Unsupported` otherwise), the required
-    /// callbacks present (`mws_transfer_engine_vtable.<name> is NULL`).
+    /// callbacks present (`mws_transfer_engine_vtable.<name> is NULL`). `device`: the
+    /// engine's [`TransferEngine::device_engine`].
     ///
     /// # Safety
     /// `vt` is NULL or points to a readable vtable of at least `size` bytes; `ctx`
     /// and the callbacks stay valid and thread-safe for the engine's lifetime.
-    pub unsafe fn new(vt: *const mws_transfer_engine_vtable, ctx: *mut c_void) -> Result<Arc<CallbackEngine>> {
+    pub unsafe fn new(
+        vt: *const mws_transfer_engine_vtable,
+        ctx: *mut c_void,
+        device: Option<Arc<dyn mws::device::DeviceEngine>>,
+    ) -> Result<Arc<CallbackEngine>> {
         // SAFETY: the caller's contract: `vt` is NULL or readable for its `size`; every
         // field after the version-1 size is an optional callback (NULL when not covered).
         let v = unsafe { read_vtable_prefix(vt, NAME, MWS_TRANSFER_ENGINE_VTABLE_VERSION, VTABLE_V1_SIZE) }?;
@@ -155,7 +162,7 @@ impl CallbackEngine {
         if let Some((name, _)) = missing.iter().find(|m| m.1) {
             return Err(Error::invalid(format!("{NAME}.{name} is NULL")));
         }
-        Ok(Arc::new(CallbackEngine { vt: v, ctx: Ctx(ctx) }))
+        Ok(Arc::new(CallbackEngine { vt: v, ctx: Ctx(ctx), device }))
     }
 }
 
@@ -199,6 +206,10 @@ impl Drop for CallbackTicket {
 }
 
 impl TransferEngine for CallbackEngine {
+    fn device_engine(&self) -> Option<Arc<dyn mws::device::DeviceEngine>> {
+        self.device.clone()
+    }
+
     fn identity(&self) -> std::result::Result<u64, String> {
         let f = self.vt.get_engine_id.expect("checked at construction");
         // SAFETY: vtable contract.
