@@ -6,9 +6,9 @@
 //! a TP4 layout. It is snapshotted into the memory store (device -> pinned staging
 //! -> checksums and store), restored into GPU memory in a TP2 x PP2 layout (store
 //! -> staging -> verified -> device; and unverified), and resharded GPU -> GPU live
-//! through the embedded engine (sink and reader modes, then prepared steps). Every
-//! restored or transferred byte is compared with a restore of the same revision into
-//! host memory (the host path).
+//! through the embedded engine (sink and reader modes, then prepared steps, then
+//! verified delta steps). Every restored or transferred byte is compared with a
+//! restore of the same revision into host memory (the host path).
 //!
 //! Output: one line per measurement, then `figure: NAME = VALUE` lines. Exits 2
 //! when no CUDA driver or device is present. `MWS_GPU_CHECK_LAYERS` (default 7)
@@ -364,6 +364,14 @@ fn main() {
     );
     check(&mut dst, &reference, "prepared steps");
     drop(prepared);
+
+    // Verified and delta steps of prepared pushes (issue 47): GPU -> GPU, GPU -> host,
+    // host -> GPU, the checksums, encodes and applies staged through the engine; a
+    // corrupted GPU base caught as torn and repaired; every byte checked.
+    for (s, d) in [(true, true), (true, false), (false, true)] {
+        device_model::delta_steps_on(engine.clone(), &alloc, s, d);
+    }
+    println!("delta steps GPU <-> host: every byte checked");
 
     println!("figure: gpu_restore_vs_h2d_memcpy = {:.3}", h2d / verified);
     println!("figure: gpu_snapshot_vs_d2h_memcpy = {:.3}", d2h / snapshot);

@@ -13,7 +13,8 @@
 #   1. examples/gpu_check.rs through the CUDA driver engine: a ~2 GiB model in GPU
 #      memory (TP4) snapshotted into the memory store, restored into GPU memory as
 #      TP2 x PP2 (verified and unverified), resharded GPU -> GPU live (sink, reader,
-#      prepared steps); every byte compared with the host path's restore.
+#      prepared steps, verified delta steps GPU <-> host); every byte compared with
+#      the host path's restore.
 #   2. scripts/gpu_check_torch.py through the Python binding: a CUDA state_dict saved
 #      and restored in another layout into CUDA tensors, on torch's current stream.
 #   3. when .gpu/ holds them: the C and C++ device tests (cpp_tests/device_engine_test.c,

@@ -4,7 +4,8 @@
 //! paths as on a GPU. The fake's device memory is fenced (a host dereference of it
 //! crashes), and it refuses copies whose memory types disagree with their addresses.
 //! A snapshot from device memory, a resharded verified restore into it and a live
-//! reshard device -> device run through it, every byte checked. What a GPU adds
+//! reshard device -> device, and delta steps device -> device, run through it,
+//! every byte checked. What a GPU adds
 //! (speed, the real driver) is `scripts/gpu-check.sh`'s.
 
 #[path = "common/device.rs"]
@@ -143,5 +144,9 @@ fn the_cuda_engine_moves_every_path_through_a_fake_driver() {
     }
     assert_eq!(dst.verify() as u64, tplan.total_bytes());
     dst.register(&*local, false);
+
+    // Verified and delta steps of prepared pushes (issue 47) device -> device through
+    // the CUDA engine: checksums, encodes and applies staged through it.
+    device_model::delta_steps_on(dev.clone(), &alloc, true, true);
     let _ = std::fs::remove_file(driver);
 }

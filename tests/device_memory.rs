@@ -11,7 +11,7 @@ mod device_model;
 #[path = "common/model.rs"]
 mod model;
 
-use device_model::{leases, DeviceModel};
+use device_model::{leases, DeviceModel, Mailbox};
 use model::*;
 use mooncake_weight_store::device::{DeviceEngine, FencedDevice};
 use mooncake_weight_store::engine::local::LocalEngine;
@@ -343,43 +343,6 @@ fn prepared_steps_move_device_bytes_every_generation() {
     }
 }
 
-/// The embedded engine with a mailbox for the notify hook (it has no channel of its own).
-struct Mailbox {
-    inner: LocalEngine,
-    mail: parking_lot::Mutex<std::collections::BTreeMap<String, Vec<Vec<u8>>>>,
-}
-
-impl TransferEngine for Mailbox {
-    fn identity(&self) -> std::result::Result<u64, String> {
-        self.inner.identity()
-    }
-    unsafe fn register_memory(&self, region: MemoryRegion) -> mooncake_weight_store::engine::EngineResult<i32> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.register_memory(region) }
-    }
-    fn unregister_memory(&self, address: u64) -> mooncake_weight_store::engine::EngineResult<i32> {
-        self.inner.unregister_memory(address)
-    }
-    fn batch_transfer_sync(
-        &self,
-        batch: &mooncake_weight_store::engine::TransferBatch,
-    ) -> mooncake_weight_store::engine::EngineResult<i32> {
-        self.inner.batch_transfer_sync(batch)
-    }
-    fn send_notify(
-        &self,
-        endpoint: &str,
-        _name: &str,
-        message: &[u8],
-    ) -> Option<mooncake_weight_store::engine::EngineResult<i32>> {
-        self.mail.lock().entry(endpoint.to_string()).or_default().push(message.to_vec());
-        Some(Ok(0))
-    }
-    fn device_engine(&self) -> Option<Arc<dyn DeviceEngine>> {
-        self.inner.device_engine()
-    }
-}
-
 /// A notified push device -> device: every target learns from its messages alone that
 /// it was updated, and the bytes are there; an unverified step never reads device
 /// memory on the host (verified and delta steps read it through the device engine:
@@ -430,222 +393,16 @@ fn notified_pushes_between_device_buffers() {
     assert_eq!(dst_d.verify() as u64, plan.total_bytes());
 }
 
-/// One side of a live transfer: its bytes on the fenced device or on the host.
-struct Side2 {
-    dev: Option<DeviceModel>,
-    host: HostModel,
-}
-
-impl Side2 {
-    fn model(&self) -> &HostModel {
-        self.dev.as_ref().map_or(&self.host, |d| &d.host)
-    }
-    /// Brings the device bytes into the host mirror (nothing for a host side).
-    fn pull(&mut self) {
-        if let Some(d) = &mut self.dev {
-            d.pull();
-        }
-    }
-    /// The host bytes at `addr` (a device address maps into its mirror; pull first).
-    fn host_at(&self, addr: u64) -> *const u8 {
-        match &self.dev {
-            None => addr as usize as *const u8,
-            Some(d) => {
-                let k =
-                    d.bases.iter().zip(&d.host.buffers).position(|(&b, buf)| b <= addr && addr < b + buf.len() as u64);
-                let k = k.expect("a device address of the model");
-                d.host.buffers[k][(addr - d.bases[k]) as usize..].as_ptr()
-            }
-        }
-    }
-    /// Changes `per_thousand` of the 2-byte elements of every buffer (a new
-    /// generation), through the device when the side lives there.
-    fn change(&mut self, per_thousand: usize, seed: &mut u64) {
-        self.pull();
-        let bufs = match &mut self.dev {
-            Some(d) => &mut d.host.buffers,
-            None => &mut self.host.buffers,
-        };
-        for b in bufs.iter_mut() {
-            let elements = b.len() / 2;
-            for _ in 0..(elements * per_thousand / 1000).max(1) {
-                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let e = (*seed >> 33) as usize % elements;
-                b[2 * e] = b[2 * e].wrapping_add(1 + (*seed >> 20) as u8 % 200);
-            }
-        }
-        if let Some(d) = &mut self.dev {
-            // The device takes the changed bytes; keep the host mirror as the device.
-            d.push();
-            d.pull();
-        }
-    }
-}
-
-/// Every target byte equals the source byte the plan routes into it (both pulled).
-fn routed_bytes_match(plan: &TransferPlan, src: &mut Side2, dst: &mut Side2) -> bool {
-    src.pull();
-    dst.pull();
-    plan.regions().iter().enumerate().all(|(i, r)| {
-        let s = plan.operation_fragment(i, Side::Source).1.address();
-        let t = plan.operation_fragment(i, Side::Target).1.address();
-        let mut same = true;
-        r.for_each_segment(u64::MAX, |so, to, len| {
-            // SAFETY: host mirrors of the plan's segments, alive and not written meanwhile.
-            let (a, b) = unsafe {
-                (
-                    std::slice::from_raw_parts(src.host_at(s + so), len as usize),
-                    std::slice::from_raw_parts(dst.host_at(t + to), len as usize),
-                )
-            };
-            same &= a == b;
-        })
-        .unwrap();
-        same
-    })
-}
-
 /// Issue 47 on device memory: verified and delta steps of prepared pushes between
-/// device buffers (and device <-> host), through the fenced device: the source's
-/// checksums and delta encodings read the device through the engine, the target's
-/// acceptor applies the deltas and checks the content through its own; a corrupted
-/// device base is caught as Torn and repaired by the next (full) step; every byte
-/// checked. Any host dereference of a device address crashes this test.
+/// device buffers (and device <-> host) through the fenced device
+/// (`device_model::delta_steps_on`: a corrupted device base caught as Torn and
+/// repaired, every byte checked). Any host dereference of a device address crashes
+/// this test.
 #[test]
 fn delta_steps_between_device_buffers() {
-    const KEY: &[u8] = b"a device delta key of 16+ bytes";
     for (src_dev, dst_dev) in [(true, true), (true, false), (false, true)] {
-        let what = format!("source on device {src_dev}, target on device {dst_dev}");
         let dev = device();
-        let (src_d, src_h, dst_d, dst_h, plan) = transfer_models(&dev, src_dev, dst_dev);
-        let (mut src, mut dst) = (Side2 { dev: src_d, host: src_h }, Side2 { dev: dst_d, host: dst_h });
-        let engine =
-            Arc::new(Mailbox { inner: LocalEngine::with_device_engine(dev.clone()), mail: Default::default() });
-        match &dst.dev {
-            Some(d) => d.register(&engine.inner, true),
-            None => register_host(&engine.inner, &dst.host),
-        }
-        let targets: Vec<(String, String)> = dst
-            .model()
-            .bindings
-            .iter()
-            .map(|b| (b.participant_id().to_string(), b.fragments()[0].endpoint().to_string()))
-            .collect();
-        let inboxes: Vec<Vec<u8>> = dst.model().buffers.iter().map(|b| vec![0u8; b.len() / 2]).collect();
-        for b in &inboxes {
-            let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
-            // SAFETY: the inboxes outlive every step.
-            assert_eq!(unsafe { engine.inner.register_memory(r) }.unwrap(), 0);
-        }
-        let named: Vec<(&str, DeltaInbox)> = targets
-            .iter()
-            .zip(&inboxes)
-            .map(|((t, _), b)| (t.as_str(), DeltaInbox { address: b.as_ptr() as u64, capacity: b.len() as u64 }))
-            .collect();
-        let acceptor = |k: usize| {
-            let mut a = NotifyAcceptor::new(&plan, &targets[k].0, Some(KEY)).unwrap();
-            if dst_dev {
-                // SAFETY: refused: a device target needs the acceptor's device engine.
-                assert_eq!(unsafe { a.verify_content() }.unwrap_err().kind(), ErrorKind::Unsupported);
-                a.use_device_engine(dev.clone());
-            }
-            // SAFETY: the target buffers and inboxes outlive the acceptor.
-            unsafe { a.verify_content() }.unwrap();
-            // SAFETY: as above.
-            unsafe { a.accept_deltas(named[k].1) }.unwrap();
-            a
-        };
-        let mut acceptors: Vec<NotifyAcceptor> = (0..targets.len()).map(acceptor).collect();
-        let sink = Sink::new(engine.clone(), ExecutorLimits::default()).unwrap();
-        let sm = src.model();
-        let prepared: Vec<PreparedTransfer> = sm
-            .bindings
-            .iter()
-            .map(|b| {
-                // SAFETY: both sides' memory outlives every step.
-                unsafe {
-                    sink.prepare(
-                        &plan,
-                        &sm.placement,
-                        b,
-                        &dst.model().placement,
-                        &dst.model().bindings,
-                        &LiveArgs::default(),
-                    )
-                }
-                .unwrap()
-            })
-            .filter(|p| !p.is_empty())
-            .collect();
-        for p in &prepared {
-            p.enable_delta(&named).unwrap();
-        }
-        let mut seed = 47u64;
-        let step = |g: u64, acceptors: &mut Vec<NotifyAcceptor>| -> Vec<TargetDelta> {
-            let held: Vec<(String, u64)> = targets
-                .iter()
-                .zip(acceptors.iter())
-                .filter_map(|((t, _), a)| a.held_generation().map(|h| (t.clone(), h)))
-                .collect();
-            let held: Vec<TargetHeld<'_>> =
-                held.iter().map(|(t, h)| TargetHeld { participant_id: t, weight_generation: *h }).collect();
-            for p in &prepared {
-                let args = StepArgs {
-                    weight_generation: g,
-                    notify: Some(StepNotify { key: Some(KEY), verify_content: true }),
-                    delta: Some(&held),
-                    ..Default::default()
-                };
-                // SAFETY: as above.
-                unsafe { p.step(&args) }.unwrap();
-            }
-            for (k, (_, endpoint)) in targets.iter().enumerate() {
-                for m in engine.mail.lock().remove(endpoint).unwrap_or_default() {
-                    acceptors[k].accept(&m).unwrap();
-                }
-            }
-            prepared.iter().flat_map(|p| p.last_delta().unwrap().targets).collect()
-        };
-        let before = dev.stats();
-        let full = step(2, &mut acceptors);
-        assert!(full.iter().all(|t| t.base_generation.is_none()), "{what}");
-        for (g, per_thousand) in [(3u64, 10usize), (4, 30)] {
-            src.change(per_thousand, &mut seed);
-            let reports = step(g, &mut acceptors);
-            assert!(reports.iter().all(|t| t.base_generation == Some(g - 1)), "{what}: {reports:?}");
-            let (wire, logical): (u64, u64) =
-                reports.iter().fold((0, 0), |(w, l), t| (w + t.wire_bytes, l + t.logical_bytes));
-            assert!(wire * 4 < logical, "{what}: {wire} of {logical} bytes moved");
-            for a in &acceptors {
-                assert_eq!(a.outcome(), TargetOutcome::Updated { weight_generation: g }, "{what}");
-                assert_eq!(a.held_generation(), Some(g), "{what}");
-            }
-            assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: generation {g}");
-        }
-        assert!(dev.stats().driver_calls > before.driver_calls, "{what}: device bytes went through the engine");
-        // A device target's base changed behind the acceptor's back: the delta step
-        // is caught as Torn (its content check reads the device), the next step is
-        // full for it and repairs it.
-        if let Some(d) = &mut dst.dev {
-            d.pull();
-            let k = 1;
-            d.host.buffers[k][5] ^= 0x40;
-            d.push();
-            src.change(10, &mut seed);
-            let reports = step(5, &mut acceptors);
-            assert!(reports.iter().all(|t| t.base_generation == Some(4)), "{what}");
-            let torn: Vec<usize> = (0..acceptors.len())
-                .filter(|&j| matches!(acceptors[j].outcome(), TargetOutcome::Torn { .. }))
-                .collect();
-            assert_eq!(torn, vec![k], "{what}: only the corrupted target is torn");
-            src.change(10, &mut seed);
-            let reports = step(6, &mut acceptors);
-            for t in &reports {
-                assert_eq!(t.base_generation.is_none(), t.participant_id == targets[k].0, "{what}: {t:?}");
-            }
-            assert!(acceptors.iter().all(|a| a.held_generation() == Some(6)), "{what}");
-            assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: repaired");
-        }
-        drop(prepared);
+        let engine: Arc<dyn DeviceEngine> = dev.clone();
+        device_model::delta_steps_on(engine, &|n| dev.alloc(n).unwrap(), src_dev, dst_dev);
     }
 }

@@ -62,18 +62,18 @@ fn send_notify_is_size_versioned() {
     let v1 = std::mem::offset_of!(mws_transfer_engine_vtable, send_notify) as u32;
     let mut vt = vtable();
     // SAFETY: a complete vtable on the stack.
-    let full = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut()) }.unwrap();
+    let full = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut(), None) }.unwrap();
     assert_eq!(full.send_notify("peer:1", "n", b"msg"), Some(Ok(0)));
     assert_eq!(SENT.lock().pop(), Some(("peer:1".into(), "n".into(), b"msg".to_vec())));
     // A caller compiled before send_notify existed: the field beyond `size` is not read.
     vt.size = v1;
     // SAFETY: as above (the struct is larger than `size`).
-    let old = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut()) }.unwrap();
+    let old = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut(), None) }.unwrap();
     assert_eq!(old.send_notify("peer:1", "n", b"msg"), None);
     assert!(SENT.lock().is_empty());
     vt.size = v1 - 1;
     // SAFETY: as above.
-    let e = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut()) }.unwrap_err();
+    let e = unsafe { CallbackEngine::new(&vt, std::ptr::null_mut(), None) }.unwrap_err();
     assert!(e.message().contains(&format!("expected at least {v1}")), "{e}");
 }
 

@@ -4,11 +4,16 @@
 //! comes back. Needs `model.rs` as the `model` module beside it.
 #![allow(dead_code)]
 
-use super::model::HostModel;
+use super::model::{build_placement, model_tensors, HostModel, Layout};
 use mooncake_weight_store::device::{copy_ranges, CopyDirection, CopyRange, DeviceEngine};
+use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::TransferEngine;
-use mooncake_weight_store::protocol::transfer::MemoryRegistrationLease;
+use mooncake_weight_store::plan::load::PlanningLimits;
+use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
+use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
+use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
+use mooncake_weight_store::ErrorKind;
 use mooncake_weight_store::{MemoryKind, MemoryRegion, RuntimeBinding, RuntimeFragment};
 use std::sync::Arc;
 
@@ -165,4 +170,286 @@ impl DeviceModel {
             assert_eq!(rc, 0);
         }
     }
+}
+
+/// The embedded engine with a mailbox for the notify hook (it has no channel of its own).
+pub struct Mailbox {
+    pub inner: LocalEngine,
+    pub mail: parking_lot::Mutex<std::collections::BTreeMap<String, Vec<Vec<u8>>>>,
+}
+
+impl TransferEngine for Mailbox {
+    fn identity(&self) -> std::result::Result<u64, String> {
+        self.inner.identity()
+    }
+    unsafe fn register_memory(&self, region: MemoryRegion) -> mooncake_weight_store::engine::EngineResult<i32> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.register_memory(region) }
+    }
+    fn unregister_memory(&self, address: u64) -> mooncake_weight_store::engine::EngineResult<i32> {
+        self.inner.unregister_memory(address)
+    }
+    fn batch_transfer_sync(
+        &self,
+        batch: &mooncake_weight_store::engine::TransferBatch,
+    ) -> mooncake_weight_store::engine::EngineResult<i32> {
+        self.inner.batch_transfer_sync(batch)
+    }
+    fn send_notify(
+        &self,
+        endpoint: &str,
+        _name: &str,
+        message: &[u8],
+    ) -> Option<mooncake_weight_store::engine::EngineResult<i32>> {
+        self.mail.lock().entry(endpoint.to_string()).or_default().push(message.to_vec());
+        Some(Ok(0))
+    }
+    fn device_engine(&self) -> Option<Arc<dyn DeviceEngine>> {
+        self.inner.device_engine()
+    }
+}
+
+/// One side of a live transfer: its bytes on a device or on the host.
+pub enum Side2 {
+    Host(HostModel),
+    Device(DeviceModel),
+}
+
+impl Side2 {
+    fn new(
+        host: HostModel,
+        on_device: bool,
+        engine: &Arc<dyn DeviceEngine>,
+        alloc: &dyn Fn(u64) -> u64,
+        instance: &str,
+    ) -> Side2 {
+        if on_device {
+            Side2::Device(DeviceModel::new(host, engine.clone(), alloc, instance))
+        } else {
+            Side2::Host(host)
+        }
+    }
+    pub fn model(&self) -> &HostModel {
+        match self {
+            Side2::Host(h) => h,
+            Side2::Device(d) => &d.host,
+        }
+    }
+    /// Brings the device bytes into the host mirror (nothing for a host side).
+    fn pull(&mut self) {
+        if let Side2::Device(d) = self {
+            d.pull();
+        }
+    }
+    /// The host bytes at `addr` (a device address maps into its mirror; pull first).
+    fn host_at(&self, addr: u64) -> *const u8 {
+        match self {
+            Side2::Host(_) => addr as usize as *const u8,
+            Side2::Device(d) => {
+                let k =
+                    d.bases.iter().zip(&d.host.buffers).position(|(&b, buf)| b <= addr && addr < b + buf.len() as u64);
+                let k = k.expect("a device address of the model");
+                d.host.buffers[k][(addr - d.bases[k]) as usize..].as_ptr()
+            }
+        }
+    }
+    /// Changes `per_thousand` of the 2-byte elements of every buffer (a new
+    /// generation), through the device when the side lives there.
+    fn change(&mut self, per_thousand: usize, seed: &mut u64) {
+        self.pull();
+        let bufs = match self {
+            Side2::Device(d) => &mut d.host.buffers,
+            Side2::Host(h) => &mut h.buffers,
+        };
+        for b in bufs.iter_mut() {
+            let elements = b.len() / 2;
+            for _ in 0..(elements * per_thousand / 1000).max(1) {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let e = (*seed >> 33) as usize % elements;
+                b[2 * e] = b[2 * e].wrapping_add(1 + (*seed >> 20) as u8 % 200);
+            }
+        }
+        if let Side2::Device(d) = self {
+            // The device takes the changed bytes; keep the host mirror as the device.
+            d.push();
+            d.pull();
+        }
+    }
+}
+
+/// Every target byte equals the source byte the plan routes into it (both pulled).
+fn routed_bytes_match(plan: &TransferPlan, src: &mut Side2, dst: &mut Side2) -> bool {
+    src.pull();
+    dst.pull();
+    plan.regions().iter().enumerate().all(|(i, r)| {
+        let s = plan.operation_fragment(i, Side::Source).1.address();
+        let t = plan.operation_fragment(i, Side::Target).1.address();
+        let mut same = true;
+        r.for_each_segment(u64::MAX, |so, to, len| {
+            // SAFETY: host mirrors of the plan's segments, alive and not written meanwhile.
+            let (a, b) = unsafe {
+                (
+                    std::slice::from_raw_parts(src.host_at(s + so), len as usize),
+                    std::slice::from_raw_parts(dst.host_at(t + to), len as usize),
+                )
+            };
+            same &= a == b;
+        })
+        .unwrap();
+        same
+    })
+}
+
+/// Issue 47 on device memory: verified and delta steps of prepared pushes from a
+/// trainer (TP2 x PP2 x EP2 x DP2) into a server (TP4), the source and the target on
+/// the device of `engine` (memory from `alloc`) or on the host: the source's
+/// checksums and delta encodings read the device through the embedded engine's
+/// device engine, the target's acceptor applies the deltas and checks the content
+/// through its own (refused without one); several generations of deltas, then
+/// (device targets) a corrupted device base is caught as Torn and the next step is
+/// full for it and repairs it; every byte checked.
+pub fn delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64, src_dev: bool, dst_dev: bool) {
+    const KEY: &[u8] = b"a device delta key of 16+ bytes";
+    let what = format!("source on device {src_dev}, target on device {dst_dev}");
+    let defs = model_tensors(2, 64, 4);
+    let src_h =
+        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
+    let dst_h = HostModel::new(
+        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
+        false,
+        "serving",
+        1,
+    );
+    let mut src = Side2::new(src_h, src_dev, &engine, alloc, "trainer");
+    let mut dst = Side2::new(dst_h, dst_dev, &engine, alloc, "serving");
+    let logical = LogicalTransferPlan::plan(
+        src.model().placement.clone(),
+        dst.model().placement.clone(),
+        PlanningLimits::default(),
+    )
+    .unwrap();
+    let plan = TransferPlan::bind(&logical, &dst.model().bindings, &src.model().bindings).unwrap();
+    let mail = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(engine.clone()), mail: Default::default() });
+    match &dst {
+        Side2::Device(d) => d.register(&mail.inner, true),
+        Side2::Host(h) => {
+            for b in &h.buffers {
+                let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
+                // SAFETY: the buffers outlive every step.
+                assert_eq!(unsafe { mail.inner.register_memory(r) }.unwrap(), 0);
+            }
+        }
+    }
+    let targets: Vec<(String, String)> = dst
+        .model()
+        .bindings
+        .iter()
+        .map(|b| (b.participant_id().to_string(), b.fragments()[0].endpoint().to_string()))
+        .collect();
+    let inboxes: Vec<Vec<u8>> = dst.model().buffers.iter().map(|b| vec![0u8; b.len() / 2]).collect();
+    for b in &inboxes {
+        let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
+        // SAFETY: the inboxes outlive every step.
+        assert_eq!(unsafe { mail.inner.register_memory(r) }.unwrap(), 0);
+    }
+    let named: Vec<(&str, DeltaInbox)> = targets
+        .iter()
+        .zip(&inboxes)
+        .map(|((t, _), b)| (t.as_str(), DeltaInbox { address: b.as_ptr() as u64, capacity: b.len() as u64 }))
+        .collect();
+    let acceptor = |k: usize| {
+        let mut a = NotifyAcceptor::new(&plan, &targets[k].0, Some(KEY)).unwrap();
+        if dst_dev {
+            // SAFETY: refused: a device target needs the acceptor's device engine.
+            assert_eq!(unsafe { a.verify_content() }.unwrap_err().kind(), ErrorKind::Unsupported);
+            a.use_device_engine(engine.clone());
+        }
+        // SAFETY: the target buffers and inboxes outlive the acceptor.
+        unsafe { a.verify_content() }.unwrap();
+        // SAFETY: as above.
+        unsafe { a.accept_deltas(named[k].1) }.unwrap();
+        a
+    };
+    let mut acceptors: Vec<NotifyAcceptor> = (0..targets.len()).map(acceptor).collect();
+    let sink = Sink::new(mail.clone(), ExecutorLimits::default()).unwrap();
+    let (sm, dm) = (src.model(), dst.model());
+    let prepared: Vec<PreparedTransfer> = sm
+        .bindings
+        .iter()
+        .map(|b| {
+            // SAFETY: both sides' memory outlives every step.
+            unsafe { sink.prepare(&plan, &sm.placement, b, &dm.placement, &dm.bindings, &LiveArgs::default()) }.unwrap()
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    for p in &prepared {
+        p.enable_delta(&named).unwrap();
+    }
+    let mut seed = 47u64;
+    let step = |g: u64, acceptors: &mut Vec<NotifyAcceptor>| -> Vec<TargetDelta> {
+        let held: Vec<(String, u64)> = targets
+            .iter()
+            .zip(acceptors.iter())
+            .filter_map(|((t, _), a)| a.held_generation().map(|h| (t.clone(), h)))
+            .collect();
+        let held: Vec<TargetHeld<'_>> =
+            held.iter().map(|(t, h)| TargetHeld { participant_id: t, weight_generation: *h }).collect();
+        for p in &prepared {
+            let args = StepArgs {
+                weight_generation: g,
+                notify: Some(StepNotify { key: Some(KEY), verify_content: true }),
+                delta: Some(&held),
+                ..Default::default()
+            };
+            // SAFETY: as above.
+            unsafe { p.step(&args) }.unwrap();
+        }
+        for (k, (_, endpoint)) in targets.iter().enumerate() {
+            for m in mail.mail.lock().remove(endpoint).unwrap_or_default() {
+                acceptors[k].accept(&m).unwrap();
+            }
+        }
+        prepared.iter().flat_map(|p| p.last_delta().unwrap().targets).collect()
+    };
+    let before = engine.stats();
+    let full = step(2, &mut acceptors);
+    assert!(full.iter().all(|t| t.base_generation.is_none()), "{what}");
+    assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: generation 2");
+    for (g, per_thousand) in [(3u64, 10usize), (4, 30)] {
+        src.change(per_thousand, &mut seed);
+        let reports = step(g, &mut acceptors);
+        assert!(reports.iter().all(|t| t.base_generation == Some(g - 1)), "{what}: {reports:?}");
+        let (wire, logical): (u64, u64) =
+            reports.iter().fold((0, 0), |(w, l), t| (w + t.wire_bytes, l + t.logical_bytes));
+        assert!(wire * 4 < logical, "{what}: {wire} of {logical} bytes moved");
+        for a in &acceptors {
+            assert_eq!(a.outcome(), TargetOutcome::Updated { weight_generation: g }, "{what}");
+            assert_eq!(a.held_generation(), Some(g), "{what}");
+        }
+        assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: generation {g}");
+    }
+    assert!(engine.stats().driver_calls > before.driver_calls, "{what}: device bytes went through the engine");
+    // A device target's base changed behind the acceptor's back: the delta step is
+    // caught as Torn (its content check reads the device), the next step is full for
+    // it and repairs it.
+    if let Side2::Device(d) = &mut dst {
+        let k = 1;
+        d.pull();
+        d.host.buffers[k][5] ^= 0x40;
+        d.push();
+        src.change(10, &mut seed);
+        let reports = step(5, &mut acceptors);
+        assert!(reports.iter().all(|t| t.base_generation == Some(4)), "{what}");
+        let torn: Vec<usize> =
+            (0..acceptors.len()).filter(|&j| matches!(acceptors[j].outcome(), TargetOutcome::Torn { .. })).collect();
+        assert_eq!(torn, vec![k], "{what}: only the corrupted target is torn");
+        src.change(10, &mut seed);
+        let reports = step(6, &mut acceptors);
+        for t in &reports {
+            assert_eq!(t.base_generation.is_none(), t.participant_id == targets[k].0, "{what}: {t:?}");
+        }
+        assert!(acceptors.iter().all(|a| a.held_generation() == Some(6)), "{what}");
+        assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: repaired");
+    }
+    drop(prepared);
 }
