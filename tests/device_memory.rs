@@ -192,15 +192,7 @@ fn transfer_models(
     src_on_device: bool,
     dst_on_device: bool,
 ) -> (Option<DeviceModel>, HostModel, Option<DeviceModel>, HostModel, TransferPlan) {
-    let defs = model_tensors(2, 64, 4);
-    let src_h =
-        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst_h = HostModel::new(
-        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
+    let (src_h, dst_h) = device_model::trainer_and_server();
     let (src_d, src_h) = if src_on_device {
         let d = on_device(src_h, dev, "trainer");
         (Some(d), None)

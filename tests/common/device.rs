@@ -300,6 +300,21 @@ fn routed_bytes_match(plan: &TransferPlan, src: &mut Side2, dst: &mut Side2) -> 
     })
 }
 
+/// The live-transfer pair of the device tests: a trainer TP2 x PP2 x EP2 x DP2 (the
+/// source, filled) and a server TP4 (the target), host models.
+pub fn trainer_and_server() -> (HostModel, HostModel) {
+    let defs = model_tensors(2, 64, 4);
+    let src_h =
+        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
+    let dst_h = HostModel::new(
+        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
+        false,
+        "serving",
+        1,
+    );
+    (src_h, dst_h)
+}
+
 /// Issue 47 on device memory: verified and delta steps of prepared pushes from a
 /// trainer (TP2 x PP2 x EP2 x DP2) into a server (TP4), the source and the target on
 /// the device of `engine` (memory from `alloc`) or on the host: the source's
@@ -311,15 +326,7 @@ fn routed_bytes_match(plan: &TransferPlan, src: &mut Side2, dst: &mut Side2) -> 
 pub fn delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64, src_dev: bool, dst_dev: bool) {
     const KEY: &[u8] = b"a device delta key of 16+ bytes";
     let what = format!("source on device {src_dev}, target on device {dst_dev}");
-    let defs = model_tensors(2, 64, 4);
-    let src_h =
-        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst_h = HostModel::new(
-        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
+    let (src_h, dst_h) = trainer_and_server();
     let mut src = Side2::new(src_h, src_dev, &engine, alloc, "trainer");
     let mut dst = Side2::new(dst_h, dst_dev, &engine, alloc, "serving");
     let logical = LogicalTransferPlan::plan(

@@ -100,19 +100,10 @@ fn engine_for<'a>(
 /// # Safety
 /// The ranges are device memory of `ordinal` valid for reads.
 pub unsafe fn gather(device: &dyn DeviceEngine, ordinal: u32, ranges: &[(u64, u64)], host: &mut [u8]) -> Result<()> {
-    let mut at = host.as_mut_ptr() as u64;
-    let copies: Vec<CopyRange> = ranges
-        .iter()
-        .map(|&(a, n)| {
-            let c = CopyRange { source: a, target: at, len: n };
-            at += n;
-            c
-        })
-        .collect();
-    debug_assert_eq!(at - host.as_mut_ptr() as u64, host.len() as u64);
+    debug_assert_eq!(ranges.iter().map(|r| r.1).sum::<u64>(), host.len() as u64);
     // SAFETY: the caller's contract for the device side; `host` is ours, writable,
-    // and exactly as long as the ranges (the copies write it back to back).
-    unsafe { copy_ranges(device, ordinal, CopyDirection::DeviceToHost, &copies) }.map(|_| ())
+    // and exactly as long as the ranges.
+    unsafe { back_to_back(device, ordinal, CopyDirection::DeviceToHost, ranges, host.as_mut_ptr() as u64) }
 }
 
 /// Copies `host` (the bytes of `ranges` back to back) into the device `ranges` of
@@ -122,19 +113,38 @@ pub unsafe fn gather(device: &dyn DeviceEngine, ordinal: u32, ranges: &[(u64, u6
 /// The ranges are device memory of `ordinal` valid for writes, written by no one
 /// else during the call.
 pub unsafe fn scatter(device: &dyn DeviceEngine, ordinal: u32, ranges: &[(u64, u64)], host: &[u8]) -> Result<()> {
-    let mut at = host.as_ptr() as u64;
+    debug_assert_eq!(ranges.iter().map(|r| r.1).sum::<u64>(), host.len() as u64);
+    // SAFETY: the caller's contract for the device side; `host` is readable and as
+    // long as the ranges.
+    unsafe { back_to_back(device, ordinal, CopyDirection::HostToDevice, ranges, host.as_ptr() as u64) }
+}
+
+/// One batch between the device `ranges` and the host bytes at `host`, laid back to
+/// back, in `direction` (device to host or host to device).
+///
+/// # Safety
+/// As [`gather`] or [`scatter`], by direction.
+unsafe fn back_to_back(
+    device: &dyn DeviceEngine,
+    ordinal: u32,
+    direction: CopyDirection,
+    ranges: &[(u64, u64)],
+    host: u64,
+) -> Result<()> {
+    let mut at = host;
     let copies: Vec<CopyRange> = ranges
         .iter()
         .map(|&(a, n)| {
-            let c = CopyRange { source: at, target: a, len: n };
+            let c = match direction {
+                CopyDirection::DeviceToHost => CopyRange { source: a, target: at, len: n },
+                _ => CopyRange { source: at, target: a, len: n },
+            };
             at += n;
             c
         })
         .collect();
-    debug_assert_eq!(at - host.as_ptr() as u64, host.len() as u64);
-    // SAFETY: the caller's contract for the device side; `host` is readable and as
-    // long as the ranges.
-    unsafe { copy_ranges(device, ordinal, CopyDirection::HostToDevice, &copies) }.map(|_| ())
+    // SAFETY: the caller's contract.
+    unsafe { copy_ranges(device, ordinal, direction, &copies) }.map(|_| ())
 }
 
 /// Calls `f(bytes)` with the bytes of operation `i` on `side` in order, in pieces:
