@@ -1,15 +1,18 @@
 //! The encoder, one pass over the region in chunks of [`CHUNK`] bytes, two steps per
 //! chunk:
 //!
-//! 1. compare: each 64-byte block of `base` and `new` gives a mask of the bytes that
-//!    differ (SSE2 compares on x86-64, `u64` words elsewhere), folded to one bit per
-//!    element; the set bits become the chunk's list of changed element indices. The
-//!    first two (four for byte elements) are extracted without a branch, so an equal
-//!    block and a block with one or two changes cost the same; lines [`PREFETCH`]
-//!    bytes ahead are requested as the blocks go (x86-64).
+//! 1. compare: each 64-byte block of `base` and `new` gives a mask with one bit per
+//!    changed element (AVX-512BW compares at the element's width where the CPU has
+//!    them, detected at run time; else SSE2 byte compares on x86-64, `u64` words
+//!    elsewhere, folded to one bit per element); the set bits become the chunk's
+//!    list of changed element indices. The first three (four for byte elements) are
+//!    extracted without a branch, so an equal block and a block with up to three
+//!    changes cost the same; lines [`PREFETCH`] bytes ahead are requested into L1 as
+//!    the blocks go (x86-64), and on the AVX-512 path [`PREFETCH_L2`] ahead into L2.
 //! 2. write: the chunk's changed elements become runs (`docs/DELTA.md`), with one
 //!    look at the next index to tell an isolated change (the common case, written
-//!    without a call) from the start of a longer run. A run that reaches the chunk's
+//!    without a call, in two stores, into `out`'s spare capacity: `out` is reserved
+//!    ahead, never zero-filled) from the start of a longer run. A run that reaches the chunk's
 //!    end stays open until the next chunk says whether it goes on, so the output does
 //!    not depend on the chunking.
 //!
@@ -262,7 +265,9 @@ fn scan_with<const ES: usize, const S: usize>(
     ne: impl Fn(&[u8; BLOCK], &[u8; BLOCK]) -> u64,
     prefetch: impl Fn(usize),
 ) -> std::result::Result<(), Stop> {
-    // Branch-free extractions per block: most blocks have at most this many changes.
+    // Branch-free extractions per block: most blocks have at most this many changes
+    // (3% of bf16: 1.7% of blocks have more than 3, 7% more than 2; 3 measured
+    // faster than 2).
     let steps = if ES == 1 { 4 } else { 3 };
     // One index per element of a chunk, the sentinel, and room for the unconditional
     // stores of the last block.
