@@ -1,15 +1,18 @@
 //! The encoder, one pass over the region in chunks of [`CHUNK`] bytes, two steps per
 //! chunk:
 //!
-//! 1. compare: each 64-byte block of `base` and `new` gives a mask of the bytes that
-//!    differ (SSE2 compares on x86-64, `u64` words elsewhere), folded to one bit per
-//!    element; the set bits become the chunk's list of changed element indices. The
-//!    first two (four for byte elements) are extracted without a branch, so an equal
-//!    block and a block with one or two changes cost the same; lines [`PREFETCH`]
-//!    bytes ahead are requested as the blocks go (x86-64).
+//! 1. compare: each 64-byte block of `base` and `new` gives a mask with one bit per
+//!    changed element (AVX-512BW compares at the element's width where the CPU has
+//!    them, detected at run time; else SSE2 byte compares on x86-64, `u64` words
+//!    elsewhere, folded to one bit per element); the set bits become the chunk's
+//!    list of changed element indices. The first three (four for byte elements) are
+//!    extracted without a branch, so an equal block and a block with up to three
+//!    changes cost the same; lines [`PREFETCH`] bytes ahead are requested into L1 as
+//!    the blocks go (x86-64), and on the AVX-512 path [`PREFETCH_L2`] ahead into L2.
 //! 2. write: the chunk's changed elements become runs (`docs/DELTA.md`), with one
 //!    look at the next index to tell an isolated change (the common case, written
-//!    without a call) from the start of a longer run. A run that reaches the chunk's
+//!    without a call, in two stores, into `out`'s spare capacity: `out` is reserved
+//!    ahead, never zero-filled) from the start of a longer run. A run that reaches the chunk's
 //!    end stays open until the next chunk says whether it goes on, so the output does
 //!    not depend on the chunking.
 //!
@@ -28,10 +31,15 @@ const BLOCK: usize = 64;
 /// (at 3% density of bf16, about 15 of them).
 const CHUNK: usize = 1024;
 
-/// How far ahead of the compared block the scan requests lines (x86-64): measured
-/// best among 1-16 KiB on the benchmark machine (`docs/DELTA.md`).
+/// How far ahead of the compared block the scan requests lines into L1 (x86-64):
+/// measured best among 1-16 KiB on the benchmark machine (`docs/DELTA.md`).
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 const PREFETCH: usize = 2048;
+
+/// How far ahead the AVX-512 scan also requests lines into L2 (on the benchmark
+/// machine 2-3% faster than [`PREFETCH`] alone; 16 KiB no better).
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+const PREFETCH_L2: usize = 8192;
 
 /// Options of [`encode_with`]. Plain data (`Copy`, `Send`, `Sync`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,17 +181,44 @@ struct Stop {
 }
 
 /// Runs the chunked scan of the module docs over the whole region, handing each
-/// chunk's changed elements to `runs`.
+/// chunk's changed elements to `runs`: AVX-512BW compares where the CPU has them
+/// (x86-64, detected at run time), else SSE2 (x86-64), else the portable one.
 fn scan<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     {
+        // `is_x86_feature_detected!` caches its answer in a static: one load and a test.
+        if std::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512BW (detected above), and with it AVX-512F,
+            // which AVX-512BW requires.
+            return unsafe { scan_avx512(base, new, runs) };
+        }
         // SAFETY: `scan_sse2` needs only SSE2, which this build enables (the cfg
         // above; SSE2 is part of the x86-64 baseline, every x86-64 CPU has it).
         unsafe { scan_sse2(base, new, runs) }
     }
     #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
     {
-        scan_with(base, new, runs, ne_bytes_words, |_| ())
+        scan_portable(base, new, runs)
+    }
+}
+
+/// [`scan_with`] on `u64` words (any machine; on x86-64 only the tests run it).
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "sse2"), allow(dead_code))]
+fn scan_portable<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
+    scan_with::<ES, ES>(base, new, runs, |x, y| fold::<ES>(ne_bytes_words(x, y)), |_| ())
+}
+
+/// Requests the lines `ahead` bytes after offset `at` of `base` and `new`, into L1
+/// (`HINT` [`_MM_HINT_T0`](std::arch::x86_64::_MM_HINT_T0)) or L2 (`_MM_HINT_T1`).
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+fn prefetch_ahead<const HINT: i32>(base: &[u8], new: &[u8], at: usize, ahead: usize) {
+    use std::arch::x86_64::_mm_prefetch;
+    // SAFETY: a prefetch never faults and changes nothing visible: addresses past
+    // the end are harmless (`wrapping_add`, no dereference).
+    unsafe {
+        _mm_prefetch::<HINT>(base.as_ptr().wrapping_add(at + ahead).cast());
+        _mm_prefetch::<HINT>(new.as_ptr().wrapping_add(at + ahead).cast());
     }
 }
 
@@ -191,34 +226,49 @@ fn scan<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> st
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[target_feature(enable = "sse2")]
 fn scan_sse2<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let (b, n) = (base.as_ptr(), new.as_ptr());
-    scan_with(
+    use std::arch::x86_64::_MM_HINT_T0;
+    scan_with::<ES, ES>(
         base,
         new,
         runs,
-        |x, y| ne_bytes_sse2(x, y),
-        |at| {
-            // A prefetch never faults: addresses past the end are harmless.
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(at + PREFETCH).cast());
-            _mm_prefetch::<_MM_HINT_T0>(n.wrapping_add(at + PREFETCH).cast());
-        },
+        |x, y| fold::<ES>(ne_bytes_sse2(x, y)),
+        |at| prefetch_ahead::<_MM_HINT_T0>(base, new, at, PREFETCH),
     )
 }
 
+/// [`scan_with`] on AVX-512BW compares at the element's width (one mask bit per
+/// element, nothing to fold; 16-byte elements fold pairs of 8-byte lanes), with
+/// prefetches.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn scan_avx512<const ES: usize>(base: &[u8], new: &[u8], runs: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
+    use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1};
+    let prefetch = |at| {
+        prefetch_ahead::<_MM_HINT_T0>(base, new, at, PREFETCH);
+        prefetch_ahead::<_MM_HINT_T1>(base, new, at, PREFETCH_L2);
+    };
+    if ES == 16 {
+        scan_with::<ES, 2>(base, new, runs, |x, y| ne_elements_avx512::<ES>(x, y), prefetch)
+    } else {
+        scan_with::<ES, 1>(base, new, runs, |x, y| ne_elements_avx512::<ES>(x, y), prefetch)
+    }
+}
+
 /// The two steps of the module docs, chunk after chunk. `ne` gives the mask of the
-/// differing bytes of two blocks; `prefetch(at)` is called for each block at byte
-/// offset `at`.
+/// changed elements of two blocks, element `j` at bit `j * S`; `prefetch(at)` is
+/// called for each block at byte offset `at`.
 #[inline(always)]
-fn scan_with<const ES: usize>(
+fn scan_with<const ES: usize, const S: usize>(
     base: &[u8],
     new: &[u8],
     runs: &mut Runs<'_, ES>,
     ne: impl Fn(&[u8; BLOCK], &[u8; BLOCK]) -> u64,
     prefetch: impl Fn(usize),
 ) -> std::result::Result<(), Stop> {
-    // Branch-free extractions per block: most blocks have at most this many changes.
-    let steps = if ES == 1 { 4 } else { 2 };
+    // Branch-free extractions per block: most blocks have at most this many changes
+    // (3% of bf16: 1.7% of blocks have more than 3, 7% more than 2; 3 measured
+    // faster than 2).
+    let steps = if ES == 1 { 4 } else { 3 };
     // One index per element of a chunk, the sentinel, and room for the unconditional
     // stores of the last block.
     let mut idx = [0u32; CHUNK + 8];
@@ -229,16 +279,16 @@ fn scan_with<const ES: usize>(
         let mut p = 0;
         for (k, (x, y)) in a.chunks_exact(BLOCK).zip(n.chunks_exact(BLOCK)).enumerate() {
             prefetch(at + k * BLOCK);
-            let mut m = fold::<ES>(ne(x.try_into().expect("64 bytes"), y.try_into().expect("64 bytes")));
+            let mut m = ne(x.try_into().expect("64 bytes"), y.try_into().expect("64 bytes"));
             let first = (k * (BLOCK / ES)) as u32;
             for _ in 0..steps {
                 // With m == 0 this stores a stray index that p does not count.
-                idx[p] = first + m.trailing_zeros() / ES as u32;
+                idx[p] = first + m.trailing_zeros() / S as u32;
                 p += (m != 0) as usize;
                 m &= m.wrapping_sub(1);
             }
             while m != 0 {
-                idx[p] = first + m.trailing_zeros() / ES as u32;
+                idx[p] = first + m.trailing_zeros() / S as u32;
                 p += 1;
                 m &= m - 1;
             }
@@ -272,6 +322,31 @@ fn ne_bytes_sse2(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
         eq |= (_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) as u16 as u64) << (16 * q);
     }
     !eq
+}
+
+/// The changed elements of two blocks, one bit each: bit `j` for element `j`
+/// (`vpcmpneq` at the element's width into a mask register), for 16-byte elements
+/// bit `2j` (pairs of 8-byte lanes folded).
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn ne_elements_avx512<const ES: usize>(a: &[u8; BLOCK], b: &[u8; BLOCK]) -> u64 {
+    use std::arch::x86_64::{
+        _mm512_cmpneq_epi16_mask, _mm512_cmpneq_epi32_mask, _mm512_cmpneq_epi64_mask, _mm512_cmpneq_epi8_mask,
+        _mm512_loadu_si512,
+    };
+    // SAFETY: each load reads the 64 bytes of a `[u8; 64]` (unaligned loads).
+    let (x, y) = unsafe { (_mm512_loadu_si512(a.as_ptr().cast()), _mm512_loadu_si512(b.as_ptr().cast())) };
+    match ES {
+        1 => _mm512_cmpneq_epi8_mask(x, y),
+        2 => _mm512_cmpneq_epi16_mask(x, y) as u64,
+        4 => _mm512_cmpneq_epi32_mask(x, y) as u64,
+        8 => _mm512_cmpneq_epi64_mask(x, y) as u64,
+        _ => {
+            let m = _mm512_cmpneq_epi64_mask(x, y) as u64;
+            (m | m >> 1) & 0x55
+        }
+    }
 }
 
 /// Bit `i` set where byte `i` of the two blocks differs, from `u64` words: the top
@@ -330,7 +405,8 @@ fn count_changed<const ES: usize>(base: &[u8], new: &[u8]) -> usize {
 }
 
 /// The run writer: turns each chunk's changed elements into runs, written into
-/// `out[..w]` (`out` is grown ahead, zero-filled, and cut to `w` at the end).
+/// `out[..w]`: bytes past `out.len()` go into its spare capacity (reserved ahead,
+/// never zero-filled), and the length is set to `w` when `out` grows and at the end.
 struct Runs<'a, const ES: usize> {
     new: &'a [u8],
     out: &'a mut Vec<u8>,
@@ -348,15 +424,14 @@ struct Runs<'a, const ES: usize> {
     runs: usize,
 }
 
-/// Bytes `out` grows by at least (it also grows by half its length at a time, so
-/// that it is zero-filled about once).
+/// Bytes `out` grows by at least (it also grows by half its length at a time).
 const GROW: usize = 4 << 10;
 
 impl<const ES: usize> Runs<'_, ES> {
     /// Makes room for `n` more bytes at `w`.
     #[inline(always)]
     fn room(&mut self, n: usize) {
-        if self.out.len() - self.w < n {
+        if self.out.capacity() - self.w < n {
             self.grow(n);
         }
     }
@@ -364,8 +439,11 @@ impl<const ES: usize> Runs<'_, ES> {
     #[cold]
     #[inline(never)]
     fn grow(&mut self, n: usize) {
-        let len = (self.w + n).max(self.out.len() + self.out.len() / 2).max(self.w + GROW);
-        self.out.resize(len, 0);
+        // SAFETY: `w` is within the capacity, and every byte from the old length to
+        // `w` has been written (through `spare_capacity_mut`), so the first `w` bytes
+        // are initialized.
+        unsafe { self.out.set_len(self.w) };
+        self.out.reserve(n.max(self.w / 2).max(GROW));
     }
 
     /// How far a run may end from the chunk's end and still go on in the next
@@ -449,30 +527,35 @@ impl<const ES: usize> Runs<'_, ES> {
     /// that the stores into `out` do not make the compiler reload it.
     #[inline(always)]
     fn isolated(&mut self, idx: &[u32], mut k: usize, first: usize, elements: usize) -> usize {
+        use std::mem::MaybeUninit;
         let p = idx.len() - 1;
-        let new = self.new;
-        let out = &mut self.out[..];
-        let (mut w, mut cursor, mut runs) = (self.w, self.cursor, self.runs);
+        // The chunk's new values, and a slot of `2 + ES` bytes per change left (the
+        // room made), so that the loop checks neither against its slice's end.
+        let values = &self.new[first * ES..(first + elements) * ES];
+        let (len, k0) = (self.out.len(), k);
+        let at = self.w - len;
+        let mut slots = self.out.spare_capacity_mut()[at..at + (p - k) * (2 + ES)].chunks_exact_mut(2 + ES);
+        let mut cursor = self.cursor;
         while k < p {
-            let j = idx[k];
-            let next = idx[k + 1];
+            let (j, next) = (idx[k], idx[k + 1]);
             let i = first + j as usize;
             let gap = i - cursor;
             let alone = next != j + 1 && (ES != 1 || next != j + 2);
             if !(alone && gap < 0x80 && (j as usize) + Self::JOIN < elements) {
                 break;
             }
-            let value: &[u8; ES] = new[i * ES..i * ES + ES].try_into().expect("ES bytes");
-            let dst = &mut out[w..w + 2 + ES];
-            dst[0] = gap as u8;
-            dst[1] = 1;
-            dst[2..].copy_from_slice(value);
-            w += 2 + ES;
+            let j = j as usize;
+            let value: [u8; ES] = values[j * ES..j * ES + ES].try_into().expect("ES bytes");
+            let dst = slots.next().expect("a slot per change");
+            // Two stores: the run header (gap, count 1) and the value.
+            dst[..2].copy_from_slice(&(gap as u16 | 0x100).to_le_bytes().map(MaybeUninit::new));
+            dst[2..].copy_from_slice(&value.map(MaybeUninit::new));
             cursor = i + 1;
-            runs += 1;
             k += 1;
         }
-        (self.w, self.cursor, self.runs) = (w, cursor, runs);
+        self.w += (k - k0) * (2 + ES);
+        self.cursor = cursor;
+        self.runs += k - k0;
         k
     }
 
@@ -481,10 +564,15 @@ impl<const ES: usize> Runs<'_, ES> {
     fn put_run(&mut self, start: usize, len: usize) {
         let values = &self.new[start * ES..(start + len) * ES];
         self.room(2 * MAX_VARINT + values.len());
-        self.w += put_varint(&mut self.out[self.w..], (start - self.cursor) as u64);
-        self.w += put_varint(&mut self.out[self.w..], len as u64);
-        self.out[self.w..self.w + values.len()].copy_from_slice(values);
-        self.w += values.len();
+        let mut head = [0u8; 2 * MAX_VARINT];
+        let mut h = put_varint(&mut head, (start - self.cursor) as u64);
+        h += put_varint(&mut head[h..], len as u64);
+        let at = self.w - self.out.len();
+        let dst = &mut self.out.spare_capacity_mut()[at..at + h + values.len()];
+        for (d, &v) in dst.iter_mut().zip(head[..h].iter().chain(values)) {
+            d.write(v);
+        }
+        self.w += h + values.len();
         self.cursor = start + len;
         self.runs += 1;
     }
@@ -506,7 +594,8 @@ impl<const ES: usize> Runs<'_, ES> {
             self.put_run(self.open_start, self.open_len);
             self.open_len = 0;
         }
-        self.out.truncate(self.w);
+        // SAFETY: as in `grow`: every byte up to `w` is written, within the capacity.
+        unsafe { self.out.set_len(self.w) };
         self.check(self.new.len() / ES)
     }
 }
@@ -556,6 +645,22 @@ mod tests {
             #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
             // SAFETY: SSE2 is enabled in this build (the cfg).
             assert_eq!(unsafe { ne_bytes_sse2(&a, b) }, naive(&a, b));
+            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+            if std::is_x86_feature_detected!("avx512bw") {
+                // The element masks: bit j (bit 2j for 16-byte elements) where element j changed.
+                fn elements<const ES: usize, const S: usize>(ne: u64) -> u64 {
+                    (0..BLOCK / ES).filter(|&j| fold::<ES>(ne) >> (j * ES) & 1 != 0).fold(0, |m, j| m | 1 << (j * S))
+                }
+                let ne = naive(&a, b);
+                // SAFETY: the CPU has AVX-512BW (detected above).
+                unsafe {
+                    assert_eq!(ne_elements_avx512::<1>(&a, b), elements::<1, 1>(ne));
+                    assert_eq!(ne_elements_avx512::<2>(&a, b), elements::<2, 1>(ne));
+                    assert_eq!(ne_elements_avx512::<4>(&a, b), elements::<4, 1>(ne));
+                    assert_eq!(ne_elements_avx512::<8>(&a, b), elements::<8, 1>(ne));
+                    assert_eq!(ne_elements_avx512::<16>(&a, b), elements::<16, 2>(ne));
+                }
+            }
         }
     }
 
@@ -576,23 +681,48 @@ mod tests {
         }
     }
 
-    /// The portable scan (what builds other than x86-64 run) writes the same bytes.
+    /// Every scan this machine can run writes the same bytes as the portable one
+    /// (what builds other than x86-64 run): the dispatching [`scan`], and on x86-64
+    /// the SSE2 one and, where the CPU has AVX-512BW, the AVX-512 one.
     #[test]
-    fn the_portable_scan_writes_the_same_encoding() {
-        fn portable<const ES: usize>(
-            base: &[u8],
-            new: &[u8],
-            runs: &mut Runs<'_, ES>,
-        ) -> std::result::Result<(), Stop> {
-            scan_with(base, new, runs, ne_bytes_words, |_| ())
+    fn every_scan_writes_the_same_encoding_as_the_portable_one() {
+        fn scans<const ES: usize>() -> Vec<(&'static str, Scan<ES>)> {
+            #[allow(unused_mut)]
+            let mut v: Vec<(&'static str, Scan<ES>)> = vec![("dispatch", scan::<ES>)];
+            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+            {
+                fn sse2<const ES: usize>(b: &[u8], n: &[u8], r: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
+                    // SAFETY: SSE2 is enabled in this build (the cfg).
+                    unsafe { scan_sse2(b, n, r) }
+                }
+                fn avx512<const ES: usize>(b: &[u8], n: &[u8], r: &mut Runs<'_, ES>) -> std::result::Result<(), Stop> {
+                    // SAFETY: only listed where the CPU has AVX-512BW (below).
+                    unsafe { scan_avx512(b, n, r) }
+                }
+                v.push(("sse2", sse2::<ES>));
+                if std::is_x86_feature_detected!("avx512bw") {
+                    v.push(("avx512", avx512::<ES>));
+                } else {
+                    eprintln!("no AVX-512BW on this CPU: its scan is not tested");
+                }
+            }
+            v
         }
-        fn both<const ES: usize>(base: &[u8], new: &[u8]) {
+        fn all<const ES: usize>(base: &[u8], new: &[u8]) {
             for limit in [new.len(), new.len() / 20] {
-                let (mut a, mut b) = (vec![7u8; 3], vec![7u8; 3]);
-                let sa = encode_es::<ES>(base, new, limit, &mut a, scan);
-                let sb = encode_es::<ES>(base, new, limit, &mut b, portable);
-                assert_eq!(a, b, "ES {ES}");
-                assert_eq!(sa, sb, "ES {ES}");
+                let mut want = vec![7u8; 3];
+                let want_stats = encode_es::<ES>(base, new, limit, &mut want, scan_portable);
+                for (name, scan) in scans::<ES>() {
+                    // A fresh `out`, and one reused with spare capacity and old bytes past its length.
+                    let mut reused = vec![9u8; 3 * new.len() + 64];
+                    reused.truncate(3);
+                    reused[..].fill(7);
+                    for mut out in [vec![7u8; 3], reused] {
+                        let stats = encode_es::<ES>(base, new, limit, &mut out, scan);
+                        assert_eq!(out, want, "ES {ES}, {name} scan");
+                        assert_eq!(stats, want_stats, "ES {ES}, {name} scan");
+                    }
+                }
             }
         }
         let mut s = 3;
@@ -607,11 +737,11 @@ mod tests {
                     }
                 }
                 match es {
-                    1 => both::<1>(&base, &new),
-                    2 => both::<2>(&base, &new),
-                    4 => both::<4>(&base, &new),
-                    8 => both::<8>(&base, &new),
-                    _ => both::<16>(&base, &new),
+                    1 => all::<1>(&base, &new),
+                    2 => all::<2>(&base, &new),
+                    4 => all::<4>(&base, &new),
+                    8 => all::<8>(&base, &new),
+                    _ => all::<16>(&base, &new),
                 }
             }
         }

@@ -14,12 +14,12 @@
 //! (a varint gap of unchanged elements, a varint count, that many new values at the
 //! element size) or the whole region. Nothing in it depends on the machine.
 //!
-//! Speed: the encoder compares 64-byte blocks into masks of changed elements (SSE2
-//! on x86-64, `u64` words elsewhere), a chunk at a time, then writes the chunk's
-//! changes; the decoder checks the whole encoding before it writes, so a malformed
-//! one leaves the target untouched. Both run on the calling thread, and every
-//! function is safe to call from any number of threads at once. Measured costs:
-//! `docs/DELTA.md`.
+//! Speed: the encoder compares 64-byte blocks into masks of changed elements
+//! (AVX-512BW where the CPU has it, else SSE2 on x86-64, `u64` words elsewhere), a
+//! chunk at a time, then writes the chunk's changes; the decoder checks the whole
+//! encoding before it writes, so a malformed one leaves the target untouched. Both
+//! run on the calling thread, and every function is safe to call from any number of
+//! threads at once. Measured costs: `docs/DELTA.md`.
 //!
 //! ```
 //! use mooncake_weight_store::delta;
