@@ -21,6 +21,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mooncake_weight_store.hpp"
@@ -33,6 +34,27 @@ namespace ms = mws::mooncake_store;
 namespace {
 double secs_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Where a phase's wall time went: the adapter's client calls (count, ms) between two
+/// Stats, the rest being the library (planning, checks, checksums) and the bench.
+std::string breakdown(const ms::Stats &a, const ms::Stats &b, double secs) {
+    std::string out;
+    double in_calls = 0;
+    char buf[160];
+    for (int k = 0; k < ms::kCallKinds; ++k) {
+        std::uint64_t n = b.calls[k] - a.calls[k];
+        if (n == 0) continue;
+        double ms_ = (b.nanos[k] - a.nanos[k]) / 1e6;
+        // batch_query and batch_get_into_multi_buffers run inside get_into_ranges.
+        const auto kind = static_cast<ms::Call>(k);
+        if (kind != ms::Call::batch_query && kind != ms::Call::batch_get_into_multi_buffers) in_calls += ms_;
+        std::snprintf(buf, sizeof buf, " %s %llux %.1f ms;", ms::call_name(static_cast<ms::Call>(k)),
+                      (unsigned long long)n, ms_);
+        out += buf;
+    }
+    std::snprintf(buf, sizeof buf, " outside client calls %.1f ms of %.1f", secs * 1e3 - in_calls, secs * 1e3);
+    return out + buf;
 }
 }  // namespace
 
@@ -64,36 +86,98 @@ int main(int argc, char **argv) {
         double best_snap = 1e30, best_same = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
         std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, same_calls = 0, resh_calls = 0;
         std::vector<std::size_t> sizes, meta_sizes;
+        // A restore of `m` into layout L. parallel: one thread per binding, as the
+        // ranks of a server each load their own binding at once (the headline
+        // figure); sequential: this one process loads them in turn (Store::restore).
         auto timed_restore = [&](const mws::Store &store, const mws::StoredManifest &m, const Layout &L,
-                                 const std::string &rev, double &best, std::uint64_t &bytes, std::uint64_t &calls) {
+                                 const std::string &rev, bool parallel, double &best, std::uint64_t &bytes,
+                                 std::uint64_t &calls) {
             HostModel dst(placement_json("serving", L, defs, 1, "bench-model", rev), defs, false, "server");
             ms::Stats s0 = a.stats();
             auto t0 = std::chrono::steady_clock::now();
-            bytes = restore(store, m, dst).bytes;
-            best = std::min(best, secs_since(t0));
-            calls = a.stats().range_calls - s0.range_calls;
+            if (parallel) {
+                mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+                std::vector<mws_load_stats> st(dst.bindings.size());
+                std::vector<std::string> errors(dst.bindings.size());
+                std::vector<std::thread> ranks;
+                for (std::size_t i = 0; i < dst.bindings.size(); ++i)
+                    ranks.emplace_back([&, i] {
+                        try {
+                            st[i] = store.load(plan, dst.bindings[i]);
+                        } catch (const std::exception &e) {
+                            errors[i] = e.what();
+                        }
+                    });
+                for (auto &t : ranks) t.join();
+                for (const auto &e : errors)
+                    if (!e.empty()) throw std::runtime_error("parallel load: " + e);
+                bytes = 0;
+                for (const auto &x : st) bytes += x.bytes;
+            } else {
+                bytes = restore(store, m, dst).bytes;
+            }
+            double t = secs_since(t0);
+            best = std::min(best, t);
+            ms::Stats s1 = a.stats();
+            calls = s1.range_calls - s0.range_calls;
+            std::printf("  [%s -> tp%llu pp%llu ep%llu, %s]%s\n", rev.c_str(), (unsigned long long)L.tp,
+                        (unsigned long long)L.pp, (unsigned long long)L.ep, parallel ? "parallel" : "sequential",
+                        breakdown(s0, s1, t).c_str());
             dst.verify();
         };
+        double best_writer = 1e30, best_same_seq = 1e30, best_resh_seq = 1e30;
+        std::uint64_t writer_calls = 0, seq_calls = 0, seq_bytes = 0;
         for (int it = 0; it < repeat; ++it) {
             const std::string rev = "bench-" + std::to_string(it);
             mws::Store store = a.store(), store_nv = a.store(unverified);
+            // The Writer: a trainer's participants uploaded one by one as their
+            // tensors are written (8 participant uploads in turn).
+            {
+                const std::string wrev = "bench-writer-" + std::to_string(it);
+                HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", wrev), defs, true, "trainer");
+                ms::Stats s0 = a.stats();
+                auto t0 = std::chrono::steady_clock::now();
+                snapshot(store, src, "bench");
+                double t = secs_since(t0);
+                best_writer = std::min(best_writer, t);
+                ms::Stats s1 = a.stats();
+                writer_calls = s1.batch_put_calls - s0.batch_put_calls;
+                std::printf("  [%s Writer snapshot]%s\n", wrev.c_str(), breakdown(s0, s1, t).c_str());
+            }
+            // One call for every participant this process holds (Store::snapshot's
+            // steps: plan_upload, Transaction::upload_many, commit), the plan kept for
+            // its metadata keys.
             HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", rev), defs, true, "trainer");
-            std::vector<std::string> meta_keys;
             ms::Stats s0 = a.stats();
             auto t0 = std::chrono::steady_clock::now();
-            mws::StoredManifest m = snapshot(store, src, "bench", {}, &meta_keys);
-            best_snap = std::min(best_snap, secs_since(t0));
-            snap_calls = a.stats().batch_put_calls - s0.batch_put_calls;
+            mws::UploadOptions uo;
+            uo.key_prefix = std::string(store.key_prefix());
+            uo.store_namespace = "bench";
+            const mws::UploadPlan up = mws::plan_upload(src.placement, src.bindings, uo);
+            mws::Transaction tx = mws::Transaction::begin(store, up);
+            tx.upload_many(src.placement, src.binding_ptrs(), {}, {});
+            mws::StoredManifest m = tx.commit();
+            double t = secs_since(t0);
+            best_snap = std::min(best_snap, t);
+            ms::Stats s1 = a.stats();
+            snap_calls = s1.batch_put_calls - s0.batch_put_calls;
+            std::printf("  [%s snapshot]%s\n", rev.c_str(), breakdown(s0, s1, t).c_str());
+            const std::vector<std::string> meta_keys = {
+                std::string(up.control_key()),
+                std::string(up.group_id()) + "/integrity/" + std::string(up.transaction_id()),
+                std::string(up.manifest_key())};
             meta_sizes.clear();
             for (const std::string &k : meta_keys) {
                 std::int64_t n = a.raw_get_size(k);
                 if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
                 meta_sizes.push_back(static_cast<std::size_t>(n));
             }
-            timed_restore(store, m, same, rev, best_same, same_bytes, same_calls);
-            timed_restore(store, m, server, rev, best_resh, resh_bytes, resh_calls);
+            timed_restore(store, m, same, rev, true, best_same, same_bytes, same_calls);
+            timed_restore(store, m, server, rev, true, best_resh, resh_bytes, resh_calls);
             std::uint64_t nv_bytes = 0, nv_calls = 0;
-            timed_restore(store_nv, m, server, rev, best_resh_nv, nv_bytes, nv_calls);
+            timed_restore(store_nv, m, server, rev, true, best_resh_nv, nv_bytes, nv_calls);
+            timed_restore(store, m, same, rev, false, best_same_seq, seq_bytes, seq_calls);
+            timed_restore(store, m, server, rev, false, best_resh_seq, seq_bytes, seq_calls);
             a.raw_remove_by_regex("^weights/bench/");
         }
         // Snapshot bytes: one copy of every box (DP replicas are written once).
@@ -157,23 +241,32 @@ int main(int argc, char **argv) {
                     "objects (%zu bytes); best of %d\n",
                     (unsigned long long)layers, (unsigned long long)hidden, sizes.size(), snap_bytes / 1048576.0,
                     meta_sizes.size(), meta_total, repeat);
-        row("adapter snapshot (TP4xPP2xDP2)", best_snap, snap_bytes, snap_calls, "batch_put_from");
+        row("adapter snapshot, one call (upload_many)", best_snap, snap_bytes, snap_calls, "batch_put_from");
+        row("adapter snapshot, Writer (8 in turn)", best_writer, snap_bytes, writer_calls, "batch_put_from");
         row("raw batch_put_from (payloads)", best_put, snap_bytes, 1, "batch_put_from");
         row("raw batch_put_from + metadata puts", best_put_meta, snap_bytes, 1 + meta_sizes.size(), "put");
         row("adapter restore same layout (TP4xPP2)", best_same, same_bytes, same_calls, "get_into_ranges");
+        row("  same, bindings in turn", best_same_seq, same_bytes, same_calls, "get_into_ranges");
         row("adapter restore resharded (TP2xEP2)", best_resh, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, bindings in turn", best_resh_seq, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, integrity verification off", best_resh_nv, resh_bytes, resh_calls, "get_into_ranges");
         row("raw batch_get_into (payloads)", best_get, snap_bytes, 1, "batch_get_into");
         const double raw_get = gbps(snap_bytes, best_get);
         std::printf("figure: mooncake_store_adapter_snapshot_gbps = %.3f\n", gbps(snap_bytes, best_snap));
         std::printf("figure: mooncake_store_raw_batch_put_gbps = %.3f\n", gbps(snap_bytes, best_put));
         std::printf("figure: mooncake_store_snapshot_vs_raw_put_plus_metadata = %.3f\n", best_put_meta / best_snap);
+        std::printf("figure: mooncake_store_writer_snapshot_vs_raw_put_plus_metadata = %.3f\n",
+                    best_put_meta / best_writer);
         std::printf("figure: mooncake_store_adapter_restore_same_layout_gbps = %.3f\n", gbps(same_bytes, best_same));
         std::printf("figure: mooncake_store_adapter_restore_resharded_gbps = %.3f\n", gbps(resh_bytes, best_resh));
         std::printf("figure: mooncake_store_raw_batch_get_gbps = %.3f\n", raw_get);
         std::printf("figure: mooncake_store_restore_same_layout_vs_raw = %.3f\n",
                     gbps(same_bytes, best_same) / raw_get);
         std::printf("figure: mooncake_store_restore_resharded_vs_raw = %.3f\n", gbps(resh_bytes, best_resh) / raw_get);
+        std::printf("figure: mooncake_store_restore_same_layout_in_turn_vs_raw = %.3f\n",
+                    gbps(same_bytes, best_same_seq) / raw_get);
+        std::printf("figure: mooncake_store_restore_resharded_in_turn_vs_raw = %.3f\n",
+                    gbps(resh_bytes, best_resh_seq) / raw_get);
         std::printf("figure: mooncake_store_restore_integrity_cost = %.3f\n", best_resh / best_resh_nv - 1);
         std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", resh_calls / (resh_bytes / gib));

@@ -156,7 +156,8 @@ def restore(run: Run, manifest: str, layers: int) -> dict:
 
 def case_store_selftest(run: Run) -> None:
     run.hold()
-    s = last(run.role("selftest"), "selftest")
+    lines = run.role("selftest")
+    s = last(lines, "selftest")
     check(s["self_test"] == 0, "Adapter::self_test: put/get 64 KiB through registered memory, bytes equal")
     check(s["get_size_missing"] == -704 and s["exists_missing"] == 0, "missing key: get_size -704, exists 0")
     check(s["remove_missing"] in (0, -704), "force remove of a missing key: 0 or -704 (success)")
@@ -165,6 +166,14 @@ def case_store_selftest(run: Run) -> None:
     check(s["batch_exists"] == [0, 1, 0], "batch_exists via batchIsExist: [1, 0]")
     check(s["get_into_small"] < 0, f"get_into into a too-small buffer -> {s['get_into_small']}")
     check(s["remove"] == 0 and s["name_704"] == "OBJECT_NOT_FOUND", "force remove -> 0; toString(-704)")
+    r = last(lines, "ranges")
+    check(r["put"] == 0 and r["register"] == 0 and r["rc"] == 0 and r["unregister"] == 0 and r["remove"] == 0,
+          "ranged reads: put, register_buffer, get_into_ranges, unregister_buffer, remove -> 0")
+    check(r["results"] == [9, 4, 5, -704, 2, 6], f"get_into_ranges results per range {r['results']}")
+    want = "hello" + "." * 15 + " mooncake" + "." * 11 + "3456" + "." * 16 + "01" + "." * 8 + "234567" + ".."
+    check(r["bytes"] == want, "whole k1 in two pieces, k2 [3,7) and [0,2)+[2,8) at their destinations, nothing else")
+    check(r["batch_query"] == 1 and r["multi_buffers"] == 1,
+          "one batch_query for the call, k1 (tiled) read whole by one batch_get_into_multi_buffers")
 
 
 def case_store_two_process(run: Run) -> None:

@@ -5,7 +5,9 @@
 #include "mooncake_weight_store/mooncake_store.hpp"
 #include "mooncake_weight_store/range_batches.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -41,6 +43,21 @@ struct Adapter::Impl {
     std::atomic<uint64_t> batch_put_calls{0}, batch_put_items{0}, range_calls{0}, ranges{0}, get_into_calls{0},
         transport_errors{0};
     std::atomic<int64_t> last_transport_error{0};
+    std::atomic<uint64_t> call_count[kCallKinds]{}, call_nanos[kCallKinds]{};
+
+    /// Times one client call of `kind` (wall clock, added to Stats::calls / nanos).
+    struct Timed {
+        Impl &s;
+        Call kind;
+        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        ~Timed() {
+            auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+            s.call_count[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
+            s.call_nanos[static_cast<int>(kind)].fetch_add(static_cast<uint64_t>(ns.count()),
+                                                           std::memory_order_relaxed);
+        }
+    };
+    Timed timed(Call kind) { return Timed{*this, kind}; }
 
     ::mooncake::RealClient &c() { return *client; }
 
@@ -82,9 +99,16 @@ R guarded(F &&f, R on_error) noexcept {
     }
 }
 
+/// `guarded`, the call timed as `kind` (Stats::calls / Stats::nanos).
+template <class R, class F>
+R timed(void *ctx, Call kind, F &&f, R on_error) noexcept {
+    Impl::Timed t = I(ctx).timed(kind);
+    return guarded<R>(std::forward<F>(f), on_error);
+}
+
 int32_t cb_put(void *ctx, mws_bytes key, const uint8_t *value, uint64_t len, mws_bytes group,
                uint32_t record_type) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::put, [&] {
         Impl &s = I(ctx);
         // put_from: the library's metadata buffers are not registered; with the TCP
         // transport put_from copies from unregistered memory (docs/mooncake/README.md).
@@ -97,7 +121,7 @@ int32_t cb_put(void *ctx, mws_bytes key, const uint8_t *value, uint64_t len, mws
 
 int32_t cb_upsert(void *ctx, mws_bytes key, const uint8_t *value, uint64_t len, mws_bytes group,
                   uint32_t record_type) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::upsert, [&] {
         Impl &s = I(ctx);
         return s.code(static_cast<int32_t>(s.c().upsert_from(
             str(key), const_cast<uint8_t *>(value), static_cast<size_t>(len), s.config({str(group)}, record_type))));
@@ -105,12 +129,13 @@ int32_t cb_upsert(void *ctx, mws_bytes key, const uint8_t *value, uint64_t len, 
 }
 
 int64_t cb_get_size(void *ctx, mws_bytes key) noexcept {
-    return guarded<int64_t>([&] { return I(ctx).code(static_cast<int64_t>(I(ctx).c().getSize(str(key)))); },
-                            INTERNAL_ERROR);
+    return timed<int64_t>(ctx, Call::get_size,
+                          [&] { return I(ctx).code(static_cast<int64_t>(I(ctx).c().getSize(str(key)))); },
+                          INTERNAL_ERROR);
 }
 
 int64_t cb_get_into(void *ctx, mws_bytes key, uint8_t *buf, uint64_t cap) noexcept {
-    return guarded<int64_t>([&] {
+    return timed<int64_t>(ctx, Call::get_into, [&] {
         Impl &s = I(ctx);
         s.get_into_calls.fetch_add(1, std::memory_order_relaxed);
         return s.code(static_cast<int64_t>(s.c().get_into(str(key), buf, static_cast<size_t>(cap))));
@@ -118,12 +143,13 @@ int64_t cb_get_into(void *ctx, mws_bytes key, uint8_t *buf, uint64_t cap) noexce
 }
 
 int32_t cb_exists(void *ctx, mws_bytes key) noexcept {
-    return guarded<int32_t>([&] { return I(ctx).code(static_cast<int32_t>(I(ctx).c().isExist(str(key)))); },
-                            INTERNAL_ERROR);
+    return timed<int32_t>(ctx, Call::exists,
+                          [&] { return I(ctx).code(static_cast<int32_t>(I(ctx).c().isExist(str(key)))); },
+                          INTERNAL_ERROR);
 }
 
 int32_t cb_batch_exists(void *ctx, const mws_bytes *keys, size_t n, int32_t *results) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::batch_exists, [&] {
         Impl &s = I(ctx);
         std::vector<std::string> ks;
         ks.reserve(n);
@@ -136,13 +162,14 @@ int32_t cb_batch_exists(void *ctx, const mws_bytes *keys, size_t n, int32_t *res
 }
 
 int32_t cb_remove(void *ctx, mws_bytes key) noexcept {
-    return guarded<int32_t>([&] { return I(ctx).code(static_cast<int32_t>(I(ctx).c().remove(str(key), true))); },
-                            INTERNAL_ERROR);
+    return timed<int32_t>(ctx, Call::remove,
+                          [&] { return I(ctx).code(static_cast<int32_t>(I(ctx).c().remove(str(key), true))); },
+                          INTERNAL_ERROR);
 }
 
 int32_t cb_batch_put_from(void *ctx, const mws_put_item *items, size_t n, uint32_t record_type,
                           int32_t *results) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::batch_put_from, [&] {
         Impl &s = I(ctx);
         std::vector<std::string> keys, groups;
         std::vector<void *> ptrs;
@@ -170,29 +197,153 @@ int32_t cb_batch_put_from(void *ctx, const mws_put_item *items, size_t n, uint32
     }, INTERNAL_ERROR);
 }
 
+/// The size of `key`'s object from a query answer: every COMPLETE replica a memory
+/// replica and all of them agreeing; nullopt otherwise (a failed query, disk replicas,
+/// disagreeing replicas).
+std::optional<uint64_t> object_size(const std::vector<::mooncake::Replica::Descriptor> &replicas) {
+    std::optional<uint64_t> size;
+    for (const auto &r : replicas) {
+        if (r.status != ::mooncake::ReplicaStatus::COMPLETE) continue;
+        if (!r.is_memory_replica()) return std::nullopt;
+        uint64_t sz = std::get<::mooncake::MemoryDescriptor>(r.descriptor_variant).buffer_descriptor.size_;
+        if (size && *size != sz) return std::nullopt;
+        size = sz;
+    }
+    return size;
+}
+
+/// One object whose ranges in a get_into_ranges call tile it exactly (offsets 0, a,
+/// a + b, ... up to its size, no gap, no overlap): read whole with
+/// batch_get_into_multi_buffers, each range's destination one of its buffers.
+struct WholeObject {
+    std::string key;
+    std::vector<void *> buffers;
+    std::vector<size_t> sizes;
+    std::vector<size_t> items;  ///< the range items, in object order
+};
+
 int32_t cb_get_into_ranges(void *ctx, const mws_range_item *items, size_t n, int64_t *results) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::get_into_ranges, [&] {
         Impl &s = I(ctx);
-        RangeBatches rb = RangeBatches::of(items, n, results, INVALID_PARAMS);
-        if (rb.ptrs.empty()) return OK;
+        // Host ranges by key (device memory and malformed items fail here, as in
+        // RangeBatches::of).
+        std::map<std::string, std::vector<size_t>> by_key;
+        for (size_t i = 0; i < n; ++i) {
+            if (items[i].memory_kind != MWS_MEMORY_HOST || items[i].dest_address < items[i].buffer_address) {
+                results[i] = INVALID_PARAMS;
+                continue;
+            }
+            by_key[str(items[i].key)].push_back(i);
+        }
+        if (by_key.empty()) return OK;
         s.range_calls.fetch_add(1, std::memory_order_relaxed);
         s.ranges.fetch_add(n, std::memory_order_relaxed);
-        auto out = s.c().get_into_ranges(rb.ptrs, rb.keys, rb.dsts, rb.srcs, rb.sizes);
-        rb.scatter(out, results, [&](int64_t v) { return s.code(v); }, int64_t{INTERNAL_ERROR});
+        // 1. One batch_query of every distinct key. Without it get_into_ranges asks the
+        // master for each key's replica in its own Query RPC, one after the other
+        // (real_client.cpp, resolve_ranged_read_metadata): measured, most of a
+        // restore's time. The cache lives for this call only, as
+        // PyClient::QueryResultCache requires; a key's failed query (e.g. -704) is
+        // cached and fails that key's ranges as the per-key Query would.
+        std::vector<std::string> distinct;
+        distinct.reserve(by_key.size());
+        for (const auto &kv : by_key) distinct.push_back(kv.first);
+        ::mooncake::PyClient::QueryResultCache cache;
+        {
+            Impl::Timed t = s.timed(Call::batch_query);
+            auto queried = s.c().batch_query(distinct);
+            if (queried.size() == distinct.size()) {
+                cache.reserve(distinct.size());
+                for (std::size_t i = 0; i < distinct.size(); ++i) cache.emplace(distinct[i], std::move(queried[i]));
+            }
+        }
+        // 2. Objects read whole (their ranges tile them): batch_get_into_multi_buffers,
+        // the path of batch_get_into (one BatchGet; a local memcpy when the replica
+        // is in this process's segment), where get_into_ranges submits every range to
+        // the transfer engine. Its answer is an int: objects up to INT32_MAX bytes.
+        std::vector<WholeObject> whole;
+        std::vector<size_t> rest;
+        for (auto &[key, list] : by_key) {
+            auto q = cache.find(key);
+            std::optional<uint64_t> size;
+            if (q != cache.end() && q->second) size = object_size(q->second->replicas);
+            bool tiles = size && *size > 0 && *size <= static_cast<uint64_t>(INT32_MAX);
+            if (tiles) {
+                std::sort(list.begin(), list.end(),
+                          [&](size_t a, size_t b) { return items[a].object_offset < items[b].object_offset; });
+                uint64_t at = 0;
+                for (size_t i : list) {
+                    if (items[i].object_offset != at || items[i].len == 0) {
+                        tiles = false;
+                        break;
+                    }
+                    at += items[i].len;
+                }
+                tiles = tiles && at == *size;
+            }
+            if (!tiles) {
+                rest.insert(rest.end(), list.begin(), list.end());
+                continue;
+            }
+            WholeObject w{key, {}, {}, list};
+            for (size_t i : list) {
+                w.buffers.push_back(ptr_of(items[i].dest_address));
+                w.sizes.push_back(static_cast<size_t>(items[i].len));
+            }
+            whole.push_back(std::move(w));
+        }
+        if (!whole.empty()) {
+            std::vector<std::string> keys;
+            std::vector<std::vector<void *>> buffers;
+            std::vector<std::vector<size_t>> sizes;
+            for (auto &w : whole) {
+                keys.push_back(w.key);
+                buffers.push_back(w.buffers);
+                sizes.push_back(w.sizes);
+            }
+            std::vector<int> rcs;
+            {
+                Impl::Timed t = s.timed(Call::batch_get_into_multi_buffers);
+                rcs = s.c().batch_get_into_multi_buffers(keys, buffers, sizes, false);
+            }
+            for (size_t k = 0; k < whole.size(); ++k) {
+                int64_t total = 0;
+                for (size_t z : whole[k].sizes) total += static_cast<int64_t>(z);
+                if (k < rcs.size() && rcs[k] == total) {
+                    for (size_t i : whole[k].items) results[i] = static_cast<int64_t>(items[i].len);
+                } else {
+                    // Anything else (the object changed since the query, an error):
+                    // its ranges go through get_into_ranges below, which reports them.
+                    rest.insert(rest.end(), whole[k].items.begin(), whole[k].items.end());
+                }
+            }
+        }
+        if (rest.empty()) return OK;
+        // 3. The other ranges: get_into_ranges with the query cache.
+        std::sort(rest.begin(), rest.end());
+        std::vector<mws_range_item> sub;
+        sub.reserve(rest.size());
+        for (size_t i : rest) sub.push_back(items[i]);
+        std::vector<int64_t> sub_results(rest.size(), INTERNAL_ERROR);
+        RangeBatches rb = RangeBatches::of(sub.data(), sub.size(), sub_results.data(), INVALID_PARAMS);
+        auto out =
+            s.c().get_into_ranges(rb.ptrs, rb.keys, rb.dsts, rb.srcs, rb.sizes, cache.empty() ? nullptr : &cache);
+        rb.scatter(out, sub_results.data(), [&](int64_t v) { return s.code(v); }, int64_t{INTERNAL_ERROR});
+        for (size_t j = 0; j < rest.size(); ++j) results[rest[j]] = sub_results[j];
         return OK;
     }, INTERNAL_ERROR);
 }
 
 int32_t cb_register(void *ctx, uint64_t address, uint64_t len, uint32_t memory_kind, uint32_t) noexcept {
     if (memory_kind != MWS_MEMORY_HOST) return INVALID_PARAMS;
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::register_buffer, [&] {
         return static_cast<int32_t>(I(ctx).c().register_buffer(ptr_of(address), static_cast<size_t>(len)));
     }, INTERNAL_ERROR);
 }
 
 int32_t cb_unregister(void *ctx, uint64_t address) noexcept {
-    return guarded<int32_t>([&] { return static_cast<int32_t>(I(ctx).c().unregister_buffer(ptr_of(address))); },
-                            INTERNAL_ERROR);
+    return timed<int32_t>(ctx, Call::unregister_buffer,
+                          [&] { return static_cast<int32_t>(I(ctx).c().unregister_buffer(ptr_of(address))); },
+                          INTERNAL_ERROR);
 }
 
 void cb_destroy(void *ctx) noexcept { delete static_cast<std::shared_ptr<Impl> *>(ctx); }
@@ -203,7 +354,7 @@ int32_t cb_get_cost(void *ctx, mws_store_cost *out) noexcept {
 }
 
 int32_t cb_batch_get_size(void *ctx, const mws_bytes *keys, size_t n, int64_t *sizes) noexcept {
-    return guarded<int32_t>([&] {
+    return timed<int32_t>(ctx, Call::batch_get_size, [&] {
         Impl &s = I(ctx);
         std::vector<std::string> ks;
         ks.reserve(n);
@@ -296,7 +447,20 @@ Stats Adapter::stats() const {
     s.get_into_calls = impl_->get_into_calls.load();
     s.transport_errors = impl_->transport_errors.load();
     s.last_transport_error = impl_->last_transport_error.load();
+    for (int k = 0; k < kCallKinds; ++k) {
+        s.calls[k] = impl_->call_count[k].load();
+        s.nanos[k] = impl_->call_nanos[k].load();
+    }
     return s;
+}
+
+const char *call_name(Call kind) {
+    static const char *const names[kCallKinds] = {
+        "put",          "upsert", "get_size",       "batch_get_size",  "get_into",        "exists",
+        "batch_exists", "remove", "batch_put_from", "get_into_ranges", "register_buffer", "unregister_buffer",
+        "batch_query",  "batch_get_into_multi_buffers"};
+    int k = static_cast<int>(kind);
+    return k >= 0 && k < kCallKinds ? names[k] : "unknown";
 }
 
 ::mooncake::RealClient &Adapter::client() const { return *impl_->client; }

@@ -56,7 +56,34 @@ struct Options {
     mws_store_cost cost{40000, 21000, 3000000000ull};
 };
 
+/// The client calls the adapter makes, one per vtable callback that reaches the client
+/// (Stats::calls / Stats::nanos are indexed by them).
+enum class Call : int {
+    put,
+    upsert,
+    get_size,
+    batch_get_size,
+    get_into,
+    exists,
+    batch_exists,
+    remove,
+    batch_put_from,
+    get_into_ranges,
+    register_buffer,
+    unregister_buffer,
+    batch_query,                   ///< inside get_into_ranges (its time is also get_into_ranges')
+    batch_get_into_multi_buffers,  ///< inside get_into_ranges (its time is also get_into_ranges')
+};
+constexpr int kCallKinds = 14;
+/// The callback's name ("get_into_ranges", ...).
+const char *call_name(Call kind);
+
+/// Counters since the adapter was made (every store made from it adds to them). Read
+/// with Adapter::stats(); each counter is read atomically, the set is not a snapshot.
 struct Stats {
+    /// Callbacks per kind and their wall-clock time inside the callback (client call,
+    /// argument conversion, result mapping), in nanoseconds, summed over threads.
+    std::uint64_t calls[kCallKinds] = {}, nanos[kCallKinds] = {};
     std::uint64_t batch_put_calls = 0, batch_put_items = 0;
     std::uint64_t range_calls = 0, ranges = 0;
     std::uint64_t get_into_calls = 0;
