@@ -4309,16 +4309,19 @@ enum mws_status mws_receipts_from_plan(const struct mws_upload_plan *plan,
  * (NULL means `"default"`, the namespace uploads default to) under the store's key
  * prefix: each key `<prefix>/<ns>/<resource>/<revision>/<generation>/manifest` whose
  * manifest decodes strictly as that revision (a published manifest is a committed
- * revision; keys of other layouts are skipped). Reads every manifest of the
+ * revision; keys of other layouts are skipped). A store that cannot list its keys (a
+ * vtable store without `list`, such as Mooncake Store) is read through the revision
+ * index every commit of this library writes there, each indexed revision also
+ * checked against its decision record (the layout: `docs/mooncake/CPP-STORE.md`,
+ * "Revision listing"). Reads every manifest of the
  * resource. New handle in `*out` (free with `mws_revision_list_free`); an empty list
  * when the resource has no revision.
  *
  * Errors (each message names `resource_id`): `MWS_NULL_ARGUMENT`,
  * `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (empty namespace or resource id),
- * `MWS_UNSUPPORTED` (the store cannot list its keys: a vtable store without `list`,
- * such as Mooncake Store; load by manifest key there), `MWS_INVALID_MANIFEST` (a
- * manifest that does not decode, or that describes another revision than its key;
- * the message names the key), `MWS_LIMIT_EXCEEDED` (a manifest above
+ * `MWS_INVALID_MANIFEST` (a manifest that does not decode, or that describes another
+ * revision than its key, or an indexed revision's decision record that does not
+ * decode; the message names the key), `MWS_LIMIT_EXCEEDED` (a manifest above
  * `max_metadata_bytes`), `MWS_STORE` / `MWS_IO`.
  *
  * Thread safety: any number of calls may run at once, also beside uploads and

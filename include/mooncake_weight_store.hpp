@@ -1534,12 +1534,13 @@ public:
     /// "default", the namespace uploads default to) under this store's key prefix,
     /// oldest first: by weight generation, then created_at, then revision name, so the
     /// newest is the last; empty when there is none (mws_revision_list_from_store;
-    /// reads every manifest of the resource). Throws mws::Error: MWS_INVALID_ARGUMENT
-    /// (empty namespace or resource id), MWS_UNSUPPORTED (the store cannot list its
-    /// keys, such as a Mooncake vtable store: load by manifest key there),
-    /// MWS_INVALID_MANIFEST (a manifest that does not decode or lies at another
-    /// revision's key), MWS_LIMIT_EXCEEDED, MWS_STORE / MWS_IO. May run beside any
-    /// other call.
+    /// reads every manifest of the resource; a store that cannot list its keys, such
+    /// as a Mooncake vtable store, through the revision index its commits write, each
+    /// revision also checked against its decision record). Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (empty namespace or resource id), MWS_INVALID_MANIFEST (a
+    /// manifest that does not decode or lies at another revision's key, an indexed
+    /// revision's decision record that does not decode), MWS_LIMIT_EXCEEDED,
+    /// MWS_STORE / MWS_IO. May run beside any other call.
     std::vector<RevisionInfo> revisions(const std::string &resource_id,
                                         const std::optional<std::string> &store_namespace = std::nullopt) const {
         mws_revision_list *list = nullptr;

@@ -69,8 +69,13 @@ fn acc_115_upload_deduplicates_dp_and_commits_manifest_last() {
     assert!(!fake.has(m.manifest_key()));
     let committed = ws.commit(&plan, &receipts, None).unwrap();
     // Payloads, decision, manifest, and this library's integrity record (one extra
-    // object in the revision's group, written before the decision).
-    assert_eq!(fake.keys().len(), 5, "{:?}", fake.keys());
+    // object in the revision's group, written before the decision) and, the fake
+    // store being one that cannot list its keys, its revision index entry
+    // (`protocol::revision_index`, also written before the decision).
+    assert_eq!(fake.keys().len(), 6, "{:?}", fake.keys());
+    let index = mooncake_weight_store::model::keys::resource_key_prefix("weights", m.namespace(), m.resource_id());
+    let slot0 = protocol::revision_index::slot_key(&index.unwrap(), 0);
+    assert!(fake.has(&slot0), "{slot0} in {:?}", fake.keys());
     assert!(fake.has(&mooncake_weight_store::plan::integrity::plan_integrity_key(&plan)));
     assert_eq!(&committed, m);
     assert_eq!(ws.load_manifest(m.manifest_key()).unwrap(), *m);
@@ -142,7 +147,10 @@ fn acc_119_payload_completion_queries_are_bounded() {
     let receipts = upload_all(&ws, &plan, &src, &StaticGuard).unwrap();
     fake.clear_log();
     ws.commit(&plan, &receipts, None).unwrap();
-    assert_eq!(fake.exists_batches(), vec![1, 1, 1, 1]);
+    // Two payload checks of one key each before the decision, then the revision
+    // index's probe of slot 0 (its batches bounded the same way), then the payload
+    // checks after it.
+    assert_eq!(fake.exists_batches(), vec![1, 1, 1, 1, 1]);
 }
 
 /// One participant with four 8-byte tensors.

@@ -10,7 +10,8 @@ mod model;
 
 use model::*;
 use mooncake_weight_store::model::KeyLayout;
-use mooncake_weight_store::protocol::{RevisionInfo, WeightStore};
+use mooncake_weight_store::plan::load::PlanningLimits;
+use mooncake_weight_store::protocol::{revision_index, LoadArgs, RevisionInfo, StaticGuard, WeightStore};
 use mooncake_weight_store::store::{
     directory::DirectoryStore, memory::MemoryStore, ObjectStore, RecordType, WriteConfig,
 };
@@ -140,12 +141,132 @@ fn invalid_manifests_and_arguments_are_named() {
 }
 
 #[test]
-fn a_store_that_cannot_list_says_so_and_names_the_resource() {
+fn a_store_that_cannot_list_finds_no_revision_before_the_first_commit() {
     let ws = WeightStore::new(fake_store::FakeStore::new());
-    let e = ws.revisions("default", "my-model").unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported);
-    assert!(e.message().contains("'my-model'") && e.message().contains("manifest key"), "{e}");
-    assert_eq!(ws.latest_revision("default", "my-model").unwrap_err().kind(), ErrorKind::Unsupported);
+    assert!(ws.revisions("default", "my-model").unwrap().is_empty());
+    assert_eq!(ws.latest_revision("default", "my-model").unwrap(), None);
+    let e = ws.revisions("default", "").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+/// Restores `key` into TP1 and checks every byte.
+fn restore(ws: &WeightStore, key: &str, defs: &[TensorDef], generation: u64) -> usize {
+    let manifest = Arc::new(ws.load_manifest(key).unwrap());
+    let layout = Layout { tp: 1, pp: 1, ep: 1, dp: 1 };
+    let mut dst = HostModel::new(build_placement("target", layout, defs, generation), false, "serving", 1);
+    dst.bindings = dst.make_bindings("serving", 1);
+    let plan = ws.plan_load(manifest, dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+    for b in &dst.bindings {
+        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+        // SAFETY: dst.buffers outlive the call and nobody else touches them.
+        unsafe { ws.load(&plan, b, args) }.unwrap();
+    }
+    dst.verify().unwrap()
+}
+
+/// The index slots of `resource` that hold an object.
+fn slots(mem: &MemoryStore, resource: &str) -> Vec<u64> {
+    let prefix = format!("weights/default/{resource}/");
+    (0..64).filter(|&n| mem.exists(&revision_index::slot_key(&prefix, n)).unwrap()).collect()
+}
+
+#[test]
+fn a_store_without_listing_lists_its_revisions_through_the_index() {
+    let mem = Arc::new(MemoryStore::without_listing());
+    assert!(!mem.supports_list());
+    assert_eq!(mem.list("", &mut |_, _| true).unwrap_err().kind(), ErrorKind::Unsupported);
+    let ws = WeightStore::new(mem.clone());
+    let defs = model_tensors(1, 64, 0);
+    let layout = Layout { tp: 2, pp: 1, ep: 1, dp: 1 };
+    let g1 = HostModel::new(build_placement("s", layout, &defs, 1), true, "t", 1).snapshot_into(&ws).unwrap();
+    let g2 = HostModel::new(build_placement("s", layout, &defs, 2), true, "t", 1).snapshot_into(&ws).unwrap();
+    let res = g1.resource_id();
+    assert_eq!(slots(&mem, res), [0, 1], "one index entry per commit, in the first free slots");
+    let all = ws.revisions("default", res).unwrap();
+    assert_eq!(all, [RevisionInfo::of(&g1), RevisionInfo::of(&g2)]);
+    assert_eq!(ws.latest_revision("default", res).unwrap(), Some(RevisionInfo::of(&g2)));
+    assert!(ws.revisions("other", res).unwrap().is_empty(), "another namespace has no index");
+    // The older revision, found by listing, restores.
+    assert!(restore(&ws, &all[0].manifest_key, &defs, 1) > 0);
+    // A listing store writes no index object.
+    let listed = Arc::new(MemoryStore::new());
+    let lws = WeightStore::new(listed.clone());
+    HostModel::new(build_placement("s", layout, &defs, 1), true, "t", 1).snapshot_into(&lws).unwrap();
+    let keys = mooncake_weight_store::store::list_sorted(&*listed, "").unwrap();
+    assert!(!keys.is_empty() && keys.iter().all(|o| !o.key.contains(revision_index::INDEX_SEGMENT)), "{keys:?}");
+}
+
+#[test]
+fn the_index_is_a_hint_and_the_records_decide() {
+    let mem = Arc::new(MemoryStore::without_listing());
+    let ws = WeightStore::new(mem.clone());
+    let defs = model_tensors(1, 64, 0);
+    let layout = Layout { tp: 2, pp: 1, ep: 1, dp: 1 };
+    let g1 = HostModel::new(build_placement("s", layout, &defs, 1), true, "t", 1).snapshot_into(&ws).unwrap();
+    let g2 = HostModel::new(build_placement("s", layout, &defs, 2), true, "t", 1).snapshot_into(&ws).unwrap();
+    let res = g1.resource_id().to_string();
+    let prefix = format!("weights/default/{res}/");
+    let slot = |n| revision_index::slot_key(&prefix, n);
+    // A committer that crashed after its entry and before its decision: no manifest.
+    mem.put(&slot(2), revision_index::entry_json("crashed", 9).as_bytes(), &CFG).unwrap();
+    // An entry that does not decode, and a duplicate of g1's.
+    mem.put(&slot(3), b"{not an entry", &CFG).unwrap();
+    mem.put(&slot(4), revision_index::entry_json(g1.revision(), 1).as_bytes(), &CFG).unwrap();
+    // A manifest published at a revision's key without any decision (no payloads,
+    // so no transaction): not a commit of this protocol.
+    let forged = publish(&*mem, "weights", "default", &res, "forged", 3, "2026-01-01T00:00:00Z");
+    mem.put(&slot(5), revision_index::entry_json("forged", 3).as_bytes(), &CFG).unwrap();
+    assert!(mem.exists(forged.manifest_key()).unwrap());
+    let all = ws.revisions("default", &res).unwrap();
+    assert_eq!(all, [RevisionInfo::of(&g1), RevisionInfo::of(&g2)]);
+    assert_eq!(ws.latest_revision("default", &res).unwrap(), Some(RevisionInfo::of(&g2)));
+    // A gap (a slot whose put was abandoned) hides nothing after it.
+    mem.remove(&slot(0)).unwrap();
+    mem.remove(&slot(2)).unwrap();
+    mem.remove(&slot(3)).unwrap();
+    assert_eq!(names(&ws.revisions("default", &res).unwrap()), [(g1.revision(), 1), (g2.revision(), 2)]);
+    // The next commit fills the lowest free slot.
+    let g6 = HostModel::new(build_placement("s", layout, &defs, 6), true, "t", 1).snapshot_into(&ws).unwrap();
+    assert!(mem.exists(&slot(0)).unwrap());
+    assert_eq!(ws.latest_revision("default", &res).unwrap(), Some(RevisionInfo::of(&g6)));
+    // g2's decision turned into an abort: g2 is no longer listed.
+    let tx = g2.fragments()[0].object_key().split('/').nth_back(1).unwrap().to_string();
+    let layout2 = KeyLayout::new("weights", "default", &res, g2.revision(), 2).unwrap();
+    let control = layout2.control_key(&tx);
+    let record = String::from_utf8(mem.get(&control).unwrap()).unwrap();
+    mem.upsert(&control, record.replace("\"commit\"", "\"abort\"").as_bytes(), &CFG).unwrap();
+    assert_eq!(names(&ws.revisions("default", &res).unwrap()), [(g1.revision(), 1), (g6.revision(), 6)]);
+    // A decision record that does not decode is an error naming it.
+    mem.upsert(&control, b"{", &CFG).unwrap();
+    let e = ws.revisions("default", &res).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidManifest);
+    assert!(e.message().contains(&control), "{e}");
+}
+
+#[test]
+fn racing_committers_each_get_a_slot_and_all_are_listed() {
+    let mem = Arc::new(MemoryStore::without_listing());
+    let ws = Arc::new(WeightStore::new(mem.clone()));
+    let defs = model_tensors(1, 64, 0);
+    let layout = Layout { tp: 2, pp: 1, ep: 1, dp: 1 };
+    let barrier = Arc::new(std::sync::Barrier::new(6));
+    let committed: Vec<StoredManifest> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..=6u64)
+            .map(|g| {
+                let (ws, defs, barrier) = (ws.clone(), defs.clone(), barrier.clone());
+                s.spawn(move || {
+                    let model = HostModel::new(build_placement("s", layout, &defs, g), true, "t", 1);
+                    barrier.wait();
+                    model.snapshot_into(&ws).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let res = committed[0].resource_id();
+    assert_eq!(slots(&mem, res), [0, 1, 2, 3, 4, 5]);
+    let want: Vec<RevisionInfo> = committed.iter().map(RevisionInfo::of).collect();
+    assert_eq!(ws.revisions("default", res).unwrap(), want);
 }
 
 #[test]

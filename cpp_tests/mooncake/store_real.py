@@ -189,12 +189,14 @@ def case_store_revisions(run: Run) -> None:
     t1 = snapshot(run, "rev-1", 2)
     t2 = snapshot(run, "rev-2", 4)
     check(t1["manifest"] != t2["manifest"], "two revisions at two manifest keys")
-    restore(run, t2["manifest"], 4)
-    restore(run, t1["manifest"], 2)
-    check(True, "the newer (4 layers) and then the older revision (2 layers) restored, every byte")
-    lines = run.role("revisions", run.ns, expect_rc=3)
-    check(lines[-1].get("error") == "MWS_UNSUPPORTED",
-          "revision listing refused with MWS_UNSUPPORTED (Mooncake Store cannot enumerate keys; load by manifest key)")
+    lst = last(run.role("revisions", run.ns), "revisions")
+    got = [(r["revision"], r["generation"], r["manifest"]) for r in lst["revisions"]]
+    check(got == [("rev-1", 2, t1["manifest"]), ("rev-2", 4, t2["manifest"])],
+          "Store::revisions lists both revisions, oldest first, through the revision index (Mooncake cannot list keys)")
+    check(lst["latest"] == t2["manifest"], "Store::latest is the newer one")
+    restore(run, lst["revisions"][-1]["manifest"], 4)
+    restore(run, lst["revisions"][0]["manifest"], 2)
+    check(True, "the newer (4 layers) and then the older revision (2 layers) restored by their listed keys, every byte")
 
 
 def case_store_corrupt(run: Run) -> None:
@@ -217,9 +219,13 @@ def case_store_kill(run: Run) -> None:
     check(p.returncode == -signal.SIGKILL, "trainer killed (SIGKILL) mid-snapshot")
     lines = run.role("restore", plan["manifest"], "2", expect_rc=3)
     check(lines[-1].get("error") == "MWS_NOT_FOUND", f"no torn revision readable: {lines[-1].get('error')}")
+    lst = last(run.role("revisions", run.ns), "revisions")
+    check(lst["count"] == 0, "the killed snapshot is not listed (it never reached its commit)")
     t = snapshot(run, "rev-k", 2)
     restore(run, t["manifest"], 2)
     check(True, "the next snapshot of the same revision committed and restores, every byte")
+    lst = last(run.role("revisions", run.ns), "revisions")
+    check([r["manifest"] for r in lst["revisions"]] == [t["manifest"]], "and it is listed, once")
 
 
 def with_snapshot(run: Run, program_var: str, rev: str) -> tuple:

@@ -12,7 +12,8 @@
 //                                                 callback after half of the payload ({"paused":true})
 //   store_role MASTER restore MANIFEST_KEY LAYERS  server TP2 x EP2 restores it; every byte checked
 //   store_role MASTER corrupt KEY GROUP            overwrites one payload object (same length) with upsert_from
-//   store_role MASTER revisions NS                 Store::revisions (Mooncake cannot list keys: MWS_UNSUPPORTED)
+//   store_role MASTER revisions NS                 Store::revisions and Store::latest of test-model (found
+//                                                 through the revision index: Mooncake cannot list keys)
 //   store_role MASTER selftest                     Adapter::self_test + every client code the adapter maps
 // Exit 0 on success; 3 with {"error": STATUS} when the library refused (the driver decides).
 #include <chrono>
@@ -241,7 +242,14 @@ int main(int argc, char **argv) {
             } else if (cmd == "revisions") {
                 mws::Store store = adapter.store();
                 auto revs = store.revisions("test-model", arg(3));
-                std::printf("{\"op\":\"revisions\",\"count\":%zu}\n", revs.size());
+                auto latest = store.latest("test-model", arg(3));
+                std::printf("{\"op\":\"revisions\",\"count\":%zu,\"revisions\":[", revs.size());
+                for (std::size_t i = 0; i < revs.size(); ++i)
+                    std::printf("%s{\"revision\":%s,\"generation\":%llu,\"manifest\":%s}", i ? "," : "",
+                                jstr(revs[i].revision).c_str(),
+                                static_cast<unsigned long long>(revs[i].weight_generation),
+                                jstr(revs[i].manifest_key).c_str());
+                std::printf("],\"latest\":%s}\n", latest ? jstr(latest->manifest_key).c_str() : "null");
             } else if (cmd == "selftest") {
                 out = selftest_cmd(adapter);
             } else {

@@ -880,8 +880,8 @@ def load_state_dict(
     :meth:`Store.revisions` / :meth:`Store.latest`, an open :class:`StoredManifest`
     (borrowed, not closed), or :data:`LATEST` (``"latest"``) with ``resource_id=``
     (and ``namespace=``, default ``"default"``): the newest committed revision of
-    that model (highest weight generation, see :meth:`Store.latest`); a store that
-    cannot list its keys (Mooncake) raises :class:`UnsupportedError` for it, a model
+    that model (highest weight generation, see :meth:`Store.latest`; a store that
+    cannot list its keys, such as Mooncake, through the revision index), a model
     without a revision :class:`NotFoundError` naming it. With an ``exchange``, rank 0
     resolves :data:`LATEST` and every rank loads that revision; without one each rank
     resolves it on its own (resolve once with :meth:`Store.latest` and pass the

@@ -748,21 +748,24 @@ class Store(OwnedHandle):
 
         A revision is listed once its manifest is published (committed); the
         library finds the manifests by listing the store's keys and reads every one
-        of them, so no key is built by hand. Each item is a
+        of them, so no key is built by hand. A store that cannot list its keys (a
+        backend without ``list``, such as
+        :class:`~mooncake_weight_store.mooncake_backend.MooncakeStoreBackend`) is read
+        through the revision index this library's commits write there, each revision
+        also checked against its decision record; revisions committed by a writer
+        that keeps no index (the reference mooncake-reshard) are not found there. Each item is a
         :class:`~mooncake_weight_store.revisions.RevisionInfo`: pass it (or its
         ``manifest_key``) to :func:`load_state_dict`, :func:`export_safetensors` or
         :meth:`load_manifest`.
 
         Raises (each message names ``resource_id``):
-        :class:`~mooncake_weight_store.errors.UnsupportedError` when the store
-        cannot list its keys (a backend without ``list``, such as
-        :class:`~mooncake_weight_store.mooncake_backend.MooncakeStoreBackend`: load
-        by manifest key there); :class:`~mooncake_weight_store.errors.ArgumentError`
+        :class:`~mooncake_weight_store.errors.ArgumentError`
         / :class:`~mooncake_weight_store.errors.InvalidArgumentError` for a
         ``resource_id`` or ``namespace`` that is not a non-empty str;
         :class:`~mooncake_weight_store.errors.InvalidManifestError` for a manifest
-        that does not decode or lies at another revision's key (the message names the
-        key; ``mws ls`` shows the store); backend errors
+        that does not decode or lies at another revision's key, or an indexed
+        revision's decision record that does not decode (the message names the key);
+        backend errors
         (:class:`~mooncake_weight_store.errors.StoreError`, ...).
 
         Thread-safe: may run beside uploads and commits (a revision committed

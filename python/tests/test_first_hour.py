@@ -266,12 +266,18 @@ def test_latest_resolution_errors_name_what_was_asked():
         store.revisions(None)
     with pytest.raises(mws.InvalidArgumentError, match="resource_id must be a non-empty string"):
         store.revisions("")
-    # A backend that cannot list its keys (Mooncake Store's client cannot) says so.
-    listless = mws.Store.from_backend(mws.DictBackend())
-    with pytest.raises(mws.UnsupportedError, match=r"cannot list the revisions of 'm'.*manifest key"):
-        listless.revisions("m")
-    with pytest.raises(mws.UnsupportedError):
+    # A backend that cannot list its keys (Mooncake Store's client cannot) lists
+    # through the revision index its commits write: nothing before the first commit,
+    # then every committed revision, the newest last.
+    backend = mws.DictBackend()
+    listless = mws.Store.from_backend(backend)
+    assert listless.revisions("m") == []
+    with pytest.raises(mws.NotFoundError, match=r"no committed revision of 'm'"):
         mws.load_state_dict(listless, "latest", resource_id="m")
+    first, second = _save(listless, "v1", 1, 1.0), _save(listless, "v2", 2, 2.0)
+    assert [r.manifest_key for r in listless.revisions("m")] == [first.key, second.key]
+    assert listless.latest("m").manifest_key == second.key
+    assert sum("/m/%revisions/" in k for k in backend.objects) == 2, "one index entry per commit"
 
 
 def test_every_rank_loads_the_revision_rank_0_resolved_as_latest():

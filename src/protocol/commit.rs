@@ -54,6 +54,9 @@ impl WeightStore {
         if self.current_decision(plan)?.is_none() {
             self.require_complete_payloads(&keys)?;
             super::integrity::write_record(self, plan, receipts)?;
+            // Stores that cannot list keys: the revision is indexed before any
+            // decision exists (`revision_index`).
+            self.record_revision(plan)?;
         }
         if let Some(cb) = on_decision_may_exist {
             cb();

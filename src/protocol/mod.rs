@@ -12,7 +12,8 @@
 //! - [`load`]: restores (ranged or strided reads into target buffers).
 //! - [`progress`]: throttled progress reports of long calls.
 //! - [`revisions`]: the committed revisions of a resource and the newest one
-//!   (listable stores).
+//!   (found by listing keys, or through [`revision_index`] in stores that cannot
+//!   list them).
 //! - [`operator`]: survey and garbage collection of a listable store (`mws`).
 //! - [`integrity`]: payload checksums: computed at upload, written before commit,
 //!   verified at restore and by operators.
@@ -28,6 +29,7 @@ pub mod operator;
 pub mod progress;
 pub mod receipt;
 pub mod registration;
+pub mod revision_index;
 pub mod revisions;
 pub mod state;
 pub mod transaction;

@@ -1,6 +1,7 @@
-//! The committed revisions of a resource, found in a store that can list its keys
-//! ([`crate::store::ObjectStore::list`]), so that no caller builds manifest keys by
-//! hand.
+//! The committed revisions of a resource, so that no caller builds manifest keys by
+//! hand: found by listing keys in a store that can ([`crate::store::ObjectStore::list`]),
+//! and through the revision index ([`super::revision_index`]) in one that cannot
+//! (Mooncake Store).
 //!
 //! # What counts as a committed revision
 //!
@@ -14,6 +15,13 @@
 //! objects, a generation that is not canonical decimal) are not revisions and are
 //! skipped; a manifest removed between the listing and its read is skipped too (a
 //! listing is not a snapshot).
+//!//! In a store that cannot list its keys the candidates are the revisions its index
+//! names (every commit of this library records one before claiming its decision);
+//! each is the same manifest check, and in addition its transaction's decision record
+//! must say commit (a candidate without a published manifest or without a commit
+//! decision is skipped). Revisions committed by a writer that keeps no index (the
+//! Python reference, or this library before the index) are not found there: load
+//! them by manifest key.
 //!
 //! # Which revision is the newest
 //!
@@ -28,8 +36,7 @@
 //!
 //! # Errors
 //!
-//! [`ErrorKind::Unsupported`] for a store that cannot list its keys (Mooncake Store:
-//! load by manifest key there), [`ErrorKind::InvalidArgument`] for an empty resource
+//! [`ErrorKind::InvalidArgument`] for an empty resource
 //! id or namespace, [`ErrorKind::InvalidManifest`] for a manifest that does not decode
 //! or describes another revision than its key says (the message names the key; `mws
 //! ls` shows the store), and the backend's errors. Each message names the resource
@@ -87,10 +94,13 @@ impl RevisionInfo {
     }
 }
 
-/// A manifest key found by the listing, with the generation its key names.
+/// A manifest key found by the listing or the index, with the generation its key
+/// names.
 struct Candidate {
     key: String,
     weight_generation: u64,
+    /// Found through the revision index: its decision record is checked too.
+    indexed: bool,
 }
 
 /// Parses `<enc(revision)>/<generation>/manifest` (the rest of a key after the
@@ -124,19 +134,23 @@ fn candidates(ws: &WeightStore, namespace: &str, resource_id: &str) -> Result<Ve
     }
     let prefix = resource_key_prefix(&ws.key_prefix, namespace, resource_id)?;
     let mut out = Vec::new();
-    let listed = ws.store.list(&prefix, &mut |key, _| {
-        if let Some(g) = key.strip_prefix(prefix.as_str()).and_then(parse_rest) {
-            out.push(Candidate { key: key.to_string(), weight_generation: g });
+    if !ws.store.supports_list() {
+        let indexed =
+            ws.indexed_revisions(namespace, resource_id).map_err(|e| Error::new(e.kind(), context(resource_id, &e)))?;
+        for (revision, g) in indexed {
+            let key = KeyLayout::new(&ws.key_prefix, namespace, resource_id, &revision, g)?.manifest_key();
+            out.push(Candidate { key, weight_generation: g, indexed: true });
         }
-        true
-    });
-    if let Err(e) = listed {
-        let hint = if e.kind() == ErrorKind::Unsupported {
-            "; revisions in such a store (Mooncake Store) are loaded by their manifest key"
-        } else {
-            ""
-        };
-        return Err(Error::new(e.kind(), format!("{}{hint}", context(resource_id, &e))));
+    } else {
+        let listed = ws.store.list(&prefix, &mut |key, _| {
+            if let Some(g) = key.strip_prefix(prefix.as_str()).and_then(parse_rest) {
+                out.push(Candidate { key: key.to_string(), weight_generation: g, indexed: false });
+            }
+            true
+        });
+        if let Err(e) = listed {
+            return Err(Error::new(e.kind(), context(resource_id, &e)));
+        }
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out.dedup_by(|a, b| a.key == b.key);
@@ -171,6 +185,16 @@ fn read(ws: &WeightStore, namespace: &str, resource_id: &str, c: &Candidate) -> 
             ),
         ));
     }
+    if c.indexed {
+        match ws.indexed_revision_committed(&m) {
+            Ok(true) => {}
+            Ok(false) => {
+                log::debug!("revision index: {} has no commit decision; not listed", c.key);
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::new(e.kind(), context(resource_id, &e))),
+        }
+    }
     Ok(Some(RevisionInfo::of(&m)))
 }
 
@@ -179,9 +203,11 @@ impl WeightStore {
     /// the namespace `"default"`) under this store's key prefix, oldest first: by
     /// `(weight_generation, created_at, revision)` ([`RevisionInfo::newness`]), so
     /// the newest is the last. Empty when there is none. Reads every manifest of the
-    /// resource (each bounded by `limits().max_metadata_bytes`); needs a store that
-    /// can list its keys (the embedded stores, a vtable store with `list`). Errors
-    /// ([`super::revisions`]): [`ErrorKind::Unsupported`] (the store cannot list),
+    /// resource (each bounded by `limits().max_metadata_bytes`): in a store that can
+    /// list its keys (the embedded stores, a vtable store with `list`) those under the
+    /// resource's prefix; in one that cannot (Mooncake Store), those its revision
+    /// index names, each also checked against its decision record
+    /// ([`super::revision_index`]). Errors ([`super::revisions`]):
     /// [`ErrorKind::InvalidArgument`] (empty namespace or resource id),
     /// [`ErrorKind::InvalidManifest`] (a manifest that does not decode or lies at
     /// another revision's key), backend errors; every message names `resource_id`.

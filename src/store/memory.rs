@@ -39,6 +39,9 @@ pub struct MemoryStore {
     shards: Box<[Shard]>,
     /// Threads of one large batch ([`MemoryStore::set_max_threads`]).
     threads: super::kernels::ThreadLimit,
+    /// False: behaves as a store that cannot list its keys
+    /// ([`MemoryStore::without_listing`]).
+    listing: bool,
 }
 
 impl Default for MemoryStore {
@@ -60,7 +63,17 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             threads: super::kernels::ThreadLimit::default(),
+            listing: true,
         }
+    }
+
+    /// An empty store that cannot list its keys, as Mooncake Store: `supports_list`
+    /// is false and `list` fails with [`ErrorKind::Unsupported`]; everything else is
+    /// [`MemoryStore::new`]'s. For tests and single-process use of what the protocol
+    /// does on such stores (the revision index, `protocol::revision_index`). Any
+    /// thread, as the store itself.
+    pub fn without_listing() -> Self {
+        MemoryStore { listing: false, ..MemoryStore::new() }
     }
 
     /// Limits the threads one large strided read batch runs on to `n` (1 = the
@@ -256,10 +269,13 @@ impl MemoryStore {
 
 impl ObjectStore for MemoryStore {
     fn supports_list(&self) -> bool {
-        true
+        self.listing
     }
 
     fn list(&self, prefix: &str, visit: &mut dyn FnMut(&str, u64) -> bool) -> Result<()> {
+        if !self.listing {
+            return Err(Error::new(ErrorKind::Unsupported, "this store cannot list its keys"));
+        }
         for shard in self.shards.iter() {
             // Copied out first: `visit` never runs under a shard lock.
             let found: Vec<(String, u64)> = shard
