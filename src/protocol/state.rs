@@ -149,11 +149,22 @@ unsafe impl Send for StagingBuffer {}
 
 impl StagingBuffer {
     fn new(len: usize) -> Result<Self> {
-        let mut v: Vec<u8> = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| crate::store::alloc_failed("the restore staging buffer", len as u64))?;
-        v.resize(len, 0);
-        let b = Box::into_raw(v.into_boxed_slice());
-        Ok(StagingBuffer { ptr: b as *mut u8, len })
+        let failed = || crate::store::alloc_failed("the restore staging buffer", len as u64);
+        if len == 0 {
+            let b = Box::into_raw(Vec::<u8>::new().into_boxed_slice());
+            return Ok(StagingBuffer { ptr: b as *mut u8, len });
+        }
+        // Zeroed memory from the allocator (fresh pages for a buffer this large): only
+        // the pages restores write are ever touched. Filling `len` bytes up front
+        // cost a store's first staged restore tens of milliseconds (64 MiB of
+        // first-touch writes; issue 45's bench).
+        let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| failed())?;
+        // SAFETY: `layout` has a non-zero size (len > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(failed());
+        }
+        Ok(StagingBuffer { ptr, len })
     }
 
     /// The buffer as a host memory region (what the store writes spans into).
@@ -164,8 +175,9 @@ impl StagingBuffer {
 
 impl Drop for StagingBuffer {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` come from `Box::into_raw` of a boxed slice of `len`
-        // bytes in `new`, and are freed exactly once, here.
+        // SAFETY: `ptr`/`len` come from `new`: a boxed empty slice, or `len` zeroed
+        // bytes allocated with `Layout::array::<u8>(len)`, the layout of a boxed slice
+        // of `len` bytes; freed exactly once, here.
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
     }
 }
