@@ -10,9 +10,13 @@
 // raw: batch_put_from / batch_get_into of objects with the snapshot's sizes from/into
 // one registered buffer, and the raw puts plus one upsert_from per metadata object the
 // protocol writes (decision, integrity record, manifest; their sizes read back from the
-// snapshot). Restores: same layout (TP4 x PP2) and resharded (TP2 x EP2), the latter
-// also with integrity verification off (its cost). Prints GB/s and calls per GiB, then
-// `figure: NAME = VALUE` (ratios: > 1 = the adapter is faster than raw).
+// snapshot). Snapshots: through the Writer (participants in turn) and in one call
+// (Transaction::upload_many of every participant, as Store::snapshot). Restores: same
+// layout (TP4 x PP2) and resharded (TP2 x EP2), with integrity verification on and off
+// (its cost), the bindings loaded in turn and at once (one thread per binding). Each
+// timed phase prints where its time went (the adapter's client calls: count and ms,
+// and the rest). Prints GB/s and calls per GiB, then `figure: NAME = VALUE` (ratios:
+// > 1 = the adapter is faster than raw).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -82,13 +86,20 @@ int main(int argc, char **argv) {
         const Layout trainer{4, 2, 1, 2}, same{4, 2, 1, 1}, server{2, 1, 2, 1};
         mws::StoreOptions unverified;
         unverified.verify_integrity = false;
-        // best seconds: snapshot, restore same layout, resharded, resharded unverified
-        double best_snap = 1e30, best_same = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
-        std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, same_calls = 0, resh_calls = 0;
+        // Best seconds. Snapshots: the Writer (participants uploaded in turn as their
+        // tensors are written), one call (upload_many of every participant).
+        // Restores of the one-call snapshot: same layout and resharded, verified and
+        // unverified, the bindings loaded in turn by this process (as before issue 45's
+        // speed work: the figures to compare) and at once (one thread per binding).
+        double best_snap = 1e30, best_writer = 1e30;
+        double best_same = 1e30, best_same_nv = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
+        double best_same_par = 1e30, best_resh_par = 1e30;
+        std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, writer_calls = 0;
+        std::uint64_t same_calls = 0, resh_calls = 0, ignored_bytes = 0, ignored_calls = 0;
         std::vector<std::size_t> sizes, meta_sizes;
         // A restore of `m` into layout L. parallel: one thread per binding, as the
-        // ranks of a server each load their own binding at once (the headline
-        // figure); sequential: this one process loads them in turn (Store::restore).
+        // ranks of a server each load their own binding at once; otherwise this one
+        // process loads them in turn (mwsmodel::restore, as Store::restore).
         auto timed_restore = [&](const mws::Store &store, const mws::StoredManifest &m, const Layout &L,
                                  const std::string &rev, bool parallel, double &best, std::uint64_t &bytes,
                                  std::uint64_t &calls) {
@@ -114,7 +125,21 @@ int main(int argc, char **argv) {
                 bytes = 0;
                 for (const auto &x : st) bytes += x.bytes;
             } else {
-                bytes = restore(store, m, dst).bytes;
+                auto tp = std::chrono::steady_clock::now();
+                mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+                double plan_ms = secs_since(tp) * 1e3;
+                bytes = 0;
+                std::string per;
+                for (const auto &b : dst.bindings) {
+                    auto tl = std::chrono::steady_clock::now();
+                    mws_load_stats st = store.load(plan, b);
+                    bytes += st.bytes;
+                    char buf[96];
+                    std::snprintf(buf, sizeof buf, " %.1f(%llu staged)", secs_since(tl) * 1e3,
+                                  (unsigned long long)st.staged_bytes);
+                    per += buf;
+                }
+                std::printf("  plan %.1f ms; loads ms:%s\n", plan_ms, per.c_str());
             }
             double t = secs_since(t0);
             best = std::min(best, t);
@@ -125,8 +150,6 @@ int main(int argc, char **argv) {
                         breakdown(s0, s1, t).c_str());
             dst.verify();
         };
-        double best_writer = 1e30, best_same_seq = 1e30, best_resh_seq = 1e30;
-        std::uint64_t writer_calls = 0, seq_calls = 0, seq_bytes = 0;
         for (int it = 0; it < repeat; ++it) {
             const std::string rev = "bench-" + std::to_string(it);
             mws::Store store = a.store(), store_nv = a.store(unverified);
@@ -172,12 +195,12 @@ int main(int argc, char **argv) {
                 if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
                 meta_sizes.push_back(static_cast<std::size_t>(n));
             }
-            timed_restore(store, m, same, rev, true, best_same, same_bytes, same_calls);
-            timed_restore(store, m, server, rev, true, best_resh, resh_bytes, resh_calls);
-            std::uint64_t nv_bytes = 0, nv_calls = 0;
-            timed_restore(store_nv, m, server, rev, true, best_resh_nv, nv_bytes, nv_calls);
-            timed_restore(store, m, same, rev, false, best_same_seq, seq_bytes, seq_calls);
-            timed_restore(store, m, server, rev, false, best_resh_seq, seq_bytes, seq_calls);
+            timed_restore(store, m, same, rev, false, best_same, same_bytes, same_calls);
+            timed_restore(store_nv, m, same, rev, false, best_same_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, false, best_resh, resh_bytes, resh_calls);
+            timed_restore(store_nv, m, server, rev, false, best_resh_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, true, best_same_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, true, best_resh_par, ignored_bytes, ignored_calls);
             a.raw_remove_by_regex("^weights/bench/");
         }
         // Snapshot bytes: one copy of every box (DP replicas are written once).
@@ -241,34 +264,37 @@ int main(int argc, char **argv) {
                     "objects (%zu bytes); best of %d\n",
                     (unsigned long long)layers, (unsigned long long)hidden, sizes.size(), snap_bytes / 1048576.0,
                     meta_sizes.size(), meta_total, repeat);
-        row("adapter snapshot, one call (upload_many)", best_snap, snap_bytes, snap_calls, "batch_put_from");
         row("adapter snapshot, Writer (8 in turn)", best_writer, snap_bytes, writer_calls, "batch_put_from");
+        row("adapter snapshot, one call (upload_many)", best_snap, snap_bytes, snap_calls, "batch_put_from");
         row("raw batch_put_from (payloads)", best_put, snap_bytes, 1, "batch_put_from");
         row("raw batch_put_from + metadata puts", best_put_meta, snap_bytes, 1 + meta_sizes.size(), "put");
         row("adapter restore same layout (TP4xPP2)", best_same, same_bytes, same_calls, "get_into_ranges");
-        row("  same, bindings in turn", best_same_seq, same_bytes, same_calls, "get_into_ranges");
+        row("  same, integrity verification off", best_same_nv, same_bytes, same_calls, "get_into_ranges");
+        row("  same, bindings at once (threads)", best_same_par, same_bytes, same_calls, "get_into_ranges");
         row("adapter restore resharded (TP2xEP2)", best_resh, resh_bytes, resh_calls, "get_into_ranges");
-        row("  same, bindings in turn", best_resh_seq, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, integrity verification off", best_resh_nv, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, bindings at once (threads)", best_resh_par, resh_bytes, resh_calls, "get_into_ranges");
         row("raw batch_get_into (payloads)", best_get, snap_bytes, 1, "batch_get_into");
         const double raw_get = gbps(snap_bytes, best_get);
-        std::printf("figure: mooncake_store_adapter_snapshot_gbps = %.3f\n", gbps(snap_bytes, best_snap));
-        std::printf("figure: mooncake_store_raw_batch_put_gbps = %.3f\n", gbps(snap_bytes, best_put));
-        std::printf("figure: mooncake_store_snapshot_vs_raw_put_plus_metadata = %.3f\n", best_put_meta / best_snap);
-        std::printf("figure: mooncake_store_writer_snapshot_vs_raw_put_plus_metadata = %.3f\n",
-                    best_put_meta / best_writer);
-        std::printf("figure: mooncake_store_adapter_restore_same_layout_gbps = %.3f\n", gbps(same_bytes, best_same));
-        std::printf("figure: mooncake_store_adapter_restore_resharded_gbps = %.3f\n", gbps(resh_bytes, best_resh));
-        std::printf("figure: mooncake_store_raw_batch_get_gbps = %.3f\n", raw_get);
-        std::printf("figure: mooncake_store_restore_same_layout_vs_raw = %.3f\n",
-                    gbps(same_bytes, best_same) / raw_get);
-        std::printf("figure: mooncake_store_restore_resharded_vs_raw = %.3f\n", gbps(resh_bytes, best_resh) / raw_get);
-        std::printf("figure: mooncake_store_restore_same_layout_in_turn_vs_raw = %.3f\n",
-                    gbps(same_bytes, best_same_seq) / raw_get);
-        std::printf("figure: mooncake_store_restore_resharded_in_turn_vs_raw = %.3f\n",
-                    gbps(resh_bytes, best_resh_seq) / raw_get);
-        std::printf("figure: mooncake_store_restore_integrity_cost = %.3f\n", best_resh / best_resh_nv - 1);
-        std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
+        auto fig = [](const char *name, double v) { std::printf("figure: mooncake_store_%s = %.3f\n", name, v); };
+        fig("adapter_snapshot_gbps", gbps(snap_bytes, best_writer));
+        fig("one_call_snapshot_gbps", gbps(snap_bytes, best_snap));
+        fig("raw_batch_put_gbps", gbps(snap_bytes, best_put));
+        fig("snapshot_vs_raw_put_plus_metadata", best_put_meta / best_writer);
+        fig("one_call_snapshot_vs_raw_put_plus_metadata", best_put_meta / best_snap);
+        fig("adapter_restore_same_layout_gbps", gbps(same_bytes, best_same));
+        fig("adapter_restore_resharded_gbps", gbps(resh_bytes, best_resh));
+        fig("raw_batch_get_gbps", raw_get);
+        fig("restore_same_layout_vs_raw", gbps(same_bytes, best_same) / raw_get);
+        fig("restore_same_layout_unverified_vs_raw", gbps(same_bytes, best_same_nv) / raw_get);
+        fig("restore_same_layout_at_once_vs_raw", gbps(same_bytes, best_same_par) / raw_get);
+        fig("restore_resharded_vs_raw", gbps(resh_bytes, best_resh) / raw_get);
+        fig("restore_resharded_unverified_vs_raw", gbps(resh_bytes, best_resh_nv) / raw_get);
+        fig("restore_resharded_at_once_vs_raw", gbps(resh_bytes, best_resh_par) / raw_get);
+        fig("restore_integrity_cost", best_resh / best_resh_nv - 1);
+        fig("restore_same_layout_integrity_cost", best_same / best_same_nv - 1);
+        std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", writer_calls / (snap_bytes / gib));
+        std::printf("figure: mooncake_store_one_call_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", resh_calls / (resh_bytes / gib));
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -173,7 +173,13 @@ def case_store_selftest(run: Run) -> None:
     want = "hello" + "." * 15 + " mooncake" + "." * 11 + "3456" + "." * 16 + "01" + "." * 8 + "234567" + ".."
     check(r["bytes"] == want, "whole k1 in two pieces, k2 [3,7) and [0,2)+[2,8) at their destinations, nothing else")
     check(r["batch_query"] == 1 and r["multi_buffers"] == 1,
-          "one batch_query for the call, k1 (tiled) read whole by one batch_get_into_multi_buffers")
+          "one batch_query for the unsized keys, k1 (sized by batch_get_size, tiled) read whole by one "
+          "batch_get_into_multi_buffers")
+    t = last(lines, "stale_size")
+    check(t["upsert"] == 0 and t["rc"] == 0 and t["results"] == [5, 9] and t["bytes"] == "HELLO" + "." * 5 + " MOONCAKE",
+          "k1 grown to 16 bytes: its two pieces (tiling the remembered 14) read as ranges, bytes of the new value")
+    check(t["multi_buffers"] == 1 and t["batch_query"] == 1,
+          "the whole-object read was tried, refused, and get_into_ranges read the ranges after one batch_query")
 
 
 def case_store_two_process(run: Run) -> None:

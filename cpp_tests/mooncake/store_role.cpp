@@ -187,6 +187,18 @@ int selftest_cmd(const ms::Adapter &a) {
     ms::Stats after = a.stats();
     auto delta = [&](ms::Call c) { return after.calls[static_cast<int>(c)] - before.calls[static_cast<int>(c)]; };
     std::string got(reinterpret_cast<const char *>(buf), 78);
+    // k1 grows behind the adapter's back (upsert, 16 bytes): the same two pieces tile
+    // the size it remembers (14) but not the object; the whole-object read fails and
+    // get_into_ranges reads the two ranges.
+    std::string v1b = "HELLO MOONCAKE!!";
+    std::int32_t ups = vt.upsert(ctx, b(k1), reinterpret_cast<const uint8_t *>(v1b.data()), v1b.size(), b(""), 1);
+    std::vector<mws_range_item> stale = {item(k1, 0, 5, 100), item(k1, 5, 9, 110)};
+    std::vector<std::int64_t> sr(stale.size(), INT64_MIN);
+    ms::Stats before2 = a.stats();
+    std::int32_t gir2 = vt.get_into_ranges(ctx, stale.data(), stale.size(), sr.data());
+    ms::Stats after2 = a.stats();
+    auto delta2 = [&](ms::Call c) { return after2.calls[static_cast<int>(c)] - before2.calls[static_cast<int>(c)]; };
+    std::string got2(reinterpret_cast<const char *>(buf) + 100, 19);
     std::int32_t unreg = vt.unregister_buffer(ctx, base);
     std::int32_t rm2 = vt.remove(ctx, b(k2));
     std::int32_t rm1 = vt.remove(ctx, b(k1));
@@ -197,6 +209,11 @@ int selftest_cmd(const ms::Adapter &a) {
     std::printf("],\"bytes\":%s,\"batch_query\":%llu,\"multi_buffers\":%llu,\"unregister\":%d,\"remove\":%d}\n",
                 jstr(got).c_str(), static_cast<unsigned long long>(delta(ms::Call::batch_query)),
                 static_cast<unsigned long long>(delta(ms::Call::batch_get_into_multi_buffers)), unreg, rm2);
+    std::printf("{\"op\":\"stale_size\",\"upsert\":%d,\"rc\":%d,\"results\":[%lld,%lld],\"bytes\":%s,"
+                "\"batch_query\":%llu,\"multi_buffers\":%llu}\n",
+                ups, gir2, static_cast<long long>(sr[0]), static_cast<long long>(sr[1]), jstr(got2).c_str(),
+                static_cast<unsigned long long>(delta2(ms::Call::batch_query)),
+                static_cast<unsigned long long>(delta2(ms::Call::batch_get_into_multi_buffers)));
     std::printf("{\"op\":\"selftest\",\"self_test\":%d,\"get_size_missing\":%lld,\"exists_missing\":%d,"
                 "\"remove_missing\":%d,\"put\":%d,\"batch_get_size\":[%d,%lld,%lld],\"batch_exists\":[%d,%d,%d],"
                 "\"get_into_small\":%lld,\"remove\":%d,\"name_704\":%s}\n",

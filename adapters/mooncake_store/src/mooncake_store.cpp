@@ -13,7 +13,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
+#include <unordered_map>
 #include <utility>
 
 #include "real_client.h"
@@ -43,6 +45,25 @@ struct Adapter::Impl {
     std::atomic<uint64_t> batch_put_calls{0}, batch_put_items{0}, range_calls{0}, ranges{0}, get_into_calls{0},
         transport_errors{0};
     std::atomic<int64_t> last_transport_error{0};
+    /// Object sizes this adapter was last told (batch_get_size, get_size): a ranged
+    /// read whose ranges tile a remembered size is read whole without asking the
+    /// master first. A stale size only costs the fallback (get_into_ranges reports
+    /// the truth); bounded: cleared past kMaxRememberedSizes keys.
+    std::mutex sizes_mu;
+    std::unordered_map<std::string, uint64_t> sizes;
+    static constexpr std::size_t kMaxRememberedSizes = 1 << 16;
+
+    void remember_size(const std::string &key, int64_t size) {
+        if (size < 0) return;
+        std::lock_guard<std::mutex> g(sizes_mu);
+        if (sizes.size() >= kMaxRememberedSizes) sizes.clear();
+        sizes[key] = static_cast<uint64_t>(size);
+    }
+    std::optional<uint64_t> remembered_size(const std::string &key) {
+        std::lock_guard<std::mutex> g(sizes_mu);
+        auto it = sizes.find(key);
+        return it == sizes.end() ? std::nullopt : std::optional<uint64_t>(it->second);
+    }
     std::atomic<uint64_t> call_count[kCallKinds]{}, call_nanos[kCallKinds]{};
 
     /// Times one client call of `kind` (wall clock, added to Stats::calls / nanos).
@@ -129,9 +150,13 @@ int32_t cb_upsert(void *ctx, mws_bytes key, const uint8_t *value, uint64_t len, 
 }
 
 int64_t cb_get_size(void *ctx, mws_bytes key) noexcept {
-    return timed<int64_t>(ctx, Call::get_size,
-                          [&] { return I(ctx).code(static_cast<int64_t>(I(ctx).c().getSize(str(key)))); },
-                          INTERNAL_ERROR);
+    return timed<int64_t>(ctx, Call::get_size, [&] {
+        Impl &s = I(ctx);
+        std::string k = str(key);
+        int64_t size = s.code(static_cast<int64_t>(s.c().getSize(k)));
+        s.remember_size(k, size);
+        return size;
+    }, INTERNAL_ERROR);
 }
 
 int64_t cb_get_into(void *ctx, mws_bytes key, uint8_t *buf, uint64_t cap) noexcept {
@@ -238,49 +263,52 @@ int32_t cb_get_into_ranges(void *ctx, const mws_range_item *items, size_t n, int
         if (by_key.empty()) return OK;
         s.range_calls.fetch_add(1, std::memory_order_relaxed);
         s.ranges.fetch_add(n, std::memory_order_relaxed);
-        // 1. One batch_query of every distinct key. Without it get_into_ranges asks the
-        // master for each key's replica in its own Query RPC, one after the other
-        // (real_client.cpp, resolve_ranged_read_metadata): measured, most of a
-        // restore's time. The cache lives for this call only, as
+        // Which keys are read whole: those whose ranges tile the object exactly (offsets
+        // 0, a, a + b, ... up to its size, no gap, no overlap). The size is the one
+        // last told by batch_get_size (every restore asks for its objects' sizes before
+        // reading) or, for a key never sized, the answer of one batch_query of all such
+        // keys. That query also fills the cache get_into_ranges takes below: without
+        // it get_into_ranges asks the master for each key's replica in its own Query
+        // RPC, one after the other (real_client.cpp, resolve_ranged_read_metadata;
+        // measured: most of a restore's time). The cache lives for this call only, as
         // PyClient::QueryResultCache requires; a key's failed query (e.g. -704) is
         // cached and fails that key's ranges as the per-key Query would.
-        std::vector<std::string> distinct;
-        distinct.reserve(by_key.size());
-        for (const auto &kv : by_key) distinct.push_back(kv.first);
         ::mooncake::PyClient::QueryResultCache cache;
-        {
+        auto query = [&](const std::vector<std::string> &keys) {
+            if (keys.empty()) return;
             Impl::Timed t = s.timed(Call::batch_query);
-            auto queried = s.c().batch_query(distinct);
-            if (queried.size() == distinct.size()) {
-                cache.reserve(distinct.size());
-                for (std::size_t i = 0; i < distinct.size(); ++i) cache.emplace(distinct[i], std::move(queried[i]));
+            auto queried = s.c().batch_query(keys);
+            if (queried.size() != keys.size()) return;
+            for (std::size_t i = 0; i < keys.size(); ++i) cache.emplace(keys[i], std::move(queried[i]));
+        };
+        std::vector<std::string> unsized;
+        for (const auto &kv : by_key)
+            if (!s.remembered_size(kv.first)) unsized.push_back(kv.first);
+        query(unsized);
+        auto tiles = [&](std::vector<size_t> &list, std::optional<uint64_t> size) {
+            if (!size || *size == 0 || *size > static_cast<uint64_t>(INT32_MAX)) return false;
+            std::sort(list.begin(), list.end(),
+                      [&](size_t a, size_t b) { return items[a].object_offset < items[b].object_offset; });
+            uint64_t at = 0;
+            for (size_t i : list) {
+                if (items[i].object_offset != at || items[i].len == 0) return false;
+                at += items[i].len;
             }
-        }
-        // 2. Objects read whole (their ranges tile them): batch_get_into_multi_buffers,
-        // the path of batch_get_into (one BatchGet; a local memcpy when the replica
-        // is in this process's segment), where get_into_ranges submits every range to
-        // the transfer engine. Its answer is an int: objects up to INT32_MAX bytes.
+            return at == *size;
+        };
+        // 2. Objects read whole: batch_get_into_multi_buffers, the path of
+        // batch_get_into (one BatchGet; a local memcpy when the replica is in this
+        // process's segment), where get_into_ranges submits every range to the
+        // transfer engine. Its answer is an int: objects up to INT32_MAX bytes.
         std::vector<WholeObject> whole;
         std::vector<size_t> rest;
         for (auto &[key, list] : by_key) {
-            auto q = cache.find(key);
-            std::optional<uint64_t> size;
-            if (q != cache.end() && q->second) size = object_size(q->second->replicas);
-            bool tiles = size && *size > 0 && *size <= static_cast<uint64_t>(INT32_MAX);
-            if (tiles) {
-                std::sort(list.begin(), list.end(),
-                          [&](size_t a, size_t b) { return items[a].object_offset < items[b].object_offset; });
-                uint64_t at = 0;
-                for (size_t i : list) {
-                    if (items[i].object_offset != at || items[i].len == 0) {
-                        tiles = false;
-                        break;
-                    }
-                    at += items[i].len;
-                }
-                tiles = tiles && at == *size;
+            std::optional<uint64_t> size = s.remembered_size(key);
+            if (!size) {
+                auto q = cache.find(key);
+                if (q != cache.end() && q->second) size = object_size(q->second->replicas);
             }
-            if (!tiles) {
+            if (!tiles(list, size)) {
                 rest.insert(rest.end(), list.begin(), list.end());
                 continue;
             }
@@ -318,8 +346,15 @@ int32_t cb_get_into_ranges(void *ctx, const mws_range_item *items, size_t n, int
             }
         }
         if (rest.empty()) return OK;
-        // 3. The other ranges: get_into_ranges with the query cache.
+        // 3. The other ranges: get_into_ranges with the query cache (keys not yet asked
+        // are asked now, in one batch_query).
         std::sort(rest.begin(), rest.end());
+        std::set<std::string> unasked;
+        for (size_t i : rest) {
+            std::string k = str(items[i].key);
+            if (cache.find(k) == cache.end()) unasked.insert(std::move(k));
+        }
+        query(std::vector<std::string>(unasked.begin(), unasked.end()));
         std::vector<mws_range_item> sub;
         sub.reserve(rest.size());
         for (size_t i : rest) sub.push_back(items[i]);
@@ -390,6 +425,7 @@ int32_t cb_batch_get_size(void *ctx, const mws_bytes *keys, size_t n, int64_t *s
                 if (ok && v <= static_cast<uint64_t>(INT64_MAX)) size = static_cast<int64_t>(v);
             }
             sizes[i] = size ? *size : s.code(static_cast<int64_t>(s.c().getSize(ks[i])));
+            s.remember_size(ks[i], sizes[i]);
         }
         return OK;
     }, INTERNAL_ERROR);
