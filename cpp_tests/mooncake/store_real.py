@@ -261,6 +261,10 @@ def case_store_cross_language(run: Run) -> None:
               f"{'' if ok else chr(10) + out.stderr[-1500:]}")
     restore(run, key[0], 2)
     check(True, "C++ server restored the Python snapshot into TP2xEP2, every byte")
+    lst = last(run.role("revisions", run.ns), "revisions")
+    got = sorted((r["revision"], r["manifest"]) for r in lst["revisions"])
+    check(got == sorted([("rev-x", t["manifest"]), ("rev-py", key[0])]),
+          "C++ Store::revisions lists the C++ and the Python revision (each language's commit wrote its index entry)")
 
 
 def case_store_and_te(run: Run) -> None:
