@@ -55,7 +55,7 @@
 //! delta applied there, and copied back; its content check reads the device ranges
 //! back through the engine, so what is reported Updated is what the device holds.
 
-use super::device_bytes::{check_reachable, for_each_segment, gather, memory, scatter};
+use super::device_bytes::{check_reachable, copy_ops, for_each_segment, gather, memory, scatter};
 use crate::delta::{self, Header};
 use crate::device::DeviceEngine;
 use crate::engine::{Direction, TransferBatch, TransferBatchRange, TransferEngine};
@@ -377,7 +377,7 @@ impl DeltaSource {
                 // Full: the prepared batches; the bases take the bytes sent.
                 for &k in &ts {
                     // SAFETY: this function's contract.
-                    unsafe { self.refresh(plan, k) };
+                    unsafe { self.refresh(plan, k) }?;
                     let t = &mut self.targets[k];
                     t.generation = Some(generation);
                     out.report.targets.push(TargetDelta {
@@ -511,55 +511,26 @@ impl DeltaSource {
     /// # Safety
     /// As [`Self::plan_step`].
     unsafe fn stage(&mut self, plan: &TransferPlan, k: usize) -> Result<()> {
-        let device = self.device.clone();
         let t = &mut self.targets[k];
         let Some(staged) = &mut t.staged else { return Ok(()) };
-        let mut at = 0usize;
-        for &i in &t.ops {
-            let i = i as usize;
-            let ranges = super::device_bytes::segments(plan, i, Side::Source);
-            let n: u64 = ranges.iter().map(|r| r.1).sum();
-            let into = &mut staged[at..at + n as usize];
-            match memory(plan, i, Side::Source) {
-                MemoryKind::Host => {
-                    let mut o = 0usize;
-                    for (a, len) in ranges {
-                        // SAFETY: this function's contract: a host segment valid for reads.
-                        let src = unsafe { std::slice::from_raw_parts(a as usize as *const u8, len as usize) };
-                        into[o..o + len as usize].copy_from_slice(src);
-                        o += len as usize;
-                    }
-                }
-                MemoryKind::Device(ordinal) => {
-                    let d = device.as_deref().ok_or_else(|| Error::new(ErrorKind::Unsupported, "no device engine"))?;
-                    // SAFETY: this function's contract: device segments valid for reads.
-                    unsafe { gather(d, ordinal, &ranges, into) }?;
-                }
-            }
-            at += n as usize;
-        }
-        Ok(())
+        // SAFETY: this function's contract.
+        unsafe { copy_ops(plan, &t.ops, Side::Source, self.device.as_deref(), staged) }
     }
 
-    /// Copies target `k`'s source bytes into its base (a full step).
+    /// Makes target `k`'s base its source bytes (a full step): the staged bytes
+    /// swapped in, or host sources copied.
     ///
     /// # Safety
     /// As [`Self::plan_step`].
-    unsafe fn refresh(&mut self, plan: &TransferPlan, k: usize) {
+    unsafe fn refresh(&mut self, plan: &TransferPlan, k: usize) -> Result<()> {
         let t = &mut self.targets[k];
-        if let Some(staged) = &mut t.staged {
-            std::mem::swap(&mut t.base, staged);
-            return;
-        }
-        let mut at = 0usize;
-        for &i in &t.ops {
-            for_each_segment(plan, i as usize, Side::Source, |addr, len| {
-                let len = len as usize;
-                // SAFETY: as in `encode`.
-                let new = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
-                t.base[at..at + len].copy_from_slice(new);
-                at += len;
-            });
+        match &mut t.staged {
+            Some(staged) => {
+                std::mem::swap(&mut t.base, staged);
+                Ok(())
+            }
+            // SAFETY: this function's contract; an unstaged target's sources are host memory.
+            None => unsafe { copy_ops(plan, &t.ops, Side::Source, None, &mut t.base) },
         }
     }
 }

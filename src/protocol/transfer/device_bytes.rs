@@ -147,6 +147,49 @@ unsafe fn back_to_back(
     unsafe { copy_ranges(device, ordinal, direction, &copies) }.map(|_| ())
 }
 
+/// Copies the bytes of operations `ops` on `side` back to back into `into` (as long
+/// as their bytes): host segments copied, device ones gathered through `device`, one
+/// batch per operation. Errors: device memory without a device engine
+/// (`Unsupported`), the device engine's.
+///
+/// # Safety
+/// The operations' fragments on `side` are valid for reads (of their memory kind)
+/// at their planned addresses for the call.
+pub unsafe fn copy_ops(
+    plan: &TransferPlan,
+    ops: &[u32],
+    side: Side,
+    device: Option<&dyn DeviceEngine>,
+    into: &mut [u8],
+) -> Result<()> {
+    let mut at = 0usize;
+    for &i in ops {
+        let i = i as usize;
+        let ranges = segments(plan, i, side);
+        let n = ranges.iter().map(|r| r.1 as usize).sum::<usize>();
+        let dst = &mut into[at..at + n];
+        match memory(plan, i, side) {
+            MemoryKind::Host => {
+                let mut o = 0usize;
+                for (a, len) in ranges {
+                    // SAFETY: this function's contract: a host segment valid for reads
+                    // (bound plans' regions are checked against the fragments' extents).
+                    let src = unsafe { std::slice::from_raw_parts(a as usize as *const u8, len as usize) };
+                    dst[o..o + len as usize].copy_from_slice(src);
+                    o += len as usize;
+                }
+            }
+            MemoryKind::Device(ordinal) => {
+                let d = engine_for(plan, i, side, device)?;
+                // SAFETY: this function's contract: device segments valid for reads.
+                unsafe { gather(d, ordinal, &ranges, dst) }?;
+            }
+        }
+        at += n;
+    }
+    Ok(())
+}
+
 /// Calls `f(bytes)` with the bytes of operation `i` on `side` in order, in pieces:
 /// host segments in place, device segments staged through `device` at most
 /// [`READ_WINDOW`] bytes at a time (into `scratch`). Errors: device memory without

@@ -263,42 +263,6 @@ pub fn operations_into(plan: &TransferPlan, executor: &ExecutorTransferPlan, par
     ops
 }
 
-/// Appends the bytes of operation `i` on `side` (its segments in row-major order)
-/// to `crc`.
-///
-/// # Safety
-/// The fragment of `side` is host memory valid for reads of the region.
-unsafe fn region_crc(plan: &TransferPlan, i: usize, side: Side, mut crc: u32) -> u32 {
-    let r = &plan.regions()[i];
-    let base = plan.operation_fragment(i, side).1.address()
-        + if side == Side::Source { r.source_base_offset } else { r.target_base_offset };
-    let strides = if side == Side::Source { &r.source_strides } else { &r.target_strides };
-    let k = r.outer_loop_counts.len();
-    if r.inner_bytes == 0 || r.outer_loop_counts.contains(&0) {
-        return crc;
-    }
-    let mut idx = vec![0u64; k];
-    loop {
-        let at = base + (0..k).map(|d| idx[d] * strides[d]).sum::<u64>();
-        // SAFETY: this function's contract: the segment lies in the fragment (the
-        // bound plan's regions are checked against the fragments' extents).
-        let bytes = unsafe { std::slice::from_raw_parts(at as usize as *const u8, r.inner_bytes as usize) };
-        crc = crate::crc::crc32c_append(crc, bytes);
-        let mut d = k;
-        loop {
-            if d == 0 {
-                return crc;
-            }
-            d -= 1;
-            idx[d] += 1;
-            if idx[d] < r.outer_loop_counts[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-}
-
 /// The content checksums of operations `ops` (ascending) read on `side`: one
 /// CRC-32C per group of [`content_groups`]. Host fragments are read in place, device
 /// fragments through `device` (staged in host memory, [`super::device_bytes`]).
@@ -320,18 +284,12 @@ pub unsafe fn content_checksums(
     for g in content_groups(ops.len()) {
         let mut crc = 0u32;
         for &i in &ops[g] {
-            let i = i as usize;
-            if super::device_bytes::memory(plan, i, side) == crate::runtime::MemoryKind::Host {
-                // SAFETY: this function's contract; the fragment is host memory.
-                crc = unsafe { region_crc(plan, i, side, crc) };
-            } else {
-                // SAFETY: this function's contract.
-                unsafe {
-                    super::device_bytes::read_op(plan, i, side, device, &mut scratch, |b| {
-                        crc = crate::crc::crc32c_append(crc, b)
-                    })
-                }?;
-            }
+            // SAFETY: this function's contract.
+            unsafe {
+                super::device_bytes::read_op(plan, i as usize, side, device, &mut scratch, |b| {
+                    crc = crate::crc::crc32c_append(crc, b)
+                })
+            }?;
         }
         out.push(crc);
     }
