@@ -160,7 +160,7 @@ pub fn inbox_slot(plan: &TransferPlan, target: &str, writer: (&str, &str), capac
 
 /// The element size the codec encodes operation `i` in (its tensor's, when the
 /// codec has it and the segments are whole elements; else bytes).
-fn element_size(plan: &TransferPlan, i: usize) -> usize {
+pub(crate) fn element_size(plan: &TransferPlan, i: usize) -> usize {
     let es = plan.operation_fragment(i, Side::Source).1.itemsize() as usize;
     let inner = plan.regions()[i].inner_bytes as usize;
     if delta::ELEMENT_SIZES.contains(&es) && inner.is_multiple_of(es) {
@@ -170,22 +170,186 @@ fn element_size(plan: &TransferPlan, i: usize) -> usize {
     }
 }
 
-/// The source's state of one target.
-struct TargetBase {
-    participant: String,
-    ops: Vec<u32>,
+/// The bytes a source last sent (or published) into one target: the concatenated
+/// segments of its operations into it, in operation and row-major order
+/// ([`for_each_segment`]), on the host, and their weight generation. Shared by the
+/// pushed ([`DeltaSource`]) and the published ([`super::delta_pull::DeltaPublisher`])
+/// delta steps.
+pub(crate) struct Base {
+    pub participant: String,
+    /// The operations into the target, ascending.
+    pub ops: Vec<u32>,
     /// Planned segments and bytes of `ops`.
-    planned: u64,
-    bytes: u64,
-    base: Vec<u8>,
-    generation: Option<u64>,
+    pub planned: u64,
+    pub bytes: u64,
+    pub base: Vec<u8>,
+    pub generation: Option<u64>,
+    /// When some of `ops` are device memory: the step's new bytes, staged on the
+    /// host in the base's layout (swapped with the base once sent).
+    staged: Option<Vec<u8>>,
+}
+
+impl Base {
+    /// The base of `ops` (ascending) into `participant`, empty (no generation).
+    /// Errors (`Unsupported`): a device source fragment without a device engine.
+    pub(crate) fn new(
+        plan: &TransferPlan,
+        participant: String,
+        ops: Vec<u32>,
+        device: Option<&dyn DeviceEngine>,
+    ) -> Result<Base> {
+        check_reachable(plan, &ops, Side::Source, device, "delta steps")?;
+        let on_device = ops.iter().any(|&i| memory(plan, i as usize, Side::Source) != MemoryKind::Host);
+        let planned = ops.iter().map(|&i| plan.regions()[i as usize].segment_count()).sum();
+        let bytes: u64 = ops.iter().map(|&i| plan.regions()[i as usize].total_bytes()).sum();
+        Ok(Base {
+            participant,
+            ops,
+            planned,
+            bytes,
+            base: vec![0; bytes as usize],
+            generation: None,
+            staged: on_device.then(|| vec![0; bytes as usize]),
+        })
+    }
+
+    /// Stages the new bytes on the host when some sources are device memory (host
+    /// sources copied, device ones gathered through `device`, one batch per
+    /// operation); nothing otherwise.
+    ///
+    /// # Safety
+    /// The source fragments of `ops` are valid for reads (of their memory kind) and
+    /// not written during the call.
+    pub(crate) unsafe fn stage(&mut self, plan: &TransferPlan, device: Option<&dyn DeviceEngine>) -> Result<()> {
+        let Some(staged) = &mut self.staged else { return Ok(()) };
+        // SAFETY: this function's contract.
+        unsafe { copy_ops(plan, &self.ops, Side::Source, device, staged) }
+    }
+
+    /// Encodes the segments that changed against the base into `out` (records: `u64`
+    /// LE segment ordinal, then one encoding): `Some((bytes, changed elements))`, or
+    /// `None` when they do not fit `out`.
+    ///
+    /// # Safety
+    /// As [`Self::stage`] (called before, for staged bases).
+    pub(crate) unsafe fn encode(
+        &self,
+        plan: &TransferPlan,
+        out: &mut [u8],
+        scratch: &mut Vec<u8>,
+    ) -> Result<Option<(u64, u64)>> {
+        let (mut used, mut changed, mut ordinal, mut at) = (0usize, 0u64, 0u64, 0usize);
+        let mut err = None;
+        let mut overflow = false;
+        for &i in &self.ops {
+            let es = element_size(plan, i as usize);
+            for_each_segment(plan, i as usize, Side::Source, |addr, len| {
+                if err.is_some() || overflow {
+                    return;
+                }
+                let len = len as usize;
+                let new = match &self.staged {
+                    Some(staged) => &staged[at..at + len],
+                    // SAFETY: this function's contract: the segment lies in a host
+                    // source fragment valid for reads (the bound plan's regions are
+                    // checked against the fragments' extents).
+                    None => unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) },
+                };
+                let base = &self.base[at..at + len];
+                at += len;
+                let this = ordinal;
+                ordinal += 1;
+                if base == new {
+                    return;
+                }
+                scratch.clear();
+                scratch.extend_from_slice(&this.to_le_bytes());
+                match delta::encode(base, new, es, scratch) {
+                    Ok(s) => {
+                        changed += s.changed_elements as u64;
+                        if used + scratch.len() > out.len() {
+                            overflow = true;
+                            return;
+                        }
+                        out[used..used + scratch.len()].copy_from_slice(scratch);
+                        used += scratch.len();
+                    }
+                    Err(e) => err = Some(e),
+                }
+            });
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        Ok((!overflow).then_some((used as u64, changed)))
+    }
+
+    /// Applies `records` (what [`Self::encode`] wrote) to the base (base := new; a
+    /// staged base swaps its staged bytes in instead) and moves it to `generation`.
+    pub(crate) fn advance(&mut self, plan: &TransferPlan, records: &[u8], generation: u64) -> Result<()> {
+        self.generation = Some(generation);
+        if let Some(staged) = &mut self.staged {
+            std::mem::swap(&mut self.base, staged);
+            return Ok(());
+        }
+        let mut starts = Vec::new();
+        let mut at = 0u64;
+        for &i in &self.ops {
+            let es = element_size(plan, i as usize);
+            for_each_segment(plan, i as usize, Side::Source, |_, len| {
+                starts.push((at, len, es));
+                at += len;
+            });
+        }
+        let base = &mut self.base;
+        for_each_record(records, starts.len() as u64, |ordinal, enc| {
+            let (off, len, es) = starts[ordinal as usize];
+            delta::apply(enc, &mut base[off as usize..(off + len) as usize], es).map(|_| ())
+        })
+    }
+
+    /// Makes the base the source bytes of `generation` (a full step): the staged
+    /// bytes swapped in, or host sources copied.
+    ///
+    /// # Safety
+    /// As [`Self::stage`] (called before, for staged bases).
+    pub(crate) unsafe fn refresh(&mut self, plan: &TransferPlan, generation: u64) -> Result<()> {
+        self.generation = Some(generation);
+        match &mut self.staged {
+            Some(staged) => {
+                std::mem::swap(&mut self.base, staged);
+                Ok(())
+            }
+            // SAFETY: this function's contract; an unstaged base's sources are host memory.
+            None => unsafe { copy_ops(plan, &self.ops, Side::Source, None, &mut self.base) },
+        }
+    }
+
+    /// The content checksums of the base's bytes ([`super::notify::content_checksums`]
+    /// of `ops` as the target reads them: one CRC-32C per group of operations).
+    pub(crate) fn checksums(&self, plan: &TransferPlan) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = 0usize;
+        for g in super::notify::content_groups(self.ops.len()) {
+            let mut crc = 0u32;
+            for &i in &self.ops[g] {
+                let n = plan.regions()[i as usize].total_bytes() as usize;
+                crc = crate::crc::crc32c_append(crc, &self.base[at..at + n]);
+                at += n;
+            }
+            out.push(crc);
+        }
+        out
+    }
+}
+
+/// The source's state of one target of a push.
+struct TargetBase {
+    base: Base,
     inbox: DeltaInbox,
     slot: (u64, u64),
     /// The encoded deltas of a step; `slot.1` bytes, registered, never reallocated.
     outbox: Vec<u8>,
-    /// When some of `ops` are device memory: the step's new bytes, staged on the
-    /// host in the base's layout (swapped with the base once sent).
-    staged: Option<Vec<u8>>,
 }
 
 /// A delta or full step's plan of one endpoint.
@@ -250,8 +414,6 @@ impl DeltaSource {
         let mut by_endpoint = vec![Vec::new(); endpoints.len()];
         for (t, mut ops) in per_target {
             ops.sort_unstable();
-            check_reachable(plan, &ops, Side::Source, device.as_deref(), "delta steps")?;
-            let on_device = ops.iter().any(|&i| memory(plan, i as usize, Side::Source) != MemoryKind::Host);
             let Some(inbox) = given.get(t.as_str()).copied() else {
                 return Err(Error::invalid(format!("no delta inbox for target {t}")));
             };
@@ -279,21 +441,9 @@ impl DeltaSource {
             let Some(e) = endpoints.iter().position(|x| x == endpoint) else {
                 return Err(Error::invalid(format!("target {t}'s endpoint {endpoint} has no prepared batches")));
             };
-            let planned = ops.iter().map(|&i| plan.regions()[i as usize].segment_count()).sum();
-            let bytes: u64 = ops.iter().map(|&i| plan.regions()[i as usize].total_bytes()).sum();
             by_endpoint[e].push(targets.len());
-            targets.push(TargetBase {
-                participant: t,
-                ops,
-                planned,
-                bytes,
-                base: vec![0; bytes as usize],
-                generation: None,
-                inbox,
-                slot,
-                outbox: vec![0; slot.1 as usize],
-                staged: on_device.then(|| vec![0; bytes as usize]),
-            });
+            let base = Base::new(plan, t, ops, device.as_deref())?;
+            targets.push(TargetBase { base, inbox, slot, outbox: vec![0; slot.1 as usize] });
         }
         let mut source =
             DeltaSource { targets, by_endpoint, endpoints: endpoints.to_vec(), registered: Vec::new(), device };
@@ -352,22 +502,24 @@ impl DeltaSource {
             report: DeltaReport { weight_generation: generation, targets: Vec::new() },
         };
         let mut scratch = Vec::new();
+        let device = self.device.clone();
         for (e, endpoint) in endpoints.iter().enumerate() {
             let ts = self.by_endpoint[e].clone();
             for &k in &ts {
                 // SAFETY: this function's contract.
-                unsafe { self.stage(plan, k) }?;
+                unsafe { self.targets[k].base.stage(plan, device.as_deref()) }?;
             }
             let wants_delta = !ts.is_empty()
                 && ts.iter().all(|&k| {
-                    let t = &self.targets[k];
+                    let t = &self.targets[k].base;
                     t.generation.is_some() && held.get(t.participant.as_str()).copied() == t.generation
                 });
             let mut deltas = Vec::new();
             if wants_delta {
                 for &k in &ts {
-                    // SAFETY: this function's contract.
-                    match unsafe { self.encode(plan, k, &mut scratch) }? {
+                    let t = &mut self.targets[k];
+                    // SAFETY: this function's contract (staged above).
+                    match unsafe { t.base.encode(plan, &mut t.outbox, &mut scratch) }? {
                         Some(d) => deltas.push(d),
                         None => break,
                     }
@@ -376,10 +528,9 @@ impl DeltaSource {
             if !wants_delta || deltas.len() != ts.len() {
                 // Full: the prepared batches; the bases take the bytes sent.
                 for &k in &ts {
-                    // SAFETY: this function's contract.
-                    unsafe { self.refresh(plan, k) }?;
-                    let t = &mut self.targets[k];
-                    t.generation = Some(generation);
+                    let t = &mut self.targets[k].base;
+                    // SAFETY: this function's contract (staged above).
+                    unsafe { t.refresh(plan, generation) }?;
                     out.report.targets.push(TargetDelta {
                         participant_id: t.participant.clone(),
                         base_generation: None,
@@ -393,16 +544,16 @@ impl DeltaSource {
             }
             let mut batches = Vec::with_capacity(ts.len());
             for (&k, (n, changed)) in ts.iter().zip(deltas) {
-                // The base takes the new bytes: the encodings applied to it.
-                self.advance_base(plan, k, n)?;
                 let t = &mut self.targets[k];
-                let base = t.generation.replace(generation).unwrap_or_default();
-                out.messages.insert(t.participant.clone(), NotifyDelta { base, bytes: n });
+                let base = t.base.generation.unwrap_or_default();
+                // The base takes the new bytes: the encodings applied to it.
+                t.base.advance(plan, &t.outbox[..n as usize], generation)?;
+                out.messages.insert(t.base.participant.clone(), NotifyDelta { base, bytes: n });
                 out.report.targets.push(TargetDelta {
-                    participant_id: t.participant.clone(),
+                    participant_id: t.base.participant.clone(),
                     base_generation: Some(base),
                     wire_bytes: n,
-                    logical_bytes: t.bytes,
+                    logical_bytes: t.base.bytes,
                     changed_elements: changed,
                 });
                 let batch = if n == 0 {
@@ -419,126 +570,19 @@ impl DeltaSource {
                     };
                     Some(TransferBatch::from_ranges(endpoint, Direction::Write, vec![range])?)
                 };
-                batches.push(DeltaBatch { batch, planned: t.planned, logical: t.bytes });
+                batches.push(DeltaBatch { batch, planned: t.base.planned, logical: t.base.bytes });
             }
             out.endpoints.push(Some(batches));
         }
         out.report.targets.sort_by(|a, b| a.participant_id.cmp(&b.participant_id));
         Ok(out)
     }
-
-    /// Encodes target `k`'s segments that changed against its base into its outbox:
-    /// `Some((bytes, changed elements))`, or `None` when they do not fit its slot.
-    ///
-    /// # Safety
-    /// As [`Self::plan_step`].
-    unsafe fn encode(&mut self, plan: &TransferPlan, k: usize, scratch: &mut Vec<u8>) -> Result<Option<(u64, u64)>> {
-        let t = &mut self.targets[k];
-        let (mut used, mut changed, mut ordinal, mut at) = (0usize, 0u64, 0u64, 0usize);
-        let mut err = None;
-        let mut overflow = false;
-        for &i in &t.ops {
-            let es = element_size(plan, i as usize);
-            for_each_segment(plan, i as usize, Side::Source, |addr, len| {
-                if err.is_some() || overflow {
-                    return;
-                }
-                let len = len as usize;
-                let new = match &t.staged {
-                    Some(staged) => &staged[at..at + len],
-                    // SAFETY: this function's contract: the segment lies in a host
-                    // source fragment valid for reads (the bound plan's regions are
-                    // checked against the fragments' extents).
-                    None => unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) },
-                };
-                let base = &t.base[at..at + len];
-                at += len;
-                let this = ordinal;
-                ordinal += 1;
-                if base == new {
-                    return;
-                }
-                scratch.clear();
-                scratch.extend_from_slice(&this.to_le_bytes());
-                match delta::encode(base, new, es, scratch) {
-                    Ok(s) => {
-                        changed += s.changed_elements as u64;
-                        if used + scratch.len() > t.outbox.len() {
-                            overflow = true;
-                            return;
-                        }
-                        t.outbox[used..used + scratch.len()].copy_from_slice(scratch);
-                        used += scratch.len();
-                    }
-                    Err(e) => err = Some(e),
-                }
-            });
-        }
-        if let Some(e) = err {
-            return Err(e);
-        }
-        Ok((!overflow).then_some((used as u64, changed)))
-    }
-
-    /// Applies target `k`'s first `n` outbox bytes to its base (base := new; a
-    /// staged target swaps its staged bytes in instead).
-    fn advance_base(&mut self, plan: &TransferPlan, k: usize, n: u64) -> Result<()> {
-        let t = &mut self.targets[k];
-        if let Some(staged) = &mut t.staged {
-            std::mem::swap(&mut t.base, staged);
-            return Ok(());
-        }
-        let mut starts = Vec::new();
-        let mut at = 0u64;
-        for &i in &t.ops {
-            let es = element_size(plan, i as usize);
-            for_each_segment(plan, i as usize, Side::Source, |_, len| {
-                starts.push((at, len, es));
-                at += len;
-            });
-        }
-        let base = &mut t.base;
-        for_each_record(&t.outbox[..n as usize], starts.len() as u64, |ordinal, enc| {
-            let (off, len, es) = starts[ordinal as usize];
-            delta::apply(enc, &mut base[off as usize..(off + len) as usize], es).map(|_| ())
-        })
-    }
-
-    /// Stages target `k`'s new bytes on the host when some of its sources are device
-    /// memory (host sources copied, device ones gathered through the device engine,
-    /// one batch per operation); nothing otherwise.
-    ///
-    /// # Safety
-    /// As [`Self::plan_step`].
-    unsafe fn stage(&mut self, plan: &TransferPlan, k: usize) -> Result<()> {
-        let t = &mut self.targets[k];
-        let Some(staged) = &mut t.staged else { return Ok(()) };
-        // SAFETY: this function's contract.
-        unsafe { copy_ops(plan, &t.ops, Side::Source, self.device.as_deref(), staged) }
-    }
-
-    /// Makes target `k`'s base its source bytes (a full step): the staged bytes
-    /// swapped in, or host sources copied.
-    ///
-    /// # Safety
-    /// As [`Self::plan_step`].
-    unsafe fn refresh(&mut self, plan: &TransferPlan, k: usize) -> Result<()> {
-        let t = &mut self.targets[k];
-        match &mut t.staged {
-            Some(staged) => {
-                std::mem::swap(&mut t.base, staged);
-                Ok(())
-            }
-            // SAFETY: this function's contract; an unstaged target's sources are host memory.
-            None => unsafe { copy_ops(plan, &t.ops, Side::Source, None, &mut t.base) },
-        }
-    }
 }
 
 /// Calls `f(ordinal, encoding)` for every record of a writer's slot bytes, checking
 /// the framing: strictly increasing ordinals below `segments`, whole encodings.
 /// Errors (`InvalidArgument`): the first framing error, or `f`'s.
-fn for_each_record<'a>(
+pub(crate) fn for_each_record<'a>(
     mut bytes: &'a [u8],
     segments: u64,
     mut f: impl FnMut(u64, &'a [u8]) -> Result<()>,

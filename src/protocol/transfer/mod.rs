@@ -6,6 +6,7 @@
 
 pub mod completion;
 pub mod delta;
+pub mod delta_pull;
 pub mod device_bytes;
 pub mod error;
 pub mod executor;
@@ -21,6 +22,7 @@ pub mod step_handle;
 
 pub use completion::{PendingTransferInfo, COMPLETION_UNKNOWN_RESTART_REQUIRED};
 pub use delta::{DeltaInbox, DeltaReport, TargetDelta, TargetHeld};
+pub use delta_pull::{DeltaOutbox, DeltaPublisher, SourceOutbox};
 pub use error::{TransferError, TransferErrorKind, TransferResult};
 pub use executor::{
     EngineResources, ExecuteArgs, ExecutionStats, ExecutorLimits, GuardRelease, TransferExecutor, TransferReceipt,

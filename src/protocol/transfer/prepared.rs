@@ -41,6 +41,7 @@ use super::completion::{cleanup_error, quarantine_cleanup, run_synchronous, subm
 use super::completion::{engine_busy, execute_batch, judge_ticket, reserve, Reservation};
 use super::completion::{retain_unknown, unregister_all, BatchOutcome, Handoff};
 use super::delta::{DeltaBatch, DeltaInbox, DeltaReport, DeltaSource, StepDelta, TargetHeld};
+use super::delta_pull::{DeltaPull, PullStep, SourceOutbox};
 use super::error::{TransferError, TransferErrorKind, TransferResult};
 use super::executor::{Call, TransferExecutor, TransferReceipt};
 use super::executor::{ExecutionStats, GuardRelease, PinSpec, Pins, PrepareOut, PreparedEndpoint};
@@ -198,6 +199,8 @@ pub struct PreparedTransfer {
     gate: Gate,
     /// The source side of delta steps ([`Self::enable_delta`]).
     delta: Mutex<Option<DeltaSource>>,
+    /// The reader side of pulled delta steps ([`Self::enable_delta_pull`]).
+    pull: Mutex<Option<DeltaPull>>,
     /// What the last delta step sent each target.
     last_delta: Mutex<Option<DeltaReport>>,
 }
@@ -282,6 +285,7 @@ impl PreparedTransfer {
             }),
             gate: Gate::default(),
             delta: Mutex::new(None),
+            pull: Mutex::new(None),
             last_delta: Mutex::new(None),
         }
     }
@@ -453,9 +457,70 @@ impl PreparedTransfer {
     }
 
     /// What the last delta step sent each target (delta or full, bytes moved and
-    /// held), `None` before the first.
+    /// held), `None` before the first. For a delta-enabled reader: its one target,
+    /// `base_generation` `Some` when every source sent a delta on that base,
+    /// `wire_bytes` the publication headers and the records or bytes it read.
     pub fn last_delta(&self) -> Option<DeltaReport> {
         self.last_delta.lock().clone()
+    }
+
+    /// Enables pulled delta steps ([`super::delta_pull`]) of this prepared reader:
+    /// `outboxes` names the outbox of every source executor it reads (those of other
+    /// executors are ignored, so one list may serve every reader of a server), each
+    /// published by a [`super::DeltaPublisher`] on the source side. Allocates a
+    /// staging buffer (the reader's slots of those outboxes, host memory, registered
+    /// with the engine until the close). From then on every step is content-verified
+    /// against the sources' publications of its generation, and pulls only the
+    /// changes from the sources whose base the reader holds
+    /// ([`Self::held_generation`]); the first step is full. Calling it again replaces
+    /// the outboxes and forgets what the reader holds.
+    ///
+    /// Errors (nothing changes): a prepared sink (`InvalidArgument`: sinks push,
+    /// [`Self::enable_delta`]), a source executor without an outbox, an outbox named
+    /// twice, an outbox under its least capacity
+    /// ([`min_outbox_capacity`](super::delta_pull::min_outbox_capacity)) (`InvalidArgument`),
+    /// a source executor read at several endpoints or device target memory while the
+    /// engine has no device engine (`Unsupported`), a refused registration
+    /// (`Store`), a closed transfer. Thread safety: waits for a running step.
+    pub fn enable_delta_pull(&self, outboxes: &[SourceOutbox<'_>]) -> crate::Result<()> {
+        if self.mode != TransferMode::Reader {
+            return Err(Error::invalid("pulled delta steps are for prepared readers (a sink pushes: enable_delta)"));
+        }
+        let _pass = self.gate.enter();
+        let st = self.state.lock();
+        if st.closed {
+            return Err(Error::invalid("prepared transfer is closed"));
+        }
+        if st.handed_to.is_some() {
+            return Err(Error::invalid("its registrations are held by a pending transfer (drain it on the engine)"));
+        }
+        drop(st);
+        let engine = &*self.front.exec.engine;
+        let p = &*self.prepared;
+        if p.worker.is_none() {
+            return Ok(());
+        }
+        let (participant, worker) = &p.executor_key;
+        let Some(e) =
+            p.plan.executors(Side::Target).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
+        else {
+            return Err(Error::invalid("pulled delta steps need the reader's executor in the plan"));
+        };
+        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
+        let new = DeltaPull::new(&p.plan, e, &endpoints, outboxes, engine)?;
+        if let Some(mut old) = self.pull.lock().replace(new) {
+            old.close(engine, false);
+        }
+        Ok(())
+    }
+
+    /// The weight generation a delta-enabled reader's target bytes hold, verified by
+    /// content against the sources' publications and untouched by a step since
+    /// (`None`: not delta-enabled, before its first verified step, after a failed
+    /// or torn one, while a step runs). What decides whether its next step pulls
+    /// deltas.
+    pub fn held_generation(&self) -> Option<u64> {
+        self.pull.lock().as_ref().and_then(DeltaPull::held_generation)
     }
 
     /// The first part of a step: the freshness checks, the pins and, for a notified
@@ -507,6 +572,15 @@ impl PreparedTransfer {
             st.pins = p;
         }
         drop(st);
+        if args.delta.is_some() && self.mode == TransferMode::Reader {
+            return pins.abort(TransferError::contract(Error::invalid(
+                "a reader decides its delta steps itself (enable_delta_pull); StepArgs::delta is for sinks",
+            )));
+        }
+        let pulled = match self.pull_begin(args.weight_generation, &mut pins) {
+            Ok(p) => p,
+            Err(e) => return pins.abort(e),
+        };
         let step_delta = match args.delta {
             None => None,
             // SAFETY: `step`'s contract: the prepared source buffers are valid and
@@ -516,12 +590,13 @@ impl PreparedTransfer {
                 Err(e) => return pins.abort(e),
             },
         };
-        let (over, messages) = match step_delta {
-            Some(d) => {
+        let (over, messages, pull) = match (step_delta, pulled) {
+            (Some(d), _) => {
                 *self.last_delta.lock() = Some(d.report);
-                (Some(d.endpoints), Some(d.messages))
+                (Some(d.endpoints), Some(d.messages), None)
             }
-            None => (None, None),
+            (None, Some((step, over))) => (Some(over), None, Some(step)),
+            (None, None) => (None, None, None),
         };
         let notify = match &args.notify {
             None => None,
@@ -535,8 +610,92 @@ impl PreparedTransfer {
             tokens: std::mem::take(&mut pins.tokens),
             reservation: Some(reservation),
             notify,
+            pull,
             cursor: Cursor::new(&self.prepared, progress, over),
         }))
+    }
+
+    /// Hands the pins, the registrations and the memory DMA may still touch to a
+    /// pending transfer (completion unknown); this prepared transfer cannot step
+    /// again.
+    fn hand_off(
+        &self,
+        pins: &mut Pins<'_>,
+        ticket: Option<Box<dyn crate::engine::TransferTicket>>,
+        restart_required: bool,
+        interrupted: Option<String>,
+    ) -> TransferError {
+        pins.record(GuardRelease::Pending);
+        let mut resources: Vec<Box<dyn Any + Send>> = vec![Box::new(self.prepared.clone())];
+        let mut st = self.state.lock();
+        let mut registrations = st.registered.take().unwrap_or_default();
+        if let Some(p) = self.pull.lock().as_mut() {
+            resources.push(Box::new(p.staging()));
+            registrations.extend(p.hand_over());
+        }
+        let handoff = Handoff { registrations, tokens: std::mem::take(&mut pins.tokens), resources };
+        let exec = &self.front.exec;
+        let e = retain_unknown(self.identity, &exec.engine, ticket, restart_required, interrupted, handoff);
+        st.handed_to = e.pending_transfer_id.clone();
+        e
+    }
+
+    /// A delta-enabled reader's step start (under its pins and the engine's
+    /// reservation): reads the sources' publication headers (one blocking batch per
+    /// endpoint) and plans the step. `None` when pulled deltas are not enabled.
+    fn pull_begin(&self, generation: u64, pins: &mut Pins<'_>) -> TransferResult<Option<(PullStep, StepBatches)>> {
+        let mut guard = self.pull.lock();
+        let Some(pull) = guard.as_mut() else { return Ok(None) };
+        let exec = &self.front.exec;
+        let endpoints: Vec<String> = self.prepared.endpoints.iter().map(|e| e.endpoint.clone()).collect();
+        let (attempts, timeout) = (exec.limits.max_completion_drain_attempts, exec.limits.completion_drain_timeout_ms);
+        for batch in pull.header_batches(&endpoints).map_err(TransferError::contract)? {
+            match execute_batch(&*exec.engine, &batch, attempts, timeout) {
+                BatchOutcome::Completed => {}
+                BatchOutcome::Failed(m) => {
+                    return Err(TransferError::engine(format!("reading the sources' delta publications failed: {m}")))
+                }
+                BatchOutcome::Unknown { ticket, restart_required, interrupted } => {
+                    drop(guard);
+                    let mut e = self.hand_off(pins, ticket, restart_required, interrupted);
+                    e.message = format!("reading the sources' delta publications: {}", e.message);
+                    return Err(e);
+                }
+            }
+        }
+        let (step, over) = pull.plan_step(generation, &endpoints).map_err(TransferError::contract)?;
+        let over = over
+            .into_iter()
+            .map(|e| {
+                e.map(|b| {
+                    b.into_iter().map(|(batch, planned, logical)| DeltaBatch { batch, planned, logical }).collect()
+                })
+            })
+            .collect();
+        Ok(Some((step, over)))
+    }
+
+    /// A delta-enabled reader's step end, its batches completed: applies the deltas
+    /// and verifies the content (the report kept as the last delta's).
+    fn pull_end(&self, step: &PullStep) -> TransferResult<()> {
+        let mut guard = self.pull.lock();
+        let Some(pull) = guard.as_mut() else {
+            return Err(TransferError::engine("pulled delta steps were disabled during the step"));
+        };
+        // SAFETY: `step`'s contract: the prepared target buffers are valid and
+        // pinned for the step, and only this step writes them.
+        match unsafe { pull.finish(&self.prepared.plan, step) } {
+            Ok(report) => {
+                *self.last_delta.lock() = Some(report);
+                Ok(())
+            }
+            Err(e) => {
+                pull.forget();
+                let mut e = TransferError::contract(e);
+                e.submitted = true;
+                Err(e)
+            }
+        }
     }
 
     /// Plans a delta step (see [`StepArgs::delta`]).
@@ -589,7 +748,7 @@ impl PreparedTransfer {
     /// the step's terminal state, or hands them and the registrations to a pending
     /// transfer when completion is unknown; then a notified step's `done`.
     fn end(&self, flight: Flight, stats: &ExecutionStats) -> TransferResult<Vec<TransferReceipt>> {
-        let Flight { tokens, reservation, notify, cursor } = flight;
+        let Flight { tokens, reservation, notify, pull, cursor } = flight;
         let mut pins = Pins { tokens, stats: Some(stats) };
         let exec = &self.front.exec;
         let submitted = cursor.submitted;
@@ -600,16 +759,7 @@ impl PreparedTransfer {
             None => Ok(cursor.receipts),
             Some(BatchOutcome::Failed(msg)) => Err(TransferError::new(TransferErrorKind::CompletionFailed, msg)),
             Some(BatchOutcome::Unknown { ticket, restart_required, interrupted }) => {
-                // DMA may still run: the registrations and the pins go to a pending
-                // transfer, and this prepared transfer cannot step again.
-                pins.record(GuardRelease::Pending);
-                let resources: Vec<Box<dyn Any + Send>> = vec![Box::new(self.prepared.clone())];
-                let mut st = self.state.lock();
-                let registrations = st.registered.take().unwrap_or_default();
-                let handoff = Handoff { registrations, tokens: std::mem::take(&mut pins.tokens), resources };
-                let e = retain_unknown(self.identity, &exec.engine, ticket, restart_required, interrupted, handoff);
-                st.handed_to = e.pending_transfer_id.clone();
-                return Err(e);
+                return Err(self.hand_off(&mut pins, ticket, restart_required, interrupted));
             }
             Some(BatchOutcome::Completed) => unreachable!("a completed batch does not stop the step"),
         };
@@ -617,6 +767,17 @@ impl PreparedTransfer {
             Ok(_) => TerminalState::Completed,
             Err(e) if e.kind == TransferErrorKind::CompletionFailed || submitted => TerminalState::FailedDrained,
             Err(_) => TerminalState::Aborted,
+        };
+        // A delta-enabled reader applies and verifies while its pins hold.
+        let body = match (body, pull) {
+            (Ok(r), Some(step)) => self.pull_end(&step).map(|()| r),
+            (Ok(r), None) => Ok(r),
+            (Err(e), _) => {
+                if let Some(p) = self.pull.lock().as_mut() {
+                    p.forget();
+                }
+                Err(e)
+            }
         };
         let release = pins.release(state);
         drop(reservation);
@@ -742,12 +903,17 @@ impl PreparedTransfer {
     /// blocks the engine until it is drained).
     pub fn close(&self) -> TransferResult<()> {
         let _pass = self.gate.enter();
+        let mut st = self.state.lock();
         if let Some(mut d) = self.delta.lock().take() {
             if self.front.exec.engine.identity().ok() == Some(self.identity) {
                 d.close(&*self.front.exec.engine);
             }
         }
-        let mut st = self.state.lock();
+        if let Some(mut d) = self.pull.lock().take() {
+            if self.front.exec.engine.identity().ok() == Some(self.identity) {
+                d.close(&*self.front.exec.engine, st.handed_to.is_some());
+            }
+        }
         st.closed = true;
         let Some(registered) = st.registered.take() else { return Ok(()) };
         if registered.is_empty() {
@@ -816,6 +982,8 @@ struct Flight {
     /// The engine's reservation, released when the batches are over.
     reservation: Option<Reservation>,
     notify: Option<NotifyTail>,
+    /// A delta-enabled reader's step: applied and verified at the end.
+    pull: Option<PullStep>,
     cursor: Cursor,
 }
 
