@@ -370,8 +370,9 @@ fn main() {
     // corrupted GPU base caught as torn and repaired; every byte checked.
     for (s, d) in [(true, true), (true, false), (false, true)] {
         device_model::delta_steps_on(engine.clone(), &alloc, s, d);
+        device_model::pulled_delta_steps_on(engine.clone(), &alloc, s, d);
     }
-    println!("delta steps GPU <-> host: every byte checked");
+    println!("delta steps GPU <-> host, pushed and pulled: every byte checked");
 
     println!("figure: gpu_restore_vs_h2d_memcpy = {:.3}", h2d / verified);
     println!("figure: gpu_snapshot_vs_d2h_memcpy = {:.3}", d2h / snapshot);

@@ -148,5 +148,7 @@ fn the_cuda_engine_moves_every_path_through_a_fake_driver() {
     // Verified and delta steps of prepared pushes (issue 47) device -> device through
     // the CUDA engine: checksums, encodes and applies staged through it.
     device_model::delta_steps_on(dev.clone(), &alloc, true, true);
+    // Pulled: published device sources, device targets of prepared readers.
+    device_model::pulled_delta_steps_on(dev.clone(), &alloc, true, true);
     let _ = std::fs::remove_file(driver);
 }

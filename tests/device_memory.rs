@@ -398,3 +398,17 @@ fn delta_steps_between_device_buffers() {
         device_model::delta_steps_on(engine, &|n| dev.alloc(n).unwrap(), src_dev, dst_dev);
     }
 }
+
+/// Issue 47 pulled, on device memory: a publisher whose sources are device buffers
+/// and prepared readers whose targets are (`device_model::pulled_delta_steps_on`: the
+/// publication staged and the deltas applied and checked through the fenced device,
+/// a corrupted device base caught as Torn and repaired, every byte checked). Any host
+/// dereference of a device address crashes this test.
+#[test]
+fn pulled_delta_steps_between_device_buffers() {
+    for (src_dev, dst_dev) in [(true, true), (true, false), (false, true)] {
+        let dev = device();
+        let engine: Arc<dyn DeviceEngine> = dev.clone();
+        device_model::pulled_delta_steps_on(engine, &|n| dev.alloc(n).unwrap(), src_dev, dst_dev);
+    }
+}

@@ -11,6 +11,7 @@ use mooncake_weight_store::engine::TransferEngine;
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
+use mooncake_weight_store::protocol::transfer::delta_pull;
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::runtime::{RuntimeBindingSpec, RuntimeFragmentSpec};
 use mooncake_weight_store::ErrorKind;
@@ -459,4 +460,131 @@ pub fn delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64,
         assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: repaired");
     }
     drop(prepared);
+}
+
+/// Issue 47 pulled, on device memory: the trainer publishes each generation
+/// (`DeltaPublisher`, its device sources staged through the engine's device
+/// engine), the server's delta-enabled prepared readers pull the changes, apply them
+/// to their buffers (device ones through the device engine) and verify the content;
+/// several generations of deltas, then (device targets) a corrupted device base is
+/// caught as Torn and the next step is full for it and repairs it; every byte
+/// checked.
+pub fn pulled_delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64, src_dev: bool, dst_dev: bool) {
+    let what = format!("pulled: source on device {src_dev}, target on device {dst_dev}");
+    let (src_h, dst_h) = trainer_and_server();
+    let mut src = Side2::new(src_h, src_dev, &engine, alloc, "trainer");
+    let mut dst = Side2::new(dst_h, dst_dev, &engine, alloc, "serving");
+    let logical = LogicalTransferPlan::plan(
+        src.model().placement.clone(),
+        dst.model().placement.clone(),
+        PlanningLimits::default(),
+    )
+    .unwrap();
+    let plan = TransferPlan::bind(&logical, &dst.model().bindings, &src.model().bindings).unwrap();
+    let te = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(engine.clone()), mail: Default::default() });
+    // The readers read the sources: registered by their owner (the trainer).
+    match &src {
+        Side2::Device(d) => d.register(&te.inner, true),
+        Side2::Host(h) => {
+            for b in &h.buffers {
+                let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
+                // SAFETY: the buffers outlive every step.
+                assert_eq!(unsafe { te.inner.register_memory(r) }.unwrap(), 0);
+            }
+        }
+    }
+    let publishers: Vec<DeltaPublisher> = plan
+        .executors(Side::Source)
+        .iter()
+        .map(|e| {
+            let least = delta_pull::min_outbox_capacity(&plan, (&e.participant_id, &e.worker_id));
+            let bytes: u64 = plan
+                .operation_indices_for_executor(e)
+                .unwrap()
+                .iter()
+                .map(|&i| plan.regions()[i as usize].total_bytes())
+                .sum();
+            DeltaPublisher::new(&plan, &e.participant_id, None, te.clone(), (bytes / 2).max(least)).unwrap()
+        })
+        .collect();
+    let outboxes: Vec<SourceOutbox<'_>> = publishers
+        .iter()
+        .map(|p| SourceOutbox { participant_id: p.executor().0, worker_id: p.executor().1, outbox: p.outbox() })
+        .collect();
+    let loader = Loader::new(te.clone(), ExecutorLimits::default()).unwrap();
+    let (sm, dm) = (src.model(), dst.model());
+    let readers: Vec<PreparedTransfer> = dm
+        .bindings
+        .iter()
+        .map(|b| {
+            // SAFETY: both sides' memory outlives every step.
+            unsafe { loader.prepare_live(&plan, &sm.placement, &sm.bindings, &dm.placement, b, &LiveArgs::default()) }
+                .unwrap()
+        })
+        .collect();
+    for r in &readers {
+        r.enable_delta_pull(&outboxes).unwrap();
+    }
+    let step = |g: u64| -> Vec<(TargetOutcome, Option<u64>)> {
+        for p in &publishers {
+            // SAFETY: the source memory is valid and unchanged during the call.
+            unsafe { p.publish(g) }.unwrap();
+        }
+        readers
+            .iter()
+            .map(|r| {
+                // SAFETY: as above.
+                let out = unsafe { r.step(&StepArgs { weight_generation: g, ..Default::default() }) };
+                let outcome = match out {
+                    Ok(rep) => rep.targets[0].outcome.clone(),
+                    Err(e) => e.report.targets[0].outcome.clone(),
+                };
+                (outcome, r.last_delta().and_then(|d| d.targets[0].base_generation))
+            })
+            .collect()
+    };
+    let mut seed = 74u64;
+    let before = engine.stats();
+    let full = step(2);
+    assert!(full.iter().all(|(o, b)| *o == TargetOutcome::Updated { weight_generation: 2 } && b.is_none()), "{what}");
+    assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: generation 2");
+    for (g, per_thousand) in [(3u64, 10usize), (4, 30)] {
+        src.change(per_thousand, &mut seed);
+        let outcomes = step(g);
+        assert!(
+            outcomes.iter().all(|(o, b)| *o == TargetOutcome::Updated { weight_generation: g } && *b == Some(g - 1)),
+            "{what}: {outcomes:?}"
+        );
+        let (wire, logical): (u64, u64) = readers
+            .iter()
+            .flat_map(|r| r.last_delta().unwrap().targets)
+            .fold((0, 0), |(w, l), t| (w + t.wire_bytes, l + t.logical_bytes));
+        assert!(wire * 4 < logical, "{what}: {wire} of {logical} bytes pulled");
+        assert!(readers.iter().all(|r| r.held_generation() == Some(g)), "{what}");
+        assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: generation {g}");
+    }
+    assert!(engine.stats().driver_calls > before.driver_calls, "{what}: device bytes went through the engine");
+    if let Side2::Device(d) = &mut dst {
+        let k = 1;
+        d.pull();
+        d.host.buffers[k][5] ^= 0x40;
+        d.push();
+        src.change(10, &mut seed);
+        let outcomes = step(5);
+        for (j, (o, _)) in outcomes.iter().enumerate() {
+            assert_eq!(matches!(o, TargetOutcome::Torn { .. }), j == k, "{what}: only the corrupted target is torn");
+        }
+        src.change(10, &mut seed);
+        let outcomes = step(6);
+        for (j, (o, b)) in outcomes.iter().enumerate() {
+            assert_eq!(*o, TargetOutcome::Updated { weight_generation: 6 }, "{what}");
+            assert_eq!(b.is_none(), j == k, "{what}: full for the repaired target only");
+        }
+        assert!(routed_bytes_match(&plan, &mut src, &mut dst), "{what}: repaired");
+    }
+    drop(readers);
+    drop(publishers);
+    if let Side2::Device(d) = &src {
+        d.register(&te.inner, false);
+    }
 }
