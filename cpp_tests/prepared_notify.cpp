@@ -13,6 +13,7 @@
 // a verifying acceptor is refused; steps started without blocking (item 2) do the
 // same, their callbacks run once; a prepared reader cannot notify. Exits non-zero on
 // any failure.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -319,6 +320,83 @@ int main() {
             require(r.targets.size() == 1 && r.targets[0].verdict == MWS_TARGET_UPDATED &&
                         r.targets[0].weight_generation == 9,
                     "a reader's report is its own outcome");
+        }
+        // Pulled delta steps (issue 47): the trainer publishes each generation, every
+        // server participant's reader pulls only the changes once it holds the base.
+        {
+            std::vector<mws::DeltaPublisher> publishers;
+            std::vector<mws::DeltaOutbox> outboxes;
+            for (const auto &b : src.buffers) {
+                std::uint64_t least = mws::DeltaPublisher::min_outbox_capacity(plan, b.first);
+                publishers.emplace_back(plan, b.first, engine, std::max<std::uint64_t>(b.second.size() / 2, least));
+                outboxes.push_back(publishers.back().outbox());
+                require(outboxes.back().participant_id == b.first && outboxes.back().capacity >= least, "outbox");
+            }
+            bool small = false;
+            try {
+                mws::DeltaPublisher tiny(plan, src.buffers.begin()->first, engine, 10);
+            } catch (const mws::Error &e) {
+                small = e.status() == MWS_INVALID_ARGUMENT;
+            }
+            require(small, "an outbox under the least capacity is refused");
+            mws::Loader loader(engine);
+            std::vector<mws::PreparedTransfer> readers;
+            for (const auto &b : dst.bindings) {
+                readers.push_back(loader.prepare_live(plan, src.placement, src.binding_ptrs(), dst.placement, b));
+                readers.back().enable_delta_pull(outboxes);
+                require(!readers.back().held_generation(), "nothing held before the first step");
+            }
+            // A reader that steps before the generation is published: refused, nothing moved.
+            bool conflict = false;
+            try {
+                readers[0].step(30);
+            } catch (const mws::Error &e) {
+                conflict = e.status() == MWS_CONFLICT;
+            }
+            require(conflict, "no publication: MWS_CONFLICT");
+            std::vector<std::pair<std::uint8_t *, std::uint8_t>> flipped;
+            for (std::uint64_t g = 30; g <= 33; ++g) {
+                if (g == 31)
+                    for (auto &b : src.buffers)
+                        for (std::size_t k = 5; k < b.second.size(); k += 101) {
+                            flipped.push_back({&b.second[k], b.second[k]});
+                            b.second[k] ^= 0x21;
+                        }
+                if (g == 32)
+                    for (auto &c : flipped) *c.first = c.second;  // back to the model's bytes
+                if (g == 33) dst.buffers.begin()->second[3] ^= 0x40;  // a racing writer on the server
+                std::uint64_t published_deltas = 0;
+                for (const mws::DeltaPublisher &p : publishers) published_deltas += p.publish(g).delta_targets;
+                require((g == 30) == (published_deltas == 0), "the first publication has no delta");
+                std::uint64_t wire = 0, logical = 0, torn = 0;
+                for (const mws::PreparedTransfer &r : readers) {
+                    try {
+                        r.step(g);
+                    } catch (const mws::Error &e) {
+                        require(g == 33 && e.status() == MWS_INTEGRITY, "only the corrupted target fails");
+                        require(!r.held_generation(), "a torn reader holds nothing");
+                        ++torn;
+                        continue;
+                    }
+                    require(r.held_generation() == g, "the reader holds the step's generation");
+                    std::optional<mws_delta_stats> d = r.delta_stats();
+                    require(d && d->weight_generation == g, "pull stats");
+                    wire += d->wire_bytes;
+                    logical += d->logical_bytes;
+                }
+                require(torn == (g == 33 ? 1u : 0u), "the corrupted base is caught as torn");
+                if (g == 31 || g == 32) require(wire * 4 < logical, "only the changes pulled");
+                if (g == 32) dst.verify();
+                std::printf("pulled delta step %llu: %llu of %llu bytes pulled\n", static_cast<unsigned long long>(g),
+                            static_cast<unsigned long long>(wire), static_cast<unsigned long long>(logical));
+            }
+            for (const mws::DeltaPublisher &p : publishers) p.publish(34);
+            for (const mws::PreparedTransfer &r : readers) r.step(34);  // full for the torn one: repaired
+            dst.verify();
+            mws_delta_outbox none{nullptr, nullptr, 0, 0};
+            require(mws_prepared_transfer_enable_delta_pull(readers[0].get(), &none, 1) == MWS_NULL_ARGUMENT,
+                    "NULL strings refused");
+            require(mws_delta_publisher_publish(nullptr, 1, nullptr) == MWS_NULL_ARGUMENT, "NULL publisher");
         }
         for (const auto &b : src.buffers) engine.unregister_memory(b.second.data());
         std::printf("prepared_notify: ok\n");

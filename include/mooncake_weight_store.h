@@ -568,6 +568,15 @@ typedef enum mws_transfer_side {
 typedef struct mws_binding mws_binding;
 
 /**
+ * Publishes each weight generation of one source executor for the readers of a
+ * bound plan. Created by `mws_delta_publisher_new`, freed by
+ * `mws_delta_publisher_free` (which unregisters its outbox). Keeps its own
+ * reference to the transfer engine and a copy of the plan. Thread safety: every
+ * function may be called from any thread; publications are serialized inside.
+ */
+typedef struct mws_delta_publisher mws_delta_publisher;
+
+/**
  * A device copy engine: moves bytes between host and device memory (and within one
  * device) in batches of 2-D copies. Every path of the library that touches device
  * memory goes through one: snapshots read device sources and restores write device
@@ -942,6 +951,63 @@ typedef struct mws_runtime_fragment {
      */
     uint32_t device_ordinal;
 } mws_runtime_fragment;
+
+/**
+ * The outbox of one source executor for pulled delta steps: a host buffer of the
+ * source side, registered with the source's engine, that the readers read. Written
+ * by `mws_delta_publisher_outbox` (its strings borrowed from the publisher until it
+ * is freed); read by `mws_prepared_transfer_enable_delta_pull` (its strings read
+ * during the call).
+ */
+typedef struct mws_delta_outbox {
+    /**
+     * The source executor's participant.
+     */
+    const char *participant_id;
+    /**
+     * The source executor's worker.
+     */
+    const char *worker_id;
+    /**
+     * First byte (a source-side host address).
+     */
+    uint64_t address;
+    /**
+     * Bytes.
+     */
+    uint64_t capacity;
+} mws_delta_outbox;
+
+/**
+ * What the last delta step of a prepared transfer sent
+ * (`mws_prepared_transfer_delta_stats`).
+ */
+typedef struct mws_delta_stats {
+    /**
+     * The step's weight generation.
+     */
+    uint64_t weight_generation;
+    /**
+     * Targets sent the changed elements.
+     */
+    uint64_t delta_targets;
+    /**
+     * Targets sent every byte.
+     */
+    uint64_t full_targets;
+    /**
+     * Bytes moved into the targets.
+     */
+    uint64_t wire_bytes;
+    /**
+     * Bytes the targets hold after the step (what a full step moves).
+     */
+    uint64_t logical_bytes;
+    /**
+     * Elements changed in the delta targets.
+     */
+    uint64_t changed_elements;
+} mws_delta_stats;
 
 /**
  * One 2-D copy of a batch: `height` rows of `width` bytes; row `i` goes from
@@ -1929,37 +1995,6 @@ typedef struct mws_target_held {
 } mws_target_held;
 
 /**
- * What the last delta step of a prepared transfer sent
- * (`mws_prepared_transfer_delta_stats`).
- */
-typedef struct mws_delta_stats {
-    /**
-     * The step's weight generation.
-     */
-    uint64_t weight_generation;
-    /**
-     * Targets sent the changed elements.
-     */
-    uint64_t delta_targets;
-    /**
-     * Targets sent every byte.
-     */
-    uint64_t full_targets;
-    /**
-     * Bytes moved into the targets.
-     */
-    uint64_t wire_bytes;
-    /**
-     * Bytes the targets hold after the step (what a full step moves).
-     */
-    uint64_t logical_bytes;
-    /**
-     * Elements changed in the delta targets.
-     */
-    uint64_t changed_elements;
-} mws_delta_stats;
-
-/**
  * What a prepared transfer holds (`mws_prepared_transfer_info`).
  */
 typedef struct mws_prepared_info {
@@ -2849,6 +2884,100 @@ enum mws_status mws_binding_validate(const struct mws_placement *placement,
  * on it once this returns.
  */
 void mws_binding_free(struct mws_binding *binding);
+
+/**
+ * Creates a publisher for the source executor of `participant_id` (its only one,
+ * or the one of `worker_id`; NULL: the only one) under the bound `plan` (the plan
+ * the readers prepared), with an outbox of `capacity` bytes allocated here,
+ * registered with `engine` until the free, and split among the target executors it
+ * feeds (each a 320-byte header and a share of the rest in proportion to its
+ * bytes; `mws_delta_min_outbox_capacity` says the least). Device source buffers
+ * are read through the engine's device engine (`mws_transfer_engine_new_local_device`,
+ * `mws_transfer_engine_from_vtable_device`). Nothing is published until
+ * `mws_delta_publisher_publish`. New handle in `*out`.
+ *
+ * Errors (nothing kept): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
+ * `MWS_INVALID_ARGUMENT` (a logical plan, not a source participant of the plan,
+ * several executors and no worker, an unknown worker, a capacity under the least),
+ * `MWS_UNSUPPORTED` (device source buffers and no device engine), `MWS_STORE` (the
+ * engine refused to register the outbox). Thread safety: any thread.
+ *
+ * # Safety
+ * `plan` and `engine` are NULL or live; `participant_id` is NULL or NUL-terminated;
+ * `worker_id` is NULL or NUL-terminated; `out` is NULL or valid for a pointer write.
+ */
+enum mws_status mws_delta_publisher_new(const struct mws_transfer_plan *plan,
+                                        const char *participant_id,
+                                        const char *worker_id,
+                                        const struct mws_transfer_engine *engine,
+                                        uint64_t capacity,
+                                        struct mws_delta_publisher **out);
+
+/**
+ * Writes the least outbox capacity of the source executor of `participant_id`
+ * (`worker_id` as for `mws_delta_publisher_new`) under `plan` to `*out`: a header
+ * and 64 bytes of records per target executor it feeds.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`, `MWS_INVALID_ARGUMENT` (a logical
+ * plan, not a source executor of the plan). Thread safety: any thread.
+ *
+ * # Safety
+ * `plan` is NULL or live; the strings are NULL or NUL-terminated (`worker_id` may be
+ * NULL); `out` is NULL or valid for a write.
+ */
+enum mws_status mws_delta_min_outbox_capacity(const struct mws_transfer_plan *plan,
+                                              const char *participant_id,
+                                              const char *worker_id,
+                                              uint64_t *out);
+
+/**
+ * Writes the publisher's outbox to `*out` (its source executor's participant and
+ * worker, borrowed from the publisher until it is freed): what the readers need,
+ * told to them out of band.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `publisher` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_delta_publisher_outbox(const struct mws_delta_publisher *publisher,
+                                           struct mws_delta_outbox *out);
+
+/**
+ * Publishes weight generation `weight_generation`: what the source executor's
+ * buffers hold now, for every target executor it feeds (the elements that changed
+ * since the previous publication when they fit its slot, else none: its readers
+ * pull every byte; and the CRC-32C of the new bytes). Call it once the trainer's
+ * buffers hold the generation and before the readers step it; do not write the
+ * buffers or publish again until the readers are done. Writes what was published
+ * to `*stats` (optional; `delta_targets`: target executors given a delta,
+ * `wire_bytes`: what the readers will pull).
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (the transfer engine
+ * restarted since the publisher was made), a device engine's error (the readers
+ * then fail their steps until the next publication). Thread safety: any thread;
+ * publications are serialized.
+ *
+ * # Safety
+ * `publisher` is NULL or live; the source executor's buffers are valid for reads at
+ * their bound addresses and not written during the call; `stats` is NULL or valid
+ * for a write.
+ */
+enum mws_status mws_delta_publisher_publish(const struct mws_delta_publisher *publisher,
+                                            uint64_t weight_generation,
+                                            struct mws_delta_stats *stats);
+
+/**
+ * Frees a publisher (unregisters its outbox: readers reading it from then on
+ * fail); NULL does nothing.
+ *
+ * Thread safety: waits for the calls on the handle that other threads are running.
+ *
+ * # Safety
+ * `publisher` is NULL or a live handle not yet freed; no call starts on it once
+ * this returns.
+ */
+void mws_delta_publisher_free(struct mws_delta_publisher *publisher);
 
 /**
  * Creates a CUDA engine for device `ordinal` (CUDA's driver API, `libcuda.so.1` or
@@ -4146,6 +4275,53 @@ enum mws_status mws_prepared_transfer_step_delta(const struct mws_prepared_trans
  */
 enum mws_status mws_prepared_transfer_delta_stats(const struct mws_prepared_transfer *prepared,
                                                   struct mws_delta_stats *out);
+
+/**
+ * Enables pulled delta steps of a prepared reader (`mws_loader_prepare_live`):
+ * `outboxes` (`n` entries) names the outbox of every source executor it reads, each
+ * published by a `mws_delta_publisher` on the source side
+ * (`mws_delta_publisher_outbox`; entries of other executors are ignored, so one
+ * list may serve every reader of a server). Allocates a staging buffer (the reader's
+ * slots of those outboxes, host memory, registered with the engine until the free).
+ * From then on every `mws_prepared_transfer_step` of it reads the publications'
+ * headers first, refuses a generation not yet published (`MWS_CONFLICT`, before
+ * any target byte moves), pulls only the changed elements from the sources whose
+ * base it holds (`mws_prepared_transfer_held_generation`) and every byte from the
+ * others, applies them and verifies its ranges against the publications'
+ * checksums: a mismatch fails the step `MWS_INTEGRITY` with the target torn, and
+ * the next step pulls every byte. `mws_prepared_transfer_delta_stats` says what the
+ * last step pulled. Calling it again replaces the outboxes and forgets what the
+ * reader holds. Waits for a running step.
+ *
+ * Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
+ * `MWS_INVALID_ARGUMENT` (a prepared sink or restore, a source executor without an
+ * outbox, an outbox named twice, an outbox under its least capacity, closed),
+ * `MWS_UNSUPPORTED` (a source executor read at several endpoints; device target
+ * buffers while the transfer engine has no device engine), `MWS_STORE` (the staging
+ * registration refused).
+ *
+ * # Safety
+ * `prepared` is NULL or live; `outboxes` is NULL (with `n` 0) or `n` valid entries
+ * whose strings are NUL-terminated.
+ */
+enum mws_status mws_prepared_transfer_enable_delta_pull(const struct mws_prepared_transfer *prepared,
+                                                        const struct mws_delta_outbox *outboxes,
+                                                        size_t n);
+
+/**
+ * Writes the weight generation a delta-enabled prepared reader's buffers hold,
+ * verified by content against the sources' publications and untouched by a step
+ * since, to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared restore),
+ * `MWS_NOT_FOUND` (none: not delta-enabled, before its first verified step, after a
+ * failed or torn one). Thread safety: any thread.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_prepared_transfer_held_generation(const struct mws_prepared_transfer *prepared,
+                                                      uint64_t *out);
 
 /**
  * `mws_prepared_transfer_step` of a prepared sink with the notify hook, as

@@ -2281,6 +2281,16 @@ struct StepNotify {
     std::optional<std::map<std::string, std::uint64_t>> held;
 };
 
+/// The outbox of one source executor for pulled delta steps (mws_delta_outbox):
+/// DeltaPublisher::outbox() on the source side, PreparedTransfer::enable_delta_pull()
+/// on the readers' side.
+struct DeltaOutbox {
+    std::string participant_id;
+    std::string worker_id;
+    std::uint64_t address = 0;
+    std::uint64_t capacity = 0;
+};
+
 /// A live transfer prepared once for many steps (owns an mws_prepared_transfer), made
 /// by Sink::prepare or Loader::prepare_live: each step() moves one weight generation
 /// through the prepared batches after the freshness checks. Move-only; keeps its
@@ -2396,6 +2406,35 @@ public:
             get(), &args, key.empty() ? nullptr : reinterpret_cast<const std::uint8_t *>(key.data()), key.size(),
             h.empty() ? nullptr : h.data(), h.size(), &stats));
         return stats;
+    }
+    /// Enables pulled delta steps of a prepared reader
+    /// (mws_prepared_transfer_enable_delta_pull): `outboxes` names the outbox of every
+    /// source executor it reads (DeltaPublisher::outbox() on the source side; others
+    /// are ignored). From then on every step reads the sources' publications first,
+    /// pulls only the changed elements from the sources whose base it holds and every
+    /// byte from the others, applies them and verifies the content. Keeps a
+    /// registered staging buffer until destroyed. Throws mws::Error:
+    /// MWS_INVALID_ARGUMENT (a sink or restore, a source executor without an outbox,
+    /// an outbox under its least capacity), MWS_UNSUPPORTED (device target buffers and
+    /// no device engine), MWS_STORE (registration refused). A step then throws
+    /// MWS_CONFLICT when a source has not published its generation (nothing moved)
+    /// and MWS_INTEGRITY when the content does not match (the target torn; the next
+    /// step pulls every byte).
+    void enable_delta_pull(const std::vector<DeltaOutbox> &outboxes) const {
+        std::vector<mws_delta_outbox> v;
+        for (const DeltaOutbox &o : outboxes)
+            v.push_back({o.participant_id.c_str(), o.worker_id.c_str(), o.address, o.capacity});
+        detail::check(mws_prepared_transfer_enable_delta_pull(get(), v.empty() ? nullptr : v.data(), v.size()));
+    }
+    /// The generation a delta-enabled reader's buffers hold, verified against the
+    /// sources' publications (mws_prepared_transfer_held_generation); std::nullopt
+    /// when none (not enabled, before the first verified step, after a failed one).
+    std::optional<std::uint64_t> held_generation() const {
+        std::uint64_t g = 0;
+        mws_status st = mws_prepared_transfer_held_generation(get(), &g);
+        if (st == MWS_NOT_FOUND) return std::nullopt;
+        detail::check(st);
+        return g;
     }
     /// What the last delta step sent (mws_prepared_transfer_delta_stats); std::nullopt
     /// before the first.
@@ -2834,6 +2873,56 @@ public:
 
 private:
     std::unique_ptr<mws_notify_acceptor, detail::Deleter<mws_notify_acceptor, mws_notify_acceptor_free>> handle_;
+};
+
+/// The source side of pulled delta steps for one source executor (owns an
+/// mws_delta_publisher): publish() encodes, for every target executor it feeds, the
+/// elements that changed since the previous publication into a registered outbox the
+/// servers' delta-enabled readers read. Move-only. Keeps its own reference to the
+/// engine. Thread safety: every member may run on several threads at once
+/// (publications are serialized inside).
+class DeltaPublisher {
+public:
+    /// A publisher for the source executor of `participant` (worker: its only one,
+    /// or `worker`) under the bound `plan`, with an outbox of `capacity` bytes
+    /// registered with `engine` until destroyed (mws_delta_publisher_new). Throws
+    /// mws::Error: MWS_INVALID_ARGUMENT (a logical plan, not a source executor, a
+    /// capacity under min_outbox_capacity()), MWS_UNSUPPORTED (device sources and no
+    /// device engine), MWS_STORE (registration refused).
+    DeltaPublisher(const TransferPlan &plan, const std::string &participant, const TransferEngine &engine,
+                   std::uint64_t capacity, const std::optional<std::string> &worker = std::nullopt) {
+        mws_delta_publisher *out = nullptr;
+        detail::check(mws_delta_publisher_new(plan.get(), participant.c_str(), detail::c_str_or_null(worker),
+                                              engine.get(), capacity, &out));
+        handle_.reset(out);
+    }
+    /// The least outbox capacity of that source executor (mws_delta_min_outbox_capacity).
+    static std::uint64_t min_outbox_capacity(const TransferPlan &plan, const std::string &participant,
+                                             const std::optional<std::string> &worker = std::nullopt) {
+        std::uint64_t n = 0;
+        detail::check(mws_delta_min_outbox_capacity(plan.get(), participant.c_str(),
+                                                    detail::c_str_or_null(worker), &n));
+        return n;
+    }
+    /// The outbox the readers need (mws_delta_publisher_outbox).
+    DeltaOutbox outbox() const {
+        mws_delta_outbox o{};
+        detail::check(mws_delta_publisher_outbox(get(), &o));
+        return DeltaOutbox{o.participant_id, o.worker_id, o.address, o.capacity};
+    }
+    /// The source executor's buffers must hold `weight_generation` and stay unwritten
+    /// during the call and while the readers step it. Publishes it
+    /// (mws_delta_publisher_publish) and returns what was published. Throws
+    /// mws::Error: MWS_INVALID_ARGUMENT (the engine restarted), a device engine's error.
+    mws_delta_stats publish(std::uint64_t weight_generation) const {
+        mws_delta_stats d{};
+        detail::check(mws_delta_publisher_publish(get(), weight_generation, &d));
+        return d;
+    }
+    mws_delta_publisher *get() const noexcept { return handle_.get(); }
+
+private:
+    std::unique_ptr<mws_delta_publisher, detail::Deleter<mws_delta_publisher, mws_delta_publisher_free>> handle_;
 };
 
 /// Routes received notifications to the acceptors of a process that hosts several
