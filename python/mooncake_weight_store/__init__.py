@@ -39,8 +39,8 @@ from .store import (Decision, DictBackend, Guard, LeaseSide, PutItem, RangeItem,
                     TerminalState)
 from .transaction import Transaction
 from .upload_plan import UploadOperation, UploadPlan, plan_upload
-from .transfer import (EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo, PreparedTransfer, Sink,
-                       StepHandle, TargetOutcome, TransferEngine, TransferPlan, TransferStats)
+from .transfer import (DeltaOutbox, DeltaPublisher, EngineResources, LeaseRotation, LiveReport, Loader, PreparedInfo,
+                       PreparedTransfer, Sink, StepHandle, TargetOutcome, TransferEngine, TransferPlan, TransferStats)
 from .notify import NotifyAcceptor, NotifyMismatch, NotifyOutcome, NotifyRouter
 from .writer import Writer
 from .logs import set_log_callback

@@ -630,6 +630,11 @@ class mws_delta_inbox(CStruct):
     _fields_ = [("participant_id", c_char_p), ("address", c_uint64), ("capacity", c_uint64)]
 
 
+class mws_delta_outbox(CStruct):
+    _fields_ = [("participant_id", c_char_p), ("worker_id", c_char_p), ("address", c_uint64),
+                ("capacity", c_uint64)]
+
+
 class mws_delta_stats(CStruct):
     _fields_ = [("weight_generation", c_uint64), ("delta_targets", c_uint64), ("full_targets", c_uint64),
                 ("wire_bytes", c_uint64), ("logical_bytes", c_uint64), ("changed_elements", c_uint64)]
@@ -890,6 +895,13 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_prepared_transfer_step_delta": (c_int, [_p, POINTER(mws_step_args), c_void_p, c_size_t,
                                                  POINTER(mws_target_held), c_size_t, POINTER(mws_transfer_stats)]),
     "mws_prepared_transfer_delta_stats": (c_int, [_p, POINTER(mws_delta_stats)]),
+    "mws_prepared_transfer_enable_delta_pull": (c_int, [_p, POINTER(mws_delta_outbox), c_size_t]),
+    "mws_prepared_transfer_held_generation": (c_int, [_p, POINTER(c_uint64)]),
+    "mws_delta_publisher_new": (c_int, [_p, c_char_p, c_char_p, _p, c_uint64, POINTER(_p)]),
+    "mws_delta_min_outbox_capacity": (c_int, [_p, c_char_p, c_char_p, POINTER(c_uint64)]),
+    "mws_delta_publisher_outbox": (c_int, [_p, POINTER(mws_delta_outbox)]),
+    "mws_delta_publisher_publish": (c_int, [_p, c_uint64, POINTER(mws_delta_stats)]),
+    "mws_delta_publisher_free": (None, [_p]),
     "mws_step_handle_wait": (c_int, [_p, c_uint64, POINTER(c_uint32), POINTER(mws_transfer_stats)]),
     "mws_step_handle_cancel": (c_int, [_p]),
     "mws_step_handle_report": (c_int, [_p, POINTER(mws_live_report)]),

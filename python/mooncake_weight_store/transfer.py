@@ -35,7 +35,7 @@ from .placement import Placement
 from .progress import c_progress
 
 __all__ = ["TransferPlan", "TransferEngine", "Loader", "Sink", "TransferStats", "LiveReport", "TargetOutcome",
-           "EngineResources", "PreparedTransfer", "LeaseRotation", "PreparedInfo"]
+           "EngineResources", "PreparedTransfer", "LeaseRotation", "PreparedInfo", "DeltaPublisher", "DeltaOutbox"]
 
 _p = c_void_p
 
@@ -200,6 +200,69 @@ class PreparedInfo:
     bytes: int
 
 
+@dataclass(frozen=True)
+class DeltaOutbox:
+    """The outbox of one source executor for pulled delta steps (``mws_delta_outbox``):
+    :attr:`DeltaPublisher.outbox` on the source side, told to the readers
+    (:meth:`PreparedTransfer.enable_delta_pull`) out of band."""
+
+    participant_id: str
+    worker_id: str
+    address: int
+    capacity: int
+
+
+class DeltaPublisher(OwnedHandle):
+    """The source side of pulled delta steps for one source executor
+    (``mws_delta_publisher``): :meth:`publish` encodes, for every target executor it
+    feeds, the elements that changed since the previous publication into a
+    registered outbox that the servers' delta-enabled readers read. Keeps the plan
+    and the engine alive; :meth:`close` (or ``with``) unregisters the outbox.
+    Publications are serialized."""
+
+    _FREE = "mws_delta_publisher_free"
+    _WHAT = "delta publisher"
+
+    def __init__(self, plan: "TransferPlan", participant: str, engine: "TransferEngine", capacity: int, *,
+                 worker: Optional[str] = None) -> None:
+        """A publisher for the source executor of ``participant`` (its only one, or
+        ``worker``'s) under the bound ``plan``, with an outbox of ``capacity`` bytes
+        registered with ``engine`` (:meth:`min_outbox_capacity` says the least).
+        Raises ``InvalidArgumentError`` (a logical plan, not a source executor, a
+        capacity under the least), ``UnsupportedError`` (device sources and no device
+        engine)."""
+        out = _p()
+        engine._call("mws_delta_publisher_new", plan, cstr(participant, "participant"),
+                     cstr(worker, "worker") if worker is not None else None, engine, int(capacity), ctypes.byref(out))
+        super().__init__(out.value, [plan, engine])
+        self._engine = engine
+
+    @staticmethod
+    def min_outbox_capacity(plan: "TransferPlan", participant: str, worker: Optional[str] = None) -> int:
+        """The least outbox capacity of that source executor: a header and 64 bytes of
+        records per target executor it feeds."""
+        n = ctypes.c_uint64(0)
+        call("mws_delta_min_outbox_capacity", plan, cstr(participant, "participant"),
+             cstr(worker, "worker") if worker is not None else None, ctypes.byref(n))
+        return int(n.value)
+
+    @property
+    def outbox(self) -> DeltaOutbox:
+        """The outbox the readers need."""
+        o = _abi.mws_delta_outbox()
+        call("mws_delta_publisher_outbox", self, ctypes.byref(o))
+        return DeltaOutbox(o.participant_id.decode(), o.worker_id.decode(), int(o.address), int(o.capacity))
+
+    def publish(self, weight_generation: int) -> Dict[str, int]:
+        """Publishes ``weight_generation``: what the source executor's buffers hold now
+        (they must not be written during the call, nor while the readers step it).
+        Returns what was published: weight_generation, delta_targets, full_targets,
+        wire_bytes (what the readers will pull), logical_bytes, changed_elements."""
+        d = _abi.mws_delta_stats()
+        self._engine._call("mws_delta_publisher_publish", self, int(weight_generation), ctypes.byref(d))
+        return {name: int(getattr(d, name)) for name, _ in _abi.mws_delta_stats._fields_}
+
+
 class PreparedTransfer(_Reporting, OwnedHandle):
     """A live transfer prepared once (:meth:`Sink.prepare`, :meth:`Loader.prepare_live`)
     and stepped many times (``mws_prepared_transfer``): each :meth:`step` moves one
@@ -314,6 +377,36 @@ class PreparedTransfer(_Reporting, OwnedHandle):
         arr, n = _held(held)
         return self._step("mws_prepared_transfer_step_delta", weight_generation, leases, transfer_id, None,
                           (k, len(k) if k else 0, arr, n))
+
+    def enable_delta_pull(self, outboxes: Sequence["DeltaOutbox"]) -> None:
+        """Enables pulled delta steps of this prepared reader
+        (``mws_prepared_transfer_enable_delta_pull``): ``outboxes`` names the outbox of
+        every source executor it reads (:attr:`DeltaPublisher.outbox` on the source
+        side; others are ignored). From then on every :meth:`step` reads the sources'
+        publications first, pulls only the changed elements from the sources whose
+        base it holds (:meth:`held_generation`) and every byte from the others,
+        applies them and verifies the content against the publications. A step then
+        raises ``ConflictError`` when a source has not published its generation
+        (nothing moved) and ``IntegrityError`` when the content does not match (the
+        target torn; the next step pulls every byte). Keeps a registered staging
+        buffer until closed. Raises ``InvalidArgumentError`` (a sink or restore, a
+        source executor without an outbox, an outbox under its least capacity),
+        ``UnsupportedError`` (device target buffers and no device engine)."""
+        items = list(outboxes)
+        arr = (_abi.mws_delta_outbox * len(items))(*[
+            _abi.mws_delta_outbox(cstr(o.participant_id, "participant_id"), cstr(o.worker_id, "worker_id"),
+                                  int(o.address), int(o.capacity)) for o in items])
+        self._engine._call("mws_prepared_transfer_enable_delta_pull", self, arr if items else None, len(items))
+
+    def held_generation(self) -> Optional[int]:
+        """The weight generation a delta-enabled reader's buffers hold, verified against
+        the sources' publications and untouched by a step since (``None``: none)."""
+        g = ctypes.c_uint64(0)
+        st = LIB.fn("mws_prepared_transfer_held_generation")(self, ctypes.byref(g))
+        if st == Status.NOT_FOUND:
+            return None
+        _lib.check(st)
+        return int(g.value)
 
     def delta_stats(self) -> Optional[Dict[str, int]]:
         """What the last delta step sent (``None`` before the first): weight_generation,
