@@ -2980,6 +2980,53 @@ enum mws_status mws_delta_publisher_publish(const struct mws_delta_publisher *pu
 void mws_delta_publisher_free(struct mws_delta_publisher *publisher);
 
 /**
+ * Enables pulled delta steps of a prepared reader (`mws_loader_prepare_live`):
+ * `outboxes` (`n` entries) names the outbox of every source executor it reads, each
+ * published by a `mws_delta_publisher` on the source side
+ * (`mws_delta_publisher_outbox`; entries of other executors are ignored, so one
+ * list may serve every reader of a server). Allocates a staging buffer (the reader's
+ * slots of those outboxes, host memory, registered with the engine until the free).
+ * From then on every `mws_prepared_transfer_step` of it reads the publications'
+ * headers first, refuses a generation not yet published (`MWS_CONFLICT`, before
+ * any target byte moves), pulls only the changed elements from the sources whose
+ * base it holds (`mws_prepared_transfer_held_generation`) and every byte from the
+ * others, applies them and verifies its ranges against the publications'
+ * checksums: a mismatch fails the step `MWS_INTEGRITY` with the target torn, and
+ * the next step pulls every byte. `mws_prepared_transfer_delta_stats` says what the
+ * last step pulled. Calling it again replaces the outboxes and forgets what the
+ * reader holds. Waits for a running step.
+ *
+ * Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
+ * `MWS_INVALID_ARGUMENT` (a prepared sink or restore, a source executor without an
+ * outbox, an outbox named twice, an outbox under its least capacity, closed),
+ * `MWS_UNSUPPORTED` (a source executor read at several endpoints; device target
+ * buffers while the transfer engine has no device engine), `MWS_STORE` (the staging
+ * registration refused).
+ *
+ * # Safety
+ * `prepared` is NULL or live; `outboxes` is NULL (with `n` 0) or `n` valid entries
+ * whose strings are NUL-terminated.
+ */
+enum mws_status mws_prepared_transfer_enable_delta_pull(const struct mws_prepared_transfer *prepared,
+                                                        const struct mws_delta_outbox *outboxes,
+                                                        size_t n);
+
+/**
+ * Writes the weight generation a delta-enabled prepared reader's buffers hold,
+ * verified by content against the sources' publications and untouched by a step
+ * since, to `*out`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared restore),
+ * `MWS_NOT_FOUND` (none: not delta-enabled, before its first verified step, after a
+ * failed or torn one). Thread safety: any thread.
+ *
+ * # Safety
+ * `prepared` is NULL or live; `out` is NULL or valid for a write.
+ */
+enum mws_status mws_prepared_transfer_held_generation(const struct mws_prepared_transfer *prepared,
+                                                      uint64_t *out);
+
+/**
  * Creates a CUDA engine for device `ordinal` (CUDA's driver API, `libcuda.so.1` or
  * the path in the environment variable `MWS_CUDA_DRIVER`, opened at run time: the
  * library needs nothing CUDA to build or load). It copies in the device's primary
@@ -4275,53 +4322,6 @@ enum mws_status mws_prepared_transfer_step_delta(const struct mws_prepared_trans
  */
 enum mws_status mws_prepared_transfer_delta_stats(const struct mws_prepared_transfer *prepared,
                                                   struct mws_delta_stats *out);
-
-/**
- * Enables pulled delta steps of a prepared reader (`mws_loader_prepare_live`):
- * `outboxes` (`n` entries) names the outbox of every source executor it reads, each
- * published by a `mws_delta_publisher` on the source side
- * (`mws_delta_publisher_outbox`; entries of other executors are ignored, so one
- * list may serve every reader of a server). Allocates a staging buffer (the reader's
- * slots of those outboxes, host memory, registered with the engine until the free).
- * From then on every `mws_prepared_transfer_step` of it reads the publications'
- * headers first, refuses a generation not yet published (`MWS_CONFLICT`, before
- * any target byte moves), pulls only the changed elements from the sources whose
- * base it holds (`mws_prepared_transfer_held_generation`) and every byte from the
- * others, applies them and verifies its ranges against the publications'
- * checksums: a mismatch fails the step `MWS_INTEGRITY` with the target torn, and
- * the next step pulls every byte. `mws_prepared_transfer_delta_stats` says what the
- * last step pulled. Calling it again replaces the outboxes and forgets what the
- * reader holds. Waits for a running step.
- *
- * Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
- * `MWS_INVALID_ARGUMENT` (a prepared sink or restore, a source executor without an
- * outbox, an outbox named twice, an outbox under its least capacity, closed),
- * `MWS_UNSUPPORTED` (a source executor read at several endpoints; device target
- * buffers while the transfer engine has no device engine), `MWS_STORE` (the staging
- * registration refused).
- *
- * # Safety
- * `prepared` is NULL or live; `outboxes` is NULL (with `n` 0) or `n` valid entries
- * whose strings are NUL-terminated.
- */
-enum mws_status mws_prepared_transfer_enable_delta_pull(const struct mws_prepared_transfer *prepared,
-                                                        const struct mws_delta_outbox *outboxes,
-                                                        size_t n);
-
-/**
- * Writes the weight generation a delta-enabled prepared reader's buffers hold,
- * verified by content against the sources' publications and untouched by a step
- * since, to `*out`.
- *
- * Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared restore),
- * `MWS_NOT_FOUND` (none: not delta-enabled, before its first verified step, after a
- * failed or torn one). Thread safety: any thread.
- *
- * # Safety
- * `prepared` is NULL or live; `out` is NULL or valid for a write.
- */
-enum mws_status mws_prepared_transfer_held_generation(const struct mws_prepared_transfer *prepared,
-                                                      uint64_t *out);
 
 /**
  * `mws_prepared_transfer_step` of a prepared sink with the notify hook, as

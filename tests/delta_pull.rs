@@ -115,8 +115,7 @@ impl Rig {
             })
             .collect();
         let loader = Loader::new(engine.clone(), ExecutorLimits::default()).unwrap();
-        let mut rig =
-            Rig { src, dst, plan, engine, loader, publishers, readers: Vec::new(), rng: Rng(0x5eed) };
+        let mut rig = Rig { src, dst, plan, engine, loader, publishers, readers: Vec::new(), rng: Rng(0x5eed) };
         rig.readers = (0..rig.dst.bindings.len()).map(|k| rig.reader(k)).collect();
         rig
     }
@@ -390,8 +389,9 @@ fn misuse_is_refused_with_a_precise_error() {
     assert!(e.message().contains("for prepared readers"), "{e}");
     let held: Vec<TargetHeld<'_>> = Vec::new();
     // SAFETY: as above.
-    let e = unsafe { rig.readers[0].step(&StepArgs { weight_generation: 2, delta: Some(&held), ..Default::default() }) }
-        .unwrap_err();
+    let e =
+        unsafe { rig.readers[0].step(&StepArgs { weight_generation: 2, delta: Some(&held), ..Default::default() }) }
+            .unwrap_err();
     assert!(e.error.message.contains("StepArgs::delta is for sinks"), "{}", e.error);
     // Before any publication: refused, nothing moved.
     let e = rig.pull(0, 2).unwrap_err();

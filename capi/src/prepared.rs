@@ -9,8 +9,8 @@ use crate::boundary::FfiResult;
 use crate::live::{mws_live_report, mws_transfer_stats, stats_c, LastReport};
 use crate::notify::key_arg;
 use mws::protocol::transfer::{
-    DeltaInbox, DeltaOutbox, LeaseRotation, PreparedRestore, PreparedTransfer, SourceOutbox, StepNotify, StepRequest,
-    TargetHeld, TransferStats,
+    DeltaInbox, DeltaReport, LeaseRotation, PreparedRestore, PreparedTransfer, StepNotify, StepRequest, TargetHeld,
+    TransferStats,
 };
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -66,6 +66,19 @@ pub struct mws_delta_stats {
     pub changed_elements: u64,
 }
 
+/// The C form of a delta report (what a delta step sent, or a publication).
+pub(crate) fn delta_stats(r: &DeltaReport) -> mws_delta_stats {
+    let delta = r.targets.iter().filter(|t| t.base_generation.is_some()).count() as u64;
+    mws_delta_stats {
+        weight_generation: r.weight_generation,
+        delta_targets: delta,
+        full_targets: r.targets.len() as u64 - delta,
+        wire_bytes: r.wire_bytes(),
+        logical_bytes: r.logical_bytes(),
+        changed_elements: r.targets.iter().map(|t| t.changed_elements).sum(),
+    }
+}
+
 /// A transfer prepared once for many steps. Live (`mws_sink_prepare`,
 /// `mws_loader_prepare_live`): the checks of one call, its lowered engine batches and
 /// its own memory registration are kept, and each `mws_prepared_transfer_step` moves
@@ -84,12 +97,12 @@ pub struct mws_delta_stats {
 /// `mws_prepared_transfer_step` waits, a concurrent started step is refused); the
 /// handle may be used from any thread.
 pub struct mws_prepared_transfer {
-    inner: Prepared,
+    pub(crate) inner: Prepared,
     report: LastReport,
 }
 
 /// A live transfer or a stored restore.
-enum Prepared {
+pub(crate) enum Prepared {
     Live(Arc<PreparedTransfer>),
     Stored(Box<PreparedRestore>),
 }
@@ -312,78 +325,7 @@ pub unsafe extern "C" fn mws_prepared_transfer_delta_stats(
         let p = live(c.handle(prepared, "prepared")?)?;
         let out = c.out(out, "out")?;
         let r = p.last_delta().ok_or_else(|| Failure::new(mws_status::MWS_NOT_FOUND, "no delta step yet"))?;
-        out.give(crate::delta_publisher::delta_stats(&r))
-    })
-}
-
-/// Enables pulled delta steps of a prepared reader (`mws_loader_prepare_live`):
-/// `outboxes` (`n` entries) names the outbox of every source executor it reads, each
-/// published by a `mws_delta_publisher` on the source side
-/// (`mws_delta_publisher_outbox`; entries of other executors are ignored, so one
-/// list may serve every reader of a server). Allocates a staging buffer (the reader's
-/// slots of those outboxes, host memory, registered with the engine until the free).
-/// From then on every `mws_prepared_transfer_step` of it reads the publications'
-/// headers first, refuses a generation not yet published (`MWS_CONFLICT`, before
-/// any target byte moves), pulls only the changed elements from the sources whose
-/// base it holds (`mws_prepared_transfer_held_generation`) and every byte from the
-/// others, applies them and verifies its ranges against the publications'
-/// checksums: a mismatch fails the step `MWS_INTEGRITY` with the target torn, and
-/// the next step pulls every byte. `mws_prepared_transfer_delta_stats` says what the
-/// last step pulled. Calling it again replaces the outboxes and forgets what the
-/// reader holds. Waits for a running step.
-///
-/// Errors (nothing changes): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
-/// `MWS_INVALID_ARGUMENT` (a prepared sink or restore, a source executor without an
-/// outbox, an outbox named twice, an outbox under its least capacity, closed),
-/// `MWS_UNSUPPORTED` (a source executor read at several endpoints; device target
-/// buffers while the transfer engine has no device engine), `MWS_STORE` (the staging
-/// registration refused).
-///
-/// # Safety
-/// `prepared` is NULL or live; `outboxes` is NULL (with `n` 0) or `n` valid entries
-/// whose strings are NUL-terminated.
-#[no_mangle]
-pub unsafe extern "C" fn mws_prepared_transfer_enable_delta_pull(
-    prepared: *const mws_prepared_transfer,
-    outboxes: *const crate::delta_publisher::mws_delta_outbox,
-    n: usize,
-) -> mws_status {
-    status_call!(|c| {
-        let p = live_only(c.handle(prepared, "prepared")?)?;
-        let mut named = Vec::with_capacity(n);
-        for (i, o) in c.slice(outboxes, n, "outboxes")?.iter().enumerate() {
-            named.push(SourceOutbox {
-                participant_id: c.str(o.participant_id, &format!("outboxes[{i}].participant_id"))?,
-                worker_id: c.str(o.worker_id, &format!("outboxes[{i}].worker_id"))?,
-                outbox: DeltaOutbox { address: o.address, capacity: o.capacity },
-            });
-        }
-        Ok(p.enable_delta_pull(&named)?)
-    })
-}
-
-/// Writes the weight generation a delta-enabled prepared reader's buffers hold,
-/// verified by content against the sources' publications and untouched by a step
-/// since, to `*out`.
-///
-/// Errors: `MWS_NULL_ARGUMENT`, `MWS_INVALID_ARGUMENT` (a prepared restore),
-/// `MWS_NOT_FOUND` (none: not delta-enabled, before its first verified step, after a
-/// failed or torn one). Thread safety: any thread.
-///
-/// # Safety
-/// `prepared` is NULL or live; `out` is NULL or valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn mws_prepared_transfer_held_generation(
-    prepared: *const mws_prepared_transfer,
-    out: *mut u64,
-) -> mws_status {
-    status_call!(|c| {
-        let p = live_only(c.handle(prepared, "prepared")?)?;
-        let out = c.out(out, "out")?;
-        let g = p.held_generation().ok_or_else(|| {
-            Failure::new(mws_status::MWS_NOT_FOUND, "the reader holds no verified generation of pulled delta steps")
-        })?;
-        out.give(g)
+        out.give(delta_stats(&r))
     })
 }
 
@@ -394,14 +336,6 @@ pub(crate) fn live(p: &mws_prepared_transfer) -> FfiResult<&Arc<PreparedTransfer
         Prepared::Stored(_) => {
             Err(mws::Error::invalid("a prepared restore's steps do not start without blocking (use its step)").into())
         }
-    }
-}
-
-/// A live prepared transfer (pulled delta steps are for prepared readers).
-fn live_only(p: &mws_prepared_transfer) -> FfiResult<&Arc<PreparedTransfer>> {
-    match &p.inner {
-        Prepared::Live(live) => Ok(live),
-        Prepared::Stored(_) => Err(mws::Error::invalid("pulled delta steps are for prepared live readers, not restores").into()),
     }
 }
 

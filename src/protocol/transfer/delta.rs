@@ -324,23 +324,6 @@ impl Base {
             None => unsafe { copy_ops(plan, &self.ops, Side::Source, None, &mut self.base) },
         }
     }
-
-    /// The content checksums of the base's bytes ([`super::notify::content_checksums`]
-    /// of `ops` as the target reads them: one CRC-32C per group of operations).
-    pub(crate) fn checksums(&self, plan: &TransferPlan) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut at = 0usize;
-        for g in super::notify::content_groups(self.ops.len()) {
-            let mut crc = 0u32;
-            for &i in &self.ops[g] {
-                let n = plan.regions()[i as usize].total_bytes() as usize;
-                crc = crate::crc::crc32c_append(crc, &self.base[at..at + n]);
-                at += n;
-            }
-            out.push(crc);
-        }
-        out
-    }
 }
 
 /// The source's state of one target of a push.

@@ -155,7 +155,8 @@ pub fn outbox_slot(
     if capacity < MIN_SLOT_RECORDS.saturating_add(PUBLICATION_HEADER_BYTES).saturating_mul(readers.len() as u64) {
         return None;
     }
-    let bytes = |ops: &[u32]| -> u128 { ops.iter().map(|&i| u128::from(plan.regions()[i as usize].total_bytes())).sum() };
+    let bytes =
+        |ops: &[u32]| -> u128 { ops.iter().map(|&i| u128::from(plan.regions()[i as usize].total_bytes())).sum() };
     let k = readers.iter().position(|((p, w), _)| p == reader.0 && w == reader.1)?;
     let total: u128 = readers.iter().map(|(_, ops)| bytes(ops)).sum::<u128>().max(1);
     let before: u128 = readers[..k].iter().map(|(_, ops)| bytes(ops)).sum();
@@ -263,6 +264,23 @@ impl Publication {
     }
 }
 
+/// The content checksums of a base's bytes ([`content_checksums`] of its operations
+/// as the target reads them: one CRC-32C per group of operations).
+fn base_checksums(base: &Base, plan: &TransferPlan) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for g in content_groups(base.ops.len()) {
+        let mut crc = 0u32;
+        for &i in &base.ops[g] {
+            let n = plan.regions()[i as usize].total_bytes() as usize;
+            crc = crate::crc::crc32c_append(crc, &base.base[at..at + n]);
+            at += n;
+        }
+        out.push(crc);
+    }
+    out
+}
+
 /// What a publisher keeps of one target executor.
 struct Fed {
     /// (participant, worker).
@@ -365,8 +383,9 @@ impl DeltaPublisher {
         }
         let mut fed = Vec::with_capacity(readers.len());
         for (reader, ops) in readers {
-            let slot = outbox_slot(plan, (&executor.participant_id, &executor.worker_id), (&reader.0, &reader.1), capacity)
-                .unwrap_or_default();
+            let slot =
+                outbox_slot(plan, (&executor.participant_id, &executor.worker_id), (&reader.0, &reader.1), capacity)
+                    .unwrap_or_default();
             let base = Base::new(plan, reader.0.clone(), ops, device.as_deref())?;
             fed.push(Fed { reader, base, slot });
         }
@@ -377,7 +396,9 @@ impl DeltaPublisher {
         // unregistered (`close`) before it is dropped.
         match unsafe { engine.register_memory(region) } {
             Ok(0) => {}
-            Ok(c) => return Err(Error::new(ErrorKind::Store, format!("registering the delta outbox failed: code {c}"))),
+            Ok(c) => {
+                return Err(Error::new(ErrorKind::Store, format!("registering the delta outbox failed: code {c}")))
+            }
             Err(e) => {
                 return Err(Error::new(ErrorKind::Store, format!("registering the delta outbox failed: {}", e.message)))
             }
@@ -462,7 +483,7 @@ impl DeltaPublisher {
                 delta: delta.map(|(b, n, _)| (b, n)),
                 logical: f.base.bytes,
                 tag: self.tag,
-                checksums: f.base.checksums(&self.plan),
+                checksums: base_checksums(&f.base, &self.plan),
             };
             p.write(slot);
             report.targets.push(TargetDelta {
@@ -651,16 +672,20 @@ impl DeltaPull {
             at += slot.1 as usize;
         }
         let buf = vec![0u8; at.max(1)];
-        let staging =
-            Arc::new(Staging { address: buf.as_ptr() as u64, len: buf.len() as u64, bytes: Mutex::new(buf) });
+        let staging = Arc::new(Staging { address: buf.as_ptr() as u64, len: buf.len() as u64, bytes: Mutex::new(buf) });
         // SAFETY: the staging buffer is owned by this reader (kept alive by a pending
         // transfer while DMA may write it), never reallocated, and unregistered
         // before it is dropped.
         match unsafe { engine.register_memory(staging.region()) } {
             Ok(0) => {}
-            Ok(c) => return Err(Error::new(ErrorKind::Store, format!("registering the delta staging failed: code {c}"))),
+            Ok(c) => {
+                return Err(Error::new(ErrorKind::Store, format!("registering the delta staging failed: code {c}")))
+            }
             Err(e) => {
-                return Err(Error::new(ErrorKind::Store, format!("registering the delta staging failed: {}", e.message)))
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!("registering the delta staging failed: {}", e.message),
+                ))
             }
         }
         Ok(DeltaPull {
@@ -682,7 +707,9 @@ impl DeltaPull {
     /// Unregisters the staging buffer (unless a pending transfer took it over:
     /// `handed`).
     pub(crate) fn close(&mut self, engine: &dyn TransferEngine, handed: bool) {
-        if std::mem::take(&mut self.registered) && !handed && !matches!(engine.unregister_memory(self.staging.address), Ok(0))
+        if std::mem::take(&mut self.registered)
+            && !handed
+            && !matches!(engine.unregister_memory(self.staging.address), Ok(0))
         {
             log::warn!("unregistering a delta staging buffer failed");
         }
@@ -765,9 +792,7 @@ impl DeltaPull {
                 ));
             }
             let plan = match p.delta {
-                Some((base, bytes))
-                    if s.held == Some(base) && bytes <= s.slot.1 - PUBLICATION_HEADER_BYTES =>
-                {
+                Some((base, bytes)) if s.held == Some(base) && bytes <= s.slot.1 - PUBLICATION_HEADER_BYTES => {
                     PullPlan::Delta { base, bytes }
                 }
                 _ => PullPlan::Full,
