@@ -10,11 +10,11 @@
  *    mws_receipts, mws_store, mws_transaction, mws_registration_lease, mws_writer,
  *    mws_stored_manifest, mws_load_plan, mws_transfer_plan, mws_transfer_engine,
  *    mws_device_engine, mws_loader, mws_sink, mws_prepared_transfer, mws_step_handle,
- *    mws_notify_acceptor, mws_notify_router, mws_revision_list) are created by
+ *    mws_notify_acceptor, mws_notify_router, mws_delta_publisher, mws_revision_list) are created by
  *    the library and freed exactly once by the caller with the matching *_free
  *    function; *_free(NULL) does nothing. A handle never borrows the handles it was
  *    made from (a transaction, a writer or a registration lease keeps its store alive;
- *    loaders, sinks and prepared transfers keep their engine alive; stores and
+ *    loaders, sinks, prepared transfers and delta publishers keep their engine alive; stores and
  *    transfer engines keep their device engine alive); each type documents what it
  *    copies and which caller buffers must stay valid.
  *  - Thread safety: unless a function says otherwise, functions taking only `const`
