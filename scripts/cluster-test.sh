@@ -5,7 +5,8 @@
 # a Mooncake master and its HTTP metadata server on the last host; trainer ranks on
 # hosts 1-2, server ranks on hosts 3-4, one process per rank. The driver
 # (tests/cluster/driver.py) runs live transfers (pull and push), sparse delta steps
-# (prepared pushes with notifications over TE, 1/3/10 % density against full updates),
+# (prepared pushes with notifications over TE, then published generations pulled by
+# delta-enabled prepared readers, 1/3/10 % density against full updates),
 # a store snapshot and restore, and fault trials (link cut, host crash, master crash),
 # and ends with the `figure:` lines.
 #

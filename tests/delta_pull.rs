@@ -10,68 +10,28 @@
 //! target base and a source written after it published are caught as Torn, and the
 //! next (full) step repairs them.
 
+#[path = "common/delta_rig.rs"]
+mod delta_rig;
 #[path = "common/model.rs"]
 mod model;
 
+use delta_rig::*;
 use model::*;
-use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use mooncake_weight_store::engine::{MemoryRegion, TransferEngine};
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::delta_pull::{self, PUBLICATION_HEADER_BYTES};
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::*;
-use parking_lot::Mutex;
 use std::sync::Arc;
-
-/// The embedded engine, counting the bytes its batches move.
-struct CountingEngine {
-    inner: LocalEngine,
-    moved: Mutex<u64>,
-}
-
-impl TransferEngine for CountingEngine {
-    fn identity(&self) -> std::result::Result<u64, String> {
-        self.inner.identity()
-    }
-    unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
-        // SAFETY: forwarded contract.
-        unsafe { self.inner.register_memory(region) }
-    }
-    fn unregister_memory(&self, address: u64) -> EngineResult<i32> {
-        self.inner.unregister_memory(address)
-    }
-    fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
-        *self.moved.lock() += batch.nbytes();
-        self.inner.batch_transfer_sync(batch)
-    }
-    fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
-        *self.moved.lock() += batch.nbytes();
-        self.inner.submit_with_ticket(batch)
-    }
-    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
-        self.inner.registered_regions()
-    }
-}
-
-/// A xorshift generator (deterministic).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Trainer TP2 x PP2 x DP2 published to a server TP4 x EP2 that pulls (bf16).
 struct Rig {
     src: HostModel,
     dst: HostModel,
     plan: TransferPlan,
-    engine: Arc<CountingEngine>,
+    engine: Arc<MailEngine>,
     loader: Loader,
     publishers: Vec<DeltaPublisher>,
     readers: Vec<PreparedTransfer>,
@@ -97,7 +57,7 @@ impl Rig {
         let logical =
             LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
         let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-        let engine = Arc::new(CountingEngine { inner: LocalEngine::new(), moved: Mutex::new(0) });
+        let engine = Arc::new(MailEngine::new());
         for b in &src.buffers {
             let region = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
             // SAFETY: the buffers outlive every transfer of the test.
@@ -148,17 +108,7 @@ impl Rig {
     }
     /// Changes `per_million` of the source's bf16 elements (a new generation).
     fn change(&mut self, per_million: u64) {
-        if per_million == 0 {
-            return;
-        }
-        for b in &mut self.src.buffers {
-            let elements = b.len() / 2;
-            let n = (elements as u64 * per_million / 1_000_000).max(1);
-            for _ in 0..n {
-                let e = (self.rng.next() % elements as u64) as usize;
-                b[2 * e] = b[2 * e].wrapping_add(1 + (self.rng.next() % 200) as u8);
-            }
-        }
+        change(&mut self.src, &mut self.rng, per_million);
     }
     fn publish(&self, g: u64) -> Vec<DeltaReport> {
         // SAFETY: the source buffers are valid and unchanged during the call.
@@ -179,23 +129,7 @@ impl Rig {
     }
     /// Every target byte equals the source byte the plan routes into it.
     fn targets_match_sources(&self) -> bool {
-        self.plan.regions().iter().enumerate().all(|(i, r)| {
-            let s = self.plan.operation_fragment(i, Side::Source).1.address();
-            let t = self.plan.operation_fragment(i, Side::Target).1.address();
-            let mut same = true;
-            r.for_each_segment(u64::MAX, |so, to, len| {
-                // SAFETY: the plan's segments lie in the live models' buffers.
-                let (a, b) = unsafe {
-                    (
-                        std::slice::from_raw_parts((s + so) as usize as *const u8, len as usize),
-                        std::slice::from_raw_parts((t + to) as usize as *const u8, len as usize),
-                    )
-                };
-                same &= a == b;
-            })
-            .unwrap();
-            same
-        })
+        targets_match_sources(&self.plan)
     }
     fn reports(&self) -> Vec<TargetDelta> {
         self.readers.iter().flat_map(|p| p.last_delta().unwrap().targets).collect()

@@ -7,71 +7,23 @@
 //! delta the target cannot apply is refused and a corrupted target base is caught
 //! as Torn, and the next full step repairs both.
 
+#[path = "common/delta_rig.rs"]
+mod delta_rig;
 #[path = "common/model.rs"]
 mod model;
 
+use delta_rig::*;
 use model::*;
-use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use mooncake_weight_store::engine::{MemoryRegion, TransferEngine};
 use mooncake_weight_store::plan::load::PlanningLimits;
 use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
-use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
-use mooncake_weight_store::protocol::transfer::notify::{decode, NOTIFY_NAME};
+use mooncake_weight_store::plan::transfer_bind::TransferPlan;
+use mooncake_weight_store::protocol::transfer::notify::decode;
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::*;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The embedded engine with a notify mailbox per endpoint.
-struct MailEngine {
-    inner: LocalEngine,
-    mailbox: Mutex<BTreeMap<String, Vec<Vec<u8>>>>,
-    /// Bytes moved by batches.
-    moved: Mutex<u64>,
-}
-
-impl TransferEngine for MailEngine {
-    fn identity(&self) -> std::result::Result<u64, String> {
-        self.inner.identity()
-    }
-    unsafe fn register_memory(&self, region: MemoryRegion) -> EngineResult<i32> {
-        // SAFETY: forwarded contract.
-        unsafe { self.inner.register_memory(region) }
-    }
-    fn unregister_memory(&self, address: u64) -> EngineResult<i32> {
-        self.inner.unregister_memory(address)
-    }
-    fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
-        *self.moved.lock() += batch.nbytes();
-        self.inner.batch_transfer_sync(batch)
-    }
-    fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
-        *self.moved.lock() += batch.nbytes();
-        self.inner.submit_with_ticket(batch)
-    }
-    fn registered_regions(&self) -> Option<Vec<MemoryRegion>> {
-        self.inner.registered_regions()
-    }
-    fn send_notify(&self, endpoint: &str, name: &str, message: &[u8]) -> Option<EngineResult<i32>> {
-        assert_eq!(name, NOTIFY_NAME);
-        self.mailbox.lock().entry(endpoint.to_string()).or_default().push(message.to_vec());
-        Some(Ok(0))
-    }
-}
-
 const KEY: &[u8] = b"a delta key of at least 16 bytes";
-
-/// A xorshift generator (deterministic).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Trainer TP2 x PP2 x DP2 pushing into a server TP4 x EP2 (bf16, 256 hidden).
 struct Rig {
@@ -105,11 +57,7 @@ impl Rig {
         let logical =
             LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
         let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-        let engine = Arc::new(MailEngine {
-            inner: LocalEngine::new(),
-            mailbox: Mutex::new(BTreeMap::new()),
-            moved: Mutex::new(0),
-        });
+        let engine = Arc::new(MailEngine::new());
         let region =
             |b: &[u8]| MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
         for b in &dst.buffers {
@@ -166,17 +114,7 @@ impl Rig {
     }
     /// Changes `per_million` of the source's bf16 elements (a new generation).
     fn change(&mut self, per_million: u64) {
-        if per_million == 0 {
-            return;
-        }
-        for b in &mut self.src.buffers {
-            let elements = b.len() / 2;
-            let n = (elements as u64 * per_million / 1_000_000).max(1);
-            for _ in 0..n {
-                let e = (self.rng.next() % elements as u64) as usize;
-                b[2 * e] = b[2 * e].wrapping_add(1 + (self.rng.next() % 200) as u8);
-            }
-        }
+        change(&mut self.src, &mut self.rng, per_million);
     }
     /// What each acceptor says its target holds.
     fn held(&self) -> Vec<(String, u64)> {
@@ -217,23 +155,7 @@ impl Rig {
     }
     /// Every target byte equals the source byte the plan routes into it.
     fn targets_match_sources(&self) -> bool {
-        self.plan.regions().iter().enumerate().all(|(i, r)| {
-            let s = self.plan.operation_fragment(i, Side::Source).1.address();
-            let t = self.plan.operation_fragment(i, Side::Target).1.address();
-            let mut same = true;
-            r.for_each_segment(u64::MAX, |so, to, len| {
-                // SAFETY: the plan's segments lie in the live models' buffers.
-                let (a, b) = unsafe {
-                    (
-                        std::slice::from_raw_parts((s + so) as usize as *const u8, len as usize),
-                        std::slice::from_raw_parts((t + to) as usize as *const u8, len as usize),
-                    )
-                };
-                same &= a == b;
-            })
-            .unwrap();
-            same
-        })
+        targets_match_sources(&self.plan)
     }
     fn reports(&self) -> Vec<TargetDelta> {
         self.prepared.iter().flat_map(|p| p.last_delta().unwrap().targets).collect()

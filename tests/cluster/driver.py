@@ -613,6 +613,90 @@ def delta_phase(c: Cluster, res: dict) -> None:
     check(wrong_steps == 0, f"no delta step left a target with bytes other than a full update's ({wrong_steps})")
 
 
+def delta_pull_phase(c: Cluster, res: dict) -> None:
+    """Pulled delta steps across hosts (issue 47): the trainer ranks publish each
+    generation (``DeltaPublisher``: the changes against the previous publication,
+    in an outbox registered with their Transfer Engine), then the server ranks' delta-
+    enabled prepared readers pull the headers and the changes (or every byte) through
+    the Transfer Engine, apply and verify them. Generation ``base`` full, then per
+    density ``--delta-generations`` delta generations and one full one (the readers
+    forget what they hold first). Time per generation: the slowest publication plus
+    the server ranks' window (first start to last end)."""
+    a = c.a
+    mib = 1 << 20
+    base = res["gen_no"] + 1
+    log(f"\n== pulled delta steps (trainer TP4xDP2 on h1+h2 publish -> server TP2xEP2 on h3+h4 pull; model "
+        f"{c.delta_dims[0]} layers, hidden {c.delta_dims[1]}, {c.delta_dims[2]} experts)")
+    g = Generation(c, base, a.routing, c.delta_dims, keep=False)
+    servers, trainers = c.servers(), c.trainers()
+    opened = ask_all(trainers, {"op": "pull_open"})
+    outboxes = [r["outbox"] for r in opened if r["outbox"] is not None]
+    ask_all(servers, {"op": "pull_prepare", "outboxes": outboxes})
+    log(f"    {g.total / mib:.1f} MiB per generation into the server layout; {len(outboxes)} publishers, outboxes "
+        + ", ".join(f"{o[3] / mib:.0f} MiB" for o in outboxes))
+    schedule = [(base, 0.0, "full")]
+    gen = base
+    for d in DELTA_DENSITIES:
+        for _ in range(a.delta_generations):
+            gen += 1
+            schedule.append((gen, d, "delta"))
+        gen += 1
+        schedule.append((gen, d, "full"))
+    rows: List[dict] = []
+    wrong_steps = 0
+    log("  | generation | density | mode | wire MiB (h1+h2 tx) | library wire MiB | changed elements | delta/full "
+        "targets | time s (publish + pull) | wrong bytes |")
+    log("  | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for gen, d, mode in schedule:
+        if gen > base:
+            ask_all(trainers + servers, {"op": "delta_mutate", "generation": gen, "density": d})
+        tx0 = c.tx_bytes()
+        pubs = ask_all(trainers, {"op": "pull_publish", "generation": gen})
+        steps = ask_all(servers, {"op": "pull_step", "generation": gen, "full": mode == "full"})
+        tx1 = c.tx_bytes()
+        stats = [r["stats"] for r in steps if r.get("stats")]
+        publish_s = max(r["t1"] - r["t0"] for r in pubs)
+        window = max(r["t1"] for r in steps) - min(r["t0"] for r in steps)
+        wrong_bytes = sum(r["wrong_bytes"] for r in steps)
+        row = {"generation": gen, "density": d, "mode": mode, "tx": (tx1[1] - tx0[1]) + (tx1[2] - tx0[2]),
+               "lib_wire": sum(s["wire_bytes"] for s in stats), "logical": sum(s["logical_bytes"] for s in stats),
+               "changed": sum(s["changed_elements"] for s in stats),
+               "delta_targets": sum(s["delta_targets"] for s in stats),
+               "full_targets": sum(s["full_targets"] for s in stats), "time_s": publish_s + window,
+               "publish_s": publish_s, "window_s": window, "wrong_bytes": wrong_bytes}
+        rows.append(row)
+        log(f"  | {gen} | {100 * d:g}% | {mode} | {row['tx'] / mib:.2f} | {row['lib_wire'] / mib:.2f} | "
+            f"{row['changed']} | {row['delta_targets']}/{row['full_targets']} | {publish_s:.2f} + {window:.2f} = "
+            f"{row['time_s']:.2f} | {wrong_bytes} |")
+        failed = [f"{r['participant']}: {r.get('reason')}" for r in steps if r["outcome"] != "ok"]
+        not_held = [f"{r['participant']}: held {r['held']}" for r in steps if r["held"] != gen]
+        if mode == "delta" and wrong_bytes:
+            wrong_steps += 1
+        check(not failed and not not_held and not wrong_bytes,
+              f"gen {gen} {mode} {100 * d:g}%: every pull ok, every reader holding gen {gen} verified, every byte "
+              f"equal to the expected image ({failed or not_held or wrong_bytes or 'all right'})")
+        if mode == "delta" and d <= 0.03:
+            check(row["full_targets"] == 0 and row["delta_targets"] > 0,
+                  f"gen {gen}: every reader pulled a delta ({row['delta_targets']} delta, {row['full_targets']} full)")
+    closed = ask_all(trainers + servers, {"op": "pull_close"})
+    check(all(not r["resources"]["te_registrations_not_own"] for r in closed),
+          "after the pulled delta phase no rank's engine holds a registration besides its arena")
+    res["gen_no"] = gen
+    res["pull_wrong_steps"] = wrong_steps
+    figures = {}
+    log("  per density (mean over its delta generations, against its full generation):")
+    for d in DELTA_DENSITIES:
+        ds = [r for r in rows if r["density"] == d and r["mode"] == "delta"]
+        full = [r for r in rows if r["density"] == d and r["mode"] == "full"][0]
+        b = sum(r["tx"] for r in ds) / len(ds) / max(full["tx"], 1)
+        t = sum(r["time_s"] for r in ds) / len(ds) / max(full["time_s"], 1e-9)
+        figures[d] = (b, t)
+        log(f"    {100 * d:g}%: wire bytes delta/full {b:.3f}, time delta/full {t:.3f} "
+            f"(full: {full['tx'] / mib:.1f} MiB in {full['time_s']:.2f}s)")
+    res["pull_figures"] = figures
+    check(wrong_steps == 0, f"no pulled delta step left a target with bytes other than a full update's ({wrong_steps})")
+
+
 # ----------------------------------------------------------------------------- faults
 
 
@@ -954,6 +1038,7 @@ def main() -> int:
             live_phase(c, res)
         if "delta" in phases:
             delta_phase(c, res)
+            delta_pull_phase(c, res)
         if "faults" in phases:
             log(f"\n== faults during live transfer ({a.trials} trials per kind)")
             for kind in ("link_cut", "host_kill"):
@@ -999,6 +1084,12 @@ def main() -> int:
         log(f"figure: cluster_delta_bytes_vs_full_3pct = {f[0.03][0]:.3f}")
         log(f"figure: cluster_delta_time_vs_full_3pct = {f[0.03][1]:.3f}")
         log(f"figure: cluster_delta_steps_with_wrong_bytes = {res['delta_wrong_steps']}")
+    if "delta" in phases and "pull_figures" in res:
+        f = res["pull_figures"]
+        log(f"figure: cluster_pulled_delta_bytes_vs_full_1pct = {f[0.01][0]:.3f}")
+        log(f"figure: cluster_pulled_delta_bytes_vs_full_3pct = {f[0.03][0]:.3f}")
+        log(f"figure: cluster_pulled_delta_time_vs_full_3pct = {f[0.03][1]:.3f}")
+        log(f"figure: cluster_pulled_delta_steps_with_wrong_bytes = {res['pull_wrong_steps']}")
     return 1 if FAILURES else 0
 
 

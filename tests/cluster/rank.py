@@ -82,6 +82,11 @@ class Rank:
         self.inbox = None
         self.acceptor = None
         self.expect = None
+        # pulled delta phase: trainer: the publisher; server: the loader, prepared reader, outboxes
+        self.publisher = None
+        self.loader = None
+        self.reader = None
+        self.outboxes = []
 
     def _time_te_calls(self) -> list:
         """Records (ranges, bytes, seconds) of every Transfer Engine batch call, to
@@ -363,6 +368,76 @@ class Rank:
         self.engine._adapter.release_notify()
         return {"resources": self.resources()}
 
+    # -- pulled delta steps (issue 47) -------------------------------------------------
+
+    def pull_open(self) -> dict:
+        """Trainer: a delta publisher of its source executor, its outbox a quarter of
+        its arena (``None`` when the plan reads nothing of this rank)."""
+        try:
+            least = mws.DeltaPublisher.min_outbox_capacity(self.plan, self.pid_name)
+        except mws.InvalidArgumentError:
+            return {"outbox": None}
+        self.publisher = mws.DeltaPublisher(self.plan, self.pid_name, self.engine,
+                                            max(least, self.arena.nbytes // 4))
+        o = self.publisher.outbox
+        return {"outbox": [o.participant_id, o.worker_id, o.address, o.capacity]}
+
+    def pull_prepare(self, outboxes: list) -> dict:
+        """Server: prepares its pull once (its arena pre-registered) and enables pulled
+        delta steps from the trainers' outboxes; the expected image of the current
+        generation."""
+        (spl, sbs), (tpl, _tbs) = self.peers["trainer"], self.peers["server"]
+        t = time.perf_counter()
+        self.outboxes = [mws.DeltaOutbox(p, w, int(a), int(n)) for p, w, a, n in outboxes]
+        self.loader = mws.Loader(self.engine)
+        self.reader = self.loader.prepare_live(self.plan, spl, sbs, tpl, self.binding, local_pre_registered=True)
+        self.reader.enable_delta_pull(self.outboxes)
+        if self.expect is None:
+            self.expect = np.full_like(self.arena, POISON)
+            for f in self.model.placement.participant_fragments(self.pid_name):
+                o, nb = self.layout[f.placement_fragment_id]
+                self.expect[o:o + nb] = self.model.expected(f)
+        return {"seconds": time.perf_counter() - t}
+
+    def pull_publish(self, gen: int) -> dict:
+        """Trainer: publishes generation ``gen`` (its arena holds it)."""
+        t0 = time.monotonic()
+        stats = self.publisher.publish(gen) if self.publisher is not None else None
+        return {"participant": self.pid_name, "stats": stats, "t0": t0, "t1": time.monotonic()}
+
+    def pull_step(self, gen: int, full: bool) -> dict:
+        """Server: one step of generation ``gen`` of the delta-enabled reader (``full``:
+        forget what it holds first, so it pulls every byte), then every byte of the
+        arena compared with the expected image."""
+        if full:
+            self.reader.enable_delta_pull(self.outboxes)
+        out = {"participant": self.pid_name, "generation": gen}
+        t0 = time.monotonic()
+        try:
+            self.reader.step(gen)
+            out["outcome"] = "ok"
+        except mws.MwsError as e:
+            out.update(outcome="failed", reason=str(e)[:400])
+        out["t0"], out["t1"] = t0, time.monotonic()
+        out["stats"] = self.reader.delta_stats()
+        out["held"] = self.reader.held_generation()
+        wrong = 0
+        for f in self.model.placement.participant_fragments(self.pid_name):
+            off, n = self.layout[f.placement_fragment_id]
+            wrong += int(np.count_nonzero(self.arena[off:off + n] != self.expect[off:off + n]))
+        out["wrong_bytes"] = wrong
+        return out
+
+    def pull_close(self) -> dict:
+        """Releases what the pulled delta phase holds (reader, loader, publisher)."""
+        for name in ("reader", "loader", "publisher"):  # the prepared transfer before its loader
+            handle = getattr(self, name)
+            if handle is not None:
+                handle.close()
+                setattr(self, name, None)
+        self.expect = None
+        return {"resources": self.resources()}
+
     # -- Mooncake Store ---------------------------------------------------------------
 
     def store_connect(self, master: str, metadata: str, segment_bytes: int, buffer_bytes: int, prefix: str) -> dict:
@@ -484,6 +559,16 @@ class Rank:
             return self.delta_accept(cmd["generation"])
         if op == "delta_close":
             return self.delta_close()
+        if op == "pull_open":
+            return self.pull_open()
+        if op == "pull_prepare":
+            return self.pull_prepare(cmd["outboxes"])
+        if op == "pull_publish":
+            return self.pull_publish(cmd["generation"])
+        if op == "pull_step":
+            return self.pull_step(cmd["generation"], cmd["full"])
+        if op == "pull_close":
+            return self.pull_close()
         if op == "reset":
             self.arena[:] = POISON
             return {}
@@ -507,6 +592,7 @@ class Rank:
         if op == "readable":
             return self.readable(cmd["manifest_key"])
         if op == "quit":
+            self.pull_close()
             self.delta_close()
             self.store_close()
             self.release_arena()
