@@ -353,3 +353,46 @@ fn closing_releases_every_registration() {
     let left = engine.registered_regions().unwrap().len();
     assert!(with >= left + publishers + 2 * readers, "{with} -> {left}");
 }
+
+#[test]
+fn a_header_read_whose_completion_is_unknown_hands_the_staging_to_a_pending_transfer() {
+    let rig = Rig::new(0.25);
+    rig.step(2);
+    rig.publish(3);
+    let before = rig.dst.buffers.clone();
+    // The first batch of the step (a header read) errs: completion unknown.
+    *rig.engine.fail.lock() = Some(Box::new(|_| true));
+    let e = rig.pull(0, 3).unwrap_err();
+    assert_eq!(e.error.kind, TransferErrorKind::CompletionUnknown, "{}", e.error);
+    assert!(e.error.message.contains("reading the sources' delta publications"), "{}", e.error);
+    assert!(e.error.pending_transfer_id.is_some());
+    assert_eq!(rig.dst.buffers, before, "a header read writes only the staging buffer");
+    // The prepared reader cannot step again: its registrations (the staging among
+    // them) belong to the pending transfer.
+    let e = rig.pull(0, 3).unwrap_err();
+    assert!(e.error.message.contains("pending transfer"), "{}", e.error);
+    let staging_kept = rig.engine.registered_regions().unwrap().len();
+    rig.readers[0].close().unwrap();
+    assert_eq!(rig.engine.registered_regions().unwrap().len(), staging_kept, "nothing unregistered under DMA");
+}
+
+#[test]
+fn a_records_read_whose_completion_is_unknown_leaves_the_target_torn() {
+    let mut rig = Rig::new(0.25);
+    rig.step(2);
+    rig.change(10_000);
+    rig.publish(3);
+    // A batch larger than the headers (the records of a delta) errs.
+    *rig.engine.fail.lock() = Some(Box::new(|b| b.nbytes() > 4 * PUBLICATION_HEADER_BYTES));
+    let e = rig.pull(1, 3).unwrap_err();
+    assert_eq!(e.error.kind, TransferErrorKind::CompletionUnknown, "{}", e.error);
+    assert!(e.report.submitted);
+    assert!(matches!(e.report.targets[0].outcome, TargetOutcome::Torn { .. }), "{:?}", e.report.targets);
+    assert_eq!(rig.readers[1].held_generation(), None, "a step under way holds nothing");
+    // A submission that erred leaves the engine restart-required: nothing else moves
+    // on it, and the other readers still hold what they held.
+    let e = rig.pull(0, 3).unwrap_err();
+    assert!(e.error.message.contains("restart-required"), "{}", e.error);
+    assert!(!e.report.submitted);
+    assert_eq!(rig.readers[0].held_generation(), Some(2));
+}

@@ -7,7 +7,9 @@
 
 use super::model::HostModel;
 use mooncake_weight_store::engine::local::LocalEngine;
-use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
+use mooncake_weight_store::engine::{
+    EngineCallError, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket,
+};
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::notify::NOTIFY_NAME;
 use parking_lot::Mutex;
@@ -20,11 +22,30 @@ pub struct MailEngine {
     pub mailbox: Mutex<BTreeMap<String, Vec<Vec<u8>>>>,
     /// Bytes moved by batches.
     pub moved: Mutex<u64>,
+    /// Fails the next batch this says yes to (then forgets it), as an engine whose
+    /// call errs: completion unknown.
+    pub fail: Mutex<Option<BatchFilter>>,
 }
+
+/// Which batch [`MailEngine::fail`] fails.
+pub type BatchFilter = Box<dyn Fn(&TransferBatch) -> bool + Send>;
 
 impl MailEngine {
     pub fn new() -> MailEngine {
-        MailEngine { inner: LocalEngine::new(), mailbox: Mutex::new(BTreeMap::new()), moved: Mutex::new(0) }
+        MailEngine {
+            inner: LocalEngine::new(),
+            mailbox: Mutex::new(BTreeMap::new()),
+            moved: Mutex::new(0),
+            fail: Mutex::new(None),
+        }
+    }
+    fn fails(&self, batch: &TransferBatch) -> bool {
+        let mut f = self.fail.lock();
+        let hit = f.as_ref().is_some_and(|f| f(batch));
+        if hit {
+            *f = None;
+        }
+        hit
     }
 }
 
@@ -40,10 +61,16 @@ impl TransferEngine for MailEngine {
         self.inner.unregister_memory(address)
     }
     fn batch_transfer_sync(&self, batch: &TransferBatch) -> EngineResult<i32> {
+        if self.fails(batch) {
+            return Err(EngineCallError::failed("injected failure"));
+        }
         *self.moved.lock() += batch.nbytes();
         self.inner.batch_transfer_sync(batch)
     }
     fn submit_with_ticket(&self, batch: &TransferBatch) -> Option<EngineResult<Box<dyn TransferTicket>>> {
+        if self.fails(batch) {
+            return Some(Err(EngineCallError::failed("injected failure")));
+        }
         *self.moved.lock() += batch.nbytes();
         self.inner.submit_with_ticket(batch)
     }
