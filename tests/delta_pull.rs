@@ -296,6 +296,8 @@ fn misuse_is_refused_with_a_precise_error() {
     let source = rig.plan.executors(Side::Source)[0].participant_id.clone();
     let e = DeltaPublisher::new(&rig.plan, &source, None, rig.engine.clone(), 100).unwrap_err();
     assert!(e.message().contains("is too small") && e.message().contains("needs at least"), "{e}");
+    let e = DeltaPublisher::new(&rig.plan, &source, None, rig.engine.clone(), u64::MAX).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     let e = DeltaPublisher::new(&rig.plan, &source, Some("no-such-worker"), rig.engine.clone(), 1 << 20).unwrap_err();
     assert!(e.message().contains("no source executor of worker no-such-worker"), "{e}");
     // A reader without every source's outbox, or with one twice.

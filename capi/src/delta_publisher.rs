@@ -59,8 +59,9 @@ handle!(mws_delta_publisher);
 /// Errors (nothing kept): `MWS_NULL_ARGUMENT`, `MWS_INVALID_UTF8`,
 /// `MWS_INVALID_ARGUMENT` (a logical plan, not a source participant of the plan,
 /// several executors and no worker, an unknown worker, a capacity under the least),
-/// `MWS_UNSUPPORTED` (device source buffers and no device engine), `MWS_STORE` (the
-/// engine refused to register the outbox). Thread safety: any thread.
+/// `MWS_LIMIT_EXCEEDED` (a capacity that cannot be allocated), `MWS_UNSUPPORTED`
+/// (device source buffers and no device engine), `MWS_STORE` (the engine refused to
+/// register the outbox). Thread safety: any thread.
 ///
 /// # Safety
 /// `plan` and `engine` are NULL or live; `participant_id` is NULL or NUL-terminated;
@@ -219,8 +220,9 @@ pub unsafe extern "C" fn mws_delta_publisher_free(publisher: *mut mws_delta_publ
 /// `MWS_INVALID_ARGUMENT` (a prepared sink or restore, a source executor without an
 /// outbox, an outbox named twice, an outbox under its least capacity, closed),
 /// `MWS_UNSUPPORTED` (a source executor read at several endpoints; device target
-/// buffers while the transfer engine has no device engine), `MWS_STORE` (the staging
-/// registration refused).
+/// buffers while the transfer engine has no device engine), `MWS_LIMIT_EXCEEDED` (a
+/// staging buffer that cannot be allocated), `MWS_STORE` (the staging registration
+/// refused).
 ///
 /// # Safety
 /// `prepared` is NULL or live; `outboxes` is NULL (with `n` 0) or `n` valid entries

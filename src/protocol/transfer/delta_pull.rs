@@ -281,6 +281,18 @@ fn base_checksums(base: &Base, plan: &TransferPlan) -> Vec<u32> {
     out
 }
 
+/// `n` zero bytes, or `LimitExceeded` when they cannot be allocated (a capacity
+/// from the caller is never trusted to fit in memory).
+fn zeroed(n: u64, what: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok())
+        .ok_or_else(|| Error::new(ErrorKind::LimitExceeded, format!("{what} of {n} bytes cannot be allocated")))?;
+    v.resize(n as usize, 0);
+    Ok(v)
+}
+
 /// What a publisher keeps of one target executor.
 struct Fed {
     /// (participant, worker).
@@ -330,15 +342,17 @@ impl DeltaPublisher {
     /// A publisher for the source executor of `participant` (its only one, or the
     /// one of `worker`) under the bound `plan`, with an outbox of `capacity` bytes
     /// (allocated here, registered with `engine` until the close, split among the
-    /// target executors it feeds in proportion to their bytes, [`outbox_slot`]). Device source fragments are read through the
-    /// engine's device engine ([`TransferEngine::device_engine`]). Nothing is
-    /// published until [`Self::publish`]: a reader's step fails until then.
+    /// target executors it feeds in proportion to their bytes, [`outbox_slot`]).
+    /// Device source fragments are read through the engine's device engine
+    /// ([`TransferEngine::device_engine`]). Nothing is published until
+    /// [`Self::publish`]: a reader's step fails until then.
     ///
     /// Errors (nothing kept): `InvalidArgument`: not a source participant of the plan,
     /// several executors and no `worker` (or an unknown one), an executor that feeds
-    /// no target, a capacity under [`min_outbox_capacity`]; `Unsupported`:
-    /// device source fragments while the engine has no device engine; `Store`: the
-    /// engine refused to register the outbox or has no identity.
+    /// no target, a capacity under [`min_outbox_capacity`]; `LimitExceeded`: a
+    /// capacity that cannot be allocated; `Unsupported`: device source fragments
+    /// while the engine has no device engine; `Store`: the engine refused to
+    /// register the outbox or has no identity.
     pub fn new(
         plan: &TransferPlan,
         participant: &str,
@@ -389,8 +403,7 @@ impl DeltaPublisher {
             let base = Base::new(plan, reader.0.clone(), ops, device.as_deref())?;
             fed.push(Fed { reader, base, slot });
         }
-        let capacity_usize = usize::try_from(capacity).map_err(|_| Error::invalid("outbox capacity too large"))?;
-        let outbox = vec![0u8; capacity_usize];
+        let outbox = zeroed(capacity, "the delta outbox")?;
         let region = MemoryRegion { address: outbox.as_ptr() as u64, len: capacity, kind: MemoryKind::Host };
         // SAFETY: the outbox is owned by this publisher, never reallocated, and
         // unregistered (`close`) before it is dropped.
@@ -596,7 +609,8 @@ impl DeltaPull {
     /// Errors (`InvalidArgument` unless named): a source executor without an outbox,
     /// an outbox named twice, an outbox under [`min_outbox_capacity`], a
     /// source read at an endpoint without prepared batches, device target memory
-    /// without a device engine (`Unsupported`), a refused registration (`Store`).
+    /// without a device engine (`Unsupported`), a staging buffer that cannot be
+    /// allocated (`LimitExceeded`), a refused registration (`Store`).
     pub(crate) fn new(
         plan: &TransferPlan,
         reader: &ExecutorTransferPlan,
@@ -669,9 +683,14 @@ impl DeltaPull {
                 at,
                 held: None,
             });
-            at += slot.1 as usize;
+            at = usize::try_from(slot.1).ok().and_then(|n| at.checked_add(n)).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::LimitExceeded,
+                    "the delta outboxes' slots of this reader exceed the address space",
+                )
+            })?;
         }
-        let buf = vec![0u8; at.max(1)];
+        let buf = zeroed(at.max(1) as u64, "the delta staging buffer")?;
         let staging = Arc::new(Staging { address: buf.as_ptr() as u64, len: buf.len() as u64, bytes: Mutex::new(buf) });
         // SAFETY: the staging buffer is owned by this reader (kept alive by a pending
         // transfer while DMA may write it), never reallocated, and unregistered
