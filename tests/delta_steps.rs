@@ -347,3 +347,22 @@ fn delta_messages_carry_their_base_and_started_steps_send_deltas() {
     assert!(e.error.message.contains("notified and content-verified"), "{}", e.error);
     assert!(!e.report.submitted);
 }
+
+#[test]
+fn an_inbox_too_large_to_mirror_is_refused_not_allocated() {
+    let rig = Rig::new(0.25);
+    let huge: Vec<(String, DeltaInbox)> =
+        rig.targets().into_iter().map(|t| (t, DeltaInbox { address: 4096, capacity: u64::MAX })).collect();
+    let named: Vec<(&str, DeltaInbox)> = huge.iter().map(|(t, i)| (t.as_str(), *i)).collect();
+    let e = rig.prepared[0].enable_delta(&named).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert!(e.message().contains("cannot be allocated"), "{e}");
+    // Nothing changed: the inboxes enabled before still take delta steps.
+    let mut rig = rig;
+    assert!(rig.step(2, &[]).is_empty());
+    rig.change(10_000);
+    let held = rig.held();
+    assert!(rig.step(3, &held).is_empty());
+    assert!(all_updated(&rig, 3) && rig.targets_match_sources());
+    assert!(rig.reports().iter().all(|t| t.base_generation == Some(2)));
+}

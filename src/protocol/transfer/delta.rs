@@ -170,6 +170,18 @@ pub(crate) fn element_size(plan: &TransferPlan, i: usize) -> usize {
     }
 }
 
+/// `n` zero bytes, or `LimitExceeded` when they cannot be allocated (a capacity
+/// from the caller is never trusted to fit in memory).
+pub(crate) fn zeroed(n: u64, what: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok())
+        .ok_or_else(|| Error::new(ErrorKind::LimitExceeded, format!("{what} of {n} bytes cannot be allocated")))?;
+    v.resize(n as usize, 0);
+    Ok(v)
+}
+
 /// The bytes a source last sent (or published) into one target: the concatenated
 /// segments of its operations into it, in operation and row-major order
 /// ([`for_each_segment`]), on the host, and their weight generation. Shared by the
@@ -372,8 +384,9 @@ impl DeltaSource {
     /// device sources are read through `device`, staged in host memory.
     /// Errors (`InvalidArgument` unless named): a target without an inbox, an inbox
     /// named twice, a slot under 64 bytes, a target written at several endpoints
-    /// (`Unsupported`), device memory without a device engine (`Unsupported`), a
-    /// failed registration (`Store`).
+    /// (`Unsupported`), device memory without a device engine (`Unsupported`), an
+    /// outbox that cannot be allocated (`LimitExceeded`), a failed registration
+    /// (`Store`).
     pub(crate) fn new(
         plan: &TransferPlan,
         executor: &ExecutorTransferPlan,
@@ -426,7 +439,8 @@ impl DeltaSource {
             };
             by_endpoint[e].push(targets.len());
             let base = Base::new(plan, t, ops, device.as_deref())?;
-            targets.push(TargetBase { base, inbox, slot, outbox: vec![0; slot.1 as usize] });
+            let outbox = zeroed(slot.1, "a delta outbox")?;
+            targets.push(TargetBase { base, inbox, slot, outbox });
         }
         let mut source =
             DeltaSource { targets, by_endpoint, endpoints: endpoints.to_vec(), registered: Vec::new(), device };

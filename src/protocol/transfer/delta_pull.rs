@@ -74,7 +74,7 @@
 //! slots, registered with its engine); a step costs a header read per source, the
 //! records or every byte, the apply, and a content-check read of its ranges.
 
-use super::delta::Base;
+use super::delta::{zeroed, Base};
 use super::device_bytes::check_reachable;
 use super::notify::{content_checksums, content_groups, plan_identity};
 use crate::device::DeviceEngine;
@@ -279,18 +279,6 @@ fn base_checksums(base: &Base, plan: &TransferPlan) -> Vec<u32> {
         out.push(crc);
     }
     out
-}
-
-/// `n` zero bytes, or `LimitExceeded` when they cannot be allocated (a capacity
-/// from the caller is never trusted to fit in memory).
-fn zeroed(n: u64, what: &str) -> Result<Vec<u8>> {
-    let mut v = Vec::new();
-    usize::try_from(n)
-        .ok()
-        .and_then(|n| v.try_reserve_exact(n).ok())
-        .ok_or_else(|| Error::new(ErrorKind::LimitExceeded, format!("{what} of {n} bytes cannot be allocated")))?;
-    v.resize(n as usize, 0);
-    Ok(v)
 }
 
 /// What a publisher keeps of one target executor.

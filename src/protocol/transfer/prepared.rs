@@ -437,10 +437,6 @@ impl PreparedTransfer {
             return Err(Error::invalid("prepared transfer is closed"));
         }
         let engine = &*self.front.exec.engine;
-        let mut slot = self.delta.lock();
-        if let Some(mut old) = slot.take() {
-            old.close(engine);
-        }
         let p = &*self.prepared;
         if p.worker.is_none() {
             return Ok(());
@@ -452,7 +448,10 @@ impl PreparedTransfer {
             return Err(Error::invalid("delta steps need the sink's executor in the plan"));
         };
         let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
-        *slot = Some(DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine, engine.device_engine())?);
+        let new = DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine, engine.device_engine())?;
+        if let Some(mut old) = self.delta.lock().replace(new) {
+            old.close(engine);
+        }
         Ok(())
     }
 
