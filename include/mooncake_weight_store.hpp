@@ -2285,9 +2285,13 @@ struct StepNotify {
 /// DeltaPublisher::outbox() on the source side, PreparedTransfer::enable_delta_pull()
 /// on the readers' side.
 struct DeltaOutbox {
+    /// The source executor's participant.
     std::string participant_id;
+    /// The source executor's worker.
     std::string worker_id;
+    /// First byte (a source-side host address).
     std::uint64_t address = 0;
+    /// Bytes.
     std::uint64_t capacity = 0;
 };
 
@@ -2919,6 +2923,7 @@ public:
         detail::check(mws_delta_publisher_publish(get(), weight_generation, &d));
         return d;
     }
+    /// The raw handle, lent (nullptr when empty); valid while this object owns it.
     mws_delta_publisher *get() const noexcept { return handle_.get(); }
 
 private:
