@@ -221,6 +221,22 @@
 #define MWS_VERIFY_OFF 2
 
 /**
+ * `mws_store_options.write_integrity`: the default, which writes the integrity record.
+ */
+#define MWS_WRITE_INTEGRITY_DEFAULT 0
+
+/**
+ * `mws_store_options.write_integrity`: write the integrity record (as the default).
+ */
+#define MWS_WRITE_INTEGRITY_ON 1
+
+/**
+ * `mws_store_options.write_integrity`: snapshots compute no checksums and write no
+ * integrity record.
+ */
+#define MWS_WRITE_INTEGRITY_OFF 2
+
+/**
  * The kind of a parallel axis (`mws_parallel_axis.kind`).
  */
 typedef enum mws_axis_kind {
@@ -2106,6 +2122,20 @@ typedef struct mws_store_options {
      * unchanged and 1 still means on.
      */
     uint32_t verify_integrity;
+    /**
+     * Whether snapshots (`mws_store_upload`, writers, transactions over this store)
+     * compute the CRC-32C of every 1 MiB block of every payload and commit writes
+     * them as the integrity record: `MWS_WRITE_INTEGRITY_DEFAULT` (0, a zeroed
+     * struct) and `MWS_WRITE_INTEGRITY_ON` (1) write it, `MWS_WRITE_INTEGRITY_OFF`
+     * (2) computes and writes none: the revision is then exactly what the reference
+     * writes (manifest, decision, payloads), it restores everywhere, and a verifying
+     * restore loads it unverified (`mws_load_stats.verified_bytes` 0). Other values
+     * are `MWS_INVALID_ARGUMENT`. A commit writes a record only when the committing
+     * store writes records and every receipt carries checksums. Added in 0.3 in what
+     * was the struct's tail padding (its size is unchanged): rebuild against this
+     * header, since padding was not guaranteed to be zero.
+     */
+    uint32_t write_integrity;
 } mws_store_options;
 
 /**

@@ -1136,6 +1136,10 @@ struct StoreOptions {
     /// check is fused with the copy; false opts out). Revisions without a record
     /// restore unverified. See mws_store_options::verify_integrity.
     bool verify_integrity = true;
+    /// Snapshots compute block checksums and write the integrity record (on by
+    /// default). false: no checksums, no record; the revision is what the reference
+    /// writes and restores unverified. See mws_store_options::write_integrity.
+    bool write_integrity = true;
 
     /// The C options; key_prefix points into this object, which must outlive their
     /// use and not change meanwhile.
@@ -1149,6 +1153,7 @@ struct StoreOptions {
         o.staging_bytes = staging_bytes;
         o.max_metadata_bytes = max_metadata_bytes;
         o.verify_integrity = verify_integrity ? MWS_VERIFY_ON : MWS_VERIFY_OFF;
+        o.write_integrity = write_integrity ? MWS_WRITE_INTEGRITY_ON : MWS_WRITE_INTEGRITY_OFF;
         return o;
     }
 };

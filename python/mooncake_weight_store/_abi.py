@@ -130,6 +130,10 @@ MWS_STAGING_OFF = 2**64 - 1
 MWS_VERIFY_DEFAULT = 0
 MWS_VERIFY_ON = 1
 MWS_VERIFY_OFF = 2
+#: ``mws_store_options.write_integrity``
+MWS_WRITE_INTEGRITY_DEFAULT = 0
+MWS_WRITE_INTEGRITY_ON = 1
+MWS_WRITE_INTEGRITY_OFF = 2
 # enum mws_axis_kind
 MWS_AXIS_DP = 0
 MWS_AXIS_PP = 1
@@ -441,6 +445,7 @@ class mws_store_options(CStruct):
         ("staging_bytes", c_uint64),
         ("max_metadata_bytes", c_uint64),
         ("verify_integrity", c_uint32),
+        ("write_integrity", c_uint32),
     ]
 
 

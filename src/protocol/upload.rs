@@ -389,6 +389,10 @@ unsafe fn write_payloads(
     started: &Cell<bool>,
 ) -> Result<Vec<Option<Vec<u32>>>> {
     let group = plan.manifest().group_id();
+    if !ws.limits.write_integrity {
+        // No integrity record will be written: no checksums (receipts without them).
+        return put_batches(ws, ops, frags, group, progress, started).map(|()| vec![None; frags.len()]);
+    }
     // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
     let sums = unsafe { SourceChecksums::new(frags) };
     if sums.bytes() < OVERLAP_MIN_BYTES {
