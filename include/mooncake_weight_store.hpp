@@ -1890,6 +1890,12 @@ public:
         detail::check(mws_writer_write_tensor(get(), tensor_id.c_str(), tensor, &r));
         return Receipts(r);
     }
+    /// Defers the uploads to commit() (true) or not (false, the default;
+    /// mws_writer_defer_uploads): deferred, write_tensor() returns no receipts and
+    /// commit() uploads every participant in one upload call; the source buffers must
+    /// stay unchanged until commit() returns. Throws mws::Error: MWS_CONFLICT (writer
+    /// closed).
+    void defer_uploads(bool defer = true) const { detail::check(mws_writer_defer_uploads(get(), defer ? 1 : 0)); }
     /// Publishes the snapshot's manifest (mws_writer_commit). Throws mws::Error:
     /// MWS_INVALID_ARGUMENT (missing fragments; the writer is aborted), MWS_STORE
     /// (transaction error; the writer stays open for a retry).

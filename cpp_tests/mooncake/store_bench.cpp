@@ -11,7 +11,8 @@
 // one registered buffer, and the raw puts plus one upsert_from per metadata object the
 // protocol writes (decision, integrity record, manifest; their sizes read back from the
 // snapshot). Snapshots: through the Writer (participants in turn) and in one call
-// (Transaction::upload_many of every participant, as Store::snapshot), each with the
+// (Transaction::upload_many of every participant, as Store::snapshot), the Writer with
+// its uploads deferred to commit (Writer::defer_uploads: one upload call), each with the
 // integrity record (the default) and without it (StoreOptions::write_integrity false;
 // compared with raw puts plus the protocol's own metadata objects, the decision and
 // the manifest). Restores: same
@@ -96,6 +97,8 @@ int main(int argc, char **argv) {
         // unverified, the bindings loaded in turn by this process (as before issue 45's
         // speed work: the figures to compare) and at once (one thread per binding).
         double best_snap = 1e30, best_writer = 1e30, best_snap_nr = 1e30, best_writer_nr = 1e30;
+        double best_deferred = 1e30, best_deferred_nr = 1e30;
+        std::uint64_t deferred_calls = 0;
         double best_same = 1e30, best_same_nv = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
         double best_same_par = 1e30, best_resh_par = 1e30;
         std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, writer_calls = 0;
@@ -160,20 +163,24 @@ int main(int argc, char **argv) {
             // The Writer: a trainer's participants uploaded one by one as their
             // tensors are written (8 participant uploads in turn); with the integrity
             // record and without it.
-            auto timed_writer = [&](const mws::Store &st, const char *what, double &best) {
+            auto timed_writer = [&](const mws::Store &st, const char *what, bool defer, double &best,
+                                    std::uint64_t &calls) {
                 const std::string wrev = std::string("bench-writer-") + what + "-" + std::to_string(it);
                 HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", wrev), defs, true, "trainer");
                 ms::Stats s0 = a.stats();
                 auto t0 = std::chrono::steady_clock::now();
-                snapshot(st, src, "bench");
+                snapshot(st, src, "bench", {}, nullptr, defer);
                 double t = secs_since(t0);
                 best = std::min(best, t);
                 ms::Stats s1 = a.stats();
-                writer_calls = s1.batch_put_calls - s0.batch_put_calls;
+                calls = s1.batch_put_calls - s0.batch_put_calls;
                 std::printf("  [%s Writer snapshot]%s\n", wrev.c_str(), breakdown(s0, s1, t).c_str());
             };
-            timed_writer(store, "record", best_writer);
-            timed_writer(store_nr, "no-record", best_writer_nr);
+            timed_writer(store, "record", false, best_writer, writer_calls);
+            timed_writer(store_nr, "no-record", false, best_writer_nr, writer_calls);
+            // The Writer with its uploads deferred to commit (one upload call).
+            timed_writer(store, "deferred-record", true, best_deferred, deferred_calls);
+            timed_writer(store_nr, "deferred-no-record", true, best_deferred_nr, deferred_calls);
             // One call without the integrity record: its decision and manifest sizes
             // are the raw baseline's metadata objects.
             {
@@ -320,6 +327,8 @@ int main(int argc, char **argv) {
                     meta_sizes.size(), meta_bytes, meta_sizes_nr.size(), meta_bytes_nr, repeat);
         row("adapter snapshot, Writer (8 in turn)", best_writer, snap_bytes, writer_calls, "batch_put_from");
         row("  same, no integrity record", best_writer_nr, snap_bytes, writer_calls, "batch_put_from");
+        row("adapter snapshot, Writer, deferred", best_deferred, snap_bytes, deferred_calls, "batch_put_from");
+        row("  same, no integrity record", best_deferred_nr, snap_bytes, deferred_calls, "batch_put_from");
         row("adapter snapshot, one call (upload_many)", best_snap, snap_bytes, snap_calls, "batch_put_from");
         row("  same, no integrity record", best_snap_nr, snap_bytes, snap_calls, "batch_put_from");
         row("raw batch_put_from (payloads)", best_put, snap_bytes, 1, "batch_put_from");
@@ -343,6 +352,8 @@ int main(int argc, char **argv) {
         // protocol's metadata objects (decision, manifest); the record's cost apart.
         fig("snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_writer_nr);
         fig("one_call_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_snap_nr);
+        fig("deferred_writer_snapshot_vs_raw_put_plus_metadata", best_put_meta / best_deferred);
+        fig("deferred_writer_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_deferred_nr);
         fig("snapshot_integrity_cost", best_writer / best_writer_nr - 1);
         fig("one_call_snapshot_integrity_cost", best_snap / best_snap_nr - 1);
         fig("adapter_restore_same_layout_gbps", gbps(same_bytes, best_same));
@@ -358,6 +369,8 @@ int main(int argc, char **argv) {
         fig("restore_same_layout_integrity_cost", best_same / best_same_nv - 1);
         std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", writer_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_one_call_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
+        std::printf("figure: mooncake_store_deferred_writer_snapshot_calls_per_gib = %.1f\n",
+                    deferred_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", resh_calls / (resh_bytes / gib));
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());

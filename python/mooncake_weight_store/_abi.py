@@ -815,6 +815,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
                                POINTER(mws_upload_options), POINTER(_p)]),
     "mws_writer_write_tensor": (c_int, [_p, c_char_p, c_void_p, POINTER(_p)]),
     "mws_writer_commit": (c_int, [_p, POINTER(_p)]),
+    "mws_writer_defer_uploads": (c_int, [_p, c_uint32]),
     "mws_writer_abort": (c_int, [_p]),
     "mws_writer_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
     "mws_writer_upload_plan": (c_int, [_p, POINTER(_p)]),

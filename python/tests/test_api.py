@@ -14,6 +14,7 @@ import pytest
 import mooncake_weight_store as mws
 from mooncake_weight_store import (
     AlreadyExistsError,
+    ArgumentError,
     Binding,
     ConflictError,
     Decision,
@@ -413,6 +414,22 @@ def test_writer(store, src):
         w.write_tensor(ids[-1]).close()
     assert w.committed and w.manifest.namespace == "w"
     bufs2, _ = restore_into(store, w.manifest.key, Model(SPEC, "tp", tp=2, dp=1))
+
+
+def test_writer_deferred_uploads(store, src):
+    """defer_uploads(): write_tensor returns no receipts and writes nothing; commit
+    uploads every participant, then commits."""
+    m, bufs, bindings = src
+    with store.begin_snapshot(m.placement, bindings, namespace="deferred") as w:
+        w.defer_uploads()
+        with pytest.raises(ArgumentError):
+            w.defer_uploads(1)  # type: ignore[arg-type]
+        for tid in w.tensor_ids():
+            with w.write_tensor(tid) as r:
+                assert len(r) == 0
+        assert not any(store.exists(k) for k in w.plan.payload_keys)
+    assert w.committed
+    restore_into(store, w.manifest.key, Model(SPEC, "tp", tp=2, dp=1))
 
 
 def test_writer_aborts_on_error_and_resolver(store, src):
