@@ -233,3 +233,29 @@ TEST(Progress, WriterWithDeferredUploadsUploadsAtCommit) {
     EXPECT_EQ(mws_writer_defer_uploads(raw, 0), MWS_CONFLICT);
     mws_writer_free(raw);
 }
+
+// Store::load_many (mws_store_load_many): every binding in one call restores every
+// byte with the totals of the loads in turn; a participant given twice is refused.
+TEST(Progress, StoreLoadManyRestoresEveryBinding) {
+    mws::Store store = mws::Store::open_memory();
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    mws::StoredManifest m = snapshot(store, src);
+    HostModel dst(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws_load_stats in_turn = restore(store, m, dst);
+    HostModel dst2(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws::LoadPlan plan = mws::LoadPlan::plan(m, dst2.placement, dst2.binding_ptrs());
+    std::vector<const mws::Binding *> bs;
+    for (const auto &b : dst2.bindings) bs.push_back(&b);
+    mws_load_stats st = store.load_many(plan, bs);
+    dst2.verify();
+    EXPECT_EQ(st.bytes, in_turn.bytes);
+    EXPECT_EQ(st.regions, in_turn.regions);
+    std::vector<const mws::Binding *> twice{bs[0], bs[0]};
+    try {
+        store.load_many(plan, twice);
+        FAIL() << "a participant given twice was accepted";
+    } catch (const mws::Error &e) {
+        EXPECT_EQ(e.status(), MWS_INVALID_ARGUMENT) << e.what();
+    }
+}

@@ -5022,6 +5022,34 @@ enum mws_status mws_store_load(const struct mws_store *store,
                                struct mws_load_stats *stats);
 
 /**
+ * Loads several target participants of this process (`count` bindings, each its
+ * whole part of `plan`, or its `args->worker_id` part) in one call: what one
+ * `mws_store_load` per binding, in order, does, with the plan's checks (the committed
+ * manifest, the objects' sizes, the integrity record) made once for all of them
+ * instead of once per binding. Every binding's own checks run before any store call;
+ * then the bindings are pinned, registered and read one after the other. A failure
+ * stops the call: the bindings before it are loaded, the others untouched. If
+ * `stats` is not NULL, the totals of every binding are written there on success.
+ * `args` may be NULL (static guard); `args->lease` must be NULL (a lease covers one
+ * binding).
+ *
+ * Errors: those of `mws_store_load`, plus `MWS_INVALID_ARGUMENT` (a participant
+ * given twice, `args->lease` set) and `MWS_INVALID_BINDING` naming `bindings[i]`.
+ * Thread safety: as `mws_store_load`.
+ *
+ * # Safety
+ * Handles are NULL or live; `bindings` is valid for `count` handles; `args` and
+ * `stats` are NULL or valid. Every target buffer of every binding must be valid for
+ * writes and not accessed by anyone else during the call.
+ */
+enum mws_status mws_store_load_many(const struct mws_store *store,
+                                    const struct mws_load_plan *plan,
+                                    const struct mws_binding *const *bindings,
+                                    size_t count,
+                                    const struct mws_io_args *args,
+                                    struct mws_load_stats *stats);
+
+/**
  * Reads and strictly decodes the manifest stored at `manifest_key` (for example
  * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
  * handle in `*out` (free with `mws_stored_manifest_free`).

@@ -1582,6 +1582,22 @@ public:
         detail::check(mws_store_load(get(), plan.get(), binding.get(), &a, &stats));
         return stats;
     }
+    /// Loads several target participants of this process in one call
+    /// (mws_store_load_many): what load() per binding, in order, does, with the
+    /// plan's checks (committed manifest, object sizes, integrity record) made once;
+    /// returns the totals. `args.lease` must be nullptr. The buffers as for load().
+    /// Throws mws::Error: those of load(), MWS_INVALID_ARGUMENT (a participant given
+    /// twice, a lease).
+    mws_load_stats load_many(const LoadPlan &plan, const std::vector<const Binding *> &bindings,
+                             const IoArgs &args = {}) const {
+        std::vector<const mws_binding *> b;
+        b.reserve(bindings.size());
+        for (const Binding *x : bindings) b.push_back(x != nullptr ? x->get() : nullptr);
+        mws_io_args a = args.c();
+        mws_load_stats stats{};
+        detail::check(mws_store_load_many(get(), plan.get(), b.data(), b.size(), &a, &stats));
+        return stats;
+    }
 
     /// Snapshots `placement` from `bindings` (every participant, all lent by this
     /// process) in one call: plans the upload (plan_upload; the store's key prefix

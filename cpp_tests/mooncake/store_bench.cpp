@@ -17,7 +17,8 @@
 // compared with raw puts plus the protocol's own metadata objects, the decision and
 // the manifest). Restores: same
 // layout (TP4 x PP2) and resharded (TP2 x EP2), with integrity verification on and off
-// (its cost), the bindings loaded in turn and at once (one thread per binding). Each
+// (its cost), the bindings loaded in turn, at once (one thread per binding) and in one
+// call (Store::load_many: the plan's checks once). Each
 // timed phase prints where its time went (the adapter's client calls: count and ms,
 // and the rest). Prints GB/s and calls per GiB, then `figure: NAME = VALUE` (ratios:
 // > 1 = the adapter is faster than raw).
@@ -101,19 +102,27 @@ int main(int argc, char **argv) {
         std::uint64_t deferred_calls = 0;
         double best_same = 1e30, best_same_nv = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
         double best_same_par = 1e30, best_resh_par = 1e30;
+        double best_same_many = 1e30, best_same_many_nv = 1e30, best_resh_many = 1e30, best_resh_many_nv = 1e30;
         std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, writer_calls = 0;
         std::uint64_t same_calls = 0, resh_calls = 0, ignored_bytes = 0, ignored_calls = 0;
         std::vector<std::size_t> sizes, meta_sizes, meta_sizes_nr;
         // A restore of `m` into layout L. parallel: one thread per binding, as the
-        // ranks of a server each load their own binding at once; otherwise this one
-        // process loads them in turn (mwsmodel::restore, as Store::restore).
+        // ranks of a server each load their own binding at once; one_call: every
+        // binding in one Store::load_many; otherwise this one process loads them in
+        // turn (mwsmodel::restore).
+        enum Mode { in_turn, parallel, one_call };
         auto timed_restore = [&](const mws::Store &store, const mws::StoredManifest &m, const Layout &L,
-                                 const std::string &rev, bool parallel, double &best, std::uint64_t &bytes,
+                                 const std::string &rev, Mode mode, double &best, std::uint64_t &bytes,
                                  std::uint64_t &calls) {
             HostModel dst(placement_json("serving", L, defs, 1, "bench-model", rev), defs, false, "server");
             ms::Stats s0 = a.stats();
             auto t0 = std::chrono::steady_clock::now();
-            if (parallel) {
+            if (mode == one_call) {
+                mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+                std::vector<const mws::Binding *> bs;
+                for (const auto &b : dst.bindings) bs.push_back(&b);
+                bytes = store.load_many(plan, bs).bytes;
+            } else if (mode == parallel) {
                 mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
                 std::vector<mws_load_stats> st(dst.bindings.size());
                 std::vector<std::string> errors(dst.bindings.size());
@@ -153,7 +162,8 @@ int main(int argc, char **argv) {
             ms::Stats s1 = a.stats();
             calls = s1.range_calls - s0.range_calls;
             std::printf("  [%s -> tp%llu pp%llu ep%llu, %s]%s\n", rev.c_str(), (unsigned long long)L.tp,
-                        (unsigned long long)L.pp, (unsigned long long)L.ep, parallel ? "parallel" : "sequential",
+                        (unsigned long long)L.pp, (unsigned long long)L.ep,
+                        mode == parallel ? "parallel" : mode == one_call ? "load_many" : "sequential",
                         breakdown(s0, s1, t).c_str());
             dst.verify();
         };
@@ -236,12 +246,16 @@ int main(int argc, char **argv) {
                 if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
                 meta_sizes.push_back(static_cast<std::size_t>(n));
             }
-            timed_restore(store, m, same, rev, false, best_same, same_bytes, same_calls);
-            timed_restore(store_nv, m, same, rev, false, best_same_nv, ignored_bytes, ignored_calls);
-            timed_restore(store, m, server, rev, false, best_resh, resh_bytes, resh_calls);
-            timed_restore(store_nv, m, server, rev, false, best_resh_nv, ignored_bytes, ignored_calls);
-            timed_restore(store, m, same, rev, true, best_same_par, ignored_bytes, ignored_calls);
-            timed_restore(store, m, server, rev, true, best_resh_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, in_turn, best_same, same_bytes, same_calls);
+            timed_restore(store_nv, m, same, rev, in_turn, best_same_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, in_turn, best_resh, resh_bytes, resh_calls);
+            timed_restore(store_nv, m, server, rev, in_turn, best_resh_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, parallel, best_same_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, parallel, best_resh_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, one_call, best_same_many, ignored_bytes, ignored_calls);
+            timed_restore(store_nv, m, same, rev, one_call, best_same_many_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, one_call, best_resh_many, ignored_bytes, ignored_calls);
+            timed_restore(store_nv, m, server, rev, one_call, best_resh_many_nv, ignored_bytes, ignored_calls);
             a.raw_remove_by_regex("^weights/bench/");
         }
         // Snapshot bytes: one copy of every box (DP replicas are written once).
@@ -337,9 +351,13 @@ int main(int argc, char **argv) {
         row("adapter restore same layout (TP4xPP2)", best_same, same_bytes, same_calls, "get_into_ranges");
         row("  same, integrity verification off", best_same_nv, same_bytes, same_calls, "get_into_ranges");
         row("  same, bindings at once (threads)", best_same_par, same_bytes, same_calls, "get_into_ranges");
+        row("  same, one call (load_many)", best_same_many, same_bytes, same_calls, "get_into_ranges");
+        row("  same, one call, verification off", best_same_many_nv, same_bytes, same_calls, "get_into_ranges");
         row("adapter restore resharded (TP2xEP2)", best_resh, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, integrity verification off", best_resh_nv, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, bindings at once (threads)", best_resh_par, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, one call (load_many)", best_resh_many, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, one call, verification off", best_resh_many_nv, resh_bytes, resh_calls, "get_into_ranges");
         row("raw batch_get_into (payloads)", best_get, snap_bytes, 1, "batch_get_into");
         const double raw_get = gbps(snap_bytes, best_get);
         auto fig = [](const char *name, double v) { std::printf("figure: mooncake_store_%s = %.3f\n", name, v); };
@@ -365,6 +383,10 @@ int main(int argc, char **argv) {
         fig("restore_resharded_vs_raw", gbps(resh_bytes, best_resh) / raw_get);
         fig("restore_resharded_unverified_vs_raw", gbps(resh_bytes, best_resh_nv) / raw_get);
         fig("restore_resharded_at_once_vs_raw", gbps(resh_bytes, best_resh_par) / raw_get);
+        fig("one_call_restore_same_layout_vs_raw", gbps(same_bytes, best_same_many) / raw_get);
+        fig("one_call_restore_same_layout_unverified_vs_raw", gbps(same_bytes, best_same_many_nv) / raw_get);
+        fig("one_call_restore_resharded_vs_raw", gbps(resh_bytes, best_resh_many) / raw_get);
+        fig("one_call_restore_resharded_unverified_vs_raw", gbps(resh_bytes, best_resh_many_nv) / raw_get);
         fig("restore_integrity_cost", best_resh / best_resh_nv - 1);
         fig("restore_same_layout_integrity_cost", best_same / best_same_nv - 1);
         std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", writer_calls / (snap_bytes / gib));

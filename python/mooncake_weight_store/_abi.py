@@ -810,6 +810,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_load_plan_participant_count": (c_size_t, [_p]),
     "mws_load_plan_participant": (c_void_p, [_p, c_size_t, _sz]),
     "mws_store_load": (c_int, [_p, _p, _p, POINTER(mws_io_args), POINTER(mws_load_stats)]),
+    "mws_store_load_many": (c_int, [_p, _p, POINTER(_p), c_size_t, POINTER(mws_io_args), POINTER(mws_load_stats)]),
     # writer
     "mws_writer_new": (c_int, [_p, POINTER(mws_snapshot_descriptor), POINTER(mws_snapshot_adapter_vtable), c_void_p,
                                POINTER(mws_upload_options), POINTER(_p)]),

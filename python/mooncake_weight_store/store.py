@@ -821,15 +821,32 @@ class Store(OwnedHandle):
         return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
                          int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
 
+    def load_many(self, plan: "LoadPlan", bindings: Sequence["Binding"], *, worker_id: Optional[str] = None,
+                  transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
+                  progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
+        """Loads several participants of this process in one call
+        (``mws_store_load_many``): what one :meth:`load` per binding, in order, does,
+        with the plan's checks (committed manifest, object sizes, integrity record)
+        made once for all of them; returns the totals. No lease (a lease covers one
+        binding); a participant given twice is :class:`InvalidArgumentError`.
+        ``progress`` sees one restore per binding."""
+        bindings = list(bindings)
+        if not bindings:
+            return LoadStats()
+        c_bindings = _lib.handle_array(bindings)
+        args, keep = io_args(worker_id, transfer_id, guard, None, progress)
+        st = _abi.mws_load_stats()
+        call("mws_store_load_many", self, plan, c_bindings, len(bindings), ctypes.byref(args), ctypes.byref(st))
+        del keep
+        return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
+                         int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
+
     def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"], *,
                 progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
-        """Loads the manifest at ``manifest_key`` into every binding (convenience).
-        ``progress`` sees one restore per binding."""
-        total = LoadStats()
+        """Loads the manifest at ``manifest_key`` into every binding (convenience; one
+        :meth:`load_many` call). ``progress`` sees one restore per binding."""
         with self.load_manifest(manifest_key) as manifest, LoadPlan.new(manifest, placement, bindings) as lp:
-            for b in bindings:
-                total = total + self.load(lp, b, progress=progress)
-        return total
+            return self.load_many(lp, bindings, progress=progress)
 
     # -- snapshot writer ------------------------------------------------------------
 
