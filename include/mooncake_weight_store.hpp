@@ -1615,18 +1615,21 @@ public:
                             const UploadOptions &options = {}) const;
 
     /// Restores `manifest` into `bindings` (participants of `placement`, all or some,
-    /// lent by this process): plans the load (LoadPlan::plan) and loads each binding in
-    /// turn (Store::load with `args`; a progress callback sees one restore per
-    /// binding). Returns the sum of the load statistics. The buffers as for
-    /// Store::load; a refused plan leaves them untouched, a load that fails leaves the
-    /// bindings before it restored. Throws mws::Error: those of LoadPlan::plan and
-    /// Store::load; std::bad_alloc. May run concurrently with other const members.
+    /// lent by this process): plans the load (LoadPlan::plan) and loads every binding
+    /// in one Store::load_many call with `args` (the plan's checks once; a progress
+    /// callback sees one restore per binding; with `args.lease`, which covers one
+    /// binding, Store::load per binding instead). Returns the sum of the load
+    /// statistics. The buffers as for Store::load; a refused plan leaves them
+    /// untouched, a load that fails leaves the bindings before it restored. Throws
+    /// mws::Error: those of LoadPlan::plan and Store::load_many; std::bad_alloc. May
+    /// run concurrently with other const members.
     mws_load_stats restore(const StoredManifest &manifest, const Placement &placement,
                            const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
         std::vector<const Binding *> ptrs;
         ptrs.reserve(bindings.size());
         for (const Binding &b : bindings) ptrs.push_back(&b);
         const LoadPlan plan = LoadPlan::plan(manifest, placement, ptrs);
+        if (args.lease == nullptr) return load_many(plan, ptrs, args);
         mws_load_stats total{};
         for (const Binding &b : bindings) {
             const mws_load_stats s = load(plan, b, args);
