@@ -247,6 +247,8 @@ struct AllRanks<'a> {
     guards: Vec<(String, RecordingGuard)>,
 }
 
+// SAFETY: the bindings are HostAdapter's (the model's buffers, alive and unchanged
+// while the writer lives).
 unsafe impl SnapshotAdapter for AllRanks<'_> {
     type Tensor = str;
     fn export_source(&self, d: &SnapshotDescriptor) -> Result<SnapshotSource> {
