@@ -5027,9 +5027,14 @@ enum mws_status mws_store_load(const struct mws_store *store,
  * `mws_store_load` per binding, in order, does, with the plan's checks (the committed
  * manifest, the objects' sizes, the integrity record) made once for all of them
  * instead of once per binding. Every binding's own checks run before any store call;
- * then the bindings are pinned, registered and read one after the other. A failure
- * stops the call: the bindings before it are loaded, the others untouched. If
- * `stats` is not NULL, the totals of every binding are written there on success.
+ * then each binding is pinned, registered and read as by `mws_store_load`, on up to
+ * as many threads as the machine has cores (at least 2; as concurrent
+ * `mws_store_load` calls of different participants may: the store's callbacks and
+ * the guard are called from them), or one after the other on the calling thread when
+ * `args->progress` is set. A failure stops the call: no binding starts after it, those
+ * that started finish, the others stay untouched; the first failed binding's error is
+ * returned. If `stats` is not NULL, the totals of every binding are written there on
+ * success.
  * `args` may be NULL (static guard); `args->lease` must be NULL (a lease covers one
  * binding).
  *

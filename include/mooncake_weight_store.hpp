@@ -1583,8 +1583,9 @@ public:
         return stats;
     }
     /// Loads several target participants of this process in one call
-    /// (mws_store_load_many): what load() per binding, in order, does, with the
-    /// plan's checks (committed manifest, object sizes, integrity record) made once;
+    /// (mws_store_load_many): what load() per binding does, with the plan's checks
+    /// (committed manifest, object sizes, integrity record) made once and the
+    /// bindings loaded on several threads (in turn with a progress callback);
     /// returns the totals. `args.lease` must be nullptr. The buffers as for load().
     /// Throws mws::Error: those of load(), MWS_INVALID_ARGUMENT (a participant given
     /// twice, a lease).

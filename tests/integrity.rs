@@ -261,3 +261,30 @@ fn record_needs_checksummed_receipts_and_a_recording_committer() {
         assert!(!store.exists(&key).unwrap(), "namespace {namespace}: no record");
     }
 }
+
+/// `load_many` loads the bindings on several threads: a corrupted payload still
+/// fails the call with the fragment id, and a clean revision restores every byte with
+/// the same verified bytes as the loads in turn.
+#[test]
+fn load_many_verifies_on_every_thread() {
+    let f = fixture("many");
+    let m = Arc::new(f.ws.load_manifest(f.manifest.manifest_key()).unwrap());
+    let target = Layout { tp: 4, pp: 1, ep: 1, dp: 1 };
+    let run = |ws: &WeightStore| -> Result<(u64, usize)> {
+        let mut dst = HostModel::new(build_placement("target", target, &f.defs, 1), false, "serving", 1);
+        dst.bindings = dst.make_bindings("serving", 1);
+        let plan = ws.plan_load(m.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default())?;
+        let bindings: Vec<&mooncake_weight_store::RuntimeBinding> = dst.bindings.iter().collect();
+        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+        // SAFETY: dst.buffers outlive the call and nobody else touches them.
+        let stats = unsafe { ws.load_many(&plan, &bindings, args) }?;
+        Ok((stats.iter().map(|s| s.verified_bytes).sum(), dst.verify()?))
+    };
+    let (verified, checked) = run(&f.ws).unwrap();
+    assert!(verified > 0 && checked > 0);
+    let frag = fragment(&f, "model.layers.0.mlp.up_proj.weight").clone();
+    flip(&f, frag.object_key(), frag.nbytes() / 2 + 3);
+    let e = run(&f.ws).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
+    assert!(e.message().contains(frag.fragment_id()), "{e}");
+}

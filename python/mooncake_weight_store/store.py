@@ -825,9 +825,10 @@ class Store(OwnedHandle):
                   transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
                   progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
         """Loads several participants of this process in one call
-        (``mws_store_load_many``): what one :meth:`load` per binding, in order, does,
-        with the plan's checks (committed manifest, object sizes, integrity record)
-        made once for all of them; returns the totals. No lease (a lease covers one
+        (``mws_store_load_many``): what one :meth:`load` per binding does, with the
+        plan's checks (committed manifest, object sizes, integrity record) made once
+        for all of them and the bindings loaded on several threads (in turn when
+        ``progress`` is given); returns the totals. No lease (a lease covers one
         binding); a participant given twice is :class:`InvalidArgumentError`.
         ``progress`` sees one restore per binding."""
         bindings = list(bindings)

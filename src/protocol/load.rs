@@ -19,7 +19,9 @@ use crate::plan::load::TransferRegion;
 use crate::runtime::MemoryRegion;
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{ObjectStore, RangeRead, StridedRead};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
@@ -217,10 +219,15 @@ impl WeightStore {
     /// order).
     ///
     /// Every binding's own checks (steps 1-4, 6) run before any store call; then the
-    /// plan's checks for the union of their regions; then the bindings are pinned,
-    /// registered and read one after the other, each as by `load` (a binding with no
-    /// region of the plan loads nothing). A failure stops the call: the bindings
-    /// before it are loaded, the others untouched. Errors: those of `load`, plus
+    /// plan's checks for the union of their regions; then each binding is pinned,
+    /// registered and read as by `load` (a binding with no region of the plan loads
+    /// nothing), on up to [`crate::store::io_threads`] threads at once (as concurrent
+    /// `load` calls of different participants may; their targets are disjoint), or
+    /// one after the other on the calling thread when `args.progress` is set (each
+    /// binding reports its own restore there). A failure stops the call: no binding
+    /// starts after it, those that started finish, the others stay untouched; the
+    /// error of the first failed binding (in `bindings` order) is returned. Errors:
+    /// those of `load`, plus
     /// [`ErrorKind::InvalidArgument`] for a participant given twice or `args.lease`
     /// set (a lease covers one binding). Thread safety: as `load`.
     ///
@@ -257,14 +264,53 @@ impl WeightStore {
             return Ok(vec![LoadStats::default(); bindings.len()]);
         }
         let shared = self.shared_checks(plan, &all, &options)?;
-        let mut out = Vec::with_capacity(bindings.len());
-        for (b, ops) in bindings.iter().zip(&selected) {
-            if ops.is_empty() {
-                out.push(LoadStats::default());
-                continue;
+        let work: Vec<usize> = (0..bindings.len()).filter(|&i| !selected[i].is_empty()).collect();
+        // Progress is reported on the calling thread: with a callback, in turn.
+        let threads = if args.progress.is_some() { 1 } else { crate::store::io_threads().min(work.len()) };
+        let mut out = vec![LoadStats::default(); bindings.len()];
+        if threads <= 1 {
+            for &i in &work {
+                // SAFETY: this function's contract, for this binding.
+                out[i] = unsafe { self.execute(plan, bindings[i], &selected[i], &args, &options, &shared) }?;
             }
-            // SAFETY: this function's contract, for this binding.
-            out.push(unsafe { self.execute(plan, b, ops, &args, &options, &shared) }?);
+            return Ok(out);
+        }
+        // The bindings' targets are disjoint (the plan refuses conflicting target
+        // ranges, and each binding was checked against the plan), so their loads run
+        // on `threads` threads, as concurrent `load` calls may; after a failure no
+        // further binding starts.
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let results: Vec<Mutex<Option<Result<LoadStats>>>> = work.iter().map(|_| Mutex::new(None)).collect();
+        // The arguments without lease and progress (both `None` here), shareable.
+        let (worker_id, guard, transfer_id, skip) =
+            (args.worker_id, args.guard, args.transfer_id, args.skip_committed_check);
+        let worker = || loop {
+            let args =
+                LoadArgs { worker_id, guard, transfer_id, skip_committed_check: skip, lease: None, progress: None };
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= work.len() || failed.load(Ordering::Relaxed) {
+                break;
+            }
+            let i = work[k];
+            // SAFETY: this function's contract, for this binding (its targets are
+            // disjoint from the other bindings').
+            let r = unsafe { self.execute(plan, bindings[i], &selected[i], &args, &options, &shared) };
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            *results[k].lock() = Some(r);
+        };
+        std::thread::scope(|sc| {
+            for _ in 1..threads {
+                sc.spawn(worker);
+            }
+            worker();
+        });
+        for (k, r) in results.into_iter().enumerate() {
+            if let Some(r) = r.into_inner() {
+                out[work[k]] = r?;
+            }
         }
         Ok(out)
     }
