@@ -398,6 +398,7 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "error: %s\n", e.what());
         out = 1;
     }
+    std::fflush(stdout);  // the figures before the client's teardown logs (stderr)
     ms::tear_down(*client);
     return out;
 }
