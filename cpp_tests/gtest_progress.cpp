@@ -198,3 +198,64 @@ TEST(Progress, WriterReleaseRemovesItsProgressFunction) {
     EXPECT_GT(manifest.fragment_count(), 0u);
     mws_writer_free(raw);
 }
+
+// Writer::defer_uploads(): every participant uploaded at commit, in one upload call;
+// the snapshot restores every byte and its progress covers the whole plan; the C
+// function refuses values other than 0 and 1.
+TEST(Progress, WriterWithDeferredUploadsUploadsAtCommit) {
+    mws::Store store = mws::Store::open_memory();
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{2, 1, 1, 2}, defs, 1), defs, true, "trainer");
+    std::uint64_t last_done = 0, total = 0;
+    mws::StoredManifest m = snapshot(
+        store, src, "default",
+        [&](const mws_progress &p) {
+            last_done = p.bytes_done;
+            total = p.bytes_total;
+        },
+        nullptr, true);
+    EXPECT_GT(total, 0u);
+    EXPECT_EQ(last_done, total);
+    HostModel dst(placement_json("dst", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+    restore(store, store.load_manifest(std::string(m.key())), dst);
+    dst.verify();
+
+    HostModel src2(placement_json("src", Layout{2, 1, 1, 1}, defs, 2), defs, true, "trainer");
+    HostAdapter adapter(src2);
+    mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
+    mws::Writer w = mws::Writer::begin(store, std::string(src2.placement.resource_id()),
+                                       std::string(src2.placement.revision()), src2.placement.weight_generation(),
+                                       vt, &adapter);
+    mws_writer *raw = w.release();
+    EXPECT_EQ(mws_writer_defer_uploads(raw, 2), MWS_INVALID_ARGUMENT);
+    EXPECT_EQ(mws_writer_defer_uploads(raw, 1), MWS_OK);
+    EXPECT_EQ(mws_writer_abort(raw), MWS_OK);
+    EXPECT_EQ(mws_writer_defer_uploads(raw, 0), MWS_CONFLICT);
+    mws_writer_free(raw);
+}
+
+// Store::load_many (mws_store_load_many): every binding in one call restores every
+// byte with the totals of the loads in turn; a participant given twice is refused.
+TEST(Progress, StoreLoadManyRestoresEveryBinding) {
+    mws::Store store = mws::Store::open_memory();
+    const auto &defs = dense_model();
+    HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+    mws::StoredManifest m = snapshot(store, src);
+    HostModel dst(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws_load_stats in_turn = restore(store, m, dst);
+    HostModel dst2(placement_json("dst", Layout{4, 1, 1, 1}, defs, 1), defs, false, "serving");
+    mws::LoadPlan plan = mws::LoadPlan::plan(m, dst2.placement, dst2.binding_ptrs());
+    std::vector<const mws::Binding *> bs;
+    for (const auto &b : dst2.bindings) bs.push_back(&b);
+    mws_load_stats st = store.load_many(plan, bs);
+    dst2.verify();
+    EXPECT_EQ(st.bytes, in_turn.bytes);
+    EXPECT_EQ(st.regions, in_turn.regions);
+    std::vector<const mws::Binding *> twice{bs[0], bs[0]};
+    try {
+        store.load_many(plan, twice);
+        FAIL() << "a participant given twice was accepted";
+    } catch (const mws::Error &e) {
+        EXPECT_EQ(e.status(), MWS_INVALID_ARGUMENT) << e.what();
+    }
+}

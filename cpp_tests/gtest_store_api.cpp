@@ -450,3 +450,51 @@ TEST(StoreOptions, RestoresVerifyIntegrityByDefaultAndCanOptOut) {
     EXPECT_EQ(mws_store_open_memory(&o, &s), MWS_INVALID_ARGUMENT);
     EXPECT_NE(std::string(mws_last_error_message()).find("MWS_VERIFY_OFF"), std::string::npos);
 }
+
+TEST(StoreOptions, SnapshotsWithoutIntegrityRecordRestoreUnverified) {
+    // write_integrity = false (MWS_WRITE_INTEGRITY_OFF): the snapshot writes no
+    // integrity record (what the reference writes); a verifying store restores it
+    // unverified, so even a changed payload goes through; other values are refused.
+    auto *map = new MapStore();
+    {
+        mws::StoreOptions no_record;
+        no_record.write_integrity = false;
+        mws::Store writer = mws::Store::from_vtable(MapStore::vtable(), map, no_record);
+        mws::Store reader = mws::Store::from_vtable(MapStore::vtable(), map);
+        const auto &defs = dense_model();
+        HostModel src(placement_json("src", Layout{2, 1, 1, 1}, defs, 1), defs, true, "trainer");
+        std::vector<std::string> meta;
+        std::string key(snapshot(writer, src, "default", {}, &meta).key());
+        ASSERT_EQ(meta.size(), 3u);
+        {
+            std::lock_guard<std::mutex> g(map->mu);
+            EXPECT_EQ(map->objects.count(meta[1]), 0u) << meta[1];  // no integrity record
+            EXPECT_EQ(map->objects.count(meta[0]), 1u);             // the decision
+            EXPECT_EQ(map->objects.count(meta[2]), 1u);             // the manifest
+        }
+        HostModel dst(placement_json("dst", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+        mws_load_stats st = restore(reader, reader.load_manifest(key), dst);
+        EXPECT_GT(st.bytes, 0u);
+        dst.verify();
+        mws::StoredManifest m = reader.load_manifest(key);
+        mws_stored_fragment_info f = m.fragment(0);
+        {
+            std::lock_guard<std::mutex> g(map->mu);
+            map->objects[std::string(f.object_key)][3] ^= 0x01;
+        }
+        HostModel dst2(placement_json("dst", Layout{1, 1, 1, 1}, defs, 1), defs, false, "serving");
+        EXPECT_NO_THROW(restore(reader, reader.load_manifest(key), dst2));  // nothing to verify against
+    }
+    delete map;
+    mws_store_options o{};
+    mws_store *s = nullptr;
+    o.write_integrity = MWS_WRITE_INTEGRITY_OFF;
+    ASSERT_EQ(mws_store_open_memory(&o, &s), MWS_OK);
+    mws_store_free(s);
+    o.write_integrity = MWS_WRITE_INTEGRITY_ON;
+    ASSERT_EQ(mws_store_open_memory(&o, &s), MWS_OK);
+    mws_store_free(s);
+    o.write_integrity = 3;
+    EXPECT_EQ(mws_store_open_memory(&o, &s), MWS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mws_last_error_message()).find("MWS_WRITE_INTEGRITY_OFF"), std::string::npos);
+}

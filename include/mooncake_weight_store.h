@@ -221,6 +221,22 @@
 #define MWS_VERIFY_OFF 2
 
 /**
+ * `mws_store_options.write_integrity`: the default, which writes the integrity record.
+ */
+#define MWS_WRITE_INTEGRITY_DEFAULT 0
+
+/**
+ * `mws_store_options.write_integrity`: write the integrity record (as the default).
+ */
+#define MWS_WRITE_INTEGRITY_ON 1
+
+/**
+ * `mws_store_options.write_integrity`: snapshots compute no checksums and write no
+ * integrity record.
+ */
+#define MWS_WRITE_INTEGRITY_OFF 2
+
+/**
  * The kind of a parallel axis (`mws_parallel_axis.kind`).
  */
 typedef enum mws_axis_kind {
@@ -2141,6 +2157,20 @@ typedef struct mws_store_options {
      * unchanged and 1 still means on.
      */
     uint32_t verify_integrity;
+    /**
+     * Whether snapshots (`mws_store_upload`, writers, transactions over this store)
+     * compute the CRC-32C of every 1 MiB block of every payload and commit writes
+     * them as the integrity record: `MWS_WRITE_INTEGRITY_DEFAULT` (0, a zeroed
+     * struct) and `MWS_WRITE_INTEGRITY_ON` (1) write it, `MWS_WRITE_INTEGRITY_OFF`
+     * (2) computes and writes none: the revision is then exactly what the reference
+     * writes (manifest, decision, payloads), it restores everywhere, and a verifying
+     * restore loads it unverified (`mws_load_stats.verified_bytes` 0). Other values
+     * are `MWS_INVALID_ARGUMENT`. A commit writes a record only when the committing
+     * store writes records and every receipt carries checksums. Added in 0.3 in what
+     * was the struct's tail padding (its size is unchanged): rebuild against this
+     * header, since padding was not guaranteed to be zero.
+     */
+    uint32_t write_integrity;
 } mws_store_options;
 
 /**
@@ -5170,6 +5200,39 @@ enum mws_status mws_store_load(const struct mws_store *store,
                                struct mws_load_stats *stats);
 
 /**
+ * Loads several target participants of this process (`count` bindings, each its
+ * whole part of `plan`, or its `args->worker_id` part) in one call: what one
+ * `mws_store_load` per binding, in order, does, with the plan's checks (the committed
+ * manifest, the objects' sizes, the integrity record) made once for all of them
+ * instead of once per binding. Every binding's own checks run before any store call;
+ * then each binding is pinned, registered and read as by `mws_store_load`, on up to
+ * as many threads as the machine has cores (at least 2; as concurrent
+ * `mws_store_load` calls of different participants may: the store's callbacks and
+ * the guard are called from them), or one after the other on the calling thread when
+ * `args->progress` is set. A failure stops the call: no binding starts after it, those
+ * that started finish, the others stay untouched; the first failed binding's error is
+ * returned. If `stats` is not NULL, the totals of every binding are written there on
+ * success.
+ * `args` may be NULL (static guard); `args->lease` must be NULL (a lease covers one
+ * binding).
+ *
+ * Errors: those of `mws_store_load`, plus `MWS_INVALID_ARGUMENT` (a participant
+ * given twice, `args->lease` set) and `MWS_INVALID_BINDING` naming `bindings[i]`.
+ * Thread safety: as `mws_store_load`.
+ *
+ * # Safety
+ * Handles are NULL or live; `bindings` is valid for `count` handles; `args` and
+ * `stats` are NULL or valid. Every target buffer of every binding must be valid for
+ * writes and not accessed by anyone else during the call.
+ */
+enum mws_status mws_store_load_many(const struct mws_store *store,
+                                    const struct mws_load_plan *plan,
+                                    const struct mws_binding *const *bindings,
+                                    size_t count,
+                                    const struct mws_io_args *args,
+                                    struct mws_load_stats *stats);
+
+/**
  * Reads and strictly decodes the manifest stored at `manifest_key` (for example
  * `mws_upload_plan_manifest_key` or `mws_stored_manifest_key` of a commit). New
  * handle in `*out` (free with `mws_stored_manifest_free`).
@@ -5946,6 +6009,28 @@ enum mws_status mws_writer_write_tensor(const struct mws_writer *writer,
 enum mws_status mws_writer_set_progress(const struct mws_writer *writer,
                                         mws_progress_fn progress,
                                         void *ctx);
+
+/**
+ * Defers the writer's uploads to `mws_writer_commit` (`defer` 1) or not (0, the
+ * default). Deferred, `mws_writer_write_tensor` only records tensors and returns
+ * empty receipts, and `mws_writer_commit` uploads every complete participant in one
+ * upload call (one store `batch_put_from` stream where the default makes one per
+ * participant; each participant pinned through `acquire_source`, when the adapter
+ * has one) before it commits. The source buffers must then stay valid and unchanged
+ * from `mws_writer_write_tensor` until `mws_writer_commit` returns (the default needs
+ * them only until the participant's upload). An upload failure at commit aborts the
+ * writer, as a failed upload in `mws_writer_write_tensor` does. Participants completed
+ * before the call are uploaded by the next `mws_writer_write_tensor` (0) or by
+ * `mws_writer_commit`.
+ *
+ * Errors: `MWS_NULL_ARGUMENT` (NULL writer), `MWS_INVALID_ARGUMENT` (`defer` not 0
+ * or 1), `MWS_CONFLICT` (writer closed). Thread
+ * safety: serialized with the writer's other calls.
+ *
+ * # Safety
+ * `writer` is NULL or a live handle.
+ */
+enum mws_status mws_writer_defer_uploads(const struct mws_writer *writer, uint32_t defer);
 
 /**
  * Publishes the snapshot's manifest, written as a new handle to `*out`. Missing

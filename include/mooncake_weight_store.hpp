@@ -1136,6 +1136,10 @@ struct StoreOptions {
     /// check is fused with the copy; false opts out). Revisions without a record
     /// restore unverified. See mws_store_options::verify_integrity.
     bool verify_integrity = true;
+    /// Snapshots compute block checksums and write the integrity record (on by
+    /// default). false: no checksums, no record; the revision is what the reference
+    /// writes and restores unverified. See mws_store_options::write_integrity.
+    bool write_integrity = true;
 
     /// The C options; key_prefix points into this object, which must outlive their
     /// use and not change meanwhile.
@@ -1149,6 +1153,7 @@ struct StoreOptions {
         o.staging_bytes = staging_bytes;
         o.max_metadata_bytes = max_metadata_bytes;
         o.verify_integrity = verify_integrity ? MWS_VERIFY_ON : MWS_VERIFY_OFF;
+        o.write_integrity = write_integrity ? MWS_WRITE_INTEGRITY_ON : MWS_WRITE_INTEGRITY_OFF;
         return o;
     }
 };
@@ -1577,6 +1582,23 @@ public:
         detail::check(mws_store_load(get(), plan.get(), binding.get(), &a, &stats));
         return stats;
     }
+    /// Loads several target participants of this process in one call
+    /// (mws_store_load_many): what load() per binding does, with the plan's checks
+    /// (committed manifest, object sizes, integrity record) made once and the
+    /// bindings loaded on several threads (in turn with a progress callback);
+    /// returns the totals. `args.lease` must be nullptr. The buffers as for load().
+    /// Throws mws::Error: those of load(), MWS_INVALID_ARGUMENT (a participant given
+    /// twice, a lease).
+    mws_load_stats load_many(const LoadPlan &plan, const std::vector<const Binding *> &bindings,
+                             const IoArgs &args = {}) const {
+        std::vector<const mws_binding *> b;
+        b.reserve(bindings.size());
+        for (const Binding *x : bindings) b.push_back(x != nullptr ? x->get() : nullptr);
+        mws_io_args a = args.c();
+        mws_load_stats stats{};
+        detail::check(mws_store_load_many(get(), plan.get(), b.data(), b.size(), &a, &stats));
+        return stats;
+    }
 
     /// Snapshots `placement` from `bindings` (every participant, all lent by this
     /// process) in one call: plans the upload (plan_upload; the store's key prefix
@@ -1594,18 +1616,21 @@ public:
                             const UploadOptions &options = {}) const;
 
     /// Restores `manifest` into `bindings` (participants of `placement`, all or some,
-    /// lent by this process): plans the load (LoadPlan::plan) and loads each binding in
-    /// turn (Store::load with `args`; a progress callback sees one restore per
-    /// binding). Returns the sum of the load statistics. The buffers as for
-    /// Store::load; a refused plan leaves them untouched, a load that fails leaves the
-    /// bindings before it restored. Throws mws::Error: those of LoadPlan::plan and
-    /// Store::load; std::bad_alloc. May run concurrently with other const members.
+    /// lent by this process): plans the load (LoadPlan::plan) and loads every binding
+    /// in one Store::load_many call with `args` (the plan's checks once; a progress
+    /// callback sees one restore per binding; with `args.lease`, which covers one
+    /// binding, Store::load per binding instead). Returns the sum of the load
+    /// statistics. The buffers as for Store::load; a refused plan leaves them
+    /// untouched, a load that fails leaves the bindings before it restored. Throws
+    /// mws::Error: those of LoadPlan::plan and Store::load_many; std::bad_alloc. May
+    /// run concurrently with other const members.
     mws_load_stats restore(const StoredManifest &manifest, const Placement &placement,
                            const std::vector<Binding> &bindings, const IoArgs &args = {}) const {
         std::vector<const Binding *> ptrs;
         ptrs.reserve(bindings.size());
         for (const Binding &b : bindings) ptrs.push_back(&b);
         const LoadPlan plan = LoadPlan::plan(manifest, placement, ptrs);
+        if (args.lease == nullptr) return load_many(plan, ptrs, args);
         mws_load_stats total{};
         for (const Binding &b : bindings) {
             const mws_load_stats s = load(plan, b, args);
@@ -1885,6 +1910,12 @@ public:
         detail::check(mws_writer_write_tensor(get(), tensor_id.c_str(), tensor, &r));
         return Receipts(r);
     }
+    /// Defers the uploads to commit() (true) or not (false, the default;
+    /// mws_writer_defer_uploads): deferred, write_tensor() returns no receipts and
+    /// commit() uploads every participant in one upload call; the source buffers must
+    /// stay unchanged until commit() returns. Throws mws::Error: MWS_CONFLICT (writer
+    /// closed).
+    void defer_uploads(bool defer = true) const { detail::check(mws_writer_defer_uploads(get(), defer ? 1 : 0)); }
     /// Publishes the snapshot's manifest (mws_writer_commit). Throws mws::Error:
     /// MWS_INVALID_ARGUMENT (missing fragments; the writer is aborted), MWS_STORE
     /// (transaction error; the writer stays open for a retry).

@@ -433,3 +433,54 @@ fn acc_206_rejects_total_region_budget() {
     assert_eq!(e.kind(), ErrorKind::LimitExceeded);
     assert!(e.message().contains("max_transfer_regions"), "{e}");
 }
+
+/// `load_many`: every binding of the plan in one call reads the committed manifest
+/// (and the integrity record) once, loads what `load` per binding loads (the same
+/// statistics), refuses a participant given twice or a lease, and leaves every
+/// target untouched when the manifest is not committed.
+#[test]
+fn load_many_checks_the_plan_once_and_loads_every_binding() {
+    let fake = FakeStore::new();
+    let ws = ws(&fake);
+    let m = committed(&fake, &ws, s_placement(1, 2, 1));
+    let dst = target(s_placement(1, 4, 1));
+    let plan = plan_load(&ws, &m, &dst).unwrap();
+    let one_by_one = load_all(&ws, &plan, &dst, &StaticGuard).unwrap();
+    let gets = |key: &str| fake.calls().iter().filter(|c| matches!(c, Call::Get(k) if k == key)).count();
+    let key = mooncake_weight_store::plan::integrity::manifest_integrity_key(&m).unwrap();
+    let (in_turn, records_in_turn) = (gets(m.manifest_key()), gets(&key));
+    assert!(in_turn > 0 && in_turn % 4 == 0, "load in turn: the same committed check per binding");
+    assert!(records_in_turn > 0 && records_in_turn % 4 == 0, "load in turn: the record read per binding");
+    fake.clear_log();
+    let dst2 = target(s_placement(1, 4, 1));
+    let plan = plan_load(&ws, &m, &dst2).unwrap();
+    let bindings: Vec<&RuntimeBinding> = dst2.bindings.iter().collect();
+    let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+    // SAFETY: dst2's buffers outlive the call and nobody else touches them.
+    let stats = unsafe { ws.load_many(&plan, &bindings, args) }.unwrap();
+    dst2.verify().unwrap();
+    assert_eq!(stats.len(), 4);
+    assert_eq!(gets(m.manifest_key()), in_turn / 4, "one committed check for the call");
+    assert_eq!(gets(&key), records_in_turn / 4, "one integrity record read for the call");
+    assert_eq!(stats.iter().map(|s| s.bytes).sum::<u64>(), one_by_one.bytes);
+    assert_eq!(stats.iter().map(|s| s.verified_bytes).sum::<u64>(), one_by_one.verified_bytes);
+    // Refused before any store call.
+    fake.clear_log();
+    let twice = [bindings[0], bindings[0]];
+    // SAFETY: as above.
+    let e = unsafe { ws.load_many(&plan, &twice, args) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(fake.calls().is_empty());
+    // Not committed: nothing registered or read.
+    let src = source(s_placement(1, 2, 2));
+    let up = ws.plan_upload(&src.placement, &src.bindings, &opts("tx2")).unwrap();
+    upload_all(&ws, &up, &src, &StaticGuard).unwrap();
+    fake.clear_log();
+    let dst3 = target(s_placement(1, 4, 2));
+    let plan3 = plan_load(&ws, up.manifest(), &dst3).unwrap();
+    let bindings3: Vec<&RuntimeBinding> = dst3.bindings.iter().collect();
+    // SAFETY: as above.
+    let e = unsafe { ws.load_many(&plan3, &bindings3, args) }.unwrap_err();
+    assert!(e.message().contains("manifest is not committed"), "{e}");
+    assert!(fake.registrations().is_empty() && fake.range_calls().is_empty());
+}

@@ -12,8 +12,8 @@ use builders::*;
 use fake_store::*;
 use model::{HostAdapter, HostModel};
 use mooncake_weight_store::protocol::{
-    GuardProvider, SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter, StaticGuard, UploadArgs,
-    UploadReceipt,
+    GuardProvider, SnapshotAdapter, SnapshotDescriptor, SnapshotSource, SnapshotWriter, StaticGuard, TerminalState,
+    UploadArgs, UploadReceipt,
 };
 use mooncake_weight_store::*;
 use std::sync::Arc;
@@ -237,4 +237,117 @@ fn acc_162_upload_rejects_generation_scoped_fragment_id_rollover() {
     let b = rebind(&src.bindings[0], |s| s.lease_generation = 2, |f| f.fragment_id = format!("{}-gen2", f.fragment_id));
     expect_err(upload(&ws, &plan, &src.placement, &b), ErrorKind::StaleBinding, "missing planned source fragment");
     assert_eq!(fake.mutations(), 0);
+}
+
+/// A writer adapter whose tensors resolve to their fragments on every participant,
+/// each pinned by its own recording guard: one `write_tensor` of the last tensor
+/// completes every participant at once.
+struct AllRanks<'a> {
+    src: &'a HostModel,
+    guards: Vec<(String, RecordingGuard)>,
+}
+
+// SAFETY: the bindings are HostAdapter's (the model's buffers, alive and unchanged
+// while the writer lives).
+unsafe impl SnapshotAdapter for AllRanks<'_> {
+    type Tensor = str;
+    fn export_source(&self, d: &SnapshotDescriptor) -> Result<SnapshotSource> {
+        HostAdapter(self.src).export_source(d)
+    }
+    fn resolve_fragment_ids(&self, tensor_id: &str, _t: &str, source: &SnapshotSource) -> Result<Vec<String>> {
+        Ok(source
+            .placement
+            .parts()
+            .iter()
+            .flat_map(|p| p.fragments())
+            .filter(|f| f.tensor_id() == tensor_id)
+            .map(|f| f.placement_fragment_id().to_string())
+            .collect())
+    }
+    fn source_allocation_guards(&self, b: &RuntimeBinding) -> Result<Arc<dyn GuardProvider>> {
+        let g = self.guards.iter().find(|(p, _)| p == b.participant_id()).expect("a guard per participant");
+        Ok(Arc::new(g.1.clone()))
+    }
+}
+
+fn all_ranks(src: &HostModel) -> AllRanks<'_> {
+    let guards = src.bindings.iter().map(|b| (b.participant_id().to_string(), RecordingGuard::default())).collect();
+    AllRanks { src, guards }
+}
+
+#[test]
+fn writer_uploads_participants_one_call_completes_in_one_upload() {
+    let fake = FakeStore::new();
+    let ws = ws(&fake);
+    let src = source(s_placement(1, 4, 7));
+    let adapter = all_ranks(&src);
+    let guards: Vec<RecordingGuard> = adapter.guards.iter().map(|g| g.1.clone()).collect();
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), adapter).unwrap();
+    let plan = w.plan().clone();
+    fake.clear_log();
+    let receipts = w.write_tensor(plan.operations()[0].source_placement().tensor_id(), "").unwrap();
+    // Every participant completed by this call, in one batch_put_from, with one pin per
+    // participant, each released as completed.
+    assert_eq!(receipts.len(), plan.operations().len());
+    assert_eq!(fake.put_batches().len(), 1, "{:?}", fake.put_batches());
+    assert_eq!(fake.put_batches()[0].len(), plan.operations().len());
+    for g in &guards {
+        assert_eq!(g.acquired(), 1);
+        assert_eq!(g.released(), vec![TerminalState::Completed]);
+    }
+    let m = w.commit().unwrap();
+    let dst = target(s_placement(1, 2, 7));
+    let lp = plan_load(&ws, &m, &dst).unwrap();
+    load_all(&ws, &lp, &dst, &StaticGuard).unwrap();
+    dst.verify().unwrap();
+}
+
+#[test]
+fn writer_with_deferred_uploads_uploads_everything_at_commit() {
+    let fake = FakeStore::new();
+    let ws = ws(&fake);
+    let src = source(s_placement(2, 4, 7));
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), HostAdapter(&src)).unwrap();
+    assert!(!w.uploads_deferred());
+    w.defer_uploads(true).unwrap();
+    assert!(w.uploads_deferred());
+    let plan = w.plan().clone();
+    fake.clear_log();
+    for (t, p) in items(&plan) {
+        assert!(w.write_tensor(&t, &p).unwrap().is_empty(), "deferred: no receipts from write_tensor");
+    }
+    assert!(fake.calls().is_empty(), "no store call before commit: {:?}", fake.calls());
+    assert!(w.receipts().is_empty());
+    let m = w.commit().unwrap();
+    // One batch_put_from for the 4 participants (the DP replica the plan stores).
+    assert_eq!(fake.put_batches().len(), 1, "{:?}", fake.put_batches());
+    assert_eq!(payloads(&fake, &plan), plan.operations().len());
+    assert_eq!(w.receipts().len(), plan.operations().len());
+    let dst = target(s_placement(1, 2, 7));
+    let lp = plan_load(&ws, &m, &dst).unwrap();
+    load_all(&ws, &lp, &dst, &StaticGuard).unwrap();
+    dst.verify().unwrap();
+    assert!(w.defer_uploads(false).is_err(), "closed");
+}
+
+#[test]
+fn writer_with_deferred_uploads_aborts_when_the_commit_upload_fails() {
+    let fake = FakeStore::new();
+    let ws = ws(&fake);
+    let src = source(s_placement(1, 2, 7));
+    let mut w = ws.begin_snapshot(&src.descriptor("default"), HostAdapter(&src)).unwrap();
+    w.defer_uploads(true).unwrap();
+    let plan = w.plan().clone();
+    write_all(&mut w).unwrap();
+    let victim = plan.operations()[1].target().object_key().to_string();
+    fake.fault_put(&victim, PutFault::Fail("-1".into()), 1);
+    let e = w.commit().unwrap_err();
+    assert!(e.message().contains("batch_put_from failed"), "{e}");
+    // As a failed upload in write_tensor: the writer aborted, nothing of the plan left
+    // but its abort decision.
+    assert!(w.is_closed() && !w.is_committed());
+    assert!(!fake.has(plan.manifest().manifest_key()));
+    assert_eq!(payloads(&fake, &plan), 0);
+    let decision = String::from_utf8(fake.inner.get(plan.control_key()).unwrap()).unwrap();
+    assert!(decision.contains("abort"), "{decision}");
 }

@@ -175,3 +175,116 @@ fn acc_124_corrupt_record_is_an_integrity_error() {
     let e = restore(&f.ws, f.manifest.manifest_key(), ONE, &f.defs, None).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
 }
+
+/// `StoreLimits::write_integrity: false`: the snapshot computes no checksums and
+/// writes no integrity record (the revision is what the reference writes); it
+/// restores, a verifying restore loads it unverified (`verified_bytes` 0), and
+/// `verify_revision` checks presence and sizes only.
+#[test]
+fn snapshot_without_integrity_record_restores_unverified() {
+    let dir = std::env::temp_dir().join(format!("mws-integrity-off-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Arc::new(DirectoryStore::open(&dir).unwrap());
+    let writer = WeightStore::new(store.clone())
+        .with_limits(StoreLimits { write_integrity: false, ..StoreLimits::default() })
+        .unwrap();
+    assert!(StoreLimits::default().write_integrity);
+    let defs = model_tensors(1, 1024, 0);
+    let src = HostModel::new(build_placement("source", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "t", 1);
+    let manifest = src.snapshot_into(&writer).unwrap();
+    let key = manifest_integrity_key(&manifest).unwrap();
+    assert!(!store.exists(&key).unwrap(), "no integrity record {key}");
+    // A verifying store (the default) restores it, unverified.
+    let reader = WeightStore::new(store.clone());
+    assert!(reader.limits().verify_integrity);
+    let m = Arc::new(reader.load_manifest(manifest.manifest_key()).unwrap());
+    for target in [ONE, Layout { tp: 4, pp: 1, ep: 1, dp: 1 }] {
+        let mut dst = HostModel::new(build_placement("target", target, &defs, 1), false, "serving", 1);
+        dst.bindings = dst.make_bindings("serving", 1);
+        let plan =
+            reader.plan_load(m.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default()).unwrap();
+        for b in &dst.bindings {
+            let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+            // SAFETY: dst.buffers outlive the call and nobody else touches them.
+            let stats = unsafe { reader.load(&plan, b, args) }.unwrap();
+            assert!(stats.bytes > 0);
+            assert_eq!(stats.verified_bytes, 0, "nothing to verify against");
+            assert_eq!(stats.verify_read_bytes, 0);
+        }
+        assert!(dst.verify().unwrap() > 0);
+    }
+    // The offline check finds no record and no problem.
+    let report = mooncake_weight_store::protocol::integrity::verify_revision(
+        &*store,
+        &manifest,
+        StoreLimits::default().max_metadata_bytes,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!report.has_record);
+    assert_eq!(report.bytes_verified, 0);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Receipts carry no checksums when the uploading store writes no record; a
+/// committing store that writes records then writes none either (the revision is
+/// unverified), and receipts with checksums committed through a store that writes
+/// no record leave no record.
+#[test]
+fn record_needs_checksummed_receipts_and_a_recording_committer() {
+    use mooncake_weight_store::plan::upload::UploadOptions;
+    use mooncake_weight_store::protocol::{UploadArgs, UploadSource};
+    let store = Arc::new(mooncake_weight_store::store::memory::MemoryStore::new());
+    let on = WeightStore::new(store.clone());
+    let off = WeightStore::new(store.clone())
+        .with_limits(StoreLimits { write_integrity: false, ..StoreLimits::default() })
+        .unwrap();
+    let defs = model_tensors(1, 256, 0);
+    for (namespace, uploader, committer) in [("a", &off, &on), ("b", &on, &off)] {
+        let src =
+            HostModel::new(build_placement("source", Layout { tp: 2, pp: 1, ep: 1, dp: 1 }, &defs, 1), true, "t", 1);
+        let options = UploadOptions { namespace: namespace.into(), ..UploadOptions::default() };
+        let plan = uploader.plan_upload(&src.placement, &src.bindings, &options).unwrap();
+        let sources: Vec<UploadSource> =
+            src.bindings.iter().map(|b| UploadSource { binding: b, lease: None }).collect();
+        let args = UploadArgs { guard: Some(&StaticGuard), ..Default::default() };
+        // SAFETY: src.buffers outlive the call and are not written meanwhile.
+        let receipts = unsafe { uploader.upload_many(&plan, &src.placement, &sources, args) }.unwrap();
+        assert_eq!(
+            receipts.iter().all(|r| r.block_checksums.is_some()),
+            std::ptr::eq(uploader, &on),
+            "checksums only from a store that writes records"
+        );
+        let manifest = committer.commit(&plan, &receipts, None).unwrap();
+        let key = manifest_integrity_key(&manifest).unwrap();
+        assert!(!store.exists(&key).unwrap(), "namespace {namespace}: no record");
+    }
+}
+
+/// `load_many` loads the bindings on several threads: a corrupted payload still
+/// fails the call with the fragment id, and a clean revision restores every byte with
+/// the same verified bytes as the loads in turn.
+#[test]
+fn load_many_verifies_on_every_thread() {
+    let f = fixture("many");
+    let m = Arc::new(f.ws.load_manifest(f.manifest.manifest_key()).unwrap());
+    let target = Layout { tp: 4, pp: 1, ep: 1, dp: 1 };
+    let run = |ws: &WeightStore| -> Result<(u64, usize)> {
+        let mut dst = HostModel::new(build_placement("target", target, &f.defs, 1), false, "serving", 1);
+        dst.bindings = dst.make_bindings("serving", 1);
+        let plan = ws.plan_load(m.clone(), dst.placement.clone(), &dst.bindings, PlanningLimits::default())?;
+        let bindings: Vec<&mooncake_weight_store::RuntimeBinding> = dst.bindings.iter().collect();
+        let args = LoadArgs { guard: Some(&StaticGuard), ..Default::default() };
+        // SAFETY: dst.buffers outlive the call and nobody else touches them.
+        let stats = unsafe { ws.load_many(&plan, &bindings, args) }?;
+        Ok((stats.iter().map(|s| s.verified_bytes).sum(), dst.verify()?))
+    };
+    let (verified, checked) = run(&f.ws).unwrap();
+    assert!(verified > 0 && checked > 0);
+    let frag = fragment(&f, "model.layers.0.mlp.up_proj.weight").clone();
+    flip(&f, frag.object_key(), frag.nbytes() / 2 + 3);
+    let e = run(&f.ws).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
+    assert!(e.message().contains(frag.fragment_id()), "{e}");
+}

@@ -4,7 +4,7 @@
 
 use crate::args::Caller;
 use crate::binding::mws_binding;
-use crate::boundary::FfiResult;
+use crate::boundary::{Failure, FfiResult};
 use crate::callbacks::guard::{mws_guard_vtable, CGuard};
 use crate::callbacks::progress::{mws_progress_fn, CProgress};
 use crate::lease::mws_registration_lease;
@@ -123,6 +123,34 @@ pub(crate) fn with_load_args<T>(
         progress: a.progress.as_deref().map(|f| f as ProgressFn<'_>),
     };
     Ok(run(&rb, la)?)
+}
+
+/// Runs `run` with the target bindings of `bindings` and the [`LoadArgs`] that `args`
+/// says (`mws_store_load_many`: no lease, which covers one binding).
+pub(crate) fn with_load_many_args<T>(
+    c: Caller<'_>,
+    bindings: &[&mws_binding],
+    args: *const mws_io_args,
+    run: impl FnOnce(&[&RuntimeBinding], LoadArgs<'_>) -> mws::Result<T>,
+) -> FfiResult<T> {
+    let a = io_args(c, args)?;
+    if a.lease.is_some() {
+        return Err(Failure::invalid("mws_store_load_many takes no `args->lease` (a lease covers one binding)"));
+    }
+    let mut built = Vec::with_capacity(bindings.len());
+    for (i, b) in bindings.iter().enumerate() {
+        built.push(b.build_as(&format!("invalid target runtime binding: bindings[{i}]: "))?);
+    }
+    let refs: Vec<&RuntimeBinding> = built.iter().collect();
+    let la = LoadArgs {
+        worker_id: a.worker_id,
+        guard: Some(&*a.guard),
+        transfer_id: a.transfer_id,
+        skip_committed_check: false,
+        lease: None,
+        progress: a.progress.as_deref().map(|f| f as ProgressFn<'_>),
+    };
+    Ok(run(&refs, la)?)
 }
 
 /// The runtime binding of a source handle, or `MWS_INVALID_BINDING`

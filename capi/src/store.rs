@@ -54,6 +54,14 @@ pub const MWS_VERIFY_ON: u32 = 1;
 /// `mws_store_options.verify_integrity`: do not verify restores.
 pub const MWS_VERIFY_OFF: u32 = 2;
 
+/// `mws_store_options.write_integrity`: the default, which writes the integrity record.
+pub const MWS_WRITE_INTEGRITY_DEFAULT: u32 = 0;
+/// `mws_store_options.write_integrity`: write the integrity record (as the default).
+pub const MWS_WRITE_INTEGRITY_ON: u32 = 1;
+/// `mws_store_options.write_integrity`: snapshots compute no checksums and write no
+/// integrity record.
+pub const MWS_WRITE_INTEGRITY_OFF: u32 = 2;
+
 /// Options of the `mws_store_open_*` functions. A zeroed struct (or a NULL pointer)
 /// means every default. Strings are only read during the call.
 #[repr(C)]
@@ -104,6 +112,18 @@ pub struct mws_store_options {
     /// either way. Until 0.2 this field was a boolean with 0 = off; its layout is
     /// unchanged and 1 still means on.
     pub verify_integrity: u32,
+    /// Whether snapshots (`mws_store_upload`, writers, transactions over this store)
+    /// compute the CRC-32C of every 1 MiB block of every payload and commit writes
+    /// them as the integrity record: `MWS_WRITE_INTEGRITY_DEFAULT` (0, a zeroed
+    /// struct) and `MWS_WRITE_INTEGRITY_ON` (1) write it, `MWS_WRITE_INTEGRITY_OFF`
+    /// (2) computes and writes none: the revision is then exactly what the reference
+    /// writes (manifest, decision, payloads), it restores everywhere, and a verifying
+    /// restore loads it unverified (`mws_load_stats.verified_bytes` 0). Other values
+    /// are `MWS_INVALID_ARGUMENT`. A commit writes a record only when the committing
+    /// store writes records and every receipt carries checksums. Added in 0.3 in what
+    /// was the struct's tail padding (its size is unchanged): rebuild against this
+    /// header, since padding was not guaranteed to be zero.
+    pub write_integrity: u32,
 }
 
 /// What the caller asked for in `mws_store_options`, validated.
@@ -146,6 +166,16 @@ pub(crate) fn read_options<'a>(c: Caller<'a>, options: *const mws_store_options)
             )))
         }
     };
+    let write_integrity = match o.write_integrity {
+        MWS_WRITE_INTEGRITY_DEFAULT | MWS_WRITE_INTEGRITY_ON => true,
+        MWS_WRITE_INTEGRITY_OFF => false,
+        v => {
+            return Err(Failure::invalid(format!(
+                "options->write_integrity must be MWS_WRITE_INTEGRITY_DEFAULT (0), MWS_WRITE_INTEGRITY_ON (1) or \
+                 MWS_WRITE_INTEGRITY_OFF (2), got {v}"
+            )))
+        }
+    };
     // A zeroed field means the default.
     let or = |value: u64, default: u64| if value == 0 { default } else { value };
     let limits = StoreLimits {
@@ -159,6 +189,7 @@ pub(crate) fn read_options<'a>(c: Caller<'a>, options: *const mws_store_options)
         staging_bytes: if o.staging_bytes == MWS_STAGING_OFF { 0 } else { or(o.staging_bytes, d.staging_bytes) },
         max_metadata_bytes: or(o.max_metadata_bytes, d.max_metadata_bytes),
         verify_integrity,
+        write_integrity,
     };
     let device = c.opt_handle(o.device_engine).map(|d| Arc::clone(&d.engine));
     Ok(StoreConfig { key_prefix, limits, device })

@@ -5,7 +5,7 @@
 
 use crate::binding::mws_binding;
 use crate::boundary::mws_status;
-use crate::io_args::{mws_io_args, with_load_args, with_upload_args};
+use crate::io_args::{mws_io_args, with_load_args, with_load_many_args, with_upload_args};
 use crate::load_plan::mws_load_plan;
 use crate::load_plan::{mws_load_stats, stats_out};
 use crate::placement::mws_placement;
@@ -215,6 +215,66 @@ pub unsafe extern "C" fn mws_store_load(
             unsafe { s.ws.load(&p.inner, rb, la) }
         })?;
         c.opt_set(stats, stats_out(st));
+        Ok(())
+    })
+}
+
+/// Loads several target participants of this process (`count` bindings, each its
+/// whole part of `plan`, or its `args->worker_id` part) in one call: what one
+/// `mws_store_load` per binding, in order, does, with the plan's checks (the committed
+/// manifest, the objects' sizes, the integrity record) made once for all of them
+/// instead of once per binding. Every binding's own checks run before any store call;
+/// then each binding is pinned, registered and read as by `mws_store_load`, on up to
+/// as many threads as the machine has cores (at least 2; as concurrent
+/// `mws_store_load` calls of different participants may: the store's callbacks and
+/// the guard are called from them), or one after the other on the calling thread when
+/// `args->progress` is set. A failure stops the call: no binding starts after it, those
+/// that started finish, the others stay untouched; the first failed binding's error is
+/// returned. If `stats` is not NULL, the totals of every binding are written there on
+/// success.
+/// `args` may be NULL (static guard); `args->lease` must be NULL (a lease covers one
+/// binding).
+///
+/// Errors: those of `mws_store_load`, plus `MWS_INVALID_ARGUMENT` (a participant
+/// given twice, `args->lease` set) and `MWS_INVALID_BINDING` naming `bindings[i]`.
+/// Thread safety: as `mws_store_load`.
+///
+/// # Safety
+/// Handles are NULL or live; `bindings` is valid for `count` handles; `args` and
+/// `stats` are NULL or valid. Every target buffer of every binding must be valid for
+/// writes and not accessed by anyone else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn mws_store_load_many(
+    store: *const mws_store,
+    plan: *const mws_load_plan,
+    bindings: *const *const mws_binding,
+    count: usize,
+    args: *const mws_io_args,
+    stats: *mut mws_load_stats,
+) -> mws_status {
+    status_call!(|c| {
+        let s = c.handle(store, "store")?;
+        let p = c.handle(plan, "plan")?;
+        let handles = c.handles(bindings, count, "bindings")?;
+        let all = with_load_many_args(c, &handles, args, |rbs, la| {
+            // SAFETY: this function's contract: every binding's target buffers are
+            // valid for writes and untouched by anyone else during the call.
+            unsafe { s.ws.load_many(&p.inner, rbs, la) }
+        })?;
+        let mut total = mws::protocol::LoadStats::default();
+        for st in all {
+            total.regions += st.regions;
+            total.ranges += st.ranges;
+            total.requests += st.requests;
+            total.bytes += st.bytes;
+            total.strided_regions += st.strided_regions;
+            total.direct_regions += st.direct_regions;
+            total.staged_regions += st.staged_regions;
+            total.staged_bytes += st.staged_bytes;
+            total.verified_bytes += st.verified_bytes;
+            total.verify_read_bytes += st.verify_read_bytes;
+        }
+        c.opt_set(stats, stats_out(total));
         Ok(())
     })
 }

@@ -152,6 +152,38 @@ pub unsafe extern "C" fn mws_writer_set_progress(
     })
 }
 
+/// Defers the writer's uploads to `mws_writer_commit` (`defer` 1) or not (0, the
+/// default). Deferred, `mws_writer_write_tensor` only records tensors and returns
+/// empty receipts, and `mws_writer_commit` uploads every complete participant in one
+/// upload call (one store `batch_put_from` stream where the default makes one per
+/// participant; each participant pinned through `acquire_source`, when the adapter
+/// has one) before it commits. The source buffers must then stay valid and unchanged
+/// from `mws_writer_write_tensor` until `mws_writer_commit` returns (the default needs
+/// them only until the participant's upload). An upload failure at commit aborts the
+/// writer, as a failed upload in `mws_writer_write_tensor` does. Participants completed
+/// before the call are uploaded by the next `mws_writer_write_tensor` (0) or by
+/// `mws_writer_commit`.
+///
+/// Errors: `MWS_NULL_ARGUMENT` (NULL writer), `MWS_INVALID_ARGUMENT` (`defer` not 0
+/// or 1), `MWS_CONFLICT` (writer closed). Thread
+/// safety: serialized with the writer's other calls.
+///
+/// # Safety
+/// `writer` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn mws_writer_defer_uploads(writer: *const mws_writer, defer: u32) -> mws_status {
+    status_call!(|c| {
+        let w = c.handle(writer, "writer")?;
+        let defer = match defer {
+            0 => false,
+            1 => true,
+            v => return Err(Failure::invalid(format!("defer must be 0 or 1, got {v}"))),
+        };
+        w.inner.lock().defer_uploads(defer)?;
+        Ok(())
+    })
+}
+
 /// Publishes the snapshot's manifest, written as a new handle to `*out`. Missing
 /// fragments abort the writer (`MWS_INVALID_ARGUMENT`); transaction errors
 /// (`MWS_STORE`) leave it open for a retry.

@@ -11,9 +11,14 @@
 // one registered buffer, and the raw puts plus one upsert_from per metadata object the
 // protocol writes (decision, integrity record, manifest; their sizes read back from the
 // snapshot). Snapshots: through the Writer (participants in turn) and in one call
-// (Transaction::upload_many of every participant, as Store::snapshot). Restores: same
+// (Transaction::upload_many of every participant, as Store::snapshot), the Writer with
+// its uploads deferred to commit (Writer::defer_uploads: one upload call), each with the
+// integrity record (the default) and without it (StoreOptions::write_integrity false;
+// compared with raw puts plus the protocol's own metadata objects, the decision and
+// the manifest). Restores: same
 // layout (TP4 x PP2) and resharded (TP2 x EP2), with integrity verification on and off
-// (its cost), the bindings loaded in turn and at once (one thread per binding). Each
+// (its cost), the bindings loaded in turn, at once (one thread per binding) and in one
+// call (Store::load_many: the plan's checks once). Each
 // timed phase prints where its time went (the adapter's client calls: count and ms,
 // and the rest). Prints GB/s and calls per GiB, then `figure: NAME = VALUE` (ratios:
 // > 1 = the adapter is faster than raw).
@@ -84,29 +89,40 @@ int main(int argc, char **argv) {
         if (a.self_test() != 0) throw std::runtime_error("adapter self_test failed (header/wheel mismatch?)");
         const auto defs = model_tensors(layers, hidden, 4);
         const Layout trainer{4, 2, 1, 2}, same{4, 2, 1, 1}, server{2, 1, 2, 1};
-        mws::StoreOptions unverified;
+        mws::StoreOptions unverified, no_record;
         unverified.verify_integrity = false;
+        no_record.write_integrity = false;
         // Best seconds. Snapshots: the Writer (participants uploaded in turn as their
         // tensors are written), one call (upload_many of every participant).
         // Restores of the one-call snapshot: same layout and resharded, verified and
         // unverified, the bindings loaded in turn by this process (as before issue 45's
         // speed work: the figures to compare) and at once (one thread per binding).
-        double best_snap = 1e30, best_writer = 1e30;
+        double best_snap = 1e30, best_writer = 1e30, best_snap_nr = 1e30, best_writer_nr = 1e30;
+        double best_deferred = 1e30, best_deferred_nr = 1e30;
+        std::uint64_t deferred_calls = 0;
         double best_same = 1e30, best_same_nv = 1e30, best_resh = 1e30, best_resh_nv = 1e30;
         double best_same_par = 1e30, best_resh_par = 1e30;
+        double best_same_many = 1e30, best_same_many_nv = 1e30, best_resh_many = 1e30, best_resh_many_nv = 1e30;
         std::uint64_t snap_bytes = 0, same_bytes = 0, resh_bytes = 0, snap_calls = 0, writer_calls = 0;
         std::uint64_t same_calls = 0, resh_calls = 0, ignored_bytes = 0, ignored_calls = 0;
-        std::vector<std::size_t> sizes, meta_sizes;
+        std::vector<std::size_t> sizes, meta_sizes, meta_sizes_nr;
         // A restore of `m` into layout L. parallel: one thread per binding, as the
-        // ranks of a server each load their own binding at once; otherwise this one
-        // process loads them in turn (mwsmodel::restore, as Store::restore).
+        // ranks of a server each load their own binding at once; one_call: every
+        // binding in one Store::load_many; otherwise this one process loads them in
+        // turn (mwsmodel::restore).
+        enum Mode { in_turn, parallel, one_call };
         auto timed_restore = [&](const mws::Store &store, const mws::StoredManifest &m, const Layout &L,
-                                 const std::string &rev, bool parallel, double &best, std::uint64_t &bytes,
+                                 const std::string &rev, Mode mode, double &best, std::uint64_t &bytes,
                                  std::uint64_t &calls) {
             HostModel dst(placement_json("serving", L, defs, 1, "bench-model", rev), defs, false, "server");
             ms::Stats s0 = a.stats();
             auto t0 = std::chrono::steady_clock::now();
-            if (parallel) {
+            if (mode == one_call) {
+                mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
+                std::vector<const mws::Binding *> bs;
+                for (const auto &b : dst.bindings) bs.push_back(&b);
+                bytes = store.load_many(plan, bs).bytes;
+            } else if (mode == parallel) {
                 mws::LoadPlan plan = mws::LoadPlan::plan(m, dst.placement, dst.binding_ptrs());
                 std::vector<mws_load_stats> st(dst.bindings.size());
                 std::vector<std::string> errors(dst.bindings.size());
@@ -146,26 +162,61 @@ int main(int argc, char **argv) {
             ms::Stats s1 = a.stats();
             calls = s1.range_calls - s0.range_calls;
             std::printf("  [%s -> tp%llu pp%llu ep%llu, %s]%s\n", rev.c_str(), (unsigned long long)L.tp,
-                        (unsigned long long)L.pp, (unsigned long long)L.ep, parallel ? "parallel" : "sequential",
+                        (unsigned long long)L.pp, (unsigned long long)L.ep,
+                        mode == parallel ? "parallel" : mode == one_call ? "load_many" : "sequential",
                         breakdown(s0, s1, t).c_str());
             dst.verify();
         };
         for (int it = 0; it < repeat; ++it) {
             const std::string rev = "bench-" + std::to_string(it);
-            mws::Store store = a.store(), store_nv = a.store(unverified);
+            mws::Store store = a.store(), store_nv = a.store(unverified), store_nr = a.store(no_record);
             // The Writer: a trainer's participants uploaded one by one as their
-            // tensors are written (8 participant uploads in turn).
-            {
-                const std::string wrev = "bench-writer-" + std::to_string(it);
+            // tensors are written (8 participant uploads in turn); with the integrity
+            // record and without it.
+            auto timed_writer = [&](const mws::Store &st, const char *what, bool defer, double &best,
+                                    std::uint64_t &calls) {
+                const std::string wrev = std::string("bench-writer-") + what + "-" + std::to_string(it);
                 HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", wrev), defs, true, "trainer");
                 ms::Stats s0 = a.stats();
                 auto t0 = std::chrono::steady_clock::now();
-                snapshot(store, src, "bench");
+                snapshot(st, src, "bench", {}, nullptr, defer);
                 double t = secs_since(t0);
-                best_writer = std::min(best_writer, t);
+                best = std::min(best, t);
                 ms::Stats s1 = a.stats();
-                writer_calls = s1.batch_put_calls - s0.batch_put_calls;
+                calls = s1.batch_put_calls - s0.batch_put_calls;
                 std::printf("  [%s Writer snapshot]%s\n", wrev.c_str(), breakdown(s0, s1, t).c_str());
+            };
+            timed_writer(store, "record", false, best_writer, writer_calls);
+            timed_writer(store_nr, "no-record", false, best_writer_nr, writer_calls);
+            // The Writer with its uploads deferred to commit (one upload call).
+            timed_writer(store, "deferred-record", true, best_deferred, deferred_calls);
+            timed_writer(store_nr, "deferred-no-record", true, best_deferred_nr, deferred_calls);
+            // One call without the integrity record: its decision and manifest sizes
+            // are the raw baseline's metadata objects.
+            {
+                const std::string nrev = "bench-no-record-" + std::to_string(it);
+                HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", nrev), defs, true, "trainer");
+                ms::Stats s0 = a.stats();
+                auto t0 = std::chrono::steady_clock::now();
+                mws::UploadOptions uo;
+                uo.key_prefix = std::string(store_nr.key_prefix());
+                uo.store_namespace = "bench";
+                const mws::UploadPlan up = mws::plan_upload(src.placement, src.bindings, uo);
+                mws::Transaction tx = mws::Transaction::begin(store_nr, up);
+                tx.upload_many(src.placement, src.binding_ptrs(), {}, {});
+                tx.commit();
+                double t = secs_since(t0);
+                best_snap_nr = std::min(best_snap_nr, t);
+                ms::Stats s1 = a.stats();
+                std::printf("  [%s snapshot]%s\n", nrev.c_str(), breakdown(s0, s1, t).c_str());
+                const std::string ikey = std::string(up.group_id()) + "/integrity/" + std::string(up.transaction_id());
+                if (a.raw_get_size(ikey) > 0) throw std::runtime_error("write_integrity off wrote " + ikey);
+                meta_sizes_nr.clear();
+                for (const std::string &k : {std::string(up.control_key()), std::string(up.manifest_key())}) {
+                    std::int64_t n = a.raw_get_size(k);
+                    if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
+                    meta_sizes_nr.push_back(static_cast<std::size_t>(n));
+                }
             }
             // One call for every participant this process holds (Store::snapshot's
             // steps: plan_upload, Transaction::upload_many, commit), the plan kept for
@@ -195,12 +246,16 @@ int main(int argc, char **argv) {
                 if (n <= 0) throw std::runtime_error("metadata object " + k + ": get_size " + std::to_string(n));
                 meta_sizes.push_back(static_cast<std::size_t>(n));
             }
-            timed_restore(store, m, same, rev, false, best_same, same_bytes, same_calls);
-            timed_restore(store_nv, m, same, rev, false, best_same_nv, ignored_bytes, ignored_calls);
-            timed_restore(store, m, server, rev, false, best_resh, resh_bytes, resh_calls);
-            timed_restore(store_nv, m, server, rev, false, best_resh_nv, ignored_bytes, ignored_calls);
-            timed_restore(store, m, same, rev, true, best_same_par, ignored_bytes, ignored_calls);
-            timed_restore(store, m, server, rev, true, best_resh_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, in_turn, best_same, same_bytes, same_calls);
+            timed_restore(store_nv, m, same, rev, in_turn, best_same_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, in_turn, best_resh, resh_bytes, resh_calls);
+            timed_restore(store_nv, m, server, rev, in_turn, best_resh_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, parallel, best_same_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, parallel, best_resh_par, ignored_bytes, ignored_calls);
+            timed_restore(store, m, same, rev, one_call, best_same_many, ignored_bytes, ignored_calls);
+            timed_restore(store_nv, m, same, rev, one_call, best_same_many_nv, ignored_bytes, ignored_calls);
+            timed_restore(store, m, server, rev, one_call, best_resh_many, ignored_bytes, ignored_calls);
+            timed_restore(store_nv, m, server, rev, one_call, best_resh_many_nv, ignored_bytes, ignored_calls);
             a.raw_remove_by_regex("^weights/bench/");
         }
         // Snapshot bytes: one copy of every box (DP replicas are written once).
@@ -215,11 +270,12 @@ int main(int argc, char **argv) {
         // object of the snapshot's sizes, METADATA) and one batch_get_into.
         std::size_t meta_total = 0;
         for (std::size_t n : meta_sizes) meta_total += n;
+        for (std::size_t n : meta_sizes_nr) meta_total += n;
         std::vector<unsigned char> sbuf(snap_bytes + meta_total), dbuf(snap_bytes);
         for (std::size_t i = 0; i < sbuf.size(); ++i) sbuf[i] = static_cast<unsigned char>(i * 131 + 7);
         a.raw_register(sbuf.data(), sbuf.size());
         a.raw_register(dbuf.data(), dbuf.size());
-        double best_put = 1e30, best_put_meta = 1e30, best_get = 1e30;
+        double best_put = 1e30, best_put_meta = 1e30, best_put_meta_nr = 1e30, best_get = 1e30;
         for (int it = 0; it < repeat; ++it) {
             const std::string group = "raw-bench/" + std::to_string(it);
             std::vector<std::string> keys;
@@ -243,6 +299,22 @@ int main(int argc, char **argv) {
             best_put_meta = std::min(best_put_meta, secs_since(t0));
             for (int r : prc)
                 if (r != 0) throw std::runtime_error("raw batch_put_from failed: " + std::to_string(r));
+            // The same puts (other keys) plus the protocol's own metadata objects
+            // (decision, manifest).
+            std::vector<std::string> keys_nr;
+            for (const std::string &k : keys) keys_nr.push_back(k + "-nr");
+            std::size_t off_nr = off;
+            t0 = std::chrono::steady_clock::now();
+            prc = a.raw_batch_put_from(keys_nr, sp, sizes, group);
+            for (std::size_t i = 0; i < meta_sizes_nr.size(); ++i) {
+                if (a.raw_upsert_from(group + "/meta-nr/" + std::to_string(i), sbuf.data() + off_nr, meta_sizes_nr[i],
+                                      group, false) != 0)
+                    throw std::runtime_error("raw upsert_from of a metadata object failed");
+                off_nr += meta_sizes_nr[i];
+            }
+            best_put_meta_nr = std::min(best_put_meta_nr, secs_since(t0));
+            for (int r : prc)
+                if (r != 0) throw std::runtime_error("raw batch_put_from failed: " + std::to_string(r));
             t0 = std::chrono::steady_clock::now();
             std::vector<std::int64_t> grc = a.raw_batch_get_into(keys, dp, sizes);
             best_get = std::min(best_get, secs_since(t0));
@@ -260,20 +332,32 @@ int main(int argc, char **argv) {
             std::printf("%-38s %8.1f ms  %6.2f GB/s  %7.1f %s calls/GiB\n", what, s * 1e3, gbps(bytes, s),
                         calls / (bytes / gib), call);
         };
+        std::size_t meta_bytes = 0, meta_bytes_nr = 0;
+        for (std::size_t n : meta_sizes) meta_bytes += n;
+        for (std::size_t n : meta_sizes_nr) meta_bytes_nr += n;
         std::printf("model: %llu layers, hidden %llu, 4 experts; %zu payload objects, %.1f MiB snapshot, %zu metadata "
-                    "objects (%zu bytes); best of %d\n",
+                    "objects (%zu bytes; without the integrity record %zu, %zu bytes); best of %d\n",
                     (unsigned long long)layers, (unsigned long long)hidden, sizes.size(), snap_bytes / 1048576.0,
-                    meta_sizes.size(), meta_total, repeat);
+                    meta_sizes.size(), meta_bytes, meta_sizes_nr.size(), meta_bytes_nr, repeat);
         row("adapter snapshot, Writer (8 in turn)", best_writer, snap_bytes, writer_calls, "batch_put_from");
+        row("  same, no integrity record", best_writer_nr, snap_bytes, writer_calls, "batch_put_from");
+        row("adapter snapshot, Writer, deferred", best_deferred, snap_bytes, deferred_calls, "batch_put_from");
+        row("  same, no integrity record", best_deferred_nr, snap_bytes, deferred_calls, "batch_put_from");
         row("adapter snapshot, one call (upload_many)", best_snap, snap_bytes, snap_calls, "batch_put_from");
+        row("  same, no integrity record", best_snap_nr, snap_bytes, snap_calls, "batch_put_from");
         row("raw batch_put_from (payloads)", best_put, snap_bytes, 1, "batch_put_from");
         row("raw batch_put_from + metadata puts", best_put_meta, snap_bytes, 1 + meta_sizes.size(), "put");
+        row("raw batch_put_from + decision, manifest", best_put_meta_nr, snap_bytes, 1 + meta_sizes_nr.size(), "put");
         row("adapter restore same layout (TP4xPP2)", best_same, same_bytes, same_calls, "get_into_ranges");
         row("  same, integrity verification off", best_same_nv, same_bytes, same_calls, "get_into_ranges");
         row("  same, bindings at once (threads)", best_same_par, same_bytes, same_calls, "get_into_ranges");
+        row("  same, one call (load_many)", best_same_many, same_bytes, same_calls, "get_into_ranges");
+        row("  same, one call, verification off", best_same_many_nv, same_bytes, same_calls, "get_into_ranges");
         row("adapter restore resharded (TP2xEP2)", best_resh, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, integrity verification off", best_resh_nv, resh_bytes, resh_calls, "get_into_ranges");
         row("  same, bindings at once (threads)", best_resh_par, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, one call (load_many)", best_resh_many, resh_bytes, resh_calls, "get_into_ranges");
+        row("  same, one call, verification off", best_resh_many_nv, resh_bytes, resh_calls, "get_into_ranges");
         row("raw batch_get_into (payloads)", best_get, snap_bytes, 1, "batch_get_into");
         const double raw_get = gbps(snap_bytes, best_get);
         auto fig = [](const char *name, double v) { std::printf("figure: mooncake_store_%s = %.3f\n", name, v); };
@@ -282,6 +366,14 @@ int main(int argc, char **argv) {
         fig("raw_batch_put_gbps", gbps(snap_bytes, best_put));
         fig("snapshot_vs_raw_put_plus_metadata", best_put_meta / best_writer);
         fig("one_call_snapshot_vs_raw_put_plus_metadata", best_put_meta / best_snap);
+        // The issue's snapshot target: integrity off, against raw puts plus the
+        // protocol's metadata objects (decision, manifest); the record's cost apart.
+        fig("snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_writer_nr);
+        fig("one_call_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_snap_nr);
+        fig("deferred_writer_snapshot_vs_raw_put_plus_metadata", best_put_meta / best_deferred);
+        fig("deferred_writer_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_deferred_nr);
+        fig("snapshot_integrity_cost", best_writer / best_writer_nr - 1);
+        fig("one_call_snapshot_integrity_cost", best_snap / best_snap_nr - 1);
         fig("adapter_restore_same_layout_gbps", gbps(same_bytes, best_same));
         fig("adapter_restore_resharded_gbps", gbps(resh_bytes, best_resh));
         fig("raw_batch_get_gbps", raw_get);
@@ -291,15 +383,22 @@ int main(int argc, char **argv) {
         fig("restore_resharded_vs_raw", gbps(resh_bytes, best_resh) / raw_get);
         fig("restore_resharded_unverified_vs_raw", gbps(resh_bytes, best_resh_nv) / raw_get);
         fig("restore_resharded_at_once_vs_raw", gbps(resh_bytes, best_resh_par) / raw_get);
+        fig("one_call_restore_same_layout_vs_raw", gbps(same_bytes, best_same_many) / raw_get);
+        fig("one_call_restore_same_layout_unverified_vs_raw", gbps(same_bytes, best_same_many_nv) / raw_get);
+        fig("one_call_restore_resharded_vs_raw", gbps(resh_bytes, best_resh_many) / raw_get);
+        fig("one_call_restore_resharded_unverified_vs_raw", gbps(resh_bytes, best_resh_many_nv) / raw_get);
         fig("restore_integrity_cost", best_resh / best_resh_nv - 1);
         fig("restore_same_layout_integrity_cost", best_same / best_same_nv - 1);
         std::printf("figure: mooncake_store_snapshot_calls_per_gib = %.1f\n", writer_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_one_call_snapshot_calls_per_gib = %.1f\n", snap_calls / (snap_bytes / gib));
+        std::printf("figure: mooncake_store_deferred_writer_snapshot_calls_per_gib = %.1f\n",
+                    deferred_calls / (snap_bytes / gib));
         std::printf("figure: mooncake_store_restore_calls_per_gib = %.1f\n", resh_calls / (resh_bytes / gib));
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         out = 1;
     }
+    std::fflush(stdout);  // the figures before the client's teardown logs (stderr)
     ms::tear_down(*client);
     return out;
 }

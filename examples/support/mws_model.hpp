@@ -466,16 +466,18 @@ struct HostAdapter {
 /// `progress` (optional) sees the whole snapshot's uploads. `metadata_keys` (optional)
 /// receives the keys of the protocol's metadata objects besides the payloads: the
 /// decision record (control key), the integrity record (`<group>/integrity/<tx>`) and
-/// the manifest.
+/// the manifest. `defer_uploads`: the Writer uploads every participant in one call at
+/// commit (Writer::defer_uploads) instead of each as it completes.
 inline mws::StoredManifest snapshot(const mws::Store &store, const HostModel &src, const std::string &ns = "default",
                                     mws::ProgressCallback progress = {},
-                                    std::vector<std::string> *metadata_keys = nullptr) {
+                                    std::vector<std::string> *metadata_keys = nullptr, bool defer_uploads = false) {
     HostAdapter adapter(src);
     mws_snapshot_adapter_vtable vt = HostAdapter::vtable();
     mws::Writer w = mws::Writer::begin(store, std::string(src.placement.resource_id()),
                                        std::string(src.placement.revision()), src.placement.weight_generation(), vt,
                                        &adapter, ns);
     if (progress) w.set_progress(std::move(progress));
+    if (defer_uploads) w.defer_uploads();
     mws::UploadPlan plan = w.upload_plan();
     if (metadata_keys != nullptr)
         *metadata_keys = {std::string(plan.control_key()),

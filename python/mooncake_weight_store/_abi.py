@@ -130,6 +130,10 @@ MWS_STAGING_OFF = 2**64 - 1
 MWS_VERIFY_DEFAULT = 0
 MWS_VERIFY_ON = 1
 MWS_VERIFY_OFF = 2
+#: ``mws_store_options.write_integrity``
+MWS_WRITE_INTEGRITY_DEFAULT = 0
+MWS_WRITE_INTEGRITY_ON = 1
+MWS_WRITE_INTEGRITY_OFF = 2
 # enum mws_axis_kind
 MWS_AXIS_DP = 0
 MWS_AXIS_PP = 1
@@ -441,6 +445,7 @@ class mws_store_options(CStruct):
         ("staging_bytes", c_uint64),
         ("max_metadata_bytes", c_uint64),
         ("verify_integrity", c_uint32),
+        ("write_integrity", c_uint32),
     ]
 
 
@@ -810,11 +815,13 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "mws_load_plan_participant_count": (c_size_t, [_p]),
     "mws_load_plan_participant": (c_void_p, [_p, c_size_t, _sz]),
     "mws_store_load": (c_int, [_p, _p, _p, POINTER(mws_io_args), POINTER(mws_load_stats)]),
+    "mws_store_load_many": (c_int, [_p, _p, POINTER(_p), c_size_t, POINTER(mws_io_args), POINTER(mws_load_stats)]),
     # writer
     "mws_writer_new": (c_int, [_p, POINTER(mws_snapshot_descriptor), POINTER(mws_snapshot_adapter_vtable), c_void_p,
                                POINTER(mws_upload_options), POINTER(_p)]),
     "mws_writer_write_tensor": (c_int, [_p, c_char_p, c_void_p, POINTER(_p)]),
     "mws_writer_commit": (c_int, [_p, POINTER(_p)]),
+    "mws_writer_defer_uploads": (c_int, [_p, c_uint32]),
     "mws_writer_abort": (c_int, [_p]),
     "mws_writer_set_progress": (c_int, [_p, PROGRESS_FN, c_void_p]),
     "mws_writer_upload_plan": (c_int, [_p, POINTER(_p)]),

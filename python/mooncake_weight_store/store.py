@@ -453,18 +453,23 @@ class RegistrationLease(OwnedHandle):
 def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_request: int,
              max_region_segments: int, staging_bytes: Optional[int] = None,
              verify_integrity: bool = True,
-             device_engine: Optional[DeviceEngine] = None) -> Optional[_abi.mws_store_options]:
+             device_engine: Optional[DeviceEngine] = None,
+             write_integrity: bool = True) -> Optional[_abi.mws_store_options]:
     """``staging_bytes``: None = the library's default (64 MiB, chosen per region by
     the store's cost model), 0 = never stage, N = a staging budget of N bytes.
     ``verify_integrity``: True = the library's default (verify), False = off.
+    ``write_integrity``: True = the library's default (snapshots write the integrity
+    record), False = no checksums, no record.
     ``device_engine``: its handle goes into the options (the caller keeps the engine
     in use for the opening call, which takes the library's own reference)."""
     if not isinstance(verify_integrity, bool):
         raise ArgumentError("verify_integrity must be True or False")
+    if not isinstance(write_integrity, bool):
+        raise ArgumentError("write_integrity must be True or False")
     if device_engine is not None and not isinstance(device_engine, DeviceEngine):
         raise ArgumentError(f"device_engine must be a DeviceEngine, not {type(device_engine).__name__}")
-    if key_prefix is None and staging_bytes is None and verify_integrity and device_engine is None and not (
-            max_range_bytes or max_ranges_per_request or max_region_segments):
+    if (key_prefix is None and staging_bytes is None and verify_integrity and write_integrity
+            and device_engine is None and not (max_range_bytes or max_ranges_per_request or max_region_segments)):
         return None
     for name, v in (("max_range_bytes", max_range_bytes), ("max_ranges_per_request", max_ranges_per_request),
                     ("max_region_segments", max_region_segments), ("staging_bytes", staging_bytes or 0)):
@@ -476,6 +481,8 @@ def _options(key_prefix: Optional[str], max_range_bytes: int, max_ranges_per_req
                                   max_region_segments=max_region_segments, staging_bytes=c_staging,
                                   verify_integrity=_abi.MWS_VERIFY_ON if verify_integrity
                                   else _abi.MWS_VERIFY_OFF,
+                                  write_integrity=_abi.MWS_WRITE_INTEGRITY_ON if write_integrity
+                                  else _abi.MWS_WRITE_INTEGRITY_OFF,
                                   device_engine=device_engine.handle if device_engine is not None else None)
 
 
@@ -501,7 +508,10 @@ class Store(OwnedHandle):
     integrity record, computed as the bytes are copied, and fail with
     :class:`IntegrityError` naming the tensor, the stored fragment's box, the fragment
     id and the object key; False opts out; revisions without a record restore
-    unverified; cost: ``docs/INTEGRITY.md``).
+    unverified; cost: ``docs/INTEGRITY.md``), ``write_integrity`` (default True:
+    snapshots compute the CRC-32C of every 1 MiB block of every payload and write the
+    integrity record; False: no checksums and no record, the revision is what the
+    reference writes and restores unverified).
     """
 
     _FREE = "mws_store_free"
@@ -519,23 +529,25 @@ class Store(OwnedHandle):
     @classmethod
     def memory(cls, *, key_prefix: Optional[str] = None, max_range_bytes: int = 0,
                max_ranges_per_request: int = 0, max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-               device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True) -> "Store":
+               device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True,
+               write_integrity: bool = True) -> "Store":
         """An in-memory store (single process; objects live as long as the store).
         ``device_engine``: a :class:`~mooncake_weight_store.device.DeviceEngine` that
         stages device memory (see :mod:`mooncake_weight_store.device`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity, device_engine)
+                        verify_integrity, device_engine, write_integrity)
         return cls._open_embedded("mws_store_open_memory", (), opts, device_engine, "memory")
 
     @classmethod
     def directory(cls, path: Union[str, "os.PathLike[str]"], *, key_prefix: Optional[str] = None,
                   max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                   max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-                  device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True) -> "Store":
+                  device_engine: Optional[DeviceEngine] = None, verify_integrity: bool = True,
+                  write_integrity: bool = True) -> "Store":
         """The crash-safe directory store rooted at ``path`` (``device_engine``: as
         :meth:`memory`)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity, device_engine)
+                        verify_integrity, device_engine, write_integrity)
         return cls._open_embedded("mws_store_open_dir", (cstr(os.fspath(path), "path"),), opts, device_engine,
                                   "directory")
 
@@ -556,7 +568,8 @@ class Store(OwnedHandle):
     def from_backend(cls, backend: object, *, close_backend: bool = False, key_prefix: Optional[str] = None,
                      max_range_bytes: int = 0, max_ranges_per_request: int = 0,
                      max_region_segments: int = 0, staging_bytes: Optional[int] = None,
-                     verify_integrity: bool = True, device_engine: Optional[DeviceEngine] = None) -> "Store":
+                     verify_integrity: bool = True, device_engine: Optional[DeviceEngine] = None,
+                     write_integrity: bool = True) -> "Store":
         """Plugs a Python object implementing the store methods (see the module doc)
         into the library through the C vtable. ``close_backend`` calls
         ``backend.close()`` when the library destroys the store. ``verify_integrity``:
@@ -567,7 +580,7 @@ class Store(OwnedHandle):
         ``device_engine``: as for :meth:`memory` (device memory is staged in host
         buffers, so the backend sees host memory only)."""
         opts = _options(key_prefix, max_range_bytes, max_ranges_per_request, max_region_segments, staging_bytes,
-                        verify_integrity, device_engine)
+                        verify_integrity, device_engine, write_integrity)
         _bury()
         bridge = _VtableBridge(backend)
         bridge.close_backend = close_backend  # type: ignore[attr-defined]
@@ -808,15 +821,33 @@ class Store(OwnedHandle):
         return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
                          int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
 
+    def load_many(self, plan: "LoadPlan", bindings: Sequence["Binding"], *, worker_id: Optional[str] = None,
+                  transfer_id: Optional[str] = None, guard: Optional[Guard] = None,
+                  progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
+        """Loads several participants of this process in one call
+        (``mws_store_load_many``): what one :meth:`load` per binding does, with the
+        plan's checks (committed manifest, object sizes, integrity record) made once
+        for all of them and the bindings loaded on several threads (in turn when
+        ``progress`` is given); returns the totals. No lease (a lease covers one
+        binding); a participant given twice is :class:`InvalidArgumentError`.
+        ``progress`` sees one restore per binding."""
+        bindings = list(bindings)
+        if not bindings:
+            return LoadStats()
+        c_bindings = _lib.handle_array(bindings)
+        args, keep = io_args(worker_id, transfer_id, guard, None, progress)
+        st = _abi.mws_load_stats()
+        call("mws_store_load_many", self, plan, c_bindings, len(bindings), ctypes.byref(args), ctypes.byref(st))
+        del keep
+        return LoadStats(int(st.regions), int(st.ranges), int(st.requests), int(st.bytes), int(st.strided_regions),
+                         int(st.direct_regions), int(st.staged_regions), int(st.staged_bytes))
+
     def restore(self, manifest_key: str, placement: "Placement", bindings: Sequence["Binding"], *,
                 progress: Optional[Callable[[Progress], object]] = None) -> "LoadStats":
-        """Loads the manifest at ``manifest_key`` into every binding (convenience).
-        ``progress`` sees one restore per binding."""
-        total = LoadStats()
+        """Loads the manifest at ``manifest_key`` into every binding (convenience; one
+        :meth:`load_many` call). ``progress`` sees one restore per binding."""
         with self.load_manifest(manifest_key) as manifest, LoadPlan.new(manifest, placement, bindings) as lp:
-            for b in bindings:
-                total = total + self.load(lp, b, progress=progress)
-        return total
+            return self.load_many(lp, bindings, progress=progress)
 
     # -- snapshot writer ------------------------------------------------------------
 

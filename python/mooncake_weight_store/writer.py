@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from . import _abi, _lib
 from ._lib import LIB, OwnedHandle, call, cstr
-from .errors import MwsError
+from .errors import ArgumentError, MwsError
 from .manifest import StoredManifest
 from .progress import Progress, c_progress
 from .receipts import Receipts
@@ -191,8 +191,21 @@ class Writer(OwnedHandle):
         for tid in self.tensor_ids():
             self.write_tensor(tid).close()
 
+    def defer_uploads(self, defer: bool = True) -> None:
+        """Defers the uploads to :meth:`commit` (``True``) or not (``False``, the
+        default): deferred, :meth:`write_tensor` returns no receipts and :meth:`commit`
+        uploads every participant in one upload call (one stream of put batches where
+        the default makes one per participant); the bindings' buffers must stay
+        unchanged until :meth:`commit` returns. An upload failure at commit aborts the
+        writer. :class:`ConflictError` on a closed writer."""
+        if not isinstance(defer, bool):
+            raise ArgumentError("defer must be True or False")
+        with self._lock:
+            call("mws_writer_defer_uploads", self, 1 if defer else 0)
+
     def commit(self) -> "StoredManifest":
-        """Publishes the manifest. Transaction errors leave the writer open (retry)."""
+        """Publishes the manifest (uploading first whatever :meth:`defer_uploads` left
+        for it). Transaction errors leave the writer open (retry)."""
         if self.committed and self.manifest is not None:
             return self.manifest
         out = ctypes.c_void_p()

@@ -14,6 +14,7 @@ import pytest
 import mooncake_weight_store as mws
 from mooncake_weight_store import (
     AlreadyExistsError,
+    ArgumentError,
     Binding,
     ConflictError,
     Decision,
@@ -413,6 +414,41 @@ def test_writer(store, src):
         w.write_tensor(ids[-1]).close()
     assert w.committed and w.manifest.namespace == "w"
     bufs2, _ = restore_into(store, w.manifest.key, Model(SPEC, "tp", tp=2, dp=1))
+
+
+def test_writer_deferred_uploads(store, src):
+    """defer_uploads(): write_tensor returns no receipts and writes nothing; commit
+    uploads every participant, then commits."""
+    m, bufs, bindings = src
+    with store.begin_snapshot(m.placement, bindings, namespace="deferred") as w:
+        w.defer_uploads()
+        with pytest.raises(ArgumentError):
+            w.defer_uploads(1)  # type: ignore[arg-type]
+        for tid in w.tensor_ids():
+            with w.write_tensor(tid) as r:
+                assert len(r) == 0
+        assert not any(store.exists(k) for k in w.plan.payload_keys)
+    assert w.committed
+    restore_into(store, w.manifest.key, Model(SPEC, "tp", tp=2, dp=1))
+
+
+def test_load_many(store, src):
+    """Store.load_many: every binding in one call, the totals of the loads in turn; a
+    participant given twice is refused."""
+    m, bufs, bindings = src
+    with store.begin_snapshot(m.placement, bindings, namespace="many") as w:
+        for tid in w.tensor_ids():
+            w.write_tensor(tid).close()
+    tgt = Model(SPEC, "tp", tp=2, dp=1)
+    tbufs = {p: tgt.target_buffers(p) for p in tgt.participant_ids}
+    tb = [tgt.bind(p, tbufs[p]) for p in tgt.participant_ids]
+    with store.load_manifest(w.manifest.key) as manifest, LoadPlan.new(manifest, tgt.placement, tb) as lp:
+        with pytest.raises(InvalidArgumentError):
+            store.load_many(lp, [tb[0], tb[0]])
+        st = store.load_many(lp, tb)
+        assert st.bytes == sum(len(b) for p in tgt.participant_ids for b in tbufs[p].values())
+    for b in tb:
+        b.close()
 
 
 def test_writer_aborts_on_error_and_resolver(store, src):
@@ -820,7 +856,8 @@ class BatchSized(DictBackend):
 
 def test_restore_asks_sizes_through_batch_get_size(src):
     """A backend with ``batch_get_size`` (the vtable's ``batch_get_size``) answers a
-    restore's size checks: one call per participant load, no ``get_size`` for those
+    restore's size checks: one call per restore (``Store.restore`` is one
+    ``load_many`` call, which checks the sizes once for every participant), no ``get_size`` for those
     keys; a wrong result count fails the restore with a clear error."""
     m, _, bindings = src
     be = BatchSized()
@@ -831,7 +868,7 @@ def test_restore_asks_sizes_through_batch_get_size(src):
         bufs, stats = restore_into(s, w.manifest.key, target)
         assert [f for p in target.participant_ids for f in target.verify(p, bufs[p])] == []
         assert stats.bytes > 0
-        assert len(be.batches) == len(target.participant_ids), be.batches
+        assert len(be.batches) == 1, be.batches
         asked = {k for b in be.batches for k in b}
         assert asked and asked <= set(be.objects)
         assert not asked & set(be.single), be.single

@@ -7,8 +7,10 @@
 //!   receipts ([`UploadReceipt::block_checksums`]).
 //! - Commit: `write_record` writes the one integrity object of the transaction
 //!   (create-only, metadata, in the revision's group) before the commit decision is
-//!   claimed, when every receipt carries checksums. Abort, finalize and lost races
-//!   remove it like the transaction's payloads (`removable_key`).
+//!   claimed, when the store writes records ([`super::StoreLimits::write_integrity`];
+//!   off: uploads compute no checksums either) and every receipt carries checksums.
+//!   Abort, finalize and lost races remove it like the transaction's payloads
+//!   (`removable_key`).
 //! - Restore (on by default, [`super::StoreLimits::verify_integrity`]): `prepare`
 //!   reads the record once per load call (none: the revision loads unverified, as
 //!   the reference wrote it); the weight store keeps the last decoded record and
@@ -259,11 +261,16 @@ pub(crate) fn compare_content(
 }
 
 /// Writes the transaction's integrity record (create-only) before the commit
-/// decision is claimed. Nothing is written when a receipt lacks checksums (the
+/// decision is claimed. Nothing is written when the store's
+/// [`super::StoreLimits::write_integrity`] is off or a receipt lacks checksums (the
 /// revision is then unverified, like one the reference wrote). A record already
 /// present with the same bytes (a retried commit) is fine; different bytes fail with
 /// [`ErrorKind::Conflict`] before any decision.
 pub(crate) fn write_record(ws: &WeightStore, plan: &UploadPlan, receipts: &[UploadReceipt]) -> Result<()> {
+    if !ws.limits.write_integrity {
+        log::info!("commit {}: no integrity record (write_integrity is off)", plan.manifest().manifest_key());
+        return Ok(());
+    }
     let Some(record) = record_of(plan, receipts) else {
         log::info!("commit {}: no integrity record (receipts without checksums)", plan.manifest().manifest_key());
         return Ok(());
@@ -364,6 +371,9 @@ pub(crate) fn prepare(ws: &WeightStore, plan: &LoadPlan) -> Result<Option<Verifi
     let record = read_record_with(&*ws.store, plan.manifest(), key, ws.limits.max_metadata_bytes, |key, bytes| {
         ws.integrity_records.get_or_decode(key, bytes, decode_record)
     })?;
+    if record.is_none() {
+        log::info!("{} has no integrity record: restored unverified", plan.manifest().manifest_key());
+    }
     Ok(record.map(|record| Verifier { record }))
 }
 

@@ -19,7 +19,9 @@ use crate::plan::load::TransferRegion;
 use crate::runtime::MemoryRegion;
 use crate::runtime::{validate_runtime_binding, MemoryKind, RuntimeBinding, RuntimeFragment};
 use crate::store::{ObjectStore, RangeRead, StridedRead};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 fn store_err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
@@ -200,42 +202,171 @@ impl WeightStore {
     /// pin them.
     pub unsafe fn load(&self, plan: &LoadPlan, binding: &RuntimeBinding, args: LoadArgs<'_>) -> Result<LoadStats> {
         let options = load_options(self, &args);
-        check_target_binding(plan, binding)?;
-        let (bi, planned) = planned_binding(plan, binding)?;
-        let ops = select_regions(plan, bi, planned, binding, args.worker_id, options.max_region_segments)?;
-        check_worker(planned, args.worker_id)?;
+        let ops = select_binding(plan, binding, &options, args.worker_id)?;
         if ops.is_empty() {
             return Ok(LoadStats::default());
         }
+        let shared = self.shared_checks(plan, &ops, &options)?;
+        // SAFETY: this function's contract.
+        unsafe { self.execute(plan, binding, &ops, &args, &options, &shared) }
+    }
+
+    /// Loads several participants of this process in one call: what one
+    /// [`WeightStore::load`] per binding, in order, does, with the checks of the
+    /// plan done once for all of them (`load-path.md` §6 step 5, the committed
+    /// manifest; the objects' sizes; the integrity record) where the loads in turn
+    /// repeat them per binding. Returns each binding's statistics (in `bindings`
+    /// order).
+    ///
+    /// Every binding's own checks (steps 1-4, 6) run before any store call; then the
+    /// plan's checks for the union of their regions; then each binding is pinned,
+    /// registered and read as by `load` (a binding with no region of the plan loads
+    /// nothing), on up to [`crate::store::io_threads`] threads at once (as concurrent
+    /// `load` calls of different participants may; their targets are disjoint), or
+    /// one after the other on the calling thread when `args.progress` is set (each
+    /// binding reports its own restore there). A failure stops the call: no binding
+    /// starts after it, those that started finish, the others stay untouched; the
+    /// error of the first failed binding (in `bindings` order) is returned. Errors:
+    /// those of `load`, plus
+    /// [`ErrorKind::InvalidArgument`] for a participant given twice or `args.lease`
+    /// set (a lease covers one binding). Thread safety: as `load`.
+    ///
+    /// # Safety
+    /// As [`WeightStore::load`], for every binding.
+    pub unsafe fn load_many(
+        &self,
+        plan: &LoadPlan,
+        bindings: &[&RuntimeBinding],
+        args: LoadArgs<'_>,
+    ) -> Result<Vec<LoadStats>> {
+        if args.lease.is_some() {
+            return Err(store_err(
+                ErrorKind::InvalidArgument,
+                "load_many takes no registration lease (a lease covers one binding)",
+            ));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(bindings.len());
+        for b in bindings {
+            if !seen.insert((b.participant_id(), b.instance_id())) {
+                return Err(store_err(
+                    ErrorKind::InvalidArgument,
+                    format!("target participant given twice: {}", b.participant_id()),
+                ));
+            }
+        }
+        let options = load_options(self, &args);
+        let mut selected = Vec::with_capacity(bindings.len());
+        for b in bindings {
+            selected.push(select_binding(plan, b, &options, args.worker_id)?);
+        }
+        let all: Vec<usize> = selected.iter().flatten().copied().collect();
+        if all.is_empty() {
+            return Ok(vec![LoadStats::default(); bindings.len()]);
+        }
+        let shared = self.shared_checks(plan, &all, &options)?;
+        let work: Vec<usize> = (0..bindings.len()).filter(|&i| !selected[i].is_empty()).collect();
+        // Progress is reported on the calling thread: with a callback, in turn.
+        let threads = if args.progress.is_some() { 1 } else { crate::store::io_threads().min(work.len()) };
+        let mut out = vec![LoadStats::default(); bindings.len()];
+        if threads <= 1 {
+            for &i in &work {
+                // SAFETY: this function's contract, for this binding.
+                out[i] = unsafe { self.execute(plan, bindings[i], &selected[i], &args, &options, &shared) }?;
+            }
+            return Ok(out);
+        }
+        // The bindings' targets are disjoint (the plan refuses conflicting target
+        // ranges, and each binding was checked against the plan), so their loads run
+        // on `threads` threads, as concurrent `load` calls may; after a failure no
+        // further binding starts.
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let results: Vec<Mutex<Option<Result<LoadStats>>>> = work.iter().map(|_| Mutex::new(None)).collect();
+        // The arguments without lease and progress (both `None` here), shareable.
+        let (worker_id, guard, transfer_id, skip) =
+            (args.worker_id, args.guard, args.transfer_id, args.skip_committed_check);
+        let worker = || loop {
+            let args =
+                LoadArgs { worker_id, guard, transfer_id, skip_committed_check: skip, lease: None, progress: None };
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= work.len() || failed.load(Ordering::Relaxed) {
+                break;
+            }
+            let i = work[k];
+            // SAFETY: this function's contract, for this binding (its targets are
+            // disjoint from the other bindings').
+            let r = unsafe { self.execute(plan, bindings[i], &selected[i], &args, &options, &shared) };
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            *results[k].lock() = Some(r);
+        };
+        std::thread::scope(|sc| {
+            for _ in 1..threads {
+                sc.spawn(worker);
+            }
+            worker();
+        });
+        for (k, r) in results.into_iter().enumerate() {
+            if let Some(r) = r.into_inner() {
+                out[work[k]] = r?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The checks of `plan` before any target is touched, for the regions `ops`: the
+    /// committed manifest (unless skipped), memory support, the objects' sizes, and
+    /// the integrity record a verified restore checks against.
+    fn shared_checks<'p>(&self, plan: &'p LoadPlan, ops: &[usize], options: &LoadOptions) -> Result<Shared<'p>> {
         if options.require_committed {
             check_committed(self, plan)?;
         }
-        check_memory_support(self, plan, &ops)?;
+        check_memory_support(self, plan, ops)?;
+        let name = |key: &str| describe_object(plan, ops, key);
+        let object_sizes = check_object_sizes(self, plan, ops, &name)?;
+        let verifier = super::integrity::prepare(self, plan)?;
+        Ok(Shared { object_sizes, verifier })
+    }
+
+    /// Pins, registers and reads the regions `ops` of `binding` (checked by
+    /// [`select_binding`] and [`WeightStore::shared_checks`]).
+    ///
+    /// # Safety
+    /// As [`WeightStore::load`].
+    unsafe fn execute(
+        &self,
+        plan: &LoadPlan,
+        binding: &RuntimeBinding,
+        ops: &[usize],
+        args: &LoadArgs<'_>,
+        options: &LoadOptions,
+        shared: &Shared<'_>,
+    ) -> Result<LoadStats> {
+        let (object_sizes, verifier) = (&shared.object_sizes, shared.verifier.as_ref());
         // How integrity errors name an object: its stored fragment (tensor, box, ids),
         // looked up only when an error needs it.
-        let name = |key: &str| describe_object(plan, &ops, key);
-        let object_sizes = check_object_sizes(self, plan, &ops, &name)?;
-        let verifier = super::integrity::prepare(self, plan)?;
+        let name = |key: &str| describe_object(plan, ops, key);
         // Group by target runtime fragment (sorted by runtime id).
-        let by_target = group_by_target(plan, &ops);
+        let by_target = group_by_target(plan, ops);
         let targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
-        let mut token = pin_targets(self, binding, &args, &by_target, &targets)?;
+        let mut token = pin_targets(self, binding, args, &by_target, &targets)?;
         // Device targets go through the device engine (staged); the store never sees them.
         let (by_target, on_device) = staging::split_device_targets(self, plan, by_target);
         let store_targets: Vec<&RuntimeFragment> = by_target.values().map(|l| plan.target_fragment(l[0])).collect();
         let requests = registration_requests_or_release(&store_targets, &mut token)?;
-        let mut stats = start_tally(plan, &ops, args.progress, verifier.is_some());
+        let mut stats = start_tally(plan, ops, args.progress, verifier.is_some());
         let body = |io_started: &mut bool| {
             *io_started = true;
             // SAFETY: the caller upholds this function's `# Safety` contract, which is
             // `read_regions`'s; every bound was checked above.
-            let read = unsafe { read_regions(self, plan, &by_target, &options, &mut stats, None) };
-            let mut checked = verify_reads(self, read, verifier.as_ref(), &object_sizes, &name, &options, &mut stats);
+            let read = unsafe { read_regions(self, plan, &by_target, options, &mut stats, None) };
+            let mut checked = verify_reads(self, read, verifier, object_sizes, &name, options, &mut stats);
             if checked.is_ok() && !on_device.is_empty() {
-                let verify = WindowCheck { verifier: verifier.as_ref(), object_sizes: &object_sizes, name: &name };
+                let verify = WindowCheck { verifier, object_sizes, name: &name };
                 // SAFETY: as above; the device targets are valid device memory of the
                 // engine's device (this function's contract).
-                checked = unsafe { restore_on_device(self, plan, &on_device, &options, &mut stats, &verify) };
+                checked = unsafe { restore_on_device(self, plan, &on_device, options, &mut stats, &verify) };
             }
             if checked.is_ok() {
                 stats.progress.finish();
@@ -244,9 +375,31 @@ impl WeightStore {
         };
         run_registered(self, &requests, token, body)?;
         let st = stats.stats;
-        log_restore(self, plan, binding, &options, &st);
+        log_restore(self, plan, binding, options, &st);
         Ok(st)
     }
+}
+
+/// What [`WeightStore::shared_checks`] found: the objects' sizes and the verifier.
+struct Shared<'p> {
+    object_sizes: BTreeMap<&'p str, u64>,
+    verifier: Option<Verifier>,
+}
+
+/// `binding`'s regions of `plan` (on `worker_id` when given), after its own checks:
+/// the binding against the plan's target placement, its planned twin, each target
+/// fragment, the worker (`load-path.md` §6 steps 1-4, 6). No store I/O.
+fn select_binding(
+    plan: &LoadPlan,
+    binding: &RuntimeBinding,
+    options: &LoadOptions,
+    worker_id: Option<&str>,
+) -> Result<Vec<usize>> {
+    check_target_binding(plan, binding)?;
+    let (bi, planned) = planned_binding(plan, binding)?;
+    let ops = select_regions(plan, bi, planned, binding, worker_id, options.max_region_segments)?;
+    check_worker(planned, worker_id)?;
+    Ok(ops)
 }
 
 /// The execution limits of one load: the store's, and `args`' committed check.

@@ -51,8 +51,21 @@ pub struct StoreLimits {
     /// `figure: restore_verified_vs_unverified`). A revision without a record (one the
     /// reference wrote, or an older one) restores unverified. `false` skips the check
     /// (the reference's behaviour); `mws verify` checks a revision offline at any time.
-    /// Snapshots write the record regardless.
+    /// Whether snapshots write a record is [`StoreLimits::write_integrity`].
     pub verify_integrity: bool,
+    /// Snapshots compute the CRC-32C of every 1 MiB block of every payload while they
+    /// write it and commit write them as the transaction's integrity record (default:
+    /// true). `false`: uploads compute no checksums (their receipts carry none) and
+    /// commit writes no record, so the revision is exactly what the reference writes
+    /// (the manifest, the decision, the payloads; the record is the library's own
+    /// object, not part of the specified protocol). Such a revision restores
+    /// everywhere; a verifying restore loads it unverified
+    /// ([`super::LoadStats::verified_bytes`] 0, an `info` log line per load) and
+    /// `mws verify` checks only the presence and sizes of its payloads. A commit writes
+    /// a record only when this is true for the committing store and every receipt
+    /// carries checksums (an upload by a store with this false, or of device memory
+    /// without a device engine, carries none).
+    pub write_integrity: bool,
 }
 
 impl Default for StoreLimits {
@@ -64,6 +77,7 @@ impl Default for StoreLimits {
             staging_bytes: DEFAULT_STAGING_BYTES,
             max_metadata_bytes: crate::store::DEFAULT_MAX_METADATA_BYTES,
             verify_integrity: true,
+            write_integrity: true,
         }
     }
 }

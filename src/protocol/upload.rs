@@ -61,6 +61,8 @@ fn stale(kind: ErrorKind, msg: String) -> Error {
 struct Checked<'p> {
     binding: &'p RuntimeBinding,
     lease: Option<&'p RegistrationLease>,
+    /// The guard that pins this source (the call's unless the source has its own).
+    guard: Option<&'p dyn GuardProvider>,
     ops: Vec<&'p UploadOperation>,
     current: Vec<RuntimeFragment>,
 }
@@ -165,13 +167,14 @@ fn release_all(ready: Vec<Ready<'_>>) {
 
 /// Validates the lease, or pins through the guard (no store I/O).
 fn make_ready<'p>(ws: &WeightStore, c: Checked<'p>, args: &UploadArgs<'_>) -> Result<Ready<'p>> {
+    let guard = c.guard;
     match c.lease {
         Some(lease) => {
             lease.validate(c.binding, &c.current.iter().collect::<Vec<_>>())?;
             Ok(Ready { ops: c.ops, frags: c.current, token: None })
         }
         None => {
-            let guard = args.guard.ok_or_else(|| {
+            let guard = guard.ok_or_else(|| {
                 stale(ErrorKind::InvalidArgument, "source allocation guard providers are required".into())
             })?;
             ws.registrar.check_unblocked()?;
@@ -251,6 +254,24 @@ impl WeightStore {
         sources: &[UploadSource<'_>],
         args: UploadArgs<'_>,
     ) -> Result<Vec<UploadReceipt>> {
+        let sources: Vec<(UploadSource<'_>, Option<&dyn GuardProvider>)> =
+            sources.iter().map(|s| (*s, args.guard)).collect();
+        // SAFETY: this function's contract, with the call's guard for every source.
+        unsafe { self.upload_guarded(plan, placement, &sources, args) }
+    }
+
+    /// [`WeightStore::upload_many`] with a guard per source (the snapshot writer's
+    /// participants each have their own); `args.guard` is not used.
+    ///
+    /// # Safety
+    /// As [`WeightStore::upload_many`], each source pinned by its own guard.
+    pub(crate) unsafe fn upload_guarded(
+        &self,
+        plan: &UploadPlan,
+        placement: &Placement,
+        sources: &[(UploadSource<'_>, Option<&dyn GuardProvider>)],
+        args: UploadArgs<'_>,
+    ) -> Result<Vec<UploadReceipt>> {
         if args.lease.is_some() {
             return Err(stale(
                 ErrorKind::InvalidArgument,
@@ -258,7 +279,7 @@ impl WeightStore {
             ));
         }
         let mut seen: HashSet<&str> = HashSet::with_capacity(sources.len());
-        for s in sources {
+        for (s, _) in sources {
             if !seen.insert(s.binding.participant_id()) {
                 return Err(stale(
                     ErrorKind::InvalidArgument,
@@ -270,12 +291,12 @@ impl WeightStore {
             self.check_plan_prefix(plan)?;
         }
         let mut checked: Vec<Checked<'_>> = Vec::with_capacity(sources.len());
-        for s in sources {
+        for &(s, guard) in sources {
             if let Some(ops) = check(self, plan, placement, s.binding, args.worker_id)? {
                 let by_id: HashMap<&str, &RuntimeFragment> =
                     s.binding.fragments().iter().map(|f| (f.fragment_id(), f)).collect();
                 let current = ops.iter().map(|o| (*by_id[o.source_snapshot().fragment_id()]).clone()).collect();
-                checked.push(Checked { binding: s.binding, lease: s.lease, ops, current });
+                checked.push(Checked { binding: s.binding, lease: s.lease, guard, ops, current });
             }
         }
         if checked.is_empty() {
@@ -389,6 +410,10 @@ unsafe fn write_payloads(
     started: &Cell<bool>,
 ) -> Result<Vec<Option<Vec<u32>>>> {
     let group = plan.manifest().group_id();
+    if !ws.limits.write_integrity {
+        // No integrity record will be written: no checksums (receipts without them).
+        return put_batches(ws, ops, frags, group, progress, started).map(|()| vec![None; frags.len()]);
+    }
     // SAFETY: the host sources are valid for reads and unchanged for the call (this function's `# Safety`).
     let sums = unsafe { SourceChecksums::new(frags) };
     if sums.bytes() < OVERLAP_MIN_BYTES {

@@ -1,6 +1,8 @@
 //! The snapshot writer (`writer-and-snapshot.md` §1–§3): a per-tensor API over one
 //! upload plan. Each participant is uploaded as soon as all its selected fragments
-//! were written; `commit` publishes the manifest. Its entry points are the
+//! were written (the participants one `write_tensor` call completes in one upload
+//! call), or, with [`SnapshotWriter::defer_uploads`], every participant in one upload
+//! call at commit; `commit` publishes the manifest. Its entry points are the
 //! [`WeightStore`] methods defined here (`begin_snapshot`, `begin_snapshot_with`,
 //! `snapshot`).
 
@@ -8,7 +10,7 @@ use super::guards::GuardProvider;
 use super::progress::{Progress, ProgressPhase};
 use super::receipt::UploadReceipt;
 use super::state::WeightStore;
-use super::upload::UploadArgs;
+use super::upload::{UploadArgs, UploadSource};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::model::{non_empty, Placement, StoredManifest};
 use crate::plan::upload::{UploadOptions, UploadPlan};
@@ -82,6 +84,10 @@ pub struct SnapshotWriter<'s, A: SnapshotAdapter> {
     required: BTreeMap<String, BTreeSet<String>>,
     seen: BTreeMap<String, BTreeSet<String>>,
     flushed: BTreeSet<String>,
+    /// Complete participants not uploaded yet, in completion order.
+    pending: Vec<String>,
+    /// Uploads wait for `commit` ([`SnapshotWriter::defer_uploads`]).
+    defer: bool,
     receipts: Vec<UploadReceipt>,
     closed: bool,
     committed: bool,
@@ -185,6 +191,8 @@ impl WeightStore {
             required,
             seen,
             flushed: BTreeSet::new(),
+            pending: Vec::new(),
+            defer: false,
             receipts: Vec::new(),
             closed: false,
             committed: false,
@@ -256,9 +264,33 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         Ok(())
     }
 
+    /// Defers the uploads to [`SnapshotWriter::commit`] (`true`) or not (`false`, the
+    /// default). Deferred, `write_tensor` only records the tensors and returns no
+    /// receipts, and `commit` uploads every complete participant in one upload call
+    /// ([`WeightStore::upload_many`]'s stream of put batches, one guard pin per
+    /// participant) before it commits: one store call where the default makes one
+    /// per participant. The source memory must then stay valid and unchanged from
+    /// `write_tensor` until `commit` returns (with a pinning guard: the bytes `commit`
+    /// reads under the pin are the ones stored), where the default only needs it
+    /// until the participant's upload. An upload failure at commit aborts the writer
+    /// as a failed upload in `write_tensor` does. Participants completed before the
+    /// call are uploaded by the next `write_tensor` (`false`) or by `commit`.
+    pub fn defer_uploads(&mut self, defer: bool) -> Result<()> {
+        self.require_open()?;
+        self.defer = defer;
+        Ok(())
+    }
+
+    /// True when uploads wait for commit ([`SnapshotWriter::defer_uploads`]).
+    pub fn uploads_deferred(&self) -> bool {
+        self.defer
+    }
+
     /// Records that `tensor` (the caller's `tensor_id`) was written; uploads every
-    /// participant that is now complete and returns the receipts of those uploads.
-    /// Errors after fragment resolution abort the writer.
+    /// participant that is now complete (those this call completes in one upload
+    /// call) and returns the receipts of those uploads (none while uploads are
+    /// deferred, [`SnapshotWriter::defer_uploads`]). Errors after fragment
+    /// resolution abort the writer.
     pub fn write_tensor(&mut self, tensor_id: &str, tensor: &A::Tensor) -> Result<Vec<UploadReceipt>> {
         self.require_open()?;
         if tensor_id.is_empty() {
@@ -272,14 +304,15 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
         if distinct.len() != ids.len() {
             return invalid("weight snapshot tensor resolved duplicate fragments");
         }
-        match self.record(tensor_id, &ids) {
+        let recorded = self.record(tensor_id, &ids);
+        let flushed = recorded.and_then(|()| if self.defer { Ok(Vec::new()) } else { self.flush_pending() });
+        match flushed {
             Ok(r) => Ok(r),
             Err(e) => Err(self.abort_after(e)),
         }
     }
 
-    fn record(&mut self, tensor_id: &str, ids: &[String]) -> Result<Vec<UploadReceipt>> {
-        let mut out = Vec::new();
+    fn record(&mut self, tensor_id: &str, ids: &[String]) -> Result<()> {
         for id in ids {
             let &i = self.op_by_pfid.get(id).ok_or_else(|| {
                 store_err(
@@ -302,53 +335,99 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
                     format!("weight snapshot tensor submitted a duplicate fragment: {id}"),
                 ));
             }
-            if *seen == self.required[&participant] && !self.flushed.contains(&participant) {
-                out.extend(self.flush(&participant)?);
+            if *seen == self.required[&participant]
+                && !self.flushed.contains(&participant)
+                && !self.pending.contains(&participant)
+            {
+                self.pending.push(participant);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
-    fn flush(&mut self, participant: &str) -> Result<Vec<UploadReceipt>> {
-        let binding = self
-            .source
-            .bindings
-            .iter()
-            .find(|b| b.participant_id() == participant)
-            .ok_or_else(|| {
+    /// Uploads the pending participants: in one upload call when each has its
+    /// fragments on one worker, else one participant (and worker) at a time, in
+    /// completion order. Returns their receipts in that order.
+    fn flush_pending(&mut self) -> Result<Vec<UploadReceipt>> {
+        if self.pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut bindings: Vec<RuntimeBinding> = Vec::with_capacity(self.pending.len());
+        for participant in &self.pending {
+            let binding = self.source.bindings.iter().find(|b| b.participant_id() == participant).ok_or_else(|| {
                 store_err(ErrorKind::InvalidBinding, format!("snapshot source binding is missing: {participant}"))
-            })?
-            .clone();
-        let guard = self.adapter.source_allocation_guards(&binding)?;
+            })?;
+            bindings.push(binding.clone());
+        }
+        let multi_worker = self.pending.iter().any(|p| self.workers_of(p).len() > 1);
+        if self.pending.len() == 1 || multi_worker {
+            let mut out = Vec::new();
+            for (participant, binding) in std::mem::take(&mut self.pending).into_iter().zip(bindings) {
+                out.extend(self.flush(&participant, binding)?);
+            }
+            return Ok(out);
+        }
+        let guards: Vec<Arc<dyn GuardProvider>> =
+            bindings.iter().map(|b| self.adapter.source_allocation_guards(b)).collect::<Result<_>>()?;
         self.flush_attempted = true;
-        // Unlike the reference, a participant whose fragments live on several
-        // workers is flushed one worker at a time.
-        let workers: BTreeSet<String> = self
+        let sources: Vec<(UploadSource<'_>, Option<&dyn GuardProvider>)> = bindings
+            .iter()
+            .zip(&guards)
+            .map(|(b, g)| (UploadSource { binding: b, lease: None }, Some(&**g as &dyn GuardProvider)))
+            .collect();
+        let totals = self.totals();
+        let (base, sink) = (self.flushed_work, self.progress.as_deref());
+        let shifted = move |p: &Progress| shift(sink, base, totals, p);
+        let args = UploadArgs {
+            worker_id: None,
+            guard: None,
+            transfer_id: None,
+            lease: None,
+            progress: sink.is_some().then_some(&shifted as &(dyn Fn(&Progress) + Sync)),
+        };
+        // SAFETY: the adapter (an unsafe trait) vouches for the bindings' memory
+        // while its guards pin it.
+        let r = unsafe { self.store.upload_guarded(&self.plan, &self.source.placement, &sources, args) }?;
+        let pending = std::mem::take(&mut self.pending);
+        let bytes: u64 = self
             .plan
+            .operations()
+            .iter()
+            .filter(|o| pending.iter().any(|p| p == o.source_participant_id()))
+            .map(|o| o.target().nbytes())
+            .sum();
+        self.flushed_work = (self.flushed_work.0 + bytes, self.flushed_work.1 + r.len() as u64);
+        self.receipts.extend(r.iter().cloned());
+        self.flushed.extend(pending);
+        Ok(r)
+    }
+
+    /// The workers a participant's planned fragments live on.
+    fn workers_of(&self, participant: &str) -> BTreeSet<String> {
+        self.plan
             .operations()
             .iter()
             .filter(|o| o.source_participant_id() == participant)
             .map(|o| o.source_snapshot().worker_id().to_string())
-            .collect();
+            .collect()
+    }
+
+    /// (bytes, objects) of the whole plan: the totals of the progress reports.
+    fn totals(&self) -> (u64, u64) {
+        (self.plan.operations().iter().map(|o| o.target().nbytes()).sum::<u64>(), self.plan.operations().len() as u64)
+    }
+
+    fn flush(&mut self, participant: &str, binding: RuntimeBinding) -> Result<Vec<UploadReceipt>> {
+        let guard = self.adapter.source_allocation_guards(&binding)?;
+        self.flush_attempted = true;
+        // Unlike the reference, a participant whose fragments live on several
+        // workers is flushed one worker at a time.
+        let workers = self.workers_of(participant);
         let mut receipts = Vec::new();
-        let totals = (
-            self.plan.operations().iter().map(|o| o.target().nbytes()).sum::<u64>(),
-            self.plan.operations().len() as u64,
-        );
+        let totals = self.totals();
         for w in &workers {
             let (base, sink) = (self.flushed_work, self.progress.as_deref());
-            // Per-upload reports, shifted onto the whole snapshot's totals.
-            let shifted = move |p: &Progress| {
-                if let Some(f) = sink {
-                    f(&Progress {
-                        phase: ProgressPhase::Upload,
-                        bytes_done: (base.0 + p.bytes_done).min(totals.0),
-                        bytes_total: totals.0,
-                        items_done: (base.1 + p.items_done).min(totals.1),
-                        items_total: totals.1,
-                    })
-                }
-            };
+            let shifted = move |p: &Progress| shift(sink, base, totals, p);
             let args = UploadArgs {
                 worker_id: Some(w),
                 guard: Some(&*guard),
@@ -396,6 +475,9 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
                 store_err(ErrorKind::InvalidArgument, format!("Weight snapshot is missing required fragments: {text}"));
             return Err(self.abort_after(e));
         }
+        if let Err(e) = self.flush_pending() {
+            return Err(self.abort_after(e));
+        }
         if self.required.keys().any(|p| !self.flushed.contains(p)) {
             let e = store_err(ErrorKind::InvalidArgument, "Weight snapshot has unflushed participants");
             return Err(self.abort_after(e));
@@ -440,6 +522,20 @@ impl<'s, A: SnapshotAdapter> SnapshotWriter<'s, A> {
             Ok(()) => e,
             Err(a) => Error::new(e.kind(), format!("{}; abort failed: {}", e.message(), a.message())),
         }
+    }
+}
+
+/// Reports one upload's progress `p` to `sink`, shifted onto the whole snapshot's
+/// `totals` by `base`, the (bytes, objects) uploaded before it.
+fn shift(sink: Option<&(dyn Fn(&Progress) + Send + Sync)>, base: (u64, u64), totals: (u64, u64), p: &Progress) {
+    if let Some(f) = sink {
+        f(&Progress {
+            phase: ProgressPhase::Upload,
+            bytes_done: (base.0 + p.bytes_done).min(totals.0),
+            bytes_total: totals.0,
+            items_done: (base.1 + p.items_done).min(totals.1),
+            items_total: totals.1,
+        })
     }
 }
 
