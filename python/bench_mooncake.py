@@ -41,7 +41,12 @@ Measured (median of ``--repeat``):
   protocol stores (the decision record, the integrity record and the manifest, with
   their real bytes); the snapshot goes first in even pairs, the raw puts in odd ones.
   The figure is the median of the per-pair ratios (snapshot MiB/s over raw MiB/s),
-  printed last as ``figure: snapshot_vs_raw_put_plus_metadata = X`` (target >= 0.9).
+  printed as ``figure: snapshot_vs_raw_put_plus_metadata = X`` (target >= 0.9);
+* ``snapshot_integrity_off_vs_raw_put_plus_metadata`` (issue 45): the same pairs through
+  a store made with ``write_integrity=False`` (no checksums, no integrity record),
+  against raw puts of the payloads, the decision record and the manifest (target >=
+  0.9); ``snapshot_integrity_record_cost``: the share of the snapshot's time the record
+  costs (1 - the median MiB/s with it over the median without it).
 
 The targets of "fast by default" (default options: resharded restores >= 0.7x and the
 same-layout restore >= 0.9x of the raw get, snapshot >= 0.9x of the raw put) are
@@ -241,13 +246,13 @@ def timed_raw_put(be: MooncakeStoreBackend, srcs: List[bytearray], ops: list, gr
     return nbytes / MiB / dt
 
 
-def metadata_objects(plan, integrity: bytes) -> List[tuple]:
+def metadata_objects(plan, integrity) -> List[tuple]:
     """The metadata objects the protocol writes for ``plan`` besides the payloads, as
     ``(name, bytes)``: the decision record (``commit``), the integrity record (its bytes
-    from an earlier snapshot of the same model: same size and structure) and the
-    manifest."""
-    return [("decision", plan.commit_record.encode()), ("integrity", integrity),
-            ("manifest", plan.manifest_json.encode())]
+    from an earlier snapshot of the same model: same size and structure; ``None``: a
+    snapshot without the record) and the manifest."""
+    record = [] if integrity is None else [("integrity", integrity)]
+    return [("decision", plan.commit_record.encode()), *record, ("manifest", plan.manifest_json.encode())]
 
 
 def timed_raw_put_plus_metadata(be: MooncakeStoreBackend, srcs: List[bytearray], ops: list, group: str,
@@ -271,33 +276,35 @@ def timed_raw_put_plus_metadata(be: MooncakeStoreBackend, srcs: List[bytearray],
 
 
 def snapshot_pairs(be: MooncakeStoreBackend, store: Store, src: Model, bufs: dict, bindings: list, prefix: str,
-                   nbytes: int, pairs: int, warmup: int) -> List[Dict[str, float]]:
+                   nbytes: int, pairs: int, warmup: int, with_record: bool = True) -> List[Dict[str, float]]:
     """``pairs`` measured pairs (after ``warmup`` untimed ones) of the snapshot
-    (``upload_many``, integrity checksums on, as by default) and the raw
-    ``batch_put_from`` of the same payloads plus raw puts of the metadata objects the
-    protocol requires (decision record, integrity record, manifest). Which goes first
+    (``upload_many``) and the raw ``batch_put_from`` of the same payloads plus raw puts
+    of the metadata objects the protocol requires: the decision record, the integrity
+    record (``with_record``: ``store`` writes it, as by default; else ``store`` was made
+    with ``write_integrity=False`` and writes none) and the manifest. Which goes first
     alternates: the snapshot in even pairs, the raw puts in odd ones. Every pair's
     objects are removed before the next."""
-    integrity = b""
+    integrity = b"" if with_record else None
+    tag = "pair" if with_record else "pairnr"
     out: List[Dict[str, float]] = []
     for i in range(warmup + pairs):
-        plan = store.plan_upload(src.placement, bindings, namespace=f"pair{i}")
+        plan = store.plan_upload(src.placement, bindings, namespace=f"{tag}{i}")
         ops = plan.operations()
         srcs = source_buffers(src, bufs, ops)
         r: Dict[str, float] = {}
-        for step in (("raw", "snapshot") if raw_first(i - warmup) and integrity else ("snapshot", "raw")):
+        for step in (("raw", "snapshot") if raw_first(i - warmup) and integrity != b"" else ("snapshot", "raw")):
             if step == "snapshot":
                 r["snapshot"], _ = timed_snapshot(store, src, bindings, plan, nbytes)
-                if not integrity:
+                if integrity == b"":
                     integrity = be.get(f"{plan.group_id}/integrity/{plan.transaction_id}")
             else:
                 r["raw_put_plus_metadata"], r["raw_batch_put_from"] = timed_raw_put_plus_metadata(
-                    be, srcs, ops, f"{prefix}/rawpair{i}", metadata_objects(plan, integrity), nbytes)
-        be.remove_prefix(f"{prefix}/pair{i}/")
-        be.remove_prefix(f"{prefix}/rawpair{i}/")
+                    be, srcs, ops, f"{prefix}/raw{tag}{i}", metadata_objects(plan, integrity), nbytes)
+        be.remove_prefix(f"{prefix}/{tag}{i}/")
+        be.remove_prefix(f"{prefix}/raw{tag}{i}/")
         if i >= warmup:
             out.append(r)
-            print(f"pair {i - warmup}: snapshot {r['snapshot']:.0f} MiB/s, raw put + metadata "
+            print(f"{tag} {i - warmup}: snapshot {r['snapshot']:.0f} MiB/s, raw put + metadata "
                   f"{r['raw_put_plus_metadata']:.0f} MiB/s: {r['snapshot'] / r['raw_put_plus_metadata']:.3f}",
                   flush=True)
     return out
@@ -484,6 +491,13 @@ def main() -> int:
         # protocol's metadata objects), pair by pair
         pair_runs = snapshot_pairs(be, store, src, bufs, bindings, prefix, nbytes, args.pairs, args.warmup)
         pair_ratios = [r["snapshot"] / r["raw_put_plus_metadata"] for r in pair_runs]
+        # -- the same without the integrity record (write_integrity=False), against raw
+        # puts of the payloads, the decision record and the manifest
+        no_record = Store.from_backend(be, key_prefix=prefix, write_integrity=False)
+        off_runs = snapshot_pairs(be, no_record, src, bufs, bindings, prefix, nbytes, args.pairs, args.warmup,
+                                  with_record=False)
+        no_record.close()
+        off_ratios = [r["snapshot"] / r["raw_put_plus_metadata"] for r in off_runs]
         med = medians(runs)
         result = {
             "model_bytes": nbytes,
@@ -506,6 +520,12 @@ def main() -> int:
             "each_pair": [round(x, 3) for x in pair_ratios],
             "metadata_cost_in_raw": [round(r["raw_batch_put_from"] / r["raw_put_plus_metadata"] - 1, 4)
                                      for r in pair_runs],
+            "target": 0.9,
+        }
+        result["snapshot_integrity_off_vs_raw_put_plus_metadata"] = {
+            "pairs": len(off_ratios),
+            "median_of_pair_ratios": round(statistics.median(off_ratios), 3),
+            "each_pair": [round(x, 3) for x in off_ratios],
             "target": 0.9,
         }
         result["snapshot_ratio_each_run"] = {"in_process": snapshot_ratio_each_run(runs)}
@@ -533,7 +553,11 @@ def main() -> int:
             }
             result["targets_remote_tcp"] = targets(result["ratios_remote_tcp"])
         print(json.dumps(result, indent=2))
+        on_mib = statistics.median(r["snapshot"] for r in pair_runs)
+        off_mib = statistics.median(r["snapshot"] for r in off_runs)
         print(f"figure: snapshot_vs_raw_put_plus_metadata = {statistics.median(pair_ratios):.3f}")
+        print(f"figure: snapshot_integrity_off_vs_raw_put_plus_metadata = {statistics.median(off_ratios):.3f}")
+        print(f"figure: snapshot_integrity_record_cost = {1 - on_mib / off_mib:.3f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
