@@ -18,8 +18,6 @@ mod model;
 use delta_rig::*;
 use model::*;
 use mooncake_weight_store::engine::{MemoryRegion, TransferEngine};
-use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::delta_pull::{self, PUBLICATION_HEADER_BYTES};
 use mooncake_weight_store::protocol::transfer::*;
@@ -41,22 +39,7 @@ struct Rig {
 impl Rig {
     /// `outbox_fraction`: each publisher's outbox as a fraction of its bytes.
     fn new(outbox_fraction: f64) -> Rig {
-        let defs = model_tensors(2, 256, 2);
-        let src = HostModel::new(
-            build_placement("trainer", Layout { tp: 2, pp: 2, ep: 1, dp: 2 }, &defs, 1),
-            true,
-            "trainer",
-            1,
-        );
-        let dst = HostModel::new(
-            build_placement("serving", Layout { tp: 4, pp: 1, ep: 2, dp: 1 }, &defs, 1),
-            false,
-            "serving",
-            1,
-        );
-        let logical =
-            LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
-        let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
+        let (src, dst, plan) = trainer_and_server();
         let engine = Arc::new(MailEngine::new());
         for b in &src.buffers {
             let region = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };

@@ -508,6 +508,20 @@ def live_phase(c: Cluster, res: dict) -> None:
 DELTA_DENSITIES = (0.01, 0.03, 0.10)
 
 
+def delta_schedule(base: int, per_density: int) -> List[tuple]:
+    """The delta phases' generations ``(generation, density, mode)``: ``base`` full, then
+    per density ``per_density`` delta generations and one full one."""
+    schedule = [(base, 0.0, "full")]
+    gen = base
+    for d in DELTA_DENSITIES:
+        for _ in range(per_density):
+            gen += 1
+            schedule.append((gen, d, "delta"))
+        gen += 1
+        schedule.append((gen, d, "full"))
+    return schedule
+
+
 def delta_phase(c: Cluster, res: dict) -> None:
     """Sparse delta steps across hosts (issue 47): generation ``base`` full, then per
     density ``--delta-generations`` delta steps and one full step (``held={}``) of a
@@ -529,14 +543,7 @@ def delta_phase(c: Cluster, res: dict) -> None:
     ask_all(trainers, {"op": "delta_prepare", "inboxes": inboxes})
     log(f"    {g.total / mib:.1f} MiB per generation into the server layout; inboxes "
         + ", ".join(f"{n / mib:.0f} MiB" for _, n in inboxes.values()))
-    schedule = [(base, 0.0, "full")]
-    gen = base
-    for d in DELTA_DENSITIES:
-        for _ in range(a.delta_generations):
-            gen += 1
-            schedule.append((gen, d, "delta"))
-        gen += 1
-        schedule.append((gen, d, "full"))
+    schedule = delta_schedule(base, a.delta_generations)
     held: Dict[str, int] = {}
     rows: List[dict] = []
     wrong_steps = 0
@@ -634,14 +641,7 @@ def delta_pull_phase(c: Cluster, res: dict) -> None:
     ask_all(servers, {"op": "pull_prepare", "outboxes": outboxes})
     log(f"    {g.total / mib:.1f} MiB per generation into the server layout; {len(outboxes)} publishers, outboxes "
         + ", ".join(f"{o[3] / mib:.0f} MiB" for o in outboxes))
-    schedule = [(base, 0.0, "full")]
-    gen = base
-    for d in DELTA_DENSITIES:
-        for _ in range(a.delta_generations):
-            gen += 1
-            schedule.append((gen, d, "delta"))
-        gen += 1
-        schedule.append((gen, d, "full"))
+    schedule = delta_schedule(base, a.delta_generations)
     rows: List[dict] = []
     wrong_steps = 0
     log("  | generation | density | mode | wire MiB (h1+h2 tx) | library wire MiB | changed elements | delta/full "

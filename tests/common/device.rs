@@ -236,6 +236,20 @@ impl Side2 {
             Side2::Device(d) => &d.host,
         }
     }
+    /// Registers the side's allocations with `engine` (its owner's registration, for
+    /// the peer's engine batches to reach them).
+    fn register(&self, engine: &dyn TransferEngine) {
+        match self {
+            Side2::Device(d) => d.register(engine, true),
+            Side2::Host(h) => {
+                for b in &h.buffers {
+                    let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
+                    // SAFETY: the buffers outlive every step of the scenario.
+                    assert_eq!(unsafe { engine.register_memory(r) }.unwrap(), 0);
+                }
+            }
+        }
+    }
     /// Brings the device bytes into the host mirror (nothing for a host side).
     fn pull(&mut self) {
         if let Side2::Device(d) = self {
@@ -316,6 +330,27 @@ pub fn trainer_and_server() -> (HostModel, HostModel) {
     (src_h, dst_h)
 }
 
+/// The delta scenarios' sides ([`trainer_and_server`], each on the device of `engine`
+/// or on the host) and the plan between them bound to both.
+fn device_pair(
+    engine: &Arc<dyn DeviceEngine>,
+    alloc: &dyn Fn(u64) -> u64,
+    src_dev: bool,
+    dst_dev: bool,
+) -> (Side2, Side2, TransferPlan) {
+    let (src_h, dst_h) = trainer_and_server();
+    let src = Side2::new(src_h, src_dev, engine, alloc, "trainer");
+    let dst = Side2::new(dst_h, dst_dev, engine, alloc, "serving");
+    let logical = LogicalTransferPlan::plan(
+        src.model().placement.clone(),
+        dst.model().placement.clone(),
+        PlanningLimits::default(),
+    )
+    .unwrap();
+    let plan = TransferPlan::bind(&logical, &dst.model().bindings, &src.model().bindings).unwrap();
+    (src, dst, plan)
+}
+
 /// Issue 47 on device memory: verified and delta steps of prepared pushes from a
 /// trainer (TP2 x PP2 x EP2 x DP2) into a server (TP4), the source and the target on
 /// the device of `engine` (memory from `alloc`) or on the host: the source's
@@ -327,27 +362,9 @@ pub fn trainer_and_server() -> (HostModel, HostModel) {
 pub fn delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64, src_dev: bool, dst_dev: bool) {
     const KEY: &[u8] = b"a device delta key of 16+ bytes";
     let what = format!("source on device {src_dev}, target on device {dst_dev}");
-    let (src_h, dst_h) = trainer_and_server();
-    let mut src = Side2::new(src_h, src_dev, &engine, alloc, "trainer");
-    let mut dst = Side2::new(dst_h, dst_dev, &engine, alloc, "serving");
-    let logical = LogicalTransferPlan::plan(
-        src.model().placement.clone(),
-        dst.model().placement.clone(),
-        PlanningLimits::default(),
-    )
-    .unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.model().bindings, &src.model().bindings).unwrap();
+    let (mut src, mut dst, plan) = device_pair(&engine, alloc, src_dev, dst_dev);
     let mail = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(engine.clone()), mail: Default::default() });
-    match &dst {
-        Side2::Device(d) => d.register(&mail.inner, true),
-        Side2::Host(h) => {
-            for b in &h.buffers {
-                let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
-                // SAFETY: the buffers outlive every step.
-                assert_eq!(unsafe { mail.inner.register_memory(r) }.unwrap(), 0);
-            }
-        }
-    }
+    dst.register(&mail.inner);
     let targets: Vec<(String, String)> = dst
         .model()
         .bindings
@@ -471,28 +488,10 @@ pub fn delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64,
 /// checked.
 pub fn pulled_delta_steps_on(engine: Arc<dyn DeviceEngine>, alloc: &dyn Fn(u64) -> u64, src_dev: bool, dst_dev: bool) {
     let what = format!("pulled: source on device {src_dev}, target on device {dst_dev}");
-    let (src_h, dst_h) = trainer_and_server();
-    let mut src = Side2::new(src_h, src_dev, &engine, alloc, "trainer");
-    let mut dst = Side2::new(dst_h, dst_dev, &engine, alloc, "serving");
-    let logical = LogicalTransferPlan::plan(
-        src.model().placement.clone(),
-        dst.model().placement.clone(),
-        PlanningLimits::default(),
-    )
-    .unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.model().bindings, &src.model().bindings).unwrap();
+    let (mut src, mut dst, plan) = device_pair(&engine, alloc, src_dev, dst_dev);
     let te = Arc::new(Mailbox { inner: LocalEngine::with_device_engine(engine.clone()), mail: Default::default() });
     // The readers read the sources: registered by their owner (the trainer).
-    match &src {
-        Side2::Device(d) => d.register(&te.inner, true),
-        Side2::Host(h) => {
-            for b in &h.buffers {
-                let r = MemoryRegion { address: b.as_ptr() as u64, len: b.len() as u64, kind: MemoryKind::Host };
-                // SAFETY: the buffers outlive every step.
-                assert_eq!(unsafe { te.inner.register_memory(r) }.unwrap(), 0);
-            }
-        }
-    }
+    src.register(&te.inner);
     let publishers: Vec<DeltaPublisher> = plan
         .executors(Side::Source)
         .iter()

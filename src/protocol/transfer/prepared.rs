@@ -53,7 +53,7 @@ use super::step_handle::{Advance, StepCallback, StepDriven, StepHandle};
 use crate::engine::{Direction, TransferBatch, TransferTicket};
 use crate::error::{Error, ErrorKind};
 use crate::model::Placement;
-use crate::plan::transfer_bind::{Side, TransferPlan};
+use crate::plan::transfer_bind::{ExecutorTransferPlan, Side, TransferPlan};
 use crate::protocol::guards::{acquire_step_pin, LifetimeToken, StepTransfer, TerminalState};
 use crate::protocol::progress::{ProgressPhase, Reporter};
 use crate::runtime::RuntimeBinding;
@@ -437,22 +437,33 @@ impl PreparedTransfer {
             return Err(Error::invalid("prepared transfer is closed"));
         }
         let engine = &*self.front.exec.engine;
-        let p = &*self.prepared;
-        if p.worker.is_none() {
-            return Ok(());
-        }
-        let (participant, worker) = &p.executor_key;
-        let Some(e) =
-            p.plan.executors(Side::Source).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
+        let Some((e, endpoints)) =
+            self.own_executor(Side::Source, "delta steps need the sink's executor in the plan")?
         else {
-            return Err(Error::invalid("delta steps need the sink's executor in the plan"));
+            return Ok(());
         };
-        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
-        let new = DeltaSource::new(&p.plan, e, &endpoints, inboxes, engine, engine.device_engine())?;
+        let new = DeltaSource::new(&self.prepared.plan, e, &endpoints, inboxes, engine, engine.device_engine())?;
         if let Some(mut old) = self.delta.lock().replace(new) {
             old.close(engine);
         }
         Ok(())
+    }
+
+    /// The local executor on `side` in the plan and the prepared endpoints, in order
+    /// (what delta steps are set up for); `None` when a step has nothing to do.
+    /// Errors (`InvalidArgument`): `missing`, when the plan lacks the executor.
+    fn own_executor(&self, side: Side, missing: &str) -> crate::Result<Option<(&ExecutorTransferPlan, Vec<String>)>> {
+        let p = &*self.prepared;
+        if p.worker.is_none() {
+            return Ok(None);
+        }
+        let (participant, worker) = &p.executor_key;
+        let Some(e) =
+            p.plan.executors(side).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
+        else {
+            return Err(Error::invalid(missing));
+        };
+        Ok(Some((e, p.endpoints.iter().map(|e| e.endpoint.clone()).collect())))
     }
 
     /// What the last delta step sent each target (delta or full, bytes moved and
@@ -495,18 +506,11 @@ impl PreparedTransfer {
         }
         drop(st);
         let engine = &*self.front.exec.engine;
-        let p = &*self.prepared;
-        if p.worker.is_none() {
+        let missing = "pulled delta steps need the reader's executor in the plan";
+        let Some((e, endpoints)) = self.own_executor(Side::Target, missing)? else {
             return Ok(());
-        }
-        let (participant, worker) = &p.executor_key;
-        let Some(e) =
-            p.plan.executors(Side::Target).iter().find(|e| e.participant_id == *participant && e.worker_id == *worker)
-        else {
-            return Err(Error::invalid("pulled delta steps need the reader's executor in the plan"));
         };
-        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.endpoint.clone()).collect();
-        let new = DeltaPull::new(&p.plan, e, &endpoints, outboxes, engine)?;
+        let new = DeltaPull::new(&self.prepared.plan, e, &endpoints, outboxes, engine)?;
         if let Some(mut old) = self.pull.lock().replace(new) {
             old.close(engine, false);
         }
