@@ -18,7 +18,11 @@
 // the manifest). Restores: same
 // layout (TP4 x PP2) and resharded (TP2 x EP2), with integrity verification on and off
 // (its cost), the bindings loaded in turn, at once (one thread per binding) and in one
-// call (Store::load_many: the plan's checks once). Each
+// call (Store::load_many: the plan's checks once). Paired snapshots, the method of
+// python/bench_mooncake.py (the headline figure): per pair the plan and source
+// registration leases untimed, the snapshot and raw puts of the same fragments from
+// the same buffers plus the metadata objects timed apart, alternating which goes
+// first; the median of the per-pair ratios. Each
 // timed phase prints where its time went (the adapter's client calls: count and ms,
 // and the rest). Prints GB/s and calls per GiB, then `figure: NAME = VALUE` (ratios:
 // > 1 = the adapter is faster than raw).
@@ -326,6 +330,105 @@ int main(int argc, char **argv) {
         }
         a.raw_unregister(sbuf.data());
         a.raw_unregister(dbuf.data());
+        // Paired snapshots, python/bench_mooncake.py's method (snapshot_pairs), so the
+        // C++ and Python figures compare: per pair, one plan (untimed), a source
+        // registration lease per participant (untimed, like the raw puts'
+        // registration), then the timed snapshot (Transaction::begin, upload_many with
+        // the leases, commit) and, timed apart, raw batch_put_from of the same fragments
+        // FROM THE SAME BUFFERS plus one upsert_from per metadata object the protocol
+        // writes; which goes first alternates (snapshot first in even pairs). The
+        // figure is the median of the per-pair ratios (raw time / snapshot time).
+        auto paired = [&](const mws::Store &st, bool with_record, const std::string &tag) {
+            HostModel src(placement_json("trainer", trainer, defs, 1, "bench-model", "pairs"), defs, true, "trainer");
+            std::vector<std::string> participants;  // src.bindings' participants, in order
+            for (const auto &b : src.buffers) participants.push_back(b.first);
+            std::map<std::string, unsigned char *> at;  // placement fragment id -> its bytes
+            for (const View &v : src.views) at[v.pfid] = src.buffers[v.participant].data() + v.offset;
+            std::vector<unsigned char> integrity(with_record ? meta_sizes.at(1) : 0, 0x5A);
+            std::vector<double> ratios, snaps;
+            const int warmup = 1;
+            for (int i = 0; i < warmup + repeat; ++i) {
+                const std::string ns = "bench-" + tag + std::to_string(i), rgroup = "raw-" + tag + std::to_string(i);
+                mws::UploadOptions uo;
+                uo.key_prefix = std::string(st.key_prefix());
+                uo.store_namespace = ns;
+                const mws::UploadPlan up = mws::plan_upload(src.placement, src.bindings, uo);
+                std::map<std::string, std::vector<std::string>> fids;  // participant -> its source fragments
+                std::vector<std::string> keys;
+                std::vector<void *> ptrs;
+                std::vector<std::size_t> lens;
+                for (std::size_t k = 0; k < up.operation_count(); ++k) {
+                    const mws::UploadOperation op = up.operation(k);
+                    fids[std::string(op.source_participant_id)].emplace_back(op.source_fragment_id);
+                    keys.push_back(rgroup + "/" + std::string(op.target_fragment_id));
+                    ptrs.push_back(at.at(std::string(op.source_placement_fragment_id)));
+                    lens.push_back(static_cast<std::size_t>(op.nbytes));
+                }
+                double snap = 0, raw = 0;
+                for (int step = 0; step < 2; ++step) {
+                    const bool snapshot_now = (step == 0) == (i < warmup || (i - warmup) % 2 == 0);
+                    if (snapshot_now) {
+                        std::vector<mws::RegistrationLease> leases;
+                        std::vector<const mws::Binding *> mine;
+                        for (std::size_t b = 0; b < participants.size(); ++b) {
+                            auto f = fids.find(participants[b]);
+                            if (f == fids.end()) continue;
+                            leases.push_back(
+                                mws::RegistrationLease::create(st, src.bindings[b], f->second, MWS_LEASE_SOURCE));
+                            mine.push_back(&src.bindings[b]);
+                        }
+                        std::vector<const mws::RegistrationLease *> lease_ptrs;
+                        for (const auto &l : leases) lease_ptrs.push_back(&l);
+                        ms::Stats s0 = a.stats();
+                        auto t0 = std::chrono::steady_clock::now();
+                        mws::Transaction tx = mws::Transaction::begin(st, up);
+                        tx.upload_many(src.placement, mine, lease_ptrs, {});
+                        tx.commit();
+                        snap = secs_since(t0);
+                        if (i >= warmup)
+                            std::printf("  [pair %s %d snapshot]%s\n", tag.c_str(), i - warmup,
+                                        breakdown(s0, a.stats(), snap).c_str());
+                        for (auto &l : leases) l.close(MWS_TERMINAL_COMPLETED);
+                    } else {
+                        // Registered for the raw puts only (Mooncake refuses a registration
+                        // inside another, so never while the leases hold theirs).
+                        for (auto &b : src.buffers) a.raw_register(b.second.data(), b.second.size());
+                        auto t0 = std::chrono::steady_clock::now();
+                        std::vector<int> prc = a.raw_batch_put_from(keys, ptrs, lens, rgroup);
+                        int meta_rc = a.raw_upsert_from(rgroup + "/meta/decision",
+                                                        const_cast<char *>(up.commit_record().data()),
+                                                        up.commit_record().size(), rgroup, false);
+                        if (with_record)
+                            meta_rc |= a.raw_upsert_from(rgroup + "/meta/integrity", integrity.data(),
+                                                         integrity.size(), rgroup, false);
+                        meta_rc |= a.raw_upsert_from(rgroup + "/meta/manifest",
+                                                     const_cast<char *>(up.manifest_json().data()),
+                                                     up.manifest_json().size(), rgroup, false);
+                        raw = secs_since(t0);
+                        for (auto &b : src.buffers) a.raw_unregister(b.second.data());
+                        for (int r : prc)
+                            if (r != 0) throw std::runtime_error("paired raw batch_put_from failed: " + std::to_string(r));
+                        if (meta_rc != 0) throw std::runtime_error("paired raw upsert_from of a metadata object failed");
+                    }
+                }
+                a.raw_remove_by_regex("^weights/" + ns + "/");
+                a.raw_remove_by_regex("^" + rgroup + "/");
+                if (i < warmup) continue;
+                ratios.push_back(raw / snap);
+                snaps.push_back(snap);
+                std::printf("  [pair %s %d] snapshot %.1f ms, raw put + metadata %.1f ms: %.3f\n", tag.c_str(),
+                            i - warmup, snap * 1e3, raw * 1e3, raw / snap);
+            }
+            auto median = [](std::vector<double> v) {
+                std::sort(v.begin(), v.end());
+                const std::size_t n = v.size();
+                return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+            };
+            return std::make_pair(median(ratios), median(snaps));  // (ratio, snapshot seconds)
+        };
+        mws::Store pair_store = a.store(), pair_store_nr = a.store(no_record);
+        const auto paired_nr = paired(pair_store_nr, false, "pairnr");
+        const auto paired_rec = paired(pair_store, true, "pair");
         const double gib = 1024.0 * 1024 * 1024;
         auto gbps = [](std::uint64_t b, double s) { return b / s / 1e9; };
         auto row = [&](const char *what, double s, std::uint64_t bytes, double calls, const char *call) {
@@ -372,6 +475,12 @@ int main(int argc, char **argv) {
         fig("one_call_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_snap_nr);
         fig("deferred_writer_snapshot_vs_raw_put_plus_metadata", best_put_meta / best_deferred);
         fig("deferred_writer_snapshot_integrity_off_vs_raw_put_plus_metadata", best_put_meta_nr / best_deferred_nr);
+        // The Python bench's method (above): plan and source leases untimed, raw from the
+        // same buffers, alternating pairs, median ratio.
+        fig("paired_snapshot_integrity_off_vs_raw_put_plus_metadata", paired_nr.first);
+        fig("paired_snapshot_vs_raw_put_plus_metadata", paired_rec.first);
+        // As Python's snapshot_integrity_record_cost: 1 - (time without) / (time with).
+        fig("paired_snapshot_integrity_record_cost", 1 - paired_nr.second / paired_rec.second);
         fig("snapshot_integrity_cost", best_writer / best_writer_nr - 1);
         fig("one_call_snapshot_integrity_cost", best_snap / best_snap_nr - 1);
         fig("adapter_restore_same_layout_gbps", gbps(same_bytes, best_same));
