@@ -357,10 +357,11 @@ impl Value<'_> {
     }
 }
 
-struct ValueVisitor;
+/// The visitor that builds [`Value`]s.
+pub(crate) struct ValueVisitor;
 
 /// Deserializes a string, borrowing from the input when possible.
-struct CowStr;
+pub(crate) struct CowStr;
 
 impl<'de> DeserializeSeed<'de> for CowStr {
     type Value = Cow<'de, str>;
@@ -421,31 +422,69 @@ impl<'de> Visitor<'de> for ValueVisitor {
         Ok(Value::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Value<'de>, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(v) = seq.next_element::<Value<'de>>()? {
-            items.push(v);
-        }
-        Ok(Value::Array(items))
+        let items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        items_after(&mut seq, items)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value<'de>, A::Error> {
-        let mut members: Vec<(Cow<'de, str>, Value<'de>)> = Vec::new();
-        let mut seen: Option<HashSet<Cow<'de, str>>> = None;
-        while let Some(k) = map.next_key_seed(CowStr)? {
-            // Small objects (all schema objects) use a linear scan; large ones a set.
-            let dup = if members.len() < 16 {
-                members.iter().any(|(existing, _)| *existing == k)
-            } else {
-                let set = seen.get_or_insert_with(|| members.iter().map(|(k, _)| k.clone()).collect());
-                !set.insert(k.clone())
-            };
-            if dup {
-                return Err(de::Error::custom(format!("duplicate JSON field: {k}")));
-            }
-            let v = map.next_value::<Value<'de>>()?;
-            members.push((k, v));
-        }
-        Ok(Value::Object(members))
+        members_with(&mut map, Vec::new(), |_, _| Ok(false)).map(Value::Object)
     }
+}
+
+/// The members of an object, in document order.
+pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
+
+/// The error of a key that repeats one of its object (the same in every decoder).
+pub(crate) fn duplicate<E: de::Error>(k: &str) -> E {
+    E::custom(format!("duplicate JSON field: {k}"))
+}
+
+/// Fails when `k` is already among `members` (`seen`: their set, built once an
+/// object grows past a linear scan's size).
+pub(crate) fn check_new_key<'de, E: de::Error>(
+    members: &[(Cow<'de, str>, Value<'de>)],
+    seen: &mut Option<HashSet<Cow<'de, str>>>,
+    k: &Cow<'de, str>,
+) -> std::result::Result<(), E> {
+    // Small objects (all schema objects) use a linear scan; large ones a set.
+    let dup = if members.len() < 16 {
+        members.iter().any(|(existing, _)| existing == k)
+    } else {
+        let set = seen.get_or_insert_with(|| members.iter().map(|(k, _)| k.clone()).collect());
+        !set.insert(k.clone())
+    };
+    if dup {
+        return Err(duplicate(k));
+    }
+    Ok(())
+}
+
+/// Reads the rest of an object after `members` (a repeated key fails as in
+/// [`Value`]'s decoder). For each new key `take` may read the value itself
+/// (returning true), which is then kept as a `null` placeholder; other values are
+/// read as [`Value`]s.
+pub(crate) fn members_with<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    mut members: Members<'de>,
+    mut take: impl FnMut(&str, &mut A) -> std::result::Result<bool, A::Error>,
+) -> std::result::Result<Members<'de>, A::Error> {
+    let mut seen: Option<HashSet<Cow<'de, str>>> = None;
+    while let Some(k) = map.next_key_seed(CowStr)? {
+        check_new_key(&members, &mut seen, &k)?;
+        let v = if take(&k, map)? { Value::Null } else { map.next_value::<Value<'de>>()? };
+        members.push((k, v));
+    }
+    Ok(members)
+}
+
+/// Reads the rest of an array after `items`, as [`Value`]s.
+pub(crate) fn items_after<'de, A: SeqAccess<'de>>(
+    seq: &mut A,
+    mut items: Vec<Value<'de>>,
+) -> std::result::Result<Value<'de>, A::Error> {
+    while let Some(v) = seq.next_element::<Value<'de>>()? {
+        items.push(v);
+    }
+    Ok(Value::Array(items))
 }
 
 impl<'de> Deserialize<'de> for Value<'de> {
@@ -489,17 +528,29 @@ fn find_non_finite(text: &str) -> Option<&'static str> {
 /// `non-finite JSON number is unsupported: <literal>`, `duplicate JSON field: <key>`,
 /// `<label> is not valid JSON`.
 pub fn parse_bytes<'a>(bytes: &'a [u8], label: &str) -> Result<Value<'a>> {
+    parse_text(text_of(bytes, label)?, label)
+}
+
+/// The text of a document given as bytes: an optional leading BOM, then UTF-8
+/// (`<label> is not valid JSON: input is not UTF-8`).
+pub(crate) fn text_of<'a>(bytes: &'a [u8], label: &str) -> Result<&'a str> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| Error::invalid(format!("{label} is not valid JSON: input is not UTF-8")))?;
-    parse_text(text, label)
+    std::str::from_utf8(bytes).map_err(|_| Error::invalid(format!("{label} is not valid JSON: input is not UTF-8")))
 }
 
 /// Parses `text` strictly (a leading BOM is an error for text input, as in the
 /// reference). Same errors as [`parse_bytes`].
 pub fn parse_text<'a>(text: &'a str, label: &str) -> Result<Value<'a>> {
+    parse_text_with(text, label, std::marker::PhantomData::<Value<'a>>)
+}
+
+/// Parses `text` as one document read by `seed`, with [`parse_text`]'s rules and
+/// errors: `seed` reads values as [`Value`]'s visitor would (every JSON type
+/// accepted at every place, a repeated key failing with [`duplicate`]), so the
+/// only errors it meets are those of the text itself.
+pub(crate) fn parse_text_with<'a, S: DeserializeSeed<'a>>(text: &'a str, label: &str, seed: S) -> Result<S::Value> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let parsed = Value::deserialize(&mut de).and_then(|v| de.end().map(|_| v));
+    let parsed = seed.deserialize(&mut de).and_then(|v| de.end().map(|_| v));
     match parsed {
         Ok(v) => Ok(v),
         Err(e) => {
@@ -514,6 +565,75 @@ pub fn parse_text<'a>(text: &'a str, label: &str) -> Result<Value<'a>> {
             Err(Error::invalid(format!("{label} is not valid JSON: {msg}")))
         }
     }
+}
+
+/// A parsed [`Value`] as a serde deserializer, so that a decoder written as serde
+/// visitors reads a tree exactly as it reads text (strings the tree borrows stay
+/// borrowed).
+pub(crate) struct ValueDe<'a, 'de>(pub(crate) &'a Value<'de>);
+
+impl<'a, 'de> Deserializer<'de> for ValueDe<'a, 'de> {
+    type Error = de::value::Error;
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> std::result::Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::Null => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(*b),
+            Value::UInt(n) => visitor.visit_u64(*n),
+            Value::NegInt(n) => visitor.visit_i64(*n),
+            Value::Float(f) => visitor.visit_f64(*f),
+            Value::Str(Cow::Borrowed(s)) => visitor.visit_borrowed_str(s),
+            Value::Str(Cow::Owned(s)) => visitor.visit_str(s),
+            Value::Array(items) => visitor.visit_seq(SeqDe(items.iter())),
+            Value::Object(members) => visitor.visit_map(MapDe(members.iter(), None)),
+        }
+    }
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+struct SeqDe<'a, 'de>(std::slice::Iter<'a, Value<'de>>);
+
+impl<'a, 'de> SeqAccess<'de> for SeqDe<'a, 'de> {
+    type Error = de::value::Error;
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> std::result::Result<Option<T::Value>, Self::Error> {
+        self.0.next().map(|v| seed.deserialize(ValueDe(v))).transpose()
+    }
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+struct MapDe<'a, 'de>(std::slice::Iter<'a, (Cow<'de, str>, Value<'de>)>, Option<&'a Value<'de>>);
+
+impl<'a, 'de> MapAccess<'de> for MapDe<'a, 'de> {
+    type Error = de::value::Error;
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> std::result::Result<Option<K::Value>, Self::Error> {
+        let Some((k, v)) = self.0.next() else { return Ok(None) };
+        self.1 = Some(v);
+        match k {
+            Cow::Borrowed(s) => seed.deserialize(de::value::BorrowedStrDeserializer::new(s)),
+            Cow::Owned(s) => seed.deserialize(de::value::StrDeserializer::new(s.as_str())),
+        }
+        .map(Some)
+    }
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> std::result::Result<V::Value, Self::Error> {
+        seed.deserialize(ValueDe(self.1.take().expect("a value follows its key")))
+    }
+}
+
+/// Reads the parsed `v` with `seed` (see [`ValueDe`]). The only error of the tree
+/// itself: a repeated key in an object (which [`parse_text`] never builds).
+pub(crate) fn decode_value<'de, S: DeserializeSeed<'de>>(v: &Value<'de>, seed: S) -> Result<S::Value> {
+    seed.deserialize(ValueDe(v)).map_err(|e| Error::invalid(e.to_string()))
 }
 
 /// Strict reader of one JSON object with an exact key set.
@@ -561,8 +681,13 @@ impl<'a, 'v> Obj<'a, 'v> {
 /// `field` is only formatted when the value is rejected, so a caller may pass a
 /// lazily built label (`format_args!`) at no cost on the success path.
 pub fn req_str(v: &Value, field: impl fmt::Display) -> Result<String> {
+    req_cow(v, field).map(|s| s.to_string())
+}
+
+/// [`req_str`], the string as it is held.
+pub(crate) fn req_cow<'a, 'v>(v: &'a Value<'v>, field: impl fmt::Display) -> Result<&'a Cow<'v, str>> {
     match v {
-        Value::Str(s) if !s.is_empty() => Ok(s.to_string()),
+        Value::Str(s) if !s.is_empty() => Ok(s),
         _ => Err(Error::invalid(format!("{field} must be a non-empty string"))),
     }
 }

@@ -155,39 +155,4 @@ impl ParallelAxis {
             }
         }
     }
-
-    /// Decodes an AXIS object (`wire-format.md` §2.1 step 5); `label` is e.g.
-    /// `placement tensor parallel axis <i>`.
-    pub(crate) fn from_json(v: &Value, label: &dyn std::fmt::Display) -> Result<Self> {
-        let o = Obj::new(v, || format!("{label} must be a JSON object"))?;
-        let semantics = match o.get("semantics") {
-            Value::Str(s) if !s.is_empty() => s.as_ref(),
-            _ => return invalid("axis semantics must be a non-empty string"),
-        };
-        let schema = || format!("{label} schema fields do not match contract");
-        let kind_of = |v: &Value| -> Result<AxisKind> {
-            match v {
-                Value::Str(s) => AxisKind::parse(s),
-                _ => invalid("parallel axis kind must be a non-empty string"),
-            }
-        };
-        match semantics {
-            "split" => {
-                o.expect_keys(&["semantics", "kind", "dim"], schema)?;
-                let kind = kind_of(o.get("kind"))?;
-                let dim = json::req_int(o.get("dim"), "split axis dim", 0)?;
-                ParallelAxis::split(kind, dim)
-            }
-            "replicated" | "ownership" => {
-                o.expect_keys(&["semantics", "kind"], schema)?;
-                let kind = kind_of(o.get("kind"))?;
-                Ok(if semantics == "replicated" {
-                    ParallelAxis::Replicated(kind)
-                } else {
-                    ParallelAxis::Ownership(kind)
-                })
-            }
-            other => invalid(format!("unsupported parallel axis semantics: {other}")),
-        }
-    }
 }

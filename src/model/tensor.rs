@@ -2,8 +2,11 @@
 
 use super::axes::{AxisKind, ParallelAxis};
 use super::non_empty;
+use crate::error::Error;
 use crate::error::{invalid, Result};
-use crate::json::{self, Obj, Profile, Value};
+use crate::json::{self, Profile, Value};
+use crate::model::typed::{Any, Each, Ints, Keys, Typed};
+use serde::de::MapAccess;
 use std::sync::Arc;
 
 /// Construction input of a [`TensorDescriptor`] (plain data, unvalidated).
@@ -241,60 +244,162 @@ impl TensorDescriptor {
         json::write_str(out, &self.tensor_id, profile);
         out.push('}');
     }
+}
 
-    /// Decodes a TENSOR object with exactly nine keys. `schema` is the message for a
-    /// wrong key set; `prefix` labels fields (`""` or `"stored tensor "`); `axis_label`
-    /// labels axes. Labels are formatted only for an error message.
-    pub(crate) fn from_json(
-        v: &Value,
-        schema: &dyn Fn() -> String,
-        prefix: &str,
-        axis_label: &dyn std::fmt::Display,
-    ) -> Result<Self> {
-        const KEYS: [&str; 9] = [
-            "tensor_id",
-            "global_shape",
-            "dtype",
-            "itemsize",
-            "shard_dims",
-            "layout_fingerprint",
-            "parallel_axes",
-            "layer_id",
-            "expert_id",
-        ];
-        let o = Obj::new(v, schema)?;
-        o.expect_keys(&KEYS, schema)?;
-        let axes_v = json::req_array(o.get("parallel_axes"), || {
-            if prefix.is_empty() {
-                "parallel_axes must be a sequence".to_string()
-            } else {
-                format!("{axis_label} must be a sequence")
-            }
-        })?;
-        let mut parallel_axes = Vec::with_capacity(axes_v.len());
-        for (i, a) in axes_v.iter().enumerate() {
-            parallel_axes.push(ParallelAxis::from_json(a, &format_args!("{axis_label} {i}"))?);
+/// Decodes tensor `index` of a placement or (`stored`) of a manifest: a TENSOR
+/// object with exactly nine keys (one pass, see [`crate::model::typed`]). The
+/// document names the fields in its messages (`wire-format.md` §2.1, §4.1).
+pub(crate) struct TensorSeed {
+    pub(crate) index: usize,
+    pub(crate) stored: bool,
+}
+
+/// Decodes axis `index` of a tensor, an AXIS object (`wire-format.md` §2.1 step 5;
+/// one pass, see [`crate::model::typed`]); `label` names the tensor's axes.
+struct AxisSeed<'a> {
+    label: &'a dyn std::fmt::Display,
+    index: usize,
+}
+
+const AXIS_KEYS: [&str; 3] = ["semantics", "kind", "dim"];
+
+impl<'de> Typed<'de> for AxisSeed<'_> {
+    type Out = Result<ParallelAxis>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mut keys = Keys::new(&AXIS_KEYS);
+        let [mut semantics, mut kind, mut dim] = std::array::from_fn(|_| Value::Null);
+        while let Some(k) = keys.next(&mut m)? {
+            let slot = match k {
+                0 => &mut semantics,
+                1 => &mut kind,
+                _ => &mut dim,
+            };
+            *slot = m.next_value()?;
         }
-        // Integer tuples: the placement decoder reports a non-array as
-        // `<field> must be a sequence`, the stored decoder as
-        // `stored tensor <field> must contain integers` (`wire-format.md` §2.1, §4.1).
-        let int_tuple = |name: &str, min: u64| {
-            let v = o.get(name);
-            if !prefix.is_empty() && !matches!(v, Value::Array(_)) {
-                return invalid(format!("{prefix}{name} must contain integers"));
+        let (label, i) = (self.label, self.index);
+        let schema = || Error::invalid(format!("{label} {i} schema fields do not match contract"));
+        let kind_of = |v: &Value| -> Result<AxisKind> {
+            match v {
+                Value::Str(s) => AxisKind::parse(s),
+                _ => invalid("parallel axis kind must be a non-empty string"),
             }
-            json::req_int_array(v, format_args!("{prefix}{name}"), min)
         };
-        TensorDescriptor::new(TensorSpec {
-            tensor_id: json::req_str(o.get("tensor_id"), format_args!("{prefix}tensor_id"))?,
-            global_shape: int_tuple("global_shape", 1)?,
-            dtype: json::req_str(o.get("dtype"), format_args!("{prefix}dtype"))?,
-            itemsize: json::req_int(o.get("itemsize"), format_args!("{prefix}itemsize"), 1)?,
-            shard_dims: int_tuple("shard_dims", 0)?,
-            layout_fingerprint: json::req_str(o.get("layout_fingerprint"), format_args!("{prefix}layout_fingerprint"))?,
-            parallel_axes,
-            layer_id: json::opt_int(o.get("layer_id"), format_args!("{prefix}layer_id"), 0)?,
-            expert_id: json::opt_int(o.get("expert_id"), format_args!("{prefix}expert_id"), 0)?,
+        Ok(match &semantics {
+            Value::Str(s) if !s.is_empty() => match s.as_ref() {
+                "split" if !keys.are(0b111) => Err(schema()),
+                "split" => kind_of(&kind)
+                    .and_then(|kind| Ok((kind, json::req_int(&dim, "split axis dim", 0)?)))
+                    .and_then(|(kind, dim)| ParallelAxis::split(kind, dim)),
+                "replicated" | "ownership" if !keys.are(0b011) => Err(schema()),
+                "replicated" => kind_of(&kind).map(ParallelAxis::Replicated),
+                "ownership" => kind_of(&kind).map(ParallelAxis::Ownership),
+                other => invalid(format!("unsupported parallel axis semantics: {other}")),
+            },
+            _ => invalid("axis semantics must be a non-empty string"),
         })
+    }
+    fn other(self, _: Value<'de>) -> Self::Out {
+        invalid(format!("{} {} must be a JSON object", self.label, self.index))
+    }
+}
+
+/// How a tensor's messages name its axes (formatted only for a message).
+struct AxisLabel<'a>(&'a TensorSeed);
+
+impl std::fmt::Display for AxisLabel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.stored {
+            true => write!(f, "stored tensor parallel_axes {}", self.0.index),
+            false => f.write_str("placement tensor parallel axis"),
+        }
+    }
+}
+
+impl TensorSeed {
+    /// The message for a wrong key set.
+    fn schema(&self) -> String {
+        match self.stored {
+            false => format!("placement tensor {} schema fields do not match contract", self.index),
+            true => "tensor descriptor schema fields do not match contract".to_string(),
+        }
+    }
+}
+
+const TENSOR_KEYS: [&str; 9] = [
+    "tensor_id",
+    "global_shape",
+    "dtype",
+    "itemsize",
+    "shard_dims",
+    "layout_fingerprint",
+    "parallel_axes",
+    "layer_id",
+    "expert_id",
+];
+
+impl<'de> Typed<'de> for TensorSeed {
+    type Out = Result<Arc<TensorDescriptor>>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mut keys = Keys::new(&TENSOR_KEYS);
+        let [mut id, mut dtype, mut itemsize, mut fingerprint, mut layer, mut expert] =
+            std::array::from_fn(|_| Value::Null);
+        let mut axes = None;
+        let (mut shape, mut shard_dims) = (Ints::default(), Ints::default());
+        while let Some(k) = keys.next(&mut m)? {
+            match k {
+                0 => id = m.next_value()?,
+                1 => shape = m.next_value_seed(Any(Ints::default()))?,
+                2 => dtype = m.next_value()?,
+                3 => itemsize = m.next_value()?,
+                4 => shard_dims = m.next_value_seed(Any(Ints::default()))?,
+                5 => fingerprint = m.next_value()?,
+                6 => {
+                    let label = AxisLabel(&self);
+                    let each = Each(
+                        |index| Any(AxisSeed { label: &label, index }),
+                        || match self.stored {
+                            true => Error::invalid(format!("{label} must be a sequence")),
+                            false => Error::invalid("parallel_axes must be a sequence"),
+                        },
+                    );
+                    axes = Some(m.next_value_seed(Any(each))?);
+                }
+                7 => layer = m.next_value()?,
+                _ => expert = m.next_value()?,
+            }
+        }
+        let prefix = if self.stored { "stored tensor " } else { "" };
+        let checked = (|| {
+            if !keys.are(0x1ff) {
+                return invalid(self.schema());
+            }
+            // The key set holds `parallel_axes`.
+            let parallel_axes = axes.unwrap_or_else(|| invalid(self.schema()))?;
+            // Integer tuples: the placement decoder reports a non-array as
+            // `<field> must be a sequence`, the stored decoder as
+            // `stored tensor <field> must contain integers` (`wire-format.md` §2.1, §4.1).
+            let int_tuple = |ints: Ints, name: &str, min: u64| {
+                if !prefix.is_empty() && matches!(&ints, Ints::Other(v) if !matches!(v, Value::Array(_))) {
+                    return invalid(format!("{prefix}{name} must contain integers"));
+                }
+                Ok(ints.check(format_args!("{prefix}{name}"), min)?.as_slice().to_vec())
+            };
+            TensorDescriptor::new(TensorSpec {
+                tensor_id: json::req_str(&id, format_args!("{prefix}tensor_id"))?,
+                global_shape: int_tuple(shape, "global_shape", 1)?,
+                dtype: json::req_str(&dtype, format_args!("{prefix}dtype"))?,
+                itemsize: json::req_int(&itemsize, format_args!("{prefix}itemsize"), 1)?,
+                shard_dims: int_tuple(shard_dims, "shard_dims", 0)?,
+                layout_fingerprint: json::req_str(&fingerprint, format_args!("{prefix}layout_fingerprint"))?,
+                parallel_axes,
+                layer_id: json::opt_int(&layer, format_args!("{prefix}layer_id"), 0)?,
+                expert_id: json::opt_int(&expert, format_args!("{prefix}expert_id"), 0)?,
+            })
+            .map(Arc::new)
+        })();
+        Ok(checked)
+    }
+    fn other(self, _: Value<'de>) -> Self::Out {
+        invalid(self.schema())
     }
 }

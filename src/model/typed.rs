@@ -1,165 +1,196 @@
-//! Typed fast-path decoding of the two large documents (placement JSON and stored
-//! manifest JSON): serde visitors that read fragments straight into their specs,
-//! with no intermediate [`Value`] tree for the bulk of the document.
+//! One-pass decoding of the large documents (placement JSON, stored manifest JSON,
+//! the upload plan transport): one decoder per object, which reads the text once
+//! and reports the precise contract errors itself. There is no second decoder and
+//! no fallback.
 //!
-//! The fast path is an optimization only. It accepts a strict subset of what the
-//! [`Value`] path accepts (exact key sets, no duplicate keys, keys without
-//! escapes, integers where integers are required) and reports every deviation as
-//! an opaque [`Fallback`]; callers then rerun the [`Value`] path, which produces
-//! the precise contract error. A document the fast path accepts decodes to the
-//! same values the [`Value`] path would build.
+//! # How one pass keeps the strict decoder's every message and their order
+//!
+//! The contract's errors come in a fixed order: first anything wrong with the text
+//! (not JSON, a repeated key at any depth, a non-finite number), then each object's
+//! checks in the order the contract lists them, whatever the order of the members
+//! in the text. So each object decoder here *reads* first and *checks* after:
+//!
+//! - While reading, it keeps each member in a slot, and a semantic fault is never a
+//!   parse error: values of every JSON type are accepted at every place (a value of
+//!   an unexpected shape is kept as a [`Value`]), unknown keys are read and noted,
+//!   and a decoder returns its checks' outcome as a `crate::Result` *inside* serde's
+//!   `Ok`. The only parse errors are those of the text (serde_json's, and
+//!   [`json::duplicate`] for a repeated key, raised where [`Value`]'s decoder raises
+//!   it), so the text's errors win, as in a parse-then-check decoder.
+//! - When the object ends, its checks run in the contract order over the slots,
+//!   with the same helpers ([`json::req_str`], [`json::req_int`], [`Obj`] key sets,
+//!   `ParallelRank::from_json`, `TensorDescriptor::from_json`, ...) and labels as a
+//!   tree decoder, and a member decoded ahead of its turn (a large array streamed
+//!   before the small members that the contract checks first) hands its first error
+//!   to its parent, which reports it at its turn.
+//!
+//! The hot members (the fragments: tens of thousands) are held typed when they have
+//! the one canonical shape (an integer array on the stack: [`Ints`]; a rank:
+//! [`Rank`]); anything else in their place is held as the [`Value`] it is, and the
+//! same check runs over either. Small members (scalars, the topology, the tensors,
+//! a part's rank) are held as [`Value`]s: a scalar [`Value`] allocates nothing.
+//!
+//! A decoder is written once, as serde visitors ([`Typed`]), and runs over text
+//! (`serde_json`) or over an already parsed [`Value`] ([`json::ValueDe`], for
+//! `Placement::from_json_value` and for the members that a document keeps as
+//! values before their turn).
+//!
+//! Why this and not two decoders derived from one field table: a table would still
+//! leave two decoders to run (and the fallback that reparses every rejected
+//! document); one pass has one place per object where fields are read and one
+//! where they are checked, at the speed of the former fast path. The oracle test
+//! `tests/decode_golden.rs` pins the result on thousands of edited documents
+//! against what the former strict decoder reported.
 
-use crate::json::Value;
-use crate::model::axes::{AxisKind, ParallelAxis, ParallelRank};
-use crate::model::tensor::{TensorDescriptor, TensorSpec};
+use crate::json::{self, CowStr, Members, Value, ValueVisitor};
+use crate::model::axes::ParallelRank;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// "Not for the fast path": the caller falls back to the [`Value`] decoder.
-pub(crate) fn fallback<E: de::Error>() -> E {
-    E::custom("fast path declined")
+#[cfg(doc)]
+use crate::json::Obj;
+
+/// A decoder of one JSON value of any type: what it makes of an object, of an
+/// array, and of any other value (given as a [`Value`], the default of the first
+/// two as well). Read it with [`Any`].
+pub(crate) trait Typed<'de>: Sized {
+    /// The decoded value (usually a `crate::Result`: the checks' outcome).
+    type Out;
+    /// An object (default: read whole, then [`Typed::other`]).
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Out, A::Error> {
+        let v = json::members_with(&mut m, Vec::new(), |_, _| Ok(false))?;
+        Ok(self.other(Value::Object(v)))
+    }
+    /// An array (default: read whole, then [`Typed::other`]).
+    fn seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Out, A::Error> {
+        let v = json::items_after(&mut s, Vec::new())?;
+        Ok(self.other(v))
+    }
+    /// Any other value.
+    fn other(self, v: Value<'de>) -> Self::Out;
 }
 
-/// Parses `text` as one document with `seed`, requiring the whole input to be
-/// consumed. Every failure is a fallback (`None`).
-pub(crate) fn parse_with<'de, S: DeserializeSeed<'de>>(text: &'de str, seed: S) -> Option<S::Value> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let v = seed.deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    Some(v)
+/// Reads one value of any JSON type with a [`Typed`] decoder.
+pub(crate) struct Any<T>(pub(crate) T);
+
+impl<'de, T: Typed<'de>> DeserializeSeed<'de> for Any<T> {
+    type Value = T::Out;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
 }
 
-/// The text of a document given as bytes: an optional leading BOM, then UTF-8.
-pub(crate) fn text_of(bytes: &[u8]) -> Option<&str> {
-    std::str::from_utf8(bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)).ok()
+impl<'de, T: Typed<'de>> Visitor<'de> for Any<T> {
+    type Value = T::Out;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Self::Value, A::Error> {
+        self.0.map(m)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, s: A) -> Result<Self::Value, A::Error> {
+        self.0.seq(s)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_bool::<E>(v)?))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_u64::<E>(v)?))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_i64::<E>(v)?))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_f64::<E>(v)?))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_borrowed_str::<E>(v)?))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_str::<E>(v)?))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(self.0.other(ValueVisitor.visit_string::<E>(v)?))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.0.other(Value::Null))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.0.other(Value::Null))
+    }
 }
 
-/// A string, borrowed from the input when it holds no escapes.
-pub(crate) struct Text<'de>(pub(crate) Cow<'de, str>);
+/// The keys of one object read into slots: which of `names` were seen (a repeated
+/// key fails as in [`Value`]'s decoder) and whether any other key was (such
+/// members are read, for the text's own errors, and dropped).
+pub(crate) struct Keys<'de, const N: usize> {
+    names: &'static [&'static str; N],
+    seen: u32,
+    unknown: Members<'de>,
+    unknown_set: Option<HashSet<Cow<'de, str>>>,
+}
 
-impl<'de> de::Deserialize<'de> for Text<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
+impl<'de, const N: usize> Keys<'de, N> {
+    /// No key seen yet.
+    pub(crate) fn new(names: &'static [&'static str; N]) -> Self {
+        Keys { names, seen: 0, unknown: Vec::new(), unknown_set: None }
+    }
+
+    /// The index in `names` of the next known key (its value is the caller's to
+    /// read), `None` at the end of the object.
+    pub(crate) fn next<A: MapAccess<'de>>(&mut self, m: &mut A) -> Result<Option<usize>, A::Error> {
+        while let Some(k) = m.next_key_seed(CowStr)? {
+            if let Some(i) = self.names.iter().position(|n| *n == k) {
+                if self.seen & (1 << i) != 0 {
+                    return Err(json::duplicate(&k));
+                }
+                self.seen |= 1 << i;
+                return Ok(Some(i));
             }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(v)))
-            }
+            json::check_new_key(&self.unknown, &mut self.unknown_set, &k)?;
+            m.next_value::<Value<'de>>()?;
+            self.unknown.push((k, Value::Null));
         }
-        d.deserialize_str(V)
+        Ok(None)
     }
-}
 
-/// Reads the next key of an object as a borrowed string (a key with escapes
-/// declines the fast path).
-pub(crate) fn next_key<'de, A: MapAccess<'de>>(m: &mut A) -> Result<Option<&'de str>, A::Error> {
-    m.next_key::<&'de str>()
-}
-
-/// Marks `bit` as seen; a repeated key declines the fast path.
-pub(crate) fn mark<E: de::Error>(seen: &mut u32, bit: u32) -> Result<(), E> {
-    if *seen & (1 << bit) != 0 {
-        return Err(fallback());
+    /// Whether the keys were exactly those of `names` whose bits `set` has.
+    pub(crate) fn are(&self, set: u32) -> bool {
+        self.unknown.is_empty() && self.seen == set
     }
-    *seen |= 1 << bit;
-    Ok(())
 }
 
 /// Tensor ids seen so far in one document, one shared allocation each.
-pub(crate) type Interner<'de> = std::cell::RefCell<crate::fxhash::FxHashMap<&'de str, std::sync::Arc<str>>>;
+pub(crate) type Interner<'de> = std::cell::RefCell<crate::fxhash::FxHashMap<&'de str, Arc<str>>>;
 
-/// Reads a tensor id value, shared through `interner` (an id with escapes is not
-/// borrowed from the input and gets its own allocation).
-pub(crate) fn interned_id<'de, A: MapAccess<'de>>(
-    m: &mut A,
-    interner: &Interner<'de>,
-) -> Result<std::sync::Arc<str>, A::Error> {
-    Ok(match m.next_value::<Text<'de>>()?.0 {
-        Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| std::sync::Arc::from(s)).clone(),
-        Cow::Owned(s) => std::sync::Arc::from(s),
-    })
-}
-
-/// The members of a document object, in document order: small members kept as
-/// values, the large array member as a name placeholder (decoded separately).
-pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
-
-/// Reads a document object made of the `small` members (each at most once, kept as
-/// values, except the `tensors` member: decoded by [`Tensors`] and returned apart, its
-/// member kept as an empty placeholder array) and the one large array member `big`,
-/// decoded by `seed`. Any other key, a repeated key, or a missing `big` or `tensors`
-/// declines the fast path. The placement and the
-/// manifest decoders share it.
-pub(crate) fn members_and_array<'de, A, S>(
-    m: &mut A,
-    small: &[&str],
-    big: &str,
-    seed: S,
-) -> Result<(Members<'de>, S::Value, Tensors), A::Error>
-where
-    A: MapAccess<'de>,
-    S: DeserializeSeed<'de>,
-{
-    let mut members: Members<'de> = Vec::with_capacity(small.len() + 1);
-    let mut seed = Some(seed);
-    let mut array = None;
-    let mut tensors = None;
-    let mut seen = 0u32;
-    while let Some(k) = next_key(m)? {
-        if k == big {
-            mark(&mut seen, small.len() as u32)?;
-            array = Some(m.next_value_seed(seed.take().ok_or_else(fallback)?)?);
-            // The caller's decoder checks the key set; it only needs the name.
-            members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
-        } else {
-            let bit = small.iter().position(|s| *s == k).ok_or_else(fallback)?;
-            mark(&mut seen, bit as u32)?;
-            if k == "tensors" {
-                // Decoded typed; the caller's decoder takes them instead of the
-                // (empty) placeholder, which only keeps the key set whole.
-                tensors = Some(m.next_value::<Tensors>()?);
-                members.push((Cow::Borrowed(k), Value::Array(Vec::new())));
-            } else {
-                members.push((Cow::Borrowed(k), value(m)?));
-            }
-        }
+/// A tensor id, shared through `interner` (an id with escapes is not borrowed from
+/// the input and gets its own allocation).
+pub(crate) fn intern<'de>(interner: &Interner<'de>, id: &Cow<'de, str>) -> Arc<str> {
+    match id {
+        Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| Arc::from(*s)).clone(),
+        Cow::Owned(s) => Arc::from(s.as_str()),
     }
-    Ok((members, array.ok_or_else(fallback)?, tensors.ok_or_else(fallback)?))
 }
 
-/// A non-empty string value, owned.
-pub(crate) fn non_empty_string<'de, A: MapAccess<'de>>(m: &mut A) -> Result<String, A::Error> {
-    let s = m.next_value::<Text<'de>>()?.0;
-    if s.is_empty() {
-        return Err(fallback());
-    }
-    Ok(s.into_owned())
-}
-
-/// An array of integers >= `MIN`, held on the stack up to [`Dims::INLINE`]
-/// entries (a tensor's rank rarely exceeds that), so a decoder copies it once,
-/// into its final home.
-pub(crate) struct Dims<const MIN: u64> {
+/// An array of integers, held on the stack up to [`Dims::INLINE`] entries (a
+/// tensor's rank rarely exceeds that), so a decoder copies it once, into its final
+/// home.
+pub(crate) struct Dims {
     inline: [u64; 8],
     len: usize,
     spill: Vec<u64>,
 }
 
-impl<const MIN: u64> Dims<MIN> {
+impl Dims {
     /// Entries kept without a heap allocation.
     pub(crate) const INLINE: usize = 8;
+
+    fn new() -> Self {
+        Dims { inline: [0; 8], len: 0, spill: Vec::new() }
+    }
 
     /// The integers, in order.
     pub(crate) fn as_slice(&self) -> &[u64] {
@@ -183,357 +214,241 @@ impl<const MIN: u64> Dims<MIN> {
     }
 }
 
-impl<'de, const MIN: u64> de::Deserialize<'de> for Dims<MIN> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<const MIN: u64>;
-        impl<'de, const MIN: u64> Visitor<'de> for V<MIN> {
-            type Value = Dims<MIN>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array of integers")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Dims { inline: [0; 8], len: 0, spill: Vec::new() };
-                while let Some(v) = seq.next_element::<u64>()? {
-                    if v < MIN {
-                        return Err(fallback());
-                    }
-                    out.push(v);
-                }
-                Ok(out)
+/// A member that should be an array of unsigned integers: held as [`Dims`] when it
+/// is one, else as the [`Value`] it is. Read it with `Any(Ints::default())`.
+pub(crate) enum Ints<'de> {
+    /// An array of integers that fit in u64.
+    Typed(Dims),
+    /// Anything else (also the slot of a member not seen).
+    Other(Value<'de>),
+}
+
+impl Default for Ints<'_> {
+    fn default() -> Self {
+        Ints::Other(Value::Null)
+    }
+}
+
+impl<'de> Ints<'de> {
+    /// [`json::req_int_array`]'s check (its messages: `<field> must be a sequence`,
+    /// `<field> must be at least <min>`, ...), the integers kept on the stack.
+    pub(crate) fn check(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
+        match self {
+            Ints::Typed(d) => match d.as_slice().iter().find(|&&x| x < min) {
+                Some(&x) => json::req_int(&Value::UInt(x), field, min).map(|_| d),
+                None => Ok(d),
+            },
+            Ints::Other(v) => {
+                let mut d = Dims::new();
+                json::req_int_array(&v, field, min)?.into_iter().for_each(|x| d.push(x));
+                Ok(d)
             }
         }
-        d.deserialize_seq(V::<MIN>)
     }
 }
 
-/// An array of non-empty strings.
-pub(crate) struct Names(pub(crate) Vec<String>);
-
-impl<'de> de::Deserialize<'de> for Names {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Names;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array of strings")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(v) = seq.next_element::<Text<'de>>()? {
-                    if v.0.is_empty() {
-                        return Err(fallback());
-                    }
-                    out.push(v.0.into_owned());
+impl<'de> Typed<'de> for Ints<'de> {
+    type Out = Ints<'de>;
+    fn seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Out, A::Error> {
+        let mut d = Dims::new();
+        while let Some(v) = s.next_element::<Value<'de>>()? {
+            match v {
+                Value::UInt(x) => d.push(x),
+                other => {
+                    let mut items: Vec<Value<'de>> = d.as_slice().iter().map(|&x| Value::UInt(x)).collect();
+                    items.push(other);
+                    return Ok(Ints::Other(json::items_after(&mut s, items)?));
                 }
-                Ok(Names(out))
             }
         }
-        d.deserialize_seq(V)
+        Ok(Ints::Typed(d))
+    }
+    fn other(self, v: Value<'de>) -> Self::Out {
+        Ints::Other(v)
     }
 }
 
-/// A RANK object: exactly `dp`, `ep`, `pp`, `tp`, each an unsigned integer.
-pub(crate) struct Rank(pub(crate) ParallelRank);
+/// A member that should be a RANK object: held as a [`ParallelRank`] when it is
+/// exactly `dp`, `ep`, `pp`, `tp` with unsigned integers, else as the [`Value`] it
+/// is. Read it with `Any(Rank::default())`.
+pub(crate) enum Rank<'de> {
+    /// The four coordinates.
+    Typed(ParallelRank),
+    /// Anything else (also the slot of a member not seen).
+    Other(Value<'de>),
+}
 
-impl<'de> de::Deserialize<'de> for Rank {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Rank;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a rank object")
+impl Default for Rank<'_> {
+    fn default() -> Self {
+        Rank::Other(Value::Null)
+    }
+}
+
+impl<'de> Rank<'de> {
+    /// `ParallelRank::from_json`'s check (`schema_err` when the object is not
+    /// exactly the four coordinates, `rank <axis> must be ...` for a value).
+    pub(crate) fn check(self, schema_err: &dyn Fn() -> String) -> crate::Result<ParallelRank> {
+        match self {
+            Rank::Typed(r) => Ok(r),
+            Rank::Other(v) => ParallelRank::from_json(&v, schema_err),
+        }
+    }
+}
+
+const RANK_KEYS: [&str; 4] = ["dp", "ep", "pp", "tp"];
+
+impl<'de> Typed<'de> for Rank<'de> {
+    type Out = Rank<'de>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Out, A::Error> {
+        let mut coords = [0u64; 4];
+        // The keys read so far, in document order (to rebuild the object).
+        let (mut order, mut n) = ([0usize; 4], 0);
+        let mut seen = 0u32;
+        let rebuilt = |order: &[usize], coords: &[u64; 4]| -> Members<'de> {
+            order.iter().map(|&i| (Cow::Borrowed(RANK_KEYS[i]), Value::UInt(coords[i]))).collect()
+        };
+        while let Some(k) = m.next_key_seed(CowStr)? {
+            let i = RANK_KEYS.iter().position(|n| *n == k);
+            if let Some(i) = i {
+                if seen & (1 << i) != 0 {
+                    return Err(json::duplicate(&k));
+                }
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut seen = 0u32;
-                let mut r = ParallelRank::default();
-                while let Some(k) = next_key(&mut m)? {
-                    let (bit, slot) = match k {
-                        "dp" => (0, &mut r.dp),
-                        "ep" => (1, &mut r.ep),
-                        "pp" => (2, &mut r.pp),
-                        "tp" => (3, &mut r.tp),
-                        _ => return Err(fallback()),
-                    };
-                    mark(&mut seen, bit)?;
-                    *slot = m.next_value::<u64>()?;
+            let v = m.next_value::<Value<'de>>()?;
+            match (i, v) {
+                (Some(i), Value::UInt(x)) => {
+                    seen |= 1 << i;
+                    coords[i] = x;
+                    order[n] = i;
+                    n += 1;
                 }
-                if seen != 0b1111 {
-                    return Err(fallback());
+                (_, v) => {
+                    let mut members = rebuilt(&order[..n], &coords);
+                    members.push((k, v));
+                    return Ok(Rank::Other(Value::Object(json::members_with(&mut m, members, |_, _| Ok(false))?)));
                 }
-                Ok(Rank(r))
             }
         }
-        d.deserialize_map(V)
-    }
-}
-
-/// An array of TENSOR objects (`wire-format.md` §2.1), each with exactly the nine
-/// keys, values of the exact types, and valid as a [`TensorDescriptor`]; anything
-/// else declines the fast path (the [`Value`] decoder then names the error).
-pub(crate) struct Tensors(pub(crate) Vec<Arc<TensorDescriptor>>);
-
-impl<'de> de::Deserialize<'de> for Tensors {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let tensors = Vec::<Tensor>::deserialize(d)?;
-        Ok(Tensors(tensors.into_iter().map(|t| Arc::new(t.0)).collect()))
-    }
-}
-
-struct Tensor(TensorDescriptor);
-
-impl<'de> de::Deserialize<'de> for Tensor {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Tensor;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a tensor object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut seen = 0u32;
-                let mut spec = TensorSpec {
-                    tensor_id: String::new(),
-                    global_shape: Vec::new(),
-                    dtype: String::new(),
-                    itemsize: 0,
-                    shard_dims: Vec::new(),
-                    layout_fingerprint: String::new(),
-                    parallel_axes: Vec::new(),
-                    layer_id: None,
-                    expert_id: None,
-                };
-                while let Some(k) = next_key(&mut m)? {
-                    match k {
-                        "tensor_id" => {
-                            mark(&mut seen, 0)?;
-                            spec.tensor_id = non_empty_string(&mut m)?;
-                        }
-                        "global_shape" => {
-                            mark(&mut seen, 1)?;
-                            spec.global_shape = m.next_value::<Dims<1>>()?.as_slice().to_vec();
-                        }
-                        "dtype" => {
-                            mark(&mut seen, 2)?;
-                            spec.dtype = non_empty_string(&mut m)?;
-                        }
-                        "itemsize" => {
-                            mark(&mut seen, 3)?;
-                            spec.itemsize = m.next_value::<u64>()?;
-                        }
-                        "shard_dims" => {
-                            mark(&mut seen, 4)?;
-                            spec.shard_dims = m.next_value::<Dims<0>>()?.as_slice().to_vec();
-                        }
-                        "layout_fingerprint" => {
-                            mark(&mut seen, 5)?;
-                            spec.layout_fingerprint = non_empty_string(&mut m)?;
-                        }
-                        "parallel_axes" => {
-                            mark(&mut seen, 6)?;
-                            spec.parallel_axes = m.next_value::<Axes>()?.0;
-                        }
-                        "layer_id" => {
-                            mark(&mut seen, 7)?;
-                            spec.layer_id = m.next_value::<Option<u64>>()?;
-                        }
-                        "expert_id" => {
-                            mark(&mut seen, 8)?;
-                            spec.expert_id = m.next_value::<Option<u64>>()?;
-                        }
-                        _ => return Err(fallback()),
-                    }
-                }
-                if seen != 0x1ff {
-                    return Err(fallback());
-                }
-                TensorDescriptor::new(spec).map(Tensor).map_err(|_| fallback())
-            }
+        if seen != 0b1111 {
+            return Ok(Rank::Other(Value::Object(rebuilt(&order[..n], &coords))));
         }
-        d.deserialize_map(V)
+        let [dp, ep, pp, tp] = coords;
+        Ok(Rank::Typed(ParallelRank { dp, ep, pp, tp }))
+    }
+    fn other(self, v: Value<'de>) -> Self::Out {
+        Rank::Other(v)
     }
 }
 
-/// A tensor's `parallel_axes`: AXIS objects with exactly `semantics` and `kind`
-/// (`replicated`, `ownership`) or `semantics`, `kind` and `dim` (`split`).
-struct Axes(Vec<ParallelAxis>);
+/// Reads a whole array, one element at a time with the seed `element(i)` (`i`: its
+/// index), each a `crate::Result`: the elements until the first error, then that
+/// error (the elements after it are still read, for the text's own errors, but not
+/// kept). Anything but an array: `not_array`.
+pub(crate) struct Each<F, G>(pub(crate) F, pub(crate) G);
 
-impl<'de> de::Deserialize<'de> for Axes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Axes(Vec::<Axis>::deserialize(d)?.into_iter().map(|a| a.0).collect()))
-    }
-}
-
-struct Axis(ParallelAxis);
-
-impl<'de> de::Deserialize<'de> for Axis {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Axis;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an axis object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut seen = 0u32;
-                let (mut semantics, mut kind, mut dim) = (None, None, None);
-                while let Some(k) = next_key(&mut m)? {
-                    match k {
-                        "semantics" => {
-                            mark(&mut seen, 0)?;
-                            semantics = Some(m.next_value::<Text<'de>>()?.0);
-                        }
-                        "kind" => {
-                            mark(&mut seen, 1)?;
-                            kind = Some(m.next_value::<Text<'de>>()?.0);
-                        }
-                        "dim" => {
-                            mark(&mut seen, 2)?;
-                            dim = Some(m.next_value::<u64>()?);
-                        }
-                        _ => return Err(fallback()),
-                    }
-                }
-                let (Some(semantics), Some(kind)) = (semantics, kind) else {
-                    return Err(fallback());
-                };
-                let kind = AxisKind::parse(&kind).map_err(|_| fallback())?;
-                let axis = match (semantics.as_ref(), dim) {
-                    ("split", Some(dim)) => ParallelAxis::split(kind, dim).map_err(|_| fallback())?,
-                    ("replicated", None) => ParallelAxis::Replicated(kind),
-                    ("ownership", None) => ParallelAxis::Ownership(kind),
-                    _ => return Err(fallback()),
-                };
-                Ok(Axis(axis))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// A sequence whose elements are decoded by `E` (a seed factory) and collected.
-pub(crate) struct SeqOf<F, T>(pub(crate) F, pub(crate) PhantomData<T>);
-
-impl<'de, F, T, S> DeserializeSeed<'de> for SeqOf<F, T>
+impl<'de, T, S, F, G> Typed<'de> for Each<F, G>
 where
-    F: FnMut() -> S,
-    S: DeserializeSeed<'de, Value = T>,
+    F: FnMut(usize) -> S,
+    S: DeserializeSeed<'de, Value = crate::Result<T>>,
+    G: FnOnce() -> crate::Error,
 {
-    type Value = Vec<T>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        struct V<F, T>(F, PhantomData<T>);
-        impl<'de, F, T, S> Visitor<'de> for V<F, T>
-        where
-            F: FnMut() -> S,
-            S: DeserializeSeed<'de, Value = T>,
-        {
-            type Value = Vec<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-                while let Some(v) = seq.next_element_seed((self.0)())? {
-                    out.push(v);
+    type Out = crate::Result<Vec<T>>;
+    fn seq<A: SeqAccess<'de>>(mut self, mut s: A) -> Result<Self::Out, A::Error> {
+        let mut out = Vec::with_capacity(s.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = s.next_element_seed((self.0)(out.len()))? {
+            match item {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    // Read as values: a repeated key further on is still the text's error.
+                    while s.next_element::<Value<'de>>()?.is_some() {}
+                    return Ok(Err(e));
                 }
-                Ok(out)
             }
         }
-        d.deserialize_seq(V(self.0, PhantomData))
+        Ok(Ok(out))
     }
-}
-
-/// Reads a small member as a [`Value`] (for the parts of a document that the
-/// [`Value`] decoders handle well: topology, tensors, scalars).
-pub(crate) fn value<'de, A: MapAccess<'de>>(m: &mut A) -> Result<Value<'de>, A::Error> {
-    m.next_value::<Value<'de>>()
+    fn other(self, _: Value<'de>) -> Self::Out {
+        Err((self.1)())
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Dims, Tensors};
-    use crate::model::tensor::TensorDescriptor;
+    use super::{Any, Ints, Rank};
+    use crate::json;
+    use crate::model::axes::ParallelRank;
 
-    const TENSOR: &str = r#"{"dtype":"bfloat16","expert_id":3,"global_shape":[4,8],"itemsize":2,"layer_id":2,"layout_fingerprint":"test:v1","parallel_axes":[{"kind":"dp","semantics":"replicated"},{"kind":"ep","semantics":"ownership"},{"dim":1,"kind":"tp","semantics":"split"}],"shard_dims":[1],"tensor_id":"layers.2.experts.3.w1"}"#;
-
-    /// What the `Value` decoder makes of one tensor object (the placement's labels).
-    fn by_value(text: &str) -> crate::Result<TensorDescriptor> {
-        let v = crate::json::parse_text(text, "tensor")?;
-        TensorDescriptor::from_json(&v, &|| "schema".to_string(), "", &"axis")
+    fn ints(text: &str, min: u64) -> (crate::Result<Vec<u64>>, bool) {
+        let parsed = json::parse_text_with(text, "t", Any(Ints::default())).unwrap();
+        let typed = matches!(parsed, Ints::Typed(_));
+        (parsed.check("f", min).map(|d| d.as_slice().to_vec()), typed)
     }
 
-    /// The typed tensor decoder accepts only what the `Value` decoder accepts, and
-    /// builds the same descriptor; it may decline more (the caller then reruns the
-    /// `Value` path for the error).
+    /// Integer arrays: typed when canonical, and the same outcome (value or exact
+    /// message) as [`json::req_int_array`] over the parsed value in every case.
     #[test]
-    fn typed_tensors_agree_with_the_value_decoder() {
-        let edits: &[(&str, &str)] = &[
-            ("", ""),
-            ("\"expert_id\":3", "\"expert_id\":null"),
-            ("\"layer_id\":2", "\"layer_id\":null"),
-            ("\"layer_id\":2", "\"layer_id\":-0"),
-            ("\"layer_id\":2", "\"layer_id\":-1"),
-            ("\"layer_id\":2", "\"layer_id\":2.0"),
-            ("\"layer_id\":2", "\"layer_id\":true"),
-            ("\"itemsize\":2", "\"itemsize\":0"),
-            ("\"itemsize\":2", "\"itemsize\":-0"),
-            ("\"itemsize\":2", "\"itemsize\":2,\"itemsize\":2"),
-            ("\"global_shape\":[4,8]", "\"global_shape\":[4,0]"),
-            ("\"global_shape\":[4,8]", "\"global_shape\":[]"),
-            ("\"global_shape\":[4,8]", "\"global_shape\":4"),
-            ("\"shard_dims\":[1]", "\"shard_dims\":[0]"),
-            ("\"shard_dims\":[1]", "\"shard_dims\":[]"),
-            ("\"dtype\":\"bfloat16\"", "\"dtype\":\"\""),
-            ("\"dtype\":\"bfloat16\"", "\"dtype\":\"bfloat\\u0031\""),
-            ("\"tensor_id\":\"layers.2.experts.3.w1\"", "\"tensor_id\":\"\""),
-            ("\"tensor_id\":\"layers.2.experts.3.w1\"", "\"tensor_id\":\"caf\\u00e9\""),
-            (",\"layout_fingerprint\":\"test:v1\"", ""),
-            ("\"layout_fingerprint\"", "\"extra\":1,\"layout_fingerprint\""),
-            ("{\"dim\":1,\"kind\":\"tp\",\"semantics\":\"split\"}", "{\"kind\":\"tp\",\"semantics\":\"split\"}"),
-            (
-                "{\"kind\":\"dp\",\"semantics\":\"replicated\"}",
-                "{\"dim\":0,\"kind\":\"dp\",\"semantics\":\"replicated\"}",
-            ),
-            ("{\"kind\":\"dp\",\"semantics\":\"replicated\"}", "{\"kind\":\"xp\",\"semantics\":\"replicated\"}"),
-            ("{\"kind\":\"dp\",\"semantics\":\"replicated\"}", "{\"kind\":\"dp\",\"semantics\":\"mirrored\"}"),
-            (
-                "{\"kind\":\"dp\",\"semantics\":\"replicated\"}",
-                "{\"kind\":\"dp\",\"kind\":\"dp\",\"semantics\":\"replicated\"}",
-            ),
-            ("{\"kind\":\"ep\",\"semantics\":\"ownership\"}", "{\"kind\":\"tp\",\"semantics\":\"ownership\"}"),
-            ("{\"dim\":1,\"kind\":\"tp\"", "{\"dim\":2,\"kind\":\"tp\""),
-            ("{\"dim\":1,\"kind\":\"tp\"", "{\"dim\":1,\"kind\":\"dp\""),
-            ("\"parallel_axes\":[", "\"parallel_axes\":[{\"kind\":\"pp\",\"semantics\":\"ownership\"},"),
+    fn ints_agree_with_the_value_check() {
+        let cases = [
+            "[]",
+            "[0]",
+            "[1,2]",
+            "[1,0]",
+            "[0,1]",
+            "[1,2,3,4,5,6,7,8]",
+            "[1,2,3,4,5,6,7,8,9,0]",
+            "[1.0]",
+            "[-1]",
+            "[-0]",
+            "[1,true]",
+            "[\"1\"]",
+            "[18446744073709551616]",
+            "[1e3]",
+            "null",
+            "3",
+            "{}",
+            "[1,[2]]",
+            "\"x\"",
         ];
-        let mut accepted = 0;
-        for (from, to) in edits {
-            assert!(TENSOR.contains(from), "{from}");
-            let text = TENSOR.replacen(from, to, 1);
-            let fast = serde_json::from_str::<Tensors>(&format!("[{text}]"));
-            match (fast, by_value(&text)) {
-                (Ok(t), Ok(d)) => {
-                    assert_eq!(t.0.len(), 1);
-                    assert_eq!(*t.0[0], d, "{to}");
-                    accepted += 1;
-                }
-                (Ok(_), Err(e)) => panic!("typed accepts what the Value decoder rejects ({e}): {to}"),
-                (Err(_), _) => {}
+        for text in cases {
+            for min in [0, 1] {
+                let want = json::req_int_array(&json::parse_text(text, "t").unwrap(), "f", min);
+                let (got, typed) = ints(text, min);
+                assert_eq!(got.as_ref().map_err(|e| e.to_string()), want.as_ref().map_err(|e| e.to_string()), "{text}");
+                let canonical = ["[]", "[0]", "[1,2]", "[1,0]", "[0,1]", "[1,2,3,4,5,6,7,8]", "[1,2,3,4,5,6,7,8,9,0]"];
+                assert_eq!(typed, canonical.contains(&text), "{text}");
             }
         }
-        // The valid spellings (the original, null ids, escapes in values) take the fast path.
-        assert!(accepted >= 5, "{accepted}");
+        assert_eq!(ints("[1,2,3,4,5,6,7,8,9,10]", 1).0.unwrap(), (1..=10).collect::<Vec<u64>>());
     }
 
+    /// Ranks: typed when canonical (any key order), and the same outcome as
+    /// `ParallelRank::from_json` over the parsed value in every case.
     #[test]
-    fn dims_keep_every_entry_on_either_side_of_the_inline_limit() {
-        for n in [0usize, 1, 7, 8, 9, 20] {
-            let v: Vec<u64> = (1..=n as u64).collect();
-            let text = serde_json::to_string(&v).unwrap();
-            let d: Dims<1> = serde_json::from_str(&text).unwrap();
-            assert_eq!(d.as_slice(), v.as_slice(), "n={n}");
+    fn ranks_agree_with_the_value_check() {
+        let cases = [
+            (r#"{"dp":1,"ep":2,"pp":3,"tp":4}"#, true),
+            (r#"{"tp":4,"pp":3,"ep":2,"dp":1}"#, true),
+            (r#"{"dp":1,"ep":2,"pp":3}"#, false),
+            (r#"{"dp":1,"ep":2,"pp":3,"tp":4,"xp":0}"#, false),
+            (r#"{"dp":1,"ep":2.0,"pp":3,"tp":4}"#, false),
+            (r#"{"dp":-1,"ep":2,"pp":3,"tp":4}"#, false),
+            (r#"{"d\u0070":1,"ep":2,"pp":3,"tp":4}"#, true),
+            (r#"{"xp":0,"dp":1,"ep":2,"pp":3,"tp":4}"#, false),
+            ("[]", false),
+            ("null", false),
+        ];
+        let schema = || "schema".to_string();
+        for (text, typed) in cases {
+            let want = ParallelRank::from_json(&json::parse_text(text, "t").unwrap(), &schema);
+            let parsed = json::parse_text_with(text, "t", Any(Rank::default())).unwrap();
+            assert_eq!(matches!(parsed, Rank::Typed(_)), typed, "{text}");
+            let got = parsed.check(&schema);
+            assert_eq!(got.map_err(|e| e.to_string()), want.map_err(|e| e.to_string()), "{text}");
         }
-        // The lower bound holds inline and spilled.
-        assert!(serde_json::from_str::<Dims<1>>("[1,0]").is_err());
-        assert!(serde_json::from_str::<Dims<1>>("[1,2,3,4,5,6,7,8,9,0]").is_err());
-        assert!(serde_json::from_str::<Dims<0>>("[0,0]").is_ok());
+        // A repeated key is the text's error, as in the Value decoder, wherever it comes.
+        for text in [r#"{"dp":1,"dp":1}"#, r#"{"dp":1.5,"dp":1}"#, r#"{"x":1,"x":1}"#] {
+            let e = json::parse_text_with(text, "t", Any(Rank::default())).err().unwrap();
+            assert_eq!(e.to_string(), json::parse_text(text, "t").unwrap_err().to_string());
+        }
     }
 }

@@ -7,12 +7,11 @@ use super::upload::{UploadOperation, UploadPlan};
 use crate::error::{invalid, Error, Result};
 use crate::json::{self, write_kv_str, Obj, Profile, Value};
 use crate::model::placement::decode_fragment;
-use crate::model::{typed, ManifestDocSeed, StoredManifest};
+use crate::model::typed::{Any, Each, Typed};
+use crate::model::{ManifestDocSeed, StoredManifest};
 use crate::runtime::transport::{read_runtime_fragment, write_runtime_fragment};
 use crate::runtime::RuntimeFragmentSnapshot;
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use std::borrow::Cow;
-use std::fmt;
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess};
 
 const PLAN_FORMAT: &str = "mooncake-weight-store/upload-plan/v1";
 
@@ -77,26 +76,36 @@ const PLAN_KEYS: [&str; 7] = [
 
 /// Decodes and fully re-validates an upload plan sent by [`plan_to_json`].
 ///
-/// A typed fast path reads the manifest straight into its structures and each
-/// operation as it arrives (no value tree of the whole document); any document it
-/// declines or rejects is decoded again by the value path, which reports the
-/// precise error. Errors: `InvalidArgument` naming the first violation (schema,
-/// format, the manifest's rules, an operation's checks, the plan's invariants).
-/// Thread safety: pure; the result is owned.
+/// One pass (see `model::typed`): the manifest is read straight into its
+/// structures, and each operation, when the manifest came before it (as
+/// [`plan_to_json`] writes them), is decoded as it arrives (otherwise after the
+/// document is read); no value tree of the whole document. Errors:
+/// `InvalidArgument` naming the first violation (schema, format, the manifest's
+/// rules, an operation's checks, the plan's invariants). Thread safety: pure; the
+/// result is owned.
 pub fn plan_from_json(bytes: &[u8]) -> Result<UploadPlan> {
-    if let Some(plan) = typed::text_of(bytes).and_then(|text| typed::parse_with(text, PlanSeed)) {
-        return Ok(plan);
-    }
-    let v = json::parse_bytes(bytes, "upload plan")?;
-    let o = Obj::new(&v, || "upload plan must be a JSON object".into())?;
+    let text = json::text_of(bytes, LABEL)?;
+    let (doc, manifest, operations) = json::parse_text_with(text, LABEL, Any(PlanSeed))?;
+    let o = Obj::new(&doc, || "upload plan must be a JSON object".into())?;
     o.expect_keys(&PLAN_KEYS, || "upload plan schema fields do not match contract".into())?;
     check_format(&o)?;
-    let manifest = StoredManifest::from_json_value(o.get("manifest"))?;
-    let items = json::req_array(o.get("operations"), || "upload plan operations must be a sequence".into())?;
-    let index = FragmentIndex::new(&manifest);
-    let operations =
-        items.iter().enumerate().map(|(i, item)| decode_operation(item, i, &index)).collect::<Result<Vec<_>>>()?;
+    // The key set holds `manifest`.
+    let manifest = manifest.ok_or_else(|| Error::invalid("upload plan schema fields do not match contract"))??;
+    let operations = match operations {
+        Some(decoded) => decoded?,
+        None => {
+            let items = json::req_array(o.get("operations"), || operations_not_array().message().to_string())?;
+            let index = FragmentIndex::new(&manifest);
+            items.iter().enumerate().map(|(i, item)| decode_operation(item, i, &index)).collect::<Result<Vec<_>>>()?
+        }
+    };
     finish(&o, manifest, operations)
+}
+
+const LABEL: &str = "upload plan";
+
+fn operations_not_array() -> Error {
+    Error::invalid("upload plan operations must be a sequence")
 }
 
 fn check_format(o: &Obj<'_, '_>) -> Result<()> {
@@ -168,82 +177,48 @@ fn decode_operation(item: &Value<'_>, i: usize, index: &FragmentIndex<'_>) -> Re
     )
 }
 
-/// The typed fast path of [`plan_from_json`]: the plan object with its members in
-/// any order except that `manifest` comes before `operations` (as
-/// [`plan_to_json`] writes them); each operation is read as a small value and
-/// decoded at once. Declines (a fallback error) anything else.
+/// The plan object: its members as values, except the manifest (decoded) and the
+/// operations when the manifest came first (decoded as they arrive, or their
+/// first error); any other value as it is.
 struct PlanSeed;
 
-impl<'de> DeserializeSeed<'de> for PlanSeed {
-    type Value = UploadPlan;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = UploadPlan;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an upload plan object")
+type Read<'de> = (Value<'de>, Option<Result<StoredManifest>>, Option<Result<Vec<UploadOperation>>>);
+
+impl<'de> Typed<'de> for PlanSeed {
+    type Out = Read<'de>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mut manifest: Option<Result<StoredManifest>> = None;
+        let mut operations = None;
+        let members = json::members_with(&mut m, Vec::new(), |k, m| match (k, &manifest) {
+            ("manifest", _) => {
+                manifest = Some(m.next_value_seed(ManifestDocSeed)?);
+                Ok(true)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut members: typed::Members<'de> = Vec::with_capacity(PLAN_KEYS.len());
-                let mut manifest: Option<StoredManifest> = None;
-                let mut operations: Option<Vec<UploadOperation>> = None;
-                let mut seen = 0u32;
-                while let Some(k) = typed::next_key(&mut m)? {
-                    let bit = PLAN_KEYS.iter().position(|s| *s == k).ok_or_else(typed::fallback)?;
-                    typed::mark(&mut seen, bit as u32)?;
-                    match k {
-                        "manifest" => manifest = Some(m.next_value_seed(ManifestDocSeed)?),
-                        "operations" => {
-                            let manifest = manifest.as_ref().ok_or_else(typed::fallback)?;
-                            let index = FragmentIndex::new(manifest);
-                            operations = Some(m.next_value_seed(OperationsSeed { index: &index })?);
-                        }
-                        _ => {
-                            members.push((Cow::Borrowed(k), typed::value(&mut m)?));
-                            continue;
-                        }
-                    }
-                    // The schema check needs only the name.
-                    members.push((Cow::Borrowed(k), Value::Null));
-                }
-                let (Some(manifest), Some(operations)) = (manifest, operations) else {
-                    return Err(typed::fallback());
-                };
-                let v = Value::Object(members);
-                let decoded = Obj::new(&v, String::new).and_then(|o| {
-                    o.expect_keys(&PLAN_KEYS, String::new)?;
-                    check_format(&o)?;
-                    finish(&o, manifest, operations)
-                });
-                decoded.map_err(|_| typed::fallback())
+            ("operations", Some(Ok(decoded))) => {
+                let index = FragmentIndex::new(decoded);
+                let each = Each(|i| OperationSeed { i, index: &index }, operations_not_array);
+                operations = Some(m.next_value_seed(Any(each))?);
+                Ok(true)
             }
-        }
-        d.deserialize_map(V)
+            _ => Ok(false),
+        })?;
+        Ok((Value::Object(members), manifest, operations))
+    }
+    fn other(self, v: Value<'de>) -> Self::Out {
+        (v, None, None)
     }
 }
 
-/// The operations array of [`PlanSeed`], decoded one element at a time.
-struct OperationsSeed<'a, 'm> {
+/// Operation `i`, read as a value and decoded at once.
+struct OperationSeed<'a, 'm> {
+    i: usize,
     index: &'a FragmentIndex<'m>,
 }
 
-impl<'de> DeserializeSeed<'de> for OperationsSeed<'_, '_> {
-    type Value = Vec<UploadOperation>;
+impl<'de> DeserializeSeed<'de> for OperationSeed<'_, '_> {
+    type Value = Result<UploadOperation>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        struct V<'a, 'm>(&'a FragmentIndex<'m>);
-        impl<'de> Visitor<'de> for V<'_, '_> {
-            type Value = Vec<UploadOperation>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a sequence of upload operations")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(self.0.manifest.fragments().len());
-                while let Some(item) = seq.next_element::<Value<'de>>()? {
-                    out.push(decode_operation(&item, out.len(), self.0).map_err(|_| typed::fallback())?);
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_seq(V(self.index))
+        let item = Value::deserialize(d)?;
+        Ok(decode_operation(&item, self.i, self.index))
     }
 }

@@ -10,13 +10,10 @@ use crate::fxhash::FxHashMap as HashMap;
 use crate::geometry::SharedBox;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
-use crate::model::tensor::TensorDescriptor;
-use crate::model::typed;
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use crate::model::tensor::{TensorDescriptor, TensorSeed};
+use crate::model::typed::{self, Any, Each, Interner, Ints, Keys, Rank, Typed};
+use serde::de::MapAccess;
 use sha2::{Digest, Sha256};
-use std::cell::RefCell;
-use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 impl Placement {
@@ -175,58 +172,18 @@ impl Placement {
     ///
     /// Errors: [`crate::ErrorKind::InvalidArgument`] naming the first violation.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        if let Some(p) = typed::text_of(bytes).and_then(Self::from_json_fast) {
-            return Ok(p);
-        }
-        let v = json::parse_bytes(bytes, "placement manifest")?;
-        Self::from_json_value(&v)
+        Self::from_json_str(json::text_of(bytes, LABEL)?)
     }
 
     /// Same as [`Placement::from_json`] for text input (a leading BOM is an error).
     pub fn from_json_str(text: &str) -> Result<Self> {
-        if !text.starts_with('\u{feff}') {
-            if let Some(p) = Self::from_json_fast(text) {
-                return Ok(p);
-            }
-        }
-        let v = json::parse_text(text, "placement manifest")?;
-        Self::from_json_value(&v)
+        finish_doc(json::parse_text_with(text, LABEL, Any(DocSeed))?)
     }
 
-    /// The typed fast path (see [`typed`]): `None` declines, and the caller reruns
-    /// the [`Value`] path for the precise error.
-    fn from_json_fast(text: &str) -> Option<Self> {
-        let (members, parts, tensors) = typed::parse_with(text, DocSeed)?;
-        let top = Value::Object(members);
-        let header = Header::decode(&top, Some(tensors)).ok()?;
-        header.finish(parts).ok()
-    }
-
-    /// Decodes an already parsed JSON value (see [`Placement::from_json`]).
+    /// Decodes an already parsed JSON value (see [`Placement::from_json`]): the
+    /// same decoder, reading the tree instead of text.
     pub fn from_json_value(v: &Value) -> Result<Self> {
-        let header = Header::decode(v, None)?;
-        let o = Obj::new(v, || "placement manifest must be a JSON object".into())?;
-        let part_items = json::req_array(o.get("parts"), || "placement parts must be a sequence".into())?;
-        let mut raw_parts = Vec::with_capacity(part_items.len());
-        let mut frag_index = 0usize;
-        for (i, item) in part_items.iter().enumerate() {
-            let schema = || format!("placement part {i} schema fields do not match contract");
-            let po = Obj::new(item, schema)?;
-            po.expect_keys(&["participant_id", "rank", "fragments"], schema)?;
-            let participant_id = json::req_str(po.get("participant_id"), "participant_id")?;
-            let rank = ParallelRank::from_json(po.get("rank"), &|| {
-                format!("placement part rank {i} schema fields do not match contract")
-            })?;
-            let frag_items =
-                json::req_array(po.get("fragments"), || "placement part fragments must be a sequence".into())?;
-            let mut fragments = Vec::with_capacity(frag_items.len());
-            for item in frag_items {
-                fragments.push(decode_fragment(item, frag_index)?);
-                frag_index += 1;
-            }
-            raw_parts.push(RawPart { participant_id, rank, fragments });
-        }
-        header.finish(raw_parts)
+        finish_doc(json::decode_value(v, Any(DocSeed))?)
     }
 
     // -----------------------------------------------------------------------
@@ -295,43 +252,9 @@ impl Placement {
     }
 }
 
+/// Decodes placement fragment `i` (of an upload operation) from a parsed value.
 pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
-    const KEYS7: [&str; 7] =
-        ["placement_fragment_id", "tensor_id", "global_offset", "local_shape", "nbytes", "rank", "aliases"];
-    const KEYS8: [&str; 8] = [
-        "placement_fragment_id",
-        "tensor_id",
-        "global_offset",
-        "local_shape",
-        "nbytes",
-        "rank",
-        "aliases",
-        "pipeline_stage_id",
-    ];
-    let o = Obj::new(item, || format!("placement fragment {i} must be a JSON object"))?;
-    if !o.has_exact_keys(&KEYS7) && !o.has_exact_keys(&KEYS8) {
-        return invalid(format!("placement fragment {i} has an invalid schema"));
-    }
-    let aliases_v = json::req_array(o.get("aliases"), || "aliases must be a sequence".into())?;
-    let mut aliases = Vec::with_capacity(aliases_v.len());
-    for a in aliases_v {
-        match a {
-            Value::Str(s) if !s.is_empty() => aliases.push(s.to_string()),
-            _ => return invalid("alias must be a non-empty string"),
-        }
-    }
-    PlacementFragment::new(PlacementFragmentSpec {
-        tensor_id: json::req_str(o.get("tensor_id"), "tensor_id")?,
-        global_offset: json::req_int_array(o.get("global_offset"), "global_offset", 0)?,
-        local_shape: json::req_int_array(o.get("local_shape"), "local_shape", 1)?,
-        nbytes: json::req_int(o.get("nbytes"), "nbytes", 1)?,
-        rank: ParallelRank::from_json(o.get("rank"), &|| {
-            format!("placement rank {i} schema fields do not match contract")
-        })?,
-        pipeline_stage_id: json::opt_int(o.get("pipeline_stage_id"), "pipeline_stage_id", 0)?,
-        aliases,
-        placement_fragment_id: Some(json::req_str(o.get("placement_fragment_id"), "placement_fragment_id")?),
-    })
+    json::decode_value(item, Any(FragmentSeed { index: i, interner: &Interner::default() }))?
 }
 
 /// Everything of a placement document but its parts, decoded and checked in the
@@ -354,9 +277,8 @@ struct RawPart {
 }
 
 impl Header {
-    /// `tensors`, when given, replaces the decoding of the `tensors` member (the
-    /// fast path decoded them already).
-    fn decode(v: &Value, tensors: Option<typed::Tensors>) -> Result<Self> {
+    /// `tensors`: the `tensors` member as [`DocSeed`] decoded it.
+    fn decode(v: &Value, tensors: Option<Result<Vec<Arc<TensorDescriptor>>>>) -> Result<Self> {
         const KEYS: [&str; 9] = [
             "resource_kind",
             "resource_id",
@@ -382,23 +304,9 @@ impl Header {
             Error::invalid(format!("weight_generation must be an integer at least 0 ({})", e.message()))
         })?;
         let topology = ParallelTopology::from_json(o.get("topology"))?;
-        let tensors = match tensors {
-            Some(t) => t.0,
-            None => {
-                let tensor_items = json::req_array(o.get("tensors"), || "placement tensors must be a sequence".into())?;
-                let mut tensors: Vec<Arc<TensorDescriptor>> = Vec::with_capacity(tensor_items.len());
-                for (i, item) in tensor_items.iter().enumerate() {
-                    let schema = || format!("placement tensor {i} schema fields do not match contract");
-                    tensors.push(Arc::new(TensorDescriptor::from_json(
-                        item,
-                        &schema,
-                        "",
-                        &"placement tensor parallel axis",
-                    )?));
-                }
-                tensors
-            }
-        };
+        // The key set holds `tensors`.
+        let tensors =
+            tensors.ok_or_else(|| Error::invalid("placement manifest schema fields do not match contract"))??;
         Ok(Header { resource_id, revision, placement_set_id, placement_id, weight_generation, topology, tensors })
     }
 
@@ -474,174 +382,202 @@ impl Header {
 }
 
 // ---------------------------------------------------------------------------
-// Typed fast path: the top-level object keeps its small members as `Value`s and
-// decodes `parts` straight into fragments.
+// The one-pass decoder (see `model::typed`): the document and each part keep
+// their small members as values and stream their large array; each fragment is
+// read into typed slots. Every object is checked, in the contract's order, once
+// it has been read.
 // ---------------------------------------------------------------------------
 
-use typed::Members;
+const LABEL: &str = "placement manifest";
+
+/// The document, with its decoded tensors and parts (or their first error; `None`
+/// without the member) apart.
+type Doc<'de> = (Value<'de>, Option<Result<Vec<Arc<TensorDescriptor>>>>, Option<Result<Vec<RawPart>>>);
+
+/// Checks a read document in the contract's order: the header
+/// ([`Header::decode`]), the parts, then the placement as a whole.
+fn finish_doc((doc, tensors, parts): Doc<'_>) -> Result<Placement> {
+    let header = Header::decode(&doc, tensors)?;
+    // The header's key set holds `parts`.
+    let parts = parts.ok_or_else(|| Error::invalid("placement manifest schema fields do not match contract"))??;
+    header.finish(parts)
+}
 
 struct DocSeed;
 
-impl<'de> DeserializeSeed<'de> for DocSeed {
-    type Value = (Members<'de>, Vec<RawPart>, typed::Tensors);
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = (Members<'de>, Vec<RawPart>, typed::Tensors);
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a placement object")
+impl<'de> Typed<'de> for DocSeed {
+    type Out = Doc<'de>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let interner: Interner<'de> = Interner::default();
+        // The document's number of the next part's first fragment.
+        let next_fragment = std::cell::Cell::new(0);
+        let (mut tensors, mut parts) = (None, None);
+        let members = json::members_with(&mut m, Vec::new(), |k, m| {
+            if k == "tensors" {
+                let each = Each(
+                    |index| Any(TensorSeed { index, stored: false }),
+                    || Error::invalid("placement tensors must be a sequence"),
+                );
+                tensors = Some(m.next_value_seed(Any(each))?);
+                return Ok(true);
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                const SMALL: [&str; 8] = [
-                    "resource_kind",
-                    "resource_id",
-                    "revision",
-                    "placement_set_id",
-                    "weight_generation",
-                    "placement_id",
-                    "topology",
-                    "tensors",
-                ];
-                let interner: Interner<'de> = RefCell::new(HashMap::default());
-                let interner = &interner;
-                let seed = typed::SeqOf(|| PartSeed { interner }, PhantomData);
-                typed::members_and_array(&mut m, &SMALL, "parts", seed)
+            if k != "parts" {
+                return Ok(false);
             }
-        }
-        d.deserialize_map(V)
+            let (next_fragment, interner) = (&next_fragment, &interner);
+            let each = Each(
+                |index| Any(PartSeed { index, first_fragment: next_fragment, interner }),
+                || Error::invalid("placement parts must be a sequence"),
+            );
+            parts = Some(m.next_value_seed(Any(each))?);
+            Ok(true)
+        })?;
+        Ok((Value::Object(members), tensors, parts))
+    }
+    fn other(self, v: Value<'de>) -> Self::Out {
+        (v, None, None)
     }
 }
 
-use typed::Interner;
-
+/// Part `index`, whose first fragment is fragment `first_fragment` of the
+/// document (it advances the count past its own).
 struct PartSeed<'a, 'de> {
+    index: usize,
+    first_fragment: &'a std::cell::Cell<usize>,
     interner: &'a Interner<'de>,
 }
 
-impl<'de> DeserializeSeed<'de> for PartSeed<'_, 'de> {
-    type Value = RawPart;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        struct V<'a, 'de>(&'a Interner<'de>);
-        impl<'de> Visitor<'de> for V<'_, 'de> {
-            type Value = RawPart;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a placement part")
+impl<'de> Typed<'de> for PartSeed<'_, 'de> {
+    type Out = Result<RawPart>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let (i, interner) = (self.index, self.interner);
+        let first = self.first_fragment.get();
+        let mut fragments: Option<Result<Vec<PlacementFragment>>> = None;
+        let members = json::members_with(&mut m, Vec::new(), |k, m| {
+            if k != "fragments" {
+                return Ok(false);
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut seen = 0u32;
-                let (mut participant_id, mut rank, mut fragments) =
-                    (String::new(), ParallelRank::default(), Vec::new());
-                while let Some(k) = typed::next_key(&mut m)? {
-                    match k {
-                        "participant_id" => {
-                            typed::mark(&mut seen, 0)?;
-                            participant_id = typed::non_empty_string(&mut m)?;
-                        }
-                        "rank" => {
-                            typed::mark(&mut seen, 1)?;
-                            rank = m.next_value::<typed::Rank>()?.0;
-                        }
-                        "fragments" => {
-                            typed::mark(&mut seen, 2)?;
-                            let interner = self.0;
-                            fragments = m.next_value_seed(typed::SeqOf(|| FragmentSeed { interner }, PhantomData))?;
-                        }
-                        _ => return Err(typed::fallback()),
-                    }
-                }
-                if seen != 0b111 {
-                    return Err(typed::fallback());
-                }
-                Ok(RawPart { participant_id, rank, fragments })
-            }
-        }
-        d.deserialize_map(V(self.interner))
+            let each = Each(
+                |j| Any(FragmentSeed { index: first + j, interner }),
+                || Error::invalid("placement part fragments must be a sequence"),
+            );
+            fragments = Some(m.next_value_seed(Any(each))?);
+            Ok(true)
+        })?;
+        // (After an error the count no longer matters: the first error wins.)
+        let count = fragments.as_ref().map_or(0, |f| f.as_ref().map_or(0, Vec::len));
+        self.first_fragment.set(first + count);
+        let v = Value::Object(members);
+        let checked = (|| {
+            let schema = || format!("placement part {i} schema fields do not match contract");
+            let po = Obj::new(&v, schema)?;
+            po.expect_keys(&["participant_id", "rank", "fragments"], schema)?;
+            let participant_id = json::req_str(po.get("participant_id"), "participant_id")?;
+            let rank = ParallelRank::from_json(po.get("rank"), &|| {
+                format!("placement part rank {i} schema fields do not match contract")
+            })?;
+            let fragments = fragments.expect("the key set holds fragments")?;
+            Ok(RawPart { participant_id, rank, fragments })
+        })();
+        Ok(checked)
+    }
+    fn other(self, _: Value<'de>) -> Self::Out {
+        invalid(format!("placement part {} schema fields do not match contract", self.index))
     }
 }
 
+/// Fragment `index` of the document (its number in messages).
 struct FragmentSeed<'a, 'de> {
+    index: usize,
     interner: &'a Interner<'de>,
 }
 
-impl<'de> DeserializeSeed<'de> for FragmentSeed<'_, 'de> {
-    type Value = PlacementFragment;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        struct V<'a, 'de>(&'a Interner<'de>);
-        impl<'de> Visitor<'de> for V<'_, 'de> {
-            type Value = PlacementFragment;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a placement fragment")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut seen = 0u32;
-                let mut spec = PlacementFragmentSpec::default();
-                let mut tensor_id: Option<Arc<str>> = None;
-                let (mut offset, mut shape) = (None, None);
-                while let Some(k) = typed::next_key(&mut m)? {
-                    match k {
-                        "placement_fragment_id" => {
-                            typed::mark(&mut seen, 0)?;
-                            spec.placement_fragment_id = Some(typed::non_empty_string(&mut m)?);
-                        }
-                        "tensor_id" => {
-                            typed::mark(&mut seen, 1)?;
-                            tensor_id = Some(typed::interned_id(&mut m, self.0)?);
-                        }
-                        "global_offset" => {
-                            typed::mark(&mut seen, 2)?;
-                            offset = Some(m.next_value::<typed::Dims<0>>()?);
-                        }
-                        "local_shape" => {
-                            typed::mark(&mut seen, 3)?;
-                            shape = Some(m.next_value::<typed::Dims<1>>()?);
-                        }
-                        "nbytes" => {
-                            typed::mark(&mut seen, 4)?;
-                            spec.nbytes = m.next_value::<u64>()?;
-                        }
-                        "rank" => {
-                            typed::mark(&mut seen, 5)?;
-                            spec.rank = m.next_value::<typed::Rank>()?.0;
-                        }
-                        "aliases" => {
-                            typed::mark(&mut seen, 6)?;
-                            spec.aliases = m.next_value::<typed::Names>()?.0;
-                        }
-                        "pipeline_stage_id" => {
-                            typed::mark(&mut seen, 7)?;
-                            spec.pipeline_stage_id = m.next_value::<Option<u64>>()?;
-                        }
-                        _ => return Err(typed::fallback()),
-                    }
-                }
-                if seen & 0x7f != 0x7f {
-                    return Err(typed::fallback());
-                }
-                let tensor_id = tensor_id.ok_or_else(typed::fallback)?;
-                let (offset, shape) = offset.zip(shape).ok_or_else(typed::fallback)?;
-                let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
-                PlacementFragment::with_geometry(spec, tensor_id, geometry).map_err(|_| typed::fallback())
+/// A fragment's keys (`pipeline_stage_id`, the last, is optional).
+const FRAGMENT_KEYS: [&str; 8] = [
+    "placement_fragment_id",
+    "tensor_id",
+    "global_offset",
+    "local_shape",
+    "nbytes",
+    "rank",
+    "aliases",
+    "pipeline_stage_id",
+];
+
+impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
+    type Out = Result<PlacementFragment>;
+    fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mut keys = Keys::new(&FRAGMENT_KEYS);
+        let (mut id, mut tensor_id, mut nbytes, mut aliases, mut stage) =
+            (Value::Null, Value::Null, Value::Null, Value::Null, Value::Null);
+        let (mut offset, mut shape, mut rank) = (Ints::default(), Ints::default(), Rank::default());
+        while let Some(k) = keys.next(&mut m)? {
+            match k {
+                0 => id = m.next_value()?,
+                1 => tensor_id = m.next_value()?,
+                2 => offset = m.next_value_seed(Any(Ints::default()))?,
+                3 => shape = m.next_value_seed(Any(Ints::default()))?,
+                4 => nbytes = m.next_value()?,
+                5 => rank = m.next_value_seed(Any(Rank::default()))?,
+                6 => aliases = m.next_value()?,
+                _ => stage = m.next_value()?,
             }
         }
-        d.deserialize_map(V(self.interner))
+        let i = self.index;
+        let checked = (|| {
+            if !keys.are(0x7f) && !keys.are(0xff) {
+                return invalid(format!("placement fragment {i} has an invalid schema"));
+            }
+            let aliases = read_aliases(&aliases, "aliases must be a sequence", "alias must be a non-empty string")?;
+            let tensor_id = typed::intern(self.interner, json::req_cow(&tensor_id, "tensor_id")?);
+            let offset = offset.check("global_offset", 0)?;
+            let shape = shape.check("local_shape", 1)?;
+            let spec = PlacementFragmentSpec {
+                nbytes: json::req_int(&nbytes, "nbytes", 1)?,
+                rank: rank.check(&|| format!("placement rank {i} schema fields do not match contract"))?,
+                pipeline_stage_id: json::opt_int(&stage, "pipeline_stage_id", 0)?,
+                aliases,
+                placement_fragment_id: Some(json::req_str(&id, "placement_fragment_id")?),
+                ..PlacementFragmentSpec::default()
+            };
+            let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
+            PlacementFragment::with_geometry(spec, tensor_id, geometry)
+        })();
+        Ok(checked)
     }
+    fn other(self, _: Value<'de>) -> Self::Out {
+        invalid(format!("placement fragment {} must be a JSON object", self.index))
+    }
+}
+
+/// An alias group member: an array of non-empty strings (`not_array`, `not_string`).
+pub(crate) fn read_aliases(v: &Value, not_array: &str, not_string: &str) -> Result<Vec<String>> {
+    let items = json::req_array(v, || not_array.to_string())?;
+    let mut aliases = Vec::with_capacity(items.len());
+    for a in items {
+        match a {
+            Value::Str(s) if !s.is_empty() => aliases.push(s.to_string()),
+            _ => return invalid(not_string),
+        }
+    }
+    Ok(aliases)
 }
 
 #[cfg(test)]
 mod tests {
     use super::Placement;
 
-    /// A canonical document takes the fast path (the Value path is only for errors
-    /// and unusual spellings).
+    /// Text and its parsed tree go through the same decoder: the same placement.
     #[test]
-    fn canonical_placement_takes_the_fast_path() {
+    fn text_and_value_decode_alike() {
         let path =
             concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conformance/004-placement-ep2-tp2-experts.json");
         let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let text = serde_json::to_string(&fixture["inputs"]["placement"]).unwrap();
-        let p = Placement::from_json_fast(&text).expect("fast path accepts a valid document");
-        assert_eq!(Placement::from_json_fast(&p.to_json()), Some(p.clone()));
-        assert!(Placement::from_json_fast(&text.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1)).is_none());
+        let p = Placement::from_json_str(&text).unwrap();
+        let v = crate::json::parse_text(&text, "t").unwrap();
+        assert_eq!(Placement::from_json_value(&v).unwrap(), p);
+        assert_eq!(Placement::from_json_str(&p.to_json()).unwrap(), p);
     }
 
     /// The two-thread writer gives the one-thread writer's bytes for every cut
