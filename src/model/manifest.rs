@@ -1,7 +1,7 @@
 //! `StoredFragmentSnapshot` and `StoredWeightManifest` (`data-model.md` §14–§15,
 //! `wire-format.md` §4).
 
-use super::placement::{check_fragment_geometry, normalize_aliases, read_aliases};
+use super::placement::{check_fragment_geometry, normalize_aliases};
 use super::tensor::{TensorDescriptor, TensorSeed};
 use super::{hex_of, is_hex64, non_empty};
 use crate::error::{invalid, Error, Result};
@@ -9,7 +9,7 @@ use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef, SharedBox};
 use crate::json::{self, Obj, Profile, Value};
-use crate::model::typed::{self, Any, Each, Interner, Ints, Keys, Typed};
+use crate::model::typed::{self, Any, Each, Held, IntArray, Interner, Keys, NameArray, Str, Typed, UInt};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -888,46 +888,55 @@ struct FragmentSeed<'a, 'de> {
     interner: &'a Interner<'de>,
 }
 
-const FRAGMENT_KEYS: [&str; 8] =
-    ["aliases", "fragment_id", "global_offset", "local_shape", "nbytes", "object_key", "object_offset", "tensor_id"];
+/// A stored fragment's key slots.
+fn fragment_slot(k: &str) -> Option<u32> {
+    Some(match k {
+        "aliases" => 0,
+        "fragment_id" => 1,
+        "global_offset" => 2,
+        "local_shape" => 3,
+        "nbytes" => 4,
+        "object_key" => 5,
+        "object_offset" => 6,
+        "tensor_id" => 7,
+        _ => return None,
+    })
+}
 
 impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
     type Out = Result<StoredFragment>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let mut keys = Keys::new(&FRAGMENT_KEYS);
-        let (mut aliases, mut id, mut nbytes, mut key, mut object_offset, mut tensor_id) =
-            (Value::Null, Value::Null, Value::Null, Value::Null, Value::Null, Value::Null);
-        let (mut offset, mut shape) = (Ints::default(), Ints::default());
-        while let Some(k) = keys.next(&mut m)? {
+        let mut keys = Keys::default();
+        let (mut id, mut key, mut tensor_id) = (Held::default(), Held::default(), Held::default());
+        let (mut nbytes, mut object_offset) = (Held::default(), Held::default());
+        let (mut offset, mut shape, mut aliases) = (Held::default(), Held::default(), Held::default());
+        while let Some(k) = keys.next(&mut m, fragment_slot)? {
             match k {
-                0 => aliases = m.next_value()?,
-                1 => id = m.next_value()?,
-                2 => offset = m.next_value_seed(Any(Ints::default()))?,
-                3 => shape = m.next_value_seed(Any(Ints::default()))?,
-                4 => nbytes = m.next_value()?,
-                5 => key = m.next_value()?,
-                6 => object_offset = m.next_value()?,
-                _ => tensor_id = m.next_value()?,
+                0 => aliases = m.next_value_seed(Any(NameArray))?,
+                1 => id = m.next_value_seed(Any(Str))?,
+                2 => offset = m.next_value_seed(Any(IntArray))?,
+                3 => shape = m.next_value_seed(Any(IntArray))?,
+                4 => nbytes = m.next_value_seed(Any(UInt))?,
+                5 => key = m.next_value_seed(Any(Str))?,
+                6 => object_offset = m.next_value_seed(Any(UInt))?,
+                _ => tensor_id = m.next_value_seed(Any(Str))?,
             }
         }
         let checked = (|| {
             if !keys.are(0xff) {
                 return invalid("stored fragment schema fields do not match contract");
             }
-            let aliases = read_aliases(
-                &aliases,
-                "stored fragment aliases must be a sequence",
-                "stored fragment alias must be a non-empty string",
-            )?;
-            let fragment_id = json::req_str(&id, "stored fragment fragment_id")?;
-            let tensor_id = typed::intern(self.interner, json::req_cow(&tensor_id, "stored fragment tensor_id")?);
-            let offset = offset.check("stored fragment global_offset", 0)?;
-            let shape = shape.check("stored fragment local_shape", 1)?;
+            let aliases = aliases
+                .names("stored fragment aliases must be a sequence", "stored fragment alias must be a non-empty string")?;
+            let fragment_id = id.req_str("stored fragment fragment_id")?.into_owned();
+            let tensor_id = typed::intern(self.interner, &tensor_id.req_str("stored fragment tensor_id")?);
+            let offset = offset.ints("stored fragment global_offset", 0)?;
+            let shape = shape.ints("stored fragment local_shape", 1)?;
             let spec = StoredFragmentSpec {
                 fragment_id,
-                object_key: json::req_str(&key, "stored fragment object_key")?,
-                object_offset: json::req_int(&object_offset, "stored fragment object_offset", 0)?,
-                nbytes: json::req_int(&nbytes, "stored fragment nbytes", 1)?,
+                object_key: key.req_str("stored fragment object_key")?.into_owned(),
+                object_offset: object_offset.req_int("stored fragment object_offset", 0)?,
+                nbytes: nbytes.req_int("stored fragment nbytes", 1)?,
                 aliases,
                 ..StoredFragmentSpec::default()
             };

@@ -5,7 +5,8 @@ use super::non_empty;
 use crate::error::Error;
 use crate::error::{invalid, Result};
 use crate::json::{self, Profile, Value};
-use crate::model::typed::{Any, Each, Ints, Keys, Typed};
+use crate::model::typed::{self, Any, Each, Held, IntArray, Keys, OptUInt, Str, Typed, UInt};
+use std::borrow::Cow;
 use serde::de::MapAccess;
 use std::sync::Arc;
 
@@ -261,38 +262,45 @@ struct AxisSeed<'a> {
     index: usize,
 }
 
-const AXIS_KEYS: [&str; 3] = ["semantics", "kind", "dim"];
+/// An axis's key slots.
+fn axis_slot(k: &str) -> Option<u32> {
+    Some(match k {
+        "semantics" => 0,
+        "kind" => 1,
+        "dim" => 2,
+        _ => return None,
+    })
+}
 
 impl<'de> Typed<'de> for AxisSeed<'_> {
     type Out = Result<ParallelAxis>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let mut keys = Keys::new(&AXIS_KEYS);
-        let [mut semantics, mut kind, mut dim] = std::array::from_fn(|_| Value::Null);
-        while let Some(k) = keys.next(&mut m)? {
-            let slot = match k {
-                0 => &mut semantics,
-                1 => &mut kind,
-                _ => &mut dim,
-            };
-            *slot = m.next_value()?;
+        let mut keys = Keys::default();
+        let (mut semantics, mut kind, mut dim) = (Held::default(), Held::default(), Held::default());
+        while let Some(k) = keys.next(&mut m, axis_slot)? {
+            match k {
+                0 => semantics = m.next_value_seed(Any(Str))?,
+                1 => kind = m.next_value_seed(Any(Str))?,
+                _ => dim = m.next_value_seed(Any(UInt))?,
+            }
         }
         let (label, i) = (self.label, self.index);
         let schema = || Error::invalid(format!("{label} {i} schema fields do not match contract"));
-        let kind_of = |v: &Value| -> Result<AxisKind> {
+        let kind_of = |v: Held<Cow<str>>| -> Result<AxisKind> {
             match v {
-                Value::Str(s) => AxisKind::parse(s),
+                Held::Typed(s) => AxisKind::parse(&s),
                 _ => invalid("parallel axis kind must be a non-empty string"),
             }
         };
         Ok(match &semantics {
-            Value::Str(s) if !s.is_empty() => match s.as_ref() {
+            Held::Typed(s) if !s.is_empty() => match s.as_ref() {
                 "split" if !keys.are(0b111) => Err(schema()),
-                "split" => kind_of(&kind)
-                    .and_then(|kind| Ok((kind, json::req_int(&dim, "split axis dim", 0)?)))
+                "split" => kind_of(kind)
+                    .and_then(|kind| Ok((kind, dim.req_int("split axis dim", 0)?)))
                     .and_then(|(kind, dim)| ParallelAxis::split(kind, dim)),
                 "replicated" | "ownership" if !keys.are(0b011) => Err(schema()),
-                "replicated" => kind_of(&kind).map(ParallelAxis::Replicated),
-                "ownership" => kind_of(&kind).map(ParallelAxis::Ownership),
+                "replicated" => kind_of(kind).map(ParallelAxis::Replicated),
+                "ownership" => kind_of(kind).map(ParallelAxis::Ownership),
                 other => invalid(format!("unsupported parallel axis semantics: {other}")),
             },
             _ => invalid("axis semantics must be a non-empty string"),
@@ -325,34 +333,37 @@ impl TensorSeed {
     }
 }
 
-const TENSOR_KEYS: [&str; 9] = [
-    "tensor_id",
-    "global_shape",
-    "dtype",
-    "itemsize",
-    "shard_dims",
-    "layout_fingerprint",
-    "parallel_axes",
-    "layer_id",
-    "expert_id",
-];
+/// A tensor's key slots.
+fn tensor_slot(k: &str) -> Option<u32> {
+    Some(match k {
+        "tensor_id" => 0,
+        "global_shape" => 1,
+        "dtype" => 2,
+        "itemsize" => 3,
+        "shard_dims" => 4,
+        "layout_fingerprint" => 5,
+        "parallel_axes" => 6,
+        "layer_id" => 7,
+        "expert_id" => 8,
+        _ => return None,
+    })
+}
 
 impl<'de> Typed<'de> for TensorSeed {
     type Out = Result<Arc<TensorDescriptor>>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let mut keys = Keys::new(&TENSOR_KEYS);
-        let [mut id, mut dtype, mut itemsize, mut fingerprint, mut layer, mut expert] =
-            std::array::from_fn(|_| Value::Null);
+        let mut keys = Keys::default();
+        let (mut id, mut dtype, mut fingerprint, mut itemsize) = (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut layer, mut expert, mut shape, mut shard_dims) = (Held::default(), Held::default(), Held::default(), Held::default());
         let mut axes = None;
-        let (mut shape, mut shard_dims) = (Ints::default(), Ints::default());
-        while let Some(k) = keys.next(&mut m)? {
+        while let Some(k) = keys.next(&mut m, tensor_slot)? {
             match k {
-                0 => id = m.next_value()?,
-                1 => shape = m.next_value_seed(Any(Ints::default()))?,
-                2 => dtype = m.next_value()?,
-                3 => itemsize = m.next_value()?,
-                4 => shard_dims = m.next_value_seed(Any(Ints::default()))?,
-                5 => fingerprint = m.next_value()?,
+                0 => id = m.next_value_seed(Any(Str))?,
+                1 => shape = m.next_value_seed(Any(IntArray))?,
+                2 => dtype = m.next_value_seed(Any(Str))?,
+                3 => itemsize = m.next_value_seed(Any(UInt))?,
+                4 => shard_dims = m.next_value_seed(Any(IntArray))?,
+                5 => fingerprint = m.next_value_seed(Any(Str))?,
                 6 => {
                     let label = AxisLabel(&self);
                     let each = Each(
@@ -364,8 +375,8 @@ impl<'de> Typed<'de> for TensorSeed {
                     );
                     axes = Some(m.next_value_seed(Any(each))?);
                 }
-                7 => layer = m.next_value()?,
-                _ => expert = m.next_value()?,
+                7 => layer = m.next_value_seed(Any(OptUInt))?,
+                _ => expert = m.next_value_seed(Any(OptUInt))?,
             }
         }
         let prefix = if self.stored { "stored tensor " } else { "" };
@@ -378,22 +389,22 @@ impl<'de> Typed<'de> for TensorSeed {
             // Integer tuples: the placement decoder reports a non-array as
             // `<field> must be a sequence`, the stored decoder as
             // `stored tensor <field> must contain integers` (`wire-format.md` §2.1, §4.1).
-            let int_tuple = |ints: Ints, name: &str, min: u64| {
-                if !prefix.is_empty() && matches!(&ints, Ints::Other(v) if !matches!(v, Value::Array(_))) {
+            let int_tuple = |ints: Held<typed::Dims>, name: &str, min: u64| {
+                if !prefix.is_empty() && ints.is_not_array() {
                     return invalid(format!("{prefix}{name} must contain integers"));
                 }
-                Ok(ints.check(format_args!("{prefix}{name}"), min)?.as_slice().to_vec())
+                Ok(ints.ints(format_args!("{prefix}{name}"), min)?.as_slice().to_vec())
             };
             TensorDescriptor::new(TensorSpec {
-                tensor_id: json::req_str(&id, format_args!("{prefix}tensor_id"))?,
+                tensor_id: id.req_str(format_args!("{prefix}tensor_id"))?.into_owned(),
                 global_shape: int_tuple(shape, "global_shape", 1)?,
-                dtype: json::req_str(&dtype, format_args!("{prefix}dtype"))?,
-                itemsize: json::req_int(&itemsize, format_args!("{prefix}itemsize"), 1)?,
+                dtype: dtype.req_str(format_args!("{prefix}dtype"))?.into_owned(),
+                itemsize: itemsize.req_int(format_args!("{prefix}itemsize"), 1)?,
                 shard_dims: int_tuple(shard_dims, "shard_dims", 0)?,
-                layout_fingerprint: json::req_str(&fingerprint, format_args!("{prefix}layout_fingerprint"))?,
+                layout_fingerprint: fingerprint.req_str(format_args!("{prefix}layout_fingerprint"))?.into_owned(),
                 parallel_axes,
-                layer_id: json::opt_int(&layer, format_args!("{prefix}layer_id"), 0)?,
-                expert_id: json::opt_int(&expert, format_args!("{prefix}expert_id"), 0)?,
+                layer_id: layer.opt_int(format_args!("{prefix}layer_id"), 0)?,
+                expert_id: expert.opt_int(format_args!("{prefix}expert_id"), 0)?,
             })
             .map(Arc::new)
         })();

@@ -78,6 +78,7 @@ pub(crate) struct Any<T>(pub(crate) T);
 
 impl<'de, T: Typed<'de>> DeserializeSeed<'de> for Any<T> {
     type Value = T::Out;
+    #[inline]
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
@@ -88,78 +89,98 @@ impl<'de, T: Typed<'de>> Visitor<'de> for Any<T> {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
+    #[inline]
     fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Self::Value, A::Error> {
         self.0.map(m)
     }
+    #[inline]
     fn visit_seq<A: SeqAccess<'de>>(self, s: A) -> Result<Self::Value, A::Error> {
         self.0.seq(s)
     }
+    #[inline]
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_bool::<E>(v)?))
     }
+    #[inline]
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_u64::<E>(v)?))
     }
+    #[inline]
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_i64::<E>(v)?))
     }
+    #[inline]
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_f64::<E>(v)?))
     }
+    #[inline]
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_borrowed_str::<E>(v)?))
     }
+    #[inline]
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_str::<E>(v)?))
     }
+    #[inline]
     fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
         Ok(self.0.other(ValueVisitor.visit_string::<E>(v)?))
     }
+    #[inline]
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(self.0.other(Value::Null))
     }
+    #[inline]
     fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(self.0.other(Value::Null))
     }
 }
 
-/// The keys of one object read into slots: which of `names` were seen (a repeated
-/// key fails as in [`Value`]'s decoder) and whether any other key was (such
-/// members are read, for the text's own errors, and dropped).
-pub(crate) struct Keys<'de, const N: usize> {
-    names: &'static [&'static str; N],
+/// The keys of one object read into slots: which known keys were seen (a repeated
+/// key fails as in [`Value`]'s decoder) and whether any other key was (such members
+/// are read, for the text's own errors, and dropped). An object names its keys
+/// once, in the `slot` function it passes to [`Keys::next`] (a `match` on the key).
+#[derive(Default)]
+pub(crate) struct Keys<'de> {
     seen: u32,
     unknown: Members<'de>,
     unknown_set: Option<HashSet<Cow<'de, str>>>,
 }
 
-impl<'de, const N: usize> Keys<'de, N> {
-    /// No key seen yet.
-    pub(crate) fn new(names: &'static [&'static str; N]) -> Self {
-        Keys { names, seen: 0, unknown: Vec::new(), unknown_set: None }
-    }
-
-    /// The index in `names` of the next known key (its value is the caller's to
+impl<'de> Keys<'de> {
+    /// The slot of the next known key (`slot(key)`; its value is the caller's to
     /// read), `None` at the end of the object.
-    pub(crate) fn next<A: MapAccess<'de>>(&mut self, m: &mut A) -> Result<Option<usize>, A::Error> {
+    #[inline]
+    pub(crate) fn next<A: MapAccess<'de>>(
+        &mut self,
+        m: &mut A,
+        slot: impl Fn(&str) -> Option<u32>,
+    ) -> Result<Option<u32>, A::Error> {
         while let Some(k) = m.next_key_seed(CowStr)? {
-            if let Some(i) = self.names.iter().position(|n| *n == k) {
+            if let Some(i) = slot(&k) {
                 if self.seen & (1 << i) != 0 {
                     return Err(json::duplicate(&k));
                 }
                 self.seen |= 1 << i;
                 return Ok(Some(i));
             }
-            json::check_new_key(&self.unknown, &mut self.unknown_set, &k)?;
-            m.next_value::<Value<'de>>()?;
-            self.unknown.push((k, Value::Null));
+            self.other(m, k)?;
         }
         Ok(None)
     }
 
-    /// Whether the keys were exactly those of `names` whose bits `set` has.
+    /// An unknown key: its value is read (for the text's own errors) and dropped.
+    #[cold]
+    fn other<A: MapAccess<'de>>(&mut self, m: &mut A, k: Cow<'de, str>) -> Result<(), A::Error> {
+        json::check_new_key(&self.unknown, &mut self.unknown_set, &k)?;
+        m.next_value::<Value<'de>>()?;
+        self.unknown.push((k, Value::Null));
+        Ok(())
+    }
+
+    /// Whether the keys were exactly the known ones whose bits `set` has.
+    #[inline]
     pub(crate) fn are(&self, set: u32) -> bool {
-        self.unknown.is_empty() && self.seen == set
+        self.seen == set && self.unknown.is_empty()
     }
 }
 
@@ -172,6 +193,128 @@ pub(crate) fn intern<'de>(interner: &Interner<'de>, id: &Cow<'de, str>) -> Arc<s
     match id {
         Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| Arc::from(*s)).clone(),
         Cow::Owned(s) => Arc::from(s.as_str()),
+    }
+}
+
+/// A member held as it was read: `Typed` when it has the one shape the schema
+/// wants (read without building a [`Value`]), else the [`Value`] it is, or
+/// `Absent` (a key not seen: read as `null`, though an object checks its key set
+/// first). Its checks (`req_str`, `req_int`, `ints`, ...) give exactly the outcome
+/// of the [`json`] helpers (and of `ParallelRank::from_json`) over the member's
+/// value: the accepted value, or the helper's own message. Read one with the slot
+/// readers: `Any(Str)`, `Any(UInt)`, `Any(OptUInt)`, `Any(IntArray)`,
+/// `Any(NameArray)`, `Any(RankObject)`.
+pub(crate) enum Held<'de, T> {
+    /// Not seen.
+    Absent,
+    /// The wanted shape.
+    Typed(T),
+    /// Anything else.
+    Other(Value<'de>),
+}
+
+impl<T> Default for Held<'_, T> {
+    fn default() -> Self {
+        Held::Absent
+    }
+}
+
+impl<'de, T> Held<'de, T> {
+    /// The member's value when it is not `Typed` (`Err`: the typed value).
+    #[inline]
+    fn untyped(self) -> Result<Value<'de>, T> {
+        match self {
+            Held::Typed(t) => Err(t),
+            Held::Other(v) => Ok(v),
+            Held::Absent => Ok(Value::Null),
+        }
+    }
+}
+
+/// Reads a string member ([`Held`]).
+pub(crate) struct Str;
+/// Reads an unsigned integer member ([`Held`]).
+pub(crate) struct UInt;
+/// Reads a `null`-or-unsigned-integer member ([`Held`]).
+pub(crate) struct OptUInt;
+/// Reads an array of unsigned integers ([`Held`] of [`Dims`]).
+pub(crate) struct IntArray;
+/// Reads an array of non-empty strings ([`Held`] of the strings).
+pub(crate) struct NameArray;
+/// Reads a RANK object ([`Held`] of a [`ParallelRank`]): typed when it is exactly
+/// `dp`, `ep`, `pp`, `tp` with unsigned integers.
+pub(crate) struct RankObject;
+
+impl<'de> Typed<'de> for Str {
+    type Out = Held<'de, Cow<'de, str>>;
+    #[inline]
+    fn other(self, v: Value<'de>) -> Self::Out {
+        match v {
+            Value::Str(s) => Held::Typed(s),
+            v => Held::Other(v),
+        }
+    }
+}
+
+impl<'de> Typed<'de> for UInt {
+    type Out = Held<'de, u64>;
+    #[inline]
+    fn other(self, v: Value<'de>) -> Self::Out {
+        match v {
+            Value::UInt(n) => Held::Typed(n),
+            v => Held::Other(v),
+        }
+    }
+}
+
+impl<'de> Typed<'de> for OptUInt {
+    type Out = Held<'de, Option<u64>>;
+    #[inline]
+    fn other(self, v: Value<'de>) -> Self::Out {
+        match v {
+            Value::UInt(n) => Held::Typed(Some(n)),
+            Value::Null => Held::Typed(None),
+            v => Held::Other(v),
+        }
+    }
+}
+
+impl<'de> Held<'de, Cow<'de, str>> {
+    /// [`json::req_str`]: a non-empty string (as held: borrowed from the input when
+    /// it has no escapes).
+    #[inline]
+    pub(crate) fn req_str(self, field: impl fmt::Display) -> crate::Result<Cow<'de, str>> {
+        let v = match self.untyped() {
+            Err(s) if !s.is_empty() => return Ok(s),
+            Err(s) => Value::Str(s),
+            Ok(v) => v,
+        };
+        json::req_cow(&v, field).cloned()
+    }
+}
+
+impl<'de> Held<'de, u64> {
+    /// [`json::req_int`]: an integer at least `min`.
+    #[inline]
+    pub(crate) fn req_int(self, field: impl fmt::Display, min: u64) -> crate::Result<u64> {
+        match self.untyped() {
+            Err(n) if n >= min => Ok(n),
+            Err(n) => json::req_int(&Value::UInt(n), field, min),
+            Ok(v) => json::req_int(&v, field, min),
+        }
+    }
+}
+
+impl<'de> Held<'de, Option<u64>> {
+    /// [`json::opt_int`]: `null` or an integer at least `min`.
+    #[inline]
+    pub(crate) fn opt_int(self, field: impl fmt::Display, min: u64) -> crate::Result<Option<u64>> {
+        match self.untyped() {
+            Err(None) => Ok(None),
+            Err(Some(n)) if n >= min => Ok(Some(n)),
+            Err(Some(n)) => json::opt_int(&Value::UInt(n), field, min),
+            Ok(v) => json::opt_int(&v, field, min),
+        }
     }
 }
 
@@ -201,6 +344,7 @@ impl Dims {
         }
     }
 
+    #[inline]
     fn push(&mut self, v: u64) {
         if self.len < Self::INLINE {
             self.inline[self.len] = v;
@@ -214,91 +358,132 @@ impl Dims {
     }
 }
 
-/// A member that should be an array of unsigned integers: held as [`Dims`] when it
-/// is one, else as the [`Value`] it is. Read it with `Any(Ints::default())`.
-pub(crate) enum Ints<'de> {
-    /// An array of integers that fit in u64.
-    Typed(Dims),
-    /// Anything else (also the slot of a member not seen).
-    Other(Value<'de>),
-}
-
-impl Default for Ints<'_> {
-    fn default() -> Self {
-        Ints::Other(Value::Null)
-    }
-}
-
-impl<'de> Ints<'de> {
+impl<'de> Held<'de, Dims> {
     /// [`json::req_int_array`]'s check (its messages: `<field> must be a sequence`,
     /// `<field> must be at least <min>`, ...), the integers kept on the stack.
-    pub(crate) fn check(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
-        match self {
-            Ints::Typed(d) => match d.as_slice().iter().find(|&&x| x < min) {
+    #[inline]
+    pub(crate) fn ints(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
+        match self.untyped() {
+            Err(d) => match d.as_slice().iter().find(|&&x| x < min) {
                 Some(&x) => json::req_int(&Value::UInt(x), field, min).map(|_| d),
                 None => Ok(d),
             },
-            Ints::Other(v) => {
+            Ok(v) => {
                 let mut d = Dims::new();
                 json::req_int_array(&v, field, min)?.into_iter().for_each(|x| d.push(x));
                 Ok(d)
             }
         }
     }
+
+    /// Whether the member is not an array.
+    pub(crate) fn is_not_array(&self) -> bool {
+        match self {
+            Held::Typed(_) => false,
+            Held::Other(v) => !matches!(v, Value::Array(_)),
+            Held::Absent => true,
+        }
+    }
 }
 
-impl<'de> Typed<'de> for Ints<'de> {
-    type Out = Ints<'de>;
+/// Reads one element of an integer array: its integer, or (any other value) 0,
+/// the value then kept in the slot. The integer comes back in registers, not
+/// inside a [`Held`] (the element loop is the decoders' hottest).
+struct Element<'a, 'de>(&'a mut Option<Value<'de>>);
+
+impl<'de> Typed<'de> for Element<'_, 'de> {
+    type Out = u64;
+    #[inline]
+    fn other(self, v: Value<'de>) -> u64 {
+        match v {
+            Value::UInt(n) => n,
+            v => {
+                *self.0 = Some(v);
+                0
+            }
+        }
+    }
+}
+
+impl<'de> Typed<'de> for IntArray {
+    type Out = Held<'de, Dims>;
     fn seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Out, A::Error> {
         let mut d = Dims::new();
-        while let Some(v) = s.next_element::<Value<'de>>()? {
-            match v {
-                Value::UInt(x) => d.push(x),
+        let mut odd = None;
+        while let Some(x) = s.next_element_seed(Any(Element(&mut odd)))? {
+            if let Some(other) = odd.take() {
+                let mut items: Vec<Value<'de>> = d.as_slice().iter().map(|&x| Value::UInt(x)).collect();
+                items.push(other);
+                return Ok(Held::Other(json::items_after(&mut s, items)?));
+            }
+            d.push(x);
+        }
+        Ok(Held::Typed(d))
+    }
+    fn other(self, v: Value<'de>) -> Self::Out {
+        Held::Other(v)
+    }
+}
+
+impl<'de> Held<'de, Vec<String>> {
+    /// The strings, else `not_array` (not an array) or `not_string` (an element
+    /// that is not a non-empty string).
+    #[inline]
+    pub(crate) fn names(self, not_array: &str, not_string: &str) -> crate::Result<Vec<String>> {
+        match self.untyped() {
+            Err(names) => Ok(names),
+            Ok(v) => {
+                let items = json::req_array(&v, || not_array.to_string())?;
+                let mut names = Vec::with_capacity(items.len());
+                for a in items {
+                    match a {
+                        Value::Str(s) if !s.is_empty() => names.push(s.to_string()),
+                        _ => return Err(crate::Error::invalid(not_string)),
+                    }
+                }
+                Ok(names)
+            }
+        }
+    }
+}
+
+impl<'de> Typed<'de> for NameArray {
+    type Out = Held<'de, Vec<String>>;
+    fn seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Out, A::Error> {
+        let mut names = Vec::new();
+        while let Some(v) = s.next_element_seed(Any(Str))? {
+            match v.untyped() {
+                Err(x) if !x.is_empty() => names.push(x.into_owned()),
                 other => {
-                    let mut items: Vec<Value<'de>> = d.as_slice().iter().map(|&x| Value::UInt(x)).collect();
-                    items.push(other);
-                    return Ok(Ints::Other(json::items_after(&mut s, items)?));
+                    let mut items: Vec<Value<'de>> = names.into_iter().map(|x| Value::Str(Cow::Owned(x))).collect();
+                    items.push(other.unwrap_or_else(Value::Str));
+                    return Ok(Held::Other(json::items_after(&mut s, items)?));
                 }
             }
         }
-        Ok(Ints::Typed(d))
+        Ok(Held::Typed(names))
     }
     fn other(self, v: Value<'de>) -> Self::Out {
-        Ints::Other(v)
+        Held::Other(v)
     }
 }
 
-/// A member that should be a RANK object: held as a [`ParallelRank`] when it is
-/// exactly `dp`, `ep`, `pp`, `tp` with unsigned integers, else as the [`Value`] it
-/// is. Read it with `Any(Rank::default())`.
-pub(crate) enum Rank<'de> {
-    /// The four coordinates.
-    Typed(ParallelRank),
-    /// Anything else (also the slot of a member not seen).
-    Other(Value<'de>),
-}
-
-impl Default for Rank<'_> {
-    fn default() -> Self {
-        Rank::Other(Value::Null)
-    }
-}
-
-impl<'de> Rank<'de> {
+impl<'de> Held<'de, ParallelRank> {
     /// `ParallelRank::from_json`'s check (`schema_err` when the object is not
     /// exactly the four coordinates, `rank <axis> must be ...` for a value).
-    pub(crate) fn check(self, schema_err: &dyn Fn() -> String) -> crate::Result<ParallelRank> {
-        match self {
-            Rank::Typed(r) => Ok(r),
-            Rank::Other(v) => ParallelRank::from_json(&v, schema_err),
+    #[inline]
+    pub(crate) fn rank(self, schema_err: &dyn Fn() -> String) -> crate::Result<ParallelRank> {
+        match self.untyped() {
+            Err(r) => Ok(r),
+            Ok(v) => ParallelRank::from_json(&v, schema_err),
         }
     }
 }
 
 const RANK_KEYS: [&str; 4] = ["dp", "ep", "pp", "tp"];
 
-impl<'de> Typed<'de> for Rank<'de> {
-    type Out = Rank<'de>;
+impl<'de> Typed<'de> for RankObject {
+    type Out = Held<'de, ParallelRank>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Out, A::Error> {
         let mut coords = [0u64; 4];
         // The keys read so far, in document order (to rebuild the object).
@@ -308,15 +493,21 @@ impl<'de> Typed<'de> for Rank<'de> {
             order.iter().map(|&i| (Cow::Borrowed(RANK_KEYS[i]), Value::UInt(coords[i]))).collect()
         };
         while let Some(k) = m.next_key_seed(CowStr)? {
-            let i = RANK_KEYS.iter().position(|n| *n == k);
+            let i = match k.as_ref() {
+                "dp" => Some(0),
+                "ep" => Some(1),
+                "pp" => Some(2),
+                "tp" => Some(3),
+                _ => None,
+            };
             if let Some(i) = i {
                 if seen & (1 << i) != 0 {
                     return Err(json::duplicate(&k));
                 }
             }
-            let v = m.next_value::<Value<'de>>()?;
-            match (i, v) {
-                (Some(i), Value::UInt(x)) => {
+            let v = m.next_value_seed(Any(UInt))?;
+            match (i, v.untyped()) {
+                (Some(i), Err(x)) => {
                     seen |= 1 << i;
                     coords[i] = x;
                     order[n] = i;
@@ -324,19 +515,19 @@ impl<'de> Typed<'de> for Rank<'de> {
                 }
                 (_, v) => {
                     let mut members = rebuilt(&order[..n], &coords);
-                    members.push((k, v));
-                    return Ok(Rank::Other(Value::Object(json::members_with(&mut m, members, |_, _| Ok(false))?)));
+                    members.push((k, v.unwrap_or_else(Value::UInt)));
+                    return Ok(Held::Other(Value::Object(json::members_with(&mut m, members, |_, _| Ok(false))?)));
                 }
             }
         }
         if seen != 0b1111 {
-            return Ok(Rank::Other(Value::Object(rebuilt(&order[..n], &coords))));
+            return Ok(Held::Other(Value::Object(rebuilt(&order[..n], &coords))));
         }
         let [dp, ep, pp, tp] = coords;
-        Ok(Rank::Typed(ParallelRank { dp, ep, pp, tp }))
+        Ok(Held::Typed(ParallelRank { dp, ep, pp, tp }))
     }
     fn other(self, v: Value<'de>) -> Self::Out {
-        Rank::Other(v)
+        Held::Other(v)
     }
 }
 
@@ -374,14 +565,14 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{Any, Ints, Rank};
+    use super::{Any, Held, IntArray, RankObject};
     use crate::json;
     use crate::model::axes::ParallelRank;
 
     fn ints(text: &str, min: u64) -> (crate::Result<Vec<u64>>, bool) {
-        let parsed = json::parse_text_with(text, "t", Any(Ints::default())).unwrap();
-        let typed = matches!(parsed, Ints::Typed(_));
-        (parsed.check("f", min).map(|d| d.as_slice().to_vec()), typed)
+        let parsed = json::parse_text_with(text, "t", Any(IntArray)).unwrap();
+        let typed = matches!(parsed, Held::Typed(_));
+        (parsed.ints("f", min).map(|d| d.as_slice().to_vec()), typed)
     }
 
     /// Integer arrays: typed when canonical, and the same outcome (value or exact
@@ -440,14 +631,14 @@ mod tests {
         let schema = || "schema".to_string();
         for (text, typed) in cases {
             let want = ParallelRank::from_json(&json::parse_text(text, "t").unwrap(), &schema);
-            let parsed = json::parse_text_with(text, "t", Any(Rank::default())).unwrap();
-            assert_eq!(matches!(parsed, Rank::Typed(_)), typed, "{text}");
-            let got = parsed.check(&schema);
+            let parsed = json::parse_text_with(text, "t", Any(RankObject)).unwrap();
+            assert_eq!(matches!(parsed, Held::Typed(_)), typed, "{text}");
+            let got = parsed.rank(&schema);
             assert_eq!(got.map_err(|e| e.to_string()), want.map_err(|e| e.to_string()), "{text}");
         }
         // A repeated key is the text's error, as in the Value decoder, wherever it comes.
         for text in [r#"{"dp":1,"dp":1}"#, r#"{"dp":1.5,"dp":1}"#, r#"{"x":1,"x":1}"#] {
-            let e = json::parse_text_with(text, "t", Any(Rank::default())).err().unwrap();
+            let e = json::parse_text_with(text, "t", Any(RankObject)).err().unwrap();
             assert_eq!(e.to_string(), json::parse_text(text, "t").unwrap_err().to_string());
         }
     }

@@ -18,7 +18,7 @@ pub(crate) use fragment::{check_fragment_geometry, normalize_aliases};
 pub use fragment::{PlacementFragment, PlacementFragmentSpec};
 pub use part::{PlacementPart, PlacementPartSpec};
 pub use topology::{ParallelTopology, TopologyParticipant, TopologySpec};
-pub(crate) use wire::{decode_fragment, read_aliases};
+pub(crate) use wire::decode_fragment;
 
 use self::checks::{check_alias_completeness, tensor_index};
 use crate::error::{invalid, Error, Result};

@@ -11,7 +11,7 @@ use crate::geometry::SharedBox;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::{TensorDescriptor, TensorSeed};
-use crate::model::typed::{self, Any, Each, Interner, Ints, Keys, Rank, Typed};
+use crate::model::typed::{self, Any, Each, Held, IntArray, Interner, Keys, NameArray, OptUInt, RankObject, Str, Typed, UInt};
 use serde::de::MapAccess;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -492,35 +492,37 @@ struct FragmentSeed<'a, 'de> {
     interner: &'a Interner<'de>,
 }
 
-/// A fragment's keys (`pipeline_stage_id`, the last, is optional).
-const FRAGMENT_KEYS: [&str; 8] = [
-    "placement_fragment_id",
-    "tensor_id",
-    "global_offset",
-    "local_shape",
-    "nbytes",
-    "rank",
-    "aliases",
-    "pipeline_stage_id",
-];
+/// A fragment's key slots (`pipeline_stage_id`, slot 7, is optional).
+fn fragment_slot(k: &str) -> Option<u32> {
+    Some(match k {
+        "placement_fragment_id" => 0,
+        "tensor_id" => 1,
+        "global_offset" => 2,
+        "local_shape" => 3,
+        "nbytes" => 4,
+        "rank" => 5,
+        "aliases" => 6,
+        "pipeline_stage_id" => 7,
+        _ => return None,
+    })
+}
 
 impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
     type Out = Result<PlacementFragment>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let mut keys = Keys::new(&FRAGMENT_KEYS);
-        let (mut id, mut tensor_id, mut nbytes, mut aliases, mut stage) =
-            (Value::Null, Value::Null, Value::Null, Value::Null, Value::Null);
-        let (mut offset, mut shape, mut rank) = (Ints::default(), Ints::default(), Rank::default());
-        while let Some(k) = keys.next(&mut m)? {
+        let mut keys = Keys::default();
+        let (mut id, mut tensor_id, mut nbytes, mut stage) = (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut offset, mut shape, mut rank, mut aliases) = (Held::default(), Held::default(), Held::default(), Held::default());
+        while let Some(k) = keys.next(&mut m, fragment_slot)? {
             match k {
-                0 => id = m.next_value()?,
-                1 => tensor_id = m.next_value()?,
-                2 => offset = m.next_value_seed(Any(Ints::default()))?,
-                3 => shape = m.next_value_seed(Any(Ints::default()))?,
-                4 => nbytes = m.next_value()?,
-                5 => rank = m.next_value_seed(Any(Rank::default()))?,
-                6 => aliases = m.next_value()?,
-                _ => stage = m.next_value()?,
+                0 => id = m.next_value_seed(Any(Str))?,
+                1 => tensor_id = m.next_value_seed(Any(Str))?,
+                2 => offset = m.next_value_seed(Any(IntArray))?,
+                3 => shape = m.next_value_seed(Any(IntArray))?,
+                4 => nbytes = m.next_value_seed(Any(UInt))?,
+                5 => rank = m.next_value_seed(Any(RankObject))?,
+                6 => aliases = m.next_value_seed(Any(NameArray))?,
+                _ => stage = m.next_value_seed(Any(OptUInt))?,
             }
         }
         let i = self.index;
@@ -528,16 +530,16 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
             if !keys.are(0x7f) && !keys.are(0xff) {
                 return invalid(format!("placement fragment {i} has an invalid schema"));
             }
-            let aliases = read_aliases(&aliases, "aliases must be a sequence", "alias must be a non-empty string")?;
-            let tensor_id = typed::intern(self.interner, json::req_cow(&tensor_id, "tensor_id")?);
-            let offset = offset.check("global_offset", 0)?;
-            let shape = shape.check("local_shape", 1)?;
+            let aliases = aliases.names("aliases must be a sequence", "alias must be a non-empty string")?;
+            let tensor_id = typed::intern(self.interner, &tensor_id.req_str("tensor_id")?);
+            let offset = offset.ints("global_offset", 0)?;
+            let shape = shape.ints("local_shape", 1)?;
             let spec = PlacementFragmentSpec {
-                nbytes: json::req_int(&nbytes, "nbytes", 1)?,
-                rank: rank.check(&|| format!("placement rank {i} schema fields do not match contract"))?,
-                pipeline_stage_id: json::opt_int(&stage, "pipeline_stage_id", 0)?,
+                nbytes: nbytes.req_int("nbytes", 1)?,
+                rank: rank.rank(&|| format!("placement rank {i} schema fields do not match contract"))?,
+                pipeline_stage_id: stage.opt_int("pipeline_stage_id", 0)?,
                 aliases,
-                placement_fragment_id: Some(json::req_str(&id, "placement_fragment_id")?),
+                placement_fragment_id: Some(id.req_str("placement_fragment_id")?.into_owned()),
                 ..PlacementFragmentSpec::default()
             };
             let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
@@ -548,19 +550,6 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
     fn other(self, _: Value<'de>) -> Self::Out {
         invalid(format!("placement fragment {} must be a JSON object", self.index))
     }
-}
-
-/// An alias group member: an array of non-empty strings (`not_array`, `not_string`).
-pub(crate) fn read_aliases(v: &Value, not_array: &str, not_string: &str) -> Result<Vec<String>> {
-    let items = json::req_array(v, || not_array.to_string())?;
-    let mut aliases = Vec::with_capacity(items.len());
-    for a in items {
-        match a {
-            Value::Str(s) if !s.is_empty() => aliases.push(s.to_string()),
-            _ => return invalid(not_string),
-        }
-    }
-    Ok(aliases)
 }
 
 #[cfg(test)]
