@@ -440,6 +440,9 @@ pub(crate) fn duplicate<E: de::Error>(k: &str) -> E {
 
 /// Fails when `k` is already among `members` (`seen`: their set, built once an
 /// object grows past a linear scan's size).
+// `&Cow`, not `&str`: the set keeps a clone of the key, borrowed from the input
+// when the key is.
+#[allow(clippy::ptr_arg)]
 pub(crate) fn check_new_key<'de, E: de::Error>(
     members: &[(Cow<'de, str>, Value<'de>)],
     seen: &mut Option<HashSet<Cow<'de, str>>>,

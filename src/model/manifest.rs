@@ -926,10 +926,12 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
             if !keys.are(0xff) {
                 return invalid("stored fragment schema fields do not match contract");
             }
-            let aliases = aliases
-                .names("stored fragment aliases must be a sequence", "stored fragment alias must be a non-empty string")?;
+            let aliases = aliases.names(
+                "stored fragment aliases must be a sequence",
+                "stored fragment alias must be a non-empty string",
+            )?;
             let fragment_id = id.req_str("stored fragment fragment_id")?.into_owned();
-            let tensor_id = typed::intern(self.interner, &tensor_id.req_str("stored fragment tensor_id")?);
+            let tensor_id = typed::intern(self.interner, tensor_id.req_str("stored fragment tensor_id")?);
             let offset = offset.ints("stored fragment global_offset", 0)?;
             let shape = shape.ints("stored fragment local_shape", 1)?;
             let spec = StoredFragmentSpec {

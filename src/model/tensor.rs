@@ -6,8 +6,8 @@ use crate::error::Error;
 use crate::error::{invalid, Result};
 use crate::json::{self, Profile, Value};
 use crate::model::typed::{self, Any, Each, Held, IntArray, Keys, OptUInt, Str, Typed, UInt};
-use std::borrow::Cow;
 use serde::de::MapAccess;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Construction input of a [`TensorDescriptor`] (plain data, unvalidated).
@@ -353,8 +353,10 @@ impl<'de> Typed<'de> for TensorSeed {
     type Out = Result<Arc<TensorDescriptor>>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
         let mut keys = Keys::default();
-        let (mut id, mut dtype, mut fingerprint, mut itemsize) = (Held::default(), Held::default(), Held::default(), Held::default());
-        let (mut layer, mut expert, mut shape, mut shard_dims) = (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut id, mut dtype, mut fingerprint, mut itemsize) =
+            (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut layer, mut expert, mut shape, mut shard_dims) =
+            (Held::default(), Held::default(), Held::default(), Held::default());
         let mut axes = None;
         while let Some(k) = keys.next(&mut m, tensor_slot)? {
             match k {

@@ -189,9 +189,9 @@ pub(crate) type Interner<'de> = std::cell::RefCell<crate::fxhash::FxHashMap<&'de
 
 /// A tensor id, shared through `interner` (an id with escapes is not borrowed from
 /// the input and gets its own allocation).
-pub(crate) fn intern<'de>(interner: &Interner<'de>, id: &Cow<'de, str>) -> Arc<str> {
+pub(crate) fn intern<'de>(interner: &Interner<'de>, id: Cow<'de, str>) -> Arc<str> {
     match id {
-        Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| Arc::from(*s)).clone(),
+        Cow::Borrowed(s) => interner.borrow_mut().entry(s).or_insert_with(|| Arc::from(s)).clone(),
         Cow::Owned(s) => Arc::from(s.as_str()),
     }
 }
@@ -204,19 +204,15 @@ pub(crate) fn intern<'de>(interner: &Interner<'de>, id: &Cow<'de, str>) -> Arc<s
 /// value: the accepted value, or the helper's own message. Read one with the slot
 /// readers: `Any(Str)`, `Any(UInt)`, `Any(OptUInt)`, `Any(IntArray)`,
 /// `Any(NameArray)`, `Any(RankObject)`.
+#[derive(Default)]
 pub(crate) enum Held<'de, T> {
     /// Not seen.
+    #[default]
     Absent,
     /// The wanted shape.
     Typed(T),
     /// Anything else.
     Other(Value<'de>),
-}
-
-impl<T> Default for Held<'_, T> {
-    fn default() -> Self {
-        Held::Absent
-    }
 }
 
 impl<'de, T> Held<'de, T> {

@@ -11,7 +11,9 @@ use crate::geometry::SharedBox;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::{TensorDescriptor, TensorSeed};
-use crate::model::typed::{self, Any, Each, Held, IntArray, Interner, Keys, NameArray, OptUInt, RankObject, Str, Typed, UInt};
+use crate::model::typed::{
+    self, Any, Each, Held, IntArray, Interner, Keys, NameArray, OptUInt, RankObject, Str, Typed, UInt,
+};
 use serde::de::MapAccess;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -511,8 +513,10 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
     type Out = Result<PlacementFragment>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
         let mut keys = Keys::default();
-        let (mut id, mut tensor_id, mut nbytes, mut stage) = (Held::default(), Held::default(), Held::default(), Held::default());
-        let (mut offset, mut shape, mut rank, mut aliases) = (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut id, mut tensor_id, mut nbytes, mut stage) =
+            (Held::default(), Held::default(), Held::default(), Held::default());
+        let (mut offset, mut shape, mut rank, mut aliases) =
+            (Held::default(), Held::default(), Held::default(), Held::default());
         while let Some(k) = keys.next(&mut m, fragment_slot)? {
             match k {
                 0 => id = m.next_value_seed(Any(Str))?,
@@ -531,7 +535,7 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
                 return invalid(format!("placement fragment {i} has an invalid schema"));
             }
             let aliases = aliases.names("aliases must be a sequence", "alias must be a non-empty string")?;
-            let tensor_id = typed::intern(self.interner, &tensor_id.req_str("tensor_id")?);
+            let tensor_id = typed::intern(self.interner, tensor_id.req_str("tensor_id")?);
             let offset = offset.ints("global_offset", 0)?;
             let shape = shape.ints("local_shape", 1)?;
             let spec = PlacementFragmentSpec {
