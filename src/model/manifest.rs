@@ -601,10 +601,10 @@ impl StoredManifest {
 
     /// Same as [`StoredManifest::from_json`] for text (a leading BOM is an error).
     ///
-    /// A large document (from [`super::digest::PIPELINE_MIN_BYTES`]) is hashed on
+    /// A large document (from 8 MiB: `digest::PIPELINE_MIN_BYTES`) is hashed on
     /// a second thread while this one reads it: a canonical document (what every
     /// writer of manifests produces) then needs no second hash of its
-    /// re-serialization, only a comparison (see [`Self::build`]).
+    /// re-serialization, only a comparison (see `StoredManifest::build`).
     pub fn from_json_str(text: &str) -> Result<Self> {
         // (Unit tests that force several workers take this path at any size.)
         let hash_beside = (text.len() >= super::digest::PIPELINE_MIN_BYTES || cfg!(test) && crate::par::workers(1) > 1)
