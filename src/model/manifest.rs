@@ -9,8 +9,10 @@ use crate::fxhash::FxHashMap as HashMap;
 use crate::fxhash::FxHashSet as HashSet;
 use crate::geometry::{self, BoxRef, SharedBox};
 use crate::json::{self, Obj, Profile, Value};
-use crate::model::typed::{self, Any, Each, Held, IntArray, Interner, Keys, NameArray, Str, Typed, UInt};
-use serde::de::{DeserializeSeed, Deserializer, MapAccess};
+use crate::model::typed::{
+    self, Any, Each, Exact, Fast, Held, In, IntArray, Interner, Keys, Mode, NameArray, Str, Typed, UInt,
+};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -609,17 +611,26 @@ impl StoredManifest {
         // (Unit tests that force several workers take this path at any size.)
         let hash_beside = (text.len() >= super::digest::PIPELINE_MIN_BYTES || cfg!(test) && crate::par::workers(1) > 1)
             && crate::par::workers(usize::MAX) > 1;
+        // The fast reading first; what it declines is read again exactly, for the
+        // contract's error (see `model::typed`).
         let (parsed, text_digest) = crate::par::join(
             hash_beside,
-            || json::parse_text_with(text, LABEL, Any(ManifestSeed)),
+            || typed::parse_fast(text, In(Fast, ManifestSeed(Fast))),
             || hash_beside.then(|| crate::sha256_hex(text.as_bytes())),
         );
-        Self::decode(parsed?, text_digest.map(|d| (text, d)))
+        if let Some(read) = parsed {
+            if let Ok(m) = Self::decode::<Fast>(read, text_digest.clone().map(|d| (text, d))) {
+                return Ok(m);
+            }
+        }
+        let read = json::parse_text_with(text, LABEL, Any(ManifestSeed(Exact)))?;
+        Self::decode::<Exact>(read, text_digest.map(|d| (text, d)))
     }
 
-    /// Checks a read manifest object in the contract's order (its tensors and
-    /// fragments as [`ManifestSeed`] decoded them); `decoded` as in [`Self::build`].
-    fn decode((v, tensors, fragments): Read<'_>, decoded: Option<(&str, String)>) -> Result<Self> {
+    /// Checks a manifest object read in mode `M` in the contract's order (its
+    /// tensors and fragments as [`ManifestSeed`] decoded them); `decoded` as in
+    /// [`Self::build`].
+    fn decode<M: Mode>((v, tensors, fragments): Read<'_, M>, decoded: Option<(&str, String)>) -> Result<Self> {
         let v = &v;
         let o = Obj::new(v, || "weight manifest must be a JSON object".into())?;
         o.expect_keys(
@@ -643,10 +654,10 @@ impl StoredManifest {
         }
         // The key set holds `tensors` and `fragments`.
         let tensors =
-            tensors.ok_or_else(|| Error::invalid("weight manifest schema fields do not match contract"))??;
+            M::result(tensors.ok_or_else(|| Error::invalid("weight manifest schema fields do not match contract"))?)?;
         // The key set holds `fragments`.
         let fragments =
-            fragments.ok_or_else(|| Error::invalid("weight manifest schema fields do not match contract"))??;
+            M::result(fragments.ok_or_else(|| Error::invalid("weight manifest schema fields do not match contract"))?)?;
         let spec = StoredManifestSpec {
             namespace: json::req_str(o.get("namespace"), "namespace")?,
             resource_id: json::req_str(o.get("resource_id"), "resource_id")?,
@@ -835,35 +846,38 @@ fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
 const LABEL: &str = "weight manifest";
 
 /// A manifest object nested in a larger document (the upload plan's transport),
-/// decoded and validated as [`StoredManifest::from_json`] does.
-pub(crate) struct ManifestDocSeed;
+/// read in mode `M`, decoded and validated as [`StoredManifest::from_json`] does.
+pub(crate) struct ManifestDocSeed<M>(pub(crate) M);
 
-impl<'de> DeserializeSeed<'de> for ManifestDocSeed {
-    type Value = Result<StoredManifest>;
+impl<'de, M: Mode> DeserializeSeed<'de> for ManifestDocSeed<M> {
+    type Value = M::Out<StoredManifest>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        Ok(StoredManifest::decode(Any(ManifestSeed).deserialize(d)?, None))
+        M::checked(StoredManifest::decode::<M>(In(self.0, ManifestSeed(self.0)).deserialize(d)?, None))
     }
 }
 
-/// The manifest object, with its decoded tensors and fragments (or their first
-/// error; `None` without the member) apart.
-type Read<'de> = (Value<'de>, Option<Result<Vec<Arc<TensorDescriptor>>>>, Option<Result<Vec<StoredFragment>>>);
+/// The manifest object read in mode `M`, with its decoded tensors and fragments
+/// (or their first error; `None` without the member) apart.
+type Read<'de, M> =
+    (Value<'de>, Option<<M as Mode>::Out<Vec<Arc<TensorDescriptor>>>>, Option<<M as Mode>::Out<Vec<StoredFragment>>>);
 
-/// Reads a manifest object ([`Read`]); any other value as it is.
-struct ManifestSeed;
+/// Reads a manifest object ([`Read`]) in mode `M`; any other value as it is.
+struct ManifestSeed<M>(M);
 
-impl<'de> Typed<'de> for ManifestSeed {
-    type Out = Read<'de>;
+impl<'de, M: Mode> Typed<'de> for ManifestSeed<M> {
+    type Out = Read<'de, M>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.0;
         let interner: Interner<'de> = Interner::default();
         let (mut tensors, mut fragments) = (None, None);
         let members = json::members_with(&mut m, Vec::new(), |k, m| {
             if k == "tensors" {
                 let each = Each(
-                    |index| Any(TensorSeed { index, stored: true }),
+                    mode,
+                    |index| In(mode, TensorSeed { index, stored: true, mode }),
                     || Error::invalid("StoredWeightManifest tensors must be a sequence"),
                 );
-                tensors = Some(m.next_value_seed(Any(each))?);
+                tensors = Some(mode.value(m, each)?);
                 return Ok(true);
             }
             if k != "fragments" {
@@ -871,21 +885,23 @@ impl<'de> Typed<'de> for ManifestSeed {
             }
             let interner = &interner;
             let each = Each(
-                |_| Any(FragmentSeed { interner }),
+                mode,
+                |_| In(mode, FragmentSeed { interner, mode }),
                 || Error::invalid("StoredWeightManifest fragments must be a sequence"),
             );
-            fragments = Some(m.next_value_seed(Any(each))?);
+            fragments = Some(mode.value(m, each)?);
             Ok(true)
         })?;
         Ok((Value::Object(members), tensors, fragments))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        (v, None, None)
+    fn other<E: de::Error>(self, v: Value<'de>) -> std::result::Result<Self::Out, E> {
+        Ok((v, None, None))
     }
 }
 
-struct FragmentSeed<'a, 'de> {
+struct FragmentSeed<'a, 'de, M> {
     interner: &'a Interner<'de>,
+    mode: M,
 }
 
 /// A stored fragment's key slots.
@@ -903,23 +919,24 @@ fn fragment_slot(k: &str) -> Option<u32> {
     })
 }
 
-impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
-    type Out = Result<StoredFragment>;
+impl<'de, M: Mode> Typed<'de> for FragmentSeed<'_, 'de, M> {
+    type Out = M::Out<StoredFragment>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.mode;
         let mut keys = Keys::default();
         let (mut id, mut key, mut tensor_id) = (Held::default(), Held::default(), Held::default());
         let (mut nbytes, mut object_offset) = (Held::default(), Held::default());
         let (mut offset, mut shape, mut aliases) = (Held::default(), Held::default(), Held::default());
-        while let Some(k) = keys.next(&mut m, fragment_slot)? {
+        while let Some(k) = keys.next(mode, &mut m, fragment_slot)? {
             match k {
-                0 => aliases = m.next_value_seed(Any(NameArray))?,
-                1 => id = m.next_value_seed(Any(Str))?,
-                2 => offset = m.next_value_seed(Any(IntArray))?,
-                3 => shape = m.next_value_seed(Any(IntArray))?,
-                4 => nbytes = m.next_value_seed(Any(UInt))?,
-                5 => key = m.next_value_seed(Any(Str))?,
-                6 => object_offset = m.next_value_seed(Any(UInt))?,
-                _ => tensor_id = m.next_value_seed(Any(Str))?,
+                0 => aliases = mode.value(&mut m, NameArray)?,
+                1 => id = mode.value(&mut m, Str)?,
+                2 => offset = mode.value(&mut m, IntArray)?,
+                3 => shape = mode.value(&mut m, IntArray)?,
+                4 => nbytes = mode.value(&mut m, UInt)?,
+                5 => key = mode.value(&mut m, Str)?,
+                6 => object_offset = mode.value(&mut m, UInt)?,
+                _ => tensor_id = mode.value(&mut m, Str)?,
             }
         }
         let checked = (|| {
@@ -944,10 +961,10 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
             };
             StoredFragment::with_geometry(spec, tensor_id, SharedBox::new(offset.as_slice(), shape.as_slice()))
         })();
-        Ok(checked)
+        M::checked(checked)
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        invalid("stored fragment schema fields do not match contract")
+    fn other<E: de::Error>(self, _: Value<'de>) -> std::result::Result<Self::Out, E> {
+        M::checked(invalid("stored fragment schema fields do not match contract"))
     }
 }
 
@@ -1020,8 +1037,8 @@ mod tests {
                 }
                 // The path itself: a digest given with the input is kept exactly
                 // when the input is canonical.
-                let read = json::parse_text_with(text, "test", super::Any(super::ManifestSeed)).unwrap();
-                let told = StoredManifest::decode(read, Some((text, "told".into()))).unwrap();
+                let read = json::parse_text_with(text, "test", super::Any(super::ManifestSeed(super::Exact))).unwrap();
+                let told = StoredManifest::decode::<super::Exact>(read, Some((text, "told".into()))).unwrap();
                 let expected = if what == "canonical" { "told" } else { digest.as_str() };
                 assert_eq!(told.manifest_digest(), expected, "{name}: {what}");
             }

@@ -5,8 +5,8 @@ use super::non_empty;
 use crate::error::Error;
 use crate::error::{invalid, Result};
 use crate::json::{self, Profile, Value};
-use crate::model::typed::{self, Any, Each, Held, IntArray, Keys, OptUInt, Str, Typed, UInt};
-use serde::de::MapAccess;
+use crate::model::typed::{self, Each, Held, In, IntArray, Keys, Mode, OptUInt, Str, Typed, UInt};
+use serde::de::{self, MapAccess};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -250,16 +250,18 @@ impl TensorDescriptor {
 /// Decodes tensor `index` of a placement or (`stored`) of a manifest: a TENSOR
 /// object with exactly nine keys (one pass, see [`crate::model::typed`]). The
 /// document names the fields in its messages (`wire-format.md` §2.1, §4.1).
-pub(crate) struct TensorSeed {
+pub(crate) struct TensorSeed<M> {
     pub(crate) index: usize,
     pub(crate) stored: bool,
+    pub(crate) mode: M,
 }
 
 /// Decodes axis `index` of a tensor, an AXIS object (`wire-format.md` §2.1 step 5;
 /// one pass, see [`crate::model::typed`]); `label` names the tensor's axes.
-struct AxisSeed<'a> {
+struct AxisSeed<'a, M> {
     label: &'a dyn std::fmt::Display,
     index: usize,
+    mode: M,
 }
 
 /// An axis's key slots.
@@ -272,16 +274,17 @@ fn axis_slot(k: &str) -> Option<u32> {
     })
 }
 
-impl<'de> Typed<'de> for AxisSeed<'_> {
-    type Out = Result<ParallelAxis>;
+impl<'de, M: Mode> Typed<'de> for AxisSeed<'_, M> {
+    type Out = M::Out<ParallelAxis>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.mode;
         let mut keys = Keys::default();
         let (mut semantics, mut kind, mut dim) = (Held::default(), Held::default(), Held::default());
-        while let Some(k) = keys.next(&mut m, axis_slot)? {
+        while let Some(k) = keys.next(mode, &mut m, axis_slot)? {
             match k {
-                0 => semantics = m.next_value_seed(Any(Str))?,
-                1 => kind = m.next_value_seed(Any(Str))?,
-                _ => dim = m.next_value_seed(Any(UInt))?,
+                0 => semantics = mode.value(&mut m, Str)?,
+                1 => kind = mode.value(&mut m, Str)?,
+                _ => dim = mode.value(&mut m, UInt)?,
             }
         }
         let (label, i) = (self.label, self.index);
@@ -292,7 +295,7 @@ impl<'de> Typed<'de> for AxisSeed<'_> {
                 _ => invalid("parallel axis kind must be a non-empty string"),
             }
         };
-        Ok(match &semantics {
+        M::checked(match &semantics {
             Held::Typed(s) if !s.is_empty() => match s.as_ref() {
                 "split" if !keys.are(0b111) => Err(schema()),
                 "split" => kind_of(kind)
@@ -306,15 +309,15 @@ impl<'de> Typed<'de> for AxisSeed<'_> {
             _ => invalid("axis semantics must be a non-empty string"),
         })
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        invalid(format!("{} {} must be a JSON object", self.label, self.index))
+    fn other<E: de::Error>(self, _: Value<'de>) -> std::result::Result<Self::Out, E> {
+        M::checked(invalid(format!("{} {} must be a JSON object", self.label, self.index)))
     }
 }
 
 /// How a tensor's messages name its axes (formatted only for a message).
-struct AxisLabel<'a>(&'a TensorSeed);
+struct AxisLabel<'a, M>(&'a TensorSeed<M>);
 
-impl std::fmt::Display for AxisLabel<'_> {
+impl<M> std::fmt::Display for AxisLabel<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.stored {
             true => write!(f, "stored tensor parallel_axes {}", self.0.index),
@@ -323,7 +326,7 @@ impl std::fmt::Display for AxisLabel<'_> {
     }
 }
 
-impl TensorSeed {
+impl<M> TensorSeed<M> {
     /// The message for a wrong key set.
     fn schema(&self) -> String {
         match self.stored {
@@ -349,36 +352,38 @@ fn tensor_slot(k: &str) -> Option<u32> {
     })
 }
 
-impl<'de> Typed<'de> for TensorSeed {
-    type Out = Result<Arc<TensorDescriptor>>;
+impl<'de, M: Mode> Typed<'de> for TensorSeed<M> {
+    type Out = M::Out<Arc<TensorDescriptor>>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.mode;
         let mut keys = Keys::default();
         let (mut id, mut dtype, mut fingerprint, mut itemsize) =
             (Held::default(), Held::default(), Held::default(), Held::default());
         let (mut layer, mut expert, mut shape, mut shard_dims) =
             (Held::default(), Held::default(), Held::default(), Held::default());
         let mut axes = None;
-        while let Some(k) = keys.next(&mut m, tensor_slot)? {
+        while let Some(k) = keys.next(mode, &mut m, tensor_slot)? {
             match k {
-                0 => id = m.next_value_seed(Any(Str))?,
-                1 => shape = m.next_value_seed(Any(IntArray))?,
-                2 => dtype = m.next_value_seed(Any(Str))?,
-                3 => itemsize = m.next_value_seed(Any(UInt))?,
-                4 => shard_dims = m.next_value_seed(Any(IntArray))?,
-                5 => fingerprint = m.next_value_seed(Any(Str))?,
+                0 => id = mode.value(&mut m, Str)?,
+                1 => shape = mode.value(&mut m, IntArray)?,
+                2 => dtype = mode.value(&mut m, Str)?,
+                3 => itemsize = mode.value(&mut m, UInt)?,
+                4 => shard_dims = mode.value(&mut m, IntArray)?,
+                5 => fingerprint = mode.value(&mut m, Str)?,
                 6 => {
                     let label = AxisLabel(&self);
                     let each = Each(
-                        |index| Any(AxisSeed { label: &label, index }),
+                        mode,
+                        |index| In(mode, AxisSeed { label: &label, index, mode }),
                         || match self.stored {
                             true => Error::invalid(format!("{label} must be a sequence")),
                             false => Error::invalid("parallel_axes must be a sequence"),
                         },
                     );
-                    axes = Some(m.next_value_seed(Any(each))?);
+                    axes = Some(M::result(mode.value(&mut m, each)?));
                 }
-                7 => layer = m.next_value_seed(Any(OptUInt))?,
-                _ => expert = m.next_value_seed(Any(OptUInt))?,
+                7 => layer = mode.value(&mut m, OptUInt)?,
+                _ => expert = mode.value(&mut m, OptUInt)?,
             }
         }
         let prefix = if self.stored { "stored tensor " } else { "" };
@@ -410,9 +415,9 @@ impl<'de> Typed<'de> for TensorSeed {
             })
             .map(Arc::new)
         })();
-        Ok(checked)
+        M::checked(checked)
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        invalid(self.schema())
+    fn other<E: de::Error>(self, _: Value<'de>) -> std::result::Result<Self::Out, E> {
+        M::checked(invalid(self.schema()))
     }
 }

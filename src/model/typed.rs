@@ -48,7 +48,7 @@
 
 use crate::json::{self, CowStr, Members, Value, ValueVisitor};
 use crate::model::axes::ParallelRank;
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
@@ -66,15 +66,22 @@ pub(crate) trait Typed<'de>: Sized {
     /// An object (default: read whole, then [`Typed::other`]).
     fn map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Out, A::Error> {
         let v = json::members_with(&mut m, Vec::new(), |_, _| Ok(false))?;
-        Ok(self.other(Value::Object(v)))
+        self.other(Value::Object(v))
     }
     /// An array (default: read whole, then [`Typed::other`]).
     fn seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Out, A::Error> {
         let v = json::items_after(&mut s, Vec::new())?;
-        Ok(self.other(v))
+        self.other(v)
     }
     /// Any other value.
-    fn other(self, v: Value<'de>) -> Self::Out;
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E>;
+    /// The [`Fast`] reading: only the one shape the schema wants, read with the
+    /// deserializer's typed call; anything else fails (declines). Default: an
+    /// object, read by [`Typed::map`].
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        d.deserialize_map(Shaped(self))
+    }
 }
 
 /// Reads one value of any JSON type with a [`Typed`] decoder.
@@ -103,40 +110,165 @@ impl<'de, T: Typed<'de>> Visitor<'de> for Any<T> {
     }
     #[inline]
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_bool::<E>(v)?))
+        self.0.other(ValueVisitor.visit_bool::<E>(v)?)
     }
     #[inline]
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_u64::<E>(v)?))
+        self.0.other(ValueVisitor.visit_u64::<E>(v)?)
     }
     #[inline]
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_i64::<E>(v)?))
+        self.0.other(ValueVisitor.visit_i64::<E>(v)?)
     }
     #[inline]
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_f64::<E>(v)?))
+        self.0.other(ValueVisitor.visit_f64::<E>(v)?)
     }
     #[inline]
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_borrowed_str::<E>(v)?))
+        self.0.other(ValueVisitor.visit_borrowed_str::<E>(v)?)
     }
     #[inline]
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_str::<E>(v)?))
+        self.0.other(ValueVisitor.visit_str::<E>(v)?)
     }
     #[inline]
     fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(self.0.other(ValueVisitor.visit_string::<E>(v)?))
+        self.0.other(ValueVisitor.visit_string::<E>(v)?)
     }
     #[inline]
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.0.other(Value::Null))
+        self.0.other(Value::Null)
     }
     #[inline]
     fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.0.other(Value::Null))
+        self.0.other(Value::Null)
     }
+}
+
+/// How a decoder reads: [`Fast`] or [`Exact`]. Each object decoder is written
+/// once, generic over its mode; the mode decides how a member is read
+/// ([`Mode::value`]), what an unknown key does ([`Keys::next`]) and how a checked
+/// object is returned ([`Mode::Out`]).
+pub(crate) trait Mode: Copy {
+    /// Whether this is [`Fast`].
+    const FAST: bool;
+    /// A checked object as its decoder returns it: [`Fast`]: the object (a failed
+    /// check has declined); [`Exact`]: the checks' outcome.
+    type Out<T>: Outcome<Self, T = T>;
+    /// A check's outcome as [`Mode::Out`] (a failed check declines [`Fast`]).
+    fn checked<T, E: de::Error>(r: crate::Result<T>) -> Result<Self::Out<T>, E>;
+    /// [`Mode::Out`] as a check's outcome.
+    fn result<T>(o: Self::Out<T>) -> crate::Result<T>;
+    /// The object when [`Mode::Out`] holds one.
+    fn as_ok<T>(o: &Self::Out<T>) -> Option<&T>;
+    /// Reads the next member's value with `t`.
+    #[inline]
+    fn value<'de, A: MapAccess<'de>, T: Typed<'de>>(self, m: &mut A, t: T) -> Result<T::Out, A::Error> {
+        m.next_value_seed(In(self, t))
+    }
+}
+
+/// The fast reading: typed reads of the one shape the schema wants, and the
+/// first deviation (another type, an unknown, repeated or missing key, a failed
+/// check) fails at once with an opaque error ([`declined`]); the caller then
+/// reads the text again [`Exact`]ly. What it accepts, it decodes to what
+/// [`Exact`] decodes.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Fast;
+
+/// The exact reading: every JSON type accepted at every place, the contract's
+/// checks in the contract's order, with its messages (see the module doc).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Exact;
+
+/// The error of a [`Fast`] reading that declines.
+#[cold]
+pub(crate) fn declined<E: de::Error>() -> E {
+    E::custom("fast path declined")
+}
+
+impl Mode for Fast {
+    const FAST: bool = true;
+    type Out<T> = T;
+    #[inline]
+    fn checked<T, E: de::Error>(r: crate::Result<T>) -> Result<T, E> {
+        r.map_err(|_| declined())
+    }
+    #[inline]
+    fn result<T>(o: T) -> crate::Result<T> {
+        Ok(o)
+    }
+    #[inline]
+    fn as_ok<T>(o: &T) -> Option<&T> {
+        Some(o)
+    }
+}
+
+impl Mode for Exact {
+    const FAST: bool = false;
+    type Out<T> = crate::Result<T>;
+    #[inline]
+    fn checked<T, E: de::Error>(r: crate::Result<T>) -> Result<crate::Result<T>, E> {
+        Ok(r)
+    }
+    #[inline]
+    fn result<T>(o: crate::Result<T>) -> crate::Result<T> {
+        o
+    }
+    #[inline]
+    fn as_ok<T>(o: &crate::Result<T>) -> Option<&T> {
+        o.as_ref().ok()
+    }
+}
+
+/// Reads one value with a [`Typed`] decoder in mode `M`: [`Typed::fast`], or any
+/// JSON value through [`Any`].
+pub(crate) struct In<M, T>(pub(crate) M, pub(crate) T);
+
+impl<'de, M: Mode, T: Typed<'de>> DeserializeSeed<'de> for In<M, T> {
+    type Value = T::Out;
+    #[inline]
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if M::FAST {
+            self.1.fast(d)
+        } else {
+            d.deserialize_any(Any(self.1))
+        }
+    }
+}
+
+/// The visitor of [`Typed::fast`] for objects and arrays: any other value fails.
+pub(crate) struct Shaped<T>(pub(crate) T);
+
+impl<'de, T: Typed<'de>> Visitor<'de> for Shaped<T> {
+    type Value = T::Out;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object or an array")
+    }
+    #[inline]
+    fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Self::Value, A::Error> {
+        self.0.map(m)
+    }
+    #[inline]
+    fn visit_seq<A: SeqAccess<'de>>(self, s: A) -> Result<Self::Value, A::Error> {
+        self.0.seq(s)
+    }
+}
+
+/// Reads `text` as one document with `seed` ([`Fast`]): `None` when it declines
+/// (anything [`json::parse_text_with`] would fail on declines too).
+pub(crate) fn parse_fast<'de, S: DeserializeSeed<'de>>(text: &'de str, seed: S) -> Option<S::Value> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = seed.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(v)
+}
+
+/// Reads the parsed `v` with `seed` ([`Fast`]; see [`json::ValueDe`]): `Err` when
+/// it declines.
+pub(crate) fn decode_fast<'de, S: DeserializeSeed<'de>>(v: &Value<'de>, seed: S) -> Result<S::Value, de::value::Error> {
+    seed.deserialize(json::ValueDe(v))
 }
 
 /// The keys of one object read into slots: which known keys were seen (a repeated
@@ -154,8 +286,9 @@ impl<'de> Keys<'de> {
     /// The slot of the next known key (`slot(key)`; its value is the caller's to
     /// read), `None` at the end of the object.
     #[inline]
-    pub(crate) fn next<A: MapAccess<'de>>(
+    pub(crate) fn next<M: Mode, A: MapAccess<'de>>(
         &mut self,
+        _: M,
         m: &mut A,
         slot: impl Fn(&str) -> Option<u32>,
     ) -> Result<Option<u32>, A::Error> {
@@ -166,6 +299,9 @@ impl<'de> Keys<'de> {
                 }
                 self.seen |= 1 << i;
                 return Ok(Some(i));
+            }
+            if M::FAST {
+                return Err(declined());
             }
             self.other(m, k)?;
         }
@@ -248,34 +384,46 @@ pub(crate) struct RankObject;
 impl<'de> Typed<'de> for Str {
     type Out = Held<'de, Cow<'de, str>>;
     #[inline]
-    fn other(self, v: Value<'de>) -> Self::Out {
-        match v {
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(match v {
             Value::Str(s) => Held::Typed(s),
             v => Held::Other(v),
-        }
+        })
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        CowStr.deserialize(d).map(Held::Typed)
     }
 }
 
 impl<'de> Typed<'de> for UInt {
     type Out = Held<'de, u64>;
     #[inline]
-    fn other(self, v: Value<'de>) -> Self::Out {
-        match v {
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(match v {
             Value::UInt(n) => Held::Typed(n),
             v => Held::Other(v),
-        }
+        })
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        u64::deserialize(d).map(Held::Typed)
     }
 }
 
 impl<'de> Typed<'de> for OptUInt {
     type Out = Held<'de, Option<u64>>;
     #[inline]
-    fn other(self, v: Value<'de>) -> Self::Out {
-        match v {
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(match v {
             Value::UInt(n) => Held::Typed(Some(n)),
             Value::Null => Held::Typed(None),
             v => Held::Other(v),
-        }
+        })
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        Option::<u64>::deserialize(d).map(Held::Typed)
     }
 }
 
@@ -394,14 +542,14 @@ struct Element<'a, 'de>(&'a mut Option<Value<'de>>);
 impl<'de> Typed<'de> for Element<'_, 'de> {
     type Out = u64;
     #[inline]
-    fn other(self, v: Value<'de>) -> u64 {
-        match v {
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<u64, E> {
+        Ok(match v {
             Value::UInt(n) => n,
             v => {
                 *self.0 = Some(v);
                 0
             }
-        }
+        })
     }
 }
 
@@ -420,8 +568,30 @@ impl<'de> Typed<'de> for IntArray {
         }
         Ok(Held::Typed(d))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        Held::Other(v)
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(Held::Other(v))
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        d.deserialize_seq(FastInts).map(Held::Typed)
+    }
+}
+
+/// [`IntArray`]'s [`Fast`] reading: unsigned integers only.
+struct FastInts;
+
+impl<'de> Visitor<'de> for FastInts {
+    type Value = Dims;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of unsigned integers")
+    }
+    #[inline]
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Dims, A::Error> {
+        let mut d = Dims::new();
+        while let Some(x) = s.next_element::<u64>()? {
+            d.push(x);
+        }
+        Ok(d)
     }
 }
 
@@ -463,8 +633,33 @@ impl<'de> Typed<'de> for NameArray {
         }
         Ok(Held::Typed(names))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        Held::Other(v)
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(Held::Other(v))
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        d.deserialize_seq(FastNames).map(Held::Typed)
+    }
+}
+
+/// [`NameArray`]'s [`Fast`] reading: non-empty strings only.
+struct FastNames;
+
+impl<'de> Visitor<'de> for FastNames {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of non-empty strings")
+    }
+    #[inline]
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Vec<String>, A::Error> {
+        let mut names = Vec::new();
+        while let Some(x) = s.next_element_seed(CowStr)? {
+            if x.is_empty() {
+                return Err(declined());
+            }
+            names.push(x.into_owned());
+        }
+        Ok(names)
     }
 }
 
@@ -526,40 +721,108 @@ impl<'de> Typed<'de> for RankObject {
         let [dp, ep, pp, tp] = coords;
         Ok(Held::Typed(ParallelRank { dp, ep, pp, tp }))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        Held::Other(v)
+    fn other<E: de::Error>(self, v: Value<'de>) -> Result<Self::Out, E> {
+        Ok(Held::Other(v))
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        d.deserialize_map(FastRank).map(Held::Typed)
     }
 }
 
-/// Reads a whole array, one element at a time with the seed `element(i)` (`i`: its
-/// index), each a `crate::Result`: the elements until the first error, then that
-/// error (the elements after it are still read, for the text's own errors, but not
-/// kept). Anything but an array: `not_array`.
-pub(crate) struct Each<F, G>(pub(crate) F, pub(crate) G);
+/// [`RankObject`]'s [`Fast`] reading: exactly the four coordinates, unsigned
+/// integers.
+struct FastRank;
 
-impl<'de, T, S, F, G> Typed<'de> for Each<F, G>
+impl<'de> Visitor<'de> for FastRank {
+    type Value = ParallelRank;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a rank object")
+    }
+    #[inline]
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<ParallelRank, A::Error> {
+        let mut seen = 0u32;
+        let mut r = ParallelRank::default();
+        while let Some(k) = m.next_key_seed(CowStr)? {
+            let (bit, slot) = match k.as_ref() {
+                "dp" => (0, &mut r.dp),
+                "ep" => (1, &mut r.ep),
+                "pp" => (2, &mut r.pp),
+                "tp" => (3, &mut r.tp),
+                _ => return Err(declined()),
+            };
+            if seen & (1 << bit) != 0 {
+                return Err(declined());
+            }
+            seen |= 1 << bit;
+            *slot = m.next_value::<u64>()?;
+        }
+        if seen != 0b1111 {
+            return Err(declined());
+        }
+        Ok(r)
+    }
+}
+
+/// Reads a whole array in mode `M`, one element at a time with the seed
+/// `element(i)` (`i`: its index), each an `M::Out`: the elements until the first
+/// error, then that error (the elements after it are still read, for the text's
+/// own errors, but not kept). Anything but an array: `not_array`.
+pub(crate) struct Each<M, F, G>(pub(crate) M, pub(crate) F, pub(crate) G);
+
+/// A checked object as mode `M` returns it ([`Mode::Out`]), for [`Each`].
+pub(crate) trait Outcome<M> {
+    /// The object.
+    type T;
+    /// As a check's outcome.
+    fn result(self) -> crate::Result<Self::T>;
+}
+
+impl<T> Outcome<Fast> for T {
+    type T = T;
+    #[inline]
+    fn result(self) -> crate::Result<T> {
+        Ok(self)
+    }
+}
+
+impl<T> Outcome<Exact> for crate::Result<T> {
+    type T = T;
+    #[inline]
+    fn result(self) -> crate::Result<T> {
+        self
+    }
+}
+
+impl<'de, M, S, F, G> Typed<'de> for Each<M, F, G>
 where
+    M: Mode,
     F: FnMut(usize) -> S,
-    S: DeserializeSeed<'de, Value = crate::Result<T>>,
+    S: DeserializeSeed<'de>,
+    S::Value: Outcome<M>,
     G: FnOnce() -> crate::Error,
 {
-    type Out = crate::Result<Vec<T>>;
+    type Out = M::Out<Vec<<S::Value as Outcome<M>>::T>>;
     fn seq<A: SeqAccess<'de>>(mut self, mut s: A) -> Result<Self::Out, A::Error> {
         let mut out = Vec::with_capacity(s.size_hint().unwrap_or(0).min(4096));
-        while let Some(item) = s.next_element_seed((self.0)(out.len()))? {
-            match item {
+        while let Some(item) = s.next_element_seed((self.1)(out.len()))? {
+            match item.result() {
                 Ok(v) => out.push(v),
                 Err(e) => {
                     // Read as values: a repeated key further on is still the text's error.
                     while s.next_element::<Value<'de>>()?.is_some() {}
-                    return Ok(Err(e));
+                    return M::checked(Err(e));
                 }
             }
         }
-        Ok(Ok(out))
+        M::checked(Ok(out))
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        Err((self.1)())
+    fn other<E: de::Error>(self, _: Value<'de>) -> Result<Self::Out, E> {
+        M::checked(Err((self.2)()))
+    }
+    #[inline]
+    fn fast<D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
+        d.deserialize_seq(Shaped(self))
     }
 }
 

@@ -7,11 +7,11 @@ use super::upload::{UploadOperation, UploadPlan};
 use crate::error::{invalid, Error, Result};
 use crate::json::{self, write_kv_str, Obj, Profile, Value};
 use crate::model::placement::decode_fragment;
-use crate::model::typed::{Any, Each, Typed};
+use crate::model::typed::{self, Any, Each, Exact, Fast, In, Mode, Typed};
 use crate::model::{ManifestDocSeed, StoredManifest};
 use crate::runtime::transport::{read_runtime_fragment, write_runtime_fragment};
 use crate::runtime::RuntimeFragmentSnapshot;
-use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess};
 
 const PLAN_FORMAT: &str = "mooncake-weight-store/upload-plan/v1";
 
@@ -85,14 +85,24 @@ const PLAN_KEYS: [&str; 7] = [
 /// result is owned.
 pub fn plan_from_json(bytes: &[u8]) -> Result<UploadPlan> {
     let text = json::text_of(bytes, LABEL)?;
-    let (doc, manifest, operations) = json::parse_text_with(text, LABEL, Any(PlanSeed))?;
+    // The fast reading first; what it declines is read again exactly, for the
+    // contract's error (see `model::typed`).
+    if let Some(plan) = typed::parse_fast(text, In(Fast, PlanSeed(Fast))).and_then(|read| decode::<Fast>(read).ok()) {
+        return Ok(plan);
+    }
+    decode::<Exact>(json::parse_text_with(text, LABEL, Any(PlanSeed(Exact)))?)
+}
+
+/// Checks a plan read in mode `M` in the contract's order.
+fn decode<M: Mode>((doc, manifest, operations): Read<'_, M>) -> Result<UploadPlan> {
     let o = Obj::new(&doc, || "upload plan must be a JSON object".into())?;
     o.expect_keys(&PLAN_KEYS, || "upload plan schema fields do not match contract".into())?;
     check_format(&o)?;
     // The key set holds `manifest`.
-    let manifest = manifest.ok_or_else(|| Error::invalid("upload plan schema fields do not match contract"))??;
+    let manifest =
+        M::result(manifest.ok_or_else(|| Error::invalid("upload plan schema fields do not match contract"))?)?;
     let operations = match operations {
-        Some(decoded) => decoded?,
+        Some(decoded) => M::result(decoded)?,
         None => {
             let items = json::req_array(o.get("operations"), || operations_not_array().message().to_string())?;
             let index = FragmentIndex::new(&manifest);
@@ -180,45 +190,50 @@ fn decode_operation(item: &Value<'_>, i: usize, index: &FragmentIndex<'_>) -> Re
 /// The plan object: its members as values, except the manifest (decoded) and the
 /// operations when the manifest came first (decoded as they arrive, or their
 /// first error); any other value as it is.
-struct PlanSeed;
+/// The plan object read in mode `M`.
+struct PlanSeed<M>(M);
 
-type Read<'de> = (Value<'de>, Option<Result<StoredManifest>>, Option<Result<Vec<UploadOperation>>>);
+type Read<'de, M> =
+    (Value<'de>, Option<<M as Mode>::Out<StoredManifest>>, Option<<M as Mode>::Out<Vec<UploadOperation>>>);
 
-impl<'de> Typed<'de> for PlanSeed {
-    type Out = Read<'de>;
+impl<'de, M: Mode> Typed<'de> for PlanSeed<M> {
+    type Out = Read<'de, M>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let mut manifest: Option<Result<StoredManifest>> = None;
+        let mode = self.0;
+        let mut manifest: Option<M::Out<StoredManifest>> = None;
         let mut operations = None;
-        let members = json::members_with(&mut m, Vec::new(), |k, m| match (k, &manifest) {
+        let members = json::members_with(&mut m, Vec::new(), |k, m| match (k, manifest.as_ref().and_then(M::as_ok)) {
             ("manifest", _) => {
-                manifest = Some(m.next_value_seed(ManifestDocSeed)?);
+                manifest = Some(m.next_value_seed(ManifestDocSeed(mode))?);
                 Ok(true)
             }
-            ("operations", Some(Ok(decoded))) => {
+            ("operations", Some(decoded)) => {
                 let index = FragmentIndex::new(decoded);
-                let each = Each(|i| OperationSeed { i, index: &index }, operations_not_array);
-                operations = Some(m.next_value_seed(Any(each))?);
+                let each = Each(mode, |i| OperationSeed { i, index: &index, mode }, operations_not_array);
+                operations = Some(mode.value(m, each)?);
                 Ok(true)
             }
             _ => Ok(false),
         })?;
         Ok((Value::Object(members), manifest, operations))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        (v, None, None)
+    fn other<E: de::Error>(self, v: Value<'de>) -> std::result::Result<Self::Out, E> {
+        Ok((v, None, None))
     }
 }
 
 /// Operation `i`, read as a value and decoded at once.
-struct OperationSeed<'a, 'm> {
+struct OperationSeed<'a, 'm, M> {
     i: usize,
     index: &'a FragmentIndex<'m>,
+    mode: M,
 }
 
-impl<'de> DeserializeSeed<'de> for OperationSeed<'_, '_> {
-    type Value = Result<UploadOperation>;
+impl<'de, M: Mode> DeserializeSeed<'de> for OperationSeed<'_, '_, M> {
+    type Value = M::Out<UploadOperation>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        let _ = self.mode;
         let item = Value::deserialize(d)?;
-        Ok(decode_operation(&item, self.i, self.index))
+        M::checked(decode_operation(&item, self.i, self.index))
     }
 }

@@ -12,9 +12,10 @@ use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::{TensorDescriptor, TensorSeed};
 use crate::model::typed::{
-    self, Any, Each, Held, IntArray, Interner, Keys, NameArray, OptUInt, RankObject, Str, Typed, UInt,
+    self, Any, Each, Exact, Fast, Held, In, IntArray, Interner, Keys, Mode, NameArray, OptUInt, RankObject, Str,
+    Typed, UInt,
 };
-use serde::de::MapAccess;
+use serde::de::{self, MapAccess};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -179,13 +180,18 @@ impl Placement {
 
     /// Same as [`Placement::from_json`] for text input (a leading BOM is an error).
     pub fn from_json_str(text: &str) -> Result<Self> {
-        finish_doc(json::parse_text_with(text, LABEL, Any(DocSeed))?)
+        // The fast reading first; what it declines is read again exactly, for the
+        // contract's error (see `model::typed`).
+        if let Some(p) = typed::parse_fast(text, In(Fast, DocSeed(Fast))).and_then(|doc| finish_doc::<Fast>(doc).ok()) {
+            return Ok(p);
+        }
+        finish_doc::<Exact>(json::parse_text_with(text, LABEL, Any(DocSeed(Exact)))?)
     }
 
     /// Decodes an already parsed JSON value (see [`Placement::from_json`]): the
-    /// same decoder, reading the tree instead of text.
+    /// same decoder ([`Exact`]), reading the tree instead of text.
     pub fn from_json_value(v: &Value) -> Result<Self> {
-        finish_doc(json::decode_value(v, Any(DocSeed))?)
+        finish_doc::<Exact>(json::decode_value(v, Any(DocSeed(Exact)))?)
     }
 
     // -----------------------------------------------------------------------
@@ -256,7 +262,11 @@ impl Placement {
 
 /// Decodes placement fragment `i` (of an upload operation) from a parsed value.
 pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
-    json::decode_value(item, Any(FragmentSeed { index: i, interner: &Interner::default() }))?
+    let interner = &Interner::default();
+    if let Ok(f) = typed::decode_fast(item, In(Fast, FragmentSeed { index: i, interner, mode: Fast })) {
+        return Ok(f);
+    }
+    json::decode_value(item, Any(FragmentSeed { index: i, interner, mode: Exact }))?
 }
 
 /// Everything of a placement document but its parts, decoded and checked in the
@@ -392,24 +402,27 @@ impl Header {
 
 const LABEL: &str = "placement manifest";
 
-/// The document, with its decoded tensors and parts (or their first error; `None`
-/// without the member) apart.
-type Doc<'de> = (Value<'de>, Option<Result<Vec<Arc<TensorDescriptor>>>>, Option<Result<Vec<RawPart>>>);
+/// The document read in mode `M`, with its decoded tensors and parts (or their
+/// first error; `None` without the member) apart.
+type Doc<'de, M> =
+    (Value<'de>, Option<<M as Mode>::Out<Vec<Arc<TensorDescriptor>>>>, Option<<M as Mode>::Out<Vec<RawPart>>>);
 
 /// Checks a read document in the contract's order: the header
 /// ([`Header::decode`]), the parts, then the placement as a whole.
-fn finish_doc((doc, tensors, parts): Doc<'_>) -> Result<Placement> {
-    let header = Header::decode(&doc, tensors)?;
+fn finish_doc<M: Mode>((doc, tensors, parts): Doc<'_, M>) -> Result<Placement> {
+    let header = Header::decode(&doc, tensors.map(M::result))?;
     // The header's key set holds `parts`.
-    let parts = parts.ok_or_else(|| Error::invalid("placement manifest schema fields do not match contract"))??;
-    header.finish(parts)
+    let parts = parts.ok_or_else(|| Error::invalid("placement manifest schema fields do not match contract"))?;
+    header.finish(M::result(parts)?)
 }
 
-struct DocSeed;
+/// The placement document, read in mode `M`.
+struct DocSeed<M>(M);
 
-impl<'de> Typed<'de> for DocSeed {
-    type Out = Doc<'de>;
+impl<'de, M: Mode> Typed<'de> for DocSeed<M> {
+    type Out = Doc<'de, M>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.0;
         let interner: Interner<'de> = Interner::default();
         // The document's number of the next part's first fragment.
         let next_fragment = std::cell::Cell::new(0);
@@ -417,10 +430,11 @@ impl<'de> Typed<'de> for DocSeed {
         let members = json::members_with(&mut m, Vec::new(), |k, m| {
             if k == "tensors" {
                 let each = Each(
-                    |index| Any(TensorSeed { index, stored: false }),
+                    mode,
+                    |index| In(mode, TensorSeed { index, stored: false, mode }),
                     || Error::invalid("placement tensors must be a sequence"),
                 );
-                tensors = Some(m.next_value_seed(Any(each))?);
+                tensors = Some(mode.value(m, each)?);
                 return Ok(true);
             }
             if k != "parts" {
@@ -428,31 +442,33 @@ impl<'de> Typed<'de> for DocSeed {
             }
             let (next_fragment, interner) = (&next_fragment, &interner);
             let each = Each(
-                |index| Any(PartSeed { index, first_fragment: next_fragment, interner }),
+                mode,
+                |index| In(mode, PartSeed { index, first_fragment: next_fragment, interner, mode }),
                 || Error::invalid("placement parts must be a sequence"),
             );
-            parts = Some(m.next_value_seed(Any(each))?);
+            parts = Some(mode.value(m, each)?);
             Ok(true)
         })?;
         Ok((Value::Object(members), tensors, parts))
     }
-    fn other(self, v: Value<'de>) -> Self::Out {
-        (v, None, None)
+    fn other<E: de::Error>(self, v: Value<'de>) -> std::result::Result<Self::Out, E> {
+        Ok((v, None, None))
     }
 }
 
 /// Part `index`, whose first fragment is fragment `first_fragment` of the
 /// document (it advances the count past its own).
-struct PartSeed<'a, 'de> {
+struct PartSeed<'a, 'de, M> {
     index: usize,
     first_fragment: &'a std::cell::Cell<usize>,
     interner: &'a Interner<'de>,
+    mode: M,
 }
 
-impl<'de> Typed<'de> for PartSeed<'_, 'de> {
-    type Out = Result<RawPart>;
+impl<'de, M: Mode> Typed<'de> for PartSeed<'_, 'de, M> {
+    type Out = M::Out<RawPart>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
-        let (i, interner) = (self.index, self.interner);
+        let (i, interner, mode) = (self.index, self.interner, self.mode);
         let first = self.first_fragment.get();
         let mut fragments: Option<Result<Vec<PlacementFragment>>> = None;
         let members = json::members_with(&mut m, Vec::new(), |k, m| {
@@ -460,10 +476,11 @@ impl<'de> Typed<'de> for PartSeed<'_, 'de> {
                 return Ok(false);
             }
             let each = Each(
-                |j| Any(FragmentSeed { index: first + j, interner }),
+                mode,
+                |j| In(mode, FragmentSeed { index: first + j, interner, mode }),
                 || Error::invalid("placement part fragments must be a sequence"),
             );
-            fragments = Some(m.next_value_seed(Any(each))?);
+            fragments = Some(M::result(mode.value(m, each)?));
             Ok(true)
         })?;
         // (After an error the count no longer matters: the first error wins.)
@@ -481,17 +498,18 @@ impl<'de> Typed<'de> for PartSeed<'_, 'de> {
             let fragments = fragments.expect("the key set holds fragments")?;
             Ok(RawPart { participant_id, rank, fragments })
         })();
-        Ok(checked)
+        M::checked(checked)
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        invalid(format!("placement part {} schema fields do not match contract", self.index))
+    fn other<E: de::Error>(self, _: Value<'de>) -> std::result::Result<Self::Out, E> {
+        M::checked(invalid(format!("placement part {} schema fields do not match contract", self.index)))
     }
 }
 
 /// Fragment `index` of the document (its number in messages).
-struct FragmentSeed<'a, 'de> {
+struct FragmentSeed<'a, 'de, M> {
     index: usize,
     interner: &'a Interner<'de>,
+    mode: M,
 }
 
 /// A fragment's key slots (`pipeline_stage_id`, slot 7, is optional).
@@ -509,24 +527,25 @@ fn fragment_slot(k: &str) -> Option<u32> {
     })
 }
 
-impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
-    type Out = Result<PlacementFragment>;
+impl<'de, M: Mode> Typed<'de> for FragmentSeed<'_, 'de, M> {
+    type Out = M::Out<PlacementFragment>;
     fn map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Out, A::Error> {
+        let mode = self.mode;
         let mut keys = Keys::default();
         let (mut id, mut tensor_id, mut nbytes, mut stage) =
             (Held::default(), Held::default(), Held::default(), Held::default());
         let (mut offset, mut shape, mut rank, mut aliases) =
             (Held::default(), Held::default(), Held::default(), Held::default());
-        while let Some(k) = keys.next(&mut m, fragment_slot)? {
+        while let Some(k) = keys.next(mode, &mut m, fragment_slot)? {
             match k {
-                0 => id = m.next_value_seed(Any(Str))?,
-                1 => tensor_id = m.next_value_seed(Any(Str))?,
-                2 => offset = m.next_value_seed(Any(IntArray))?,
-                3 => shape = m.next_value_seed(Any(IntArray))?,
-                4 => nbytes = m.next_value_seed(Any(UInt))?,
-                5 => rank = m.next_value_seed(Any(RankObject))?,
-                6 => aliases = m.next_value_seed(Any(NameArray))?,
-                _ => stage = m.next_value_seed(Any(OptUInt))?,
+                0 => id = mode.value(&mut m, Str)?,
+                1 => tensor_id = mode.value(&mut m, Str)?,
+                2 => offset = mode.value(&mut m, IntArray)?,
+                3 => shape = mode.value(&mut m, IntArray)?,
+                4 => nbytes = mode.value(&mut m, UInt)?,
+                5 => rank = mode.value(&mut m, RankObject)?,
+                6 => aliases = mode.value(&mut m, NameArray)?,
+                _ => stage = mode.value(&mut m, OptUInt)?,
             }
         }
         let i = self.index;
@@ -549,10 +568,10 @@ impl<'de> Typed<'de> for FragmentSeed<'_, 'de> {
             let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
             PlacementFragment::with_geometry(spec, tensor_id, geometry)
         })();
-        Ok(checked)
+        M::checked(checked)
     }
-    fn other(self, _: Value<'de>) -> Self::Out {
-        invalid(format!("placement fragment {} must be a JSON object", self.index))
+    fn other<E: de::Error>(self, _: Value<'de>) -> std::result::Result<Self::Out, E> {
+        M::checked(invalid(format!("placement fragment {} must be a JSON object", self.index)))
     }
 }
 
