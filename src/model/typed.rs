@@ -278,8 +278,9 @@ pub(crate) fn decode_fast<'de, S: DeserializeSeed<'de>>(v: &Value<'de>, seed: S)
 #[derive(Default)]
 pub(crate) struct Keys<'de> {
     seen: u32,
-    unknown: Members<'de>,
-    unknown_set: Option<HashSet<Cow<'de, str>>>,
+    /// The unknown keys, and their set once they are many (boxed: rare, and a
+    /// [`Fast`] reading never has any).
+    unknown: Option<Box<(Members<'de>, Option<HashSet<Cow<'de, str>>>)>>,
 }
 
 impl<'de> Keys<'de> {
@@ -292,6 +293,19 @@ impl<'de> Keys<'de> {
         m: &mut A,
         slot: impl Fn(&str) -> Option<u32>,
     ) -> Result<Option<u32>, A::Error> {
+        if M::FAST {
+            // A key with escapes is not borrowed from the input: it declines.
+            return match m.next_key::<&'de str>()? {
+                Some(k) => match slot(k) {
+                    Some(i) if self.seen & (1 << i) == 0 => {
+                        self.seen |= 1 << i;
+                        Ok(Some(i))
+                    }
+                    _ => Err(declined()),
+                },
+                None => Ok(None),
+            };
+        }
         while let Some(k) = m.next_key_seed(CowStr)? {
             if let Some(i) = slot(&k) {
                 if self.seen & (1 << i) != 0 {
@@ -299,9 +313,6 @@ impl<'de> Keys<'de> {
                 }
                 self.seen |= 1 << i;
                 return Ok(Some(i));
-            }
-            if M::FAST {
-                return Err(declined());
             }
             self.other(m, k)?;
         }
@@ -311,16 +322,17 @@ impl<'de> Keys<'de> {
     /// An unknown key: its value is read (for the text's own errors) and dropped.
     #[cold]
     fn other<A: MapAccess<'de>>(&mut self, m: &mut A, k: Cow<'de, str>) -> Result<(), A::Error> {
-        json::check_new_key(&self.unknown, &mut self.unknown_set, &k)?;
+        let (members, set) = &mut **self.unknown.get_or_insert_with(Box::default);
+        json::check_new_key(members, set, &k)?;
         m.next_value::<Value<'de>>()?;
-        self.unknown.push((k, Value::Null));
+        members.push((k, Value::Null));
         Ok(())
     }
 
     /// Whether the keys were exactly the known ones whose bits `set` has.
     #[inline]
     pub(crate) fn are(&self, set: u32) -> bool {
-        self.seen == set && self.unknown.is_empty()
+        self.seen == set && self.unknown.is_none()
     }
 }
 
@@ -430,39 +442,56 @@ impl<'de> Typed<'de> for OptUInt {
 impl<'de> Held<'de, Cow<'de, str>> {
     /// [`json::req_str`]: a non-empty string (as held: borrowed from the input when
     /// it has no escapes).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn req_str(self, field: impl fmt::Display) -> crate::Result<Cow<'de, str>> {
-        let v = match self.untyped() {
-            Err(s) if !s.is_empty() => return Ok(s),
-            Err(s) => Value::Str(s),
-            Ok(v) => v,
-        };
+        match self {
+            Held::Typed(s) if !s.is_empty() => Ok(s),
+            other => other.req_str_cold(field),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn req_str_cold(self, field: impl fmt::Display) -> crate::Result<Cow<'de, str>> {
+        let v = self.untyped().unwrap_or_else(Value::Str);
         json::req_cow(&v, field).cloned()
     }
 }
 
 impl<'de> Held<'de, u64> {
     /// [`json::req_int`]: an integer at least `min`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn req_int(self, field: impl fmt::Display, min: u64) -> crate::Result<u64> {
-        match self.untyped() {
-            Err(n) if n >= min => Ok(n),
-            Err(n) => json::req_int(&Value::UInt(n), field, min),
-            Ok(v) => json::req_int(&v, field, min),
+        match self {
+            Held::Typed(n) if n >= min => Ok(n),
+            other => other.req_int_cold(field, min),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn req_int_cold(self, field: impl fmt::Display, min: u64) -> crate::Result<u64> {
+        json::req_int(&self.untyped().unwrap_or_else(Value::UInt), field, min)
     }
 }
 
 impl<'de> Held<'de, Option<u64>> {
     /// [`json::opt_int`]: `null` or an integer at least `min`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn opt_int(self, field: impl fmt::Display, min: u64) -> crate::Result<Option<u64>> {
-        match self.untyped() {
-            Err(None) => Ok(None),
-            Err(Some(n)) if n >= min => Ok(Some(n)),
-            Err(Some(n)) => json::opt_int(&Value::UInt(n), field, min),
-            Ok(v) => json::opt_int(&v, field, min),
+        match self {
+            // (A key not seen reads as `null`.)
+            Held::Typed(None) | Held::Absent => Ok(None),
+            Held::Typed(Some(n)) if n >= min => Ok(Some(n)),
+            other => other.opt_int_cold(field, min),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn opt_int_cold(self, field: impl fmt::Display, min: u64) -> crate::Result<Option<u64>> {
+        let v = self.untyped().unwrap_or_else(|n| n.map_or(Value::Null, Value::UInt));
+        json::opt_int(&v, field, min)
     }
 }
 
@@ -509,8 +538,17 @@ impl Dims {
 impl<'de> Held<'de, Dims> {
     /// [`json::req_int_array`]'s check (its messages: `<field> must be a sequence`,
     /// `<field> must be at least <min>`, ...), the integers kept on the stack.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ints(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
+        match self {
+            Held::Typed(d) if min == 0 || d.as_slice().iter().all(|&x| x >= min) => Ok(d),
+            other => other.ints_cold(field, min),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ints_cold(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
         match self.untyped() {
             Err(d) => match d.as_slice().iter().find(|&&x| x < min) {
                 Some(&x) => json::req_int(&Value::UInt(x), field, min).map(|_| d),
@@ -598,8 +636,17 @@ impl<'de> Visitor<'de> for FastInts {
 impl<'de> Held<'de, Vec<String>> {
     /// The strings, else `not_array` (not an array) or `not_string` (an element
     /// that is not a non-empty string).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn names(self, not_array: &str, not_string: &str) -> crate::Result<Vec<String>> {
+        match self {
+            Held::Typed(names) => Ok(names),
+            other => other.names_cold(not_array, not_string),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn names_cold(self, not_array: &str, not_string: &str) -> crate::Result<Vec<String>> {
         match self.untyped() {
             Err(names) => Ok(names),
             Ok(v) => {
@@ -666,8 +713,17 @@ impl<'de> Visitor<'de> for FastNames {
 impl<'de> Held<'de, ParallelRank> {
     /// `ParallelRank::from_json`'s check (`schema_err` when the object is not
     /// exactly the four coordinates, `rank <axis> must be ...` for a value).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn rank(self, schema_err: &dyn Fn() -> String) -> crate::Result<ParallelRank> {
+        match self {
+            Held::Typed(r) => Ok(r),
+            other => other.rank_cold(schema_err),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn rank_cold(self, schema_err: &dyn Fn() -> String) -> crate::Result<ParallelRank> {
         match self.untyped() {
             Err(r) => Ok(r),
             Ok(v) => ParallelRank::from_json(&v, schema_err),
