@@ -973,6 +973,39 @@ mod tests {
     use super::StoredManifest;
     use crate::json::{self, Profile};
 
+    /// The two modes of the one decoder agree: every manifest among the
+    /// conformance fixtures (and its re-serialization) that the fast reading
+    /// accepts decodes to what the exact reading makes of it, every valid one is
+    /// read fast, and a repeated key declines.
+    #[test]
+    fn fast_and_exact_readings_agree() {
+        use super::{typed, Any, Exact, Fast, In, ManifestSeed, LABEL};
+        let fast = |text: &str| {
+            typed::parse_fast(text, In(Fast, ManifestSeed(Fast))).map(|r| StoredManifest::decode::<Fast>(r, None))
+        };
+        let exact = |text: &str| {
+            json::parse_text_with(text, LABEL, Any(ManifestSeed(Exact)))
+                .and_then(|r| StoredManifest::decode::<Exact>(r, None))
+        };
+        let mut valid = 0;
+        for (name, fixture) in crate::testutil::conformance_fixtures("") {
+            let Some(text) = fixture["inputs"].get("stored_manifest").and_then(|v| v.as_str()) else { continue };
+            let want = exact(text);
+            match fast(text) {
+                Some(Ok(m)) => assert_eq!(Ok(&m), want.as_ref(), "{name}"),
+                _ => assert!(want.is_err(), "{name}: a valid manifest declined"),
+            }
+            if let Ok(m) = want {
+                valid += 1;
+                let again = m.to_json();
+                assert_eq!(fast(&again).map(|r| r.unwrap()), Some(m), "{name}");
+                let repeated = again.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1);
+                assert!(typed::parse_fast(&repeated, In(Fast, ManifestSeed(Fast))).is_none(), "{name}");
+            }
+        }
+        assert!(valid >= 5, "only {valid} valid manifests");
+    }
+
     fn fixture_manifest(name: &str) -> String {
         let path = format!("{}/tests/fixtures/conformance/{name}.json", env!("CARGO_MANIFEST_DIR"));
         let fixture: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();

@@ -12,8 +12,8 @@ use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
 use crate::model::tensor::{TensorDescriptor, TensorSeed};
 use crate::model::typed::{
-    self, Any, Each, Exact, Fast, Held, In, IntArray, Interner, Keys, Mode, NameArray, OptUInt, RankObject, Str,
-    Typed, UInt,
+    self, Any, Each, Exact, Fast, Held, In, IntArray, Interner, Keys, Mode, NameArray, OptUInt, RankObject, Str, Typed,
+    UInt,
 };
 use serde::de::{self, MapAccess};
 use sha2::{Digest, Sha256};
@@ -590,6 +590,41 @@ mod tests {
         let v = crate::json::parse_text(&text, "t").unwrap();
         assert_eq!(Placement::from_json_value(&v).unwrap(), p);
         assert_eq!(Placement::from_json_str(&p.to_json()).unwrap(), p);
+    }
+
+    /// The two modes of the one decoder agree: every placement among the
+    /// conformance fixtures (and its re-serialization) that the fast reading
+    /// accepts decodes to what the exact reading makes of it, every valid one is
+    /// read fast, and a repeated or an unknown key declines.
+    #[test]
+    fn fast_and_exact_readings_agree() {
+        use super::{finish_doc, json, typed, Any, DocSeed, Exact, Fast, In, LABEL};
+        let fast = |text: &str| typed::parse_fast(text, In(Fast, DocSeed(Fast))).map(finish_doc::<Fast>);
+        let exact = |text: &str| json::parse_text_with(text, LABEL, Any(DocSeed(Exact))).and_then(finish_doc::<Exact>);
+        let mut valid = 0;
+        for (name, fixture) in crate::testutil::conformance_fixtures("") {
+            for key in ["placement", "target_placement"] {
+                let Some(doc) = fixture["inputs"].get(key) else { continue };
+                let text = serde_json::to_string(doc).unwrap();
+                let want = exact(&text);
+                match fast(&text) {
+                    Some(Ok(p)) => assert_eq!(Ok(&p), want.as_ref(), "{name}"),
+                    _ => assert!(want.is_err(), "{name}: a valid placement declined"),
+                }
+                if let Ok(p) = want {
+                    valid += 1;
+                    let again = p.to_json();
+                    assert_eq!(fast(&again).map(|r| r.unwrap()), Some(p), "{name}");
+                    for edit in [
+                        again.replacen("\"nbytes\":", "\"nbytes\":1,\"nbytes\":", 1),
+                        again.replacen('{', "{\"x\":0,", 1),
+                    ] {
+                        assert!(!matches!(fast(&edit), Some(Ok(_))), "{name}");
+                    }
+                }
+            }
+        }
+        assert!(valid >= 10, "only {valid} valid placements");
     }
 
     /// The two-thread writer gives the one-thread writer's bytes for every cut
