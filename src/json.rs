@@ -434,6 +434,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
 pub(crate) type Members<'de> = Vec<(Cow<'de, str>, Value<'de>)>;
 
 /// The error of a key that repeats one of its object (the same in every decoder).
+#[cold]
 pub(crate) fn duplicate<E: de::Error>(k: &str) -> E {
     E::custom(format!("duplicate JSON field: {k}"))
 }
@@ -443,28 +444,39 @@ pub(crate) fn duplicate<E: de::Error>(k: &str) -> E {
 // `&Cow`, not `&str`: the set keeps a clone of the key, borrowed from the input
 // when the key is.
 #[allow(clippy::ptr_arg)]
+#[inline]
 pub(crate) fn check_new_key<'de, E: de::Error>(
     members: &[(Cow<'de, str>, Value<'de>)],
     seen: &mut Option<HashSet<Cow<'de, str>>>,
     k: &Cow<'de, str>,
 ) -> std::result::Result<(), E> {
     // Small objects (all schema objects) use a linear scan; large ones a set.
-    let dup = if members.len() < 16 {
-        members.iter().any(|(existing, _)| existing == k)
-    } else {
-        let set = seen.get_or_insert_with(|| members.iter().map(|(k, _)| k.clone()).collect());
-        !set.insert(k.clone())
-    };
+    let dup =
+        if members.len() < 16 { members.iter().any(|(existing, _)| existing == k) } else { in_set(members, seen, k) };
     if dup {
         return Err(duplicate(k));
     }
     Ok(())
 }
 
+/// Whether `k` is in the set of `members`' keys (`seen`, built at the first call),
+/// which then holds it.
+#[allow(clippy::ptr_arg)]
+#[inline(never)]
+fn in_set<'de>(
+    members: &[(Cow<'de, str>, Value<'de>)],
+    seen: &mut Option<HashSet<Cow<'de, str>>>,
+    k: &Cow<'de, str>,
+) -> bool {
+    let set = seen.get_or_insert_with(|| members.iter().map(|(k, _)| k.clone()).collect());
+    !set.insert(k.clone())
+}
+
 /// Reads the rest of an object after `members` (a repeated key fails as in
 /// [`Value`]'s decoder). For each new key `take` may read the value itself
 /// (returning true), which is then kept as a `null` placeholder; other values are
 /// read as [`Value`]s.
+#[inline]
 pub(crate) fn members_with<'de, A: MapAccess<'de>>(
     map: &mut A,
     mut members: Members<'de>,
@@ -697,6 +709,7 @@ pub(crate) fn req_cow<'a, 'v>(v: &'a Value<'v>, field: impl fmt::Display) -> Res
 
 /// Reads an integer >= `min` that fits in u64: `<field> must be an integer`,
 /// `<field> must be at least <min>`, `<field> must fit in an unsigned 64-bit integer`.
+#[inline]
 pub fn req_int(v: &Value, field: impl fmt::Display, min: u64) -> Result<u64> {
     match v {
         Value::UInt(n) if *n >= min => Ok(*n),
@@ -727,6 +740,7 @@ pub fn req_array<'a, 'v>(v: &'a Value<'v>, err: impl FnOnce() -> String) -> Resu
 
 /// Reads an array of integers >= `min`: `<field> must be a sequence` when not an
 /// array; element errors as [`req_int`].
+#[inline]
 pub fn req_int_array(v: &Value, field: impl fmt::Display, min: u64) -> Result<Vec<u64>> {
     let items = req_array(v, || format!("{field} must be a sequence"))?;
     items.iter().map(|x| req_int(x, &field, min)).collect()

@@ -959,7 +959,7 @@ impl<'de, M: Mode> Typed<'de> for FragmentSeed<'_, 'de, M> {
                 aliases,
                 ..StoredFragmentSpec::default()
             };
-            StoredFragment::with_geometry(spec, tensor_id, SharedBox::new(offset.as_slice(), shape.as_slice()))
+            StoredFragment::with_geometry(spec, tensor_id, SharedBox::new(&offset, &shape))
         })();
         M::checked(checked)
     }

@@ -400,7 +400,7 @@ impl<'de, M: Mode> Typed<'de> for TensorSeed<M> {
                 if !prefix.is_empty() && ints.is_not_array() {
                     return invalid(format!("{prefix}{name} must contain integers"));
                 }
-                Ok(ints.ints(format_args!("{prefix}{name}"), min)?.as_slice().to_vec())
+                Ok(ints.ints(format_args!("{prefix}{name}"), min)?.into_owned())
             };
             TensorDescriptor::new(TensorSpec {
                 tensor_id: id.req_str(format_args!("{prefix}tensor_id"))?.into_owned(),

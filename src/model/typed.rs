@@ -537,28 +537,26 @@ impl Dims {
 
 impl<'de> Held<'de, Dims> {
     /// [`json::req_int_array`]'s check (its messages: `<field> must be a sequence`,
-    /// `<field> must be at least <min>`, ...), the integers kept on the stack.
+    /// `<field> must be at least <min>`, ...): the integers, borrowed where they
+    /// were read typed.
     #[inline(always)]
-    pub(crate) fn ints(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
+    pub(crate) fn ints(&self, field: impl fmt::Display, min: u64) -> crate::Result<Cow<'_, [u64]>> {
         match self {
-            Held::Typed(d) if min == 0 || d.as_slice().iter().all(|&x| x >= min) => Ok(d),
+            Held::Typed(d) if min == 0 || d.as_slice().iter().all(|&x| x >= min) => Ok(Cow::Borrowed(d.as_slice())),
             other => other.ints_cold(field, min),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn ints_cold(self, field: impl fmt::Display, min: u64) -> crate::Result<Dims> {
-        match self.untyped() {
-            Err(d) => match d.as_slice().iter().find(|&&x| x < min) {
-                Some(&x) => json::req_int(&Value::UInt(x), field, min).map(|_| d),
-                None => Ok(d),
+    fn ints_cold(&self, field: impl fmt::Display, min: u64) -> crate::Result<Cow<'_, [u64]>> {
+        match self {
+            Held::Typed(d) => match d.as_slice().iter().find(|&&x| x < min) {
+                Some(&x) => json::req_int(&Value::UInt(x), field, min).map(|_| Cow::Borrowed(d.as_slice())),
+                None => Ok(Cow::Borrowed(d.as_slice())),
             },
-            Ok(v) => {
-                let mut d = Dims::new();
-                json::req_int_array(&v, field, min)?.into_iter().for_each(|x| d.push(x));
-                Ok(d)
-            }
+            Held::Other(v) => json::req_int_array(v, field, min).map(Cow::Owned),
+            Held::Absent => json::req_int_array(&Value::Null, field, min).map(Cow::Owned),
         }
     }
 
@@ -891,7 +889,7 @@ mod tests {
     fn ints(text: &str, min: u64) -> (crate::Result<Vec<u64>>, bool) {
         let parsed = json::parse_text_with(text, "t", Any(IntArray)).unwrap();
         let typed = matches!(parsed, Held::Typed(_));
-        (parsed.ints("f", min).map(|d| d.as_slice().to_vec()), typed)
+        (parsed.ints("f", min).map(|d| d.into_owned()), typed)
     }
 
     /// Integer arrays: typed when canonical, and the same outcome (value or exact

@@ -565,7 +565,7 @@ impl<'de, M: Mode> Typed<'de> for FragmentSeed<'_, 'de, M> {
                 placement_fragment_id: Some(id.req_str("placement_fragment_id")?.into_owned()),
                 ..PlacementFragmentSpec::default()
             };
-            let geometry = SharedBox::new(offset.as_slice(), shape.as_slice());
+            let geometry = SharedBox::new(&offset, &shape);
             PlacementFragment::with_geometry(spec, tensor_id, geometry)
         })();
         M::checked(checked)
