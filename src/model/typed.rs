@@ -1,7 +1,29 @@
-//! One-pass decoding of the large documents (placement JSON, stored manifest JSON,
-//! the upload plan transport): one decoder per object, which reads the text once
-//! and reports the precise contract errors itself. There is no second decoder and
-//! no fallback.
+//! Decoding of the large documents (placement JSON, stored manifest JSON, the
+//! upload plan transport): one decoder per object, written once, generic over a
+//! [`Mode`], which reads the text in one pass and reports the precise contract
+//! errors itself.
+//!
+//! # One description, two readings
+//!
+//! Each object decoder (a fragment, a tensor, an axis, a part, a document) names
+//! its keys once (the `match` of the slot function it gives [`Keys::next`]), reads
+//! each member once (`mode.value(&mut m, Str)`, ...), and checks the object once,
+//! in the contract's order. The mode decides only how that text is read:
+//!
+//! - [`Fast`]: each member with the deserializer's typed call for the one shape
+//!   the schema wants (`deserialize_str`, `deserialize_u64`, a sequence of `u64`,
+//!   ...; [`Typed::fast`]), keys borrowed from the input; the first deviation
+//!   (another type, an unknown, repeated or escaped key, a failed check) fails at
+//!   once with an opaque error ([`declined`]), and a checked object comes back
+//!   as itself ([`Mode::Out`]).
+//! - [`Exact`]: every JSON type accepted at every place, and the checks' outcome
+//!   returned with the contract's message (below).
+//!
+//! `from_json` reads [`Fast`], and only a document it declines is read again
+//! [`Exact`]ly, for its error; a tree ([`Value`]) is read [`Exact`]ly. Both run
+//! the same checks over the same slots ([`Held`]), so what [`Fast`] accepts it
+//! decodes to what [`Exact`] decodes (the decoders' tests compare the two on the
+//! conformance documents).
 //!
 //! # How one pass keeps the strict decoder's every message and their order
 //!
@@ -10,16 +32,17 @@
 //! checks in the order the contract lists them, whatever the order of the members
 //! in the text. So each object decoder here *reads* first and *checks* after:
 //!
-//! - While reading, it keeps each member in a slot, and a semantic fault is never a
-//!   parse error: values of every JSON type are accepted at every place (a value of
-//!   an unexpected shape is kept as a [`Value`]), unknown keys are read and noted,
-//!   and a decoder returns its checks' outcome as a `crate::Result` *inside* serde's
-//!   `Ok`. The only parse errors are those of the text (serde_json's, and
-//!   [`json::duplicate`] for a repeated key, raised where [`Value`]'s decoder raises
-//!   it), so the text's errors win, as in a parse-then-check decoder.
+//! - While reading [`Exact`]ly, it keeps each member in a slot, and a semantic
+//!   fault is never a parse error: values of every JSON type are accepted at every
+//!   place (a value of an unexpected shape is kept as a [`Value`]), unknown keys
+//!   are read and noted, and a decoder returns its checks' outcome as a
+//!   `crate::Result` *inside* serde's `Ok`. The only parse errors are those of the
+//!   text (serde_json's, and [`json::duplicate`] for a repeated key, raised where
+//!   [`Value`]'s decoder raises it), so the text's errors win, as in a
+//!   parse-then-check decoder.
 //! - When the object ends, its checks run in the contract order over the slots,
 //!   with the same helpers ([`json::req_str`], [`json::req_int`], [`Obj`] key sets,
-//!   `ParallelRank::from_json`, `TensorDescriptor::from_json`, ...) and labels as a
+//!   `ParallelRank::from_json`, `TensorDescriptor`'s checks, ...) and labels as a
 //!   tree decoder, and a member decoded ahead of its turn (a large array streamed
 //!   before the small members that the contract checks first) hands its first error
 //!   to its parent, which reports it at its turn.
@@ -27,24 +50,17 @@
 //! The members of the hot objects (fragments: tens of thousands; tensors; axes)
 //! are held as [`Held`]: typed when they have the one canonical shape (a string,
 //! an integer, an integer array on the stack, an alias group, a rank), else the
-//! [`Value`] it is, and the same check runs over either. Each object names its
-//! keys once, in the `match` of the slot function it gives [`Keys::next`]. Small
-//! members of the documents (scalars, the topology, a part's rank) are held as
-//! [`Value`]s: a scalar [`Value`] allocates nothing.
+//! [`Value`] it is (only when read [`Exact`]ly), and the same check runs over
+//! either: inline for the typed value, out of line otherwise. Small members of
+//! the documents (scalars, the topology, a part's rank) are held as [`Value`]s
+//! in both modes: a scalar [`Value`] allocates nothing.
 //!
-//! A decoder is written once, as serde visitors ([`Typed`]), and runs over text
+//! A decoder is written as serde visitors ([`Typed`]), and runs over text
 //! (`serde_json`) or over an already parsed [`Value`] ([`json::ValueDe`], for
-//! `Placement::from_json_value` and for the members that a document keeps as
-//! values before their turn).
-//!
-//! Why this and not two decoders derived from one field table: a table would still
-//! leave two decoders to run (and the fallback that reparses every rejected
-//! document); one pass has one place per object where fields are read and one
-//! where they are checked. Its cost: 7% more instructions than the former fast
-//! path (callgrind, w10k-moe) and, measured on a shared 2-core machine, decode
-//! stages 10-40% slower (issue 42's session note). The oracle test
-//! `tests/decode_golden.rs` pins the result on thousands of edited documents
-//! against what the former strict decoder reported.
+//! `Placement::from_json_value` and for the fragment of an upload operation).
+//! The oracle test `tests/decode_golden.rs` pins the result on thousands of
+//! edited documents against what the former two-decoder implementation
+//! reported.
 
 use crate::json::{self, CowStr, Members, Value, ValueVisitor};
 use crate::model::axes::ParallelRank;

@@ -189,7 +189,7 @@ impl Placement {
     }
 
     /// Decodes an already parsed JSON value (see [`Placement::from_json`]): the
-    /// same decoder ([`Exact`]), reading the tree instead of text.
+    /// same decoder (read exactly), reading the tree instead of text.
     pub fn from_json_value(v: &Value) -> Result<Self> {
         finish_doc::<Exact>(json::decode_value(v, Any(DocSeed(Exact)))?)
     }
