@@ -262,11 +262,11 @@ impl Placement {
 
 /// Decodes placement fragment `i` (of an upload operation) from a parsed value.
 pub(crate) fn decode_fragment(item: &Value, i: usize) -> Result<PlacementFragment> {
-    let interner = &Interner::default();
-    if let Ok(f) = typed::decode_fast(item, In(Fast, FragmentSeed { index: i, interner, mode: Fast })) {
+    // (One fragment: its tensor id is not shared.)
+    if let Ok(f) = typed::decode_fast(item, In(Fast, FragmentSeed { index: i, interner: None, mode: Fast })) {
         return Ok(f);
     }
-    json::decode_value(item, Any(FragmentSeed { index: i, interner, mode: Exact }))?
+    json::decode_value(item, Any(FragmentSeed { index: i, interner: None, mode: Exact }))?
 }
 
 /// Everything of a placement document but its parts, decoded and checked in the
@@ -477,7 +477,7 @@ impl<'de, M: Mode> Typed<'de> for PartSeed<'_, 'de, M> {
             }
             let each = Each(
                 mode,
-                |j| In(mode, FragmentSeed { index: first + j, interner, mode }),
+                |j| In(mode, FragmentSeed { index: first + j, interner: Some(interner), mode }),
                 || Error::invalid("placement part fragments must be a sequence"),
             );
             fragments = Some(M::result(mode.value(m, each)?));
@@ -505,10 +505,11 @@ impl<'de, M: Mode> Typed<'de> for PartSeed<'_, 'de, M> {
     }
 }
 
-/// Fragment `index` of the document (its number in messages).
+/// Fragment `index` of the document (its number in messages), its tensor id shared
+/// through `interner` when there is one.
 struct FragmentSeed<'a, 'de, M> {
     index: usize,
-    interner: &'a Interner<'de>,
+    interner: Option<&'a Interner<'de>>,
     mode: M,
 }
 
@@ -554,7 +555,11 @@ impl<'de, M: Mode> Typed<'de> for FragmentSeed<'_, 'de, M> {
                 return invalid(format!("placement fragment {i} has an invalid schema"));
             }
             let aliases = aliases.names("aliases must be a sequence", "alias must be a non-empty string")?;
-            let tensor_id = typed::intern(self.interner, tensor_id.req_str("tensor_id")?);
+            let tensor_id = tensor_id.req_str("tensor_id")?;
+            let tensor_id = match self.interner {
+                Some(interner) => typed::intern(interner, tensor_id),
+                None => Arc::from(&*tensor_id),
+            };
             let offset = offset.ints("global_offset", 0)?;
             let shape = shape.ints("local_shape", 1)?;
             let spec = PlacementFragmentSpec {
