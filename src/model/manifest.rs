@@ -838,9 +838,10 @@ fn check_object_ranges(fragments: &[StoredFragment]) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// The one-pass decoder (see `model::typed`): the top-level object keeps its small
-// members as values and streams `fragments`, each read into typed slots and
-// checked, in the contract's order, once it has been read.
+// The one decoder (see `model::typed`), generic over its reading mode: the
+// top-level object keeps its small members as values and streams `fragments`,
+// each read into typed slots and checked, in the contract's order, once it has
+// been read.
 // ---------------------------------------------------------------------------
 
 const LABEL: &str = "weight manifest";

@@ -76,8 +76,9 @@ const PLAN_KEYS: [&str; 7] = [
 
 /// Decodes and fully re-validates an upload plan sent by [`plan_to_json`].
 ///
-/// One pass (see `model::typed`): the manifest is read straight into its
-/// structures, and each operation, when the manifest came before it (as
+/// One decoder, read fast and, for a document it declines, exactly (see
+/// `model::typed`): the manifest is read straight into its structures, and each
+/// operation, when the manifest came before it (as
 /// [`plan_to_json`] writes them), is decoded as it arrives (otherwise after the
 /// document is read); no value tree of the whole document. Errors:
 /// `InvalidArgument` naming the first violation (schema, format, the manifest's

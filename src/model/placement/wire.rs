@@ -394,10 +394,10 @@ impl Header {
 }
 
 // ---------------------------------------------------------------------------
-// The one-pass decoder (see `model::typed`): the document and each part keep
-// their small members as values and stream their large array; each fragment is
-// read into typed slots. Every object is checked, in the contract's order, once
-// it has been read.
+// The one decoder (see `model::typed`), generic over its reading mode: the
+// document and each part keep their small members as values and stream their
+// large array; each fragment is read into typed slots. Every object is checked,
+// in the contract's order, once it has been read.
 // ---------------------------------------------------------------------------
 
 const LABEL: &str = "placement manifest";
