@@ -238,3 +238,57 @@ impl<'de, M: Mode> DeserializeSeed<'de> for OperationSeed<'_, '_, M> {
         M::checked(decode_operation(&item, self.i, self.index))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Placement;
+    use crate::plan::upload::tests::fixture_binding;
+    use crate::plan::upload::{plan_upload, UploadOptions};
+
+    /// Every plan of the upload fixtures, as `plan_to_json` writes it, is read by
+    /// the [`Fast`] reading (no second, exact reading) to the plan itself; a
+    /// repeated key or an unknown member makes it decline, and the exact reading
+    /// refuses those.
+    #[test]
+    fn canonical_plans_are_read_fast_and_edited_ones_declined() {
+        let fast = |text: &str| typed::parse_fast(text, In(Fast, PlanSeed(Fast))).map(decode::<Fast>);
+        let mut planned = 0;
+        for (name, fixture) in crate::testutil::conformance_fixtures("") {
+            let inputs = &fixture["inputs"];
+            let (Some(placement), Some(bindings)) =
+                (inputs.get("placement"), inputs.get("bindings").and_then(|b| b.as_array()))
+            else {
+                continue;
+            };
+            let text = match placement {
+                serde_json::Value::String(t) => t.clone(),
+                other => other.to_string(),
+            };
+            let Ok(placement) = Placement::from_json(text.as_bytes()) else { continue };
+            let Ok(bindings) = bindings.iter().map(fixture_binding).collect::<Result<Vec<_>>>() else { continue };
+            let options = UploadOptions {
+                namespace: inputs["namespace"].as_str().unwrap_or("default").into(),
+                key_prefix: inputs["key_prefix"].as_str().unwrap_or("weights").into(),
+                transaction_id: Some("t".into()),
+                created_at: Some("2026-01-01T00:00:00Z".into()),
+            };
+            let Ok(plan) = plan_upload(&placement, &bindings, &options) else { continue };
+            planned += 1;
+            let json = plan_to_json(&plan);
+            match fast(&json) {
+                Some(Ok(read)) => assert!(read == plan, "{name}: the fast reading differs from the plan"),
+                Some(Err(e)) => panic!("{name}: the fast reading refused a canonical plan: {e}"),
+                None => panic!("{name}: the fast reading declined a canonical plan"),
+            }
+            for edit in
+                [json.replacen("\"format\":", "\"format\":1,\"format\":", 1), json.replacen('{', "{\"x\":0,", 1)]
+            {
+                assert_ne!(edit, json, "{name}: the edit applies");
+                assert!(!matches!(fast(&edit), Some(Ok(_))), "{name}: an edited plan read fast");
+                assert!(plan_from_json(edit.as_bytes()).is_err(), "{name}: an edited plan accepted");
+            }
+        }
+        assert!(planned >= 9, "the upload fixtures were found and planned ({planned})");
+    }
+}
