@@ -12,7 +12,6 @@ use model::*;
 use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::TransferEngine;
 use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::*;
 use mooncake_weight_store::protocol::{LoadArgs, Progress, ProgressPhase, StaticGuard, WeightStore};
@@ -22,19 +21,11 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 fn models() -> (HostModel, HostModel, TransferPlan) {
-    let defs = model_tensors(4, 64, 8);
-    let src =
-        HostModel::new(build_placement("trainer", Layout { tp: 4, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst = HostModel::new(
-        build_placement("serving", Layout { tp: 2, pp: 1, ep: 4, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
-    let logical =
-        LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-    (src, dst, plan)
+    trainer_server_plan(
+        &model_tensors(4, 64, 8),
+        Layout { tp: 4, pp: 2, ep: 2, dp: 2 },
+        Layout { tp: 2, pp: 1, ep: 4, dp: 1 },
+    )
 }
 
 /// The owner's registration of every buffer of `m`.

@@ -14,8 +14,6 @@ mod model;
 use model::*;
 use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::{EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket};
-use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::TransferPlan;
 use mooncake_weight_store::protocol::transfer::notify::{decode, encode, NOTIFY_NAME};
 use mooncake_weight_store::protocol::transfer::*;
@@ -101,19 +99,11 @@ impl TransferEngine for MailEngine {
 /// Trainer TP2 x PP2 x EP2 x DP2 -> server TP4: every server participant is written
 /// by several trainer sources.
 fn models() -> (HostModel, HostModel, TransferPlan) {
-    let defs = model_tensors(2, 64, 4);
-    let src =
-        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst = HostModel::new(
-        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
-    let logical =
-        LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-    (src, dst, plan)
+    trainer_server_plan(
+        &model_tensors(2, 64, 4),
+        Layout { tp: 2, pp: 2, ep: 2, dp: 2 },
+        Layout { tp: 4, pp: 1, ep: 1, dp: 1 },
+    )
 }
 
 fn register(engine: &dyn TransferEngine, m: &HostModel) {

@@ -14,7 +14,6 @@ use mooncake_weight_store::engine::{
     CompletionStatus, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket,
 };
 use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::guards::{weight_allocation_fence, AllocationFence};
 use mooncake_weight_store::protocol::transfer::*;
@@ -25,19 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 fn models() -> (HostModel, HostModel, TransferPlan) {
-    let defs = model_tensors(2, 64, 4);
-    let src =
-        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 2, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst = HostModel::new(
-        build_placement("serving", Layout { tp: 4, pp: 1, ep: 1, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
-    let logical =
-        LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-    (src, dst, plan)
+    trainer_server_plan(
+        &model_tensors(2, 64, 4),
+        Layout { tp: 2, pp: 2, ep: 2, dp: 2 },
+        Layout { tp: 4, pp: 1, ep: 1, dp: 1 },
+    )
 }
 
 /// An engine whose identity can change (an engine restart) and whose ticketed

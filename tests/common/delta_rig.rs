@@ -5,13 +5,11 @@
 //! `model.rs` as the `model` module beside it.
 #![allow(dead_code)]
 
-use super::model::{build_placement, model_tensors, HostModel, Layout};
+use super::model::{model_tensors, trainer_server_plan, HostModel, Layout};
 use mooncake_weight_store::engine::local::LocalEngine;
 use mooncake_weight_store::engine::{
     EngineCallError, EngineResult, MemoryRegion, TransferBatch, TransferEngine, TransferTicket,
 };
-use mooncake_weight_store::plan::load::PlanningLimits;
-use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
 use mooncake_weight_store::plan::transfer_bind::{Side, TransferPlan};
 use mooncake_weight_store::protocol::transfer::notify::NOTIFY_NAME;
 use parking_lot::Mutex;
@@ -138,17 +136,9 @@ pub fn targets_match_sources(plan: &TransferPlan) -> bool {
 /// The delta tests' pair: a trainer TP2 x PP2 x DP2 (filled) and a server TP4 x EP2
 /// (bf16, 256 hidden), host models, and the plan between them bound to both.
 pub fn trainer_and_server() -> (HostModel, HostModel, TransferPlan) {
-    let defs = model_tensors(2, 256, 2);
-    let src =
-        HostModel::new(build_placement("trainer", Layout { tp: 2, pp: 2, ep: 1, dp: 2 }, &defs, 1), true, "trainer", 1);
-    let dst = HostModel::new(
-        build_placement("serving", Layout { tp: 4, pp: 1, ep: 2, dp: 1 }, &defs, 1),
-        false,
-        "serving",
-        1,
-    );
-    let logical =
-        LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
-    let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
-    (src, dst, plan)
+    trainer_server_plan(
+        &model_tensors(2, 256, 2),
+        Layout { tp: 2, pp: 2, ep: 1, dp: 2 },
+        Layout { tp: 4, pp: 1, ep: 2, dp: 1 },
+    )
 }

@@ -359,3 +359,21 @@ unsafe impl SnapshotAdapter for HostAdapter<'_> {
         Ok(Arc::new(StaticGuard))
     }
 }
+
+/// A trainer (`src` layout, filled) and a server (`dst` layout, zeroed) of the model
+/// `defs`, host buffers, and the transfer plan between them bound to both.
+pub fn trainer_server_plan(
+    defs: &[TensorDef],
+    src: Layout,
+    dst: Layout,
+) -> (HostModel, HostModel, mooncake_weight_store::plan::transfer_bind::TransferPlan) {
+    use mooncake_weight_store::plan::load::PlanningLimits;
+    use mooncake_weight_store::plan::transfer::LogicalTransferPlan;
+    use mooncake_weight_store::plan::transfer_bind::TransferPlan;
+    let src = HostModel::new(build_placement("trainer", src, defs, 1), true, "trainer", 1);
+    let dst = HostModel::new(build_placement("serving", dst, defs, 1), false, "serving", 1);
+    let logical =
+        LogicalTransferPlan::plan(src.placement.clone(), dst.placement.clone(), PlanningLimits::default()).unwrap();
+    let plan = TransferPlan::bind(&logical, &dst.bindings, &src.bindings).unwrap();
+    (src, dst, plan)
+}
