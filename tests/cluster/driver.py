@@ -522,6 +522,28 @@ def delta_schedule(base: int, per_density: int) -> List[tuple]:
     return schedule
 
 
+def density_figures(rows: list, library_count: bool = False) -> dict:
+    """Logs and returns, per density of DELTA_DENSITIES, (wire bytes, time) of its delta
+    generations' mean against its full generation (`library_count`: also logs the
+    library's own byte count)."""
+    mib = 1 << 20
+    figures = {}
+    log("  per density (mean over its delta generations, against its full generation):")
+    for d in DELTA_DENSITIES:
+        ds = [r for r in rows if r["density"] == d and r["mode"] == "delta"]
+        full = [r for r in rows if r["density"] == d and r["mode"] == "full"][0]
+        b = sum(r["tx"] for r in ds) / len(ds) / max(full["tx"], 1)
+        t = sum(r["time_s"] for r in ds) / len(ds) / max(full["time_s"], 1e-9)
+        figures[d] = (b, t)
+        lib = ""
+        if library_count:
+            lb = sum(r["lib_wire"] for r in ds) / len(ds) / max(full["lib_wire"], 1)
+            lib = f" (library's count {lb:.3f})"
+        log(f"    {100 * d:g}%: wire bytes delta/full {b:.3f}{lib}, time delta/full {t:.3f} "
+            f"(full: {full['tx'] / mib:.1f} MiB in {full['time_s']:.2f}s)")
+    return figures
+
+
 def delta_phase(c: Cluster, res: dict) -> None:
     """Sparse delta steps across hosts (issue 47): generation ``base`` full, then per
     density ``--delta-generations`` delta steps and one full step (``held={}``) of a
@@ -601,18 +623,7 @@ def delta_phase(c: Cluster, res: dict) -> None:
           "after the delta phase no rank's engine holds a registration besides its arena")
     res["gen_no"] = gen
     res["delta_wrong_steps"] = wrong_steps
-    figures = {}
-    log("  per density (mean over its delta generations, against its full generation):")
-    for d in DELTA_DENSITIES:
-        ds = [r for r in rows if r["density"] == d and r["mode"] == "delta"]
-        full = [r for r in rows if r["density"] == d and r["mode"] == "full"][0]
-        b = sum(r["tx"] for r in ds) / len(ds) / max(full["tx"], 1)
-        lb = sum(r["lib_wire"] for r in ds) / len(ds) / max(full["lib_wire"], 1)
-        t = sum(r["time_s"] for r in ds) / len(ds) / max(full["time_s"], 1e-9)
-        figures[d] = (b, t)
-        log(f"    {100 * d:g}%: wire bytes delta/full {b:.3f} (library's count {lb:.3f}), time delta/full {t:.3f} "
-            f"(full: {full['tx'] / mib:.1f} MiB in {full['time_s']:.2f}s)")
-    res["delta_figures"] = figures
+    res["delta_figures"] = figures = density_figures(rows, library_count=True)
     b1, b3, t3 = figures[0.01][0], figures[0.03][0], figures[0.03][1]
     log(f"  targets: bytes at 1% <= 1/20 of a full update: {'met' if b1 <= 0.05 else 'NOT met'} ({b1:.3f}); at 3% "
         f"<= 1/10: {'met' if b3 <= 0.1 else 'NOT met'} ({b3:.3f}); time at 3% <= 1/5: "
@@ -683,17 +694,7 @@ def delta_pull_phase(c: Cluster, res: dict) -> None:
           "after the pulled delta phase no rank's engine holds a registration besides its arena")
     res["gen_no"] = gen
     res["pull_wrong_steps"] = wrong_steps
-    figures = {}
-    log("  per density (mean over its delta generations, against its full generation):")
-    for d in DELTA_DENSITIES:
-        ds = [r for r in rows if r["density"] == d and r["mode"] == "delta"]
-        full = [r for r in rows if r["density"] == d and r["mode"] == "full"][0]
-        b = sum(r["tx"] for r in ds) / len(ds) / max(full["tx"], 1)
-        t = sum(r["time_s"] for r in ds) / len(ds) / max(full["time_s"], 1e-9)
-        figures[d] = (b, t)
-        log(f"    {100 * d:g}%: wire bytes delta/full {b:.3f}, time delta/full {t:.3f} "
-            f"(full: {full['tx'] / mib:.1f} MiB in {full['time_s']:.2f}s)")
-    res["pull_figures"] = figures
+    res["pull_figures"] = density_figures(rows)
     check(wrong_steps == 0, f"no pulled delta step left a target with bytes other than a full update's ({wrong_steps})")
 
 
