@@ -20,6 +20,26 @@ def _addr(buf: bytearray) -> int:
     return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
+def _change_one_percent(live: Live, seed: int) -> list:
+    """Flips about 1% of the bytes of every source buffer of ``live`` (deterministic in
+    ``seed``); returns what :func:`_revert` needs to put them back."""
+    rng = random.Random(seed)
+    changed = []
+    for bufs in live.sbufs.values():
+        for buf in bufs.values():
+            for _ in range(max(1, len(buf) // 100)):
+                i = rng.randrange(len(buf))
+                changed.append((buf, i, buf[i]))
+                buf[i] ^= 0x5A
+    return changed
+
+
+def _revert(changed: list) -> None:
+    """Puts back the bytes :func:`_change_one_percent` flipped."""
+    for buf, i, old in reversed(changed):
+        buf[i] = old
+
+
 def test_delta_steps_send_the_changes_and_every_byte_ends_right():
     live = Live()
     backend = NotifyingEngine()
@@ -61,18 +81,10 @@ def test_delta_steps_send_the_changes_and_every_byte_ends_right():
         stats = [s for s in (p.delta_stats() for p in prepared) if s]
         assert stats and all(s["delta_targets"] == 0 and s["wire_bytes"] == s["logical_bytes"] for s in stats)
         # Generation 3: ~1% of the source bytes change; generation 4 changes them back.
-        rng = random.Random(7)
-        changed = []
-        for bufs in live.sbufs.values():
-            for buf in bufs.values():
-                for _ in range(max(1, len(buf) // 100)):
-                    i = rng.randrange(len(buf))
-                    changed.append((buf, i, buf[i]))
-                    buf[i] ^= 0x5A
+        changed = _change_one_percent(live, seed=7)
         for g, started in ((3, False), (4, True)):
             if g == 4:
-                for buf, i, old in reversed(changed):
-                    buf[i] = old
+                _revert(changed)
             h = held()
             if started:
                 for p in prepared:
@@ -278,17 +290,9 @@ def test_pulled_delta_steps_verify_every_byte():
             readers[0].step(2)
         for g in (2, 3, 4):
             if g == 3:
-                rng = random.Random(11)
-                changed = []
-                for bufs in live.sbufs.values():
-                    for buf in bufs.values():
-                        for _ in range(max(1, len(buf) // 100)):
-                            i = rng.randrange(len(buf))
-                            changed.append((buf, i, buf[i]))
-                            buf[i] ^= 0x5A
+                changed = _change_one_percent(live, seed=11)
             if g == 4:
-                for buf, i, old in reversed(changed):
-                    buf[i] = old
+                _revert(changed)
             published = [p.publish(g) for p in publishers]
             assert all((s["delta_targets"] == 0) == (g == 2) for s in published), published
             for r in readers:
