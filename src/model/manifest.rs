@@ -2,7 +2,7 @@
 //! `wire-format.md` §4).
 
 use super::placement::{check_fragment_geometry, normalize_aliases};
-use super::tensor::{TensorDescriptor, TensorSeed};
+use super::tensor::{read_tensors, TensorDescriptor};
 use super::{hex_of, is_hex64, non_empty};
 use crate::error::{invalid, Error, Result};
 use crate::fxhash::FxHashMap as HashMap;
@@ -873,12 +873,7 @@ impl<'de, M: Mode> Typed<'de> for ManifestSeed<M> {
         let (mut tensors, mut fragments) = (None, None);
         let members = json::members_with(&mut m, Vec::new(), |k, m| {
             if k == "tensors" {
-                let each = Each(
-                    mode,
-                    |index| In(mode, TensorSeed { index, stored: true, mode }),
-                    || Error::invalid("StoredWeightManifest tensors must be a sequence"),
-                );
-                tensors = Some(mode.value(m, each)?);
+                tensors = Some(read_tensors(mode, m, true)?);
                 return Ok(true);
             }
             if k != "fragments" {

@@ -247,13 +247,31 @@ impl TensorDescriptor {
     }
 }
 
+/// Reads a document's `tensors` member (the value `m` holds next) in mode `mode`:
+/// an array of TENSOR objects, those of a manifest (`stored`) or of a placement,
+/// each named in messages as that document names it (`wire-format.md` §2.1, §4.1).
+/// Anything but an array: `StoredWeightManifest tensors must be a sequence` /
+/// `placement tensors must be a sequence`.
+pub(crate) fn read_tensors<'de, M: Mode, A: MapAccess<'de>>(
+    mode: M,
+    m: &mut A,
+    stored: bool,
+) -> std::result::Result<M::Out<Vec<Arc<TensorDescriptor>>>, A::Error> {
+    let not_array = match stored {
+        true => "StoredWeightManifest tensors must be a sequence",
+        false => "placement tensors must be a sequence",
+    };
+    let each = Each(mode, |index| In(mode, TensorSeed { index, stored, mode }), || Error::invalid(not_array));
+    mode.value(m, each)
+}
+
 /// Decodes tensor `index` of a placement or (`stored`) of a manifest: a TENSOR
 /// object with exactly nine keys (one pass, see [`crate::model::typed`]). The
 /// document names the fields in its messages (`wire-format.md` §2.1, §4.1).
-pub(crate) struct TensorSeed<M> {
-    pub(crate) index: usize,
-    pub(crate) stored: bool,
-    pub(crate) mode: M,
+struct TensorSeed<M> {
+    index: usize,
+    stored: bool,
+    mode: M,
 }
 
 /// Decodes axis `index` of a tensor, an AXIS object (`wire-format.md` §2.1 step 5;

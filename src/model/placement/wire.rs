@@ -10,7 +10,7 @@ use crate::fxhash::FxHashMap as HashMap;
 use crate::geometry::SharedBox;
 use crate::json::{self, Obj, Profile, Value};
 use crate::model::axes::ParallelRank;
-use crate::model::tensor::{TensorDescriptor, TensorSeed};
+use crate::model::tensor::{read_tensors, TensorDescriptor};
 use crate::model::typed::{
     self, Any, Each, Exact, Fast, Held, In, IntArray, Interner, Keys, Mode, NameArray, OptUInt, RankObject, Str, Typed,
     UInt,
@@ -429,12 +429,7 @@ impl<'de, M: Mode> Typed<'de> for DocSeed<M> {
         let (mut tensors, mut parts) = (None, None);
         let members = json::members_with(&mut m, Vec::new(), |k, m| {
             if k == "tensors" {
-                let each = Each(
-                    mode,
-                    |index| In(mode, TensorSeed { index, stored: false, mode }),
-                    || Error::invalid("placement tensors must be a sequence"),
-                );
-                tensors = Some(mode.value(m, each)?);
+                tensors = Some(read_tensors(mode, m, false)?);
                 return Ok(true);
             }
             if k != "parts" {
