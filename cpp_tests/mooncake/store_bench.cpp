@@ -279,6 +279,28 @@ int main(int argc, char **argv) {
         for (std::size_t i = 0; i < sbuf.size(); ++i) sbuf[i] = static_cast<unsigned char>(i * 131 + 7);
         a.raw_register(sbuf.data(), sbuf.size());
         a.raw_register(dbuf.data(), dbuf.size());
+        // Raw puts of metadata objects: one upsert_from each (METADATA, group `group`),
+        // keys `prefix` + their index.
+        using Objects = std::vector<std::pair<void *, std::size_t>>;
+        auto put_metadata = [&](const std::string &prefix, const Objects &objects, const std::string &group) {
+            for (std::size_t i = 0; i < objects.size(); ++i) {
+                const auto [ptr, len] = objects[i];
+                const int rc = a.raw_upsert_from(prefix + std::to_string(i), ptr, len, group, false);
+                if (rc != 0) throw std::runtime_error("raw upsert_from of a metadata object: " + std::to_string(rc));
+            }
+        };
+        // The metadata objects' stand-ins, bytes of sbuf after the payloads, of the
+        // snapshot's sizes: with the integrity record, and without it.
+        Objects meta, meta_nr;
+        std::size_t meta_off = snap_bytes;
+        for (std::size_t n : meta_sizes) {
+            meta.emplace_back(sbuf.data() + meta_off, n);
+            meta_off += n;
+        }
+        for (std::size_t n : meta_sizes_nr) {
+            meta_nr.emplace_back(sbuf.data() + meta_off, n);
+            meta_off += n;
+        }
         double best_put = 1e30, best_put_meta = 1e30, best_put_meta_nr = 1e30, best_get = 1e30;
         for (int it = 0; it < repeat; ++it) {
             const std::string group = "raw-bench/" + std::to_string(it);
@@ -294,12 +316,7 @@ int main(int argc, char **argv) {
             auto t0 = std::chrono::steady_clock::now();
             std::vector<int> prc = a.raw_batch_put_from(keys, sp, sizes, group);
             best_put = std::min(best_put, secs_since(t0));
-            for (std::size_t i = 0; i < meta_sizes.size(); ++i) {
-                if (a.raw_upsert_from(group + "/meta/" + std::to_string(i), sbuf.data() + off, meta_sizes[i], group,
-                                      false) != 0)
-                    throw std::runtime_error("raw upsert_from of a metadata object failed");
-                off += meta_sizes[i];
-            }
+            put_metadata(group + "/meta/", meta, group);
             best_put_meta = std::min(best_put_meta, secs_since(t0));
             for (int r : prc)
                 if (r != 0) throw std::runtime_error("raw batch_put_from failed: " + std::to_string(r));
@@ -307,15 +324,9 @@ int main(int argc, char **argv) {
             // (decision, manifest).
             std::vector<std::string> keys_nr;
             for (const std::string &k : keys) keys_nr.push_back(k + "-nr");
-            std::size_t off_nr = off;
             t0 = std::chrono::steady_clock::now();
             prc = a.raw_batch_put_from(keys_nr, sp, sizes, group);
-            for (std::size_t i = 0; i < meta_sizes_nr.size(); ++i) {
-                if (a.raw_upsert_from(group + "/meta-nr/" + std::to_string(i), sbuf.data() + off_nr, meta_sizes_nr[i],
-                                      group, false) != 0)
-                    throw std::runtime_error("raw upsert_from of a metadata object failed");
-                off_nr += meta_sizes_nr[i];
-            }
+            put_metadata(group + "/meta-nr/", meta_nr, group);
             best_put_meta_nr = std::min(best_put_meta_nr, secs_since(t0));
             for (int r : prc)
                 if (r != 0) throw std::runtime_error("raw batch_put_from failed: " + std::to_string(r));
@@ -392,23 +403,19 @@ int main(int argc, char **argv) {
                     } else {
                         // Registered for the raw puts only (Mooncake refuses a registration
                         // inside another, so never while the leases hold theirs).
+                        // The protocol's metadata objects with their real bytes: the
+                        // decision record, the integrity record, the manifest.
+                        Objects objects = {{const_cast<char *>(up.commit_record().data()), up.commit_record().size()}};
+                        if (with_record) objects.emplace_back(integrity.data(), integrity.size());
+                        objects.emplace_back(const_cast<char *>(up.manifest_json().data()), up.manifest_json().size());
                         for (auto &b : src.buffers) a.raw_register(b.second.data(), b.second.size());
                         auto t0 = std::chrono::steady_clock::now();
                         std::vector<int> prc = a.raw_batch_put_from(keys, ptrs, lens, rgroup);
-                        int meta_rc = a.raw_upsert_from(rgroup + "/meta/decision",
-                                                        const_cast<char *>(up.commit_record().data()),
-                                                        up.commit_record().size(), rgroup, false);
-                        if (with_record)
-                            meta_rc |= a.raw_upsert_from(rgroup + "/meta/integrity", integrity.data(),
-                                                         integrity.size(), rgroup, false);
-                        meta_rc |= a.raw_upsert_from(rgroup + "/meta/manifest",
-                                                     const_cast<char *>(up.manifest_json().data()),
-                                                     up.manifest_json().size(), rgroup, false);
+                        put_metadata(rgroup + "/meta/", objects, rgroup);
                         raw = secs_since(t0);
                         for (auto &b : src.buffers) a.raw_unregister(b.second.data());
                         for (int r : prc)
                             if (r != 0) throw std::runtime_error("paired raw batch_put_from failed: " + std::to_string(r));
-                        if (meta_rc != 0) throw std::runtime_error("paired raw upsert_from of a metadata object failed");
                     }
                 }
                 a.raw_remove_by_regex("^weights/" + ns + "/");
