@@ -284,6 +284,8 @@ def snapshot_pairs(be: MooncakeStoreBackend, store: Store, src: Model, bufs: dic
     with ``write_integrity=False`` and writes none) and the manifest. Which goes first
     alternates: the snapshot in even pairs, the raw puts in odd ones. Every pair's
     objects are removed before the next."""
+    # The integrity record's bytes for the raw puts: b"" until the first snapshot has
+    # written one (so the raw puts wait for it), None when there is no record.
     integrity = b"" if with_record else None
     tag = "pair" if with_record else "pairnr"
     out: List[Dict[str, float]] = []
